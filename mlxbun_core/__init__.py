@@ -1,0 +1,12 @@
+"""mlxbun: a plugin-based LLM inference server on MLX."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("mlxbun")
+except PackageNotFoundError:  # running from a source tree without install
+    __version__ = "0.0.0"
+
+from .hookspecs import hookimpl  # noqa: E402  (re-exported for plugin authors)
+
+__all__ = ["hookimpl", "__version__"]

@@ -1,0 +1,71 @@
+"""Chat-template rendering shared by the generic plugin and family plugins.
+
+Families differ in defaults (thinking on/off, effort mapping); the mechanics of
+applying a Jinja template through the tokenizer live here once.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from .errors import BadRequest
+from .model import LoadedModel, Prompt
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+def check_reasoning_effort(effort) -> Optional[str]:
+    if effort is None:
+        return None
+    if effort not in REASONING_EFFORTS:
+        raise BadRequest("reasoning_effort must be one of 'none', 'minimal', 'low', "
+                         "'medium', 'high', 'xhigh'", param="reasoning_effort")
+    return effort
+
+
+def thinking_switch(template_kwargs: dict, reasoning_effort, default: Optional[bool]) -> Optional[bool]:
+    """Whether thinking is on: an explicit ``enable_thinking`` wins, then
+    ``reasoning_effort`` ("none" → off, any other level → on), then the family default."""
+    if "enable_thinking" in template_kwargs:
+        return bool(template_kwargs["enable_thinking"])
+    effort = check_reasoning_effort(reasoning_effort)
+    if effort is not None:
+        return effort != "none"
+    return default
+
+
+def think_markers(tokenizer) -> tuple[Optional[str], Optional[str]]:
+    if getattr(tokenizer, "has_thinking", False):
+        return tokenizer.think_start, tokenizer.think_end
+    return None, None
+
+
+def apply_template(model: LoadedModel, messages: list, tools, template_kwargs: dict,
+                   chat_template: Optional[str] = None) -> Prompt:
+    """Render with the checkpoint's (or a given) Jinja template and tokenize.
+
+    Template errors (a role the template refuses, a missing field) are the
+    client's doing, so they become a 400 ``prompt build failed: …``.
+    """
+    tok = model.tokenizer
+    kwargs = dict(template_kwargs)
+    if chat_template is not None:
+        kwargs["chat_template"] = chat_template
+    try:
+        text = tok.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                       add_generation_prompt=True, **kwargs)
+    except Exception as exc:  # jinja2 raises many types; all mean "bad prompt"
+        raise BadRequest(f"prompt build failed: {exc}") from exc
+    tokens = tok.encode(text, add_special_tokens=False)
+    start, end = think_markers(tok)
+    return Prompt(tokens=tokens, text=text, think_start=start, think_end=end,
+                  in_reasoning=opens_thinking(text, start, end))
+
+
+def opens_thinking(text: str, start: Optional[str], end: Optional[str]) -> bool:
+    """True when the rendered prompt ends inside an open think channel."""
+    if not start:
+        return False
+    tail = text.rstrip()
+    pos = tail.rfind(start)
+    return pos >= 0 and tail.find(end or "\0", pos) < 0 and len(tail) - pos - len(start) <= 1

@@ -1,0 +1,98 @@
+"""The ``mlxbun`` command: serve a model, list plugins, convert GGUF files."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mlxbun", description="LLM inference server on MLX")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="serve a model over OpenAI/Anthropic-compatible HTTP")
+    s.add_argument("model", nargs="?", default=None,
+                   help="local dir, Hugging Face repo id or .gguf file "
+                        "(default: the embedded SmolLM2-135M-Instruct)")
+    s.add_argument("--host", default=os.environ.get("MLXBUN_HOST", "127.0.0.1"))
+    s.add_argument("--port", type=int, default=int(os.environ.get("MLXBUN_PORT", "8080")))
+    s.add_argument("--max-tokens", type=int, default=None,
+                   help="server default completion cap (default: until EOS or context end)")
+    s.add_argument("--temperature", type=float)
+    s.add_argument("--top-p", type=float)
+    s.add_argument("--top-k", type=int)
+    s.add_argument("--min-p", type=float)
+    s.add_argument("--repetition-penalty", type=float)
+    s.add_argument("--embedding", action="store_true",
+                   help="serve a plain checkpoint as an embedding model")
+    s.add_argument("--grammar-backend", default=None,
+                   help="structured-output backend (llguidance, xgrammar)")
+    s.add_argument("--log-level", default=os.environ.get("MLXBUN_LOG_LEVEL", "info"))
+
+    sub.add_parser("plugins", help="list installed plugins and the hooks they implement")
+
+    c = sub.add_parser("convert", help="convert a GGUF file to an MLX checkpoint directory")
+    c.add_argument("gguf")
+    c.add_argument("out")
+    return p
+
+
+def cmd_plugins(args) -> int:
+    from . import plugins
+
+    for row in plugins.describe():
+        version = row.get("version") or "builtin"
+        status = f"  FAILED: {row['error']}" if row["error"] else ""
+        print(f"{row['name']} ({version}, {row['source']}){status}")
+        if row["hooks"]:
+            print("  hooks: " + ", ".join(row["hooks"]))
+    return 0
+
+
+def cmd_convert(args) -> int:
+    from .models.gguf import convert_gguf
+
+    print(convert_gguf(args.gguf, args.out))
+    return 0
+
+
+def cmd_serve(args) -> int:
+    import uvicorn
+
+    from . import loader
+    from .engine.core import Engine
+    from .model import LoadOptions
+    from .models.resolve import ModelNotFound
+    from .server.app import build_app
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    if args.grammar_backend:
+        os.environ["MLXBUN_GRAMMAR_BACKEND"] = args.grammar_backend
+    try:
+        model = loader.load(args.model, LoadOptions(embedding=args.embedding))
+    except (ModelNotFound, loader.NoPluginClaimed) as exc:
+        print(f"mlxbun: {exc}", file=sys.stderr)
+        return 2
+    defaults = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
+    engine = Engine(model, defaults=defaults, max_tokens=args.max_tokens)
+    app = build_app(engine)
+    fallback = " (no family plugin claimed it)" if model.family == "generic" else ""
+    print(f"mlxbun: serving {model.id} [{model.kind}] via plugin '{model.plugin}'{fallback}\n"
+          f"        context {model.context_window} tokens · http://{args.host}:{args.port}/v1",
+          flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return {"serve": cmd_serve, "plugins": cmd_plugins, "convert": cmd_convert}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""How tokens are made: sampling parameters, the text pipeline, the model worker."""

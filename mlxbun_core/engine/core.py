@@ -1,0 +1,177 @@
+"""The engine facade the surfaces talk to.
+
+Surfaces hand it a request body in OpenAI chat or completion shape; it asks the
+plugins (through hooks only) to render the prompt and parse tool calls, and
+streams protocol-neutral events back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Optional
+
+from .. import plugins
+from ..errors import APIError, BadRequest
+from ..model import LoadedModel
+from .sampling import SamplingParams, max_tokens_from, stop_sequences
+from .session import GenerationRequest
+from .worker import GenerationJob, ModelWorker
+
+MEDIA_PART_KINDS = {"image_url": "image", "image": "image", "input_audio": "audio",
+                    "audio": "audio", "audio_url": "audio", "video_url": "video", "video": "video"}
+
+
+@dataclass
+class Prepared:
+    """A request ready to run, plus what the surface needs to answer it."""
+
+    request: GenerationRequest
+    warning: Optional[str] = None
+
+
+class Engine:
+    def __init__(self, model: LoadedModel, *, defaults: Optional[dict] = None,
+                 max_tokens: Optional[int] = None, max_waiting: int = 64):
+        self.model = model
+        self.worker = ModelWorker(max_waiting=max_waiting)
+        # generation_config.json values, then operator flags on top; requests win over both
+        self.defaults = {**model.generation_defaults, **(defaults or {})}
+        self.max_tokens = max_tokens
+        self.started_at = int(time.time())
+        self.requests = 0
+
+    # -- preparation --------------------------------------------------------
+    def sampling(self, body: dict) -> SamplingParams:
+        return SamplingParams.from_body(body, self.defaults)
+
+    def prepare_chat(self, body: dict) -> Prepared:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages required", param="messages")
+        sampling = self.sampling(body)
+        limit = max_tokens_from(body, self.max_tokens)
+        stop = stop_sequences(body)
+        tools = body.get("tools") or None
+        if tools is not None and not isinstance(tools, list):
+            raise BadRequest("tools must be a list", param="tools")
+        if body.get("tool_choice") == "none":
+            tools = None
+        kwargs = body.get("chat_template_kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise BadRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")
+        msgs = [self._normalize_message(m) for m in messages]
+        hook = plugins.hook()
+        prompt = hook.render_chat(model=self.model, messages=msgs, tools=tools,
+                                  template_kwargs=kwargs,
+                                  reasoning_effort=body.get("reasoning_effort"))
+        if prompt is None:
+            raise APIError(f"no plugin can render a chat prompt for {self.model.id}")
+        parser = hook.tool_call_parser(model=self.model, tools=tools) if tools else None
+        req = GenerationRequest(prompt_tokens=list(prompt.tokens), sampling=sampling,
+                                max_tokens=limit, stop=stop, think_start=prompt.think_start,
+                                think_end=prompt.think_end, in_reasoning=prompt.in_reasoning,
+                                tool_parser=parser)
+        return Prepared(req)
+
+    def prepare_completion(self, body: dict) -> Prepared:
+        text = body.get("prompt")
+        if not isinstance(text, str) or not text:
+            raise BadRequest("prompt must be a non-empty string", param="prompt")
+        sampling = self.sampling(body)
+        limit = max_tokens_from(body, self.max_tokens)
+        tokens = self.model.tokenizer.encode(text)
+        return Prepared(GenerationRequest(prompt_tokens=tokens, sampling=sampling,
+                                          max_tokens=limit, stop=stop_sequences(body)))
+
+    def _normalize_message(self, m) -> dict:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise BadRequest("each message must be an object with a string role", param="messages")
+        m = dict(m)
+        if m["role"] == "assistant":
+            if not isinstance(m.get("reasoning_content"), str) and isinstance(m.get("reasoning"), str):
+                m["reasoning_content"] = m["reasoning"]
+            if m.get("tool_calls"):
+                m["tool_calls"] = [self._template_tool_call(c) for c in m["tool_calls"]]
+        content = m.get("content")
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind == "text":
+                    texts.append(str(part.get("text", "")))
+                elif kind in MEDIA_PART_KINDS:
+                    self._require_media(MEDIA_PART_KINDS[kind])
+                else:
+                    raise BadRequest(f"unsupported content part type: {kind!r}", param="messages")
+            m["content"] = "".join(texts)
+        elif content is None:
+            m["content"] = "" if not m.get("tool_calls") else None
+        elif not isinstance(content, str):
+            raise BadRequest("message content must be a string or an array of parts", param="messages")
+        return m
+
+    @staticmethod
+    def _template_tool_call(call) -> dict:
+        """Templates iterate arguments as a mapping; the wire carries a JSON string."""
+        if not isinstance(call, dict):
+            raise BadRequest("tool_calls entries must be objects", param="messages")
+        call = dict(call)
+        fn = dict(call.get("function") or {})
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                fn["arguments"] = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError:
+                pass
+        call["function"] = fn
+        return call
+
+    def _require_media(self, kind: str):
+        pipeline = plugins.hook().media_pipeline(model=self.model, kind=kind)
+        if pipeline is None:
+            if kind == "image":
+                raise BadRequest(f"model has no vision sidecar: {self.model.id} does not accept images")
+            raise BadRequest(f"model {self.model.id} does not accept {kind} input")
+        raise BadRequest(f"{kind} input is not supported yet by {self.model.id}")
+
+    # -- running --------------------------------------------------------------
+    def effective_limit(self, req: GenerationRequest) -> Optional[int]:
+        ctx = self.model.context_window
+        if ctx is None:
+            return req.max_tokens
+        room = ctx - len(req.prompt_tokens)
+        if room <= 0:
+            raise APIError(f"prompt has {len(req.prompt_tokens)} tokens; the context window "
+                           f"is {ctx}", status=400, type="memory_admission",
+                           code="context_over_budget")
+        return room if req.max_tokens is None else min(req.max_tokens, room)
+
+    def start(self, req: GenerationRequest) -> GenerationJob:
+        """Queue a generation; raises QueueFull / admission errors before anything streams."""
+        limit = self.effective_limit(req)
+        job = GenerationJob(asyncio.get_running_loop(), req, self.model.model,
+                            self.model.tokenizer, limit)
+        self.requests += 1
+        return self.worker.submit(job)
+
+    async def events(self, job: GenerationJob) -> AsyncIterator[tuple]:
+        """Yield the job's events; leaving early (disconnect) cancels the job."""
+        try:
+            while True:
+                for ev in await job.events.get():
+                    yield ev
+                    if ev[0] == "done":
+                        return
+        finally:
+            job.cancel()
+
+    async def embed(self, texts: list, instruction: Optional[str] = None):
+        hook = plugins.hook()
+        result = await self.worker.call(
+            lambda: hook.embed(model=self.model, texts=texts, instruction=instruction))
+        if result is None:
+            raise BadRequest(f"model {self.model.id} is not an embedding model")
+        return result

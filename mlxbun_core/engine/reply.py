@@ -1,0 +1,38 @@
+"""A whole reply gathered from events, for non-streaming answers on any surface."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..errors import APIError
+from .session import Finish
+
+
+@dataclass
+class Reply:
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list = field(default_factory=list)
+    finish: Optional[Finish] = None
+
+
+def gather(events: list) -> Reply:
+    """Fold events into a Reply; a generation failure raises a 500 with its message."""
+    reply = Reply()
+    content, reasoning = [], []
+    for kind, payload in events:
+        if kind == "content":
+            content.append(payload)
+        elif kind == "reasoning":
+            reasoning.append(payload)
+        elif kind == "tool_call":
+            reply.tool_calls.append(payload)
+        elif kind == "done":
+            reply.finish = payload
+    reply.content, reply.reasoning = "".join(content), "".join(reasoning)
+    if reply.finish is None or reply.finish.reason == "cancelled":
+        raise APIError("generation was cancelled")
+    if reply.finish.reason == "error":
+        raise APIError(reply.finish.error or "generation failed")
+    return reply

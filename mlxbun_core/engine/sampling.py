@@ -1,0 +1,129 @@
+"""Sampling parameters: parsed and validated exactly as mlx_lm.server does, turned
+into mlx-lm's own sampler and logits processors (so behaviour matches it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Optional
+
+from ..errors import BadRequest
+
+# (field, types, min, max, whitelist) — mlx_lm.server's validate_model_parameters
+_RULES = [
+    ("temperature", (float, int), 0, None, None),
+    ("top_p", (float, int), 0, 1, None),
+    ("top_k", int, 0, None, None),
+    ("min_p", (float, int), 0, 1, None),
+    ("repetition_penalty", (float, int), 0, None, None),
+    ("repetition_context_size", int, 0, None, None),
+    ("presence_penalty", (float, int), None, None, None),
+    ("presence_context_size", int, 0, None, None),
+    ("frequency_penalty", (float, int), None, None, None),
+    ("frequency_context_size", int, 0, None, None),
+    ("logprobs", bool, None, None, None),
+    ("top_logprobs", int, 0, 11, (-1,)),
+    ("xtc_probability", (float, int), 0, 1, None),
+    ("xtc_threshold", (float, int), 0, 1, None),
+]
+
+
+def _check(name, value, types, lo, hi, whitelist):
+    # bool is an int subclass; mlx-lm accepts it where int is allowed, we do not
+    # accept it for numeric fields because it is always a client mistake.
+    if not isinstance(value, types) or (types is not bool and isinstance(value, bool)):
+        allowed = tuple(t.__name__ for t in types) if isinstance(types, tuple) else types.__name__
+        raise BadRequest(f"{name} must be of type {allowed}", param=name)
+    if whitelist and value in whitelist:
+        return
+    if lo is not None and value < lo:
+        raise BadRequest(f"{name} must be at least {lo}", param=name)
+    if hi is not None and value > hi:
+        raise BadRequest(f"{name} must be at most {hi}", param=name)
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 0.0
+    top_k: int = 0
+    min_p: float = 0.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    repetition_penalty: Optional[float] = None
+    repetition_context_size: int = 20
+    presence_penalty: Optional[float] = None
+    presence_context_size: int = 20
+    frequency_penalty: Optional[float] = None
+    frequency_context_size: int = 20
+    logit_bias: Optional[dict] = None
+    seed: Optional[int] = None
+    logprobs: bool = False
+    top_logprobs: int = -1
+    extra_processors: list = field(default_factory=list)  # e.g. a grammar mask, applied last
+
+    @classmethod
+    def from_body(cls, body: dict, defaults: dict | None = None) -> "SamplingParams":
+        """Request values win over ``defaults`` (generation_config.json + server flags)."""
+        names = {f.name for f in fields(cls)} - {"extra_processors"}
+        merged = {k: v for k, v in (defaults or {}).items() if k in names and v is not None}
+        for name in names:
+            if body.get(name) is not None:
+                merged[name] = body[name]
+        for name, types, lo, hi, wl in _RULES:
+            if name in body and body[name] is not None:
+                _check(name, body[name], types, lo, hi, wl)
+        if "seed" in body and body["seed"] is not None and (
+                not isinstance(body["seed"], int) or isinstance(body["seed"], bool)):
+            raise BadRequest("seed must be of type int", param="seed")
+        bias = merged.get("logit_bias")
+        if bias is not None:
+            if not isinstance(bias, dict):
+                raise BadRequest("logit_bias must be of type dict", param="logit_bias")
+            try:
+                merged["logit_bias"] = {int(k): float(v) for k, v in bias.items()}
+            except (TypeError, ValueError):
+                raise BadRequest("logit_bias must be a dict of int to float", param="logit_bias")
+        return cls(**merged)
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.logprobs or self.top_logprobs > 0
+
+    def sampler(self, tokenizer):
+        from mlx_lm.sample_utils import make_sampler
+
+        specials = [tokenizer.encode("\n", add_special_tokens=False)[-1:]] if self.xtc_probability else []
+        xtc_special = list(tokenizer.eos_token_ids) + [t for s in specials for t in s]
+        return make_sampler(temp=self.temperature, top_p=self.top_p, min_p=self.min_p,
+                            top_k=self.top_k, xtc_probability=self.xtc_probability,
+                            xtc_threshold=self.xtc_threshold, xtc_special_tokens=xtc_special)
+
+    def logits_processors(self) -> list:
+        from mlx_lm.sample_utils import make_logits_processors
+
+        procs = make_logits_processors(
+            self.logit_bias, self.repetition_penalty, self.repetition_context_size,
+            self.presence_penalty, self.presence_context_size,
+            self.frequency_penalty, self.frequency_context_size)
+        return procs + list(self.extra_processors)
+
+
+def max_tokens_from(body: dict, default: Optional[int]) -> Optional[int]:
+    """``max_completion_tokens`` wins over ``max_tokens``; unset means no cap."""
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if value is not None:
+            _check(name, value, int, 1, None, None)
+            return value
+    return default
+
+
+def stop_sequences(body: dict, name: str = "stop") -> list[str]:
+    stop = body.get(name)
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise BadRequest(f"{name} must be a string or a list of strings", param=name)
+    return [s for s in stop if s]

@@ -1,0 +1,92 @@
+"""Incremental text filters that run on every decoded segment.
+
+Each filter holds back text it cannot decide on yet (a possible stop sequence,
+a possible think marker), so nothing is ever sent that must later be retracted.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+def _held_suffix(text: str, markers) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of a marker."""
+    best = 0
+    for m in markers:
+        for n in range(min(len(m) - 1, len(text)), best, -1):
+            if text.endswith(m[:n]):
+                best = n
+                break
+    return best
+
+
+class StopMatcher:
+    """Finds stop sequences in decoded text; no part of a stop is ever emitted."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+        self.stopped: Optional[str] = None
+
+    def feed(self, text: str) -> str:
+        if not self.stops:
+            return text
+        buf = self.pending + text
+        hits = [(buf.find(s), s) for s in self.stops if s in buf]
+        if hits:
+            pos, self.stopped = min(hits)
+            self.pending = ""
+            return buf[:pos]
+        keep = _held_suffix(buf, self.stops)
+        self.pending = buf[len(buf) - keep:] if keep else ""
+        return buf[: len(buf) - keep]
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+class ReasoningSplitter:
+    """Routes text inside ``<think>…</think>`` to reasoning, the rest to content."""
+
+    def __init__(self, start: Optional[str], end: Optional[str], in_reasoning: bool = False):
+        self.start, self.end = start, end
+        self.inside = in_reasoning
+        self.pending = ""
+        self.seen_any = in_reasoning
+        self._lstrip = False  # drop the newlines a model puts after </think>
+
+    def feed(self, text: str) -> list[tuple[str, str]]:
+        if not self.start:
+            return [("content", text)] if text else []
+        out: list[tuple[str, str]] = []
+        buf = self.pending + text
+        while buf:
+            marker = self.end if self.inside else self.start
+            pos = buf.find(marker)
+            if pos >= 0:
+                self._emit(out, buf[:pos])
+                buf = buf[pos + len(marker):]
+                self.inside = not self.inside
+                self.seen_any = True
+                self._lstrip = not self.inside
+                continue
+            keep = _held_suffix(buf, [marker])
+            self._emit(out, buf[: len(buf) - keep])
+            buf = buf[len(buf) - keep:] if keep else ""
+            break
+        self.pending = buf
+        return out
+
+    def _emit(self, out, text):
+        if text and self._lstrip and not self.inside:
+            text = text.lstrip("\n")
+            self._lstrip = not text
+        if text:
+            out.append(("reasoning" if self.inside else "content", text))
+
+    def flush(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        self._emit(out, self.pending)
+        self.pending = ""
+        return out

@@ -1,0 +1,151 @@
+"""The model worker: one thread that owns the model lease.
+
+All forward passes (generation and embeddings) run here, off the event loop, one
+job at a time (the serial lane). Each job reports to its request through an
+asyncio queue. A batched lane can later take jobs from the same queue: requests
+only see ``submit``/``call`` and events, never which lane ran them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+from ..errors import QueueFull
+from .session import GenerationRequest, GenerationSession
+
+log = logging.getLogger("mlxbun.engine")
+
+
+class Job:
+    """Base job: ``run()`` on the worker thread; results posted to ``loop``."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.cancelled = threading.Event()
+
+    def cancel(self):
+        self.cancelled.set()
+
+    def run(self, worker: "ModelWorker"):
+        raise NotImplementedError
+
+    def fail(self, exc: BaseException):
+        raise NotImplementedError
+
+
+class CallJob(Job):
+    """Runs an arbitrary function under the lease (embeddings, model mutation)."""
+
+    def __init__(self, loop, fn: Callable[[], Any]):
+        super().__init__(loop)
+        self.fn = fn
+        self.future: asyncio.Future = loop.create_future()
+
+    def run(self, worker):
+        result = self.fn()
+        self.loop.call_soon_threadsafe(_set_result, self.future, result)
+
+    def fail(self, exc):
+        self.loop.call_soon_threadsafe(_set_exception, self.future, exc)
+
+
+def _set_result(fut, value):
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut, exc):
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+class GenerationJob(Job):
+    def __init__(self, loop, request: GenerationRequest, model, tokenizer, limit):
+        super().__init__(loop)
+        self.request = request
+        self.model = model
+        self.session = GenerationSession(request, tokenizer, limit)
+        self.events: asyncio.Queue = asyncio.Queue()
+
+    def _post(self, events: list):
+        if events:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, events)
+
+    def run(self, worker):
+        import mlx.core as mx
+        from mlx_lm.generate import generate_step
+
+        req, sess = self.request, self.session
+        if req.sampling.seed is not None:
+            mx.random.seed(req.sampling.seed)
+        prompt = mx.array(req.prompt_tokens)
+        steps = generate_step(
+            prompt, self.model, max_tokens=-1, sampler=req.sampling.sampler(sess.tokenizer),
+            logits_processors=req.sampling.logits_processors() or None,
+            input_embeddings=req.input_embeddings)
+        try:
+            for token, logprobs in steps:
+                if self.cancelled.is_set():
+                    self._post(sess.finish("cancelled"))
+                    return
+                self._post(sess.step(token, logprobs))
+                if sess.finished is not None:
+                    return
+        finally:
+            steps.close()  # frees the KV cache now, not at the next GC
+
+    def fail(self, exc):
+        self._post(self.session.finish("error", error=str(exc)))
+
+
+class ModelWorker:
+    def __init__(self, max_waiting: int = 64):
+        self.max_waiting = max_waiting
+        self._jobs: "queue.Queue[Job | None]" = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="mlxbun-worker", daemon=True)
+        self.busy = False
+        self.completed = 0
+        self._thread.start()
+
+    @property
+    def waiting(self) -> int:
+        return self._jobs.qsize()
+
+    def submit(self, job: Job) -> Job:
+        if self._jobs.qsize() >= self.max_waiting:
+            raise QueueFull("generation queue is full (64 waiting requests)")
+        self._jobs.put(job)
+        return job
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the worker thread under the model lease."""
+        job = self.submit(CallJob(asyncio.get_running_loop(), fn))
+        return await job.future
+
+    def close(self):
+        self._jobs.put(None)
+
+    def _loop(self):
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            if job.cancelled.is_set():
+                job.fail(RuntimeError("cancelled"))
+                continue
+            self.busy = True
+            started = time.perf_counter()
+            try:
+                job.run(self)
+            except Exception as exc:  # report to the request, keep serving others
+                log.exception("job failed")
+                job.fail(exc)
+            finally:
+                self.busy = False
+                self.completed += 1
+                log.debug("job done in %.3fs", time.perf_counter() - started)

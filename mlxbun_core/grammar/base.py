@@ -1,0 +1,266 @@
+"""Backend contract, the per-request logits processor, and the registry that picks a
+backend, caches compiled grammars and implements the degrade path.
+
+A backend only has to compile a :class:`GrammarRequest` into something that makes
+matchers (consume tokens / fill a 32-bit-per-word allowed-token bitmask); masking,
+EOS-only completion, vocab padding and caching live here once for all backends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Callable, Optional, Protocol
+
+import mlx.core as mx
+import numpy as np
+
+from .request import GrammarRequest, describe, resolve_grammar_request
+
+log = logging.getLogger("mlxbun.grammar")
+DEFAULT_BACKEND = "llguidance"
+
+
+class GrammarCompileError(Exception):
+    """The constraint cannot be enforced; the message becomes the Warning reason."""
+
+
+class Matcher(Protocol):
+    def consume(self, ids: list[int]) -> bool: ...          # False: token rejected
+    def fill(self, bits: np.ndarray) -> None: ...           # 1-D int32, (vocab+31)//32 words
+    def error(self) -> Optional[str]: ...
+
+
+@dataclass
+class CompiledGrammar:
+    """A backend's compiled artefact; ``new_matcher`` is called once per request."""
+    backend: str
+    request: GrammarRequest
+    vocab_size: int                 # tokenizer ids covered by the bitmask
+    eos_ids: tuple
+    new_matcher: Callable[[], Matcher]
+
+
+class GrammarBackend:
+    """Abstract backend, built per tokenizer by ``factory(tokenizer)``."""
+    name: str = "?"
+
+    def compile(self, req: GrammarRequest) -> CompiledGrammar:  # pragma: no cover
+        raise NotImplementedError
+
+
+def hf_tokenizer(tokenizer):
+    """The HF fast tokenizer behind an mlx-lm TokenizerWrapper (or itself)."""
+    return getattr(tokenizer, "_tokenizer", tokenizer)
+
+
+def eos_ids(tokenizer) -> list[int]:
+    ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
+    eid = getattr(hf_tokenizer(tokenizer), "eos_token_id", None)
+    if eid is not None:
+        ids.add(eid)
+    return sorted(ids)
+
+
+@lru_cache(maxsize=16)
+def _gather_index(n_logits: int, vocab: int):
+    """Word index + bit shift per logit id; ids past the tokenizer read the always-zero
+    pad word, so model-only ids (padded embedding rows) are masked."""
+    ids = np.arange(n_logits)
+    words = np.where(ids < vocab, ids // 32, (vocab + 31) // 32).astype(np.int32)
+    return mx.array(words), mx.array((ids % 32).astype(np.int32))
+
+
+@mx.compile
+def _apply(logits, bits, words, shifts):
+    allowed = mx.bitwise_and(mx.right_shift(bits[words], shifts), 1)
+    return mx.where(allowed.astype(mx.bool_), logits, mx.array(-mx.inf, logits.dtype))
+
+
+class GrammarProcessor:
+    """mlx-lm logits processor ``(tokens, logits) -> logits`` owning one matcher.
+
+    ``tokens`` is everything mlx-lm has seen (prompt passed to generate_step +
+    generated); ids after ``prompt_len`` are fed to the matcher once each. When
+    ``prompt_len`` is None it is taken from the first call (mlx-lm's first call sees
+    exactly the prompt). ``done`` turns True once only EOS may follow (or EOS was
+    consumed): the engine can stop with finish_reason "stop" right there.
+    """
+
+    def __init__(self, compiled: CompiledGrammar, prompt_len: Optional[int] = None):
+        self.compiled = compiled
+        self.matcher = compiled.new_matcher()
+        self.prompt_len = prompt_len
+        self.consumed = 0
+        self.done = False
+        self.error: Optional[str] = None
+        n = (compiled.vocab_size + 31) // 32
+        self._bits = np.zeros(n + 1, dtype=np.int32)   # +1: pad word, always 0
+        self._view = self._bits[:n]
+        eos = np.zeros(n, dtype=np.uint32)
+        for e in compiled.eos_ids:
+            if e < compiled.vocab_size:
+                eos[e // 32] |= np.uint32(1 << (e % 32))
+        self._eos_bits = eos.view(np.int32)
+        self._not_eos = np.invert(self._eos_bits)
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        if self.prompt_len is None:
+            self.prompt_len = tokens.shape[0]
+        new = tokens.shape[0] - self.prompt_len - self.consumed
+        if new > 0:
+            ids = tokens[-new:].tolist()
+            self.consumed += new
+            if self.error is None and not self.matcher.consume(ids):
+                self.error = self.matcher.error() or f"token(s) {ids} rejected by grammar"
+                log.warning("grammar matcher failed, forcing EOS: %s", self.error)
+        if self.error is None:
+            self.matcher.fill(self._view)
+            self.done = not np.bitwise_and(self._view, self._not_eos).any()
+        else:
+            self._view[:] = self._eos_bits
+            self.done = True
+        words, shifts = _gather_index(logits.shape[-1], self.compiled.vocab_size)
+        return _apply(logits, mx.array(self._bits), words, shifts)
+
+
+def make_processor(compiled: CompiledGrammar, prompt_len: Optional[int] = None) -> GrammarProcessor:
+    return GrammarProcessor(compiled, prompt_len)
+
+
+@dataclass
+class GrammarPlan:
+    """What the engine/server does for one request. ``processor``: append last to the
+    logits processors. ``warning``: send as ``Warning`` header. ``instruction``: chat
+    only, prepend as a system message (degrade path)."""
+    processor: Optional[GrammarProcessor] = None
+    warning: Optional[str] = None
+    instruction: Optional[str] = None
+    request: Optional[GrammarRequest] = None
+
+
+def grammar_disabled() -> bool:
+    v = os.environ.get("MLXBUN_GRAMMAR", os.environ.get("MLX_BUN_GRAMMAR", "1"))
+    return v.strip().lower() in ("0", "false", "no", "off")
+
+
+class GrammarRegistry:
+    """Registered backends, the selected one, and an LRU of compiled grammars."""
+
+    def __init__(self, cache_size: int = 64, load_plugins: bool = True):
+        self.factories: dict[str, Callable[[Any], GrammarBackend]] = {}
+        self._selected: Optional[str] = None
+        self._backends: dict[tuple, tuple] = {}    # (name, id(tok)) -> (tok, backend|exc)
+        self._cache: OrderedDict = OrderedDict()
+        self.cache_size = cache_size
+        self.hits = self.misses = self.degraded = 0
+        self._lock = threading.Lock()
+        self._want_plugins = load_plugins
+        self._loaded = not load_plugins
+
+    def register(self, name: str, factory: Callable[[Any], GrammarBackend]) -> None:
+        self.factories[name] = factory
+
+    def _ensure_loaded(self):
+        if not self._loaded:
+            self._loaded = True
+            from ..plugins import hook
+            hook().register_grammar_backends(register=self.register)
+
+    def available(self) -> list[str]:
+        self._ensure_loaded()
+        return sorted(self.factories)
+
+    def select(self, name: str) -> None:
+        """CLI ``--grammar-backend``: fail fast on an unknown/unavailable name."""
+        if name not in self.available():
+            raise ValueError(f"unknown grammar backend {name!r}; available: "
+                             f"{', '.join(self.available()) or 'none'}")
+        self._selected = name
+
+    @property
+    def selected(self) -> str:
+        return self._selected or os.environ.get("MLXBUN_GRAMMAR_BACKEND") or DEFAULT_BACKEND
+
+    def backend_for(self, tokenizer, name: Optional[str] = None) -> GrammarBackend:
+        """One backend instance per (backend, tokenizer): building vocab tables is slow."""
+        name = name or self.selected
+        self._ensure_loaded()
+        if name not in self.factories:
+            raise GrammarCompileError(f"grammar backend {name!r} is not available")
+        key = (name, id(tokenizer))
+        entry = self._backends.get(key)
+        if entry is None:
+            try:
+                entry = (tokenizer, self.factories[name](tokenizer))
+            except Exception as exc:  # unsupported tokenizer etc.: degrade, don't 500
+                entry = (tokenizer, GrammarCompileError(
+                    f"{name} cannot use this tokenizer: {type(exc).__name__}: {exc}"))
+            self._backends[key] = entry   # holds tok, so id() stays unique
+        if isinstance(entry[1], Exception):
+            raise entry[1]
+        return entry[1]
+
+    def compile(self, req: GrammarRequest, tokenizer, name: Optional[str] = None) -> CompiledGrammar:
+        """Cached compile; failures are cached too (and re-raised)."""
+        name = name or self.selected
+        key = (name, id(tokenizer), req.key)
+        with self._lock:
+            got = self._cache.get(key)
+            if got is not None:
+                self._cache.move_to_end(key)
+                self.hits += 1
+            else:
+                self.misses += 1
+        if got is None:
+            backend = self.backend_for(tokenizer, name)
+            try:
+                got = backend.compile(req)
+            except GrammarCompileError as exc:
+                got = exc
+            except Exception as exc:
+                got = GrammarCompileError(f"{type(exc).__name__}: {exc}")
+            with self._lock:
+                self._cache[key] = got
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def plan(self, body: dict, tokenizer, prompt_len: Optional[int] = None) -> GrammarPlan:
+        """Resolve (400 on ill-typed fields), compile, and build the processor, or the
+        degrade plan: no processor, a Warning reason and an instruction text."""
+        req = resolve_grammar_request(body)
+        if req is None:
+            return GrammarPlan()
+        return self.plan_request(req, tokenizer, prompt_len)
+
+    def plan_request(self, req: GrammarRequest, tokenizer, prompt_len=None) -> GrammarPlan:
+        if grammar_disabled():
+            return self._degrade(req, "grammar compilation disabled by MLXBUN_GRAMMAR=0")
+        try:
+            compiled = self.compile(req, tokenizer)
+        except GrammarCompileError as exc:
+            return self._degrade(req, str(exc) or "compile failed")
+        return GrammarPlan(make_processor(compiled, prompt_len), None, None, req)
+
+    def _degrade(self, req: GrammarRequest, reason: str) -> GrammarPlan:
+        self.degraded += 1
+        # Header-safe: one latin-1 line, bounded.
+        reason = " ".join(reason.split())[:300].encode("latin-1", "replace").decode("latin-1")
+        log.warning("grammar not enforced (%s): %s", req.kind, reason)
+        return GrammarPlan(None, f"grammar not enforced: {reason}", describe(req), req)
+
+    def stats(self) -> dict:
+        return {"backend": self.selected, "available": self.available(),
+                "compile_cache": {"hits": self.hits, "misses": self.misses,
+                                  "size": len(self._cache)},
+                "degraded": self.degraded}
+
+
+registry = GrammarRegistry()

@@ -1,0 +1,130 @@
+"""What a request asks to be constrained to: parsing, validation and precedence of
+the OpenAI / vLLM / oMLX structured-output fields (see docs: "Structured output").
+
+Kept backend-free so the server can validate a body (and answer 400) before any
+grammar library is imported.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+from ..errors import BadRequest
+
+Kind = Literal["json_schema", "json_object", "ebnf", "regex", "choice"]
+KINDS = ("json_schema", "json_object", "ebnf", "regex", "choice")
+
+
+@dataclass(frozen=True)
+class GrammarRequest:
+    """One constraint. ``value``: schema dict (json_schema), None (json_object),
+    grammar text (ebnf), pattern (regex) or list of strings (choice)."""
+
+    kind: Kind
+    value: Any = None
+    any_whitespace: bool = True
+    key: str = field(init=False, repr=False, compare=True, hash=True)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown grammar kind {self.kind!r}")
+        # Canonical text so equal schemas share one compile-cache entry.
+        canon = json.dumps([self.kind, self.value, self.any_whitespace],
+                           sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        object.__setattr__(self, "key", canon)
+
+    def __hash__(self):
+        return hash(self.key)
+
+    def __eq__(self, other):
+        return isinstance(other, GrammarRequest) and self.key == other.key
+
+
+def _bad(msg: str, param: str) -> BadRequest:
+    return BadRequest(msg, param=param)
+
+
+def _nonempty_str(body: dict, name: str) -> Optional[str]:
+    v = body.get(name)
+    if v is None:
+        return None
+    if not isinstance(v, str) or not v:
+        raise _bad(f"{name} must be a non-empty string", name)
+    return v
+
+
+def _response_format(body: dict) -> Optional[GrammarRequest]:
+    rf = body.get("response_format")
+    if rf is None:
+        return None
+    if not isinstance(rf, dict):
+        raise _bad("response_format must be an object", "response_format")
+    typ = rf.get("type")
+    if typ == "text":
+        return None
+    if typ == "json_object":
+        return GrammarRequest("json_object", None, True)
+    if typ != "json_schema":
+        raise _bad("response_format.type must be one of 'text', 'json_object', 'json_schema'",
+                   "response_format.type")
+    js = rf.get("json_schema")
+    if not isinstance(js, dict):
+        raise _bad("response_format.json_schema must be an object when type is 'json_schema'",
+                   "response_format.json_schema")
+    schema = js.get("schema")
+    if not isinstance(schema, dict):
+        raise _bad("response_format.json_schema.schema must be a JSON schema object",
+                   "response_format.json_schema.schema")
+    ws = js.get("any_whitespace", True)
+    if not isinstance(ws, bool):
+        raise _bad("response_format.json_schema.any_whitespace must be a boolean",
+                   "response_format.json_schema.any_whitespace")
+    return GrammarRequest("json_schema", schema, ws)
+
+
+def resolve_grammar_request(body: dict) -> Optional[GrammarRequest]:
+    """The constraint a request body asks for, or None.
+
+    Every present field is validated (a mistyped lower-precedence field is still a
+    client error); then precedence picks one: guided_grammar > response_format
+    json_schema > json_object > structured_outputs > guided_regex > guided_choice.
+    """
+    grammar = _nonempty_str(body, "guided_grammar")
+    rf = _response_format(body)
+    so = body.get("structured_outputs")
+    if so is not None and not isinstance(so, dict):
+        raise _bad("structured_outputs must be a JSON schema object", "structured_outputs")
+    regex = _nonempty_str(body, "guided_regex")
+    choice = body.get("guided_choice")
+    if choice is not None and (not isinstance(choice, list) or not choice
+                               or not all(isinstance(c, str) for c in choice)):
+        raise _bad("guided_choice must be a non-empty list of strings", "guided_choice")
+
+    if grammar is not None:
+        return GrammarRequest("ebnf", grammar)
+    if rf is not None:
+        return rf
+    if so is not None:
+        return GrammarRequest("json_schema", so)
+    if regex is not None:
+        return GrammarRequest("regex", regex)
+    if choice is not None:
+        return GrammarRequest("choice", list(choice))
+    return None
+
+
+def describe(req: GrammarRequest) -> str:
+    """Plain-language instruction for the degrade path (injected as a system message)."""
+    if req.kind == "json_schema":
+        schema = json.dumps(req.value, ensure_ascii=False)
+        return f"Respond only with JSON matching this schema: {schema}"
+    if req.kind == "json_object":
+        return "Respond only with a single valid JSON object and nothing else."
+    if req.kind == "ebnf":
+        return f"Respond only with text matching this grammar:\n{req.value}"
+    if req.kind == "regex":
+        return f"Respond only with text matching this regular expression: {req.value}"
+    opts = ", ".join(json.dumps(c, ensure_ascii=False) for c in req.value)
+    return f"Respond with exactly one of the following, and nothing else: {opts}"

@@ -1,0 +1,62 @@
+"""Plain data that crosses the plugin boundary: what a loaded model is, what a
+rendered prompt is, and the options a load receives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+
+@dataclass
+class LoadOptions:
+    """What the operator asked for at start-up; plugins read what they need."""
+
+    model_id: str = ""
+    embedding: bool = False  # force embedding mode for a plain checkpoint
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class LoadedModel:
+    """A checkpoint claimed and loaded by one plugin.
+
+    ``model`` is an ``mlx.nn.Module`` whose ``__call__(tokens, cache=...)`` returns
+    logits (the mlx-lm convention) and which provides ``make_cache()`` or ``layers``;
+    ``tokenizer`` is an mlx-lm ``TokenizerWrapper``.
+    """
+
+    id: str
+    path: Path
+    config: dict
+    model: Any
+    tokenizer: Any
+    family: str  # the claiming family, e.g. "generic" or "qwen35"
+    plugin: str = ""  # the distribution that claimed it, filled in by the loader
+    kind: str = "generate"  # "generate" or "embedding"
+    generation_defaults: dict = field(default_factory=dict)
+    context_window: Optional[int] = None
+    reasoning: bool = False  # has a switchable thinking channel
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def eos_token_ids(self) -> set:
+        return set(getattr(self.tokenizer, "eos_token_ids", None) or [])
+
+
+@dataclass
+class Prompt:
+    """A rendered prompt.
+
+    ``tokens`` are what the model sees. ``in_reasoning`` is true when the template
+    already opened a think channel, so generation starts inside it; ``think_start``
+    / ``think_end`` are the channel markers in decoded text (``None`` when the model
+    has no such channel).
+    """
+
+    tokens: list
+    text: str = ""
+    in_reasoning: bool = False
+    think_start: Optional[str] = None
+    think_end: Optional[str] = None
+    media: list = field(default_factory=list)

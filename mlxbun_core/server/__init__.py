@@ -1,0 +1,1 @@
+"""HTTP surfaces: one module per protocol, all over the same engine."""

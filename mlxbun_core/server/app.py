@@ -1,0 +1,46 @@
+"""Builds the BlackSheep application: every surface registers its routes here."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+from blacksheep import Application, Request
+
+from .common import json_response
+
+log = logging.getLogger("mlxbun.server")
+
+# One module per protocol surface; each exposes ``register(app, engine)``.
+SURFACES = (
+    "mlxbun_core.server.openai_chat",
+    "mlxbun_core.server.openai_completions",
+    "mlxbun_core.server.anthropic_messages",
+    "mlxbun_core.server.openai_responses",
+    "mlxbun_core.server.embeddings",
+    "mlxbun_core.server.meta",
+)
+
+
+def build_app(engine) -> Application:
+    app = Application()
+    app.stats_providers = {}  # name -> callable returning a JSON-able dict for /stats
+    for modname in SURFACES:
+        try:
+            module = importlib.import_module(modname)
+        except ModuleNotFoundError as exc:
+            if exc.name == modname:
+                continue  # surface not present in this build
+            raise
+        module.register(app, engine)
+
+    async def not_found(request: Request):
+        return json_response({"error": {"message": "not found"}}, 404)
+
+    app.router.fallback = not_found
+
+    async def on_stop(application):
+        engine.worker.close()
+
+    app.on_stop += on_stop
+    return app

@@ -1,0 +1,134 @@
+"""Helpers every surface shares: JSON bodies, error rendering, SSE, disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import AsyncIterator, Callable
+
+from blacksheep import Request, Response
+from blacksheep.contents import Content, StreamedContent
+
+from ..errors import APIError, BadRequest
+
+log = logging.getLogger("mlxbun.server")
+
+
+def json_response(data, status: int = 200, headers: dict | None = None) -> Response:
+    body = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+    resp = Response(status, None, Content(b"application/json", body))
+    for k, v in (headers or {}).items():
+        resp.add_header(k.encode(), v.encode())
+    return resp
+
+
+def openai_error(exc: APIError) -> Response:
+    return json_response(exc.body(), exc.status)
+
+
+async def read_body(request: Request) -> dict:
+    raw = await request.read()
+    try:
+        body = json.loads(raw or b"")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise BadRequest("invalid JSON body")
+    if not isinstance(body, dict):
+        raise BadRequest("invalid JSON body: expected an object")
+    return body
+
+
+def as_api_error(exc: Exception) -> APIError:
+    """Client mistakes keep their status; anything else is a 500 with the message only."""
+    if isinstance(exc, APIError):
+        return exc
+    log.error("request failed", exc_info=exc)
+    return APIError(str(exc) or type(exc).__name__)
+
+
+def guarded(render: Callable[[APIError], Response] = openai_error):
+    """Decorator: turn exceptions raised before a response starts into ``render``."""
+
+    def wrap(handler):
+        async def inner(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except Exception as exc:
+                return render(as_api_error(exc))
+
+        inner.__name__ = handler.__name__
+        return inner
+
+    return wrap
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def sse_data(obj) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+def sse_event(name: str, obj) -> bytes:
+    return (f"event: {name}\n".encode() + b"data: "
+            + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n")
+
+
+KEEPALIVE = b": keep-alive\n\n"
+
+
+def watch_disconnect(request: Request, on_disconnect: Callable[[], None]) -> asyncio.Task:
+    """Call ``on_disconnect`` when the client goes away.
+
+    uvicorn silently drops writes to a closed connection, so a streaming loop
+    would otherwise run to the end; the ASGI ``http.disconnect`` message is the
+    reliable signal. The body has been read already, so ``receive`` blocks until then.
+    """
+    receive = getattr(request.content, "receive", None)
+
+    async def wait():
+        if receive is None:
+            return
+        while True:
+            msg = await receive()
+            if msg.get("type") == "http.disconnect":
+                on_disconnect()
+                return
+
+    return asyncio.ensure_future(wait())
+
+
+def sse_response(request: Request, job, frames: AsyncIterator[bytes], headers: dict | None = None) -> Response:
+    """Stream ``frames`` as SSE; a disconnect cancels ``job`` within one decode step."""
+
+    async def provider():
+        watcher = watch_disconnect(request, job.cancel)
+        try:
+            async for frame in frames:
+                yield frame
+        finally:
+            watcher.cancel()
+            job.cancel()
+
+    resp = Response(200, None, StreamedContent(b"text/event-stream", provider))
+    resp.add_header(b"Cache-Control", b"no-cache")
+    resp.add_header(b"X-Accel-Buffering", b"no")
+    for k, v in (headers or {}).items():
+        resp.add_header(k.encode(), v.encode())
+    return resp
+
+
+async def collect(request: Request, engine, job) -> list:
+    """Gather a non-streaming job's events, cancelling it if the client leaves."""
+    watcher = watch_disconnect(request, job.cancel)
+    try:
+        return [ev async for ev in engine.events(job)]
+    finally:
+        watcher.cancel()

@@ -1,0 +1,70 @@
+"""Discovery and health: GET /v1, /v1/models, /v1/models/<id>, /health, /stats."""
+
+from __future__ import annotations
+
+from blacksheep import Request
+
+from .. import __version__, plugins
+from .common import json_response
+
+ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "POST /v1/messages",
+             "POST /v1/responses", "POST /v1/embeddings", "GET /v1/models", "GET /health",
+             "GET /stats"]
+
+
+def model_row(engine) -> dict:
+    m = engine.model
+    generate = m.kind == "generate"
+    caps = {"chat_completions": generate, "text_completions": generate,
+            "anthropic_messages": generate, "responses": generate, "streaming": generate,
+            "tools": generate, "structured_output": generate, "logprobs": generate,
+            "embeddings": m.kind == "embedding", "vision": False, "audio": False,
+            "adapters": False, "training": False}
+    d = engine.defaults
+    return {"id": m.id, "object": "model", "created": engine.started_at, "owned_by": "mlxbun",
+            "family": m.family, "plugin": m.plugin, "context_window": m.context_window,
+            "reasoning": m.reasoning, "vision": False, "audio": False, "batch_mode": "serial",
+            "tools": generate, "structured_output": generate, "embeddings": caps["embeddings"],
+            "adapters": False, "training": False, "capabilities": caps,
+            "gen_defaults": {k: d.get(k) for k in ("temperature", "top_p", "top_k")}}
+
+
+def register(app, engine):
+    async def index(request: Request):
+        return json_response({"name": "mlxbun", "version": __version__, "model": engine.model.id,
+                              "endpoints": ENDPOINTS})
+
+    async def models(request: Request):
+        return json_response({"object": "list", "data": [model_row(engine)]})
+
+    async def model_by_id(request: Request):
+        wanted = request.route_values.get("model_id", "")
+        rows = [r for r in [model_row(engine)] if r["id"] == wanted]
+        if not rows:
+            return json_response({"error": {"message": f"model {wanted!r} not found",
+                                            "type": "not_found_error"}}, 404)
+        return json_response({"object": "list", "data": rows})
+
+    async def health(request: Request):
+        return json_response({"status": "ok"})
+
+    async def stats(request: Request):
+        extra = {}
+        for name, provider in getattr(app, "stats_providers", {}).items():
+            extra[name] = provider()
+        return json_response({
+            "server": {"owner": "serve", "model": engine.model.id, "family": engine.model.family,
+                       "plugin": engine.model.plugin, "started_at": engine.started_at},
+            "requests": {"total": engine.requests, "waiting": engine.worker.waiting,
+                         "busy": engine.worker.busy, "completed": engine.worker.completed},
+            "admission": {"max_safe_context": engine.model.context_window,
+                          "enforced_context_tokens": engine.model.context_window,
+                          "max_waiting": engine.worker.max_waiting},
+            "plugins": [r["name"] for r in plugins.describe() if not r["error"]],
+            **extra})
+
+    app.router.add_get("/v1", index)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/*model_id", model_by_id)
+    app.router.add_get("/health", health)
+    app.router.add_get("/stats", stats)

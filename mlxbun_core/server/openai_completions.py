@@ -1,0 +1,49 @@
+"""POST /v1/completions — raw text completion, no chat template."""
+
+from __future__ import annotations
+
+from blacksheep import Request
+
+from ..engine.reply import gather
+from .common import collect, guarded, json_response, new_id, now, read_body, sse_data, sse_response
+
+
+def register(app, engine):
+    model_id = engine.model.id
+
+    @guarded()
+    async def completions(request: Request):
+        body = await read_body(request)
+        prepared = engine.prepare_completion(body)
+        job = engine.start(prepared.request)
+        headers = {"Warning": prepared.warning} if prepared.warning else None
+        cid, created = new_id("cmpl-"), now()
+        if body.get("stream"):
+            return sse_response(request, job, stream(job, cid, created), headers)
+        reply = gather(await collect(request, engine, job))
+        choice = {"index": 0, "text": reply.content, "finish_reason": reply.finish.reason}
+        if reply.finish.logprobs is not None:
+            choice["logprobs"] = {"content": reply.finish.logprobs}
+        return json_response({"id": cid, "object": "text_completion", "created": created,
+                              "model": model_id, "choices": [choice],
+                              "usage": reply.finish.usage.openai()}, headers=headers)
+
+    async def stream(job, cid, created):
+        def chunk(text, finish=None, **extra):
+            return sse_data({"id": cid, "object": "text_completion", "created": created,
+                             "model": model_id,
+                             "choices": [{"index": 0, "text": text, "finish_reason": finish,
+                                          "logprobs": None}], **extra})
+
+        async for kind, payload in engine.events(job):
+            if kind in ("content", "reasoning"):
+                yield chunk(payload)
+            elif kind == "done":
+                if payload.reason in ("error", "cancelled"):
+                    yield sse_data({"error": {"message": payload.error or "generation cancelled",
+                                              "type": "server_error"}})
+                    return
+                yield chunk("", payload.reason, usage=payload.usage.openai())
+        yield b"data: [DONE]\n\n"
+
+    app.router.add_post("/v1/completions", completions)

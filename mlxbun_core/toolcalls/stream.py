@@ -1,0 +1,164 @@
+"""The streaming splitter: live content, withheld tool markup, parsed calls.
+
+Chunking-independent by construction: markup starts/ends are found by plain
+substring search over the accumulated buffer, and keepalives fire on absolute
+multiples of ``KEEPALIVE_EVERY`` buffered markup chars, so char-by-char and any
+other chunking give the same events once adjacent content events are merged."""
+
+from __future__ import annotations
+
+from typing import Any, Tuple
+
+from .core import ToolCall
+
+Event = Tuple[str, Any]  # ("content", str) | ("tool_call", ToolCall) | ("keepalive", None)
+KEEPALIVE_EVERY = 256
+
+
+class Dialect:
+    """A tool-call markup syntax.
+
+    ``starts`` open a markup block; by default a block ends at the first ``end_for(start)``
+    after its start (``end`` None = runs to EOS). ``parse`` returns the calls in one
+    block (markers included, end marker possibly missing when truncated), or None
+    when unparseable so the block falls back to plain content."""
+
+    starts: tuple[str, ...] = ()
+    end: str | None = None
+
+    def end_for(self, start: str) -> str | None:
+        return self.end
+
+    def complete(self, buffer: str) -> int | None:
+        """Offset just past the end of the block at the head of ``buffer``, or None."""
+        for s in sorted(self.starts, key=len, reverse=True):
+            if buffer.startswith(s):
+                e = self.end_for(s)
+                if not e:
+                    return None
+                i = buffer.find(e, len(s))
+                return None if i < 0 else i + len(e)
+        return None
+
+    def inner(self, markup: str) -> str:
+        """``markup`` without its start marker and (if present) its end marker."""
+        for s in sorted(self.starts, key=len, reverse=True):
+            if markup.startswith(s):
+                body, e = markup[len(s):], self.end_for(s)
+                if e and body.endswith(e):
+                    body = body[: -len(e)]
+                return body
+        return markup
+
+    def parse(self, markup: str, tools: list | None) -> list[ToolCall] | None:
+        raise NotImplementedError
+
+
+def _marker_prefix_len(text: str, starts: tuple[str, ...]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of a marker."""
+    best = 0
+    for s in starts:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+
+
+class StreamingToolParser:
+    """Split decoded text into content, tool calls and keepalives as it streams.
+
+    Whitespace directly around markup is held and dropped when the markup parses
+    (so "\\n\\n<tool_call>…" does not leave a stray "\\n\\n" content delta); it is
+    restored if the markup falls back to content."""
+
+    def __init__(self, dialect: Dialect, tools: list | None = None,
+                 keepalive_every: int = KEEPALIVE_EVERY):
+        self.dialect, self.tools = dialect, tools
+        self.keepalive_every = keepalive_every
+        self.calls: list[ToolCall] = []
+        self._pending = ""  # text-mode text not yet emitted
+        self._markup: str | None = None  # buffered markup block (None = text mode)
+        self._ws = ""  # whitespace held before the current markup block
+        self._ka = 0  # keepalives sent for the current block
+        self._after_call = False
+
+    def feed(self, text: str) -> list[Event]:
+        ev: list[Event] = []
+        if self._markup is None:
+            self._pending += text
+        else:
+            self._markup += text
+        while True:
+            if self._markup is None:
+                if not self._text_step(ev):
+                    return ev
+            elif not self._markup_step(ev):
+                return ev
+
+    def finish(self) -> list[Event]:
+        ev: list[Event] = []
+        if self._markup is not None:
+            self._flush_markup(self._markup, ev)
+            self._markup = None
+        if self._pending and not (self._after_call and not self._pending.strip()):
+            self._content(self._pending, ev)
+        self._pending = ""
+        return ev
+
+    # -- internals
+    def _content(self, s: str, ev: list[Event]) -> None:
+        if s:
+            ev.append(("content", s))
+            self._after_call = False
+
+    def _text_step(self, ev: list[Event]) -> bool:
+        p, starts = self._pending, self.dialect.starts
+        hits = [(i, s) for s in starts if (i := p.find(s)) >= 0]
+        if hits:
+            i = min(hits)[0]
+            pre = p[:i]
+            body = pre.rstrip()
+            self._content(body, ev)
+            self._ws, self._markup, self._pending, self._ka = pre[len(body):], p[i:], "", 0
+            return True
+        hold = _marker_prefix_len(p, starts)
+        body = p[: len(p) - hold]
+        emit = body.rstrip()
+        self._content(emit, ev)
+        self._pending = p[len(emit):]
+        return False
+
+    def _markup_step(self, ev: list[Event]) -> bool:
+        buf = self._markup
+        e = self.dialect.complete(buf)
+        seen = len(buf) if e is None else e - 1
+        n = self.keepalive_every
+        while n and (self._ka + 1) * n <= seen:
+            self._ka += 1
+            ev.append(("keepalive", None))
+        if e is None:
+            return False
+        self._markup, self._pending = None, buf[e:]
+        self._flush_markup(buf[:e], ev)
+        return True
+
+    def _flush_markup(self, markup: str, ev: list[Event]) -> None:
+        try:
+            calls = self.dialect.parse(markup, self.tools)
+        except Exception:  # a dialect bug must not kill the stream
+            calls = None
+        if calls:
+            self.calls.extend(calls)
+            ev.extend(("tool_call", c) for c in calls)
+            self._after_call = True
+        else:
+            self._content(self._ws + markup, ev)
+        self._ws = ""
+
+
+def split_tool_calls(dialect: Dialect, tools: list | None, text: str) -> tuple[str, list[ToolCall]]:
+    """Non-streaming convenience: ``(content, calls)`` for a whole completion."""
+    p = StreamingToolParser(dialect, tools, keepalive_every=0)
+    ev = p.feed(text) + p.finish()
+    return "".join(x for k, x in ev if k == "content"), [x for k, x in ev if k == "tool_call"]

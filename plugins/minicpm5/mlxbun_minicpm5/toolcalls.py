@@ -1,0 +1,79 @@
+"""MiniCPM5 tool calls (mlx_lm/tool_parsers/minicpm5.py): no outer wrapper, one
+``<function name="fn"><param name="p">value</param></function>`` block per call,
+consecutive blocks for parallel calls. Values holding ``<``, ``&`` or newlines are
+CDATA-wrapped and kept verbatim; plain values are stripped (as mlx-lm does)."""
+
+from __future__ import annotations
+
+import re
+
+from mlxbun_core.toolcalls import Dialect, StreamingToolParser, ToolCall, make_call
+
+_Q = r"(\"[^\"]*\"|'[^']*'|[^\s\"'<>]+)"
+_FN = re.compile(r"<function\s+name\s*=\s*" + _Q + r"\s*>")
+_PARAM = re.compile(r"<param\s+name\s*=\s*" + _Q + r"\s*>")
+_CD_OPEN, _CD_CLOSE, _P_CLOSE = "<![CDATA[", "]]>", "</param>"
+
+
+def _unquote(s: str) -> str:
+    return s[1:-1] if len(s) >= 2 and s[0] == s[-1] and s[0] in "\"'" else s
+
+
+def _value(body: str, j: int) -> tuple[str, int]:
+    """The value starting at ``body[j]`` and the offset past its ``</param>``."""
+    k = j
+    while k < len(body) and body[k].isspace():
+        k += 1
+    if body.startswith(_CD_OPEN, k):
+        parts = []
+        while body.startswith(_CD_OPEN, k):  # "]]]]><![CDATA[>" splits are joined
+            e = body.find(_CD_CLOSE, k + len(_CD_OPEN))
+            if e < 0:
+                parts.append(body[k + len(_CD_OPEN):])
+                return "".join(parts), len(body)
+            parts.append(body[k + len(_CD_OPEN):e])
+            k = e + len(_CD_CLOSE)
+        c = body.find(_P_CLOSE, k)
+        return "".join(parts), (len(body) if c < 0 else c + len(_P_CLOSE))
+    c = body.find(_P_CLOSE, j)
+    return (body[j:] if c < 0 else body[j:c]).strip(), (len(body) if c < 0 else c + len(_P_CLOSE))
+
+
+def parse_block(markup: str, tools: list | None) -> list[ToolCall] | None:
+    m = _FN.match(markup)
+    if not m:
+        return None
+    body = markup[m.end():]
+    if body.endswith("</function>"):
+        body = body[: -len("</function>")]
+    args, i = {}, 0
+    while pm := _PARAM.search(body, i):
+        args[_unquote(pm.group(1))], i = _value(body, pm.end())
+    name = _unquote(m.group(1)).strip()
+    return [make_call(name, args, tools)] if name else None
+
+
+class MiniCPM5Dialect(Dialect):
+    starts = ("<function name=",)
+    end = "</function>"
+
+    def complete(self, buffer: str) -> int | None:
+        """First ``</function>`` outside CDATA (a CDATA value may hold any tag)."""
+        i = len(self.starts[0])
+        while True:
+            e, c = buffer.find(self.end, i), buffer.find(_CD_OPEN, i)
+            if e < 0:
+                return None
+            if not 0 <= c < e:
+                return e + len(self.end)
+            ce = buffer.find(_CD_CLOSE, c + len(_CD_OPEN))
+            if ce < 0:
+                return None
+            i = ce + len(_CD_CLOSE)
+
+    def parse(self, markup: str, tools: list | None) -> list[ToolCall] | None:
+        return parse_block(markup, tools)
+
+
+def make_parser(tools: list | None) -> StreamingToolParser:
+    return StreamingToolParser(MiniCPM5Dialect(), tools)
