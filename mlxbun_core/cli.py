@@ -73,13 +73,14 @@ def cmd_serve(args) -> int:
                         datefmt="%H:%M:%S")
     if args.grammar_backend:
         os.environ["MLXBUN_GRAMMAR_BACKEND"] = args.grammar_backend
+    defaults = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
     try:
-        model = loader.load(args.model, LoadOptions(embedding=args.embedding))
+        engine = Engine.load(args.model, LoadOptions(embedding=args.embedding),
+                             defaults=defaults, max_tokens=args.max_tokens)
     except (ModelNotFound, loader.NoPluginClaimed) as exc:
         print(f"mlxbun: {exc}", file=sys.stderr)
         return 2
-    defaults = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
-    engine = Engine(model, defaults=defaults, max_tokens=args.max_tokens)
+    model = engine.model
     app = build_app(engine)
     fallback = " (no family plugin claimed it)" if model.family == "generic" else ""
     print(f"mlxbun: serving {model.id} [{model.kind}] via plugin '{model.plugin}'{fallback}\n"

@@ -33,15 +33,24 @@ class Prepared:
 
 
 class Engine:
-    def __init__(self, model: LoadedModel, *, defaults: Optional[dict] = None,
-                 max_tokens: Optional[int] = None, max_waiting: int = 64):
+    def __init__(self, model: LoadedModel, *, worker: Optional[ModelWorker] = None,
+                 defaults: Optional[dict] = None, max_tokens: Optional[int] = None):
         self.model = model
-        self.worker = ModelWorker(max_waiting=max_waiting)
+        self.worker = worker or ModelWorker()
         # generation_config.json values, then operator flags on top; requests win over both
         self.defaults = {**model.generation_defaults, **(defaults or {})}
         self.max_tokens = max_tokens
         self.started_at = int(time.time())
         self.requests = 0
+
+    @classmethod
+    def load(cls, name, options=None, *, progress=True, **kw) -> "Engine":
+        """Load ``name`` on a fresh worker thread (where it must live) and wrap it."""
+        from .. import loader
+
+        worker = ModelWorker()
+        model = worker.run_sync(lambda: loader.load(name, options, progress=progress))
+        return cls(model, worker=worker, **kw)
 
     # -- preparation --------------------------------------------------------
     def sampling(self, body: dict) -> SamplingParams:

@@ -29,6 +29,8 @@ class StopMatcher:
         self.stopped: Optional[str] = None
 
     def feed(self, text: str) -> str:
+        if self.stopped is not None:
+            return ""
         if not self.stops:
             return text
         buf = self.pending + text

@@ -127,6 +127,30 @@ class ModelWorker:
         job = self.submit(CallJob(asyncio.get_running_loop(), fn))
         return await job.future
 
+    def run_sync(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the worker thread from a non-async caller (start-up).
+
+        Models must be loaded here: MLX streams are per thread, and weights
+        loaded on another thread cannot be evaluated on this one.
+        """
+        box: dict = {}
+        done = threading.Event()
+
+        class _Sync(Job):
+            def run(self, worker):
+                box["value"] = fn()
+                done.set()
+
+            def fail(self, exc):
+                box["error"] = exc
+                done.set()
+
+        self._jobs.put(_Sync(None))
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
     def close(self):
         self._jobs.put(None)
 

@@ -97,6 +97,7 @@ class GrammarProcessor:
         self.prompt_len = prompt_len
         self.consumed = 0
         self.done = False
+        self.stopped = False            # EOS consumed
         self.error: Optional[str] = None
         n = (compiled.vocab_size + 31) // 32
         self._bits = np.zeros(n + 1, dtype=np.int32)   # +1: pad word, always 0
@@ -115,10 +116,15 @@ class GrammarProcessor:
         if new > 0:
             ids = tokens[-new:].tolist()
             self.consumed += new
-            if self.error is None and not self.matcher.consume(ids):
-                self.error = self.matcher.error() or f"token(s) {ids} rejected by grammar"
-                log.warning("grammar matcher failed, forcing EOS: %s", self.error)
-        if self.error is None:
+            if self.error is None and not self.stopped:
+                eos = self.compiled.eos_ids
+                cut = next((i + 1 for i, t in enumerate(ids) if t in eos), None)
+                if cut is not None:     # EOS ends the grammar; mlx-lm may look one step past it
+                    ids, self.stopped = ids[:cut], True
+                if not self.matcher.consume(ids):
+                    self.error = self.matcher.error() or f"token(s) {ids} rejected by grammar"
+                    log.warning("grammar matcher failed, forcing EOS: %s", self.error)
+        if self.error is None and not self.stopped:
             self.matcher.fill(self._view)
             self.done = not np.bitwise_and(self._view, self._not_eos).any()
         else:

@@ -38,7 +38,7 @@ def register(app, engine):
         return json_response({"object": "list", "data": [model_row(engine)]})
 
     async def model_by_id(request: Request):
-        wanted = request.route_values.get("model_id", "")
+        wanted = request.route_values.get("tail", "")
         rows = [r for r in [model_row(engine)] if r["id"] == wanted]
         if not rows:
             return json_response({"error": {"message": f"model {wanted!r} not found",
@@ -65,6 +65,6 @@ def register(app, engine):
 
     app.router.add_get("/v1", index)
     app.router.add_get("/v1/models", models)
-    app.router.add_get("/v1/models/*model_id", model_by_id)
+    app.router.add_get("/v1/models/*", model_by_id)
     app.router.add_get("/health", health)
     app.router.add_get("/stats", stats)

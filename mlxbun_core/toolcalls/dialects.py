@@ -98,5 +98,5 @@ def dialect_for_template(chat_template: str | None, vocab: Any = None) -> Dialec
         return NATIVE[name]()
     try:
         return MlxLmDialect(name)
-    except ImportError:
+    except Exception:  # parser module missing/unimportable: no dialect
         return None

@@ -7,6 +7,7 @@ other chunking give the same events once adjacent content events are merged."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Tuple
 
 from .core import ToolCall
@@ -29,14 +30,19 @@ class Dialect:
     def end_for(self, start: str) -> str | None:
         return self.end
 
-    def complete(self, buffer: str) -> int | None:
-        """Offset just past the end of the block at the head of ``buffer``, or None."""
+    def complete(self, buffer: str, since: int = 0) -> int | None:
+        """Offset just past the end of the block at the head of ``buffer``, or None.
+
+        ``since`` is the buffer length at the previous call for this block (0 on the
+        first): no end was found before it, so only the new tail needs scanning and
+        a long body stays linear. Overrides must return the same answer for every
+        chunking (the first end in the text, not one that depends on call timing)."""
         for s in sorted(self.starts, key=len, reverse=True):
             if buffer.startswith(s):
                 e = self.end_for(s)
                 if not e:
                     return None
-                i = buffer.find(e, len(s))
+                i = buffer.find(e, max(len(s), since - len(e) + 1))
                 return None if i < 0 else i + len(e)
         return None
 
@@ -74,21 +80,25 @@ class StreamingToolParser:
 
     def __init__(self, dialect: Dialect, tools: list | None = None,
                  keepalive_every: int = KEEPALIVE_EVERY):
-        self.dialect, self.tools = dialect, tools
+        # A private copy: dialects may keep per-block scan state (see complete()).
+        self.dialect, self.tools = copy.copy(dialect), tools
         self.keepalive_every = keepalive_every
         self.calls: list[ToolCall] = []
         self._pending = ""  # text-mode text not yet emitted
         self._markup: str | None = None  # buffered markup block (None = text mode)
         self._ws = ""  # whitespace held before the current markup block
         self._ka = 0  # keepalives sent for the current block
+        self._checked = 0  # markup length already scanned for an end
         self._after_call = False
 
     def feed(self, text: str) -> list[Event]:
         ev: list[Event] = []
         if self._markup is None:
             self._pending += text
-        else:
-            self._markup += text
+        else:  # drop the attribute's ref first so CPython grows the str in place
+            buf, self._markup = self._markup, None
+            buf += text
+            self._markup = buf
         while True:
             if self._markup is None:
                 if not self._text_step(ev):
@@ -120,7 +130,8 @@ class StreamingToolParser:
             pre = p[:i]
             body = pre.rstrip()
             self._content(body, ev)
-            self._ws, self._markup, self._pending, self._ka = pre[len(body):], p[i:], "", 0
+            self._ws, self._markup, self._pending = pre[len(body):], p[i:], ""
+            self._ka = self._checked = 0
             return True
         hold = _marker_prefix_len(p, starts)
         body = p[: len(p) - hold]
@@ -131,7 +142,8 @@ class StreamingToolParser:
 
     def _markup_step(self, ev: list[Event]) -> bool:
         buf = self._markup
-        e = self.dialect.complete(buf)
+        e = self.dialect.complete(buf, self._checked)
+        self._checked = len(buf)
         seen = len(buf) if e is None else e - 1
         n = self.keepalive_every
         while n and (self._ka + 1) * n <= seen:

@@ -56,20 +56,33 @@ def parse_block(markup: str, tools: list | None) -> list[ToolCall] | None:
 class MiniCPM5Dialect(Dialect):
     starts = ("<function name=",)
     end = "</function>"
+    _scan: tuple[bool, int] | None = None  # per-parser resume state for complete()
 
-    def complete(self, buffer: str) -> int | None:
-        """First ``</function>`` outside CDATA (a CDATA value may hold any tag)."""
-        i = len(self.starts[0])
+    def complete(self, buffer: str, since: int = 0) -> int | None:
+        """First ``</function>`` outside CDATA (a CDATA value may hold any tag).
+
+        Resumable: the scan state (inside CDATA or not, and where) is kept between
+        calls for the same block, so long CDATA bodies stay linear."""
+        if since == 0 or self._scan is None:
+            self._scan = (False, len(self.starts[0]))
+        in_cd, pos = self._scan
         while True:
-            e, c = buffer.find(self.end, i), buffer.find(_CD_OPEN, i)
-            if e < 0:
-                return None
-            if not 0 <= c < e:
+            if in_cd:
+                ce = buffer.find(_CD_CLOSE, pos)
+                if ce < 0:
+                    self._scan = (True, max(pos, len(buffer) - len(_CD_CLOSE) + 1))
+                    return None
+                in_cd, pos = False, ce + len(_CD_CLOSE)
+                continue
+            e, c = buffer.find(self.end, pos), buffer.find(_CD_OPEN, pos)
+            if 0 <= c and (e < 0 or c < e):
+                in_cd, pos = True, c + len(_CD_OPEN)
+                continue
+            if e >= 0:
+                self._scan = None
                 return e + len(self.end)
-            ce = buffer.find(_CD_CLOSE, c + len(_CD_OPEN))
-            if ce < 0:
-                return None
-            i = ce + len(_CD_CLOSE)
+            self._scan = (False, max(pos, len(buffer) - len(self.end) + 1))
+            return None
 
     def parse(self, markup: str, tools: list | None) -> list[ToolCall] | None:
         return parse_block(markup, tools)

@@ -1,0 +1,114 @@
+"""xgrammar backend (optional: ``pip install xgrammar``; on Linux it pulls torch).
+
+``guided_grammar`` takes xgrammar's GBNF-like EBNF (``root ::= ...``); a grammar
+without ``::=`` is treated as Lark (``start: ...``) and goes through xgrammar's Lark
+front-end, so the same grammar text works on both backends. Regex uses xgrammar's
+native regex compiler (``compile_regex``). Import is lazy: the module registers
+nothing when xgrammar is missing, and ``AVAILABLE`` says so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+from ..hookspecs import hookimpl
+from .base import CompiledGrammar, GrammarBackend, GrammarCompileError, eos_ids, hf_tokenizer
+from .request import GrammarRequest
+
+NAME = "xgrammar"
+AVAILABLE = importlib.util.find_spec("xgrammar") is not None
+
+
+class _Matcher:
+    __slots__ = ("m", "_err")
+
+    def __init__(self, m):
+        self.m = m
+        self._err = None
+
+    def consume(self, ids):
+        for t in ids:
+            if self.m.is_terminated():      # EOS already taken; extra tokens are harmless
+                return True
+            if not self.m.accept_token(t):
+                self._err = f"token {t} rejected"
+                return False
+        return True
+
+    def fill(self, bits):
+        self.m.fill_next_token_bitmask(bits.reshape(1, -1))
+
+    def error(self):
+        return self._err
+
+
+# xgrammar <=0.2.9 lowers minLength/maxLength strings to a bare class that admits raw
+# U+0000-U+001F (invalid JSON) and no escapes (mlc-ai/xgrammar#800). Patch the EBNF.
+_BAD_CHAR = r'[^\"\\\r\n]'
+_JSON_CHAR = (r'xjson_char ::= [^\0-\x1f\"\\] | "\\" ([\"\\/bfnrt] | "u" [A-Fa-f0-9] '
+              r'[A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9])')
+
+
+def _json_schema_ebnf(schema: dict, any_whitespace: bool) -> str:
+    import xgrammar as xgr
+
+    kw = {} if any_whitespace else {"any_whitespace": False, "separators": (",", ":")}
+    g = str(xgr.Grammar.from_json_schema(json.dumps(schema), strict_mode=True, **kw))
+    if _BAD_CHAR in g:
+        g = g.replace(_BAD_CHAR, "xjson_char") + "\n" + _JSON_CHAR + "\n"
+    return g
+
+
+def _gbnf_literal(s: str) -> str:
+    # GBNF string escapes are JSON's (\" \\ \n \uXXXX).
+    return json.dumps(s, ensure_ascii=True)
+
+
+class XGrammarBackend(GrammarBackend):
+    name = NAME
+
+    def __init__(self, tokenizer):
+        import xgrammar as xgr
+
+        hf = hf_tokenizer(tokenizer)
+        self.eos = tuple(eos_ids(tokenizer))
+        self.vocab_size = len(hf)
+        info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=self.vocab_size,
+                                                  stop_token_ids=list(self.eos) or None)
+        threads = int(os.environ.get("MLXBUN_GRAMMAR_THREADS", min(8, os.cpu_count() or 1)))
+        # Our registry caches compiled grammars; xgrammar's own cache would double it.
+        self.compiler = xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
+
+    def _compile(self, req: GrammarRequest):
+        c = self.compiler
+        if req.kind in ("json_schema", "json_object"):
+            schema = req.value if req.kind == "json_schema" else {"type": "object"}
+            return c.compile_grammar(_json_schema_ebnf(schema, req.any_whitespace))
+        if req.kind == "regex":
+            return c.compile_regex(req.value)
+        if req.kind == "choice":
+            return c.compile_grammar("root ::= " + " | ".join(_gbnf_literal(x) for x in req.value))
+        if "::=" in req.value:
+            return c.compile_grammar(req.value)
+        return c.compile_lark(req.value)
+
+    def compile(self, req: GrammarRequest) -> CompiledGrammar:
+        import xgrammar as xgr
+
+        try:
+            cg = self._compile(req)
+        except Exception as exc:
+            raise GrammarCompileError(f"{type(exc).__name__}: {exc}") from None
+
+        def new_matcher():
+            return _Matcher(xgr.GrammarMatcher(cg))
+
+        return CompiledGrammar(NAME, req, self.vocab_size, self.eos, new_matcher)
+
+
+if AVAILABLE:
+    @hookimpl
+    def register_grammar_backends(register):
+        register(NAME, XGrammarBackend)

@@ -1,0 +1,67 @@
+"""The per-process store behind /v1/responses ``previous_response_id``.
+
+Keeps each response's conversation (chat-shaped messages + the system text) as
+UTF-8 JSON, so the byte cap measures exactly what is held. Entries expire after
+``ttl_s``; past ``max_bytes`` the least recently used go first.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import OrderedDict
+from typing import Optional
+
+TTL_S = 3600.0
+MAX_BYTES = 32 * 1024 * 1024
+
+
+class ResponseStore:
+    def __init__(self, max_bytes: int = MAX_BYTES, ttl_s: float = TTL_S, clock=time.monotonic):
+        self.max_bytes, self.ttl_s, self.clock = max_bytes, ttl_s, clock
+        self._items: "OrderedDict[str, tuple[float, bytes]]" = OrderedDict()  # id -> (stored_at, json)
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def put(self, key: str, value) -> bool:
+        """Store ``value``; False when it alone exceeds the cap (not stored)."""
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+        if len(text) > self.max_bytes:
+            return False
+        with self._lock:
+            self._drop(key)
+            self._items[key] = (self.clock(), text)
+            self._bytes += len(text)
+            self._expire()
+            while self._bytes > self.max_bytes:
+                self._drop(next(iter(self._items)))
+        return True
+
+    def get(self, key: str) -> Optional[object]:
+        """The stored value (and mark it recently used), or None if unknown/expired."""
+        with self._lock:
+            self._expire()
+            entry = self._items.get(key)
+            if entry is None:
+                return None
+            self._items.move_to_end(key)
+            return json.loads(entry[1])
+
+    def stats(self) -> dict:
+        with self._lock:
+            self._expire()
+            return {"entries": len(self._items), "bytes": self._bytes,
+                    "max_bytes": self.max_bytes, "ttl_ms": int(self.ttl_s * 1000)}
+
+    def _drop(self, key: str):
+        entry = self._items.pop(key, None)
+        if entry is not None:
+            self._bytes -= len(entry[1])
+
+    def _expire(self):
+        # Insertion order is not expiry order once get() reorders, so scan all;
+        # the store holds at most a few thousand entries.
+        limit = self.clock() - self.ttl_s
+        for key in [k for k, (t, _) in self._items.items() if t < limit]:
+            self._drop(key)

@@ -1,0 +1,68 @@
+"""A real mlxbun HTTP server on loopback, in a background thread, for tests.
+
+Tests talk to it with the official SDKs over real HTTP; nothing of the engine is faked.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Optional
+
+from ..model import LoadOptions
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RunningServer:
+    def __init__(self, engine, server, thread, port):
+        self.engine, self.server, self.thread, self.port = engine, server, thread, port
+        self.base_url = f"http://127.0.0.1:{port}"
+
+    @property
+    def v1(self) -> str:
+        return self.base_url + "/v1"
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def start_server(model: str | Path | None = None, *, options: Optional[LoadOptions] = None,
+                 defaults: Optional[dict] = None, max_tokens: Optional[int] = None) -> RunningServer:
+    """Load ``model`` (path, repo id, .gguf or None for the default) and serve it on a free port."""
+    import uvicorn
+
+    from ..engine.core import Engine
+    from ..server.app import build_app
+
+    engine = Engine.load(str(model) if model is not None else None, options or LoadOptions(),
+                         progress=False, defaults=defaults, max_tokens=max_tokens)
+    port = free_port()
+    config = uvicorn.Config(build_app(engine), host="127.0.0.1", port=port, log_level="warning",
+                            lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started:
+        if time.time() > deadline or not thread.is_alive():
+            raise RuntimeError("test server did not start")
+        time.sleep(0.02)
+    return RunningServer(engine, server, thread, port)
+
+
+@contextmanager
+def running_server(model=None, **kw):
+    srv = start_server(model, **kw)
+    try:
+        yield srv
+    finally:
+        srv.stop()

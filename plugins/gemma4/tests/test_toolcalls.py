@@ -1,0 +1,78 @@
+"""Gemma 4 sentinel tool-call dialect."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pytest  # noqa: E402
+
+from mlxbun_core.toolcalls.testing import events_all_chunkings  # noqa: E402
+from mlxbun_gemma4.toolcalls import Gemma4Dialect, make_parser  # noqa: E402
+
+Q = '<|"|>'
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "string"},
+                                     "days": {"type": "integer"}}}}}]
+
+
+def ev(text, tools=TOOLS):
+    return events_all_chunkings(lambda: make_parser(tools), text)
+
+
+def test_basic_call_with_content():
+    text = f"Checking.<|tool_call>call:get_weather{{city:{Q}Paris{Q},days:3}}<tool_call|>"
+    assert ev(text) == [("content", "Checking."), ("tool_call", "get_weather", {"city": "Paris", "days": 3})]
+
+
+def test_nested_values_and_strings_with_braces_commas_quotes():
+    s = 'a, {b}: "c" \\n'
+    text = (f"<|tool_call>call:f{{s:{Q}{s}{Q},l:[1,{Q}x{Q},true],o:{{k:{Q}v{Q},n:null}},"
+            f"neg:-1.5,b:false}}<tool_call|>")
+    assert ev(text, None) == [("tool_call", "f", {"s": s, "l": [1, "x", True],
+                                                  "o": {"k": "v", "n": None}, "neg": -1.5, "b": False})]
+
+
+def test_string_param_stays_string():
+    text = f"<|tool_call>call:get_weather{{zip:{Q}007{Q},city:{Q}true{Q}}}<tool_call|>"
+    assert ev(text) == [("tool_call", "get_weather", {"zip": "007", "city": "true"})]
+
+
+def test_number_for_string_param_kept_as_text():
+    assert ev("<|tool_call>call:get_weather{zip:7}<tool_call|>") == [("tool_call", "get_weather", {"zip": "7"})]
+
+
+def test_multiple_calls_separate_and_in_one_block():
+    a = f"<|tool_call>call:get_weather{{city:{Q}A{Q}}}<tool_call|>"
+    b = f"<|tool_call>call:get_weather{{city:{Q}B{Q}}}<tool_call|>"
+    assert [e[2] for e in ev(a + b)] == [{"city": "A"}, {"city": "B"}]
+    both = f"<|tool_call>call:get_weather{{city:{Q}A{Q}}}call:get_weather{{city:{Q}B{Q}}}<tool_call|>"
+    assert [e[2] for e in ev(both)] == [{"city": "A"}, {"city": "B"}]
+
+
+def test_empty_args():
+    assert ev("<|tool_call>call:ping{}<tool_call|>", None) == [("tool_call", "ping", {})]
+
+
+@pytest.mark.parametrize("text,args", [
+    (f"<|tool_call>call:get_weather{{city:{Q}Par", {"city": "Par"}),
+    (f"<|tool_call>call:get_weather{{city:{Q}Paris{Q},days:3", {"city": "Paris", "days": 3}),
+    (f"<|tool_call>call:get_weather{{city:{Q}Paris{Q}}}", {"city": "Paris"}),
+    ("<|tool_call>call:get_weather", {}),
+])
+def test_truncated_repaired(text, args):
+    assert ev(text) == [("tool_call", "get_weather", args)]
+
+
+def test_python_booleans_repaired():
+    assert ev("<|tool_call>call:f{a:True,b:None}<tool_call|>", None) == [("tool_call", "f", {"a": True, "b": None})]
+
+
+@pytest.mark.parametrize("text", ["<|tool_call>hello<tool_call|>", "<|tool_call>call:f oops<tool_call|>"])
+def test_garbage_is_content(text):
+    assert ev(text) == [("content", text)]
+
+
+def test_dialect_direct():
+    (tc,) = Gemma4Dialect().parse(f"<|tool_call>call:get_weather{{days:{Q}2{Q}}}<tool_call|>", TOOLS)
+    assert tc.arguments == '{"days": 2}'

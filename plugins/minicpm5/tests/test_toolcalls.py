@@ -1,0 +1,96 @@
+"""MiniCPM5 <function name=…><param name=…> tool-call dialect."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pytest  # noqa: E402
+
+from mlxbun_core.toolcalls.testing import events_all_chunkings  # noqa: E402
+from mlxbun_minicpm5.toolcalls import MiniCPM5Dialect, make_parser  # noqa: E402
+
+TOOLS = [{"type": "function", "function": {"name": "write", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}, "body": {"type": "string"},
+                                     "zip": {"type": "string"}, "n": {"type": "integer"},
+                                     "tags": {"type": "array"}, "force": {"type": "boolean"}}}}}]
+
+
+def ev(text, tools=TOOLS):
+    return events_all_chunkings(lambda: make_parser(tools), text)
+
+
+def test_basic_call_with_content():
+    text = 'Writing.\n<function name="write"><param name="path">a.txt</param><param name="n">3</param></function>'
+    assert ev(text) == [("content", "Writing."), ("tool_call", "write", {"path": "a.txt", "n": 3})]
+
+
+def test_cdata_value_verbatim_even_with_tags():
+    body = "\n  <div a=\"1\">x &amp; y</div></function></param>\n"
+    text = f'<function name="write"><param name="body"><![CDATA[{body}]]></param></function>'
+    assert ev(text) == [("tool_call", "write", {"body": body})]
+
+
+def test_split_cdata_sections_joined():
+    text = '<function name="write"><param name="body"><![CDATA[a]]]]><![CDATA[>b]]></param></function>'
+    assert ev(text) == [("tool_call", "write", {"body": "a]]>b"})]
+
+
+def test_string_params_stay_strings_and_types_decoded():
+    text = ('<function name="write"><param name="zip">007</param><param name="force">True</param>'
+            '<param name="tags">["a", "b"]</param></function>')
+    assert ev(text) == [("tool_call", "write", {"zip": "007", "force": True, "tags": ["a", "b"]})]
+
+
+def test_parallel_calls_and_single_quotes():
+    text = ("<function name='write'><param name='n'>1</param></function>\n"
+            '<function name="write"><param name="n">2</param></function>')
+    assert [e[2] for e in ev(text)] == [{"n": 1}, {"n": 2}]
+
+
+def test_truncated_cdata_and_missing_end():
+    text = '<function name="write"><param name="path">p</param><param name="body"><![CDATA[partial <x>'
+    assert ev(text) == [("tool_call", "write", {"path": "p", "body": "partial <x>"})]
+    text2 = '<function name="write"><param name="n">5'
+    assert ev(text2) == [("tool_call", "write", {"n": 5})]
+
+
+def test_no_params():
+    assert ev('<function name="ping"></function>', None) == [("tool_call", "ping", {})]
+
+
+@pytest.mark.parametrize("text", ['<function name=>x</function>', '<function name="">x</function>'])
+def test_garbage_is_content(text):
+    assert ev(text) == [("content", text)]
+
+
+def test_dialect_direct():
+    (tc,) = MiniCPM5Dialect().parse('<function name="write"><param name="n">7</param></function>', TOOLS)
+    assert tc.arguments == '{"n": 7}'
+
+
+def test_shared_dialect_instance_interleaved_parsers():
+    from mlxbun_core.toolcalls import StreamingToolParser
+    d = MiniCPM5Dialect()
+    a, b = StreamingToolParser(d, TOOLS), StreamingToolParser(d, TOOLS)
+    ta = '<function name="write"><param name="body"><![CDATA[x</function>y]]></param></function>'
+    tb = '<function name="write"><param name="n">4</param></function>'
+    out = {id(a): [], id(b): []}
+    for i in range(max(len(ta), len(tb))):
+        out[id(a)] += a.feed(ta[i:i + 1])
+        out[id(b)] += b.feed(tb[i:i + 1])
+    assert [json_args(e) for e in out[id(a)]] == [{"body": "x</function>y"}]
+    assert [json_args(e) for e in out[id(b)]] == [{"n": 4}]
+
+
+def json_args(event):
+    return event[1].args
+
+
+def test_long_cdata_body_is_linear():
+    import time
+    text = '<function name="write"><param name="body"><![CDATA[' + "ab</function>\n" * 20000 + "]]></param></function>"
+    p, t0, ev = make_parser(TOOLS), time.time(), []
+    for i in range(0, len(text), 4):
+        ev += p.feed(text[i:i + 4])
+    assert ev[-1][0] == "tool_call" and time.time() - t0 < 5

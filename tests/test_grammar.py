@@ -1,0 +1,345 @@
+"""Structured output: every sampled output must satisfy its constraint, on both
+backends, with temperature-1.0 sampling on random weights (the hard case: the model
+has no idea what JSON is, so the mask alone has to carry validity)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import jsonschema
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm import load
+from mlx_lm.generate import generate_step
+from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+from mlxbun_core.errors import BadRequest
+from mlxbun_core.grammar import (GrammarRegistry, GrammarRequest, describe, registry,
+                                 resolve_grammar_request)
+from mlxbun_core.grammar import llguidance_backend, xgrammar_backend
+from mlxbun_core.testing.checkpoints import tiny_checkpoint
+
+BACKENDS = ["llguidance", "xgrammar"]
+MODEL_VOCAB = 1088          # > tokenizer's 1024: padded rows must be masked too
+SAMPLES = int(os.environ.get("MLXBUN_GRAMMAR_TEST_SAMPLES", 5))
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return load(str(tiny_checkpoint("llama", config_overrides={"vocab_size": MODEL_VOCAB})))
+
+
+@pytest.fixture(scope="module")
+def reg():
+    r = GrammarRegistry(load_plugins=False)
+    llguidance_backend.register_grammar_backends(r.register)
+    xgrammar_backend.register_grammar_backends(r.register)
+    return r
+
+
+def sample(lm, reg, backend, req, n=SAMPLES, max_tokens=160, bias=None):
+    """``n`` constrained generations; each must finish (grammar complete or EOS)."""
+    model, tok = lm
+    reg.select(backend)
+    prompt = mx.array(tok.encode("Give me an answer:"))
+    outs = []
+    for seed in range(n):
+        mx.random.seed(seed)
+        plan = reg.plan_request(req, tok)
+        assert plan.processor is not None and plan.warning is None, plan.warning
+        procs = make_logits_processors(bias) if bias else []
+        ids, finished = [], False
+        for (y, _), _i in zip(generate_step(prompt, model, sampler=make_sampler(temp=1.0),
+                                            logits_processors=procs + [plan.processor],
+                                            max_tokens=max_tokens), range(max_tokens)):
+            if y in tok.eos_token_ids:
+                finished = True
+                break
+            ids.append(y)
+            if plan.processor.done:
+                finished = True
+                break
+        text = tok.decode(ids)
+        assert finished, f"{backend}: grammar not complete after {max_tokens} tokens: {text!r}"
+        assert plan.processor.error is None
+        outs.append(text)
+    return outs
+
+
+SCHEMAS = {
+    "nested": {
+        "type": "object",
+        "properties": {
+            "user": {"type": "object",
+                     "properties": {"name": {"type": "string", "maxLength": 6},
+                                    "admin": {"type": "boolean"}},
+                     "required": ["name", "admin"], "additionalProperties": False},
+            "id": {"type": "integer", "minimum": 1, "maximum": 999},
+        },
+        "required": ["user", "id"], "additionalProperties": False,
+    },
+    "enums": {
+        "type": "object",
+        "properties": {"color": {"enum": ["red", "green", "blue"]},
+                       "size": {"type": "string", "enum": ["S", "M", "L"]},
+                       "ok": {"const": True}},
+        "required": ["color", "size", "ok"], "additionalProperties": False,
+    },
+    "array": {
+        "type": "object",
+        "properties": {"scores": {"type": "array", "minItems": 1, "maxItems": 4,
+                                  "items": {"type": "integer", "minimum": -5, "maximum": 50}}},
+        "required": ["scores"], "additionalProperties": False,
+    },
+    "anyof_null": {
+        "type": "object",
+        "properties": {"v": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 9},
+                                       {"type": "null"}, {"type": "boolean"}]},
+                       "code": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{2}$"}},
+        "required": ["v", "code"], "additionalProperties": False,
+    },
+    "top_array": {"type": "array", "items": {"enum": [1, 2, 3]}, "minItems": 2, "maxItems": 3},
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_json_schema_always_valid(lm, reg, backend, name):
+    schema = SCHEMAS[name]
+    for text in sample(lm, reg, backend, GrammarRequest("json_schema", schema, False)):
+        jsonschema.validate(json.loads(text), schema)
+        if name != "nested":                    # no free-text strings: compact separators
+            assert " " not in text
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_json_object(lm, reg, backend):
+    _, tok = lm
+    # Random weights would write one endless string; a logit_bias toward closing
+    # tokens (applied BEFORE the mask, as in the server) makes objects finish.
+    bias = {tok.encode(c, add_special_tokens=False)[0]: 6.0 for c in ('"', "}", "]", "1")}
+    for text in sample(lm, reg, backend, GrammarRequest("json_object", None, False),
+                       max_tokens=300, bias=bias):
+        assert isinstance(json.loads(text), dict)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("pattern", [r"[A-Z][a-z]{1,6}-[0-9]{2,3}", r"(yes|no|[0-9]{3})!?",
+                                     r"\d{2}\.\d{2}"])
+def test_regex(lm, reg, backend, pattern):
+    for text in sample(lm, reg, backend, GrammarRequest("regex", pattern)):
+        assert re.fullmatch(pattern, text), text
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_choice(lm, reg, backend):
+    choices = ["yes", "no", "maybe so", 'a "quoted" \\ one', "ünïcode"]
+    seen = set()
+    for text in sample(lm, reg, backend, GrammarRequest("choice", choices), n=8):
+        assert text in choices
+        seen.add(text)
+    assert len(seen) >= 2
+
+
+GBNF = r'''
+root ::= expr ("," expr)?
+expr ::= num op num | "(" num op num ")" op num
+op ::= "+" | "-" | "*"
+num ::= [1-9] [0-9]?
+'''
+LARK = r'''
+start: "[" item ("," item)? ("," item)? "]"
+item: WORD | NUMBER
+WORD: /[a-z]{1,4}/
+NUMBER: /[0-9]{1,2}/
+'''
+_NUM = r"[1-9][0-9]?"
+_EXPR = rf"(?:{_NUM}[-+*]{_NUM}|\({_NUM}[-+*]{_NUM}\)[-+*]{_NUM})"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ebnf_gbnf_dialect(lm, reg, backend):
+    for text in sample(lm, reg, backend, GrammarRequest("ebnf", GBNF)):
+        assert re.fullmatch(rf"{_EXPR}(?:,{_EXPR})?", text), text
+        for part in text.split(","):
+            assert isinstance(eval(part, {}), int)   # really arithmetic
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ebnf_lark_dialect(lm, reg, backend):
+    for text in sample(lm, reg, backend, GrammarRequest("ebnf", LARK)):
+        assert re.fullmatch(r"\[(?:[a-z]{1,4}|[0-9]{1,2})(?:,(?:[a-z]{1,4}|[0-9]{1,2})){0,2}\]",
+                            text), text
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mask_pads_and_eos(lm, reg, backend):
+    """Ids past the tokenizer are masked; EOS only where the grammar accepts; once
+    complete, only EOS remains and ``done`` is set."""
+    _, tok = lm
+    reg.select(backend)
+    plan = reg.plan_request(GrammarRequest("choice", ["ab"]), tok, prompt_len=3)
+    proc = plan.processor
+    logits = mx.zeros((1, MODEL_VOCAB))
+    out = np.array(proc(mx.array([5, 6, 7]), logits))[0]
+    assert np.isneginf(out[1024:]).all()
+    assert all(np.isneginf(out[e]) for e in tok.eos_token_ids)
+    assert not proc.done
+    ids = tok.encode("ab", add_special_tokens=False)
+    out = np.array(proc(mx.array([5, 6, 7] + ids), logits))[0]
+    assert proc.done
+    assert sorted(np.flatnonzero(~np.isneginf(out))) == sorted(tok.eos_token_ids)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_any_whitespace_compiles(lm, reg, backend):
+    reg.select(backend)
+    plan = reg.plan_request(GrammarRequest("json_schema", SCHEMAS["enums"], True), lm[1])
+    assert plan.processor is not None
+
+
+def test_compile_cache_hit(lm, reg):
+    _, tok = lm
+    reg.select("llguidance")
+    body = {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}}}
+    same = {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "y", "schema": {"properties": {"a": {"type": "integer"}}, "type": "object"}}}}
+    h, m = reg.hits, reg.misses
+    p1 = reg.plan(body, tok)
+    p2 = reg.plan(same, tok)
+    assert (reg.hits - h, reg.misses - m) == (1, 1)
+    assert p1.processor is not p2.processor            # matchers are per request
+    assert p1.processor.compiled is p2.processor.compiled
+    assert reg.stats()["compile_cache"]["hits"] == reg.hits
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("req", [
+    GrammarRequest("ebnf", "root ::= ( \"a\""),
+    GrammarRequest("regex", "[a-"),
+    GrammarRequest("json_schema", {"type": "object", "properties": {"a": {"$ref": "#/nope"}}}),
+], ids=["ebnf", "regex", "schema"])
+def test_degrade_on_compile_failure(lm, reg, backend, req):
+    reg.select(backend)
+    plan = reg.plan_request(req, lm[1])
+    assert plan.processor is None
+    assert plan.warning.startswith("grammar not enforced: ") and "\n" not in plan.warning
+    assert plan.instruction == describe(req)
+
+
+def test_degrade_when_disabled(lm, reg, monkeypatch):
+    monkeypatch.setenv("MLXBUN_GRAMMAR", "0")
+    plan = reg.plan({"guided_choice": ["a", "b"]}, lm[1])
+    assert plan.processor is None
+    assert plan.warning == "grammar not enforced: grammar compilation disabled by MLXBUN_GRAMMAR=0"
+    assert plan.instruction == 'Respond with exactly one of the following, and nothing else: "a", "b"'
+
+
+def test_no_constraint(lm, reg):
+    assert reg.plan({}, lm[1]).processor is None
+    plan = reg.plan({"response_format": {"type": "text"}}, lm[1])
+    assert (plan.processor, plan.warning, plan.instruction) == (None, None, None)
+
+
+def test_backend_selection(lm, reg, monkeypatch):
+    with pytest.raises(ValueError, match="unknown grammar backend"):
+        reg.select("nope")
+    r = GrammarRegistry(load_plugins=False)
+    llguidance_backend.register_grammar_backends(r.register)
+    assert r.selected == "llguidance"
+    monkeypatch.setenv("MLXBUN_GRAMMAR_BACKEND", "missing")
+    plan = r.plan({"guided_regex": "a+"}, lm[1])
+    assert plan.processor is None and "not available" in plan.warning
+
+
+def test_plugins_register_both_backends():
+    """Backends arrive through the pluggy hook like any plugin."""
+    assert {"llguidance", "xgrammar"} <= set(GrammarRegistry().available())
+    assert registry.selected in registry.available()
+
+
+# ------------------------------------------------------------ request parsing
+
+def test_describe_texts():
+    s = {"type": "object"}
+    assert describe(GrammarRequest("json_schema", s)) == \
+        'Respond only with JSON matching this schema: {"type": "object"}'
+    assert "JSON object" in describe(GrammarRequest("json_object"))
+    assert "grammar:\nroot ::= x" in describe(GrammarRequest("ebnf", "root ::= x"))
+    assert describe(GrammarRequest("regex", "a+")).endswith(": a+")
+
+
+RF_SCHEMA = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("body,kind", [
+    ({"guided_grammar": "root ::= \"x\"", "response_format": RF_SCHEMA, "guided_regex": "a"}, "ebnf"),
+    ({"response_format": RF_SCHEMA, "structured_outputs": {"type": "array"}}, "json_schema"),
+    ({"response_format": {"type": "json_object"}, "structured_outputs": {}, "guided_choice": ["a"]},
+     "json_object"),
+    ({"structured_outputs": {"type": "array"}, "guided_regex": "a", "guided_choice": ["a"]},
+     "json_schema"),
+    ({"guided_regex": "a", "guided_choice": ["a"]}, "regex"),
+    ({"guided_choice": ["a"], "response_format": {"type": "text"}}, "choice"),
+    ({"response_format": {"type": "text"}}, None),
+    ({"guided_grammar": None, "response_format": None}, None),
+])
+def test_precedence(body, kind):
+    req = resolve_grammar_request(body)
+    assert (req.kind if req else None) == kind
+
+
+def test_request_values():
+    req = resolve_grammar_request({"response_format": {"type": "json_schema", "json_schema": {
+        "schema": {"type": "array"}, "any_whitespace": False}}})
+    assert (req.value, req.any_whitespace) == ({"type": "array"}, False)
+    assert resolve_grammar_request({"structured_outputs": {"type": "array"}}).value == {"type": "array"}
+    assert resolve_grammar_request({"guided_choice": ["x", "y"]}).value == ["x", "y"]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"response_format": "json"}, "response_format"),
+    ({"response_format": {"type": "xml"}}, "response_format.type"),
+    ({"response_format": {}}, "response_format.type"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": "{}"}}},
+     "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}, "any_whitespace": 1}}},
+     "response_format.json_schema.any_whitespace"),
+    ({"guided_grammar": 3}, "guided_grammar"),
+    ({"guided_grammar": ""}, "guided_grammar"),
+    ({"guided_regex": ["a"]}, "guided_regex"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_choice": "yes"}, "guided_choice"),
+    ({"guided_choice": ["a", 1]}, "guided_choice"),
+    ({"structured_outputs": "schema"}, "structured_outputs"),
+    # a mistyped lower-precedence field is still an error
+    ({"guided_grammar": "root ::= \"x\"", "guided_choice": "yes"}, "guided_choice"),
+])
+def test_bad_request(body, param):
+    with pytest.raises(BadRequest) as ei:
+        resolve_grammar_request(body)
+    assert ei.value.status == 400 and ei.value.param == param
+    with pytest.raises(BadRequest):
+        GrammarRegistry(load_plugins=False).plan(body, None)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bounded_strings_are_strict_json(lm, reg, backend):
+    """Raw control characters are invalid JSON; escapes are valid (xgrammar#800 patch)."""
+    _, tok = lm
+    reg.select(backend)
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 6}},
+              "required": ["a"], "additionalProperties": False}
+    compiled = reg.compile(GrammarRequest("json_schema", schema, False), tok)
+
+    def ok(text):
+        return compiled.new_matcher().consume(tok.encode(text, add_special_tokens=False))
+    assert ok('{"a":"x\\"y"}') and ok('{"a":"abcdef"}')
+    assert not ok('{"a":"x\ty"}') and not ok('{"a":"abcdefg"}')

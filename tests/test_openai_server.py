@@ -1,0 +1,233 @@
+"""The OpenAI surfaces against a real server on loopback, driven by the openai SDK."""
+
+import json
+import threading
+import time
+
+import httpx
+import mlx.core as mx
+import openai
+import pytest
+from mlx_lm import load as mlx_load
+from mlx_lm.generate import generate_step
+
+from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.server import start_server
+
+MSG = [{"role": "user", "content": "Write a short story about a robot."}]
+
+
+@pytest.fixture(scope="module")
+def ckpt():
+    return tiny_checkpoint("llama", seed=3)
+
+
+@pytest.fixture(scope="module")
+def srv(ckpt):
+    s = start_server(ckpt)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    return openai.OpenAI(base_url=srv.v1, api_key="unused", max_retries=0)
+
+
+def post(srv, path, body, **kw):
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(srv.base_url + path, content=data, timeout=60, **kw)
+
+
+def test_chat_non_stream_shape(client, srv):
+    r = client.chat.completions.create(model="anything", messages=MSG, max_tokens=8, temperature=0)
+    assert r.object == "chat.completion" and r.id.startswith("chatcmpl-")
+    assert r.model == srv.engine.model.id
+    c = r.choices[0]
+    assert c.message.role == "assistant" and isinstance(c.message.content, str)
+    assert c.finish_reason in ("length", "stop")
+    assert r.usage.completion_tokens <= 8
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert r.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_chat_stream_grammar_matches_non_stream(client):
+    kw = dict(model="m", messages=MSG, max_tokens=12, temperature=0)
+    full = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    first = chunks[0].choices[0].delta
+    assert first.role == "assistant" and first.content == ""
+    assert chunks[-1].choices[0].finish_reason == full.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text == full.choices[0].message.content
+
+
+def test_stream_ends_with_done(srv):
+    with httpx.stream("POST", srv.v1 + "/chat/completions", timeout=60,
+                      json={"messages": MSG, "max_tokens": 3, "stream": True}) as r:
+        lines = [l for l in r.iter_lines() if l]
+    assert r.headers["content-type"].startswith("text/event-stream")
+    assert lines[-1] == "data: [DONE]"
+    last = json.loads(lines[-2][6:])
+    assert last["choices"][0]["finish_reason"] and last["usage"]["lane"] == "serial"
+
+
+def test_completions_stream_and_not(client):
+    r = client.completions.create(model="m", prompt="Once upon a time", max_tokens=6, temperature=0)
+    assert r.object == "text_completion" and r.choices[0].finish_reason in ("length", "stop")
+    s = list(client.completions.create(model="m", prompt="Once upon a time", max_tokens=6,
+                                       temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in s) == r.choices[0].text
+    assert s[-1].usage.completion_tokens == r.usage.completion_tokens
+
+
+def test_greedy_parity_with_mlx_lm(client, ckpt, srv):
+    """Our engine's greedy token ids equal mlx-lm's on the same checkpoint and prompt."""
+    r = client.completions.create(model="m", prompt="Once upon a time", max_tokens=16,
+                                  temperature=0, extra_body={"logprobs": True})
+    ours = [e["id"] for e in r.choices[0].logprobs.content]
+    model, tok = mlx_load(str(ckpt))
+    prompt = mx.array(tok.encode("Once upon a time"))
+    theirs = []
+    for t, _ in generate_step(prompt, model, max_tokens=16):
+        theirs.append(t)
+        if t in tok.eos_token_ids:
+            break
+    assert ours == theirs[: len(ours)] and len(ours) == len(theirs)
+
+
+def test_logprobs_match_mlx_lm_distribution(client, ckpt):
+    r = client.completions.create(model="m", prompt="Hello", max_tokens=3, temperature=0,
+                                  extra_body={"top_logprobs": 3})
+    entries = r.choices[0].logprobs.content
+    model, tok = mlx_load(str(ckpt))
+    logits = model(mx.array(tok.encode("Hello"))[None])[0, -1]
+    lp = logits - mx.logsumexp(logits)
+    first = entries[0]
+    assert first["id"] == int(mx.argmax(lp).item())
+    assert abs(first["logprob"] - lp[first["id"]].item()) < 1e-4
+    assert [t["logprob"] for t in first["top_logprobs"]] == sorted(
+        [t["logprob"] for t in first["top_logprobs"]], reverse=True)
+    assert len(first["top_logprobs"]) == 3 and first["top_logprobs"][0]["id"] == first["id"]
+
+
+def test_stop_sequence_cuts_output(client):
+    base = client.completions.create(model="m", prompt="Once upon a time", max_tokens=20, temperature=0)
+    text = base.choices[0].text
+    assert len(text) > 4
+    stop = text[2:4]
+    r = client.completions.create(model="m", prompt="Once upon a time", max_tokens=20,
+                                  temperature=0, stop=[stop])
+    assert r.choices[0].finish_reason == "stop"
+    assert stop not in r.choices[0].text and text.startswith(r.choices[0].text)
+
+
+def test_seed_makes_sampling_repeatable(client):
+    kw = dict(model="m", prompt="Once", max_tokens=10, temperature=1.0, top_p=0.9)
+    a = client.completions.create(seed=7, **kw).choices[0].text
+    b = client.completions.create(seed=7, **kw).choices[0].text
+    assert a == b
+
+
+def test_models_index_health(client, srv):
+    models = client.models.list()
+    assert models.data[0].id == srv.engine.model.id
+    assert models.data[0].owned_by == "mlxbun"
+    one = httpx.get(f"{srv.v1}/models/{srv.engine.model.id}").json()
+    assert one["data"][0]["id"] == srv.engine.model.id
+    assert httpx.get(f"{srv.v1}/models/nope").status_code == 404
+    assert httpx.get(srv.base_url + "/health").json() == {"status": "ok"}
+    idx = httpx.get(srv.v1).json()
+    assert idx["name"] == "mlxbun" and "POST /v1/chat/completions" in idx["endpoints"]
+    stats = httpx.get(srv.base_url + "/stats").json()
+    assert stats["server"]["model"] == srv.engine.model.id
+
+
+@pytest.mark.parametrize("path,body,message", [
+    ("/v1/chat/completions", b"{not json", "invalid JSON body"),
+    ("/v1/chat/completions", {"messages": []}, "messages required"),
+    ("/v1/chat/completions", {"messages": MSG, "logit_bias": {"a": 1}},
+     "logit_bias must be a dict of int to float"),
+    ("/v1/chat/completions", {"messages": MSG, "logprobs": 1}, "logprobs must be of type bool"),
+    ("/v1/chat/completions", {"messages": MSG, "top_logprobs": "3"}, "top_logprobs must be of type int"),
+    ("/v1/chat/completions", {"messages": MSG, "top_logprobs": -2}, "top_logprobs must be at least 0"),
+    ("/v1/chat/completions", {"messages": MSG, "top_logprobs": 12}, "top_logprobs must be at most 11"),
+    ("/v1/chat/completions", {"messages": MSG, "reasoning_effort": "huge"},
+     "reasoning_effort must be one of 'none', 'minimal', 'low', 'medium', 'high', 'xhigh'"),
+    ("/v1/chat/completions", {"messages": MSG, "temperature": -1}, "temperature must be at least 0"),
+    ("/v1/chat/completions", {"messages": MSG, "max_tokens": 0}, "max_tokens must be at least 1"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]},
+     "model has no vision sidecar"),
+    ("/v1/completions", {"prompt": ""}, "prompt must be a non-empty string"),
+    ("/v1/completions", {"prompt": [1, 2, 3]}, "prompt must be a non-empty string"),
+    ("/v1/completions", {}, "prompt must be a non-empty string"),
+])
+def test_documented_errors(srv, path, body, message):
+    r = post(srv, path, body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["message"].startswith(message)
+
+
+def test_top_logprobs_minus_one_is_unset(srv):
+    r = post(srv, "/v1/completions", {"prompt": "Hi", "max_tokens": 2, "top_logprobs": -1})
+    assert r.status_code == 200 and "logprobs" not in r.json()["choices"][0]
+
+
+def test_unknown_path_is_json_404(srv):
+    r = httpx.get(srv.base_url + "/v2/whatever")
+    assert r.status_code == 404 and r.json() == {"error": {"message": "not found"}}
+
+
+def test_sdk_raises_bad_request(client):
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="m", messages=[])
+
+
+def test_context_over_budget(srv):
+    ctx = srv.engine.model.context_window
+    r = post(srv, "/v1/completions", {"prompt": "a " * (ctx + 10), "max_tokens": 2})
+    assert r.status_code == 400
+    assert r.json()["error"]["type"] == "memory_admission"
+    assert r.json()["error"]["code"] == "context_over_budget"
+
+
+def test_disconnect_cancels_generation_and_next_request_works(srv, client):
+    """A client that walks away mid-stream stops the decode loop; the server stays healthy."""
+    engine = srv.engine
+    done_before = engine.worker.completed
+    with httpx.stream("POST", srv.v1 + "/completions", timeout=60,
+                      json={"prompt": "Once", "max_tokens": 100000, "stream": True,
+                            "temperature": 1.0, "logit_bias": {str(i): -100 for i in
+                                                                engine.model.tokenizer.eos_token_ids}}) as r:
+        for i, line in enumerate(r.iter_lines()):
+            if i > 5:
+                break
+    deadline = time.time() + 20
+    while engine.worker.completed == done_before and time.time() < deadline:
+        time.sleep(0.05)
+    assert engine.worker.completed == done_before + 1 and not engine.worker.busy
+    r = client.completions.create(model="m", prompt="Hi", max_tokens=3)
+    assert r.usage.completion_tokens >= 1
+
+
+def test_failed_request_does_not_harm_next(client, srv):
+    assert post(srv, "/v1/chat/completions", b"[").status_code == 400
+    r = client.chat.completions.create(model="m", messages=MSG, max_tokens=2)
+    assert r.choices[0].finish_reason in ("length", "stop")
+
+
+def test_concurrent_requests_all_complete(client):
+    results = []
+
+    def one(i):
+        r = client.completions.create(model="m", prompt=f"Number {i}", max_tokens=4, temperature=0)
+        results.append(r.usage.completion_tokens)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    [t.start() for t in threads]
+    [t.join(60) for t in threads]
+    assert len(results) == 4 and all(n >= 1 for n in results)
