@@ -80,6 +80,11 @@ def cmd_serve(args) -> int:
     except (ModelNotFound, loader.NoPluginClaimed) as exc:
         print(f"mlxbun: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # a checkpoint mlx-lm cannot read, a plugin bug, …
+        logging.getLogger("mlxbun").debug("load failed", exc_info=True)
+        print(f"mlxbun: could not load {args.model or 'the default model'}: "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     model = engine.model
     app = build_app(engine)
     fallback = " (no family plugin claimed it)" if model.family == "generic" else ""

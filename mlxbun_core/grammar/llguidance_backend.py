@@ -1,7 +1,8 @@
 """llguidance backend (the default): fast mask computation, lazy lexer-based parsing,
 no torch. ``guided_grammar`` takes Lark syntax (``start: ...``) or llama.cpp GBNF
 (``root ::= ...``, converted with llguidance's own ``gbnf_to_lark``); regex is the
-Rust ``regex`` syntax (``\\d``, ``.``, classes, repetition ``{m,n}`` all work).
+Rust ``regex`` syntax (``\\d``, ``.``, classes, repetition ``{m,n}`` all work;
+``\\d``/``\\w`` are made ASCII to match xgrammar).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class LLGuidanceBackend(GrammarBackend):
 
     def grammar(self, req: GrammarRequest) -> str:
         """llguidance's serialized grammar for ``req``."""
-        from llguidance import LLMatcher
+        from llguidance import LLMatcher, regex_to_lark
         from llguidance.gbnf_to_lark import any_to_lark
 
         if req.kind in ("json_schema", "json_object"):
@@ -58,7 +59,8 @@ class LLGuidanceBackend(GrammarBackend):
                                                     "item_separator": ",", "key_separator": ":"}
             return LLMatcher.grammar_from_json_schema(schema, overrides=over)
         if req.kind == "regex":
-            return LLMatcher.grammar_from_regex(req.value)
+            # ASCII \d and \w, as in xgrammar and JSON Schema (Rust's are Unicode).
+            return LLMatcher.grammar_from_regex(regex_to_lark(req.value, "dw"))
         if req.kind == "choice":
             return LLMatcher.grammar_from_lark(
                 "start: " + " | ".join(_lark_literal(c) for c in req.value))

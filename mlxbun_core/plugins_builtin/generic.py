@@ -14,11 +14,23 @@ from mlxbun_core.model import LoadedModel
 FAMILY = "generic"
 
 
+def mlx_lm_supports(model_type) -> bool:
+    """Whether mlx-lm ships a model definition for ``model_type``."""
+    import importlib.util
+
+    from mlx_lm.utils import MODEL_REMAPPING
+
+    if not model_type:
+        return False
+    name = MODEL_REMAPPING.get(model_type, model_type).replace("-", "_")
+    return importlib.util.find_spec(f"mlx_lm.models.{name}") is not None
+
+
 @hookimpl(trylast=True)
 def load_model(path, config, options):
     from mlx_lm.utils import load
 
-    if config.get("model_type") is None:
+    if not mlx_lm_supports(config.get("model_type")):
         return None
     model, tokenizer = load(str(path))
     return LoadedModel(id=options.model_id, path=path, config=config, model=model,

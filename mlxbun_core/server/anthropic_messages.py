@@ -198,7 +198,10 @@ def to_chat(body: dict, *, need_max_tokens: bool = True) -> dict:
         kwargs = dict(chat.get("chat_template_kwargs") or {})
         kwargs.setdefault("enable_thinking", thinking["type"] == "enabled")
         chat["chat_template_kwargs"] = kwargs
-    fmt = body.get("output_format")
+    config = body.get("output_config") if isinstance(body.get("output_config"), dict) else {}
+    if config.get("effort") is not None:  # Anthropic's top level "max" is our "xhigh"
+        chat.setdefault("reasoning_effort", {"max": "xhigh"}.get(config["effort"], config["effort"]))
+    fmt = config.get("format") or body.get("output_format")  # current / older beta spelling
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
         chat["response_format"] = {"type": "json_schema",
                                    "json_schema": {"name": "output", "schema": fmt.get("schema")}}

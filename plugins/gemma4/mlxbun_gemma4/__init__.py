@@ -1,0 +1,101 @@
+"""Gemma 4 for mlxbun: claim, chat format, thinking switch and tool calls.
+
+The forward pass is mlx-lm's (``gemma4`` / ``gemma4_text``); what lives here is what
+makes Gemma 4 different from the generic family:
+
+* turns are ``<|turn>ROLE … <turn|>``; thinking is switched on by a ``<|think|>``
+  token at the top of the system turn, and with thinking off the generation prompt
+  carries an empty ``<|channel>thought\\n<channel|>`` so the model answers directly;
+* the thought channel ``<|channel>thought … <channel|>`` is routed to ``reasoning``;
+* tool calls are ``<|tool_call>call:name{k:<|"|>v<|"|>}<tool_call|>`` (see toolcalls.py),
+  and the model hands a turn over to the tool runner with ``<|tool_response>``.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+from mlxbun_core.chat_template import (apply_template, check_reasoning_effort, opens_thinking,
+                                       thinking_switch)
+from mlxbun_core.hookspecs import hookimpl
+from mlxbun_core.model import LoadedModel
+from mlxbun_core.toolcalls import StreamingToolParser
+
+from .toolcalls import Gemma4Dialect
+
+__version__ = "0.1.0"
+
+FAMILY = "gemma4"
+MODEL_TYPES = ("gemma4", "gemma4_text")
+ARCHITECTURES = ("Gemma4ForConditionalGeneration", "Gemma4ForCausalLM")
+THINK_START, THINK_END = "<|channel>thought", "<channel|>"
+# Google's recommended sampling for Gemma 4; generation_config.json values win.
+SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 0.95, "top_k": 64}
+# Published Gemma 4 checkpoints stop on these (generation_config eos_token_id).
+STOP_TOKENS = ("<eos>", "<turn|>", "<|tool_response>")
+
+
+def fallback_template() -> str:
+    return resources.files(__name__).joinpath("template.jinja").read_text(encoding="utf-8")
+
+
+def claims(config: dict) -> bool:
+    archs = config.get("architectures") or []
+    return config.get("model_type") in MODEL_TYPES or any(a in ARCHITECTURES for a in archs)
+
+
+def _read_json(path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+@hookimpl
+def load_model(path, config, options):
+    if not claims(config):
+        return None
+    from mlx_lm.utils import load
+
+    model, tokenizer = load(str(path))
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer._tokenizer.chat_template = fallback_template()
+    vocab = tokenizer.get_vocab()
+    for tok in STOP_TOKENS:
+        if tok in vocab:
+            tokenizer.add_eos_token(tok)
+    gen = _read_json(path / "generation_config.json")
+    defaults = {k: v for k, v in SAMPLING_DEFAULTS.items() if gen.get(k) is None}
+    return LoadedModel(id=options.model_id, path=path, config=config, model=model,
+                       tokenizer=tokenizer, family=FAMILY, reasoning=True,
+                       generation_defaults=defaults)
+
+
+def _canonical(m: dict) -> dict:
+    """Templates written for Gemma read ``reasoning`` before ``reasoning_content``;
+    the canonical field (already set from the alias by the engine) must win, even empty."""
+    if m.get("role") == "assistant" and isinstance(m.get("reasoning_content"), str) and "reasoning" in m:
+        m = dict(m)
+        del m["reasoning"]
+    return m
+
+
+@hookimpl
+def render_chat(model, messages, tools, template_kwargs, reasoning_effort):
+    if model.family != FAMILY:
+        return None
+    check_reasoning_effort(reasoning_effort)  # a bad level is a 400 even when enable_thinking is set
+    kwargs = dict(template_kwargs)
+    kwargs["enable_thinking"] = bool(thinking_switch(kwargs, reasoning_effort, False))
+    prompt = apply_template(model, [_canonical(m) for m in messages], tools, kwargs)
+    prompt.think_start, prompt.think_end = THINK_START, THINK_END
+    prompt.in_reasoning = opens_thinking(prompt.text, THINK_START, THINK_END)
+    return prompt
+
+
+@hookimpl
+def tool_call_parser(model, tools):
+    if model.family != FAMILY:
+        return None
+    return StreamingToolParser(Gemma4Dialect(), tools)

@@ -1,0 +1,82 @@
+"""mlxbun-glm52: the GLM-5.x family (``model_type: glm_moe_dsa``, GlmMoeDsaForCausalLM).
+
+The forward pass is mlx-lm's ``glm_moe_dsa`` (MLA + DSA indexer + sigmoid-routed MoE);
+this plugin adds what differs from the generic path:
+
+* thinking defaults **off**: the generation primer is an empty ``<think></think>``;
+  ``enable_thinking: true`` (or any ``reasoning_effort`` but ``"none"``) renders
+  ``Reasoning Effort: Max`` in the system turn and leaves ``<think>`` open;
+* a GLM-5 chat template (``template.jinja``) for checkpoints that ship none;
+* the ``<tool_call>name<arg_key>…</arg_key><arg_value>…</arg_value></tool_call>`` parser.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+from pathlib import Path
+
+from mlxbun_core.chat_template import apply_template, check_reasoning_effort, thinking_switch
+from mlxbun_core.hookspecs import hookimpl
+from mlxbun_core.model import LoadedModel
+
+from .toolcalls import GlmDialect, make_parser
+
+__all__ = ["FAMILY", "GlmDialect", "claims", "load_model", "render_chat", "tool_call_parser"]
+
+FAMILY = "glm52"
+MODEL_TYPES = ("glm_moe_dsa",)
+ARCHITECTURES = ("GlmMoeDsaForCausalLM",)
+# Z.ai's published sampling for GLM-5.x; only fills what generation_config.json omits.
+FAMILY_DEFAULTS = {"temperature": 1.0, "top_p": 0.95}
+
+
+def fallback_template() -> str:
+    return files(__package__).joinpath("template.jinja").read_text(encoding="utf-8")
+
+
+def claims(config: dict) -> bool:
+    archs = config.get("architectures") or []
+    return config.get("model_type") in MODEL_TYPES or any(a in ARCHITECTURES for a in archs)
+
+
+def _generation_config(path: Path) -> dict:
+    try:
+        return json.loads((Path(path) / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+@hookimpl
+def load_model(path, config, options):
+    if not claims(config):
+        return None
+    from mlx_lm.utils import load
+
+    model, tokenizer = load(str(path))
+    fallback = not getattr(tokenizer, "chat_template", None)
+    if fallback:
+        tokenizer.chat_template = fallback_template()
+    gen = _generation_config(path)
+    return LoadedModel(id=options.model_id, path=Path(path), config=config, model=model,
+                       tokenizer=tokenizer, family=FAMILY, reasoning=True,
+                       generation_defaults={k: v for k, v in FAMILY_DEFAULTS.items()
+                                            if gen.get(k) is None},
+                       extras={"fallback_template": fallback})
+
+
+@hookimpl
+def render_chat(model, messages, tools, template_kwargs, reasoning_effort):
+    if model.family != FAMILY:
+        return None
+    check_reasoning_effort(reasoning_effort)  # a bad level is a 400 even when overridden
+    kwargs = dict(template_kwargs)
+    kwargs["enable_thinking"] = bool(thinking_switch(kwargs, reasoning_effort, False))
+    return apply_template(model, messages, tools, kwargs)
+
+
+@hookimpl
+def tool_call_parser(model, tools):
+    if model.family != FAMILY:
+        return None
+    return make_parser(tools)

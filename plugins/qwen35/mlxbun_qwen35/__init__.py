@@ -1,0 +1,71 @@
+"""mlxbun-qwen35: the Qwen3.5 family (dense ``qwen3_5`` and MoE ``qwen3_5_moe``).
+
+What differs from the generic plugin:
+- thinking is on by default (as in the published template); ``reasoning_effort``
+  "none" turns it off, any other level on; an explicit ``enable_thinking`` wins;
+- a Qwen3.5 chat template ships with the plugin for checkpoints that lack one;
+- tool calls use the Qwen XML dialect (``<tool_call><function=…><parameter=…>``).
+The forward pass is mlx-lm's own ``qwen3_5`` / ``qwen3_5_moe`` model.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+from mlxbun_core.chat_template import apply_template, thinking_switch
+from mlxbun_core.hookspecs import hookimpl
+from mlxbun_core.model import LoadedModel
+
+from .toolcalls import make_parser
+
+FAMILY = "qwen35"
+MODEL_TYPES = ("qwen3_5", "qwen3_5_moe")
+ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+                 "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
+THINK_START, THINK_END = "<think>", "</think>"
+
+
+def fallback_template() -> str:
+    return files(__name__).joinpath("template.jinja").read_text(encoding="utf-8")
+
+
+def is_qwen35(config: dict) -> bool:
+    text = config.get("text_config") or {}
+    return (config.get("model_type") in MODEL_TYPES
+            or text.get("model_type") in ("qwen3_5_text", "qwen3_5_moe_text")
+            or any(a in ARCHITECTURES for a in config.get("architectures") or ()))
+
+
+@hookimpl
+def load_model(path, config, options):
+    if not is_qwen35(config):
+        return None
+    from mlx_lm.utils import load
+
+    model, tokenizer = load(str(path))
+    extras = {}
+    if not tokenizer.has_chat_template:
+        tokenizer._tokenizer.chat_template = fallback_template()
+        tokenizer.has_chat_template = True
+        extras["fallback_template"] = True
+    return LoadedModel(id=options.model_id, path=path, config=config, model=model,
+                       tokenizer=tokenizer, family=FAMILY, reasoning=True, extras=extras)
+
+
+@hookimpl
+def render_chat(model, messages, tools, template_kwargs, reasoning_effort):
+    if model.family != FAMILY:
+        return None
+    kwargs = dict(template_kwargs)
+    kwargs["enable_thinking"] = thinking_switch(kwargs, reasoning_effort, True)
+    prompt = apply_template(model, messages, tools, kwargs)
+    prompt.think_start, prompt.think_end = THINK_START, THINK_END
+    prompt.in_reasoning = prompt.text.endswith(THINK_START + "\n")
+    return prompt
+
+
+@hookimpl
+def tool_call_parser(model, tools):
+    if model.family != FAMILY:
+        return None
+    return make_parser(tools)

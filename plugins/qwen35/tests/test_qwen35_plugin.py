@@ -1,0 +1,239 @@
+"""The Qwen3.5 family plugin: claim, template behaviour, served chat, greedy parity vs mlx-lm."""
+
+import json
+import os
+import subprocess
+import sys
+
+import httpx
+import mlx.core as mx
+import openai
+import pytest
+from mlx_lm import load as mlx_load
+from mlx_lm.generate import generate_step
+
+import mlxbun_qwen35
+from mlxbun_core import loader, plugins
+from mlxbun_core.errors import BadRequest
+from mlxbun_core.model import LoadOptions
+from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.server import start_server
+from mlxbun_qwen35 import fallback_template
+from mlxbun_qwen35.toolcalls import QwenDialect
+
+MSG = [{"role": "user", "content": "What is the capital of France?"}]
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                    "days": {"type": "integer"}}}}}]
+GEN_ON = "<|im_start|>assistant\n<think>\n"
+GEN_OFF = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+@pytest.fixture(scope="module")
+def ckpt():
+    return tiny_checkpoint("qwen3_5", seed=7, chat_template=fallback_template())
+
+
+@pytest.fixture(scope="module")
+def srv(ckpt):
+    s = start_server(ckpt)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    return openai.OpenAI(base_url=srv.v1, api_key="unused", max_retries=0)
+
+
+def rendered(srv, **body):
+    """The prompt the engine builds for ``body`` (normalization + plugin render), as text."""
+    req = srv.engine.prepare_chat({"messages": MSG, **body}).request
+    return srv.engine.model.tokenizer.decode(req.prompt_tokens), req
+
+
+# -- claim -----------------------------------------------------------------
+
+def test_models_row_names_family_and_plugin(srv):
+    row = httpx.get(srv.v1 + "/models").json()["data"][0]
+    assert row["family"] == "qwen35" and row["plugin"] == "qwen35"
+    assert row["reasoning"] is True and row["embeddings"] is False
+
+
+def test_moe_checkpoint_claimed_and_generic_takes_over_when_unregistered(ckpt):
+    moe = tiny_checkpoint("qwen3_5_moe", seed=7, chat_template=fallback_template())
+    assert json.loads((moe / "config.json").read_text())["architectures"] == [
+        "Qwen3_5MoeForConditionalGeneration"]
+    assert loader.claim(moe, LoadOptions(model_id="moe")).family == "qwen35"
+    info = dict(plugins.plugin_info["qwen35"])
+    plugins.unregister("qwen35")
+    try:
+        m = loader.claim(ckpt, LoadOptions(model_id="dense"))
+        assert (m.family, m.plugin) == ("generic", "generic")
+    finally:
+        plugins.register(mlxbun_qwen35, "qwen35")
+        plugins.plugin_info["qwen35"] = info
+    assert loader.claim(ckpt, LoadOptions(model_id="dense")).family == "qwen35"
+
+
+def test_cli_lists_plugin_and_honours_disable():
+    cmd = [sys.executable, "-m", "mlxbun_core.cli", "plugins"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
+    assert "qwen35 (0.1.0, entry point)" in out
+    env = {**os.environ, "MLXBUN_DISABLE_PLUGINS": "qwen35"}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env).stdout
+    assert "qwen35" not in out and "generic" in out
+
+
+def test_fallback_template_installed_when_checkpoint_has_none():
+    bare = tiny_checkpoint("qwen3_5", seed=8, tokenizer_config_extra={"chat_template": None})
+    m = loader.claim(bare, LoadOptions(model_id="bare"))
+    assert m.extras.get("fallback_template") is True
+    p = plugins.hook().render_chat(model=m, messages=MSG, tools=None, template_kwargs={},
+                                   reasoning_effort=None)
+    assert p.text.endswith(GEN_ON) and p.in_reasoning
+
+
+# -- template behaviour --------------------------------------------------------
+
+def test_thinking_on_by_default(srv):
+    text, req = rendered(srv)
+    assert text.endswith(GEN_ON) and req.in_reasoning
+    assert (req.think_start, req.think_end) == ("<think>", "</think>")
+
+
+@pytest.mark.parametrize("body,on", [
+    ({"chat_template_kwargs": {"enable_thinking": False}}, False),
+    ({"chat_template_kwargs": {"enable_thinking": True}}, True),
+    ({"reasoning_effort": "none"}, False),
+    ({"reasoning_effort": "minimal"}, True),
+    ({"reasoning_effort": "xhigh"}, True),
+    ({"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}}, True),
+    ({"reasoning_effort": "high", "chat_template_kwargs": {"enable_thinking": False}}, False),
+])
+def test_thinking_switches(srv, body, on):
+    text, req = rendered(srv, **body)
+    assert text.endswith(GEN_ON if on else GEN_OFF)
+    assert req.in_reasoning is on
+
+
+def test_bad_reasoning_effort_is_400(srv):
+    with pytest.raises(BadRequest):
+        rendered(srv, reasoning_effort="turbo")
+    r = httpx.post(srv.v1 + "/chat/completions", timeout=30,
+                   json={"messages": MSG, "reasoning_effort": "turbo", "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_tools_system_turn_tool_calls_and_responses(srv):
+    msgs = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "reasoning": "Need the tool.",
+             "tool_calls": [{"id": "c1", "type": "function", "function": {
+                 "name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+            {"role": "tool", "tool_call_id": "c2", "content": "warm"}]
+    text, _ = rendered(srv, messages=msgs, tools=TOOLS)
+    assert text.startswith("<|im_start|>system\n# Tools\n\nYou have access to the following "
+                           "functions:\n\n<tools>\n" + json.dumps(TOOLS[0]) + "\n</tools>")
+    assert "</IMPORTANT>\n\nBe brief.<|im_end|>\n" in text
+    # the `reasoning` alias reaches the template; the call is in Qwen XML form
+    assert ("<|im_start|>assistant\n<think>\nNeed the tool.\n</think>\n\n<tool_call>\n"
+            "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+            "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call><|im_end|>\n") in text
+    assert ("<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\n"
+            "warm\n</tool_response><|im_end|>\n") in text
+    assert text.endswith(GEN_ON)
+
+
+def test_reasoning_only_after_last_user_query_unless_preserved(srv):
+    msgs = [{"role": "user", "content": "one"},
+            {"role": "assistant", "content": "A1", "reasoning_content": "R1"},
+            {"role": "user", "content": "two"}]
+    text, _ = rendered(srv, messages=msgs)
+    assert "<|im_start|>assistant\nA1<|im_end|>" in text and "R1" not in text
+    text, _ = rendered(srv, messages=msgs, chat_template_kwargs={"preserve_thinking": True})
+    assert "<|im_start|>assistant\n<think>\nR1\n</think>\n\nA1<|im_end|>" in text
+    # inline <think> in content is split out the same way
+    msgs[1] = {"role": "assistant", "content": "<think>\nR2\n</think>\n\nA2"}
+    text, _ = rendered(srv, messages=msgs)
+    assert "<|im_start|>assistant\nA2<|im_end|>" in text and "R2" not in text
+
+
+def test_system_not_first_is_400(srv):
+    msgs = MSG + [{"role": "system", "content": "late"}]
+    r = httpx.post(srv.v1 + "/chat/completions", json={"messages": msgs}, timeout=30)
+    assert r.status_code == 400
+    assert "System message must be at the beginning" in r.json()["error"]["message"]
+
+
+def test_tool_call_parser_is_qwen_dialect_only_for_own_models(srv):
+    h = plugins.hook()
+    parser = h.tool_call_parser(model=srv.engine.model, tools=TOOLS)
+    assert isinstance(parser.dialect, QwenDialect)
+    other = type(srv.engine.model)(**{**srv.engine.model.__dict__, "family": "generic"})
+    assert mlxbun_qwen35.tool_call_parser(model=other, tools=TOOLS) is None
+    assert mlxbun_qwen35.render_chat(model=other, messages=MSG, tools=None, template_kwargs={},
+                                     reasoning_effort=None) is None
+
+
+# -- served end to end -------------------------------------------------------------
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_served_chat_stream_matches_non_stream(client, thinking):
+    kw = dict(model="m", messages=MSG, max_tokens=10, temperature=0, tools=TOOLS,
+              extra_body={"chat_template_kwargs": {"enable_thinking": thinking}})
+    full = client.chat.completions.create(**kw)
+    msg = full.choices[0].message
+    assert full.object == "chat.completion" and full.choices[0].finish_reason in (
+        "length", "stop", "tool_calls")
+    assert full.usage.completion_tokens <= 10
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices[0].finish_reason == full.choices[0].finish_reason
+    content = "".join(c.choices[0].delta.content or "" for c in chunks)
+    reasoning = "".join((c.choices[0].delta.model_extra or {}).get("reasoning") or ""
+                        for c in chunks)
+    assert content == (msg.content or "")
+    assert reasoning == ((msg.model_extra or {}).get("reasoning") or "")
+
+
+def greedy_ids(model, prompt_tokens, n, eos):
+    out = []
+    for t, _ in generate_step(mx.array(prompt_tokens), model, max_tokens=n):
+        out.append(t)
+        if t in eos:
+            break
+    return out
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_greedy_parity_with_mlx_lm(client, ckpt, thinking):
+    r = client.chat.completions.create(
+        model="m", messages=MSG, max_tokens=12, temperature=0,
+        extra_body={"logprobs": True, "chat_template_kwargs": {"enable_thinking": thinking}})
+    ours = [e["id"] for e in r.choices[0].logprobs.content]
+    model, tok = mlx_load(str(ckpt))
+    text = tok.apply_chat_template(MSG, add_generation_prompt=True, tokenize=False,
+                                   enable_thinking=thinking)
+    theirs = greedy_ids(model, tok.encode(text, add_special_tokens=False), 12, tok.eos_token_ids)
+    assert ours == theirs and len(ours) > 0
+
+
+def test_moe_served_greedy_parity():
+    moe = tiny_checkpoint("qwen3_5_moe", seed=7, chat_template=fallback_template())
+    s = start_server(moe)
+    try:
+        c = openai.OpenAI(base_url=s.v1, api_key="unused", max_retries=0)
+        r = c.chat.completions.create(model="m", messages=MSG, max_tokens=8, temperature=0,
+                                      extra_body={"logprobs": True})
+        assert httpx.get(s.v1 + "/models").json()["data"][0]["family"] == "qwen35"
+    finally:
+        s.stop()
+    ours = [e["id"] for e in r.choices[0].logprobs.content]
+    model, tok = mlx_load(str(moe))
+    text = tok.apply_chat_template(MSG, add_generation_prompt=True, tokenize=False)
+    assert text.endswith(GEN_ON)
+    assert ours == greedy_ids(model, tok.encode(text, add_special_tokens=False), 8,
+                              tok.eos_token_ids)

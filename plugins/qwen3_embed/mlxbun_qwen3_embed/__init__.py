@@ -1,0 +1,108 @@
+"""mlxbun-qwen3-embed: Qwen3-Embedding checkpoints served as embedding models.
+
+A ``qwen3`` checkpoint is claimed when it looks like an embedding model
+(sentence-transformers metadata in the directory, or "Embedding" in its name) or
+when the operator forces it (``mlxbun serve --embedding``); a plain Qwen3 chat
+checkpoint is left to the generic plugin.
+
+Embedding follows Qwen3-Embedding: queries may carry an instruction
+(``Instruct: {instruction}\\nQuery:{text}``), the text is tokenized without
+special tokens and ``<|endoftext|>`` appended, one forward per text through
+mlx-lm's ``qwen3`` backbone (final norm, no lm_head), last-token pooling and L2
+normalisation. One text per forward keeps every vector bit-exact with a
+single-sequence reference (no padding, no mask).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlxbun_core.errors import BadRequest
+from mlxbun_core.hookspecs import hookimpl
+from mlxbun_core.model import LoadedModel
+
+FAMILY = "qwen3_embed"
+MODEL_TYPES = ("qwen3",)
+ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3Model")
+ST_FILES = ("modules.json", "config_sentence_transformers.json", "1_Pooling/config.json")
+POOL_TOKEN = "<|endoftext|>"
+
+
+def is_qwen3(config: dict) -> bool:
+    return (config.get("model_type") in MODEL_TYPES
+            or any(a in ARCHITECTURES for a in config.get("architectures") or ()))
+
+
+def names_embedding(path: Path, model_id: str) -> bool:
+    """"Embedding" in the model id, the directory name, or a hub cache repo folder
+    (``models--Qwen--Qwen3-Embedding-0.6B/snapshots/<rev>``). Only these parts are
+    looked at, so an unrelated parent directory never turns a chat model into one."""
+    names = [model_id or "", path.name]
+    names += [p for p in path.parts if p.startswith("models--")]
+    return any("embedding" in n.lower() for n in names)
+
+
+def is_embedding_checkpoint(path: Path, options) -> bool:
+    if getattr(options, "embedding", False):
+        return True
+    if any((path / f).is_file() for f in ST_FILES):
+        return True
+    return names_embedding(path, getattr(options, "model_id", ""))
+
+
+def format_text(text: str, instruction) -> str:
+    return f"Instruct: {instruction}\nQuery:{text}" if instruction else text
+
+
+def pool_token_id(tokenizer) -> int:
+    tid = tokenizer.convert_tokens_to_ids(POOL_TOKEN)
+    if tid is None or tid == getattr(tokenizer, "unk_token_id", None):
+        tid = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return tid
+
+
+def tokenize(tokenizer, text: str, instruction=None) -> list:
+    ids = list(tokenizer.encode(format_text(text, instruction), add_special_tokens=False))
+    return ids + [pool_token_id(tokenizer)]
+
+
+def embed_tokens(model, tokens: list):
+    """Last-token pooled, L2-normalised float32 vector for one token sequence."""
+    import mlx.core as mx
+
+    hidden = model.model(mx.array(tokens)[None])  # backbone: final norm, no lm_head
+    last = hidden[0, -1].astype(mx.float32)
+    vec = last / mx.linalg.norm(last)
+    mx.eval(vec)
+    return vec
+
+
+@hookimpl
+def load_model(path, config, options):
+    if not is_qwen3(config) or not is_embedding_checkpoint(Path(path), options):
+        return None
+    from mlx_lm.utils import load
+
+    model, tokenizer = load(str(path))
+    return LoadedModel(id=options.model_id, path=path, config=config, model=model,
+                       tokenizer=tokenizer, family=FAMILY, kind="embedding")
+
+
+@hookimpl
+def embed(model, texts, instruction):
+    if model.family != FAMILY or model.kind != "embedding":
+        return None
+    vectors, used = [], 0
+    for text in texts:
+        tokens = tokenize(model.tokenizer, text, instruction)
+        used += len(tokens)
+        vectors.append(embed_tokens(model.model, tokens).tolist())
+    return vectors, used
+
+
+@hookimpl
+def render_chat(model, messages, tools, template_kwargs, reasoning_effort):
+    if model.family != FAMILY:
+        return None
+    raise BadRequest(f"model {model.id} is an embedding model: it serves POST /v1/embeddings only",
+                     param="model")

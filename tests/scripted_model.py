@@ -1,0 +1,133 @@
+"""A "scripted model" for surface tests: fakes the WEIGHTS, not the engine.
+
+Random tiny checkpoints emit gibberish, so tests that need exact model output
+(tool calls, thinking, stop sequences) register :class:`ScriptedPlugin`. Its
+``load_model`` hook loads the tiny checkpoint with mlx-lm as usual and wraps the
+module so that, after the assistant generation prompt, its logits put all mass
+on the next token of ``plugin.text`` (then EOS). Everything else — chat
+template, sampler, detokenizer, reasoning splitter, tool parser, surfaces —
+is the real path.
+
+    with scripted_server('<tool_call>{"name": "f", "arguments": {}}</tool_call>') as (srv, plugin):
+        ...  # set plugin.text = "..." between requests to change the script
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mlxbun_core import plugins
+from mlxbun_core.hookspecs import hookimpl
+from mlxbun_core.model import LoadedModel
+from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.server import start_server
+
+# ChatML generation prompt; the script starts right after its last occurrence.
+CHATML_ANCHOR = "<|im_start|>assistant\n"
+
+
+class ScriptedModel(nn.Module):
+    """Runs the real (random) forward to keep the KV cache honest, then replaces
+    the logits. Position in the script = tokens seen since the last anchor,
+    tracked per cache object (truncated to the cache offset, so reuse/rollback
+    of a prompt cache stays correct)."""
+
+    def __init__(self, inner, tokenizer, plugin: "ScriptedPlugin"):
+        super().__init__()
+        self.inner = inner
+        # plain attributes, not module children (nn.Module would treat lists/dicts as params)
+        object.__setattr__(self, "_tok", tokenizer)
+        object.__setattr__(self, "_plugin", plugin)
+        object.__setattr__(self, "_anchor", tokenizer.encode(plugin.anchor, add_special_tokens=False))
+        object.__setattr__(self, "_scripts", {})
+
+    @property
+    def layers(self):
+        return self.inner.layers
+
+    def make_cache(self):
+        if hasattr(self.inner, "make_cache"):
+            return self.inner.make_cache()
+        from mlx_lm.models.cache import KVCache
+        return [KVCache() for _ in self.inner.layers]
+
+    def _script(self) -> list:
+        text = self._plugin.text
+        if text not in self._scripts:
+            eos = self._plugin.eos_id if self._plugin.eos_id is not None else \
+                sorted(self._tok.eos_token_ids)[0]
+            self._scripts[text] = self._tok.encode(text, add_special_tokens=False) + [eos]
+        return self._scripts[text]
+
+    def _position(self, history: list) -> int | None:
+        n = len(self._anchor)
+        for i in range(len(history) - n, -1, -1):
+            if history[i:i + n] == self._anchor:
+                return len(history) - (i + n)
+        return None
+
+    def __call__(self, inputs, cache=None, **kw):
+        head = cache[0] if cache else None
+        before = getattr(head, "offset", 0) if head is not None else 0
+        logits = self.inner(inputs, cache=cache, **kw)
+        history = (getattr(head, "_scripted_history", []) if head is not None else [])[:before]
+        history = history + inputs.reshape(-1).tolist()
+        if head is not None:
+            head._scripted_history = history
+        pos = self._position(history)
+        if pos is None:
+            return logits
+        if self._plugin.fail_at is not None and pos >= self._plugin.fail_at:
+            raise RuntimeError("scripted forward failure")
+        script = self._script()
+        token = script[min(pos, len(script) - 1)]
+        vocab = logits.shape[-1]
+        forced = mx.where(mx.arange(vocab) == token, 0.0, -1e9).astype(mx.float32)
+        return mx.broadcast_to(forced, logits.shape)
+
+
+class ScriptedPlugin:
+    """Claims exactly one checkpoint directory and serves it as a ScriptedModel."""
+
+    def __init__(self, path, text: str = "", *, anchor: str = CHATML_ANCHOR, eos_id=None):
+        self.path = Path(path).resolve()
+        self.text, self.anchor, self.eos_id = text, anchor, eos_id
+        self.fail_at = None  # set to N: the forward raises from script position N on
+
+    @hookimpl(tryfirst=True)
+    def load_model(self, path, config, options):
+        if Path(path).resolve() != self.path:
+            return None
+        from mlx_lm.utils import load
+
+        model, tokenizer = load(str(path))
+        return LoadedModel(id=options.model_id, path=path, config=config,
+                           model=ScriptedModel(model, tokenizer, self), tokenizer=tokenizer,
+                           family="scripted",
+                           reasoning=bool(getattr(tokenizer, "has_thinking", False)))
+
+
+def scripted_checkpoint_plugin(text: str = "", model_type: str = "qwen3", seed: int = 4242,
+                               **kw) -> ScriptedPlugin:
+    """A plugin bound to its own tiny checkpoint (a seed other tests do not use,
+    so the memoized directory is not shared with unscripted tests)."""
+    return ScriptedPlugin(tiny_checkpoint(model_type=model_type, seed=seed, **kw), text)
+
+
+@contextmanager
+def scripted_server(text: str = "", *, name: str = "scripted-test", **kw):
+    """Register a ScriptedPlugin, serve its checkpoint, clean both up after."""
+    plugin = scripted_checkpoint_plugin(text, **kw)
+    plugins.register(plugin, name)
+    try:
+        srv = start_server(plugin.path)
+        try:
+            yield srv, plugin
+        finally:
+            srv.stop()
+    finally:
+        plugins.unregister(name)

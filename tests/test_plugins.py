@@ -1,0 +1,95 @@
+"""Plugin discovery: entry points, allow/deny lists, broken plugins, third-party families."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from mlxbun_core.testing.checkpoints import write_checkpoint
+from mlxbun_core.testing.server import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+MLXBUN = [sys.executable, "-m", "mlxbun_core.cli"]
+
+
+def run_cli(*args, env=None, **kw):
+    return subprocess.run(MLXBUN + list(args), capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})}, **kw)
+
+
+def fake_dist(site: Path, name: str, module: str, source: str):
+    """Install a one-module distribution into ``site`` exactly as pip lays it out."""
+    site.mkdir(parents=True, exist_ok=True)
+    (site / f"{module}.py").write_text(source)
+    info = site / f"{name}-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text(f"[mlxbun]\n{name} = {module}\n")
+
+
+def test_plugins_lists_generic_with_its_hooks():
+    out = run_cli("plugins")
+    assert out.returncode == 0
+    lines = out.stdout.splitlines()
+    i = next(i for i, l in enumerate(lines) if l.startswith("generic "))
+    assert "load_model" in lines[i + 1] and "render_chat" in lines[i + 1]
+
+
+def test_broken_plugin_is_reported_and_skipped(tmp_path):
+    fake_dist(tmp_path, "brokenfam", "brokenfam_mod", "raise ImportError('missing dependency xyz')\n")
+    env = {"PYTHONPATH": str(tmp_path)}
+    out = run_cli("plugins", env=env)
+    assert out.returncode == 0
+    assert "brokenfam" in out.stdout and "FAILED" in out.stdout and "missing dependency xyz" in out.stdout
+    assert "generic" in out.stdout
+    denied = run_cli("plugins", env={**env, "MLXBUN_DISABLE_PLUGINS": "brokenfam"})
+    assert "brokenfam" not in denied.stdout
+    allowed = run_cli("plugins", env={**env, "MLXBUN_PLUGINS": "nothing-else"})
+    assert "brokenfam" not in allowed.stdout and "generic" in allowed.stdout
+
+
+def test_third_party_family_served_through_its_entry_point(tmp_path):
+    """The docs example, installed with pip, claims its checkpoint in a real `mlxbun serve`."""
+    site = tmp_path / "site"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                          str(site), str(ROOT / "docs/examples/mlxbun_echo_family")],
+                         capture_output=True, text=True, timeout=300)
+    assert pip.returncode == 0, pip.stderr
+    ckpt = write_checkpoint(tmp_path / "echo", "llama")
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**config, "architectures": ["EchoLlamaForCausalLM"]}))
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    proc = subprocess.Popen(MLXBUN + ["serve", str(ckpt), "--port", str(port)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        banner = proc.stdout.readline()
+        deadline = time.time() + 60
+        while banner and "serving" not in banner and time.time() < deadline:
+            banner = proc.stdout.readline()
+        assert "via plugin 'echo'" in banner
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                row = httpx.get(base + "/v1/models").json()["data"][0]
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        assert row["plugin"] == "echo" and row["family"] == "echo"
+        r = httpx.post(base + "/v1/chat/completions", timeout=60, json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_missing_model_is_a_clear_error(tmp_path):
+    out = run_cli("serve", str(tmp_path / "no-such-model"))
+    assert out.returncode == 2
+    assert str(tmp_path / "no-such-model") in out.stderr
