@@ -213,7 +213,7 @@ def test_greedy_parity_with_mlx_lm(client, ckpt, thinking):
     r = client.chat.completions.create(
         model="m", messages=MSG, max_tokens=12, temperature=0,
         extra_body={"logprobs": True, "chat_template_kwargs": {"enable_thinking": thinking}})
-    ours = [e["id"] for e in r.choices[0].logprobs.content]
+    ours = [e.model_extra["id"] for e in r.choices[0].logprobs.content]
     model, tok = mlx_load(str(ckpt))
     text = tok.apply_chat_template(MSG, add_generation_prompt=True, tokenize=False,
                                    enable_thinking=thinking)
@@ -231,7 +231,7 @@ def test_moe_served_greedy_parity():
         assert httpx.get(s.v1 + "/models").json()["data"][0]["family"] == "qwen35"
     finally:
         s.stop()
-    ours = [e["id"] for e in r.choices[0].logprobs.content]
+    ours = [e.model_extra["id"] for e in r.choices[0].logprobs.content]
     model, tok = mlx_load(str(moe))
     text = tok.apply_chat_template(MSG, add_generation_prompt=True, tokenize=False)
     assert text.endswith(GEN_ON)
