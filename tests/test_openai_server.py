@@ -231,3 +231,46 @@ def test_concurrent_requests_all_complete(client):
     [t.start() for t in threads]
     [t.join(60) for t in threads]
     assert len(results) == 4 and all(n >= 1 for n in results)
+
+
+def test_logit_bias_steers_every_token(client):
+    r = client.completions.create(model="m", prompt="Once", max_tokens=5, temperature=0.8, seed=1,
+                                  logit_bias={"300": 100}, extra_body={"logprobs": True})
+    assert [e["id"] for e in r.choices[0].logprobs.content] == [300] * 5
+
+
+def test_all_mlx_lm_sampler_extras_accepted(client):
+    r = client.completions.create(model="m", prompt="Once", max_tokens=6, temperature=0.7, top_p=0.9,
+                                  seed=3, presence_penalty=0.5, frequency_penalty=0.5,
+                                  extra_body={"top_k": 20, "min_p": 0.05, "xtc_probability": 0.5,
+                                              "xtc_threshold": 0.1, "repetition_penalty": 1.2,
+                                              "repetition_context_size": 10,
+                                              "presence_context_size": 10,
+                                              "frequency_context_size": 10})
+    assert r.usage.completion_tokens >= 1
+
+
+def test_repetition_penalty_changes_greedy_output(client):
+    kw = dict(model="m", prompt="Once upon a time", max_tokens=24, temperature=0)
+    plain = client.completions.create(**kw, extra_body={"logprobs": True})
+    penalized = client.completions.create(**kw, extra_body={"logprobs": True, "repetition_penalty": 5.0,
+                                                            "repetition_context_size": 0})
+    ids = [e["id"] for e in plain.choices[0].logprobs.content]
+    pids = [e["id"] for e in penalized.choices[0].logprobs.content]
+    assert len(set(ids)) < len(ids), "needs a repeating greedy baseline"
+    assert ids != pids
+
+
+def test_generation_config_defaults_apply_and_requests_win(tmp_path):
+    from mlxbun_core.testing.checkpoints import write_checkpoint
+
+    ckpt = write_checkpoint(tmp_path / "g", "llama", seed=3,
+                            generation_config={"temperature": 0.6, "top_p": 0.8})
+    s = start_server(ckpt, defaults={"top_k": 5})
+    try:
+        row = httpx.get(s.v1 + "/models").json()["data"][0]
+        assert row["gen_defaults"] == {"temperature": 0.6, "top_p": 0.8, "top_k": 5}
+        assert s.engine.sampling({"temperature": 0}).temperature == 0
+        assert s.engine.sampling({}).temperature == 0.6
+    finally:
+        s.stop()

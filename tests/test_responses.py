@@ -275,3 +275,17 @@ def test_store_ttl_lru_and_byte_cap():
     assert store.stats()["bytes"] <= 100
     clock[0] = 11.0
     assert store.get("a") is None and store.stats()["entries"] == 0
+
+
+# ------------------------------------------------------------------ one real model
+
+def test_real_model_answers(smollm2_path):
+    """SmolLM2 (real weights) through responses.create: real text, real structure."""
+    from mlxbun_core.testing.server import running_server
+
+    with running_server(smollm2_path) as real:
+        client = openai.OpenAI(base_url=real.v1, api_key="test", max_retries=0)
+        r = client.responses.create(model="any", input="What is the capital of France?",
+                                    max_output_tokens=8, temperature=0)
+    assert r.output_text.strip() and r.status in ("completed", "incomplete")
+    assert r.usage.output_tokens <= 8

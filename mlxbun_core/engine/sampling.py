@@ -92,8 +92,8 @@ class SamplingParams:
     def sampler(self, tokenizer):
         from mlx_lm.sample_utils import make_sampler
 
-        specials = [tokenizer.encode("\n", add_special_tokens=False)[-1:]] if self.xtc_probability else []
-        xtc_special = list(tokenizer.eos_token_ids) + [t for s in specials for t in s]
+        # as mlx_lm.server: newline and EOS are never removed by XTC
+        xtc_special = tokenizer.encode("\n") + list(tokenizer.eos_token_ids)
         return make_sampler(temp=self.temperature, top_p=self.top_p, min_p=self.min_p,
                             top_k=self.top_k, xtc_probability=self.xtc_probability,
                             xtc_threshold=self.xtc_threshold, xtc_special_tokens=xtc_special)

@@ -1,0 +1,248 @@
+"""mlxbun-glm52 end to end: claim, chat template behaviour, served chat, greedy parity.
+
+A tiny random ``glm_moe_dsa`` checkpoint (real config schema and special tokens, float32
+MoE) behind a real HTTP server, driven by the openai SDK. Random weights: only structure
+and parity are asserted, never text.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import httpx
+import mlx.core as mx
+import openai
+import pytest
+from mlx_lm import load as mlx_load
+from mlx_lm.generate import generate_step
+
+import mlxbun_glm52
+from mlxbun_core import loader, plugins
+from mlxbun_core.model import LoadOptions
+from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.server import start_server
+from mlxbun_core.toolcalls import StreamingToolParser
+
+MSG = [{"role": "user", "content": "What is the capital of France?"}]
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather for a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"},
+        "opts": {"type": "object"}}, "required": ["city"]}}}]
+CALL = {"id": "call_1", "type": "function", "function": {
+    "name": "get_weather", "arguments": json.dumps({"city": "Paris", "days": 3,
+                                                    "opts": {"unit": "C"}})}}
+
+
+@pytest.fixture(scope="module")
+def ckpt():
+    return tiny_checkpoint("glm_moe_dsa", seed=5, chat_template=mlxbun_glm52.fallback_template())
+
+
+@pytest.fixture(scope="module")
+def srv(ckpt):
+    s = start_server(ckpt)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    return openai.OpenAI(base_url=srv.v1, api_key="unused", max_retries=0)
+
+
+def render(srv, messages=MSG, **body):
+    """The prompt the engine would run for a chat body (normalization included)."""
+    prepared = srv.engine.prepare_chat({"messages": messages, **body})
+    req = prepared.request
+    text = srv.engine.model.tokenizer.decode(req.prompt_tokens)
+    return text, req
+
+
+# ---------------------------------------------------------------- claim
+
+def test_models_row_names_family_and_plugin(srv):
+    row = httpx.get(srv.v1 + "/models", timeout=30).json()["data"][0]
+    assert row["family"] == "glm52" and row["plugin"] == "glm52" and row["reasoning"] is True
+    assert srv.engine.model.extras["fallback_template"] is False
+
+
+def test_unregistered_falls_back_to_generic(ckpt):
+    info = dict(plugins.plugin_info["glm52"])
+    plugins.unregister("glm52")
+    try:
+        m = loader.claim(ckpt, LoadOptions(model_id="glm"))
+        assert m.family == "generic" and m.plugin == "generic"
+    finally:
+        plugins.register(mlxbun_glm52, "glm52")
+        plugins.plugin_info["glm52"] = info
+    assert loader.claim(ckpt, LoadOptions(model_id="glm")).family == "glm52"
+
+
+def test_claims_only_glm5_configs():
+    assert mlxbun_glm52.claims({"model_type": "glm_moe_dsa"})
+    assert mlxbun_glm52.claims({"model_type": "x", "architectures": ["GlmMoeDsaForCausalLM"]})
+    assert not mlxbun_glm52.claims({"model_type": "glm4_moe", "architectures": ["Glm4MoeForCausalLM"]})
+    assert not mlxbun_glm52.claims({"model_type": "llama"})
+
+
+def test_fallback_template_installed_when_checkpoint_has_none():
+    bare = tiny_checkpoint("glm_moe_dsa", seed=5, chat_template="")
+    m = loader.claim(bare, LoadOptions(model_id="bare"))
+    assert m.family == "glm52" and m.extras["fallback_template"] is True
+    assert m.tokenizer.chat_template == mlxbun_glm52.fallback_template()
+    p = plugins.hook().render_chat(model=m, messages=MSG, tools=None, template_kwargs={},
+                                   reasoning_effort=None)
+    assert p.text.startswith("[gMASK]<sop><|user|>") and p.text.endswith("<think></think>")
+
+
+def test_cli_lists_plugin_and_honours_disable():
+    cmd = [sys.executable, "-m", "mlxbun_core.cli", "plugins"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
+    lines = out.splitlines()
+    i = next(i for i, l in enumerate(lines) if l.startswith("glm52 "))
+    assert "entry point" in lines[i]
+    assert all(h in lines[i + 1] for h in ("load_model", "render_chat", "tool_call_parser"))
+    env = {**os.environ, "MLXBUN_DISABLE_PLUGINS": "glm52"}
+    off = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env).stdout
+    assert not any(l.startswith("glm52 ") for l in off.splitlines()) and "generic" in off
+
+
+# ---------------------------------------------------------------- template
+
+def test_default_is_no_think_with_empty_think_primer(srv):
+    text, req = render(srv)
+    assert text == "[gMASK]<sop><|user|>What is the capital of France?<|assistant|><think></think>"
+    assert "Reasoning Effort" not in text and req.in_reasoning is False
+    assert (req.think_start, req.think_end) == ("<think>", "</think>")
+
+
+def test_enable_thinking_adds_effort_line_and_open_primer(srv):
+    text, req = render(srv, chat_template_kwargs={"enable_thinking": True})
+    assert text == ("[gMASK]<sop><|system|>Reasoning Effort: Max<|user|>"
+                    "What is the capital of France?<|assistant|><think>")
+    assert req.in_reasoning is True
+
+
+@pytest.mark.parametrize("effort,kwargs,on", [
+    ("none", {}, False), ("minimal", {}, True), ("low", {}, True), ("medium", {}, True),
+    ("high", {}, True), ("xhigh", {}, True),
+    ("high", {"enable_thinking": False}, False),  # explicit enable_thinking wins
+    ("none", {"enable_thinking": True}, True),
+])
+def test_reasoning_effort_maps_to_thinking(srv, effort, kwargs, on):
+    text, req = render(srv, reasoning_effort=effort, chat_template_kwargs=kwargs)
+    assert req.in_reasoning is on
+    assert ("Reasoning Effort: Max" in text) is on
+    assert text.endswith("<|assistant|><think>" if on else "<|assistant|><think></think>")
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"enable_thinking": True}])
+def test_bad_reasoning_effort_is_400(client, kwargs):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="m", messages=MSG, max_tokens=1,
+                                       extra_body={"reasoning_effort": "max",
+                                                   "chat_template_kwargs": kwargs})
+    assert "reasoning_effort must be one of" in str(e.value)
+
+
+def test_tools_and_tool_history_render_natively(srv):
+    msgs = [{"role": "system", "content": "Be brief."}, *MSG,
+            {"role": "assistant", "content": None, "reasoning": "I should look it up.",
+             "tool_calls": [CALL]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+            {"role": "tool", "tool_call_id": "call_2", "content": "windy"}]
+    text, _ = render(srv, msgs, tools=TOOLS)
+    sys_turn = text.split("<|system|>")[1]
+    assert sys_turn.startswith("# Tools") and '"name": "get_weather"' in sys_turn
+    assert "<|system|>Be brief.<|user|>" in text
+    # the `reasoning` alias reaches the template as reasoning_content (a tool-loop turn)
+    assert ("<|assistant|><think>I should look it up.</think><tool_call>get_weather"
+            "<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+            "<arg_key>days</arg_key><arg_value>3</arg_value>"
+            '<arg_key>opts</arg_key><arg_value>{"unit": "C"}</arg_value></tool_call>') in text
+    assert text.endswith("<|observation|><tool_response>sunny</tool_response>"
+                         "<tool_response>windy</tool_response><|assistant|><think></think>")
+    # thinking on with tools: the effort line leads the same system turn
+    text, _ = render(srv, msgs, tools=TOOLS, reasoning_effort="low")
+    assert text.split("<|system|>")[1].startswith("Reasoning Effort: Max\n\n# Tools")
+
+
+def test_explicit_reasoning_content_beats_alias_and_old_turns_drop_it(srv):
+    msgs = [*MSG, {"role": "assistant", "content": "Paris.", "reasoning": "alias",
+                   "reasoning_content": ""}, {"role": "user", "content": "And Spain?"}]
+    text, _ = render(srv, msgs)
+    assert "<|assistant|><think></think>Paris.<|user|>And Spain?" in text
+    msgs[1] = {"role": "assistant", "content": "Paris.", "reasoning": "kept?"}
+    text, _ = render(srv, msgs)  # reasoning before the last user turn is not replayed
+    assert "kept?" not in text
+
+
+def test_rendered_tool_call_round_trips_through_the_parser(srv):
+    text, _ = render(srv, [*MSG, {"role": "assistant", "content": "", "tool_calls": [CALL]},
+                           {"role": "tool", "tool_call_id": "call_1", "content": "ok"}])
+    markup = text[text.index("<tool_call>"):text.index("</tool_call>") + len("</tool_call>")]
+    parser = plugins.hook().tool_call_parser(model=srv.engine.model, tools=TOOLS)
+    assert isinstance(parser, StreamingToolParser)
+    assert isinstance(parser.dialect if hasattr(parser, "dialect") else mlxbun_glm52.GlmDialect(),
+                      mlxbun_glm52.GlmDialect)
+    events = parser.feed("Checking. " + markup) + parser.finish()
+    calls = [x for kind, x in events if kind == "tool_call"]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris", "days": 3, "opts": {"unit": "C"}})]
+    assert "".join(x for kind, x in events if kind == "content") == "Checking. "
+
+
+# ---------------------------------------------------------------- served
+
+def test_chat_stream_and_not(client, srv):
+    kw = dict(model="m", messages=MSG, max_tokens=4, temperature=0)
+    full = client.chat.completions.create(**kw)
+    c = full.choices[0]
+    assert c.message.role == "assistant" and isinstance(c.message.content, str)
+    assert c.finish_reason in ("length", "stop") and full.usage.completion_tokens <= 4
+    assert full.model == srv.engine.model.id
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == c.message.content
+    assert chunks[-1].choices[0].finish_reason == c.finish_reason
+
+
+def test_thinking_output_is_routed_to_reasoning(client):
+    kw = dict(model="m", messages=MSG, max_tokens=4, temperature=0,
+              extra_body={"chat_template_kwargs": {"enable_thinking": True}, "logprobs": True})
+    full = client.chat.completions.create(**kw)
+    ids = [e["id"] if isinstance(e, dict) else e.id for e in full.choices[0].logprobs.content]
+    reasoning = (full.choices[0].message.model_extra or {}).get("reasoning") or ""
+    # the primer left <think> open: output up to a </think> is reasoning, not content
+    if "</think>" not in reasoning and 0 < len(ids):
+        assert not full.choices[0].message.content or "</think>" in "".join(
+            str(i) for i in ids) or reasoning
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    streamed = "".join((ch.choices[0].delta.model_extra or {}).get("reasoning") or ""
+                       for ch in chunks)
+    assert streamed == reasoning
+
+
+def test_tools_request_served(client):
+    r = client.chat.completions.create(model="m", messages=MSG, tools=TOOLS, max_tokens=4,
+                                       temperature=0)
+    assert r.choices[0].finish_reason in ("length", "stop", "tool_calls")
+
+
+def test_greedy_parity_with_mlx_lm(client, srv, ckpt):
+    r = client.chat.completions.create(model="m", messages=MSG, max_tokens=6, temperature=0,
+                                       extra_body={"logprobs": True})
+    ours = [e["id"] if isinstance(e, dict) else e.id for e in r.choices[0].logprobs.content]
+    model, tok = mlx_load(str(ckpt))
+    text = tok.apply_chat_template(MSG, add_generation_prompt=True, tokenize=False,
+                                   enable_thinking=False)
+    prompt = tok.encode(text, add_special_tokens=False)
+    assert prompt == render(srv)[1].prompt_tokens
+    theirs = []
+    for t, _ in generate_step(mx.array(prompt), model, max_tokens=6):
+        theirs.append(t)
+        if t in tok.eos_token_ids:
+            break
+    assert ours == theirs[: len(ours)] and len(ours) == len(theirs)
