@@ -26,9 +26,9 @@ def check_reasoning_effort(effort) -> Optional[str]:
 def thinking_switch(template_kwargs: dict, reasoning_effort, default: Optional[bool]) -> Optional[bool]:
     """Whether thinking is on: an explicit ``enable_thinking`` wins, then
     ``reasoning_effort`` ("none" → off, any other level → on), then the family default."""
+    effort = check_reasoning_effort(reasoning_effort)  # a bad level is a 400 even when overridden
     if "enable_thinking" in template_kwargs:
         return bool(template_kwargs["enable_thinking"])
-    effort = check_reasoning_effort(reasoning_effort)
     if effort is not None:
         return effort != "none"
     return default

@@ -49,7 +49,8 @@ def finish(model: LoadedModel) -> LoadedModel:
     """Fill what every model gets regardless of family."""
     gen = read_json(model.path / "generation_config.json")
     defaults = {k: gen[k] for k in GEN_DEFAULT_KEYS if gen.get(k) is not None}
-    model.generation_defaults = {**defaults, **model.generation_defaults}
+    # the checkpoint author's generation_config.json wins over a plugin's family defaults
+    model.generation_defaults = {**model.generation_defaults, **defaults}
     if model.context_window is None:
         cfg = model.config.get("text_config", model.config)
         model.context_window = cfg.get("max_position_embeddings") or model.config.get(

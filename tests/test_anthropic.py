@@ -23,7 +23,7 @@ USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def server():
-    with scripted_server("Hello there!", name="scripted-anthropic", seed=4243) as (srv, plugin):
+    with scripted_server("Hello there!", name="scripted-anthropic") as (srv, plugin):
         yield srv, plugin
 
 

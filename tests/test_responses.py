@@ -24,7 +24,7 @@ CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool
 
 @pytest.fixture(scope="module")
 def server():
-    with scripted_server("Hello there!", name="scripted-responses", seed=4244) as (srv, plugin):
+    with scripted_server("Hello there!", name="scripted-responses") as (srv, plugin):
         yield srv, plugin
 
 

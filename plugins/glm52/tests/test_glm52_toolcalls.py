@@ -68,3 +68,14 @@ def test_garbage_is_content(text):
 def test_dialect_direct():
     (tc,) = GlmDialect().parse("<tool_call>run" + kv("n", "9") + "</tool_call>", TOOLS)
     assert tc.name == "run" and tc.arguments == '{"n": 9}'
+
+
+@pytest.mark.parametrize("inner", [
+    "run\n" + kv("cmd", "ls -la") + kv("n", "3") + kv("flags", '["-a", "-l"]') + kv("dry", "false"),
+    "run<arg_key>zip</arg_key><arg_value>007</arg_value><arg_key>n</arg_key><arg_value>12</arg_value>",
+])
+def test_agrees_with_mlx_lm_glm47_parser(inner):
+    from mlx_lm.tool_parsers.glm47 import parse_tool_call
+
+    want = parse_tool_call(inner, TOOLS)
+    assert ev(f"<tool_call>{inner}</tool_call>") == [("tool_call", want["name"], want["arguments"])]

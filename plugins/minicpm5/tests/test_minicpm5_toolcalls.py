@@ -94,3 +94,16 @@ def test_long_cdata_body_is_linear():
     for i in range(0, len(text), 4):
         ev += p.feed(text[i:i + 4])
     assert ev[-1][0] == "tool_call" and time.time() - t0 < 5
+
+
+@pytest.mark.parametrize("markup", [
+    '<function name="write"><param name="path">a.txt</param><param name="n">3</param>'
+    '<param name="tags">["a", "b"]</param><param name="force">true</param></function>',
+    '<function name="write"><param name="zip">007</param>'
+    '<param name="body"><![CDATA[x < y && z\n]]></param></function>',
+])
+def test_agrees_with_mlx_lm_minicpm5_parser(markup):
+    from mlx_lm.tool_parsers.minicpm5 import parse_tool_call
+
+    want = parse_tool_call(markup, TOOLS)
+    assert ev(markup) == [("tool_call", want["name"], want["arguments"])]

@@ -1,0 +1,254 @@
+"""mlxbun-minicpm5 end to end: claim, chat template behaviour, served chat, greedy parity.
+
+A tiny random MiniCPM5 checkpoint (``model_type: llama``, MiniCPM5's special tokens)
+behind a real HTTP server, driven by the openai SDK. Random weights: only structure and
+parity are asserted, never text.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import httpx
+import mlx.core as mx
+import openai
+import pytest
+from mlx_lm import load as mlx_load
+from mlx_lm.generate import generate_step
+
+import mlxbun_minicpm5
+from mlxbun_core import loader, plugins
+from mlxbun_core.model import LoadOptions
+from mlxbun_core.testing.checkpoints import tiny_checkpoint, write_checkpoint
+from mlxbun_core.testing.families import family_config
+from mlxbun_core.testing.tokenizer import CHATML_TEMPLATE
+
+MSG = [{"role": "user", "content": "What is the capital of France?"}]
+TOOLS = [{"type": "function", "function": {
+    "name": "write_file", "description": "Write a file",
+    "parameters": {"type": "object", "properties": {
+        "path": {"type": "string"}, "content": {"type": "string"},
+        "mode": {"type": "integer"}, "tags": {"type": "array"}}, "required": ["path"]}}}]
+CALL = {"id": "call_1", "type": "function", "function": {
+    "name": "write_file", "arguments": json.dumps({
+        "path": "a.txt", "content": "if a < b && c:\n  x = ']]>'\n", "mode": 420,
+        "tags": ["x", 1]})}}
+PRIMER_OFF = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+@pytest.fixture(scope="module")
+def ckpt():
+    return tiny_checkpoint("minicpm5", seed=7, chat_template=mlxbun_minicpm5.fallback_template())
+
+
+@pytest.fixture(scope="module")
+def srv(ckpt):
+    from mlxbun_core.testing.server import start_server
+
+    s = start_server(ckpt)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    return openai.OpenAI(base_url=srv.v1, api_key="unused", max_retries=0)
+
+
+def render(srv, messages=MSG, **body):
+    """The prompt the engine would run for a chat body (normalization included)."""
+    req = srv.engine.prepare_chat({"messages": messages, **body}).request
+    return srv.engine.model.tokenizer.decode(req.prompt_tokens), req
+
+
+def ids_of(choice):
+    return [e["id"] if isinstance(e, dict) else e.id for e in choice.logprobs.content]
+
+
+# ---------------------------------------------------------------- claim
+
+def test_models_row_names_family_and_plugin(srv):
+    row = httpx.get(srv.v1 + "/models", timeout=30).json()["data"][0]
+    assert row["family"] == "minicpm5" and row["plugin"] == "minicpm5" and row["reasoning"] is True
+    assert srv.engine.model.config["model_type"] == "llama"
+
+
+def _config_dir(tmp_path, name, template):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    return d
+
+
+def test_claim_signals(tmp_path):
+    cfg = family_config("minicpm5")
+    tpl = mlxbun_minicpm5.fallback_template()
+    # the template's tool-call markup alone is enough, under any name
+    assert mlxbun_minicpm5.claims(_config_dir(tmp_path, "a", tpl), cfg)
+    assert mlxbun_minicpm5.claims(_config_dir(tmp_path, "b", [{"name": "default",
+                                                               "template": tpl}]), cfg)
+    # a MiniCPM5 name (model id or directory) is enough, whatever the template
+    plain = _config_dir(tmp_path, "c", CHATML_TEMPLATE)
+    assert not mlxbun_minicpm5.claims(plain, cfg)
+    assert mlxbun_minicpm5.claims(plain, cfg, "openbmb/MiniCPM5-1B")
+    assert mlxbun_minicpm5.claims(plain, cfg, "mlx-community/minicpm-5-1b-4bit")
+    assert mlxbun_minicpm5.claims(_config_dir(tmp_path, "MiniCPM5-1B-OptiQ", ""), cfg)
+    # never a non-llama config, even with a MiniCPM name (older MiniCPMs are other archs)
+    assert not mlxbun_minicpm5.claims(plain, {"model_type": "minicpm"}, "MiniCPM5")
+    assert not mlxbun_minicpm5.claims(plain, family_config("llama"), "Llama-3.2-1B")
+
+
+def test_plain_llama_checkpoint_goes_to_generic(tmp_path):
+    p = write_checkpoint(tmp_path / "model", "minicpm5", seed=7)  # ChatML template, no name
+    assert loader.claim(p, LoadOptions(model_id="model")).family == "generic"
+
+
+def test_fallback_template_installed_when_checkpoint_has_none():
+    bare = tiny_checkpoint("minicpm5", seed=7, chat_template="")
+    m = loader.claim(bare, LoadOptions(model_id="MiniCPM5-1B"))
+    assert m.family == "minicpm5" and m.extras["fallback_template"] is True
+    assert m.tokenizer.chat_template == mlxbun_minicpm5.fallback_template()
+    p = plugins.hook().render_chat(model=m, messages=MSG, tools=None, template_kwargs={},
+                                   reasoning_effort=None)
+    assert p.text.endswith(PRIMER_OFF)
+
+
+def test_unregistered_falls_back_to_generic(ckpt):
+    info = dict(plugins.plugin_info["minicpm5"])
+    plugins.unregister("minicpm5")
+    try:
+        m = loader.claim(ckpt, LoadOptions(model_id="m"))
+        assert m.family == "generic" and m.plugin == "generic"
+    finally:
+        plugins.register(mlxbun_minicpm5, "minicpm5")
+        plugins.plugin_info["minicpm5"] = info
+    assert loader.claim(ckpt, LoadOptions(model_id="m")).family == "minicpm5"
+
+
+def test_cli_lists_plugin_and_honours_disable():
+    cmd = [sys.executable, "-m", "mlxbun_core.cli", "plugins"]
+    lines = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout.splitlines()
+    i = next(i for i, l in enumerate(lines) if l.startswith("minicpm5 "))
+    assert "entry point" in lines[i]
+    assert all(h in lines[i + 1] for h in ("load_model", "render_chat", "tool_call_parser"))
+    env = {**os.environ, "MLXBUN_DISABLE_PLUGINS": "minicpm5"}
+    off = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env).stdout
+    assert not any(l.startswith("minicpm5 ") for l in off.splitlines()) and "generic" in off
+
+
+# ---------------------------------------------------------------- template
+
+def test_default_is_direct_answer_mode(srv):
+    text, req = render(srv)
+    assert text == ("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n" + PRIMER_OFF)
+    assert req.in_reasoning is False and (req.think_start, req.think_end) == ("<think>", "</think>")
+
+
+def test_enable_thinking_drops_the_empty_think_block(srv):
+    text, req = render(srv, chat_template_kwargs={"enable_thinking": True})
+    assert text.endswith("<|im_end|>\n<|im_start|>assistant\n") and "<think>" not in text
+
+
+@pytest.mark.parametrize("effort,kwargs,on", [
+    ("none", {}, False), ("minimal", {}, True), ("low", {}, True), ("medium", {}, True),
+    ("high", {}, True), ("xhigh", {}, True),
+    ("high", {"enable_thinking": False}, False),  # explicit enable_thinking wins
+    ("none", {"enable_thinking": True}, True),
+])
+def test_reasoning_effort_maps_to_thinking(srv, effort, kwargs, on):
+    text, _ = render(srv, reasoning_effort=effort, chat_template_kwargs=kwargs)
+    assert text.endswith(PRIMER_OFF) is not on
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"enable_thinking": False}])
+def test_bad_reasoning_effort_is_400(client, kwargs):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="m", messages=MSG, max_tokens=1,
+                                       extra_body={"reasoning_effort": "extreme",
+                                                   "chat_template_kwargs": kwargs})
+    assert "reasoning_effort must be one of" in str(e.value)
+
+
+def test_tools_and_tool_history_render_natively(srv):
+    msgs = [{"role": "system", "content": "Be brief."}, *MSG,
+            {"role": "assistant", "content": None, "reasoning": "Save it first.",
+             "tool_calls": [CALL]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "saved"},
+            {"role": "tool", "tool_call_id": "call_2", "content": "ok"}]
+    text, _ = render(srv, msgs, tools=TOOLS)
+    assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n")
+    assert '"name": "write_file"' in text and '<function name="function-name">' in text
+    # the `reasoning` alias reaches the template as reasoning_content (a tool-loop turn)
+    assert ('<|im_start|>assistant\n<think>\nSave it first.\n</think>\n\n'
+            '<function name="write_file"><param name="path">a.txt</param>'
+            '<param name="content"><![CDATA[if a < b && c:\n  x = \']]]]><![CDATA[>\'\n]]>'
+            '</param><param name="mode">420</param><param name="tags">["x", 1]</param>'
+            '</function><|im_end|>\n') in text
+    assert text.endswith("<|im_start|>user\n<tool_response>\nsaved\n</tool_response>\n"
+                         "<tool_response>\nok\n</tool_response><|im_end|>\n" + PRIMER_OFF)
+
+
+def test_explicit_reasoning_content_beats_alias_and_old_turns_drop_it(srv):
+    msgs = [*MSG, {"role": "assistant", "content": "Paris.", "reasoning": "alias",
+                   "reasoning_content": ""}, {"role": "user", "content": "And Spain?"}]
+    text, _ = render(srv, msgs)
+    assert "<|im_start|>assistant\nParis.<|im_end|>\n" in text and "alias" not in text
+    msgs[1] = {"role": "assistant", "content": "Paris.", "reasoning": "kept?"}
+    assert "kept?" not in render(srv, msgs)[0]
+
+
+def test_rendered_tool_call_round_trips_through_the_parser(srv):
+    text, _ = render(srv, [*MSG, {"role": "assistant", "content": "", "tool_calls": [CALL, CALL]},
+                           {"role": "tool", "tool_call_id": "call_1", "content": "ok"}])
+    markup = text[text.index("<function name="):text.rindex("</function>") + len("</function>")]
+    parser = plugins.hook().tool_call_parser(model=srv.engine.model, tools=TOOLS)
+    assert isinstance(parser.dialect, mlxbun_minicpm5.MiniCPM5Dialect)
+    events = []
+    for i in range(0, len(markup), 7):  # streamed in small pieces
+        events += parser.feed(markup[i:i + 7])
+    events += parser.finish()
+    args = json.loads(CALL["function"]["arguments"])
+    assert [(c.name, json.loads(c.arguments)) for k, c in events if k == "tool_call"] == [
+        ("write_file", args), ("write_file", args)]
+    assert not "".join(x for k, x in events if k == "content").strip()
+
+
+# ---------------------------------------------------------------- served
+
+def test_chat_stream_and_not(client, srv):
+    kw = dict(model="m", messages=MSG, max_tokens=6, temperature=0)
+    full = client.chat.completions.create(**kw)
+    c = full.choices[0]
+    assert c.message.role == "assistant" and isinstance(c.message.content, str)
+    assert c.finish_reason in ("length", "stop") and full.usage.completion_tokens <= 6
+    assert full.model == srv.engine.model.id
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == c.message.content
+    assert chunks[-1].choices[0].finish_reason == c.finish_reason
+
+
+def test_tools_request_served(client):
+    r = client.chat.completions.create(model="m", messages=MSG, tools=TOOLS, max_tokens=4,
+                                       temperature=0, extra_body={"reasoning_effort": "high"})
+    assert r.choices[0].finish_reason in ("length", "stop", "tool_calls")
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_greedy_parity_with_mlx_lm(client, srv, ckpt, thinking):
+    r = client.chat.completions.create(
+        model="m", messages=MSG, max_tokens=8, temperature=0,
+        extra_body={"logprobs": True, "chat_template_kwargs": {"enable_thinking": thinking}})
+    ours = ids_of(r.choices[0])
+    model, tok = mlx_load(str(ckpt))
+    text = tok.apply_chat_template(MSG, add_generation_prompt=True, tokenize=False,
+                                   enable_thinking=thinking)
+    prompt = tok.encode(text, add_special_tokens=False)
+    assert prompt == render(srv, chat_template_kwargs={"enable_thinking": thinking})[1].prompt_tokens
+    theirs = []
+    for t, _ in generate_step(mx.array(prompt), model, max_tokens=8):
+        theirs.append(t)
+        if t in tok.eos_token_ids:
+            break
+    assert ours == theirs[: len(ours)] and len(ours) == len(theirs)
