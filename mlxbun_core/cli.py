@@ -72,7 +72,13 @@ def cmd_serve(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
     if args.grammar_backend:
-        os.environ["MLXBUN_GRAMMAR_BACKEND"] = args.grammar_backend
+        from .grammar import registry
+
+        try:
+            registry.select(args.grammar_backend)
+        except ValueError as exc:
+            print(f"mlxbun: {exc}", file=sys.stderr)
+            return 2
     defaults = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
     try:
         engine = Engine.load(args.model, LoadOptions(embedding=args.embedding),

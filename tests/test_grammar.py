@@ -343,3 +343,33 @@ def test_bounded_strings_are_strict_json(lm, reg, backend):
         return compiled.new_matcher().consume(tok.encode(text, add_special_tokens=False))
     assert ok('{"a":"x\\"y"}') and ok('{"a":"abcdef"}')
     assert not ok('{"a":"x\ty"}') and not ok('{"a":"abcdefg"}')
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_lane_per_row_matchers(lm, reg, backend):
+    """mlx-lm's BatchGenerator: one processor per row, rows of different prompt
+    lengths, EOS seen by the processor after completion must not be an error."""
+    from mlx_lm.generate import BatchGenerator
+
+    model, tok = lm
+    reg.select(backend)
+    mx.random.seed(0)
+    pattern = r"[A-Z][a-z]{1,6}-[0-9]{2,3}"
+    gen = BatchGenerator(model, max_tokens=40, sampler=make_sampler(temp=1.0),
+                         stop_tokens=[[e] for e in tok.eos_token_ids])
+    prompts = [tok.encode(p) for p in ("Hi", "Hello there friend", "A", "A longer prompt, ok")]
+    procs = [reg.plan_request(GrammarRequest("regex", pattern), tok).processor for _ in prompts]
+    uids = gen.insert(prompts, logits_processors=[[p] for p in procs])
+    outs, fin = {u: [] for u in uids}, {}
+    for _ in range(60):
+        for r in gen.next_generated():
+            if r.uid not in fin and r.token not in tok.eos_token_ids:
+                outs[r.uid].append(r.token)
+            if r.finish_reason:
+                fin[r.uid] = r.finish_reason
+        if len(fin) == len(uids):
+            break
+    gen.close()
+    assert fin == {u: "stop" for u in uids}
+    for u, p in zip(uids, procs):
+        assert re.fullmatch(pattern, tok.decode(outs[u])) and p.error is None

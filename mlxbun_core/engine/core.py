@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Optional
 
 from .. import plugins
+from ..grammar import registry as grammars
 from ..errors import APIError, BadRequest
 from ..model import LoadedModel
 from .sampling import SamplingParams, max_tokens_from, stop_sequences
@@ -56,7 +57,13 @@ class Engine:
     def sampling(self, body: dict) -> SamplingParams:
         return SamplingParams.from_body(body, self.defaults)
 
+    def _require_generative(self):
+        if self.model.kind != "generate":
+            raise BadRequest(f"model {self.model.id} is an embedding model: it serves "
+                             "POST /v1/embeddings only", param="model")
+
     def prepare_chat(self, body: dict) -> Prepared:
+        self._require_generative()
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequest("messages required", param="messages")
@@ -72,6 +79,9 @@ class Engine:
         if not isinstance(kwargs, dict):
             raise BadRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")
         msgs = [self._normalize_message(m) for m in messages]
+        plan = grammars.plan(body, self.model.tokenizer)
+        if plan.instruction:  # degrade path: ask in words for what we cannot enforce
+            msgs = self._with_instruction(msgs, plan.instruction)
         hook = plugins.hook()
         prompt = hook.render_chat(model=self.model, messages=msgs, tools=tools,
                                   template_kwargs=kwargs,
@@ -83,17 +93,35 @@ class Engine:
                                 max_tokens=limit, stop=stop, think_start=prompt.think_start,
                                 think_end=prompt.think_end, in_reasoning=prompt.in_reasoning,
                                 tool_parser=parser)
-        return Prepared(req)
+        return self._constrained(req, plan)
+
+    @staticmethod
+    def _constrained(req: GenerationRequest, plan) -> Prepared:
+        if plan.processor is not None:
+            req.sampling.extra_processors.append(plan.processor)  # last: after bias/penalties
+            req.grammar = plan.processor
+        return Prepared(req, warning=plan.warning)
+
+    @staticmethod
+    def _with_instruction(msgs: list, instruction: str) -> list:
+        """Templates often allow one leading system turn: extend it or add one."""
+        if msgs and msgs[0]["role"] in ("system", "developer") and isinstance(msgs[0].get("content"), str):
+            first = dict(msgs[0], content=(msgs[0]["content"] + "\n\n" + instruction).strip())
+            return [first] + msgs[1:]
+        return [{"role": "system", "content": instruction}] + msgs
 
     def prepare_completion(self, body: dict) -> Prepared:
+        self._require_generative()
         text = body.get("prompt")
         if not isinstance(text, str) or not text:
             raise BadRequest("prompt must be a non-empty string", param="prompt")
         sampling = self.sampling(body)
         limit = max_tokens_from(body, self.max_tokens)
         tokens = self.model.tokenizer.encode(text)
-        return Prepared(GenerationRequest(prompt_tokens=tokens, sampling=sampling,
-                                          max_tokens=limit, stop=stop_sequences(body)))
+        req = GenerationRequest(prompt_tokens=tokens, sampling=sampling, max_tokens=limit,
+                                stop=stop_sequences(body))
+        # no template to inject an instruction into: the degrade path is the Warning alone
+        return self._constrained(req, grammars.plan(body, self.model.tokenizer))
 
     def _normalize_message(self, m) -> dict:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):

@@ -26,6 +26,7 @@ class GenerationRequest:
     in_reasoning: bool = False
     tool_parser: Any = None  # StreamingToolParser or None
     input_embeddings: Any = None
+    grammar: Any = None  # a grammar processor (also in sampling.extra_processors); .done ends it
 
 
 @dataclass

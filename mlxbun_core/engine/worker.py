@@ -93,7 +93,10 @@ class GenerationJob(Job):
                 if self.cancelled.is_set():
                     self._post(sess.finish("cancelled"))
                     return
-                self._post(sess.step(token, logprobs))
+                events = sess.step(token, logprobs)
+                if sess.finished is None and req.grammar is not None and req.grammar.done:
+                    events += sess.finish("stop")  # only EOS could follow: skip that step
+                self._post(events)
                 if sess.finished is not None:
                     return
         finally:

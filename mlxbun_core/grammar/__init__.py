@@ -1,9 +1,13 @@
 """Structured output (grammar-constrained decoding).
 
-Server/engine entry points: ``registry.plan(body, tokenizer, prompt_len)`` ->
-:class:`GrammarPlan`; ``registry.select(name)`` for ``--grammar-backend``;
-``registry.stats()`` for /stats. Backends are plugins (hook
-``register_grammar_backends``); llguidance and xgrammar ship built in.
+Server/engine entry points: ``registry.plan(body, tokenizer, prompt_len=None)`` ->
+:class:`GrammarPlan` (raises BadRequest for ill-typed fields); ``registry.select(name)``
+for ``--grammar-backend``; ``registry.stats()`` for /stats. Backends are plugins
+(hook ``register_grammar_backends``); llguidance (default) and xgrammar ship built in.
+
+``guided_grammar`` dialects: both backends take GBNF-style EBNF (``root ::= ...``,
+llama.cpp / xgrammar syntax) and Lark (``start: ...``). Regex ``\\d``/``\\w`` are ASCII
+on both. json_object means "a JSON object" (OpenAI semantics) on both.
 """
 
 from .base import (CompiledGrammar, GrammarBackend, GrammarCompileError, GrammarPlan,

@@ -118,12 +118,13 @@ class GrammarProcessor:
             self.consumed += new
             if self.error is None and not self.stopped:
                 eos = self.compiled.eos_ids
-                cut = next((i + 1 for i, t in enumerate(ids) if t in eos), None)
-                if cut is not None:     # EOS ends the grammar; mlx-lm may look one step past it
-                    ids, self.stopped = ids[:cut], True
-                if not self.matcher.consume(ids):
+                cut = next((i for i, t in enumerate(ids) if t in eos), None)
+                if cut is not None:     # EOS ends it (only allowed where accepting): not fed,
+                    ids, self.stopped = ids[:cut], True  # mlx-lm may call once past it
+                if ids and not self.matcher.consume(ids):
                     self.error = self.matcher.error() or f"token(s) {ids} rejected by grammar"
-                    log.warning("grammar matcher failed, forcing EOS: %s", self.error)
+                    log.warning("grammar matcher failed, forcing EOS: %s",
+                                self.error.splitlines()[0][:300] if self.error else "")
         if self.error is None and not self.stopped:
             self.matcher.fill(self._view)
             self.done = not np.bitwise_and(self._view, self._not_eos).any()

@@ -6,6 +6,7 @@ import importlib
 import logging
 
 from blacksheep import Application, Request
+from blacksheep.server.routing import Router
 
 from .common import json_response
 
@@ -23,7 +24,7 @@ SURFACES = (
 
 
 def build_app(engine) -> Application:
-    app = Application()
+    app = Application(router=Router())  # not BlackSheep's process-wide default router
     app.stats_providers = {}  # name -> callable returning a JSON-able dict for /stats
     for modname in SURFACES:
         try:

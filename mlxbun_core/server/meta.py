@@ -5,6 +5,7 @@ from __future__ import annotations
 from blacksheep import Request
 
 from .. import __version__, plugins
+from ..grammar import registry as grammars
 from .common import json_response
 
 ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "POST /v1/messages",
@@ -60,6 +61,7 @@ def register(app, engine):
             "admission": {"max_safe_context": engine.model.context_window,
                           "enforced_context_tokens": engine.model.context_window,
                           "max_waiting": engine.worker.max_waiting},
+            "grammar": grammars.stats(),
             "plugins": [r["name"] for r in plugins.describe() if not r["error"]],
             **extra})
 

@@ -1,5 +1,6 @@
 """The Qwen3.5 family plugin: claim, template behaviour, served chat, greedy parity vs mlx-lm."""
 
+import asyncio
 import json
 import os
 import subprocess
@@ -14,6 +15,8 @@ from mlx_lm.generate import generate_step
 
 import mlxbun_qwen35
 from mlxbun_core import loader, plugins
+from mlxbun_core.engine.core import Engine
+from mlxbun_core.engine.reply import gather
 from mlxbun_core.errors import BadRequest
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
@@ -221,17 +224,21 @@ def test_greedy_parity_with_mlx_lm(client, ckpt, thinking):
     assert ours == theirs and len(ours) > 0
 
 
-def test_moe_served_greedy_parity():
+def test_moe_engine_greedy_parity():
+    """The MoE variant through the engine (no second HTTP server in this process)."""
     moe = tiny_checkpoint("qwen3_5_moe", seed=7, chat_template=fallback_template())
-    s = start_server(moe)
+    engine = Engine.load(str(moe), progress=False)
     try:
-        c = openai.OpenAI(base_url=s.v1, api_key="unused", max_retries=0)
-        r = c.chat.completions.create(model="m", messages=MSG, max_tokens=8, temperature=0,
-                                      extra_body={"logprobs": True})
-        assert httpx.get(s.v1 + "/models").json()["data"][0]["family"] == "qwen35"
+        assert engine.model.family == "qwen35"
+
+        async def run():
+            prepared = engine.prepare_chat({"messages": MSG, "max_tokens": 8,
+                                            "temperature": 0, "logprobs": True})
+            return gather([ev async for ev in engine.events(engine.start(prepared.request))])
+
+        ours = [e["id"] for e in asyncio.run(run()).finish.logprobs]
     finally:
-        s.stop()
-    ours = [e.model_extra["id"] for e in r.choices[0].logprobs.content]
+        engine.worker.close()
     model, tok = mlx_load(str(moe))
     text = tok.apply_chat_template(MSG, add_generation_prompt=True, tokenize=False)
     assert text.endswith(GEN_ON)

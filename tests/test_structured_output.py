@@ -1,0 +1,183 @@
+"""Structured output end to end: grammar fields on the OpenAI surfaces, both backends,
+the degrade path, and grammars forcing each family's tool-call markup through the sampler."""
+
+import importlib
+import json
+import re
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from mlxbun_core.grammar import registry
+from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.server import start_server
+
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 12},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3}},
+    "required": ["name", "age", "tags"], "additionalProperties": False}
+MSG = [{"role": "user", "content": "Describe a person."}]
+
+
+@pytest.fixture(scope="module")
+def srv():
+    s = start_server(tiny_checkpoint("qwen3", seed=5))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    return openai.OpenAI(base_url=srv.v1, api_key="x", max_retries=0)
+
+
+@pytest.fixture(params=["llguidance", "xgrammar"])
+def backend(request):
+    before = registry._selected
+    registry.select(request.param)
+    yield request.param
+    registry._selected = before
+
+
+def test_json_schema_chat_validates_stream_and_not(client, backend):
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True,
+                                                "any_whitespace": False}}
+    for seed in range(3):
+        r = client.chat.completions.create(model="m", messages=MSG, response_format=fmt, seed=seed,
+                                           temperature=1.0, max_tokens=200)
+        jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
+        assert r.choices[0].finish_reason == "stop"
+    chunks = list(client.chat.completions.create(model="m", messages=MSG, response_format=fmt, seed=9,
+                                                 temperature=1.0, max_tokens=200, stream=True))
+    jsonschema.validate(json.loads("".join(c.choices[0].delta.content or "" for c in chunks)), SCHEMA)
+
+
+def test_json_object_and_structured_outputs(client, backend):
+    """Unbounded grammars (free whitespace, free strings) on random weights may not close
+    within max_tokens; every reply that finished must validate, and most must finish."""
+    cases = [({"response_format": {"type": "json_object"}}, lambda v: isinstance(v, dict)),
+             ({"extra_body": {"structured_outputs": SCHEMA}}, lambda v: jsonschema.validate(v, SCHEMA) or True)]
+    for kw, valid in cases:
+        finished = 0
+        for seed in range(4):
+            r = client.chat.completions.create(model="m", messages=MSG, temperature=1.0, seed=seed,
+                                               max_tokens=300, **kw)
+            if r.choices[0].finish_reason == "stop":
+                finished += 1
+                assert valid(json.loads(r.choices[0].message.content))
+        assert finished >= 2, kw
+
+
+def test_regex_choice_and_ebnf_on_completions(client, backend):
+    for seed in range(3):
+        r = client.completions.create(model="m", prompt="Phone:", temperature=1.0, seed=seed, max_tokens=30,
+                                      extra_body={"guided_regex": r"\d{3}-\d{4}"})
+        assert re.fullmatch(r"\d{3}-\d{4}", r.choices[0].text)
+        r = client.completions.create(model="m", prompt="Pick:", temperature=1.0, seed=seed, max_tokens=30,
+                                      extra_body={"guided_choice": ["red", "green", "blue"]})
+        assert r.choices[0].text in ("red", "green", "blue")
+        r = client.completions.create(model="m", prompt="Sum:", temperature=1.0, seed=seed, max_tokens=40,
+                                      extra_body={"guided_grammar": 'root ::= num ("+" num){0,3}\nnum ::= [1-9] [0-9]{0,2}'})
+        assert re.fullmatch(r"[1-9][0-9]{0,2}(\+[1-9][0-9]{0,2}){0,3}", r.choices[0].text)
+
+
+def test_precedence_guided_grammar_beats_response_format(client):
+    r = client.chat.completions.create(model="m", messages=MSG, temperature=1.0, seed=1, max_tokens=20,
+                                       response_format={"type": "json_object"},
+                                       extra_body={"guided_grammar": 'root ::= "yes" | "no"'})
+    assert r.choices[0].message.content in ("yes", "no")
+
+
+def test_text_format_means_no_constraint(srv):
+    r = httpx.post(srv.v1 + "/chat/completions", timeout=60, json={
+        "messages": MSG, "max_tokens": 3, "response_format": {"type": "text"}})
+    assert r.status_code == 200 and "warning" not in r.headers
+
+
+def test_uncompilable_grammar_degrades_with_warning(srv):
+    r = httpx.post(srv.v1 + "/chat/completions", timeout=60, json={
+        "messages": MSG, "max_tokens": 3, "guided_grammar": "root ::= ((("})
+    assert r.status_code == 200
+    assert r.headers["warning"].startswith("grammar not enforced")
+    r = httpx.post(srv.v1 + "/completions", timeout=60, json={
+        "prompt": "x", "max_tokens": 3, "guided_regex": "(unclosed"})
+    assert r.status_code == 200 and r.headers["warning"].startswith("grammar not enforced")
+
+
+def test_grammar_disabled_by_env(srv, monkeypatch):
+    monkeypatch.setenv("MLXBUN_GRAMMAR", "0")
+    r = httpx.post(srv.v1 + "/chat/completions", timeout=60, json={
+        "messages": MSG, "max_tokens": 3, "guided_choice": ["a", "b"]})
+    assert r.status_code == 200
+    assert "grammar compilation disabled by MLXBUN_GRAMMAR=0" in r.headers["warning"]
+
+
+@pytest.mark.parametrize("body", [
+    {"response_format": "json"},
+    {"response_format": {"type": "xml"}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+    {"guided_choice": []},
+    {"guided_regex": 5},
+])
+def test_ill_typed_grammar_fields_are_400(srv, body):
+    r = httpx.post(srv.v1 + "/chat/completions", timeout=60, json={"messages": MSG, **body})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_stats_report_backend_and_cache(srv, client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}
+    for _ in range(2):
+        client.chat.completions.create(model="m", messages=MSG, response_format=fmt, max_tokens=5)
+    g = httpx.get(srv.base_url + "/stats").json()["grammar"]
+    assert g["backend"] in g["available"] and g["compile_cache"]["hits"] >= 1
+
+
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"]}}}]
+
+# family: (plugin module, checkpoint model_type, a regex for one call in the family's own markup)
+FAMILY_MARKUP = {
+    "qwen35": ("mlxbun_qwen35", "qwen3_5",
+               r"<tool_call>\n<function=get_weather>\n<parameter=city>\n[A-Z][a-z]{2,8}\n</parameter>\n"
+               r"<parameter=days>\n[1-9]\n</parameter>\n</function>\n</tool_call>"),
+    "glm52": ("mlxbun_glm52", "glm_moe_dsa",
+              r"<tool_call>get_weather<arg_key>city</arg_key><arg_value>[A-Z][a-z]{2,8}</arg_value>"
+              r"<arg_key>days</arg_key><arg_value>[1-9]</arg_value></tool_call>"),
+    "minicpm5": ("mlxbun_minicpm5", "minicpm5",
+                 r'<function name="get_weather"><param name="city">[A-Z][a-z]{2,8}</param>'
+                 r'<param name="days">[1-9]</param></function>'),
+    "gemma4": ("mlxbun_gemma4", "gemma4_text",
+               r'<\|tool_call>call:get_weather\{city:<\|"\|>[A-Z][a-z]{2,8}<\|"\|>,days:[1-9]\}<tool_call\|>'),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_MARKUP))
+def test_grammar_forces_family_tool_markup_into_tool_calls(family, backend):
+    module, model_type, markup = FAMILY_MARKUP[family]
+    plugin = importlib.import_module(module)
+    ckpt = tiny_checkpoint(model_type, chat_template=plugin.fallback_template())
+    s = start_server(ckpt)
+    try:
+        assert s.engine.model.family == family
+        client = openai.OpenAI(base_url=s.v1, api_key="x", max_retries=0)
+        kw = dict(model="m", messages=[{"role": "user", "content": "Weather in Paris for 3 days?"}],
+                  tools=WEATHER, temperature=1.0, seed=4, max_tokens=80,
+                  extra_body={"guided_regex": markup, "chat_template_kwargs": {"enable_thinking": False}})
+        r = client.chat.completions.create(**kw)
+        msg = r.choices[0].message
+        assert r.choices[0].finish_reason == "tool_calls" and msg.content is None
+        call = msg.tool_calls[0]
+        args = json.loads(call.function.arguments)
+        assert call.function.name == "get_weather" and call.id.startswith("call_")
+        assert re.fullmatch(r"[A-Z][a-z]{2,8}", args["city"]) and args["days"] in range(1, 10)
+        chunks = list(client.chat.completions.create(stream=True, **kw))
+        deltas = [c.choices[0].delta.tool_calls for c in chunks if c.choices[0].delta.tool_calls]
+        assert deltas[0][0].function.name == "get_weather"
+        assert json.loads(deltas[0][0].function.arguments) == args
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    finally:
+        s.stop()
