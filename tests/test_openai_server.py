@@ -274,3 +274,15 @@ def test_generation_config_defaults_apply_and_requests_win(tmp_path):
         assert s.engine.sampling({}).temperature == 0.6
     finally:
         s.stop()
+
+
+def test_queue_full_is_429(srv):
+    worker = srv.engine.worker
+    saved, worker.max_waiting = worker.max_waiting, 0
+    try:
+        r = post(srv, "/v1/chat/completions", {"messages": MSG, "max_tokens": 2})
+    finally:
+        worker.max_waiting = saved
+    assert r.status_code == 429
+    assert r.json()["error"]["type"] == "resource_admission" and r.json()["error"]["code"] == "queue_full"
+    assert post(srv, "/v1/chat/completions", {"messages": MSG, "max_tokens": 2}).status_code == 200

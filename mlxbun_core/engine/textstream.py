@@ -56,7 +56,7 @@ class ReasoningSplitter:
         self.inside = in_reasoning
         self.pending = ""
         self.seen_any = in_reasoning
-        self._lstrip = False  # drop the newlines a model puts after </think>
+        self._lstrip = False  # drop the newlines a model puts right after a marker
 
     def feed(self, text: str) -> list[tuple[str, str]]:
         if not self.start:
@@ -71,7 +71,7 @@ class ReasoningSplitter:
                 buf = buf[pos + len(marker):]
                 self.inside = not self.inside
                 self.seen_any = True
-                self._lstrip = not self.inside
+                self._lstrip = True  # a model's newline right after either marker is framing
                 continue
             keep = _held_suffix(buf, [marker])
             self._emit(out, buf[: len(buf) - keep])
@@ -81,7 +81,7 @@ class ReasoningSplitter:
         return out
 
     def _emit(self, out, text):
-        if text and self._lstrip and not self.inside:
+        if text and self._lstrip:
             text = text.lstrip("\n")
             self._lstrip = not text
         if text:

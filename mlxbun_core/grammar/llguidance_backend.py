@@ -3,14 +3,17 @@ no torch. ``guided_grammar`` takes Lark syntax (``start: ...``) or llama.cpp GBN
 (``root ::= ...``, converted with llguidance's own ``gbnf_to_lark``); regex is the
 Rust ``regex`` syntax (``\\d``, ``.``, classes, repetition ``{m,n}`` all work;
 ``\\d``/``\\w`` are made ASCII to match xgrammar).
+
+Added tokens: see :mod:`.llg_special` - non-special added tokens (``<tool_call>`` on
+Qwen/GLM) are text tokens; a special token's text spelled in a regex / choice / Lark
+grammar is that single token (Gemma's ``<|tool_call>``); mask and consume always agree.
 """
 
 from __future__ import annotations
 
-import json
-
 from ..hookspecs import hookimpl
 from .base import CompiledGrammar, GrammarBackend, GrammarCompileError, eos_ids, hf_tokenizer
+from .llg_special import SpecialRewriter, build_tokenizer
 from .request import GrammarRequest
 
 NAME = "llguidance"
@@ -32,26 +35,23 @@ class _Matcher:
         return self.m.get_error() if self.m.is_error() else None
 
 
-def _lark_literal(s: str) -> str:
-    return json.dumps(s, ensure_ascii=False)
-
-
 class LLGuidanceBackend(GrammarBackend):
     name = NAME
 
     def __init__(self, tokenizer):
-        import llguidance.hf
-
         hf = hf_tokenizer(tokenizer)
         self.eos = tuple(eos_ids(tokenizer))
         self.vocab_size = len(hf)
-        self.tok = llguidance.hf.from_tokenizer(hf, n_vocab=self.vocab_size,
-                                                eos_token=list(self.eos) or None)
+        self.tok, specials = build_tokenizer(hf, self.vocab_size, list(self.eos))
+        self.rewriter = SpecialRewriter(specials)
 
-    def grammar(self, req: GrammarRequest) -> str:
-        """llguidance's serialized grammar for ``req``."""
+    def grammar(self, req: GrammarRequest, special: bool = True) -> str:
+        """llguidance's serialized grammar for ``req``; ``special``: spell special
+        tokens' text in regex / choice / Lark as the tokens themselves."""
         from llguidance import LLMatcher, regex_to_lark
         from llguidance.gbnf_to_lark import any_to_lark
+
+        rw = self.rewriter if special else SpecialRewriter({})
 
         if req.kind in ("json_schema", "json_object"):
             schema = req.value if req.kind == "json_schema" else {"type": "object"}
@@ -60,34 +60,49 @@ class LLGuidanceBackend(GrammarBackend):
             return LLMatcher.grammar_from_json_schema(schema, overrides=over)
         if req.kind == "regex":
             # ASCII \d and \w, as in xgrammar and JSON Schema (Rust's are Unicode).
+            expr = rw.regex(req.value, "dw")
+            if expr is not None:
+                return LLMatcher.grammar_from_lark("start: " + expr)
             return LLMatcher.grammar_from_regex(regex_to_lark(req.value, "dw"))
         if req.kind == "choice":
-            return LLMatcher.grammar_from_lark(
-                "start: " + " | ".join(_lark_literal(c) for c in req.value))
+            return LLMatcher.grammar_from_lark("start: " + rw.choice(req.value))
         try:
             lark = any_to_lark(req.value)
         except Exception as exc:
             raise GrammarCompileError(f"cannot convert GBNF grammar to Lark: {exc}") from None
-        return LLMatcher.grammar_from_lark(lark)
+        return LLMatcher.grammar_from_lark(rw.lark(lark) or lark)
 
     def compile(self, req: GrammarRequest) -> CompiledGrammar:
         from llguidance import LLMatcher
 
-        try:
-            g = self.grammar(req)
-        except GrammarCompileError:
-            raise
-        except Exception as exc:
-            raise GrammarCompileError(f"{type(exc).__name__}: {exc}") from None
-        is_err, msgs = LLMatcher.validate_grammar_with_warnings(g, self.tok)
-        if is_err:
-            raise GrammarCompileError(msgs[0] if msgs else "invalid grammar")
+        g = self._validated(req, special=True)
+        if isinstance(g, GrammarCompileError) and self.rewriter:
+            # The special-token rewrite is an improvement, never a requirement: without
+            # it special tokens' text is spelled in text tokens (still consistent).
+            g = self._validated(req, special=False)
+        if isinstance(g, GrammarCompileError):
+            raise g
         tok = self.tok
 
         def new_matcher():
             return _Matcher(LLMatcher(tok, g, log_level=0))
 
         return CompiledGrammar(NAME, req, self.vocab_size, self.eos, new_matcher)
+
+    def _validated(self, req: GrammarRequest, special: bool):
+        """The grammar for ``req``, or the GrammarCompileError saying why not."""
+        from llguidance import LLMatcher
+
+        try:
+            g = self.grammar(req, special)
+        except GrammarCompileError as exc:
+            return exc
+        except Exception as exc:
+            return GrammarCompileError(f"{type(exc).__name__}: {exc}")
+        is_err, msgs = LLMatcher.validate_grammar_with_warnings(g, self.tok)
+        if is_err:
+            return GrammarCompileError(msgs[0] if msgs else "invalid grammar")
+        return g
 
 
 @hookimpl

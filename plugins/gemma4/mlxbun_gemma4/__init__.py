@@ -13,11 +13,9 @@ makes Gemma 4 different from the generic family:
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 
-from mlxbun_core.chat_template import (apply_template, check_reasoning_effort, opens_thinking,
-                                       thinking_switch)
+from mlxbun_core.chat_template import apply_template, opens_thinking, thinking_switch
 from mlxbun_core.hookspecs import hookimpl
 from mlxbun_core.model import LoadedModel
 from mlxbun_core.toolcalls import StreamingToolParser
@@ -30,7 +28,8 @@ FAMILY = "gemma4"
 MODEL_TYPES = ("gemma4", "gemma4_text")
 ARCHITECTURES = ("Gemma4ForConditionalGeneration", "Gemma4ForCausalLM")
 THINK_START, THINK_END = "<|channel>thought", "<channel|>"
-# Google's recommended sampling for Gemma 4; generation_config.json values win.
+# Google's recommended sampling for Gemma 4; the checkpoint's generation_config.json wins
+# (the loader merges it over these).
 SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 0.95, "top_k": 64}
 # Published Gemma 4 checkpoints stop on these (generation_config eos_token_id).
 STOP_TOKENS = ("<eos>", "<turn|>", "<|tool_response>")
@@ -43,13 +42,6 @@ def fallback_template() -> str:
 def claims(config: dict) -> bool:
     archs = config.get("architectures") or []
     return config.get("model_type") in MODEL_TYPES or any(a in ARCHITECTURES for a in archs)
-
-
-def _read_json(path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return {}
 
 
 @hookimpl
@@ -65,11 +57,9 @@ def load_model(path, config, options):
     for tok in STOP_TOKENS:
         if tok in vocab:
             tokenizer.add_eos_token(tok)
-    gen = _read_json(path / "generation_config.json")
-    defaults = {k: v for k, v in SAMPLING_DEFAULTS.items() if gen.get(k) is None}
     return LoadedModel(id=options.model_id, path=path, config=config, model=model,
                        tokenizer=tokenizer, family=FAMILY, reasoning=True,
-                       generation_defaults=defaults)
+                       generation_defaults=dict(SAMPLING_DEFAULTS))
 
 
 def _canonical(m: dict) -> dict:
@@ -85,7 +75,6 @@ def _canonical(m: dict) -> dict:
 def render_chat(model, messages, tools, template_kwargs, reasoning_effort):
     if model.family != FAMILY:
         return None
-    check_reasoning_effort(reasoning_effort)  # a bad level is a 400 even when enable_thinking is set
     kwargs = dict(template_kwargs)
     kwargs["enable_thinking"] = bool(thinking_switch(kwargs, reasoning_effort, False))
     prompt = apply_template(model, [_canonical(m) for m in messages], tools, kwargs)

@@ -59,7 +59,7 @@ def ckpt(model_type):
 
 @pytest.fixture(scope="module", params=list(CKPTS))
 def srv(request):
-    """One server at a time: two live apps in one process share blacksheep's default router."""
+    """One server per checkpoint, one at a time."""
     _ensure_registered()
     s = start_server(ckpt(request.param))
     yield s
@@ -230,6 +230,7 @@ def test_models_row_names_family_and_plugin(srv):
 
 
 def test_generic_claims_when_unregistered():
+    _ensure_registered()
     plugin, info = plugins.pm.get_plugin("gemma4"), dict(plugins.plugin_info.get("gemma4", {}))
     plugins.unregister("gemma4")
     try:

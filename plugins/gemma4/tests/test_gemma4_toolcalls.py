@@ -76,3 +76,35 @@ def test_garbage_is_content(text):
 def test_dialect_direct():
     (tc,) = Gemma4Dialect().parse(f"<|tool_call>call:get_weather{{days:{Q}2{Q}}}<tool_call|>", TOOLS)
     assert tc.arguments == '{"days": 2}'
+
+
+# -- real markup samples, cross-checked against mlx-lm's own Gemma 4 parser ------------
+
+REAL = [
+    f"<|tool_call>call:get_weather{{city:{Q}San Francisco, CA{Q},days:7}}<tool_call|>",
+    f"<|tool_call>call:search{{filters:{{lang:[{Q}en{Q},{Q}fr{Q}],safe:true}},query:{Q}a <b> {{c}}{Q}}}<tool_call|>",
+    f"<|tool_call>call:write_file{{content:{Q}line 1\n  line 2\n{Q},path:{Q}/tmp/x.py{Q}}}<tool_call|>",
+    f"<|tool_call>call:get-time{{}}<tool_call|>",
+]
+
+
+@pytest.mark.parametrize("text", REAL)
+def test_matches_mlx_lm_parser(text):
+    from mlx_lm.tool_parsers import gemma4 as ref
+
+    want = ref.parse_tool_call(text[len(ref.tool_call_start):-len(ref.tool_call_end)])
+    (got,) = [e for e in ev(text, None) if e[0] == "tool_call"]
+    assert (got[1], got[2]) == (want["name"], want["arguments"])
+
+
+def test_content_around_calls_and_handover_token():
+    # as generated after a thought channel: prose, two calls, then the turn is handed over
+    text = (f"I'll check both.<|tool_call>call:get_weather{{city:{Q}A{Q}}}<tool_call|>"
+            f"<|tool_call>call:get_weather{{city:{Q}B{Q}}}<tool_call|>")
+    assert ev(text) == [("content", "I'll check both."), ("tool_call", "get_weather", {"city": "A"}),
+                        ("tool_call", "get_weather", {"city": "B"})]
+
+
+def test_lookalike_text_is_content():
+    text = "Use call:get_weather{city:x} in prose, or <|tool without a call."
+    assert ev(text) == [("content", text)]

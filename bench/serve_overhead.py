@@ -1,0 +1,136 @@
+"""What the server costs on top of mlx-lm: decode tok/s and time to first token, side by side.
+
+For one checkpoint, in one process and one run:
+  1. mlx-lm alone: ``generate_step`` greedy, N tokens (the floor we are measured against);
+  2. mlxbun over real HTTP: a streaming /v1/completions request, N tokens, same prompt;
+  3. mlxbun with a JSON-schema grammar (llguidance) on /v1/chat/completions.
+Reports tok/s, TTFT and the ratio to (1). Configs alternate for ``--rounds`` rounds so
+background load hits all alike; the median is reported.
+
+    python bench/serve_overhead.py                      # tiny llama (CPU smoke run)
+    python bench/serve_overhead.py --shape 1b --dtype bfloat16 --tokens 256 --out results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import httpx
+import mlx.core as mx
+
+SHAPES = {  # llama-style shapes; the vocab stays small (a test tokenizer), the body is real size
+    "tiny": {},
+    "1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64},
+    "8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128},
+}
+SCHEMA = {"type": "array", "items": {"type": "object", "additionalProperties": False,
+                                     "required": ["name", "n"],
+                                     "properties": {"name": {"type": "string", "maxLength": 12},
+                                                    "n": {"type": "integer"}}}}
+PROMPT = "Once upon a time, in a city by the sea, there lived"
+
+
+def mlx_lm_direct(model, tok, n):
+    from mlx_lm.generate import generate_step
+
+    prompt = mx.array(tok.encode(PROMPT))
+    t0 = time.perf_counter()
+    first = None
+    count = 0
+    for _ in generate_step(prompt, model, max_tokens=n):
+        count += 1
+        if first is None:
+            first = time.perf_counter()
+    end = time.perf_counter()
+    return {"ttft_s": first - t0, "decode_tps": (count - 1) / (end - first), "tokens": count}
+
+
+CLIENT = httpx.Client(timeout=600)  # one keep-alive client, as a real application would hold
+
+
+def over_http(base, path, body, n):
+    t0 = time.perf_counter()
+    first = None
+    with CLIENT.stream("POST", base + path, json=body) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            obj = json.loads(line[6:])
+            ch = obj["choices"][0]
+            piece = ch.get("text") or (ch.get("delta") or {}).get("content")
+            if piece and first is None:
+                first = time.perf_counter()
+            if ch.get("finish_reason"):
+                usage = obj["usage"]
+    end = time.perf_counter()
+    n_tok = usage["completion_tokens"]
+    return {"ttft_s": first - t0, "decode_tps": (n_tok - 1) / (end - first), "tokens": n_tok}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
+    ap.add_argument("--dtype", default=None, help="weights dtype (default: float32 on CPU, bfloat16 on GPU)")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    from mlx_lm import load
+
+    from mlxbun_core.testing.checkpoints import tiny_checkpoint
+    from mlxbun_core.testing.server import start_server
+
+    dtype = args.dtype or ("float32" if mx.default_device() == mx.cpu else "bfloat16")
+    t = time.perf_counter()
+    ckpt = tiny_checkpoint("llama", config_overrides=SHAPES[args.shape], dtype=dtype)
+    build_s = time.perf_counter() - t
+    model, tok = load(str(ckpt))
+    eos_ban = {str(i): -1e9 for i in tok.eos_token_ids}  # fixed-length runs on random weights
+    srv = start_server(ckpt)
+    n = args.tokens
+    runs = {
+        "mlx_lm.generate_step": lambda: mlx_lm_direct(model, tok, n),
+        "mlxbun /v1/completions (stream)": lambda: over_http(srv.v1, "/completions", {
+            "prompt": PROMPT, "max_tokens": n, "temperature": 0, "stream": True,
+            "logit_bias": eos_ban}, n),
+        "mlxbun chat + json_schema grammar": lambda: over_http(srv.v1, "/chat/completions", {
+            "messages": [{"role": "user", "content": PROMPT}], "max_tokens": n, "temperature": 0,
+            "stream": True, "logit_bias": eos_ban,
+            "response_format": {"type": "json_schema", "json_schema": {
+                "name": "x", "schema": SCHEMA, "any_whitespace": False}}}, n),
+    }
+    results = {k: [] for k in runs}
+    for name, fn in runs.items():  # warm-up: compile kernels, grammar, caches
+        fn()
+    for _ in range(args.rounds):
+        for name, fn in runs.items():
+            results[name].append(fn())
+    srv.stop()
+    base = statistics.median(r["decode_tps"] for r in results["mlx_lm.generate_step"])
+    table = []
+    for name, rs in results.items():
+        tps = statistics.median(r["decode_tps"] for r in rs)
+        ttft = statistics.median(r["ttft_s"] for r in rs)
+        table.append({"config": name, "decode_tps": round(tps, 1), "ttft_ms": round(ttft * 1e3, 1),
+                      "ratio_vs_mlx_lm": round(tps / base, 3),
+                      "tokens": statistics.median(r["tokens"] for r in rs)})
+    meta = {"device": str(mx.default_device()), "shape": args.shape, "dtype": dtype,
+            "tokens": n, "rounds": args.rounds, "checkpoint_build_s": round(build_s, 1),
+            "mlx": mx.__version__}
+    print(json.dumps(meta))
+    print(f"{'config':38} {'tok/s':>9} {'TTFT ms':>9} {'ratio':>7}")
+    for row in table:
+        print(f"{row['config']:38} {row['decode_tps']:9.1f} {row['ttft_ms']:9.1f} {row['ratio_vs_mlx_lm']:7.3f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"meta": meta, "results": table}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,577 @@
+"""Added/special tokens on llguidance: a tokenizer whose mask and consume agree, and
+a grammar rewrite that lets a special token's text be produced by that token.
+
+Why: ``llguidance.hf.from_tokenizer`` marks every added token that is special *or*
+merely shaped like ``<...>`` as a special token (0xFF-prefixed in the token trie, so
+it never matches grammar text), but forced-text tokenization goes through the HF
+tokenizer, which turns the text ``<tool_call>`` into that very added token. The mask
+then allows only a token the parser rejects (``forced bytes: got '<'; applying
+'\\xff'``). Fix, in two parts:
+
+* :func:`build_tokenizer` builds the LLTokenizer from a token list instead:
+  added tokens that HF does *not* flag special (Qwen's / GLM's ``<tool_call>``) are
+  ordinary text tokens (their bytes are their text), and HF-special ones stay special;
+  the tokenizer used for forced text (llguidance's own fixes: no Prepend normalizer,
+  Metaspace ``prepend_scheme`` never) has ``encode_special_tokens`` on, so it never
+  yields a special token for plain text. Mask and consume agree for every grammar.
+* :class:`SpecialRewriter` turns literal occurrences of a special token's text in a
+  regex / choice / Lark grammar into llguidance token references ``<[id]>``, so e.g.
+  Gemma's ``<|tool_call>`` is produced by its single token (and only by it) - what the
+  model emits natively, and what xgrammar allows. JSON Schema text is never rewritten:
+  a JSON string containing a special token's text is spelled in text tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from copy import copy
+from typing import Optional
+
+
+# ---------------------------------------------------------------- tokenizer
+
+def _fix_normalizer(n):
+    """llguidance's ByteTokenizer fix: drop Prepend normalizers (recursively)."""
+    if not isinstance(n, dict):
+        return n
+    if n.get("type") == "Prepend":
+        return None
+    if n.get("type") == "Sequence":
+        kept = [m for m in (_fix_normalizer(x) for x in n.get("normalizers", [])) if m is not None]
+        return dict(n, normalizers=kept) if kept else None
+    return n
+
+
+def _fix_pretokenizer(p):
+    """llguidance's ByteTokenizer fix: Metaspace never prepends a space."""
+    if not isinstance(p, dict):
+        return p
+    if p.get("type") == "Metaspace":
+        p = dict(p, prepend_scheme="never")
+        if "add_prefix_space" in p:
+            p["add_prefix_space"] = False
+        return p
+    if p.get("type") == "Sequence":
+        return dict(p, pretokenizers=[_fix_pretokenizer(x) for x in p.get("pretokenizers", [])])
+    return p
+
+
+class _TokenizerWrapper:
+    """What ``llguidance.LLTokenizer`` takes besides a tokenizer.json string."""
+
+    is_tokenizer_wrapper = True
+
+    def __init__(self, tokens, special_ids, eos, bos, encoder):
+        self.tokens = tokens
+        self.special_token_ids = special_ids
+        self.eos_token_id = eos
+        self.bos_token_id = bos
+        self._encoder = encoder
+
+    def __call__(self, s):
+        if isinstance(s, (bytes, bytearray)):
+            s = bytes(s).decode("utf-8", errors="replace")
+        return self._encoder.encode(s, add_special_tokens=False).ids
+
+
+def build_tokenizer(hf, n_vocab: int, eos: list[int]):
+    """``(LLTokenizer, specials)`` for an HF fast tokenizer; ``specials`` maps the text
+    of each special token (HF ``special: true``, not EOS) to its id."""
+    import llguidance.hf
+    from llguidance import LLTokenizer
+    from tokenizers import Tokenizer
+
+    # llguidance's own byte decoding of every token (byte-level, byte-fallback, ...).
+    base = llguidance.hf.from_tokenizer(hf, n_vocab=n_vocab, eos_token=eos or None)
+    bt = copy(hf.backend_tokenizer)
+    bt.no_padding()
+    bt.no_truncation()
+    spec = json.loads(bt.to_str())
+    spec["normalizer"] = _fix_normalizer(spec.get("normalizer"))
+    spec["pre_tokenizer"] = _fix_pretokenizer(spec.get("pre_tokenizer"))
+    encoder = Tokenizer.from_str(json.dumps(spec))
+    encoder.encode_special_tokens = True     # text never becomes a special token
+
+    tokens = [base.decode_bytes([i]) for i in range(n_vocab)]
+    special_ids, specials = [], {}
+    for t in spec.get("added_tokens") or []:
+        i, content = t.get("id"), t.get("content") or ""
+        if not isinstance(i, int) or not 0 <= i < n_vocab:
+            continue
+        if t.get("special"):
+            special_ids.append(i)
+            if content and i not in eos:
+                specials.setdefault(content, i)
+        else:
+            tokens[i] = content.encode("utf-8")   # plain text, whatever its shape
+    eos_id = eos[0] if eos else base.eos_token
+    bos_id = getattr(hf, "bos_token_id", None)
+    wrapper = _TokenizerWrapper(tokens, special_ids, eos_id, bos_id, encoder)
+    return LLTokenizer(wrapper, n_vocab=n_vocab, eos_token=list(eos) or None), specials
+
+
+# ---------------------------------------------------------------- rewriting
+
+class _Unsupported(Exception):
+    pass
+
+
+_SIMPLE_ESC = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "a": "\a"}
+_QUANT = re.compile(r"\{(\d+)(,(\d*))?\}")
+_HEX = re.compile(r"[0-9A-Fa-f]+")
+
+
+class _RegexParser:
+    """Just enough of Rust ``regex`` syntax to find literal text: items are
+    ``(kind, data, start, end)`` with kind lit (data: the char), other, or group
+    (data: list of branches); ``end`` includes the item's quantifier, kept in quant."""
+
+    def __init__(self, p: str):
+        self.p = p
+        self.i = 0
+
+    def parse(self):
+        alt = self._alt(0)
+        if self.i != len(self.p):
+            raise _Unsupported("unbalanced ')'")
+        return alt
+
+    def _alt(self, depth):
+        p = self.p
+        branches, seq = [], []
+        while self.i < len(p):
+            c = p[self.i]
+            if c == "|":
+                branches.append(seq)
+                seq = []
+                self.i += 1
+                continue
+            if c == ")":
+                if depth == 0:
+                    raise _Unsupported("unbalanced ')'")
+                break
+            start = self.i
+            if c == "(":
+                if p.startswith("(?:", self.i):
+                    self.i += 3
+                elif p.startswith("(?P<", self.i) or (p.startswith("(?<", self.i)
+                                                      and not p.startswith("(?<=", self.i)
+                                                      and not p.startswith("(?<!", self.i)):
+                    j = p.find(">", self.i)
+                    if j < 0:
+                        raise _Unsupported("bad group name")
+                    self.i = j + 1
+                elif p.startswith("(?", self.i):
+                    raise _Unsupported("inline flags / lookaround")
+                else:
+                    self.i += 1
+                inner = self._alt(depth + 1)
+                if self.i >= len(p) or p[self.i] != ")":
+                    raise _Unsupported("unbalanced '('")
+                self.i += 1
+                item = ["group", inner, start]
+            elif c == "[":
+                self._class()
+                item = ["other", None, start]
+            elif c == "\\":
+                item = self._escape(start)
+            elif c in ".^$":
+                self.i += 1
+                item = ["other", None, start]
+            elif c in "*+?":
+                raise _Unsupported("dangling quantifier")
+            elif c == "{" and _QUANT.match(p, self.i):
+                raise _Unsupported("dangling quantifier")
+            else:
+                self.i += 1
+                item = ["lit", c, start]
+            quant = self._quant()
+            seq.append((item[0], item[1], item[2], self.i, quant))
+        branches.append(seq)
+        return branches
+
+    def _quant(self):
+        p, q = self.p, ""
+        while self.i < len(p):
+            c = p[self.i]
+            m = _QUANT.match(p, self.i) if c == "{" else None
+            if c in "*+?":
+                q += c
+                self.i += 1
+            elif m:
+                q += m.group(0)
+                self.i = m.end()
+            else:
+                break
+        return q
+
+    def _class(self):
+        p = self.p
+        self.i += 1
+        if self.i < len(p) and p[self.i] == "^":
+            self.i += 1
+        if self.i < len(p) and p[self.i] == "]":
+            self.i += 1
+        while self.i < len(p):
+            c = p[self.i]
+            if c == "\\":
+                self.i += 2
+            elif c == "[":
+                if p.startswith("[:", self.i):
+                    j = p.find(":]", self.i + 2)
+                    if j < 0:
+                        raise _Unsupported("bad class")
+                    self.i = j + 2
+                else:
+                    self._class()
+            elif c == "]":
+                self.i += 1
+                return
+            else:
+                self.i += 1
+        raise _Unsupported("unclosed class")
+
+    def _escape(self, start):
+        p = self.p
+        if self.i + 1 >= len(p):
+            raise _Unsupported("trailing backslash")
+        e = p[self.i + 1]
+        self.i += 2
+        if e in _SIMPLE_ESC:
+            return ["lit", _SIMPLE_ESC[e], start]
+        if e in "xuU":
+            if self.i < len(p) and p[self.i] == "{":
+                j = p.find("}", self.i)
+                digits = p[self.i + 1:j] if j > 0 else ""
+                if not _HEX.fullmatch(digits):
+                    raise _Unsupported("bad hex escape")
+                self.i = j + 1
+            else:
+                n = {"x": 2, "u": 4, "U": 8}[e]
+                digits = p[self.i:self.i + n]
+                if len(digits) != n or not _HEX.fullmatch(digits):
+                    raise _Unsupported("bad hex escape")
+                self.i += n
+            return ["lit", chr(int(digits, 16)), start]
+        if e in "pP":
+            if self.i < len(p) and p[self.i] == "{":
+                j = p.find("}", self.i)
+                if j < 0:
+                    raise _Unsupported("bad class name")
+                self.i = j + 1
+            else:
+                self.i += 1
+            return ["other", None, start]
+        if e.isalnum() or e == "_":       # \d \w \s \b \A \z ... (and unknowns)
+            return ["other", None, start]
+        return ["lit", e, start]          # escaped punctuation / space
+
+
+class SpecialRewriter:
+    """Rewrites grammar text so a special token's literal text is that token."""
+
+    def __init__(self, specials: dict[str, int]):
+        self.specials = {s: i for s, i in specials.items() if s}
+        self._pat = (re.compile("|".join(re.escape(s) for s in
+                                         sorted(self.specials, key=len, reverse=True)))
+                     if self.specials else None)
+
+    def __bool__(self):
+        return self._pat is not None
+
+    # -- helpers
+    def _split(self, text: str):
+        """[(str_or_None, token_id_or_None)] pieces; None if no occurrence."""
+        if self._pat is None:
+            return None
+        out, pos = [], 0
+        for m in self._pat.finditer(text):
+            if m.start() > pos:
+                out.append((text[pos:m.start()], None))
+            out.append((None, self.specials[m.group(0)]))
+            pos = m.end()
+        if not out:
+            return None
+        if pos < len(text):
+            out.append((text[pos:], None))
+        return out
+
+    def literal(self, text: str) -> Optional[str]:
+        """Lark expression for the literal ``text``, or None when it has no special."""
+        pieces = self._split(text)
+        if pieces is None:
+            return None
+        return "(" + " ".join(json.dumps(s, ensure_ascii=False) if s is not None else f"<[{t}]>"
+                              for s, t in pieces) + ")"
+
+    def choice(self, options: list[str]) -> str:
+        """Lark body for a choice between literal strings."""
+        return " | ".join(self.literal(o) or json.dumps(o, ensure_ascii=False) for o in options)
+
+    # -- regex
+    def regex(self, pattern: str, use_ascii: str = "dw") -> Optional[str]:
+        """Lark expression matching ``pattern`` with special texts as tokens, or None
+        (no occurrence, or syntax this rewriter does not follow: keep it as text)."""
+        if self._pat is None or not self._pat.search(_unescape_guess(pattern)):
+            return None
+        try:
+            alt = _RegexParser(pattern).parse()
+        except _Unsupported:
+            return None
+        from llguidance import regex_to_lark
+
+        def rx(src):
+            return "/" + regex_to_lark(src, use_ascii) + "/"
+
+        def emit_alt(branches):
+            outs = [emit_seq(b) for b in branches]
+            if not any(changed for _, changed in outs):
+                return None
+            return " | ".join(e for e, _ in outs)
+
+        def emit_seq(seq):
+            parts, pending, changed = [], [], False
+
+            def flush():
+                if pending:
+                    parts.append(rx("".join(pending)))
+                    pending.clear()
+
+            k = 0
+            while k < len(seq):
+                kind, data, start, end, quant = seq[k]
+                if kind == "lit" and not quant:
+                    run = []
+                    while k < len(seq) and seq[k][0] == "lit" and not seq[k][4]:
+                        run.append(seq[k])
+                        k += 1
+                    text = "".join(r[1] for r in run)
+                    matches = list(self._pat.finditer(text))
+                    pos = 0
+                    for m in matches:
+                        pending.extend(pattern[r[2]:r[3]] for r in run[pos:m.start()])
+                        flush()
+                        parts.append(f"<[{self.specials[m.group(0)]}]>")
+                        pos = m.end()
+                        changed = True
+                    pending.extend(pattern[r[2]:r[3]] for r in run[pos:])
+                    continue
+                if kind == "group":
+                    inner = emit_alt(data)
+                    if inner is not None:
+                        flush()
+                        q = quant[:-1] if len(quant) > 1 and quant.endswith("?") else quant  # lazy: same language
+                        parts.append("(" + inner + ")" + q)
+                        changed = True
+                        k += 1
+                        continue
+                pending.append(pattern[start:end])
+                k += 1
+            flush()
+            return (" ".join(parts) if parts else '""'), changed
+
+        out = emit_alt(alt)
+        return None if out is None else "(" + out + ")"
+
+    # -- lark
+    def lark(self, text: str) -> Optional[str]:
+        """``text`` (Lark) with special texts in rule strings/regexes as tokens; terminals
+        that contain one become rules. None when nothing changes or on doubt."""
+        if self._pat is None or not self._pat.search(_unescape_guess(text)):
+            return None
+        try:
+            return self._lark(text)
+        except _Unsupported:
+            return None
+
+    def _lark(self, text):
+        toks = _lark_tokens(text)
+        # Definitions: [kind, name, header index, body token indices].
+        defs, cur = [], None
+        for idx, (kind, val) in enumerate(toks):
+            if kind == "header":
+                name = val[1]
+                cur = ["terminal" if name.lstrip("?!_")[:1].isupper() else "rule", name, idx, []]
+                defs.append(cur)
+            elif kind == "directive":
+                cur = ["directive", val, idx, []]
+                defs.append(cur)
+            elif cur is not None:
+                cur[3].append(idx)
+
+        def has_special(idx):
+            kind, val = toks[idx]
+            if kind == "string":
+                return self._string_rewrite(val) is not None
+            if kind == "regex":
+                return self._regex_tok_rewrite(val) is not None
+            return False
+
+        convert = {d[1] for d in defs if d[0] == "terminal" and any(has_special(i) for i in d[3])}
+        grew = True
+        while grew:                       # terminals using converted ones become rules too
+            grew = False
+            for d in defs:
+                if d[0] == "terminal" and d[1] not in convert and any(
+                        toks[i][0] == "ident" and toks[i][1] in convert for i in d[3]):
+                    convert.add(d[1])
+                    grew = True
+        if convert and any(toks[i][0] == "ident" and toks[i][1] in convert
+                           for d in defs if d[0] == "directive" for i in d[3]):
+            raise _Unsupported("converted terminal used by a directive")
+        used = {v for k, v in toks if k == "ident"} | {d[1] for d in defs}
+        rename = {}
+        for name in sorted(convert):
+            new = "llg_special_" + name.lower()
+            while new in used:
+                new += "_"
+            used.add(new)
+            rename[name] = new
+
+        out = [v if k != "header" else v[0] for k, v in toks]
+        changed = False
+        for d in defs:
+            if d[0] == "terminal" and d[1] in rename:
+                out[d[2]] = toks[d[2]][1][0].replace(d[1], rename[d[1]], 1)
+                d[0] = "rule"
+                changed = True
+            for i in d[3]:
+                kind, val = toks[i]
+                if kind == "ident" and val in rename:
+                    out[i] = rename[val]
+                    changed = True
+                elif d[0] == "rule" and kind in ("string", "regex"):
+                    new = (self._string_rewrite(val) if kind == "string"
+                           else self._regex_tok_rewrite(val))
+                    if new is not None:
+                        out[i] = new
+                        changed = True
+        return "".join(out) if changed else None
+
+    def _string_rewrite(self, tok: str) -> Optional[str]:
+        if not tok.endswith('"'):         # "..."i: case-insensitive, leave as text
+            return None
+        try:
+            s = json.loads(tok)
+        except ValueError:
+            return None
+        return self.literal(s) if isinstance(s, str) else None
+
+    def _regex_tok_rewrite(self, tok: str) -> Optional[str]:
+        if not tok.endswith("/"):         # /.../flags: leave as text
+            return None
+        return self.regex(tok[1:-1], use_ascii="")
+
+
+def _unescape_guess(text: str) -> str:
+    """Cheap pre-check text: drop backslashes so ``<\\|tool_call>`` finds ``<|tool_call>``."""
+    return text.replace("\\", "")
+
+
+_HEADER = re.compile(r"[ \t]*([?!]?[_a-zA-Z][_a-zA-Z0-9]*)(\[[^\]\n]*\])?(\.-?\d+)?[ \t]*:(?!:)")
+_IDENT = re.compile(r"[_a-zA-Z][_a-zA-Z0-9]*")
+_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"i?')
+_REGEX = re.compile(r"/(?:[^/\\\n]|\\.)+/[imslux]*")
+
+
+def _skip_braces(text: str, i: int) -> int:
+    """Index after the balanced ``{...}`` starting at ``text[i] == '{'`` (JSON-aware)."""
+    depth, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == '"':
+            m = _STRING.match(text, i)
+            if not m:
+                raise _Unsupported("bad string in braces")
+            i = m.end()
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    raise _Unsupported("unbalanced braces")
+
+
+def _lark_tokens(text: str):
+    """Lark text as [(kind, value)], kinds: header (value: (text, name)), directive,
+    string, regex, ident, other. Joining the texts gives ``text`` back."""
+    toks, i, n = [], 0, len(text)
+    line_start = True
+    while i < n:
+        c = text[i]
+        if line_start:
+            line_start = False
+            m = _HEADER.match(text, i)
+            if m:
+                toks.append(("header", (m.group(0), m.group(1))))
+                i = m.end()
+                continue
+            m = re.compile(r"[ \t]*%[a-zA-Z_]+").match(text, i)
+            if m:
+                toks.append(("directive", m.group(0)))
+                i = m.end()
+                j = i
+                while j < n and text[j] in " \t":
+                    j += 1
+                if j < n and text[j] == "{":
+                    end = _skip_braces(text, j)
+                    toks.append(("other", text[i:end]))
+                    i = end
+                continue
+        if c == "\n":
+            toks.append(("other", c))
+            line_start = True
+            i += 1
+        elif text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            toks.append(("other", text[i:j]))
+            i = j
+        elif c == '"':
+            m = _STRING.match(text, i)
+            if not m:
+                raise _Unsupported("bad string")
+            toks.append(("string", m.group(0)))
+            i = m.end()
+        elif c == "/":
+            m = _REGEX.match(text, i)
+            if not m:
+                raise _Unsupported("bad regex")
+            toks.append(("regex", m.group(0)))
+            i = m.end()
+        elif c == "<":
+            j = text.find(">", i)
+            if j < 0:
+                raise _Unsupported("bad special token")
+            toks.append(("other", text[i:j + 1]))
+            i = j + 1
+        elif c == "%":
+            m = re.compile(r"%[a-zA-Z_]+").match(text, i)
+            if not m:
+                raise _Unsupported("bad directive")
+            toks.append(("other", m.group(0)))     # e.g. inline %json {...}
+            i = m.end()
+            j = i
+            while j < n and text[j] in " \t":
+                j += 1
+            if j < n and text[j] == "{":
+                end = _skip_braces(text, j)
+                toks.append(("other", text[i:end]))
+                i = end
+        elif c == "@":
+            m = re.compile(r"@[_a-zA-Z0-9]+").match(text, i)
+            toks.append(("other", m.group(0) if m else c))
+            i += len(m.group(0)) if m else 1
+        else:
+            m = _IDENT.match(text, i)
+            if m:
+                toks.append(("ident", m.group(0)))
+                i = m.end()
+            else:
+                toks.append(("other", c))
+                i += 1
+    return toks
