@@ -203,7 +203,7 @@ def test_session_routes_thought_channel_and_tool_call(srv):
     for ev in events:
         if ev[0] in ("reasoning", "content"):
             kinds[ev[0]] = kinds.get(ev[0], "") + ev[1]
-    assert kinds == {"reasoning": "\nneed data", "content": "Let me check."}
+    assert kinds == {"reasoning": "need data", "content": "Let me check."}  # framing newline dropped
     (call,) = [ev[1] for ev in events if ev[0] == "tool_call"]
     assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
     assert events[-1][0] == "done" and events[-1][1].reason == "tool_calls"
