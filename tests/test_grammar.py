@@ -373,3 +373,105 @@ def test_batch_lane_per_row_matchers(lm, reg, backend):
     assert fin == {u: "stop" for u in uids}
     for u, p in zip(uids, procs):
         assert re.fullmatch(pattern, tok.decode(outs[u])) and p.error is None
+
+
+# ---------------------------------------------------------------- added / special tokens
+
+def test_special_rewriter_regex_choice_lark():
+    from mlxbun_core.grammar.llg_special import SpecialRewriter
+
+    rw = SpecialRewriter({"<|tool_call>": 12, "<tool_call|>": 13, '<|"|>': 16})
+    assert rw.regex(r'<\|tool_call>call:f\{a:<\|"\|>[^<]*<\|"\|>(,b:<\|"\|>\d+<\|"\|>)*\}<tool_call\|>') == (
+        r'(<[12]> /call:f\{a:/ <[16]> /[^<]*/ <[16]> (/,b:/ <[16]> /[0-9]+/ <[16]>)* /\}/ <[13]>)')
+    assert rw.regex(r"a|<\|tool_call>") == "(/a/ | <[12]>)"
+    assert rw.regex(r"(x<\|tool_call>)+?y") == "((/x/ <[12]>)+ /y/)"
+    for untouched in [r"abc", r"[<|tool_call>]", r"<\|tool_call>?", r"(?i)<\|tool_call>", r"(<\|tool_call>"]:
+        assert rw.regex(untouched) is None, untouched
+    assert rw.choice(["<|tool_call>x", "y"]) == '(<[12]> "x") | "y"'
+    lark = '\n'.join(['start: A "<|\\"|>" b', 'b: /q<\\|tool_call>/ "<tool_call|>"i',
+                      'A: "<|tool_call>" B', 'B: /[a-z]+/', '%ignore /[ ]+/', ''])
+    assert rw.lark(lark) == '\n'.join([
+        'start: llg_special_a (<[16]>) b', 'b: (/q/ <[12]>) "<tool_call|>"i',
+        'llg_special_a: (<[12]>) B', 'B: /[a-z]+/', '%ignore /[ ]+/', ''])
+    assert rw.lark('start: "plain" /text/') is None
+
+
+def _walk_agrees(backend, req, prefer, steps=60, seed=0):
+    """Walk the grammar: at every step each allowed token must be consumable (mask and
+    consume agree); EOS only where the grammar may end; advance on a ``prefer`` token when allowed, else a random one.
+    Returns the ids taken."""
+    cg = backend.compile(req)
+    m = cg.new_matcher().m
+    rng = np.random.default_rng(seed)
+    n = (cg.vocab_size + 31) // 32
+    taken = []
+    for _ in range(steps):
+        bits = np.zeros(n, dtype=np.int32)
+        m.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+        allowed = [i for i in range(cg.vocab_size) if (int(bits[i // 32]) >> (i % 32)) & 1]
+        assert allowed, m.get_error()
+        for t in allowed:
+            if t in cg.eos_ids:         # never fed to the matcher (GrammarProcessor)
+                assert m.is_accepting()
+                continue
+            c = m.deep_copy()
+            assert c.consume_tokens([t]), (t, c.get_error()[:300])
+        text = [t for t in allowed if t not in cg.eos_ids]
+        if not text:
+            break
+        pick = next((t for t in prefer if t in text), None)
+        t = pick if pick is not None else int(rng.choice(text))
+        assert m.consume_tokens([t]), m.get_error()[:300]
+        taken.append(t)
+    return taken
+
+
+@pytest.fixture(scope="module")
+def family_tokenizers():
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    return {mt: load_tokenizer(tiny_checkpoint(mt)) for mt in ("qwen3_5", "gemma4_text")}
+
+
+@pytest.mark.parametrize("req", [
+    GrammarRequest("regex", r'<\|tool_call>call:f\{a:<\|"\|>[A-Z][a-z]{1,4}<\|"\|>\}<tool_call\|>'),
+    GrammarRequest("choice", ['<|tool_call>call:f{}<tool_call|>', "plain"]),
+    GrammarRequest("ebnf", 'root ::= call\ncall ::= "<|tool_call>call:" [a-z]{1,4} "{}<tool_call|>"'),
+    GrammarRequest("ebnf", 'start: "<|tool_call>" NAME "<tool_call|>"\nNAME: /[a-z]{1,4}/'),
+    GrammarRequest("json_schema", {"type": "object", "properties": {
+        "m": {"enum": ["<|tool_call>", '<|"|>x']}, "s": {"type": "string", "maxLength": 8}},
+        "required": ["m", "s"], "additionalProperties": False}, any_whitespace=False),
+], ids=["regex", "choice", "gbnf", "lark", "json_schema"])
+def test_llguidance_special_tokens_mask_consume_agree(family_tokenizers, req):
+    """Gemma 4's ``<|tool_call>`` / ``<|"|>`` are special tokens: spelled in regex,
+    choice or EBNF/Lark they are produced by that one token; inside JSON strings they
+    are text. Either way every token the mask allows is accepted by consume."""
+    tok = family_tokenizers["gemma4_text"]
+    backend = llguidance_backend.LLGuidanceBackend(tok)
+    specials = [tok.convert_tokens_to_ids(s) for s in ("<|tool_call>", '<|"|>', "<tool_call|>")]
+    taken = _walk_agrees(backend, req, prefer=specials)
+    text = tok.decode(taken)
+    if req.kind == "json_schema":
+        assert not set(taken) & set(specials)
+        value = json.loads(text)
+        assert value["m"] in ("<|tool_call>", '<|"|>x')
+    elif req.kind != "choice" or taken[0] == specials[0]:
+        assert taken[0] == specials[0] and taken[-1] == specials[2], text
+        assert text.startswith("<|tool_call>") and text.endswith("<tool_call|>")
+
+
+@pytest.mark.parametrize("req", [
+    GrammarRequest("regex", r"<tool_call>\n<function=f>\n[a-z]{1,4}\n</function>\n</tool_call>"),
+    GrammarRequest("regex", r"<tool_[a-z]+>!"),
+    GrammarRequest("ebnf", 'root ::= "<tool_call>" [a-z]{1,4} "</tool_call>"'),
+    GrammarRequest("json_schema", {"type": "string", "enum": ["<tool_call>x", "y"]}),
+], ids=["regex", "regex_class", "gbnf", "json_schema"])
+def test_llguidance_added_tokens_are_text(family_tokenizers, req):
+    """Qwen's ``<tool_call>`` is an added token not flagged special: an ordinary text
+    token, allowed wherever its text fits (llguidance used to treat it as special and
+    then force it for the literal text: a mask / consume mismatch)."""
+    tok = family_tokenizers["qwen3_5"]
+    backend = llguidance_backend.LLGuidanceBackend(tok)
+    tc = tok.convert_tokens_to_ids("<tool_call>")
+    taken = _walk_agrees(backend, req, prefer=[tc])
+    assert tc in taken, tok.decode(taken)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Optional
@@ -42,6 +43,7 @@ class Engine:
         self.defaults = {**model.generation_defaults, **(defaults or {})}
         self.max_tokens = max_tokens
         self.started_at = int(time.time())
+        self._prepare_lock = threading.Lock()
         self.requests = 0
 
     @classmethod
@@ -56,6 +58,19 @@ class Engine:
     # -- preparation --------------------------------------------------------
     def sampling(self, body: dict) -> SamplingParams:
         return SamplingParams.from_body(body, self.defaults)
+
+    # Rendering a template and compiling a grammar can take a while (a first JSON
+    # schema on a 150k vocabulary: hundreds of ms); off the event loop, other streams flow.
+    # One preparation at a time keeps the grammar cache and tokenizer single-threaded.
+    async def aprepare_chat(self, body: dict) -> Prepared:
+        return await asyncio.to_thread(self._serialized, self.prepare_chat, body)
+
+    async def aprepare_completion(self, body: dict) -> Prepared:
+        return await asyncio.to_thread(self._serialized, self.prepare_completion, body)
+
+    def _serialized(self, fn, body):
+        with self._prepare_lock:
+            return fn(body)
 
     def _require_generative(self):
         if self.model.kind != "generate":

@@ -240,7 +240,7 @@ def register(app, engine):
     @guarded(anthropic_error)
     async def messages(request: Request):
         body = await read_body(request)
-        prepared = engine.prepare_chat(to_chat(body))
+        prepared = await engine.aprepare_chat(to_chat(body))
         job = engine.start(prepared.request)
         headers = {"Warning": prepared.warning} if prepared.warning else None
         mid = new_id("msg_")
@@ -334,7 +334,7 @@ def register(app, engine):
     @guarded(anthropic_error)
     async def count_tokens(request: Request):
         body = await read_body(request)
-        prepared = engine.prepare_chat(to_chat(body, need_max_tokens=False))
+        prepared = await engine.aprepare_chat(to_chat(body, need_max_tokens=False))
         return json_response({"input_tokens": len(prepared.request.prompt_tokens)})
 
     app.router.add_post("/v1/messages", messages)

@@ -23,7 +23,7 @@ def register(app, engine):
     @guarded()
     async def chat_completions(request: Request):
         body = await read_body(request)
-        prepared = engine.prepare_chat(body)
+        prepared = await engine.aprepare_chat(body)
         job = engine.start(prepared.request)
         headers = {"Warning": prepared.warning} if prepared.warning else None
         cid, created = new_id("chatcmpl-"), now()

@@ -14,7 +14,7 @@ def register(app, engine):
     @guarded()
     async def completions(request: Request):
         body = await read_body(request)
-        prepared = engine.prepare_completion(body)
+        prepared = await engine.aprepare_completion(body)
         job = engine.start(prepared.request)
         headers = {"Warning": prepared.warning} if prepared.warning else None
         cid, created = new_id("cmpl-"), now()

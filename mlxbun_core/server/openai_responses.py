@@ -260,7 +260,7 @@ def register(app, engine):
                 raise NotFound(f"previous response {prev!r} not found (unknown or expired)",
                                param="previous_response_id")
         chat, system, convo = to_chat(body, stored)
-        prepared = engine.prepare_chat(chat)
+        prepared = await engine.aprepare_chat(chat)
         job = engine.start(prepared.request)
         headers = {"Warning": prepared.warning} if prepared.warning else None
         rid, created = new_id("resp_"), now()
