@@ -473,6 +473,8 @@ _HEADER = re.compile(r"[ \t]*([?!]?[_a-zA-Z][_a-zA-Z0-9]*)(\[[^\]\n]*\])?(\.-?\d
 _IDENT = re.compile(r"[_a-zA-Z][_a-zA-Z0-9]*")
 _STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"i?')
 _REGEX = re.compile(r"/(?:[^/\\\n]|\\.)+/[imslux]*")
+_DIRECTIVE = re.compile(r"[ \t]*%[a-zA-Z_]+")
+_GRAMMAR_REF = re.compile(r"@[_a-zA-Z0-9]+")
 
 
 def _skip_braces(text: str, i: int) -> int:
@@ -510,7 +512,7 @@ def _lark_tokens(text: str):
                 toks.append(("header", (m.group(0), m.group(1))))
                 i = m.end()
                 continue
-            m = re.compile(r"[ \t]*%[a-zA-Z_]+").match(text, i)
+            m = _DIRECTIVE.match(text, i)
             if m:
                 toks.append(("directive", m.group(0)))
                 i = m.end()
@@ -550,7 +552,7 @@ def _lark_tokens(text: str):
             toks.append(("other", text[i:j + 1]))
             i = j + 1
         elif c == "%":
-            m = re.compile(r"%[a-zA-Z_]+").match(text, i)
+            m = _DIRECTIVE.match(text, i)
             if not m:
                 raise _Unsupported("bad directive")
             toks.append(("other", m.group(0)))     # e.g. inline %json {...}
@@ -563,7 +565,7 @@ def _lark_tokens(text: str):
                 toks.append(("other", text[i:end]))
                 i = end
         elif c == "@":
-            m = re.compile(r"@[_a-zA-Z0-9]+").match(text, i)
+            m = _GRAMMAR_REF.match(text, i)
             toks.append(("other", m.group(0) if m else c))
             i += len(m.group(0)) if m else 1
         else:
