@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Optional
 
 
-def _held_suffix(text: str, markers) -> int:
+def held_marker_prefix(text: str, markers) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of a marker."""
     best = 0
     for m in markers:
@@ -39,7 +39,7 @@ class StopMatcher:
             pos, self.stopped = min(hits)
             self.pending = ""
             return buf[:pos]
-        keep = _held_suffix(buf, self.stops)
+        keep = held_marker_prefix(buf, self.stops)
         self.pending = buf[len(buf) - keep:] if keep else ""
         return buf[: len(buf) - keep]
 
@@ -73,7 +73,7 @@ class ReasoningSplitter:
                 self.seen_any = True
                 self._lstrip = True  # a model's newline right after either marker is framing
                 continue
-            keep = _held_suffix(buf, [marker])
+            keep = held_marker_prefix(buf, [marker])
             self._emit(out, buf[: len(buf) - keep])
             buf = buf[len(buf) - keep:] if keep else ""
             break

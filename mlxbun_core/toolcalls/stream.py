@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Tuple
 
+from ..engine.textstream import held_marker_prefix
 from .core import ToolCall
 
 Event = Tuple[str, Any]  # ("content", str) | ("tool_call", ToolCall) | ("keepalive", None)
@@ -58,17 +59,6 @@ class Dialect:
 
     def parse(self, markup: str, tools: list | None) -> list[ToolCall] | None:
         raise NotImplementedError
-
-
-def _marker_prefix_len(text: str, starts: tuple[str, ...]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of a marker."""
-    best = 0
-    for s in starts:
-        for k in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:k]):
-                best = k
-                break
-    return best
 
 
 class StreamingToolParser:
@@ -133,7 +123,7 @@ class StreamingToolParser:
             self._ws, self._markup, self._pending = pre[len(body):], p[i:], ""
             self._ka = self._checked = 0
             return True
-        hold = _marker_prefix_len(p, starts)
+        hold = held_marker_prefix(p, starts)
         body = p[: len(p) - hold]
         emit = body.rstrip()
         self._content(emit, ev)

@@ -16,7 +16,7 @@ import json
 from importlib.resources import files
 from pathlib import Path
 
-from mlxbun_core.chat_template import apply_template, check_reasoning_effort, thinking_switch
+from mlxbun_core.chat_template import apply_template, thinking_switch
 from mlxbun_core.hookspecs import hookimpl
 from mlxbun_core.model import LoadedModel
 
@@ -69,10 +69,8 @@ def load_model(path, config, options):
 def render_chat(model, messages, tools, template_kwargs, reasoning_effort):
     if model.family != FAMILY:
         return None
-    check_reasoning_effort(reasoning_effort)  # a bad level is a 400 even when overridden
-    kwargs = dict(template_kwargs)
-    kwargs["enable_thinking"] = bool(thinking_switch(kwargs, reasoning_effort, False))
-    return apply_template(model, messages, tools, kwargs)
+    thinking = bool(thinking_switch(template_kwargs, reasoning_effort, False))  # no-think default
+    return apply_template(model, messages, tools, dict(template_kwargs, enable_thinking=thinking))
 
 
 @hookimpl
