@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from ..model import LoadedModel
 from .sampling import SamplingParams, max_tokens_from, stop_sequences
 from .session import GenerationRequest
 from .worker import GenerationJob, ModelWorker
+
+log = logging.getLogger("mlxbun.engine")
 
 MEDIA_PART_KINDS = {"image_url": "image", "image": "image", "input_audio": "audio",
                     "audio": "audio", "audio_url": "audio", "video_url": "video", "video": "video"}
@@ -216,9 +219,17 @@ class Engine:
                 for ev in await job.events.get():
                     yield ev
                     if ev[0] == "done":
+                        self._log_finish(ev[1])
                         return
         finally:
             job.cancel()
+
+    @staticmethod
+    def _log_finish(fin):
+        u, t = fin.usage, fin.timings
+        log.info("%s · prompt %d tok · %d tok out · ttft %.0f ms · %.1f tok/s · %s lane",
+                 fin.reason, u.prompt_tokens, u.completion_tokens, 1e3 * t.get("ttft_s", 0),
+                 t.get("decode_tps", 0.0), u.lane)
 
     async def embed(self, texts: list, instruction: Optional[str] = None):
         hook = plugins.hook()
