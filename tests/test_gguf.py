@@ -3,12 +3,11 @@
 import json
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")
-
-from mlxbun_core.models.gguf import UnsupportedGGUF, convert_gguf  # noqa: E402
+from mlxbun_core.models.gguf import UnsupportedGGUF, convert_gguf
 
 H, HEADS, KV, FF, LAYERS = 32, 4, 2, 64, 2
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

@@ -6,8 +6,9 @@ import re
 import pytest
 
 from mlxbun_core.toolcalls import (Dialect, JsonDialect, MlxLmDialect, StreamingToolParser,
-                                   ToolCall, coerce_arguments, dialect_for_template, find_tool,
-                                   infer_parser_name, make_call, normalize_call, repair_json,
+                                   ToolCall, coerce_arguments, dialect_for_parser,
+                                   dialect_for_tokenizer, find_tool,
+                                   make_call, normalize_call, repair_json,
                                    split_tool_calls, tool_params)
 from mlxbun_core.toolcalls.testing import chunkings, events_all_chunkings, normalize, run_chunks
 
@@ -273,28 +274,26 @@ def test_json_dialect_keeps_model_id():
 
 # ------------------------------------------------------------- template map
 
-@pytest.mark.parametrize("tpl,vocab,name", [
-    ("{{'<tool_call>'}}{{ tool_call.name }}", None, "json_tools"),
-    ("<tool_call>\n<function=", None, "qwen3_coder"),
-    ("<|tool_call>x<tool_call|>", None, "gemma4"),
-    ("<arg_key>", None, "glm47"),
-    ('<function name="x"><param name="y">', None, "minicpm5"),
-    ("[TOOL_CALLS]", None, "mistral"),
-    ("plain", {"<|tool_call_start|>": 1, "<|tool_call_end|>": 2}, "pythonic"),
-    ("plain", None, None),
-])
-def test_infer_parser_name(tpl, vocab, name):
-    assert infer_parser_name(tpl, vocab) == name
+def test_dialect_for_parser_names():
+    assert isinstance(dialect_for_parser("json_tools"), JsonDialect)
+    assert dialect_for_parser(None) is None and dialect_for_parser("no_such_parser") is None
 
 
-def test_dialect_for_template_native_json():
-    assert isinstance(dialect_for_template("<tool_call> tool_call.name"), JsonDialect)
-    assert dialect_for_template("nothing") is None
+def test_dialect_follows_mlx_lm_tokenizer_inference():
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    from mlxbun_core.testing.checkpoints import tiny_checkpoint
+
+    chatml = tiny_checkpoint("qwen3")  # plain ChatML template: mlx-lm infers no parser
+    assert dialect_for_tokenizer(load_tokenizer(chatml)) is None
+    qwen = tiny_checkpoint("qwen3", chat_template="{% for m in messages %}{{ m.content }}{% endfor %}"
+                           "<tool_call>\n<function=x>")
+    d = dialect_for_tokenizer(load_tokenizer(qwen))
+    assert isinstance(d, MlxLmDialect) and d.name == "qwen3_coder"
 
 
 def test_mlx_lm_adapter_wraps_parser_module():
-    pytest.importorskip("mlx_lm.tool_parsers.glm47")
-    d = dialect_for_template("uses <arg_key>")
+    d = dialect_for_parser("glm47")
     assert isinstance(d, MlxLmDialect) and d.starts == ("<tool_call>",)
     text = "Hi<tool_call>get_weather<arg_key>zip</arg_key><arg_value>007</arg_value></tool_call>"
     ev = events_all_chunkings(lambda: StreamingToolParser(d, TOOLS), text)

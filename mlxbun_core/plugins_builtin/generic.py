@@ -49,7 +49,5 @@ def render_chat(model, messages, tools, template_kwargs, reasoning_effort):
 
 @hookimpl(trylast=True)
 def tool_call_parser(model, tools):
-    tok = model.tokenizer
-    dialect = toolcalls.dialect_for_template(getattr(tok, "chat_template", None) or "",
-                                             tok.get_vocab())
+    dialect = toolcalls.dialect_for_tokenizer(model.tokenizer)
     return toolcalls.StreamingToolParser(dialect or toolcalls.JsonDialect(), tools)

@@ -7,12 +7,12 @@ hook; ``parse`` builds calls with :func:`make_call` so argument coercion is unif
 
 from .core import (ToolCall, calls_from_json, coerce_arguments, find_tool, make_call,
                    new_call_id, normalize_call, repair_json, tool_params)
-from .dialects import JsonDialect, MlxLmDialect, dialect_for_template, infer_parser_name
+from .dialects import JsonDialect, MlxLmDialect, dialect_for_parser, dialect_for_tokenizer
 from .stream import KEEPALIVE_EVERY, Dialect, Event, StreamingToolParser, split_tool_calls
 
 __all__ = [
     "ToolCall", "Dialect", "Event", "StreamingToolParser", "split_tool_calls",
-    "KEEPALIVE_EVERY", "JsonDialect", "MlxLmDialect", "dialect_for_template",
-    "infer_parser_name", "coerce_arguments", "find_tool", "tool_params", "repair_json",
+    "KEEPALIVE_EVERY", "JsonDialect", "MlxLmDialect", "dialect_for_parser",
+    "dialect_for_tokenizer", "coerce_arguments", "find_tool", "tool_params", "repair_json",
     "normalize_call", "make_call", "calls_from_json", "new_call_id",
 ]

@@ -1,6 +1,6 @@
 """Generic dialects: OpenAI-JSON in ``<tool_call>`` tags, and an adapter over
-mlx-lm's own parser modules so the generic plugin covers every template mlx-lm
-can infer a parser for."""
+mlx-lm's own parser modules so the generic plugin covers every parser mlx-lm
+infers for a checkpoint."""
 
 from __future__ import annotations
 
@@ -47,51 +47,12 @@ class MlxLmDialect(Dialect):
         return calls or None
 
 
-def infer_parser_name(chat_template: str | None, vocab: Any = None) -> str | None:
-    """mlx-lm's ``_infer_tool_parser`` (tokenizer_utils.py), replicated so that
-    choosing a dialect does not import MLX."""
-    t = chat_template if isinstance(chat_template, str) else ""
-    if t:
-        if "<minimax:tool_call>" in t:
-            return "minimax_m2"
-        if "<|tool_call>" in t and "<tool_call|>" in t:
-            return "gemma4"
-        if "<start_function_call>" in t:
-            return "function_gemma"
-        if "<longcat_tool_call>" in t:
-            return "longcat"
-        if "<arg_key>" in t:
-            return "glm47"
-        if "<|tool_list_start|>" in t or "<|tool_call_start|>" in t:
-            return "pythonic"
-        if "<tool_call>\\n<function=" in t or "<tool_call>\n<function=" in t:
-            return "qwen3_coder"
-        if "<|tool_calls_section_begin|>" in t:
-            return "kimi_k2"
-        if '<function name="' in t and '<param name="' in t:
-            return "minicpm5"
-        if "[TOOL_CALLS]" in t:
-            return "mistral"
-        if "<atem:function_calls>" in t:
-            return "muse_spark"
-        if "<tool_call>" in t and "tool_call.name" in t:
-            return "json_tools"
-    v = vocab or {}
-    if all(k in v for k in ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>")):
-        return "kimi_k3"
-    if "<|tool_call_start|>" in v and "<|tool_call_end|>" in v:
-        return "pythonic"
-    return None
-
-
 # mlx-lm parser names we implement natively in core.
 NATIVE: dict[str, type[Dialect]] = {"json_tools": JsonDialect}
 
 
-def dialect_for_template(chat_template: str | None, vocab: Any = None) -> Dialect | None:
-    """The dialect for a chat template (and vocab), or None when mlx-lm cannot infer
-    one either (callers usually fall back to :class:`JsonDialect`)."""
-    name = infer_parser_name(chat_template, vocab)
+def dialect_for_parser(name: str | None) -> Dialect | None:
+    """Our dialect for an mlx-lm parser name (``json_tools``, ``qwen3_coder``, …)."""
     if name is None:
         return None
     if name in NATIVE:
@@ -100,3 +61,14 @@ def dialect_for_template(chat_template: str | None, vocab: Any = None) -> Dialec
         return MlxLmDialect(name)
     except Exception:  # parser module missing/unimportable: no dialect
         return None
+
+
+def dialect_for_tokenizer(tokenizer) -> Dialect | None:
+    """The dialect mlx-lm chose when it loaded ``tokenizer`` (``tool_parser_type`` in
+    tokenizer_config.json, else its inference from the chat template and vocab), or
+    None when it found none (callers usually fall back to :class:`JsonDialect`)."""
+    parse = getattr(tokenizer, "tool_parser", None)
+    module = getattr(parse, "__module__", "") or ""
+    if not module.startswith("mlx_lm.tool_parsers."):
+        return None
+    return dialect_for_parser(module.rsplit(".", 1)[-1])

@@ -252,10 +252,7 @@ def _cli_plugins(**env):
 
 
 def test_cli_lists_plugin_and_honours_disable():
-    try:
-        metadata.distribution("mlxbun-gemma4")
-    except metadata.PackageNotFoundError:
-        pytest.skip("mlxbun-gemma4 is not installed (pip install -e plugins/gemma4)")
+    assert metadata.distribution("mlxbun-gemma4"), "install with: pip install -e plugins/gemma4"
     env = {k: v for k, v in os.environ.items() if k not in ("MLXBUN_PLUGINS", "MLXBUN_DISABLE_PLUGINS")}
     assert "gemma4" in _cli_plugins(**env)
     assert "gemma4" not in _cli_plugins(**env, MLXBUN_DISABLE_PLUGINS="gemma4")
