@@ -156,6 +156,19 @@ def test_stats_and_store_false(client, srv):
     assert after["entries"] == before["entries"] + 1 and after["bytes"] > before["bytes"]
 
 
+def test_retrieve_and_delete_stored_response(client, plugin):
+    plugin.text = "Stored answer."
+    created = client.responses.create(model="any", input="hi")
+    got = client.responses.retrieve(created.id)
+    assert got.id == created.id and got.output_text == "Stored answer."
+    assert got.usage.output_tokens == created.usage.output_tokens
+    client.responses.delete(created.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(created.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="any", input="again", previous_response_id=created.id)
+
+
 def test_sdk_stream_text(client, plugin):
     plugin.text = "<think>hmm</think>Hello, stream!"
     deltas = []

@@ -9,8 +9,9 @@ from ..grammar import registry as grammars
 from .common import json_response
 
 ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "POST /v1/messages",
-             "POST /v1/responses", "POST /v1/embeddings", "GET /v1/models", "GET /health",
-             "GET /stats"]
+             "POST /v1/messages/count_tokens", "POST /v1/responses",
+             "GET/DELETE /v1/responses/<id>", "POST /v1/embeddings", "GET /v1/models",
+             "GET /health", "GET /stats"]
 
 
 def model_row(engine) -> dict:

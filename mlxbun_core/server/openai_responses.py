@@ -245,9 +245,10 @@ def register(app, engine):
     def status_of(finish) -> str:
         return "incomplete" if finish.reason == "length" else "completed"
 
-    def remember(body, rid, system, convo, output):
+    def remember(body, rid, system, convo, output, response):
         if body.get("store", True) is not False:
-            store.put(rid, {"system": system, "messages": stored_turn(convo, output)})
+            store.put(rid, {"system": system, "messages": stored_turn(convo, output),
+                            "response": response})
 
     @guarded(responses_error)
     async def responses(request: Request):
@@ -272,9 +273,9 @@ def register(app, engine):
         if not reply.tool_calls or reply.content.strip():
             output.append(message_item(reply.content))
         output += [call_item(c) for c in reply.tool_calls]
-        remember(body, rid, system, convo, output)
-        return json_response(envelope(rid, created, body, status_of(reply.finish), output,
-                                      reply.finish), headers=headers)
+        response = envelope(rid, created, body, status_of(reply.finish), output, reply.finish)
+        remember(body, rid, system, convo, output, response)
+        return json_response(response, headers=headers)
 
     async def stream(job, body, rid, created, system, convo):
         seq = 0
@@ -375,10 +376,28 @@ def register(app, engine):
                     frames += message_text(pending)
                 frames += close()
                 status = status_of(payload)
-                remember(body, rid, system, convo, output)
-                frames.append(ev(f"response.{status}", response=envelope(
-                    rid, created, body, status, output, payload)))
+                response = envelope(rid, created, body, status, output, payload)
+                remember(body, rid, system, convo, output, response)
+                frames.append(ev(f"response.{status}", response=response))
             for frame in frames:
                 yield frame
 
+    def stored_or_404(request: Request) -> str:
+        rid = request.route_values.get("rid", "")
+        if store.get(rid) is None:
+            raise NotFound(f"response {rid!r} not found (unknown or expired)")
+        return rid
+
+    @guarded(responses_error)
+    async def retrieve(request: Request):
+        return json_response(store.get(stored_or_404(request))["response"])
+
+    @guarded(responses_error)
+    async def delete(request: Request):
+        rid = stored_or_404(request)
+        store.delete(rid)
+        return json_response({"id": rid, "object": "response.deleted", "deleted": True})
+
     app.router.add_post("/v1/responses", responses)
+    app.router.add_get("/v1/responses/:rid", retrieve)
+    app.router.add_delete("/v1/responses/:rid", delete)

@@ -48,6 +48,10 @@ class ResponseStore:
             self._items.move_to_end(key)
             return json.loads(entry[1])
 
+    def delete(self, key: str) -> None:
+        with self._lock:
+            self._drop(key)
+
     def stats(self) -> dict:
         with self._lock:
             self._expire()
