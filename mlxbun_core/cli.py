@@ -29,6 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--repetition-penalty", type=float)
     s.add_argument("--embedding", action="store_true",
                    help="serve a plain checkpoint as an embedding model")
+    s.add_argument("--draft-model", default=None,
+                   help="a small model with the same vocabulary for speculative decoding")
+    s.add_argument("--num-draft-tokens", type=int, default=3,
+                   help="draft tokens verified per target forward (with --draft-model)")
     s.add_argument("--grammar-backend", default=None,
                    help="structured-output backend (llguidance, xgrammar)")
     s.add_argument("--log-level", default=os.environ.get("MLXBUN_LOG_LEVEL", "info"))
@@ -81,7 +85,9 @@ def cmd_serve(args) -> int:
             return 2
     defaults = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
     try:
-        engine = Engine.load(args.model, LoadOptions(embedding=args.embedding),
+        options = LoadOptions(embedding=args.embedding, extra={
+            "draft_model": args.draft_model, "num_draft_tokens": args.num_draft_tokens})
+        engine = Engine.load(args.model, options,
                              defaults=defaults, max_tokens=args.max_tokens)
     except (ModelNotFound, loader.NoPluginClaimed) as exc:
         print(f"mlxbun: {exc}", file=sys.stderr)
@@ -94,7 +100,8 @@ def cmd_serve(args) -> int:
     model = engine.model
     app = build_app(engine)
     fallback = " (no family plugin claimed it)" if model.family == "generic" else ""
-    print(f"mlxbun: serving {model.id} [{model.kind}] via plugin '{model.plugin}'{fallback}\n"
+    spec = f" · speculative with draft {engine.draft.name}" if engine.draft else ""
+    print(f"mlxbun: serving {model.id} [{model.kind}] via plugin '{model.plugin}'{fallback}{spec}\n"
           f"        context {model.context_window} tokens · http://{args.host}:{args.port}/v1",
           flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -60,3 +60,17 @@ class Prompt:
     think_start: Optional[str] = None
     think_end: Optional[str] = None
     media: list = field(default_factory=list)
+
+
+@dataclass
+class DraftSource:
+    """A speculative-decoding proposer answered by the ``draft_source`` hook.
+
+    ``model`` is a draft ``mlx.nn.Module`` sharing the target's vocabulary; the
+    target verifies ``num_draft_tokens`` proposals per forward (mlx-lm's
+    ``speculative_generate_step``).
+    """
+
+    model: Any
+    num_draft_tokens: int = 2
+    name: str = ""

@@ -23,6 +23,7 @@ log = logging.getLogger("mlxbun.plugins")
 ENTRY_POINT_GROUP = "mlxbun"
 BUILTIN_PLUGINS = (
     "mlxbun_core.plugins_builtin.generic",
+    "mlxbun_core.plugins_builtin.draft_model",
     "mlxbun_core.grammar.llguidance_backend",
     "mlxbun_core.grammar.xgrammar_backend",
 )

@@ -18,7 +18,7 @@ from typing import AsyncIterator, Optional
 from .. import plugins
 from ..grammar import registry as grammars
 from ..errors import APIError, BadRequest
-from ..model import LoadedModel
+from ..model import LoadedModel, LoadOptions
 from .sampling import SamplingParams, max_tokens_from, stop_sequences
 from .session import GenerationRequest
 from .worker import GenerationJob, ModelWorker
@@ -39,8 +39,10 @@ class Prepared:
 
 class Engine:
     def __init__(self, model: LoadedModel, *, worker: Optional[ModelWorker] = None,
-                 defaults: Optional[dict] = None, max_tokens: Optional[int] = None):
+                 defaults: Optional[dict] = None, max_tokens: Optional[int] = None,
+                 draft=None):
         self.model = model
+        self.draft = draft  # a DraftSource: every request then decodes speculatively
         self.worker = worker or ModelWorker()
         # generation_config.json values, then operator flags on top; requests win over both
         self.defaults = {**model.generation_defaults, **(defaults or {})}
@@ -54,9 +56,11 @@ class Engine:
         """Load ``name`` on a fresh worker thread (where it must live) and wrap it."""
         from .. import loader
 
+        options = options or LoadOptions()
         worker = ModelWorker()
         model = worker.run_sync(lambda: loader.load(name, options, progress=progress))
-        return cls(model, worker=worker, **kw)
+        draft = worker.run_sync(lambda: plugins.hook().draft_source(model=model, options=options))
+        return cls(model, worker=worker, draft=draft, **kw)
 
     # -- preparation --------------------------------------------------------
     def sampling(self, body: dict) -> SamplingParams:
@@ -208,7 +212,7 @@ class Engine:
         """Queue a generation; raises QueueFull / admission errors before anything streams."""
         limit = self.effective_limit(req)
         job = GenerationJob(asyncio.get_running_loop(), req, self.model.model,
-                            self.model.tokenizer, limit)
+                            self.model.tokenizer, limit, self.draft)
         self.requests += 1
         return self.worker.submit(job)
 

@@ -36,12 +36,16 @@ class Usage:
     cached_tokens: int = 0
     reasoning_tokens: int = 0
     lane: str = "serial"
+    speculation: Optional[dict] = None  # {drafted, accepted, targetCalls} with a draft mounted
 
     def openai(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-                "lane": self.lane}
+        out = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+               "total_tokens": self.prompt_tokens + self.completion_tokens,
+               "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+               "lane": self.lane}
+        if self.speculation is not None:
+            out["speculation"] = dict(self.speculation)
+        return out
 
 
 @dataclass

@@ -65,10 +65,13 @@ def _set_exception(fut, exc):
 
 
 class GenerationJob(Job):
-    def __init__(self, loop, request: GenerationRequest, model, tokenizer, limit):
+    def __init__(self, loop, request: GenerationRequest, model, tokenizer, limit, draft=None):
         super().__init__(loop)
         self.request = request
         self.model = model
+        self.limit = limit
+        # a grammar matcher cannot rewind rejected drafts: constrained requests decode plainly
+        self.draft = draft if request.grammar is None else None
         self.session = GenerationSession(request, tokenizer, limit)
         self.events: asyncio.Queue = asyncio.Queue()
 
@@ -76,20 +79,46 @@ class GenerationJob(Job):
         if events:
             self.loop.call_soon_threadsafe(self.events.put_nowait, events)
 
+    def _steps(self):
+        """mlx-lm's decode loop for this request: plain, or speculative with a draft.
+
+        Yields ``(token, logprobs, from_draft)``.
+        """
+        import mlx.core as mx
+        from mlx_lm.generate import generate_step, speculative_generate_step
+
+        req, sess = self.request, self.session
+        prompt = mx.array(req.prompt_tokens)
+        sampler = req.sampling.sampler(sess.tokenizer)
+        procs = req.sampling.logits_processors() or None
+        if self.draft is None:
+            for token, logprobs in generate_step(prompt, self.model, max_tokens=-1, sampler=sampler,
+                                                 logits_processors=procs,
+                                                 input_embeddings=req.input_embeddings):
+                yield token, logprobs, False
+            return
+        sess.usage.lane = "serial+spec"
+        spec = sess.usage.speculation = {"drafted": 0, "accepted": 0, "targetCalls": 0}
+        n = self.draft.num_draft_tokens
+        for token, logprobs, from_draft in speculative_generate_step(
+                prompt, self.model, self.draft.model, num_draft_tokens=n,
+                max_tokens=self.limit or (1 << 30), sampler=sampler, logits_processors=procs):
+            if from_draft:
+                spec["accepted"] += 1
+            else:  # every verify round ends with one token of the target's own
+                spec["targetCalls"] += 1
+                spec["drafted"] += n
+            yield token, logprobs, from_draft
+
     def run(self, worker):
         import mlx.core as mx
-        from mlx_lm.generate import generate_step
 
         req, sess = self.request, self.session
         if req.sampling.seed is not None:
             mx.random.seed(req.sampling.seed)
-        prompt = mx.array(req.prompt_tokens)
-        steps = generate_step(
-            prompt, self.model, max_tokens=-1, sampler=req.sampling.sampler(sess.tokenizer),
-            logits_processors=req.sampling.logits_processors() or None,
-            input_embeddings=req.input_embeddings)
+        steps = self._steps()
         try:
-            for token, logprobs in steps:
+            for token, logprobs, _ in steps:
                 if self.cancelled.is_set():
                     self._post(sess.finish("cancelled"))
                     return

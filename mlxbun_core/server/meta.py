@@ -63,6 +63,9 @@ def register(app, engine):
                           "enforced_context_tokens": engine.model.context_window,
                           "max_waiting": engine.worker.max_waiting},
             "grammar": grammars.stats(),
+            "speculation": ({"draft": engine.draft.name,
+                             "num_draft_tokens": engine.draft.num_draft_tokens}
+                            if engine.draft else None),
             "plugins": [r["name"] for r in plugins.describe() if not r["error"]],
             **extra})
 
