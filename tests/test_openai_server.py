@@ -286,3 +286,11 @@ def test_queue_full_is_429(srv):
     assert r.status_code == 429
     assert r.json()["error"]["type"] == "resource_admission" and r.json()["error"]["code"] == "queue_full"
     assert post(srv, "/v1/chat/completions", {"messages": MSG, "max_tokens": 2}).status_code == 200
+
+
+def test_developer_role_is_rendered_as_system(srv):
+    dev = srv.engine.prepare_chat({"messages": [{"role": "developer", "content": "Be brief."},
+                                                {"role": "user", "content": "hi"}]})
+    sys_ = srv.engine.prepare_chat({"messages": [{"role": "system", "content": "Be brief."},
+                                                 {"role": "user", "content": "hi"}]})
+    assert dev.request.prompt_tokens == sys_.request.prompt_tokens

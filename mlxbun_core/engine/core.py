@@ -149,6 +149,8 @@ class Engine:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadRequest("each message must be an object with a string role", param="messages")
         m = dict(m)
+        if m["role"] == "developer":  # OpenAI's newer name for system; templates know "system"
+            m["role"] = "system"
         if m["role"] == "assistant":
             if not isinstance(m.get("reasoning_content"), str) and isinstance(m.get("reasoning"), str):
                 m["reasoning_content"] = m["reasoning"]
