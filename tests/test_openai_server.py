@@ -164,12 +164,51 @@ def test_models_index_health(client, srv):
     ("/v1/completions", {"prompt": ""}, "prompt must be a non-empty string"),
     ("/v1/completions", {"prompt": [1, 2, 3]}, "prompt must be a non-empty string"),
     ("/v1/completions", {}, "prompt must be a non-empty string"),
+    ("/v1/completions", b'{"prompt": "hi", "temperature": NaN}', "invalid JSON body"),
+    ("/v1/completions", b'{"prompt": "hi", "temperature": 1e400}', "invalid JSON body"),
+    ("/v1/completions", b'{"prompt": "\\ud800"}', "invalid JSON body"),
+    ("/v1/chat/completions", {"messages": MSG, "seed": -1}, "seed must be at least 0"),
+    ("/v1/chat/completions", {"messages": MSG, "seed": 2**70}, "seed must be at most"),
+    ("/v1/chat/completions", {"messages": MSG, "top_k": 100000, "temperature": 1},
+     "top_k must be less than the vocabulary size"),
+    ("/v1/chat/completions", {"messages": MSG, "top_k": 2**64}, "top_k must be at most"),
+    ("/v1/chat/completions", {"messages": MSG, "logit_bias": {str(2**70): 1}}, "logit_bias token id"),
+    ("/v1/chat/completions", {"messages": MSG, "logit_bias": {"-1": 1}}, "logit_bias token id"),
+    ("/v1/chat/completions", {"messages": MSG, "repetition_penalty": 1.2,
+                              "repetition_context_size": 2**40}, "repetition_context_size must be at most"),
+    ("/v1/chat/completions", {"messages": MSG, "stream": "yes"}, "stream must be of type bool"),
+    ("/v1/chat/completions", {"messages": MSG, "tool_choice": 5}, "tool_choice must be"),
+    ("/v1/chat/completions", {"messages": MSG, "tools": ["x"]}, "tools must be a list of objects"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": {"a": 1}}]}]},
+     "text content parts need a string"),
+    ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": "x"}]},
+                                           {"role": "user", "content": "hi"}]}, "tool_calls entries need"),
+    ("/v1/chat/completions", {"messages": [5]}, "each message must be an object"),
 ])
 def test_documented_errors(srv, path, body, message):
     r = post(srv, path, body)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["message"].startswith(message)
+
+
+def test_every_sampler_path_survives_a_failed_request(srv, client):
+    """A client mistake must never leave state behind: XTC (a compiled sampler using the
+    global random state) still works after each kind of rejected request."""
+    for bad in ({"seed": -1}, {"top_k": 100000, "temperature": 1}, {"logit_bias": {"99999": 1}}):
+        assert post(srv, "/v1/completions", {"prompt": "hi", "max_tokens": 2, **bad}).status_code == 400
+        r = client.completions.create(model="m", prompt="hi", max_tokens=4, temperature=1,
+                                      extra_body={"xtc_probability": 0.5, "xtc_threshold": 0.1})
+        assert r.usage.completion_tokens >= 1
+
+
+def test_seeded_request_does_not_fix_later_sampling(client):
+    kw = dict(model="m", prompt="Once", max_tokens=12, temperature=1.0)
+    client.completions.create(seed=11, **kw)
+    a = client.completions.create(**kw).choices[0].text
+    client.completions.create(seed=11, **kw)
+    b = client.completions.create(**kw).choices[0].text
+    assert a != b
 
 
 def test_top_logprobs_minus_one_is_unset(srv):
@@ -179,7 +218,7 @@ def test_top_logprobs_minus_one_is_unset(srv):
 
 def test_unknown_path_is_json_404(srv):
     r = httpx.get(srv.base_url + "/v2/whatever")
-    assert r.status_code == 404 and r.json() == {"error": {"message": "not found"}}
+    assert r.status_code == 404 and r.json()["error"]["message"] == "not found"
 
 
 def test_sdk_raises_bad_request(client):

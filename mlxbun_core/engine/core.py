@@ -64,6 +64,8 @@ class Engine:
 
     # -- preparation --------------------------------------------------------
     def sampling(self, body: dict) -> SamplingParams:
+        if "stream" in body and not isinstance(body["stream"], bool):
+            raise BadRequest("stream must be of type bool", param="stream")
         return SamplingParams.from_body(body, self.defaults)
 
     # Rendering a template and compiling a grammar can take a while (a first JSON
@@ -93,9 +95,15 @@ class Engine:
         limit = max_tokens_from(body, self.max_tokens)
         stop = stop_sequences(body)
         tools = body.get("tools") or None
-        if tools is not None and not isinstance(tools, list):
-            raise BadRequest("tools must be a list", param="tools")
-        if body.get("tool_choice") == "none":
+        if tools is not None and not (isinstance(tools, list)
+                                      and all(isinstance(t, dict) for t in tools)):
+            raise BadRequest("tools must be a list of objects", param="tools")
+        choice = body.get("tool_choice")
+        if choice is not None and not (choice in ("none", "auto", "required")
+                                       or isinstance(choice, dict)):
+            raise BadRequest("tool_choice must be 'none', 'auto', 'required' or an object",
+                             param="tool_choice")
+        if choice == "none":
             tools = None
         kwargs = body.get("chat_template_kwargs") or {}
         if not isinstance(kwargs, dict):
@@ -117,12 +125,24 @@ class Engine:
                                 tool_parser=parser)
         return self._constrained(req, plan)
 
-    @staticmethod
-    def _constrained(req: GenerationRequest, plan) -> Prepared:
+    def _constrained(self, req: GenerationRequest, plan) -> Prepared:
         if plan.processor is not None:
             req.sampling.extra_processors.append(plan.processor)  # last: after bias/penalties
             req.grammar = plan.processor
+        req.sampling.check_vocab(self.vocab_size)
+        try:
+            req.sampler = req.sampling.sampler(self.model.tokenizer)
+            req.processors = req.sampling.logits_processors()
+        except ValueError as exc:  # mlx-lm's own argument checks
+            raise BadRequest(str(exc))
         return Prepared(req, warning=plan.warning)
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the output layer (can exceed the tokenizer's size)."""
+        cfg = self.model.config
+        return int(cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size")
+                   or len(self.model.tokenizer))
 
     @staticmethod
     def _with_instruction(msgs: list, instruction: str) -> list:
@@ -140,6 +160,8 @@ class Engine:
         sampling = self.sampling(body)
         limit = max_tokens_from(body, self.max_tokens)
         tokens = self.model.tokenizer.encode(text)
+        if not tokens:
+            raise BadRequest("prompt encodes to no tokens", param="prompt")
         req = GenerationRequest(prompt_tokens=tokens, sampling=sampling, max_tokens=limit,
                                 stop=stop_sequences(body))
         # no template to inject an instruction into: the degrade path is the Warning alone
@@ -162,7 +184,9 @@ class Engine:
             for part in content:
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind == "text":
-                    texts.append(str(part.get("text", "")))
+                    if not isinstance(part.get("text"), str):
+                        raise BadRequest("text content parts need a string 'text'", param="messages")
+                    texts.append(part["text"])
                 elif kind in MEDIA_PART_KINDS:
                     self._require_media(MEDIA_PART_KINDS[kind])
                 else:
@@ -180,7 +204,11 @@ class Engine:
         if not isinstance(call, dict):
             raise BadRequest("tool_calls entries must be objects", param="messages")
         call = dict(call)
-        fn = dict(call.get("function") or {})
+        fn = call.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise BadRequest("tool_calls entries need a function object with a name",
+                             param="messages")
+        fn = dict(fn)
         args = fn.get("arguments")
         if isinstance(args, str):
             try:
@@ -238,6 +266,8 @@ class Engine:
                  t.get("decode_tps", 0.0), u.lane)
 
     async def embed(self, texts: list, instruction: Optional[str] = None):
+        if self.model.kind != "embedding":  # answer now, not after queued generations
+            raise BadRequest(f"model {self.model.id} is not an embedding model")
         hook = plugins.hook()
         result = await self.worker.call(
             lambda: hook.embed(model=self.model, texts=texts, instruction=instruction))

@@ -8,18 +8,20 @@ from typing import Optional
 
 from ..errors import BadRequest
 
-# (field, types, min, max, whitelist) — mlx_lm.server's validate_model_parameters
+INT32_MAX = 2**31 - 1
+# (field, types, min, max, whitelist) — mlx_lm.server's validate_model_parameters, plus
+# upper bounds mlx-lm leaves to its kernels (which would fail mid-request otherwise)
 _RULES = [
     ("temperature", (float, int), 0, None, None),
     ("top_p", (float, int), 0, 1, None),
-    ("top_k", int, 0, None, None),
+    ("top_k", int, 0, INT32_MAX, None),
     ("min_p", (float, int), 0, 1, None),
     ("repetition_penalty", (float, int), 0, None, None),
-    ("repetition_context_size", int, 0, None, None),
+    ("repetition_context_size", int, 0, INT32_MAX, None),
     ("presence_penalty", (float, int), None, None, None),
-    ("presence_context_size", int, 0, None, None),
+    ("presence_context_size", int, 0, INT32_MAX, None),
     ("frequency_penalty", (float, int), None, None, None),
-    ("frequency_context_size", int, 0, None, None),
+    ("frequency_context_size", int, 0, INT32_MAX, None),
     ("logprobs", bool, None, None, None),
     ("top_logprobs", int, 0, 11, (-1,)),
     ("xtc_probability", (float, int), 0, 1, None),
@@ -72,9 +74,8 @@ class SamplingParams:
         for name, types, lo, hi, wl in _RULES:
             if name in body and body[name] is not None:
                 _check(name, body[name], types, lo, hi, wl)
-        if "seed" in body and body["seed"] is not None and (
-                not isinstance(body["seed"], int) or isinstance(body["seed"], bool)):
-            raise BadRequest("seed must be of type int", param="seed")
+        if body.get("seed") is not None:
+            _check("seed", body["seed"], int, 0, 2**64 - 1, None)
         bias = merged.get("logit_bias")
         if bias is not None:
             if not isinstance(bias, dict):
@@ -84,6 +85,16 @@ class SamplingParams:
             except (TypeError, ValueError):
                 raise BadRequest("logit_bias must be a dict of int to float", param="logit_bias")
         return cls(**merged)
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Limits that depend on the model: mlx-lm's kernels would fail mid-request."""
+        if self.top_k >= vocab_size:
+            raise BadRequest(f"top_k must be less than the vocabulary size ({vocab_size})",
+                             param="top_k")
+        bad = [k for k in (self.logit_bias or {}) if not 0 <= k < vocab_size]
+        if bad:
+            raise BadRequest(f"logit_bias token id {bad[0]} is outside the vocabulary "
+                             f"(0..{vocab_size - 1})", param="logit_bias")
 
     @property
     def wants_logprobs(self) -> bool:

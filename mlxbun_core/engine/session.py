@@ -27,6 +27,8 @@ class GenerationRequest:
     tool_parser: Any = None  # StreamingToolParser or None
     input_embeddings: Any = None
     grammar: Any = None  # a grammar processor (also in sampling.extra_processors); .done ends it
+    sampler: Any = None  # built when the request is prepared, so a bad value is a 400
+    processors: list = field(default_factory=list)
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
 import time
@@ -89,8 +90,7 @@ class GenerationJob(Job):
 
         req, sess = self.request, self.session
         prompt = mx.array(req.prompt_tokens)
-        sampler = req.sampling.sampler(sess.tokenizer)
-        procs = req.sampling.logits_processors() or None
+        sampler, procs = req.sampler, req.processors or None
         if self.draft is None:
             for token, logprobs in generate_step(prompt, self.model, max_tokens=-1, sampler=sampler,
                                                  logits_processors=procs,
@@ -130,9 +130,19 @@ class GenerationJob(Job):
                     return
         finally:
             steps.close()  # frees the KV cache now, not at the next GC
+            if req.sampling.seed is not None:
+                fresh_random_state()  # a seeded request must not make later ones repeatable
 
     def fail(self, exc):
-        self._post(self.session.finish("error", error=str(exc)))
+        fresh_random_state()  # a failure inside a compiled sampler can leave the state unusable
+        reason = "cancelled" if self.cancelled.is_set() else "error"
+        self._post(self.session.finish(reason, error=str(exc)))
+
+
+def fresh_random_state():
+    import mlx.core as mx
+
+    mx.random.seed(int.from_bytes(os.urandom(8), "little"))
 
 
 class ModelWorker:

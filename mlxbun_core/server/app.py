@@ -36,7 +36,7 @@ def build_app(engine) -> Application:
         module.register(app, engine)
 
     async def not_found(request: Request):
-        return json_response({"error": {"message": "not found"}}, 404)
+        return json_response({"error": {"message": "not found", "type": "not_found_error"}}, 404)
 
     app.router.fallback = not_found
 
