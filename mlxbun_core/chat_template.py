@@ -69,3 +69,24 @@ def opens_thinking(text: str, start: Optional[str], end: Optional[str]) -> bool:
     tail = text.rstrip()
     pos = tail.rfind(start)
     return pos >= 0 and tail.find(end or "\0", pos) < 0 and len(tail) - pos - len(start) <= 1
+
+
+def install_fallback_template(tokenizer, text: str) -> bool:
+    """Give a tokenizer that ships no chat template the plugin's ``text``.
+
+    ``tokenizer`` is an mlx-lm ``TokenizerWrapper`` (or a bare HF tokenizer). The
+    template goes on the HF tokenizer, and the wrapper's ``has_chat_template`` is set,
+    so every reader sees it. A non-empty template, or a wrapper-level renderer, counts
+    as having one. Returns whether the fallback was installed.
+    """
+    if getattr(tokenizer, "chat_template", None):
+        return False
+    hf = getattr(tokenizer, "_tokenizer", None)
+    if hf is None:  # a bare HF tokenizer
+        tokenizer.chat_template = text
+        return True
+    if getattr(tokenizer, "_chat_template", None) is not None:
+        return False
+    hf.chat_template = text
+    tokenizer.has_chat_template = True
+    return True

@@ -277,6 +277,125 @@ def test_error_bad_fields(srv):
                  400, "invalid_request_error", "logit_bias")
 
 
+IMG = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBO"}}
+
+
+def user(*blocks):
+    return [{"role": "user", "content": list(blocks)}]
+
+
+@pytest.mark.parametrize("extra,fragment", [
+    ({"messages": user({"type": "image", "source": "x"})}, "image source must be an object"),
+    ({"messages": user({"type": "image", "source": {"type": "base64", "data": "iVBO",
+                                                     "media_type": 5}})},
+     "media_type must be a string"),
+    ({"messages": user({"type": "tool_result", "tool_use_id": "t1",
+                        "content": [{"type": "image", "source": 5}]})},
+     "image source must be an object"),
+    ({"messages": user({"type": "tool_result", "tool_use_id": 5, "content": "x"})},
+     "tool_use_id must be a non-empty string"),
+    ({"messages": user({"type": "text", "text": 7})}, "text block text must be a string"),
+    ({"messages": user({"type": "text"})}, "text block text must be a string"),
+    ({"messages": USER + [{"role": "assistant", "content": [{"type": "text", "text": [1]}]}]},
+     "text block text must be a string"),
+    ({"messages": USER + [{"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t1", "name": "f", "input": "x"}]}]},
+     "tool_use input must be an object"),
+    ({"system": [5, {"type": "text", "text": "x"}]}, "system[0] must be a text block"),
+    ({"system": [{"type": "text", "text": 7}]}, "system[0].text must be a string"),
+    ({"system": 5}, "system must be a string or a list"),
+    ({"output_config": {"effort": [1]}}, "output_config.effort must be a non-empty string"),
+    ({"output_config": "high"}, "output_config must be an object"),
+    ({"output_config": {"format": {"type": "xml"}}}, "output_config.format.type must be"),
+    ({"thinking": {"type": "enabled"}, "chat_template_kwargs": 5},
+     "chat_template_kwargs must be an object"),
+    ({"chat_template_kwargs": 5}, "chat_template_kwargs must be an object"),
+    ({"thinking": "on"}, "thinking must be an object"),
+    ({"thinking": {"type": "sometimes"}}, "thinking.type must be one of"),
+    ({"tools": [{**WEATHER, "name": 5}]}, "tools[0].name must be a non-empty string"),
+    ({"tools": [{**WEATHER, "input_schema": "x"}]}, "tools[0].input_schema must be an object"),
+    ({"tools": [5]}, "tools[0] must be an object"),
+    ({"tools": [WEATHER], "tool_choice": "auto"}, "tool_choice must be an object"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": 5}},
+     "tool_choice.name must be a non-empty string"),
+    ({"stream": "yes"}, "stream must be a boolean"),
+])
+def test_error_wrongly_typed_nested_fields(srv, extra, fragment):
+    body = {"max_tokens": 8, "messages": USER, **extra}
+    assert_error(post(srv, body), 400, "invalid_request_error", fragment)
+
+
+@pytest.mark.parametrize("extra,fragment", [
+    ({"max_tokens": "8"}, "max_tokens must be of type int"),
+    ({"stop_sequences": 5}, "stop_sequences must be a string or a list of strings"),
+    ({"output_config": {"effort": "huge"}}, "output_config.effort must be one of"),
+    ({"output_config": {"format": {"type": "json_schema", "schema": "x"}}},
+     "output_config.format.schema must be a JSON schema object"),
+    ({"output_format": {"type": "json_schema", "schema": 5}},
+     "output_format.schema must be a JSON schema object"),
+])
+def test_error_messages_use_anthropic_field_names(srv, extra, fragment):
+    assert_error(post(srv, {"max_tokens": 8, "messages": USER, **extra}), 400,
+                 "invalid_request_error", fragment)
+
+
+def test_error_message_carries_param(srv):
+    """Anthropic's error has no param field: a known param leads the message (once)."""
+    from mlxbun_core.errors import BadRequest
+    from mlxbun_core.server.anthropic_messages import anthropic_error
+
+    led = json.loads(anthropic_error(BadRequest("must be positive", param="top_k")).content.body)
+    assert led["error"]["message"] == "top_k: must be positive"
+    r = post(srv, {"max_tokens": 8, "messages": USER, "temperature": "hot"})
+    assert_error(r, 400, "invalid_request_error", "temperature must be")
+    assert r.json()["error"]["message"].startswith("temperature must be")
+
+
+def test_message_start_usage_matches_final_accounting(srv, client):
+    body = {"model": "x", "max_tokens": 16, "messages": USER}
+    events = sse(srv, body)
+    start = events[0][1]["message"]["usage"]
+    final = [d for e, d in events if e == "message_delta"][0]["usage"]
+    plain = client.messages.create(**body).usage
+    assert start == {"input_tokens": plain.input_tokens, "output_tokens": 0}
+    assert final["input_tokens"] == start["input_tokens"] == plain.input_tokens
+
+
+def test_whitespace_before_tool_call_is_not_a_text_block(client, srv, plugin):
+    """The tool parser drops whitespace around parsed markup: no empty text block."""
+    plugin.text = "\n\n" + CALL
+    msg = client.messages.create(model="any", max_tokens=64, messages=USER, tools=[WEATHER])
+    assert [b.type for b in msg.content] == ["tool_use"]
+    events = sse(srv, {"model": "x", "max_tokens": 64, "messages": USER, "tools": [WEATHER]})
+    blocks = [d["content_block"]["type"] for e, d in events if e == "content_block_start"]
+    assert blocks == ["tool_use"]
+    plugin.text = "\n\n"  # whitespace alone (no call) is still the answer
+    events = sse(srv, {"model": "x", "max_tokens": 64, "messages": USER, "tools": [WEATHER]})
+    text = "".join(d["delta"]["text"] for e, d in events
+                   if e == "content_block_delta" and d["delta"]["type"] == "text_delta")
+    assert text == "\n\n"
+
+
+def test_count_tokens_compiles_no_grammar(client, srv):
+    from mlxbun_core.grammar import registry
+
+    schema = {"type": "object", "properties": {"count_only_field": {"type": "integer"}}}
+    plain = client.messages.count_tokens(model="any", messages=USER).input_tokens
+    before = registry.stats()["compile_cache"]
+    for extra in ({"output_config": {"format": {"type": "json_schema", "schema": schema}}},
+                  {"output_format": {"type": "json_schema", "schema": schema}},
+                  {"response_format": {"type": "json_schema",
+                                       "json_schema": {"name": "o", "schema": schema}}}):
+        r = post(srv, {"messages": USER, **extra}, "/messages/count_tokens")
+        assert r.status_code == 200 and r.json() == {"input_tokens": plain}
+    assert registry.stats()["compile_cache"] == before
+    # a malformed format is still a 400, as on /v1/messages
+    r = post(srv, {"messages": USER, "output_config": {"format": {"type": "json_schema",
+                                                                  "schema": 5}}},
+             "/messages/count_tokens")
+    assert_error(r, 400, "invalid_request_error", "output_config.format.schema")
+
+
 # ------------------------------------------------------------------ one real model
 
 def test_real_model_answers(smollm2_path):

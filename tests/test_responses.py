@@ -61,10 +61,14 @@ def sse(srv, body) -> list[dict]:
     return out
 
 
-def assert_error(r, status, kind, fragment=""):
+def assert_error(r, status, kind, fragment="", param=None):
+    """The Responses error shape; ``kind`` is invalid_request_error or server_error only."""
     assert r.status_code == status, r.text
     err = r.json()["error"]
-    assert err["type"] == kind and err["param"] is None and err["code"] is None
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["type"] == kind and err["type"] in ("invalid_request_error", "server_error")
+    if param is not None:
+        assert err["param"] == param
     assert fragment in err["message"]
 
 
@@ -246,9 +250,61 @@ def test_raw_incomplete_and_failed(srv, plugin):
 def test_unknown_previous_response_id(client, srv):
     with pytest.raises(openai.NotFoundError) as err:
         client.responses.create(model="any", input="hi", previous_response_id="resp_nope")
-    assert err.value.body["type"] == "not_found_error"
+    assert err.value.body["type"] == "invalid_request_error"  # the spec has no not_found type
     assert_error(post(srv, {"input": "hi", "previous_response_id": "resp_nope"}), 404,
-                 "not_found_error", "resp_nope")
+                 "invalid_request_error", "resp_nope", param="previous_response_id")
+    for method in (httpx.get, httpx.delete):
+        assert_error(method(srv.v1 + "/responses/resp_nope"), 404, "invalid_request_error",
+                     "resp_nope")
+    # a wrongly typed id is a bad request, not an unknown one
+    assert_error(post(srv, {"input": "hi", "previous_response_id": 5}), 400,
+                 "invalid_request_error", "previous_response_id must be a string",
+                 param="previous_response_id")
+
+
+@pytest.mark.parametrize("extra,fragment,param", [
+    ({"max_output_tokens": "x"}, "max_output_tokens must be of type int", "max_output_tokens"),
+    ({"max_output_tokens": 0}, "max_output_tokens must be at least 1", "max_output_tokens"),
+    ({"max_tokens": "x"}, "max_tokens must be of type int", "max_tokens"),  # the name sent
+    ({"reasoning": {"effort": "huge"}}, "reasoning.effort must be one of", "reasoning.effort"),
+    ({"text": {"format": {"type": "json_schema", "name": "o", "schema": "x"}}},
+     "text.format.schema must be a JSON schema object", "text.format.schema"),
+    ({"text": {"format": {"type": "yaml"}}}, "text.format.type must be one of",
+     "text.format.type"),
+    ({"text": "x"}, "text must be an object", "text"),
+    ({"reasoning": "high"}, "reasoning must be an object", "reasoning"),
+    ({"input": [{"role": "user", "content": [{"type": "input_text", "text": 5}]}]},
+     "input_text text must be a string", "input"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": 5, "arguments": "{}"}]},
+     "function_call name must be a string", "input"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}]},
+     "function_call arguments must be a string", "input"),
+    ({"tools": [{**WEATHER, "parameters": "x"}]}, "tools[0].parameters must be a JSON schema",
+     "tools"),
+    ({"tools": [{**WEATHER, "name": 5}]}, "tools[0].name must be a non-empty string", "tools"),
+    ({"tools": [5]}, "tools[0] must be an object", "tools"),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice must be", "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": 5}},
+     "tool_choice.name must be a string", "tool_choice"),
+    ({"stream": "yes"}, "stream must be a boolean", "stream"),
+    ({"store": 1}, "store must be a boolean", "store"),
+])
+def test_wrongly_typed_fields_name_the_field_sent(srv, extra, fragment, param):
+    assert_error(post(srv, {"input": "hi", **extra}), 400, "invalid_request_error", fragment,
+                 param=param)
+
+
+def test_whitespace_before_tool_call_is_not_a_message(client, plugin, srv):
+    """The tool parser drops whitespace around parsed markup: no empty message item."""
+    plugin.text = "\n\n" + CALL
+    r = client.responses.create(model="any", input="Weather?", tools=[WEATHER])
+    assert [o.type for o in r.output] == ["function_call"]
+    events = sse(srv, {"input": "Weather?", "tools": [WEATHER]})
+    assert not any(e["type"].startswith("response.output_text") for e in events)
+    assert [o["type"] for o in events[-1]["response"]["output"]] == ["function_call"]
+    plugin.text = "\n\n"  # whitespace alone (no call) is still the answer
+    events = sse(srv, {"input": "Weather?", "tools": [WEATHER]})
+    assert events[-1]["response"]["output"][0]["content"][0]["text"] == "\n\n"
 
 
 def test_bad_requests(srv, client):

@@ -1,8 +1,9 @@
 """POST /v1/messages (+ /v1/messages/count_tokens) — the Anthropic Messages surface.
 
-The request is translated into the OpenAI chat body shape and runs through the
-same ``engine.prepare_chat`` path as /v1/chat/completions, so templates, tool
-parsing, media checks and grammar are shared; only the wire format differs.
+The request is translated into the OpenAI chat body shape (:mod:`.anthropic_request`)
+and runs through the same ``engine.prepare_chat`` path as /v1/chat/completions, so
+templates, tool parsing, media checks and grammar are shared; only the wire format
+differs.
 
 Reasoning is surfaced as Anthropic's extended-thinking shape: a ``thinking``
 block (empty ``signature``; we sign nothing) before the text, present only when
@@ -15,197 +16,42 @@ contributed) holds the rest.
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 
 from blacksheep import Request
 
 from ..engine.reply import gather
 from ..errors import APIError, BadRequest
+from ..grammar import resolve_grammar_request
+from .anthropic_request import chat_names, to_chat
 from .common import collect, guarded, json_response, new_id, read_body, sse_event, sse_response
+from .field_names import renamed
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                403: "permission_error", 404: "not_found_error", 413: "request_too_large",
                429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
-# mlx-lm sampler/penalty extensions accepted on top of Anthropic's own fields
-EXTRAS = ("min_p", "xtc_probability", "xtc_threshold", "repetition_penalty",
-          "repetition_context_size", "presence_penalty", "presence_context_size",
-          "frequency_penalty", "frequency_context_size", "seed", "chat_template_kwargs",
-          "reasoning_effort", "response_format")
-AUDIO_BLOCKS = ("input_audio", "audio", "audio_url")
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
 def anthropic_error(exc: APIError):
+    """Anthropic's error shape has no ``param``: a known one leads the message instead."""
     kind = ERROR_TYPES.get(exc.status, "api_error" if exc.status >= 500 else "invalid_request_error")
-    return json_response({"type": "error", "error": {"type": kind, "message": exc.message}},
+    message = exc.message
+    if exc.param and exc.param not in message:
+        message = f"{exc.param}: {message}"
+    return json_response({"type": "error", "error": {"type": kind, "message": message}},
                          exc.status)
 
 
 # ---------------------------------------------------------------- request side
 
-def _text_of(content, where: str) -> str:
-    """A string, or the text blocks of a block list (system, tool_result)."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise BadRequest(f"{where} must be a string or a list of content blocks")
-    return "".join(b.get("text", "") for b in content
-                   if isinstance(b, dict) and b.get("type") == "text")
-
-
-def _image_part(block: dict) -> dict:
-    src = block.get("source") or {}
-    kind = src.get("type")
-    if kind == "base64" and isinstance(src.get("data"), str):
-        url = f"data:{src.get('media_type') or 'image/png'};base64,{src['data']}"
-    elif kind == "url" and isinstance(src.get("url"), str):
-        url = src["url"]
-    else:
-        raise BadRequest(f"unsupported image source type: {kind!r} (use base64 or url)")
-    return {"type": "image_url", "image_url": {"url": url}}
-
-
-def _block_part(block) -> dict | None:
-    """One user-side content block as an OpenAI content part (None = dropped)."""
-    kind = block.get("type") if isinstance(block, dict) else None
-    if kind == "text":
-        return {"type": "text", "text": str(block.get("text", ""))}
-    if kind == "image":
-        return _image_part(block)
-    if kind in AUDIO_BLOCKS:
-        raise BadRequest("the Anthropic protocol has no audio input block; send audio to "
-                         "/v1/chat/completions instead")
-    if kind in ("thinking", "redacted_thinking"):
-        return None
-    raise BadRequest(f"unsupported content block type: {kind!r}")
-
-
-def _tool_result(block: dict) -> dict:
-    content = block.get("content")
-    if content is None or isinstance(content, str):
-        parts = content or ""
-    elif isinstance(content, list):
-        parts = [p for p in map(_block_part, content) if p is not None]
-        if all(p["type"] == "text" for p in parts):
-            parts = "".join(p["text"] for p in parts)
-    else:
-        raise BadRequest("tool_result content must be a string or a list of blocks")
-    if block.get("is_error") and isinstance(parts, str):
-        parts = f"Error: {parts}"
-    return {"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")), "content": parts}
-
-
-def _user_messages(content) -> list:
-    """A user turn: tool_result blocks become tool messages, the rest user parts."""
-    if isinstance(content, str):
-        return [{"role": "user", "content": content}]
-    out, parts = [], []
-    for block in content:
-        if isinstance(block, dict) and block.get("type") == "tool_result":
-            if parts:
-                out.append({"role": "user", "content": parts})
-                parts = []
-            out.append(_tool_result(block))
-        else:
-            part = _block_part(block)
-            if part is not None:
-                parts.append(part)
-    if parts or not out:
-        out.append({"role": "user", "content": parts})
-    return out
-
-
-def _assistant_message(content) -> dict:
-    if isinstance(content, str):
-        return {"role": "assistant", "content": content}
-    texts, calls = [], []
-    for block in content:
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind == "text":
-            texts.append(str(block.get("text", "")))
-        elif kind == "tool_use":
-            calls.append({"id": str(block.get("id", "")), "type": "function",
-                          "function": {"name": block.get("name", ""),
-                                       "arguments": json.dumps(block.get("input") or {})}})
-        elif kind not in ("thinking", "redacted_thinking"):
-            raise BadRequest(f"unsupported assistant content block type: {kind!r}")
-    msg = {"role": "assistant", "content": "".join(texts)}
-    if calls:
-        msg["tool_calls"] = calls
-    return msg
-
-
-def _tools(tools) -> list | None:
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        raise BadRequest("tools must be a list")
-    out = [{"type": "function",
-            "function": {"name": t["name"], "description": t.get("description", ""),
-                         "parameters": t["input_schema"]}}
-           for t in tools if isinstance(t, dict) and t.get("name") and t.get("input_schema")]
-    return out or None
-
-
-def _tool_choice(choice):
-    if choice is None:
-        return None
-    kind = choice.get("type") if isinstance(choice, dict) else None
-    if kind == "tool":
-        return {"type": "function", "function": {"name": choice.get("name")}}
-    mapped = {"auto": "auto", "any": "required", "none": "none"}.get(kind)
-    if mapped is None:
-        raise BadRequest("tool_choice.type must be one of auto, any, tool, none")
-    return mapped
-
-
-def to_chat(body: dict, *, need_max_tokens: bool = True) -> dict:
-    """Translate an Anthropic Messages body into an OpenAI chat body."""
-    if "logit_bias" in body:
-        raise BadRequest("logit_bias is not a parameter of the Anthropic Messages API")
-    if need_max_tokens and body.get("max_tokens") is None:
-        raise BadRequest("max_tokens: field required")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("messages: field required (a non-empty list)")
-    out = []
-    if body.get("system") is not None:
-        system = _text_of(body["system"], "system")
-        if system:
-            out.append({"role": "system", "content": system})
-    for m in messages:
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise BadRequest("each message needs role 'user' or 'assistant'")
-        content = m.get("content")
-        if not isinstance(content, (str, list)):
-            raise BadRequest("message content must be a string or a list of content blocks")
-        out += _user_messages(content) if m["role"] == "user" else [_assistant_message(content)]
-    chat = {"messages": out, "stream": bool(body.get("stream"))}
-    for src, dst in (("max_tokens", "max_tokens"), ("temperature", "temperature"),
-                     ("top_p", "top_p"), ("top_k", "top_k"), ("stop_sequences", "stop")):
-        if body.get(src) is not None:
-            chat[dst] = body[src]
-    for name in EXTRAS:
-        if body.get(name) is not None:
-            chat[name] = body[name]
-    tools = _tools(body.get("tools"))
-    if tools:
-        chat["tools"] = tools
-        choice = _tool_choice(body.get("tool_choice"))
-        if choice is not None:
-            chat["tool_choice"] = choice
-    thinking = body.get("thinking")
-    if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "disabled"):
-        kwargs = dict(chat.get("chat_template_kwargs") or {})
-        kwargs.setdefault("enable_thinking", thinking["type"] == "enabled")
-        chat["chat_template_kwargs"] = kwargs
-    config = body.get("output_config") if isinstance(body.get("output_config"), dict) else {}
-    if config.get("effort") is not None:  # Anthropic's top level "max" is our "xhigh"
-        chat.setdefault("reasoning_effort", {"max": "xhigh"}.get(config["effort"], config["effort"]))
-    fmt = config.get("format") or body.get("output_format")  # current / older beta spelling
-    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
-        chat["response_format"] = {"type": "json_schema",
-                                   "json_schema": {"name": "output", "schema": fmt.get("schema")}}
-    return chat
+@contextmanager
+def anthropic_names(body: dict):
+    """Errors of the shared chat path, in the Anthropic field names ``body`` used."""
+    try:
+        yield
+    except APIError as exc:
+        raise renamed(exc, chat_names(body)) from exc
 
 
 # ---------------------------------------------------------------- response side
@@ -240,13 +86,17 @@ def register(app, engine):
     @guarded(anthropic_error)
     async def messages(request: Request):
         body = await read_body(request)
-        prepared = await engine.aprepare_chat(to_chat(body))
+        streaming = body.get("stream", False)
+        if not isinstance(streaming, bool):
+            raise BadRequest("stream must be a boolean")
+        chat = to_chat(body)
+        with anthropic_names(body):
+            prepared = await engine.aprepare_chat(chat)
         job = engine.start(prepared.request)
         headers = {"Warning": prepared.warning} if prepared.warning else None
         mid = new_id("msg_")
-        if body.get("stream"):
-            frames = stream(job, mid, len(prepared.request.prompt_tokens))
-            return sse_response(request, job, frames, headers)
+        if streaming:
+            return sse_response(request, job, stream(job, mid), headers)
         reply = gather(await collect(request, engine, job))
         content = []
         if reply.reasoning:
@@ -262,12 +112,16 @@ def register(app, engine):
                               "stop_sequence": seq, "usage": _usage(reply.finish.usage)},
                              headers=headers)
 
-    async def stream(job, mid, prompt_tokens):
-        yield sse_event("message_start", {"type": "message_start", "message": {
-            "id": mid, "type": "message", "role": "assistant", "model": model_id,
-            "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}})
-        index, open_kind, pending = -1, None, ""  # pending: leading whitespace of a text block
+    async def stream(job, mid):
+        def message_start():
+            # sent with the first engine event: the prompt is admitted by then, so the
+            # input accounting (cache reads included) is the one message_delta reports
+            usage = {**_usage(job.session.usage, output=False), "output_tokens": 0}
+            return sse_event("message_start", {"type": "message_start", "message": {
+                "id": mid, "type": "message", "role": "assistant", "model": model_id,
+                "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}})
+
+        index, open_kind, started = -1, None, False
 
         def start(kind, block):
             nonlocal index, open_kind
@@ -294,20 +148,16 @@ def register(app, engine):
             return frames + [delta({"type": "text_delta", "text": t})]
 
         async for kind, payload in engine.events(job):
-            frames = []
+            frames = [] if started else [message_start()]
+            started = True
             if kind == "reasoning" and payload:
                 if open_kind != "thinking":
                     frames += start("thinking", {"type": "thinking", "thinking": "",
                                                  "signature": ""})
                 frames.append(delta({"type": "thinking_delta", "thinking": payload}))
             elif kind == "content" and payload:
-                if open_kind != "text" and not (pending + payload).strip():
-                    pending += payload  # whitespace before a tool call is not a block
-                else:
-                    frames += text(pending + payload)
-                    pending = ""
+                frames += text(payload)  # the tool parser drops whitespace around a call
             elif kind == "tool_call":
-                pending = ""
                 frames += start("tool_use", {"type": "tool_use", "id": payload.id,
                                              "name": payload.name, "input": {}})
                 frames.append(delta({"type": "input_json_delta",
@@ -317,11 +167,13 @@ def register(app, engine):
                 frames.append(sse_event("ping", {"type": "ping"}))
             elif kind == "done":
                 if payload.reason in ("error", "cancelled"):
+                    for frame in frames:
+                        yield frame
                     yield sse_event("error", {"type": "error", "error": {
                         "type": "api_error", "message": payload.error or "generation cancelled"}})
                     return
-                if pending or index < 0:
-                    frames += text(pending)
+                if index < 0:
+                    frames += text("")
                 frames += stop()
                 reason, seq = _stop(payload)
                 frames.append(sse_event("message_delta", {
@@ -334,7 +186,11 @@ def register(app, engine):
     @guarded(anthropic_error)
     async def count_tokens(request: Request):
         body = await read_body(request)
-        prepared = await engine.aprepare_chat(to_chat(body, need_max_tokens=False))
+        chat = to_chat(body, need_max_tokens=False)
+        with anthropic_names(body):
+            resolve_grammar_request(chat)  # a bad format is a 400 here too …
+            chat.pop("response_format", None)  # … but counting compiles no grammar
+            prepared = await engine.aprepare_chat(chat)
         return json_response({"input_tokens": len(prepared.request.prompt_tokens)})
 
     app.router.add_post("/v1/messages", messages)

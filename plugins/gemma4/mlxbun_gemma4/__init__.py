@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from importlib import resources
 
-from mlxbun_core.chat_template import apply_template, opens_thinking, thinking_switch
+from mlxbun_core.chat_template import (apply_template, install_fallback_template,
+                                       opens_thinking, thinking_switch)
 from mlxbun_core.hookspecs import hookimpl
 from mlxbun_core.model import LoadedModel
 from mlxbun_core.toolcalls import StreamingToolParser
@@ -51,15 +52,15 @@ def load_model(path, config, options):
     from mlx_lm.utils import load
 
     model, tokenizer = load(str(path))
-    if not getattr(tokenizer, "chat_template", None):
-        tokenizer._tokenizer.chat_template = fallback_template()
+    fallback = install_fallback_template(tokenizer, fallback_template())
     vocab = tokenizer.get_vocab()
     for tok in STOP_TOKENS:
         if tok in vocab:
             tokenizer.add_eos_token(tok)
     return LoadedModel(id=options.model_id, path=path, config=config, model=model,
                        tokenizer=tokenizer, family=FAMILY, reasoning=True,
-                       generation_defaults=dict(SAMPLING_DEFAULTS))
+                       generation_defaults=dict(SAMPLING_DEFAULTS),
+                       extras={"fallback_template": fallback})
 
 
 def _canonical(m: dict) -> dict:

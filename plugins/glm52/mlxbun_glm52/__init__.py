@@ -12,11 +12,10 @@ this plugin adds what differs from the generic path:
 
 from __future__ import annotations
 
-import json
 from importlib.resources import files
 from pathlib import Path
 
-from mlxbun_core.chat_template import apply_template, thinking_switch
+from mlxbun_core.chat_template import apply_template, install_fallback_template, thinking_switch
 from mlxbun_core.hookspecs import hookimpl
 from mlxbun_core.model import LoadedModel
 
@@ -27,7 +26,8 @@ __all__ = ["FAMILY", "GlmDialect", "claims", "load_model", "render_chat", "tool_
 FAMILY = "glm52"
 MODEL_TYPES = ("glm_moe_dsa",)
 ARCHITECTURES = ("GlmMoeDsaForCausalLM",)
-# Z.ai's published sampling for GLM-5.x; only fills what generation_config.json omits.
+# Z.ai's published sampling for GLM-5.x; the checkpoint's generation_config.json wins
+# (the loader merges it over these).
 FAMILY_DEFAULTS = {"temperature": 1.0, "top_p": 0.95}
 
 
@@ -40,13 +40,6 @@ def claims(config: dict) -> bool:
     return config.get("model_type") in MODEL_TYPES or any(a in ARCHITECTURES for a in archs)
 
 
-def _generation_config(path: Path) -> dict:
-    try:
-        return json.loads((Path(path) / "generation_config.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 @hookimpl
 def load_model(path, config, options):
     if not claims(config):
@@ -54,14 +47,10 @@ def load_model(path, config, options):
     from mlx_lm.utils import load
 
     model, tokenizer = load(str(path))
-    fallback = not getattr(tokenizer, "chat_template", None)
-    if fallback:
-        tokenizer.chat_template = fallback_template()
-    gen = _generation_config(path)
+    fallback = install_fallback_template(tokenizer, fallback_template())
     return LoadedModel(id=options.model_id, path=Path(path), config=config, model=model,
                        tokenizer=tokenizer, family=FAMILY, reasoning=True,
-                       generation_defaults={k: v for k, v in FAMILY_DEFAULTS.items()
-                                            if gen.get(k) is None},
+                       generation_defaults=dict(FAMILY_DEFAULTS),
                        extras={"fallback_template": fallback})
 
 

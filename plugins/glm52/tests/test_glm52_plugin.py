@@ -92,9 +92,19 @@ def test_fallback_template_installed_when_checkpoint_has_none():
     m = loader.claim(bare, LoadOptions(model_id="bare"))
     assert m.family == "glm52" and m.extras["fallback_template"] is True
     assert m.tokenizer.chat_template == mlxbun_glm52.fallback_template()
+    assert m.tokenizer.has_chat_template
     p = plugins.hook().render_chat(model=m, messages=MSG, tools=None, template_kwargs={},
                                    reasoning_effort=None)
     assert p.text.startswith("[gMASK]<sop><|user|>") and p.text.endswith("<think></think>")
+
+
+def test_generation_config_wins_over_family_defaults():
+    tuned = tiny_checkpoint("glm_moe_dsa", seed=5, chat_template=mlxbun_glm52.fallback_template(),
+                            generation_config={"temperature": 0.6})
+    m = loader.claim(tuned, LoadOptions(model_id="tuned"))
+    assert m.extras["fallback_template"] is False  # the checkpoint ships one
+    assert m.generation_defaults["temperature"] == 0.6  # the checkpoint's value
+    assert m.generation_defaults["top_p"] == 0.95  # the family default fills the gap
 
 
 def test_cli_lists_plugin_and_honours_disable():

@@ -23,7 +23,7 @@ import re
 from importlib.resources import files
 from pathlib import Path
 
-from mlxbun_core.chat_template import apply_template, thinking_switch
+from mlxbun_core.chat_template import apply_template, install_fallback_template, thinking_switch
 from mlxbun_core.hookspecs import hookimpl
 from mlxbun_core.model import LoadedModel
 
@@ -78,9 +78,7 @@ def load_model(path, config, options):
     from mlx_lm.utils import load
 
     model, tokenizer = load(str(path))
-    fallback = not getattr(tokenizer, "chat_template", None)
-    if fallback:
-        tokenizer.chat_template = fallback_template()
+    fallback = install_fallback_template(tokenizer, fallback_template())
     return LoadedModel(id=options.model_id, path=Path(path), config=config, model=model,
                        tokenizer=tokenizer, family=FAMILY, reasoning=True,
                        extras={"fallback_template": fallback})

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from importlib.resources import files
 
-from mlxbun_core.chat_template import apply_template, thinking_switch
+from mlxbun_core.chat_template import apply_template, install_fallback_template, thinking_switch
 from mlxbun_core.hookspecs import hookimpl
 from mlxbun_core.model import LoadedModel
 
@@ -43,13 +43,10 @@ def load_model(path, config, options):
     from mlx_lm.utils import load
 
     model, tokenizer = load(str(path))
-    extras = {}
-    if not tokenizer.has_chat_template:
-        tokenizer._tokenizer.chat_template = fallback_template()
-        tokenizer.has_chat_template = True
-        extras["fallback_template"] = True
+    fallback = install_fallback_template(tokenizer, fallback_template())
     return LoadedModel(id=options.model_id, path=path, config=config, model=model,
-                       tokenizer=tokenizer, family=FAMILY, reasoning=True, extras=extras)
+                       tokenizer=tokenizer, family=FAMILY, reasoning=True,
+                       extras={"fallback_template": fallback})
 
 
 @hookimpl

@@ -15,6 +15,7 @@ from mlx_lm.generate import generate_step
 
 import mlxbun_qwen35
 from mlxbun_core import loader, plugins
+from mlxbun_core.chat_template import install_fallback_template
 from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.reply import gather
 from mlxbun_core.errors import BadRequest
@@ -93,6 +94,10 @@ def test_fallback_template_installed_when_checkpoint_has_none():
     bare = tiny_checkpoint("qwen3_5", seed=8, tokenizer_config_extra={"chat_template": None})
     m = loader.claim(bare, LoadOptions(model_id="bare"))
     assert m.extras.get("fallback_template") is True
+    assert m.tokenizer.chat_template == fallback_template() and m.tokenizer.has_chat_template
+    # the shared helper installs only where there is no template yet
+    assert not install_fallback_template(m.tokenizer, "{{ 'other' }}")
+    assert m.tokenizer.chat_template == fallback_template()
     p = plugins.hook().render_chat(model=m, messages=MSG, tools=None, template_kwargs={},
                                    reasoning_effort=None)
     assert p.text.endswith(GEN_ON) and p.in_reasoning
