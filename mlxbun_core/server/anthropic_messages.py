@@ -114,14 +114,13 @@ def register(app, engine):
 
     async def stream(job, mid):
         def message_start():
-            # sent with the first engine event: the prompt is admitted by then, so the
-            # input accounting (cache reads included) is the one message_delta reports
+            # sent at once (clients show progress from it); same accounting as message_delta
             usage = {**_usage(job.session.usage, output=False), "output_tokens": 0}
             return sse_event("message_start", {"type": "message_start", "message": {
                 "id": mid, "type": "message", "role": "assistant", "model": model_id,
                 "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}})
 
-        index, open_kind, started = -1, None, False
+        index, open_kind = -1, None
 
         def start(kind, block):
             nonlocal index, open_kind
@@ -147,9 +146,9 @@ def register(app, engine):
             frames = [] if open_kind == "text" else start("text", {"type": "text", "text": ""})
             return frames + [delta({"type": "text_delta", "text": t})]
 
+        yield message_start()
         async for kind, payload in engine.events(job):
-            frames = [] if started else [message_start()]
-            started = True
+            frames = []
             if kind == "reasoning" and payload:
                 if open_kind != "thinking":
                     frames += start("thinking", {"type": "thinking", "thinking": "",
