@@ -25,6 +25,8 @@ log = logging.getLogger("mlxbun.engine")
 class Job:
     """Base job: ``run()`` on the worker thread; results posted to ``loop``."""
 
+    log_failures = True  # False where the caller reports the exception itself
+
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
         self.cancelled = threading.Event()
@@ -179,6 +181,8 @@ class ModelWorker:
         done = threading.Event()
 
         class _Sync(Job):
+            log_failures = False
+
             def run(self, worker):
                 box["value"] = fn()
                 done.set()
@@ -209,7 +213,8 @@ class ModelWorker:
             try:
                 job.run(self)
             except Exception as exc:  # report to the request, keep serving others
-                log.exception("job failed")
+                if job.log_failures:
+                    log.exception("job failed")
                 job.fail(exc)
             finally:
                 self.busy = False
