@@ -333,3 +333,32 @@ def test_developer_role_is_rendered_as_system(srv):
     sys_ = srv.engine.prepare_chat({"messages": [{"role": "system", "content": "Be brief."},
                                                  {"role": "user", "content": "hi"}]})
     assert dev.request.prompt_tokens == sys_.request.prompt_tokens
+
+
+def p2r_records(text):
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("[p2r] ")]
+
+
+def test_p2r_trace_records_phases_when_enabled(srv, client, capfd, monkeypatch):
+    capfd.readouterr()
+    client.completions.create(model="m", prompt="Hi", max_tokens=2)
+    assert p2r_records(capfd.readouterr().err) == []  # off by default
+    monkeypatch.setenv("MLXBUN_P2R_TRACE", "1")
+    client.chat.completions.create(model="m", messages=MSG, max_tokens=3,
+                                   extra_headers={"x-mlxbun-trace-id": "t-123"})
+    list(client.completions.create(model="m", prompt="Hi", max_tokens=3, stream=True))
+    post(srv, "/v1/chat/completions", b"{broken")
+    recs = p2r_records(capfd.readouterr().err)
+    assert [r["outcome"] for r in recs] == ["success", "success", "error"]
+    chat, comp, bad = recs
+    assert chat["traceId"] == "t-123" and chat["requestId"].startswith("chatcmpl-")
+    assert chat["route"] == "/v1/chat/completions" and chat["clock"] == "monotonic-ms"
+    phases = [e["phase"] for e in chat["events"]]
+    for p in ("request.body_parse", "request.prompt_prepare", "completion.total",
+              "token_zero.total", "response.final_write"):
+        assert p in phases
+    assert comp["traceId"] == comp["requestId"] and "response.first_write" in [
+        e["phase"] for e in comp["events"]]
+    assert bad["attributes"]["stage"] == "body_parse"
+    starts = [e["startMs"] for e in chat["events"]]
+    assert starts == sorted(starts) and chat["totalMs"] >= max(starts)

@@ -1,0 +1,108 @@
+"""Prompt-to-response traces: one JSON record per request on stderr.
+
+Off unless ``MLXBUN_P2R_TRACE=1``; then /v1/chat/completions and /v1/completions
+record their phases and print ``[p2r] {…}`` when the request ends. The optional
+``x-mlxbun-trace-id`` header names the record (the request id otherwise). When off,
+every call lands on a shared no-op object: nothing is allocated per request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+class _Off:
+    enabled = False
+
+    def span(self, *a, **k):
+        pass
+
+    def mark(self, *a, **k):
+        pass
+
+    def finish(self, *a, **k):
+        pass
+
+    def complete(self, *a, **k):
+        pass
+
+
+OFF = _Off()
+
+
+class Trace:
+    enabled = True
+
+    def __init__(self, route: str, request_id: str, trace_id: str | None):
+        self.route, self.request_id, self.trace_id = route, request_id, trace_id
+        self.t0 = time.perf_counter()
+        self.events: list = []
+        self.done = False
+
+    def _ms(self, t: float) -> float:
+        return round((t - self.t0) * 1e3, 3)
+
+    def span(self, phase: str, start: float, end: float | None = None, **attributes):
+        end = time.perf_counter() if end is None else end
+        ev = {"phase": phase, "startMs": self._ms(start), "durationMs": round((end - start) * 1e3, 3)}
+        if attributes:
+            ev["attributes"] = attributes
+        self.events.append(ev)
+
+    def mark(self, phase: str):
+        self.events.append({"phase": phase, "startMs": self._ms(time.perf_counter()), "durationMs": 0})
+
+    def complete(self, job, started: float):
+        """Close the record from the job's own timings (see Finish.timings)."""
+        fin = job.session.finished
+        if fin is None:
+            return self.finish("abort")
+        t = fin.timings
+        self.span("completion.total", started, started + t.get("total_s", 0.0),
+                  lane=fin.usage.lane, completion_tokens=fin.usage.completion_tokens)
+        if "ttft_s" in t:
+            self.span("token_zero.total", started, started + t["ttft_s"],
+                      prompt_tokens=fin.usage.prompt_tokens)
+        self.mark("response.final_write")
+        outcome = {"cancelled": "abort", "error": "error"}.get(fin.reason, "success")
+        self.finish(outcome)
+
+    def finish(self, outcome: str, **attributes):
+        if self.done:
+            return
+        self.done = True
+        record = {"version": 1, "traceId": self.trace_id or self.request_id,
+                  "requestId": self.request_id, "route": self.route, "clock": "monotonic-ms",
+                  "outcome": outcome, "totalMs": self._ms(time.perf_counter()),
+                  "events": sorted(self.events, key=lambda e: e["startMs"])}
+        if attributes:
+            record["attributes"] = attributes
+        print("[p2r] " + json.dumps(record, separators=(",", ":")), file=sys.stderr, flush=True)
+
+
+def begin(request, route: str, request_id: str):
+    """A Trace for this request, or the shared no-op when tracing is off."""
+    if os.environ.get("MLXBUN_P2R_TRACE", "") in ("", "0"):
+        return OFF
+    raw = request.get_first_header(b"x-mlxbun-trace-id")
+    return Trace(route, request_id, raw.decode("latin-1") if raw else None)
+
+
+async def traced(frames, trace, job, started: float):
+    """Pass SSE frames through, marking the first write and closing the record."""
+    if not trace.enabled:
+        async for frame in frames:
+            yield frame
+        return
+    first = True
+    try:
+        async for frame in frames:
+            yield frame
+            if first:
+                trace.mark("response.first_write")
+                first = False
+    finally:
+        trace.complete(job, started)
