@@ -44,6 +44,13 @@ def checkpoints(args):
             "llama", vocab_size=args.wide_vocab, config_overrides={
                 "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 4,
                 "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64})))
+    for shape in args.shape:
+        hidden, layers = (int(x) for x in shape.split("x"))
+        out.append((f"llama h{hidden} L{layers} v{args.wide_vocab}", tiny_checkpoint(
+            "llama", vocab_size=args.wide_vocab, config_overrides={
+                "hidden_size": hidden, "intermediate_size": 4 * hidden,
+                "num_hidden_layers": layers, "num_attention_heads": hidden // 64,
+                "num_key_value_heads": max(1, hidden // 256), "head_dim": 64})))
     if args.model:
         from mlxbun_core.models.resolve import resolve_model
 
@@ -81,12 +88,14 @@ def one_request(model, tok, proc, n, times, seed):
             break
 
 
-def bench(model, tok, reg, backends, n_tokens, rounds):
+def bench(model, tok, reg, backends, n_tokens, rounds, overlaps=(None,)):
     """Round-robin over configs so machine noise hits all of them alike."""
-    configs = [("-", "-", None)] + [(be, wl, req) for be in backends for wl, req in WORKLOADS.items()]
+    configs = [("-", "-", None)] + [
+        (be + ("" if ov is None else ("+overlap" if ov else "-overlap")), wl, req)
+        for be in backends for ov in overlaps for wl, req in WORKLOADS.items()]
     compile_ms = {}
     for be, wl, req in configs[1:]:
-        reg.select(be)
+        reg.select(be.split("+")[0].split("-")[0])
         t0 = time.perf_counter()
         reg.compile(req, tok)
         compile_ms[be, wl] = (time.perf_counter() - t0) * 1e3
@@ -99,8 +108,10 @@ def bench(model, tok, reg, backends, n_tokens, rounds):
             while len(t) < per_round * max(r, 1):
                 proc = None
                 if req is not None:
-                    reg.select(be)
+                    reg.select(be.split("+")[0].split("-")[0])
                     proc = Timed(reg.plan_request(req, tok).processor)
+                    if "overlap" in be:
+                        proc.proc.overlap = be.endswith("+overlap")
                 one_request(model, tok, proc, per_round, t, seed=len(t))
                 if proc and r:
                     host[be, wl][0] += proc.spent
@@ -123,6 +134,10 @@ def main():
     ap.add_argument("--wide-vocab", type=int, default=8192)
     ap.add_argument("--model", help="also a real model: 'default' or a path/hub id")
     ap.add_argument("--quick", action="store_true", help="tiny checkpoint only")
+    ap.add_argument("--overlap", choices=("auto", "both"), default="auto",
+                    help="both: time the mask with and without overlapping the forward pass")
+    ap.add_argument("--shape", action="append", default=[],
+                    help="extra llama shape HIDDENxLAYERS (e.g. 2048x16) with the wide vocab")
     args = ap.parse_args()
 
     reg = GrammarRegistry()
@@ -133,7 +148,8 @@ def main():
     print(fmt.format(*hdr), flush=True)
     for label, path in checkpoints(args):
         model, tok = load(str(path))
-        for r in bench(model, tok, reg, backends, args.tokens, args.rounds):
+        overlaps = (False, True) if args.overlap == "both" else (None,)
+        for r in bench(model, tok, reg, backends, args.tokens, args.rounds, overlaps):
             print(fmt.format(label, len(tok._tokenizer), r[0], r[1], f"{r[2]:.2f}", f"{r[3]:.2f}",
                              f"{r[4]:.2f}x", f"{r[5]:.2f}x", f"{r[6]:.0f}", f"{r[7]:.0f}"),
                   flush=True)

@@ -57,6 +57,8 @@ def over_http(base, path, body, n):
     t0 = time.perf_counter()
     first = None
     with CLIENT.stream("POST", base + path, json=body) as r:
+        if "warning" in r.headers:  # a degraded grammar would time an unconstrained run
+            raise SystemExit(f"grammar not enforced: {r.headers['warning']}")
         for line in r.iter_lines():
             if not line.startswith("data: {"):
                 continue

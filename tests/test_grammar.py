@@ -475,3 +475,31 @@ def test_llguidance_added_tokens_are_text(family_tokenizers, req):
     tc = tok.convert_tokens_to_ids("<tool_call>")
     taken = _walk_agrees(backend, req, prefer=[tc])
     assert tc in taken, tok.decode(taken)
+
+
+def test_llguidance_releases_taking_one_eos_still_allow_every_eos(lm, monkeypatch):
+    """llguidance < 1.7 accepts a single eos_token; every EOS id must still be allowed
+    where the grammar accepts (tokenizers here have several: <|endoftext|>, <|im_end|>...)."""
+    import llguidance
+    import llguidance.hf
+
+    _, tok = lm
+    assert len(tok.eos_token_ids) > 1
+    real_tok, real_hf = llguidance.LLTokenizer, llguidance.hf.from_tokenizer
+
+    def one_eos(real):
+        def make(*a, eos_token=None, **k):
+            if isinstance(eos_token, list):
+                raise TypeError("argument 'eos_token': 'list' object cannot be interpreted as an integer")
+            return real(*a, eos_token=eos_token, **k)
+        return make
+
+    monkeypatch.setattr(llguidance, "LLTokenizer", one_eos(real_tok))
+    monkeypatch.setattr(llguidance.hf, "from_tokenizer", one_eos(real_hf))
+    reg = GrammarRegistry(load_plugins=False)
+    llguidance_backend.register_grammar_backends(reg.register)
+    reg.select("llguidance")
+    proc = reg.plan_request(GrammarRequest("choice", ["ab"]), tok, prompt_len=3).processor
+    ids = tok.encode("ab", add_special_tokens=False)
+    out = np.array(proc(mx.array([5, 6, 7] + ids), mx.zeros((1, MODEL_VOCAB))))[0]
+    assert sorted(np.flatnonzero(~np.isneginf(out))) == sorted(tok.eos_token_ids)

@@ -86,7 +86,7 @@ def build_tokenizer(hf, n_vocab: int, eos: list[int]):
     from tokenizers import Tokenizer
 
     # llguidance's own byte decoding of every token (byte-level, byte-fallback, ...).
-    base = llguidance.hf.from_tokenizer(hf, n_vocab=n_vocab, eos_token=eos or None)
+    base = _with_eos(lambda e: llguidance.hf.from_tokenizer(hf, n_vocab=n_vocab, eos_token=e), eos)
     bt = copy(hf.backend_tokenizer)
     bt.no_padding()
     bt.no_truncation()
@@ -111,7 +111,16 @@ def build_tokenizer(hf, n_vocab: int, eos: list[int]):
     eos_id = eos[0] if eos else base.eos_token
     bos_id = getattr(hf, "bos_token_id", None)
     wrapper = _TokenizerWrapper(tokens, special_ids, eos_id, bos_id, encoder)
-    return LLTokenizer(wrapper, n_vocab=n_vocab, eos_token=list(eos) or None), specials
+    return _with_eos(lambda e: LLTokenizer(wrapper, n_vocab=n_vocab, eos_token=e), eos), specials
+
+
+def _with_eos(make, eos: list[int]):
+    """llguidance >= 1.7 takes every EOS id; older releases take one (the mask still
+    allows the others: GrammarProcessor sets all EOS bits where the grammar accepts)."""
+    try:
+        return make(list(eos) or None)
+    except TypeError:
+        return make(eos[0] if eos else None)
 
 
 # ---------------------------------------------------------------- rewriting
