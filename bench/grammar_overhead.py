@@ -88,14 +88,12 @@ def one_request(model, tok, proc, n, times, seed):
             break
 
 
-def bench(model, tok, reg, backends, n_tokens, rounds, overlaps=(None,)):
+def bench(model, tok, reg, backends, n_tokens, rounds):
     """Round-robin over configs so machine noise hits all of them alike."""
-    configs = [("-", "-", None)] + [
-        (be + ("" if ov is None else ("+overlap" if ov else "-overlap")), wl, req)
-        for be in backends for ov in overlaps for wl, req in WORKLOADS.items()]
+    configs = [("-", "-", None)] + [(be, wl, req) for be in backends for wl, req in WORKLOADS.items()]
     compile_ms = {}
     for be, wl, req in configs[1:]:
-        reg.select(be.split("+")[0].split("-")[0])
+        reg.select(be)
         t0 = time.perf_counter()
         reg.compile(req, tok)
         compile_ms[be, wl] = (time.perf_counter() - t0) * 1e3
@@ -108,10 +106,8 @@ def bench(model, tok, reg, backends, n_tokens, rounds, overlaps=(None,)):
             while len(t) < per_round * max(r, 1):
                 proc = None
                 if req is not None:
-                    reg.select(be.split("+")[0].split("-")[0])
+                    reg.select(be)
                     proc = Timed(reg.plan_request(req, tok).processor)
-                    if "overlap" in be:
-                        proc.proc.overlap = be.endswith("+overlap")
                 one_request(model, tok, proc, per_round, t, seed=len(t))
                 if proc and r:
                     host[be, wl][0] += proc.spent
@@ -134,8 +130,6 @@ def main():
     ap.add_argument("--wide-vocab", type=int, default=8192)
     ap.add_argument("--model", help="also a real model: 'default' or a path/hub id")
     ap.add_argument("--quick", action="store_true", help="tiny checkpoint only")
-    ap.add_argument("--overlap", choices=("auto", "both"), default="auto",
-                    help="both: time the mask with and without overlapping the forward pass")
     ap.add_argument("--shape", action="append", default=[],
                     help="extra llama shape HIDDENxLAYERS (e.g. 2048x16) with the wide vocab")
     args = ap.parse_args()
@@ -148,8 +142,7 @@ def main():
     print(fmt.format(*hdr), flush=True)
     for label, path in checkpoints(args):
         model, tok = load(str(path))
-        overlaps = (False, True) if args.overlap == "both" else (None,)
-        for r in bench(model, tok, reg, backends, args.tokens, args.rounds, overlaps):
+        for r in bench(model, tok, reg, backends, args.tokens, args.rounds):
             print(fmt.format(label, len(tok._tokenizer), r[0], r[1], f"{r[2]:.2f}", f"{r[3]:.2f}",
                              f"{r[4]:.2f}x", f"{r[5]:.2f}x", f"{r[6]:.0f}", f"{r[7]:.0f}"),
                   flush=True)

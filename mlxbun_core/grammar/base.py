@@ -109,16 +109,7 @@ class GrammarProcessor:
         self._eos_bits = eos.view(np.int32)
         self._not_eos = np.invert(self._eos_bits)
 
-    # Launch the step's forward pass before waiting for the previous token, so the host
-    # computes the mask while the device runs the model. Only a win with a separate
-    # device: on the CPU backend the two compete for the same cores.
-    overlap: bool = os.environ.get("MLXBUN_GRAMMAR_OVERLAP", "auto") in ("1", "on") or (
-        os.environ.get("MLXBUN_GRAMMAR_OVERLAP", "auto") == "auto"
-        and mx.default_device().type == mx.DeviceType.gpu)
-
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
-        if self.overlap:
-            mx.async_eval(logits)
         if self.prompt_len is None:
             self.prompt_len = tokens.shape[0]
         new = tokens.shape[0] - self.prompt_len - self.consumed
