@@ -46,12 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_plugins(args) -> int:
-    from . import plugins
+    from . import __version__, plugins
 
     for row in plugins.describe():
-        version = row.get("version") or "builtin"
+        if row["source"] == "builtin":
+            origin = f"built into mlxbun {__version__}"
+        else:
+            origin = " ".join(x for x in (row.get("distribution"), row.get("version")) if x) or row["source"]
         status = f"  FAILED: {row['error']}" if row["error"] else ""
-        print(f"{row['name']} ({version}, {row['source']}){status}")
+        print(f"{row['name']} ({origin}){status}")
         if row["hooks"]:
             print("  hooks: " + ", ".join(row["hooks"]))
     return 0

@@ -112,7 +112,7 @@ def test_cli_lists_plugin_and_honours_disable():
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
     lines = out.splitlines()
     i = next(i for i, l in enumerate(lines) if l.startswith("glm52 "))
-    assert "entry point" in lines[i]
+    assert "mlxbun-glm52 0.1.0" in lines[i]
     assert all(h in lines[i + 1] for h in ("load_model", "render_chat", "tool_call_parser"))
     env = {**os.environ, "MLXBUN_DISABLE_PLUGINS": "glm52"}
     off = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env).stdout

@@ -84,7 +84,7 @@ def test_moe_checkpoint_claimed_and_generic_takes_over_when_unregistered(ckpt):
 def test_cli_lists_plugin_and_honours_disable():
     cmd = [sys.executable, "-m", "mlxbun_core.cli", "plugins"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
-    assert "qwen35 (0.1.0, entry point)" in out
+    assert "qwen35 (mlxbun-qwen35 0.1.0)" in out
     env = {**os.environ, "MLXBUN_DISABLE_PLUGINS": "qwen35"}
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env).stdout
     assert "qwen35" not in out and "generic" in out

@@ -128,7 +128,7 @@ def test_generic_claims_when_plugin_unregistered(ckpt):
 def test_cli_lists_plugin_and_honours_disable():
     cmd = [sys.executable, "-m", "mlxbun_core.cli", "plugins"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
-    assert "qwen3_embed (0.1.0, entry point)" in out and "embed" in out
+    assert "qwen3_embed (mlxbun-qwen3-embed 0.1.0)" in out and "embed" in out
     env = {**os.environ, "MLXBUN_DISABLE_PLUGINS": "qwen3_embed"}
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env).stdout
     assert "qwen3_embed" not in out
