@@ -362,3 +362,27 @@ def test_p2r_trace_records_phases_when_enabled(srv, client, capfd, monkeypatch):
     assert bad["attributes"]["stage"] == "body_parse"
     starts = [e["startMs"] for e in chat["events"]]
     assert starts == sorted(starts) and chat["totalMs"] >= max(starts)
+
+
+def test_base_model_without_chat_template_gets_a_plain_transcript(tmp_path):
+    from mlx_lm.server import convert_chat
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    from mlxbun_core.testing.checkpoints import write_checkpoint
+
+    ckpt = write_checkpoint(tmp_path / "base", "llama", seed=3)
+    cfg_path = ckpt / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.pop("chat_template")
+    cfg_path.write_text(json.dumps(cfg))
+    s = start_server(ckpt)
+    try:
+        msgs = [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "hi"}]
+        prepared = s.engine.prepare_chat({"messages": msgs})
+        tok = load_tokenizer(ckpt)
+        assert prepared.request.prompt_tokens == tok.encode(convert_chat(msgs))
+        client = openai.OpenAI(base_url=s.v1, api_key="x", max_retries=0)
+        r = client.chat.completions.create(model="m", messages=msgs, max_tokens=3)
+        assert r.usage.completion_tokens >= 1
+    finally:
+        s.stop()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from mlxbun_core import toolcalls
 from mlxbun_core.chat_template import apply_template, thinking_switch
 from mlxbun_core.hookspecs import hookimpl
-from mlxbun_core.model import LoadedModel
+from mlxbun_core.model import LoadedModel, Prompt
 
 FAMILY = "generic"
 
@@ -40,6 +40,8 @@ def load_model(path, config, options):
 
 @hookimpl(trylast=True)
 def render_chat(model, messages, tools, template_kwargs, reasoning_effort):
+    if not getattr(model.tokenizer, "has_chat_template", True):
+        return plain_chat(model, messages)
     kwargs = dict(template_kwargs)
     enabled = thinking_switch(kwargs, reasoning_effort, None)
     if enabled is not None:
@@ -51,3 +53,11 @@ def render_chat(model, messages, tools, template_kwargs, reasoning_effort):
 def tool_call_parser(model, tools):
     dialect = toolcalls.dialect_for_tokenizer(model.tokenizer)
     return toolcalls.StreamingToolParser(dialect or toolcalls.JsonDialect(), tools)
+
+
+def plain_chat(model, messages):
+    """Base models ship no chat template: mlx_lm.server's plain "USER: …" transcript."""
+    from mlx_lm.server import convert_chat
+
+    text = convert_chat([{"role": m["role"], "content": m.get("content") or ""} for m in messages])
+    return Prompt(tokens=model.tokenizer.encode(text), text=text)
