@@ -386,3 +386,16 @@ def test_base_model_without_chat_template_gets_a_plain_transcript(tmp_path):
         assert r.usage.completion_tokens >= 1
     finally:
         s.stop()
+
+
+def test_non_stream_disconnect_cancels_generation(srv):
+    engine = srv.engine
+    done_before = engine.worker.completed
+    ban = {str(i): -100 for i in engine.model.tokenizer.eos_token_ids}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(srv.v1 + "/completions", timeout=1.0, json={
+            "prompt": "Once", "max_tokens": 100000, "temperature": 1.0, "logit_bias": ban})
+    deadline = time.time() + 20
+    while engine.worker.completed == done_before and time.time() < deadline:
+        time.sleep(0.05)
+    assert engine.worker.completed == done_before + 1 and not engine.worker.busy
