@@ -181,3 +181,31 @@ def test_grammar_forces_family_tool_markup_into_tool_calls(family, backend):
         assert chunks[-1].choices[0].finish_reason == "tool_calls"
     finally:
         s.stop()
+
+
+THINKING_CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                   "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
+
+
+def test_thinking_model_thinks_freely_then_answers_under_the_grammar(backend):
+    """A prompt that opens a think channel: the mask waits for </think>, so the reasoning
+    is free text and the constrained answer lands in content."""
+    from scripted_model import ScriptedPlugin
+    from mlxbun_core import plugins
+
+    plugin = ScriptedPlugin(tiny_checkpoint("qwen3", seed=4243, chat_template=THINKING_CHATML),
+                            "Let me weigh it.</think>right", anchor="<|im_start|>assistant\n<think>\n")
+    plugins.register(plugin, "scripted-thinking-grammar")
+    try:
+        s = start_server(plugin.path)
+        try:
+            client = openai.OpenAI(base_url=s.v1, api_key="x", max_retries=0)
+            r = client.chat.completions.create(model="m", messages=MSG, max_tokens=40, extra_body={
+                "guided_choice": ["left", "right"]})
+            msg = r.choices[0].message
+            assert msg.content == "right" and r.choices[0].finish_reason == "stop"
+            assert msg.model_extra["reasoning"] == "Let me weigh it."
+        finally:
+            s.stop()
+    finally:
+        plugins.unregister("scripted-thinking-grammar")

@@ -123,6 +123,10 @@ class Engine:
                                 max_tokens=limit, stop=stop, think_start=prompt.think_start,
                                 think_end=prompt.think_end, in_reasoning=prompt.in_reasoning,
                                 tool_parser=parser)
+        if plan.processor is not None and prompt.in_reasoning and prompt.think_end:
+            # the model thinks freely first; the constraint applies to the answer
+            plan.processor.start_after(
+                self.model.tokenizer.encode(prompt.think_end, add_special_tokens=False))
         return self._constrained(req, plan)
 
     def _constrained(self, req: GenerationRequest, plan) -> Prepared:

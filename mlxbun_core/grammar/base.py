@@ -109,9 +109,22 @@ class GrammarProcessor:
         self._eos_bits = eos.view(np.int32)
         self._not_eos = np.invert(self._eos_bits)
 
+    def start_after(self, marker_ids) -> None:
+        """Leave the logits alone until the model has generated ``marker_ids`` (the end
+        of a think channel the prompt opened); the grammar constrains what follows."""
+        self.wait_for = tuple(marker_ids) or None
+
+    wait_for: Optional[tuple] = None
+
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if self.prompt_len is None:
             self.prompt_len = tokens.shape[0]
+        if self.wait_for is not None:
+            n = len(self.wait_for)
+            if tokens.shape[0] - self.prompt_len >= n and tuple(tokens[-n:].tolist()) == self.wait_for:
+                self.prompt_len, self.wait_for = tokens.shape[0], None
+            else:
+                return logits  # still thinking: free text
         new = tokens.shape[0] - self.prompt_len - self.consumed
         if new > 0:
             ids = tokens[-new:].tolist()
