@@ -1,7 +1,6 @@
 """GGUF -> HF conversion: exact weight round trip on a tiny synthetic GGUF, real output on SmolLM2."""
 
 import json
-from pathlib import Path
 
 import gguf
 import numpy as np

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from mlxbun_core.testing.checkpoints import write_checkpoint
 from mlxbun_core.testing.server import free_port

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 from blacksheep import Request
 
 from ..engine.reply import gather
 from . import trace as tracing
-from .common import (collect, guarded, json_response, new_id, now, read_body, sse_data,
-                     sse_response, KEEPALIVE)
+from .common import KEEPALIVE, collect, guarded, json_response, sse_data, sse_response
 
 
 def tool_call_json(call, index=None) -> dict:
@@ -25,28 +22,15 @@ def register(app, engine):
 
     @guarded()
     async def chat_completions(request: Request):
-        cid, created = new_id("chatcmpl-"), now()
-        trace = tracing.begin(request, "/v1/chat/completions", cid)
-        t, stage = time.perf_counter(), "body_parse"
-        try:
-            body = await read_body(request)
-            trace.span("request.body_parse", t)
-            t, stage = time.perf_counter(), "prepare_completion"
-            prepared = await engine.aprepare_chat(body)
-            trace.span("request.prompt_prepare", t, prompt_tokens=len(prepared.request.prompt_tokens))
-            job = engine.start(prepared.request)
-        except Exception as exc:
-            trace.finish("error", stage=stage, error=str(exc))
-            raise
-        started = time.perf_counter()
-        headers = {"Warning": prepared.warning} if prepared.warning else None
-        if body.get("stream"):
-            frames = tracing.traced(stream(job, cid, created), trace, job, started)
+        run = await tracing.start(request, "/v1/chat/completions", "chatcmpl-", engine.aprepare_chat, engine)
+        cid, created, job, headers = run.id, run.created, run.job, run.headers
+        if run.body.get("stream"):
+            frames = tracing.traced(stream(job, cid, created), run.trace, job, run.started)
             return sse_response(request, job, frames, headers)
         try:
             reply = gather(await collect(request, engine, job))
         finally:
-            trace.complete(job, started)
+            run.trace.complete(job, run.started)
         message = {"role": "assistant",
                    "content": None if reply.tool_calls and not reply.content.strip() else reply.content}
         if reply.reasoning:

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 
 
 class _Off:
@@ -106,3 +107,40 @@ async def traced(frames, trace, job, started: float):
                 first = False
     finally:
         trace.complete(job, started)
+
+
+@dataclass
+class Started:
+    """A request parsed, prepared and queued, with its trace running."""
+
+    id: str
+    created: int
+    body: dict
+    prepared: object
+    job: object
+    trace: object
+    started: float
+
+    @property
+    def headers(self):
+        return {"Warning": self.prepared.warning} if self.prepared.warning else None
+
+
+async def start(request, route: str, id_prefix: str, prepare, engine) -> Started:
+    """Parse the body, prepare it with ``prepare(body)`` and queue it, tracing each phase."""
+    from .common import new_id, now, read_body
+
+    rid = new_id(id_prefix)
+    trace = begin(request, route, rid)
+    t, stage = time.perf_counter(), "body_parse"
+    try:
+        body = await read_body(request)
+        trace.span("request.body_parse", t)
+        t, stage = time.perf_counter(), "prepare_completion"
+        prepared = await prepare(body)
+        trace.span("request.prompt_prepare", t, prompt_tokens=len(prepared.request.prompt_tokens))
+        job = engine.start(prepared.request)
+    except Exception as exc:
+        trace.finish("error", stage=stage, error=str(exc))
+        raise
+    return Started(rid, now(), body, prepared, job, trace, time.perf_counter())
