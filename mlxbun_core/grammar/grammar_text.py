@@ -183,6 +183,18 @@ _DIRECTIVE = re.compile(r"[ \t]*%[a-zA-Z_]+")
 _GRAMMAR_REF = re.compile(r"@[_a-zA-Z0-9]+")
 
 
+def _directive_body(text: str, i: int, toks: list) -> int:
+    """After a ``%directive``: keep an optional ``{...}`` body whole; return the new index."""
+    j = i
+    while j < len(text) and text[j] in " \t":
+        j += 1
+    if j < len(text) and text[j] == "{":
+        end = _skip_braces(text, j)
+        toks.append(("other", text[i:end]))
+        return end
+    return i
+
+
 def _skip_braces(text: str, i: int) -> int:
     """Index after the balanced ``{...}`` starting at ``text[i] == '{'`` (JSON-aware)."""
     depth, n = 0, len(text)
@@ -221,14 +233,7 @@ def lark_tokens(text: str):
             m = _DIRECTIVE.match(text, i)
             if m:
                 toks.append(("directive", m.group(0)))
-                i = m.end()
-                j = i
-                while j < n and text[j] in " \t":
-                    j += 1
-                if j < n and text[j] == "{":
-                    end = _skip_braces(text, j)
-                    toks.append(("other", text[i:end]))
-                    i = end
+                i = _directive_body(text, m.end(), toks)
                 continue
         if c == "\n":
             toks.append(("other", c))
@@ -262,14 +267,7 @@ def lark_tokens(text: str):
             if not m:
                 raise Unsupported("bad directive")
             toks.append(("other", m.group(0)))     # e.g. inline %json {...}
-            i = m.end()
-            j = i
-            while j < n and text[j] in " \t":
-                j += 1
-            if j < n and text[j] == "{":
-                end = _skip_braces(text, j)
-                toks.append(("other", text[i:end]))
-                i = end
+            i = _directive_body(text, m.end(), toks)
         elif c == "@":
             m = _GRAMMAR_REF.match(text, i)
             toks.append(("other", m.group(0) if m else c))
