@@ -10,6 +10,13 @@ import sys
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mlxbun", description="LLM inference server on MLX")
     sub = p.add_subparsers(dest="command", required=True)
@@ -33,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a small model with the same vocabulary for speculative decoding")
     s.add_argument("--num-draft-tokens", type=int, default=3,
                    help="draft tokens verified per target forward (with --draft-model)")
+    s.add_argument("--batch", type=_positive_int, default=int(os.environ.get("MLXBUN_BATCH", "8")),
+                   help="rows decoded together by continuous batching (default 8; 1 pins serial)")
+    s.add_argument("--prompt-cache", type=float, metavar="GB",
+                   default=float(os.environ.get("MLXBUN_PROMPT_CACHE", "8")),
+                   help="prefix KV cache size in GiB (default 8; 0 turns it off)")
     s.add_argument("--grammar-backend", default=None,
                    help="structured-output backend (llguidance, xgrammar)")
     s.add_argument("--log-level", default=os.environ.get("MLXBUN_LOG_LEVEL", "info"))
@@ -90,8 +102,8 @@ def cmd_serve(args) -> int:
     try:
         options = LoadOptions(embedding=args.embedding, extra={
             "draft_model": args.draft_model, "num_draft_tokens": args.num_draft_tokens})
-        engine = Engine.load(args.model, options,
-                             defaults=defaults, max_tokens=args.max_tokens)
+        engine = Engine.load(args.model, options, defaults=defaults, max_tokens=args.max_tokens,
+                             batch=args.batch, prompt_cache_bytes=int(args.prompt_cache * (1 << 30)))
     except (ModelNotFound, loader.NoPluginClaimed) as exc:
         print(f"mlxbun: {exc}", file=sys.stderr)
         return 2

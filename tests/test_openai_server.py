@@ -237,7 +237,7 @@ def test_context_over_budget(srv):
 def test_disconnect_cancels_generation_and_next_request_works(srv, client):
     """A client that walks away mid-stream stops the decode loop; the server stays healthy."""
     engine = srv.engine
-    done_before = engine.worker.completed
+    done_before = engine.completed
     with httpx.stream("POST", srv.v1 + "/completions", timeout=60,
                       json={"prompt": "Once", "max_tokens": 100000, "stream": True,
                             "temperature": 1.0, "logit_bias": {str(i): -100 for i in
@@ -246,9 +246,9 @@ def test_disconnect_cancels_generation_and_next_request_works(srv, client):
             if i > 5:
                 break
     deadline = time.time() + 20
-    while engine.worker.completed == done_before and time.time() < deadline:
+    while engine.completed == done_before and time.time() < deadline:
         time.sleep(0.05)
-    assert engine.worker.completed == done_before + 1 and not engine.worker.busy
+    assert engine.completed == done_before + 1 and engine.worker.active == 0
     r = client.completions.create(model="m", prompt="Hi", max_tokens=3)
     assert r.usage.completion_tokens >= 1
 
@@ -309,8 +309,8 @@ def test_generation_config_defaults_apply_and_requests_win(tmp_path):
     try:
         row = httpx.get(s.v1 + "/models").json()["data"][0]
         assert row["gen_defaults"] == {"temperature": 0.6, "top_p": 0.8, "top_k": 5}
-        assert s.engine.sampling({"temperature": 0}).temperature == 0
-        assert s.engine.sampling({}).temperature == 0.6
+        assert s.engine.parse_chat({"messages": MSG, "temperature": 0}).sampling.temperature == 0
+        assert s.engine.parse_chat({"messages": MSG}).sampling.temperature == 0.6
     finally:
         s.stop()
 
@@ -390,12 +390,12 @@ def test_base_model_without_chat_template_gets_a_plain_transcript(tmp_path):
 
 def test_non_stream_disconnect_cancels_generation(srv):
     engine = srv.engine
-    done_before = engine.worker.completed
+    done_before = engine.completed
     ban = {str(i): -100 for i in engine.model.tokenizer.eos_token_ids}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(srv.v1 + "/completions", timeout=1.0, json={
             "prompt": "Once", "max_tokens": 100000, "temperature": 1.0, "logit_bias": ban})
     deadline = time.time() + 20
-    while engine.worker.completed == done_before and time.time() < deadline:
+    while engine.completed == done_before and time.time() < deadline:
         time.sleep(0.05)
-    assert engine.worker.completed == done_before + 1 and not engine.worker.busy
+    assert engine.completed == done_before + 1 and engine.worker.active == 0

@@ -25,13 +25,13 @@ def run(text, limit=None, **req):
 
 
 def text_of(events, kind="content"):
-    return "".join(p for k, p in events if k == kind)
+    return "".join(e.text for e in events if e.kind == kind)
 
 
 def test_multibyte_text_never_splits_a_character():
     text = "héllo wörld 😀 ✓ 日本"
     events, _ = run(text)
-    assert all("\ufffd" not in p for k, p in events if k == "content")
+    assert all("\ufffd" not in e.text for e in events if e.kind == "content")
     assert text_of(events) == text
 
 
@@ -60,8 +60,8 @@ def test_reasoning_then_content_then_tool_call():
                        tool_parser=StreamingToolParser(JsonDialect(), tools))
     assert text_of(events, "reasoning") == "let me see"
     assert text_of(events).strip() == "Sure."
-    calls = [p for k, p in events if k == "tool_call"]
+    calls = [e.call for e in events if e.kind == "tool_call"]
     assert [(c.name, c.arguments) for c in calls] == [("get", '{"city": "Paris"}')]
     assert sess.finished.reason == "tool_calls"
-    kinds = [k for k, _ in events]
+    kinds = [e.kind for e in events]
     assert kinds.index("reasoning") < kinds.index("content") < kinds.index("tool_call")

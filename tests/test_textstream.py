@@ -2,6 +2,7 @@
 
 import random
 
+from mlxbun_core.events import Content, Reasoning
 from mlxbun_core.engine.textstream import ReasoningSplitter, StopMatcher
 
 
@@ -41,17 +42,17 @@ def test_reasoning_split_across_chunk_boundaries():
         for i in range(0, len(text), size):
             parts += s.feed(text[i:i + size])
         parts += s.flush()
-        reasoning = "".join(t for k, t in parts if k == "reasoning")
-        content = "".join(t for k, t in parts if k == "content")
+        reasoning = "".join(e.text for e in parts if isinstance(e, Reasoning))
+        content = "".join(e.text for e in parts if isinstance(e, Content))
         assert (reasoning, content) == ("plan it", "answer"), size
 
 
 def test_prompt_opened_think_channel():
     s = ReasoningSplitter("<think>", "</think>", in_reasoning=True)
     parts = s.feed("hmm</think>ok") + s.flush()
-    assert parts == [("reasoning", "hmm"), ("content", "ok")]
+    assert parts == [Reasoning("hmm"), Content("ok")]
 
 
 def test_no_markers_means_all_content():
     s = ReasoningSplitter(None, None)
-    assert s.feed("<think>x") == [("content", "<think>x")]
+    assert s.feed("<think>x") == [Content("<think>x")]

@@ -10,6 +10,7 @@ from mlxbun_core.toolcalls import (Dialect, JsonDialect, MlxLmDialect, Streaming
                                    dialect_for_tokenizer, find_tool,
                                    make_call, normalize_call, repair_json,
                                    split_tool_calls, tool_params)
+from mlxbun_core.events import KEEPALIVE
 from mlxbun_core.toolcalls.testing import chunkings, events_all_chunkings, normalize, run_chunks
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -87,9 +88,9 @@ def test_keepalive_every_256_chars_of_markup():
 def test_keepalive_emitted_while_buffering():
     p = P()()
     ev = p.feed("<tool_call>" + "{" + " " * 300)
-    assert ev == [("keepalive", None)]
+    assert ev == [KEEPALIVE]
     assert p.feed(" " * 10) == []
-    assert p.feed(" " * 300) == [("keepalive", None)]
+    assert p.feed(" " * 300) == [KEEPALIVE]
 
 
 def test_keepalive_counter_resets_per_block():
@@ -116,8 +117,8 @@ def test_unterminated_garbage_falls_back_to_content():
 def test_tool_call_event_carries_toolcall():
     p = P()()
     ev = p.feed('<tool_call>{"name": "get_weather", "arguments": {"city": "X"}}</tool_call>')
-    (kind, tc), = ev
-    assert kind == "tool_call" and isinstance(tc, ToolCall)
+    (e,), tc = ev, ev[0].call
+    assert e.kind == "tool_call" and isinstance(tc, ToolCall)
     assert re.fullmatch(r"call_[0-9a-f]{24}", tc.id)
     assert json.loads(tc.arguments) == {"city": "X"} and p.calls == [tc]
 
@@ -319,4 +320,4 @@ def test_long_markup_body_is_linear():
     p, t0, ev = P()(), time.time(), []
     for i in range(0, len(text), 4):
         ev += p.feed(text[i:i + 4])
-    assert ev[-1][0] == "tool_call" and time.time() - t0 < 5
+    assert ev[-1].kind == "tool_call" and time.time() - t0 < 5

@@ -1,55 +1,99 @@
-"""The engine facade the surfaces talk to.
+"""The engine facade the surfaces talk to: ``start`` a typed request, read events.
 
-Surfaces hand it a request body in OpenAI chat or completion shape; it asks the
-plugins (through hooks only) to render the prompt and parse tool calls, and
-streams protocol-neutral events back.
+Surfaces parse their body into a :class:`~mlxbun_core.engine.request.ChatRequest`
+or ``CompletionRequest`` and call :meth:`Engine.start`; they get a
+:class:`Generation` handle and never see jobs, lanes or the worker.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import AsyncIterator, Optional
 
 from .. import plugins
-from ..grammar import registry as grammars
 from ..errors import APIError, BadRequest
+from ..events import Done, Event, Finish, Usage
 from ..model import LoadedModel, LoadOptions
-from .sampling import SamplingParams, max_tokens_from, stop_sequences
+from .job import EventSink, GenerationJob
+from .lanes.batch import BatchLane
+from .lanes.serial import SerialLane
+from .prepare import Prepared, prepare
+from .prompt_cache import PrefixCache
+from .request import ChatRequest, CompletionRequest, GenerationInput, parse_chat, parse_completion
 from .session import GenerationRequest
-from .worker import GenerationJob, ModelWorker
+from .worker import ModelWorker
 
 log = logging.getLogger("mlxbun.engine")
 
-MEDIA_PART_KINDS = {"image_url": "image", "image": "image", "input_audio": "audio",
-                    "audio": "audio", "audio_url": "audio", "video_url": "video", "video": "video"}
+
+class Generation:
+    """A started request, as its surface sees it."""
+
+    def __init__(self, engine: "Engine", job: GenerationJob, warning: Optional[str]):
+        self._engine, self._job = engine, job
+        self.warning = warning
+        self.prompt_tokens = len(job.request.prompt_tokens)
+
+    @property
+    def usage(self) -> Usage:
+        """Live token accounting (final once ``finish`` is set)."""
+        return self._job.session.usage
+
+    @property
+    def finish(self) -> Optional[Finish]:
+        return self._job.session.finished
+
+    def cancel(self) -> None:
+        self._job.cancel()
+
+    async def events(self) -> AsyncIterator[Event]:
+        """The generation's events, ending with ``Done``; leaving early cancels it."""
+        try:
+            while True:
+                for ev in await self._job.sink.queue.get():
+                    yield ev
+                    if isinstance(ev, Done):
+                        self._engine._finished(ev.finish)
+                        return
+        finally:
+            self._job.cancel()
 
 
-@dataclass
-class Prepared:
-    """A request ready to run, plus what the surface needs to answer it."""
-
-    request: GenerationRequest
-    warning: Optional[str] = None
+DEFAULT_BATCH = 8
+DEFAULT_PROMPT_CACHE_BYTES = 8 << 30
 
 
 class Engine:
+    """One loaded model, its worker thread and lanes.
+
+    ``batch`` caps the rows decoded together (1 pins the serial lane; a mounted
+    draft model always decodes serially); ``prompt_cache_bytes`` caps the prefix
+    KV cache (0 turns it off).
+    """
+
     def __init__(self, model: LoadedModel, *, worker: Optional[ModelWorker] = None,
                  defaults: Optional[dict] = None, max_tokens: Optional[int] = None,
-                 draft=None):
+                 draft=None, batch: int = DEFAULT_BATCH,
+                 prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES):
         self.model = model
         self.draft = draft  # a DraftSource: every request then decodes speculatively
         self.worker = worker or ModelWorker()
+        self.prefix = PrefixCache(prompt_cache_bytes)
+        self.batch = 1 if draft is not None else max(1, batch)
+        if not self.worker.lanes:
+            serial = SerialLane(model.model, self.prefix)
+            self.worker.lanes = ([BatchLane(model.model, self.batch, self.prefix), serial]
+                                 if self.batch > 1 else [serial])
         # generation_config.json values, then operator flags on top; requests win over both
         self.defaults = {**model.generation_defaults, **(defaults or {})}
         self.max_tokens = max_tokens
         self.started_at = int(time.time())
         self._prepare_lock = threading.Lock()
         self.requests = 0
+        self.completed = 0
 
     @classmethod
     def load(cls, name, options=None, *, progress=True, **kw) -> "Engine":
@@ -62,175 +106,52 @@ class Engine:
         draft = worker.run_sync(lambda: plugins.hook().draft_source(model=model, options=options))
         return cls(model, worker=worker, draft=draft, **kw)
 
-    # -- preparation --------------------------------------------------------
-    def sampling(self, body: dict) -> SamplingParams:
-        if "stream" in body and not isinstance(body["stream"], bool):
-            raise BadRequest("stream must be of type bool", param="stream")
-        return SamplingParams.from_body(body, self.defaults)
+    @property
+    def hooks(self):
+        """The hook caller for this engine's model."""
+        return plugins.hook()
 
-    # Rendering a template and compiling a grammar can take a while (a first JSON
-    # schema on a 150k vocabulary: hundreds of ms); off the event loop, other streams flow.
-    # One preparation at a time keeps the grammar cache and tokenizer single-threaded.
-    async def aprepare_chat(self, body: dict) -> Prepared:
-        return await asyncio.to_thread(self._serialized, self.prepare_chat, body)
+    # -- parsing (surfaces call these with OpenAI-shaped bodies) -------------------
+    def parse_chat(self, body: dict) -> ChatRequest:
+        return parse_chat(body, self.defaults, self.max_tokens)
 
-    async def aprepare_completion(self, body: dict) -> Prepared:
-        return await asyncio.to_thread(self._serialized, self.prepare_completion, body)
+    def parse_completion(self, body: dict) -> CompletionRequest:
+        return parse_completion(body, self.defaults, self.max_tokens)
 
-    def _serialized(self, fn, body):
-        with self._prepare_lock:
-            return fn(body)
+    # -- starting ----------------------------------------------------------------
+    async def prepare(self, req: GenerationInput, *, compile_grammar: bool = True) -> Prepared:
+        """Render and tokenize off the event loop, one preparation at a time (the
+        grammar cache and the tokenizer stay single-threaded)."""
+        def run():
+            with self._prepare_lock:
+                return prepare(self.model, self.hooks, req, compile_grammar=compile_grammar)
 
-    def _require_generative(self):
-        if self.model.kind != "generate":
-            raise BadRequest(f"model {self.model.id} is an embedding model: it serves "
-                             "POST /v1/embeddings only", param="model")
+        return await asyncio.to_thread(run)
 
     def prepare_chat(self, body: dict) -> Prepared:
-        self._require_generative()
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("messages required", param="messages")
-        sampling = self.sampling(body)
-        limit = max_tokens_from(body, self.max_tokens)
-        stop = stop_sequences(body)
-        tools = body.get("tools") or None
-        if tools is not None and not (isinstance(tools, list)
-                                      and all(isinstance(t, dict) for t in tools)):
-            raise BadRequest("tools must be a list of objects", param="tools")
-        choice = body.get("tool_choice")
-        if choice is not None and not (choice in ("none", "auto", "required")
-                                       or isinstance(choice, dict)):
-            raise BadRequest("tool_choice must be 'none', 'auto', 'required' or an object",
-                             param="tool_choice")
-        if choice == "none":
-            tools = None
-        kwargs = body.get("chat_template_kwargs") or {}
-        if not isinstance(kwargs, dict):
-            raise BadRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")
-        msgs = [self._normalize_message(m) for m in messages]
-        plan = grammars.plan(body, self.model.tokenizer)
-        if plan.instruction:  # degrade path: ask in words for what we cannot enforce
-            msgs = self._with_instruction(msgs, plan.instruction)
-        hook = plugins.hook()
-        prompt = hook.render_chat(model=self.model, messages=msgs, tools=tools,
-                                  template_kwargs=kwargs,
-                                  reasoning_effort=body.get("reasoning_effort"))
-        if prompt is None:
-            raise APIError(f"no plugin can render a chat prompt for {self.model.id}")
-        parser = hook.tool_call_parser(model=self.model, tools=tools) if tools else None
-        req = GenerationRequest(prompt_tokens=list(prompt.tokens), sampling=sampling,
-                                max_tokens=limit, stop=stop, think_start=prompt.think_start,
-                                think_end=prompt.think_end, in_reasoning=prompt.in_reasoning,
-                                tool_parser=parser)
-        if plan.processor is not None and prompt.in_reasoning and prompt.think_end:
-            # the model thinks freely first; the constraint applies to the answer
-            plan.processor.start_after(
-                self.model.tokenizer.encode(prompt.think_end, add_special_tokens=False))
-        return self._constrained(req, plan)
+        """Parse and render a chat body synchronously (inspection tools and tests)."""
+        return prepare(self.model, self.hooks, self.parse_chat(body))
 
-    def _constrained(self, req: GenerationRequest, plan) -> Prepared:
-        if plan.processor is not None:
-            req.sampling.extra_processors.append(plan.processor)  # last: after bias/penalties
-            req.grammar = plan.processor
-        req.sampling.check_vocab(self.vocab_size)
-        try:
-            req.sampler = req.sampling.sampler(self.model.tokenizer)
-            req.processors = req.sampling.logits_processors()
-        except ValueError as exc:  # mlx-lm's own argument checks
-            raise BadRequest(str(exc))
-        return Prepared(req, warning=plan.warning)
+    async def count_prompt_tokens(self, req: ChatRequest) -> int:
+        return len((await self.prepare(req, compile_grammar=False)).request.prompt_tokens)
 
-    @property
-    def vocab_size(self) -> int:
-        """Rows of the output layer (can exceed the tokenizer's size)."""
-        cfg = self.model.config
-        return int(cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size")
-                   or len(self.model.tokenizer))
+    async def start(self, req: GenerationInput) -> Generation:
+        """Prepare, admit and queue ``req``; 4xx / 429 are raised before anything streams."""
+        prepared = await self.prepare(req)
+        limit = self.effective_limit(prepared.request)
+        job = GenerationJob(prepared.request, self.model.tokenizer,
+                            EventSink(asyncio.get_running_loop()), limit, self.draft,
+                            self.cache_namespace(req))
+        self.worker.submit(job)
+        self.requests += 1
+        return Generation(self, job, prepared.warning)
 
-    @staticmethod
-    def _with_instruction(msgs: list, instruction: str) -> list:
-        """Templates often allow one leading system turn: extend it or add one."""
-        if msgs and msgs[0]["role"] in ("system", "developer") and isinstance(msgs[0].get("content"), str):
-            first = dict(msgs[0], content=(msgs[0]["content"] + "\n\n" + instruction).strip())
-            return [first] + msgs[1:]
-        return [{"role": "system", "content": instruction}] + msgs
+    def cache_namespace(self, req: GenerationInput):
+        """What must match for two requests to share prefix KV (None: never cache)."""
+        if self.draft is not None or not self.prefix.enabled:
+            return None
+        return (self.model.id, str(self.model.path), req.adapter or "", "kv:native")
 
-    def prepare_completion(self, body: dict) -> Prepared:
-        self._require_generative()
-        text = body.get("prompt")
-        if not isinstance(text, str) or not text:
-            raise BadRequest("prompt must be a non-empty string", param="prompt")
-        sampling = self.sampling(body)
-        limit = max_tokens_from(body, self.max_tokens)
-        tokens = self.model.tokenizer.encode(text)
-        if not tokens:
-            raise BadRequest("prompt encodes to no tokens", param="prompt")
-        req = GenerationRequest(prompt_tokens=tokens, sampling=sampling, max_tokens=limit,
-                                stop=stop_sequences(body))
-        # no template to inject an instruction into: the degrade path is the Warning alone
-        return self._constrained(req, grammars.plan(body, self.model.tokenizer))
-
-    def _normalize_message(self, m) -> dict:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise BadRequest("each message must be an object with a string role", param="messages")
-        m = dict(m)
-        if m["role"] == "developer":  # OpenAI's newer name for system; templates know "system"
-            m["role"] = "system"
-        if m["role"] == "assistant":
-            if not isinstance(m.get("reasoning_content"), str) and isinstance(m.get("reasoning"), str):
-                m["reasoning_content"] = m["reasoning"]
-            if m.get("tool_calls"):
-                m["tool_calls"] = [self._template_tool_call(c) for c in m["tool_calls"]]
-        content = m.get("content")
-        if isinstance(content, list):
-            texts = []
-            for part in content:
-                kind = part.get("type") if isinstance(part, dict) else None
-                if kind == "text":
-                    if not isinstance(part.get("text"), str):
-                        raise BadRequest("text content parts need a string 'text'", param="messages")
-                    texts.append(part["text"])
-                elif kind in MEDIA_PART_KINDS:
-                    self._require_media(MEDIA_PART_KINDS[kind])
-                else:
-                    raise BadRequest(f"unsupported content part type: {kind!r}", param="messages")
-            m["content"] = "".join(texts)
-        elif content is None:
-            m["content"] = "" if not m.get("tool_calls") else None
-        elif not isinstance(content, str):
-            raise BadRequest("message content must be a string or an array of parts", param="messages")
-        return m
-
-    @staticmethod
-    def _template_tool_call(call) -> dict:
-        """Templates iterate arguments as a mapping; the wire carries a JSON string."""
-        if not isinstance(call, dict):
-            raise BadRequest("tool_calls entries must be objects", param="messages")
-        call = dict(call)
-        fn = call.get("function")
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise BadRequest("tool_calls entries need a function object with a name",
-                             param="messages")
-        fn = dict(fn)
-        args = fn.get("arguments")
-        if isinstance(args, str):
-            try:
-                fn["arguments"] = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError:
-                pass
-        call["function"] = fn
-        return call
-
-    def _require_media(self, kind: str):
-        pipeline = plugins.hook().media_pipeline(model=self.model, kind=kind)
-        if pipeline is None:
-            if kind == "image":
-                raise BadRequest(f"model has no vision sidecar: {self.model.id} does not accept images")
-            raise BadRequest(f"model {self.model.id} does not accept {kind} input")
-        raise BadRequest(f"{kind} input is not supported yet by {self.model.id}")
-
-    # -- running --------------------------------------------------------------
     def effective_limit(self, req: GenerationRequest) -> Optional[int]:
         ctx = self.model.context_window
         if ctx is None:
@@ -242,39 +163,30 @@ class Engine:
                            code="context_over_budget")
         return room if req.max_tokens is None else min(req.max_tokens, room)
 
-    def start(self, req: GenerationRequest) -> GenerationJob:
-        """Queue a generation; raises QueueFull / admission errors before anything streams."""
-        limit = self.effective_limit(req)
-        job = GenerationJob(asyncio.get_running_loop(), req, self.model.model,
-                            self.model.tokenizer, limit, self.draft)
-        self.requests += 1
-        return self.worker.submit(job)
-
-    async def events(self, job: GenerationJob) -> AsyncIterator[tuple]:
-        """Yield the job's events; leaving early (disconnect) cancels the job."""
-        try:
-            while True:
-                for ev in await job.events.get():
-                    yield ev
-                    if ev[0] == "done":
-                        self._log_finish(ev[1])
-                        return
-        finally:
-            job.cancel()
-
-    @staticmethod
-    def _log_finish(fin):
+    def _finished(self, fin: Finish) -> None:
+        self.completed += 1
         u, t = fin.usage, fin.timings
         log.info("%s · prompt %d tok · %d tok out · ttft %.0f ms · %.1f tok/s · %s lane",
                  fin.reason, u.prompt_tokens, u.completion_tokens, 1e3 * t.get("ttft_s", 0),
                  t.get("decode_tps", 0.0), u.lane)
 
+    # -- other work on the model ---------------------------------------------------
     async def embed(self, texts: list, instruction: Optional[str] = None):
         if self.model.kind != "embedding":  # answer now, not after queued generations
             raise BadRequest(f"model {self.model.id} is not an embedding model")
-        hook = plugins.hook()
+        hook = self.hooks
         result = await self.worker.call(
             lambda: hook.embed(model=self.model, texts=texts, instruction=instruction))
         if result is None:
             raise BadRequest(f"model {self.model.id} is not an embedding model")
         return result
+
+    def stats(self) -> dict:
+        return {"total": self.requests, "completed": self.completed,
+                "active": self.worker.active, "waiting": self.worker.waiting}
+
+    def batch_stats(self) -> dict:
+        lanes = {lane.name: {"active": lane.active, "waiting": lane.waiting}
+                 for lane in self.worker.lanes}
+        return {"cap": self.batch, "active_rows": self.worker.active,
+                "waiting": self.worker.waiting, "lanes": lanes}

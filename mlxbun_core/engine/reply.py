@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..errors import APIError
-from .session import Finish
+from ..events import Content, Done, Finish, Reasoning, ToolCallEvent
 
 
 @dataclass
@@ -21,15 +21,15 @@ def gather(events: list) -> Reply:
     """Fold events into a Reply; a generation failure raises a 500 with its message."""
     reply = Reply()
     content, reasoning = [], []
-    for kind, payload in events:
-        if kind == "content":
-            content.append(payload)
-        elif kind == "reasoning":
-            reasoning.append(payload)
-        elif kind == "tool_call":
-            reply.tool_calls.append(payload)
-        elif kind == "done":
-            reply.finish = payload
+    for ev in events:
+        if isinstance(ev, Content):
+            content.append(ev.text)
+        elif isinstance(ev, Reasoning):
+            reasoning.append(ev.text)
+        elif isinstance(ev, ToolCallEvent):
+            reply.tool_calls.append(ev.call)
+        elif isinstance(ev, Done):
+            reply.finish = ev.finish
     reply.content, reply.reasoning = "".join(content), "".join(reasoning)
     if reply.finish is None or reply.finish.reason == "cancelled":
         raise APIError("generation was cancelled")

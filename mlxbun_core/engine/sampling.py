@@ -4,6 +4,7 @@ into mlx-lm's own sampler and logits processors (so behaviour matches it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from functools import lru_cache
 from typing import Optional
 
 from ..errors import BadRequest
@@ -101,13 +102,12 @@ class SamplingParams:
         return self.logprobs or self.top_logprobs > 0
 
     def sampler(self, tokenizer):
-        from mlx_lm.sample_utils import make_sampler
-
+        """mlx-lm's sampler for these settings; equal settings share one sampler object,
+        so the batch lane samples rows with the same settings in one call."""
         # as mlx_lm.server: newline and EOS are never removed by XTC
-        xtc_special = tokenizer.encode("\n") + list(tokenizer.eos_token_ids)
-        return make_sampler(temp=self.temperature, top_p=self.top_p, min_p=self.min_p,
-                            top_k=self.top_k, xtc_probability=self.xtc_probability,
-                            xtc_threshold=self.xtc_threshold, xtc_special_tokens=xtc_special)
+        xtc_special = tuple(tokenizer.encode("\n")) + tuple(sorted(tokenizer.eos_token_ids))
+        return _sampler((self.temperature, self.top_p, self.min_p, self.top_k,
+                         self.xtc_probability, self.xtc_threshold, xtc_special))
 
     def logits_processors(self) -> list:
         from mlx_lm.sample_utils import make_logits_processors
@@ -117,6 +117,16 @@ class SamplingParams:
             self.presence_penalty, self.presence_context_size,
             self.frequency_penalty, self.frequency_context_size)
         return procs + list(self.extra_processors)
+
+
+@lru_cache(maxsize=256)
+def _sampler(key):
+    from mlx_lm.sample_utils import make_sampler
+
+    temp, top_p, min_p, top_k, xtc_probability, xtc_threshold, xtc_special = key
+    return make_sampler(temp=temp, top_p=top_p, min_p=min_p, top_k=top_k,
+                        xtc_probability=xtc_probability, xtc_threshold=xtc_threshold,
+                        xtc_special_tokens=list(xtc_special))
 
 
 def max_tokens_from(body: dict, default: Optional[int]) -> Optional[int]:

@@ -11,8 +11,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ..events import Content, Done, Finish, ToolCallEvent, Usage
 from .sampling import SamplingParams
 from .textstream import ReasoningSplitter, StopMatcher
+
+__all__ = ["GenerationRequest", "GenerationSession", "Usage", "Finish"]
 
 
 @dataclass
@@ -31,40 +34,11 @@ class GenerationRequest:
     processors: list = field(default_factory=list)
 
 
-@dataclass
-class Usage:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    reasoning_tokens: int = 0
-    lane: str = "serial"
-    speculation: Optional[dict] = None  # {drafted, accepted, targetCalls} with a draft mounted
-
-    def openai(self) -> dict:
-        out = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-               "total_tokens": self.prompt_tokens + self.completion_tokens,
-               "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-               "lane": self.lane}
-        if self.speculation is not None:
-            out["speculation"] = dict(self.speculation)
-        return out
-
-
-@dataclass
-class Finish:
-    reason: str  # "stop" | "length" | "tool_calls" | "cancelled" | "error"
-    usage: Usage
-    logprobs: Optional[list] = None
-    stop_sequence: Optional[str] = None
-    error: Optional[str] = None
-    timings: dict = field(default_factory=dict)
-
-
 class GenerationSession:
-    """Turns sampled tokens into ``(kind, payload)`` events.
+    """Turns sampled tokens into events (:mod:`mlxbun_core.events`).
 
-    Kinds: ``reasoning`` / ``content`` (text), ``tool_call`` (ToolCall),
-    ``keepalive`` (None), ``done`` (Finish).
+    Lanes feed it one token at a time (``step``) and close it (``finish``); it
+    never touches the model, so serial and batched lanes share it unchanged.
     """
 
     def __init__(self, req: GenerationRequest, tokenizer, limit: Optional[int]):
@@ -82,6 +56,7 @@ class GenerationSession:
         self.finished: Optional[Finish] = None
         self.t0 = time.perf_counter()
         self.t_first: Optional[float] = None
+        self.phases: dict = {}  # seconds per phase, filled by the lane (admission_wait_s, ...)
 
     # -- token side -------------------------------------------------------
     def step(self, token: int, logprobs) -> list:
@@ -124,18 +99,20 @@ class GenerationSession:
         return self._route(self.splitter.feed(self.stopper.feed(segment)))
 
     def _route(self, parts) -> list:
+        if self.parser is None:
+            return parts
         events = []
-        for kind, text in parts:
-            if kind == "content" and self.parser is not None:
-                for ev in self.parser.feed(text):
-                    self._note(ev)
-                    events.append(ev)
+        for ev in parts:
+            if isinstance(ev, Content):
+                for out in self.parser.feed(ev.text):
+                    self._note(out)
+                    events.append(out)
             else:
-                events.append((kind, text))
+                events.append(ev)
         return events
 
     def _note(self, ev):
-        if ev[0] == "tool_call":
+        if isinstance(ev, ToolCallEvent):
             self.saw_tool_call = True
 
     def finish(self, reason: str, error: Optional[str] = None) -> list:
@@ -158,12 +135,12 @@ class GenerationSession:
             if self.saw_tool_call and reason == "stop":
                 reason = "tool_calls"
         now = time.perf_counter()
-        timings = {"total_s": now - self.t0}
+        timings = {"total_s": now - self.t0, **self.phases}
         if self.t_first is not None:
             timings["ttft_s"] = self.t_first - self.t0
             n = self.usage.completion_tokens
             if n > 1:
                 timings["decode_tps"] = (n - 1) / max(now - self.t_first, 1e-9)
         self.finished = Finish(reason, self.usage, self.logprobs, self.stopper.stopped, error, timings)
-        events.append(("done", self.finished))
+        events.append(Done(self.finished))
         return events

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..events import Content, Reasoning
+
 
 def held_marker_prefix(text: str, markers) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of a marker."""
@@ -58,10 +60,11 @@ class ReasoningSplitter:
         self.seen_any = in_reasoning
         self._lstrip = False  # drop the newlines a model puts right after a marker
 
-    def feed(self, text: str) -> list[tuple[str, str]]:
+    def feed(self, text: str) -> list:
+        """``Content`` / ``Reasoning`` events for the text that is decided."""
         if not self.start:
-            return [("content", text)] if text else []
-        out: list[tuple[str, str]] = []
+            return [Content(text)] if text else []
+        out: list = []
         buf = self.pending + text
         while buf:
             marker = self.end if self.inside else self.start
@@ -85,10 +88,10 @@ class ReasoningSplitter:
             text = text.lstrip("\n")
             self._lstrip = not text
         if text:
-            out.append(("reasoning" if self.inside else "content", text))
+            out.append(Reasoning(text) if self.inside else Content(text))
 
-    def flush(self) -> list[tuple[str, str]]:
-        out: list[tuple[str, str]] = []
+    def flush(self) -> list:
+        out: list = []
         self._emit(out, self.pending)
         self.pending = ""
         return out

@@ -20,11 +20,11 @@ from contextlib import contextmanager
 
 from blacksheep import Request
 
-from ..engine.reply import gather
-from ..errors import APIError, BadRequest
-from ..grammar import resolve_grammar_request
+from ..errors import APIError
+from ..events import Content, Reasoning, ToolCallEvent
+from . import generation
 from .anthropic_request import chat_names, to_chat
-from .common import collect, guarded, json_response, new_id, read_body, sse_event, sse_response
+from .common import guarded, json_response, read_body, sse_event
 from .field_names import renamed
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
@@ -54,6 +54,15 @@ def anthropic_names(body: dict):
         raise renamed(exc, chat_names(body)) from exc
 
 
+def parser(engine, **to_chat_options):
+    """Anthropic body -> typed chat request, errors named as the client named the fields."""
+    def parse(body: dict):
+        chat = to_chat(body, **to_chat_options)
+        with anthropic_names(body):
+            return engine.parse_chat(chat)
+    return parse
+
+
 # ---------------------------------------------------------------- response side
 
 def _usage(usage, *, output: bool = True) -> dict:
@@ -80,24 +89,80 @@ def _tool_use(call) -> dict:
             "input": args if isinstance(args, dict) else {}}
 
 
+class MessageFrames(generation.FrameWriter):
+    """Anthropic's event grammar: message_start, content blocks, message_delta, message_stop."""
+
+    def __init__(self, run, model_id: str):
+        self.run, self.model_id = run, model_id
+        self.index, self.open_kind = -1, None
+
+    def opening(self):
+        # sent at once (clients show progress from it); same accounting as message_delta
+        usage = {**_usage(self.run.gen.usage, output=False), "output_tokens": 0}
+        return [sse_event("message_start", {"type": "message_start", "message": {
+            "id": self.run.id, "type": "message", "role": "assistant", "model": self.model_id,
+            "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}})]
+
+    def _start(self, kind, block):
+        frames = self._stop()
+        self.index += 1
+        self.open_kind = kind
+        frames.append(sse_event("content_block_start", {
+            "type": "content_block_start", "index": self.index, "content_block": block}))
+        return frames
+
+    def _stop(self):
+        if self.open_kind is None:
+            return []
+        self.open_kind = None
+        return [sse_event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+
+    def _delta(self, d):
+        return sse_event("content_block_delta",
+                         {"type": "content_block_delta", "index": self.index, "delta": d})
+
+    def _text(self, t):
+        frames = [] if self.open_kind == "text" else self._start("text", {"type": "text", "text": ""})
+        return frames + [self._delta({"type": "text_delta", "text": t})]
+
+    def event(self, ev):
+        if isinstance(ev, Reasoning) and ev.text:
+            frames = [] if self.open_kind == "thinking" else self._start(
+                "thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            return frames + [self._delta({"type": "thinking_delta", "thinking": ev.text})]
+        if isinstance(ev, Content) and ev.text:
+            return self._text(ev.text)  # the tool parser drops whitespace around a call
+        if isinstance(ev, ToolCallEvent):
+            call = ev.call
+            frames = self._start("tool_use", {"type": "tool_use", "id": call.id,
+                                              "name": call.name, "input": {}})
+            frames.append(self._delta({"type": "input_json_delta",
+                                       "partial_json": call.arguments or "{}"}))
+            return frames + self._stop()
+        return []
+
+    def keepalive(self):
+        return [sse_event("ping", {"type": "ping"})]
+
+    def done(self, finish):
+        frames = self._text("") if self.index < 0 else []
+        frames += self._stop()
+        reason, seq = _stop(finish)
+        frames.append(sse_event("message_delta", {
+            "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq},
+            "usage": _usage(finish.usage)}))
+        frames.append(sse_event("message_stop", {"type": "message_stop"}))
+        return frames
+
+    def failed(self, message):
+        return [sse_event("error", {"type": "error", "error": {"type": "api_error",
+                                                             "message": message}})]
+
+
 def register(app, engine):
     model_id = engine.model.id
 
-    @guarded(anthropic_error)
-    async def messages(request: Request):
-        body = await read_body(request)
-        streaming = body.get("stream", False)
-        if not isinstance(streaming, bool):
-            raise BadRequest("stream must be a boolean")
-        chat = to_chat(body)
-        with anthropic_names(body):
-            prepared = await engine.aprepare_chat(chat)
-        job = engine.start(prepared.request)
-        headers = {"Warning": prepared.warning} if prepared.warning else None
-        mid = new_id("msg_")
-        if streaming:
-            return sse_response(request, job, stream(job, mid), headers)
-        reply = gather(await collect(request, engine, job))
+    def answer(run, reply) -> dict:
         content = []
         if reply.reasoning:
             content.append({"type": "thinking", "thinking": reply.reasoning, "signature": ""})
@@ -107,90 +172,25 @@ def register(app, engine):
         if not content:
             content.append({"type": "text", "text": ""})
         reason, seq = _stop(reply.finish)
-        return json_response({"id": mid, "type": "message", "role": "assistant",
-                              "model": model_id, "content": content, "stop_reason": reason,
-                              "stop_sequence": seq, "usage": _usage(reply.finish.usage)},
-                             headers=headers)
+        return {"id": run.id, "type": "message", "role": "assistant", "model": model_id,
+                "content": content, "stop_reason": reason, "stop_sequence": seq,
+                "usage": _usage(reply.finish.usage)}
 
-    async def stream(job, mid):
-        def message_start():
-            # sent at once (clients show progress from it); same accounting as message_delta
-            usage = {**_usage(job.session.usage, output=False), "output_tokens": 0}
-            return sse_event("message_start", {"type": "message_start", "message": {
-                "id": mid, "type": "message", "role": "assistant", "model": model_id,
-                "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}})
+    @guarded(anthropic_error)
+    async def messages(request: Request):
+        run = await generation.start(request, engine, route="/v1/messages", id_prefix="msg_",
+                                     parse=parser(engine))
+        return await generation.respond(request, run, lambda r: MessageFrames(r, model_id), answer)
 
-        index, open_kind = -1, None
-
-        def start(kind, block):
-            nonlocal index, open_kind
-            frames = list(stop())
-            index += 1
-            open_kind = kind
-            frames.append(sse_event("content_block_start", {
-                "type": "content_block_start", "index": index, "content_block": block}))
-            return frames
-
-        def stop():
-            nonlocal open_kind
-            if open_kind is None:
-                return []
-            open_kind = None
-            return [sse_event("content_block_stop", {"type": "content_block_stop", "index": index})]
-
-        def delta(d):
-            return sse_event("content_block_delta",
-                             {"type": "content_block_delta", "index": index, "delta": d})
-
-        def text(t):
-            frames = [] if open_kind == "text" else start("text", {"type": "text", "text": ""})
-            return frames + [delta({"type": "text_delta", "text": t})]
-
-        yield message_start()
-        async for kind, payload in engine.events(job):
-            frames = []
-            if kind == "reasoning" and payload:
-                if open_kind != "thinking":
-                    frames += start("thinking", {"type": "thinking", "thinking": "",
-                                                 "signature": ""})
-                frames.append(delta({"type": "thinking_delta", "thinking": payload}))
-            elif kind == "content" and payload:
-                frames += text(payload)  # the tool parser drops whitespace around a call
-            elif kind == "tool_call":
-                frames += start("tool_use", {"type": "tool_use", "id": payload.id,
-                                             "name": payload.name, "input": {}})
-                frames.append(delta({"type": "input_json_delta",
-                                     "partial_json": payload.arguments or "{}"}))
-                frames += stop()
-            elif kind == "keepalive":
-                frames.append(sse_event("ping", {"type": "ping"}))
-            elif kind == "done":
-                if payload.reason in ("error", "cancelled"):
-                    for frame in frames:
-                        yield frame
-                    yield sse_event("error", {"type": "error", "error": {
-                        "type": "api_error", "message": payload.error or "generation cancelled"}})
-                    return
-                if index < 0:
-                    frames += text("")
-                frames += stop()
-                reason, seq = _stop(payload)
-                frames.append(sse_event("message_delta", {
-                    "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq},
-                    "usage": _usage(payload.usage)}))
-                frames.append(sse_event("message_stop", {"type": "message_stop"}))
-            for frame in frames:
-                yield frame
+    count = parser(engine, need_max_tokens=False)
 
     @guarded(anthropic_error)
     async def count_tokens(request: Request):
         body = await read_body(request)
-        chat = to_chat(body, need_max_tokens=False)
+        typed = count(body)  # a bad format is a 400 here too …
         with anthropic_names(body):
-            resolve_grammar_request(chat)  # a bad format is a 400 here too …
-            chat.pop("response_format", None)  # … but counting compiles no grammar
-            prepared = await engine.aprepare_chat(chat)
-        return json_response({"input_tokens": len(prepared.request.prompt_tokens)})
+            n = await engine.count_prompt_tokens(typed)  # … but counting compiles no grammar
+        return json_response({"input_tokens": n})
 
     app.router.add_post("/v1/messages", messages)
     app.router.add_post("/v1/messages/count_tokens", count_tokens)

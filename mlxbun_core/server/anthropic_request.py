@@ -206,6 +206,8 @@ def _output_config(chat: dict, body: dict) -> None:
 
 def to_chat(body: dict, *, need_max_tokens: bool = True) -> dict:
     """Translate an Anthropic Messages body into an OpenAI chat body."""
+    if not isinstance(body.get("stream", False), bool):
+        raise BadRequest("stream must be a boolean")
     if "logit_bias" in body:
         raise BadRequest("logit_bias is not a parameter of the Anthropic Messages API")
     if need_max_tokens and body.get("max_tokens") is None:
@@ -226,7 +228,7 @@ def to_chat(body: dict, *, need_max_tokens: bool = True) -> dict:
             raise BadRequest("message content must be a string or a list of content blocks")
         out += _user_messages(content) if m["role"] == "user" else [_assistant_message(content)]
     chat = {"messages": out}
-    for src, dst in (("max_tokens", "max_tokens"), ("temperature", "temperature"),
+    for src, dst in (("stream", "stream"), ("max_tokens", "max_tokens"), ("temperature", "temperature"),
                      ("top_p", "top_p"), ("top_k", "top_k"), ("stop_sequences", "stop")):
         if body.get(src) is not None:
             chat[dst] = body[src]

@@ -122,17 +122,17 @@ def watch_disconnect(request: Request, on_disconnect: Callable[[], None]) -> asy
     return asyncio.ensure_future(wait())
 
 
-def sse_response(request: Request, job, frames: AsyncIterator[bytes], headers: dict | None = None) -> Response:
-    """Stream ``frames`` as SSE; a disconnect cancels ``job`` within one decode step."""
+def sse_response(request: Request, gen, frames: AsyncIterator[bytes], headers: dict | None = None) -> Response:
+    """Stream ``frames`` as SSE; a disconnect cancels ``gen`` within one decode step."""
 
     async def provider():
-        watcher = watch_disconnect(request, job.cancel)
+        watcher = watch_disconnect(request, gen.cancel)
         try:
             async for frame in frames:
                 yield frame
         finally:
             watcher.cancel()
-            job.cancel()
+            gen.cancel()
 
     resp = Response(200, None, StreamedContent(b"text/event-stream", provider))
     resp.add_header(b"Cache-Control", b"no-cache")
@@ -140,12 +140,3 @@ def sse_response(request: Request, job, frames: AsyncIterator[bytes], headers: d
     for k, v in (headers or {}).items():
         resp.add_header(k.encode(), v.encode())
     return resp
-
-
-async def collect(request: Request, engine, job) -> list:
-    """Gather a non-streaming job's events, cancelling it if the client leaves."""
-    watcher = watch_disconnect(request, job.cancel)
-    try:
-        return [ev async for ev in engine.events(job)]
-    finally:
-        watcher.cancel()

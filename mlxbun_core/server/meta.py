@@ -25,7 +25,7 @@ def model_row(engine) -> dict:
     d = engine.defaults
     return {"id": m.id, "object": "model", "created": engine.started_at, "owned_by": "mlxbun",
             "family": m.family, "plugin": m.plugin, "context_window": m.context_window,
-            "reasoning": m.reasoning, "vision": False, "audio": False, "batch_mode": "serial",
+            "reasoning": m.reasoning, "vision": False, "audio": False, "batch_mode": "batched" if engine.batch > 1 else "serial",
             "tools": generate, "structured_output": generate, "embeddings": caps["embeddings"],
             "adapters": False, "training": False, "capabilities": caps,
             "gen_defaults": {k: d.get(k) for k in ("temperature", "top_p", "top_k")}}
@@ -57,8 +57,9 @@ def register(app, engine):
         return json_response({
             "server": {"owner": "serve", "model": engine.model.id, "family": engine.model.family,
                        "plugin": engine.model.plugin, "started_at": engine.started_at},
-            "requests": {"total": engine.requests, "waiting": engine.worker.waiting,
-                         "busy": engine.worker.busy, "completed": engine.worker.completed},
+            "requests": engine.stats(),
+            "batch": engine.batch_stats(),
+            "prompt_cache": engine.prefix.stats(),
             "admission": {"max_safe_context": engine.model.context_window,
                           "enforced_context_tokens": engine.model.context_window,
                           "max_waiting": engine.worker.max_waiting},

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from blacksheep import Request
 
-from ..engine.reply import gather
-from . import trace as tracing
-from .common import KEEPALIVE, collect, guarded, json_response, sse_data, sse_response
+from ..events import Content, Reasoning, ToolCallEvent
+from . import generation
+from .common import guarded, sse_data
 
 
 def tool_call_json(call, index=None) -> dict:
@@ -17,20 +17,45 @@ def tool_call_json(call, index=None) -> dict:
     return out
 
 
+def openai_stream_error(message: str) -> bytes:
+    """The in-stream error frame of both OpenAI generation surfaces."""
+    return sse_data({"error": {"message": message, "type": "server_error"}})
+
+
+class ChatFrames(generation.FrameWriter):
+    def __init__(self, run, model_id: str):
+        self.head = {"id": run.id, "object": "chat.completion.chunk", "created": run.created,
+                     "model": model_id}
+        self.calls = 0
+
+    def chunk(self, delta, finish=None, **extra) -> bytes:
+        return sse_data({**self.head, "choices": [{"index": 0, "delta": delta,
+                                                   "finish_reason": finish}], **extra})
+
+    def opening(self):
+        return [self.chunk({"role": "assistant", "content": ""})]
+
+    def event(self, ev):
+        if isinstance(ev, Content):
+            return [self.chunk({"content": ev.text})]
+        if isinstance(ev, Reasoning):
+            return [self.chunk({"reasoning": ev.text})]
+        if isinstance(ev, ToolCallEvent):
+            self.calls += 1
+            return [self.chunk({"tool_calls": [tool_call_json(ev.call, self.calls - 1)]})]
+        return []
+
+    def done(self, finish):
+        return [self.chunk({}, finish.reason, usage=finish.usage.openai()), b"data: [DONE]\n\n"]
+
+    def failed(self, message):
+        return [openai_stream_error(message)]
+
+
 def register(app, engine):
     model_id = engine.model.id
 
-    @guarded()
-    async def chat_completions(request: Request):
-        run = await tracing.start(request, "/v1/chat/completions", "chatcmpl-", engine.aprepare_chat, engine)
-        cid, created, job, headers = run.id, run.created, run.job, run.headers
-        if run.body.get("stream"):
-            frames = tracing.traced(stream(job, cid, created), run.trace, job, run.started)
-            return sse_response(request, job, frames, headers)
-        try:
-            reply = gather(await collect(request, engine, job))
-        finally:
-            run.trace.complete(job, run.started)
+    def answer(run, reply) -> dict:
         message = {"role": "assistant",
                    "content": None if reply.tool_calls and not reply.content.strip() else reply.content}
         if reply.reasoning:
@@ -40,35 +65,13 @@ def register(app, engine):
         choice = {"index": 0, "message": message, "finish_reason": reply.finish.reason}
         if reply.finish.logprobs is not None:
             choice["logprobs"] = {"content": reply.finish.logprobs}
-        return json_response({"id": cid, "object": "chat.completion", "created": created,
-                              "model": model_id, "choices": [choice],
-                              "usage": reply.finish.usage.openai()}, headers=headers)
+        return {"id": run.id, "object": "chat.completion", "created": run.created,
+                "model": model_id, "choices": [choice], "usage": reply.finish.usage.openai()}
 
-    async def stream(job, cid, created):
-        def chunk(delta, finish=None, **extra):
-            return sse_data({"id": cid, "object": "chat.completion.chunk", "created": created,
-                             "model": model_id,
-                             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-                             **extra})
-
-        yield chunk({"role": "assistant", "content": ""})
-        calls = 0
-        async for kind, payload in engine.events(job):
-            if kind == "content":
-                yield chunk({"content": payload})
-            elif kind == "reasoning":
-                yield chunk({"reasoning": payload})
-            elif kind == "tool_call":
-                yield chunk({"tool_calls": [tool_call_json(payload, calls)]})
-                calls += 1
-            elif kind == "keepalive":
-                yield KEEPALIVE
-            elif kind == "done":
-                if payload.reason in ("error", "cancelled"):
-                    yield sse_data({"error": {"message": payload.error or "generation cancelled",
-                                              "type": "server_error"}})
-                    return
-                yield chunk({}, payload.reason, usage=payload.usage.openai())
-        yield b"data: [DONE]\n\n"
+    @guarded()
+    async def chat_completions(request: Request):
+        run = await generation.start(request, engine, route="/v1/chat/completions",
+                                     id_prefix="chatcmpl-", parse=engine.parse_chat)
+        return await generation.respond(request, run, lambda r: ChatFrames(r, model_id), answer)
 
     app.router.add_post("/v1/chat/completions", chat_completions)

@@ -4,48 +4,46 @@ from __future__ import annotations
 
 from blacksheep import Request
 
-from ..engine.reply import gather
-from . import trace as tracing
-from .common import collect, guarded, json_response, sse_data, sse_response
+from ..events import Content, Reasoning
+from . import generation
+from .common import guarded, sse_data
+from .openai_chat import openai_stream_error
+
+
+class CompletionFrames(generation.FrameWriter):
+    def __init__(self, run, model_id: str):
+        self.head = {"id": run.id, "object": "text_completion", "created": run.created,
+                     "model": model_id}
+
+    def chunk(self, text, finish=None, **extra) -> bytes:
+        return sse_data({**self.head, "choices": [{"index": 0, "text": text, "finish_reason": finish,
+                                                   "logprobs": None}], **extra})
+
+    def event(self, ev):
+        return [self.chunk(ev.text)] if isinstance(ev, (Content, Reasoning)) else []
+
+    def done(self, finish):
+        return [self.chunk("", finish.reason, usage=finish.usage.openai()), b"data: [DONE]\n\n"]
+
+    def failed(self, message):
+        return [openai_stream_error(message)]
 
 
 def register(app, engine):
     model_id = engine.model.id
 
-    @guarded()
-    async def completions(request: Request):
-        run = await tracing.start(request, "/v1/completions", "cmpl-", engine.aprepare_completion, engine)
-        cid, created, job, headers = run.id, run.created, run.job, run.headers
-        if run.body.get("stream"):
-            frames = tracing.traced(stream(job, cid, created), run.trace, job, run.started)
-            return sse_response(request, job, frames, headers)
-        try:
-            reply = gather(await collect(request, engine, job))
-        finally:
-            run.trace.complete(job, run.started)
+    def answer(run, reply) -> dict:
         choice = {"index": 0, "text": reply.content, "finish_reason": reply.finish.reason}
         if reply.finish.logprobs is not None:
             choice["logprobs"] = {"content": reply.finish.logprobs}
-        return json_response({"id": cid, "object": "text_completion", "created": created,
-                              "model": model_id, "choices": [choice],
-                              "usage": reply.finish.usage.openai()}, headers=headers)
+        return {"id": run.id, "object": "text_completion", "created": run.created,
+                "model": model_id, "choices": [choice], "usage": reply.finish.usage.openai()}
 
-    async def stream(job, cid, created):
-        def chunk(text, finish=None, **extra):
-            return sse_data({"id": cid, "object": "text_completion", "created": created,
-                             "model": model_id,
-                             "choices": [{"index": 0, "text": text, "finish_reason": finish,
-                                          "logprobs": None}], **extra})
-
-        async for kind, payload in engine.events(job):
-            if kind in ("content", "reasoning"):
-                yield chunk(payload)
-            elif kind == "done":
-                if payload.reason in ("error", "cancelled"):
-                    yield sse_data({"error": {"message": payload.error or "generation cancelled",
-                                              "type": "server_error"}})
-                    return
-                yield chunk("", payload.reason, usage=payload.usage.openai())
-        yield b"data: [DONE]\n\n"
+    @guarded()
+    async def completions(request: Request):
+        run = await generation.start(request, engine, route="/v1/completions", id_prefix="cmpl-",
+                                     parse=engine.parse_completion)
+        return await generation.respond(request, run, lambda r: CompletionFrames(r, model_id),
+                                        answer)
 
     app.router.add_post("/v1/completions", completions)

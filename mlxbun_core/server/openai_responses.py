@@ -1,7 +1,7 @@
 """POST /v1/responses — the OpenAI Responses surface (request side and handlers).
 
 Input items are translated into the OpenAI chat body shape and run through
-``engine.prepare_chat`` like every other surface. ``previous_response_id``
+the engine's chat path like every other surface. ``previous_response_id``
 resumes from a per-process :class:`ResponseStore` holding each response's
 conversation in chat form (instructions carry forward when omitted; reasoning
 is not replayed). Output items, the envelope and the event stream live in
@@ -12,16 +12,16 @@ from __future__ import annotations
 
 from blacksheep import Request
 
-from ..engine.reply import gather
 from ..errors import APIError, BadRequest, NotFound
-from .common import collect, guarded, json_response, new_id, now, read_body, sse_response
+from . import generation
+from .common import guarded, json_response
 from .field_names import renamed
 from .response_store import ResponseStore
-from .responses_stream import (call_item, envelope, message_item, reasoning_item, status_of,
-                               stream)
+from .responses_stream import (ResponseFrames, call_item, envelope, message_item,
+                               reasoning_item, status_of)
 
 # sampler fields and mlx-lm extensions passed through to the chat body as-is
-PASSTHROUGH = ("temperature", "top_p", "top_k", "min_p", "xtc_probability", "xtc_threshold",
+PASSTHROUGH = ("stream", "temperature", "top_p", "top_k", "min_p", "xtc_probability", "xtc_threshold",
                "logit_bias", "repetition_penalty", "repetition_context_size",
                "presence_penalty", "presence_context_size", "frequency_penalty",
                "frequency_context_size", "seed", "stop", "chat_template_kwargs",
@@ -258,11 +258,6 @@ def register(app, engine):
     app.response_store = store
     app.stats_providers["response_store"] = store.stats
 
-    def remember(body, rid, system, convo, output, response):
-        if body.get("store", True) is not False:
-            store.put(rid, {"system": system, "messages": stored_turn(convo, output),
-                            "response": response})
-
     def previous(body) -> dict | None:
         prev = body.get("previous_response_id")
         if prev is None:
@@ -276,36 +271,47 @@ def register(app, engine):
                            param="previous_response_id")
         return stored
 
-    @guarded(responses_error)
-    async def responses(request: Request):
-        body = await read_body(request)
+    def parse(body: dict):
         for name in ("stream", "store"):
             if body.get(name) is not None and not isinstance(body[name], bool):
                 raise BadRequest(f"{name} must be a boolean", param=name)
         chat, system, convo = to_chat(body, previous(body))
         try:
-            prepared = await engine.aprepare_chat(chat)
+            typed = engine.parse_chat(chat)
         except APIError as exc:
             raise renamed(exc, chat_names(body)) from exc
-        job = engine.start(prepared.request)
-        headers = {"Warning": prepared.warning} if prepared.warning else None
-        rid, created = new_id("resp_"), now()
+        typed.surface_state.update(system=system, convo=convo)  # what the store keeps
+        return typed
 
-        def make_envelope(status, output, finish=None, error=None):
-            return envelope(model_id, rid, created, body, status, output, finish, error)
+    def envelope_for(run):
+        return lambda status, output, finish=None, error=None: envelope(
+            model_id, run.id, run.created, run.body, status, output, finish, error)
 
-        if body.get("stream"):
-            frames = stream(engine, job, make_envelope, lambda output, response: remember(
-                body, rid, system, convo, output, response))
-            return sse_response(request, job, frames, headers)
-        reply = gather(await collect(request, engine, job))
+    def remember(run, output, response):
+        if run.body.get("store", True) is not False:
+            kept = run.request.surface_state
+            store.put(run.id, {"system": kept["system"],
+                               "messages": stored_turn(kept["convo"], output),
+                               "response": response})
+
+    def frames(run):
+        return ResponseFrames(envelope_for(run), lambda output, response: remember(
+            run, output, response))
+
+    def answer(run, reply) -> dict:
         output = [reasoning_item(reply.reasoning)] if reply.reasoning else []
         if not reply.tool_calls or reply.content.strip():
             output.append(message_item(reply.content))
         output += [call_item(c) for c in reply.tool_calls]
-        response = make_envelope(status_of(reply.finish), output, reply.finish)
-        remember(body, rid, system, convo, output, response)
-        return json_response(response, headers=headers)
+        response = envelope_for(run)(status_of(reply.finish), output, reply.finish)
+        remember(run, output, response)
+        return response
+
+    @guarded(responses_error)
+    async def responses(request: Request):
+        run = await generation.start(request, engine, route="/v1/responses", id_prefix="resp_",
+                                     parse=parse)
+        return await generation.respond(request, run, frames, answer)
 
     def stored_or_404(request: Request) -> tuple[str, dict]:
         rid = request.route_values.get("rid", "")

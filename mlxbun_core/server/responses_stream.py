@@ -6,7 +6,9 @@ A ``reasoning`` item appears only when the model thought; its text is the summar
 
 from __future__ import annotations
 
-from .common import KEEPALIVE, new_id, sse_event
+from ..events import Content, Reasoning, ToolCallEvent
+from .common import new_id, sse_event
+from .generation import FrameWriter
 
 
 def usage(u) -> dict:
@@ -62,102 +64,107 @@ def envelope(model_id: str, rid: str, created: int, body: dict, status: str, out
             "metadata": body.get("metadata") or {}}
 
 
-async def stream(engine, job, make_envelope, on_complete):
-    """SSE frames for ``job``. ``make_envelope(status, output, finish=None, error=None)``
-    builds the response object; ``on_complete(output, response)`` runs once the final
-    response exists (not after a failure)."""
-    seq = 0
-    output: list = []  # finished items, in order
-    cur = None  # the open item: {"item": dict, "text": [str]}
+class ResponseFrames(FrameWriter):
+    """The Responses event sequence. ``make_envelope(status, output, finish=None,
+    error=None)`` builds the response object; ``on_complete(output, response)`` runs
+    once the final response exists (not after a failure)."""
 
-    def ev(kind, **data):
-        nonlocal seq
-        seq += 1
-        return sse_event(kind, {"type": kind, "sequence_number": seq - 1, **data})
+    def __init__(self, make_envelope, on_complete):
+        self.make_envelope, self.on_complete = make_envelope, on_complete
+        self.seq = 0
+        self.output: list = []  # finished items, in order
+        self.cur = None  # the open item: {"item": dict, "text": [str]}
 
-    def where():
-        return {"item_id": cur["item"]["id"], "output_index": len(output)}
+    def ev(self, kind, **data) -> bytes:
+        self.seq += 1
+        return sse_event(kind, {"type": kind, "sequence_number": self.seq - 1, **data})
 
-    def open_item(item):
-        nonlocal cur
-        frames = close()
-        cur = {"item": item, "text": []}
-        frames.append(ev("response.output_item.added", output_index=len(output), item=item))
+    def where(self) -> dict:
+        return {"item_id": self.cur["item"]["id"], "output_index": len(self.output)}
+
+    def open_item(self, item) -> list:
+        frames = self.close()
+        self.cur = {"item": item, "text": []}
+        frames.append(self.ev("response.output_item.added", output_index=len(self.output),
+                              item=item))
         if item["type"] == "reasoning":
-            frames.append(ev("response.reasoning_summary_part.added", **where(),
-                             summary_index=0, part={"type": "summary_text", "text": ""}))
+            frames.append(self.ev("response.reasoning_summary_part.added", **self.where(),
+                                  summary_index=0, part={"type": "summary_text", "text": ""}))
         elif item["type"] == "message":
-            frames.append(ev("response.content_part.added", **where(), content_index=0,
-                             part={"type": "output_text", "text": "", "annotations": []}))
+            frames.append(self.ev("response.content_part.added", **self.where(), content_index=0,
+                                  part={"type": "output_text", "text": "", "annotations": []}))
         return frames
 
-    def close():
-        nonlocal cur
-        if cur is None:
+    def close(self) -> list:
+        if self.cur is None:
             return []
-        item, text, frames = cur["item"], "".join(cur["text"]), []
+        item, text, frames = self.cur["item"], "".join(self.cur["text"]), []
         if item["type"] == "reasoning":
             part = {"type": "summary_text", "text": text}
             item = reasoning_item(text, item["id"])
-            frames += [ev("response.reasoning_summary_text.done", **where(),
-                          summary_index=0, text=text),
-                       ev("response.reasoning_summary_part.done", **where(),
-                          summary_index=0, part=part)]
+            frames += [self.ev("response.reasoning_summary_text.done", **self.where(),
+                               summary_index=0, text=text),
+                       self.ev("response.reasoning_summary_part.done", **self.where(),
+                               summary_index=0, part=part)]
         elif item["type"] == "message":
             item = message_item(text, item["id"])
-            frames += [ev("response.output_text.done", **where(), content_index=0,
-                          text=text, logprobs=[]),
-                       ev("response.content_part.done", **where(), content_index=0,
-                          part=item["content"][0])]
-        frames.append(ev("response.output_item.done", output_index=len(output), item=item))
-        output.append(item)
-        cur = None
+            frames += [self.ev("response.output_text.done", **self.where(), content_index=0,
+                               text=text, logprobs=[]),
+                       self.ev("response.content_part.done", **self.where(), content_index=0,
+                               part=item["content"][0])]
+        frames.append(self.ev("response.output_item.done", output_index=len(self.output),
+                              item=item))
+        self.output.append(item)
+        self.cur = None
         return frames
 
-    def message_text(t):
-        frames = [] if cur and cur["item"]["type"] == "message" else open_item(
+    def message_text(self, t) -> list:
+        cur = self.cur
+        frames = [] if cur and cur["item"]["type"] == "message" else self.open_item(
             message_item(None, status="in_progress"))
         if not t:
             return frames
-        cur["text"].append(t)
-        return frames + [ev("response.output_text.delta", **where(), content_index=0,
-                            delta=t, logprobs=[])]
+        self.cur["text"].append(t)
+        return frames + [self.ev("response.output_text.delta", **self.where(), content_index=0,
+                                 delta=t, logprobs=[])]
 
-    yield ev("response.created", response=make_envelope("in_progress", []))
-    yield ev("response.in_progress", response=make_envelope("in_progress", []))
-    async for kind, payload in engine.events(job):
+    def opening(self):
+        return [self.ev("response.created", response=self.make_envelope("in_progress", [])),
+                self.ev("response.in_progress", response=self.make_envelope("in_progress", []))]
+
+    def event(self, e):
         frames = []
-        if kind == "reasoning" and payload:
-            if not cur or cur["item"]["type"] != "reasoning":
-                frames += open_item({"id": new_id("rs_"), "type": "reasoning", "summary": []})
-            cur["text"].append(payload)
-            frames.append(ev("response.reasoning_summary_text.delta", **where(),
-                             summary_index=0, delta=payload))
-        elif kind == "content" and payload:
-            frames += message_text(payload)  # the tool parser drops whitespace around a call
-        elif kind == "tool_call":
-            frames += open_item(call_item(payload, status="in_progress", arguments=""))
-            frames += [ev("response.function_call_arguments.delta", **where(),
-                          delta=payload.arguments),
-                       ev("response.function_call_arguments.done", **where(),
-                          name=payload.name, arguments=payload.arguments)]
-            cur["item"] = call_item(payload, cur["item"]["id"])
-            frames += close()
-        elif kind == "keepalive":
-            frames.append(KEEPALIVE)
-        elif kind == "done":
-            if payload.reason in ("error", "cancelled"):
-                error = {"code": "server_error",
-                         "message": payload.error or "generation cancelled"}
-                yield ev("response.failed", response=make_envelope("failed", output, error=error))
-                return
-            if not any(it["type"] in ("message", "function_call")
-                       for it in output + ([cur["item"]] if cur else [])):
-                frames += message_text("")
-            frames += close()
-            status = status_of(payload)
-            response = make_envelope(status, output, payload)
-            on_complete(output, response)
-            frames.append(ev(f"response.{status}", response=response))
-        for frame in frames:
-            yield frame
+        if isinstance(e, Reasoning) and e.text:
+            if not self.cur or self.cur["item"]["type"] != "reasoning":
+                frames += self.open_item({"id": new_id("rs_"), "type": "reasoning", "summary": []})
+            self.cur["text"].append(e.text)
+            frames.append(self.ev("response.reasoning_summary_text.delta", **self.where(),
+                                  summary_index=0, delta=e.text))
+        elif isinstance(e, Content) and e.text:
+            frames += self.message_text(e.text)  # the tool parser drops whitespace around a call
+        elif isinstance(e, ToolCallEvent):
+            call = e.call
+            frames += self.open_item(call_item(call, status="in_progress", arguments=""))
+            frames += [self.ev("response.function_call_arguments.delta", **self.where(),
+                               delta=call.arguments),
+                       self.ev("response.function_call_arguments.done", **self.where(),
+                               name=call.name, arguments=call.arguments)]
+            self.cur["item"] = call_item(call, self.cur["item"]["id"])
+            frames += self.close()
+        return frames
+
+    def done(self, finish):
+        frames = []
+        if not any(it["type"] in ("message", "function_call")
+                   for it in self.output + ([self.cur["item"]] if self.cur else [])):
+            frames += self.message_text("")
+        frames += self.close()
+        status = status_of(finish)
+        response = self.make_envelope(status, self.output, finish)
+        self.on_complete(self.output, response)
+        return frames + [self.ev(f"response.{status}", response=response)]
+
+    def failed(self, message):
+        error = {"code": "server_error", "message": message}
+        return [self.ev("response.failed",
+                        response=self.make_envelope("failed", self.output, error=error))]

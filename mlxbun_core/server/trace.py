@@ -12,7 +12,6 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
 
 
 class _Off:
@@ -56,9 +55,9 @@ class Trace:
     def mark(self, phase: str):
         self.events.append({"phase": phase, "startMs": self._ms(time.perf_counter()), "durationMs": 0})
 
-    def complete(self, job, started: float):
-        """Close the record from the job's own timings (see Finish.timings)."""
-        fin = job.session.finished
+    def complete(self, gen, started: float):
+        """Close the record from the generation's own timings (see Finish.timings)."""
+        fin = gen.finish
         if fin is None:
             return self.finish("abort")
         t = fin.timings
@@ -92,7 +91,7 @@ def begin(request, route: str, request_id: str):
     return Trace(route, request_id, raw.decode("latin-1") if raw else None)
 
 
-async def traced(frames, trace, job, started: float):
+async def traced(frames, trace, gen, started: float):
     """Pass SSE frames through, marking the first write and closing the record."""
     if not trace.enabled:
         async for frame in frames:
@@ -106,41 +105,4 @@ async def traced(frames, trace, job, started: float):
                 trace.mark("response.first_write")
                 first = False
     finally:
-        trace.complete(job, started)
-
-
-@dataclass
-class Started:
-    """A request parsed, prepared and queued, with its trace running."""
-
-    id: str
-    created: int
-    body: dict
-    prepared: object
-    job: object
-    trace: object
-    started: float
-
-    @property
-    def headers(self):
-        return {"Warning": self.prepared.warning} if self.prepared.warning else None
-
-
-async def start(request, route: str, id_prefix: str, prepare, engine) -> Started:
-    """Parse the body, prepare it with ``prepare(body)`` and queue it, tracing each phase."""
-    from .common import new_id, now, read_body
-
-    rid = new_id(id_prefix)
-    trace = begin(request, route, rid)
-    t, stage = time.perf_counter(), "body_parse"
-    try:
-        body = await read_body(request)
-        trace.span("request.body_parse", t)
-        t, stage = time.perf_counter(), "prepare_completion"
-        prepared = await prepare(body)
-        trace.span("request.prompt_prepare", t, prompt_tokens=len(prepared.request.prompt_tokens))
-        job = engine.start(prepared.request)
-    except Exception as exc:
-        trace.finish("error", stage=stage, error=str(exc))
-        raise
-    return Started(rid, now(), body, prepared, job, trace, time.perf_counter())
+        trace.complete(gen, started)

@@ -36,15 +36,19 @@ class RunningServer:
 
 
 def start_server(model: str | Path | None = None, *, options: Optional[LoadOptions] = None,
-                 defaults: Optional[dict] = None, max_tokens: Optional[int] = None) -> RunningServer:
-    """Load ``model`` (path, repo id, .gguf or None for the default) and serve it on a free port."""
+                 defaults: Optional[dict] = None, max_tokens: Optional[int] = None,
+                 **engine_options) -> RunningServer:
+    """Load ``model`` (path, repo id, .gguf or None for the default) and serve it on a free
+    port. ``engine_options`` go to :class:`~mlxbun_core.engine.core.Engine` (``batch``,
+    ``prompt_cache_bytes``)."""
     import uvicorn
 
     from ..engine.core import Engine
     from ..server.app import build_app
 
     engine = Engine.load(str(model) if model is not None else None, options or LoadOptions(),
-                         progress=False, defaults=defaults, max_tokens=max_tokens)
+                         progress=False, defaults=defaults, max_tokens=max_tokens,
+                         **engine_options)
     port = free_port()
     config = uvicorn.Config(build_app(engine), host="127.0.0.1", port=port, log_level="warning",
                             lifespan="on")

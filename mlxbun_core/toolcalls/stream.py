@@ -8,12 +8,12 @@ other chunking give the same events once adjacent content events are merged."""
 from __future__ import annotations
 
 import copy
-from typing import Any, Tuple
 
 from ..engine.textstream import held_marker_prefix
+from ..events import KEEPALIVE, Content, ParserEvent, ToolCallEvent
 from .core import ToolCall
 
-Event = Tuple[str, Any]  # ("content", str) | ("tool_call", ToolCall) | ("keepalive", None)
+Event = ParserEvent  # Content | ToolCallEvent | KeepAlive
 KEEPALIVE_EVERY = 256
 
 
@@ -109,7 +109,7 @@ class StreamingToolParser:
     # -- internals
     def _content(self, s: str, ev: list[Event]) -> None:
         if s:
-            ev.append(("content", s))
+            ev.append(Content(s))
             self._after_call = False
 
     def _text_step(self, ev: list[Event]) -> bool:
@@ -138,7 +138,7 @@ class StreamingToolParser:
         n = self.keepalive_every
         while n and (self._ka + 1) * n <= seen:
             self._ka += 1
-            ev.append(("keepalive", None))
+            ev.append(KEEPALIVE)
         if e is None:
             return False
         self._markup, self._pending = None, buf[e:]
@@ -152,7 +152,7 @@ class StreamingToolParser:
             calls = None
         if calls:
             self.calls.extend(calls)
-            ev.extend(("tool_call", c) for c in calls)
+            ev.extend(ToolCallEvent(c) for c in calls)
             self._after_call = True
         else:
             self._content(self._ws + markup, ev)
@@ -163,4 +163,5 @@ def split_tool_calls(dialect: Dialect, tools: list | None, text: str) -> tuple[s
     """Non-streaming convenience: ``(content, calls)`` for a whole completion."""
     p = StreamingToolParser(dialect, tools, keepalive_every=0)
     ev = p.feed(text) + p.finish()
-    return "".join(x for k, x in ev if k == "content"), [x for k, x in ev if k == "tool_call"]
+    return ("".join(e.text for e in ev if isinstance(e, Content)),
+            [e.call for e in ev if isinstance(e, ToolCallEvent)])

@@ -7,21 +7,22 @@ import json
 import random
 from typing import Callable
 
+from ..events import Content, ToolCallEvent
 from .stream import Event, StreamingToolParser
 
 
 def normalize(events: list[Event]) -> list[tuple]:
     out: list[tuple] = []
-    for kind, x in events:
-        if kind == "content":
+    for e in events:
+        if isinstance(e, Content):
             if out and out[-1][0] == "content":
-                out[-1] = ("content", out[-1][1] + x)
+                out[-1] = ("content", out[-1][1] + e.text)
             else:
-                out.append(("content", x))
-        elif kind == "tool_call":
-            out.append(("tool_call", x.name, json.loads(x.arguments)))
+                out.append(("content", e.text))
+        elif isinstance(e, ToolCallEvent):
+            out.append(("tool_call", e.call.name, json.loads(e.call.arguments)))
         else:
-            out.append((kind,))
+            out.append((e.kind,))
     return out
 
 

@@ -201,12 +201,12 @@ def test_session_routes_thought_channel_and_tool_call(srv):
         events += sess.step(t, None)
     kinds = {}
     for ev in events:
-        if ev[0] in ("reasoning", "content"):
-            kinds[ev[0]] = kinds.get(ev[0], "") + ev[1]
+        if ev.kind in ("reasoning", "content"):
+            kinds[ev.kind] = kinds.get(ev.kind, "") + ev.text
     assert kinds == {"reasoning": "need data", "content": "Let me check."}  # framing newline dropped
-    (call,) = [ev[1] for ev in events if ev[0] == "tool_call"]
+    (call,) = [ev.call for ev in events if ev.kind == "tool_call"]
     assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
-    assert events[-1][0] == "done" and events[-1][1].reason == "tool_calls"
+    assert events[-1].kind == "done" and events[-1].finish.reason == "tool_calls"
 
 
 # -- claim ----------------------------------------------------------------------

@@ -197,10 +197,10 @@ def test_rendered_tool_call_round_trips_through_the_parser(srv):
     assert isinstance(parser, StreamingToolParser)
     assert isinstance(parser.dialect, mlxbun_glm52.GlmDialect)
     events = parser.feed("Checking. " + markup) + parser.finish()
-    calls = [x for kind, x in events if kind == "tool_call"]
+    calls = [e.call for e in events if e.kind == "tool_call"]
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [
         ("get_weather", {"city": "Paris", "days": 3, "opts": {"unit": "C"}})]
-    assert "".join(x for kind, x in events if kind == "content").strip() == "Checking."
+    assert "".join(e.text for e in events if e.kind == "content").strip() == "Checking."
 
 
 # ---------------------------------------------------------------- served

@@ -209,9 +209,9 @@ def test_rendered_tool_call_round_trips_through_the_parser(srv):
         events += parser.feed(markup[i:i + 7])
     events += parser.finish()
     args = json.loads(CALL["function"]["arguments"])
-    assert [(c.name, json.loads(c.arguments)) for k, c in events if k == "tool_call"] == [
+    assert [(e.call.name, json.loads(e.call.arguments)) for e in events if e.kind == "tool_call"] == [
         ("write_file", args), ("write_file", args)]
-    assert not "".join(x for k, x in events if k == "content").strip()
+    assert not "".join(e.text for e in events if e.kind == "content").strip()
 
 
 # ---------------------------------------------------------------- served

@@ -84,7 +84,7 @@ def test_shared_dialect_instance_interleaved_parsers():
 
 
 def json_args(event):
-    return event[1].args
+    return event.call.args
 
 
 def test_long_cdata_body_is_linear():
@@ -93,7 +93,7 @@ def test_long_cdata_body_is_linear():
     p, t0, ev = make_parser(TOOLS), time.time(), []
     for i in range(0, len(text), 4):
         ev += p.feed(text[i:i + 4])
-    assert ev[-1][0] == "tool_call" and time.time() - t0 < 5
+    assert ev[-1].kind == "tool_call" and time.time() - t0 < 5
 
 
 @pytest.mark.parametrize("markup", [

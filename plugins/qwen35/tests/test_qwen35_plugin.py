@@ -237,9 +237,9 @@ def test_moe_engine_greedy_parity():
         assert engine.model.family == "qwen35"
 
         async def run():
-            prepared = engine.prepare_chat({"messages": MSG, "max_tokens": 8,
-                                            "temperature": 0, "logprobs": True})
-            return gather([ev async for ev in engine.events(engine.start(prepared.request))])
+            gen = await engine.start(engine.parse_chat({"messages": MSG, "max_tokens": 8,
+                                                         "temperature": 0, "logprobs": True}))
+            return gather([ev async for ev in gen.events()])
 
         ours = [e["id"] for e in asyncio.run(run()).finish.logprobs]
     finally:

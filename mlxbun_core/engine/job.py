@@ -1,0 +1,114 @@
+"""Jobs are data: what to run, where its events go, and whether it was cancelled.
+
+Lanes (``engine/lanes/``) run generation jobs; the worker runs call jobs between
+lane steps. Nothing here touches MLX, so jobs are cheap to make on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from .session import GenerationRequest, GenerationSession
+
+_ids = itertools.count(1)
+
+
+class EventSink:
+    """Hands event batches from the worker thread to one request's asyncio queue."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    def post(self, events: list) -> None:
+        if not events:
+            return
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, events)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+
+class Job:
+    """Something for the worker thread; ``cancelled`` is set from any thread."""
+
+    def __init__(self):
+        self.id = next(_ids)
+        self.cancelled = threading.Event()
+        self.submitted = time.perf_counter()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+class CallJob(Job):
+    """Run ``fn`` on the worker thread between decode steps (embeddings, mounting)."""
+
+    def __init__(self, loop: Optional[asyncio.AbstractEventLoop], fn: Callable[[], Any]):
+        super().__init__()
+        self.loop, self.fn = loop, fn
+        self.future: Optional[asyncio.Future] = loop.create_future() if loop else None
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: Optional[BaseException] = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn()
+        except BaseException as exc:  # reported to the caller, never kills the worker
+            self.error = exc
+        self.done.set()
+        if self.future is not None:
+            self.loop.call_soon_threadsafe(_settle, self.future, self.result, self.error)
+
+
+def _settle(fut: asyncio.Future, value, error) -> None:
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(value)
+
+
+class GenerationJob(Job):
+    """One request's generation: the prepared request, its text session, its sink.
+
+    ``limit`` is the completion budget after admission (None: until EOS).
+    ``draft`` is a mounted draft source (speculative decoding) or None.
+    Lanes set ``started`` when the job leaves the waiting queue.
+    """
+
+    def __init__(self, request: GenerationRequest, tokenizer, sink: EventSink,
+                 limit: Optional[int], draft=None, cache_namespace=None):
+        super().__init__()
+        # prefix-cache key space (model, adapter, KV settings, media); None: never cached
+        self.cache_namespace = cache_namespace
+        self.request = request
+        self.limit = limit
+        # a grammar matcher cannot rewind rejected drafts: constrained requests decode plainly
+        self.draft = draft if request.grammar is None else None
+        self.session = GenerationSession(request, tokenizer, limit)
+        self.sink = sink
+        self.started: Optional[float] = None
+
+    def mark_started(self, lane: str) -> None:
+        """The job leaves the waiting queue and starts on ``lane``."""
+        self.started = time.perf_counter()
+        self.session.phases["admission_wait_s"] = self.started - self.submitted
+        self.session.usage.lane = lane
+
+    @property
+    def finished(self) -> bool:
+        return self.session.finished is not None
+
+    def emit(self, events: list) -> None:
+        self.sink.post(events)
+
+    def close(self, reason: str, error: Optional[str] = None) -> None:
+        """End the job now (cancelled, failed): flush and post ``Done``; idempotent."""
+        self.emit(self.session.finish(reason, error=error))

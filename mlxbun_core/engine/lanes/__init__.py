@@ -1,0 +1,36 @@
+"""Lanes run generation jobs on the worker thread, one step at a time.
+
+The worker hands each job to the first lane that ``accepts`` it and calls
+``step()`` on every lane with work, so calls (embeddings, mounting) and other
+lanes interleave between decode steps. A lane never knows a protocol.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..job import GenerationJob
+
+
+class Lane(Protocol):
+    name: str
+
+    def accepts(self, job: GenerationJob) -> bool:
+        """Whether this lane can run ``job`` (asked in lane order)."""
+
+    def add(self, job: GenerationJob) -> None:
+        """Take ``job``; it waits inside the lane until the lane admits it."""
+
+    def step(self) -> None:
+        """Advance every running job by at most one token (or one prefill chunk)."""
+
+    @property
+    def active(self) -> int:
+        """Jobs running (admitted)."""
+
+    @property
+    def waiting(self) -> int:
+        """Jobs taken but not yet admitted."""
+
+    def close(self) -> None:
+        """Cancel everything and free caches (worker shutdown)."""

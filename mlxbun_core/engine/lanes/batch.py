@@ -1,0 +1,197 @@
+"""The batch lane: continuous batching on mlx-lm's ``BatchGenerator``.
+
+Each ``step`` admits waiting jobs that fit (row cap, memory), runs one
+BatchGenerator turn (a decode step for every generating row, then one prefill
+chunk for rows still reading their prompt, so a long prompt never freezes the
+running streams), routes each row's token to its session, and removes finished
+or cancelled rows. Per-row samplers, logits processors (penalties, logit_bias,
+grammar masks) and logprobs are BatchGenerator's own. Rows start from the
+longest cached prefix and publish their KV to the prefix cache when they end.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from typing import Optional
+
+from ..job import GenerationJob
+from ..prompt_cache import PrefixCache, trimmable
+
+log = logging.getLogger("mlxbun.engine")
+
+NO_LIMIT = 1 << 30
+
+
+class _Row:
+    __slots__ = ("job", "prompt", "snapshot")
+
+    def __init__(self, job: GenerationJob, snapshot: bool):
+        self.job = job
+        self.prompt = job.request.prompt_tokens
+        self.snapshot = snapshot  # publish the prompt-boundary KV (caches that cannot rewind)
+
+
+class BatchLane:
+    name = "batched"
+
+    def __init__(self, model, cap: int, prefix: Optional[PrefixCache] = None, admission=None,
+                 prefill_step: int = 512):
+        self.model = model
+        self.cap = cap
+        self.prefix = prefix
+        self.admission = admission
+        self.prefill_step = prefill_step
+        self._gen = None  # the BatchGenerator, made on the worker thread at first use
+        self._queue: collections.deque[GenerationJob] = collections.deque()
+        self._rows: dict[int, _Row] = {}
+
+    # -- the Lane protocol ---------------------------------------------------------
+    def accepts(self, job: GenerationJob) -> bool:
+        req = job.request
+        # a draft, prompt embeddings or a seed (reproducible only alone) take the serial lane
+        return job.draft is None and req.input_embeddings is None and req.sampling.seed is None
+
+    def add(self, job: GenerationJob) -> None:
+        self._queue.append(job)
+
+    @property
+    def active(self) -> int:
+        return len(self._rows)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queue)
+
+    def step(self) -> None:
+        self._drop_cancelled()
+        self._admit()
+        if not self._rows:
+            return
+        try:
+            prompt_responses, responses = self._generator().next()
+        except Exception as exc:  # a failed forward fails every row; the lane starts afresh
+            log.exception("batch step failed")
+            return self._fail_all(str(exc))
+        for r in prompt_responses:
+            if r.end_of_segment and not r.end_of_prompt and self._rows[r.uid].snapshot:
+                self._publish_boundary(r.uid)
+        for r in responses:
+            self._route(r)
+
+    def close(self) -> None:
+        self._fail_all("server shutting down", reason="cancelled")
+        while self._queue:
+            self._queue.popleft().close("cancelled", "server shutting down")
+        if self._gen is not None:
+            self._gen.close()
+            self._gen = None
+
+    # -- admission -----------------------------------------------------------------
+    def _admit(self) -> None:
+        while self._queue and len(self._rows) < self.cap:
+            job = self._queue[0]
+            if self.admission is not None and not self.admission.fits(job, self._reserved()):
+                if self._rows:
+                    return  # wait for a row to finish and free its KV
+                # alone it must run (admission already bounded its limit at start)
+            self._queue.popleft()
+            self._insert(job)
+
+    def _reserved(self) -> list:
+        return [row.job for row in self._rows.values()]
+
+    def _insert(self, job: GenerationJob) -> None:
+        job.mark_started(self.name)
+        prompt = job.request.prompt_tokens
+        cache, n, t0 = None, 0, time.perf_counter()
+        ns = job.cache_namespace
+        if ns is not None and self.prefix is not None:
+            cache, n = self.prefix.lookup(ns, prompt)
+        job.session.phases["cache_lookup_s"] = time.perf_counter() - t0
+        job.session.usage.cached_tokens = n
+        rest = prompt[n:]
+        segments = [rest[:-1], rest[-1:]] if len(rest) > 1 else [rest]
+        (uid,) = self._generator().insert_segments(
+            [segments], max_tokens=[job.limit or NO_LIMIT],
+            caches=[cache] if cache is not None else None, all_tokens=[prompt[:n]],
+            samplers=[job.request.sampler], logits_processors=[job.request.processors])
+        snapshot = ns is not None and self.prefix is not None and len(rest) > 1 \
+            and not self._rewindable()
+        self._rows[uid] = _Row(job, snapshot)
+
+    def _rewindable(self) -> bool:
+        if not hasattr(self, "_can_trim"):
+            from mlx_lm.models.cache import make_prompt_cache
+
+            self._can_trim = trimmable(make_prompt_cache(self.model))
+        return self._can_trim
+
+    def _generator(self):
+        if self._gen is None:
+            from mlx_lm.generate import BatchGenerator
+
+            self._gen = BatchGenerator(self.model, completion_batch_size=self.cap,
+                                       prefill_batch_size=self.cap,
+                                       prefill_step_size=self.prefill_step)
+        return self._gen
+
+    # -- tokens out ----------------------------------------------------------------
+    def _route(self, r) -> None:
+        row = self._rows.get(r.uid)
+        if row is None:
+            return
+        job = row.job
+        if not job.finished:
+            if job.session.t_first is None:
+                job.session.phases["prefill_s"] = time.perf_counter() - job.started
+            events = job.session.step(r.token, r.logprobs)
+            grammar = job.request.grammar
+            if not job.finished and grammar is not None and grammar.done:
+                events += job.session.finish("stop")  # only EOS could follow: skip that step
+            job.emit(events)
+        if r.finish_reason is not None:  # the generator already dropped the row
+            del self._rows[r.uid]
+            if not job.finished:
+                job.close("length")
+            self._publish(job, r.all_tokens, r.prompt_cache)
+        elif job.finished:
+            self._remove(r.uid, publish=True)
+
+    def _remove(self, uid: int, publish: bool) -> None:
+        row = self._rows.pop(uid)
+        want = publish and row.job.cache_namespace is not None and self.prefix is not None
+        caches = self._gen.remove([uid], return_prompt_caches=want)
+        if want and uid in caches:
+            cache, tokens = caches[uid]
+            self._publish(row.job, tokens, cache)
+
+    def _publish(self, job: GenerationJob, tokens, cache) -> None:
+        if job.cache_namespace is not None and self.prefix is not None and tokens and cache:
+            self.prefix.store(job.cache_namespace, list(tokens), cache)
+
+    def _publish_boundary(self, uid: int) -> None:
+        row = self._rows[uid]
+        got = self._gen.extract_cache([uid]).get(uid)
+        if got is not None:
+            cache, tokens = got
+            self.prefix.store(row.job.cache_namespace, list(tokens), cache, boundary=True)
+
+    def _drop_cancelled(self) -> None:
+        for uid in [u for u, row in self._rows.items() if row.job.cancelled.is_set()]:
+            job = self._rows[uid].job
+            self._remove(uid, publish=False)
+            job.close("cancelled")
+        if any(j.cancelled.is_set() for j in self._queue):
+            for job in [j for j in self._queue if j.cancelled.is_set()]:
+                self._queue.remove(job)
+                job.close("cancelled")
+
+    def _fail_all(self, error: str, reason: str = "error") -> None:
+        rows, self._rows = self._rows, {}
+        for row in rows.values():
+            row.job.close(reason, error)
+        if self._gen is not None and reason == "error":
+            self._gen.close()
+            self._gen = None

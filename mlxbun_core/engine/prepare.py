@@ -1,0 +1,109 @@
+"""From a typed request to a model-ready one: prompt tokens, sampler, processors.
+
+Everything model-specific goes through the per-model hooks (template, tool
+parser, media); the grammar registry compiles constraints. Runs off the event
+loop (templates and grammar compiles can take hundreds of ms), one at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ..errors import APIError, BadRequest
+from ..grammar import GrammarPlan
+from ..grammar import registry as grammars
+from .request import ChatRequest, CompletionRequest, GenerationInput
+from .session import GenerationRequest
+
+
+@dataclass
+class Prepared:
+    """A request ready to queue, plus what the surface needs to answer it."""
+
+    request: GenerationRequest
+    warning: Optional[str] = None  # the Warning header: a constraint that is not enforced
+
+
+def vocab_size(model) -> int:
+    """Rows of the output layer (can exceed the tokenizer's size)."""
+    cfg = model.config
+    return int(cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size")
+               or len(model.tokenizer))
+
+
+def prepare(model, hooks, req: GenerationInput, *, compile_grammar: bool = True) -> Prepared:
+    """Render / tokenize ``req`` for ``model``; 400 for anything the model refuses."""
+    if model.kind != "generate":
+        raise BadRequest(f"model {model.id} is an embedding model: it serves "
+                         "POST /v1/embeddings only", param="model")
+    grammar = req.grammar if compile_grammar else None
+    plan = grammars.plan_request(grammar, model.tokenizer) if grammar else GrammarPlan()
+    if isinstance(req, CompletionRequest):
+        gen = _completion(model, req)
+    else:
+        gen = _chat(model, hooks, req, plan)
+    if plan.processor is not None:
+        gen.sampling.extra_processors.append(plan.processor)  # last: after bias/penalties
+        gen.grammar = plan.processor
+    if compile_grammar:  # counting tokens needs no sampler
+        _sampler(model, gen)
+    return Prepared(gen, warning=plan.warning)
+
+
+def _completion(model, req: CompletionRequest) -> GenerationRequest:
+    tokens = model.tokenizer.encode(req.prompt)
+    if not tokens:
+        raise BadRequest("prompt encodes to no tokens", param="prompt")
+    # no template to inject an instruction into: the degrade path is the Warning alone
+    return GenerationRequest(prompt_tokens=tokens, sampling=req.sampling,
+                             max_tokens=req.max_tokens, stop=req.stop)
+
+
+def _chat(model, hooks, req: ChatRequest, plan) -> GenerationRequest:
+    for kind in dict.fromkeys(req.media_kinds):
+        _require_media(model, hooks, kind)
+    msgs = req.messages
+    if plan.instruction:  # degrade path: ask in words for what we cannot enforce
+        msgs = with_instruction(msgs, plan.instruction)
+    prompt = hooks.render_chat(model=model, messages=msgs, tools=req.tools,
+                               template_kwargs=req.template_kwargs,
+                               reasoning_effort=req.reasoning_effort)
+    if prompt is None:
+        raise APIError(f"no plugin can render a chat prompt for {model.id}")
+    parser = hooks.tool_call_parser(model=model, tools=req.tools) if req.tools else None
+    gen = GenerationRequest(prompt_tokens=list(prompt.tokens), sampling=req.sampling,
+                            max_tokens=req.max_tokens, stop=req.stop,
+                            think_start=prompt.think_start, think_end=prompt.think_end,
+                            in_reasoning=prompt.in_reasoning, tool_parser=parser)
+    if plan.processor is not None and prompt.in_reasoning and prompt.think_end:
+        # the model thinks freely first; the constraint applies to the answer
+        plan.processor.start_after(
+            model.tokenizer.encode(prompt.think_end, add_special_tokens=False))
+    return gen
+
+
+def _sampler(model, gen: GenerationRequest) -> None:
+    gen.sampling.check_vocab(vocab_size(model))
+    try:
+        gen.sampler = gen.sampling.sampler(model.tokenizer)
+        gen.processors = gen.sampling.logits_processors()
+    except ValueError as exc:  # mlx-lm's own argument checks
+        raise BadRequest(str(exc))
+
+
+def with_instruction(msgs: list, instruction: str) -> list:
+    """Templates often allow one leading system turn: extend it or add one."""
+    if msgs and msgs[0]["role"] == "system" and isinstance(msgs[0].get("content"), str):
+        first = dict(msgs[0], content=(msgs[0]["content"] + "\n\n" + instruction).strip())
+        return [first] + msgs[1:]
+    return [{"role": "system", "content": instruction}] + msgs
+
+
+def _require_media(model, hooks, kind: str) -> None:
+    pipeline = hooks.media_pipeline(model=model, kind=kind)
+    if pipeline is None:
+        if kind == "image":
+            raise BadRequest(f"model has no vision sidecar: {model.id} does not accept images")
+        raise BadRequest(f"model {model.id} does not accept {kind} input")
+    raise BadRequest(f"{kind} input is not supported yet by {model.id}")

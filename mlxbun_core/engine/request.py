@@ -1,0 +1,186 @@
+"""Typed generation requests, parsed from the OpenAI request bodies.
+
+Every surface ends here: /v1/chat/completions hands its body to
+:func:`parse_chat`, the Anthropic and Responses surfaces first translate theirs
+into the OpenAI chat shape, /v1/completions uses :func:`parse_completion`. What
+comes out is validated (a client mistake is a 400 raised here, before any model
+work) and carries nothing protocol-specific.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+from ..chat_template import check_reasoning_effort
+from ..errors import BadRequest
+from ..grammar import GrammarRequest, resolve_grammar_request
+from .sampling import SamplingParams, max_tokens_from, stop_sequences
+
+MEDIA_PART_KINDS = {"image_url": "image", "image": "image", "input_audio": "audio",
+                    "audio": "audio", "audio_url": "audio", "video_url": "video", "video": "video"}
+TOOL_CHOICES = ("none", "auto", "required")
+
+
+@dataclass
+class GenerateOptions:
+    """What chat and completion requests share."""
+
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: Optional[int] = None  # None: until EOS or the admitted context ends
+    stop: list = field(default_factory=list)
+    grammar: Optional[GrammarRequest] = None
+    stream: bool = False
+    adapter: Optional[str] = None  # the request's ``adapter`` field, as given
+    surface_state: dict = field(default_factory=dict)  # the surface's own; the engine ignores it
+
+
+@dataclass
+class ChatRequest(GenerateOptions):
+    """A chat turn: normalized messages plus everything that shapes the reply."""
+
+    messages: list = field(default_factory=list)
+    tools: Optional[list] = None
+    tool_choice: str = "auto"  # "auto" | "none" | "required" | "function"
+    tool_name: Optional[str] = None  # the forced function when tool_choice == "function"
+    parallel_tool_calls: bool = True
+    template_kwargs: dict = field(default_factory=dict)
+    reasoning_effort: Optional[str] = None
+    media_kinds: tuple = ()  # "image" / "audio" / "video", in document order
+
+
+@dataclass
+class CompletionRequest(GenerateOptions):
+    """Raw text completion: no template, no tools."""
+
+    prompt: str = ""
+
+
+GenerationInput = Union[ChatRequest, CompletionRequest]
+
+
+def _options(body: dict, defaults: dict, server_max_tokens: Optional[int]) -> dict:
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise BadRequest("stream must be of type bool", param="stream")
+    adapter = body.get("adapter")
+    if adapter is not None and not isinstance(adapter, str):
+        raise BadRequest("adapter must be a string", param="adapter")
+    return {"sampling": SamplingParams.from_body(body, defaults),
+            "max_tokens": max_tokens_from(body, server_max_tokens),
+            "stop": stop_sequences(body), "grammar": resolve_grammar_request(body),
+            "stream": stream, "adapter": adapter}
+
+
+def parse_completion(body: dict, defaults: Optional[dict] = None,
+                     server_max_tokens: Optional[int] = None) -> CompletionRequest:
+    text = body.get("prompt")
+    if not isinstance(text, str) or not text:
+        raise BadRequest("prompt must be a non-empty string", param="prompt")
+    return CompletionRequest(prompt=text, **_options(body, defaults or {}, server_max_tokens))
+
+
+def parse_chat(body: dict, defaults: Optional[dict] = None,
+               server_max_tokens: Optional[int] = None) -> ChatRequest:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages required", param="messages")
+    options = _options(body, defaults or {}, server_max_tokens)
+    tools = body.get("tools") or None
+    if tools is not None and not (isinstance(tools, list)
+                                  and all(isinstance(t, dict) for t in tools)):
+        raise BadRequest("tools must be a list of objects", param="tools")
+    choice, name = _tool_choice(body.get("tool_choice"))
+    parallel = body.get("parallel_tool_calls", True)
+    if parallel is None:
+        parallel = True
+    if not isinstance(parallel, bool):
+        raise BadRequest("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise BadRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")
+    effort = check_reasoning_effort(body.get("reasoning_effort"))
+    media: list = []
+    msgs = [normalize_message(m, media) for m in messages]
+    if choice == "none":
+        tools = None
+    return ChatRequest(messages=msgs, tools=tools, tool_choice=choice, tool_name=name,
+                       parallel_tool_calls=parallel, template_kwargs=dict(kwargs),
+                       reasoning_effort=effort, media_kinds=tuple(media), **options)
+
+
+def _tool_choice(choice) -> tuple[str, Optional[str]]:
+    if choice is None:
+        return "auto", None
+    if choice in TOOL_CHOICES:
+        return choice, None
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else choice.get("name")
+        if isinstance(name, str) and name:
+            return "function", name
+    raise BadRequest("tool_choice must be 'none', 'auto', 'required' or "
+                     "{\"type\": \"function\", \"function\": {\"name\": ...}}", param="tool_choice")
+
+
+def normalize_message(m, media: list) -> dict:
+    """One history message as every chat template can read it.
+
+    ``developer`` renders as ``system``; ``reasoning`` is an alias of
+    ``reasoning_content``; text parts are joined; media parts are counted in
+    ``media`` (document order) for the media hook to claim.
+    """
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        raise BadRequest("each message must be an object with a string role", param="messages")
+    m = dict(m)
+    if m["role"] == "developer":  # OpenAI's newer name for system; templates know "system"
+        m["role"] = "system"
+    if m["role"] == "assistant":
+        if not isinstance(m.get("reasoning_content"), str) and isinstance(m.get("reasoning"), str):
+            m["reasoning_content"] = m["reasoning"]
+        if m.get("tool_calls"):
+            if not isinstance(m["tool_calls"], list):
+                raise BadRequest("tool_calls must be a list", param="messages")
+            m["tool_calls"] = [_template_tool_call(c) for c in m["tool_calls"]]
+    content = m.get("content")
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text":
+                if not isinstance(part.get("text"), str):
+                    raise BadRequest("text content parts need a string 'text'", param="messages")
+                texts.append(part["text"])
+            elif kind in MEDIA_PART_KINDS:
+                media.append(MEDIA_PART_KINDS[kind])
+            else:
+                raise BadRequest(f"unsupported content part type: {kind!r}", param="messages")
+        m["content"] = "".join(texts)
+    elif content is None:
+        m["content"] = "" if not m.get("tool_calls") else None
+    elif not isinstance(content, str):
+        raise BadRequest("message content must be a string or an array of parts", param="messages")
+    return m
+
+
+def _template_tool_call(call) -> dict:
+    """Templates iterate arguments as a mapping; the wire carries a JSON string."""
+    if not isinstance(call, dict):
+        raise BadRequest("tool_calls entries must be objects", param="messages")
+    call = dict(call)
+    fn = call.get("function")
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise BadRequest("tool_calls entries need a function object with a name",
+                         param="messages")
+    fn = dict(fn)
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            fn["arguments"] = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            pass
+    call["function"] = fn
+    return call

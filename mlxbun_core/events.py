@@ -1,0 +1,102 @@
+"""What a generation reports, as small typed records.
+
+Tool-call parsers and the engine's text pipeline emit these; surfaces (OpenAI,
+Anthropic, Responses, the web chat) turn them into their own wire format. Nothing
+here knows a protocol, a lane or a model family. Every record has a ``kind`` so a
+surface can dispatch with ``match`` on the class or compare ``kind`` strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Optional, Union
+
+if TYPE_CHECKING:
+    from .toolcalls.core import ToolCall
+
+
+@dataclass(frozen=True, slots=True)
+class Content:
+    """Answer text, ready to show (stop sequences and tool markup already removed)."""
+
+    text: str
+    kind: ClassVar[str] = "content"
+
+
+@dataclass(frozen=True, slots=True)
+class Reasoning:
+    """Text from the model's think channel."""
+
+    text: str
+    kind: ClassVar[str] = "reasoning"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallEvent:
+    """One complete, parsed tool call."""
+
+    call: "ToolCall"
+    kind: ClassVar[str] = "tool_call"
+
+
+@dataclass(frozen=True, slots=True)
+class KeepAlive:
+    """Nothing to show yet (a long tool call is buffering): keep the connection warm."""
+
+    kind: ClassVar[str] = "keepalive"
+
+
+@dataclass
+class Usage:
+    """Token accounting for one request, shared by every surface."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    reasoning_tokens: int = 0
+    lane: str = "serial"
+    speculation: Optional[dict] = None  # {drafted, accepted, targetCalls} with a draft mounted
+
+    def openai(self) -> dict:
+        out = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+               "total_tokens": self.prompt_tokens + self.completion_tokens,
+               "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+               "lane": self.lane}
+        if self.reasoning_tokens:
+            out["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
+        if self.speculation is not None:
+            out["speculation"] = dict(self.speculation)
+        return out
+
+
+@dataclass
+class Finish:
+    """How a generation ended."""
+
+    reason: str  # "stop" | "length" | "tool_calls" | "cancelled" | "error"
+    usage: Usage
+    logprobs: Optional[list] = None
+    stop_sequence: Optional[str] = None
+    error: Optional[str] = None
+    timings: dict = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return self.reason in ("error", "cancelled")
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The last event of every generation."""
+
+    finish: Finish
+    kind: ClassVar[str] = "done"
+
+
+KEEPALIVE = KeepAlive()
+
+Event = Union[Content, Reasoning, ToolCallEvent, KeepAlive, Done]
+"""Anything a generation emits."""
+
+ParserEvent = Union[Content, ToolCallEvent, KeepAlive]
+"""What a tool-call parser's ``feed`` / ``finish`` return."""

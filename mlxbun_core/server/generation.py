@@ -1,0 +1,120 @@
+"""The one start path every generation surface shares.
+
+A surface supplies three things: how to parse its body into a typed request,
+a :class:`FrameWriter` for streaming, and how to shape a whole reply. Body
+reading, tracing, starting, disconnect handling, the stream loop and the
+failure frames live here once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable, Optional
+
+from blacksheep import Request, Response
+
+from ..engine.reply import Reply, gather
+from ..events import Done, Event, Finish, KeepAlive
+from . import trace as tracing
+from .common import KEEPALIVE, json_response, new_id, now, read_body, sse_response, watch_disconnect
+
+
+@dataclass
+class Run:
+    """A request parsed, prepared and queued, with its trace running."""
+
+    id: str
+    created: int
+    body: dict
+    request: object  # the typed ChatRequest / CompletionRequest
+    gen: object  # the engine's Generation handle
+    trace: object
+    started: float
+
+    @property
+    def headers(self) -> Optional[dict]:
+        return {"Warning": self.gen.warning} if self.gen.warning else None
+
+    @property
+    def stream(self) -> bool:
+        return self.request.stream
+
+
+async def start(request: Request, engine, *, route: str, id_prefix: str,
+                parse: Callable[[dict], object]) -> Run:
+    """Read the body, ``parse`` it into a typed request and start it, tracing each phase.
+
+    Every client mistake raises an APIError here, before a byte is sent.
+    """
+    rid = new_id(id_prefix)
+    trace = tracing.begin(request, route, rid)
+    t, stage = time.perf_counter(), "body_parse"
+    try:
+        body = await read_body(request)
+        trace.span("request.body_parse", t)
+        t, stage = time.perf_counter(), "prepare_completion"
+        typed = parse(body)
+        gen = await engine.start(typed)
+        trace.span("request.prompt_prepare", t, prompt_tokens=gen.prompt_tokens)
+    except Exception as exc:
+        trace.finish("error", stage=stage, error=str(exc))
+        raise
+    return Run(rid, now(), body, typed, gen, trace, time.perf_counter())
+
+
+class FrameWriter:
+    """A surface's streaming wire format: events in, SSE frames (bytes) out."""
+
+    def opening(self) -> list[bytes]:
+        return []
+
+    def event(self, ev: Event) -> list[bytes]:
+        raise NotImplementedError
+
+    def keepalive(self) -> list[bytes]:
+        return [KEEPALIVE]
+
+    def done(self, finish: Finish) -> list[bytes]:
+        raise NotImplementedError
+
+    def failed(self, message: str) -> list[bytes]:
+        """The in-stream error frame (the response is already 200)."""
+        raise NotImplementedError
+
+
+async def frames(gen, writer: FrameWriter) -> AsyncIterator[bytes]:
+    for frame in writer.opening():
+        yield frame
+    async for ev in gen.events():
+        if isinstance(ev, Done):
+            fin = ev.finish
+            out = writer.failed(fin.error or "generation cancelled") if fin.failed else writer.done(fin)
+        elif isinstance(ev, KeepAlive):
+            out = writer.keepalive()
+        else:
+            out = writer.event(ev)
+        for frame in out:
+            yield frame
+
+
+async def respond(request: Request, run: Run, writer: Callable[[Run], FrameWriter],
+                  answer: Callable[[Run, Reply], dict]) -> Response:
+    """Stream with ``writer(run)``, or gather the whole reply and shape it with ``answer``."""
+    if run.stream:
+        out = tracing.traced(frames(run.gen, writer(run)), run.trace, run.gen, run.started)
+        return sse_response(request, run.gen, out, run.headers)
+    try:
+        reply = gather(await collect(request, run.gen))
+    finally:
+        run.trace.complete(run.gen, run.started)
+    return json_response(answer(run, reply), headers=run.headers)
+
+
+async def collect(request: Request, gen) -> list:
+    """Gather a non-streaming generation's events, cancelling it if the client leaves."""
+    watcher = watch_disconnect(request, gen.cancel)
+    try:
+        return [ev async for ev in gen.events()]
+    finally:
+        watcher.cancel()
