@@ -87,6 +87,7 @@ def cmd_serve(args) -> int:
     from .model import LoadOptions
     from .models.resolve import ModelNotFound
     from .server.app import build_app
+    from .server.drain import DrainingServer
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
@@ -119,7 +120,9 @@ def cmd_serve(args) -> int:
     print(f"mlxbun: serving {model.id} [{model.kind}] via plugin '{model.plugin}'{fallback}{spec}\n"
           f"        context {model.context_window} tokens · http://{args.host}:{args.port}/v1",
           flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                            timeout_graceful_shutdown=10)
+    DrainingServer(config, engine).run()
     return 0
 
 

@@ -43,3 +43,13 @@ class QueueFull(APIError):
 
     def __init__(self, message="queue full"):
         super().__init__(message, code="queue_full")
+
+
+class Unavailable(APIError):
+    """The server is draining for shutdown (SIGINT/SIGTERM): try another one or later."""
+
+    status = 503
+    type = "unavailable_error"
+
+    def __init__(self, message="server is shutting down: not accepting new requests"):
+        super().__init__(message, code="shutting_down")

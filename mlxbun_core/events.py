@@ -46,6 +46,17 @@ class KeepAlive:
     kind: ClassVar[str] = "keepalive"
 
 
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """The request left the queue for a lane; ``cached_tokens`` of its prompt come
+    from the prefix cache. Comes before any text (surfaces that announce usage up
+    front, such as Anthropic's ``message_start``, wait for it)."""
+
+    cached_tokens: int
+    lane: str
+    kind: ClassVar[str] = "admitted"
+
+
 @dataclass
 class Usage:
     """Token accounting for one request, shared by every surface."""
@@ -95,7 +106,7 @@ class Done:
 
 KEEPALIVE = KeepAlive()
 
-Event = Union[Content, Reasoning, ToolCallEvent, KeepAlive, Done]
+Event = Union[Admitted, Content, Reasoning, ToolCallEvent, KeepAlive, Done]
 """Anything a generation emits."""
 
 ParserEvent = Union[Content, ToolCallEvent, KeepAlive]

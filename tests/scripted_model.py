@@ -124,7 +124,7 @@ def scripted_server(text: str = "", *, name: str = "scripted-test", **kw):
     plugin = scripted_checkpoint_plugin(text, **kw)
     plugins.register(plugin, name)
     try:
-        srv = start_server(plugin.path)
+        srv = start_server(plugin.path, batch=1)  # the script follows one sequence
         try:
             yield srv, plugin
         finally:

@@ -356,9 +356,13 @@ def test_message_start_usage_matches_final_accounting(srv, client):
     events = sse(srv, body)
     start = events[0][1]["message"]["usage"]
     final = [d for e, d in events if e == "message_delta"][0]["usage"]
-    plain = client.messages.create(**body).usage
-    assert start == {"input_tokens": plain.input_tokens, "output_tokens": 0}
-    assert final["input_tokens"] == start["input_tokens"] == plain.input_tokens
+    plain = client.messages.create(**body).usage  # the same prompt again: a cache hit
+    assert start["output_tokens"] == 0
+    assert final["input_tokens"] == start["input_tokens"]
+    assert final.get("cache_read_input_tokens") == start.get("cache_read_input_tokens")
+    total = start["input_tokens"] + start.get("cache_read_input_tokens", 0)
+    assert plain.cache_read_input_tokens > 0
+    assert plain.input_tokens + plain.cache_read_input_tokens == total
 
 
 def test_whitespace_before_tool_call_is_not_a_text_block(client, srv, plugin):

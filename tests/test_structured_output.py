@@ -197,7 +197,7 @@ def test_thinking_model_thinks_freely_then_answers_under_the_grammar(backend):
                             "Let me weigh it.</think>right", anchor="<|im_start|>assistant\n<think>\n")
     plugins.register(plugin, "scripted-thinking-grammar")
     try:
-        s = start_server(plugin.path)
+        s = start_server(plugin.path, batch=1)  # the script follows one sequence
         try:
             client = openai.OpenAI(base_url=s.v1, api_key="x", max_retries=0)
             r = client.chat.completions.create(model="m", messages=MSG, max_tokens=40, extra_body={

@@ -14,7 +14,7 @@ import time
 from typing import AsyncIterator, Optional
 
 from .. import plugins
-from ..errors import APIError, BadRequest
+from ..errors import APIError, BadRequest, Unavailable
 from ..events import Done, Event, Finish, Usage
 from ..model import LoadedModel, LoadOptions
 from .job import EventSink, GenerationJob
@@ -94,6 +94,8 @@ class Engine:
         self._prepare_lock = threading.Lock()
         self.requests = 0
         self.completed = 0
+        self.draining = False  # set on SIGINT/SIGTERM: new work gets a 503
+        self.starting = 0  # requests being prepared (not yet queued)
 
     @classmethod
     def load(cls, name, options=None, *, progress=True, **kw) -> "Engine":
@@ -136,7 +138,24 @@ class Engine:
         return len((await self.prepare(req, compile_grammar=False)).request.prompt_tokens)
 
     async def start(self, req: GenerationInput) -> Generation:
-        """Prepare, admit and queue ``req``; 4xx / 429 are raised before anything streams."""
+        """Prepare, admit and queue ``req``; 4xx / 429 / 503 are raised before anything streams."""
+        self.check_open()
+        self.starting += 1
+        try:
+            return await self._start(req)
+        finally:
+            self.starting -= 1
+
+    def check_open(self) -> None:
+        if self.draining:
+            raise Unavailable()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing being prepared, queued or generated (what a drain waits for)."""
+        return self.starting == 0 and self.worker.active == 0 and self.worker.waiting == 0
+
+    async def _start(self, req: GenerationInput) -> Generation:
         prepared = await self.prepare(req)
         limit = self.effective_limit(prepared.request)
         job = GenerationJob(prepared.request, self.model.tokenizer,
@@ -172,6 +191,7 @@ class Engine:
 
     # -- other work on the model ---------------------------------------------------
     async def embed(self, texts: list, instruction: Optional[str] = None):
+        self.check_open()
         if self.model.kind != "embedding":  # answer now, not after queued generations
             raise BadRequest(f"model {self.model.id} is not an embedding model")
         hook = self.hooks

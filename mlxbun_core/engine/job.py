@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from ..events import Admitted
 from .session import GenerationRequest, GenerationSession
 
 _ids = itertools.count(1)
@@ -101,6 +102,12 @@ class GenerationJob(Job):
         self.started = time.perf_counter()
         self.session.phases["admission_wait_s"] = self.started - self.submitted
         self.session.usage.lane = lane
+
+    def admitted(self, cached_tokens: int = 0) -> None:
+        """Report the prompt's cache hit (known once the lane has looked it up)."""
+        usage = self.session.usage
+        usage.cached_tokens = cached_tokens
+        self.emit([Admitted(cached_tokens, usage.lane)])
 
     @property
     def finished(self) -> bool:

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from blacksheep import Request
 
 from ..errors import APIError
-from ..events import Content, Reasoning, ToolCallEvent
+from ..events import Admitted, Content, Reasoning, ToolCallEvent, Usage
 from . import generation
 from .anthropic_request import chat_names, to_chat
 from .common import guarded, json_response, read_body, sse_event
@@ -95,13 +95,20 @@ class MessageFrames(generation.FrameWriter):
     def __init__(self, run, model_id: str):
         self.run, self.model_id = run, model_id
         self.index, self.open_kind = -1, None
+        self.started = False
 
-    def opening(self):
-        # sent at once (clients show progress from it); same accounting as message_delta
-        usage = {**_usage(self.run.gen.usage, output=False), "output_tokens": 0}
+    def admitted(self, ev):
+        # sent as the lane takes the request, before prefill (clients show progress from
+        # it); the same accounting as message_delta, cache hit included
+        if self.started:
+            return []
+        self.started = True
+        usage = _usage(Usage(prompt_tokens=self.run.gen.prompt_tokens,
+                             cached_tokens=ev.cached_tokens), output=False)
         return [sse_event("message_start", {"type": "message_start", "message": {
             "id": self.run.id, "type": "message", "role": "assistant", "model": self.model_id,
-            "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}})]
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {**usage, "output_tokens": 0}}})]
 
     def _start(self, kind, block):
         frames = self._stop()
@@ -145,7 +152,8 @@ class MessageFrames(generation.FrameWriter):
         return [sse_event("ping", {"type": "ping"})]
 
     def done(self, finish):
-        frames = self._text("") if self.index < 0 else []
+        frames = self.admitted(Admitted(finish.usage.cached_tokens, finish.usage.lane))
+        frames += self._text("") if self.index < 0 else []
         frames += self._stop()
         reason, seq = _stop(finish)
         frames.append(sse_event("message_delta", {
@@ -155,7 +163,7 @@ class MessageFrames(generation.FrameWriter):
         return frames
 
     def failed(self, message):
-        return [sse_event("error", {"type": "error", "error": {"type": "api_error",
+        return self.admitted(Admitted(0, "")) + [sse_event("error", {"type": "error", "error": {"type": "api_error",
                                                              "message": message}})]
 
 

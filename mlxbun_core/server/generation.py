@@ -15,7 +15,7 @@ from typing import AsyncIterator, Callable, Optional
 from blacksheep import Request, Response
 
 from ..engine.reply import Reply, gather
-from ..events import Done, Event, Finish, KeepAlive
+from ..events import Admitted, Done, Event, Finish, KeepAlive
 from . import trace as tracing
 from .common import KEEPALIVE, json_response, new_id, now, read_body, sse_response, watch_disconnect
 
@@ -75,6 +75,10 @@ class FrameWriter:
     def keepalive(self) -> list[bytes]:
         return [KEEPALIVE]
 
+    def admitted(self, ev: Admitted) -> list[bytes]:
+        """The lane took the request (the prompt-cache hit is known now)."""
+        return []
+
     def done(self, finish: Finish) -> list[bytes]:
         raise NotImplementedError
 
@@ -92,6 +96,8 @@ async def frames(gen, writer: FrameWriter) -> AsyncIterator[bytes]:
             out = writer.failed(fin.error or "generation cancelled") if fin.failed else writer.done(fin)
         elif isinstance(ev, KeepAlive):
             out = writer.keepalive()
+        elif isinstance(ev, Admitted):
+            out = writer.admitted(ev)
         else:
             out = writer.event(ev)
         for frame in out:

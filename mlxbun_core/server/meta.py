@@ -48,6 +48,8 @@ def register(app, engine):
         return json_response({"object": "list", "data": rows})
 
     async def health(request: Request):
+        if engine.draining:  # load balancers stop sending; in-flight requests finish
+            return json_response({"status": "draining"}, 503)
         return json_response({"status": "ok"})
 
     async def stats(request: Request):

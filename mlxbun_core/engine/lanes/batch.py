@@ -110,7 +110,7 @@ class BatchLane:
         if ns is not None and self.prefix is not None:
             cache, n = self.prefix.lookup(ns, prompt)
         job.session.phases["cache_lookup_s"] = time.perf_counter() - t0
-        job.session.usage.cached_tokens = n
+        job.admitted(n)
         rest = prompt[n:]
         segments = [rest[:-1], rest[-1:]] if len(rest) > 1 else [rest]
         (uid,) = self._generator().insert_segments(

@@ -106,6 +106,7 @@ class SerialLane:
         from mlx_lm.generate import generate_step
 
         if job.draft is not None:
+            job.admitted(0)
             yield from self._speculate(job)
             return
         req = job.request
@@ -116,11 +117,12 @@ class SerialLane:
             t0 = time.perf_counter()
             cache, n = self.prefix.lookup(job.cache_namespace, prompt)
             job.session.phases["cache_lookup_s"] = time.perf_counter() - t0
-            job.session.usage.cached_tokens = n
             if cache is None:
                 from mlx_lm.models.cache import make_prompt_cache
 
                 cache = make_prompt_cache(self.model)
+        job.admitted(n)
+        if cacheable:
             yield from self._prefill(job, cache, prompt, n)
             n = len(prompt) - 1
             self._kv = (cache, list(prompt))
