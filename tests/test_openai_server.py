@@ -71,7 +71,7 @@ def test_stream_ends_with_done(srv):
     assert r.headers["content-type"].startswith("text/event-stream")
     assert lines[-1] == "data: [DONE]"
     last = json.loads(lines[-2][6:])
-    assert last["choices"][0]["finish_reason"] and last["usage"]["lane"] == "serial"
+    assert last["choices"][0]["finish_reason"] and last["usage"]["lane"] == "batched"
 
 
 def test_completions_stream_and_not(client):
