@@ -40,13 +40,21 @@ class PrefixCache:
         """``(cache, n)``: a private cache holding ``tokens[:n]``, or ``(None, 0)``."""
         if not self.enabled or len(tokens) < 2:
             return None, 0
-        head = tokens[:-1]
         with self._lock:
             self.lookups += 1
-            cache, rest = self._lru.fetch_nearest_cache(namespace, head)
+            cache, rest = self._lru.fetch_nearest_cache(namespace, tokens)
+            if cache is not None and not rest:  # exact: the last token must still be fed
+                if trimmable(cache):
+                    from mlx_lm.models.cache import trim_prompt_cache
+
+                    trim_prompt_cache(cache, 1)
+                    rest = tokens[-1:]
+                else:
+                    cache, rest = self._lru.fetch_nearest_cache(namespace, tokens[:-1])
+                    rest = list(rest) + tokens[-1:]
         if cache is None:
             return None, 0
-        n = len(head) - len(rest)
+        n = len(tokens) - len(rest)
         if n <= 0:
             return None, 0
         with self._lock:

@@ -85,7 +85,9 @@ class ModelWorker:
                     item = self._inbox.get_nowait()
                 except queue.Empty:
                     item = None
-            for lane in self.lanes:
+            # a lane running a seeded request goes alone: nothing else may draw random numbers
+            lanes = [lane for lane in self.lanes if lane.exclusive] or self.lanes
+            for lane in lanes:
                 if lane.active or lane.waiting:
                     lane.step()
 

@@ -32,5 +32,10 @@ class Lane(Protocol):
     def waiting(self) -> int:
         """Jobs taken but not yet admitted."""
 
+    @property
+    def exclusive(self) -> bool:
+        """Whether other lanes must pause while this one steps (a seeded request is
+        reproducible only if nothing else draws from the random state meanwhile)."""
+
     def close(self) -> None:
         """Cancel everything and free caches (worker shutdown)."""

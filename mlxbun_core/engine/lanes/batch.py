@@ -64,6 +64,8 @@ class BatchLane:
     def waiting(self) -> int:
         return len(self._queue)
 
+    exclusive = False
+
     def step(self) -> None:
         self._drop_cancelled()
         self._admit()

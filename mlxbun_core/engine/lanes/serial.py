@@ -48,6 +48,10 @@ class SerialLane:
     def waiting(self) -> int:
         return len(self._queue)
 
+    @property
+    def exclusive(self) -> bool:
+        return self._job is not None and self._job.request.sampling.seed is not None
+
     def step(self) -> None:
         if self._job is None and not self._admit():
             return
