@@ -160,14 +160,16 @@ def unregister(name: str) -> None:
 
 # -- families -------------------------------------------------------------------
 
-_index: dict = {"generation": -1}
+_index: dict = {"generation": -1, "family_of": {}, "provider": {}}
 
 
 def _family_index() -> dict:
     """``{"family_of": {plugin: family}, "provider": {family: plugin}}`` for the
-    registered plugins; rebuilt when plugins change."""
+    registered plugins; rebuilt (and swapped in whole) when plugins change."""
+    global _index
     if _index["generation"] == pm.generation:
         return _index
+    generation = pm.generation
     family_of: dict[Any, str] = {}
     for hookname in sorted(FAMILY_HOOKS):
         for impl in getattr(pm.hook, hookname).get_hookimpls():
@@ -184,7 +186,7 @@ def _family_index() -> dict:
                         pm.get_name(provider[fam]))
             continue
         provider[fam] = impl.plugin
-    _index.update(generation=pm.generation, family_of=family_of, provider=provider)
+    _index = {"generation": generation, "family_of": family_of, "provider": provider}
     return _index
 
 
