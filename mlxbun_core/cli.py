@@ -66,7 +66,8 @@ def cmd_plugins(args) -> int:
         else:
             origin = " ".join(x for x in (row.get("distribution"), row.get("version")) if x) or row["source"]
         status = f"  FAILED: {row['error']}" if row["error"] else ""
-        print(f"{row['name']} ({origin}){status}")
+        family = f" · family {row['family']}" if row.get("family") else ""
+        print(f"{row['name']} ({origin}){family}{status}")
         if row["hooks"]:
             print("  hooks: " + ", ".join(row["hooks"]))
     return 0

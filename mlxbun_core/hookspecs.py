@@ -1,86 +1,211 @@
 """The whole plugin contract of mlxbun.
 
 Every model family, tool-call dialect, media pipeline, draft source and grammar
-backend reaches the engine through these hooks. Implementations may accept any
-subset of a hook's arguments (pluggy passes them by name), so adding an argument
-here never breaks an existing plugin.
+backend reaches the engine through these hooks. Mark implementations with
+:data:`hookimpl`. An implementation may accept any subset of a hook's arguments
+(pluggy passes them by name), so adding an argument here never breaks a plugin.
 
-Most hooks are ``firstresult``: plugins are asked in priority order and the first
-non-None answer wins. ``None`` always means "not mine, ask the next plugin". The
-built-in generic plugin answers last (``trylast``) so any family plugin overrides it.
+**Claiming and routing.** Loading a checkpoint asks :func:`claims` of every plugin
+(cheap: ``config.json`` and file names only). The answer is a family name; the
+plugin that provides that family (its module or object attribute ``FAMILY``)
+then loads the weights in :func:`load_model`. From then on every per-model hook
+(one that takes ``model``) is asked of that plugin first and of the built-in
+``generic`` plugin as fallback, never of another family, so an implementation
+never checks "is this model mine?".
+
+A plugin with a plain (non-wrapper) implementation of any hook in
+:data:`FAMILY_HOOKS` is a *family plugin*. Every other plugin is an *extension*
+(the built-in draft-model plugin, grammar backends, a tracing wrapper): it is
+asked for every model, whoever claimed it. Wrapper implementations
+(``@hookimpl(wrapper=True)``) see every call they wrap, claims included.
+
+Most hooks are ``firstresult``: implementations are asked in priority order
+(``tryfirst``, then newest-registered first, then ``trylast``) and the first
+non-``None`` answer wins. ``None`` always means "no answer from me".
+
+The types named in annotations: :mod:`mlxbun_core.model` (``LoadedModel``,
+``Prompt``, ``LoadOptions``, ``DraftModel``), :mod:`mlxbun_core.contract` (the
+``ToolParser``, ``MediaPipeline``, ``DraftSource`` and ``GrammarBackend``
+Protocols), :mod:`mlxbun_core.events` (what a tool parser emits).
 """
 
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
 from pluggy import HookimplMarker, HookspecMarker
+
+from .contract import DraftSource, MediaPipeline, RegisterGrammarBackend, ToolParser
+
+if TYPE_CHECKING:
+    from .model import LoadedModel, LoadOptions, Prompt
 
 hookspec = HookspecMarker("mlxbun")
 hookimpl = HookimplMarker("mlxbun")
 
+FAMILY_HOOKS = frozenset({"claims", "load_model", "render_chat", "tool_call_parser", "embed"})
+"""Hooks only a model family can answer. A plugin implementing any of them (other
+than as a wrapper) is a family plugin and is asked only about models it claimed."""
+
+GENERIC = "generic"
+"""The built-in fallback family: asked after the claiming family for every model."""
+
 
 @hookspec(firstresult=True)
-def load_model(path, config, options):
-    """Claim a checkpoint and load its forward pass.
+def claims(path: Path, config: dict, options: LoadOptions) -> Optional[str]:
+    """Say whether a checkpoint belongs to your family, without loading it.
 
-    ``path`` is a local checkpoint directory (Hugging Face layout), ``config`` its
-    parsed ``config.json`` and ``options`` a :class:`mlxbun_core.model.LoadOptions`.
-    Return a :class:`mlxbun_core.model.LoadedModel` whose ``family`` names the
-    claiming plugin, or ``None`` when the checkpoint is not yours.
-    firstresult: the first plugin to return a model wins.
+    Called for every checkpoint mlxbun loads, and by model listings for every
+    checkpoint on disk, so it must be cheap: read ``config`` and, at most, small
+    files or file names under ``path``. Never read tensor data or import heavy
+    modules (``mlx_lm``, ``transformers``) here.
+
+    :param path: The local checkpoint directory (Hugging Face layout). It may hold
+        no weights at all (a listing of configs).
+    :param config: The parsed ``config.json`` (``{}`` when there is none).
+    :param options: What the operator asked for (``options.model_id`` is the name
+        the model was requested by, ``options.embedding`` forces embedding mode).
+    :returns: Your family name (the plugin's ``FAMILY``), or ``None`` when the
+        checkpoint is not yours.
+
+    Stops at the first non-``None`` result. The built-in generic plugin answers
+    last (``"generic"`` for anything mlx-lm has a model definition for), so a family
+    only has to recognise its own checkpoints. Claim narrowly: ``model_type``,
+    ``architectures``, a tokenizer or template marker.
     """
 
 
 @hookspec(firstresult=True)
-def render_chat(model, messages, tools, template_kwargs, reasoning_effort):
-    """Turn chat messages into a prompt for ``model``.
+def load_model(path: Path, config: dict, options: LoadOptions) -> Optional[LoadedModel]:
+    """Load the weights of a checkpoint your :func:`claims` answered for.
 
-    ``messages`` are OpenAI-shaped dicts (already normalized: ``reasoning_content``
-    set from the ``reasoning`` alias), ``tools`` the OpenAI function tools or
-    ``None``, ``template_kwargs`` the request's ``chat_template_kwargs`` and
-    ``reasoning_effort`` one of none/minimal/low/medium/high/xhigh or ``None``.
-    Return a :class:`mlxbun_core.model.Prompt`; ``None`` means "not my model".
-    Raise :class:`mlxbun_core.errors.BadRequest` for input the template rejects.
-    firstresult.
+    Only the claiming plugin is asked (plus extension wrappers), so there is
+    nothing to check again; load and return.
+
+    :param path: The checkpoint directory :func:`claims` saw.
+    :param config: Its parsed ``config.json``.
+    :param options: The operator's :class:`~mlxbun_core.model.LoadOptions`.
+    :returns: A :class:`~mlxbun_core.model.LoadedModel`. The loader fills in
+        ``family`` and ``plugin`` from the claim, merges ``generation_config.json``
+        over ``generation_defaults`` and fills ``context_window`` when unset.
+        ``None`` is a plugin bug (it claimed what it cannot load) and fails the load
+        with a message naming the plugin.
+
+    Stops at the first non-``None`` result.
     """
 
 
 @hookspec(firstresult=True)
-def tool_call_parser(model, tools):
+def render_chat(model: LoadedModel, messages: list[dict], tools: Optional[list[dict]],
+                template_kwargs: dict, reasoning_effort: Optional[str]) -> Optional[Prompt]:
+    """Turn chat messages into the prompt for one request.
+
+    :param model: The loaded model (one your plugin claimed).
+    :param messages: OpenAI-shaped message dicts, normalized by the engine: roles
+        checked, ``reasoning_content`` set from the ``reasoning`` alias, tool-call
+        arguments decoded to objects where they were JSON text.
+    :param tools: The request's OpenAI function tools, or ``None`` (none given, or
+        ``tool_choice: "none"``).
+    :param template_kwargs: The request's ``chat_template_kwargs`` (for example
+        ``{"enable_thinking": False}``); do not mutate it.
+    :param reasoning_effort: ``"none"``, ``"minimal"``, ``"low"``, ``"medium"``,
+        ``"high"``, ``"xhigh"`` or ``None`` (not given).
+    :returns: A :class:`~mlxbun_core.model.Prompt`: the token ids, and for a model
+        with a think channel its markers and whether the prompt already opened it.
+        ``None`` passes the question to the generic plugin (the checkpoint's own
+        chat template).
+
+    Raise :class:`mlxbun_core.errors.BadRequest` for input the template refuses;
+    it becomes a 400 in the surface's error shape.
+
+    Stops at the first non-``None`` result. Routed: asked of the claiming family,
+    then the generic plugin.
+    """
+
+
+@hookspec(firstresult=True)
+def tool_call_parser(model: LoadedModel, tools: list[dict]) -> Optional[ToolParser]:
     """Make a fresh streaming tool-call parser for one request.
 
-    Return an object with ``feed(text) -> list[event]`` and ``finish() -> list[event]``
-    (see :mod:`mlxbun_core.toolcalls`), or ``None`` when the model is not yours.
-    Only asked when the request carries tools. firstresult.
+    Only asked when the request carries tools.
+
+    :param model: The loaded model.
+    :param tools: The request's tools (OpenAI function shape), for argument
+        coercion against their JSON schemas.
+    :returns: A new :class:`~mlxbun_core.contract.ToolParser` (usually
+        ``StreamingToolParser(YourDialect(), tools)``). ``None`` passes to the
+        generic plugin, which follows mlx-lm's tool-parser choice for the tokenizer
+        and falls back to ``<tool_call>{json}</tool_call>``.
+
+    Stops at the first non-``None`` result. Routed: asked of the claiming family,
+    then the generic plugin.
     """
 
 
 @hookspec(firstresult=True)
-def media_pipeline(model, kind):
-    """Return the pipeline that turns ``kind`` ("image", "audio" or "video") parts
-    into prompt embeddings for ``model``, or ``None`` when the model has none.
-    A request carrying media no plugin accepts is answered with a 400 naming the
-    model. firstresult.
+def media_pipeline(model: LoadedModel, kind: str) -> Optional[MediaPipeline]:
+    """Give the pipeline that turns one kind of media part into model input.
+
+    Asked when a request's messages carry image, audio or video parts.
+
+    :param model: The loaded model.
+    :param kind: ``"image"``, ``"audio"`` or ``"video"``.
+    :returns: A :class:`~mlxbun_core.contract.MediaPipeline` for ``kind``, or
+        ``None`` when the model cannot take it; if no plugin answers, the request
+        is refused with a 400 naming the model.
+
+    Stops at the first non-``None`` result. Routed: asked of the claiming family,
+    extensions, then the generic plugin.
     """
 
 
 @hookspec(firstresult=True)
-def draft_source(model, options):
-    """Return a speculative-decoding draft source for ``model`` (a small draft model
-    or a model-free proposer such as n-gram lookup), or ``None``. firstresult.
+def draft_source(model: LoadedModel, options: LoadOptions) -> Optional[DraftSource]:
+    """Give a speculative-decoding proposer for ``model``, asked once at start-up.
+
+    :param model: The loaded target model.
+    :param options: The operator's load options (``options.extra["draft_model"]``
+        is ``--draft-model``, ``options.extra["num_draft_tokens"]`` its step).
+    :returns: A :class:`~mlxbun_core.contract.DraftSource` (for example a
+        :class:`~mlxbun_core.model.DraftModel`), after which every eligible request
+        decodes speculatively; or ``None`` for plain decoding. Raise ``ValueError``
+        for a draft that cannot work with this model (a different vocabulary).
+
+    Stops at the first non-``None`` result. Routed: asked of the claiming family
+    (its own proposer, such as multi-token-prediction heads, comes first), then
+    extensions; the built-in draft-model plugin answers last.
     """
 
 
 @hookspec(firstresult=True)
-def embed(model, texts, instruction):
-    """Embed ``texts`` with an embedding ``model``.
+def embed(model: LoadedModel, texts: list[str],
+          instruction: Optional[str]) -> Optional[tuple[list[list[float]], int]]:
+    """Embed texts with an embedding model (``LoadedModel.kind == "embedding"``).
 
-    Return ``(vectors, prompt_tokens)``: a list of float lists (unit length) and
-    the number of tokens consumed, or ``None`` when the model is not yours or is
-    not an embedding model. firstresult.
+    Runs on the model's worker thread; the engine only asks models whose ``kind``
+    is ``"embedding"``.
+
+    :param model: The loaded embedding model.
+    :param texts: The input texts, at least one.
+    :param instruction: A task instruction for query-side embedding, or ``None``.
+    :returns: ``(vectors, prompt_tokens)``: one unit-length float list per text,
+        in order, and the number of tokens consumed. ``None`` means the model
+        cannot embed (the request gets a 400).
+
+    Stops at the first non-``None`` result. Routed: asked of the claiming family,
+    then the generic plugin.
     """
 
 
 @hookspec
-def register_grammar_backends(register):
-    """Register structured-output backends: ``register(name, factory)`` where
-    ``factory(tokenizer)`` returns a :class:`mlxbun_core.grammar.GrammarBackend`.
-    Called once at start-up; all answers are collected.
+def register_grammar_backends(register: RegisterGrammarBackend) -> None:
+    """Register structured-output backends, once at start-up.
+
+    :param register: Call ``register(name, factory)`` for each backend, where
+        ``factory(tokenizer)`` returns a :class:`~mlxbun_core.contract.GrammarBackend`
+        bound to that tokenizer. ``--grammar-backend NAME`` selects one.
+
+    Every implementation is called (not firstresult); not routed (backends serve
+    every model).
     """

@@ -1,9 +1,11 @@
-"""From a model name to a LoadedModel: resolve files, then let plugins claim it."""
+"""From a model name to a LoadedModel: resolve files, let the plugins claim the
+checkpoint (``claims``), then have the claimant load it (``load_model``)."""
 
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -19,6 +21,15 @@ class NoPluginClaimed(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class Claim:
+    """Who answered ``claims`` for a checkpoint: the family, and the registered
+    name of the plugin that provides it."""
+
+    family: str
+    plugin: str
+
+
 def read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
@@ -26,23 +37,40 @@ def read_json(path: Path) -> dict:
         return {}
 
 
-def claim(path: Path, options: LoadOptions) -> LoadedModel:
-    """Ask plugins in priority order; the first to return a model wins.
+def identify(path: Path, options: Optional[LoadOptions] = None,
+             config: Optional[dict] = None) -> Optional[Claim]:
+    """Which family claims the checkpoint at ``path``, from its config alone (no
+    weights read): the ``claims`` hook, through the normal hook call so wrappers
+    and ``MLXBUN_TRACE_HOOKS`` see it. ``None`` when no plugin claims it."""
+    path = Path(path)
+    config = read_json(path / "config.json") if config is None else config
+    options = options or LoadOptions(model_id=path.name)
+    family = plugins.hook().claims(path=path, config=config, options=options)
+    if family is None:
+        return None
+    plugin = plugins.family_provider(family)
+    if plugin is None:
+        raise plugins.PluginError(f"a plugin claimed {path} for family {family!r}, "
+                                  "but no registered plugin provides that family")
+    return Claim(family=family, plugin=plugin)
 
-    Done by hand instead of a plain firstresult call so we know *which* plugin
-    answered (for the banner and ``/v1/models``).
-    """
-    pm = plugins.load_plugins()
+
+def claim(path: Path, options: LoadOptions) -> LoadedModel:
+    """Let the plugins claim ``path``, then have the claimant load it."""
     config = read_json(path / "config.json")
-    args = {"path": path, "config": config, "options": options}
-    for impl in reversed(pm.hook.load_model.get_hookimpls()):
-        model = impl.function(**{a: args[a] for a in impl.argnames})
-        if model is not None:
-            model.plugin = model.plugin or impl.plugin_name
-            return finish(model)
-    raise NoPluginClaimed(
-        f"no installed plugin can load {path} (model_type={config.get('model_type')!r}); "
-        "`mlxbun plugins` lists what is installed")
+    who = identify(path, options, config)
+    if who is None:
+        raise NoPluginClaimed(
+            f"no installed plugin can load {path} (model_type={config.get('model_type')!r}); "
+            "`mlxbun plugins` lists what is installed")
+    relay = plugins.relay_for(who.plugin)
+    model = relay.load_model(path=path, config=config, options=options)
+    if model is None:
+        raise plugins.PluginError(f"plugin {who.plugin!r} claimed {path} as {who.family!r} "
+                                  "but its load_model returned None")
+    model.family, model.plugin = who.family, who.plugin
+    model._hooks = relay
+    return finish(model)
 
 
 def finish(model: LoadedModel) -> LoadedModel:

@@ -31,17 +31,27 @@ class LoadedModel:
     config: dict
     model: Any
     tokenizer: Any
-    family: str  # the claiming family, e.g. "generic" or "qwen35"
-    plugin: str = ""  # the distribution that claimed it, filled in by the loader
+    family: str = ""  # the claiming family, e.g. "generic" or "qwen35"; set by the loader
+    plugin: str = ""  # the registered name of the plugin that claimed it; set by the loader
     kind: str = "generate"  # "generate" or "embedding"
     generation_defaults: dict = field(default_factory=dict)
     context_window: Optional[int] = None
     reasoning: bool = False  # has a switchable thinking channel
     extras: dict = field(default_factory=dict)
+    _hooks: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def eos_token_ids(self) -> set:
         return set(getattr(self.tokenizer, "eos_token_ids", None) or [])
+
+    @property
+    def hooks(self):
+        """This model's hook relay: ``model.hooks.render_chat(model=model, ...)`` asks
+        the plugin that claimed it, then the generic plugin, never another family
+        (see :func:`mlxbun_core.plugins.model_hooks`)."""
+        from . import plugins
+
+        return plugins.model_hooks(self)
 
 
 @dataclass
@@ -63,8 +73,9 @@ class Prompt:
 
 
 @dataclass
-class DraftSource:
-    """A speculative-decoding proposer answered by the ``draft_source`` hook.
+class DraftModel:
+    """A small draft model as a speculative-decoding source (``draft_source`` hook);
+    satisfies :class:`mlxbun_core.contract.DraftSource`.
 
     ``model`` is a draft ``mlx.nn.Module`` sharing the target's vocabulary; the
     target verifies ``num_draft_tokens`` proposals per forward (mlx-lm's

@@ -1,10 +1,15 @@
-"""Finding and loading plugins.
+"""Finding plugins, and routing per-model hooks to the plugin that claimed the model.
 
 One pluggy ``PluginManager`` for the process. Built-in plugins register through
 the same hooks as installed ones; installed ones come from the ``mlxbun``
 entry-point group. ``MLXBUN_PLUGINS`` (comma-separated names) is an allowlist,
 ``MLXBUN_DISABLE_PLUGINS`` a blocklist. A plugin that fails to import is reported
-and skipped, never fatal. ``MLXBUN_TRACE_HOOKS=1`` logs every hook call.
+and skipped, never fatal. ``MLXBUN_TRACE_HOOKS=1`` logs every hook call, which
+plugins it went to, and what it answered.
+
+Routing (see :mod:`mlxbun_core.hookspecs`): :func:`model_hooks` gives a model's
+relay, a stand-in for ``hook()`` whose callers leave out every family plugin but
+the claiming one and ``generic``.
 """
 
 from __future__ import annotations
@@ -13,10 +18,12 @@ import importlib
 import logging
 import os
 from importlib.metadata import entry_points
+from typing import Any, Optional
 
 import pluggy
 
 from . import hookspecs
+from .hookspecs import FAMILY_HOOKS, GENERIC
 
 log = logging.getLogger("mlxbun.plugins")
 
@@ -28,10 +35,35 @@ BUILTIN_PLUGINS = (
     "mlxbun_core.grammar.xgrammar_backend",
 )
 
-pm = pluggy.PluginManager("mlxbun")
+
+class PluginError(Exception):
+    """A plugin broke the contract (claimed a family nobody provides, claimed a
+    checkpoint and then did not load it)."""
+
+
+class _Manager(pluggy.PluginManager):
+    """Counts registrations, so relays and the family index notice plugins that
+    come and go after a model was loaded."""
+
+    generation = 0
+
+    def register(self, plugin, name=None):
+        try:
+            return super().register(plugin, name)
+        finally:
+            self.generation += 1
+
+    def unregister(self, plugin=None, name=None):
+        try:
+            return super().unregister(plugin, name)
+        finally:
+            self.generation += 1
+
+
+pm = _Manager("mlxbun")
 pm.add_hookspecs(hookspecs)
 
-# name -> {"version": str|None, "source": "builtin"|"entry point", "error": str|None}
+# name -> {"version": str|None, "source": "builtin"|"entry point"|"runtime", "error": str|None}
 plugin_info: dict[str, dict] = {}
 _loaded = False
 
@@ -77,17 +109,39 @@ def load_plugins() -> pluggy.PluginManager:
         except Exception as exc:  # a broken plugin must not take the server down
             info["error"] = f"{type(exc).__name__}: {exc}"
             log.warning("plugin %s failed to load and was skipped: %s", ep.name, info["error"])
+        else:
+            _check_family(ep.name)
         plugin_info[ep.name] = info
     if os.environ.get("MLXBUN_TRACE_HOOKS"):
-        pm.add_hookcall_monitoring(
-            lambda name, impls, kw: log.info("hook %s -> %s", name, [i.plugin_name for i in impls]),
-            lambda outcome, name, impls, kw: None,
-        )
+        trace_hooks()
     return pm
 
 
+def trace_hooks() -> None:
+    """Log every hook call: the plugins asked, in order, and the answer."""
+
+    def after(outcome, name, impls, kwargs):
+        order = [i.plugin_name for i in reversed(impls)]  # the order they are asked in
+        if outcome.exception is not None:
+            log.info("hook %s %s raised %r", name, order, outcome.exception)
+        else:
+            log.info("hook %s %s -> %s", name, order, _short(outcome.get_result()))
+
+    pm.add_hookcall_monitoring(lambda name, impls, kwargs: None, after)
+
+
+def _short(value) -> str:
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return repr(value)
+    if isinstance(value, list):
+        return f"[{len(value)} answers]"
+    return type(value).__name__
+
+
 def hook():
-    """The hook caller (``hook().render_chat(...)``) with plugins loaded."""
+    """The unrouted hook caller, for hooks that are not about one model
+    (``claims``, ``register_grammar_backends``). Per-model hooks go through
+    :func:`model_hooks`."""
     return load_plugins().hook
 
 
@@ -96,6 +150,7 @@ def register(plugin, name: str) -> None:
     load_plugins()
     pm.register(plugin, name=name)
     plugin_info[name] = {"version": None, "source": "runtime", "error": None}
+    _check_family(name)
 
 
 def unregister(name: str) -> None:
@@ -103,12 +158,139 @@ def unregister(name: str) -> None:
     plugin_info.pop(name, None)
 
 
+# -- families -------------------------------------------------------------------
+
+_index: dict = {"generation": -1, "family_of": {}, "provider": {}}
+
+
+def _family_index() -> dict:
+    """``{"family_of": {plugin: family}, "provider": {family: plugin}}`` for the
+    registered plugins; rebuilt (and swapped in whole) when plugins change."""
+    global _index
+    if _index["generation"] == pm.generation:
+        return _index
+    generation = pm.generation
+    family_of: dict[Any, str] = {}
+    for hookname in sorted(FAMILY_HOOKS):
+        for impl in getattr(pm.hook, hookname).get_hookimpls():
+            if not (impl.wrapper or impl.hookwrapper):
+                family_of.setdefault(impl.plugin, family_name(impl.plugin))
+    provider: dict[str, Any] = {}
+    for impl in reversed(pm.hook.claims.get_hookimpls()):  # priority order: first wins
+        fam = family_of.get(impl.plugin)
+        if fam is None:
+            continue
+        if fam in provider and provider[fam] is not impl.plugin:
+            log.warning("plugins %s and %s both provide family %r; %s wins",
+                        pm.get_name(provider[fam]), impl.plugin_name, fam,
+                        pm.get_name(provider[fam]))
+            continue
+        provider[fam] = impl.plugin
+    _index = {"generation": generation, "family_of": family_of, "provider": provider}
+    return _index
+
+
+def family_name(plugin) -> str:
+    """The family a plugin provides: its ``FAMILY`` attribute, else its registered name."""
+    return getattr(plugin, "FAMILY", None) or pm.get_name(plugin) or "?"
+
+
+def is_family(plugin) -> bool:
+    """Whether ``plugin`` has a plain implementation of any of :data:`FAMILY_HOOKS`."""
+    return plugin in _family_index()["family_of"]
+
+
+def family_provider(family: str) -> Optional[str]:
+    """The registered name of the plugin that provides ``family``, or None."""
+    plugin = _family_index()["provider"].get(family)
+    return pm.get_name(plugin) if plugin is not None else None
+
+
+def _check_family(name: str) -> None:
+    plugin = pm.get_plugin(name)
+    if plugin is None or not is_family(plugin):
+        return
+    if not any(i.plugin is plugin and not (i.wrapper or i.hookwrapper)
+               for i in pm.hook.claims.get_hookimpls()):
+        hooks = sorted(h.name for h in pm.get_hookcallers(plugin) or [] if h.name in FAMILY_HOOKS)
+        log.warning("plugin %s implements %s but not claims: it is a model family that never "
+                    "claims a checkpoint, so it is never asked", name, ", ".join(hooks))
+
+
+# -- per-model relay ------------------------------------------------------------
+
+CLAIMANT_ONLY = frozenset({"load_model"})
+"""Hooks the generic fallback is not asked on another family's behalf."""
+
+
+class ModelHooks:
+    """The hook relay for models claimed by one plugin.
+
+    ``relay.<hook>`` is a pluggy ``HookCaller`` (call it with keyword arguments, as
+    ``hook().<hook>``) that leaves out every family plugin except the claimant and
+    ``generic``; extension plugins and wrappers stay. Callers are built on first use
+    and rebuilt only when plugins are registered or unregistered.
+    """
+
+    def __init__(self, claimant: Optional[str]):
+        self.claimant = claimant
+        self._callers: dict[str, pluggy.HookCaller] = {}
+        self._generation = -1
+
+    def __getattr__(self, name: str) -> pluggy.HookCaller:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if self._generation != pm.generation:
+            self._callers.clear()
+            self._generation = pm.generation
+        caller = self._callers.get(name)
+        if caller is None:
+            caller = self._callers[name] = pm.subset_hook_caller(name, self._foreign(name))
+        return caller
+
+    def _foreign(self, name: str) -> list:
+        keep = {pm.get_plugin(self.claimant) if self.claimant else None}
+        if name not in CLAIMANT_ONLY or self.claimant is None:
+            keep.add(_family_index()["provider"].get(GENERIC))
+        return [p for p in _family_index()["family_of"] if p not in keep]
+
+    def __repr__(self) -> str:
+        return f"<ModelHooks claimant={self.claimant!r}>"
+
+
+_relays: dict[Optional[str], ModelHooks] = {}
+
+
+def relay_for(plugin_name: Optional[str]) -> ModelHooks:
+    """The relay for models claimed by the plugin registered as ``plugin_name``."""
+    load_plugins()
+    relay = _relays.get(plugin_name)
+    if relay is None:
+        relay = _relays[plugin_name] = ModelHooks(plugin_name)
+    return relay
+
+
+def model_hooks(model) -> ModelHooks:
+    """The relay for a loaded model: ``model_hooks(model).render_chat(model=model, ...)``.
+
+    The claimant is ``model.plugin`` (set by the loader), or for a model built by
+    hand the plugin providing ``model.family``. Cached on the model.
+    """
+    claimant = model.plugin or family_provider(model.family)
+    relay = model._hooks
+    if relay is None or relay.claimant != claimant:
+        relay = model._hooks = relay_for(claimant)
+    return relay
+
+
 def describe() -> list[dict]:
-    """One row per plugin: name, version, source, hooks implemented, load error."""
+    """One row per plugin: name, version, source, family (or None for an
+    extension), hooks implemented, load error."""
     load_plugins()
     rows = []
     for name, info in plugin_info.items():
         plugin = pm.get_plugin(name)
         hooks = sorted(h.name for h in pm.get_hookcallers(plugin) or []) if plugin else []
-        rows.append({"name": name, **info, "hooks": hooks})
+        family = family_name(plugin) if plugin is not None and is_family(plugin) else None
+        rows.append({"name": name, **info, "family": family, "hooks": hooks})
     return rows

@@ -1,8 +1,8 @@
 """A "scripted model" for surface tests: fakes the WEIGHTS, not the engine.
 
 Random tiny checkpoints emit gibberish, so tests that need exact model output
-(tool calls, thinking, stop sequences) register :class:`ScriptedPlugin`. Its
-``load_model`` hook loads the tiny checkpoint with mlx-lm as usual and wraps the
+(tool calls, thinking, stop sequences) register :class:`ScriptedPlugin`. It
+claims its own tiny checkpoint, loads it with mlx-lm as usual and wraps the
 module so that, after the assistant generation prompt, its logits put all mass
 on the next token of ``plugin.text`` (then EOS). Everything else — chat
 template, sampler, detokenizer, reasoning splitter, tool parser, surfaces —
@@ -98,16 +98,21 @@ class ScriptedPlugin:
         self.text, self.anchor, self.eos_id = text, anchor, eos_id
         self.fail_at = None  # set to N: the forward raises from script position N on
 
+    @property
+    def FAMILY(self) -> str:  # one family per checkpoint, so several can be registered at once
+        return f"scripted-{self.path.name}"
+
     @hookimpl(tryfirst=True)
+    def claims(self, path):
+        return self.FAMILY if Path(path).resolve() == self.path else None
+
+    @hookimpl
     def load_model(self, path, config, options):
-        if Path(path).resolve() != self.path:
-            return None
         from mlx_lm.utils import load
 
         model, tokenizer = load(str(path))
         return LoadedModel(id=options.model_id, path=path, config=config,
                            model=ScriptedModel(model, tokenizer, self), tokenizer=tokenizer,
-                           family="scripted",
                            reasoning=bool(getattr(tokenizer, "has_thinking", False)))
 
 

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import httpx
+from transformers import AutoTokenizer
 
 from mlxbun_core.testing.checkpoints import write_checkpoint
 from mlxbun_core.testing.server import free_port
@@ -36,7 +37,10 @@ def test_plugins_lists_generic_with_its_hooks():
     assert out.returncode == 0
     lines = out.stdout.splitlines()
     i = next(i for i, l in enumerate(lines) if l.startswith("generic "))
-    assert "load_model" in lines[i + 1] and "render_chat" in lines[i + 1]
+    assert lines[i].endswith("family generic")
+    assert all(h in lines[i + 1] for h in ("claims", "load_model", "render_chat"))
+    j = next(i for i, l in enumerate(lines) if l.startswith("draft_model "))
+    assert "family" not in lines[j] and "draft_source" in lines[j + 1]  # an extension
 
 
 def test_broken_plugin_is_reported_and_skipped(tmp_path):
@@ -80,9 +84,14 @@ def test_third_party_family_served_through_its_entry_point(tmp_path):
             except httpx.HTTPError:
                 time.sleep(0.1)
         assert row["plugin"] == "echo" and row["family"] == "echo"
+        tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
         r = httpx.post(base + "/v1/chat/completions", timeout=60, json={
-            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "tools": tools})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+        # the prompt is the example's own transcript, not the checkpoint's chat template
+        transcript = "System: to use a tool (add) write CALL name {json arguments}\nUser: hi\nAssistant:"
+        tokenizer = AutoTokenizer.from_pretrained(str(ckpt))
+        assert r.json()["usage"]["prompt_tokens"] == len(tokenizer.encode(transcript))
     finally:
         proc.terminate()
         proc.wait(10)

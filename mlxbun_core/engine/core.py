@@ -13,7 +13,6 @@ import threading
 import time
 from typing import AsyncIterator, Optional
 
-from .. import plugins
 from ..errors import APIError, BadRequest, Unavailable
 from ..events import Done, Event, Finish, Usage
 from ..model import LoadedModel, LoadOptions
@@ -79,7 +78,7 @@ class Engine:
                  draft=None, batch: int = DEFAULT_BATCH,
                  prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES):
         self.model = model
-        self.draft = draft  # a DraftSource: every request then decodes speculatively
+        self.draft = draft  # a contract.DraftSource: every request then decodes speculatively
         self.worker = worker or ModelWorker()
         self.prefix = PrefixCache(prompt_cache_bytes)
         self.batch = 1 if draft is not None else max(1, batch)
@@ -105,13 +104,13 @@ class Engine:
         options = options or LoadOptions()
         worker = ModelWorker()
         model = worker.run_sync(lambda: loader.load(name, options, progress=progress))
-        draft = worker.run_sync(lambda: plugins.hook().draft_source(model=model, options=options))
+        draft = worker.run_sync(lambda: model.hooks.draft_source(model=model, options=options))
         return cls(model, worker=worker, draft=draft, **kw)
 
     @property
     def hooks(self):
-        """The hook caller for this engine's model."""
-        return plugins.hook()
+        """The model's hook relay: its claiming family, then generic, never another family."""
+        return self.model.hooks
 
     # -- parsing (surfaces call these with OpenAI-shaped bodies) -------------------
     def parse_chat(self, body: dict) -> ChatRequest:

@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional, Protocol
 import mlx.core as mx
 import numpy as np
 
+from ..contract import GrammarBackend  # the backend Protocol (re-exported here)
 from .request import GrammarRequest, describe, resolve_grammar_request
 
 log = logging.getLogger("mlxbun.grammar")
@@ -43,14 +44,6 @@ class CompiledGrammar:
     vocab_size: int                 # tokenizer ids covered by the bitmask
     eos_ids: tuple
     new_matcher: Callable[[], Matcher]
-
-
-class GrammarBackend:
-    """Abstract backend, built per tokenizer by ``factory(tokenizer)``."""
-    name: str = "?"
-
-    def compile(self, req: GrammarRequest) -> CompiledGrammar:  # pragma: no cover
-        raise NotImplementedError
 
 
 def hf_tokenizer(tokenizer):

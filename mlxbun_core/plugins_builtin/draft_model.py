@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from mlxbun_core.hookspecs import hookimpl
-from mlxbun_core.model import DraftSource
+from mlxbun_core.model import DraftModel
 
 log = logging.getLogger("mlxbun.draft")
 
@@ -30,4 +30,4 @@ def draft_source(model, options):
                          f"({tokenizer.vocab_size} vs {model.tokenizer.vocab_size} tokens)")
     n = int(options.extra.get("num_draft_tokens") or 3)
     log.info("speculative decoding: draft %s, %d tokens per step", resolved.model_id, n)
-    return DraftSource(model=draft, num_draft_tokens=n, name=resolved.model_id)
+    return DraftModel(model=draft, num_draft_tokens=n, name=resolved.model_id)

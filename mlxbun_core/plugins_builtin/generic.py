@@ -1,10 +1,17 @@
 """The generic family: any architecture mlx-lm can load.
 
-Registered last (``trylast``) so every family plugin gets the first word. Uses the
+Answers last (``trylast``): it claims whatever no family plugin claimed, and is
+the fallback for every per-model hook a family leaves unanswered. Uses the
 checkpoint's own chat template and mlx-lm's tool-parser inference.
 """
 
 from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+from functools import lru_cache
+from pathlib import Path
 
 from mlxbun_core import toolcalls
 from mlxbun_core.chat_template import apply_template, thinking_switch
@@ -15,27 +22,50 @@ FAMILY = "generic"
 
 
 def mlx_lm_supports(model_type) -> bool:
-    """Whether mlx-lm ships a model definition for ``model_type``."""
-    import importlib.util
-
-    from mlx_lm.utils import MODEL_REMAPPING
-
-    if not model_type:
+    """Whether mlx-lm ships a model definition for ``model_type``, found on disk
+    without importing mlx-lm (which pulls in transformers: seconds, not micros)."""
+    if not model_type or not isinstance(model_type, str):
         return False
-    name = MODEL_REMAPPING.get(model_type, model_type).replace("-", "_")
-    return importlib.util.find_spec(f"mlx_lm.models.{name}") is not None
+    name = _model_remapping().get(model_type, model_type).replace("-", "_")
+    models = _mlx_lm_dir() / "models"
+    return (models / f"{name}.py").is_file() or (models / name / "__init__.py").is_file()
+
+
+@lru_cache(maxsize=1)
+def _mlx_lm_dir() -> Path:
+    spec = importlib.util.find_spec("mlx_lm")  # locates the package, runs nothing
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+@lru_cache(maxsize=1)
+def _model_remapping() -> dict:
+    """mlx-lm's ``MODEL_REMAPPING`` (model_type aliases such as mistral -> llama),
+    read from its source when mlx_lm.utils is not imported yet."""
+    utils = sys.modules.get("mlx_lm.utils")
+    if utils is not None:
+        return dict(utils.MODEL_REMAPPING)
+    tree = ast.parse((_mlx_lm_dir() / "utils.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and getattr(node.targets[0], "id", None) == "MODEL_REMAPPING"):
+            return ast.literal_eval(node.value)
+    from mlx_lm.utils import MODEL_REMAPPING  # layout changed: pay for the import
+
+    return dict(MODEL_REMAPPING)
+
+
+@hookimpl(trylast=True)
+def claims(config):
+    return FAMILY if mlx_lm_supports(config.get("model_type")) else None
 
 
 @hookimpl(trylast=True)
 def load_model(path, config, options):
     from mlx_lm.utils import load
 
-    if not mlx_lm_supports(config.get("model_type")):
-        return None
     model, tokenizer = load(str(path))
     return LoadedModel(id=options.model_id, path=path, config=config, model=model,
-                       tokenizer=tokenizer, family=FAMILY,
-                       reasoning=bool(getattr(tokenizer, "has_thinking", False)))
+                       tokenizer=tokenizer, reasoning=bool(getattr(tokenizer, "has_thinking", False)))
 
 
 @hookimpl(trylast=True)

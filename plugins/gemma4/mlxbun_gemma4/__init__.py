@@ -40,15 +40,16 @@ def fallback_template() -> str:
     return resources.files(__name__).joinpath("template.jinja").read_text(encoding="utf-8")
 
 
-def claims(config: dict) -> bool:
+@hookimpl
+def claims(config):
     archs = config.get("architectures") or []
-    return config.get("model_type") in MODEL_TYPES or any(a in ARCHITECTURES for a in archs)
+    if config.get("model_type") in MODEL_TYPES or any(a in ARCHITECTURES for a in archs):
+        return FAMILY
+    return None
 
 
 @hookimpl
 def load_model(path, config, options):
-    if not claims(config):
-        return None
     from mlx_lm.utils import load
 
     model, tokenizer = load(str(path))
@@ -58,7 +59,7 @@ def load_model(path, config, options):
         if tok in vocab:
             tokenizer.add_eos_token(tok)
     return LoadedModel(id=options.model_id, path=path, config=config, model=model,
-                       tokenizer=tokenizer, family=FAMILY, reasoning=True,
+                       tokenizer=tokenizer, reasoning=True,
                        generation_defaults=dict(SAMPLING_DEFAULTS),
                        extras={"fallback_template": fallback})
 
@@ -74,8 +75,6 @@ def _canonical(m: dict) -> dict:
 
 @hookimpl
 def render_chat(model, messages, tools, template_kwargs, reasoning_effort):
-    if model.family != FAMILY:
-        return None
     kwargs = dict(template_kwargs)
     kwargs["enable_thinking"] = bool(thinking_switch(kwargs, reasoning_effort, False))
     prompt = apply_template(model, [_canonical(m) for m in messages], tools, kwargs)
@@ -86,6 +85,4 @@ def render_chat(model, messages, tools, template_kwargs, reasoning_effort):
 
 @hookimpl
 def tool_call_parser(model, tools):
-    if model.family != FAMILY:
-        return None
     return StreamingToolParser(Gemma4Dialect(), tools)

@@ -35,35 +35,32 @@ def fallback_template() -> str:
     return files(__package__).joinpath("template.jinja").read_text(encoding="utf-8")
 
 
-def claims(config: dict) -> bool:
+@hookimpl
+def claims(config):
     archs = config.get("architectures") or []
-    return config.get("model_type") in MODEL_TYPES or any(a in ARCHITECTURES for a in archs)
+    if config.get("model_type") in MODEL_TYPES or any(a in ARCHITECTURES for a in archs):
+        return FAMILY
+    return None
 
 
 @hookimpl
 def load_model(path, config, options):
-    if not claims(config):
-        return None
     from mlx_lm.utils import load
 
     model, tokenizer = load(str(path))
     fallback = install_fallback_template(tokenizer, fallback_template())
     return LoadedModel(id=options.model_id, path=Path(path), config=config, model=model,
-                       tokenizer=tokenizer, family=FAMILY, reasoning=True,
+                       tokenizer=tokenizer, reasoning=True,
                        generation_defaults=dict(FAMILY_DEFAULTS),
                        extras={"fallback_template": fallback})
 
 
 @hookimpl
 def render_chat(model, messages, tools, template_kwargs, reasoning_effort):
-    if model.family != FAMILY:
-        return None
     thinking = bool(thinking_switch(template_kwargs, reasoning_effort, False))  # no-think default
     return apply_template(model, messages, tools, dict(template_kwargs, enable_thinking=thinking))
 
 
 @hookimpl
 def tool_call_parser(model, tools):
-    if model.family != FAMILY:
-        return None
     return make_parser(tools)

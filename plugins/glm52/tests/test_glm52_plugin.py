@@ -93,8 +93,8 @@ def test_fallback_template_installed_when_checkpoint_has_none():
     assert m.family == "glm52" and m.extras["fallback_template"] is True
     assert m.tokenizer.chat_template == mlxbun_glm52.fallback_template()
     assert m.tokenizer.has_chat_template
-    p = plugins.hook().render_chat(model=m, messages=MSG, tools=None, template_kwargs={},
-                                   reasoning_effort=None)
+    p = m.hooks.render_chat(model=m, messages=MSG, tools=None, template_kwargs={},
+                            reasoning_effort=None)
     assert p.text.startswith("[gMASK]<sop><|user|>") and p.text.endswith("<think></think>")
 
 
@@ -193,7 +193,7 @@ def test_rendered_tool_call_round_trips_through_the_parser(srv):
     text, _ = render(srv, [*MSG, {"role": "assistant", "content": "", "tool_calls": [CALL]},
                            {"role": "tool", "tool_call_id": "call_1", "content": "ok"}])
     markup = text[text.index("<tool_call>"):text.index("</tool_call>") + len("</tool_call>")]
-    parser = plugins.hook().tool_call_parser(model=srv.engine.model, tools=TOOLS)
+    parser = srv.engine.model.hooks.tool_call_parser(model=srv.engine.model, tools=TOOLS)
     assert isinstance(parser, StreamingToolParser)
     assert isinstance(parser.dialect, mlxbun_glm52.GlmDialect)
     events = parser.feed("Checking. " + markup) + parser.finish()

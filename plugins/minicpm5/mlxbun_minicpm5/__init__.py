@@ -29,7 +29,7 @@ from mlxbun_core.model import LoadedModel
 
 from .toolcalls import MiniCPM5Dialect, make_parser
 
-__all__ = ["FAMILY", "MiniCPM5Dialect", "claims", "load_model", "render_chat",
+__all__ = ["FAMILY", "MiniCPM5Dialect", "claims", "is_minicpm5", "load_model", "render_chat",
            "tool_call_parser"]
 
 FAMILY = "minicpm5"
@@ -59,7 +59,8 @@ def checkpoint_template(path: Path) -> str:
     return tpl if isinstance(tpl, str) else ""
 
 
-def claims(path, config: dict, model_id: str = "") -> bool:
+def is_minicpm5(path, config: dict, model_id: str = "") -> bool:
+    """model_type minicpm5, or a llama checkpoint with a MiniCPM5 name or template."""
     if config.get("model_type") == "minicpm5":
         return True
     if config.get("model_type") != "llama":
@@ -72,28 +73,27 @@ def claims(path, config: dict, model_id: str = "") -> bool:
 
 
 @hookimpl
+def claims(path, config, options):
+    return FAMILY if is_minicpm5(path, config, options.model_id) else None
+
+
+@hookimpl
 def load_model(path, config, options):
-    if not claims(path, config, options.model_id):
-        return None
     from mlx_lm.utils import load
 
     model, tokenizer = load(str(path))
     fallback = install_fallback_template(tokenizer, fallback_template())
     return LoadedModel(id=options.model_id, path=Path(path), config=config, model=model,
-                       tokenizer=tokenizer, family=FAMILY, reasoning=True,
+                       tokenizer=tokenizer, reasoning=True,
                        extras={"fallback_template": fallback})
 
 
 @hookimpl
 def render_chat(model, messages, tools, template_kwargs, reasoning_effort):
-    if model.family != FAMILY:
-        return None
     thinking = bool(thinking_switch(template_kwargs, reasoning_effort, False))  # no-think default
     return apply_template(model, messages, tools, dict(template_kwargs, enable_thinking=thinking))
 
 
 @hookimpl
 def tool_call_parser(model, tools):
-    if model.family != FAMILY:
-        return None
     return make_parser(tools)

@@ -85,18 +85,21 @@ def test_claim_signals(tmp_path):
     cfg = family_config("minicpm5")
     tpl = mlxbun_minicpm5.fallback_template()
     # the template's tool-call markup alone is enough, under any name
-    assert mlxbun_minicpm5.claims(_config_dir(tmp_path, "a", tpl), cfg)
-    assert mlxbun_minicpm5.claims(_config_dir(tmp_path, "b", [{"name": "default",
-                                                               "template": tpl}]), cfg)
+    assert mlxbun_minicpm5.is_minicpm5(_config_dir(tmp_path, "a", tpl), cfg)
+    assert mlxbun_minicpm5.is_minicpm5(_config_dir(tmp_path, "b", [{"name": "default",
+                                                                     "template": tpl}]), cfg)
     # a MiniCPM5 name (model id or directory) is enough, whatever the template
     plain = _config_dir(tmp_path, "c", CHATML_TEMPLATE)
-    assert not mlxbun_minicpm5.claims(plain, cfg)
-    assert mlxbun_minicpm5.claims(plain, cfg, "openbmb/MiniCPM5-1B")
-    assert mlxbun_minicpm5.claims(plain, cfg, "mlx-community/minicpm-5-1b-4bit")
-    assert mlxbun_minicpm5.claims(_config_dir(tmp_path, "MiniCPM5-1B-OptiQ", ""), cfg)
+    assert not mlxbun_minicpm5.is_minicpm5(plain, cfg)
+    assert mlxbun_minicpm5.is_minicpm5(plain, cfg, "openbmb/MiniCPM5-1B")
+    assert mlxbun_minicpm5.is_minicpm5(plain, cfg, "mlx-community/minicpm-5-1b-4bit")
+    assert mlxbun_minicpm5.is_minicpm5(_config_dir(tmp_path, "MiniCPM5-1B-OptiQ", ""), cfg)
     # never a non-llama config, even with a MiniCPM name (older MiniCPMs are other archs)
-    assert not mlxbun_minicpm5.claims(plain, {"model_type": "minicpm"}, "MiniCPM5")
-    assert not mlxbun_minicpm5.claims(plain, family_config("llama"), "Llama-3.2-1B")
+    assert not mlxbun_minicpm5.is_minicpm5(plain, {"model_type": "minicpm"}, "MiniCPM5")
+    assert not mlxbun_minicpm5.is_minicpm5(plain, family_config("llama"), "Llama-3.2-1B")
+    # the hook answers with the family name, the model id coming from the load options
+    assert mlxbun_minicpm5.claims(plain, cfg, LoadOptions(model_id="openbmb/MiniCPM5-1B")) == "minicpm5"
+    assert mlxbun_minicpm5.claims(plain, cfg, LoadOptions(model_id="x")) is None
 
 
 def test_plain_llama_checkpoint_goes_to_generic(tmp_path):
@@ -109,8 +112,8 @@ def test_fallback_template_installed_when_checkpoint_has_none():
     m = loader.claim(bare, LoadOptions(model_id="MiniCPM5-1B"))
     assert m.family == "minicpm5" and m.extras["fallback_template"] is True
     assert m.tokenizer.chat_template == mlxbun_minicpm5.fallback_template()
-    p = plugins.hook().render_chat(model=m, messages=MSG, tools=None, template_kwargs={},
-                                   reasoning_effort=None)
+    p = m.hooks.render_chat(model=m, messages=MSG, tools=None, template_kwargs={},
+                            reasoning_effort=None)
     assert p.text.endswith(PRIMER_OFF)
 
 
@@ -202,7 +205,7 @@ def test_rendered_tool_call_round_trips_through_the_parser(srv):
     text, _ = render(srv, [*MSG, {"role": "assistant", "content": "", "tool_calls": [CALL, CALL]},
                            {"role": "tool", "tool_call_id": "call_1", "content": "ok"}])
     markup = text[text.index("<function name="):text.rindex("</function>") + len("</function>")]
-    parser = plugins.hook().tool_call_parser(model=srv.engine.model, tools=TOOLS)
+    parser = srv.engine.model.hooks.tool_call_parser(model=srv.engine.model, tools=TOOLS)
     assert isinstance(parser.dialect, mlxbun_minicpm5.MiniCPM5Dialect)
     events = []
     for i in range(0, len(markup), 7):  # streamed in small pieces

@@ -37,22 +37,23 @@ def is_qwen35(config: dict) -> bool:
 
 
 @hookimpl
+def claims(config):
+    return FAMILY if is_qwen35(config) else None
+
+
+@hookimpl
 def load_model(path, config, options):
-    if not is_qwen35(config):
-        return None
     from mlx_lm.utils import load
 
     model, tokenizer = load(str(path))
     fallback = install_fallback_template(tokenizer, fallback_template())
     return LoadedModel(id=options.model_id, path=path, config=config, model=model,
-                       tokenizer=tokenizer, family=FAMILY, reasoning=True,
+                       tokenizer=tokenizer, reasoning=True,
                        extras={"fallback_template": fallback})
 
 
 @hookimpl
 def render_chat(model, messages, tools, template_kwargs, reasoning_effort):
-    if model.family != FAMILY:
-        return None
     kwargs = dict(template_kwargs)
     kwargs["enable_thinking"] = thinking_switch(kwargs, reasoning_effort, True)
     prompt = apply_template(model, messages, tools, kwargs)
@@ -63,6 +64,4 @@ def render_chat(model, messages, tools, template_kwargs, reasoning_effort):
 
 @hookimpl
 def tool_call_parser(model, tools):
-    if model.family != FAMILY:
-        return None
     return make_parser(tools)

@@ -1,6 +1,7 @@
 """The Qwen3.5 family plugin: claim, template behaviour, served chat, greedy parity vs mlx-lm."""
 
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
@@ -98,8 +99,8 @@ def test_fallback_template_installed_when_checkpoint_has_none():
     # the shared helper installs only where there is no template yet
     assert not install_fallback_template(m.tokenizer, "{{ 'other' }}")
     assert m.tokenizer.chat_template == fallback_template()
-    p = plugins.hook().render_chat(model=m, messages=MSG, tools=None, template_kwargs={},
-                                   reasoning_effort=None)
+    p = m.hooks.render_chat(model=m, messages=MSG, tools=None, template_kwargs={},
+                            reasoning_effort=None)
     assert p.text.endswith(GEN_ON) and p.in_reasoning
 
 
@@ -177,13 +178,13 @@ def test_system_not_first_is_400(srv):
 
 
 def test_tool_call_parser_is_qwen_dialect_only_for_own_models(srv):
-    h = plugins.hook()
-    parser = h.tool_call_parser(model=srv.engine.model, tools=TOOLS)
-    assert isinstance(parser.dialect, QwenDialect)
-    other = type(srv.engine.model)(**{**srv.engine.model.__dict__, "family": "generic"})
-    assert mlxbun_qwen35.tool_call_parser(model=other, tools=TOOLS) is None
-    assert mlxbun_qwen35.render_chat(model=other, messages=MSG, tools=None, template_kwargs={},
-                                     reasoning_effort=None) is None
+    """The core routes: the same checkpoint claimed by generic never reaches this plugin."""
+    model = srv.engine.model
+    assert model.plugin == "qwen35"
+    assert isinstance(model.hooks.tool_call_parser(model=model, tools=TOOLS).dialect, QwenDialect)
+    other = dataclasses.replace(model, family="generic", plugin="generic")
+    parser = other.hooks.tool_call_parser(model=other, tools=TOOLS)
+    assert parser is not None and not isinstance(parser.dialect, QwenDialect)
 
 
 # -- served end to end -------------------------------------------------------------

@@ -78,20 +78,23 @@ def embed_tokens(model, tokens: list):
 
 
 @hookimpl
+def claims(path, config, options):
+    if is_qwen3(config) and is_embedding_checkpoint(Path(path), options):
+        return FAMILY
+    return None
+
+
+@hookimpl
 def load_model(path, config, options):
-    if not is_qwen3(config) or not is_embedding_checkpoint(Path(path), options):
-        return None
     from mlx_lm.utils import load
 
     model, tokenizer = load(str(path))
     return LoadedModel(id=options.model_id, path=path, config=config, model=model,
-                       tokenizer=tokenizer, family=FAMILY, kind="embedding")
+                       tokenizer=tokenizer, kind="embedding")
 
 
 @hookimpl
 def embed(model, texts, instruction):
-    if model.family != FAMILY or model.kind != "embedding":
-        return None
     vectors, used = [], 0
     for text in texts:
         tokens = tokenize(model.tokenizer, text, instruction)
@@ -102,7 +105,5 @@ def embed(model, texts, instruction):
 
 @hookimpl
 def render_chat(model, messages, tools, template_kwargs, reasoning_effort):
-    if model.family != FAMILY:
-        return None
     raise BadRequest(f"model {model.id} is an embedding model: it serves POST /v1/embeddings only",
                      param="model")

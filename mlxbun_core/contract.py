@@ -1,0 +1,115 @@
+"""The shapes of the objects plugins hand back through the hooks.
+
+These are structural :class:`typing.Protocol` types: a plugin never has to
+inherit from them, only to provide the attributes and methods named here. They
+are ``runtime_checkable`` so tests can assert ``isinstance(obj, ToolParser)``
+(which checks that the names exist, not their signatures).
+
+Plain data records that cross the boundary (:class:`~mlxbun_core.model.LoadedModel`,
+:class:`~mlxbun_core.model.Prompt`, :class:`~mlxbun_core.model.LoadOptions`,
+:class:`~mlxbun_core.model.DraftModel`) live in :mod:`mlxbun_core.model`; the
+events a tool parser emits live in :mod:`mlxbun_core.events`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
+
+if TYPE_CHECKING:
+    from .events import ParserEvent
+    from .grammar.base import CompiledGrammar
+    from .grammar.request import GrammarRequest
+
+Tokenizer = Any
+"""An mlx-lm ``TokenizerWrapper`` (``encode``, ``decode``, ``eos_token_ids``, the HF
+tokenizer behind it)."""
+
+__all__ = ["DraftSource", "GrammarBackend", "GrammarBackendFactory", "MediaPipeline",
+           "RegisterGrammarBackend", "Tokenizer", "ToolParser"]
+
+
+@runtime_checkable
+class ToolParser(Protocol):
+    """Splits one request's decoded text into content, tool calls and keep-alives.
+
+    A fresh parser is made per request (``tool_call_parser`` hook), fed the decoded
+    text as it streams, and finished once at the end of generation. It must give the
+    same events however the text is chunked (once adjacent ``Content`` are merged),
+    and it must never emit text it may later want back: hold a possible start of
+    markup until it is decided. :class:`mlxbun_core.toolcalls.StreamingToolParser`
+    implements this for any :class:`~mlxbun_core.toolcalls.Dialect`.
+    """
+
+    def feed(self, text: str) -> list[ParserEvent]:
+        """Take the next decoded text; return what can be shown or called now:
+        :class:`~mlxbun_core.events.Content`, :class:`~mlxbun_core.events.ToolCallEvent`
+        (one complete call) or :class:`~mlxbun_core.events.KeepAlive` (markup is
+        buffering)."""
+        ...
+
+    def finish(self) -> list[ParserEvent]:
+        """Generation ended: flush held text and any last (possibly truncated) call."""
+        ...
+
+
+@runtime_checkable
+class MediaPipeline(Protocol):
+    """Turns one kind of media part of a request into model input.
+
+    Asked through the ``media_pipeline`` hook with the ``kind`` of the parts a
+    request carries. Deliberately small for now: the engine only needs to know
+    that a model accepts the kind; encoding is shaped with the media work.
+    """
+
+    kind: str
+    """``"image"``, ``"audio"`` or ``"video"``."""
+
+    def prepare(self, parts: Sequence[dict]) -> Any:
+        """Decode and preprocess the request's parts of this kind (OpenAI content
+        part dicts) into what the model's forward pass consumes."""
+        ...
+
+
+@runtime_checkable
+class DraftSource(Protocol):
+    """A speculative-decoding proposer (``draft_source`` hook).
+
+    The target model verifies ``num_draft_tokens`` proposals per forward pass
+    (mlx-lm's ``speculative_generate_step``), so greedy output is unchanged; only
+    speed differs. :class:`mlxbun_core.model.DraftModel` is the ready-made record
+    for a small draft model.
+    """
+
+    model: Any
+    """An ``mlx.nn.Module`` sharing the target's vocabulary, called like the target
+    (``model(tokens, cache=...)`` returns logits)."""
+    num_draft_tokens: int
+    """Proposals per verification step."""
+    name: str
+    """Shown in the start-up banner and logs."""
+
+
+@runtime_checkable
+class GrammarBackend(Protocol):
+    """Compiles structured-output requests for one tokenizer.
+
+    Made by a factory registered through ``register_grammar_backends``; the grammar
+    registry caches compiled grammars and does the masking, so a backend only turns
+    a :class:`~mlxbun_core.grammar.request.GrammarRequest` into a
+    :class:`~mlxbun_core.grammar.base.CompiledGrammar` whose ``new_matcher()`` makes
+    per-request matchers (``consume(ids) -> bool``, ``fill(bitmask)``, ``error()``).
+    Raise :class:`~mlxbun_core.grammar.base.GrammarCompileError` for a constraint it
+    cannot enforce (the request then degrades with a warning).
+    """
+
+    name: str
+
+    def compile(self, req: GrammarRequest) -> CompiledGrammar:
+        ...
+
+
+GrammarBackendFactory = Callable[[Tokenizer], GrammarBackend]
+"""``factory(tokenizer)``: a backend bound to one tokenizer's vocabulary."""
+
+RegisterGrammarBackend = Callable[[str, GrammarBackendFactory], None]
+"""The ``register(name, factory)`` callable handed to ``register_grammar_backends``."""
