@@ -61,4 +61,4 @@ def test_serve_with_no_model_uses_the_embedded_default(smollm2_path):
         assert models["data"][0]["id"] == "SmolLM2-135M-Instruct"
     finally:
         proc.terminate()
-        proc.wait(10)
+        proc.wait(30)
