@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--prompt-cache", type=float, metavar="GB",
                    default=float(os.environ.get("MLXBUN_PROMPT_CACHE", "8")),
                    help="prefix KV cache size in GiB (default 8; 0 turns it off)")
+    s.add_argument("--api-key", default=os.environ.get("MLXBUN_API_KEY") or None,
+                   help="require 'Authorization: Bearer KEY' on every route; admin routes "
+                        "then also answer remote clients (default: no key, admin loopback-only)")
     s.add_argument("--grammar-backend", default=None,
                    help="structured-output backend (llguidance, xgrammar)")
     s.add_argument("--log-level", default=os.environ.get("MLXBUN_LOG_LEVEL", "info"))
@@ -115,7 +118,7 @@ def cmd_serve(args) -> int:
               f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     model = engine.model
-    app = build_app(engine)
+    app = build_app(engine, api_key=args.api_key)
     fallback = " (no family plugin claimed it)" if model.family == "generic" else ""
     spec = f" · speculative with draft {engine.draft.name}" if engine.draft else ""
     print(f"mlxbun: serving {model.id} [{model.kind}] via plugin '{model.plugin}'{fallback}{spec}\n"

@@ -8,6 +8,7 @@ import logging
 from blacksheep import Application, Request
 from blacksheep.server.routing import Router
 
+from . import guard
 from .common import json_response
 
 log = logging.getLogger("mlxbun.server")
@@ -23,8 +24,9 @@ SURFACES = (
 )
 
 
-def build_app(engine) -> Application:
+def build_app(engine, *, api_key: str | None = None) -> Application:
     app = Application(router=Router())  # not BlackSheep's process-wide default router
+    guard.install(app, api_key)
     app.stats_providers = {}  # name -> callable returning a JSON-able dict for /stats
     for modname in SURFACES:
         try:

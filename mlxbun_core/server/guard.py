@@ -1,0 +1,77 @@
+"""Who may call what, in one place (a middleware), not a check per route.
+
+- ``--api-key KEY`` (or ``MLXBUN_API_KEY``): every route except ``GET /health``
+  requires ``Authorization: Bearer KEY`` (OpenAI clients) or ``x-api-key: KEY``
+  (Anthropic clients); anything else is a 401.
+- Admin routes (those that read or write the filesystem or start jobs: paths
+  under the prefixes in ``ADMIN_PREFIXES`` plus any a module adds with
+  :func:`admin_route`) answer loopback clients only, unless an API key is
+  configured (then the key is what authorizes). A remote client gets a 403.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from typing import Optional
+
+from blacksheep import Request
+
+from .common import json_response
+
+ADMIN_PREFIXES = ("/api/", "/admin/", "/v1/adapters")
+OPEN_PATHS = ("/health",)
+
+
+def is_loopback(request: Request) -> bool:
+    """True for 127.0.0.0/8, ::1 (IPv4-mapped too) and unix-socket clients."""
+    ip = request.scope.get("client")
+    if not ip:  # a unix socket: the isolation parent on this machine
+        return True
+    try:
+        addr = ipaddress.ip_address(ip[0])
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return addr.is_loopback
+
+
+def _error(status: int, kind: str, message: str, anthropic: bool):
+    if anthropic:
+        return json_response({"type": "error", "error": {"type": kind, "message": message}}, status)
+    return json_response({"error": {"message": message, "type": kind}}, status)
+
+
+def _presented_key(request: Request) -> Optional[str]:
+    auth = request.get_first_header(b"authorization")
+    if auth and auth[:7].lower() == b"bearer ":
+        return auth[7:].decode("latin-1").strip()
+    key = request.get_first_header(b"x-api-key")
+    return key.decode("latin-1").strip() if key else None
+
+
+def admin_route(app, prefix: str) -> None:
+    """Mark every path under ``prefix`` as an admin route of ``app``."""
+    app.admin_prefixes = tuple(getattr(app, "admin_prefixes", ADMIN_PREFIXES)) + (prefix,)
+
+
+def install(app, api_key: Optional[str]) -> None:
+    """Add the guard middleware to ``app`` (first, so nothing runs before it)."""
+    app.admin_prefixes = getattr(app, "admin_prefixes", ADMIN_PREFIXES)
+    expected = api_key.encode() if api_key else None
+
+    async def guard(request: Request, handler):
+        path = request.path
+        anthropic = path.startswith("/v1/messages")
+        if expected is not None and path not in OPEN_PATHS:
+            got = _presented_key(request)
+            if got is None or not hmac.compare_digest(got.encode(), expected):
+                return _error(401, "authentication_error", "invalid or missing API key "
+                              "(send Authorization: Bearer <key>)", anthropic)
+        elif path.startswith(app.admin_prefixes) and not is_loopback(request):
+            return _error(403, "permission_error", "this route answers loopback clients only; "
+                          "start the server with --api-key to allow remote clients", anthropic)
+        return await handler(request)
+
+    app.middlewares.insert(0, guard)
