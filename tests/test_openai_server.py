@@ -355,6 +355,7 @@ def test_p2r_trace_records_phases_when_enabled(srv, client, capfd, monkeypatch):
     assert chat["route"] == "/v1/chat/completions" and chat["clock"] == "monotonic-ms"
     phases = [e["phase"] for e in chat["events"]]
     for p in ("request.body_parse", "request.prompt_prepare", "completion.total",
+              "engine.admission_wait", "cache.lookup_restore", "prefill.total",
               "token_zero.total", "response.final_write"):
         assert p in phases
     assert comp["traceId"] == comp["requestId"] and "response.first_write" in [

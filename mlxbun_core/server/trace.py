@@ -63,6 +63,14 @@ class Trace:
         t = fin.timings
         self.span("completion.total", started, started + t.get("total_s", 0.0),
                   lane=fin.usage.lane, completion_tokens=fin.usage.completion_tokens)
+        at = started  # the lane's phases, in order, from the job's own clock
+        for phase, key, attrs in (
+                ("engine.admission_wait", "admission_wait_s", {}),
+                ("cache.lookup_restore", "cache_lookup_s", {"cached_tokens": fin.usage.cached_tokens}),
+                ("prefill.total", "prefill_s", {"prompt_tokens": fin.usage.prompt_tokens})):
+            if key in t:
+                self.span(phase, at, at + t[key], **attrs)
+                at += t[key]
         if "ttft_s" in t:
             self.span("token_zero.total", started, started + t["ttft_s"],
                       prompt_tokens=fin.usage.prompt_tokens)
