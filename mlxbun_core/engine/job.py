@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import threading
 import time
+import weakref
 from typing import Any, Callable, Optional
 
 from ..events import Admitted
@@ -18,20 +19,53 @@ from .session import GenerationRequest, GenerationSession
 _ids = itertools.count(1)
 
 
+class _Courier:
+    """Carries event batches of many requests to one event loop in a single wake-up.
+
+    The worker posts for every row of a batch each step; the first post of a burst
+    schedules one delivery on the loop, later posts of the same burst ride along.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._pending: list = []
+
+    def post(self, q: asyncio.Queue, events: list) -> None:
+        with self._lock:
+            first = not self._pending
+            self._pending.append((q, events))
+        if first:
+            try:
+                self.loop.call_soon_threadsafe(self._deliver)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                with self._lock:
+                    self._pending.clear()
+
+    def _deliver(self) -> None:
+        with self._lock:
+            batch, self._pending = self._pending, []
+        for q, events in batch:
+            q.put_nowait(events)
+
+
+_couriers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Courier]" = \
+    weakref.WeakKeyDictionary()
+
+
 class EventSink:
     """Hands event batches from the worker thread to one request's asyncio queue."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
         self.queue: asyncio.Queue = asyncio.Queue()
+        courier = _couriers.get(loop)
+        if courier is None:
+            courier = _couriers[loop] = _Courier(loop)
+        self._courier = courier
 
     def post(self, events: list) -> None:
-        if not events:
-            return
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, events)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            pass
+        if events:
+            self._courier.post(self.queue, events)
 
 
 class Job:
