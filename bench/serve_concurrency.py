@@ -195,7 +195,6 @@ def main():
     rng = random.Random(3)
     n_prompts = max(args.concurrency) * args.requests
     prompts = [random_prompt(tok, args.prompt_tokens, rng) for _ in range(n_prompts)]
-    history = random_prompt(tok, args.history_tokens, rng)
 
     pa, pb = free_port(), free_port()
     servers = {
@@ -222,6 +221,7 @@ def main():
                     print(f"round {rnd} c={conc} {name}: {res['aggregate_tps']:.1f} tok/s, "
                           f"ttft {res['ttft_median_s']}, failed {res['failed']}", flush=True)
             batchgen.append(batch_generator(model, tok, prompts, args.batchgen, args.max_tokens))
+            history = random_prompt(tok, args.history_tokens, random.Random(1000 + rnd))  # unseen
             for name in order:
                 turns[name].append(asyncio.run(second_turn(servers[name][0], history,
                                                            random.Random(rnd))))
