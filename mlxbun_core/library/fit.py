@@ -1,0 +1,335 @@
+"""Will a model fit: KV bytes per token, the memory plan, and a predicted decode rate.
+
+Everything here except :func:`machine` is a pure function of a checkpoint's
+``config.json``, its weight bytes and a memory budget, so start-up admission,
+``GET /fit``, ``GET /library`` and ``mlxbun fit`` compute the same numbers.
+
+The KV formula, per decoder layer (``e`` = bytes per cached element: 2 for
+bf16/fp16, 4 for fp32, ``bits/8 + 2*e_scale/group`` for a quantized cache)::
+
+    full attention     tokens            x kv_heads x head_dim x 2 (K and V) x e
+    sliding window     min(tokens, W)    x kv_heads x head_dim x 2 x e
+    latent (MLA)       tokens x (kv_lora_rank + qk_rope_head_dim) x e
+                       (+ tokens x index_head_dim x 2 x e for a sparse-attention indexer)
+    linear attention   fixed: (conv_kernel - 1) x conv_dim x e_act
+                              + v_heads x v_head_dim x k_head_dim x 4 (fp32 recurrent state)
+    KV-shared layer    0 (reads an earlier layer's cache)
+
+Layer kinds come from the config's schema (``layer_types``, ``sliding_window_pattern``,
+``full_attention_interval``, ``num_kv_shared_layers``), never from a family name.
+Full-attention layers of a config with ``global_head_dim`` / ``num_global_key_value_heads``
+use those. The memory plan adds the prefill transient (one prefill chunk of fp32
+logits and MLP activations) to the weights and the KV at a context length;
+``max_safe_context`` is the longest context whose plan stays within the budget.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+log = logging.getLogger("mlxbun.fit")
+
+PREFILL_CHUNK = 2048  # mlx-lm's generate_step prefill step
+DECODE_EFFICIENCY = 0.8  # share of peak bandwidth a decode step achieves in practice
+NO_LIMIT_CONTEXT = 1 << 24  # search ceiling when the config names no context length
+
+DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
+               "float64": 8, "int8": 1, "uint8": 1}
+
+__all__ = ["KVLayout", "MemoryPlan", "Machine", "text_config", "activation_bytes",
+           "kv_element_bytes", "kv_layout", "kv_bytes_per_token", "plan", "machine",
+           "predicted_decode_tps", "context_window"]
+
+
+def text_config(config: dict) -> dict:
+    """The language model's config: ``text_config`` of a multimodal checkpoint, else itself."""
+    inner = config.get("text_config")
+    return inner if isinstance(inner, dict) and inner else config
+
+
+def context_window(config: dict) -> Optional[int]:
+    """The trained context length the config states, or None."""
+    for c in (text_config(config), config):
+        v = c.get("max_position_embeddings")
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def activation_bytes(config: dict) -> int:
+    """Bytes per activation element, from the config's ``torch_dtype``/``dtype`` (default 2)."""
+    for c in (text_config(config), config):
+        for key in ("torch_dtype", "dtype"):
+            v = c.get(key)
+            if isinstance(v, str) and v.replace("torch.", "") in DTYPE_BYTES:
+                return DTYPE_BYTES[v.replace("torch.", "")]
+    return 2
+
+
+def kv_element_bytes(dtype_bytes: int = 2, bits: Optional[int] = None, group_size: int = 64) -> float:
+    """Bytes per cached K/V element: the activation dtype, or a ``bits``-bit quantized cache
+    (mlx-lm's QuantizedKVCache keeps a scale and a bias per group in the activation dtype)."""
+    if not bits:
+        return float(dtype_bytes)
+    return bits / 8 + 2 * dtype_bytes / group_size
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What a model's cache costs as the context grows."""
+
+    full_bytes_per_token: float  # every unbounded layer, summed
+    windows: tuple = ()  # ((window_tokens, bytes_per_token), ...) of sliding layers
+    fixed_bytes: int = 0  # recurrent state, independent of length
+    layers: dict = field(default_factory=dict)  # layer count per kind
+
+    def bytes_at(self, tokens: int) -> int:
+        """Cache bytes holding ``tokens`` tokens of context."""
+        tokens = max(0, int(tokens))
+        total = self.full_bytes_per_token * tokens + self.fixed_bytes
+        total += sum(per * min(tokens, w) for w, per in self.windows)
+        return int(round(total))
+
+    @property
+    def bytes_per_token(self) -> float:
+        """Marginal cost of one more token while every window still has room."""
+        return self.full_bytes_per_token + sum(per for _, per in self.windows)
+
+    def describe(self) -> dict:
+        return {"bytes_per_token": self.bytes_per_token,
+                "full_bytes_per_token": self.full_bytes_per_token,
+                "windows": [{"window": w, "bytes_per_token": per} for w, per in self.windows],
+                "fixed_bytes": self.fixed_bytes, "layers": dict(self.layers)}
+
+
+_KIND = {"full_attention": "full", "attention": "full", "global": "full",
+         "sliding_attention": "sliding", "local": "sliding", "sliding": "sliding",
+         "linear_attention": "linear"}
+
+
+def _layer_kinds(t: dict) -> list[str]:
+    n = int(t.get("num_hidden_layers") or 0)
+    types = t.get("layer_types")
+    window = t.get("sliding_window")
+    if isinstance(types, list) and len(types) >= n:
+        kinds = [_KIND.get(str(x), "full") for x in types[:n]]
+    elif t.get("sliding_window_pattern") and window:
+        p = int(t["sliding_window_pattern"])
+        kinds = ["full" if i % p == p - 1 else "sliding" for i in range(n)]
+    elif t.get("full_attention_interval") and t.get("linear_num_value_heads"):
+        k = int(t["full_attention_interval"])
+        kinds = ["full" if (i + 1) % k == 0 else "linear" for i in range(n)]
+    else:
+        kinds = ["full"] * n
+    if not window:
+        kinds = ["full" if k == "sliding" else k for k in kinds]
+    shared = int(t.get("num_kv_shared_layers") or 0)
+    for i in range(max(0, n - shared), n):
+        kinds[i] = "shared"
+    return kinds
+
+
+def _attention_bytes(t: dict, kind: str, e: float) -> float:
+    """Per-token bytes of one attention layer's cache."""
+    if t.get("kv_lora_rank"):
+        per = (t["kv_lora_rank"] + (t.get("qk_rope_head_dim") or 0)) * e
+        if t.get("index_head_dim"):
+            per += 2 * t["index_head_dim"] * e  # indexer keys + mlx-lm's zero values
+        return per
+    heads = t.get("num_attention_heads") or 1
+    kvh = t.get("num_key_value_heads") or heads
+    hd = t.get("head_dim") or (t.get("hidden_size", 0) // heads)
+    if kind == "full":
+        hd = t.get("global_head_dim") or hd
+        if t.get("attention_k_eq_v") and t.get("num_global_key_value_heads"):
+            kvh = t["num_global_key_value_heads"]
+    return kvh * hd * 2 * e
+
+
+def _linear_state_bytes(t: dict, act: int) -> int:
+    """Fixed state of a gated-delta linear-attention layer: conv tail + fp32 recurrence."""
+    kh, kd = t.get("linear_num_key_heads") or 0, t.get("linear_key_head_dim") or 0
+    vh, vd = t.get("linear_num_value_heads") or 0, t.get("linear_value_head_dim") or 0
+    conv_dim = 2 * kh * kd + vh * vd
+    conv = max(0, (t.get("linear_conv_kernel_dim") or 1) - 1) * conv_dim * act
+    return int(conv + vh * vd * kd * 4)
+
+
+def kv_layout(config: dict, element_bytes: Optional[float] = None) -> KVLayout:
+    """The cache cost of ``config`` at ``element_bytes`` per K/V element (default: its dtype)."""
+    t = text_config(config)
+    act = activation_bytes(config)
+    e = float(element_bytes if element_bytes is not None else act)
+    full, fixed, windows, counts = 0.0, 0, {}, {}
+    for kind in _layer_kinds(t):
+        counts[kind] = counts.get(kind, 0) + 1
+        if kind == "full":
+            full += _attention_bytes(t, kind, e)
+        elif kind == "sliding":
+            w = int(t["sliding_window"])
+            windows[w] = windows.get(w, 0.0) + _attention_bytes(t, kind, e)
+        elif kind == "linear":
+            fixed += _linear_state_bytes(t, act)
+    return KVLayout(full, tuple(sorted(windows.items())), fixed, counts)
+
+
+def kv_bytes_per_token(config: dict, element_bytes: Optional[float] = None) -> float:
+    """Marginal KV bytes per token below every sliding window (see the module formula)."""
+    return kv_layout(config, element_bytes).bytes_per_token
+
+
+def transient_bytes(config: dict, tokens: int, chunk: int = PREFILL_CHUNK) -> int:
+    """Peak scratch of one prefill chunk: fp32 logits over the vocabulary plus
+    the widest MLP activation, four buffers deep."""
+    t = text_config(config)
+    vocab = t.get("vocab_size") or config.get("vocab_size") or 0
+    width = max(t.get("hidden_size") or 0, t.get("intermediate_size") or 0,
+                t.get("moe_intermediate_size") or 0)
+    return int(min(max(tokens, 1), chunk) * (vocab + 4 * width) * 4)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    weights_bytes: int
+    kv: KVLayout
+    usable_bytes: int
+    context_tokens: int  # the context this plan was assessed at
+    kv_bytes: int
+    transient_bytes: int
+    total_bytes: int
+    max_safe_context: int
+    context_window: Optional[int]
+    fits: bool
+
+    def report(self) -> dict:
+        d = asdict(self)
+        d["kv"] = self.kv.describe()
+        d["kv_bytes_per_token"] = self.kv.bytes_per_token
+        return d
+
+
+def _need(config, kv: KVLayout, weights: int, tokens: int) -> int:
+    return weights + kv.bytes_at(tokens) + transient_bytes(config, tokens)
+
+
+def plan(config: dict, weights_bytes: int, budget_bytes: int, *, context: Optional[int] = None,
+         element_bytes: Optional[float] = None) -> MemoryPlan:
+    """The memory plan of ``config`` with ``weights_bytes`` of weights under ``budget_bytes``.
+
+    ``max_safe_context`` is the largest context (capped at the config's trained
+    length) with weights + KV + prefill transient within the budget; 0 when not even
+    one token fits. ``context`` (default: that maximum, or the trained length when
+    nothing fits) is the length the totals are reported at; ``fits`` says whether it fits.
+    """
+    kv = kv_layout(config, element_bytes)
+    window = context_window(config)
+    hi = window or NO_LIMIT_CONTEXT
+    lo = 0
+    if _need(config, kv, weights_bytes, 1) <= budget_bytes:
+        lo = 1
+        while lo < hi:  # largest tokens with need <= budget (need grows with tokens)
+            mid = (lo + hi + 1) // 2
+            if _need(config, kv, weights_bytes, mid) <= budget_bytes:
+                lo = mid
+            else:
+                hi = mid - 1
+    at = context if context is not None else (lo or window or PREFILL_CHUNK)
+    kvb, tb = kv.bytes_at(at), transient_bytes(config, at)
+    total = weights_bytes + kvb + tb
+    return MemoryPlan(weights_bytes, kv, budget_bytes, at, kvb, tb, total, lo, window,
+                      fits=lo > 0 and at <= lo)
+
+
+def predicted_decode_tps(active_weight_bytes: int, kv_bytes: int, bandwidth_gbs: float) -> float:
+    """Decode is memory-bound: each token streams the active weights and the live KV once."""
+    moved = active_weight_bytes + kv_bytes
+    if moved <= 0 or not bandwidth_gbs:
+        return 0.0
+    return round(bandwidth_gbs * 1e9 * DECODE_EFFICIENCY / moved, 2)
+
+
+# ---------------------------------------------------------------- the machine
+
+@dataclass(frozen=True)
+class Machine:
+    device: str  # "gpu" (Metal or CUDA) or "cpu"
+    name: str
+    total_bytes: int
+    usable_bytes: int  # what MLX lets this process allocate
+    bandwidth_gbs: float
+    bandwidth_source: str  # "table", "env" or "measured"
+
+    def describe(self) -> dict:
+        return {"device": self.device, "chip": self.name, "ram_bytes": self.total_bytes,
+                "usable_bytes": self.usable_bytes, "bandwidth_gbs": self.bandwidth_gbs,
+                "bandwidth_source": self.bandwidth_source}
+
+
+# Peak memory bandwidth (GB/s) by device-name pattern; first match wins.
+BANDWIDTH_GBS = (
+    (r"M\d Ultra", 800.0), (r"M4 Max", 546.0), (r"M\d Max", 400.0), (r"M4 Pro", 273.0),
+    (r"M3 Pro", 150.0), (r"M\d Pro", 200.0), (r"M4\b", 120.0), (r"M[23]\b", 100.0),
+    (r"M1\b", 68.0), (r"B200", 8000.0), (r"H200", 4800.0), (r"H100 PCIe", 2000.0),
+    (r"H100", 3350.0), (r"A100", 2039.0), (r"L40S", 864.0), (r"RTX 5090", 1792.0),
+    (r"RTX 4090", 1008.0), (r"RTX 3090", 936.0), (r"A10\b", 600.0), (r"L4\b", 300.0),
+)
+
+
+def system_ram_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _measured_bandwidth_gbs() -> float:
+    """Best of a few 64 MiB copies (read + write), for CPUs no table knows."""
+    import numpy as np
+
+    src = np.ones(64 << 20, dtype=np.uint8)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(4):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return round(2 * src.nbytes / best / 1e9, 1)
+
+
+def _bandwidth(name: str) -> tuple[float, str]:
+    env = os.environ.get("MLXBUN_BANDWIDTH_GBS")
+    if env:
+        try:
+            return float(env), "env"
+        except ValueError:
+            log.warning("MLXBUN_BANDWIDTH_GBS=%r is not a number; ignored", env)
+    for pattern, gbs in BANDWIDTH_GBS:
+        if re.search(pattern, name):
+            return gbs, "table"
+    return _measured_bandwidth_gbs(), "measured"
+
+
+@functools.lru_cache(maxsize=2)
+def machine(probe_mlx: bool = True) -> Machine:
+    """This machine as MLX sees it: Metal's recommended working set, else MLX's memory
+    limit (CUDA, or 80% of RAM on the CPU backend). ``probe_mlx=False`` (the isolation
+    parent, which never touches MLX) reports system RAM only."""
+    ram = system_ram_bytes()
+    name, device, usable, total = os.uname().machine, "cpu", ram, ram
+    if probe_mlx:
+        import mlx.core as mx
+
+        info = mx.device_info()
+        name = str(info.get("device_name") or info.get("architecture") or name)
+        total = int(info.get("memory_size") or info.get("total_memory") or ram)
+        device = "gpu" if mx.default_device() == mx.gpu else "cpu"
+        usable = int(info.get("max_recommended_working_set_size") or mx.get_memory_limit() or total)
+        usable = min(usable, total) if total else usable
+    gbs, source = _bandwidth(name)
+    return Machine(device, name, total, usable, gbs, source)
