@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--prompt-cache", type=float, metavar="GB",
                    default=float(os.environ.get("MLXBUN_PROMPT_CACHE", "8")),
                    help="prefix KV cache size in GiB (default 8; 0 turns it off)")
+    s.add_argument("--memory-budget", type=float, metavar="GB", default=None,
+                   help="memory the model, its KV and prefill may use, in GB (10^9 bytes); "
+                        "sets max_safe_context and row admission (default: what MLX reports)")
     s.add_argument("--api-key", default=os.environ.get("MLXBUN_API_KEY") or None,
                    help="require 'Authorization: Bearer KEY' on every route; admin routes "
                         "then also answer remote clients (default: no key, admin loopback-only)")
@@ -108,7 +111,9 @@ def cmd_serve(args) -> int:
         options = LoadOptions(embedding=args.embedding, extra={
             "draft_model": args.draft_model, "num_draft_tokens": args.num_draft_tokens})
         engine = Engine.load(args.model, options, defaults=defaults, max_tokens=args.max_tokens,
-                             batch=args.batch, prompt_cache_bytes=int(args.prompt_cache * (1 << 30)))
+                             batch=args.batch, prompt_cache_bytes=int(args.prompt_cache * (1 << 30)),
+                             memory_budget_bytes=int(args.memory_budget * 1e9)
+                             if args.memory_budget else None)
     except (ModelNotFound, loader.NoPluginClaimed) as exc:
         print(f"mlxbun: {exc}", file=sys.stderr)
         return 2

@@ -13,13 +13,14 @@ import threading
 import time
 from typing import AsyncIterator, Optional
 
-from ..errors import APIError, BadRequest, Unavailable
+from ..errors import BadRequest, Unavailable
 from ..events import Done, Event, Finish, Usage
 from ..model import LoadedModel, LoadOptions
 from .job import EventSink, GenerationJob
 from .lanes.batch import BatchLane
 from .lanes.serial import SerialLane
 from .prepare import Prepared, prepare
+from .admission import Admission
 from .prompt_cache import PrefixCache
 from .request import ChatRequest, CompletionRequest, GenerationInput, parse_chat, parse_completion
 from .session import GenerationRequest
@@ -76,16 +77,18 @@ class Engine:
     def __init__(self, model: LoadedModel, *, worker: Optional[ModelWorker] = None,
                  defaults: Optional[dict] = None, max_tokens: Optional[int] = None,
                  draft=None, batch: int = DEFAULT_BATCH,
-                 prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES):
+                 prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
+                 memory_budget_bytes: Optional[int] = None):
         self.model = model
         self.draft = draft  # a contract.DraftSource: every request then decodes speculatively
         self.worker = worker or ModelWorker()
         self.prefix = PrefixCache(prompt_cache_bytes)
+        self.admission = Admission(model, memory_budget_bytes)
         self.batch = 1 if draft is not None else max(1, batch)
         if not self.worker.lanes:
-            serial = SerialLane(model.model, self.prefix)
-            self.worker.lanes = ([BatchLane(model.model, self.batch, self.prefix), serial]
-                                 if self.batch > 1 else [serial])
+            serial = SerialLane(model.model, self.prefix, self.admission)
+            self.worker.lanes = ([BatchLane(model.model, self.batch, self.prefix, self.admission),
+                                  serial] if self.batch > 1 else [serial])
         # generation_config.json values, then operator flags on top; requests win over both
         self.defaults = {**model.generation_defaults, **(defaults or {})}
         self.max_tokens = max_tokens
@@ -170,16 +173,9 @@ class Engine:
             return None
         return (self.model.id, str(self.model.path), req.adapter or "", "kv:native")
 
-    def effective_limit(self, req: GenerationRequest) -> Optional[int]:
-        ctx = self.model.context_window
-        if ctx is None:
-            return req.max_tokens
-        room = ctx - len(req.prompt_tokens)
-        if room <= 0:
-            raise APIError(f"prompt has {len(req.prompt_tokens)} tokens; the context window "
-                           f"is {ctx}", status=400, type="memory_admission",
-                           code="context_over_budget")
-        return room if req.max_tokens is None else min(req.max_tokens, room)
+    def effective_limit(self, req: GenerationRequest) -> int:
+        """The completion budget after admission (400 when the prompt leaves no room)."""
+        return self.admission.limit(len(req.prompt_tokens), req.max_tokens)
 
     def _finished(self, fin: Finish) -> None:
         self.completed += 1

@@ -130,6 +130,7 @@ class GenerationJob(Job):
         self.session = GenerationSession(request, tokenizer, limit)
         self.sink = sink
         self.started: Optional[float] = None
+        self.reserved_bytes = 0  # KV held against the memory budget while it runs
 
     def mark_started(self, lane: str) -> None:
         """The job leaves the waiting queue and starts on ``lane``."""

@@ -62,9 +62,7 @@ def register(app, engine):
             "requests": engine.stats(),
             "batch": engine.batch_stats(),
             "prompt_cache": engine.prefix.stats(),
-            "admission": {"max_safe_context": engine.model.context_window,
-                          "enforced_context_tokens": engine.model.context_window,
-                          "max_waiting": engine.worker.max_waiting},
+            "admission": {**engine.admission.stats(), "max_waiting": engine.worker.max_waiting},
             "grammar": grammars.stats(),
             "speculation": ({"draft": engine.draft.name,
                              "num_draft_tokens": engine.draft.num_draft_tokens}

@@ -94,15 +94,19 @@ class BatchLane:
     def _admit(self) -> None:
         while self._queue and len(self._rows) < self.cap:
             job = self._queue[0]
-            if self.admission is not None and not self.admission.fits(job, self._reserved()):
-                if self._rows:
+            if self.admission is not None:
+                if not self.admission.fits(job) and self._rows:
                     return  # wait for a row to finish and free its KV
-                # alone it must run (admission already bounded its limit at start)
+                # alone it must run: its limit was bounded to the budget at start
+                self.admission.reserve(job)
             self._queue.popleft()
             self._insert(job)
 
-    def _reserved(self) -> list:
-        return [row.job for row in self._rows.values()]
+    def _forget(self, uid: int) -> _Row:
+        row = self._rows.pop(uid)
+        if self.admission is not None:
+            self.admission.release(row.job)
+        return row
 
     def _insert(self, job: GenerationJob) -> None:
         job.mark_started(self.name)
@@ -154,7 +158,7 @@ class BatchLane:
                 events += job.session.finish("stop")  # only EOS could follow: skip that step
             job.emit(events)
         if r.finish_reason is not None:  # the generator already dropped the row
-            del self._rows[r.uid]
+            self._forget(r.uid)
             if not job.finished:
                 job.close("length")
             self._publish(job, r.all_tokens, r.prompt_cache)
@@ -162,7 +166,7 @@ class BatchLane:
             self._remove(r.uid, publish=True)
 
     def _remove(self, uid: int, publish: bool) -> None:
-        row = self._rows.pop(uid)
+        row = self._forget(uid)
         want = publish and row.job.cache_namespace is not None and self.prefix is not None
         caches = self._gen.remove([uid], return_prompt_caches=want)
         if want and uid in caches:
@@ -191,9 +195,8 @@ class BatchLane:
                 job.close("cancelled")
 
     def _fail_all(self, error: str, reason: str = "error") -> None:
-        rows, self._rows = self._rows, {}
-        for row in rows.values():
-            row.job.close(reason, error)
+        for uid in list(self._rows):
+            self._forget(uid).job.close(reason, error)
         if self._gen is not None and reason == "error":
             self._gen.close()
             self._gen = None

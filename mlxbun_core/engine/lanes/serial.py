@@ -25,9 +25,11 @@ log = logging.getLogger("mlxbun.engine")
 class SerialLane:
     name = "serial"
 
-    def __init__(self, model, prefix: Optional[PrefixCache] = None, prefill_step: int = 2048):
+    def __init__(self, model, prefix: Optional[PrefixCache] = None, admission=None,
+                 prefill_step: int = 2048):
         self.model = model  # the mlx.nn.Module
         self.prefix = prefix
+        self.admission = admission
         self.prefill_step = prefill_step
         self._queue: collections.deque[GenerationJob] = collections.deque()
         self._job: Optional[GenerationJob] = None
@@ -84,6 +86,8 @@ class SerialLane:
                 job.close("cancelled")
                 continue
             job.mark_started(self.name)
+            if self.admission is not None:  # counted, never held back: one job always fits
+                self.admission.reserve(job)
             if job.request.sampling.seed is not None:
                 import mlx.core as mx
 
@@ -97,6 +101,8 @@ class SerialLane:
         self._job = self._steps = self._kv = None
         if steps is not None:
             steps.close()  # frees the KV cache now, not at the next GC
+        if self.admission is not None:
+            self.admission.release(job)
         if close is not None:
             close(*args)
         if publish and kv is not None:

@@ -1,0 +1,90 @@
+"""Memory admission: how long a context fits, and how many rows may decode at once.
+
+The numbers come from :mod:`mlxbun_core.library.fit` (KV bytes per token from the
+config: layers, KV heads, head dim, sliding windows, recurrent state, dtype), so
+``/stats``, ``/fit`` and admission agree. The budget is ``--memory-budget``, else
+what MLX reports the device may use (Metal's working set, CUDA's memory, or most
+of the system RAM on the CPU backend).
+
+- At start: a prompt that leaves no room in ``max_safe_context`` is a 400
+  ``context_over_budget``; a broad ``max_tokens`` (or none) is clamped to the room
+  left, never rejected.
+- In the batch lane: a row is admitted only when its worst-case KV (prompt plus its
+  completion budget) fits beside the rows already running; otherwise it waits.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+from ..errors import APIError
+from ..library import fit
+
+
+def weight_bytes(module) -> int:
+    """Bytes of a model's parameters (shape arithmetic only: nothing is evaluated)."""
+    from mlx.utils import tree_flatten
+
+    return sum(v.nbytes for _, v in tree_flatten(module.parameters()))
+
+
+class Admission:
+    def __init__(self, model, budget_bytes: Optional[int] = None):
+        self.weights_bytes = weight_bytes(model.model)
+        machine = fit.machine()
+        self.budget_bytes = int(budget_bytes) if budget_bytes else machine.usable_bytes
+        self.budget_source = "--memory-budget" if budget_bytes else f"{machine.device} (MLX)"
+        self.plan = fit.plan(model.config, self.weights_bytes, self.budget_bytes)
+        self.layout = self.plan.kv
+        window = model.context_window or fit.NO_LIMIT_CONTEXT
+        self.max_safe_context = self.plan.max_safe_context
+        self.enforced_context = min(window, self.max_safe_context)
+        # what every running row's KV may add up to: the budget less the weights and the
+        # scratch of one prefill chunk (as long as the longest admitted context)
+        chunk = min(fit.PREFILL_CHUNK, max(1, self.enforced_context))
+        self.kv_room = (self.budget_bytes - self.weights_bytes
+                        - fit.transient_bytes(model.config, chunk))
+        self._lock = threading.Lock()
+        self.reserved_bytes = 0
+        self.waits = 0  # times a row had to wait for memory
+
+    def limit(self, prompt_tokens: int, max_tokens: Optional[int]) -> int:
+        """The completion budget of a request: 400 when the prompt leaves no room."""
+        room = self.enforced_context - prompt_tokens
+        if room <= 0:
+            raise APIError(
+                f"prompt has {prompt_tokens} tokens; this server admits at most "
+                f"{self.enforced_context} tokens of context (the model's window and a memory "
+                f"budget of {self.budget_bytes / 1e9:.1f} GB)", status=400,
+                type="memory_admission", code="context_over_budget")
+        return room if max_tokens is None else min(max_tokens, room)
+
+    def row_bytes(self, job) -> int:
+        return self.layout.bytes_at(len(job.request.prompt_tokens) + (job.limit or 0))
+
+    def fits(self, job) -> bool:
+        """Whether ``job`` fits beside every row already reserved."""
+        ok = self.reserved_bytes + self.row_bytes(job) <= self.kv_room
+        if not ok:
+            self.waits += 1
+        return ok
+
+    def reserve(self, job) -> None:
+        with self._lock:
+            job.reserved_bytes = self.row_bytes(job)
+            self.reserved_bytes += job.reserved_bytes
+
+    def release(self, job) -> None:
+        with self._lock:
+            self.reserved_bytes -= getattr(job, "reserved_bytes", 0)
+            job.reserved_bytes = 0
+
+    def stats(self) -> dict:
+        return {"budget_bytes": self.budget_bytes, "budget_source": self.budget_source,
+                "weights_bytes": self.weights_bytes,
+                "kv_bytes_per_token": self.layout.bytes_per_token,
+                "max_safe_context": self.max_safe_context,
+                "enforced_context_tokens": self.enforced_context,
+                "kv_room_bytes": self.kv_room, "reserved_kv_bytes": self.reserved_bytes,
+                "memory_waits": self.waits}
