@@ -1,7 +1,8 @@
 """Many clients at once: mlxbun against mlx_lm.server on the same checkpoint, same run.
 
-Both servers run side by side on one checkpoint; load phases alternate A B A B for
-``--rounds`` rounds so background load hits both alike. Per concurrency level, every
+Both servers run side by side on one checkpoint, as fresh processes every round (nothing a
+round leaves behind carries over); load phases alternate A B / B A for ``--rounds`` rounds so
+background load hits both alike. Per concurrency level, every
 client sends ``--requests`` streaming /v1/completions requests back to back, each with
 its own random prompt of ``--prompt-tokens`` tokens (so no prompt cache helps either
 side), greedy, ``--max-tokens`` new tokens. Reported per level: aggregate tok/s (all
@@ -142,6 +143,18 @@ async def second_turn(base: str, history: str, rng: random.Random) -> dict:
     return {"first_ttft_s": t1, "second_ttft_s": t2, "ratio": t2 / t1}
 
 
+def direct_decode(model, tok, prompt: str, n: int) -> float:
+    """mlx-lm's own single-stream decode tok/s (the floor and a machine-drift check)."""
+    from mlx_lm.generate import generate_step
+    import mlx.core as mx
+
+    first, count = None, 0
+    for _ in generate_step(mx.array(tok.encode(prompt)), model, max_tokens=n):
+        count += 1
+        first = first or time.perf_counter()
+    return (count - 1) / (time.perf_counter() - first)
+
+
 def batch_generator(model, tok, prompts, batch: int, max_tokens: int) -> dict:
     import mlx.core as mx
     from mlx_lm.generate import BatchGenerator
@@ -159,6 +172,8 @@ def batch_generator(model, tok, prompts, batch: int, max_tokens: int) -> dict:
     mx.synchronize()
     wall = time.perf_counter() - t0
     gen.close()
+    del gen
+    mx.clear_cache()  # give the memory back before the servers run again
     return {"aggregate_tps": n / wall, "tokens": n, "wall_s": wall}
 
 
@@ -195,41 +210,53 @@ def main():
     rng = random.Random(3)
     n_prompts = max(args.concurrency) * args.requests
     prompts = [random_prompt(tok, args.prompt_tokens, rng) for _ in range(n_prompts)]
+    warm = [random_prompt(tok, args.prompt_tokens, rng) for _ in range(2)]  # never measured
 
-    pa, pb = free_port(), free_port()
-    servers = {
-        "mlxbun": (f"http://127.0.0.1:{pa}", start(
-            [sys.executable, "-m", "mlxbun_core.cli", "serve", str(ckpt), "--port", str(pa),
-             "--batch", str(args.mlxbun_batch), "--log-level", "warning"], pa, "/tmp/bench-mlxbun.log")),
-        "mlx_lm.server": (f"http://127.0.0.1:{pb}", start(
-            [sys.executable, "-m", "mlx_lm.server", "--model", str(ckpt), "--port", str(pb)],
-            pb, "/tmp/bench-mlx_lm.log")),
+    commands = {
+        "mlxbun": lambda port: [sys.executable, "-m", "mlxbun_core.cli", "serve", str(ckpt),
+                                "--port", str(port), "--batch", str(args.mlxbun_batch),
+                                "--log-level", "warning"],
+        "mlx_lm.server": lambda port: [sys.executable, "-m", "mlx_lm.server", "--model", str(ckpt),
+                                       "--port", str(port)],
     }
-    results = {name: {c: [] for c in args.concurrency} for name in servers}
-    turns = {name: [] for name in servers}
-    batchgen = []
-    try:
-        for name, (base, _) in servers.items():  # warm-up: kernels, caches
-            asyncio.run(load_phase(base, 2, 1, prompts, 8))
-        for rnd in range(args.rounds):
+    results = {name: {c: [] for c in args.concurrency} for name in commands}
+    turns = {name: [] for name in commands}
+    batchgen, direct = [], []
+    batch_generator(model, tok, warm * args.batchgen, args.batchgen, 4)  # compile its kernels
+    for rnd in range(args.rounds):
+        # fresh server processes every round: nothing one round left behind (caches, memory)
+        # carries into the next, and both start equal
+        servers = {}
+        for name, cmd in commands.items():
+            port = free_port()
+            servers[name] = (f"http://127.0.0.1:{port}",
+                             start(cmd(port), port, f"/tmp/bench-{name}.log"))
+        try:
+            for name, (base, _) in servers.items():  # warm-up: kernels, caches
+                asyncio.run(load_phase(base, 2, 1, warm, 8))
             order = list(servers) if rnd % 2 == 0 else list(reversed(servers))
+            direct.append(direct_decode(model, tok, prompts[0], args.max_tokens))
             for conc in args.concurrency:
                 for name in order:
                     res = asyncio.run(load_phase(servers[name][0], conc, args.requests, prompts,
                                                  args.max_tokens))
                     results[name][conc].append(res)
                     print(f"round {rnd} c={conc} {name}: {res['aggregate_tps']:.1f} tok/s, "
-                          f"ttft {res['ttft_median_s']}, failed {res['failed']}", flush=True)
-            batchgen.append(batch_generator(model, tok, prompts, args.batchgen, args.max_tokens))
+                          f"ttft {res['ttft_median_s']}, stream {res['decode_tps_median']}, "
+                          f"failed {res['failed']}", flush=True)
             history = random_prompt(tok, args.history_tokens, random.Random(1000 + rnd))  # unseen
             for name in order:
                 turns[name].append(asyncio.run(second_turn(servers[name][0], history,
                                                            random.Random(rnd))))
-    finally:
-        for _, proc in servers.values():
-            proc.terminate()
-            proc.wait(60)
-    report(args, dtype, results, turns, batchgen)
+        finally:
+            for _, proc in servers.values():
+                proc.terminate()
+                proc.wait(120)
+        batchgen.append(batch_generator(model, tok, prompts, args.batchgen, args.max_tokens))
+        direct.append(direct_decode(model, tok, prompts[0], args.max_tokens))
+        print(f"round {rnd} mlx-lm direct decode {direct[-2]:.1f} / {direct[-1]:.1f} tok/s, "
+              f"BatchGenerator {batchgen[-1]['aggregate_tps']:.1f} tok/s", flush=True)
+    report(args, dtype, results, turns, batchgen, direct)
 
 
 def med(rows, key):
@@ -237,7 +264,7 @@ def med(rows, key):
     return statistics.median(vals) if vals else None
 
 
-def report(args, dtype, results, turns, batchgen):
+def report(args, dtype, results, turns, batchgen, direct):
     import mlx.core as mx
 
     table = []
@@ -256,6 +283,7 @@ def report(args, dtype, results, turns, batchgen):
     bg = med(batchgen, "aggregate_tps")
     c8 = [row for row in table if row["concurrency"] == args.batchgen]
     summary = {
+        "mlx_lm_direct_decode_tps": statistics.median(direct),
         "batchgen_tps": bg,
         "mlxbun_vs_batchgen": (c8[0]["mlxbun_tps"] / bg) if c8 and bg else None,
         "second_turn_ratio_mlxbun": med(turns["mlxbun"], "ratio"),
@@ -273,6 +301,7 @@ def report(args, dtype, results, turns, batchgen):
         print(f"{r['concurrency']:4d} {r['mlxbun_tps']:9.1f} {r['mlx_lm_server_tps']:10.1f} "
               f"{r['ratio_median']:6.2f} {r['ratio_min']:6.2f} {r['mlxbun_ttft_s']:8.3f} "
               f"{r['mlx_lm_server_ttft_s']:8.3f} {r['mlxbun_failed']:4d}/{r['mlx_lm_server_failed']}")
+    print(f"mlx-lm generate_step single stream: {summary['mlx_lm_direct_decode_tps']:.1f} tok/s")
     print(f"BatchGenerator(batch {args.batchgen}) {bg:.1f} tok/s; mlxbun c={args.batchgen} / it: "
           f"{summary['mlxbun_vs_batchgen']}")
     print(f"second turn TTFT / first: mlxbun {summary['second_turn_ratio_mlxbun']:.3f}, "
@@ -281,7 +310,7 @@ def report(args, dtype, results, turns, batchgen):
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "table": table, "summary": summary,
                        "raw": {k: {str(c): v for c, v in d.items()} for k, d in results.items()},
-                       "batchgen": batchgen}, f, indent=1)
+                       "batchgen": batchgen, "direct": direct}, f, indent=1)
 
 
 if __name__ == "__main__":
