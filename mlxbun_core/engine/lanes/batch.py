@@ -22,7 +22,9 @@ from ..prompt_cache import PrefixCache, trimmable
 log = logging.getLogger("mlxbun.engine")
 
 NO_LIMIT = 1 << 30
-PREFILL_ROWS = 8
+PREFILL_ROWS = 8  # prompts prefilled together in one chunk
+PREFILL_TOKENS = 2048  # tokens of one chunk (all its rows) while other rows are decoding
+IDLE_STEP = 2048  # tokens per row and chunk when nothing decodes (mlx-lm's own step)
 
 
 class _Row:
@@ -38,12 +40,12 @@ class BatchLane:
     name = "batched"
 
     def __init__(self, model, cap: int, prefix: Optional[PrefixCache] = None, admission=None,
-                 prefill_step: int = 512):
+                 prefill_tokens: int = PREFILL_TOKENS):
         self.model = model
         self.cap = cap
         self.prefix = prefix
         self.admission = admission
-        self.prefill_step = prefill_step
+        self.prefill_tokens = prefill_tokens  # per prefill chunk while other rows decode
         self._gen = None  # the BatchGenerator, made on the worker thread at first use
         self._queue: collections.deque[GenerationJob] = collections.deque()
         self._rows: dict[int, _Row] = {}
@@ -73,7 +75,9 @@ class BatchLane:
         if not self._rows:
             return
         try:
-            prompt_responses, responses = self._generator().next()
+            gen = self._generator()
+            self._size_prefill(gen)
+            prompt_responses, responses = gen.next()
         except Exception as exc:  # a failed forward fails every row; the lane starts afresh
             log.exception("batch step failed")
             return self._fail_all(str(exc))
@@ -135,6 +139,17 @@ class BatchLane:
             self._can_trim = trimmable(make_prompt_cache(self.model))
         return self._can_trim
 
+    def _size_prefill(self, gen) -> None:
+        """Chunk size for this step: big while nothing decodes (time to first token),
+        a token budget shared by the prompt rows while streams run (no stream freezes)."""
+        prefilling = sum(1 for row in self._rows.values() if row.job.session.t_first is None)
+        decoding = len(self._rows) - prefilling
+        if decoding == 0:
+            step = IDLE_STEP
+        else:
+            step = max(128, self.prefill_tokens // max(1, min(prefilling, PREFILL_ROWS)))
+        gen.prefill_step_size = gen._prompt_batch.prefill_step_size = step
+
     def _generator(self):
         if self._gen is None:
             from mlx_lm.generate import BatchGenerator
@@ -143,7 +158,7 @@ class BatchLane:
             # instead of all waiting for one huge chunk (the median TTFT halves)
             self._gen = BatchGenerator(self.model, completion_batch_size=self.cap,
                                        prefill_batch_size=min(self.cap, PREFILL_ROWS),
-                                       prefill_step_size=self.prefill_step)
+                                       prefill_step_size=IDLE_STEP)
         return self._gen
 
     # -- tokens out ----------------------------------------------------------------
