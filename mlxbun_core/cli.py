@@ -224,7 +224,7 @@ def cmd_serve(args) -> int:
             print(f"mlxbun: {exc}", file=sys.stderr)
             return 2
     if args.isolate:
-        from .isolate.parent import run_parent
+        from .isolate.launch import run_parent
 
         return run_parent(args, build_parser())
     if args.model_pool != 1:
@@ -258,8 +258,11 @@ def cmd_serve(args) -> int:
           f"        context {model.context_window} tokens · {where}",
           flush=True)
     if args.unix:
-        from .isolate.drain import DrainGate
+        from .isolate.drain import DrainGate, exit_with_parent
 
+        exit_with_parent()
+
+        app.trusts_injected_history = True  # only the --isolate parent reaches this socket
         if os.path.exists(args.unix):
             os.unlink(args.unix)  # a stale socket from a killed predecessor
         config = uvicorn.Config(DrainGate(app, engine), uds=args.unix, log_level="warning",

@@ -12,6 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import threading
+import time
 
 log = logging.getLogger("mlxbun.isolate")
 
@@ -64,3 +67,17 @@ class DrainGate:
             log.warning("drain: %d requests still running after %.0f s", self.in_flight,
                         self.timeout_s)
         return {"drained": idle, "demotions": 0, "in_flight": self.in_flight}
+
+
+def exit_with_parent(poll_s: float = 1.0) -> None:
+    """End this engine child when the parent that started it is gone (even SIGKILLed):
+    an orphaned engine would hold its model's memory for nobody."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        log.warning("parent %d is gone; engine exiting", parent)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="mlxbun-parent-watch", daemon=True).start()
