@@ -38,3 +38,27 @@ def add_to_hub_cache(hub: Path, repo_id: str, checkpoint: Path, *, commit: str |
     (repo / "refs").mkdir(exist_ok=True)
     (repo / "refs" / ref).write_text(commit)
     return snap
+
+
+# Three tiny checkpoints of different families, as a user's cache might hold them.
+LIBRARY_MODELS = {
+    "acme/Tiny-Llama-Chat": ("llama", {"seed": 11}),
+    "acme/Tiny-Gemma4-it": ("gemma4", {"seed": 12}),
+    "other/Qwen3-Tiny": ("qwen3", {"seed": 13}),
+}
+
+
+def library_hub(hub: Path, models: dict | None = None) -> dict[str, Path]:
+    """Fill ``hub`` with ``models`` (repo id -> (family, tiny_checkpoint kwargs));
+    return repo id -> snapshot dir."""
+    from .checkpoints import tiny_checkpoint
+
+    models = LIBRARY_MODELS if models is None else models
+    return {repo: add_to_hub_cache(hub, repo, tiny_checkpoint(family, **kw))
+            for repo, (family, kw) in models.items()}
+
+
+def library_env(root: Path) -> dict[str, str]:
+    """Environment that points every HF and mlxbun cache at ``root`` and keeps the hub offline."""
+    return {"HF_HOME": str(root / "hf"), "HF_HUB_CACHE": str(root / "hf" / "hub"),
+            "HF_HUB_OFFLINE": "1", "MLXBUN_HOME": str(root / "home")}
