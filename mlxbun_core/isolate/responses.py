@@ -5,7 +5,7 @@ eviction loses no conversation. For a continued request the parent looks the
 history up and hands it to the engine in the body (``HISTORY_FIELD``, honoured
 only on the engine's unix socket); when the engine answers, the parent records
 the new turn from the finished response (the JSON body, or the stream's
-``response.completed`` event). ``GET``/``DELETE /v1/responses/<id>`` answer from
+``response.completed`` / ``response.incomplete`` event, as the engine's own store does). ``GET``/``DELETE /v1/responses/<id>`` answer from
 this store, engine up or down.
 """
 
@@ -45,7 +45,8 @@ class Turn:
             *lines, rest = bytes(self._buf).split(b"\n")
             self._buf = bytearray(rest)
             for line in lines:
-                if line.startswith(b"data:") and b'"response.completed"' in line:
+                if line.startswith(b"data:") and (b'"response.completed"' in line
+                                                  or b'"response.incomplete"' in line):
                     self._remember(json.loads(line[5:]).get("response"))
 
     def close(self) -> None:
