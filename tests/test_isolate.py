@@ -209,7 +209,7 @@ def _completed(parent) -> int:
 def _idle_after(parent, before):
     def idle():
         s = parent.get("/stats").json()["requests"]
-        return s["completed"] == before + 1 and not s["busy"]
+        return s["completed"] == before + 1 and s["active"] == 0 and s["waiting"] == 0
     parent.wait(idle, "the engine to free the slot", timeout=30)
 
 

@@ -1,10 +1,11 @@
-"""The engine child's gate: counts requests in flight and answers ``POST /admin/drain``.
+"""The engine child's gate: ``POST /admin/drain``, on its unix socket only.
 
 Wraps the child's ASGI app only when it listens on a unix socket (``--unix``), so
-``/admin/drain`` never exists on TCP. Draining refuses new work with a 503 and
-waits until every in-flight request, streams included, has finished; the parent
-then stops the child. There is no SSD prompt-cache tier to demote to yet, so
-``demotions`` is 0.
+``/admin/drain`` never exists on TCP. A drain puts the engine in the same
+draining state as a shutdown signal (new generation work gets a 503) and waits
+until the engine is idle and every HTTP response in flight, streams included,
+has been written; the parent then stops the child. There is no SSD prompt-cache
+tier to demote to yet, so ``demotions`` is 0.
 """
 
 from __future__ import annotations
@@ -31,12 +32,9 @@ async def send_json(send, status: int, obj, headers=()) -> None:
 
 
 class DrainGate:
-    def __init__(self, app, timeout_s: float = DRAIN_TIMEOUT_S):
-        self.app, self.timeout_s = app, timeout_s
-        self.in_flight = 0
-        self.draining = False
-        self._idle = asyncio.Event()
-        self._idle.set()
+    def __init__(self, app, engine=None, timeout_s: float = DRAIN_TIMEOUT_S):
+        self.app, self.engine, self.timeout_s = app, engine, timeout_s
+        self.in_flight = 0  # HTTP requests whose response is still being written
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -45,28 +43,25 @@ class DrainGate:
             if scope["method"] != "POST":
                 return await send_json(send, 405, {"error": {"message": "use POST"}})
             return await send_json(send, 200, await self.drain())
-        if self.draining and scope["path"] != "/health":
-            return await send_json(send, 503, {"error": {
-                "message": "engine is draining", "type": "engine_unavailable"}})
         self.in_flight += 1
-        self._idle.clear()
         try:
             await self.app(scope, receive, send)
         finally:
             self.in_flight -= 1
-            if self.in_flight == 0:
-                self._idle.set()
+
+    def _idle(self) -> bool:
+        return self.in_flight == 0 and (self.engine is None or self.engine.idle)
 
     async def drain(self) -> dict:
-        self.draining = True
-        try:
-            await asyncio.wait_for(self._idle.wait(), self.timeout_s)
-            idle = True
-        except asyncio.TimeoutError:
-            idle = False
-            log.warning("drain: %d requests still running after %.0f s", self.in_flight,
+        if self.engine is not None:
+            self.engine.draining = True
+        deadline = time.monotonic() + self.timeout_s
+        while not self._idle() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if not self._idle():
+            log.warning("drain: %d responses still open after %.0f s", self.in_flight,
                         self.timeout_s)
-        return {"drained": idle, "demotions": 0, "in_flight": self.in_flight}
+        return {"drained": self._idle(), "demotions": 0, "in_flight": self.in_flight}
 
 
 def exit_with_parent(poll_s: float = 1.0) -> None:
