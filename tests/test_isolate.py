@@ -13,6 +13,7 @@ import httpx
 import mlx.core as mx
 import openai
 import pytest
+import websockets.sync.client
 from mlx_lm import load as mlx_load
 from mlx_lm.generate import generate_step
 
@@ -114,6 +115,10 @@ def test_parent_answers_models_engine_and_hides_drain(parent):
     assert e["isolated"] is True and isinstance(e["pid"], int) and e["restarts"] == 0
     assert e["socket"].endswith(".sock") and e["pool"]["cap"] == 2 and e["pool"]["default"] == LLAMA
     assert httpx.post(parent.base + "/admin/drain").status_code == 404
+    assert parent.get("/ws/chat").status_code == 501
+    with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+        websockets.sync.client.connect(parent.base.replace("http", "ws") + "/ws/chat").close()
+    assert refused.value.response.status_code == 501
     assert parent.get("/health").json() == {"status": "ok"}
 
 

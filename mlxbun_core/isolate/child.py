@@ -161,6 +161,7 @@ class EngineProcess:
             except httpx.HTTPError:
                 pass
         self._set("stopping")
+        await self.client.aclose()  # an idle keep-alive connection would hold uvicorn's exit 5 s
         proc = self.proc
         if proc is not None and proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
@@ -172,7 +173,6 @@ class EngineProcess:
         if self._watch is not None:
             self._watch.cancel()
         self._set("stopped")
-        await self.client.aclose()
         if os.path.exists(self.socket):
             os.unlink(self.socket)
 

@@ -45,8 +45,7 @@ class ParentApp:
         if scope["type"] == "lifespan":
             return await self._lifespan(receive, send)
         if scope["type"] == "websocket":  # web chat needs a non-isolated server
-            return await send({"type": "websocket.close", "code": 1011,
-                               "reason": "web chat is not available under --isolate"})
+            return await self._refuse_websocket(scope, send)
         path, method = scope["path"], scope["method"]
         local = self._local(path, method)
         if local is not None:
@@ -56,6 +55,16 @@ class ParentApp:
             return await send_json(send, 413, {"error": {
                 "message": f"request body over {MAX_BODY_BYTES} bytes", "type": "invalid_request_error"}})
         await self._proxy(scope, body, receive, send)
+
+    async def _refuse_websocket(self, scope, send):
+        """501 where the server can answer an upgrade with HTTP; else close the socket."""
+        if "websocket.http.response" not in scope.get("extensions", {}):
+            return await send({"type": "websocket.close", "code": 1011})
+        body = json.dumps({"error": {"message": "web chat is not available under --isolate; "
+                                                "run without it", "type": "not_implemented"}})
+        await send({"type": "websocket.http.response.start", "status": 501,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "websocket.http.response.body", "body": body.encode()})
 
     # ---------------------------------------------------------------- local routes
     def _local(self, path: str, method: str):

@@ -29,28 +29,22 @@ class Claim:
 
 def which_plugin(path: Path, config: dict, model_id: str = "") -> Optional[Claim]:
     """The plugin that would claim ``path`` (with its parsed ``config``), or None."""
-    pm = plugins.load_plugins()
-    hook = getattr(pm.hook, "claim_model", None)
-    if hook is not None and hook.get_hookimpls():
-        return _from_hook(pm, hook, path, config, model_id)
-    return _from_predicates(pm, path, config, model_id)
+    from .. import loader
+    from ..model import LoadOptions
+
+    identify = getattr(loader, "identify", None)  # the ``claims`` hook, where the core has it
+    if identify is not None:
+        found = identify(Path(path), LoadOptions(model_id=model_id), config)
+        return _claim(found.plugin, found.family) if found else None
+    return _from_predicates(plugins.load_plugins(), path, config, model_id)
 
 
 def _claim(name: str, family: str) -> Claim:
     return Claim(name, family, "generic" if family == GENERIC else "targeted")
 
 
-def _from_hook(pm, hook, path, config, model_id) -> Optional[Claim]:
-    args = {"path": Path(path), "config": config, "model_id": model_id, "options": None}
-    for impl in reversed(hook.get_hookimpls()):  # priority order, as the loader asks
-        family = impl.function(**{a: args.get(a) for a in impl.argnames})
-        if family:
-            return _claim(impl.plugin_name, str(family))
-    return None
-
-
 def _from_predicates(pm, path, config, model_id) -> Optional[Claim]:
-    """Until every plugin answers the claim hook: each plugin's own ``claims`` predicate
+    """Until the core has the ``claims`` hook: each plugin's own ``claims`` predicate
     (called with the arguments it names), in load order; the generic fallback last."""
     args = {"path": Path(path), "config": config, "model_id": model_id}
     generic = None
