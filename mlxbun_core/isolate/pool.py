@@ -2,8 +2,10 @@
 
 A request whose ``model`` is an exact ``/v1/models`` id goes to that model's engine
 (spawned on demand while the others keep serving); anything else rides the
-default engine. Cold starts are serialized; an engine with requests in flight is
-never the one evicted, so a freshly loaded engine keeps its pending request.
+default engine. Cold starts are serialized (one model loads at a time); once the
+newcomer is ready the least recently used idle engine is drained. An engine with
+requests in flight is never the one evicted, so a fresh engine keeps its pending
+request.
 """
 
 from __future__ import annotations
@@ -59,11 +61,14 @@ class EnginePool:
         """The ready engine for ``spec``, counted in flight while the block runs."""
         engine = self.engines.get(spec.id)
         if engine is None or engine.state in ("stopping", "stopped"):
-            engine = await self._cold_start(spec)
-        engine.in_flight += 1
+            engine = await self._cold_start(spec)  # counted in flight already
+        else:
+            engine.in_flight += 1
         self._touch(spec.id)
         try:
             await engine.wait_ready()
+            if len(self.engines) > self.cap:  # the newcomer is ready: drain the LRU now
+                asyncio.ensure_future(self._enforce_cap())
             yield engine
         finally:
             engine.in_flight -= 1
@@ -78,11 +83,22 @@ class EnginePool:
         async with self._cold:
             engine = self.engines.get(spec.id)
             if engine is not None and engine.state not in ("stopping", "stopped"):
+                engine.in_flight += 1
                 return engine
-            engine = EngineProcess(spec.id, spec.arg, self.engine_argv)
-            self.engines[spec.id] = engine
-            await engine.start()
+            engine = self._new(spec)
+            engine.in_flight += 1  # before any await: a cap check must never pick it
+            try:  # one model loads at a time; the resident ones keep serving meanwhile
+                await engine.start()
+                await engine.wait_ready()
+            except BaseException:
+                engine.in_flight -= 1
+                raise
             return engine
+
+    def _new(self, spec: ModelSpec) -> EngineProcess:
+        engine = EngineProcess(spec.id, spec.arg, self.engine_argv)
+        self.engines[spec.id] = engine
+        return engine
 
     async def _enforce_cap(self):
         while len(self.engines) > self.cap and not self._closing:
@@ -97,7 +113,8 @@ class EnginePool:
 
     # ---------------------------------------------------------------- life
     async def start(self):
-        await self._cold_start(self.default)
+        """Start the default engine; requests wait for its readiness, start-up does not."""
+        await self._new(self.default).start()
 
     async def close(self):
         self._closing = True
