@@ -235,3 +235,19 @@ def test_non_stream_disconnect_through_the_proxy_frees_the_slot(parent, referenc
         httpx.post(parent.base + "/v1/completions", json=long_body(reference[LLAMA][1]),
                    timeout=1.5)
     _idle_after(parent, before)
+
+
+def test_engine_children_get_every_flag_but_the_parent_only_ones():
+    from mlxbun_core.cli import build_parser
+    from mlxbun_core.isolate.launch import engine_argv
+
+    parser = build_parser()
+    args = parser.parse_args(["serve", "--isolate", "--model-pool", "3", "--port", "9001",
+                              "--host", "0.0.0.0", "--query", "llama", "--model", "x",
+                              "--temperature", "0.5", "--batch", "2", "--embedding"])
+    argv = engine_argv(args, parser)
+    for parent_only in ("--isolate", "--model-pool", "--port", "--host", "--query", "--model"):
+        assert parent_only not in argv
+    child = parser.parse_args(["serve", *argv])
+    assert (child.temperature, child.batch, child.embedding) == (0.5, 2, True)
+    assert (child.isolate, child.model_pool, child.model, child.query) == (False, 1, None, None)

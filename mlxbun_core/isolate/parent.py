@@ -51,6 +51,8 @@ class ParentApp:
         if local is not None:
             return await local(scope, send)
         body = await self._body(receive)
+        if body is _GONE:
+            return  # the client left while sending its body
         if body is None:
             return await send_json(send, 413, {"error": {
                 "message": f"request body over {MAX_BODY_BYTES} bytes", "type": "invalid_request_error"}})
@@ -174,7 +176,7 @@ class ParentApp:
         while True:
             msg = await receive()
             if msg["type"] == "http.disconnect":
-                return b""
+                return _GONE
             chunks.append(msg.get("body", b""))
             size += len(chunks[-1])
             if size > MAX_BODY_BYTES:
@@ -186,6 +188,8 @@ class ParentApp:
         path, method = scope["path"], scope["method"]
         spec, turn = self.pool.default, None
         if method == "POST" and path in ROUTED:
+            if self.pool.cap > 1:
+                await self.library.aentries()  # any rescan happens off the event loop
             spec = self.pool.target(_model_field(body))
             if path == "/v1/responses":
                 body, turn, error = self.responses.prepare(body)
@@ -219,6 +223,9 @@ class ParentApp:
                 await self.pool.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+_GONE = object()
 
 
 async def _never_disconnects():
