@@ -149,3 +149,18 @@ def test_library_rows_carry_fit_and_cache_for_30s(srv, hub):
     assert "late/Arrival" not in {r["repo_id"] for r in httpx.get(srv.base_url + "/library").json()["models"]}
     fresh = httpx.get(srv.base_url + "/library", params={"refresh": 1}).json()["models"]
     assert "late/Arrival" in {r["repo_id"] for r in fresh}
+
+
+def test_admission_plan_is_the_fit_routes_plan(srv, hub):
+    """What the engine would admit (checkpoint_plan) and what /fit reports are one plan."""
+    from mlxbun_core.library.report import checkpoint_plan
+
+    snap = hub[1]["acme/Tiny-Llama-Chat"]
+    config = json.loads((snap / "config.json").read_text())
+    for ctx in (1000, 50_000):
+        p = checkpoint_plan(snap, config, context=ctx)
+        rep = httpx.get(srv.base_url + "/fit", params={"ctx": ctx}, timeout=30).json()["report"]
+        assert (rep["max_safe_context"], rep["kv_bytes"], rep["total_bytes"], rep["fits"]) == (
+            p.max_safe_context, p.kv_bytes, p.total_bytes, p.fits)
+    tight = checkpoint_plan(snap, config, budget_bytes=p.weights_bytes + 8_000_000)
+    assert 0 < tight.max_safe_context < 131072 and tight.total_bytes <= p.weights_bytes + 8_000_000

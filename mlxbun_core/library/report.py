@@ -24,6 +24,17 @@ APPLE_SKUS = (
 )
 
 
+def checkpoint_plan(path, config: dict, *, budget_bytes: Optional[int] = None,
+                    context: Optional[int] = None, kv_element_bytes: Optional[float] = None):
+    """The memory plan of the checkpoint at ``path`` on this machine (or ``budget_bytes``):
+    the one engine admission should enforce, so its ceiling is ``/fit``'s ``max_safe_context``."""
+    from .fit import machine
+
+    return plan(config, checkpoint.weights(path).total_bytes,
+                budget_bytes or machine().usable_bytes, context=context,
+                element_bytes=kv_element_bytes)
+
+
 def fit_report(config: dict, weights: checkpoint.Weights, machine: Machine, *,
                context: Optional[int] = None, budget_bytes: Optional[int] = None,
                kv_element_bytes: Optional[float] = None, skus: bool = True) -> dict:
