@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 
+import anthropic
 import httpx
 import mlx.core as mx
 import openai
@@ -128,6 +129,10 @@ def test_requests_alternate_between_models(parent, reference):
         expect = LLAMA if model == "gpt-4" else model
         assert served == expect and ids == reference[expect][0]
     assert set(parent.resident()) == {LLAMA, GEMMA}
+    claude = anthropic.Anthropic(base_url=parent.base, api_key="unused", max_retries=0)
+    msg = claude.messages.create(model=GEMMA, max_tokens=4,
+                                 messages=[{"role": "user", "content": "Hi"}])
+    assert msg.model == GEMMA and msg.usage.output_tokens >= 1
 
 
 def test_third_model_evicts_the_least_recently_used(parent, reference):
