@@ -256,3 +256,41 @@ def test_engine_children_get_every_flag_but_the_parent_only_ones():
     child = parser.parse_args(["serve", *argv])
     assert (child.temperature, child.batch, child.embedding) == (0.5, 2, True)
     assert (child.isolate, child.model_pool, child.model, child.query) == (False, 1, None, None)
+
+
+@pytest.mark.parametrize("key", [None, "sesame"])
+def test_parent_applies_the_serve_guard(key, tmp_path, monkeypatch):
+    """The engines behind the socket see only the parent, so the parent checks the API key
+    and keeps admin routes loopback-only (no engine is started for any of these)."""
+    import asyncio
+
+    from mlxbun_core.isolate.parent import ParentApp
+    from mlxbun_core.isolate.pool import EnginePool, ModelSpec
+    from mlxbun_core.library.cache import LibraryCache
+
+    for k, v in library_env(tmp_path).items():
+        monkeypatch.setenv(k, v)
+    app = ParentApp(EnginePool(ModelSpec("m", None), []), LibraryCache(), api_key=key)
+
+    async def call(path, client=("127.0.0.1", 5000), method="GET", **headers):
+        transport = httpx.ASGITransport(app=app, client=client)
+        async with httpx.AsyncClient(transport=transport, base_url="http://p") as c:
+            return await c.request(method, path, headers=headers)
+
+    async def main():
+        assert (await call("/health")).status_code == 200
+        remote = ("192.0.2.7", 5000)
+        if key is None:
+            assert (await call("/v1/models", client=remote)).status_code == 200
+            r = await call("/api/jobs", client=remote)
+            assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
+            assert (await call("/admin/drain", method="POST")).status_code == 404
+        else:
+            assert (await call("/v1/models")).status_code == 401
+            r = await call("/v1/messages", method="POST")
+            assert r.status_code == 401 and r.json()["type"] == "error"
+            ok = await call("/v1/models", client=remote, authorization="Bearer sesame")
+            assert ok.status_code == 200 and ok.json()["data"][0]["id"] == "m"
+            assert (await call("/engine", **{"x-api-key": "sesame"})).json()["isolated"] is True
+
+    asyncio.run(main())

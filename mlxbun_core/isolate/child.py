@@ -44,13 +44,16 @@ def socket_path() -> str:
 
 
 class EngineProcess:
-    def __init__(self, model_id: str, model_arg: Optional[str], engine_argv: list[str]):
+    def __init__(self, model_id: str, model_arg: Optional[str], engine_argv: list[str],
+                 api_key: Optional[str] = None):
         self.model_id = model_id  # the id requests use (updated from the child's /v1/models)
         self.model_arg = model_arg  # what --model pins on the child (None: embedded default)
         self.engine_argv = engine_argv
+        self.api_key = api_key
         self.socket = socket_path()
+        auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=self.socket),
-                                        base_url="http://engine", timeout=None)
+                                        base_url="http://engine", timeout=None, headers=auth)
         self.proc: Optional[asyncio.subprocess.Process] = None
         self.restarts = 0
         self.state = "new"  # new, starting, ready, dead, failed, stopping, stopped
@@ -76,7 +79,8 @@ class EngineProcess:
         if os.path.exists(self.socket):
             os.unlink(self.socket)
         self._set("starting")
-        self.proc = await asyncio.create_subprocess_exec(*self.argv(),
+        env = {**os.environ, **({"MLXBUN_API_KEY": self.api_key} if self.api_key else {})}
+        self.proc = await asyncio.create_subprocess_exec(*self.argv(), env=env,
                                                          stdin=asyncio.subprocess.DEVNULL)
         log.info("engine %s starting, pid %d", self.model_id, self.proc.pid)
         self._watch = asyncio.ensure_future(self._supervise(self.proc))

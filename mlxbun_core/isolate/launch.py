@@ -5,7 +5,8 @@ loading anything) and pins ``--model <dir>`` on its engine children; a name it
 cannot place locally (a ``.gguf`` file, a hub id to download) is passed through
 for the child to resolve. Every serve flag except the parent-only ones
 (``--isolate``, ``--host``, ``--port``, ``--model-pool``, ``--unix`` and the model
-selectors) reaches the children unchanged, and so does the environment.
+selectors) reaches the children unchanged, and so does the environment (the API
+key travels there, as ``MLXBUN_API_KEY``, never on a command line).
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from .pool import EnginePool, ModelSpec
 
 log = logging.getLogger("mlxbun.isolate")
 
+# parent-only flags, plus the API key: children get it in their environment, where other
+# local users cannot read it (a command line is visible to everyone in ps)
 PARENT_ONLY = {"isolate", "model_pool", "host", "port", "unix", "model", "query", "positional",
-               "help"}
+               "help", "api_key"}
 
 
 def engine_argv(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
@@ -84,9 +87,10 @@ def run_parent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         entry = library.find(model_id)
         return ModelSpec(entry.id, str(entry.path)) if entry else None
 
-    pool = EnginePool(spec, engine_argv(args, parser), cap=args.model_pool, lookup=lookup)
+    pool = EnginePool(spec, engine_argv(args, parser), cap=args.model_pool, lookup=lookup,
+                      api_key=args.api_key)
     print(f"mlxbun: isolated serving of {spec.id} · engine pool of {pool.cap} · "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
-    uvicorn.run(ParentApp(pool, library), host=args.host, port=args.port, log_level="warning",
-                lifespan="on")
+    uvicorn.run(ParentApp(pool, library, api_key=args.api_key), host=args.host, port=args.port,
+                log_level="warning", lifespan="on")
     return 0

@@ -11,13 +11,16 @@ the engine its ``model`` field selects.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Optional
 
 from ..library import checkpoint
+from ..server import guard
 from ..library.cache import LibraryCache, local_rows
 from ..library.fit import Machine, machine
 from ..library.report import fit_report, library_row
@@ -35,8 +38,9 @@ ROUTED = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/respon
 
 
 class ParentApp:
-    def __init__(self, pool: EnginePool, library: LibraryCache):
+    def __init__(self, pool: EnginePool, library: LibraryCache, api_key: Optional[str] = None):
         self.pool, self.library = pool, library
+        self.api_key = api_key
         self.responses = ParentResponses()
         self.started_at = int(time.time())
         self._fit_weights: dict = {}
@@ -46,6 +50,9 @@ class ParentApp:
             return await self._lifespan(receive, send)
         if scope["type"] == "websocket":  # web chat needs a non-isolated server
             return await self._refuse_websocket(scope, send)
+        denied = self._guard(scope)
+        if denied is not None:
+            return await send_json(send, *denied)
         path, method = scope["path"], scope["method"]
         local = self._local(path, method)
         if local is not None:
@@ -57,6 +64,24 @@ class ParentApp:
             return await send_json(send, 413, {"error": {
                 "message": f"request body over {MAX_BODY_BYTES} bytes", "type": "invalid_request_error"}})
         await self._proxy(scope, body, receive, send)
+
+    def _guard(self, scope) -> Optional[tuple]:
+        """The serve guard's rules, on the parent's TCP side (the engines behind the
+        socket see only the parent): the API key on every route but /health; admin
+        routes for loopback clients only when there is no key."""
+        path = scope["path"]
+        anthropic = path.startswith("/v1/messages")
+        if self.api_key is not None and path not in guard.OPEN_PATHS:
+            got = _presented_key(scope)
+            if got is None or not hmac.compare_digest(got.encode(), self.api_key.encode()):
+                return 401, _guard_error("authentication_error", "invalid or missing API key "
+                                         "(send Authorization: Bearer <key>)", anthropic)
+        elif path.startswith(guard.ADMIN_PREFIXES) and not guard.is_loopback(
+                SimpleNamespace(scope=scope)):
+            return 403, _guard_error("permission_error", "this route answers loopback clients "
+                                     "only; start the server with --api-key to allow remote "
+                                     "clients", anthropic)
+        return None
 
     async def _refuse_websocket(self, scope, send):
         """501 where the server can answer an upgrade with HTTP; else close the socket."""
@@ -226,6 +251,21 @@ class ParentApp:
 
 
 _GONE = object()
+
+
+def _presented_key(scope) -> Optional[str]:
+    headers = dict(scope["headers"])
+    auth = headers.get(b"authorization")
+    if auth and auth[:7].lower() == b"bearer ":
+        return auth[7:].decode("latin-1").strip()
+    key = headers.get(b"x-api-key")
+    return key.decode("latin-1").strip() if key else None
+
+
+def _guard_error(kind: str, message: str, anthropic: bool) -> dict:
+    if anthropic:
+        return {"type": "error", "error": {"type": kind, "message": message}}
+    return {"error": {"message": message, "type": kind}}
 
 
 async def _never_disconnects():

@@ -31,8 +31,10 @@ class ModelSpec:
 
 class EnginePool:
     def __init__(self, default: ModelSpec, engine_argv: list[str], cap: int = 1,
-                 lookup: Callable[[str], Optional[ModelSpec]] = lambda _id: None):
+                 lookup: Callable[[str], Optional[ModelSpec]] = lambda _id: None,
+                 api_key: Optional[str] = None):
         self.default = default
+        self.api_key = api_key
         self.engine_argv = engine_argv
         self.cap = max(1, int(cap))
         self.lookup = lookup  # exact /v1/models id -> how to start it (None: not a local model)
@@ -96,7 +98,7 @@ class EnginePool:
             return engine
 
     def _new(self, spec: ModelSpec) -> EngineProcess:
-        engine = EngineProcess(spec.id, spec.arg, self.engine_argv)
+        engine = EngineProcess(spec.id, spec.arg, self.engine_argv, api_key=self.api_key)
         self.engines[spec.id] = engine
         return engine
 
