@@ -175,14 +175,25 @@ def test_sigkill_costs_one_request_and_nothing_else(parent, reference):
             result["r"] = httpx.post(parent.base + "/v1/completions",
                                      json=long_body(reference[LLAMA][1]), timeout=120)
 
-        t = threading.Thread(target=in_flight)
-        t.start()
-        parent.wait(lambda: parent.resident()[LLAMA]["in_flight"] == 1, "the request in flight")
+        def streaming():
+            with httpx.stream("POST", parent.base + "/v1/completions", timeout=120,
+                              json=long_body(reference[LLAMA][1], stream=True)) as r:
+                result["stream"] = list(r.iter_lines())
+
+        threads = [threading.Thread(target=in_flight), threading.Thread(target=streaming)]
+        for t in threads:
+            t.start()
+        parent.wait(lambda: parent.resident()[LLAMA]["in_flight"] == 2, "two requests in flight")
         time.sleep(0.5)
         os.kill(before["pid"], signal.SIGKILL)
-        t.join(60)
+        for t in threads:
+            t.join(60)
         r = result["r"]
         assert r.status_code == 502 and r.json()["error"]["type"] == "engine_unavailable"
+        lines = result["stream"]  # a stream under way ends with an error event
+        tail = [ln for ln in lines if ln][-2:]
+        assert tail[0] == "event: error" and '"engine_unavailable"' in tail[1]
+        assert any(ln.startswith("data: {") for ln in lines[:-3])  # it had streamed tokens
         # while the engine is down or loading, CPU-only routes keep answering
         assert parent.get("/v1/models").json()["data"][0]["id"] == LLAMA
         assert parent.client.responses.retrieve(first.id).id == first.id
