@@ -151,16 +151,30 @@ def test_library_rows_carry_fit_and_cache_for_30s(srv, hub):
     assert "late/Arrival" in {r["repo_id"] for r in fresh}
 
 
-def test_admission_plan_is_the_fit_routes_plan(srv, hub):
-    """What the engine would admit (checkpoint_plan) and what /fit reports are one plan."""
-    from mlxbun_core.library.report import checkpoint_plan
+def test_fit_and_admission_are_one_plan(srv):
+    """/fit reports exactly what the engine's admission enforces (and /stats shows)."""
+    fit_ = httpx.get(srv.base_url + "/fit", timeout=30).json()
+    adm = httpx.get(srv.base_url + "/stats", timeout=30).json()["admission"]
+    rep = fit_["report"]
+    assert fit_["context_tokens"] == adm["enforced_context_tokens"]
+    assert rep["max_safe_context"] == adm["max_safe_context"]
+    assert rep["weights_bytes"] == adm["weights_bytes"]
+    assert rep["kv_bytes_per_token"] == adm["kv_bytes_per_token"]
+    assert rep["usable_bytes"] == adm["budget_bytes"] and rep["memory_budget_bytes"] is None
 
-    snap = hub[1]["acme/Tiny-Llama-Chat"]
-    config = json.loads((snap / "config.json").read_text())
-    for ctx in (1000, 50_000):
-        p = checkpoint_plan(snap, config, context=ctx)
-        rep = httpx.get(srv.base_url + "/fit", params={"ctx": ctx}, timeout=30).json()["report"]
-        assert (rep["max_safe_context"], rep["kv_bytes"], rep["total_bytes"], rep["fits"]) == (
-            p.max_safe_context, p.kv_bytes, p.total_bytes, p.fits)
-    tight = checkpoint_plan(snap, config, budget_bytes=p.weights_bytes + 8_000_000)
-    assert 0 < tight.max_safe_context < 131072 and tight.total_bytes <= p.weights_bytes + 8_000_000
+
+def test_explicit_memory_budget_reaches_fit(hub):
+    """With --memory-budget, /fit's plan is the budgeted one admission enforces."""
+    snap = hub[1]["other/Qwen3-Tiny"]
+    weights = sum(v.nbytes for v in mx.load(str(snap / "model.safetensors")).values())
+    budget = weights + 8_000_000
+    s = start_server(snap, memory_budget_bytes=budget)
+    try:
+        rep = httpx.get(s.base_url + "/fit", timeout=30).json()["report"]
+        adm = httpx.get(s.base_url + "/stats", timeout=30).json()["admission"]
+    finally:
+        s.stop()
+    # 256 B/token of KV plus 6144 B/token of prefill scratch below one chunk
+    hand = (budget - weights) // (256 + (1024 + 4 * 128) * 4)
+    assert rep["max_safe_context"] == adm["max_safe_context"] == hand
+    assert rep["memory_budget_bytes"] == budget and rep["total_bytes"] <= budget

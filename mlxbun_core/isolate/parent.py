@@ -174,8 +174,10 @@ class ParentApp:
                                                for e in entries]})
 
     async def fit(self, scope, send):
-        path = self._served_path()
-        if path is None:  # not a local directory the parent can read: ask the engine
+        """The engine's own /fit (its admission's numbers) while it is up; while it is
+        down, the same plan from the checkpoint's headers and the machine it reported."""
+        d, path = self.pool.default_engine(), self._served_path()
+        if path is None or (d is not None and d.state == "ready"):
             return await self._proxy(scope, b"", None, send)
         ctx = _ctx(scope.get("query_string", b""))
         if ctx == -1:

@@ -24,26 +24,22 @@ APPLE_SKUS = (
 )
 
 
-def checkpoint_plan(path, config: dict, *, budget_bytes: Optional[int] = None,
-                    context: Optional[int] = None, kv_element_bytes: Optional[float] = None):
-    """The memory plan of the checkpoint at ``path`` on this machine (or ``budget_bytes``):
-    the one engine admission should enforce, so its ceiling is ``/fit``'s ``max_safe_context``."""
-    from .fit import machine
-
-    return plan(config, checkpoint.weights(path).total_bytes,
-                budget_bytes or machine().usable_bytes, context=context,
-                element_bytes=kv_element_bytes)
-
-
 def fit_report(config: dict, weights: checkpoint.Weights, machine: Machine, *,
                context: Optional[int] = None, budget_bytes: Optional[int] = None,
-               kv_element_bytes: Optional[float] = None, skus: bool = True) -> dict:
-    """``GET /fit``: the plan at ``context`` (default: the admission ceiling) on this machine."""
+               kv_element_bytes: Optional[float] = None, weights_bytes: Optional[int] = None,
+               ceiling: Optional[int] = None, skus: bool = True) -> dict:
+    """``GET /fit``: the plan at ``context`` (default: the admission ceiling) on this machine.
+
+    A serving engine passes what its admission uses: ``weights_bytes`` (the loaded
+    parameters), ``budget_bytes`` and ``ceiling`` (the enforced context), so the two agree;
+    otherwise the header-read weights and the machine's usable memory are used.
+    """
     budget = budget_bytes or machine.usable_bytes
-    ceiling = plan(config, weights.total_bytes, budget, element_bytes=kv_element_bytes)
-    at = context or ceiling.max_safe_context or ceiling.context_window or TYPICAL_CONTEXT
-    p = plan(config, weights.total_bytes, budget, context=at, element_bytes=kv_element_bytes)
-    active = checkpoint.active_weight_bytes(config, weights)
+    total = weights_bytes or weights.total_bytes
+    best = plan(config, total, budget, element_bytes=kv_element_bytes)
+    at = context or ceiling or best.max_safe_context or best.context_window or TYPICAL_CONTEXT
+    p = plan(config, total, budget, context=at, element_bytes=kv_element_bytes)
+    active = total - (weights.total_bytes - checkpoint.active_weight_bytes(config, weights))
     typical = min(TYPICAL_CONTEXT, at)
     report = {k: v for k, v in p.report().items() if k != "context_tokens"}
     report.update(active_weight_bytes=active, memory_budget_bytes=budget_bytes,

@@ -60,7 +60,15 @@ def register(app, engine):
         if "w" not in weights:
             weights["w"] = await asyncio.to_thread(checkpoint.weights, engine.model.path)
         m = await asyncio.to_thread(machine)
-        return json_response(fit_report(engine.model.config, weights["w"], m, context=ctx))
+        adm = getattr(engine, "admission", None)  # what this engine enforces, when it has one
+        if adm is None:
+            return json_response(fit_report(engine.model.config, weights["w"], m, context=ctx))
+        out = fit_report(engine.model.config, weights["w"], m, context=ctx,
+                         budget_bytes=adm.budget_bytes, weights_bytes=adm.weights_bytes,
+                         ceiling=adm.enforced_context)
+        out["report"]["memory_budget_bytes"] = (adm.budget_bytes if adm.budget_source
+                                                == "--memory-budget" else None)
+        return json_response(out)
 
     app.router.add_get("/library", get_library)
     app.router.add_get("/fit", get_fit)
