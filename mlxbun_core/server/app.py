@@ -21,6 +21,7 @@ SURFACES = (
     "mlxbun_core.server.openai_responses",
     "mlxbun_core.server.embeddings",
     "mlxbun_core.server.meta",
+    "mlxbun_core.server.library_routes",
 )
 
 

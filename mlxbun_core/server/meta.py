@@ -1,4 +1,8 @@
-"""Discovery and health: GET /v1, /v1/models, /v1/models/<id>, /health, /stats."""
+"""Discovery and health: GET /v1, /v1/models, /v1/models/<id>, /health, /stats.
+
+``/v1/models`` lists the served model first (with its capability fields), then every
+other supported model of the local library (see :mod:`.library_routes`).
+"""
 
 from __future__ import annotations
 
@@ -7,11 +11,12 @@ from blacksheep import Request
 from .. import __version__, plugins
 from ..grammar import registry as grammars
 from .common import json_response
+from .library_routes import model_rows
 
 ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "POST /v1/messages",
              "POST /v1/messages/count_tokens", "POST /v1/responses",
              "GET/DELETE /v1/responses/<id>", "POST /v1/embeddings", "GET /v1/models",
-             "GET /health", "GET /stats"]
+             "GET /health", "GET /stats", "GET /fit", "GET /library"]
 
 
 def model_row(engine) -> dict:
@@ -36,12 +41,15 @@ def register(app, engine):
         return json_response({"name": "mlxbun", "version": __version__, "model": engine.model.id,
                               "endpoints": ENDPOINTS})
 
+    async def all_rows() -> list:
+        return [model_row(engine)] + await model_rows(app, engine.model.id, engine.started_at)
+
     async def models(request: Request):
-        return json_response({"object": "list", "data": [model_row(engine)]})
+        return json_response({"object": "list", "data": await all_rows()})
 
     async def model_by_id(request: Request):
         wanted = request.route_values.get("tail", "")
-        rows = [r for r in [model_row(engine)] if r["id"] == wanted]
+        rows = [r for r in await all_rows() if r["id"] == wanted]
         if not rows:
             return json_response({"error": {"message": f"model {wanted!r} not found",
                                             "type": "not_found_error"}}, 404)

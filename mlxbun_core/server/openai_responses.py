@@ -27,6 +27,9 @@ PASSTHROUGH = ("stream", "temperature", "top_p", "top_k", "min_p", "xtc_probabil
                "frequency_context_size", "seed", "stop", "chat_template_kwargs",
                "reasoning_effort", "response_format")
 TEXT_PARTS = ("input_text", "output_text", "text")
+# The --isolate parent owns the history and sends it in this body field; honoured only
+# by an engine child (``app.trusts_injected_history``), ignored everywhere else.
+HISTORY_FIELD = "mlxbun_history"
 
 
 def responses_error(exc: APIError):
@@ -259,6 +262,9 @@ def register(app, engine):
     app.stats_providers["response_store"] = store.stats
 
     def previous(body) -> dict | None:
+        injected = body.pop(HISTORY_FIELD, None)
+        if isinstance(injected, dict) and getattr(app, "trusts_injected_history", False):
+            return injected
         prev = body.get("previous_response_id")
         if prev is None:
             return None

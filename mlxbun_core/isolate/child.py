@@ -1,0 +1,187 @@
+"""One engine child: ``mlxbun serve --model <path> --unix <socket>`` as a real subprocess.
+
+The parent waits for its ``/health`` over the socket, respawns it when it dies
+(at most ``MAX_RESTARTS`` in a rolling ``RESTART_WINDOW_S``; a child that dies
+before it ever became ready waits ``EARLY_DEATH_BACKOFF_S`` first), and stops it
+with a drain when the pool evicts it. Its stdout/stderr are the parent's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+from typing import Optional
+
+import httpx
+
+log = logging.getLogger("mlxbun.isolate")
+
+MAX_RESTARTS = 3
+RESTART_WINDOW_S = 60.0
+EARLY_DEATH_BACKOFF_S = 5.0
+READY_TIMEOUT_S = 15 * 60.0
+STOP_TIMEOUT_S = 10.0
+_counter = 0
+
+
+class EngineUnavailable(Exception):
+    """The engine is down and cannot come back (restart budget spent, or stopped)."""
+
+
+def socket_path() -> str:
+    """A fresh socket path under the temp dir, named by the parent's pid (kept short:
+    unix socket paths are limited to ~100 bytes)."""
+    global _counter
+    _counter += 1
+    base = "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()
+    return os.path.join(base, f"mlxbun-{os.getpid()}-{_counter}.sock")
+
+
+class EngineProcess:
+    def __init__(self, model_id: str, model_arg: Optional[str], engine_argv: list[str],
+                 api_key: Optional[str] = None):
+        self.model_id = model_id  # the id requests use (updated from the child's /v1/models)
+        self.model_arg = model_arg  # what --model pins on the child (None: embedded default)
+        self.engine_argv = engine_argv
+        self.api_key = api_key
+        self.socket = socket_path()
+        auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=self.socket),
+                                        base_url="http://engine", timeout=None, headers=auth)
+        self.proc: Optional[asyncio.subprocess.Process] = None
+        self.restarts = 0
+        self.state = "new"  # new, starting, ready, dead, failed, stopping, stopped
+        self.in_flight = 0
+        self.last_used = time.monotonic()
+        self.served_row: Optional[dict] = None  # the child's own /v1/models row
+        self.machine: Optional[dict] = None  # the child's machine as MLX reports it
+        self._ready = asyncio.Event()
+        self._changed = asyncio.Event()  # set on every state change, for waiters
+        self._crashes: collections.deque = collections.deque()
+        self._watch: Optional[asyncio.Task] = None
+
+    # ---------------------------------------------------------------- life
+    def argv(self) -> list[str]:
+        pin = ["--model", self.model_arg] if self.model_arg else []
+        return [sys.executable, "-m", "mlxbun_core.cli", "serve", *pin, *self.engine_argv,
+                "--unix", self.socket]
+
+    async def start(self) -> None:
+        await self._spawn()
+
+    async def _spawn(self) -> None:
+        if os.path.exists(self.socket):
+            os.unlink(self.socket)
+        self._set("starting")
+        env = {**os.environ, **({"MLXBUN_API_KEY": self.api_key} if self.api_key else {})}
+        self.proc = await asyncio.create_subprocess_exec(*self.argv(), env=env,
+                                                         stdin=asyncio.subprocess.DEVNULL)
+        log.info("engine %s starting, pid %d", self.model_id, self.proc.pid)
+        self._watch = asyncio.ensure_future(self._supervise(self.proc))
+
+    async def _supervise(self, proc) -> None:
+        """Wait for readiness, then for exit; respawn within the restart budget."""
+        ready = await self._await_health(proc)
+        rc = await proc.wait()
+        if self.state in ("stopping", "stopped") or proc is not self.proc:
+            return
+        log.warning("engine %s (pid %d) exited with %s", self.model_id, proc.pid, rc)
+        now = time.monotonic()
+        while self._crashes and now - self._crashes[0] > RESTART_WINDOW_S:
+            self._crashes.popleft()
+        if len(self._crashes) >= MAX_RESTARTS:
+            log.error("engine %s: %d restarts within %.0f s; giving up until the server "
+                      "restarts", self.model_id, MAX_RESTARTS, RESTART_WINDOW_S)
+            self._set("failed")
+            return
+        self._crashes.append(now)
+        self._set("dead")
+        if not ready:
+            await asyncio.sleep(EARLY_DEATH_BACKOFF_S)
+        if self.state == "dead":
+            self.restarts += 1
+            await self._spawn()
+
+    async def _await_health(self, proc) -> bool:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while proc.returncode is None and time.monotonic() < deadline:
+            try:
+                r = await self.client.get("/health", timeout=2.0)
+                if r.status_code == 200:
+                    await self._learn()
+                    log.info("engine ready pid %d (%s)", proc.pid, self.model_id)
+                    self._set("ready")
+                    return True
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.1)
+        return False
+
+    async def _learn(self) -> None:
+        """What the parent answers for this engine while it is down."""
+        try:
+            rows = (await self.client.get("/v1/models", timeout=10.0)).json().get("data") or []
+            if rows:
+                self.served_row = rows[0]
+                self.model_id = rows[0].get("id") or self.model_id
+            self.machine = (await self.client.get("/fit", timeout=30.0)).json().get("machine")
+        except (httpx.HTTPError, ValueError):
+            log.debug("engine %s: could not read its model row", self.model_id, exc_info=True)
+
+    def _set(self, state: str) -> None:
+        self.state = state
+        if state == "ready":
+            self._ready.set()
+        else:
+            self._ready.clear()
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Return once the child answers; raise EngineUnavailable if it cannot."""
+        deadline = time.monotonic() + timeout
+        while self.state != "ready" or self.proc is None or self.proc.returncode is not None:
+            if self.state in ("failed", "stopping", "stopped"):
+                raise EngineUnavailable(f"engine {self.model_id} is {self.state}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise EngineUnavailable(f"engine {self.model_id} not ready in {timeout:.0f} s")
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+
+    async def stop(self, drain: bool = True) -> None:
+        """Drain (POST /admin/drain on the socket), then terminate; kill if it lingers."""
+        if drain and self.state == "ready":
+            try:
+                await self.client.post("/admin/drain", timeout=70.0)
+            except httpx.HTTPError:
+                pass
+        self._set("stopping")
+        await self.client.aclose()  # an idle keep-alive connection would hold uvicorn's exit 5 s
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), STOP_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                proc.kill()
+                await proc.wait()
+        if self._watch is not None:
+            self._watch.cancel()
+        self._set("stopped")
+        if os.path.exists(self.socket):
+            os.unlink(self.socket)
+
+    def describe(self) -> dict:
+        alive = self.proc is not None and self.proc.returncode is None
+        return {"model": self.model_id, "pid": self.proc.pid if alive else None,
+                "restarts": self.restarts, "socket": self.socket, "state": self.state,
+                "in_flight": self.in_flight}

@@ -1,0 +1,299 @@
+"""The ``--isolate`` parent: owns TCP, answers CPU-only routes, proxies the rest.
+
+It never runs a model and makes no MLX calls: it resolves which model to serve
+from the local library, starts engine children (``mlxbun serve --unix``) through
+the :class:`EnginePool`, and answers ``/health``, ``/engine``, ``/v1``,
+``/v1/models``, ``/library``, ``/fit`` and the Responses store itself, so they
+keep answering while an engine is down. Every other request is forwarded to
+the engine its ``model`` field selects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Optional
+
+from ..library import checkpoint
+from ..server import guard
+from ..library.cache import LibraryCache, local_rows
+from ..library.fit import Machine, machine
+from ..library.report import fit_report, library_row
+from .child import EngineUnavailable
+from .drain import send_json
+from .pool import EnginePool
+from .proxy import EngineGone, forward, send_unavailable
+from .responses import ParentResponses
+
+log = logging.getLogger("mlxbun.isolate")
+
+MAX_BODY_BYTES = 256 << 20
+ROUTED = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses",
+          "/v1/embeddings", "/v1/messages/count_tokens"}
+
+
+class ParentApp:
+    def __init__(self, pool: EnginePool, library: LibraryCache, api_key: Optional[str] = None):
+        self.pool, self.library = pool, library
+        self.api_key = api_key
+        self.responses = ParentResponses()
+        self.started_at = int(time.time())
+        self._fit_weights: dict = {}
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan":
+            return await self._lifespan(receive, send)
+        if scope["type"] == "websocket":  # web chat needs a non-isolated server
+            return await self._refuse_websocket(scope, send)
+        denied = self._guard(scope)
+        if denied is not None:
+            return await send_json(send, *denied)
+        path, method = scope["path"], scope["method"]
+        local = self._local(path, method)
+        if local is not None:
+            return await local(scope, send)
+        body = await self._body(receive)
+        if body is _GONE:
+            return  # the client left while sending its body
+        if body is None:
+            return await send_json(send, 413, {"error": {
+                "message": f"request body over {MAX_BODY_BYTES} bytes", "type": "invalid_request_error"}})
+        await self._proxy(scope, body, receive, send)
+
+    def _guard(self, scope) -> Optional[tuple]:
+        """The serve guard's rules, on the parent's TCP side (the engines behind the
+        socket see only the parent): the API key on every route but /health; admin
+        routes for loopback clients only when there is no key."""
+        path = scope["path"]
+        anthropic = path.startswith("/v1/messages")
+        if self.api_key is not None and path not in guard.OPEN_PATHS:
+            got = _presented_key(scope)
+            if got is None or not hmac.compare_digest(got.encode(), self.api_key.encode()):
+                return 401, _guard_error("authentication_error", "invalid or missing API key "
+                                         "(send Authorization: Bearer <key>)", anthropic)
+        elif path.startswith(guard.ADMIN_PREFIXES) and not guard.is_loopback(
+                SimpleNamespace(scope=scope)):
+            return 403, _guard_error("permission_error", "this route answers loopback clients "
+                                     "only; start the server with --api-key to allow remote "
+                                     "clients", anthropic)
+        return None
+
+    async def _refuse_websocket(self, scope, send):
+        """501 where the server can answer an upgrade with HTTP; else close the socket."""
+        if "websocket.http.response" not in scope.get("extensions", {}):
+            return await send({"type": "websocket.close", "code": 1011})
+        body = json.dumps({"error": {"message": "web chat is not available under --isolate; "
+                                                "run without it", "type": "not_implemented"}})
+        await send({"type": "websocket.http.response.start", "status": 501,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "websocket.http.response.body", "body": body.encode()})
+
+    # ---------------------------------------------------------------- local routes
+    def _local(self, path: str, method: str):
+        if path.startswith("/admin/"):
+            return lambda scope, send: send_json(send, 404, {"error": {"message": "not found"}})
+        if path == "/ws/chat":
+            return lambda scope, send: send_json(send, 501, {"error": {
+                "message": "web chat is not available under --isolate; run without it",
+                "type": "not_implemented"}})
+        if method not in ("GET", "HEAD", "DELETE"):
+            return None
+        if path.startswith("/v1/responses/") and method in ("GET", "DELETE"):
+            rid = path[len("/v1/responses/"):]
+            return lambda scope, send: self.responses.answer(method, rid, send)
+        if method == "DELETE":
+            return None
+        return {"/health": self.health, "/engine": self.engine, "/v1": self.index,
+                "/v1/models": self.models, "/library": self.get_library,
+                "/fit": self.fit}.get(path) or (self.model_by_id if path.startswith("/v1/models/")
+                                                else None)
+
+    async def health(self, scope, send):
+        await send_json(send, 200, {"status": "ok"})
+
+    async def engine(self, scope, send):
+        d = self.pool.default_engine()
+        desc = d.describe() if d else {}
+        await send_json(send, 200, {
+            "isolated": True, "pid": desc.get("pid"), "restarts": desc.get("restarts"),
+            "socket": desc.get("socket"), "state": desc.get("state", "evicted"),
+            "response_store": self.responses.store.stats(), "pool": self.pool.describe()})
+
+    async def index(self, scope, send):
+        from ..server.meta import ENDPOINTS
+
+        await send_json(send, 200, {"name": "mlxbun", "version": _version(),
+                                    "model": self.served_id(), "isolated": True,
+                                    "endpoints": ENDPOINTS + ["GET /engine"]})
+
+    def served_id(self) -> str:
+        d = self.pool.default_engine()
+        return d.model_id if d else self.pool.default.id
+
+    def served_row(self) -> dict:
+        d = self.pool.default_engine()
+        if d is not None and d.served_row:
+            return {**d.served_row, "created": self.started_at}
+        return {"id": self.served_id(), "object": "model", "created": self.started_at,
+                "owned_by": "mlxbun"}
+
+    async def _rows(self) -> list:
+        entries = await self.library.aentries()
+        return [self.served_row()] + local_rows(entries, self.served_id(), self.started_at)
+
+    async def models(self, scope, send):
+        await send_json(send, 200, {"object": "list", "data": await self._rows()})
+
+    async def model_by_id(self, scope, send):
+        wanted = scope["path"][len("/v1/models/"):]
+        rows = [r for r in await self._rows() if r["id"] == wanted]
+        if not rows:
+            return await send_json(send, 404, {"error": {
+                "message": f"model {wanted!r} not found", "type": "not_found_error"}})
+        await send_json(send, 200, {"object": "list", "data": rows})
+
+    def machine(self) -> Machine:
+        """The engines' view of the machine (MLX's numbers); system RAM until one reports."""
+        for e in self.pool.engines.values():
+            if e.machine:
+                m = e.machine
+                return Machine(m["device"], m["chip"], m["ram_bytes"], m["usable_bytes"],
+                               m["bandwidth_gbs"], m["bandwidth_source"])
+        return machine(probe_mlx=False)
+
+    async def get_library(self, scope, send):
+        refresh = b"refresh=1" in scope.get("query_string", b"")
+        entries = await self.library.aentries(refresh)
+        m = await asyncio.to_thread(self.machine)
+        await send_json(send, 200, {"models": [library_row(e, m, self.served_id())
+                                               for e in entries]})
+
+    async def fit(self, scope, send):
+        """The engine's own /fit (its admission's numbers) while it is up; while it is
+        down, the same plan from the checkpoint's headers and the machine it reported."""
+        d, path = self.pool.default_engine(), self._served_path()
+        if path is None or (d is not None and d.state == "ready"):
+            return await self._proxy(scope, b"", None, send)
+        ctx = _ctx(scope.get("query_string", b""))
+        if ctx == -1:
+            return await send_json(send, 400, {"error": {"message": "ctx must be a positive integer",
+                                                         "type": "invalid_request_error",
+                                                         "param": "ctx"}})
+        if path not in self._fit_weights:
+            self._fit_weights[path] = await asyncio.to_thread(checkpoint.weights, path)
+        config = checkpoint.read_json(path / "config.json")
+        m = await asyncio.to_thread(self.machine)
+        await send_json(send, 200, fit_report(config, self._fit_weights[path], m, context=ctx))
+
+    def _served_path(self) -> Optional[Path]:
+        arg = self.pool.default.arg
+        if arg and (Path(arg) / "config.json").is_file():
+            return Path(arg)
+        entry = self.library.find(self.served_id())
+        return entry.path if entry else None
+
+    # ---------------------------------------------------------------- proxying
+    async def _body(self, receive) -> Optional[bytes]:
+        chunks, size = [], 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return _GONE
+            chunks.append(msg.get("body", b""))
+            size += len(chunks[-1])
+            if size > MAX_BODY_BYTES:
+                return None
+            if not msg.get("more_body"):
+                return b"".join(chunks)
+
+    async def _proxy(self, scope, body: bytes, receive, send):
+        path, method = scope["path"], scope["method"]
+        spec, turn = self.pool.default, None
+        if method == "POST" and path in ROUTED:
+            if self.pool.cap > 1:
+                await self.library.aentries()  # any rescan happens off the event loop
+            spec = self.pool.target(_model_field(body))
+            if path == "/v1/responses":
+                body, turn, error = self.responses.prepare(body)
+                if error is not None:
+                    return await send_json(send, 404, error)
+        receive = receive or _never_disconnects
+        retry = method in ("GET", "HEAD") and not body  # bodyless reads retry once
+        while True:
+            try:
+                async with self.pool.lease(spec) as engine:
+                    await forward(engine, scope, body, receive, send,
+                                  turn.observer if turn else None)
+                return
+            except EngineUnavailable as exc:
+                return await send_unavailable(send, str(exc))
+            except EngineGone as exc:
+                if not retry:
+                    return await send_unavailable(send, str(exc))
+                retry = False
+                log.info("retrying %s %s once the engine is back", method, path)
+
+    # ---------------------------------------------------------------- lifespan
+    async def _lifespan(self, receive, send):
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                await self.pool.start()
+                asyncio.ensure_future(asyncio.to_thread(self.library.entries))  # warm the scan
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                await self.pool.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+_GONE = object()
+
+
+def _presented_key(scope) -> Optional[str]:
+    headers = dict(scope["headers"])
+    auth = headers.get(b"authorization")
+    if auth and auth[:7].lower() == b"bearer ":
+        return auth[7:].decode("latin-1").strip()
+    key = headers.get(b"x-api-key")
+    return key.decode("latin-1").strip() if key else None
+
+
+def _guard_error(kind: str, message: str, anthropic: bool) -> dict:
+    if anthropic:
+        return {"type": "error", "error": {"type": kind, "message": message}}
+    return {"error": {"message": message, "type": kind}}
+
+
+async def _never_disconnects():
+    await asyncio.Event().wait()
+
+
+def _model_field(body: bytes):
+    try:
+        value = json.loads(body or b"")
+    except ValueError:
+        return None
+    return value.get("model") if isinstance(value, dict) else None
+
+
+def _ctx(query: bytes) -> Optional[int]:
+    for part in query.decode("latin-1").split("&"):
+        if part.startswith("ctx="):
+            try:
+                v = int(part[4:])
+            except ValueError:
+                return -1
+            return v if v > 0 else -1
+    return None
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__

@@ -1,0 +1,136 @@
+"""Forward one HTTP request to an engine child over its unix socket (httpx), ASGI side raw.
+
+Hop-by-hop headers are dropped, SSE and every other body stream through as the
+child writes them, and a client disconnect closes the upstream connection so the
+child sees its own disconnect and frees the request's slot. A child that dies
+mid-request answers ``502 engine_unavailable`` (or, once a stream has started, a
+final SSE ``error`` event).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Awaitable, Callable, Optional
+
+import httpx
+
+from .child import EngineProcess
+from .drain import send_json
+
+log = logging.getLogger("mlxbun.isolate")
+
+HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization",
+              b"te", b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"host",
+              b"content-length"}
+
+
+class EngineGone(Exception):
+    """The engine dropped the request before answering; nothing was sent to the client."""
+
+
+def unavailable_body(message: str) -> dict:
+    return {"error": {"message": message, "type": "engine_unavailable"}}
+
+
+async def send_unavailable(send, message: str) -> None:
+    await send_json(send, 502, unavailable_body(message))
+
+
+class Disconnect:
+    """Watches ``receive`` for ``http.disconnect`` (the body has been read already)."""
+
+    def __init__(self, receive):
+        self.event = asyncio.Event()
+        self._task = asyncio.ensure_future(self._watch(receive))
+
+    async def _watch(self, receive):
+        while True:
+            msg = await receive()
+            if msg.get("type") == "http.disconnect":
+                self.event.set()
+                return
+
+    def close(self):
+        self._task.cancel()
+
+
+async def _race(work: Awaitable, disconnect: Disconnect):
+    """Run ``work``; None (and ``work`` cancelled) if the client leaves first."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(disconnect.event.wait())
+    try:
+        done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, Exception):
+        pass
+    return None
+
+
+def _request(engine: EngineProcess, scope, body: bytes) -> httpx.Request:
+    headers = [(k, v) for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP]
+    target = scope.get("raw_path") or scope["path"].encode()
+    if scope.get("query_string"):
+        target += b"?" + scope["query_string"]
+    return engine.client.build_request(scope["method"], target.decode("latin-1"),
+                                       headers=headers, content=body)
+
+
+async def forward(engine: EngineProcess, scope, body: bytes, receive, send,
+                  on_response: Optional[Callable[[httpx.Response], object]] = None) -> int:
+    """Proxy one request; returns the status sent (499: the client left first).
+    Raises :class:`EngineGone` when the engine fails before answering (nothing sent yet).
+
+    ``on_response(resp)`` may return a chunk observer ``f(bytes)`` (the parent's
+    response store reads finished Responses this way).
+    """
+    disconnect = Disconnect(receive)
+    try:
+        try:
+            resp = await _race(engine.client.send(_request(engine, scope, body), stream=True),
+                               disconnect)
+        except httpx.TransportError as exc:
+            raise EngineGone(f"engine {engine.model_id} is unavailable: "
+                             f"{type(exc).__name__}") from exc
+        if resp is None:
+            return 499
+        try:
+            observe = on_response(resp) if on_response else None
+            headers = [(k, v) for k, v in resp.headers.raw if k.lower() not in HOP_BY_HOP]
+            await send({"type": "http.response.start", "status": resp.status_code,
+                        "headers": headers})
+            ok = await _race(_pump(resp, send, observe), disconnect)
+            if ok is None:
+                return 499
+            if ok and hasattr(observe, "close"):
+                observe.close()
+            if ok is False:  # the engine died mid-body
+                if resp.headers.get("content-type", "").startswith("text/event-stream"):
+                    err = unavailable_body(f"engine {engine.model_id} stopped mid-stream")
+                    await send({"type": "http.response.body", "more_body": True,
+                                "body": b"event: error\ndata: " + json.dumps(err).encode()
+                                        + b"\n\n"})
+            await send({"type": "http.response.body", "body": b""})
+            return resp.status_code
+        finally:
+            await resp.aclose()  # closes the upstream connection when unread: the child sees it
+    finally:
+        disconnect.close()
+
+
+async def _pump(resp: httpx.Response, send, observe) -> bool:
+    try:
+        async for chunk in resp.aiter_raw():
+            if observe is not None:
+                observe(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    except httpx.TransportError:
+        return False
+    return True

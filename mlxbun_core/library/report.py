@@ -1,0 +1,119 @@
+"""Fit reports and library rows in the shapes ``/fit``, ``/library`` and the CLI print.
+
+All numbers come from :mod:`.fit` with the checkpoint's config and header-read
+weight bytes, so the server's admission, ``/fit`` and ``mlxbun fit`` agree.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from . import checkpoint
+from .fit import Machine, plan, predicted_decode_tps
+
+TYPICAL_CONTEXT = 8192
+SKU_CONTEXT = 32768
+SKU_WIRED_SHARE = 0.75  # macOS lets the GPU wire about this share of RAM by default
+# (sku, RAM GB, bandwidth GB/s) across the Apple silicon line-up
+APPLE_SKUS = (
+    ("M4 16 GB", 16, 120.0), ("M4 24 GB", 24, 120.0), ("M4 32 GB", 32, 120.0),
+    ("M4 Pro 24 GB", 24, 273.0), ("M4 Pro 48 GB", 48, 273.0), ("M4 Pro 64 GB", 64, 273.0),
+    ("M4 Max 36 GB", 36, 410.0), ("M4 Max 64 GB", 64, 546.0), ("M4 Max 128 GB", 128, 546.0),
+    ("M3 Ultra 96 GB", 96, 819.0), ("M3 Ultra 256 GB", 256, 819.0),
+    ("M3 Ultra 512 GB", 512, 819.0),
+)
+
+
+def fit_report(config: dict, weights: checkpoint.Weights, machine: Machine, *,
+               context: Optional[int] = None, budget_bytes: Optional[int] = None,
+               kv_element_bytes: Optional[float] = None, weights_bytes: Optional[int] = None,
+               ceiling: Optional[int] = None, skus: bool = True) -> dict:
+    """``GET /fit``: the plan at ``context`` (default: the admission ceiling) on this machine.
+
+    A serving engine passes what its admission uses: ``weights_bytes`` (the loaded
+    parameters), ``budget_bytes`` and ``ceiling`` (the enforced context), so the two agree;
+    otherwise the header-read weights and the machine's usable memory are used.
+    """
+    budget = budget_bytes or machine.usable_bytes
+    total = weights_bytes or weights.total_bytes
+    best = plan(config, total, budget, element_bytes=kv_element_bytes)
+    at = context or ceiling or best.max_safe_context or best.context_window or TYPICAL_CONTEXT
+    p = plan(config, total, budget, context=at, element_bytes=kv_element_bytes)
+    active = total - (weights.total_bytes - checkpoint.active_weight_bytes(config, weights))
+    typical = min(TYPICAL_CONTEXT, at)
+    report = {k: v for k, v in p.report().items() if k != "context_tokens"}
+    report.update(active_weight_bytes=active, memory_budget_bytes=budget_bytes,
+                  predicted_decode_tps=predicted_decode_tps(active, p.kv_bytes,
+                                                            machine.bandwidth_gbs))
+    out = {"machine": machine.describe(), "context_tokens": at,
+           "typical_context_tokens": typical,
+           "typical_decode_tps": predicted_decode_tps(active, p.kv.bytes_at(typical),
+                                                      machine.bandwidth_gbs),
+           "measured_decode_tps": None, "measured_at": None, "report": report}
+    if skus:
+        out["sku_matrix_ctx"] = SKU_CONTEXT
+        out["sku_matrix"] = sku_matrix(config, weights, kv_element_bytes)
+    return out
+
+
+def sku_matrix(config: dict, weights: checkpoint.Weights,
+               kv_element_bytes: Optional[float] = None) -> list[dict]:
+    active = checkpoint.active_weight_bytes(config, weights)
+    rows = []
+    for sku, ram_gb, gbs in APPLE_SKUS:
+        usable = int(ram_gb * (1 << 30) * SKU_WIRED_SHARE)
+        p = plan(config, weights.total_bytes, usable, context=SKU_CONTEXT,
+                 element_bytes=kv_element_bytes)
+        rows.append({"sku": sku, "ram_gb": ram_gb, "fits": p.fits,
+                     "max_context": p.max_safe_context,
+                     "decode_tps": predicted_decode_tps(active, p.kv_bytes, gbs)})
+    return rows
+
+
+def assessment(entry, machine: Machine) -> Optional[dict]:
+    """The short fit a ``/library`` row carries (None when the config gives no shape)."""
+    t = entry.config.get("text_config") or entry.config
+    if not t.get("num_hidden_layers"):
+        return None
+    p = plan(entry.config, entry.weights.total_bytes, machine.usable_bytes)
+    active = checkpoint.active_weight_bytes(entry.config, entry.weights)
+    typical = min(TYPICAL_CONTEXT, p.max_safe_context) if p.max_safe_context else TYPICAL_CONTEXT
+    return {"fits": p.max_safe_context > 0, "max_safe_context": p.max_safe_context,
+            "kv_bytes_per_token": p.kv.bytes_per_token,
+            "predicted_decode_tps": predicted_decode_tps(active, p.kv.bytes_at(typical),
+                                                         machine.bandwidth_gbs)}
+
+
+def library_row(entry, machine: Machine, served_id: Optional[str] = None) -> dict:
+    row = entry.row()
+    row.pop("path", None)  # local paths stay off the wire
+    row.update(serving=entry.id == served_id, assessment=assessment(entry, machine))
+    return row
+
+
+def human_bytes(n: Optional[float]) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def ls_table(entries, machine: Machine) -> str:
+    """``mlxbun ls``: one line per local model."""
+    head = ("MODEL", "TYPE", "TIER", "PLUGIN", "SIZE", "QUANT", "CONTEXT", "FITS", "MAX CTX",
+            "TOK/S", "CAPS")
+    rows = [head]
+    for e in entries:
+        a = assessment(e, machine) or {}
+        caps = ",".join(c for c in ("vision", "audio") if getattr(e, c)) or "-"
+        rows.append((e.id, e.model_type or "?", e.tier or "unsupported",
+                     e.claim.plugin if e.claim else "-", human_bytes(e.size_bytes),
+                     f"{e.quant_bits}-bit" if e.quant_bits else "-",
+                     str(e.context_length or "-"), "yes" if a.get("fits") else "no",
+                     str(a.get("max_safe_context", "-")), str(a.get("predicted_decode_tps", "-")),
+                     caps))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
