@@ -271,11 +271,12 @@ def cmd_serve(args) -> int:
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                 timeout_graceful_shutdown=10)
     DrainingServer(config, engine).run()
-    if args.unix:  # an engine child: nothing left to save, and interpreter teardown takes seconds
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-    return 0
+    # Served and drained: nothing is left to save. Interpreter teardown takes seconds and can
+    # abort inside MLX's native threads ("terminate called without an active exception"),
+    # which would turn a clean shutdown into exit 134.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv=None) -> int:
