@@ -112,3 +112,44 @@ def video_bytes(seconds: float = 2.0, fps: int = 10, size=(64, 48), container: s
         for packet in stream.encode(None):
             out.mux(packet)
     return buf.getvalue()
+
+
+# ---------------------------------------------------------------- reference runs
+
+_vlm_cache: dict = {}
+
+
+def vlm_load(path):
+    """mlx-vlm's own ``load`` of a checkpoint (memoized per process)."""
+    from mlx_vlm import load
+
+    key = str(path)
+    if key not in _vlm_cache:
+        _vlm_cache[key] = load(key)
+    return _vlm_cache[key]
+
+
+def vlm_prompt(path, messages, **template_kwargs) -> str:
+    """The prompt text for ``messages`` (media parts as ``{"type": kind}``) rendered
+    by the checkpoint's own chat template through the Hugging Face tokenizer."""
+    _, processor = vlm_load(path)
+    tok = getattr(processor, "tokenizer", processor)
+    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                   **template_kwargs)
+
+
+def vlm_greedy(path, prompt: str, *, max_tokens: int, eos=(), **media) -> list:
+    """Greedy token ids from mlx-vlm's own ``generate`` (cut at the first of ``eos``).
+
+    ``media``: ``image=[PIL images]``, ``audio=[16 kHz arrays]``, ``video=[frames]``
+    (+ ``video_metadata``), as mlx-vlm takes them.
+    """
+    from mlx_vlm import generate
+
+    model, processor = vlm_load(path)
+    out = generate(model, processor, prompt, max_tokens=max_tokens, temperature=0.0, **media)
+    ids = list(out.token_ids or [])
+    for i, t in enumerate(ids):
+        if t in eos:
+            return ids[: i + 1]
+    return ids

@@ -120,6 +120,10 @@ class SerialLane:
             yield from self._speculate(job)
             return
         req = job.request
+        if req.media is not None:  # the media pipeline's forward pass (the prefix cache is bypassed)
+            job.admitted(0)
+            yield from req.media.run(req.sampler, req.processors or None)
+            return
         prompt, cache, n = req.prompt_tokens, None, 0
         cacheable = (job.cache_namespace is not None and self.prefix is not None
                      and req.input_embeddings is None)
