@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "then also answer remote clients (default: no key, admin loopback-only)")
     s.add_argument("--grammar-backend", default=None,
                    help="structured-output backend (llguidance, xgrammar)")
+    s.add_argument("--allow-private-media", action="store_true",
+                   default=os.environ.get("MLXBUN_ALLOW_PRIVATE_MEDIA", "").lower() in ("1", "true", "yes", "on"),
+                   help="let image/audio/video URLs reach private, loopback and link-local "
+                        "hosts (a NAS on the LAN); refused by default")
     s.add_argument("--log-level", default=os.environ.get("MLXBUN_LOG_LEVEL", "info"))
 
     sub.add_parser("plugins", help="list installed plugins and the hooks they implement")
@@ -86,6 +90,13 @@ def cmd_convert(args) -> int:
     return 0
 
 
+def configure_media(args) -> None:
+    """The media fetcher's destination policy from the serve flags."""
+    from .media import fetch
+
+    fetch.policy.allow_private = bool(args.allow_private_media)
+
+
 def cmd_serve(args) -> int:
     import uvicorn
 
@@ -106,6 +117,7 @@ def cmd_serve(args) -> int:
         except ValueError as exc:
             print(f"mlxbun: {exc}", file=sys.stderr)
             return 2
+    configure_media(args)
     defaults = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
     try:
         options = LoadOptions(embedding=args.embedding, extra={

@@ -120,3 +120,22 @@ def tower_weights(model_type: str, config: dict, seed: int, dtype) -> dict:
             raise AssertionError(f"{model_type}: mlx-vlm sanitize round-trip changed {k}")
     return {k: mx.contiguous(v) for k, v in hf.items()}
 
+
+
+# The chat template Qwen-VL checkpoints ship (ChatML; image and video parts become
+# vision markers where they stand), reduced to what tests need.
+QWEN_VL_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['content'] is string %}{{- message['content'] }}"
+    "{%- else %}{%- for item in message['content'] %}"
+    "{%- if item['type'] == 'image' or 'image' in item or 'image_url' in item %}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{%- elif item['type'] == 'video' or 'video' in item %}"
+    "{{- '<|vision_start|><|video_pad|><|vision_end|>' }}"
+    "{%- elif 'text' in item %}{{- item['text'] }}{%- endif %}"
+    "{%- endfor %}{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
