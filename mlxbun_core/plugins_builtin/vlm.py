@@ -25,6 +25,7 @@ import importlib.util
 import json
 import logging
 import threading
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -126,8 +127,10 @@ class VlmPipeline:
                 config = module.ModelConfig.from_dict(raw)
                 self._config = update_module_configs(config, module, raw,
                                                      ["text", "vision", "audio"])
-                processor = load_processor(path, True,
-                                           eos_token_ids=getattr(self._config, "eos_token_id", None))
+                with warnings.catch_warnings():  # feature extractors warn about their own defaults
+                    warnings.simplefilter("ignore", UserWarning)
+                    processor = load_processor(
+                        path, True, eos_token_ids=getattr(self._config, "eos_token_id", None))
                 image_processor = load_image_processor(path)
                 if image_processor is not None:
                     processor.image_processor = image_processor
