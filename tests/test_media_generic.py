@@ -120,3 +120,31 @@ def test_cli_flag_and_environment_turn_on_private_media(monkeypatch):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              env={**__import__("os").environ, "MLXBUN_ALLOW_PRIVATE_MEDIA": value})
         assert out.stdout.strip() == expect
+
+
+def test_towers_borrow_the_loaded_language_weights(client, srv):
+    from mlx.utils import tree_flatten
+
+    ask(client, url_part(M.data_url(PNG, "image/png")), n=1)
+    towers = srv.engine.model.extras["media_pipeline"]._vlm
+    theirs = dict(tree_flatten(towers.parameters()))
+    mine = dict(tree_flatten(srv.engine.model.model.parameters()))
+    assert mine and all(theirs[k] is v for k, v in mine.items())  # the same arrays, not copies
+    assert any(k.startswith("vision_tower.") for k in theirs)
+
+
+def test_media_hash_keys_the_prompt_cache_namespace(srv):
+    import asyncio
+
+    from mlxbun_core.media import parts
+
+    def namespace(content):
+        req = srv.engine.parse_chat({"messages": [{"role": "user", "content": content}]})
+        if req.media:
+            req.media_items = asyncio.run(parts.load(req.media))
+        return srv.engine.cache_namespace(req)
+
+    a = namespace(url_part(M.data_url(PNG, "image/png")))
+    b = namespace(url_part(M.data_url(M.image_bytes("PNG", size=(64, 48), seed=1), "image/png")))
+    text = namespace([{"type": "text", "text": "Describe."}])
+    assert len({a, b, text}) == 3 and a == namespace(url_part(M.data_url(PNG, "image/png")))

@@ -93,6 +93,9 @@ def pipeline_for(model: LoadedModel, kind: str, allowed=("image", "audio", "vide
     """
     pipe = model.extras.get("media_pipeline")
     if pipe is None:
+        if _vlm_models_dir() is None and model.config.get("vision_config"):
+            log.warning("%s ships a vision tower, but mlx-vlm is not installed: media parts "
+                        "get a 400 (pip install 'mlxbun[media]')", model.id)
         kinds = set(tower_kinds(model.path, model.config))
         if "image" in kinds:
             kinds.add("video")
