@@ -191,3 +191,29 @@ def test_text_only_keeps_mlx_lm_tokens_and_loads_no_tower(ckpt):
         if t in tok.eos_token_ids:
             break
     assert ours == theirs
+
+
+def test_anthropic_tool_result_image_and_url_source(srv, monkeypatch):
+    """The computer-use shape: a screenshot inside a tool_result, here by URL."""
+    from mlxbun_core.media import fetch
+    from mlxbun_core.testing.media_server import MediaServer
+
+    a = anthropic.Anthropic(base_url=srv.base_url, api_key="unused", max_retries=0)
+    tools = [{"name": "screenshot", "description": "Take one", "input_schema": {"type": "object"}}]
+
+    def turn(result):
+        return a.messages.create(model="m", max_tokens=4, tools=tools, extra_body={"temperature": 0},
+                                 thinking={"type": "disabled"}, messages=[
+            {"role": "user", "content": "Look at the screen."},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "screenshot",
+                                               "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                          "content": result}]}])
+
+    monkeypatch.setattr(fetch.policy, "allow_private", True)
+    with MediaServer(routes={"/s.png": (200, {"Content-Type": "image/png"}, PNG_A)}) as host:
+        with_image = turn([{"type": "image", "source": {"type": "url", "url": host.url("/s.png")}},
+                           {"type": "text", "text": "done"}])
+        assert [p for p, _ in host.requests] == ["/s.png"]
+    text_only = turn([{"type": "text", "text": "done"}])
+    assert with_image.usage.input_tokens > text_only.usage.input_tokens + 3
