@@ -126,7 +126,11 @@ def test_towers_borrow_the_loaded_language_weights(client, srv):
     from mlx.utils import tree_flatten
 
     ask(client, url_part(M.data_url(PNG, "image/png")), n=1)
-    towers = srv.engine.model.extras["media_pipeline"]._vlm
+    from mlxbun_core.contract import MediaPipeline
+
+    pipe = srv.engine.model.extras["media_pipeline"]
+    assert isinstance(pipe, MediaPipeline) and pipe.kinds == {"image"}
+    towers = pipe._vlm
     theirs = dict(tree_flatten(towers.parameters()))
     mine = dict(tree_flatten(srv.engine.model.model.parameters()))
     assert mine and all(theirs[k] is v for k, v in mine.items())  # the same arrays, not copies

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import struct
+import warnings
 
 import numpy as np
 
@@ -125,7 +126,9 @@ def vlm_load(path):
 
     key = str(path)
     if key not in _vlm_cache:
-        _vlm_cache[key] = load(key)
+        with warnings.catch_warnings():  # feature extractors warn about their own defaults
+            warnings.simplefilter("ignore", UserWarning)
+            _vlm_cache[key] = load(key)
     return _vlm_cache[key]
 
 

@@ -92,8 +92,6 @@ def tool_call_parser(model, tools):
 def media_pipeline(model, kind):
     """Images through the vision tower; audio where the checkpoint has an audio tower
     (e2b/e4b). Video is not served for Gemma 4."""
-    if model.family != FAMILY:
-        return None
     from mlxbun_core.plugins_builtin.vlm import pipeline_for
 
     return pipeline_for(model, kind, allowed=("image", "audio"))

@@ -70,8 +70,6 @@ def tool_call_parser(model, tools):
 @hookimpl
 def media_pipeline(model, kind):
     """Images and video (frames through the same vision tower) via mlx-vlm."""
-    if model.family != FAMILY:
-        return None
     from mlxbun_core.plugins_builtin.vlm import pipeline_for
 
     return pipeline_for(model, kind, allowed=("image", "video"))
