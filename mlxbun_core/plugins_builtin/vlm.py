@@ -40,6 +40,7 @@ TOWER_KEYS = {"image": ("vision_tower.", "visual.", "vision_model.", "embed_visi
                         "multi_modal_projector."),
               "audio": ("audio_tower.", "embed_audio.", "audio_model.")}
 _NOT_INPUTS = ("input_ids", "pixel_values", "attention_mask")
+_pipelines_lock = threading.Lock()  # /v1/models and preparation may ask at the same time
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,16 +92,17 @@ def pipeline_for(model: LoadedModel, kind: str, allowed=("image", "audio", "vide
     ``allowed`` is what the family serves (video needs a tower that takes frames:
     it is served wherever the image tower is and the family allows it).
     """
-    pipe = model.extras.get("media_pipeline")
-    if pipe is None:
-        if _vlm_models_dir() is None and model.config.get("vision_config"):
-            log.warning("%s ships a vision tower, but mlx-vlm is not installed: media parts "
-                        "get a 400 (pip install 'mlxbun[media]')", model.id)
-        kinds = set(tower_kinds(model.path, model.config))
-        if "image" in kinds:
-            kinds.add("video")
-        pipe = VlmPipeline(model, frozenset(k for k in kinds if k in allowed))
-        model.extras["media_pipeline"] = pipe
+    with _pipelines_lock:
+        pipe = model.extras.get("media_pipeline")
+        if pipe is None:
+            if _vlm_models_dir() is None and model.config.get("vision_config"):
+                log.warning("%s ships a vision tower, but mlx-vlm is not installed: media "
+                            "parts get a 400 (pip install 'mlxbun[media]')", model.id)
+            kinds = set(tower_kinds(model.path, model.config))
+            if "image" in kinds:
+                kinds.add("video")
+            pipe = VlmPipeline(model, frozenset(k for k in kinds if k in allowed))
+            model.extras["media_pipeline"] = pipe
     return pipe if kind in pipe.kinds else None
 
 
@@ -125,6 +127,7 @@ class VlmPipeline:
                                            update_module_configs)
 
                 path = self.model.path
+                log.info("loading the media processor for %s (mlx-vlm)", self.model.id)
                 raw = load_config(path)
                 module, _ = get_model_and_args(raw, path)
                 config = module.ModelConfig.from_dict(raw)
@@ -153,6 +156,9 @@ class VlmPipeline:
                               frames_indices=list(v.frames_indices), duration=v.duration_s,
                               height=int(v.frames.shape[1]), width=int(v.frames.shape[2]))
                 for v in by_kind["video"]]
+        if len(by_kind["audio"]) > 1 and not getattr(processor, "supports_multiple_audio", False):
+            raise BadRequest(f"model {self.model.id} takes one audio clip per request",
+                             param="messages")
         self._check_slots(prompt.text, processor, by_kind)
         try:
             inputs = prepare_inputs(

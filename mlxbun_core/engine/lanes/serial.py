@@ -1,10 +1,10 @@
 """The serial lane: one request at a time through mlx-lm's own decode loop.
 
 It runs what cannot batch (a mounted draft model: speculative decoding; prompt
-embeddings from a media pipeline; seeded requests, which are reproducible only
-alone) and everything under ``--batch 1``. Each ``step`` does one prefill chunk
-or one token, so cancellation lands within a step and the worker can run calls
-and other lanes in between. Plain requests start from the longest cached prefix
+embeddings; media requests, which run their pipeline's own forward pass; seeded
+requests, which are reproducible only alone) and everything under ``--batch 1``.
+Each ``step`` does one prefill chunk or one token, so cancellation lands within
+a step and the worker can run calls and other lanes in between. Plain requests start from the longest cached prefix
 and publish their KV to the prefix cache when they end.
 """
 
