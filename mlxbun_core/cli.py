@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--grammar-backend", default=None,
                    help="structured-output backend (llguidance, xgrammar)")
     s.add_argument("--allow-private-media", action="store_true",
-                   default=os.environ.get("MLXBUN_ALLOW_PRIVATE_MEDIA", "").lower() in ("1", "true", "yes", "on"),
+                   default=os.environ.get("MLXBUN_ALLOW_PRIVATE_MEDIA", "").lower()
+                   in ("1", "true", "yes", "on"),
                    help="let image/audio/video URLs reach private, loopback and link-local "
                         "hosts (a NAS on the LAN); refused by default")
     s.add_argument("--log-level", default=os.environ.get("MLXBUN_LOG_LEVEL", "info"))

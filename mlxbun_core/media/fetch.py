@@ -170,7 +170,8 @@ def decode_base64(text: str, what: str, limit: int) -> bytes:
 
 # ---------------------------------------------------------------- http(s)
 
-async def fetch(url: str, kind: str = "image", pol: Optional[FetchPolicy] = None) -> tuple[bytes, Optional[str]]:
+async def fetch(url: str, kind: str = "image",
+                pol: Optional[FetchPolicy] = None) -> tuple[bytes, Optional[str]]:
     """Fetch ``url`` (``data:``, ``http:`` or ``https:``) → (bytes, content type)."""
     pol = pol or policy
     if not isinstance(url, str) or not url.strip():
@@ -233,7 +234,8 @@ async def _fetch_remote(url: str, kind: str, pol: FetchPolicy) -> tuple[bytes, O
 
     limit = pol.limit(kind)
     timeout = httpx.Timeout(pol.timeout_s)
-    async with httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=timeout) as client:
+    async with httpx.AsyncClient(trust_env=False, follow_redirects=False,
+                                 timeout=timeout) as client:
         for _hop in range(pol.max_redirects + 1):
             pinned, host_header, host = await _pin(url, kind, pol)
             req = client.build_request("GET", pinned, headers={"Host": host_header,
@@ -248,7 +250,8 @@ async def _fetch_remote(url: str, kind: str, pol: FetchPolicy) -> tuple[bytes, O
                 if resp.is_redirect:
                     location = resp.headers.get("location")
                     if not location:
-                        raise _rejected(kind, f"HTTP {resp.status_code} redirect without a Location")
+                        raise _rejected(kind, f"HTTP {resp.status_code} redirect without "
+                                              "a Location")
                     url = urljoin(url, location)
                     continue
                 if resp.status_code >= 400:

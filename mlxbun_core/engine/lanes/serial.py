@@ -120,7 +120,7 @@ class SerialLane:
             yield from self._speculate(job)
             return
         req = job.request
-        if req.media is not None:  # the media pipeline's forward pass (the prefix cache is bypassed)
+        if req.media is not None:  # the media pipeline's own forward pass; no prefix cache
             job.admitted(0)
             yield from req.media.run(req.sampler, req.processors or None)
             return
