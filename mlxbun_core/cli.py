@@ -54,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "then also answer remote clients (default: no key, admin loopback-only)")
     s.add_argument("--grammar-backend", default=None,
                    help="structured-output backend (llguidance, xgrammar)")
+    s.add_argument("--allow-private-media", action="store_true",
+                   default=os.environ.get("MLXBUN_ALLOW_PRIVATE_MEDIA", "").lower()
+                   in ("1", "true", "yes", "on"),
+                   help="let image/audio/video URLs reach private, loopback and link-local "
+                        "hosts (a NAS on the LAN); refused by default")
     s.add_argument("--log-level", default=os.environ.get("MLXBUN_LOG_LEVEL", "info"))
     s.add_argument("--isolate", action="store_true",
                    help="run the engine as a child process behind a crash-proof proxy")
@@ -203,6 +208,13 @@ def cmd_convert(args) -> int:
     return 0
 
 
+def configure_media(args) -> None:
+    """The media fetcher's destination policy from the serve flags."""
+    from .media import fetch
+
+    fetch.policy.allow_private = bool(args.allow_private_media)
+
+
 def cmd_serve(args) -> int:
     import uvicorn
 
@@ -223,12 +235,13 @@ def cmd_serve(args) -> int:
         except ValueError as exc:
             print(f"mlxbun: {exc}", file=sys.stderr)
             return 2
-    if args.isolate:
+    if args.isolate:  # the children get every serve flag that was set (media policy included)
         from .isolate.launch import run_parent
 
         return run_parent(args, build_parser())
     if args.model_pool != 1:
         print("mlxbun: --model-pool needs --isolate; ignored", file=sys.stderr)
+    configure_media(args)
     defaults = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
     name = None
     try:

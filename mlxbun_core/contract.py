@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_che
 
 if TYPE_CHECKING:
     from .events import ParserEvent
+    from .media.parts import MediaItem
+    from .model import MediaPrompt, Prompt
     from .grammar.base import CompiledGrammar
     from .grammar.request import GrammarRequest
 
@@ -54,19 +56,28 @@ class ToolParser(Protocol):
 
 @runtime_checkable
 class MediaPipeline(Protocol):
-    """Turns one kind of media part of a request into model input.
+    """Turns a request's media parts into model input and runs the forward pass.
 
-    Asked through the ``media_pipeline`` hook with the ``kind`` of the parts a
-    request carries. Deliberately small for now: the engine only needs to know
-    that a model accepts the kind; encoding is shaped with the media work.
+    Asked through the ``media_pipeline`` hook once per media kind a request
+    carries; every kind of one request must get the same pipeline (a model has
+    one, answering for each kind it takes). The engine has already fetched and
+    decoded the parts (:class:`~mlxbun_core.media.parts.MediaItem`: a PIL image, a
+    16 kHz mono float32 array, or :class:`~mlxbun_core.media.decode.Video` frames)
+    and rendered the chat template with a ``{"type": kind}`` placeholder per part,
+    in document order. :class:`mlxbun_core.plugins_builtin.vlm.VlmPipeline` is the
+    ready-made implementation on mlx-vlm.
     """
 
     kind: str
-    """``"image"``, ``"audio"`` or ``"video"``."""
+    """The kinds it takes, comma-joined (``"image,video"``), for logs."""
+    kinds: frozenset
+    """``"image"``, ``"audio"`` and/or ``"video"``."""
 
-    def prepare(self, parts: Sequence[dict]) -> Any:
-        """Decode and preprocess the request's parts of this kind (OpenAI content
-        part dicts) into what the model's forward pass consumes."""
+    def prepare(self, prompt: Prompt, media: Sequence[MediaItem]) -> MediaPrompt:
+        """Expand the media placeholders of ``prompt.text`` into the model's soft
+        tokens for ``media`` (CPU work, on the preparation thread). Raise
+        :class:`~mlxbun_core.errors.BadRequest` for media the model refuses. The
+        returned :class:`~mlxbun_core.model.MediaPrompt` runs on the worker thread."""
         ...
 
 

@@ -145,15 +145,19 @@ def tool_call_parser(model: LoadedModel, tools: list[dict]) -> Optional[ToolPars
 
 @hookspec(firstresult=True)
 def media_pipeline(model: LoadedModel, kind: str) -> Optional[MediaPipeline]:
-    """Give the pipeline that turns one kind of media part into model input.
+    """Give the pipeline that turns media parts into model input and runs the model.
 
-    Asked when a request's messages carry image, audio or video parts.
+    Asked for each media kind a request's messages carry (before anything is
+    fetched), and by ``/v1/models`` for its ``vision`` / ``audio`` / ``video``
+    fields, so answer from what is cheap to know (config, weight names).
 
     :param model: The loaded model.
     :param kind: ``"image"``, ``"audio"`` or ``"video"``.
-    :returns: A :class:`~mlxbun_core.contract.MediaPipeline` for ``kind``, or
-        ``None`` when the model cannot take it; if no plugin answers, the request
-        is refused with a 400 naming the model.
+    :returns: The model's :class:`~mlxbun_core.contract.MediaPipeline` when it takes
+        ``kind`` (the same object for every kind it takes: one request may mix
+        them), or ``None``; if no plugin answers, the request is refused with a 400
+        naming the model. ``mlxbun_core.plugins_builtin.vlm.pipeline_for`` serves any
+        architecture mlx-vlm knows.
 
     Stops at the first non-``None`` result. Routed: asked of the claiming family,
     extensions, then the generic plugin.

@@ -85,3 +85,21 @@ class DraftModel:
     model: Any
     num_draft_tokens: int = 2
     name: str = ""
+
+
+@dataclass
+class MediaPrompt:
+    """A prompt whose media a :class:`~mlxbun_core.contract.MediaPipeline` has prepared.
+
+    ``tokens`` are the prompt ids with every media placeholder expanded to the
+    model's soft tokens (what usage and the context check count). ``run`` is called
+    once, on the model's worker thread, with the request's sampler and logits
+    processors, and yields ``(token, logprobs)`` like mlx-lm's ``generate_step``
+    (endless; the caller stops it): it encodes the media, prefills and decodes.
+    ``digest`` hashes the media in order, so a prompt cache keys on it.
+    """
+
+    tokens: list
+    kinds: frozenset
+    digest: str
+    run: Any = None

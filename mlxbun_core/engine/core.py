@@ -15,11 +15,12 @@ from typing import AsyncIterator, Optional
 
 from ..errors import BadRequest, Unavailable
 from ..events import Done, Event, Finish, Usage
+from ..media import parts as media_parts
 from ..model import LoadedModel, LoadOptions
 from .job import EventSink, GenerationJob
 from .lanes.batch import BatchLane
 from .lanes.serial import SerialLane
-from .prepare import Prepared, prepare
+from .prepare import Prepared, media_pipeline, prepare
 from .admission import Admission
 from .prompt_cache import PrefixCache
 from .request import ChatRequest, CompletionRequest, GenerationInput, parse_chat, parse_completion
@@ -125,7 +126,13 @@ class Engine:
     # -- starting ----------------------------------------------------------------
     async def prepare(self, req: GenerationInput, *, compile_grammar: bool = True) -> Prepared:
         """Render and tokenize off the event loop, one preparation at a time (the
-        grammar cache and the tokenizer stay single-threaded)."""
+        grammar cache and the tokenizer stay single-threaded). Media parts are
+        checked against the model, then fetched and decoded first (fetches on the
+        loop, decoding in threads), outside the preparation lock."""
+        if isinstance(req, ChatRequest) and req.media and req.media_items is None:
+            media_pipeline(self.model, self.hooks, req.media_kinds)  # a 400 before any fetch
+            req.media_items = await media_parts.load(req.media)
+
         def run():
             with self._prepare_lock:
                 return prepare(self.model, self.hooks, req, compile_grammar=compile_grammar)
@@ -171,7 +178,10 @@ class Engine:
         """What must match for two requests to share prefix KV (None: never cache)."""
         if self.draft is not None or not self.prefix.enabled:
             return None
-        return (self.model.id, str(self.model.path), req.adapter or "", "kv:native")
+        media = ""
+        if isinstance(req, ChatRequest) and req.media_items:
+            media = "media:" + media_parts.digest(req.media_items)
+        return (self.model.id, str(self.model.path), req.adapter or "", "kv:native", media)
 
     def effective_limit(self, req: GenerationRequest) -> int:
         """The completion budget after admission (400 when the prompt leaves no room)."""

@@ -125,8 +125,9 @@ class GenerationJob(Job):
         self.cache_namespace = cache_namespace
         self.request = request
         self.limit = limit
-        # a grammar matcher cannot rewind rejected drafts: constrained requests decode plainly
-        self.draft = draft if request.grammar is None else None
+        # a grammar matcher cannot rewind rejected drafts: constrained requests decode
+        # plainly; media requests run their pipeline's own forward pass
+        self.draft = draft if request.grammar is None and request.media is None else None
         self.session = GenerationSession(request, tokenizer, limit)
         self.sink = sink
         self.started: Optional[float] = None

@@ -7,12 +7,14 @@ loop (templates and grammar compiles can take hundreds of ms), one at a time.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import APIError, BadRequest
 from ..grammar import GrammarPlan
 from ..grammar import registry as grammars
+from ..media import parts as media_parts
 from .request import ChatRequest, CompletionRequest, GenerationInput
 from .session import GenerationRequest
 
@@ -61,8 +63,7 @@ def _completion(model, req: CompletionRequest) -> GenerationRequest:
 
 
 def _chat(model, hooks, req: ChatRequest, plan) -> GenerationRequest:
-    for kind in dict.fromkeys(req.media_kinds):
-        _require_media(model, hooks, kind)
+    pipeline = media_pipeline(model, hooks, req.media_kinds) if req.media else None
     msgs = req.messages
     if plan.instruction:  # degrade path: ask in words for what we cannot enforce
         msgs = with_instruction(msgs, plan.instruction)
@@ -76,6 +77,12 @@ def _chat(model, hooks, req: ChatRequest, plan) -> GenerationRequest:
                             max_tokens=req.max_tokens, stop=req.stop,
                             think_start=prompt.think_start, think_end=prompt.think_end,
                             in_reasoning=prompt.in_reasoning, tool_parser=parser)
+    if pipeline is not None:  # media: the pipeline expands the placeholders and runs the model
+        items = req.media_items
+        if items is None:  # a synchronous caller (Engine.prepare loads them on the loop)
+            items = asyncio.run(media_parts.load(req.media))
+        gen.media = pipeline.prepare(prompt, items)
+        gen.prompt_tokens = list(gen.media.tokens)
     if plan.processor is not None and prompt.in_reasoning and prompt.think_end:
         # the model thinks freely first; the constraint applies to the answer
         plan.processor.start_after(
@@ -100,10 +107,18 @@ def with_instruction(msgs: list, instruction: str) -> list:
     return [{"role": "system", "content": instruction}] + msgs
 
 
-def _require_media(model, hooks, kind: str) -> None:
-    pipeline = hooks.media_pipeline(model=model, kind=kind)
-    if pipeline is None:
-        if kind == "image":
-            raise BadRequest(f"model has no vision sidecar: {model.id} does not accept images")
-        raise BadRequest(f"model {model.id} does not accept {kind} input")
-    raise BadRequest(f"{kind} input is not supported yet by {model.id}")
+def media_pipeline(model, hooks, kinds):
+    """The one pipeline that takes every media kind of a request, or a 400 naming the
+    model (never a silent text-only answer)."""
+    kinds = sorted(set(kinds))
+    media_parts.check_combination(kinds)
+    found = []
+    for kind in kinds:
+        pipeline = hooks.media_pipeline(model=model, kind=kind)
+        if pipeline is None:
+            raise media_parts.unsupported(model.id, kind)
+        found.append(pipeline)
+    if any(p is not found[0] for p in found):
+        raise BadRequest(f"model {model.id} cannot combine {' and '.join(kinds)} parts in one "
+                         "request", param="messages")
+    return found[0]

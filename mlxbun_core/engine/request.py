@@ -16,10 +16,9 @@ from typing import Optional, Union
 from ..chat_template import check_reasoning_effort
 from ..errors import BadRequest
 from ..grammar import GrammarRequest, resolve_grammar_request
+from ..media import parts as media_parts
 from .sampling import SamplingParams, max_tokens_from, stop_sequences
 
-MEDIA_PART_KINDS = {"image_url": "image", "image": "image", "input_audio": "audio",
-                    "audio": "audio", "audio_url": "audio", "video_url": "video", "video": "video"}
 TOOL_CHOICES = ("none", "auto", "required")
 
 
@@ -47,7 +46,13 @@ class ChatRequest(GenerateOptions):
     parallel_tool_calls: bool = True
     template_kwargs: dict = field(default_factory=dict)
     reasoning_effort: Optional[str] = None
-    media_kinds: tuple = ()  # "image" / "audio" / "video", in document order
+    media: list = field(default_factory=list)  # MediaRefs of the media parts, in document order
+    media_items: Optional[list] = None  # the same, fetched and decoded (Engine.prepare fills it)
+
+    @property
+    def media_kinds(self) -> tuple:
+        """"image" / "audio" / "video" of each media part, in document order."""
+        return tuple(ref.kind for ref in self.media)
 
 
 @dataclass
@@ -109,7 +114,7 @@ def parse_chat(body: dict, defaults: Optional[dict] = None,
         tools = None
     return ChatRequest(messages=msgs, tools=tools, tool_choice=choice, tool_name=name,
                        parallel_tool_calls=parallel, template_kwargs=dict(kwargs),
-                       reasoning_effort=effort, media_kinds=tuple(media), **options)
+                       reasoning_effort=effort, media=media, **options)
 
 
 def _tool_choice(choice) -> tuple[str, Optional[str]]:
@@ -130,8 +135,9 @@ def normalize_message(m, media: list) -> dict:
     """One history message as every chat template can read it.
 
     ``developer`` renders as ``system``; ``reasoning`` is an alias of
-    ``reasoning_content``; text parts are joined; media parts are counted in
-    ``media`` (document order) for the media hook to claim.
+    ``reasoning_content``; text parts are joined; with media parts the content
+    stays a part list whose media parts are ``{"type": kind}`` placeholders, and
+    their references are appended to ``media`` (document order).
     """
     if not isinstance(m, dict) or not isinstance(m.get("role"), str):
         raise BadRequest("each message must be an object with a string role", param="messages")
@@ -147,18 +153,8 @@ def normalize_message(m, media: list) -> dict:
             m["tool_calls"] = [_template_tool_call(c) for c in m["tool_calls"]]
     content = m.get("content")
     if isinstance(content, list):
-        texts = []
-        for part in content:
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind == "text":
-                if not isinstance(part.get("text"), str):
-                    raise BadRequest("text content parts need a string 'text'", param="messages")
-                texts.append(part["text"])
-            elif kind in MEDIA_PART_KINDS:
-                media.append(MEDIA_PART_KINDS[kind])
-            else:
-                raise BadRequest(f"unsupported content part type: {kind!r}", param="messages")
-        m["content"] = "".join(texts)
+        m["content"], refs = media_parts.split_content(content)
+        media += refs
     elif content is None:
         m["content"] = "" if not m.get("tool_calls") else None
     elif not isinstance(content, str):

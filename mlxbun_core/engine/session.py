@@ -29,6 +29,7 @@ class GenerationRequest:
     in_reasoning: bool = False
     tool_parser: Any = None  # StreamingToolParser or None
     input_embeddings: Any = None
+    media: Any = None  # a MediaPrompt: its run() replaces the text decode loop
     grammar: Any = None  # a grammar processor (also in sampling.extra_processors); .done ends it
     sampler: Any = None  # built when the request is prepared, so a bad value is a 400
     processors: list = field(default_factory=list)

@@ -85,6 +85,15 @@ def tool_call_parser(model, tools):
     return toolcalls.StreamingToolParser(dialect or toolcalls.JsonDialect(), tools)
 
 
+@hookimpl(trylast=True)
+def media_pipeline(model, kind):
+    """Images (and audio, where the checkpoint ships an audio tower) through mlx-vlm
+    for any architecture it knows; video is a Qwen3.5 feature (its family plugin)."""
+    from .vlm import pipeline_for
+
+    return pipeline_for(model, kind, allowed=("image", "audio"))
+
+
 def plain_chat(model, messages):
     """Base models ship no chat template: mlx_lm.server's plain "USER: …" transcript."""
     from mlx_lm.server import convert_chat

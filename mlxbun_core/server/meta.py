@@ -19,18 +19,31 @@ ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "POST /v1/mess
              "GET /health", "GET /stats", "GET /fit", "GET /library"]
 
 
+def media_kinds(engine) -> set:
+    """The media kinds a plugin accepts for the served model (asked through the hook)."""
+    m = engine.model
+    if m.kind != "generate":
+        return set()
+    hook = engine.hooks
+    return {k for k in ("image", "audio", "video")
+            if hook.media_pipeline(model=m, kind=k) is not None}
+
+
 def model_row(engine) -> dict:
     m = engine.model
     generate = m.kind == "generate"
+    media = media_kinds(engine)
     caps = {"chat_completions": generate, "text_completions": generate,
             "anthropic_messages": generate, "responses": generate, "streaming": generate,
             "tools": generate, "structured_output": generate, "logprobs": generate,
-            "embeddings": m.kind == "embedding", "vision": False, "audio": False,
+            "embeddings": m.kind == "embedding", "vision": "image" in media,
+            "audio": "audio" in media, "video": "video" in media,
             "adapters": False, "training": False}
     d = engine.defaults
     return {"id": m.id, "object": "model", "created": engine.started_at, "owned_by": "mlxbun",
             "family": m.family, "plugin": m.plugin, "context_window": m.context_window,
-            "reasoning": m.reasoning, "vision": False, "audio": False, "batch_mode": "batched" if engine.batch > 1 else "serial",
+            "reasoning": m.reasoning, "vision": caps["vision"], "audio": caps["audio"],
+            "video": caps["video"], "batch_mode": "batched" if engine.batch > 1 else "serial",
             "tools": generate, "structured_output": generate, "embeddings": caps["embeddings"],
             "adapters": False, "training": False, "capabilities": caps,
             "gen_defaults": {k: d.get(k) for k in ("temperature", "top_p", "top_k")}}

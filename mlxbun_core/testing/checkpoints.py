@@ -85,6 +85,9 @@ def _to_hf(model_type: str, w: dict[str, mx.array], config: dict) -> dict[str, m
             up = hf.pop(f"{base}.switch_mlp.up_proj.weight")
             hf[f"{base}.experts.gate_up_proj"] = mx.concatenate([hf.pop(k), up], axis=-2)
             hf[f"{base}.experts.down_proj"] = hf.pop(f"{base}.switch_mlp.down_proj.weight")
+    elif model_type == "qwen3_vl":
+        hf = {k.replace("language_model.model.", "model.language_model.")
+               .replace("language_model.lm_head.", "lm_head."): v for k, v in hf.items()}
     elif model_type in ("gemma4", "gemma4_text"):
         hf = {k.replace("language_model.model.", "model.language_model."): v
               for k, v in hf.items()}
@@ -168,6 +171,8 @@ def write_checkpoint(
     tokenizer_config_extra: Mapping | None = None,
     extra_files: Mapping[str, Any] | None = None,
     dtype: str | None = None,
+    vision: bool = False,
+    audio: bool = False,
 ) -> Path:
     """Write a tiny random checkpoint of ``model_type`` into ``path``; return it.
 
@@ -175,13 +180,21 @@ def write_checkpoint(
     model_type "llama", as MiniCPM5 checkpoints do. ``extra_files`` maps relative
     names to str/bytes/JSON-able objects. ``dtype`` defaults to bfloat16 like
     published weights, but float32 for MoE families: MLX's CPU GatherMM
-    (switch experts) only runs in float32.
+    (switch experts) only runs in float32. ``vision`` adds an image tower and
+    processor configs (families in ``vision.MEDIA_TOKENS``), ``audio`` (Gemma 4)
+    an audio tower as well, both built with mlx-vlm (see :mod:`.vision`).
     """
+    from . import vision as V
+
     cfg = family_config(model_type)
     fam_bos, fam_eos, stops, pad, unk = _TOKENS[model_type]
     bos = bos_token if bos_token is not None else fam_bos
     eos = eos_token if eos_token is not None else fam_eos
     specials = list(special_tokens) or list(FAMILY_SPECIAL_TOKENS[model_type])
+    if vision or audio:
+        media_tokens = V.MEDIA_TOKENS[model_type]
+        specials += [t for kind in ("image", "audio") if kind == "image" or audio
+                     for t in media_tokens.get(kind, ()) if t not in specials]
     stops = [] if eos_token is not None else [s for s in stops if s in specials]
     specials += [t for t in (bos, eos, pad, unk) if t and t not in specials]
 
@@ -203,11 +216,13 @@ def write_checkpoint(
     if model_type == "gemma4":
         cfg.update(boi_token_id=ids.get("<|image>"), eoi_token_id=ids.get("<image|>"),
                    image_token_id=ids.get("<|image|>"))
-    if model_type in ("qwen3_5", "qwen3_5_moe"):
+    if model_type in ("qwen3_5", "qwen3_5_moe", "qwen3_vl"):
         cfg.update(image_token_id=ids.get("<|image_pad|>"),
                    video_token_id=ids.get("<|video_pad|>"),
                    vision_start_token_id=ids.get("<|vision_start|>"),
                    vision_end_token_id=ids.get("<|vision_end|>"))
+    if vision or audio:
+        V.media_config(model_type, cfg, ids, audio)
     if (dtype or _default_dtype(model_type)) == "float32":
         for c in (cfg, text):
             for k in ("dtype", "torch_dtype"):
@@ -218,7 +233,14 @@ def write_checkpoint(
     if text["vocab_size"] < n_tok or cfg.get("vocab_size", n_tok) < n_tok:
         raise ValueError(f"config vocab_size smaller than tokenizer ({n_tok})")
 
-    weights = _build_weights(model_type, cfg, seed, getattr(mx, dtype or _default_dtype(model_type)))
+    mx_dtype = getattr(mx, dtype or _default_dtype(model_type))
+    weights = _build_weights(model_type, cfg, seed, mx_dtype)
+    files = dict(extra_files or {})
+    if vision or audio:
+        weights.update(V.tower_weights(model_type, cfg, seed, mx_dtype))
+        media = V.media_files(model_type, audio)
+        tokenizer_config_extra = {**media.pop("_tokenizer", {}), **(tokenizer_config_extra or {})}
+        files = {**media, **files}
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -239,7 +261,7 @@ def write_checkpoint(
     gen = {k: v for k, v in tok_ids.items() if v is not None}
     _dump(path / "generation_config.json",
           {**gen, **(generation_config or {}), "transformers_version": _TF4})
-    for name, content in (extra_files or {}).items():
+    for name, content in files.items():
         f = path / name
         f.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(content, bytes):

@@ -168,6 +168,29 @@ def _qwen3_5(moe: bool = False) -> dict:
     }
 
 
+def _qwen3_vl() -> dict:
+    # Qwen3-VL (dense): a Qwen3 text stack with interleaved mRoPE and a ViT image tower.
+    text = _qwen3()
+    for k in ("architectures", "transformers_version", "torch_dtype", "use_sliding_window",
+              "sliding_window", "max_window_layers", "rope_scaling"):
+        text.pop(k, None)
+    text.update(model_type="qwen3_vl_text", dtype="bfloat16", rope_theta=5000000,
+                max_position_embeddings=262144,
+                rope_scaling={"mrope_interleaved": True, "mrope_section": [2, 3, 3],
+                              "rope_type": "default"})
+    return {
+        "architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl",
+        "text_config": text, "tie_word_embeddings": True, "transformers_version": "4.57.0",
+        "vision_config": {
+            "deepstack_visual_indexes": [], "depth": 1, "hidden_act": "gelu_pytorch_tanh",
+            "hidden_size": 32, "in_channels": 3, "initializer_range": 0.02,
+            "intermediate_size": 64, "model_type": "qwen3_vl", "num_heads": 2,
+            "num_position_embeddings": 2304, "out_hidden_size": 64, "patch_size": 16,
+            "spatial_merge_size": 2, "temporal_patch_size": 2,
+        },
+    }
+
+
 def _glm_moe_dsa() -> dict:
     # GLM-5.x: MLA + DSA indexer + sigmoid-routed MoE; layer 0 dense, layer 1 MoE.
     return {
@@ -204,6 +227,8 @@ FAMILY_SPECIAL_TOKENS: dict[str, list[str]] = {
                          "<|video_pad|>"],
     "qwen3_5_moe": _QWEN3 + ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
                              "<|video_pad|>"],
+    "qwen3_vl": _QWEN3 + ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+                          "<|video_pad|>"],
     "gemma3_text": _GEMMA + ["<start_of_turn>", "<end_of_turn>", "<start_of_image>",
                              "<end_of_image>"],
     "gemma4_text": _GEMMA + ["<|turn>", "<turn|>", "<|think|>", "<|channel>", "<channel|>",
@@ -227,6 +252,7 @@ _TOKENS: dict[str, tuple] = {
     "qwen3": (None, "<|im_end|>", ["<|endoftext|>"], "<|endoftext|>", None),
     "qwen3_5": (None, "<|im_end|>", ["<|endoftext|>"], "<|endoftext|>", None),
     "qwen3_5_moe": (None, "<|im_end|>", ["<|endoftext|>"], "<|endoftext|>", None),
+    "qwen3_vl": (None, "<|im_end|>", ["<|endoftext|>"], "<|endoftext|>", None),
     "gemma3_text": ("<bos>", "<end_of_turn>", ["<eos>"], "<pad>", "<unk>"),
     "gemma4_text": ("<bos>", "<turn|>", ["<eos>"], "<pad>", "<unk>"),
     "gemma4": ("<bos>", "<turn|>", ["<eos>"], "<pad>", "<unk>"),
@@ -239,7 +265,7 @@ FAMILY_DEFAULT_EOS: dict[str, str] = {k: v[1] for k, v in _TOKENS.items()}
 _CONFIGS = {
     "llama": _llama, "minicpm5": _minicpm5, "qwen2": _qwen2, "qwen3": _qwen3,
     "gemma3_text": _gemma3_text, "gemma4_text": _gemma4_text, "gemma4": _gemma4,
-    "qwen3_5": _qwen3_5, "qwen3_5_moe": lambda: _qwen3_5(moe=True),
+    "qwen3_5": _qwen3_5, "qwen3_5_moe": lambda: _qwen3_5(moe=True), "qwen3_vl": _qwen3_vl,
     "glm_moe_dsa": _glm_moe_dsa,
 }
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_CONFIGS)

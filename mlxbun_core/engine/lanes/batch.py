@@ -53,8 +53,10 @@ class BatchLane:
     # -- the Lane protocol ---------------------------------------------------------
     def accepts(self, job: GenerationJob) -> bool:
         req = job.request
-        # a draft, prompt embeddings or a seed (reproducible only alone) take the serial lane
-        return job.draft is None and req.input_embeddings is None and req.sampling.seed is None
+        # a draft, prompt embeddings, media or a seed (reproducible only alone) take the
+        # serial lane
+        return (job.draft is None and req.input_embeddings is None and req.media is None
+                and req.sampling.seed is None)
 
     def add(self, job: GenerationJob) -> None:
         self._queue.append(job)

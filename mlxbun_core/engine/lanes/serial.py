@@ -1,10 +1,10 @@
 """The serial lane: one request at a time through mlx-lm's own decode loop.
 
 It runs what cannot batch (a mounted draft model: speculative decoding; prompt
-embeddings from a media pipeline; seeded requests, which are reproducible only
-alone) and everything under ``--batch 1``. Each ``step`` does one prefill chunk
-or one token, so cancellation lands within a step and the worker can run calls
-and other lanes in between. Plain requests start from the longest cached prefix
+embeddings; media requests, which run their pipeline's own forward pass; seeded
+requests, which are reproducible only alone) and everything under ``--batch 1``.
+Each ``step`` does one prefill chunk or one token, so cancellation lands within
+a step and the worker can run calls and other lanes in between. Plain requests start from the longest cached prefix
 and publish their KV to the prefix cache when they end.
 """
 
@@ -120,6 +120,10 @@ class SerialLane:
             yield from self._speculate(job)
             return
         req = job.request
+        if req.media is not None:  # the media pipeline's own forward pass; no prefix cache
+            job.admitted(0)
+            yield from req.media.run(req.sampler, req.processors or None)
+            return
         prompt, cache, n = req.prompt_tokens, None, 0
         cacheable = (job.cache_namespace is not None and self.prefix is not None
                      and req.input_embeddings is None)

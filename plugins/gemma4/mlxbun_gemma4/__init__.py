@@ -86,3 +86,12 @@ def render_chat(model, messages, tools, template_kwargs, reasoning_effort):
 @hookimpl
 def tool_call_parser(model, tools):
     return StreamingToolParser(Gemma4Dialect(), tools)
+
+
+@hookimpl
+def media_pipeline(model, kind):
+    """Images through the vision tower; audio where the checkpoint has an audio tower
+    (e2b/e4b). Video is not served for Gemma 4."""
+    from mlxbun_core.plugins_builtin.vlm import pipeline_for
+
+    return pipeline_for(model, kind, allowed=("image", "audio"))

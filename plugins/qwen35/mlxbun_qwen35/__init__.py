@@ -65,3 +65,11 @@ def render_chat(model, messages, tools, template_kwargs, reasoning_effort):
 @hookimpl
 def tool_call_parser(model, tools):
     return make_parser(tools)
+
+
+@hookimpl
+def media_pipeline(model, kind):
+    """Images and video (frames through the same vision tower) via mlx-vlm."""
+    from mlxbun_core.plugins_builtin.vlm import pipeline_for
+
+    return pipeline_for(model, kind, allowed=("image", "video"))
