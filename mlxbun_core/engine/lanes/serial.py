@@ -4,8 +4,9 @@ It runs what cannot batch (a mounted draft model: speculative decoding; prompt
 embeddings; media requests, which run their pipeline's own forward pass; seeded
 requests, which are reproducible only alone) and everything under ``--batch 1``.
 Each ``step`` does one prefill chunk or one token, so cancellation lands within
-a step and the worker can run calls and other lanes in between. Plain requests start from the longest cached prefix
-and publish their KV to the prefix cache when they end.
+a step and the worker can run calls and other lanes in between. Plain requests
+start from the longest cached prefix and publish their KV to the prefix cache
+when they end.
 """
 
 from __future__ import annotations
