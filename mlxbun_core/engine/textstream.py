@@ -36,9 +36,11 @@ class StopMatcher:
         if not self.stops:
             return text
         buf = self.pending + text
-        hits = [(buf.find(s), s) for s in self.stops if s in buf]
+        # the first stop to COMPLETE wins (as if fed one character at a time, so the
+        # result never depends on how the text was chunked); at a tie, the longest
+        hits = [(buf.find(s) + len(s), buf.find(s), s) for s in self.stops if s in buf]
         if hits:
-            pos, self.stopped = min(hits)
+            _, pos, self.stopped = min(hits)
             self.pending = ""
             return buf[:pos]
         keep = held_marker_prefix(buf, self.stops)
