@@ -26,7 +26,7 @@ _RULES = [
     ("logprobs", bool, None, None, None),
     ("top_logprobs", int, 0, 11, (-1,)),
     ("xtc_probability", (float, int), 0, 1, None),
-    ("xtc_threshold", (float, int), 0, 1, None),
+    ("xtc_threshold", (float, int), 0, 0.5, None),  # mlx_lm.server says 1; apply_xtc raises past 0.5
 ]
 
 
