@@ -8,6 +8,8 @@ reference tokens, so a server that ignored that parameter would fail the test.
 
 from __future__ import annotations
 
+import json
+
 import anthropic
 import httpx
 import mlx.core as mx
@@ -204,3 +206,23 @@ def test_top_logprobs_entry_is_the_argmax(srv, ref):
     sampled = [t for t, _ in steps]
     assert choice["text"] == detokenized(tok, sampled)
     assert [e["id"] for e in entries] != sampled, "needs a non-argmax sample"
+
+
+def strict_json(raw: bytes):
+    """JSON as every client parses it: NaN / Infinity are not JSON."""
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+    return json.loads(raw, parse_constant=refuse)
+
+
+def test_masked_tokens_keep_logprobs_valid_json(srv):
+    """A grammar masks most of the vocabulary to -inf: top_logprobs then lists masked tokens,
+    whose log-prob must still be a JSON number (OpenAI's floor, -9999.0)."""
+    r = httpx.post(srv.v1 + "/completions", timeout=60, json={
+        "prompt": PROMPT, "max_tokens": 4, "temperature": 1.0, "seed": SEED, "top_logprobs": 5,
+        "guided_choice": ["yes", "no"]})
+    assert r.status_code == 200 and "warning" not in r.headers
+    choice = strict_json(r.content)["choices"][0]
+    assert choice["text"] in ("yes", "no")
+    tops = [t["logprob"] for e in choice["logprobs"]["content"] for t in e["top_logprobs"]]
+    assert -9999.0 in tops and all(-9999.0 <= v <= 0 for v in tops)

@@ -7,6 +7,7 @@ their own wire format; nothing here knows about any protocol or family.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -33,6 +34,14 @@ class GenerationRequest:
     grammar: Any = None  # a grammar processor (also in sampling.extra_processors); .done ends it
     sampler: Any = None  # built when the request is prepared, so a bad value is a 400
     processors: list = field(default_factory=list)
+
+
+LOGPROB_FLOOR = -9999.0  # OpenAI's value for an impossible token; JSON has no -Infinity
+
+
+def json_logprob(value: float) -> float:
+    """A masked token (a grammar, an overflowing bias) has log-prob -inf or NaN: floor it."""
+    return value if math.isfinite(value) else LOGPROB_FLOOR
 
 
 class GenerationSession:
@@ -83,10 +92,10 @@ class GenerationSession:
         import mlx.core as mx
 
         k = self.req.sampling.top_logprobs
-        entry = {"id": int(token), "logprob": float(logprobs[token].item())}
+        entry = {"id": int(token), "logprob": json_logprob(logprobs[token].item())}
         if k > 0:
             top = mx.argpartition(-logprobs, kth=k - 1)[:k]
-            vals = logprobs[top].tolist()
+            vals = [json_logprob(v) for v in logprobs[top].tolist()]
             pairs = sorted(zip(top.tolist(), vals), key=lambda p: -p[1])
             names = self.tokenizer.convert_ids_to_tokens([p[0] for p in pairs])
             tops = [{"id": i, "token": n, "logprob": v} for (i, v), n in zip(pairs, names)]
