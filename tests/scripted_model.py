@@ -10,6 +10,7 @@ is the real path.
 
     with scripted_server('<tool_call>{"name": "f", "arguments": {}}</tool_call>') as (srv, plugin):
         ...  # set plugin.text = "..." between requests to change the script
+        plugin.prompts[-1]  # the last prompt the model was shown, as text
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ class ScriptedModel(nn.Module):
         pos = self._position(history)
         if pos is None:
             return logits
+        if pos == 0:  # this forward ended the prompt: keep what the model was shown
+            self._plugin.prompts.append(self._tok.decode(history))
         if self._plugin.fail_at is not None and pos >= self._plugin.fail_at:
             raise RuntimeError("scripted forward failure")
         script = self._script()
@@ -97,6 +100,7 @@ class ScriptedPlugin:
         self.path = Path(path).resolve()
         self.text, self.anchor, self.eos_id = text, anchor, eos_id
         self.fail_at = None  # set to N: the forward raises from script position N on
+        self.prompts: list[str] = []  # every prompt the model ran, decoded (specials kept)
 
     @property
     def FAMILY(self) -> str:  # one family per checkpoint, so several can be registered at once
