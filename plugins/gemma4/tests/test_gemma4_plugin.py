@@ -141,13 +141,16 @@ def _tool_turn(**extra):
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21C"}]
 
 
+# TOOLS as Gemma 4 declares them, written out by hand
+DECL = (f"<|tool>declaration:get_weather{{description:{Q}Current weather{Q},parameters:{{"
+        f"properties:{{city:{{description:{Q}City name{Q},type:{Q}STRING{Q}}},"
+        f"days:{{type:{Q}INTEGER{Q}}}}},required:[{Q}city{Q}],type:{Q}OBJECT{Q}}}}}<tool|>")
+
+
 def test_tools_and_tool_round_trip_render_natively(srv):
     text = rendered(srv, messages=_tool_turn(), tools=TOOLS)
-    decl = (f"<|tool>declaration:get_weather{{description:{Q}Current weather{Q},parameters:{{"
-            f"properties:{{city:{{description:{Q}City name{Q},type:{Q}STRING{Q}}},"
-            f"days:{{type:{Q}INTEGER{Q}}}}},required:[{Q}city{Q}],type:{Q}OBJECT{Q}}}}}<tool|>")
     assert text == (
-        f"<bos><|turn>system\n{decl}<turn|>\n<|turn>user\nWeather in Paris?<turn|>\n"
+        f"<bos><|turn>system\n{DECL}<turn|>\n<|turn>user\nWeather in Paris?<turn|>\n"
         f"<|turn>model\n<|tool_call>call:get_weather{{city:{Q}Paris{Q},days:3}}<tool_call|>"
         f"<|tool_response>response:get_weather{{value:{Q}sunny, 21C{Q}}}<tool_response|>")
     # the model turn stays open after tool results: no new generation prompt
@@ -281,14 +284,18 @@ def test_served_chat_stream_and_not(srv, extra):
 
 
 def test_greedy_parity_with_mlx_lm(srv):
-    s, path = srv, srv.engine.model.path
-    body = {"messages": USER, "tools": TOOLS}
-    r = client(s).chat.completions.create(model="m", max_tokens=16, temperature=0,
-                                          extra_body={"logprobs": True}, **body)
+    """The prompt is Gemma 4's format written out by hand and tokenized by mlx-lm, not
+    rendered by our engine: a template or tokenization slip cannot cancel out."""
+    text = f"<bos><|turn>system\n{DECL}<turn|>\n<|turn>user\nWeather in Paris?<turn|>\n{GEN_OFF}"
+    model, tok = mlx_load(str(srv.engine.model.path))
+    prompt = tok.encode(text, add_special_tokens=False)
+    assert prompt[0] == tok.bos_token_id and prompt.count(tok.bos_token_id) == 1
+    r = client(srv).chat.completions.create(model="m", max_tokens=16, temperature=0,
+                                            messages=USER, tools=TOOLS,
+                                            extra_body={"logprobs": True})
+    assert r.usage.prompt_tokens == len(prompt)
     ours = [e.model_dump()["id"] for e in r.choices[0].logprobs.content]
-    prompt = s.engine.prepare_chat(body).request.prompt_tokens
-    model, _ = mlx_load(str(path))
-    stops = s.engine.model.eos_token_ids
+    stops = srv.engine.model.eos_token_ids
     theirs = []
     for t, _ in generate_step(mx.array(prompt), model, max_tokens=16):
         theirs.append(int(t))
