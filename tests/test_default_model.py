@@ -1,14 +1,13 @@
 """The embedded default model (SmolLM2-135M-Instruct, converted from its GGUF) gives real answers."""
 
 import os
-import subprocess
 import sys
-import time
 
 import httpx
 import openai
 import pytest
 
+from mlxbun_core.testing.process import ServerProcess
 from mlxbun_core.testing.server import free_port, start_server
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -39,26 +38,11 @@ def test_serve_with_no_model_uses_the_embedded_default(smollm2_path):
     """`mlxbun serve` with no MODEL: the README's run command."""
     port = free_port()
     env = {**os.environ, "MLXBUN_HOME": str(smollm2_path.parent.parent)}
-    proc = subprocess.Popen([sys.executable, "-m", "mlxbun_core.cli", "serve", "--port", str(port)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        lines = []
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            line = proc.stdout.readline()
-            lines.append(line)
-            if not line or "serving" in line:
-                break
-        banner = "".join(lines)
-        assert "SmolLM2-135M-Instruct" in banner and "plugin 'generic'" in banner
-        for _ in range(100):
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()
+    cmd = [sys.executable, "-m", "mlxbun_core.cli", "serve", "--port", str(port)]
+    with ServerProcess(cmd, env=env) as proc:
+        banner = proc.wait_for_line("serving", timeout=120)
+        assert "SmolLM2-135M-Instruct" in proc.output and "plugin 'generic'" in banner
+        proc.wait_for_http(f"http://127.0.0.1:{port}/health", timeout=30)
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()
         assert models["data"][0]["id"] == "SmolLM2-135M-Instruct"
-    finally:
-        proc.terminate()
-        proc.wait(30)
+

@@ -4,13 +4,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 from transformers import AutoTokenizer
 
 from mlxbun_core.testing.checkpoints import write_checkpoint
+from mlxbun_core.testing.process import ServerProcess
 from mlxbun_core.testing.server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,21 +68,12 @@ def test_third_party_family_served_through_its_entry_point(tmp_path):
     (ckpt / "config.json").write_text(json.dumps({**config, "architectures": ["EchoLlamaForCausalLM"]}))
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(site)}
-    proc = subprocess.Popen(MLXBUN + ["serve", str(ckpt), "--port", str(port)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        banner = proc.stdout.readline()
-        deadline = time.time() + 60
-        while banner and "serving" not in banner and time.time() < deadline:
-            banner = proc.stdout.readline()
+    with ServerProcess(MLXBUN + ["serve", str(ckpt), "--port", str(port)], env=env) as proc:
+        banner = proc.wait_for_line("serving", timeout=90)
         assert "via plugin 'echo'" in banner
         base = f"http://127.0.0.1:{port}"
-        for _ in range(100):
-            try:
-                row = httpx.get(base + "/v1/models").json()["data"][0]
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        proc.wait_for_http(base + "/health", timeout=30)
+        row = httpx.get(base + "/v1/models", timeout=10).json()["data"][0]
         assert row["plugin"] == "echo" and row["family"] == "echo"
         tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
         r = httpx.post(base + "/v1/chat/completions", timeout=60, json={
@@ -92,9 +83,6 @@ def test_third_party_family_served_through_its_entry_point(tmp_path):
         transcript = "System: to use a tool (add) write CALL name {json arguments}\nUser: hi\nAssistant:"
         tokenizer = AutoTokenizer.from_pretrained(str(ckpt))
         assert r.json()["usage"]["prompt_tokens"] == len(tokenizer.encode(transcript))
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def test_missing_model_is_a_clear_error(tmp_path):
