@@ -109,7 +109,7 @@ def session_text(text, stops, *, by_length: bool):
         events += sess.step(t, None)
         if sess.finished is not None:
             break
-    content = "".join(ev[1] for ev in events if ev[0] == "content")
+    content = "".join(ev.text for ev in events if ev.kind == "content")
     return content, sess.finished
 
 
