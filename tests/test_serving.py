@@ -8,13 +8,13 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import time
 
 import httpx
 
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.process import ServerProcess
 from mlxbun_core.testing.server import free_port, start_server
 
 
@@ -64,19 +64,6 @@ def test_64_streams_with_random_disconnects_end_clean():
         s.stop()
 
 
-def wait_healthy(base: str, proc: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        assert proc.poll() is None, proc.stderr.read().decode()
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("server did not become healthy")
-
-
 def test_sigterm_drains_running_streams_then_exits_zero():
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
@@ -84,11 +71,11 @@ def test_sigterm_drains_running_streams_then_exits_zero():
     ban = no_eos(load_tokenizer(path))
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "mlxbun_core.cli", "serve", str(path),
-                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "MLXBUN_SHUTDOWN_TIMEOUT": "60"})
-    try:
-        wait_healthy(base, proc)
+    server = ServerProcess([sys.executable, "-m", "mlxbun_core.cli", "serve", str(path),
+                            "--port", str(port)], env={**os.environ, "MLXBUN_SHUTDOWN_TIMEOUT": "60"})
+    proc = server.proc
+    with server:
+        assert server.wait_for_http(base + "/health", timeout=60).status_code == 200
         results = {}
 
         async def stream(c, i):
@@ -117,8 +104,4 @@ def test_sigterm_drains_running_streams_then_exits_zero():
         for lines in results.values():
             assert lines[-1] == "data: [DONE]"
             assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] == "length"
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
+        assert proc.wait(timeout=30) == 0, server.output
