@@ -29,7 +29,7 @@ def ckpt():
 @pytest.fixture(scope="module")
 def srv(ckpt):
     s = start_server(ckpt)
-    assert s.engine.model.context_window == CTX
+    assert httpx.get(s.v1 + "/models").json()["data"][0]["context_window"] == CTX
     yield s
     s.stop()
 

@@ -9,7 +9,7 @@ from mlxbun_core.engine.textstream import StopMatcher
 # a small alphabet makes stops (and near-misses) common in random text
 TEXT = st.text(alphabet="abc\n", max_size=40)
 STOPS = st.lists(st.text(alphabet="abc\n", min_size=1, max_size=4), min_size=1, max_size=3)
-SETTINGS = settings(max_examples=400, deadline=None, derandomize=True, database=None)
+SETTINGS = settings(max_examples=250, deadline=None, derandomize=True, database=None)
 
 
 def expected(text: str, stops: list[str]):
