@@ -30,6 +30,8 @@ def ckpt():
 def srv(ckpt):
     s = start_server(ckpt)
     assert httpx.get(s.v1 + "/models").json()["data"][0]["context_window"] == CTX
+    # the documented ceiling (/stats): the window, as memory is no tighter here
+    assert httpx.get(s.base_url + "/stats").json()["admission"]["max_safe_context"] == CTX
     yield s
     s.stop()
 
@@ -155,4 +157,4 @@ def test_prompt_filling_the_context_is_400(srv, ckpt):
     assert r.status_code == 400
     err = r.json()["error"]
     assert (err["type"], err["code"]) == ("memory_admission", "context_over_budget")
-    assert f"the context window is {CTX}" in err["message"]
+    assert f"prompt has {CTX} tokens" in err["message"]
