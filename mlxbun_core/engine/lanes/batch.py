@@ -23,7 +23,8 @@ log = logging.getLogger("mlxbun.engine")
 
 NO_LIMIT = 1 << 30
 PREFILL_ROWS = 8  # prompts prefilled together in one chunk
-PREFILL_TOKENS = 2048  # tokens of one chunk (all its rows) while other rows are decoding
+PREFILL_TOKENS = 2048  # tokens of one chunk (all its rows) while a few rows are decoding
+PREFILL_TOKENS_MAX = 8192  # ... growing with the prompts waiting, up to this
 IDLE_STEP = 2048  # tokens per row and chunk when nothing decodes (mlx-lm's own step)
 
 
@@ -142,14 +143,17 @@ class BatchLane:
         return self._can_trim
 
     def _size_prefill(self, gen) -> None:
-        """Chunk size for this step: big while nothing decodes (time to first token),
-        a token budget shared by the prompt rows while streams run (no stream freezes)."""
+        """Chunk size for this step. While nothing decodes: mlx-lm's own step (time to
+        first token is all that matters). While streams run: a token budget shared by
+        the prompt rows, so no stream freezes for long; it grows with the number of
+        prompts waiting, whose clients are all waiting for a first token."""
         prefilling = sum(1 for row in self._rows.values() if row.job.session.t_first is None)
         decoding = len(self._rows) - prefilling
         if decoding == 0:
             step = IDLE_STEP
         else:
-            step = max(128, self.prefill_tokens // max(1, min(prefilling, PREFILL_ROWS)))
+            budget = min(PREFILL_TOKENS_MAX, max(self.prefill_tokens, 512 * prefilling))
+            step = max(128, budget // max(1, min(prefilling, PREFILL_ROWS)))
         gen.prefill_step_size = gen._prompt_batch.prefill_step_size = step
 
     def _generator(self):
