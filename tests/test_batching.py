@@ -64,15 +64,19 @@ def test_batched_greedy_equals_serial(model_type):
 
 
 def test_batched_greedy_equals_serial_on_the_default_model(smollm2_path):
-    batched, serial = engines(smollm2_path)
+    """One engine: unseeded greedy requests batch; a seed sends the same greedy request to
+    the serial lane (alone), so both lanes run on one loaded model."""
+    engine = Engine.load(str(smollm2_path), progress=False, batch=8, prompt_cache_bytes=0)
     try:
-        bodies = [greedy(p, 16) for p in ["What is the capital of France?", "Write a haiku",
-                                           "def fib(n):", "2 + 2 ="]]
-        got = run_all(batched, bodies)
-        want = [run_all(serial, [b])[0] for b in bodies]
+        bodies = [greedy(p, 10) for p in ["What is the capital of France?", "def fib(n):",
+                                           "2 + 2 ="]]
+        got = run_all(engine, bodies)
+        want = [run_all(engine, [dict(b, seed=1)])[0] for b in bodies]
+        assert {r.finish.usage.lane for r in got} == {"batched"}
+        assert {r.finish.usage.lane for r in want} == {"serial"}
         assert [token_ids(r) for r in got] == [token_ids(r) for r in want]
     finally:
-        close(batched, serial)
+        close(engine)
 
 
 def test_sampler_extensions_work_per_row():
