@@ -120,10 +120,13 @@ class JobStore:
                 seq += 1
                 db.execute("INSERT INTO events (job_id, seq, data) VALUES (?, ?, ?)",
                            (job_id, seq, text))
+            log_add = len(data) if keep and kind == "log" else 0
+            if notice:  # past the log cap for good: the notice is said once
+                log_add = JOB_LOG_BYTES + 1 - row["log_bytes"]
             sets, args = _row_update(event)
-            db.execute(f"UPDATE jobs SET {', '.join(sets + ['seq = ?', 'event_bytes = event_bytes + ?', 'log_bytes = log_bytes + ?'])} WHERE id = ?",  # noqa: E501
-                       (*args, seq, len(data) if keep else 0,
-                        len(data) if keep and kind == "log" else 0, job_id))
+            sets += ["seq = ?", "event_bytes = event_bytes + ?", "log_bytes = log_bytes + ?"]
+            db.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id = ?",
+                       (*args, seq, len(data) if keep else 0, log_add, job_id))
             db.execute("COMMIT")
         return keep
 
