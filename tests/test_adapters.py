@@ -268,3 +268,28 @@ def test_serve_adapter_flag(ckpt, made, tmp_path):
         assert engine.adapters.resolve("none").spec == "none"
     finally:
         engine.worker.close()
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "glm_moe_dsa"])
+def test_parity_on_other_families(model_type, tmp_path):
+    """Expert (switch) layers carry LoRA too: glm_moe_dsa's adapter covers its MoE MLPs."""
+    from mlxbun_core.engine.core import Engine
+    from mlxbun_core.engine.reply import gather
+
+    ckpt = tiny_checkpoint(model_type)
+    adapter = write_lora_adapter(ckpt, tmp_path / "a")
+    tokens_of = prompt_tokens(ckpt, chat=False)
+    engine = Engine.load(str(ckpt), progress=False)
+    try:
+        engine.worker.run_sync(lambda: engine.adapters.mount("a", adapter))
+
+        async def run(spec):
+            gen = await engine.start(engine.parse_completion(
+                {"prompt": PROMPT, "max_tokens": N, "temperature": 0, "logprobs": True,
+                 "adapter": spec}))
+            return [e["id"] for e in gather([ev async for ev in gen.events()]).finish.logprobs]
+
+        assert asyncio.run(run("a")) == reference(ckpt, adapter, tokens_of)
+        assert asyncio.run(run("none")) == reference(ckpt, None, tokens_of)
+    finally:
+        engine.worker.close()

@@ -4,6 +4,8 @@ unless an API key is set); mounting runs on the model worker between decode step
 
 from __future__ import annotations
 
+import asyncio
+
 from blacksheep import Request
 
 from ..adapters import discover
@@ -22,7 +24,7 @@ def register(app, engine):
     async def available(request: Request):
         by_path = {str(m.info.path): m.id for m in manager.mounted.values()}
         rows = []
-        for info in discover.scan():
+        for info in await asyncio.to_thread(discover.scan):
             rows.append({"id": info.path.name, **info.row(),
                          "mounted": str(info.path) in by_path,
                          "mounted_as": by_path.get(str(info.path)),

@@ -30,9 +30,8 @@ def register(app, engine):
     from ..models.resolve import mlxbun_home
 
     home = mlxbun_home()
-    manager = JobManager(JobStore(home / "jobs.sqlite"), home)
-    app.jobs = manager
-    store = manager.store
+    jobs = _Lazy(home)  # no jobs.sqlite until a job route is used
+    app.jobs = jobs
 
     @guarded(_error)
     async def list_jobs(request: Request):
@@ -41,11 +40,11 @@ def register(app, engine):
         except ValueError:
             raise BadRequest("limit must be an integer")
         kind = request.query.get("kind", [None])[0]
-        return json_response({"ok": True, "jobs": await asyncio.to_thread(store.list, limit, kind)})
+        return json_response({"ok": True, "jobs": await asyncio.to_thread(jobs.store.list, limit, kind)})
 
     @guarded(_error)
     async def one_job(request: Request):
-        row = await asyncio.to_thread(store.get, request.route_values["job_id"])
+        row = await asyncio.to_thread(jobs.store.get, request.route_values["job_id"])
         if row is None:
             return json_response({"ok": False, "error": "job not found"}, 404)
         return json_response({"ok": True, "job": row})
@@ -58,7 +57,7 @@ def register(app, engine):
             watcher = watch_disconnect(request, gone.set)
             try:
                 yield b"retry: 1500\n\n"
-                async for frame in _tail(store, job_id, gone):
+                async for frame in _tail(jobs.store, job_id, gone):
                     yield frame
                 yield b"event: end\ndata: {}\n\n"
             finally:
@@ -72,7 +71,7 @@ def register(app, engine):
     async def finetune_submit(request: Request):
         body = await read_body(request)
         config = await asyncio.to_thread(finetune.prepare, body, finetune.default_output(home))
-        job_id = manager.submit("finetune", config, output_path=config["adapter_path"])
+        job_id = jobs.manager.submit("finetune", config, output_path=config["adapter_path"])
         return json_response({"ok": True, "job_id": job_id, "adapter_path": config["adapter_path"]})
 
     @guarded(_error)
@@ -113,11 +112,11 @@ def register(app, engine):
     async def quantize_submit(request: Request):
         body = await read_body(request)
         config = await asyncio.to_thread(quantize.prepare, body, home)
-        job_id = manager.submit("quantize", config, output_path=config["output_dir"])
+        job_id = jobs.manager.submit("quantize", config, output_path=config["output_dir"])
         return json_response({"ok": True, "job_id": job_id, "output_dir": config["output_dir"]})
 
     async def on_stop(application):
-        manager.close()
+        jobs.close()
 
     app.on_stop += on_stop
     r = app.router
@@ -130,6 +129,27 @@ def register(app, engine):
     r.add_post("/api/finetune/export", export)
     r.add_post("/api/quantize/inspect", quantize_inspect)
     r.add_post("/api/quantize/submit", quantize_submit)
+
+
+class _Lazy:
+    """The server's JobManager, made (and stale jobs reaped) on first use."""
+
+    def __init__(self, home):
+        self.home, self._manager = home, None
+
+    @property
+    def manager(self) -> JobManager:
+        if self._manager is None:
+            self._manager = JobManager(JobStore(self.home / "jobs.sqlite"), self.home)
+        return self._manager
+
+    @property
+    def store(self) -> JobStore:
+        return self.manager.store
+
+    def close(self) -> None:
+        if self._manager is not None:
+            self._manager.close()
 
 
 async def _tail(store: JobStore, job_id: str, gone: asyncio.Event):
