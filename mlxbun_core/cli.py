@@ -272,7 +272,7 @@ def cmd_serve(args) -> int:
               f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     if args.adapter and not _mount_startup_adapter(engine, args.adapter):
-        return 2
+        os._exit(2)  # no interpreter teardown under the live MLX worker thread
     model = engine.model
     app = build_app(engine, api_key=args.api_key)
     fallback = " (no family plugin claimed it)" if model.family == "generic" else ""
@@ -312,8 +312,7 @@ def _mount_startup_adapter(engine, where: str) -> bool:
     try:
         engine.worker.run_sync(lambda: engine.adapters.mount(name, where, default=True))
     except APIError as exc:
-        print(f"mlxbun: adapter {where}: {exc.message}", file=sys.stderr)
-        engine.worker.close()
+        print(f"mlxbun: adapter {where}: {exc.message}", file=sys.stderr, flush=True)
         return False
     print(f"mlxbun: adapter {name} mounted and used by default (send \"adapter\": \"none\" "
           "for the base model)", flush=True)
