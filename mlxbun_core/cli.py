@@ -321,9 +321,11 @@ def _mount_startup_adapter(engine, where: str) -> bool:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-"""The ``mlxbun`` command: serve a model, list local models, assess fit, list plugins, convert
-GGUF files, fine-tune and quantize (``train`` / ``quantize``: the server's job runners in the
-foreground)."""
+    from .jobs import cli as jobs_cli
+
+    return {"serve": cmd_serve, "plugins": cmd_plugins, "convert": cmd_convert, "ls": cmd_ls,
+            "fit": cmd_fit, "train": jobs_cli.cmd_train,
+            "quantize": jobs_cli.cmd_quantize}[args.command](args)
 
 
 if __name__ == "__main__":
