@@ -1,4 +1,6 @@
-"""The ``mlxbun`` command: serve a model, list local models, assess fit, list plugins, convert GGUF files."""
+"""The ``mlxbun`` command: serve a model, list local models, assess fit, list plugins, convert
+GGUF files, fine-tune and quantize (``train`` / ``quantize``: the server's job runners in the
+foreground)."""
 
 from __future__ import annotations
 
@@ -52,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--api-key", default=os.environ.get("MLXBUN_API_KEY") or None,
                    help="require 'Authorization: Bearer KEY' on every route; admin routes "
                         "then also answer remote clients (default: no key, admin loopback-only)")
+    s.add_argument("--adapter", "--adapter-path", dest="adapter", default=None, metavar="DIR",
+                   help="mount a LoRA adapter (mlx-lm or PEFT directory) at start-up and use it "
+                        "for requests that name none (id: the directory name)")
     s.add_argument("--grammar-backend", default=None,
                    help="structured-output backend (llguidance, xgrammar)")
     s.add_argument("--allow-private-media", action="store_true",
@@ -87,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("convert", help="convert a GGUF file to an MLX checkpoint directory")
     c.add_argument("gguf")
     c.add_argument("out")
+
+    from .jobs import cli as jobs_cli
+
+    jobs_cli.add_parsers(sub)
     return p
 
 
@@ -262,6 +271,8 @@ def cmd_serve(args) -> int:
         print(f"mlxbun: could not load {name or 'the default model'}: "
               f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    if args.adapter and not _mount_startup_adapter(engine, args.adapter):
+        os._exit(2)  # no interpreter teardown under the live MLX worker thread
     model = engine.model
     app = build_app(engine, api_key=args.api_key)
     fallback = " (no family plugin claimed it)" if model.family == "generic" else ""
@@ -292,10 +303,29 @@ def cmd_serve(args) -> int:
     os._exit(0)
 
 
+def _mount_startup_adapter(engine, where: str) -> bool:
+    from pathlib import Path
+
+    from .errors import APIError
+
+    name = Path(where).expanduser().resolve().name
+    try:
+        engine.worker.run_sync(lambda: engine.adapters.mount(name, where, default=True))
+    except APIError as exc:
+        print(f"mlxbun: adapter {where}: {exc.message}", file=sys.stderr, flush=True)
+        return False
+    print(f"mlxbun: adapter {name} mounted and used by default (send \"adapter\": \"none\" "
+          "for the base model)", flush=True)
+    return True
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    from .jobs import cli as jobs_cli
+
     return {"serve": cmd_serve, "plugins": cmd_plugins, "convert": cmd_convert, "ls": cmd_ls,
-            "fit": cmd_fit}[args.command](args)
+            "fit": cmd_fit, "train": jobs_cli.cmd_train,
+            "quantize": jobs_cli.cmd_quantize}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import threading
 import time
 from typing import AsyncIterator, Optional
 
+from ..adapters import AdapterManager, AdapterSet
 from ..errors import BadRequest, Unavailable
 from ..events import Done, Event, Finish, Usage
 from ..media import parts as media_parts
@@ -86,10 +87,12 @@ class Engine:
         self.prefix = PrefixCache(prompt_cache_bytes)
         self.admission = Admission(model, memory_budget_bytes)
         self.batch = 1 if draft is not None else max(1, batch)
+        self.adapters = AdapterManager(model, call=self.worker.call)
         if not self.worker.lanes:
-            serial = SerialLane(model.model, self.prefix, self.admission)
-            self.worker.lanes = ([BatchLane(model.model, self.batch, self.prefix, self.admission),
-                                  serial] if self.batch > 1 else [serial])
+            serial = SerialLane(model.model, self.prefix, self.admission, adapters=self.adapters)
+            self.worker.lanes = ([BatchLane(model.model, self.batch, self.prefix, self.admission,
+                                            adapters=self.adapters), serial]
+                                 if self.batch > 1 else [serial])
         # generation_config.json values, then operator flags on top; requests win over both
         self.defaults = {**model.generation_defaults, **(defaults or {})}
         self.max_tokens = max_tokens
@@ -165,23 +168,27 @@ class Engine:
         return self.starting == 0 and self.worker.active == 0 and self.worker.waiting == 0
 
     async def _start(self, req: GenerationInput) -> Generation:
+        adapters = self.adapters.resolve(req.adapter)  # an unknown id is a 400 before any work
         prepared = await self.prepare(req)
         limit = self.effective_limit(prepared.request)
         job = GenerationJob(prepared.request, self.model.tokenizer,
                             EventSink(asyncio.get_running_loop()), limit, self.draft,
-                            self.cache_namespace(req))
+                            self.cache_namespace(req, adapters), adapters=adapters)
         self.worker.submit(job)
         self.requests += 1
         return Generation(self, job, prepared.warning)
 
-    def cache_namespace(self, req: GenerationInput):
-        """What must match for two requests to share prefix KV (None: never cache)."""
+    def cache_namespace(self, req: GenerationInput, adapters: Optional[AdapterSet] = None):
+        """What must match for two requests to share prefix KV (None: never cache).
+        ``adapters`` is the request's resolved set (resolved here when not given)."""
         if self.draft is not None or not self.prefix.enabled:
             return None
+        if adapters is None:
+            adapters = self.adapters.resolve(req.adapter)
         media = ""
         if isinstance(req, ChatRequest) and req.media_items:
             media = "media:" + media_parts.digest(req.media_items)
-        return (self.model.id, str(self.model.path), req.adapter or "", "kv:native", media)
+        return (self.model.id, str(self.model.path), adapters.key, "kv:native", media)
 
     def effective_limit(self, req: GenerationRequest) -> int:
         """The completion budget after admission (400 when the prompt leaves no room)."""

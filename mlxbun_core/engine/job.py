@@ -13,6 +13,7 @@ import time
 import weakref
 from typing import Any, Callable, Optional
 
+from ..adapters.manager import NO_ADAPTERS
 from ..events import Admitted
 from .session import GenerationRequest, GenerationSession
 
@@ -115,12 +116,15 @@ class GenerationJob(Job):
 
     ``limit`` is the completion budget after admission (None: until EOS).
     ``draft`` is a mounted draft source (speculative decoding) or None.
+    ``adapters`` is the resolved LoRA :class:`~mlxbun_core.adapters.AdapterSet` (empty:
+    the base model); lanes activate it before stepping the job.
     Lanes set ``started`` when the job leaves the waiting queue.
     """
 
     def __init__(self, request: GenerationRequest, tokenizer, sink: EventSink,
-                 limit: Optional[int], draft=None, cache_namespace=None):
+                 limit: Optional[int], draft=None, cache_namespace=None, adapters=None):
         super().__init__()
+        self.adapters = adapters if adapters is not None else NO_ADAPTERS
         # prefix-cache key space (model, adapter, KV settings, media); None: never cached
         self.cache_namespace = cache_namespace
         self.request = request

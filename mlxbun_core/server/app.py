@@ -22,6 +22,8 @@ SURFACES = (
     "mlxbun_core.server.embeddings",
     "mlxbun_core.server.meta",
     "mlxbun_core.server.library_routes",
+    "mlxbun_core.server.adapters",
+    "mlxbun_core.server.jobs",
 )
 
 

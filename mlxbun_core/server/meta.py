@@ -16,7 +16,9 @@ from .library_routes import model_rows
 ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "POST /v1/messages",
              "POST /v1/messages/count_tokens", "POST /v1/responses",
              "GET/DELETE /v1/responses/<id>", "POST /v1/embeddings", "GET /v1/models",
-             "GET /health", "GET /stats", "GET /fit", "GET /library"]
+             "GET /health", "GET /stats", "GET /fit", "GET /library",
+             "GET/POST /v1/adapters", "GET /v1/adapters/available", "DELETE /v1/adapters/<id>",
+             "GET /api/jobs", "POST /api/finetune/*", "POST /api/quantize/*"]
 
 
 def media_kinds(engine) -> set:
@@ -38,14 +40,14 @@ def model_row(engine) -> dict:
             "tools": generate, "structured_output": generate, "logprobs": generate,
             "embeddings": m.kind == "embedding", "vision": "image" in media,
             "audio": "audio" in media, "video": "video" in media,
-            "adapters": False, "training": False}
+            "adapters": generate, "training": generate}
     d = engine.defaults
     return {"id": m.id, "object": "model", "created": engine.started_at, "owned_by": "mlxbun",
             "family": m.family, "plugin": m.plugin, "context_window": m.context_window,
             "reasoning": m.reasoning, "vision": caps["vision"], "audio": caps["audio"],
             "video": caps["video"], "batch_mode": "batched" if engine.batch > 1 else "serial",
             "tools": generate, "structured_output": generate, "embeddings": caps["embeddings"],
-            "adapters": False, "training": False, "capabilities": caps,
+            "adapters": generate, "training": generate, "capabilities": caps,
             "gen_defaults": {k: d.get(k) for k in ("temperature", "top_p", "top_k")}}
 
 

@@ -7,6 +7,11 @@ running streams), routes each row's token to its session, and removes finished
 or cancelled rows. Per-row samplers, logits processors (penalties, logit_bias,
 grammar masks) and logprobs are BatchGenerator's own. Rows start from the
 longest cached prefix and publish their KV to the prefix cache when they end.
+
+A batch runs one LoRA adapter set (the base model is the empty set). A fresh
+batch takes the oldest waiting job's set and every waiting job with the same set;
+while it runs, newcomers with that set join until a job with another set is
+oldest in line, then the batch drains and that set goes next (bounded waiting).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import logging
 import time
 from typing import Optional
 
+from ...adapters.manager import NO_ADAPTERS
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
 
@@ -41,8 +47,10 @@ class BatchLane:
     name = "batched"
 
     def __init__(self, model, cap: int, prefix: Optional[PrefixCache] = None, admission=None,
-                 prefill_tokens: int = PREFILL_TOKENS):
+                 prefill_tokens: int = PREFILL_TOKENS, adapters=None):
         self.model = model
+        self.adapters = adapters  # the engine's AdapterManager (None: no LoRA support)
+        self._set = NO_ADAPTERS  # the adapter set of the running rows
         self.cap = cap
         self.prefix = prefix
         self.admission = admission
@@ -77,6 +85,8 @@ class BatchLane:
         self._admit()
         if not self._rows:
             return
+        if self.adapters is not None:  # the serial lane may have run another set meanwhile
+            self.adapters.activate(self._set)
         try:
             gen = self._generator()
             self._size_prefill(gen)
@@ -100,14 +110,23 @@ class BatchLane:
 
     # -- admission -----------------------------------------------------------------
     def _admit(self) -> None:
-        while self._queue and len(self._rows) < self.cap:
-            job = self._queue[0]
+        fresh = not self._rows
+        if fresh and self._queue:
+            self._set = self._queue[0].adapters
+        i = 0
+        while i < len(self._queue) and len(self._rows) < self.cap:
+            job = self._queue[i]
+            if job.adapters.key != self._set.key:
+                if not fresh:
+                    return  # another adapter set waits: let this batch drain
+                i += 1  # a fresh batch gathers every waiting job of its set
+                continue
             if self.admission is not None:
                 if not self.admission.fits(job) and self._rows:
                     return  # wait for a row to finish and free its KV
                 # alone it must run: its limit was bounded to the budget at start
                 self.admission.reserve(job)
-            self._queue.popleft()
+            del self._queue[i]
             self._insert(job)
 
     def _forget(self, uid: int) -> _Row:

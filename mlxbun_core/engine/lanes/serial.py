@@ -27,10 +27,11 @@ class SerialLane:
     name = "serial"
 
     def __init__(self, model, prefix: Optional[PrefixCache] = None, admission=None,
-                 prefill_step: int = 2048):
+                 prefill_step: int = 2048, adapters=None):
         self.model = model  # the mlx.nn.Module
         self.prefix = prefix
         self.admission = admission
+        self.adapters = adapters  # the engine's AdapterManager (None: no LoRA support)
         self.prefill_step = prefill_step
         self._queue: collections.deque[GenerationJob] = collections.deque()
         self._job: Optional[GenerationJob] = None
@@ -62,6 +63,8 @@ class SerialLane:
         try:
             if job.cancelled.is_set():
                 return self._end(job.close, "cancelled")
+            if self.adapters is not None:  # another lane may have run another set meanwhile
+                self.adapters.activate(job.adapters)
             out = next(self._steps)
             if out is None:  # a prefill chunk
                 return

@@ -1,0 +1,129 @@
+"""``mlxbun train`` and ``mlxbun quantize``: the server's job runners, in the
+foreground, with a progress bar. The job is recorded in the same store, so
+``GET /api/jobs`` lists it too."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def add_parsers(sub) -> None:
+    t = sub.add_parser("train", help="LoRA fine-tune (SFT through mlx-lm's trainer)")
+    t.add_argument("model", nargs="?", default=None,
+                   help="checkpoint dir or model name (default: the embedded default model)")
+    t.add_argument("--data", required=True, help="dataset dir: train.jsonl (+ valid.jsonl)")
+    t.add_argument("--adapter", "--adapter-path", dest="adapter", default=None, metavar="DIR",
+                   help="output adapter dir (default: <home>/finetunes/<method>-<model>)")
+    t.add_argument("--method", default="sft", choices=("sft", "dpo", "orpo"))
+    t.add_argument("--iters", type=int, default=100)
+    t.add_argument("--lr", type=float, default=2e-4, dest="learning_rate")
+    t.add_argument("--rank", type=int, default=8)
+    t.add_argument("--scale", type=float, default=20.0)
+    t.add_argument("--num-layers", type=int, default=-1, help="last N layers (-1: all)")
+    t.add_argument("--seq", type=int, default=512, dest="max_seq_length")
+    t.add_argument("--batch", type=int, default=1, dest="batch_size")
+    t.add_argument("--grad-accum", type=int, default=1, dest="grad_accumulation_steps")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--save-every", type=int, default=100)
+    t.add_argument("--dry-run", action="store_true", help="inspect the dataset, don't train")
+
+    q = sub.add_parser("quantize", help="quantize a checkpoint through mlx-lm's converter")
+    q.add_argument("model", help="checkpoint dir or local model name")
+    q.add_argument("--bits", type=int, default=4)
+    q.add_argument("--group-size", type=int, default=64)
+    q.add_argument("--mode", default="affine", help="affine, mxfp4, nvfp4 or mxfp8")
+    q.add_argument("--recipe", default=None, help="mixed precision: mixed_2_6, mixed_3_4, "
+                                                  "mixed_3_6 or mixed_4_6")
+    q.add_argument("--out", default=None, help="output dir (default: <home>/models/<name>-<q>)")
+
+
+def _fail(message: str) -> int:
+    print(f"mlxbun: {message}", file=sys.stderr)
+    return 2
+
+
+def cmd_train(args) -> int:
+    from ..errors import APIError
+    from ..models.resolve import ModelNotFound, mlxbun_home, resolve_model
+    from . import finetune
+
+    try:
+        model = resolve_model(args.model, progress=True)
+    except ModelNotFound as exc:
+        return _fail(str(exc))
+    home = mlxbun_home()
+    out = args.adapter or str(home / "finetunes" / f"{args.method}-{model.path.name}")
+    body = {k: getattr(args, k) for k in (
+        "method", "iters", "learning_rate", "rank", "scale", "num_layers", "max_seq_length",
+        "batch_size", "grad_accumulation_steps", "seed", "save_every")}
+    body.update(model_dir=str(model.path), data_dir=args.data, adapter_path=out)
+    try:
+        probe = finetune.inspect_dataset(args.data)
+        if not probe["ok"]:
+            return _fail(probe["error"])
+        config = finetune.prepare(body, finetune.default_output(home))
+    except APIError as exc:
+        return _fail(exc.message)
+    print(f"mlxbun: {args.method} on {model.model_id}: {probe['n_train']} train / "
+          f"{probe['n_valid']} valid rows ({probe['format']}), {args.iters} steps, rank "
+          f"{args.rank} -> {config['adapter_path']}", flush=True)
+    if args.dry_run:
+        print(json.dumps(config, indent=2))
+        return 0
+    return _run("finetune", config, total=args.iters)
+
+
+def cmd_quantize(args) -> int:
+    from ..errors import APIError
+    from ..models.resolve import mlxbun_home
+    from . import quantize
+
+    body = {"model_id": args.model, "bits": args.bits, "group_size": args.group_size,
+            "mode": args.mode, "recipe": args.recipe, "output_dir": args.out}
+    try:
+        config = quantize.prepare(body, mlxbun_home())
+    except APIError as exc:
+        return _fail(exc.message)
+    return _run("quantize", config, total=None)
+
+
+def _run(kind: str, config: dict, total) -> int:
+    from tqdm import tqdm
+
+    from ..models.resolve import mlxbun_home
+    from .runner import JobManager
+    from .store import JobStore
+
+    home = mlxbun_home()
+    manager = JobManager(JobStore(home / "jobs.sqlite"), home)
+    bar = tqdm(total=total or 100, unit="step" if total else "%", dynamic_ncols=True,
+               file=sys.stderr)
+
+    def show(event: dict) -> None:
+        kind_ = event.get("type")
+        if kind_ == "metric" and event.get("kind") == "train":
+            bar.n = event["step"] if total else int(100 * event.get("progress", 0))
+            bar.set_postfix(loss=f"{event['loss']:.3f}", tok_s=f"{event.get('tokens_per_sec', 0):.0f}")
+        elif kind_ == "metric":
+            bar.write(f"step {event['step']}: val loss {event['loss']:.3f}")
+        elif kind_ == "stage":
+            if not total and isinstance(event.get("progress"), (int, float)):
+                bar.n = int(100 * event["progress"])
+            bar.set_description(event.get("stage", ""))
+            bar.refresh()
+        elif kind_ == "failed":
+            bar.write(f"failed: {event.get('error')}")
+
+    try:
+        row = manager.run(kind, config, show)
+    except KeyboardInterrupt:
+        bar.close()
+        return _fail("interrupted")
+    bar.close()
+    if row["status"] != "done":
+        print(f"mlxbun: job {row['id']} {row['status']}: {row['error']} (log: {row['log_path']})",
+              file=sys.stderr)
+        return 1
+    print(f"mlxbun: job {row['id']} done: {row['output_path']}", flush=True)
+    return 0

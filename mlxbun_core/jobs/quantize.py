@@ -1,0 +1,132 @@
+"""Quantize a checkpoint through mlx-lm's converter (``mlx_lm.convert.convert``).
+
+Uniform quantization takes ``bits`` (2, 3, 4, 5, 6, 8) and ``group_size`` (32, 64,
+128) in any of mlx-lm's modes (affine, mxfp4, nvfp4, mxfp8); mixed precision is
+mlx-lm's recipes (``recipe``: mixed_2_6, mixed_3_4, mixed_3_6, mixed_4_6). The
+output is a plain checkpoint directory under ``<home>/models/`` (where mlxbun's
+library lists its own models) that ``mlxbun serve <dir>`` loads.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Callable
+
+from .. import fspaths
+from ..errors import BadRequest
+from ..loader import read_json
+from .runner import JobError
+
+BITS = (2, 3, 4, 5, 6, 8)
+GROUP_SIZES = (16, 32, 64, 128)
+MODES = ("affine", "mxfp4", "nvfp4", "mxfp8")
+RECIPES = ("mixed_2_6", "mixed_3_4", "mixed_3_6", "mixed_4_6")
+
+
+def locate(model_id) -> Path:
+    """A model directory from a path or a locally cached model name (never downloads)."""
+    if not isinstance(model_id, str) or not model_id.strip():
+        raise BadRequest("model_id required", param="model_id")
+    if model_id.startswith(("/", "~", ".")):
+        return fspaths.existing_dir(model_id, "model_id", needs=[["config.json"]])
+    import os
+
+    from ..models.resolve import ModelNotFound, resolve_model
+
+    saved = os.environ.get("HF_HUB_OFFLINE")
+    os.environ["HF_HUB_OFFLINE"] = "1"  # inspection and submission never download
+    try:
+        return Path(resolve_model(model_id, progress=False).path)
+    except ModelNotFound as exc:
+        raise BadRequest(str(exc), param="model_id")
+    finally:
+        if saved is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = saved
+
+
+def inspect(model_id) -> dict:
+    """``{ok, model_id, arch, support, size_gb}`` without reading a tensor."""
+    try:
+        path = locate(model_id)
+    except BadRequest as exc:
+        return {"ok": False, "model_id": model_id, "arch": None, "support": False,
+                "size_gb": 0.0, "error": exc.message}
+    config = read_json(path / "config.json")
+    size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+    why = _unsupported(config)
+    row = {"ok": why is None, "model_id": model_id, "path": str(path),
+           "arch": config.get("model_type"), "support": why is None,
+           "size_gb": round(size / 1e9, 4)}
+    return row if why is None else {**row, "error": why}
+
+
+def _unsupported(config: dict):
+    if config.get("quantization") or config.get("quantization_config"):
+        return "the model is already quantized"
+    try:
+        from mlx_lm.utils import _get_classes
+
+        _get_classes(config)
+    except Exception as exc:  # mlx-lm has no model definition for this type
+        return f"mlx-lm cannot load model_type {config.get('model_type')!r}: {exc}"
+    return None
+
+
+def prepare(body: dict, home: Path) -> dict:
+    """A submit record checked (400s) and completed with its output directory."""
+    if not body.get("model_id"):
+        raise BadRequest("model_id required")
+    if body.get("target_bpw") is not None:
+        raise BadRequest("target_bpw needs a calibrated mixed-precision search, which is not "
+                         f"available offline; use recipe ({', '.join(RECIPES)}) or bits",
+                         param="target_bpw")
+    path = locate(body["model_id"])
+    why = _unsupported(read_json(path / "config.json"))
+    if why:
+        raise BadRequest(f"cannot quantize {body['model_id']}: {why}", param="model_id")
+    bits, group, mode = body.get("bits", 4), body.get("group_size", 64), body.get("mode", "affine")
+    recipe = body.get("recipe")
+    if bits not in BITS:
+        raise BadRequest(f"bits must be one of {BITS}", param="bits")
+    if group not in GROUP_SIZES:
+        raise BadRequest(f"group_size must be one of {GROUP_SIZES}", param="group_size")
+    if mode not in MODES:
+        raise BadRequest(f"mode must be one of {MODES}", param="mode")
+    if recipe is not None and (recipe not in RECIPES or mode != "affine"):
+        raise BadRequest(f"recipe must be one of {RECIPES} (affine mode only)", param="recipe")
+    suffix = recipe or (f"{bits}bit" if mode == "affine" else mode) + (
+        "" if group == 64 else f"-g{group}")
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", path.name)[:80]
+    out = body.get("output_dir") or home / "models" / f"{name}-{suffix}"
+    if body.get("output_dir") is None and Path(out).exists():
+        out = Path(f"{out}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = fspaths.output_dir(out, "output_dir")
+    if out.exists():
+        raise BadRequest(f"output_dir: {out} already exists", param="output_dir")
+    return {"model_id": body["model_id"], "model_dir": str(path), "bits": bits,
+            "group_size": group, "mode": mode, "recipe": recipe, "output_dir": str(out)}
+
+
+def run(config: dict, emit: Callable[[dict], None]) -> dict:
+    from mlx_lm.convert import convert
+
+    t0 = time.time()
+    what = config.get("recipe") or f"{config['bits']}-bit {config['mode']}"
+    emit({"type": "stage", "stage": "quantize", "progress": 0.1,
+          "message": f"quantizing {config['model_dir']} to {what}, group {config['group_size']}"})
+    try:
+        convert(config["model_dir"], config["output_dir"], quantize=True,
+                q_group_size=config["group_size"], q_bits=config["bits"], q_mode=config["mode"],
+                quant_predicate=config.get("recipe"))
+    except ValueError as exc:
+        raise JobError(f"mlx-lm refused: {exc}")
+    out = Path(config["output_dir"])
+    size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
+    emit({"type": "stage", "stage": "save", "progress": 1.0, "message": f"saved to {out}"})
+    return {"output_dir": str(out), "size_bytes": size, "bits": config["bits"],
+            "group_size": config["group_size"], "mode": config["mode"],
+            "recipe": config.get("recipe"), "seconds": round(time.time() - t0, 2)}
