@@ -24,11 +24,16 @@ SURFACES = (
     "mlxbun_core.server.library_routes",
     "mlxbun_core.server.adapters",
     "mlxbun_core.server.jobs",
+    "mlxbun_core.server.sessions",
+    "mlxbun_core.server.ws_chat",
+    "mlxbun_core.server.web",
 )
 
 
-def build_app(engine, *, api_key: str | None = None) -> Application:
+def build_app(engine, *, api_key: str | None = None, sessions_dir=None) -> Application:
+    """``sessions_dir``: where the web chat keeps sessions (default: under our home)."""
     app = Application(router=Router())  # not BlackSheep's process-wide default router
+    app.sessions_dir = sessions_dir
     guard.install(app, api_key)
     app.stats_providers = {}  # name -> callable returning a JSON-able dict for /stats
     for modname in SURFACES:

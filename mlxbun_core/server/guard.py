@@ -1,8 +1,9 @@
 """Who may call what, in one place (a middleware), not a check per route.
 
-- ``--api-key KEY`` (or ``MLXBUN_API_KEY``): every route except ``GET /health``
-  requires ``Authorization: Bearer KEY`` (OpenAI clients) or ``x-api-key: KEY``
-  (Anthropic clients); anything else is a 401.
+- ``--api-key KEY`` (or ``MLXBUN_API_KEY``): every route except ``GET /health`` and
+  the web app's static shell (see :func:`open_route`) requires ``Authorization:
+  Bearer KEY`` (OpenAI clients) or ``x-api-key: KEY`` (Anthropic clients); anything
+  else is a 401.
 - Admin routes (those that read or write the filesystem or start jobs: paths
   under the prefixes in ``ADMIN_PREFIXES`` plus any a module adds with
   :func:`admin_route`) answer loopback clients only, unless an API key is
@@ -56,22 +57,42 @@ def admin_route(app, prefix: str) -> None:
     app.admin_prefixes = tuple(getattr(app, "admin_prefixes", ADMIN_PREFIXES)) + (prefix,)
 
 
+def open_route(app, path: str) -> None:
+    """Let ``path`` (every path under it when it ends in ``/*``) answer without the API
+    key: static files that hold nothing private, such as the web app's shell."""
+    app.open_paths = tuple(getattr(app, "open_paths", OPEN_PATHS)) + (path,)
+
+
+def _is_open(path: str, open_paths) -> bool:
+    return any(path == p or (p.endswith("/*") and path.startswith(p[:-1])) for p in open_paths)
+
+
 def install(app, api_key: Optional[str]) -> None:
-    """Add the guard middleware to ``app`` (first, so nothing runs before it)."""
+    """Add the guard middleware to ``app`` (first, so nothing runs before it).
+
+    ``app.guard_check(request, key=None)`` is the same decision for routes that
+    middlewares do not see (WebSocket handshakes): an error response, or None.
+    """
     app.admin_prefixes = getattr(app, "admin_prefixes", ADMIN_PREFIXES)
+    app.open_paths = getattr(app, "open_paths", OPEN_PATHS)
     expected = api_key.encode() if api_key else None
 
-    async def guard(request: Request, handler):
+    def check(request: Request, key: Optional[str] = None):
         path = request.path
         anthropic = path.startswith("/v1/messages")
-        if expected is not None and path not in OPEN_PATHS:
-            got = _presented_key(request)
+        if expected is not None and not _is_open(path, app.open_paths):
+            got = key if key is not None else _presented_key(request)
             if got is None or not hmac.compare_digest(got.encode(), expected):
                 return _error(401, "authentication_error", "invalid or missing API key "
                               "(send Authorization: Bearer <key>)", anthropic)
         elif path.startswith(app.admin_prefixes) and not is_loopback(request):
             return _error(403, "permission_error", "this route answers loopback clients only; "
                           "start the server with --api-key to allow remote clients", anthropic)
-        return await handler(request)
+        return None
 
+    async def guard(request: Request, handler):
+        refusal = check(request)
+        return refusal if refusal is not None else await handler(request)
+
+    app.guard_check = check
     app.middlewares.insert(0, guard)

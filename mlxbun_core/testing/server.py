@@ -38,10 +38,10 @@ class RunningServer:
 def start_server(model: str | Path | None = None, *, options: Optional[LoadOptions] = None,
                  defaults: Optional[dict] = None, max_tokens: Optional[int] = None,
                  host: str = "127.0.0.1", api_key: Optional[str] = None,
-                 **engine_options) -> RunningServer:
+                 sessions_dir=None, **engine_options) -> RunningServer:
     """Load ``model`` (path, repo id, .gguf or None for the default) and serve it on a free
     port. ``engine_options`` go to :class:`~mlxbun_core.engine.core.Engine` (``batch``,
-    ``prompt_cache_bytes``)."""
+    ``prompt_cache_bytes``); ``sessions_dir`` is where the web chat keeps sessions."""
     import uvicorn
 
     from ..engine.core import Engine
@@ -51,7 +51,7 @@ def start_server(model: str | Path | None = None, *, options: Optional[LoadOptio
                          progress=False, defaults=defaults, max_tokens=max_tokens,
                          **engine_options)
     port = free_port()
-    config = uvicorn.Config(build_app(engine, api_key=api_key), host=host, port=port,
+    config = uvicorn.Config(build_app(engine, api_key=api_key, sessions_dir=sessions_dir), host=host, port=port,
                             log_level="warning",
                             lifespan="on")
     server = uvicorn.Server(config)

@@ -1,0 +1,51 @@
+"""GET /api/sessions/search and /api/sessions/export: the web chat's sessions over HTTP.
+
+Both read the sessions directory the web chat writes (admin routes: loopback-only
+unless an API key is configured, enforced by the guard) and need no model.
+"""
+
+from __future__ import annotations
+
+from blacksheep import Request
+
+from ..errors import APIError
+from ..webchat.search import search
+from ..webchat.store import SessionStore, read_entries, sessions_dir
+from .common import json_response
+
+MAX_QUERY_CHARS = 500
+
+
+def session_store(app) -> SessionStore:
+    """The app's one store (``app.sessions_dir`` when the builder set it, else under our home)."""
+    store = getattr(app, "session_store", None)
+    if store is None:
+        store = app.session_store = SessionStore(sessions_dir(getattr(app, "sessions_dir", None)))
+    return store
+
+
+def _error(message: str, status: int):
+    return json_response({"ok": False, "error": message}, status)
+
+
+def register(app, engine):
+    store = session_store(app)
+
+    async def search_sessions(request: Request):
+        query = (request.query.get("q") or [""])[0]
+        if not query.strip():
+            return _error("q is required", 400)
+        if len(query) > MAX_QUERY_CHARS:
+            return _error(f"q is longer than {MAX_QUERY_CHARS} characters", 400)
+        return json_response({"ok": True, "results": search(store, query)})
+
+    async def export_session(request: Request):
+        path = (request.query.get("path") or [""])[0]
+        try:
+            target = store.resolve(path)
+        except APIError as exc:
+            return _error(exc.message, exc.status)
+        return json_response({"ok": True, "path": str(target), "entries": read_entries(target)})
+
+    app.router.add_get("/api/sessions/search", search_sessions)
+    app.router.add_get("/api/sessions/export", export_session)

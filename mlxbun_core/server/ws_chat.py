@@ -1,0 +1,126 @@
+"""WS /ws/chat: the web chat's session protocol, carried over a WebSocket.
+
+JSON frames with a ``type`` both ways; :class:`~mlxbun_core.webchat.agent.ChatAgent`
+does the work, this module only moves frames. A plain ``GET /ws/chat`` (no upgrade)
+is a 426. A server that cannot host the chat (the ``--isolate`` parent proxy) sets
+``app.web_chat_unavailable`` to a reason, or calls :func:`refuse`: the route then
+answers 501.
+
+Like the other routes that touch files, the chat answers loopback clients only
+unless an API key is configured. Browsers cannot set headers on a WebSocket, so
+the key may also come as ``?api_key=``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from blacksheep import Request
+from blacksheep.server.websocket import WebSocket, WebSocketDisconnectError
+
+from ..webchat.agent import ChatAgent
+from . import guard
+from .common import json_response
+from .meta import model_row
+from .sessions import session_store
+
+log = logging.getLogger("mlxbun.webchat")
+
+PATH = "/ws/chat"
+ISOLATED = "web chat needs a non-isolated server (it is not available under --isolate)"
+
+
+def refuse(app, reason: str = ISOLATED) -> None:
+    """Make /ws/chat answer 501 with ``reason`` (the --isolate parent calls this)."""
+    app.web_chat_unavailable = reason
+
+
+def _unavailable(app):
+    reason = getattr(app, "web_chat_unavailable", None)
+    if reason:
+        return json_response({"error": {"message": reason, "type": "not_implemented"}}, 501)
+    return None
+
+
+async def deny(ws: WebSocket, response) -> None:
+    """Answer the handshake with ``response`` (status and JSON body), not an upgrade."""
+    if "websocket.http.response" not in (ws.scope.get("extensions") or {}):
+        await ws.close()  # the server then answers 403
+        return
+    body = response.content.body if response.content else b""
+    await ws._send({"type": "websocket.http.response.start", "status": response.status,
+                    "headers": [(b"content-type", b"application/json")]})
+    await ws._send({"type": "websocket.http.response.body", "body": body})
+
+
+def ready_frame(engine) -> dict:
+    row = model_row(engine)
+    return {"model": row["id"], "vision": bool(row.get("vision")), "audio": bool(row.get("audio")),
+            "thinking": bool(engine.model.reasoning), "genDefaults": row.get("gen_defaults") or {},
+            "contextWindow": engine.model.context_window}
+
+
+class Outbox:
+    """Serializes sends; after the client leaves, frames are dropped quietly."""
+
+    def __init__(self, ws: WebSocket):
+        self.ws, self.lock, self.open = ws, asyncio.Lock(), True
+
+    async def __call__(self, frame: dict) -> None:
+        if not self.open:
+            return
+        async with self.lock:
+            try:
+                await self.ws.send_text(json.dumps(frame, ensure_ascii=False, separators=(",", ":")))
+            except Exception:  # closed under us: the receive loop ends the session
+                self.open = False
+
+
+async def serve_connection(ws: WebSocket, agent: ChatAgent, outbox: Outbox) -> None:
+    await agent.hello()
+    try:
+        while True:
+            msg = await ws.receive()
+            raw = msg.get("text")
+            if raw is None and msg.get("bytes") is not None:
+                raw = msg["bytes"].decode("utf-8", "replace")
+            try:
+                frame = json.loads(raw or "")
+            except ValueError:
+                await outbox({"type": "error", "message": "frames must be JSON objects", "status": 400})
+                continue
+            await agent.handle(frame)
+    except WebSocketDisconnectError:
+        pass
+    finally:
+        outbox.open = False
+        await agent.close()
+
+
+def register(app, engine):
+    store = session_store(app)
+    guard.admin_route(app, PATH)
+
+    async def upgrade_required(request: Request):
+        refusal = _unavailable(app)
+        if refusal is not None:
+            return refusal
+        resp = json_response({"error": {"message": "/ws/chat is a WebSocket: send an upgrade "
+                                        "request", "type": "upgrade_required"}}, 426)
+        resp.add_header(b"Upgrade", b"websocket")
+        return resp
+
+    async def chat(ws: WebSocket):
+        key = (ws.query.get("api_key") or [None])[0]
+        refusal = _unavailable(app) or app.guard_check(ws, key)
+        if refusal is not None:
+            await deny(ws, refusal)
+            return
+        await ws.accept()
+        outbox = Outbox(ws)
+        await serve_connection(ws, ChatAgent(engine, store, outbox, ready_frame(engine)), outbox)
+
+    app.router.add_get(PATH, upgrade_required)
+    app.router.add_ws(PATH, chat)
