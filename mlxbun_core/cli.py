@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "request's model field (least recently used drains first)")
     s.add_argument("--unix", default=None, metavar="SOCKET",
                    help="listen on a unix socket instead of TCP (the engine half of --isolate)")
+    s.add_argument("--no-open", action="store_true",
+                   help="do not open the web app in a browser (it opens only on an interactive start)")
 
     ls = sub.add_parser("ls", help="list local models (HF cache and converted models)")
     ls.add_argument("filter", nargs="?", default=None, help="case-insensitive id substring")
@@ -231,6 +233,7 @@ def cmd_serve(args) -> int:
     from .engine.core import Engine
     from .model import LoadOptions
     from .models.resolve import ModelNotFound
+    from .server import web
     from .server.app import build_app
     from .server.drain import DrainingServer
 
@@ -278,9 +281,10 @@ def cmd_serve(args) -> int:
     fallback = " (no family plugin claimed it)" if model.family == "generic" else ""
     spec = f" · speculative with draft {engine.draft.name}" if engine.draft else ""
     where = f"unix:{args.unix}" if args.unix else f"http://{args.host}:{args.port}/v1"
+    page = None if args.unix else web.page_url(args.host, args.port)
     print(f"mlxbun: serving {model.id} [{model.kind}] via plugin '{model.plugin}'{fallback}{spec}\n"
-          f"        context {model.context_window} tokens · {where}",
-          flush=True)
+          f"        context {model.context_window} tokens · {where}"
+          + (f" · web app {page}" if page else ""), flush=True)
     if args.unix:
         from .isolate.drain import DrainGate, exit_with_parent
 
@@ -294,7 +298,10 @@ def cmd_serve(args) -> int:
     else:
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                 timeout_graceful_shutdown=10)
-    DrainingServer(config, engine).run()
+    server = DrainingServer(config, engine)
+    if page and model.kind == "generate" and web.interactive_start(args.no_open):
+        web.open_when_started(server, page)
+    server.run()
     # Served and drained: nothing is left to save. Interpreter teardown takes seconds and can
     # abort inside MLX's native threads ("terminate called without an active exception"),
     # which would turn a clean shutdown into exit 134.

@@ -67,17 +67,34 @@ def _is_open(path: str, open_paths) -> bool:
     return any(path == p or (p.endswith("/*") and path.startswith(p[:-1])) for p in open_paths)
 
 
+async def deny_websocket(ws, response) -> None:
+    """Answer a WebSocket handshake with ``response`` (its status and body) instead of
+    upgrading (ASGI's ``websocket.http.response`` extension, which uvicorn has)."""
+    if "websocket.http.response" not in (ws.scope.get("extensions") or {}):
+        await ws.close()  # the server then answers 403
+        return
+    body = response.content.body if response.content else b""
+    await ws._send({"type": "websocket.http.response.start", "status": response.status,
+                    "headers": [(b"content-type", b"application/json")]})
+    await ws._send({"type": "websocket.http.response.body", "body": body})
+
+
+def _is_websocket(request: Request) -> bool:
+    return (getattr(request, "scope", None) or {}).get("type") == "websocket"
+
+
 def install(app, api_key: Optional[str]) -> None:
     """Add the guard middleware to ``app`` (first, so nothing runs before it).
 
-    ``app.guard_check(request, key=None)`` is the same decision for routes that
-    middlewares do not see (WebSocket handshakes): an error response, or None.
+    BlackSheep runs middlewares for WebSocket routes too; a refused handshake is
+    answered with the same status and body. Browsers cannot set headers on a
+    WebSocket, so there the key may also come as ``?api_key=``.
     """
     app.admin_prefixes = getattr(app, "admin_prefixes", ADMIN_PREFIXES)
     app.open_paths = getattr(app, "open_paths", OPEN_PATHS)
     expected = api_key.encode() if api_key else None
 
-    def check(request: Request, key: Optional[str] = None):
+    def check(request: Request, key: Optional[str]):
         path = request.path
         anthropic = path.startswith("/v1/messages")
         if expected is not None and not _is_open(path, app.open_paths):
@@ -91,8 +108,14 @@ def install(app, api_key: Optional[str]) -> None:
         return None
 
     async def guard(request: Request, handler):
-        refusal = check(request)
-        return refusal if refusal is not None else await handler(request)
+        websocket = _is_websocket(request)
+        key = (request.query.get("api_key") or [None])[0] if websocket else None
+        refusal = check(request, key)
+        if refusal is None:
+            return await handler(request)
+        if websocket:
+            await deny_websocket(request, refusal)
+            return None
+        return refusal
 
-    app.guard_check = check
     app.middlewares.insert(0, guard)

@@ -11,6 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import sys
+import threading
+import time
+import webbrowser
 from importlib import resources
 
 from blacksheep import Request, Response
@@ -106,3 +111,37 @@ def register(app, engine):
     for route in ROUTES:
         app.router.add_get(f"/{route}", redirect_to(route))
         guard.open_route(app, f"/{route}")
+
+
+# -- opening the page on an interactive start ------------------------------------------
+def page_url(host: str, port: int) -> str:
+    """The web app's address as a browser on this machine reaches it."""
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "[::1]"
+    elif ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}/"
+
+
+def interactive_start(no_open: bool) -> bool:
+    """Open a browser only for a person at a terminal: not with --no-open, not when
+    output is piped or logged, not under tests or CI."""
+    if no_open or not sys.stdout.isatty():
+        return False
+    return not any(os.environ.get(v) for v in ("PYTEST_CURRENT_TEST", "CI", "MLXBUN_NO_OPEN"))
+
+
+def open_when_started(server, url: str, timeout: float = 60.0) -> threading.Thread:
+    """Open ``url`` once ``server`` (a uvicorn.Server) listens."""
+    def wait_and_open():
+        deadline = time.monotonic() + timeout
+        while not server.started and not server.should_exit and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if server.started and not server.should_exit:
+            webbrowser.open(url)
+
+    thread = threading.Thread(target=wait_and_open, name="mlxbun-open-browser", daemon=True)
+    thread.start()
+    return thread

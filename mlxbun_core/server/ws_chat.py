@@ -7,8 +7,8 @@ is a 426. A server that cannot host the chat (the ``--isolate`` parent proxy) se
 answers 501.
 
 Like the other routes that touch files, the chat answers loopback clients only
-unless an API key is configured. Browsers cannot set headers on a WebSocket, so
-the key may also come as ``?api_key=``.
+unless an API key is configured (the guard middleware sees the handshake; browsers
+send the key as ``?api_key=``).
 """
 
 from __future__ import annotations
@@ -42,17 +42,6 @@ def _unavailable(app):
     if reason:
         return json_response({"error": {"message": reason, "type": "not_implemented"}}, 501)
     return None
-
-
-async def deny(ws: WebSocket, response) -> None:
-    """Answer the handshake with ``response`` (status and JSON body), not an upgrade."""
-    if "websocket.http.response" not in (ws.scope.get("extensions") or {}):
-        await ws.close()  # the server then answers 403
-        return
-    body = response.content.body if response.content else b""
-    await ws._send({"type": "websocket.http.response.start", "status": response.status,
-                    "headers": [(b"content-type", b"application/json")]})
-    await ws._send({"type": "websocket.http.response.body", "body": body})
 
 
 def ready_frame(engine) -> dict:
@@ -112,11 +101,10 @@ def register(app, engine):
         resp.add_header(b"Upgrade", b"websocket")
         return resp
 
-    async def chat(ws: WebSocket):
-        key = (ws.query.get("api_key") or [None])[0]
-        refusal = _unavailable(app) or app.guard_check(ws, key)
+    async def chat(ws: WebSocket):  # the guard middleware has checked the key and the client
+        refusal = _unavailable(app)
         if refusal is not None:
-            await deny(ws, refusal)
+            await guard.deny_websocket(ws, refusal)
             return
         await ws.accept()
         outbox = Outbox(ws)

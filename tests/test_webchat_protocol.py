@@ -1,0 +1,282 @@
+"""/ws/chat against a real server: a real WebSocket client, real MLX forward passes and
+real session files. Turns stream and end with the lane they ran on, abort stops the
+engine, sessions survive a restart, search and export read them back."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+from websockets.exceptions import InvalidStatus
+
+from mlxbun_core.server import ws_chat
+from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.server import start_server
+from mlxbun_core.testing.wschat import ChatClient
+
+
+def no_eos(engine) -> dict:
+    return {str(i): -100 for i in engine.model.tokenizer.eos_token_ids}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = start_server(tiny_checkpoint("qwen3"), sessions_dir=tmp_path_factory.mktemp("sessions"))
+    yield s
+    s.stop()
+
+
+def last(c: ChatClient, kind: str) -> dict:
+    return next(f for f in reversed(c.seen) if f["type"] == kind)
+
+
+def idle(s, timeout=5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        batch = httpx.get(s.base_url + "/stats").json()["batch"]
+        if batch["active_rows"] == 0 and batch["waiting"] == 0:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_turn_streams_deltas_and_ends_with_the_real_lane(server):
+    with ChatClient(server.base_url) as c:
+        hello = c.hello()
+        assert hello["ready"]["model"] == server.engine.model.id
+        assert hello["ready"]["contextWindow"] == server.engine.model.context_window
+        assert hello["history"]["items"] == [] and hello["sessions"]["activePath"] is None
+        c.send("set_sampling", max_tokens=12, logit_bias=no_eos(server.engine))
+        assert c.until("settings")[-1]["sampling"]["max_tokens"] == 12
+        frames = c.turn(text="Tell me a story")
+    kinds = [f["type"] for f in frames]
+    assert kinds.index("turn_start") < kinds.index("text_delta") < kinds.index("turn_end")
+    end = next(f for f in frames if f["type"] == "turn_end")
+    assert end["finish"] == "length" and end["usage"]["completion_tokens"] == 12
+    assert end["lane"] == end["usage"]["lane"] and end["lane"] in ("batched", "serial")
+    streamed = "".join(f["delta"] for f in frames if f["type"] == "text_delta")
+    items = frames[-1]["items"]
+    assert [i["role"] for i in items] == ["user", "assistant"]
+    assert items[0]["content"] == "Tell me a story" and items[1]["content"] == streamed
+    assert items[1]["meta"]["lane"] == end["lane"]
+    context = next(f for f in frames if f["type"] == "context")
+    assert context["tokens"] == end["usage"]["prompt_tokens"] + 12
+    assert context["contextWindow"] == server.engine.model.context_window
+
+
+def test_abort_stops_the_engine_within_a_step(server):
+    with ChatClient(server.base_url) as c:
+        c.hello()
+        c.send("set_sampling", max_tokens=20000, logit_bias=no_eos(server.engine))
+        c.until("settings")
+        c.send("prompt", text="Count forever")
+        c.until("text_delta")
+        c.send("abort")
+        t0 = time.monotonic()
+        frames = c.until("turn_end")
+        stopped_in = time.monotonic() - t0
+        history = c.until("history")[-1]
+    end = frames[-1]
+    assert end["finish"] == "cancelled"
+    assert end["usage"]["completion_tokens"] < 2000 and stopped_in < 5
+    assert idle(server)
+    answer = history["items"][-1]  # the partial answer is kept, marked as stopped
+    assert answer["role"] == "assistant" and answer["meta"]["finish"] == "cancelled"
+    assert answer["content"] == "".join(f["delta"] for f in c.seen if f["type"] == "text_delta")
+
+
+def test_a_client_that_leaves_mid_turn_frees_the_engine(server):
+    c = ChatClient(server.base_url)
+    c.hello()
+    c.send("set_sampling", max_tokens=20000, logit_bias=no_eos(server.engine))
+    c.until("settings")
+    c.send("prompt", text="Go on and on")
+    c.until("text_delta")
+    c.close()
+    assert idle(server)
+
+
+def test_regenerate_edit_and_switch_build_a_tree(server):
+    with ChatClient(server.base_url) as c:
+        c.hello()
+        c.send("set_sampling", max_tokens=4, temperature=1.0, seed=1)
+        c.until("settings")
+        first = c.turn(text="Hi")[-1]["items"]
+        again = c.turn("regenerate")[-1]["items"]
+        assert again[0]["id"] == first[0]["id"] and again[1]["id"] != first[1]["id"]
+        assert again[1]["siblings"] == {"index": 1, "count": 2, "ids": [first[1]["id"], again[1]["id"]]}
+        sib = c.until("siblings")[-1]
+        assert sib["entryId"] == again[1]["id"] and sib["count"] == 2 and sib["index"] == 1
+        c.send("switch_sibling", entryId=first[1]["id"])
+        back = c.until("history")[-1]["items"]
+        assert [i["id"] for i in back] == [first[0]["id"], first[1]["id"]]
+        edited = c.turn("edit_resend", text="Hello instead")[-1]["items"]
+        assert edited[0]["content"] == "Hello instead" and edited[0]["parentId"] is None
+        assert edited[0]["siblings"]["count"] == 2 and len(edited) == 2
+        path = last(c, "sessions")["activePath"]
+        c.send("fork_session", path=path)
+        forked = c.until("sessions")[-1]
+        assert forked["activePath"] != path
+        assert [i["id"] for i in last(c, "history")["items"]] == [i["id"] for i in edited]
+        c.send("delete_session", path=forked["activePath"])
+        after = c.until("sessions")[-1]
+        assert forked["activePath"] not in [s["path"] for s in after["items"]]
+        assert after["activePath"] is None
+
+
+def test_settings_travel_with_the_session_and_reach_the_engine(server):
+    with ChatClient(server.base_url) as c:
+        c.hello()
+        c.send("set_system_prompt", text="You are terse.")
+        c.send("set_thinking", enabled=False)
+        c.send("set_sampling", scope="session", max_tokens=3)
+        c.send("set_sampling", scope="next_turn", max_tokens=2)
+        settings = [c.until("settings")[-1] for _ in range(4)][-1]
+        assert settings["nextTurn"] == {"max_tokens": 2} and settings["sampling"] == {"max_tokens": 3}
+        one = next(f for f in c.turn(text="a") if f["type"] == "turn_end")
+        two = next(f for f in c.turn(text="b") if f["type"] == "turn_end")
+        assert one["usage"]["completion_tokens"] <= 2 and two["usage"]["completion_tokens"] <= 3
+        path = last(c, "sessions")["activePath"]
+    with ChatClient(server.base_url) as c:
+        c.hello()
+        c.send("open_session", path=path)
+        frames = c.until("context")
+    opened = {f["type"]: f for f in frames}
+    assert opened["settings"]["systemPrompt"] == "You are terse."
+    assert opened["settings"]["thinking"] is False and opened["settings"]["sampling"] == {"max_tokens": 3}
+    assert [i["content"] for i in opened["history"]["items"] if i["role"] == "user"] == ["a", "b"]
+    assert opened["context"]["tokens"] > 0
+
+
+def test_client_mistakes_are_error_frames_and_the_socket_stays_usable(server):
+    with ChatClient(server.base_url) as c:
+        c.hello()
+        c.ws.send("not json")
+        assert c.recv()["type"] == "error"
+        for frame in ({"type": "nope"}, {"type": "set_sampling", "temperature": -1},
+                      {"type": "set_sampling", "scope": "forever"}, {"type": "prompt", "text": 5},
+                      {"type": "prompt", "text": "   "}, {"type": "open_session", "path": "../x.jsonl"},
+                      {"type": "regenerate"}, {"type": "switch_sibling", "entryId": "m0"}):
+            c.ws.send(json.dumps(frame))
+            err = c.recv()
+            assert err["type"] == "error" and err["status"] == 400, (frame, err)
+        image = {"data": "aGVsbG8=", "mimeType": "image/png"}
+        c.send("prompt", text="What is this?", images=[image])
+        err = c.recv()
+        assert err["type"] == "error" and "vision" in err["message"]
+        c.send("list_sessions")
+        assert c.until("sessions")[-1]["activePath"] is None  # the refused prompt saved nothing
+        c.send("set_sampling", max_tokens=2)
+        c.until("settings")
+        items = c.turn(text="still here")[-1]["items"]
+        assert [i["role"] for i in items] == ["user", "assistant"]
+
+
+def test_sessions_survive_a_restart_and_search_finds_them(tmp_path):
+    model = tiny_checkpoint("qwen3")
+    first = start_server(model, sessions_dir=tmp_path)
+    try:
+        with ChatClient(first.base_url) as c:
+            c.hello()
+            c.send("set_sampling", max_tokens=3)
+            c.until("settings")
+            items = c.turn(text="Tell me about the ZanziBar archipelago")[-1]["items"]
+            path = last(c, "sessions")["activePath"]
+    finally:
+        first.stop()
+    # a crash mid-write leaves a torn last line: it is skipped, never fatal
+    with open(path, "a") as f:
+        f.write('{"type": "message", "id": "torn", "mess')
+    second = start_server(model, sessions_dir=tmp_path)
+    try:
+        with ChatClient(second.base_url) as c:
+            listed = c.hello()["sessions"]["items"]
+            assert [s["path"] for s in listed] == [path]
+            assert listed[0]["title"] == "Tell me about the ZanziBar archipelago"
+            c.send("open_session", path=path)
+            history = c.until("history")[-1]["items"]
+            assert [i["id"] for i in history] == [i["id"] for i in items]
+            c.send("set_sampling", max_tokens=2)
+            more = c.turn(text="And its history?")[-1]["items"]
+            assert len(more) == 4 and more[2]["parentId"] == items[1]["id"]
+        r = httpx.get(second.base_url + "/api/sessions/search", params={"q": "zanzibar"})
+        assert r.status_code == 200 and r.json()["ok"] is True
+        [hit] = r.json()["results"]
+        assert hit["sessionPath"] == path and hit["sessionTitle"].startswith("Tell me about")
+        [match] = hit["matches"]
+        (start, end), = match["ranges"]
+        assert match["snippet"][start:end] == "ZanziBar" and match["role"] == "user"
+        assert httpx.get(second.base_url + "/api/sessions/search").json() == {
+            "ok": False, "error": "q is required"}
+        exported = httpx.get(second.base_url + "/api/sessions/export", params={"path": path}).json()
+        kinds = [e["type"] for e in exported["entries"]]
+        assert exported["ok"] and kinds[0] == "session" and kinds.count("message") == 4
+    finally:
+        second.stop()
+
+
+def test_export_refuses_paths_outside_the_sessions_directory(server, tmp_path):
+    root = server.server.config.app.session_store.root
+    root.mkdir(parents=True, exist_ok=True)
+    outside = tmp_path / "secret.jsonl"
+    outside.write_text('{"type": "session", "id": "x"}\n')
+    (root / "link.jsonl").symlink_to(outside)
+    export = server.base_url + "/api/sessions/export"
+    for path in ("../secret.jsonl", str(outside), str(root / ".." / "secret.jsonl"), "link.jsonl",
+                 "/etc/passwd", str(root)):
+        r = httpx.get(export, params={"path": path})
+        assert r.status_code == 400 and r.json()["ok"] is False, path
+    assert httpx.get(export).status_code == 400
+    assert httpx.get(export, params={"path": "missing.jsonl"}).status_code == 404
+
+
+def test_upgrade_required_and_unavailable_under_isolation(server):
+    r = httpx.get(server.base_url + "/ws/chat")
+    assert r.status_code == 426 and r.headers["upgrade"] == "websocket"
+    app = server.server.config.app
+    ws_chat.refuse(app)
+    try:
+        assert httpx.get(server.base_url + "/ws/chat").status_code == 501
+        with pytest.raises(InvalidStatus) as refused:
+            ChatClient(server.base_url)
+        assert refused.value.response.status_code == 501
+        assert b"--isolate" in refused.value.response.body
+    finally:
+        app.web_chat_unavailable = None
+
+
+def test_the_api_key_guards_the_socket(tmp_path):
+    s = start_server(tiny_checkpoint("qwen3"), api_key="sekrit", sessions_dir=tmp_path)
+    try:
+        with pytest.raises(InvalidStatus) as refused:
+            ChatClient(s.base_url)
+        assert refused.value.response.status_code == 401
+        with pytest.raises(InvalidStatus):
+            ChatClient(s.base_url, api_key="wrong")
+        with ChatClient(s.base_url, api_key="sekrit") as c:
+            assert c.hello()["ready"]["model"] == s.engine.model.id
+        assert httpx.get(s.base_url + "/").status_code == 200  # the shell itself is open
+        assert httpx.get(s.base_url + "/api/sessions/search", params={"q": "x"}).status_code == 401
+    finally:
+        s.stop()
+
+
+def test_remote_clients_are_refused_without_a_key(tmp_path):
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # routing only: an address of ours that is not loopback
+        ip = probe.getsockname()[0]
+    s = start_server(tiny_checkpoint("qwen3"), host="0.0.0.0", sessions_dir=tmp_path)
+    try:
+        with pytest.raises(InvalidStatus) as refused:
+            ChatClient(f"http://{ip}:{s.port}")
+        assert refused.value.response.status_code == 403
+        assert b"loopback" in refused.value.response.body
+        assert httpx.get(f"http://{ip}:{s.port}/").status_code == 200  # the page itself is public
+        with ChatClient(s.base_url) as c:  # loopback is welcome
+            assert c.hello()["ready"]
+    finally:
+        s.stop()
