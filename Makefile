@@ -1,4 +1,5 @@
-# Two entry points for a fresh machine: `make serve` and `make test`.
+# Two entry points for a fresh machine: `make serve` and `make test` (`make test-browser`
+# adds the web app's browser tests).
 PY ?= python3
 VENV ?= .venv
 BIN = $(VENV)/bin
@@ -25,4 +26,16 @@ serve: install
 test: install
 	$(BIN)/python -m pytest $(ARGS)
 
-.PHONY: install serve test
+$(VENV)/.browser: $(BIN)/mlxbun
+	$(BIN)/pip install -q -e ".[test,browser]"
+	touch $@
+
+# the web app in headless Chromium from the OS (Debian: apt-get install chromium)
+test-browser: $(VENV)/.browser
+	$(BIN)/python -m pytest -m browser tests/browser $(ARGS)
+
+# docs/webapp-*.png, as shown in the README
+screenshots: $(VENV)/.browser
+	MLXBUN_SCREENSHOT_DIR=docs $(BIN)/python -m pytest -m browser tests/browser -k screenshots $(ARGS)
+
+.PHONY: install serve test test-browser screenshots

@@ -11,6 +11,7 @@ import asyncio
 import base64
 import binascii
 import logging
+import re
 from typing import Awaitable, Callable, Optional
 
 from ..engine.sampling import SamplingParams, max_tokens_from
@@ -27,6 +28,7 @@ SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "xtc_probability", "x
 MAX_IMAGES = 8
 MAX_IMAGE_CHARS = 12 << 20  # base64 characters across one prompt's images
 MAX_TEXT_CHARS = 1 << 20
+IMAGE_MIME = re.compile(r"image/[A-Za-z0-9.+-]+")
 Send = Callable[[dict], Awaitable[None]]
 
 
@@ -49,7 +51,7 @@ def image_parts(images) -> list:
     for img in images:
         data = img.get("data") if isinstance(img, dict) else None
         mime = img.get("mimeType") if isinstance(img, dict) else None
-        if not isinstance(data, str) or not isinstance(mime, str) or not mime.startswith("image/"):
+        if not isinstance(data, str) or not isinstance(mime, str) or not IMAGE_MIME.fullmatch(mime):
             raise BadRequest("each image needs base64 'data' and an image/* 'mimeType'")
         total += len(data)
         if total > MAX_IMAGE_CHARS:
@@ -223,7 +225,7 @@ class ChatAgent:
 
     def _idle_required(self) -> None:
         if self.running:
-            raise BadRequest("a turn is running: abort it first", )
+            raise BadRequest("a turn is running: abort it first")
 
     # -- turns ------------------------------------------------------------------------
     async def on_prompt(self, frame) -> None:

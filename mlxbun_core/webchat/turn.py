@@ -134,6 +134,7 @@ class Turn:
                 await agent.send(frame)
             await agent.send({"type": "tool_end", "callId": call["id"], "ok": ok, "result": result})
             entry = await agent.save({"role": "tool", "tool_call_id": call["id"], "name": fn["name"],
-                                      "content": json.dumps(result, ensure_ascii=False)}, parent_id)
+                                      "content": json.dumps(result, ensure_ascii=False)},
+                                     parent_id, {"ok": ok})
             parent_id = entry["id"]
         return parent_id

@@ -142,7 +142,7 @@ export class ChatView {
     for (const call of item.toolCalls || []) {
       const card = this.toolCard(s.tools, call.id, call.name, call.arguments);
       const result = results.get(call.id);
-      if (result) this.finishCard(card, !result.content.includes('"error"'), result.content);
+      if (result) this.finishCard(card, result.meta?.ok !== false, result.content);
     }
     if (item.meta?.finish === "cancelled") s.body.append(el("p", "muted", "(stopped)"));
   }
