@@ -34,9 +34,10 @@ export function askForKey() {
   return asking;
 }
 
-// Why the chat socket could not open: the guard's answer for an admin route.
+// Why the chat socket could not open: a plain GET of /ws/chat answers 426 when all is
+// well, else the reason (401 key, 403 remote client, 501 under --isolate).
 export async function socketRefusal() {
-  const r = await getJSON("/api/sessions/search?q=%20");
-  if (r.status === 401 || r.status === 403) return r.body?.error?.message || `HTTP ${r.status}`;
+  const r = await getJSON("/ws/chat");
+  if ([401, 403, 501].includes(r.status)) return r.body?.error?.message || `HTTP ${r.status}`;
   return null;
 }

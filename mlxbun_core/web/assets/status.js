@@ -50,9 +50,7 @@ export class StatusView {
     this.model(models);
     this.stats(stats);
     this.fit(fit);
-    const box = document.getElementById("status-models");
-    box.replaceChildren(models.ok ? raw(models.body) : this.failed(models));
-    box.querySelector("details")?.setAttribute("open", "");
+    this.models(models);
   }
 
   failed(r) {
@@ -90,7 +88,40 @@ export class StatusView {
     const box = document.getElementById("status-fit");
     if (!r.ok) return box.replaceChildren(this.failed(r));
     const f = r.body;
-    const rows = Object.entries(f).filter(([, v]) => typeof v !== "object").slice(0, 8);
-    box.replaceChildren(table(rows), raw(f));
+    const rep = f.report || {};
+    const m = f.machine || {};
+    box.replaceChildren(table([
+      ["verdict", rep.fits === undefined ? null : rep.fits ? "fits" : "does NOT fit"],
+      ["machine", [m.chip, m.device].filter(Boolean).join(" · ") || null],
+      ["usable memory", mib(rep.usable_bytes ?? m.usable_bytes)],
+      ["weights", mib(rep.weights_bytes)],
+      ["KV per token", rep.kv_bytes_per_token === undefined ? null : `${rep.kv_bytes_per_token} B`],
+      [`total at ${f.context_tokens ?? "?"} tokens`, mib(rep.total_bytes)],
+      ["max safe context", rep.max_safe_context],
+      ["predicted decode", rep.predicted_decode_tps === undefined ? null : `${rep.predicted_decode_tps} tok/s`]]),
+    raw(f));
+  }
+
+  models(r) {
+    const box = document.getElementById("status-models");
+    if (!r.ok) return box.replaceChildren(this.failed(r));
+    const t = document.createElement("table");
+    t.className = "grid";
+    const head = t.createTHead().insertRow();
+    for (const h of ["id", "family", "plugin", "context", "state"]) {
+      const th = document.createElement("th");
+      th.scope = "col";
+      th.textContent = h;
+      head.append(th);
+    }
+    const body = t.createTBody();
+    r.body.data.forEach((row, i) => {
+      const tr = body.insertRow();
+      const state = i === 0 ? "serving" : "on disk";
+      for (const v of [row.id, row.family, row.plugin, row.context_window, state]) {
+        tr.insertCell().textContent = v === null || v === undefined ? "—" : String(v);
+      }
+    });
+    box.replaceChildren(t, raw(r.body));
   }
 }
