@@ -109,3 +109,53 @@ def test_a_turn_body_carries_the_session_settings():
     assert body["chat_template_kwargs"] == {"enable_thinking": False} and body["adapter"] == "pirate"
     assert [t["function"]["name"] for t in body["tools"]] == [
         "get_current_app_context", "navigate_app", "spotlight_ui"]
+
+
+def serve_in_a_terminal(tmp_path, *flags):
+    """``mlxbun serve`` with its stdout on a pseudo-terminal (an interactive start), outside
+    pytest's environment, with $BROWSER a command that writes the URL it is given to a file."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    from mlxbun_core.testing.server import free_port
+
+    tmp_path.mkdir()
+    marker = tmp_path / "opened.txt"
+    opener = tmp_path / "opener.py"
+    opener.write_text("import pathlib, sys\npathlib.Path(sys.argv[2]).write_text(sys.argv[1])\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_CURRENT_TEST", "CI", "MLXBUN_NO_OPEN")}
+    env.update(BROWSER=f"{sys.executable} {opener} %s {marker}", MLXBUN_HOME=str(tmp_path / "home"))
+    port = free_port()
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "mlxbun_core.cli", "serve",
+                             str(tiny_checkpoint("qwen3")), "--port", str(port), *flags],
+                            stdin=subprocess.DEVNULL, stdout=secondary, stderr=subprocess.DEVNULL,
+                            env=env)
+    os.close(secondary)
+    return proc, primary, port, marker
+
+
+def stop(proc, primary):
+    import os
+    import signal
+
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    os.close(primary)
+
+
+def test_an_interactive_start_opens_the_page(tmp_path):
+    """(``--no-open`` and non-terminal starts: ``interactive_start`` above.)"""
+    import time
+
+    proc, primary, port, marker = serve_in_a_terminal(tmp_path / "a")
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert marker.read_text() == f"http://127.0.0.1:{port}/"
+        assert httpx.get(f"http://127.0.0.1:{port}/").status_code == 200
+    finally:
+        stop(proc, primary)
