@@ -127,6 +127,10 @@ class ChatAgent:
             await handler(frame)
         except APIError as exc:
             await self.send({"type": "error", "message": exc.message, "status": exc.status})
+        except Exception:  # a bug or a disk error must not end the connection
+            log.exception("web chat frame %r failed", kind)
+            await self.send({"type": "error", "message": f"{kind} failed; see the server log",
+                             "status": 500})
 
     # -- settings -----------------------------------------------------------------------
     @property

@@ -9,7 +9,6 @@ stops within a decode step and the partial answer is kept.
 from __future__ import annotations
 
 import json
-import logging
 from typing import TYPE_CHECKING, Optional
 
 from ..errors import APIError
@@ -18,8 +17,6 @@ from . import apptools
 
 if TYPE_CHECKING:
     from .agent import ChatAgent
-
-log = logging.getLogger("mlxbun.webchat")
 
 MAX_TOOL_ROUNDS = 4  # generations per turn that may end in app-tool calls
 
@@ -110,8 +107,8 @@ class Turn:
             message["reasoning_content"] = "".join(reasoning)
         if calls:
             message["tool_calls"] = calls
-        if not (text or reasoning or calls):
-            return finish, None
+        if finish.reason == "error" and not (text or reasoning or calls):
+            return finish, None  # nothing to keep; the user may regenerate
         meta = {"lane": finish.usage.lane, "finish": "cancelled" if self.aborted else finish.reason,
                 "usage": finish.usage.openai()}
         return finish, await self.agent.save(message, parent_id, meta)
