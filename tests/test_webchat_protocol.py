@@ -280,3 +280,38 @@ def test_remote_clients_are_refused_without_a_key(tmp_path):
             assert c.hello()["ready"]
     finally:
         s.stop()
+
+
+def test_images_reach_a_vision_model_as_image_url_parts(tmp_path):
+    import base64
+
+    import openai
+
+    from mlxbun_core.testing import media
+    from mlxbun_core.testing.vision import QWEN_VL_TEMPLATE
+    from mlxbun_core.webchat.apptools import TOOLS
+
+    ckpt = tiny_checkpoint("qwen3_vl", seed=4, vision=True, chat_template=QWEN_VL_TEMPLATE)
+    png = media.image_bytes("PNG", size=(64, 48), seed=3)
+    s = start_server(ckpt, sessions_dir=tmp_path)
+    try:
+        with ChatClient(s.base_url) as c:
+            assert c.hello()["ready"]["vision"] is True
+            c.send("set_sampling", max_tokens=6)
+            c.until("settings")
+            frames = c.turn(text="Describe.", images=[
+                {"data": base64.b64encode(png).decode(), "mimeType": "image/png"}])
+        end = next(f for f in frames if f["type"] == "turn_end")
+        assert end["lane"] == "serial"  # media requests run on the serial lane
+        user = frames[-1]["items"][0]
+        assert user["images"] == [media.data_url(png, "image/png")]
+        # the same parts over the OpenAI API give the same greedy answer
+        api = openai.OpenAI(base_url=s.v1, api_key="x", max_retries=0)
+        r = api.chat.completions.create(model="m", max_tokens=6, tools=TOOLS, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "Describe."}, {
+                "type": "image_url", "image_url": {"url": media.data_url(png, "image/png")}}]}])
+        streamed = "".join(f["delta"] for f in frames if f["type"] == "text_delta")
+        assert r.choices[0].message.content == streamed == frames[-1]["items"][1]["content"]
+        assert r.usage.prompt_tokens == end["usage"]["prompt_tokens"]
+    finally:
+        s.stop()
