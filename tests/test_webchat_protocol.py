@@ -315,3 +315,41 @@ def test_images_reach_a_vision_model_as_image_url_parts(tmp_path):
         assert r.usage.prompt_tokens == end["usage"]["prompt_tokens"]
     finally:
         s.stop()
+
+
+def test_set_adapter_answers_with_the_mounted_adapter(tmp_path, monkeypatch):
+    import openai
+
+    from mlxbun_core.testing.adapters import write_lora_adapter
+    from mlxbun_core.webchat.apptools import TOOLS
+
+    monkeypatch.setenv("MLXBUN_HOME", str(tmp_path / "home"))
+    ckpt = tiny_checkpoint("llama")
+    adapter = write_lora_adapter(ckpt, tmp_path / "home" / "adapters" / "a", seed=1)
+    s = start_server(ckpt, sessions_dir=tmp_path / "sessions")
+    try:
+        r = httpx.post(s.v1 + "/adapters", json={"id": "a", "path": str(adapter)}, timeout=60)
+        assert r.status_code == 200, r.text
+        api = openai.OpenAI(base_url=s.v1, api_key="x", max_retries=0)
+        messages = [{"role": "user", "content": "Tell me a story"}]
+
+        def ask(**extra):
+            return api.chat.completions.create(model="m", max_tokens=8, tools=TOOLS,
+                                               messages=messages, extra_body=extra)
+        with ChatClient(s.base_url) as c:
+            c.hello()
+            c.send("set_sampling", max_tokens=8)
+            c.send("set_adapter", id="a")
+            assert c.until("settings")[-1]["adapter"] is None
+            assert c.until("settings")[-1]["adapter"] == "a"
+            frames = c.turn(text="Tell me a story")
+            answer = "".join(f["delta"] for f in frames if f["type"] == "text_delta")
+            c.send("set_adapter", id="nope")
+            c.until("settings")
+            c.send("prompt", text="again")
+            assert c.until("error")[-1]["status"] in (400, 404)
+        with_adapter, base = ask(adapter="a"), ask()
+        assert with_adapter.choices[0].message.content == answer
+        assert base.choices[0].message.content != answer  # the adapter changed the answer
+    finally:
+        s.stop()
