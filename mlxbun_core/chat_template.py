@@ -10,6 +10,7 @@ from typing import Optional
 
 from .errors import BadRequest
 from .model import LoadedModel, Prompt
+from .toolcalls.history import without_tool_support
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
@@ -51,6 +52,8 @@ def apply_template(model: LoadedModel, messages: list, tools, template_kwargs: d
     kwargs = dict(template_kwargs)
     if chat_template is not None:
         kwargs["chat_template"] = chat_template
+    template = chat_template if chat_template is not None else getattr(tok, "chat_template", None)
+    messages = without_tool_support(messages, tools, template)
     try:
         text = tok.apply_chat_template(messages, tools=tools or None, tokenize=False,
                                        add_generation_prompt=True, **kwargs)

@@ -109,7 +109,7 @@ SCHEMAS = {
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
 def test_json_schema_always_valid(lm, reg, backend, name):
     schema = SCHEMAS[name]
-    for text in sample(lm, reg, backend, GrammarRequest("json_schema", schema, False)):
+    for text in sample(lm, reg, backend, GrammarRequest("json_schema", schema, "compact")):
         jsonschema.validate(json.loads(text), schema)
         if name != "nested":                    # no free-text strings: compact separators
             assert " " not in text
@@ -121,7 +121,7 @@ def test_json_object(lm, reg, backend):
     # Random weights would write one endless string; a logit_bias toward closing
     # tokens (applied BEFORE the mask, as in the server) makes objects finish.
     bias = {tok.encode(c, add_special_tokens=False)[0]: 6.0 for c in ('"', "}", "]", "1")}
-    for text in sample(lm, reg, backend, GrammarRequest("json_object", None, False),
+    for text in sample(lm, reg, backend, GrammarRequest("json_object", None, "compact"),
                        max_tokens=300, bias=bias):
         assert isinstance(json.loads(text), dict)
 
@@ -197,7 +197,7 @@ def test_mask_pads_and_eos(lm, reg, backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_any_whitespace_compiles(lm, reg, backend):
     reg.select(backend)
-    plan = reg.plan_request(GrammarRequest("json_schema", SCHEMAS["enums"], True), lm[1])
+    plan = reg.plan_request(GrammarRequest("json_schema", SCHEMAS["enums"], "any"), lm[1])
     assert plan.processor is not None
 
 
@@ -296,7 +296,7 @@ def test_precedence(body, kind):
 def test_request_values():
     req = resolve_grammar_request({"response_format": {"type": "json_schema", "json_schema": {
         "schema": {"type": "array"}, "any_whitespace": False}}})
-    assert (req.value, req.any_whitespace) == ({"type": "array"}, False)
+    assert (req.value, req.whitespace) == ({"type": "array"}, "compact")
     assert resolve_grammar_request({"structured_outputs": {"type": "array"}}).value == {"type": "array"}
     assert resolve_grammar_request({"guided_choice": ["x", "y"]}).value == ["x", "y"]
 
@@ -337,7 +337,7 @@ def test_bounded_strings_are_strict_json(lm, reg, backend):
     reg.select(backend)
     schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 6}},
               "required": ["a"], "additionalProperties": False}
-    compiled = reg.compile(GrammarRequest("json_schema", schema, False), tok)
+    compiled = reg.compile(GrammarRequest("json_schema", schema, "compact"), tok)
 
     def ok(text):
         return compiled.new_matcher().consume(tok.encode(text, add_special_tokens=False))
@@ -440,7 +440,7 @@ def family_tokenizers():
     GrammarRequest("ebnf", 'start: "<|tool_call>" NAME "<tool_call|>"\nNAME: /[a-z]{1,4}/'),
     GrammarRequest("json_schema", {"type": "object", "properties": {
         "m": {"enum": ["<|tool_call>", '<|"|>x']}, "s": {"type": "string", "maxLength": 8}},
-        "required": ["m", "s"], "additionalProperties": False}, any_whitespace=False),
+        "required": ["m", "s"], "additionalProperties": False}, "compact"),
 ], ids=["regex", "choice", "gbnf", "lark", "json_schema"])
 def test_llguidance_special_tokens_mask_consume_agree(family_tokenizers, req):
     """Gemma 4's ``<|tool_call>`` / ``<|"|>`` are special tokens: spelled in regex,

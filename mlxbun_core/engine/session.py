@@ -82,7 +82,7 @@ class GenerationSession:
             return self.finish("stop")
         self.detok.add_token(token)
         events = self._text(self.detok.last_segment)
-        if self.stopper.stopped is not None:
+        if self.stopper.stopped is not None or getattr(self.parser, "done", False):
             return events + self.finish("stop")
         if self.limit is not None and self.usage.completion_tokens >= self.limit:
             return events + self.finish("length")

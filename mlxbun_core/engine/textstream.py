@@ -64,12 +64,16 @@ class ReasoningSplitter:
 
     def feed(self, text: str) -> list:
         """``Content`` / ``Reasoning`` events for the text that is decided."""
-        if not self.start:
+        if not self.start and not self.inside:
             return [Content(text)] if text else []
         out: list = []
         buf = self.pending + text
         while buf:
             marker = self.end if self.inside else self.start
+            if not marker:  # no start marker: only the channel the prompt opened
+                self._emit(out, buf)
+                buf = ""
+                break
             pos = buf.find(marker)
             if pos >= 0:
                 self._emit(out, buf[:pos])

@@ -257,14 +257,15 @@ class GrammarRegistry:
 
     def plan_request(self, req: GrammarRequest, tokenizer, prompt_len=None) -> GrammarPlan:
         if grammar_disabled():
-            return self._degrade(req, "grammar compilation disabled by MLXBUN_GRAMMAR=0")
+            return self.degrade(req, "grammar compilation disabled by MLXBUN_GRAMMAR=0")
         try:
             compiled = self.compile(req, tokenizer)
         except GrammarCompileError as exc:
-            return self._degrade(req, str(exc) or "compile failed")
+            return self.degrade(req, str(exc) or "compile failed")
         return GrammarPlan(make_processor(compiled, prompt_len), None, None, req)
 
-    def _degrade(self, req: GrammarRequest, reason: str) -> GrammarPlan:
+    def degrade(self, req: GrammarRequest, reason: str) -> GrammarPlan:
+        """No processor: a Warning reason, and ``describe(req)`` to ask for it in words."""
         self.degraded += 1
         # Header-safe: one latin-1 line, bounded.
         reason = " ".join(reason.split())[:300].encode("latin-1", "replace").decode("latin-1")

@@ -14,7 +14,9 @@ from __future__ import annotations
 from ..hookspecs import hookimpl
 from .base import CompiledGrammar, GrammarBackend, GrammarCompileError, eos_ids, hf_tokenizer
 from .llg_special import SpecialRewriter, build_tokenizer
-from .request import GrammarRequest
+from .request import MAX_WHITESPACE, GrammarRequest
+from .schema import closed
+from .structural_lark import LarkWriter, json_options
 
 NAME = "llguidance"
 
@@ -54,10 +56,12 @@ class LLGuidanceBackend(GrammarBackend):
         rw = self.rewriter if special else SpecialRewriter({})
 
         if req.kind in ("json_schema", "json_object"):
-            schema = req.value if req.kind == "json_schema" else {"type": "object"}
-            over = None if req.any_whitespace else {"whitespace_flexible": False,
-                                                    "item_separator": ",", "key_separator": ":"}
-            return LLMatcher.grammar_from_json_schema(schema, overrides=over)
+            schema = closed(req.value) if req.kind == "json_schema" else {"type": "object"}
+            return LLMatcher.grammar_from_json_schema(
+                schema, overrides=json_options(req.whitespace, MAX_WHITESPACE))
+        if req.kind == "structural":
+            writer = LarkWriter(rw, req.whitespace, MAX_WHITESPACE)
+            return LLMatcher.grammar_from_lark(writer.grammar(req.value["format"]))
         if req.kind == "regex":
             # ASCII \d and \w, as in xgrammar and JSON Schema (Rust's are Unicode).
             expr = rw.regex(req.value, "dw")

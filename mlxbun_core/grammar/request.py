@@ -13,25 +13,38 @@ from typing import Any, Literal, Optional
 
 from ..errors import BadRequest
 
-Kind = Literal["json_schema", "json_object", "ebnf", "regex", "choice"]
-KINDS = ("json_schema", "json_object", "ebnf", "regex", "choice")
+Kind = Literal["json_schema", "json_object", "ebnf", "regex", "choice", "structural"]
+KINDS = ("json_schema", "json_object", "ebnf", "regex", "choice", "structural")
+
+Whitespace = Literal["bounded", "compact", "any"]
+WHITESPACE = ("bounded", "compact", "any")
+MAX_WHITESPACE = 8
+"""Whitespace characters allowed between two JSON tokens by default ("bounded"):
+room for a newline and a few levels of indentation, never a budget-eating run."""
 
 
 @dataclass(frozen=True)
 class GrammarRequest:
     """One constraint. ``value``: schema dict (json_schema), None (json_object),
-    grammar text (ebnf), pattern (regex) or list of strings (choice)."""
+    grammar text (ebnf), pattern (regex), list of strings (choice) or a
+    :mod:`structural <.structural>` format (structural: tool-call markup).
+
+    ``whitespace`` applies to every JSON part: "bounded" (the default) allows at
+    most :data:`MAX_WHITESPACE` whitespace characters between two JSON tokens,
+    "compact" none, "any" unbounded runs (opt-in: ``any_whitespace: true``)."""
 
     kind: Kind
     value: Any = None
-    any_whitespace: bool = True
+    whitespace: Whitespace = "bounded"
     key: str = field(init=False, repr=False, compare=True, hash=True)
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"unknown grammar kind {self.kind!r}")
+        if self.whitespace not in WHITESPACE:
+            raise ValueError(f"unknown whitespace mode {self.whitespace!r}")
         # Canonical text so equal schemas share one compile-cache entry.
-        canon = json.dumps([self.kind, self.value, self.any_whitespace],
+        canon = json.dumps([self.kind, self.value, self.whitespace],
                            sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         object.__setattr__(self, "key", canon)
 
@@ -65,7 +78,7 @@ def _response_format(body: dict) -> Optional[GrammarRequest]:
     if typ == "text":
         return None
     if typ == "json_object":
-        return GrammarRequest("json_object", None, True)
+        return GrammarRequest("json_object", None, _whitespace(rf, "response_format"))
     if typ != "json_schema":
         raise _bad("response_format.type must be one of 'text', 'json_object', 'json_schema'",
                    "response_format.type")
@@ -77,11 +90,17 @@ def _response_format(body: dict) -> Optional[GrammarRequest]:
     if not isinstance(schema, dict):
         raise _bad("response_format.json_schema.schema must be a JSON schema object",
                    "response_format.json_schema.schema")
-    ws = js.get("any_whitespace", True)
+    return GrammarRequest("json_schema", schema, _whitespace(js, "response_format.json_schema"))
+
+
+def _whitespace(obj: dict, where: str) -> str:
+    """``any_whitespace``: absent = bounded, true = unbounded, false = compact."""
+    ws = obj.get("any_whitespace")
+    if ws is None:
+        return "bounded"
     if not isinstance(ws, bool):
-        raise _bad("response_format.json_schema.any_whitespace must be a boolean",
-                   "response_format.json_schema.any_whitespace")
-    return GrammarRequest("json_schema", schema, ws)
+        raise _bad(f"{where}.any_whitespace must be a boolean", f"{where}.any_whitespace")
+    return "any" if ws else "compact"
 
 
 def resolve_grammar_request(body: dict) -> Optional[GrammarRequest]:
@@ -126,5 +145,7 @@ def describe(req: GrammarRequest) -> str:
         return f"Respond only with text matching this grammar:\n{req.value}"
     if req.kind == "regex":
         return f"Respond only with text matching this regular expression: {req.value}"
+    if req.kind == "structural":
+        return req.value.get("describe") or "Respond in the required format."
     opts = ", ".join(json.dumps(c, ensure_ascii=False) for c in req.value)
     return f"Respond with exactly one of the following, and nothing else: {opts}"

@@ -15,7 +15,9 @@ import os
 
 from ..hookspecs import hookimpl
 from .base import CompiledGrammar, GrammarBackend, GrammarCompileError, eos_ids, hf_tokenizer
-from .request import GrammarRequest
+from .request import MAX_WHITESPACE, GrammarRequest
+from .schema import closed
+from .structural import map_json
 
 NAME = "xgrammar"
 AVAILABLE = importlib.util.find_spec("xgrammar") is not None
@@ -51,14 +53,65 @@ _JSON_CHAR = (r'xjson_char ::= [^\0-\x1f\"\\] | "\\" ([\"\\/bfnrt] | "u" [A-Fa-f
               r'[A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9])')
 
 
-def _json_schema_ebnf(schema: dict, any_whitespace: bool) -> str:
-    import xgrammar as xgr
-
-    kw = {} if any_whitespace else {"any_whitespace": False, "separators": (",", ":")}
-    g = str(xgr.Grammar.from_json_schema(json.dumps(schema), strict_mode=True, **kw))
+def _patched(g: str) -> str:
     if _BAD_CHAR in g:
         g = g.replace(_BAD_CHAR, "xjson_char") + "\n" + _JSON_CHAR + "\n"
-    return g
+    return _no_surrogates(g)
+
+
+def _no_surrogates(g: str) -> str:
+    """Negated classes (``[^<]``) in xgrammar admit U+D800-U+DFFF, whose UTF-8 form is
+    invalid (it decodes to replacement characters): exclude them, outside literals."""
+    out, i, n = [], 0, len(g)
+    while i < n:
+        c = g[i]
+        if c == '"':
+            j = i + 1
+            while j < n and g[j] != '"':
+                j += 2 if g[j] == "\\" else 1
+            out.append(g[i:j + 1])
+            i = j + 1
+        elif g.startswith("[^", i):
+            out.append("[^\\uD800-\\uDFFF")
+            i += 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _json_schema_ebnf(schema, whitespace: str) -> str:
+    import xgrammar as xgr
+
+    kw = {"compact": {"any_whitespace": False, "separators": (",", ":")},
+          "bounded": {"max_whitespace_cnt": MAX_WHITESPACE}}.get(whitespace, {})
+    schema = closed(schema)
+    return _patched(str(xgr.Grammar.from_json_schema(json.dumps(schema), strict_mode=True, **kw)))
+
+
+def _structural_ebnf(fmt: dict, whitespace: str) -> str:
+    """A structural format through xgrammar's own structural tags; JSON parts closed
+    and whitespace-bounded like a json_schema request (compact: no whitespace)."""
+    import xgrammar as xgr
+
+    ws = {"compact": 0, "bounded": MAX_WHITESPACE}.get(whitespace)
+    fmt = map_json(fmt, closed)
+    if ws is not None:
+        fmt = _with_ws(fmt, ws)
+    tag = {"type": "structural_tag", "format": fmt}
+    return _patched(str(xgr.Grammar.from_structural_tag(json.dumps(tag))))
+
+
+def _with_ws(fmt, ws: int):
+    if not isinstance(fmt, dict):
+        return fmt
+    if fmt.get("type") == "json_schema":
+        return dict(fmt, max_whitespace_cnt=ws)
+    out = dict(fmt)
+    for k in ("content", "elements", "tags"):
+        v = out.get(k)
+        out[k] = [_with_ws(x, ws) for x in v] if isinstance(v, list) else _with_ws(v, ws)
+    return out
 
 
 def _gbnf_literal(s: str) -> str:
@@ -85,9 +138,13 @@ class XGrammarBackend(GrammarBackend):
         c = self.compiler
         if req.kind in ("json_schema", "json_object"):
             schema = req.value if req.kind == "json_schema" else {"type": "object"}
-            return c.compile_grammar(_json_schema_ebnf(schema, req.any_whitespace))
+            return c.compile_grammar(_json_schema_ebnf(schema, req.whitespace))
+        if req.kind == "structural":
+            return c.compile_grammar(_structural_ebnf(req.value["format"], req.whitespace))
         if req.kind == "regex":
-            return c.compile_regex(req.value)
+            import xgrammar as xgr
+
+            return c.compile_grammar(_patched(str(xgr.Grammar.from_regex(req.value))))
         if req.kind == "choice":
             return c.compile_grammar("root ::= " + " | ".join(_gbnf_literal(x) for x in req.value))
         if "::=" in req.value:

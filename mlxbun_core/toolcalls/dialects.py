@@ -8,6 +8,7 @@ import importlib
 from typing import Any
 
 from .core import ToolCall, calls_from_json, make_call, normalize_call
+from .grammar import json_envelope
 from .stream import Dialect
 
 
@@ -20,6 +21,10 @@ class JsonDialect(Dialect):
 
     def parse(self, markup: str, tools: list | None) -> list[ToolCall] | None:
         return calls_from_json(self.inner(markup), tools)
+
+    def call_grammar(self, tools: list) -> dict | None:
+        """``<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`` (Hermes)."""
+        return json_envelope(tools, self.starts[0], self.end)
 
 
 class MlxLmDialect(Dialect):

@@ -28,6 +28,14 @@ class Dialect:
     starts: tuple[str, ...] = ()
     end: str | None = None
 
+    def call_grammar(self, tools: list) -> dict | None:
+        """The grammar of one call of any of ``tools`` in this dialect's markup, its
+        arguments following each tool's JSON schema: a structural ``tag`` whose
+        ``begin`` is one of ``starts`` (see :mod:`mlxbun_core.grammar.structural`
+        and the helpers in :mod:`mlxbun_core.toolcalls.grammar`). None: this dialect
+        cannot say (a forced tool choice is then asked for in words)."""
+        return None
+
     def end_for(self, start: str) -> str | None:
         return self.end
 
@@ -69,17 +77,24 @@ class StreamingToolParser:
     restored if the markup falls back to content."""
 
     def __init__(self, dialect: Dialect, tools: list | None = None,
-                 keepalive_every: int = KEEPALIVE_EVERY):
+                 keepalive_every: int = KEEPALIVE_EVERY, max_calls: int | None = None):
         # A private copy: dialects may keep per-block scan state (see complete()).
         self.dialect, self.tools = copy.copy(dialect), tools
         self.keepalive_every = keepalive_every
+        self.max_calls = max_calls  # parallel_tool_calls false: 1; later calls are dropped
+        self.unique = False  # forced tool choice: a repeated call ends the reply (see _admit)
         self.calls: list[ToolCall] = []
+        self.done = False  # nothing more can be emitted: the reply may end here
         self._pending = ""  # text-mode text not yet emitted
         self._markup: str | None = None  # buffered markup block (None = text mode)
         self._ws = ""  # whitespace held before the current markup block
         self._ka = 0  # keepalives sent for the current block
         self._checked = 0  # markup length already scanned for an end
         self._after_call = False
+
+    def call_grammar(self, tools: list) -> dict | None:
+        """The dialect's grammar for one call of any of ``tools`` (see Dialect)."""
+        return self.dialect.call_grammar(tools)
 
     def feed(self, text: str) -> list[Event]:
         ev: list[Event] = []
@@ -151,12 +166,30 @@ class StreamingToolParser:
         except Exception:  # a dialect bug must not kill the stream
             calls = None
         if calls:
+            calls = self._admit(calls)
             self.calls.extend(calls)
             ev.extend(ToolCallEvent(c) for c in calls)
             self._after_call = True
         else:
             self._content(self._ws + markup, ev)
         self._ws = ""
+
+    def _admit(self, calls: list[ToolCall]) -> list[ToolCall]:
+        """Drop calls past ``max_calls`` and, when ``unique``, repeats of an earlier call
+        (a small model under a forced tool choice can loop on one call); either means
+        ``done``: the reply may end here."""
+        seen = {(c.name, c.arguments) for c in self.calls}
+        out = []
+        for c in calls:
+            if (self.unique and (c.name, c.arguments) in seen) or (
+                    self.max_calls is not None and len(self.calls) + len(out) >= self.max_calls):
+                self.done = True
+                continue
+            seen.add((c.name, c.arguments))
+            out.append(c)
+        if self.max_calls is not None and len(self.calls) + len(out) >= self.max_calls:
+            self.done = True
+        return out
 
 
 def split_tool_calls(dialect: Dialect, tools: list | None, text: str) -> tuple[str, list[ToolCall]]:

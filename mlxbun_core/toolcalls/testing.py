@@ -53,3 +53,50 @@ def events_all_chunkings(make: Callable[[], StreamingToolParser], text: str) -> 
     for r in runs[1:]:
         assert r == runs[0], (r, runs[0])
     return runs[0]
+
+
+# ---------------------------------------------------------------- call grammars
+
+def walk(compiled, rng, max_steps: int = 400, p_stop: float = 0.5) -> tuple[list[int], bool]:
+    """Sample tokens uniformly among those the grammar allows (a random-weights model
+    at its worst) until only EOS is left; where EOS is allowed among others, stop with
+    probability ``p_stop``. Returns ``(ids, finished)``; a token the mask allows but
+    the matcher rejects fails the walk."""
+    import numpy as np
+
+    m = compiled.new_matcher()
+    bits = np.zeros((compiled.vocab_size + 31) // 32, dtype=np.int32)
+    eos = set(compiled.eos_ids)
+    ids: list[int] = []
+    for _ in range(max_steps):
+        bits[:] = 0
+        m.fill(bits)
+        allowed = np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little"))
+        allowed = [int(t) for t in allowed if t < compiled.vocab_size]
+        text = [t for t in allowed if t not in eos]
+        if not text or (len(text) < len(allowed) and rng.random() < p_stop):
+            return ids, True
+        t = text[int(rng.integers(len(text)))]
+        assert m.consume([t]), (t, m.error())
+        ids.append(t)
+    return ids, False
+
+
+def sampled_replies(request, tokenizer, backend: str, make_parser, seeds=range(6),
+                    max_steps: int = 800, p_stop: float = 0.7) -> list[tuple[str, list]]:
+    """For each seed, a reply sampled under ``request`` (a grammar request) and what
+    ``make_parser()`` makes of it: ``(content, calls)``."""
+    import numpy as np
+
+    from ..grammar import registry
+
+    compiled = registry.compile(request, tokenizer, backend)
+    out = []
+    for seed in seeds:
+        ids, finished = walk(compiled, np.random.default_rng(seed), max_steps, p_stop)
+        assert finished, f"{backend}: no end after {max_steps} tokens: {tokenizer.decode(ids)!r}"
+        p = make_parser()
+        ev = p.feed(tokenizer.decode(ids)) + p.finish()
+        out.append(("".join(e.text for e in ev if isinstance(e, Content)),
+                    [e.call for e in ev if isinstance(e, ToolCallEvent)]))
+    return out

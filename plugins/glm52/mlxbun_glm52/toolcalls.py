@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import re
 
+from mlxbun_core.grammar import structural as S
 from mlxbun_core.toolcalls import (Dialect, StreamingToolParser, ToolCall, calls_from_json,
                                    make_call, repair_json)
+from mlxbun_core.toolcalls.grammar import ArgMarkup, element_args, tool_schemas
 
 _ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)(?:</arg_value>|\Z)", re.S)
 _NAME = re.compile(r"[\w.\-:/]+")
@@ -44,6 +46,15 @@ class GlmDialect(Dialect):
 
     def parse(self, markup: str, tools: list | None) -> list[ToolCall] | None:
         return parse_call(self.inner(markup), tools)
+
+    def call_grammar(self, tools: list) -> dict:
+        """``<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>…</tool_call>``:
+        string values raw, other values JSON (as the template writes them)."""
+        markup = ArgMarkup("<arg_key>", "</arg_key><arg_value>", "</arg_value>",
+                           name_regex=r"[^<]+")
+        fns = [S.seq(S.const(name), element_args(params, markup))
+               for name, params in tool_schemas(tools)]
+        return S.tag("<tool_call>", S.alt(*fns), "</tool_call>")
 
 
 def make_parser(tools: list | None) -> StreamingToolParser:

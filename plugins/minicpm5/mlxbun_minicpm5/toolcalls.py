@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import re
 
+from mlxbun_core.grammar import structural as S
+from mlxbun_core.grammar.schema import resolve
 from mlxbun_core.toolcalls import Dialect, StreamingToolParser, ToolCall, make_call
+from mlxbun_core.toolcalls.grammar import (ArgMarkup, element_args, free_text, raw_string,
+                                           tool_schemas)
 
 _Q = r"(\"[^\"]*\"|'[^']*'|[^\s\"'<>]+)"
 _FN = re.compile(r"<function\s+name\s*=\s*" + _Q + r"\s*>")
@@ -53,6 +57,28 @@ def parse_block(markup: str, tools: list | None) -> list[ToolCall] | None:
     return [make_call(name, args, tools)] if name else None
 
 
+def _cdata_needed(v: str) -> bool:
+    return "<" in v or "&" in v or "\n" in v
+
+
+def string_value(schema, root: dict) -> dict:
+    """A string parameter as the template writes it: plain text, or CDATA when it
+    holds ``<``, ``&`` or a line break; then ``</param>``."""
+    s = resolve(schema, root)
+    values = s.get("enum") if isinstance(s, dict) and isinstance(s.get("enum"), list) else None
+    if values is not None:
+        texts = [str(v) for v in values]
+        return S.seq(S.alt(*[S.const(f"{_CD_OPEN}{v}{_CD_CLOSE}" if _cdata_needed(v) else v)
+                             for v in texts]), S.const(_P_CLOSE))
+
+    def text(limit):
+        plain = S.regex(r"[^<&\n]*" if limit is None else r"[^<&\n]{0,%d}" % limit)
+        return S.seq(S.alt(plain, S.seq(S.const(_CD_OPEN), free_text(_CD_CLOSE, limit))),
+                     S.const(_P_CLOSE))
+
+    return raw_string(schema, root, _P_CLOSE, text=text)
+
+
 class MiniCPM5Dialect(Dialect):
     starts = ("<function name=",)
     end = "</function>"
@@ -86,6 +112,14 @@ class MiniCPM5Dialect(Dialect):
 
     def parse(self, markup: str, tools: list | None) -> list[ToolCall] | None:
         return parse_block(markup, tools)
+
+    def call_grammar(self, tools: list) -> dict:
+        """``<function name="fn"><param name="p">value</param>…</function>``."""
+        markup = ArgMarkup('<param name="', '">', _P_CLOSE, name_regex=r'[^"<>]+',
+                           string=string_value)
+        fns = [S.seq(S.const(f'"{name}">'), element_args(params, markup))
+               for name, params in tool_schemas(tools)]
+        return S.tag(self.starts[0], S.alt(*fns), self.end)
 
 
 def make_parser(tools: list | None) -> StreamingToolParser:

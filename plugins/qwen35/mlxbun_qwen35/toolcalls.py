@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import re
 
+from mlxbun_core.grammar import structural as S
 from mlxbun_core.toolcalls import (Dialect, StreamingToolParser, ToolCall, calls_from_json,
                                    make_call)
+from mlxbun_core.toolcalls.grammar import ArgMarkup, element_args, tool_schemas
 
 _FN = re.compile(r"<function=([^>\n]*)>")
 _P_OPEN, _P_CLOSE, _F_CLOSE = "<parameter=", "</parameter>", "</function>"
@@ -82,6 +84,15 @@ class QwenDialect(Dialect):
 
     def end_for(self, start: str) -> str:
         return "</tool_call>" if start == "<tool_call>" else _F_CLOSE
+
+    def call_grammar(self, tools: list) -> dict:
+        """One ``<tool_call>`` block as the template writes it: a parameter per line,
+        string values raw, other values JSON."""
+        markup = ArgMarkup("<parameter=", ">\n", _P_CLOSE, pad="\n", after="\n",
+                           name_regex=r"[^>\n]+")
+        fns = [S.seq(S.const(f"\n<function={name}>\n"), element_args(params, markup),
+                     S.const("</function>\n")) for name, params in tool_schemas(tools)]
+        return S.tag("<tool_call>", S.alt(*fns), "</tool_call>")
 
     def parse(self, markup: str, tools: list | None) -> list[ToolCall] | None:
         if markup.startswith("<function="):

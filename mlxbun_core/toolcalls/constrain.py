@@ -1,0 +1,100 @@
+"""What a request's tools, tool choice and structured-output fields constrain decoding
+to, as one grammar plan.
+
+- ``required`` / a named function: the reply is one call (or several when
+  ``parallel_tool_calls`` allows) in the family's own markup, arguments following
+  the tool's schema; nothing else. So a forced call always parses into ``tool_calls``.
+- ``auto`` with a ``strict: true`` tool: free text, but once the model opens a call
+  the call is grammar-checked.
+- ``auto`` with a JSON ``response_format`` (or ``structured_outputs``): the reply is
+  that JSON or calls (tools stay callable under a response format). An explicit
+  ``guided_regex`` / ``guided_choice`` / ``guided_grammar`` is the whole reply.
+
+Whenever a tool grammar is active, every call in it follows its own tool's schema
+(strict or not: a call that parses beats free-form arguments).
+- a dialect that cannot write a call grammar: a forced choice is asked for in words
+  (degrade path: a ``Warning`` header and an instruction), never silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..grammar import GrammarPlan, GrammarRequest, registry
+from ..grammar import structural as S
+from .choice import ToolChoice, is_strict, tool_name
+
+GAP = S.regex(r"[ \n]{0,2}")
+"""Whitespace before, between and after forced calls (models often end a call's line
+or leave a blank line after a think channel); the parser drops it."""
+
+
+def plan_constraint(parser, tools: Optional[list], choice: ToolChoice, parallel: bool,
+                    content: Optional[GrammarRequest], tokenizer, grammars=registry) -> GrammarPlan:
+    """The grammar plan for a chat request (see the module docstring)."""
+    if parser is not None and not parallel and hasattr(parser, "max_calls"):
+        parser.max_calls = 1
+    if parser is not None and choice.forced and hasattr(parser, "unique"):
+        parser.unique = True  # a model pushed into calls may repeat one: that ends it
+    req, reason = tool_request(parser, tools, choice, parallel, content)
+    if reason is not None:
+        return grammars.degrade(req, reason)
+    return grammars.plan_request(req, tokenizer) if req is not None else GrammarPlan()
+
+
+def tool_request(parser, tools, choice: ToolChoice, parallel: bool,
+                 content: Optional[GrammarRequest]) -> tuple[Optional[GrammarRequest], Optional[str]]:
+    """``(grammar request, None)``, or ``(request to describe, reason)`` when it cannot
+    be enforced."""
+    if not tools or choice.mode == "none":
+        return content, None
+    strict = any(is_strict(t) for t in tools)
+    if not choice.forced and not strict and content is None:
+        return None, None
+    make = getattr(parser, "call_grammar", None)
+    ws = content.whitespace if content is not None else "bounded"
+    if choice.forced:
+        chosen = [t for t in tools if choice.mode == "required" or tool_name(t) == choice.name]
+        words = forced_instruction(chosen, choice)
+        call = make(chosen) if make is not None else None
+        if call is None:
+            return _described(words), "this model's tool-call dialect has no call grammar; tool_choice asked for in words"
+        return GrammarRequest("structural", {"format": calls(call, parallel),
+                                             "describe": words}, ws), None
+    call = make(tools) if make is not None else None
+    if content is not None:
+        if content.kind not in ("json_schema", "json_object") or call is None:
+            return content, None
+        body = S.json_value(content.value if content.kind == "json_schema" else {"type": "object"})
+        fmt = S.alt(body, calls(call, parallel))
+        return GrammarRequest("structural", {"format": fmt, "describe": _describe(content)},
+                              ws), None
+    if call is None:
+        return _described("Call tools only with arguments that follow their schemas."), \
+            "this model's tool-call dialect has no call grammar; strict tools unchecked"
+    fmt = S.triggered([call], stop_after_first=not parallel)
+    return GrammarRequest("structural", {"format": fmt, "describe": ""}, ws), None
+
+
+def calls(call: dict, parallel: bool) -> dict:
+    """One call, or several (``parallel``), with a little whitespace around each."""
+    if not parallel:
+        return S.seq(GAP, call, GAP)
+    return S.seq(GAP, call, S.star(S.seq(GAP, call)), GAP)
+
+
+def forced_instruction(chosen: list, choice: ToolChoice) -> str:
+    if choice.mode == "function":
+        return f"Respond only by calling the function {choice.name}, with no other text."
+    names = ", ".join(tool_name(t) for t in chosen)
+    return f"Respond only by calling one of these functions: {names}; write no other text."
+
+
+def _describe(req: GrammarRequest) -> str:
+    from ..grammar import describe
+
+    return describe(req)
+
+
+def _described(words: str) -> GrammarRequest:
+    return GrammarRequest("structural", {"format": S.const(""), "describe": words})
