@@ -87,6 +87,8 @@ class ScriptedModel(nn.Module):
         if self._plugin.fail_at is not None and pos >= self._plugin.fail_at:
             raise RuntimeError("scripted forward failure")
         script = self._script()
+        if self._plugin.free_after and pos >= len(script) - 1:
+            return logits  # the script was a prefix: the model's own logits from here
         token = script[min(pos, len(script) - 1)]
         vocab = logits.shape[-1]
         forced = mx.where(mx.arange(vocab) == token, 0.0, -1e9).astype(mx.float32)
@@ -101,6 +103,7 @@ class ScriptedPlugin:
         self.text, self.anchor, self.eos_id = text, anchor, eos_id
         self.fail_at = None  # set to N: the forward raises from script position N on
         self.prompts: list[str] = []  # every prompt the model ran, decoded (specials kept)
+        self.free_after = False  # True: after the script, the random model (not EOS) goes on
 
     @property
     def FAMILY(self) -> str:  # one family per checkpoint, so several can be registered at once

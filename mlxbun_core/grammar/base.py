@@ -157,6 +157,16 @@ class GrammarPlan:
     instruction: Optional[str] = None
     request: Optional[GrammarRequest] = None
 
+    @property
+    def whole_reply(self) -> bool:
+        """The grammar shapes the whole reply (not free text with constrained tool
+        calls in it): stop strings and think markers must not cut into it."""
+        if self.processor is None:
+            return False
+        req = self.request
+        return not (req is not None and req.kind == "structural"
+                    and req.value["format"].get("type") == "triggered_tags")
+
 
 def grammar_disabled() -> bool:
     v = os.environ.get("MLXBUN_GRAMMAR", os.environ.get("MLX_BUN_GRAMMAR", "1"))

@@ -18,9 +18,9 @@ KINDS = ("json_schema", "json_object", "ebnf", "regex", "choice", "structural")
 
 Whitespace = Literal["bounded", "compact", "any"]
 WHITESPACE = ("bounded", "compact", "any")
-MAX_WHITESPACE = 8
+MAX_WHITESPACE = 16
 """Whitespace characters allowed between two JSON tokens by default ("bounded"):
-room for a newline and a few levels of indentation, never a budget-eating run."""
+a newline and indentation to depth 3 at 4 spaces, never a budget-eating run."""
 
 
 @dataclass(frozen=True)

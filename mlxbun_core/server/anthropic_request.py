@@ -151,27 +151,40 @@ def _tools(tools) -> list | None:
         description = t.get("description")
         if description is not None and not isinstance(description, str):
             raise BadRequest(f"tools[{i}].description must be a string")
-        out.append({"type": "function", "function": {
-            "name": _string(t.get("name"), f"tools[{i}].name"),
-            "description": description or "",
-            "parameters": _object(t.get("input_schema"), f"tools[{i}].input_schema")}})
+        fn = {"name": _string(t.get("name"), f"tools[{i}].name"),
+              "description": description or "",
+              "parameters": _object(t.get("input_schema"), f"tools[{i}].input_schema")}
+        if t.get("strict") is not None:
+            if not isinstance(t["strict"], bool):
+                raise BadRequest(f"tools[{i}].strict must be a boolean")
+            fn["strict"] = t["strict"]
+        out.append({"type": "function", "function": fn})
     return out or None
 
 
-def _tool_choice(choice):
+def _tool_choice(choice, tools: list | None) -> tuple:
+    """Anthropic's tool_choice as the chat ``(tool_choice, parallel_tool_calls)``."""
     if choice is None:
-        return None
+        return None, None
     if not isinstance(choice, dict):
         raise BadRequest('tool_choice must be an object, e.g. {"type": "auto"}')
     kind = choice.get("type")
+    parallel = choice.get("disable_parallel_tool_use")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise BadRequest("tool_choice.disable_parallel_tool_use must be a boolean")
+    parallel = None if parallel is None else not parallel
     if kind == "tool":
-        return {"type": "function",
-                "function": {"name": _string(choice.get("name"), "tool_choice.name")}}
+        name = _string(choice.get("name"), "tool_choice.name")
+        if name not in {t["function"]["name"] for t in tools or ()}:
+            raise BadRequest(f"tool_choice.name: no tool named {name!r} in tools")
+        return {"type": "function", "function": {"name": name}}, parallel
     mapped = {"auto": "auto", "any": "required", "none": "none"}.get(kind) \
         if isinstance(kind, str) else None
     if mapped is None:
         raise BadRequest("tool_choice.type must be one of auto, any, tool, none")
-    return mapped
+    if mapped == "required" and not tools:
+        raise BadRequest('tool_choice {"type": "any"} needs tools')
+    return mapped, parallel
 
 
 def _thinking(chat: dict, thinking) -> None:
@@ -236,11 +249,13 @@ def to_chat(body: dict, *, need_max_tokens: bool = True) -> dict:
         if body.get(name) is not None:
             chat[name] = body[name]
     tools = _tools(body.get("tools"))
-    choice = _tool_choice(body.get("tool_choice"))
+    choice, parallel = _tool_choice(body.get("tool_choice"), tools)
     if tools:
         chat["tools"] = tools
         if choice is not None:
             chat["tool_choice"] = choice
+        if parallel is not None:
+            chat["parallel_tool_calls"] = parallel
     _thinking(chat, body.get("thinking"))
     _output_config(chat, body)
     return chat

@@ -25,7 +25,7 @@ PASSTHROUGH = ("stream", "temperature", "top_p", "top_k", "min_p", "xtc_probabil
                "logit_bias", "repetition_penalty", "repetition_context_size",
                "presence_penalty", "presence_context_size", "frequency_penalty",
                "frequency_context_size", "seed", "stop", "chat_template_kwargs",
-               "reasoning_effort", "response_format", "adapter")
+               "reasoning_effort", "response_format", "adapter", "parallel_tool_calls")
 TEXT_PARTS = ("input_text", "output_text", "text")
 # The --isolate parent owns the history and sends it in this body field; honoured only
 # by an engine child (``app.trusts_injected_history``), ignored everywhere else.
@@ -148,19 +148,24 @@ def _tools(tools) -> list | None:
         description = t.get("description")
         if description is not None and not isinstance(description, str):
             raise BadRequest(f"tools[{i}].description must be a string", param="tools")
+        strict = True if t.get("strict") is None else t["strict"]  # the Responses default
+        if not isinstance(strict, bool):
+            raise BadRequest(f"tools[{i}].strict must be a boolean", param="tools")
         out.append({"type": "function", "function": {
-            "name": name, "description": description or "",
+            "name": name, "description": description or "", "strict": strict,
             "parameters": params or {"type": "object", "properties": {}}}})
     return out or None
 
 
-def _tool_choice(choice):
+def _tool_choice(choice, tools: list | None):
     if choice is None or choice in ("auto", "none", "required"):
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function":
-        return {"type": "function",
-                "function": {"name": _string(choice.get("name"), "tool_choice.name",
-                                             "tool_choice")}}
+        name = _string(choice.get("name"), "tool_choice.name", "tool_choice")
+        if name not in {t["function"]["name"] for t in tools or ()}:
+            raise BadRequest(f"tool_choice.name: no function tool named {name!r}",
+                             param="tool_choice")
+        return {"type": "function", "function": {"name": name}}
     raise BadRequest('tool_choice must be "auto", "none", "required" or '
                      '{"type": "function", "name": ...}', param="tool_choice")
 
@@ -214,11 +219,13 @@ def to_chat(body: dict, stored: dict | None) -> tuple[dict, str, list]:
     if reasoning and reasoning.get("effort") is not None:
         chat.setdefault("reasoning_effort", reasoning["effort"])
     tools = _tools(body.get("tools"))
-    choice = _tool_choice(body.get("tool_choice"))
+    choice = _tool_choice(body.get("tool_choice"), tools)
     if tools:
         chat["tools"] = tools
         if choice is not None:
             chat["tool_choice"] = choice
+    elif choice == "required":
+        raise BadRequest('tool_choice "required" needs function tools', param="tool_choice")
     fmt = _text_format(body)
     if fmt is not None and fmt["type"] != "text":
         chat["response_format"] = fmt

@@ -43,12 +43,13 @@ def envelope_schema(name: str, params: dict, args_key: str = "arguments") -> dic
             "required": ["name", args_key], "additionalProperties": False}
 
 
-def json_envelope(tools: list, begin: str, end: str, *, pad: str = "\n",
+def json_envelope(tools: list, begin: str, end: str, *, pad: str = r"\n?",
                   args_key: str = "arguments") -> dict:
-    """``begin pad {"name": …, "arguments": {…}} pad end`` for any of ``tools``."""
+    """``begin {"name": …, "arguments": {…}} end`` for any of ``tools``; ``pad`` (a
+    regex: an optional newline) may frame the JSON, as Hermes-style templates write it."""
     schemas = [envelope_schema(n, p, args_key) for n, p in tool_schemas(tools)]
     body = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-    return S.tag(begin, S.seq(S.const(pad), S.json_value(body), S.const(pad)), end)
+    return S.tag(begin, S.seq(S.regex(pad), S.json_value(body), S.regex(pad)), end)
 
 
 # ---------------------------------------------------------------- element dialects

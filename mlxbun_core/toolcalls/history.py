@@ -71,12 +71,9 @@ def template_call(call) -> dict:
 # ---------------------------------------------------------------- tool-less templates
 
 TOOLS_PREAMBLE = (
-    "You can call functions to help answer. Their signatures, as JSON, are listed "
-    "between <tools> and </tools>:\n<tools>\n{tools}\n</tools>\n\n"
-    "To call one, reply with a JSON object naming the function and its arguments "
-    "between <tool_call> and </tool_call>:\n"
-    '<tool_call>\n{{"name": "function_name", "arguments": {{"argument": "value"}}}}\n'
-    "</tool_call>")
+    "You may call these functions (JSON signatures):\n<tools>\n{tools}\n</tools>\n"
+    "To call one, reply with:\n<tool_call>\n"
+    '{{"name": "function_name", "arguments": {{"argument": "value"}}}}\n</tool_call>')
 
 
 def supports_tools(template: Optional[str]) -> tuple[bool, bool]:
@@ -95,7 +92,7 @@ def without_tool_support(messages: list[dict], tools: Optional[list],
     if not renders_calls:
         out = [_calls_as_text(m) if m.get("tool_calls") else m for m in out]
     if tools and not renders_tools:
-        listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        listing = "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
         out = with_system_text(out, TOOLS_PREAMBLE.format(tools=listing))
     return out
 

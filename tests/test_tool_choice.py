@@ -1,0 +1,196 @@
+"""Forced tool choices end to end: on every chat family's tiny random checkpoint, through
+the openai and anthropic SDKs, on both grammar backends, a forced choice always comes
+back as parsed calls whose arguments follow the tool's schema. Also: strict tools under
+auto, parallel_tool_calls, thinking prompts, and 400s in each surface's own shape."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import anthropic
+import jsonschema
+import openai
+import pytest
+
+from mlxbun_core.grammar import registry
+from mlxbun_core.grammar.schema import closed
+from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.server import start_server
+from scripted_model import scripted_server
+
+WEATHER = {"name": "get_weather", "description": "Weather forecast for a city",
+           "parameters": {"type": "object", "properties": {
+               "city": {"type": "string", "maxLength": 8},
+               "days": {"type": "integer", "minimum": 1, "maximum": 9},
+               "unit": {"enum": ["celsius", "fahrenheit"]}},
+               "required": ["city", "days"]}}
+SEARCH = {"name": "search", "description": "Search the web",
+          "parameters": {"type": "object", "properties": {"q": {"type": "string", "maxLength": 6}},
+                         "required": ["q"]}}
+TOOLS = [{"type": "function", "function": f} for f in (WEATHER, SEARCH)]
+ANTHROPIC_TOOLS = [{"name": f["name"], "description": f["description"],
+                    "input_schema": f["parameters"]} for f in (WEATHER, SEARCH)]
+SCHEMAS = {f["name"]: closed(f["parameters"]) for f in (WEATHER, SEARCH)}
+ASK = [{"role": "user", "content": "Weather in Paris for 3 days?"}]
+NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
+
+# family: (checkpoint model_type, plugin module; None: the generic plugin's JSON dialect)
+FAMILIES = {"generic": ("qwen3", None), "qwen35": ("qwen3_5", "mlxbun_qwen35"),
+            "glm52": ("glm_moe_dsa", "mlxbun_glm52"), "minicpm5": ("minicpm5", "mlxbun_minicpm5"),
+            "gemma4": ("gemma4_text", "mlxbun_gemma4")}
+
+
+@pytest.fixture(params=["llguidance", "xgrammar"])
+def backend(request):
+    before = registry._selected
+    registry.select(request.param)
+    yield request.param
+    registry._selected = before
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request):
+    model_type, module = FAMILIES[request.param]
+    if module is None:
+        ckpt = tiny_checkpoint(model_type, seed=5)
+    else:
+        ckpt = tiny_checkpoint(model_type,
+                               chat_template=importlib.import_module(module).fallback_template())
+    s = start_server(ckpt)
+    yield request.param, s
+    s.stop()
+
+
+def valid(name, arguments):
+    assert name in SCHEMAS
+    args = json.loads(arguments) if isinstance(arguments, str) else arguments
+    jsonschema.validate(args, SCHEMAS[name])
+    return args
+
+
+def test_forced_calls_through_the_openai_sdk(family, backend):
+    name, srv = family
+    client = openai.OpenAI(base_url=srv.v1, api_key="x", max_retries=0)
+    # parallel_tool_calls false: a random model would go on calling until max_tokens
+    kw = dict(model="m", messages=ASK, tools=TOOLS, temperature=1.0, max_tokens=300,
+              parallel_tool_calls=False, extra_body=NO_THINKING)
+    for seed in range(3):
+        r = client.chat.completions.create(tool_choice="required", seed=seed, **kw)
+        msg = r.choices[0].message
+        assert r.choices[0].finish_reason == "tool_calls" and msg.content is None, (name, msg)
+        (call,) = msg.tool_calls
+        valid(call.function.name, call.function.arguments)
+    chunks = list(client.chat.completions.create(
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, seed=7,
+        stream=True, **kw))
+    (delta,) = [d for c in chunks for d in c.choices[0].delta.tool_calls or ()]
+    assert delta.function.name == "get_weather" and delta.index == 0
+    valid(delta.function.name, delta.function.arguments)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == ""
+
+
+def test_forced_calls_through_the_anthropic_sdk(family, backend):
+    name, srv = family
+    client = anthropic.Anthropic(base_url=srv.base_url, api_key="x", max_retries=0)
+    kw = dict(model="m", max_tokens=300, messages=ASK, tools=ANTHROPIC_TOOLS,
+              thinking={"type": "disabled"}, extra_body={"temperature": 1.0})
+    r = client.messages.create(tool_choice={"type": "tool", "name": "search",
+                                            "disable_parallel_tool_use": True}, **kw)
+    assert r.stop_reason == "tool_use", (name, r.content)
+    (use,) = [b for b in r.content if b.type == "tool_use"]
+    assert use.name == "search" and r.content == [use]
+    valid(use.name, use.input)
+    with client.messages.stream(tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                                **kw) as stream:
+        final = stream.get_final_message()
+    uses = [b for b in final.content if b.type == "tool_use"]
+    assert final.stop_reason == "tool_use" and len(uses) == 1
+    valid(uses[0].name, uses[0].input)
+
+
+def test_thinking_prompt_thinks_then_calls():
+    """Qwen3.5 thinks by default: the call grammar waits for the end of the think
+    channel (a logit bias closes it at once here), then forces the call."""
+    from mlxbun_qwen35 import fallback_template
+
+    s = start_server(tiny_checkpoint("qwen3_5", chat_template=fallback_template()))
+    try:
+        end = s.engine.model.tokenizer.convert_tokens_to_ids("</think>")
+        client = openai.OpenAI(base_url=s.v1, api_key="x", max_retries=0)
+        r = client.chat.completions.create(
+            model="m", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=300,
+            parallel_tool_calls=False, temperature=1.0, seed=1, logit_bias={str(end): 100})
+        msg = r.choices[0].message
+        assert r.choices[0].finish_reason == "tool_calls" and msg.content is None
+        assert msg.model_extra.get("reasoning") in (None, "")
+        valid(msg.tool_calls[0].function.name, msg.tool_calls[0].function.arguments)
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def scripted():
+    with scripted_server("Let me check.<tool_call>", name="scripted-tool-choice") as (srv, plugin):
+        plugin.free_after = True
+        yield srv, plugin
+
+
+def test_strict_tool_under_auto_gets_schema_exact_arguments(scripted, backend):
+    """The (scripted) model chooses to open a call; a random model writes the rest. With
+    ``strict`` the grammar takes over at the trigger, so the call parses and validates;
+    without it the same continuation is junk."""
+    srv, _ = scripted
+    client = openai.OpenAI(base_url=srv.v1, api_key="x", max_retries=0)
+    strict = [{"type": "function", "function": dict(f, strict=True)} for f in (WEATHER, SEARCH)]
+    kw = dict(model="m", messages=ASK, temperature=1.0, max_tokens=300, parallel_tool_calls=False)
+    for seed in range(3):
+        r = client.chat.completions.create(tools=strict, seed=seed, **kw)
+        msg = r.choices[0].message
+        assert msg.content == "Let me check." and r.choices[0].finish_reason == "tool_calls"
+        (call,) = msg.tool_calls
+        valid(call.function.name, call.function.arguments)
+    loose = [client.chat.completions.create(tools=TOOLS, seed=seed, max_tokens=60,
+                                            **{k: v for k, v in kw.items() if k != "max_tokens"})
+             for seed in range(3)]
+    assert not any(r.choices[0].message.tool_calls for r in loose)
+
+
+def test_unknown_forced_tool_is_a_400_in_each_surface_shape(scripted):
+    srv, _ = scripted
+    oai = openai.OpenAI(base_url=srv.v1, api_key="x", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice={
+            "type": "function", "function": {"name": "nope"}})
+    assert e.value.body["param"] == "tool_choice" and "nope" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model="m", messages=ASK, tool_choice="required")
+    assert e.value.body["param"] == "tool_choice"
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.responses.create(model="m", input="hi", tools=[dict(WEATHER, type="function", strict=True)],
+                             tool_choice={"type": "function", "name": "nope"})
+    assert e.value.body["param"] == "tool_choice" and "nope" in e.value.body["message"]
+    ant = anthropic.Anthropic(base_url=srv.base_url, api_key="x", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as e:
+        ant.messages.create(model="m", max_tokens=10, messages=ASK, tools=ANTHROPIC_TOOLS,
+                            tool_choice={"type": "tool", "name": "nope"})
+    assert e.value.body["type"] == "error" and "nope" in e.value.body["error"]["message"]
+    with pytest.raises(openai.BadRequestError):
+        oai.chat.completions.create(model="m", messages=ASK, tools=TOOLS, parallel_tool_calls="no")
+
+
+def test_responses_forced_function_call():
+    """The Responses surface hands tool_choice and parallel_tool_calls to the chat path."""
+    s = start_server(tiny_checkpoint("qwen3", seed=5))
+    try:
+        client = openai.OpenAI(base_url=s.v1, api_key="x", max_retries=0)
+        r = client.responses.create(
+            model="m", input="Weather in Paris?", temperature=1.0, max_output_tokens=300,
+            tools=[dict(WEATHER, type="function", strict=True)], parallel_tool_calls=False,
+            tool_choice={"type": "function", "name": "get_weather"})
+        calls = [o for o in r.output if o.type == "function_call"]
+        assert len(calls) == 1 and calls[0].name == "get_weather"
+        valid(calls[0].name, calls[0].arguments)
+    finally:
+        s.stop()
