@@ -15,6 +15,7 @@ import pytest
 from mlxbun_core.events import Content, ToolCallEvent
 from mlxbun_core.grammar import GrammarRequest, registry
 from mlxbun_core.grammar import structural as S
+from mlxbun_core.grammar.request import MAX_WHITESPACE
 from mlxbun_core.grammar.schema import closed
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.toolcalls import JsonDialect, StreamingToolParser, ToolChoice
@@ -172,4 +173,5 @@ def test_structural_formats_accept_and_reject(families, backend):
     assert full('a:<v>ab</v>{"k": 1}') and full('a:<v></v>!{"k":2}')
     assert not full('a:<v>abcde</v>{"k": 1}')          # maxLength 4
     assert not full('a:<v>ab</v>{"k": 1, "x": 2}')     # closed object
-    assert not full('a:<v>ab</v>{"k":' + " " * 9 + "1}")  # bounded whitespace
+    assert full('a:<v>ab</v>{"k":' + "\n" + " " * (MAX_WHITESPACE - 1) + "1}")
+    assert not full('a:<v>ab</v>{"k":' + " " * (MAX_WHITESPACE + 1) + "1}")  # bounded

@@ -15,6 +15,7 @@ from ..errors import APIError, BadRequest
 from ..grammar import GrammarPlan
 from ..grammar import registry as grammars
 from ..media import parts as media_parts
+from ..toolcalls import ToolChoice, plan_constraint
 from .request import ChatRequest, CompletionRequest, GenerationInput
 from .session import GenerationRequest
 
@@ -39,15 +40,22 @@ def prepare(model, hooks, req: GenerationInput, *, compile_grammar: bool = True)
     if model.kind != "generate":
         raise BadRequest(f"model {model.id} is an embedding model: it serves "
                          "POST /v1/embeddings only", param="model")
-    grammar = req.grammar if compile_grammar else None
-    plan = grammars.plan_request(grammar, model.tokenizer) if grammar else GrammarPlan()
     if isinstance(req, CompletionRequest):
+        grammar = req.grammar if compile_grammar else None
+        plan = grammars.plan_request(grammar, model.tokenizer) if grammar else GrammarPlan()
         gen = _completion(model, req)
     else:
-        gen = _chat(model, hooks, req, plan)
+        parser = hooks.tool_call_parser(model=model, tools=req.tools) if req.tools else None
+        plan = (plan_constraint(parser, req.tools, ToolChoice(req.tool_choice, req.tool_name),
+                                req.parallel_tool_calls, req.grammar, model.tokenizer)
+                if compile_grammar else GrammarPlan())
+        gen = _chat(model, hooks, req, plan, parser)
     if plan.processor is not None:
         gen.sampling.extra_processors.append(plan.processor)  # last: after bias/penalties
         gen.grammar = plan.processor
+    if plan.whole_reply:  # the grammar ends the reply: no stop string cuts into it, and
+        gen.stop = []     # think markers inside it are text (only an opened channel is not)
+        gen.think_start = None
     if compile_grammar:  # counting tokens needs no sampler
         _sampler(model, gen)
     return Prepared(gen, warning=plan.warning)
@@ -62,7 +70,7 @@ def _completion(model, req: CompletionRequest) -> GenerationRequest:
                              max_tokens=req.max_tokens, stop=req.stop)
 
 
-def _chat(model, hooks, req: ChatRequest, plan) -> GenerationRequest:
+def _chat(model, hooks, req: ChatRequest, plan, parser) -> GenerationRequest:
     pipeline = media_pipeline(model, hooks, req.media_kinds) if req.media else None
     msgs = req.messages
     if plan.instruction:  # degrade path: ask in words for what we cannot enforce
@@ -72,7 +80,6 @@ def _chat(model, hooks, req: ChatRequest, plan) -> GenerationRequest:
                                reasoning_effort=req.reasoning_effort)
     if prompt is None:
         raise APIError(f"no plugin can render a chat prompt for {model.id}")
-    parser = hooks.tool_call_parser(model=model, tools=req.tools) if req.tools else None
     gen = GenerationRequest(prompt_tokens=list(prompt.tokens), sampling=req.sampling,
                             max_tokens=req.max_tokens, stop=req.stop,
                             think_start=prompt.think_start, think_end=prompt.think_end,

@@ -9,7 +9,6 @@ work) and carries nothing protocol-specific.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
@@ -17,10 +16,9 @@ from ..chat_template import check_reasoning_effort
 from ..errors import BadRequest
 from ..grammar import GrammarRequest, resolve_grammar_request
 from ..media import parts as media_parts
+from ..toolcalls.choice import check_tools, parse_parallel, parse_tool_choice
+from ..toolcalls.history import normalize_history
 from .sampling import SamplingParams, max_tokens_from, stop_sequences
-
-TOOL_CHOICES = ("none", "auto", "required")
-
 
 @dataclass
 class GenerateOptions:
@@ -94,41 +92,20 @@ def parse_chat(body: dict, defaults: Optional[dict] = None,
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages required", param="messages")
     options = _options(body, defaults or {}, server_max_tokens)
-    tools = body.get("tools") or None
-    if tools is not None and not (isinstance(tools, list)
-                                  and all(isinstance(t, dict) for t in tools)):
-        raise BadRequest("tools must be a list of objects", param="tools")
-    choice, name = _tool_choice(body.get("tool_choice"))
-    parallel = body.get("parallel_tool_calls", True)
-    if parallel is None:
-        parallel = True
-    if not isinstance(parallel, bool):
-        raise BadRequest("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
+    tools = check_tools(body.get("tools"))
+    choice = parse_tool_choice(body.get("tool_choice"), tools)
+    parallel = parse_parallel(body.get("parallel_tool_calls"))
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise BadRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")
     effort = check_reasoning_effort(body.get("reasoning_effort"))
     media: list = []
-    msgs = [normalize_message(m, media) for m in messages]
-    if choice == "none":
+    msgs = normalize_history([normalize_message(m, media) for m in messages])
+    if choice.mode == "none":
         tools = None
-    return ChatRequest(messages=msgs, tools=tools, tool_choice=choice, tool_name=name,
+    return ChatRequest(messages=msgs, tools=tools, tool_choice=choice.mode, tool_name=choice.name,
                        parallel_tool_calls=parallel, template_kwargs=dict(kwargs),
                        reasoning_effort=effort, media=media, **options)
-
-
-def _tool_choice(choice) -> tuple[str, Optional[str]]:
-    if choice is None:
-        return "auto", None
-    if choice in TOOL_CHOICES:
-        return choice, None
-    if isinstance(choice, dict):
-        fn = choice.get("function")
-        name = fn.get("name") if isinstance(fn, dict) else choice.get("name")
-        if isinstance(name, str) and name:
-            return "function", name
-    raise BadRequest("tool_choice must be 'none', 'auto', 'required' or "
-                     "{\"type\": \"function\", \"function\": {\"name\": ...}}", param="tool_choice")
 
 
 def normalize_message(m, media: list) -> dict:
@@ -147,36 +124,10 @@ def normalize_message(m, media: list) -> dict:
     if m["role"] == "assistant":
         if not isinstance(m.get("reasoning_content"), str) and isinstance(m.get("reasoning"), str):
             m["reasoning_content"] = m["reasoning"]
-        if m.get("tool_calls"):
-            if not isinstance(m["tool_calls"], list):
-                raise BadRequest("tool_calls must be a list", param="messages")
-            m["tool_calls"] = [_template_tool_call(c) for c in m["tool_calls"]]
     content = m.get("content")
     if isinstance(content, list):
         m["content"], refs = media_parts.split_content(content)
         media += refs
-    elif content is None:
-        m["content"] = "" if not m.get("tool_calls") else None
-    elif not isinstance(content, str):
+    elif content is not None and not isinstance(content, str):
         raise BadRequest("message content must be a string or an array of parts", param="messages")
     return m
-
-
-def _template_tool_call(call) -> dict:
-    """Templates iterate arguments as a mapping; the wire carries a JSON string."""
-    if not isinstance(call, dict):
-        raise BadRequest("tool_calls entries must be objects", param="messages")
-    call = dict(call)
-    fn = call.get("function")
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-        raise BadRequest("tool_calls entries need a function object with a name",
-                         param="messages")
-    fn = dict(fn)
-    args = fn.get("arguments")
-    if isinstance(args, str):
-        try:
-            fn["arguments"] = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
-            pass
-    call["function"] = fn
-    return call
