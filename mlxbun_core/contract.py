@@ -13,7 +13,7 @@ events a tool parser emits live in :mod:`mlxbun_core.events`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:
     from .events import ParserEvent
@@ -52,6 +52,24 @@ class ToolParser(Protocol):
     def finish(self) -> list[ParserEvent]:
         """Generation ended: flush held text and any last (possibly truncated) call."""
         ...
+
+    def call_grammar(self, tools: list[dict]) -> Optional[dict]:
+        """The grammar of one call of any of ``tools`` in this parser's markup, with
+        arguments that follow each tool's JSON schema, as a structural format
+        (:mod:`mlxbun_core.grammar.structural`): a ``tag`` whose ``begin`` starts the
+        markup. The engine repeats it for parallel calls, triggers it on ``begin`` for
+        ``strict`` tools under ``auto`` and forces it for ``tool_choice`` required or
+        a named function. ``None``: no grammar (a forced choice is then asked for in
+        words, with a ``Warning`` header)."""
+        ...
+
+    max_calls: Optional[int]
+    """Set by the engine to 1 for ``parallel_tool_calls: false``: later calls are dropped."""
+    unique: bool
+    """Set by the engine under a forced tool choice: a repeat of an earlier call is dropped."""
+    done: bool
+    """True once nothing more can be emitted (``max_calls`` reached, or a repeat under
+    ``unique``): the engine ends the reply there."""
 
 
 @runtime_checkable

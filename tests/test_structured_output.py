@@ -42,33 +42,58 @@ def backend(request):
     registry._selected = before
 
 
-def test_json_schema_chat_validates_stream_and_not(client, backend):
-    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True,
-                                                "any_whitespace": False}}
-    for seed in range(3):
+OPEN_SCHEMA = {k: v for k, v in SCHEMA.items() if k != "additionalProperties"}  # `llm --schema`
+
+
+def test_json_schema_default_whitespace_always_valid(client, backend):
+    """The hard case from a real client: temperature 1.0, max_tokens 200, no
+    any_whitespace, no additionalProperties. Bounded whitespace and closed objects: every
+    reply finishes within budget and validates (free whitespace: 7-8 of 10 did)."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": OPEN_SCHEMA}}
+    for seed in range(10):
         r = client.chat.completions.create(model="m", messages=MSG, response_format=fmt, seed=seed,
                                            temperature=1.0, max_tokens=200)
-        jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
-        assert r.choices[0].finish_reason == "stop"
+        assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+        jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)  # no extra keys
     chunks = list(client.chat.completions.create(model="m", messages=MSG, response_format=fmt, seed=9,
                                                  temperature=1.0, max_tokens=200, stream=True))
     jsonschema.validate(json.loads("".join(c.choices[0].delta.content or "" for c in chunks)), SCHEMA)
 
 
+def test_any_whitespace_opt_in_and_compact(client, backend):
+    def ask(ws, seed):
+        fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA,
+                                                      "any_whitespace": ws}}
+        return client.chat.completions.create(model="m", messages=MSG, response_format=fmt,
+                                              seed=seed, temperature=1.0, max_tokens=200)
+    for seed in range(3):
+        text = ask(False, seed).choices[0].message.content
+        jsonschema.validate(json.loads(text), SCHEMA)
+        assert not re.search(r"\s", re.sub(r'"(?:[^"\\]|\\.)*"', '""', text)), text  # compact
+    runs = [ask(True, seed) for seed in range(4)]   # unbounded: may not close, valid when it does
+    for r in runs:
+        if r.choices[0].finish_reason == "stop":
+            jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
+    assert max(len(m.group(0)) for r in runs for m in re.finditer(
+        r"\s+", re.sub(r'"(?:[^"\\]|\\.)*"', '""', r.choices[0].message.content))) > 16
+
+
 def test_json_object_and_structured_outputs(client, backend):
-    """Unbounded grammars (free whitespace, free strings) on random weights may not close
-    within max_tokens; every reply that finished must validate, and most must finish."""
-    cases = [({"response_format": {"type": "json_object"}}, lambda v: isinstance(v, dict)),
-             ({"extra_body": {"structured_outputs": SCHEMA}}, lambda v: jsonschema.validate(v, SCHEMA) or True)]
-    for kw, valid in cases:
+    """Free strings (json_object) on random weights may not close within max_tokens:
+    every reply that finished must validate, and some must finish. A bounded schema
+    (structured_outputs) always finishes."""
+    cases = [({"response_format": {"type": "json_object"}}, lambda v: isinstance(v, dict), 1),
+             ({"extra_body": {"structured_outputs": SCHEMA}},
+              lambda v: jsonschema.validate(v, SCHEMA) or True, 6)]
+    for kw, valid, need in cases:
         finished = 0
-        for seed in range(4):
+        for seed in range(6):
             r = client.chat.completions.create(model="m", messages=MSG, temperature=1.0, seed=seed,
-                                               max_tokens=300, **kw)
+                                               max_tokens=200, **kw)
             if r.choices[0].finish_reason == "stop":
                 finished += 1
                 assert valid(json.loads(r.choices[0].message.content))
-        assert finished >= 2, kw
+        assert finished >= need, kw
 
 
 def test_regex_choice_and_ebnf_on_completions(client, backend):

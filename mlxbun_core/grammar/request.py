@@ -145,7 +145,7 @@ def describe(req: GrammarRequest) -> str:
         return f"Respond only with text matching this grammar:\n{req.value}"
     if req.kind == "regex":
         return f"Respond only with text matching this regular expression: {req.value}"
-    if req.kind == "structural":
-        return req.value.get("describe") or "Respond in the required format."
+    if req.kind == "structural":  # "" (free text with checked tool calls): nothing to ask
+        return req.value.get("describe", "")
     opts = ", ".join(json.dumps(c, ensure_ascii=False) for c in req.value)
     return f"Respond with exactly one of the following, and nothing else: {opts}"

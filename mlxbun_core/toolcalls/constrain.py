@@ -70,8 +70,7 @@ def tool_request(parser, tools, choice: ToolChoice, parallel: bool,
         return GrammarRequest("structural", {"format": fmt, "describe": _describe(content)},
                               ws), None
     if call is None:
-        return _described("Call tools only with arguments that follow their schemas."), \
-            "this model's tool-call dialect has no call grammar; strict tools unchecked"
+        return _described(""), "this model's tool-call dialect has no call grammar; strict tools unchecked"
     fmt = S.triggered([call], stop_after_first=not parallel)
     return GrammarRequest("structural", {"format": fmt, "describe": ""}, ws), None
 
