@@ -19,7 +19,7 @@ from mlxbun_core.grammar.request import MAX_WHITESPACE
 from mlxbun_core.grammar.schema import closed
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.toolcalls import JsonDialect, StreamingToolParser, ToolChoice
-from mlxbun_core.toolcalls.constrain import tool_request
+from mlxbun_core.toolcalls.constrain import plan_constraint, tool_request
 from mlxbun_core.toolcalls.testing import sampled_replies, walk
 
 BACKENDS = ["llguidance", "xgrammar"]
@@ -152,6 +152,12 @@ def test_without_call_grammar_a_forced_choice_degrades():
     assert "no call grammar" in why and "search" in req.value["describe"]
     req, why = tool_request(Plain(), TOOLS, ToolChoice("auto"), True, None)
     assert (req, why) == (None, None)
+    plan = plan_constraint(Plain(), TOOLS, ToolChoice("required"), True, None, None)
+    assert plan.processor is None and plan.warning.startswith("grammar not enforced: ")
+    assert "get_weather, search, ping" in plan.instruction
+    strict = [dict(WEATHER, function=dict(WEATHER["function"], strict=True))]
+    plan = plan_constraint(Plain(), strict, ToolChoice("auto"), True, None, None)
+    assert plan.warning and not plan.instruction   # a warning, nothing asked in words
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
