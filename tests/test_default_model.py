@@ -67,7 +67,7 @@ def test_forced_tool_call_then_tool_result_round_trip(srv):
     (call,) = r.choices[0].message.tool_calls
     assert call.function.name == "get_weather"
     assert "Paris" in json.loads(call.function.arguments)["city"]
-    r = client.chat.completions.create(model="default", tools=WEATHER, temperature=0, max_tokens=4,
+    r = client.chat.completions.create(model="default", tools=WEATHER, temperature=0, max_tokens=2,
                                        messages=WEATHER_Q + [
         {"role": "assistant", "tool_calls": [call.model_dump()]},
         {"role": "tool", "tool_call_id": call.id, "content": '{"sky": "sunny", "celsius": 21}'}])

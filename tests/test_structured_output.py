@@ -55,9 +55,11 @@ def test_json_schema_default_whitespace_always_valid(client, backend):
                                            temperature=1.0, max_tokens=200)
         assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
         jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)  # no extra keys
-    chunks = list(client.chat.completions.create(model="m", messages=MSG, response_format=fmt, seed=9,
-                                                 temperature=1.0, max_tokens=200, stream=True))
-    jsonschema.validate(json.loads("".join(c.choices[0].delta.content or "" for c in chunks)), SCHEMA)
+    chunks = list(client.chat.completions.create(model="m", messages=MSG, response_format=fmt,
+                                                 seed=9, temperature=1.0, max_tokens=200,
+                                                 stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    jsonschema.validate(json.loads(text), SCHEMA)
 
 
 def test_any_whitespace_opt_in_and_compact(client, backend):

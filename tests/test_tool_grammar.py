@@ -72,8 +72,9 @@ def check_calls(calls, names):
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_forced_calls_parse_and_validate(families, family, backend):
     tok, make = families[family]
-    for choice, parallel, names in [(ToolChoice("required"), True, {"get_weather", "search", "ping"}),
-                                    (ToolChoice("function", "get_weather"), False, {"get_weather"})]:
+    cases = [(ToolChoice("required"), True, {"get_weather", "search", "ping"}),
+             (ToolChoice("function", "get_weather"), False, {"get_weather"})]
+    for choice, parallel, names in cases:
         req, why = tool_request(make(TOOLS), TOOLS, choice, parallel, None)
         assert why is None and req.kind == "structural"
         for content, calls in sampled_replies(req, tok, backend, lambda: make(TOOLS), range(8)):

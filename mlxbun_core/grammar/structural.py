@@ -77,23 +77,12 @@ def triggered(tags: list[Format], *, at_least_one: bool = False,
             "stop_after_first": stop_after_first}
 
 
-def json_schemas(fmt: Any):
-    """Every JSON schema node in ``fmt`` (backends rewrite them in place of copies)."""
-    if isinstance(fmt, dict):
-        if fmt.get("type") == "json_schema":
-            yield fmt
-        for k in ("content", "elements", "tags"):
-            v = fmt.get(k)
-            for sub in (v if isinstance(v, list) else [v] if v is not None else []):
-                yield from json_schemas(sub)
-
-
 def map_json(fmt: Any, fn) -> Any:
-    """A copy of ``fmt`` with ``fn(schema)`` applied to every JSON schema node."""
+    """A copy of ``fmt`` with every JSON node replaced by ``fn(node)``."""
     if not isinstance(fmt, dict):
         return fmt
     if fmt.get("type") == "json_schema":
-        return dict(fmt, json_schema=fn(fmt["json_schema"]))
+        return fn(fmt)
     out = dict(fmt)
     for k in ("content", "elements", "tags"):
         v = out.get(k)

@@ -95,23 +95,13 @@ def _structural_ebnf(fmt: dict, whitespace: str) -> str:
     import xgrammar as xgr
 
     ws = {"compact": 0, "bounded": MAX_WHITESPACE}.get(whitespace)
-    fmt = map_json(fmt, closed)
-    if ws is not None:
-        fmt = _with_ws(fmt, ws)
-    tag = {"type": "structural_tag", "format": fmt}
+
+    def prepared(node):
+        node = dict(node, json_schema=closed(node["json_schema"]))
+        return node if ws is None else dict(node, max_whitespace_cnt=ws)
+
+    tag = {"type": "structural_tag", "format": map_json(fmt, prepared)}
     return _patched(str(xgr.Grammar.from_structural_tag(json.dumps(tag))))
-
-
-def _with_ws(fmt, ws: int):
-    if not isinstance(fmt, dict):
-        return fmt
-    if fmt.get("type") == "json_schema":
-        return dict(fmt, max_whitespace_cnt=ws)
-    out = dict(fmt)
-    for k in ("content", "elements", "tags"):
-        v = out.get(k)
-        out[k] = [_with_ws(x, ws) for x in v] if isinstance(v, list) else _with_ws(v, ws)
-    return out
 
 
 def _gbnf_literal(s: str) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..grammar import GrammarPlan, GrammarRequest, registry
+from ..grammar import GrammarPlan, GrammarRequest, describe, registry
 from ..grammar import structural as S
 from .choice import ToolChoice, is_strict, tool_name
 
@@ -30,7 +30,8 @@ or leave a blank line after a think channel); the parser drops it."""
 
 
 def plan_constraint(parser, tools: Optional[list], choice: ToolChoice, parallel: bool,
-                    content: Optional[GrammarRequest], tokenizer, grammars=registry) -> GrammarPlan:
+                    content: Optional[GrammarRequest], tokenizer,
+                    grammars=registry) -> GrammarPlan:
     """The grammar plan for a chat request (see the module docstring)."""
     if parser is not None and not parallel and hasattr(parser, "max_calls"):
         parser.max_calls = 1
@@ -42,14 +43,16 @@ def plan_constraint(parser, tools: Optional[list], choice: ToolChoice, parallel:
     return grammars.plan_request(req, tokenizer) if req is not None else GrammarPlan()
 
 
-def tool_request(parser, tools, choice: ToolChoice, parallel: bool,
-                 content: Optional[GrammarRequest]) -> tuple[Optional[GrammarRequest], Optional[str]]:
+NO_GRAMMAR = "this model's tool-call dialect has no call grammar"
+
+
+def tool_request(parser, tools, choice: ToolChoice, parallel: bool, content: Optional[
+        GrammarRequest]) -> tuple[Optional[GrammarRequest], Optional[str]]:
     """``(grammar request, None)``, or ``(request to describe, reason)`` when it cannot
     be enforced."""
     if not tools or choice.mode == "none":
         return content, None
-    strict = any(is_strict(t) for t in tools)
-    if not choice.forced and not strict and content is None:
+    if not choice.forced and content is None and not any(is_strict(t) for t in tools):
         return None, None
     make = getattr(parser, "call_grammar", None)
     ws = content.whitespace if content is not None else "bounded"
@@ -58,21 +61,22 @@ def tool_request(parser, tools, choice: ToolChoice, parallel: bool,
         words = forced_instruction(chosen, choice)
         call = make(chosen) if make is not None else None
         if call is None:
-            return _described(words), "this model's tool-call dialect has no call grammar; tool_choice asked for in words"
-        return GrammarRequest("structural", {"format": calls(call, parallel),
-                                             "describe": words}, ws), None
+            return _described(words), NO_GRAMMAR + "; tool_choice asked for in words"
+        return _structural(calls(call, parallel), words, ws), None
     call = make(tools) if make is not None else None
-    if content is not None:
+    if content is not None:  # a JSON response format, or calls
         if content.kind not in ("json_schema", "json_object") or call is None:
             return content, None
-        body = S.json_value(content.value if content.kind == "json_schema" else {"type": "object"})
-        fmt = S.alt(body, calls(call, parallel))
-        return GrammarRequest("structural", {"format": fmt, "describe": _describe(content)},
-                              ws), None
+        body = content.value if content.kind == "json_schema" else {"type": "object"}
+        fmt = S.alt(S.json_value(body), calls(call, parallel))
+        return _structural(fmt, describe(content), ws), None
     if call is None:
-        return _described(""), "this model's tool-call dialect has no call grammar; strict tools unchecked"
-    fmt = S.triggered([call], stop_after_first=not parallel)
-    return GrammarRequest("structural", {"format": fmt, "describe": ""}, ws), None
+        return _described(""), NO_GRAMMAR + "; strict tools unchecked"
+    return _structural(S.triggered([call], stop_after_first=not parallel), "", ws), None
+
+
+def _structural(fmt: dict, words: str, whitespace: str) -> GrammarRequest:
+    return GrammarRequest("structural", {"format": fmt, "describe": words}, whitespace)
 
 
 def calls(call: dict, parallel: bool) -> dict:
@@ -89,11 +93,5 @@ def forced_instruction(chosen: list, choice: ToolChoice) -> str:
     return f"Respond only by calling one of these functions: {names}; write no other text."
 
 
-def _describe(req: GrammarRequest) -> str:
-    from ..grammar import describe
-
-    return describe(req)
-
-
 def _described(words: str) -> GrammarRequest:
-    return GrammarRequest("structural", {"format": S.const(""), "describe": words})
+    return _structural(S.const(""), words, "bounded")

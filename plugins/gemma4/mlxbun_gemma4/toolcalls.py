@@ -80,8 +80,9 @@ def args_grammar(params: dict) -> dict:
     if extra is True or isinstance(extra, dict):  # free arguments: any text up to the end
         return S.seq(S.const("{"), S.any_text())
     first = next((i for i, (_, req) in enumerate(items) if req), None)
-    if first is None:
-        body = S.opt(S.alt(*[_after(items, j) for j in range(len(items))])) if items else S.const("")
+    if first is None:  # all optional: any one of them may come first, or none
+        body = S.opt(S.alt(*[_after(items, j) for j in range(len(items))])) if items else \
+            S.const("")
     else:
         body = S.seq(*[S.opt(S.seq(x, S.const(","))) for x, _ in items[:first]],
                      _after(items, first))
