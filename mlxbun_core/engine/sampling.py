@@ -3,6 +3,7 @@ into mlx-lm's own sampler and logits processors (so behaviour matches it)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from typing import Optional
@@ -10,24 +11,32 @@ from typing import Optional
 from ..errors import BadRequest
 
 INT32_MAX = 2**31 - 1
+PENALTY_MAX = 2.0  # OpenAI's documented range for presence / frequency penalties
+BIAS_MAX = 100.0  # OpenAI's documented range for a logit_bias value
+# Every float a sampler kernel sees stays far inside float32: a Python int beyond
+# int64 reaches MLX as a failed cast, a float beyond float32 as inf (then NaN).
+FLOAT_MAX = 1e6
+_TOKEN_ID = re.compile(r"-?[0-9]{1,32}")  # range-checked against the vocabulary later
 # (field, types, min, max, whitelist) — mlx_lm.server's validate_model_parameters, plus
 # upper bounds mlx-lm leaves to its kernels (which would fail mid-request otherwise)
 _RULES = [
-    ("temperature", (float, int), 0, None, None),
+    ("temperature", (float, int), 0, FLOAT_MAX, None),
     ("top_p", (float, int), 0, 1, None),
     ("top_k", int, 0, INT32_MAX, None),
     ("min_p", (float, int), 0, 1, None),
-    ("repetition_penalty", (float, int), 0, None, None),
+    ("repetition_penalty", (float, int), 0, FLOAT_MAX, None),
     ("repetition_context_size", int, 0, INT32_MAX, None),
-    ("presence_penalty", (float, int), None, None, None),
+    ("presence_penalty", (float, int), -PENALTY_MAX, PENALTY_MAX, None),
     ("presence_context_size", int, 0, INT32_MAX, None),
-    ("frequency_penalty", (float, int), None, None, None),
+    ("frequency_penalty", (float, int), -PENALTY_MAX, PENALTY_MAX, None),
     ("frequency_context_size", int, 0, INT32_MAX, None),
     ("logprobs", bool, None, None, None),
     ("top_logprobs", int, 0, 11, (-1,)),
     ("xtc_probability", (float, int), 0, 1, None),
     ("xtc_threshold", (float, int), 0, 0.5, None),  # mlx_lm.server says 1; apply_xtc raises past 0.5
+    ("seed", int, 0, 2**64 - 1, None),
 ]
+_FLOATS = {name for name, types, *_ in _RULES if types == (float, int)}
 
 
 def _check(name, value, types, lo, hi, whitelist):
@@ -42,6 +51,23 @@ def _check(name, value, types, lo, hi, whitelist):
         raise BadRequest(f"{name} must be at least {lo}", param=name)
     if hi is not None and value > hi:
         raise BadRequest(f"{name} must be at most {hi}", param=name)
+
+
+def _logit_bias(bias) -> dict:
+    """``{"token id": bias}``: decimal ids, numeric biases within OpenAI's ±100."""
+    if not isinstance(bias, dict):
+        raise BadRequest("logit_bias must be of type dict", param="logit_bias")
+    out = {}
+    for key, value in bias.items():
+        if not (isinstance(key, str) and _TOKEN_ID.fullmatch(key)) \
+                or not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise BadRequest("logit_bias must be a dict of int to float (token id to a "
+                             "number)", param="logit_bias")
+        if not -BIAS_MAX <= value <= BIAS_MAX:
+            raise BadRequest(f"logit_bias values must be between -{BIAS_MAX:g} and "
+                             f"{BIAS_MAX:g}", param="logit_bias")
+        out[int(key)] = float(value)
+    return out
 
 
 @dataclass
@@ -75,16 +101,10 @@ class SamplingParams:
         for name, types, lo, hi, wl in _RULES:
             if name in body and body[name] is not None:
                 _check(name, body[name], types, lo, hi, wl)
-        if body.get("seed") is not None:
-            _check("seed", body["seed"], int, 0, 2**64 - 1, None)
-        bias = merged.get("logit_bias")
-        if bias is not None:
-            if not isinstance(bias, dict):
-                raise BadRequest("logit_bias must be of type dict", param="logit_bias")
-            try:
-                merged["logit_bias"] = {int(k): float(v) for k, v in bias.items()}
-            except (TypeError, ValueError):
-                raise BadRequest("logit_bias must be a dict of int to float", param="logit_bias")
+        for name in _FLOATS & merged.keys():  # kernels take floats; ints become them here
+            merged[name] = float(merged[name])
+        if merged.get("logit_bias") is not None:
+            merged["logit_bias"] = _logit_bias(merged["logit_bias"])
         return cls(**merged)
 
     def check_vocab(self, vocab_size: int) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import time
 import uuid
 from typing import AsyncIterator, Callable
@@ -13,7 +12,8 @@ from typing import AsyncIterator, Callable
 from blacksheep import Request, Response
 from blacksheep.contents import Content, StreamedContent
 
-from ..errors import APIError, BadRequest
+from ..errors import APIError
+from .body import read_body  # noqa: F401  (the surfaces' way in)
 
 log = logging.getLogger("mlxbun.server")
 
@@ -28,33 +28,6 @@ def json_response(data, status: int = 200, headers: dict | None = None) -> Respo
 
 def openai_error(exc: APIError) -> Response:
     return json_response(exc.body(), exc.status)
-
-
-def _no_constants(name):
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # 1e400 overflows to inf
-        raise ValueError(f"{text} is out of range")
-    return value
-
-
-async def read_body(request: Request) -> dict:
-    """The request's JSON object: strict JSON (no NaN/Infinity), text that is valid UTF-8."""
-    raw = await request.read()
-    try:
-        body = json.loads(raw or b"", parse_constant=_no_constants, parse_float=_finite)
-    except (ValueError, UnicodeDecodeError):  # JSONDecodeError is a ValueError
-        raise BadRequest("invalid JSON body")
-    if not isinstance(body, dict):
-        raise BadRequest("invalid JSON body: expected an object")
-    try:  # "\ud800" escapes decode to lone surrogates no tokenizer can encode
-        json.dumps(body, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise BadRequest("invalid JSON body: unpaired UTF-16 surrogate in a string")
-    return body
 
 
 def as_api_error(exc: Exception) -> APIError:
