@@ -5,6 +5,8 @@ foreground)."""
 from __future__ import annotations
 
 import argparse
+import errno
+import importlib.util
 import logging
 import os
 import sys
@@ -58,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mount a LoRA adapter (mlx-lm or PEFT directory) at start-up and use it "
                         "for requests that name none (id: the directory name)")
     s.add_argument("--grammar-backend", default=None,
-                   help="structured-output backend (llguidance, xgrammar)")
+                   help="structured-output backend: llguidance (default) or xgrammar "
+                        "(pip install 'mlxbun[xgrammar]')")
     s.add_argument("--allow-private-media", action="store_true",
                    default=os.environ.get("MLXBUN_ALLOW_PRIVATE_MEDIA", "").lower()
                    in ("1", "true", "yes", "on"),
@@ -226,6 +229,58 @@ def configure_media(args) -> None:
     fetch.policy.allow_private = bool(args.allow_private_media)
 
 
+# optional grammar backends and the extra that installs each
+GRAMMAR_EXTRAS = {"xgrammar": "mlxbun[xgrammar]"}
+
+
+def bind_port(host: str, port: int):
+    """Bind the listening address before the model loads, as uvicorn would.
+
+    Returns the bound socket (uvicorn serves on it later, so nothing can take the
+    port in between) or a message saying why the address cannot be used.
+    """
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except (OSError, OverflowError) as exc:
+        sock.close()
+        if getattr(exc, "errno", None) == errno.EADDRINUSE:
+            return (f"port {port} on {host} is already in use (another mlxbun or server "
+                    f"running?). Pick a free one with --port, e.g. --port {port + 1}.")
+        return f"cannot listen on {host}:{port}: {exc}"
+    sock.set_inheritable(True)
+    return sock
+
+
+def select_grammar_backend(name: str) -> str | None:
+    """None when ``name`` is usable, else what to tell the operator."""
+    from .grammar import registry
+
+    try:
+        registry.select(name)
+    except ValueError as exc:
+        extra = GRAMMAR_EXTRAS.get(name)
+        if extra and importlib.util.find_spec(name) is None:
+            return (f"grammar backend {name!r} is not installed: "
+                    f"pip install '{extra}' (it brings {name} and what it needs)")
+        return str(exc)
+    return None
+
+
+def preflight(args):
+    """(bound socket or None, problem or None): what would fail is found before minutes
+    of model loading, not after."""
+    problem = args.grammar_backend and select_grammar_backend(args.grammar_backend)
+    if problem or args.unix:
+        return None, problem or None
+    sock = bind_port(args.host, args.port)
+    return (None, sock) if isinstance(sock, str) else (sock, None)
+
+
 def cmd_serve(args) -> int:
     import uvicorn
 
@@ -239,17 +294,15 @@ def cmd_serve(args) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
-    if args.grammar_backend:
-        from .grammar import registry
-
-        try:
-            registry.select(args.grammar_backend)
-        except ValueError as exc:
-            print(f"mlxbun: {exc}", file=sys.stderr)
-            return 2
+    sock, problem = preflight(args)
+    if problem:
+        print(f"mlxbun: {problem}", file=sys.stderr)
+        return 2
     if args.isolate:  # the children get every serve flag that was set (media policy included)
         from .isolate.launch import run_parent
 
+        if sock is not None:
+            sock.close()  # a probe only: the proxy parent binds the address itself, at once
         return run_parent(args, build_parser())
     if args.model_pool != 1:
         print("mlxbun: --model-pool needs --isolate; ignored", file=sys.stderr)
@@ -296,12 +349,11 @@ def cmd_serve(args) -> int:
         config = uvicorn.Config(DrainGate(app, engine), uds=args.unix, log_level="warning",
                                 timeout_graceful_shutdown=10)
     else:
-        config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                timeout_graceful_shutdown=10)
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10)
     server = DrainingServer(config, engine)
     if page and model.kind == "generate" and web.interactive_start(args.no_open):
         web.open_when_started(server, page)
-    server.run()
+    server.run(sockets=[sock] if sock else None)  # the address bound before the load
     # Served and drained: nothing is left to save. Interpreter teardown takes seconds and can
     # abort inside MLX's native threads ("terminate called without an active exception"),
     # which would turn a clean shutdown into exit 134.

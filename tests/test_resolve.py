@@ -55,6 +55,15 @@ def test_local_dir(tmp_path):
     assert (r.path, r.source, r.model_id) == (d.resolve(), "local", "ckpt")
 
 
+def test_converted_dir_is_named_after_its_gguf(tmp_path, smollm2_path):
+    """Our conversion directories are ``<stem>-<hash>``; serving one by path keeps the name."""
+    assert resolve_model(str(smollm2_path)).model_id == "SmolLM2-135M-Instruct"
+    g = tmp_path / "tiny.gguf"
+    write_tiny_gguf(g)
+    converted = resolve_model(str(g), progress=False).path
+    assert converted.name != "tiny" and resolve_model(str(converted)).model_id == "tiny"
+
+
 def test_local_gguf_converted_once_into_mlxbun_home(tmp_path, caplog):
     g = tmp_path / "tiny.gguf"
     write_tiny_gguf(g)

@@ -126,7 +126,7 @@ def _dir_size(path: Path) -> int:
 
 def scan_own(home: Optional[Path] = None) -> list[Entry]:
     """Models mlxbun made (converted GGUFs, quantized outputs): newest per name."""
-    from ..models.resolve import mlxbun_home
+    from ..models.resolve import _id_for_dir, mlxbun_home
 
     home = mlxbun_home(home)
     newest: dict[str, Entry] = {}
@@ -134,7 +134,7 @@ def scan_own(home: Optional[Path] = None) -> list[Entry]:
         for d in sorted((home / root).glob("*/")) if (home / root).is_dir() else ():
             if not (d / "config.json").is_file():
                 continue
-            name = _HASH_SUFFIX.sub("", d.name)
+            name = _HASH_SUFFIX.sub("", _id_for_dir(d))  # a conversion: its source's name
             modified = (d / "config.json").stat().st_mtime
             if name in newest and newest[name].modified >= modified:
                 continue

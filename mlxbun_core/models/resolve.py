@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -63,6 +64,11 @@ def _default_gguf() -> Path | None:
         if p.is_file():
             return p
     return None
+
+
+def _gguf_model_id(gguf: Path) -> str:
+    """A GGUF's model name: the embedded default's own name, else the file's stem."""
+    return DEFAULT_MODEL_ID if gguf.name == _DEFAULT_FILE else gguf.stem
 
 
 def _converted(gguf: Path, home: Path, progress: bool) -> Path:
@@ -164,12 +170,12 @@ def resolve_model(name: str | None, *, cache_dir: Path | None = None, progress: 
             return ResolvedModel(p.resolve(), _id_for_dir(p.resolve()), "local")
         g = _pick_gguf([str(x.relative_to(p)) for x in p.glob("*.gguf")])
         if g:
-            return ResolvedModel(_converted(p / g, home, progress), Path(g).stem, "gguf")
+            return ResolvedModel(_converted(p / g, home, progress), _gguf_model_id(p / g), "gguf")
         raise ModelNotFound(f"model directory {p.resolve()} has no config.json and no .gguf file. "
                             "Fix: point at a Hugging Face checkpoint directory or a .gguf file.")
     if p.is_file():
         if p.suffix.lower() == ".gguf":
-            return ResolvedModel(_converted(p, home, progress), p.stem, "gguf")
+            return ResolvedModel(_converted(p, home, progress), _gguf_model_id(p), "gguf")
         raise ModelNotFound(f"{p.resolve()} is a file but not a .gguf. "
                             "Fix: pass a .gguf file or the directory that holds config.json.")
 
@@ -199,11 +205,21 @@ def resolve_model(name: str | None, *, cache_dir: Path | None = None, progress: 
 
 
 def _id_for_dir(path: Path) -> str:
-    """A snapshot inside the HF cache (models--org--name/snapshots/<rev>) is "org/name"."""
+    """A checkpoint directory's model id.
+
+    A snapshot inside the HF cache (models--org--name/snapshots/<rev>) is "org/name"; one of
+    our GGUF conversions (``<stem>-<hash>``, no one's model name) is named after its source.
+    """
     parts = path.parts
     if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
         return parts[-3][len("models--"):].replace("--", "/", 1)
-    return path.name
+    try:
+        source = json.loads((path / "mlxbun_source.json").read_text())
+        return _gguf_model_id(Path(source["gguf"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return path.name
+
+
 
 
 def library_match(query: str, entries=None, *, substring: bool = True) -> ResolvedModel | None:

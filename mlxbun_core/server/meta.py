@@ -31,13 +31,42 @@ def media_kinds(engine) -> set:
             if hook.media_pipeline(model=m, kind=k) is not None}
 
 
+PROBE_TURN = [{"role": "user", "content": "What is the weather in Paris?"}]
+PROBE_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+
+
+def template_uses_tools(model) -> bool:
+    """Whether the model's prompt shows tool definitions: one turn rendered with and
+    without a tool (through the claiming plugin) must differ. Computed once per model."""
+    if model.kind != "generate":
+        return False
+    if "template_uses_tools" not in model.extras:
+        hook = model.hooks
+
+        def render(tools):
+            return hook.render_chat(model=model, messages=PROBE_TURN, tools=tools,
+                                    template_kwargs={}, reasoning_effort=None)
+
+        try:
+            bare, armed = render(None), render([PROBE_TOOL])
+            uses = bare is not None and armed is not None and armed.tokens != bare.tokens
+        except Exception:  # a template that cannot render a tool cannot take one
+            uses = False
+        model.extras["template_uses_tools"] = uses
+    return model.extras["template_uses_tools"]
+
+
 def model_row(engine) -> dict:
     m = engine.model
     generate = m.kind == "generate"
     media = media_kinds(engine)
+    tools = template_uses_tools(m)
     caps = {"chat_completions": generate, "text_completions": generate,
             "anthropic_messages": generate, "responses": generate, "streaming": generate,
-            "tools": generate, "structured_output": generate, "logprobs": generate,
+            "tools": tools, "structured_output": generate, "logprobs": generate,
             "embeddings": m.kind == "embedding", "vision": "image" in media,
             "audio": "audio" in media, "video": "video" in media,
             "adapters": generate, "training": generate}
@@ -46,12 +75,13 @@ def model_row(engine) -> dict:
             "family": m.family, "plugin": m.plugin, "context_window": m.context_window,
             "reasoning": m.reasoning, "vision": caps["vision"], "audio": caps["audio"],
             "video": caps["video"], "batch_mode": "batched" if engine.batch > 1 else "serial",
-            "tools": generate, "structured_output": generate, "embeddings": caps["embeddings"],
+            "tools": tools, "structured_output": generate, "embeddings": caps["embeddings"],
             "adapters": generate, "training": generate, "capabilities": caps,
             "gen_defaults": {k: d.get(k) for k in ("temperature", "top_p", "top_k")}}
 
 
 def register(app, engine):
+    template_uses_tools(engine.model)  # at start-up, not on the first /v1/models
     async def index(request: Request):
         return json_response({"name": "mlxbun", "version": __version__, "model": engine.model.id,
                               "endpoints": ENDPOINTS})
