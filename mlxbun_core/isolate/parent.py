@@ -20,7 +20,9 @@ from types import SimpleNamespace
 from typing import Optional
 
 from ..library import checkpoint
+from ..errors import APIError
 from ..server import guard
+from ..server.body import parse_body
 from ..library.cache import LibraryCache, local_rows
 from ..library.fit import Machine, machine
 from ..library.report import fit_report, library_row
@@ -275,11 +277,10 @@ async def _never_disconnects():
 
 
 def _model_field(body: bytes):
-    try:
-        value = json.loads(body or b"")
-    except ValueError:
+    try:  # the engine's own parser: a malformed body routes to the default, which says why
+        return parse_body(body).get("model")
+    except APIError:
         return None
-    return value.get("model") if isinstance(value, dict) else None
 
 
 def _ctx(query: bytes) -> Optional[int]:

@@ -15,6 +15,7 @@ import json
 from typing import Optional
 
 from ..errors import APIError
+from ..server.body import parse_body
 from ..server.openai_responses import HISTORY_FIELD, stored_turn, to_chat
 from ..server.response_store import ResponseStore
 from .drain import send_json
@@ -73,10 +74,8 @@ class ParentResponses:
         Bodies the engine must reject go through untouched, so its error is the answer.
         """
         try:
-            body = json.loads(raw or b"")
-        except ValueError:
-            return raw, None, None
-        if not isinstance(body, dict):
+            body = parse_body(raw)
+        except APIError:
             return raw, None, None
         prev = body.get("previous_response_id")
         stored = None

@@ -99,7 +99,7 @@ def split_content(parts: list) -> tuple[Any, list[MediaRef]]:
                 raise _bad("text content parts need a string 'text'")
             texts.append(part["text"])
             out.append({"type": "text", "text": part["text"]})
-        elif kind in PART_KINDS:
+        elif isinstance(kind, str) and kind in PART_KINDS:  # a list type is unhashable
             ref = media_ref(part)
             refs.append(ref)
             out.append({"type": ref.kind})

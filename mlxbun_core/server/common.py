@@ -18,11 +18,29 @@ from .body import read_body  # noqa: F401  (the surfaces' way in)
 log = logging.getLogger("mlxbun.server")
 
 
+HEADER_VALUE_MAX = 1024
+
+
+def header_value(text: str) -> bytes:
+    """``text`` as a header value every client reads: printable ASCII, anything else
+    escaped (a Warning can quote the client's own schema; a control character would
+    make the server drop the connection), capped in length."""
+    safe = "".join(c if " " <= c <= "~" else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+    if len(safe) > HEADER_VALUE_MAX:
+        safe = safe[:HEADER_VALUE_MAX - 3] + "..."
+    return safe.encode("ascii")
+
+
+def add_headers(resp: Response, headers: dict | None) -> None:
+    for k, v in (headers or {}).items():
+        resp.add_header(k.encode(), header_value(v))
+
+
 def json_response(data, status: int = 200, headers: dict | None = None) -> Response:
     body = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
     resp = Response(status, None, Content(b"application/json", body))
-    for k, v in (headers or {}).items():
-        resp.add_header(k.encode(), v.encode())
+    add_headers(resp, headers)
     return resp
 
 
@@ -110,6 +128,5 @@ def sse_response(request: Request, gen, frames: AsyncIterator[bytes], headers: d
     resp = Response(200, None, StreamedContent(b"text/event-stream", provider))
     resp.add_header(b"Cache-Control", b"no-cache")
     resp.add_header(b"X-Accel-Buffering", b"no")
-    for k, v in (headers or {}).items():
-        resp.add_header(k.encode(), v.encode())
+    add_headers(resp, headers)
     return resp
