@@ -134,3 +134,15 @@ def test_body_over_the_cap_is_413_and_never_read(http, monkeypatch):
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/messages", "/v1/embeddings"])
 def test_not_a_json_object(http, route, sent, says):
     rejected(http, route, sent, says=says)
+
+
+def test_isolate_parent_reads_bodies_with_the_same_parser():
+    """The --isolate proxy peeks at bodies (the model to route by, Responses history);
+    a deep body raised RecursionError there, outside any error handler."""
+    from mlxbun_core.isolate.parent import _model_field
+    from mlxbun_core.isolate.responses import ParentResponses
+
+    deep = b'{"model": "m", "input": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    assert _model_field(deep) is None  # routed to the default engine, which answers the 400
+    assert ParentResponses().prepare(deep) == (deep, None, None)  # forwarded untouched
+    assert _model_field(b'{"model": "m", "input": "hi"}') == "m"
