@@ -52,6 +52,10 @@ async def _read_capped(request: Request, limit: int) -> bytes:
     content = request.content
     if content is None:
         return b""
+    if content.body is not None:  # read already (streaming it again would wait forever)
+        if len(content.body) > limit:
+            raise BodyTooLarge(limit)
+        return content.body
     data = bytearray()
     try:
         async for chunk in content.stream():
