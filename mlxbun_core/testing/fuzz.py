@@ -73,6 +73,10 @@ CHAT = [
      "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
     {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]},
+    {"messages": [{"role": "user", "content": [  # every media alias (models without media: 400)
+        {"type": "text", "text": "see"}, {"type": "input_audio", "input_audio": {
+            "data": "AAAA", "format": "wav"}}, {"type": "image", "data": "AAAA"},
+        {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}]}]},
 ]
 COMPLETIONS = [
     {"prompt": "Once upon a time"},
