@@ -146,3 +146,12 @@ def test_isolate_parent_reads_bodies_with_the_same_parser():
     assert _model_field(deep) is None  # routed to the default engine, which answers the 400
     assert ParentResponses().prepare(deep) == (deep, None, None)  # forwarded untouched
     assert _model_field(b'{"model": "m", "input": "hi"}') == "m"
+
+
+@pytest.mark.parametrize("name", ["a" * 5000, "\x00", "m\x00/x", "/" + "b" * 300 + "/c"])
+def test_impossible_model_names_are_not_found(http, name):
+    """A path component too long for the filesystem (OSError) or a NUL (ValueError) was a 500
+    from /api/quantize/inspect, which resolves the name like `mlxbun serve` does."""
+    r = http.post("/api/quantize/inspect", json={"model_id": name})
+    assert r.status_code == 200 and r.json()["ok"] is False, r.text
+    assert r.json()["error"]

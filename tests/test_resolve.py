@@ -113,3 +113,10 @@ def test_dir_without_config(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelNotFound, match="no config.json"):
         resolve_model(str(tmp_path / "empty"))
+
+
+@pytest.mark.parametrize("name", ["a" * 5000, "x\x00y", "~no-such-user-here/m",
+                                  "/" + "b" * 300 + "/c"])
+def test_impossible_names_are_not_found(name):
+    with pytest.raises(ModelNotFound, match="not found"):
+        resolve_model(name, progress=False)

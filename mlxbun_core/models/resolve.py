@@ -164,8 +164,11 @@ def resolve_model(name: str | None, *, cache_dir: Path | None = None, progress: 
                 "or pass a model (a local HF directory, a .gguf file, or a hub id like owner/name).")
         return ResolvedModel(_converted(g, home, progress), DEFAULT_MODEL_ID, "default")
 
-    p = Path(name).expanduser()
-    if p.is_dir():
+    if "\x00" in name:
+        raise ModelNotFound(f"model {name!r} not found: a name or path cannot hold a NUL character.")
+    p = _as_path(name)
+    kind = _path_kind(p)
+    if kind == "dir":
         if (p / "config.json").is_file():
             return ResolvedModel(p.resolve(), _id_for_dir(p.resolve()), "local")
         g = _pick_gguf([str(x.relative_to(p)) for x in p.glob("*.gguf")])
@@ -173,7 +176,7 @@ def resolve_model(name: str | None, *, cache_dir: Path | None = None, progress: 
             return ResolvedModel(_converted(p / g, home, progress), _gguf_model_id(p / g), "gguf")
         raise ModelNotFound(f"model directory {p.resolve()} has no config.json and no .gguf file. "
                             "Fix: point at a Hugging Face checkpoint directory or a .gguf file.")
-    if p.is_file():
+    if kind == "file":
         if p.suffix.lower() == ".gguf":
             return ResolvedModel(_converted(p, home, progress), _gguf_model_id(p), "gguf")
         raise ModelNotFound(f"{p.resolve()} is a file but not a .gguf. "
@@ -202,6 +205,21 @@ def resolve_model(name: str | None, *, cache_dir: Path | None = None, progress: 
         f"model {name!r} not found: no path {p.resolve()} exists and no local model id contains "
         f"{name!r} (`mlxbun ls` lists them). Fix: pass an existing HF checkpoint directory, a .gguf "
         "file, a hub id (owner/name), a query matching a local model, or nothing for the embedded default.")
+
+
+def _as_path(name: str) -> Path:
+    try:
+        return Path(name).expanduser()
+    except RuntimeError:  # "~someone" with no such user: no path, maybe still a query
+        return Path(name)
+
+
+def _path_kind(p: Path) -> str | None:
+    """"dir", "file" or None; a name no filesystem holds (a component too long) is None."""
+    try:
+        return "dir" if p.is_dir() else "file" if p.is_file() else None
+    except OSError:
+        return None
 
 
 def _id_for_dir(path: Path) -> str:

@@ -19,9 +19,14 @@ import json
 from hypothesis import strategies as st
 
 LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
-OPENAI = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")
+OPENAI = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings",
+          "/v1/adapters")
 ANTHROPIC = ("/v1/messages", "/v1/messages/count_tokens")
-ROUTES = OPENAI + ANTHROPIC
+ROUTES = OPENAI[:4] + ANTHROPIC  # the request routes; admin routes below
+# admin routes that touch files or start jobs; they answer {"ok": false, "error": ...}
+JOBS = ("/api/finetune/submit", "/api/finetune/inspect-dataset", "/api/finetune/merge",
+        "/api/finetune/export", "/api/quantize/inspect", "/api/quantize/submit")
+ADMIN = ("/v1/adapters",) + JOBS
 
 # ---------------------------------------------------------------- values
 
@@ -135,6 +140,28 @@ SEEDS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS,
          "/v1/embeddings": EMBEDDINGS}
 
 
+def admin_seeds(model_dir: str, data_dir: str) -> dict:
+    """Seed bodies for the admin routes. Those that would start a job or write files
+    point at paths that do not exist, so no mutation of them starts real work; the
+    read-only ones point at a real checkpoint and dataset."""
+    missing = "/nonexistent/mlxbun-fuzz"
+    return {
+        "/v1/adapters": [{"id": "a", "path": missing + "/adapter", "force": False}],
+        "/api/finetune/submit": [{"model_dir": missing, "data_dir": data_dir, "iters": 1,
+                                  "rank": 4, "learning_rate": 1e-4, "method": "sft"},
+                                 {"model_dir": model_dir, "data_dir": missing,
+                                  "adapter_path": missing + "/out"}],
+        "/api/finetune/inspect-dataset": [{"path": data_dir}],
+        "/api/finetune/merge": [{"adapter_a": missing + "/a", "adapter_b": missing + "/b",
+                                 "scales": [0.5, 0.5]}],
+        "/api/finetune/export": [{"base_model": "m", "adapter_path": missing + "/a",
+                                  "method": "merge"}],
+        "/api/quantize/inspect": [{"model_id": model_dir}],
+        "/api/quantize/submit": [{"model_id": missing, "bits": 4, "group_size": 64,
+                                  "mode": "affine", "recipe": "mixed_3_6"}],
+    }
+
+
 def _keys(tree, found: set) -> set:
     if isinstance(tree, dict):
         found.update(tree)
@@ -171,9 +198,9 @@ def _parent(tree, path):
 
 
 @st.composite
-def mutated(draw, route: str) -> dict:
-    """A seed body of ``route`` with zero to three mutations."""
-    body = copy.deepcopy(draw(st.sampled_from(SEEDS[route])))
+def mutated(draw, route: str, seeds=None) -> dict:
+    """A seed body of ``route`` (from ``seeds`` or :data:`SEEDS`) with up to three mutations."""
+    body = copy.deepcopy(draw(st.sampled_from((seeds or SEEDS)[route])))
     for _ in range(draw(st.integers(0, 3))):
         nodes = list(_paths(body))
         op = draw(st.sampled_from(("set", "set", "set", "add", "drop")))
@@ -208,12 +235,12 @@ raw = st.one_of(
 
 
 @st.composite
-def encoded(draw, route: str) -> bytes:
+def encoded(draw, route: str, seeds=None) -> bytes:
     """Bytes to POST to ``route``: mostly a mutated body, else its JSON cut short or a raw oddity."""
     kind = draw(st.integers(0, 9))
     if kind == 9:
         return draw(raw)
-    text = json.dumps(draw(mutated(route)), ensure_ascii=draw(st.booleans()))
+    text = json.dumps(draw(mutated(route, seeds)), ensure_ascii=draw(st.booleans()))
     sent = text.encode("utf-8", "surrogatepass")
     return sent[:draw(st.integers(0, len(sent) - 1))] if kind == 8 else sent
 
@@ -221,7 +248,11 @@ def encoded(draw, route: str) -> bytes:
 # ---------------------------------------------------------------- checking a reply
 
 def error_shape_ok(route: str, data) -> bool:
-    """The surface's own error shape: OpenAI ``{"error": {...}}``, Anthropic ``{"type": "error", ...}``."""
+    """The surface's own error shape: OpenAI ``{"error": {...}}``, Anthropic
+    ``{"type": "error", ...}``, the job routes ``{"ok": false, "error": "..."}``."""
+    if route in JOBS:
+        return (isinstance(data, dict) and data.get("ok") is False
+                and isinstance(data.get("error"), str) and data["error"] != "")
     err = data.get("error") if isinstance(data, dict) else None
     if not (isinstance(err, dict) and isinstance(err.get("message"), str) and err["message"]
             and isinstance(err.get("type"), str)):
@@ -265,6 +296,8 @@ def check_reply(route: str, sent: bytes, status: int, content_type: str, text: s
         assert stream_finished(route, text), where
         return
     data = json.loads(text)
-    assert isinstance(data, dict) and data.get("error") is None, where
+    assert isinstance(data, dict), where
+    if route not in JOBS:  # inspections answer 200 {"ok": false, "error": ...} by design
+        assert data.get("error") is None, where
     if route == "/v1/responses":
         assert data["status"] in ("completed", "incomplete"), where
