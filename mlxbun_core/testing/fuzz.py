@@ -78,6 +78,8 @@ CHAT = [
      "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
     {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]},
+    {"messages": USER, "stream": True, "tool_choice": "required", "parallel_tool_calls": True,
+     "tools": [{"type": "function", "function": {**TOOL["function"], "strict": True}}]},
     {"messages": [{"role": "user", "content": [  # every media alias (models without media: 400)
         {"type": "text", "text": "see"}, {"type": "input_audio", "input_audio": {
             "data": "AAAA", "format": "wav"}}, {"type": "image", "data": "AAAA"},
@@ -107,6 +109,9 @@ RESPONSES = [
      "text": {"format": {"type": "json_schema", "name": "o", "schema": SCHEMA}},
      "reasoning": {"effort": "low"}, "metadata": {"k": "v"}},
     {"input": "Again", "previous_response_id": "resp_unknown"},
+    {"input": "Weather?", "tool_choice": "required", "max_output_tokens": 6,
+     "tools": [{"type": "function", "name": "get_weather", "strict": True,
+                "parameters": TOOL["function"]["parameters"]}]},
 ]
 A_TOOL = {"name": "get_weather", "description": "Weather",
           "input_schema": TOOL["function"]["parameters"]}
@@ -130,6 +135,8 @@ MESSAGES = [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                      "data": "AAAA"}}]}],
      "tool_choice": {"type": "tool", "name": "get_weather"}, "tools": [A_TOOL]},
+    {"max_tokens": 6, "messages": USER, "tools": [A_TOOL], "stream": True,
+     "tool_choice": {"type": "any", "disable_parallel_tool_use": True}},
 ]
 EMBEDDINGS = [{"input": "hello"},
               {"model": "m", "input": ["a", "b"], "encoding_format": "base64", "dimensions": 8}]
