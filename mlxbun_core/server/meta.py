@@ -10,6 +10,7 @@ from blacksheep import Request
 
 from .. import __version__, plugins
 from ..grammar import registry as grammars
+from ..toolcalls.history import supports_tools
 from .common import json_response
 from .library_routes import model_rows
 
@@ -31,39 +32,25 @@ def media_kinds(engine) -> set:
             if hook.media_pipeline(model=m, kind=k) is not None}
 
 
-PROBE_TURN = [{"role": "user", "content": "What is the weather in Paris?"}]
-PROBE_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}
+def template_renders_tools(model) -> bool:
+    """Whether the model's own chat template shows tool definitions to the model.
 
-
-def template_uses_tools(model) -> bool:
-    """Whether the model's prompt shows tool definitions: one turn rendered with and
-    without a tool (through the claiming plugin) must differ. Computed once per model."""
+    (Tools still work with a template that ignores them: the request path then writes
+    them into the system turn. This field says which models were made for tools.)
+    """
     if model.kind != "generate":
         return False
-    if "template_uses_tools" not in model.extras:
-        hook = model.hooks
-
-        def render(tools):
-            return hook.render_chat(model=model, messages=PROBE_TURN, tools=tools,
-                                    template_kwargs={}, reasoning_effort=None)
-
-        try:
-            bare, armed = render(None), render([PROBE_TOOL])
-            uses = bare is not None and armed is not None and armed.tokens != bare.tokens
-        except Exception:  # a template that cannot render a tool cannot take one
-            uses = False
-        model.extras["template_uses_tools"] = uses
-    return model.extras["template_uses_tools"]
+    template = getattr(model.tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # named templates ("default", "tool_use", ...)
+        template = "\n".join(t for t in template.values() if isinstance(t, str))
+    return isinstance(template, str) and supports_tools(template)[0]
 
 
 def model_row(engine) -> dict:
     m = engine.model
     generate = m.kind == "generate"
     media = media_kinds(engine)
-    tools = template_uses_tools(m)
+    tools = template_renders_tools(m)
     caps = {"chat_completions": generate, "text_completions": generate,
             "anthropic_messages": generate, "responses": generate, "streaming": generate,
             "tools": tools, "structured_output": generate, "logprobs": generate,
@@ -81,7 +68,6 @@ def model_row(engine) -> dict:
 
 
 def register(app, engine):
-    template_uses_tools(engine.model)  # at start-up, not on the first /v1/models
     async def index(request: Request):
         return json_response({"name": "mlxbun", "version": __version__, "model": engine.model.id,
                               "endpoints": ENDPOINTS})
