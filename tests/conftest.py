@@ -11,3 +11,14 @@ def smollm2_path(tmp_path_factory):
     from mlxbun_core.models.resolve import resolve_model
 
     return resolve_model(None, cache_dir=tmp_path_factory.mktemp("mlxbun_home"), progress=False).path
+
+
+@pytest.fixture(scope="session")
+def smollm2_server(smollm2_path):
+    """One running server on the real default model, shared by the tests that need real
+    answers (loading it and building its grammar tokenizer once saves tens of seconds)."""
+    from mlxbun_core.testing.server import start_server
+
+    s = start_server(smollm2_path)
+    yield s
+    s.stop()

@@ -404,16 +404,13 @@ def test_count_tokens_compiles_no_grammar(client, srv):
 
 # ------------------------------------------------------------------ one real model
 
-def test_real_model_answers(smollm2_path):
+def test_real_model_answers(smollm2_server):
     """SmolLM2 (real weights) through messages.stream: real text, real structure."""
-    from mlxbun_core.testing.server import running_server
-
-    with running_server(smollm2_path) as real:
-        client = anthropic.Anthropic(base_url=real.base_url, api_key="test", max_retries=0)
-        with client.messages.stream(model="any", max_tokens=8, extra_body={"temperature": 0},
-                                    messages=[{"role": "user", "content":
-                                               "What is the capital of France?"}]) as stream:
-            text = "".join(stream.text_stream)
-            final = stream.get_final_message()
+    client = anthropic.Anthropic(base_url=smollm2_server.base_url, api_key="test", max_retries=0)
+    with client.messages.stream(model="any", max_tokens=8, extra_body={"temperature": 0},
+                                messages=[{"role": "user", "content":
+                                           "What is the capital of France?"}]) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
     assert text.strip() and final.content[-1].text == text
     assert final.stop_reason in ("end_turn", "max_tokens") and final.usage.output_tokens <= 8

@@ -9,16 +9,14 @@ import openai
 import pytest
 
 from mlxbun_core.testing.process import ServerProcess
-from mlxbun_core.testing.server import free_port, start_server
+from mlxbun_core.testing.server import free_port
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-@pytest.fixture(scope="module")
-def srv(smollm2_path):
-    s = start_server(smollm2_path)
-    yield s
-    s.stop()
+@pytest.fixture
+def srv(smollm2_server):
+    return smollm2_server
 
 
 def test_capital_of_france_non_stream(srv):

@@ -348,13 +348,10 @@ def test_store_ttl_lru_and_byte_cap():
 
 # ------------------------------------------------------------------ one real model
 
-def test_real_model_answers(smollm2_path):
+def test_real_model_answers(smollm2_server):
     """SmolLM2 (real weights) through responses.create: real text, real structure."""
-    from mlxbun_core.testing.server import running_server
-
-    with running_server(smollm2_path) as real:
-        client = openai.OpenAI(base_url=real.v1, api_key="test", max_retries=0)
-        r = client.responses.create(model="any", input="What is the capital of France?",
-                                    max_output_tokens=8, temperature=0)
+    client = openai.OpenAI(base_url=smollm2_server.v1, api_key="test", max_retries=0)
+    r = client.responses.create(model="any", input="What is the capital of France?",
+                                max_output_tokens=8, temperature=0)
     assert r.output_text.strip() and r.status in ("completed", "incomplete")
     assert r.usage.output_tokens <= 8
