@@ -1,8 +1,12 @@
 """What the server costs on top of mlx-lm: decode tok/s and time to first token, side by side.
 
-For one checkpoint, in one process and one run:
-  1. mlx-lm alone: ``generate_step`` greedy, N tokens (the floor we are measured against);
-  2. mlxbun over real HTTP: a streaming /v1/completions request, N tokens, same prompt;
+For one checkpoint, in one run:
+  1. mlx-lm alone, in this process: ``generate_step`` greedy, N tokens (the floor we are
+     measured against), and ``BatchGenerator`` with one row (what batching costs a lone
+     stream in mlx-lm itself);
+  2. mlxbun over real HTTP, each server its own ``mlxbun serve`` process (a client in the
+     server's process would contend for its GIL): a streaming /v1/completions request,
+     N tokens, same prompt, with the default lanes and with ``--batch 1`` (serial lane);
   3. mlxbun with a JSON-schema grammar (llguidance) on /v1/chat/completions.
 Reports tok/s, TTFT and the ratio to (1). Configs alternate for ``--rounds`` rounds so
 background load hits all alike; the median is reported.
@@ -15,7 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
+import tempfile
 import time
 
 import httpx
@@ -50,6 +57,24 @@ def mlx_lm_direct(model, tok, n):
     return {"ttft_s": first - t0, "decode_tps": (count - 1) / (end - first), "tokens": count}
 
 
+def mlx_lm_batch_one(model, tok, n):
+    """mlx-lm's BatchGenerator with one row: what the batch lane costs a lone stream."""
+    from mlx_lm.generate import BatchGenerator
+
+    gen = BatchGenerator(model, completion_batch_size=8)
+    t0 = time.perf_counter()
+    gen.insert([tok.encode(PROMPT)], max_tokens=[n])
+    first, count = None, 0
+    while count < n:
+        _, responses = gen.next()
+        if responses and first is None:
+            first = time.perf_counter()
+        count += len(responses)
+    end = time.perf_counter()
+    gen.close()
+    return {"ttft_s": first - t0, "decode_tps": (count - 1) / (end - first), "tokens": count}
+
+
 CLIENT = httpx.Client(timeout=600)  # one keep-alive client, as a real application would hold
 
 
@@ -57,6 +82,8 @@ def over_http(base, path, body, n):
     t0 = time.perf_counter()
     first = None
     with CLIENT.stream("POST", base + path, json=body) as r:
+        if r.status_code != 200:
+            raise SystemExit(f"{path}: HTTP {r.status_code}: {r.read()[:300]!r}")
         if "warning" in r.headers:  # a degraded grammar would time an unconstrained run
             raise SystemExit(f"grammar not enforced: {r.headers['warning']}")
         for line in r.iter_lines():
@@ -74,6 +101,18 @@ def over_http(base, path, body, n):
     return {"ttft_s": first - t0, "decode_tps": (n_tok - 1) / (end - first), "tokens": n_tok}
 
 
+def serve(ckpt, *flags) -> tuple:
+    """``mlxbun serve`` on ``ckpt`` in its own process; (process, base URL)."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    from serve_concurrency import free_port, start
+
+    port = free_port()
+    log = os.path.join(tempfile.gettempdir(), f"mlxbun-overhead-{port}.log")
+    cmd = [sys.executable, "-m", "mlxbun_core.cli", "serve", str(ckpt), "--port", str(port),
+           "--no-open", *flags]
+    return start(cmd, port, log), f"http://127.0.0.1:{port}/v1"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
@@ -86,22 +125,27 @@ def main():
     from mlx_lm import load
 
     from mlxbun_core.testing.checkpoints import tiny_checkpoint
-    from mlxbun_core.testing.server import start_server
 
     dtype = args.dtype or ("float32" if mx.default_device() == mx.cpu else "bfloat16")
     t = time.perf_counter()
     ckpt = tiny_checkpoint("llama", config_overrides=SHAPES[args.shape], dtype=dtype)
     build_s = time.perf_counter() - t
     model, tok = load(str(ckpt))
-    eos_ban = {str(i): -1e9 for i in tok.eos_token_ids}  # fixed-length runs on random weights
-    srv = start_server(ckpt)
+    eos_ban = {str(i): -100 for i in tok.eos_token_ids}  # fixed-length runs (OpenAI caps bias at 100)
+    procs = {}
+    procs["default"], v1 = serve(ckpt)  # default lanes: a lone request runs on the batch lane
+    procs["serial"], v1_serial = serve(ckpt, "--batch", "1")
     n = args.tokens
     runs = {
         "mlx_lm.generate_step": lambda: mlx_lm_direct(model, tok, n),
-        "mlxbun /v1/completions (stream)": lambda: over_http(srv.v1, "/completions", {
+        "mlx_lm BatchGenerator, 1 row": lambda: mlx_lm_batch_one(model, tok, n),
+        "mlxbun /v1/completions (stream)": lambda: over_http(v1, "/completions", {
             "prompt": PROMPT, "max_tokens": n, "temperature": 0, "stream": True,
             "logit_bias": eos_ban}, n),
-        "mlxbun chat + json_schema grammar": lambda: over_http(srv.v1, "/chat/completions", {
+        "mlxbun --batch 1 (serial lane, stream)": lambda: over_http(v1_serial, "/completions", {
+            "prompt": PROMPT, "max_tokens": n, "temperature": 0, "stream": True,
+            "logit_bias": eos_ban}, n),
+        "mlxbun chat + json_schema grammar": lambda: over_http(v1, "/chat/completions", {
             "messages": [{"role": "user", "content": PROMPT}], "max_tokens": n, "temperature": 0,
             "stream": True, "logit_bias": eos_ban,
             "response_format": {"type": "json_schema", "json_schema": {
@@ -113,7 +157,9 @@ def main():
     for _ in range(args.rounds):
         for name, fn in runs.items():
             results[name].append(fn())
-    srv.stop()
+    for proc in procs.values():
+        proc.terminate()
+        proc.wait(timeout=60)
     base = statistics.median(r["decode_tps"] for r in results["mlx_lm.generate_step"])
     table = []
     for name, rs in results.items():

@@ -4,48 +4,15 @@ and on the real default model; per-row sampler extensions work inside a batch.""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from mlxbun_core.engine.core import Engine
-from mlxbun_core.engine.reply import gather
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.engine import close, engines, greedy, run_all, token_ids
 
 FAMILIES = ["llama", "qwen3", "gemma3_text", "gemma4_text", "qwen3_5", "glm_moe_dsa", "minicpm5"]
 PROMPTS = ["Hello there", "The quick brown fox jumps over the lazy dog " * 3, "a b c", "x" * 40,
            "Once upon a time in a land far away", "1 2 3 4 5 6 7 8 9 10 11 12"]
-
-
-def run_all(engine: Engine, bodies: list) -> list:
-    """Start every body at once on ``engine`` and gather the replies."""
-    async def go():
-        gens = [await engine.start(engine.parse_completion(b)) for b in bodies]
-        return await asyncio.gather(*[collect(g) for g in gens])
-
-    async def collect(gen):
-        return gather([ev async for ev in gen.events()])
-
-    return asyncio.run(go())
-
-
-def token_ids(reply) -> list:
-    return [e["id"] for e in reply.finish.logprobs]
-
-
-def engines(path, **kw):
-    batched = Engine.load(str(path), progress=False, batch=8, prompt_cache_bytes=0, **kw)
-    serial = Engine.load(str(path), progress=False, batch=1, prompt_cache_bytes=0, **kw)
-    return batched, serial
-
-
-def close(*engs):
-    for e in engs:
-        e.worker.close()
-
-
-def greedy(prompt, n=12, **extra):
-    return {"prompt": prompt, "max_tokens": n, "temperature": 0, "logprobs": True, **extra}
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)

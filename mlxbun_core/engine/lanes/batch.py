@@ -8,6 +8,10 @@ or cancelled rows. Per-row samplers, logits processors (penalties, logit_bias,
 grammar masks) and logprobs are BatchGenerator's own. Rows start from the
 longest cached prefix and publish their KV to the prefix cache when they end.
 
+A job alone in the lane decodes outside the BatchGenerator (``solo.py``: a lone
+stream at mlx-lm's single-sequence speed) and joins the batch, KV and all, as soon
+as another job of its adapter set arrives.
+
 A batch runs one LoRA adapter set (the base model is the empty set). A fresh
 batch takes the oldest waiting job's set and every waiting job with the same set;
 while it runs, newcomers with that set join until a job with another set is
@@ -24,6 +28,7 @@ from typing import Optional
 from ...adapters.manager import NO_ADAPTERS
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
+from .solo import Solo
 
 log = logging.getLogger("mlxbun.engine")
 
@@ -58,6 +63,8 @@ class BatchLane:
         self._gen = None  # the BatchGenerator, made on the worker thread at first use
         self._queue: collections.deque[GenerationJob] = collections.deque()
         self._rows: dict[int, _Row] = {}
+        self._solo: Optional[Solo] = None  # a lone job decoding outside the batch
+        self.solo_prefill = IDLE_STEP  # its prompt tokens per prefill chunk
 
     # -- the Lane protocol ---------------------------------------------------------
     def accepts(self, job: GenerationJob) -> bool:
@@ -72,7 +79,7 @@ class BatchLane:
 
     @property
     def active(self) -> int:
-        return len(self._rows)
+        return len(self._rows) + (self._solo is not None)
 
     @property
     def waiting(self) -> int:
@@ -80,13 +87,22 @@ class BatchLane:
 
     exclusive = False
 
+    @property
+    def alone(self) -> bool:
+        """Whether a lone job is decoding outside the BatchGenerator."""
+        return self._solo is not None
+
     def step(self) -> None:
         self._drop_cancelled()
+        if self._solo is not None and any(j.adapters.key == self._set.key for j in self._queue):
+            self._join_batch()  # company arrived: the lone job moves into the batch
         self._admit()
-        if not self._rows:
+        if not self._rows and self._solo is None:
             return
         if self.adapters is not None:  # the serial lane may have run another set meanwhile
             self.adapters.activate(self._set)
+        if self._solo is not None:
+            return self._solo_step()
         try:
             gen = self._generator()
             self._size_prefill(gen)
@@ -101,6 +117,8 @@ class BatchLane:
             self._route(r)
 
     def close(self) -> None:
+        if self._solo is not None:
+            self._end_solo().close("cancelled", "server shutting down")
         self._fail_all("server shutting down", reason="cancelled")
         while self._queue:
             self._queue.popleft().close("cancelled", "server shutting down")
@@ -110,9 +128,13 @@ class BatchLane:
 
     # -- admission -----------------------------------------------------------------
     def _admit(self) -> None:
+        if self._solo is not None:
+            return  # it joins the batch first (step), or runs on alone
         fresh = not self._rows
         if fresh and self._queue:
             self._set = self._queue[0].adapters
+            if sum(j.adapters.key == self._set.key for j in self._queue) == 1:
+                return self._start_solo(self._queue.popleft())
         i = 0
         while i < len(self._queue) and len(self._rows) < self.cap:
             job = self._queue[i]
@@ -135,24 +157,82 @@ class BatchLane:
             self.admission.release(row.job)
         return row
 
-    def _insert(self, job: GenerationJob) -> None:
+    def _lookup(self, job: GenerationJob):
+        """``(cache, n)``: the longest cached prefix of the job's prompt (admits the job)."""
         job.mark_started(self.name)
-        prompt = job.request.prompt_tokens
         cache, n, t0 = None, 0, time.perf_counter()
-        ns = job.cache_namespace
-        if ns is not None and self.prefix is not None:
-            cache, n = self.prefix.lookup(ns, prompt)
+        if job.cache_namespace is not None and self.prefix is not None:
+            cache, n = self.prefix.lookup(job.cache_namespace, job.request.prompt_tokens)
         job.session.phases["cache_lookup_s"] = time.perf_counter() - t0
         job.admitted(n)
-        rest = prompt[n:]
-        segments = [rest[:-1], rest[-1:]] if len(rest) > 1 else [rest]
+        return cache, n
+
+    def _insert(self, job: GenerationJob) -> None:
+        cache, n = self._lookup(job)
+        rest = job.request.prompt_tokens[n:]
+        self._add_row(job, cache, job.request.prompt_tokens[:n],
+                      [rest[:-1], rest[-1:]] if len(rest) > 1 else [rest])
+
+    def _add_row(self, job: GenerationJob, cache, held: list, segments: list) -> None:
+        """Start a row whose KV ``cache`` holds the tokens ``held``; ``segments`` are fed
+        next (a row snapshots its prompt boundary when the last segment is its own)."""
+        left = job.limit - job.session.usage.completion_tokens if job.limit else NO_LIMIT
         (uid,) = self._generator().insert_segments(
-            [segments], max_tokens=[job.limit or NO_LIMIT],
-            caches=[cache] if cache is not None else None, all_tokens=[prompt[:n]],
-            samplers=[job.request.sampler], logits_processors=[job.request.processors])
-        snapshot = ns is not None and self.prefix is not None and len(rest) > 1 \
-            and not self._rewindable()
+            [segments], max_tokens=[left], caches=[cache] if cache is not None else None,
+            all_tokens=[held], samplers=[job.request.sampler],
+            logits_processors=[job.request.processors])
+        snapshot = job.cache_namespace is not None and self.prefix is not None \
+            and len(segments) > 1 and not self._rewindable()
         self._rows[uid] = _Row(job, snapshot)
+
+    # -- a job alone ---------------------------------------------------------------
+    def _start_solo(self, job: GenerationJob) -> None:
+        if self.admission is not None:
+            self.admission.reserve(job)  # alone it must run: bounded to the budget at start
+        cache, n = self._lookup(job)
+        if cache is None:
+            from mlx_lm.models.cache import make_prompt_cache
+
+            cache = make_prompt_cache(self.model)
+        self._solo = Solo(self.model, job, cache, n, self.solo_prefill)
+
+    def _solo_step(self) -> None:
+        solo = self._solo
+        job = solo.job
+        try:
+            out = solo.step()
+        except Exception as exc:  # report to the request, keep serving others
+            log.exception("generation failed")
+            self._end_solo()
+            return job.close("error", str(exc))
+        if out is None:  # a prefill chunk
+            if not solo.prefilling and job.cache_namespace is not None and self.prefix is not None:
+                boundary = solo.boundary()
+                if boundary is not None:
+                    self.prefix.store(job.cache_namespace, list(solo.fed), boundary,
+                                      boundary=True)
+            return
+        self._deliver(job, *out)
+        if job.finished:
+            self._publish(self._end_solo(), solo.fed, solo.cache)
+
+    def _join_batch(self) -> None:
+        solo = self._solo
+        pending, segments = solo.handoff()
+        job = solo.job
+        if pending is not None:
+            self._deliver(job, *pending)
+            if job.finished:
+                return self._publish(self._end_solo(), solo.fed, solo.cache)
+            segments = [[pending[0]]]
+        self._solo = None  # the row keeps its admission reservation
+        self._add_row(job, solo.cache if solo.fed else None, solo.fed, segments)
+
+    def _end_solo(self) -> GenerationJob:
+        job, self._solo = self._solo.job, None
+        if self.admission is not None:
+            self.admission.release(job)
+        return job
 
     def _rewindable(self) -> bool:
         if not hasattr(self, "_can_trim"):
@@ -193,13 +273,7 @@ class BatchLane:
             return
         job = row.job
         if not job.finished:
-            if job.session.t_first is None:
-                job.session.phases["prefill_s"] = time.perf_counter() - job.started
-            events = job.session.step(r.token, r.logprobs)
-            grammar = job.request.grammar
-            if not job.finished and grammar is not None and grammar.done:
-                events += job.session.finish("stop")  # only EOS could follow: skip that step
-            job.emit(events)
+            self._deliver(job, r.token, r.logprobs)
         if r.finish_reason is not None:  # the generator already dropped the row
             self._forget(r.uid)
             if not job.finished:
@@ -207,6 +281,17 @@ class BatchLane:
             self._publish(job, r.all_tokens, r.prompt_cache)
         elif job.finished:
             self._remove(r.uid, publish=True)
+
+    @staticmethod
+    def _deliver(job: GenerationJob, token: int, logprobs) -> None:
+        """Hand one token to the job's session and its events to the client."""
+        if job.session.t_first is None:
+            job.session.phases["prefill_s"] = time.perf_counter() - job.started
+        events = job.session.step(token, logprobs)
+        grammar = job.request.grammar
+        if not job.finished and grammar is not None and grammar.done:
+            events += job.session.finish("stop")  # only EOS could follow: skip that step
+        job.emit(events)
 
     def _remove(self, uid: int, publish: bool) -> None:
         row = self._forget(uid)
@@ -228,6 +313,8 @@ class BatchLane:
             self.prefix.store(row.job.cache_namespace, list(tokens), cache, boundary=True)
 
     def _drop_cancelled(self) -> None:
+        if self._solo is not None and self._solo.job.cancelled.is_set():
+            self._end_solo().close("cancelled")
         for uid in [u for u, row in self._rows.items() if row.job.cancelled.is_set()]:
             job = self._rows[uid].job
             self._remove(uid, publish=False)
