@@ -182,7 +182,8 @@ def main():
     ap.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
     ap.add_argument("--model", default=None, help="a checkpoint dir (default: a random-weight --shape)")
     ap.add_argument("--dtype", default=None)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--concurrency", type=int, nargs="*", default=[1, 8],
+                    help="client counts of the load phases (none: only the chat turns)")
     ap.add_argument("--requests", type=int, default=2, help="requests per client per phase")
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -190,6 +191,8 @@ def main():
     ap.add_argument("--mlxbun-batch", type=int, default=8)
     ap.add_argument("--batchgen", type=int, default=8)
     ap.add_argument("--history-tokens", type=int, default=4096)
+    ap.add_argument("--turns", type=int, default=1,
+                    help="measured two-turn chats per server and round (after one unmeasured)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -208,7 +211,7 @@ def main():
                              config_overrides=SHAPES[args.shape])
     model, tok = load(str(ckpt))
     rng = random.Random(3)
-    n_prompts = max(args.concurrency) * args.requests
+    n_prompts = max(args.concurrency or [1]) * args.requests
     prompts = [random_prompt(tok, args.prompt_tokens, rng) for _ in range(n_prompts)]
     warm = [random_prompt(tok, args.prompt_tokens, rng) for _ in range(2)]  # never measured
 
@@ -244,18 +247,23 @@ def main():
                     print(f"round {rnd} c={conc} {name}: {res['aggregate_tps']:.1f} tok/s, "
                           f"ttft {res['ttft_median_s']}, stream {res['decode_tps_median']}, "
                           f"failed {res['failed']}", flush=True)
-            history = random_prompt(tok, args.history_tokens, random.Random(1000 + rnd))  # unseen
-            for name in order:
-                turns[name].append(asyncio.run(second_turn(servers[name][0], history,
-                                                           random.Random(rnd))))
+            # two-turn chats, each over a history the server has not seen; the first one
+            # warms this prompt length's kernels and is not counted
+            for t in range(args.turns + 1):
+                history = random_prompt(tok, args.history_tokens, random.Random(1000 * t + rnd))
+                for name in order:
+                    pair = asyncio.run(second_turn(servers[name][0], history, random.Random(rnd)))
+                    if t:
+                        turns[name].append(pair)
         finally:
             for _, proc in servers.values():
                 proc.terminate()
                 proc.wait(120)
-        batchgen.append(batch_generator(model, tok, prompts, args.batchgen, args.max_tokens))
+        if args.concurrency:
+            batchgen.append(batch_generator(model, tok, prompts, args.batchgen, args.max_tokens))
         direct.append(direct_decode(model, tok, prompts[0], args.max_tokens))
         print(f"round {rnd} mlx-lm direct decode {direct[-2]:.1f} / {direct[-1]:.1f} tok/s, "
-              f"BatchGenerator {batchgen[-1]['aggregate_tps']:.1f} tok/s", flush=True)
+              f"BatchGenerator {med(batchgen[-1:], 'aggregate_tps')} tok/s", flush=True)
     report(args, dtype, results, turns, batchgen, direct)
 
 
@@ -302,7 +310,7 @@ def report(args, dtype, results, turns, batchgen, direct):
               f"{r['ratio_median']:6.2f} {r['ratio_min']:6.2f} {r['mlxbun_ttft_s']:8.3f} "
               f"{r['mlx_lm_server_ttft_s']:8.3f} {r['mlxbun_failed']:4d}/{r['mlx_lm_server_failed']}")
     print(f"mlx-lm generate_step single stream: {summary['mlx_lm_direct_decode_tps']:.1f} tok/s")
-    print(f"BatchGenerator(batch {args.batchgen}) {bg:.1f} tok/s; mlxbun c={args.batchgen} / it: "
+    print(f"BatchGenerator(batch {args.batchgen}) {bg} tok/s; mlxbun c={args.batchgen} / it: "
           f"{summary['mlxbun_vs_batchgen']}")
     print(f"second turn TTFT / first: mlxbun {summary['second_turn_ratio_mlxbun']:.3f}, "
           f"mlx_lm.server {summary['second_turn_ratio_mlx_lm_server']:.3f}")
