@@ -15,7 +15,7 @@ from mlxbun_core.engine.prompt_cache import PrefixCache
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.server import start_server
 
-from test_batching import close, run_all, token_ids
+from mlxbun_core.testing.engine import close, run_all, token_ids
 
 HISTORY = [{"role": "system", "content": "You are terse. " * 8},
            {"role": "user", "content": "Tell me about the sea and the sky. " * 4}]
@@ -123,6 +123,27 @@ def test_byte_cap_evicts_the_oldest_entry():
     assert cache.lookup("ns", [1, 2, 3, 4, 9]) == (None, 0)
     assert cache.lookup("ns", [5, 6, 7, 8, 9])[1] == 4
     assert cache.lookup("other", [1, 2, 3, 4, 9]) == (None, 0)  # namespaces never mix
+
+
+def test_a_short_shared_head_is_not_a_hit():
+    """Two conversations sharing only a template header: the second starts cold rather
+    than copying (and searching) the first one's whole entry for a few tokens; a long
+    shared prefix is still taken."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    from mlxbun_core.engine.prompt_cache import MIN_HIT
+
+    first = list(range(1000, 1000 + 4 * MIN_HIT))
+    c = KVCache()
+    c.update_and_fetch(mx.zeros((1, 2, len(first), 8)), mx.zeros((1, 2, len(first), 8)))
+    cache = PrefixCache(max_bytes=1 << 30)
+    cache.store("ns", first, [c])
+    head = first[:MIN_HIT - 1]
+    assert cache.lookup("ns", head + [1, 2, 3]) == (None, 0)
+    assert cache.lookup("ns", first[:MIN_HIT] + [1, 2, 3])[1] == MIN_HIT
+    assert cache.lookup("ns", first[:5] + [7])[1] == 5  # a short prompt: all but its last
+    assert cache.stats()["hits"] == 2
 
 
 def test_disabled_cache_reports_nothing():
