@@ -303,5 +303,9 @@ def test_parent_applies_the_serve_guard(key, tmp_path, monkeypatch):
             ok = await call("/v1/models", client=remote, authorization="Bearer sesame")
             assert ok.status_code == 200 and ok.json()["data"][0]["id"] == "m"
             assert (await call("/engine", **{"x-api-key": "sesame"})).json()["isolated"] is True
+            # the page's static shell loads without the key (it then asks for it)
+            assert app._guard({"path": "/", "client": remote, "headers": []}) is None
+            assert app._guard({"path": "/assets/app.js", "client": remote, "headers": []}) is None
+            assert app._guard({"path": "/v1/models", "client": remote, "headers": []})[0] == 401
 
     asyncio.run(main())

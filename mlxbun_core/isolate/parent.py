@@ -22,6 +22,7 @@ from typing import Optional
 from ..library import checkpoint
 from ..errors import APIError
 from ..server import guard
+from ..server.web import open_paths
 from ..server.body import parse_body
 from ..library.cache import LibraryCache, local_rows
 from ..library.fit import Machine, machine
@@ -29,6 +30,8 @@ from ..library.report import fit_report, library_row
 from .child import EngineUnavailable
 from .drain import send_json
 from .pool import EnginePool
+
+OPEN_PATHS = guard.OPEN_PATHS + open_paths()  # answer without the API key
 from .proxy import EngineGone, forward, send_unavailable
 from .responses import ParentResponses
 
@@ -69,11 +72,12 @@ class ParentApp:
 
     def _guard(self, scope) -> Optional[tuple]:
         """The serve guard's rules, on the parent's TCP side (the engines behind the
-        socket see only the parent): the API key on every route but /health; admin
+        socket see only the parent): the API key on every route but /health and the
+        web page's static shell; admin
         routes for loopback clients only when there is no key."""
         path = scope["path"]
         anthropic = path.startswith("/v1/messages")
-        if self.api_key is not None and path not in guard.OPEN_PATHS:
+        if self.api_key is not None and not guard.is_open(path, OPEN_PATHS):
             got = _presented_key(scope)
             if got is None or not hmac.compare_digest(got.encode(), self.api_key.encode()):
                 return 401, _guard_error("authentication_error", "invalid or missing API key "

@@ -63,7 +63,8 @@ def open_route(app, path: str) -> None:
     app.open_paths = tuple(getattr(app, "open_paths", OPEN_PATHS)) + (path,)
 
 
-def _is_open(path: str, open_paths) -> bool:
+def is_open(path: str, open_paths) -> bool:
+    """Whether ``path`` is one of ``open_paths`` (or under one ending in ``/*``)."""
     return any(path == p or (p.endswith("/*") and path.startswith(p[:-1])) for p in open_paths)
 
 
@@ -97,7 +98,7 @@ def install(app, api_key: Optional[str]) -> None:
     def check(request: Request, key: Optional[str]):
         path = request.path
         anthropic = path.startswith("/v1/messages")
-        if expected is not None and not _is_open(path, app.open_paths):
+        if expected is not None and not is_open(path, app.open_paths):
             got = key if key is not None else _presented_key(request)
             if got is None or not hmac.compare_digest(got.encode(), expected):
                 return _error(401, "authentication_error", "invalid or missing API key "

@@ -106,11 +106,16 @@ def register(app, engine):
     app.router.add_get("/assets/*", asset)
     app.router.add_get("/manifest.webmanifest", manifest)
     app.router.add_get("/sw.js", worker)
-    for path in ("/", "/assets/*", "/manifest.webmanifest", "/sw.js"):
-        guard.open_route(app, path)
     for route in ROUTES:
         app.router.add_get(f"/{route}", redirect_to(route))
-        guard.open_route(app, f"/{route}")
+    for path in open_paths():
+        guard.open_route(app, path)
+
+
+def open_paths() -> tuple:
+    """The page's static shell: it holds nothing private, so it loads without the API key
+    (the page then asks for the key and sends it on every API call)."""
+    return ("/", "/assets/*", "/manifest.webmanifest", "/sw.js", *(f"/{r}" for r in ROUTES))
 
 
 # -- opening the page on an interactive start ------------------------------------------
