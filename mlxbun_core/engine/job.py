@@ -156,6 +156,15 @@ class GenerationJob(Job):
     def emit(self, events: list) -> None:
         self.sink.post(events)
 
+    def deliver(self, token: int, logprobs) -> None:
+        """One sampled token: through the text session, its events to the client. A
+        grammar that is complete ends the job here (only EOS could follow)."""
+        events = self.session.step(token, logprobs)
+        grammar = self.request.grammar
+        if not self.finished and grammar is not None and grammar.done:
+            events += self.session.finish("stop")
+        self.emit(events)
+
     def close(self, reason: str, error: Optional[str] = None) -> None:
         """End the job now (cancelled, failed): flush and post ``Done``; idempotent."""
         self.emit(self.session.finish(reason, error=error))

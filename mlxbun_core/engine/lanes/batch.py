@@ -28,6 +28,7 @@ from typing import Optional
 from ...adapters.manager import NO_ADAPTERS
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
+from .serial import fresh_random_state
 from .solo import Solo
 
 log = logging.getLogger("mlxbun.engine")
@@ -203,6 +204,7 @@ class BatchLane:
             out = solo.step()
         except Exception as exc:  # report to the request, keep serving others
             log.exception("generation failed")
+            fresh_random_state()  # a failure inside a compiled sampler can leave it unusable
             self._end_solo()
             return job.close("error", str(exc))
         if out is None:  # a prefill chunk
@@ -284,14 +286,9 @@ class BatchLane:
 
     @staticmethod
     def _deliver(job: GenerationJob, token: int, logprobs) -> None:
-        """Hand one token to the job's session and its events to the client."""
         if job.session.t_first is None:
             job.session.phases["prefill_s"] = time.perf_counter() - job.started
-        events = job.session.step(token, logprobs)
-        grammar = job.request.grammar
-        if not job.finished and grammar is not None and grammar.done:
-            events += job.session.finish("stop")  # only EOS could follow: skip that step
-        job.emit(events)
+        job.deliver(token, logprobs)
 
     def _remove(self, uid: int, publish: bool) -> None:
         row = self._forget(uid)

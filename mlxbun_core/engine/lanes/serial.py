@@ -71,11 +71,7 @@ class SerialLane:
             token, logprobs = out
             if self._kv is not None:
                 self._kv[1].append(token)
-            events = job.session.step(token, logprobs)
-            grammar = job.request.grammar
-            if not job.finished and grammar is not None and grammar.done:
-                events += job.session.finish("stop")  # only EOS could follow: skip that step
-            job.emit(events)
+            job.deliver(token, logprobs)
             if job.finished:
                 self._end(publish=True)
         except Exception as exc:  # report to the request, keep serving others
