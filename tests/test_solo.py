@@ -20,10 +20,11 @@ from mlxbun_core.testing.engine import close, engines, greedy, run_all, token_id
 LONG = "The quick brown fox jumps over the lazy dog " * 4
 
 
-def drive(engine: Engine, bodies: list, joins: list, solo_prefill: int = 2048) -> list:
+def drive(engine: Engine, bodies: list, joins: list, solo_prefill: int = 2048,
+          watch: list | None = None) -> list:
     """Add ``bodies[0]`` alone; after ``joins[i]`` lane steps add ``bodies[i + 1]``;
     step until every job ends; the replies. Asserts the first job ran alone until the
-    second arrived."""
+    second arrived. ``watch`` gets whether a job ran alone after each later step."""
     lane = engine.worker.lanes[0]
 
     async def go():
@@ -48,6 +49,8 @@ def drive(engine: Engine, bodies: list, joins: list, solo_prefill: int = 2048) -
                 lane.add(job)
             while lane.active or lane.waiting:
                 lane.step()
+                if watch is not None and lane.active:
+                    watch.append(lane.alone)
 
         await engine.worker.call(steps)
         return [gather([ev async for ev in g.events()]) for g in gens]
@@ -121,3 +124,21 @@ def test_a_lone_job_publishes_its_prefix():
         assert token_ids(hot) == token_ids(run_all(cold, [turn2])[0])
     finally:
         close(warm, cold)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text", "qwen3_5"])
+def test_the_last_row_of_a_batch_goes_on_alone(model_type):
+    """Two jobs batch; the short one ends and the long one leaves the BatchGenerator with
+    the token it had already sampled, then runs alone to the end: same tokens as the
+    serial lane (penalties included)."""
+    batched, serial = engines(tiny_checkpoint(model_type))
+    try:
+        long = greedy(LONG, 24, repetition_penalty=1.3)
+        short = greedy("Hello there", 3)
+        want = [run_all(serial, [b])[0] for b in (long, short)]
+        seen = []
+        got = drive(batched, [long, short], [0], watch=seen)
+        assert [token_ids(r) for r in got] == [token_ids(r) for r in want]
+        assert seen[0] is False and seen[-1] is True  # batched first, alone at the end
+    finally:
+        close(batched, serial)

@@ -30,10 +30,10 @@ from ..library.report import fit_report, library_row
 from .child import EngineUnavailable
 from .drain import send_json
 from .pool import EnginePool
-
-OPEN_PATHS = guard.OPEN_PATHS + open_paths()  # answer without the API key
 from .proxy import EngineGone, forward, send_unavailable
 from .responses import ParentResponses
+
+OPEN_PATHS = guard.OPEN_PATHS + open_paths()  # answer without the API key
 
 log = logging.getLogger("mlxbun.isolate")
 
@@ -73,8 +73,8 @@ class ParentApp:
     def _guard(self, scope) -> Optional[tuple]:
         """The serve guard's rules, on the parent's TCP side (the engines behind the
         socket see only the parent): the API key on every route but /health and the
-        web page's static shell; admin
-        routes for loopback clients only when there is no key."""
+        web page's static shell; admin routes for loopback clients only when there is
+        no key."""
         path = scope["path"]
         anthropic = path.startswith("/v1/messages")
         if self.api_key is not None and not guard.is_open(path, OPEN_PATHS):

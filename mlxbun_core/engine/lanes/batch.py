@@ -10,7 +10,8 @@ longest cached prefix and publish their KV to the prefix cache when they end.
 
 A job alone in the lane decodes outside the BatchGenerator (``solo.py``: a lone
 stream at mlx-lm's single-sequence speed) and joins the batch, KV and all, as soon
-as another job of its adapter set arrives.
+as another job of its adapter set arrives; a batch that drains to one decoding row
+hands that row back out the same way.
 
 A batch runs one LoRA adapter set (the base model is the empty set). A fresh
 batch takes the oldest waiting job's set and every waiting job with the same set;
@@ -116,6 +117,8 @@ class BatchLane:
                 self._publish_boundary(r.uid)
         for r in responses:
             self._route(r)
+        if len(self._rows) == 1 and not self._queue:
+            self._leave_batch()
 
     def close(self) -> None:
         if self._solo is not None:
@@ -229,6 +232,20 @@ class BatchLane:
             segments = [[pending[0]]]
         self._solo = None  # the row keeps its admission reservation
         self._add_row(job, solo.cache if solo.fed else None, solo.fed, segments)
+
+    def _leave_batch(self) -> None:
+        """The last decoding row goes on alone, with the token the batch already sampled
+        for it (read from the generator's state; left in the batch if that changes)."""
+        gen = self._gen
+        batch = getattr(gen, "_generation_batch", None)
+        if batch is None or len(batch) != 1 or len(gen._prompt_batch) \
+                or gen._unprocessed_sequences or getattr(batch, "_next_tokens", None) is None:
+            return
+        uid = batch.uids[0]
+        pending = (batch._next_tokens, batch._next_logprobs[0])
+        cache, fed = gen.remove([uid], return_prompt_caches=True)[uid]
+        job = self._rows.pop(uid).job  # it keeps its admission reservation
+        self._solo = Solo.resume(self.model, job, cache, fed, pending, self.solo_prefill)
 
     def _end_solo(self) -> GenerationJob:
         job, self._solo = self._solo.job, None

@@ -7,7 +7,8 @@ runs a lone job here, one prefill chunk or one token per ``step``, with the same
 pipelined step as mlx-lm's ``generate_step`` (the next token is queued before the
 current one is read), and moves it into the batch the moment another job can
 join: ``handoff`` gives the token still to feed, and ``fed`` / ``cache`` say
-what the KV holds.
+what the KV holds. A batch that drains to one decoding row hands it back here
+(``resume``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,14 @@ class Solo:
         self._next = None  # (token, logprobs) being computed: sampled, not yet fed
         self._context = None  # what the logits processors see: every token fed so far
         self._count = 0
+
+    @classmethod
+    def resume(cls, model, job: GenerationJob, cache: list, fed: list, pending, prefill_step: int):
+        """A job leaving the batch: ``cache`` holds ``fed``; ``pending`` is the
+        ``(token array, logprobs)`` sampled from it and not yet fed."""
+        solo = cls(model, job, cache, 0, prefill_step)
+        solo.fed, solo._next = list(fed), pending
+        return solo
 
     @property
     def prefilling(self) -> bool:
