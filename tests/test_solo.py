@@ -53,7 +53,10 @@ def drive(engine: Engine, bodies: list, joins: list, solo_prefill: int = 2048,
                     watch.append(lane.alone)
 
         await engine.worker.call(steps)
-        return [gather([ev async for ev in g.events()]) for g in gens]
+        replies = []
+        for g in gens:
+            replies.append(gather([ev async for ev in g.events()]))
+        return replies
 
     return asyncio.run(go())
 
@@ -142,3 +145,4 @@ def test_the_last_row_of_a_batch_goes_on_alone(model_type):
         assert seen[0] is False and seen[-1] is True  # batched first, alone at the end
     finally:
         close(batched, serial)
+

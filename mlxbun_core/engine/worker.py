@@ -89,7 +89,17 @@ class ModelWorker:
             lanes = [lane for lane in self.lanes if lane.exclusive] or self.lanes
             for lane in lanes:
                 if lane.active or lane.waiting:
-                    lane.step()
+                    self._step(lane)
+
+    @staticmethod
+    def _step(lane) -> None:
+        """One lane step; a failure the lane did not pin on one job ends that lane's jobs
+        with an error (never the worker: the next request must still be served)."""
+        try:
+            lane.step()
+        except Exception as exc:
+            log.exception("%s lane step failed", lane.name)
+            lane.close(f"internal error: {exc}", reason="error")
 
     def _take(self, job: Job) -> None:
         if isinstance(job, CallJob):

@@ -4,6 +4,7 @@ and compare what lanes produce, token for token."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from ..engine.core import Engine
 from ..engine.reply import gather
@@ -42,3 +43,23 @@ def close(*engs: Engine) -> None:
 def greedy(prompt: str, n: int = 12, **extra) -> dict:
     """A greedy completion body that reports token ids."""
     return {"prompt": prompt, "max_tokens": n, "temperature": 0, "logprobs": True, **extra}
+
+
+def within(seconds: float, fn):
+    """``fn()``'s result or exception, failing the test if it has not returned in time (a
+    dead worker would leave it waiting forever)."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the caller below
+            box["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"no answer within {seconds} s"
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

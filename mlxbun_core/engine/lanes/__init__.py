@@ -37,5 +37,7 @@ class Lane(Protocol):
         """Whether other lanes must pause while this one steps (a seeded request is
         reproducible only if nothing else draws from the random state meanwhile)."""
 
-    def close(self) -> None:
-        """Cancel everything and free caches (worker shutdown)."""
+    def close(self, error: str = "server shutting down", reason: str = "cancelled") -> None:
+        """End every job, running or waiting, with ``reason`` and ``error`` and free the
+        caches (worker shutdown, or a step that failed outside any one job); the lane
+        stays usable."""

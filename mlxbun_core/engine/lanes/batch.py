@@ -120,12 +120,12 @@ class BatchLane:
         if len(self._rows) == 1 and not self._queue:
             self._leave_batch()
 
-    def close(self) -> None:
+    def close(self, error: str = "server shutting down", reason: str = "cancelled") -> None:
         if self._solo is not None:
-            self._end_solo().close("cancelled", "server shutting down")
-        self._fail_all("server shutting down", reason="cancelled")
+            self._end_solo().close(reason, error)
+        self._fail_all(error, reason=reason)
         while self._queue:
-            self._queue.popleft().close("cancelled", "server shutting down")
+            self._queue.popleft().close(reason, error)
         if self._gen is not None:
             self._gen.close()
             self._gen = None
@@ -237,12 +237,14 @@ class BatchLane:
         """The last decoding row goes on alone, with the token the batch already sampled
         for it (read from the generator's state; left in the batch if that changes)."""
         gen = self._gen
-        batch = getattr(gen, "_generation_batch", None)
-        if batch is None or len(batch) != 1 or len(gen._prompt_batch) \
-                or gen._unprocessed_sequences or getattr(batch, "_next_tokens", None) is None:
+        try:
+            batch = gen._generation_batch
+            if len(batch) != 1 or len(gen._prompt_batch) or gen._unprocessed_sequences \
+                    or batch._next_tokens is None:
+                return
+            uid, pending = batch.uids[0], (batch._next_tokens, batch._next_logprobs[0])
+        except (AttributeError, IndexError, TypeError):  # another mlx-lm: stay batched
             return
-        uid = batch.uids[0]
-        pending = (batch._next_tokens, batch._next_logprobs[0])
         cache, fed = gen.remove([uid], return_prompt_caches=True)[uid]
         job = self._rows.pop(uid).job  # it keeps its admission reservation
         self._solo = Solo.resume(self.model, job, cache, fed, pending, self.solo_prefill)

@@ -186,11 +186,11 @@ class SerialLane:
                 spec["drafted"] += n
             yield token, logprobs
 
-    def close(self) -> None:
+    def close(self, error: str = "server shutting down", reason: str = "cancelled") -> None:
         if self._job is not None:
-            self._end(self._job.close, "cancelled", "server shutting down")
+            self._end(self._job.close, reason, error)
         while self._queue:
-            self._queue.popleft().close("cancelled", "server shutting down")
+            self._queue.popleft().close(reason, error)
 
 
 def _with_context(processors: list, prefix: list):
