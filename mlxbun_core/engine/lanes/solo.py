@@ -1,7 +1,7 @@
 """A lone request, decoded outside the batch until another one can join it.
 
 mlx-lm's ``BatchGenerator`` costs a lone stream against mlx-lm's single-sequence
-loop (batch caches, masks, per-row bookkeeping: 0.72x on an H200 at the 8B
+loop (batch caches, masks, per-row bookkeeping: 0.72-0.81x on an H200 at the 8B
 shape), and a local server mostly serves one client at a time. So the batch lane
 runs a lone job here, one prefill chunk or one token per ``step``, with the same
 pipelined step as mlx-lm's ``generate_step`` (the next token is queued before the
