@@ -1,8 +1,9 @@
-"""A lone job on the batch lane decodes outside the BatchGenerator and joins the batch
-when company arrives. The lane is driven step by step through its protocol (add / step /
-active) on the worker thread, so the hand-off lands exactly where each test puts it:
-before the first token, mid-prefill, mid-decode and on the job's last token. Output
-must equal the serial lane's, token for token, on every cache kind."""
+"""A lone job on the batch lane decodes outside the BatchGenerator, joins the batch when
+company arrives, and leaves it again when the batch drains to it. The lane is driven step
+by step through its protocol (add / step / active) on the worker thread, so the hand-off
+lands exactly where each test puts it: before the first token, mid-prefill, mid-decode,
+on the job's last token and at the batch's end. Output must equal the serial lane's,
+token for token, on every cache kind."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from mlxbun_core.engine.core import Engine, Generation
 from mlxbun_core.engine.job import EventSink, GenerationJob
 from mlxbun_core.engine.reply import gather
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-
 from mlxbun_core.testing.engine import close, engines, greedy, run_all, token_ids
 
 LONG = "The quick brown fox jumps over the lazy dog " * 4
