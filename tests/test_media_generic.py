@@ -1,7 +1,6 @@
 """Media through the generic plugin (a Qwen3-VL checkpoint no family claims), the
 destination policy of a live server, and the event loop staying free."""
 
-import io
 import subprocess
 import sys
 import threading
@@ -10,14 +9,12 @@ import time
 import httpx
 import openai
 import pytest
-from PIL import Image
 
 from mlxbun_core import cli
 from mlxbun_core.media import fetch
 from mlxbun_core.testing import media as M
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.media_server import MediaServer, slow
-from mlxbun_core.testing.server import start_server
 from mlxbun_core.testing.vision import QWEN_VL_TEMPLATE
 
 PNG = M.image_bytes("PNG", size=(64, 48), seed=0)
@@ -26,18 +23,6 @@ PNG = M.image_bytes("PNG", size=(64, 48), seed=0)
 @pytest.fixture(scope="module")
 def ckpt():
     return tiny_checkpoint("qwen3_vl", seed=4, vision=True, chat_template=QWEN_VL_TEMPLATE)
-
-
-@pytest.fixture(scope="module")
-def srv(ckpt):
-    s = start_server(ckpt)
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(srv):
-    return openai.OpenAI(base_url=srv.v1, api_key="unused", max_retries=0)
 
 
 @pytest.fixture
@@ -63,7 +48,7 @@ def test_generic_plugin_serves_images_with_mlx_vlm_parity(client, srv, ckpt):
     _, ours = ask(client, content)
     prompt = M.vlm_prompt(ckpt, [{"role": "user", "content": [{"type": "image"},
                                                               {"type": "text", "text": "Describe."}]}])
-    img = Image.open(io.BytesIO(PNG)).convert("RGB")
+    img = M.pil_image(PNG)
     assert ours == M.vlm_greedy(ckpt, prompt, max_tokens=8, eos=srv.engine.model.eos_token_ids,
                                 image=[img]) and ours
 

@@ -22,18 +22,6 @@ def ckpt():
     return tiny_checkpoint("llama", seed=3)
 
 
-@pytest.fixture(scope="module")
-def srv(ckpt):
-    s = start_server(ckpt)
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(srv):
-    return openai.OpenAI(base_url=srv.v1, api_key="unused", max_retries=0)
-
-
 def post(srv, path, body, **kw):
     data = body if isinstance(body, (bytes, str)) else json.dumps(body)
     return httpx.post(srv.base_url + path, content=data, timeout=60, **kw)

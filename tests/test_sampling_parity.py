@@ -19,7 +19,6 @@ from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.server import start_server
 
 PROMPT = "Once upon a time"
 N = 16
@@ -34,13 +33,6 @@ FEW = {str(i): 8.0 for i in range(300, 308)}
 @pytest.fixture(scope="module")
 def ckpt():
     return tiny_checkpoint("llama", seed=3)
-
-
-@pytest.fixture(scope="module")
-def srv(ckpt):
-    s = start_server(ckpt)
-    yield s
-    s.stop()
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import jsonschema
 import openai
 import pytest
 
-from mlxbun_core.grammar import registry
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.server import start_server
 
@@ -23,23 +22,8 @@ MSG = [{"role": "user", "content": "Describe a person."}]
 
 
 @pytest.fixture(scope="module")
-def srv():
-    s = start_server(tiny_checkpoint("qwen3", seed=5))
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(srv):
-    return openai.OpenAI(base_url=srv.v1, api_key="x", max_retries=0)
-
-
-@pytest.fixture(params=["llguidance", "xgrammar"])
-def backend(request):
-    before = registry._selected
-    registry.select(request.param)
-    yield request.param
-    registry._selected = before
+def ckpt():
+    return tiny_checkpoint("qwen3", seed=5)
 
 
 OPEN_SCHEMA = {k: v for k, v in SCHEMA.items() if k != "additionalProperties"}  # `llm --schema`

@@ -13,7 +13,6 @@ import jsonschema
 import openai
 import pytest
 
-from mlxbun_core.grammar import registry
 from mlxbun_core.grammar.schema import closed
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.server import start_server
@@ -39,14 +38,6 @@ NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 FAMILIES = {"generic": ("qwen3", None), "qwen35": ("qwen3_5", "mlxbun_qwen35"),
             "glm52": ("glm_moe_dsa", "mlxbun_glm52"), "minicpm5": ("minicpm5", "mlxbun_minicpm5"),
             "gemma4": ("gemma4_text", "mlxbun_gemma4")}
-
-
-@pytest.fixture(params=["llguidance", "xgrammar"])
-def backend(request):
-    before = registry._selected
-    registry.select(request.param)
-    yield request.param
-    registry._selected = before
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))

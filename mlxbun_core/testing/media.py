@@ -34,6 +34,18 @@ def data_url(data: bytes, mime: str) -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 
 
+def image_part(data: bytes, mime: str = "image/png") -> dict:
+    """An OpenAI chat content part carrying the image inline."""
+    return {"type": "image_url", "image_url": {"url": data_url(data, mime)}}
+
+
+def pil_image(data: bytes):
+    """The image file decoded as the reference libraries take it (RGB)."""
+    from PIL import Image
+
+    return Image.open(io.BytesIO(data)).convert("RGB")
+
+
 def tone(seconds: float = 1.0, rate: int = 16_000, freq: float = 440.0, channels: int = 1) -> np.ndarray:
     """A sine tone, [frames, channels] float32 in [-0.5, 0.5]."""
     t = np.arange(int(seconds * rate)) / rate

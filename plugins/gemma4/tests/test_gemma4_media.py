@@ -5,13 +5,11 @@ and prompt text (rendered by the checkpoint's template through the HF tokenizer)
 """
 
 import base64
-import io
 
 import httpx
 import numpy as np
 import openai
 import pytest
-from PIL import Image
 
 from mlxbun_core.media.decode import decode_audio
 from mlxbun_core.testing import media as M
@@ -28,22 +26,6 @@ WAV = M.wav_bytes(M.tone(1.0, rate=16_000, freq=440))
 def ckpt():
     return tiny_checkpoint("gemma4", seed=2, vision=True, audio=True,
                            chat_template=fallback_template())
-
-
-@pytest.fixture(scope="module")
-def srv(ckpt):
-    s = start_server(ckpt)
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(srv):
-    return openai.OpenAI(base_url=srv.v1, api_key="unused", max_retries=0)
-
-
-def image_part(data: bytes):
-    return {"type": "image_url", "image_url": {"url": M.data_url(data, "image/png")}}
 
 
 def audio_part(data: bytes, fmt="wav"):
@@ -64,20 +46,16 @@ def reference(srv, ckpt, content, n=10, **media):
     return M.vlm_greedy(ckpt, prompt, max_tokens=n, eos=srv.engine.model.eos_token_ids, **media)
 
 
-def pil(data: bytes):
-    return Image.open(io.BytesIO(data)).convert("RGB")
-
-
 def test_image_greedy_parity_with_mlx_vlm(client, srv, ckpt):
-    content = [image_part(PNG_A), {"type": "text", "text": "What is in this picture?"}]
+    content = [M.image_part(PNG_A), {"type": "text", "text": "What is in this picture?"}]
     r, ours = ask(client, content)
-    assert ours == reference(srv, ckpt, content, image=[pil(PNG_A)]) and ours
+    assert ours == reference(srv, ckpt, content, image=[M.pil_image(PNG_A)]) and ours
     assert r.usage.prompt_tokens > 16  # 16 soft tokens plus the markers and the text
 
 
 def test_two_images_give_different_outputs(client):
     text = {"type": "text", "text": "Describe."}
-    assert ask(client, [image_part(PNG_A), text])[1] != ask(client, [image_part(PNG_B), text])[1]
+    assert ask(client, [M.image_part(PNG_A), text])[1] != ask(client, [M.image_part(PNG_B), text])[1]
 
 
 def test_audio_greedy_parity_with_mlx_vlm(client, srv, ckpt):
@@ -103,10 +81,10 @@ def test_compressed_audio_and_the_audio_url_alias(client, srv, ckpt):
 
 
 def test_image_and_audio_mixed_in_document_order(client, srv, ckpt):
-    content = [audio_part(WAV), {"type": "text", "text": "and"}, image_part(PNG_A),
+    content = [audio_part(WAV), {"type": "text", "text": "and"}, M.image_part(PNG_A),
                {"type": "text", "text": "together?"}]
     _, ours = ask(client, content)
-    assert ours == reference(srv, ckpt, content, image=[pil(PNG_A)], audio=[decode_audio(WAV)])
+    assert ours == reference(srv, ckpt, content, image=[M.pil_image(PNG_A)], audio=[decode_audio(WAV)])
 
 
 def test_video_is_refused_naming_the_model(client, srv):
@@ -122,7 +100,7 @@ def test_undecodable_media_is_a_400(client):
     with pytest.raises(openai.BadRequestError, match="audio could not be decoded"):
         ask(client, [audio_part(b"not audio at all" * 20)])
     with pytest.raises(openai.BadRequestError, match="image could not be decoded"):
-        ask(client, [image_part(b"not an image")])
+        ask(client, [M.image_part(b"not an image")])
     with pytest.raises(openai.BadRequestError, match="malformed data URL"):
         ask(client, [{"type": "image_url", "image_url": {"url": "data:image/png;base64"}}])
     r, _ = ask(client, [{"type": "text", "text": "still fine"}], n=2)  # the next one is served
@@ -143,6 +121,6 @@ def test_checkpoint_without_audio_tower_refuses_audio():
             ask(c, [audio_part(WAV)])
         row = httpx.get(s.v1 + "/models").json()["data"][0]
         assert (row["vision"], row["audio"]) == (True, False)
-        assert ask(c, [image_part(PNG_A), {"type": "text", "text": "Hi"}], n=2)[1]
+        assert ask(c, [M.image_part(PNG_A), {"type": "text", "text": "Hi"}], n=2)[1]
     finally:
         s.stop()

@@ -21,7 +21,6 @@ import mlxbun_glm52
 from mlxbun_core import loader, plugins
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.server import start_server
 from mlxbun_core.toolcalls import StreamingToolParser
 
 MSG = [{"role": "user", "content": "What is the capital of France?"}]
@@ -38,18 +37,6 @@ CALL = {"id": "call_1", "type": "function", "function": {
 @pytest.fixture(scope="module")
 def ckpt():
     return tiny_checkpoint("glm_moe_dsa", seed=5, chat_template=mlxbun_glm52.fallback_template())
-
-
-@pytest.fixture(scope="module")
-def srv(ckpt):
-    s = start_server(ckpt)
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(srv):
-    return openai.OpenAI(base_url=srv.v1, api_key="unused", max_retries=0)
 
 
 def render(srv, messages=MSG, **body):

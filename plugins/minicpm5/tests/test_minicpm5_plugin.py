@@ -42,20 +42,6 @@ def ckpt():
     return tiny_checkpoint("minicpm5", seed=7, chat_template=mlxbun_minicpm5.fallback_template())
 
 
-@pytest.fixture(scope="module")
-def srv(ckpt):
-    from mlxbun_core.testing.server import start_server
-
-    s = start_server(ckpt)
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(srv):
-    return openai.OpenAI(base_url=srv.v1, api_key="unused", max_retries=0)
-
-
 def render(srv, messages=MSG, **body):
     """The prompt the engine would run for a chat body (normalization included)."""
     req = srv.engine.prepare_chat({"messages": messages, **body}).request

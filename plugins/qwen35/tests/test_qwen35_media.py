@@ -5,7 +5,6 @@ and prompt text; the prompt text comes from the checkpoint's template through th
 Hugging Face tokenizer, not from our engine.
 """
 
-import io
 
 import anthropic
 import httpx
@@ -14,7 +13,6 @@ import openai
 import pytest
 from mlx_lm import load as mlx_load
 from mlx_lm.generate import generate_step
-from PIL import Image
 
 from mlxbun_core.testing import media as M
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
@@ -31,22 +29,6 @@ def ckpt():
     return tiny_checkpoint("qwen3_5", seed=7, vision=True, chat_template=fallback_template())
 
 
-@pytest.fixture(scope="module")
-def srv(ckpt):
-    s = start_server(ckpt)
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(srv):
-    return openai.OpenAI(base_url=srv.v1, api_key="unused", max_retries=0)
-
-
-def image_part(data: bytes, mime="image/png"):
-    return {"type": "image_url", "image_url": {"url": M.data_url(data, mime)}}
-
-
 def ask(client, content, n=10, **kw):
     r = client.chat.completions.create(
         model="m", messages=[{"role": "user", "content": content}], max_tokens=n,
@@ -61,32 +43,28 @@ def reference(srv, ckpt, content, n=10, **media):
     return M.vlm_greedy(ckpt, prompt, max_tokens=n, eos=srv.engine.model.eos_token_ids, **media)
 
 
-def pil(data: bytes):
-    return Image.open(io.BytesIO(data)).convert("RGB")
-
-
 def test_image_greedy_parity_with_mlx_vlm(client, srv, ckpt):
-    content = [image_part(PNG_A), {"type": "text", "text": "What is in this picture?"}]
+    content = [M.image_part(PNG_A), {"type": "text", "text": "What is in this picture?"}]
     r, ours = ask(client, content)
-    assert ours == reference(srv, ckpt, content, image=[pil(PNG_A)]) and ours
+    assert ours == reference(srv, ckpt, content, image=[M.pil_image(PNG_A)]) and ours
     assert r.usage.prompt_tokens > 20  # the image's soft tokens are counted
 
 
 def test_two_images_give_different_outputs(client):
     text = {"type": "text", "text": "Describe."}
-    _, a = ask(client, [image_part(PNG_A), text])
-    _, b = ask(client, [image_part(PNG_B), text])
+    _, a = ask(client, [M.image_part(PNG_A), text])
+    _, b = ask(client, [M.image_part(PNG_B), text])
     assert a != b
 
 
 def test_several_images_splice_in_document_order(client, srv, ckpt):
     text = {"type": "text", "text": "Compare these."}
-    ab = [image_part(PNG_A), text, image_part(PNG_B)]
-    ba = [image_part(PNG_B), text, image_part(PNG_A)]
+    ab = [M.image_part(PNG_A), text, M.image_part(PNG_B)]
+    ba = [M.image_part(PNG_B), text, M.image_part(PNG_A)]
     _, ours_ab = ask(client, ab)
     _, ours_ba = ask(client, ba)
-    assert ours_ab == reference(srv, ckpt, ab, image=[pil(PNG_A), pil(PNG_B)])
-    assert ours_ba == reference(srv, ckpt, ba, image=[pil(PNG_B), pil(PNG_A)])
+    assert ours_ab == reference(srv, ckpt, ab, image=[M.pil_image(PNG_A), M.pil_image(PNG_B)])
+    assert ours_ba == reference(srv, ckpt, ba, image=[M.pil_image(PNG_B), M.pil_image(PNG_A)])
     assert ours_ab != ours_ba
 
 
@@ -95,13 +73,13 @@ def test_several_images_splice_in_document_order(client, srv, ckpt):
                                       ("TIFF", "image/tiff"), ("AVIF", "image/avif"),
                                       ("HEIF", "image/heic")])
 def test_image_formats_are_served(client, fmt, mime):
-    r, ours = ask(client, [image_part(M.image_bytes(fmt, size=(40, 40), seed=2), mime),
+    r, ours = ask(client, [M.image_part(M.image_bytes(fmt, size=(40, 40), seed=2), mime),
                            {"type": "text", "text": "Hi"}], n=2)
     assert len(ours) >= 1 and r.usage.prompt_tokens > 10
 
 
 def test_stream_matches_non_stream(client):
-    content = [image_part(PNG_A), {"type": "text", "text": "Describe."}]
+    content = [M.image_part(PNG_A), {"type": "text", "text": "Describe."}]
     full, _ = ask(client, content)
     chunks = list(client.chat.completions.create(
         model="m", messages=[{"role": "user", "content": content}], max_tokens=10,
@@ -113,7 +91,7 @@ def test_stream_matches_non_stream(client):
 def test_anthropic_and_openai_forms_give_the_same_reply(client, srv):
     import base64
 
-    r, _ = ask(client, [image_part(PNG_A), {"type": "text", "text": "Describe."}])
+    r, _ = ask(client, [M.image_part(PNG_A), {"type": "text", "text": "Describe."}])
     a = anthropic.Anthropic(base_url=srv.base_url, api_key="unused", max_retries=0)
     msg = a.messages.create(model="m", max_tokens=10, extra_body={"temperature": 0},
                             thinking={"type": "disabled"}, messages=[{"role": "user", "content": [
@@ -125,7 +103,7 @@ def test_anthropic_and_openai_forms_give_the_same_reply(client, srv):
 
 
 def test_responses_input_image(client):
-    r, _ = ask(client, [image_part(PNG_A), {"type": "text", "text": "Describe."}])
+    r, _ = ask(client, [M.image_part(PNG_A), {"type": "text", "text": "Describe."}])
     resp = client.responses.create(model="m", max_output_tokens=10, temperature=0,
                                    extra_body=OFF, input=[{"role": "user", "content": [
                                        {"type": "input_image",

@@ -9,7 +9,6 @@ import sys
 
 import httpx
 import mlx.core as mx
-import openai
 import pytest
 from mlx_lm import load as mlx_load
 from mlx_lm.generate import generate_step
@@ -22,7 +21,6 @@ from mlxbun_core.engine.reply import gather
 from mlxbun_core.errors import BadRequest
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.server import start_server
 from mlxbun_qwen35 import fallback_template
 from mlxbun_qwen35.toolcalls import QwenDialect
 
@@ -38,18 +36,6 @@ GEN_OFF = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 @pytest.fixture(scope="module")
 def ckpt():
     return tiny_checkpoint("qwen3_5", seed=7, chat_template=fallback_template())
-
-
-@pytest.fixture(scope="module")
-def srv(ckpt):
-    s = start_server(ckpt)
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(srv):
-    return openai.OpenAI(base_url=srv.v1, api_key="unused", max_retries=0)
 
 
 def rendered(srv, **body):

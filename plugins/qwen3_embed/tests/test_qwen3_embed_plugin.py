@@ -19,7 +19,6 @@ from mlxbun_core.engine.core import Engine
 from mlxbun_core.errors import BadRequest
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing.checkpoints import tiny_checkpoint, write_checkpoint
-from mlxbun_core.testing.server import start_server
 
 # What a published Qwen3-Embedding snapshot carries besides the weights.
 ST_FILES = {
@@ -51,18 +50,6 @@ def ckpt():
 @pytest.fixture(scope="module")
 def plain():
     return tiny_checkpoint("qwen3", seed=12)
-
-
-@pytest.fixture(scope="module")
-def srv(ckpt):
-    s = start_server(ckpt)
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(srv):
-    return openai.OpenAI(base_url=srv.v1, api_key="unused", max_retries=0)
 
 
 @pytest.fixture(scope="module")

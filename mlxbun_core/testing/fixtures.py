@@ -1,0 +1,39 @@
+"""Pytest fixtures the core's and the plugins' suites share: a test module defines
+``ckpt`` (the checkpoint to serve) and asks for ``srv`` or ``client``; ``backend`` runs
+a test once per grammar backend. The repository's
+root ``conftest.py`` loads this module; an out-of-tree suite adds
+``pytest_plugins = ["mlxbun_core.testing.fixtures"]`` to its own root conftest. A module
+that needs a differently started server defines its own ``srv``, which wins."""
+
+from __future__ import annotations
+
+import pytest
+
+from .server import start_server
+
+
+@pytest.fixture(scope="module")
+def srv(ckpt):
+    """``ckpt`` served on a free loopback port for the module."""
+    s = start_server(ckpt)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    """The official OpenAI client for ``srv``, with no retries (a failure shows at once)."""
+    import openai
+
+    return openai.OpenAI(base_url=srv.v1, api_key="unused", max_retries=0)
+
+
+@pytest.fixture(params=["llguidance", "xgrammar"])
+def backend(request):
+    """Each grammar backend in turn, selected for the test and restored after it."""
+    from ..grammar import registry
+
+    before = registry._selected
+    registry.select(request.param)
+    yield request.param
+    registry._selected = before
