@@ -111,8 +111,7 @@ def over_http(base, path, body, n):
 
 def serve(ckpt, *flags) -> tuple:
     """``mlxbun serve`` on ``ckpt`` in its own process; (process, base URL)."""
-    sys.path.insert(0, os.path.dirname(__file__))
-    from serve_concurrency import free_port, start
+    from serve_concurrency import free_port, start  # this folder: the script's own path
 
     port = free_port()
     log = os.path.join(tempfile.gettempdir(), f"mlxbun-overhead-{port}.log")
