@@ -128,22 +128,29 @@ def test_byte_cap_evicts_the_oldest_entry():
 def test_a_short_shared_head_is_not_a_hit():
     """Two conversations sharing only a template header: the second starts cold rather
     than copying (and searching) the first one's whole entry for a few tokens; a long
-    shared prefix is still taken."""
+    shared prefix, or a whole earlier entry however short, is still taken."""
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache
 
     from mlxbun_core.engine.prompt_cache import MIN_HIT
 
+    def entry(n):
+        c = KVCache()
+        c.update_and_fetch(mx.zeros((1, 2, n, 8)), mx.zeros((1, 2, n, 8)))
+        return c
+
     first = list(range(1000, 1000 + 4 * MIN_HIT))
-    c = KVCache()
-    c.update_and_fetch(mx.zeros((1, 2, len(first), 8)), mx.zeros((1, 2, len(first), 8)))
     cache = PrefixCache(max_bytes=1 << 30)
-    cache.store("ns", first, [c])
+    cache.store("ns", first, [entry(len(first))])
     head = first[:MIN_HIT - 1]
     assert cache.lookup("ns", head + [1, 2, 3]) == (None, 0)
     assert cache.lookup("ns", first[:MIN_HIT] + [1, 2, 3])[1] == MIN_HIT
     assert cache.lookup("ns", first[:5] + [7])[1] == 5  # a short prompt: all but its last
-    assert cache.stats()["hits"] == 2
+    # a short conversation's next turn holds its whole earlier entry: always a hit
+    turn = list(range(10, 40))
+    cache.store("ns", turn, [entry(len(turn))])
+    assert cache.lookup("ns", turn + [7, 8, 9])[1] == len(turn)
+    assert cache.stats()["hits"] == 3
 
 
 def test_disabled_cache_reports_nothing():

@@ -22,10 +22,10 @@ from typing import Optional
 
 log = logging.getLogger("mlxbun.cache")
 
-# A hit must share this many tokens (or the whole prompt but its last token) to be taken:
-# a shorter one saves less prefill than finding and copying the entry costs (mlx-lm's
-# search for the entry that extends a short common prefix walks that entry's whole tail:
-# 30-120 ms for a 5k-token conversation, measured on an H200 host and on this CPU).
+# A prompt that shares fewer tokens than this with the cache (and not all but its last),
+# and holds no whole cached entry, starts cold: mlx-lm's search for the entry extending a
+# short common prefix walks that entry's whole tail (30-120 ms for a 5k-token
+# conversation, measured on an H200 host and on this CPU) to save a few tokens of prefill.
 MIN_HIT = 64
 
 
@@ -48,7 +48,8 @@ class PrefixCache:
             return None, 0
         with self._lock:
             self.lookups += 1
-            if self._shared(namespace, tokens) < min(MIN_HIT, len(tokens) - 1):
+            shared, whole_entry = self._shared(namespace, tokens)
+            if shared < min(MIN_HIT, len(tokens) - 1) and not whole_entry:
                 return None, 0
             cache, rest = self._lru.fetch_nearest_cache(namespace, tokens)
             if cache is not None and not rest:  # exact: the last token must still be fed
@@ -70,17 +71,20 @@ class PrefixCache:
             self.hit_tokens += n
         return cache, n
 
-    def _shared(self, namespace, tokens: list) -> int:
-        """How many leading ``tokens`` some entry shares (a walk down mlx-lm's trie)."""
+    def _shared(self, namespace, tokens: list) -> tuple[int, bool]:
+        """How many leading ``tokens`` some entry shares, and whether a whole entry lies
+        within them (a walk down mlx-lm's trie)."""
         try:
             node = self._lru._trie._trie.get(namespace)
         except AttributeError:  # another mlx-lm layout: let its own search decide
-            return len(tokens)
-        n = 0
+            return len(tokens), True
+        n, whole = 0, False
         while node is not None and n < len(tokens):
             node = node.get(tokens[n])
-            n += node is not None
-        return n
+            if node is not None:
+                n += 1
+                whole = whole or "__value__" in node
+        return n, whole
 
     def store(self, namespace, tokens: list, cache: list, *, boundary: bool = False) -> None:
         """Keep ``cache`` (which holds exactly ``tokens``); evicts least recently used."""
