@@ -157,3 +157,37 @@ def test_disabled_cache_reports_nothing():
     cache = PrefixCache(0)
     cache.store("ns", [1, 2, 3], [object()])
     assert cache.lookup("ns", [1, 2, 3, 4]) == (None, 0) and cache.stats()["entries"] == 0
+
+
+def test_a_stored_batch_row_holds_only_its_own_bytes():
+    """A row that leaves the batch is stored as its own KV, not as a lazy slice of the whole
+    batch's buffer: clearing the cache frees what its byte count says it holds. (A lazy
+    slice pinned every row's KV per entry: an H200 ran out of memory after 64 requests.)"""
+    import gc
+
+    import mlx.core as mx
+
+    from mlxbun_core.testing.engine import greedy
+
+    engine = Engine.load(str(tiny_checkpoint("qwen3")), progress=False, batch=8)
+    try:
+        words = "sea sky stone river cloud leaf wind fire ".split()
+        bodies = [greedy(" ".join(words[(i + j) % 8] for j in range(300)), 4) for i in range(8)]
+        run_all(engine, bodies)
+        engine.worker.run_sync(lambda: (engine.prefix.clear(), gc.collect(), mx.clear_cache()))
+        run_all(engine, bodies)
+        held = engine.prefix.stats()["bytes"]
+        assert engine.prefix.stats()["entries"] >= 8 and held > 0
+
+        def freed_by_clearing():
+            gc.collect()
+            mx.clear_cache()
+            before = mx.get_active_memory()
+            engine.prefix.clear()
+            gc.collect()
+            return before - mx.get_active_memory()
+
+        freed = engine.worker.run_sync(freed_by_clearing)
+        assert freed <= 1.1 * held, (freed, held)
+    finally:
+        close(engine)

@@ -90,6 +90,12 @@ class PrefixCache:
         """Keep ``cache`` (which holds exactly ``tokens``); evicts least recently used."""
         if not self.enabled or not tokens or not cache:
             return
+        import mlx.core as mx
+
+        # a row taken out of a batch is a lazy slice of the whole batch's KV: evaluated
+        # here it owns its bytes, unevaluated it would pin every row's (and its byte
+        # count would not say so)
+        mx.eval([c.state for c in cache])
         with self._lock:
             self._lru.insert_cache(namespace, list(tokens), cache,
                                    cache_type="user" if boundary else "assistant")
