@@ -92,8 +92,8 @@ def drive(engine: Engine, bodies: list, join_after: int = 0) -> list:
             req = engine.parse_completion(body)
             prepared = await engine.prepare(req)
             jobs.append(GenerationJob(prepared.request, engine.model.tokenizer, EventSink(loop),
-                                      engine.effective_limit(prepared.request),
-                                      cache_namespace=engine.cache_namespace(req)))
+                                      engine.effective_limit(prepared.request), engine.draft,
+                                      engine.cache_namespace(req)))
 
         def steps():
             lane.add(jobs[0])
@@ -166,6 +166,34 @@ def test_a_lone_stream_joins_the_batch_with_its_quantized_kv(llama):
         model = ref[0]
         empty = [c.to_quantized(group_size=64, bits=8) for c in make_prompt_cache(model)]
         assert_same(second, reference(ref, PROMPTS[1], 8, prompt_cache=empty))
+    finally:
+        close(engine)
+
+
+def test_speculative_decoding_quantizes_like_mlx_lm(llama):
+    """With a draft model mounted (the serial lane's speculative loop) both caches are
+    quantized, as ``speculative_generate_step(..., kv_bits=8)`` quantizes them: the same
+    tokens and as many drafts accepted (the draft is the model itself)."""
+    from mlx_lm.generate import speculative_generate_step
+
+    from mlxbun_core.model import LoadOptions
+
+    path, (model, tok) = llama
+    want, accepted = [], 0
+    for t, _, from_draft in speculative_generate_step(
+            mx.array(tok.encode(PROMPTS[0])), model, model, num_draft_tokens=3, max_tokens=N,
+            kv_bits=8, quantized_kv_start=0):
+        want.append(int(t))
+        accepted += from_draft
+        if int(t) in tok.eos_token_ids:
+            break
+    engine = Engine.load(path, LoadOptions(extra={"draft_model": path, "num_draft_tokens": 3}),
+                         progress=False, kv_quant="8")
+    try:
+        reply = drive(engine, [greedy(PROMPTS[0], N)])[0]
+        assert reply.finish.usage.lane == "serial+spec"
+        assert token_ids(reply) == want != reference((model, tok), PROMPTS[0], None)[0]
+        assert reply.finish.usage.speculation["accepted"] == accepted
     finally:
         close(engine)
 

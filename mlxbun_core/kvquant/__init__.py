@@ -21,6 +21,7 @@ which mlx-lm lacks.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -131,15 +132,18 @@ def _once(key, msg: str, *args) -> None:
         log.info(msg, *args)
 
 
-def _convertible(c, group: int) -> bool:
-    """A plain full-attention cache (single or batched) with content whose head dims
-    divide into groups."""
+@functools.lru_cache(maxsize=1)
+def _plain_types() -> frozenset:
+    """The cache classes a scheme converts: plain full-attention KV, single or batched."""
     from mlx_lm.models.cache import BatchKVCache, KVCache
 
     from .batch import PlainRowKVCache
 
-    if type(c) not in (KVCache, BatchKVCache, PlainRowKVCache):
-        return False
+    return frozenset((KVCache, BatchKVCache, PlainRowKVCache))
+
+
+def _convertible(c, group: int) -> bool:
+    """A plain full-attention cache with content whose head dims divide into groups."""
     if c.keys is None:
         return False
     dims = (c.keys.shape[-1], c.values.shape[-1])
@@ -155,10 +159,11 @@ def quantize(cache: list, scheme: KVScheme) -> list:
     ``maybe_quantize_kv_cache`` at start 0, minus what it cannot convert); returns it."""
     if not scheme.bits or not cache:
         return cache
-    from .batch import BatchQuantizedKVCache, to_quantized
+    plain = _plain_types()
+    for i, c in enumerate(cache):  # once converted, a type check per layer and call
+        if type(c) in plain and _convertible(c, scheme.group_size):
+            from .batch import BatchQuantizedKVCache, to_quantized
 
-    for i, c in enumerate(cache):
-        if _convertible(c, scheme.group_size):
             if hasattr(c, "left_padding"):
                 cache[i] = BatchQuantizedKVCache.from_plain(c, scheme.group_size, scheme.bits)
             else:
