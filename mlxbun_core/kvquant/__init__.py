@@ -5,7 +5,11 @@ dimension, a scale and a bias per group in the activation dtype, converted the w
 ``generate_step(..., kv_bits=b, quantized_kv_start=0)`` converts (after every forward
 pass, every plain ``KVCache`` becomes a ``QuantizedKVCache``; the first pass of a fresh
 cache therefore attends in full precision). So greedy output equals mlx-lm's token for
-token. The server always starts at 0: a request's KV is quantized from its first chunk.
+token. The server always uses start 0 (mlx-lm's library default of 5000 does not apply): a
+request's KV is quantized once its first prompt chunk has run. One departure, in batches: a
+row whose first chunk runs in one batched pass with rows already quantized (a prefix hit, a
+lone stream joining, a long prompt mid-prefill) is quantized from its first token, since a
+batch cache is quantized or not as a whole.
 
 What mlx-lm cannot quantize stays in the activation dtype: sliding-window layers
 (``RotatingKVCache``), latent/MLA and other composite caches, recurrent state, and
