@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--memory-budget", type=float, metavar="GB", default=None,
                    help="memory the model, its KV and prefill may use, in GB (10^9 bytes); "
                         "sets max_safe_context and row admission (default: what MLX reports)")
+    add_kv_quant_flag(s, default=os.environ.get("MLXBUN_KV_QUANT", "off"))
     s.add_argument("--api-key", default=os.environ.get("MLXBUN_API_KEY") or None,
                    help="require 'Authorization: Bearer KEY' on every route; admin routes "
                         "then also answer remote clients (default: no key, admin loopback-only)")
@@ -86,8 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("positional", nargs="?", default=None, metavar="model")
     add_selection_flags(f)
     f.add_argument("--ctx", type=int, default=None, help="context length to assess")
-    f.add_argument("--kv-bits", type=int, choices=(4, 8), default=None,
-                   help="bill a quantized KV cache")
+    add_kv_quant_flag(f, default="off", alias="--kv-bits")
     f.add_argument("--memory-budget", type=float, default=None, metavar="GB",
                    help="assess against this budget instead of the machine's usable memory")
     f.add_argument("--json", action="store_true")
@@ -102,6 +102,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     jobs_cli.add_parsers(sub)
     return p
+
+
+def add_kv_quant_flag(p, default: str, alias: str = "") -> None:
+    """``--kv-quant off|4|8``: uniform affine KV quantization, group 64, mlx-lm's
+    ``kv_bits`` scheme (``fit`` also takes its older spelling, ``--kv-bits``)."""
+    p.add_argument("--kv-quant", *([alias] if alias else []), dest="kv_quant", default=default,
+                   choices=("off", "4", "8"),
+                   help="KV-cache quantization: off (the model's dtype, default), 4 or 8 bits "
+                        "(group 64, mlx-lm's kv_bits scheme): less memory per token, a longer "
+                        "max safe context, somewhat slower decode")
 
 
 def add_selection_flags(p) -> None:
@@ -169,7 +179,8 @@ def cmd_fit(args) -> int:
     import json
 
     from .library import checkpoint
-    from .library.fit import kv_element_bytes, activation_bytes, machine
+    from .kvquant import parse
+    from .library.fit import machine
     from .library.report import fit_report, human_bytes
     from .models.resolve import ModelNotFound, resolve_model
 
@@ -178,10 +189,9 @@ def cmd_fit(args) -> int:
     except ModelNotFound as exc:
         return report_selection_error(exc)
     config = checkpoint.read_json(resolved.path / "config.json")
-    e = kv_element_bytes(activation_bytes(config), args.kv_bits) if args.kv_bits else None
     budget = int(args.memory_budget * 1e9) if args.memory_budget else None
     r = fit_report(config, checkpoint.weights(resolved.path), machine(), context=args.ctx,
-                   budget_bytes=budget, kv_element_bytes=e)
+                   budget_bytes=budget, kv_bits=parse(args.kv_quant).bits)
     if args.json:
         print(json.dumps({"model": resolved.model_id, **r}))
         return 0
@@ -189,7 +199,7 @@ def cmd_fit(args) -> int:
     print(f"{resolved.model_id} on {m['chip']} ({m['device']}, {human_bytes(m['usable_bytes'])} "
           f"usable, {m['bandwidth_gbs']} GB/s {m['bandwidth_source']})\n"
           f"  weights        {human_bytes(rep['weights_bytes'])}\n"
-          f"  KV per token   {human_bytes(rep['kv_bytes_per_token'])}\n"
+          f"  KV per token   {human_bytes(rep['kv_bytes_per_token'])} ({r['kv_quant']})\n"
           f"  at {r['context_tokens']} tokens: KV {human_bytes(rep['kv_bytes'])} + prefill "
           f"transient {human_bytes(rep['transient_bytes'])} = total {human_bytes(rep['total_bytes'])}"
           f" of {human_bytes(rep['usable_bytes'])}: {'fits' if rep['fits'] else 'does NOT fit'}\n"
@@ -316,7 +326,7 @@ def cmd_serve(args) -> int:
         engine = Engine.load(name, options, defaults=defaults, max_tokens=args.max_tokens,
                              batch=args.batch, prompt_cache_bytes=int(args.prompt_cache * (1 << 30)),
                              memory_budget_bytes=int(args.memory_budget * 1e9)
-                             if args.memory_budget else None)
+                             if args.memory_budget else None, kv_quant=args.kv_quant)
     except ModelNotFound as exc:
         return report_selection_error(exc)
     except loader.NoPluginClaimed as exc:

@@ -1,7 +1,8 @@
 """Memory admission: how long a context fits, and how many rows may decode at once.
 
 The numbers come from :mod:`mlxbun_core.library.fit` (KV bytes per token from the
-config: layers, KV heads, head dim, sliding windows, recurrent state, dtype), so
+config: layers, KV heads, head dim, sliding windows, recurrent state, dtype, and the
+``--kv-quant`` bits), so
 ``/stats``, ``/fit`` and admission agree. The budget is ``--memory-budget``, else
 what MLX reports the device may use (Metal's working set, CUDA's memory, or most
 of the system RAM on the CPU backend).
@@ -30,12 +31,14 @@ def weight_bytes(module) -> int:
 
 
 class Admission:
-    def __init__(self, model, budget_bytes: Optional[int] = None):
+    def __init__(self, model, budget_bytes: Optional[int] = None, kv_bits: Optional[int] = None):
+        """``kv_bits``: the server's KV quantization (``--kv-quant``), billed per token."""
         self.weights_bytes = weight_bytes(model.model)
         machine = fit.machine()
         self.budget_bytes = int(budget_bytes) if budget_bytes else machine.usable_bytes
         self.budget_source = "--memory-budget" if budget_bytes else f"{machine.device} (MLX)"
-        self.plan = fit.plan(model.config, self.weights_bytes, self.budget_bytes)
+        self.kv_bits = kv_bits
+        self.plan = fit.plan(model.config, self.weights_bytes, self.budget_bytes, kv_bits=kv_bits)
         self.layout = self.plan.kv
         window = model.context_window or fit.NO_LIMIT_CONTEXT
         self.max_safe_context = self.plan.max_safe_context

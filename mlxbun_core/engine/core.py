@@ -13,6 +13,7 @@ import threading
 import time
 from typing import AsyncIterator, Optional
 
+from .. import kvquant
 from ..adapters import AdapterManager, AdapterSet
 from ..errors import BadRequest, Unavailable
 from ..events import Done, Event, Finish, Usage
@@ -73,25 +74,29 @@ class Engine:
 
     ``batch`` caps the rows decoded together (1 pins the serial lane; a mounted
     draft model always decodes serially); ``prompt_cache_bytes`` caps the prefix
-    KV cache (0 turns it off).
+    KV cache (0 turns it off); ``kv_quant`` (``off``, ``4``, ``8``) quantizes the KV cache.
     """
 
     def __init__(self, model: LoadedModel, *, worker: Optional[ModelWorker] = None,
                  defaults: Optional[dict] = None, max_tokens: Optional[int] = None,
                  draft=None, batch: int = DEFAULT_BATCH,
                  prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
-                 memory_budget_bytes: Optional[int] = None):
+                 memory_budget_bytes: Optional[int] = None, kv_quant="off"):
         self.model = model
         self.draft = draft  # a contract.DraftSource: every request then decodes speculatively
         self.worker = worker or ModelWorker()
         self.prefix = PrefixCache(prompt_cache_bytes)
-        self.admission = Admission(model, memory_budget_bytes)
+        self.kv = kvquant.parse(kv_quant)
+        self.admission = Admission(model, memory_budget_bytes, kv_bits=self.kv.bits)
+        if warning := kvquant.startup_warning(self.kv, self.admission.layout):
+            log.warning(warning)
         self.batch = 1 if draft is not None else max(1, batch)
         self.adapters = AdapterManager(model, call=self.worker.call)
         if not self.worker.lanes:
-            serial = SerialLane(model.model, self.prefix, self.admission, adapters=self.adapters)
+            serial = SerialLane(model.model, self.prefix, self.admission, adapters=self.adapters,
+                                kv=self.kv)
             self.worker.lanes = ([BatchLane(model.model, self.batch, self.prefix, self.admission,
-                                            adapters=self.adapters), serial]
+                                            adapters=self.adapters, kv=self.kv), serial]
                                  if self.batch > 1 else [serial])
         # generation_config.json values, then operator flags on top; requests win over both
         self.defaults = {**model.generation_defaults, **(defaults or {})}
@@ -188,7 +193,7 @@ class Engine:
         media = ""
         if isinstance(req, ChatRequest) and req.media_items:
             media = "media:" + media_parts.digest(req.media_items)
-        return (self.model.id, str(self.model.path), adapters.key, "kv:native", media)
+        return (self.model.id, str(self.model.path), adapters.key, self.kv.name, media)
 
     def effective_limit(self, req: GenerationRequest) -> int:
         """The completion budget after admission (400 when the prompt leaves no room)."""
@@ -216,6 +221,10 @@ class Engine:
     def stats(self) -> dict:
         return {"total": self.requests, "completed": self.completed,
                 "active": self.worker.active, "waiting": self.worker.waiting}
+
+    def kv_quant_stats(self) -> dict:
+        """``/stats`` ``kv_quant``: the scheme and what each layer's cache holds."""
+        return kvquant.describe(self.kv, self.admission.layout)
 
     def batch_stats(self) -> dict:
         lanes = {lane.name: {"active": lane.active, "waiting": lane.waiting}

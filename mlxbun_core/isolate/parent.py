@@ -43,9 +43,11 @@ ROUTED = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/respon
 
 
 class ParentApp:
-    def __init__(self, pool: EnginePool, library: LibraryCache, api_key: Optional[str] = None):
+    def __init__(self, pool: EnginePool, library: LibraryCache, api_key: Optional[str] = None,
+                 kv_bits: Optional[int] = None):
         self.pool, self.library = pool, library
         self.api_key = api_key
+        self.kv_bits = kv_bits  # the engines' --kv-quant, billed by /fit while they are down
         self.responses = ParentResponses()
         self.started_at = int(time.time())
         self._fit_weights: dict = {}
@@ -194,7 +196,8 @@ class ParentApp:
             self._fit_weights[path] = await asyncio.to_thread(checkpoint.weights, path)
         config = checkpoint.read_json(path / "config.json")
         m = await asyncio.to_thread(self.machine)
-        await send_json(send, 200, fit_report(config, self._fit_weights[path], m, context=ctx))
+        await send_json(send, 200, fit_report(config, self._fit_weights[path], m, context=ctx,
+                                              kv_bits=self.kv_bits))
 
     def _served_path(self) -> Optional[Path]:
         arg = self.pool.default.arg

@@ -5,7 +5,7 @@ Everything here except :func:`machine` is a pure function of a checkpoint's
 ``GET /fit``, ``GET /library`` and ``mlxbun fit`` compute the same numbers.
 
 The KV formula, per decoder layer (``e`` = bytes per cached element: 2 for
-bf16/fp16, 4 for fp32, ``bits/8 + 2*e_scale/group`` for a quantized cache)::
+bf16/fp16, 4 for fp32, ``bits/8 + 2*e/group`` for a quantized cache)::
 
     full attention     tokens            x kv_heads x head_dim x 2 (K and V) x e
     sliding window     min(tokens, W)    x kv_heads x head_dim x 2 x e
@@ -18,7 +18,10 @@ bf16/fp16, 4 for fp32, ``bits/8 + 2*e_scale/group`` for a quantized cache)::
 Layer kinds come from the config's schema (``layer_types``, ``sliding_window_pattern``,
 ``full_attention_interval``, ``num_kv_shared_layers``), never from a family name.
 Full-attention layers of a config with ``global_head_dim`` / ``num_global_key_value_heads``
-use those. The memory plan adds the prefill transient (one prefill chunk of fp32
+use those. Under a ``kv_bits`` scheme (``--kv-quant 4|8``, mlx-lm's ``kv_bits``) only the
+full-attention layers mlx-lm can quantize are billed at the quantized ``e``: plain K/V
+whose head dimension is a multiple of the group; sliding windows (a rotating cache),
+latent (MLA) layers and recurrent state keep the activation dtype. The memory plan adds the prefill transient (one prefill chunk of fp32
 logits and MLP activations) to the weights and the KV at a context length;
 ``max_safe_context`` is the longest context whose plan stays within the budget.
 """
@@ -43,8 +46,8 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
                "float64": 8, "int8": 1, "uint8": 1}
 
 __all__ = ["KVLayout", "MemoryPlan", "Machine", "text_config", "activation_bytes",
-           "kv_element_bytes", "kv_layout", "kv_bytes_per_token", "plan", "machine",
-           "predicted_decode_tps", "context_window"]
+           "kv_element_bytes", "kv_layout", "quantizable", "kv_bytes_per_token", "plan",
+           "machine", "predicted_decode_tps", "context_window"]
 
 
 def text_config(config: dict) -> dict:
@@ -88,6 +91,8 @@ class KVLayout:
     windows: tuple = ()  # ((window_tokens, bytes_per_token), ...) of sliding layers
     fixed_bytes: int = 0  # recurrent state, independent of length
     layers: dict = field(default_factory=dict)  # layer count per kind
+    quantized_layers: int = 0  # full-attention layers billed at the quantized size
+    kv_bits: Optional[int] = None
 
     def bytes_at(self, tokens: int) -> int:
         """Cache bytes holding ``tokens`` tokens of context."""
@@ -105,7 +110,8 @@ class KVLayout:
         return {"bytes_per_token": self.bytes_per_token,
                 "full_bytes_per_token": self.full_bytes_per_token,
                 "windows": [{"window": w, "bytes_per_token": per} for w, per in self.windows],
-                "fixed_bytes": self.fixed_bytes, "layers": dict(self.layers)}
+                "fixed_bytes": self.fixed_bytes, "layers": dict(self.layers),
+                "kv_bits": self.kv_bits, "quantized_layers": self.quantized_layers}
 
 
 _KIND = {"full_attention": "full", "attention": "full", "global": "full",
@@ -152,6 +158,16 @@ def _attention_bytes(t: dict, kind: str, e: float) -> float:
     return kvh * hd * 2 * e
 
 
+def quantizable(t: dict, kind: str, group_size: int = 64) -> bool:
+    """Whether mlx-lm quantizes this layer's cache under ``kv_bits``: plain full-attention
+    K/V (a ``KVCache``) whose head dimension divides into groups."""
+    if kind != "full" or t.get("kv_lora_rank"):
+        return False
+    heads = t.get("num_attention_heads") or 1
+    hd = t.get("global_head_dim") or t.get("head_dim") or (t.get("hidden_size", 0) // heads)
+    return bool(hd) and hd % group_size == 0
+
+
 def _linear_state_bytes(t: dict, act: int) -> int:
     """Fixed state of a gated-delta linear-attention layer: conv tail + fp32 recurrence."""
     kh, kd = t.get("linear_num_key_heads") or 0, t.get("linear_key_head_dim") or 0
@@ -161,27 +177,34 @@ def _linear_state_bytes(t: dict, act: int) -> int:
     return int(conv + vh * vd * kd * 4)
 
 
-def kv_layout(config: dict, element_bytes: Optional[float] = None) -> KVLayout:
-    """The cache cost of ``config`` at ``element_bytes`` per K/V element (default: its dtype)."""
+def kv_layout(config: dict, element_bytes: Optional[float] = None, *,
+              kv_bits: Optional[int] = None, group_size: int = 64) -> KVLayout:
+    """The cache cost of ``config`` at ``element_bytes`` per K/V element (default: its dtype);
+    with ``kv_bits``, the layers mlx-lm quantizes cost the quantized size (module doc)."""
     t = text_config(config)
     act = activation_bytes(config)
     e = float(element_bytes if element_bytes is not None else act)
-    full, fixed, windows, counts = 0.0, 0, {}, {}
+    eq = kv_element_bytes(act, kv_bits, group_size) if kv_bits else e
+    full, fixed, windows, counts, quantized = 0.0, 0, {}, {}, 0
     for kind in _layer_kinds(t):
         counts[kind] = counts.get(kind, 0) + 1
         if kind == "full":
-            full += _attention_bytes(t, kind, e)
+            q = bool(kv_bits) and quantizable(t, kind, group_size)
+            quantized += q
+            full += _attention_bytes(t, kind, eq if q else e)
         elif kind == "sliding":
             w = int(t["sliding_window"])
             windows[w] = windows.get(w, 0.0) + _attention_bytes(t, kind, e)
         elif kind == "linear":
             fixed += _linear_state_bytes(t, act)
-    return KVLayout(full, tuple(sorted(windows.items())), fixed, counts)
+    return KVLayout(full, tuple(sorted(windows.items())), fixed, counts, quantized,
+                    kv_bits if quantized else None)
 
 
-def kv_bytes_per_token(config: dict, element_bytes: Optional[float] = None) -> float:
+def kv_bytes_per_token(config: dict, element_bytes: Optional[float] = None, *,
+                       kv_bits: Optional[int] = None) -> float:
     """Marginal KV bytes per token below every sliding window (see the module formula)."""
-    return kv_layout(config, element_bytes).bytes_per_token
+    return kv_layout(config, element_bytes, kv_bits=kv_bits).bytes_per_token
 
 
 def transient_bytes(config: dict, tokens: int, chunk: int = PREFILL_CHUNK) -> int:
@@ -219,15 +242,16 @@ def _need(config, kv: KVLayout, weights: int, tokens: int) -> int:
 
 
 def plan(config: dict, weights_bytes: int, budget_bytes: int, *, context: Optional[int] = None,
-         element_bytes: Optional[float] = None) -> MemoryPlan:
+         element_bytes: Optional[float] = None, kv_bits: Optional[int] = None) -> MemoryPlan:
     """The memory plan of ``config`` with ``weights_bytes`` of weights under ``budget_bytes``.
 
     ``max_safe_context`` is the largest context (capped at the config's trained
     length) with weights + KV + prefill transient within the budget; 0 when not even
     one token fits. ``context`` (default: that maximum, or the trained length when
     nothing fits) is the length the totals are reported at; ``fits`` says whether it fits.
+    ``kv_bits`` bills a quantized KV cache (``--kv-quant``).
     """
-    kv = kv_layout(config, element_bytes)
+    kv = kv_layout(config, element_bytes, kv_bits=kv_bits)
     window = context_window(config)
     hi = window or NO_LIMIT_CONTEXT
     lo = 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..kvquant import KVScheme
 from . import checkpoint
 from .fit import Machine, plan, predicted_decode_tps
 
@@ -26,19 +27,20 @@ APPLE_SKUS = (
 
 def fit_report(config: dict, weights: checkpoint.Weights, machine: Machine, *,
                context: Optional[int] = None, budget_bytes: Optional[int] = None,
-               kv_element_bytes: Optional[float] = None, weights_bytes: Optional[int] = None,
+               kv_bits: Optional[int] = None, weights_bytes: Optional[int] = None,
                ceiling: Optional[int] = None, skus: bool = True) -> dict:
     """``GET /fit``: the plan at ``context`` (default: the admission ceiling) on this machine.
 
     A serving engine passes what its admission uses: ``weights_bytes`` (the loaded
     parameters), ``budget_bytes`` and ``ceiling`` (the enforced context), so the two agree;
     otherwise the header-read weights and the machine's usable memory are used.
+    ``kv_bits`` bills a quantized KV cache (``--kv-quant 4|8``).
     """
     budget = budget_bytes or machine.usable_bytes
     total = weights_bytes or weights.total_bytes
-    best = plan(config, total, budget, element_bytes=kv_element_bytes)
+    best = plan(config, total, budget, kv_bits=kv_bits)
     at = context or ceiling or best.max_safe_context or best.context_window or TYPICAL_CONTEXT
-    p = plan(config, total, budget, context=at, element_bytes=kv_element_bytes)
+    p = plan(config, total, budget, context=at, kv_bits=kv_bits)
     active = total - (weights.total_bytes - checkpoint.active_weight_bytes(config, weights))
     typical = min(TYPICAL_CONTEXT, at)
     report = {k: v for k, v in p.report().items() if k != "context_tokens"}
@@ -46,24 +48,24 @@ def fit_report(config: dict, weights: checkpoint.Weights, machine: Machine, *,
                   predicted_decode_tps=predicted_decode_tps(active, p.kv_bytes,
                                                             machine.bandwidth_gbs))
     out = {"machine": machine.describe(), "context_tokens": at,
+           "kv_quant": KVScheme(kv_bits).mode,
            "typical_context_tokens": typical,
            "typical_decode_tps": predicted_decode_tps(active, p.kv.bytes_at(typical),
                                                       machine.bandwidth_gbs),
            "measured_decode_tps": None, "measured_at": None, "report": report}
     if skus:
         out["sku_matrix_ctx"] = SKU_CONTEXT
-        out["sku_matrix"] = sku_matrix(config, weights, kv_element_bytes)
+        out["sku_matrix"] = sku_matrix(config, weights, kv_bits)
     return out
 
 
 def sku_matrix(config: dict, weights: checkpoint.Weights,
-               kv_element_bytes: Optional[float] = None) -> list[dict]:
+               kv_bits: Optional[int] = None) -> list[dict]:
     active = checkpoint.active_weight_bytes(config, weights)
     rows = []
     for sku, ram_gb, gbs in APPLE_SKUS:
         usable = int(ram_gb * (1 << 30) * SKU_WIRED_SHARE)
-        p = plan(config, weights.total_bytes, usable, context=SKU_CONTEXT,
-                 element_bytes=kv_element_bytes)
+        p = plan(config, weights.total_bytes, usable, context=SKU_CONTEXT, kv_bits=kv_bits)
         rows.append({"sku": sku, "ram_gb": ram_gb, "fits": p.fits,
                      "max_context": p.max_safe_context,
                      "decode_tps": predicted_decode_tps(active, p.kv_bytes, gbs)})

@@ -65,7 +65,7 @@ def register(app, engine):
             return json_response(fit_report(engine.model.config, weights["w"], m, context=ctx))
         out = fit_report(engine.model.config, weights["w"], m, context=ctx,
                          budget_bytes=adm.budget_bytes, weights_bytes=adm.weights_bytes,
-                         ceiling=adm.enforced_context)
+                         ceiling=adm.enforced_context, kv_bits=adm.kv_bits)
         out["report"]["memory_budget_bytes"] = (adm.budget_bytes if adm.budget_source
                                                 == "--memory-budget" else None)
         return json_response(out)

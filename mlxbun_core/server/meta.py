@@ -101,6 +101,7 @@ def register(app, engine):
             "requests": engine.stats(),
             "batch": engine.batch_stats(),
             "prompt_cache": engine.prefix.stats(),
+            "kv_quant": engine.kv_quant_stats(),
             "admission": {**engine.admission.stats(), "max_waiting": engine.worker.max_waiting},
             "grammar": grammars.stats(),
             "speculation": ({"draft": engine.draft.name,

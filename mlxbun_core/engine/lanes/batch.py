@@ -26,6 +26,7 @@ import logging
 import time
 from typing import Optional
 
+from ... import kvquant
 from ...adapters.manager import NO_ADAPTERS
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
@@ -54,8 +55,9 @@ class BatchLane:
     name = "batched"
 
     def __init__(self, model, cap: int, prefix: Optional[PrefixCache] = None, admission=None,
-                 prefill_tokens: int = PREFILL_TOKENS, adapters=None):
-        self.model = model
+                 prefill_tokens: int = PREFILL_TOKENS, adapters=None, kv=kvquant.OFF):
+        self.kv = kv  # the KV scheme: every forward pass quantizes its cache after it runs
+        self.model = kvquant.quantizing(model, kv)
         self.adapters = adapters  # the engine's AdapterManager (None: no LoRA support)
         self._set = NO_ADAPTERS  # the adapter set of the running rows
         self.cap = cap
@@ -181,6 +183,7 @@ class BatchLane:
         """Start a row whose KV ``cache`` holds the tokens ``held``; ``segments`` are fed
         next (a row snapshots its prompt boundary when the last segment is its own)."""
         left = job.limit - job.session.usage.completion_tokens if job.limit else NO_LIMIT
+        cache = kvquant.for_batch(cache, self.kv, self.model)
         (uid,) = self._generator().insert_segments(
             [segments], max_tokens=[left], caches=[cache] if cache is not None else None,
             all_tokens=[held], samplers=[job.request.sampler],

@@ -17,6 +17,7 @@ import os
 import time
 from typing import Iterator, Optional
 
+from ... import kvquant
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
 
@@ -27,8 +28,9 @@ class SerialLane:
     name = "serial"
 
     def __init__(self, model, prefix: Optional[PrefixCache] = None, admission=None,
-                 prefill_step: int = 2048, adapters=None):
-        self.model = model  # the mlx.nn.Module
+                 prefill_step: int = 2048, adapters=None, kv=kvquant.OFF):
+        self.kv = kv  # the KV scheme: every forward pass quantizes its cache after it runs
+        self.model = kvquant.quantizing(model, kv)  # the mlx.nn.Module (or its wrapper)
         self.prefix = prefix
         self.admission = admission
         self.adapters = adapters  # the engine's AdapterManager (None: no LoRA support)
@@ -176,7 +178,8 @@ class SerialLane:
         spec = usage.speculation = {"drafted": 0, "accepted": 0, "targetCalls": 0}
         n = job.draft.num_draft_tokens
         for token, logprobs, from_draft in speculative_generate_step(
-                mx.array(req.prompt_tokens), self.model, job.draft.model, num_draft_tokens=n,
+                mx.array(req.prompt_tokens), self.model,
+                kvquant.quantizing(job.draft.model, self.kv), num_draft_tokens=n,
                 max_tokens=job.limit or (1 << 30), sampler=req.sampler,
                 logits_processors=req.processors or None):
             if from_draft:

@@ -1,0 +1,218 @@
+"""KV-cache quantization schemes: ``off`` (the model's dtype), or uniform affine 4/8 bits.
+
+The uniform scheme is mlx-lm's own ``kv_bits`` scheme: group 64 along the head
+dimension, a scale and a bias per group in the activation dtype, converted the way
+``generate_step(..., kv_bits=b, quantized_kv_start=0)`` converts (after every forward
+pass, every plain ``KVCache`` becomes a ``QuantizedKVCache``; the first pass of a fresh
+cache therefore attends in full precision). So greedy output equals mlx-lm's token for
+token. The server always uses start 0 (mlx-lm's library default of 5000 does not apply): a
+request's KV is quantized once its first prompt chunk has run. One departure, in batches: a
+row whose first chunk runs in one batched pass with rows already quantized (a prefix hit, a
+lone stream joining, a long prompt mid-prefill) is quantized from its first token, since a
+batch cache is quantized or not as a whole.
+
+What mlx-lm cannot quantize stays in the activation dtype: sliding-window layers
+(``RotatingKVCache``), latent/MLA and other composite caches, recurrent state, and
+layers whose head dimension is not a multiple of the group. The config says which
+layers those are (:func:`mlxbun_core.library.fit.kv_layout`), so ``/fit``, admission,
+``/stats`` and one start-up warning agree.
+
+The lanes quantize through :class:`QuantizingModel`, a model wrapper that converts the
+cache list after every call: mlx-lm's ``generate_step``, ``BatchGenerator`` and our solo
+loop then need no change. Batched rows use :class:`~.batch.BatchQuantizedKVCache`,
+which mlx-lm lacks.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from typing import Any, Optional
+
+log = logging.getLogger("mlxbun.kvquant")
+
+GROUP_SIZE = 64  # mlx-lm's default kv_group_size
+CHOICES = ("off", "4", "8")
+
+__all__ = ["KVScheme", "OFF", "GROUP_SIZE", "CHOICES", "parse", "describe", "startup_warning",
+           "quantize", "QuantizingModel", "quantizing", "for_batch"]
+
+
+@dataclass(frozen=True)
+class KVScheme:
+    """How a server stores KV: ``bits`` None keeps the model's dtype."""
+
+    bits: Optional[int] = None
+    group_size: int = GROUP_SIZE
+
+    @property
+    def enabled(self) -> bool:
+        return self.bits is not None
+
+    @property
+    def name(self) -> str:
+        """The prefix-cache namespace part: quantized and unquantized KV never mix."""
+        return f"kv:affine{self.bits}:g{self.group_size}" if self.bits else "kv:native"
+
+    @property
+    def mode(self) -> str:
+        """``/stats`` ``kv_quant.mode``."""
+        return f"uniform-kv{self.bits}" if self.bits else "bf16"
+
+    @property
+    def flag(self) -> str:
+        """The ``--kv-quant`` value that selects this scheme."""
+        return str(self.bits) if self.bits else "off"
+
+    def element_bytes(self, dtype_bytes: int) -> float:
+        """Bytes per cached K/V element of a quantized layer: the packed bits plus a scale
+        and a bias per group in the activation dtype."""
+        if not self.bits:
+            return float(dtype_bytes)
+        return self.bits / 8 + 2 * dtype_bytes / self.group_size
+
+
+OFF = KVScheme()
+
+
+def parse(value: Any) -> KVScheme:
+    """``off`` / ``4`` / ``8`` (or a scheme, or None for off) → a :class:`KVScheme`."""
+    if value is None or isinstance(value, KVScheme):
+        return value or OFF
+    text = str(value).strip().lower()
+    if text in ("off", "none", "bf16", "0", ""):
+        return OFF
+    if text in ("4", "8"):
+        return KVScheme(int(text))
+    raise ValueError(f"--kv-quant must be one of {', '.join(CHOICES)} (got {value!r})")
+
+
+def describe(scheme: KVScheme, layout) -> dict:
+    """``/stats`` ``kv_quant``: the scheme and what each layer holds, from the fit layout
+    (a :class:`~mlxbun_core.library.fit.KVLayout` billed under ``scheme``)."""
+    kinds = layout.layers
+    full, sliding = kinds.get("full", 0), kinds.get("sliding", 0)
+    quantized = layout.quantized_layers if scheme.bits else 0
+    layers = {f"kv{scheme.bits}": quantized} if scheme.bits else {}
+    layers["bf16"] = full + sliding - quantized
+    for kind, label in (("linear", "recurrent"), ("shared", "kv_shared")):
+        if kinds.get(kind):
+            layers[label] = kinds[kind]
+    return {"mode": scheme.mode, "bits": scheme.bits,
+            "group_size": scheme.group_size if scheme.bits else None,
+            "quantized_kv_start": 0 if scheme.bits else None,
+            "layers": layers, "attention": {"global": full, "sliding_window": sliding}}
+
+
+def startup_warning(scheme: KVScheme, layout) -> Optional[str]:
+    """The one warning for attention layers a quantized scheme leaves unquantized."""
+    if not scheme.bits:
+        return None
+    kinds = layout.layers
+    sliding = kinds.get("sliding", 0)
+    other = kinds.get("full", 0) - layout.quantized_layers
+    if not sliding and not other:
+        return None
+    why = []
+    if sliding:
+        why.append(f"{sliding} sliding-window (mlx-lm cannot quantize a rotating cache)")
+    if other:
+        why.append(f"{other} full-attention (a latent cache, or a head dim that is not a "
+                   f"multiple of {scheme.group_size})")
+    return (f"--kv-quant {scheme.flag}: {sliding + other} of {kinds.get('full', 0) + sliding} "
+            f"attention layers keep their dtype: {'; '.join(why)}")
+
+
+# ---------------------------------------------------------------- conversion
+
+_seen: set = set()
+
+
+def _once(key, msg: str, *args) -> None:
+    """Log a conversion skip once (the start-up warning already named it, from the config)."""
+    if key not in _seen:
+        _seen.add(key)
+        log.info(msg, *args)
+
+
+@functools.lru_cache(maxsize=1)
+def _plain_types() -> frozenset:
+    """The cache classes a scheme converts: plain full-attention KV, single or batched."""
+    from mlx_lm.models.cache import BatchKVCache, KVCache
+
+    from .batch import PlainRowKVCache
+
+    return frozenset((KVCache, BatchKVCache, PlainRowKVCache))
+
+
+def _convertible(c, group: int) -> bool:
+    """A plain full-attention cache with content whose head dims divide into groups."""
+    if c.keys is None:
+        return False
+    dims = (c.keys.shape[-1], c.values.shape[-1])
+    if any(d % group for d in dims):
+        _once(("dims",) + dims, "KV head dims %s are not multiples of the quantization "
+              "group %d: those layers keep their dtype", dims, group)
+        return False
+    return True
+
+
+def quantize(cache: list, scheme: KVScheme) -> list:
+    """Convert, in place, every entry of ``cache`` that the scheme can quantize (mlx-lm's
+    ``maybe_quantize_kv_cache`` at start 0, minus what it cannot convert); returns it."""
+    if not scheme.bits or not cache:
+        return cache
+    plain = _plain_types()
+    for i, c in enumerate(cache):  # once converted, a type check per layer and call
+        if type(c) in plain and _convertible(c, scheme.group_size):
+            from .batch import BatchQuantizedKVCache, to_quantized
+
+            if hasattr(c, "left_padding"):
+                cache[i] = BatchQuantizedKVCache.from_plain(c, scheme.group_size, scheme.bits)
+            else:
+                cache[i] = to_quantized(c, scheme.group_size, scheme.bits)
+    return cache
+
+
+class QuantizingModel:
+    """A model whose every call quantizes the cache it was given, afterwards.
+
+    Everything else (``layers``, ``make_cache``, ``args`` …) is the wrapped model's,
+    so mlx-lm's loops and helpers take it as the model itself.
+    """
+
+    def __init__(self, model, scheme: KVScheme):
+        self.model, self.scheme = model, scheme
+
+    def __call__(self, inputs, cache=None, input_embeddings=None, **kw):
+        if input_embeddings is not None:
+            kw["input_embeddings"] = input_embeddings
+        out = self.model(inputs, cache=cache, **kw)
+        if cache is not None:
+            quantize(cache, self.scheme)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+
+def quantizing(model, scheme: KVScheme):
+    """``model`` itself when the scheme is off, else a :class:`QuantizingModel`."""
+    return QuantizingModel(model, scheme) if scheme.bits else model
+
+
+def for_batch(cache: Optional[list], scheme: KVScheme, model=None) -> Optional[list]:
+    """A row's cache ready for mlx-lm's ``BatchGenerator`` under ``scheme``: entries that
+    may meet quantized rows in a merge get a merge that handles both (a fresh row gets a
+    fresh cache from ``model``). Off: ``cache`` unchanged."""
+    if not scheme.bits:
+        return cache
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from .batch import adopt
+
+    if cache is None:
+        cache = make_prompt_cache(model)
+    return [adopt(c) for c in cache]
+
