@@ -75,15 +75,17 @@ class TokenPieces:
     def raw(self, token: int) -> bytes:
         """The bytes ``token`` stands for (empty for an id past the tokenizer's vocabulary,
         which a padded output layer can still rank)."""
-        if token in self._added:
-            return self._added[token].encode()
-        if self._map is not None:
-            if not 0 <= token < len(self._map):
-                return b""
+        piece = None
+        if self._map is not None and 0 <= token < len(self._map):
             piece = self._map[token]
-            if isinstance(piece, (bytes, bytearray)):  # sentencepiece: bytes already
-                return bytes(piece).replace(SPM_SPACE, b" ")
+        if isinstance(piece, (bytes, bytearray)):  # sentencepiece: bytes already (<0xNN> too)
+            return bytes(piece).replace(SPM_SPACE, b" ")
+        if token in self._added:  # literal, though it may hold characters of the alphabet
+            return self._added[token].encode()
+        if isinstance(piece, str):
             return byte_level_bytes(piece)
+        if self._map is not None:
+            return b""
         try:  # a detokenizer without a vocabulary map: the tokenizer's own decode
             return self.tokenizer.decode([token]).encode()
         except Exception:
