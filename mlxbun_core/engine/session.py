@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..events import Content, Done, Finish, TokenLogprob, ToolCallEvent, Usage
-from .logprobs import LOGPROB_FLOOR, LogprobRecorder, json_logprob  # noqa: F401 (re-exported)
+from .logprobs import LogprobRecorder
 from .sampling import SamplingParams
 from .textstream import ReasoningSplitter, StopMatcher
 
