@@ -40,6 +40,16 @@ class ToolCallEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """The log-probabilities of one generated token (only when the request asked for
+    them): ``entry`` is OpenAI's ``{token, logprob, bytes, top_logprobs}`` plus ``id``.
+    Comes before the text that token produced (which may be held back for a while)."""
+
+    entry: dict
+    kind: ClassVar[str] = "logprob"
+
+
+@dataclass(frozen=True, slots=True)
 class KeepAlive:
     """Nothing to show yet (a long tool call is buffering): keep the connection warm."""
 
@@ -106,7 +116,7 @@ class Done:
 
 KEEPALIVE = KeepAlive()
 
-Event = Union[Admitted, Content, Reasoning, ToolCallEvent, KeepAlive, Done]
+Event = Union[Admitted, Content, Reasoning, ToolCallEvent, TokenLogprob, KeepAlive, Done]
 """Anything a generation emits."""
 
 ParserEvent = Union[Content, ToolCallEvent, KeepAlive]

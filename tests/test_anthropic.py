@@ -328,7 +328,7 @@ def test_error_wrongly_typed_nested_fields(srv, extra, fragment):
 
 
 @pytest.mark.parametrize("extra,fragment", [
-    ({"max_tokens": "8"}, "max_tokens must be of type int"),
+    ({"max_tokens": "8"}, "max_tokens must be an integer"),
     ({"stop_sequences": 5}, "stop_sequences must be a string or a list of strings"),
     ({"output_config": {"effort": "huge"}}, "output_config.effort must be one of"),
     ({"output_config": {"format": {"type": "json_schema", "schema": "x"}}},

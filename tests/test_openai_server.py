@@ -124,7 +124,7 @@ def test_models_index_health(client, srv):
     assert models.data[0].id == srv.engine.model.id
     assert models.data[0].owned_by == "mlxbun"
     one = httpx.get(f"{srv.v1}/models/{srv.engine.model.id}").json()
-    assert one["data"][0]["id"] == srv.engine.model.id
+    assert one["id"] == srv.engine.model.id and one["object"] == "model"
     assert httpx.get(f"{srv.v1}/models/nope").status_code == 404
     assert httpx.get(srv.base_url + "/health").json() == {"status": "ok"}
     idx = httpx.get(srv.v1).json()
@@ -138,8 +138,8 @@ def test_models_index_health(client, srv):
     ("/v1/chat/completions", {"messages": []}, "messages required"),
     ("/v1/chat/completions", {"messages": MSG, "logit_bias": {"a": 1}},
      "logit_bias must be a dict of int to float"),
-    ("/v1/chat/completions", {"messages": MSG, "logprobs": 1}, "logprobs must be of type bool"),
-    ("/v1/chat/completions", {"messages": MSG, "top_logprobs": "3"}, "top_logprobs must be of type int"),
+    ("/v1/chat/completions", {"messages": MSG, "logprobs": 1}, "logprobs must be a boolean (got 1)"),
+    ("/v1/chat/completions", {"messages": MSG, "top_logprobs": "3"}, "top_logprobs must be an integer (got the string '3')"),
     ("/v1/chat/completions", {"messages": MSG, "top_logprobs": -2}, "top_logprobs must be at least 0"),
     ("/v1/chat/completions", {"messages": MSG, "top_logprobs": 12}, "top_logprobs must be at most 11"),
     ("/v1/chat/completions", {"messages": MSG, "reasoning_effort": "huge"},
@@ -164,14 +164,14 @@ def test_models_index_health(client, srv):
     ("/v1/chat/completions", {"messages": MSG, "logit_bias": {"-1": 1}}, "logit_bias token id"),
     ("/v1/chat/completions", {"messages": MSG, "repetition_penalty": 1.2,
                               "repetition_context_size": 2**40}, "repetition_context_size must be at most"),
-    ("/v1/chat/completions", {"messages": MSG, "stream": "yes"}, "stream must be of type bool"),
+    ("/v1/chat/completions", {"messages": MSG, "stream": "yes"}, "stream must be a boolean (got the string 'yes')"),
     ("/v1/chat/completions", {"messages": MSG, "tool_choice": 5}, "tool_choice must be"),
     ("/v1/chat/completions", {"messages": MSG, "tools": ["x"]}, "tools must be a list of objects"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": {"a": 1}}]}]},
      "text content parts need a string"),
     ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": "x"}]},
                                            {"role": "user", "content": "hi"}]}, "tool_calls entries need"),
-    ("/v1/chat/completions", {"messages": [5]}, "each message must be an object"),
+    ("/v1/chat/completions", {"messages": [5]}, "messages[0] must be a message object with a role (got 5)"),
 ])
 def test_documented_errors(srv, path, body, message):
     r = post(srv, path, body)

@@ -9,8 +9,8 @@ work) and carries nothing protocol-specific.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional, Union
+from dataclasses import dataclass, field, replace
+from typing import Iterator, Optional, Union
 
 from ..chat_template import check_reasoning_effort
 from ..errors import BadRequest
@@ -18,7 +18,11 @@ from ..grammar import GrammarRequest, resolve_grammar_request
 from ..media import parts as media_parts
 from ..toolcalls.choice import check_tools, parse_parallel, parse_tool_choice
 from ..toolcalls.history import normalize_history
-from .sampling import SamplingParams, max_tokens_from, stop_sequences
+from .sampling import (SamplingParams, check_field, described, max_tokens_from,
+                       stop_sequences, type_error)
+
+MAX_CHOICES = 16  # ``n``: choices per request (each is its own job; OpenAI allows 128)
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # OpenAI's
 
 @dataclass
 class GenerateOptions:
@@ -29,6 +33,7 @@ class GenerateOptions:
     stop: list = field(default_factory=list)
     grammar: Optional[GrammarRequest] = None
     stream: bool = False
+    n: int = 1  # choices to generate for the one prompt (see :func:`choice_requests`)
     adapter: Optional[str] = None  # the request's ``adapter`` field, as given
     surface_state: dict = field(default_factory=dict)  # the surface's own; the engine ignores it
 
@@ -61,6 +66,23 @@ class CompletionRequest(GenerateOptions):
 
 
 GenerationInput = Union[ChatRequest, CompletionRequest]
+SEED_SPACE = 2**64
+
+
+def choice_requests(req: GenerationInput) -> Iterator[GenerationInput]:
+    """``req`` itself, then one copy per further choice of its ``n``.
+
+    Preparing a request adds its grammar processor to the sampling settings, so each
+    copy gets settings of its own, taken before the first is prepared. Copies are made
+    lazily: media fetched for the first are reused. With a ``seed``, choice ``i`` samples
+    with ``seed + i``: the choices differ, and each is repeatable on its own.
+    """
+    pristine = replace(req.sampling, extra_processors=list(req.sampling.extra_processors))
+    yield req
+    for i in range(1, req.n):
+        seed = None if pristine.seed is None else (pristine.seed + i) % SEED_SPACE
+        sampling = replace(pristine, seed=seed, extra_processors=list(pristine.extra_processors))
+        yield replace(req, sampling=sampling, surface_state=dict(req.surface_state))
 
 
 def _options(body: dict, defaults: dict, server_max_tokens: Optional[int]) -> dict:
@@ -68,14 +90,16 @@ def _options(body: dict, defaults: dict, server_max_tokens: Optional[int]) -> di
     if stream is None:
         stream = False
     if not isinstance(stream, bool):
-        raise BadRequest("stream must be of type bool", param="stream")
+        raise type_error("stream", "a boolean", stream)
     adapter = body.get("adapter")
     if adapter is not None and not isinstance(adapter, str):
-        raise BadRequest("adapter must be a string", param="adapter")
+        raise type_error("adapter", "a string", adapter)
+    n = body.get("n")
+    n = 1 if n is None else check_field("n", n, int, 1, MAX_CHOICES)
     return {"sampling": SamplingParams.from_body(body, defaults),
             "max_tokens": max_tokens_from(body, server_max_tokens),
             "stop": stop_sequences(body), "grammar": resolve_grammar_request(body),
-            "stream": stream, "adapter": adapter}
+            "stream": stream, "n": n, "adapter": adapter}
 
 
 def parse_completion(body: dict, defaults: Optional[dict] = None,
@@ -89,18 +113,21 @@ def parse_completion(body: dict, defaults: Optional[dict] = None,
 def parse_chat(body: dict, defaults: Optional[dict] = None,
                server_max_tokens: Optional[int] = None) -> ChatRequest:
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("messages required", param="messages")
+    if messages is None or messages == []:
+        raise BadRequest("messages required: an array of message objects, at least one",
+                         param="messages")
+    if not isinstance(messages, list):
+        raise type_error("messages", "an array of message objects", messages)
     options = _options(body, defaults or {}, server_max_tokens)
     tools = check_tools(body.get("tools"))
     choice = parse_tool_choice(body.get("tool_choice"), tools)
     parallel = parse_parallel(body.get("parallel_tool_calls"))
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
-        raise BadRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")
+        raise type_error("chat_template_kwargs", "an object", kwargs)
     effort = check_reasoning_effort(body.get("reasoning_effort"))
     media: list = []
-    msgs = normalize_history([normalize_message(m, media) for m in messages])
+    msgs = normalize_history([normalize_message(m, media, i) for i, m in enumerate(messages)])
     if choice.mode == "none":
         tools = None
     return ChatRequest(messages=msgs, tools=tools, tool_choice=choice.mode, tool_name=choice.name,
@@ -108,7 +135,22 @@ def parse_chat(body: dict, defaults: Optional[dict] = None,
                        reasoning_effort=effort, media=media, **options)
 
 
-def normalize_message(m, media: list) -> dict:
+def check_role(m, index: int) -> None:
+    """A message is an object whose role is one OpenAI accepts (400 naming the position)."""
+    where = f"messages[{index}]"
+    if not isinstance(m, dict):
+        raise type_error(where, "a message object with a role", m, param="messages")
+    role = m.get("role")
+    if role is None:
+        raise BadRequest(f"{where}.role is required", param=f"{where}.role")
+    if role not in ROLES:
+        allowed = ", ".join(repr(r) for r in ROLES)
+        shown = repr(role) if isinstance(role, str) else described(role)
+        raise BadRequest(f"{where}.role must be one of {allowed} (got {shown})",
+                         param=f"{where}.role", code="invalid_value")
+
+
+def normalize_message(m, media: list, index: int = 0) -> dict:
     """One history message as every chat template can read it.
 
     ``developer`` renders as ``system``; ``reasoning`` is an alias of
@@ -116,8 +158,7 @@ def normalize_message(m, media: list) -> dict:
     stays a part list whose media parts are ``{"type": kind}`` placeholders, and
     their references are appended to ``media`` (document order).
     """
-    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-        raise BadRequest("each message must be an object with a string role", param="messages")
+    check_role(m, index)
     m = dict(m)
     if m["role"] == "developer":  # OpenAI's newer name for system; templates know "system"
         m["role"] = "system"
@@ -129,5 +170,6 @@ def normalize_message(m, media: list) -> dict:
         m["content"], refs = media_parts.split_content(content)
         media += refs
     elif content is not None and not isinstance(content, str):
-        raise BadRequest("message content must be a string or an array of parts", param="messages")
+        raise type_error(f"messages[{index}].content", "a string or an array of parts", content,
+                         param="messages")
     return m

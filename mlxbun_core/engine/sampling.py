@@ -1,5 +1,6 @@
-"""Sampling parameters: parsed and validated exactly as mlx_lm.server does, turned
-into mlx-lm's own sampler and logits processors (so behaviour matches it)."""
+"""Sampling parameters: parsed and validated with mlx_lm.server's rules (its fields,
+types and ranges, messages in words), turned into mlx-lm's own sampler and logits
+processors (so behaviour matches it)."""
 
 from __future__ import annotations
 
@@ -37,14 +38,32 @@ _RULES = [
     ("seed", int, 0, 2**64 - 1, None),
 ]
 _FLOATS = {name for name, types, *_ in _RULES if types == (float, int)}
+_WORDS = {(float, int): "a number", int: "an integer", bool: "a boolean"}
+_KINDS = {str: "a string", list: "an array", dict: "an object", bool: "a boolean",
+          type(None): "null"}
+
+
+def described(value) -> str:
+    """A JSON value as an error message names it: ``the string 'hot'``, ``an array``, ``1.5``."""
+    if isinstance(value, str):
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        return f"the string {shown!r}"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return repr(value)
+    return _KINDS.get(type(value), type(value).__name__)
+
+
+def type_error(name: str, expected: str, value, param: Optional[str] = None) -> BadRequest:
+    """``<name> must be <expected> (got <value>)``: the field, the type in words, what came."""
+    return BadRequest(f"{name} must be {expected} (got {described(value)})",
+                      param=param or name)
 
 
 def _check(name, value, types, lo, hi, whitelist):
     # bool is an int subclass; mlx-lm accepts it where int is allowed, we do not
     # accept it for numeric fields because it is always a client mistake.
     if not isinstance(value, types) or (types is not bool and isinstance(value, bool)):
-        allowed = tuple(t.__name__ for t in types) if isinstance(types, tuple) else types.__name__
-        raise BadRequest(f"{name} must be of type {allowed}", param=name)
+        raise type_error(name, _WORDS[types], value)
     if whitelist and value in whitelist:
         return
     if lo is not None and value < lo:
@@ -53,10 +72,16 @@ def _check(name, value, types, lo, hi, whitelist):
         raise BadRequest(f"{name} must be at most {hi}", param=name)
 
 
+def check_field(name: str, value, types, lo=None, hi=None):
+    """``value`` when it has the type (``int``, ``bool`` or ``(float, int)``) and range."""
+    _check(name, value, types, lo, hi, None)
+    return value
+
+
 def _logit_bias(bias) -> dict:
     """``{"token id": bias}``: decimal ids, numeric biases within OpenAI's ±100."""
     if not isinstance(bias, dict):
-        raise BadRequest("logit_bias must be of type dict", param="logit_bias")
+        raise type_error("logit_bias", "an object of token ids to numbers", bias)
     out = {}
     for key, value in bias.items():
         if not (isinstance(key, str) and _TOKEN_ID.fullmatch(key)) \

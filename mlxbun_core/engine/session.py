@@ -7,12 +7,12 @@ their own wire format; nothing here knows about any protocol or family.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..events import Content, Done, Finish, ToolCallEvent, Usage
+from ..events import Content, Done, Finish, TokenLogprob, ToolCallEvent, Usage
+from .logprobs import LogprobRecorder
 from .sampling import SamplingParams
 from .textstream import ReasoningSplitter, StopMatcher
 
@@ -36,14 +36,6 @@ class GenerationRequest:
     processors: list = field(default_factory=list)
 
 
-LOGPROB_FLOOR = -9999.0  # OpenAI's value for an impossible token; JSON has no -Infinity
-
-
-def json_logprob(value: float) -> float:
-    """A masked token (a grammar, an overflowing bias) has log-prob -inf or NaN: floor it."""
-    return value if math.isfinite(value) else LOGPROB_FLOOR
-
-
 class GenerationSession:
     """Turns sampled tokens into events (:mod:`mlxbun_core.events`).
 
@@ -61,7 +53,10 @@ class GenerationSession:
         self.splitter = ReasoningSplitter(req.think_start, req.think_end, req.in_reasoning)
         self.parser = req.tool_parser
         self.usage = Usage(prompt_tokens=len(req.prompt_tokens))
-        self.logprobs: Optional[list] = [] if req.sampling.wants_logprobs else None
+        self.logprobs: Optional[list] = None
+        if req.sampling.wants_logprobs:
+            self.logprobs = []
+            self.recorder = LogprobRecorder(tokenizer, req.sampling.top_logprobs)
         self.saw_tool_call = False
         self.finished: Optional[Finish] = None
         self.t0 = time.perf_counter()
@@ -76,31 +71,22 @@ class GenerationSession:
         self.usage.completion_tokens += 1
         if self.splitter.inside:
             self.usage.reasoning_tokens += 1
-        if self.logprobs is not None:
-            self._record_logprobs(token, logprobs)
+        events = self._record_logprobs(token, logprobs) if self.logprobs is not None else []
         if token in self.eos:
-            return self.finish("stop")
+            return events + self.finish("stop")
         self.detok.add_token(token)
-        events = self._text(self.detok.last_segment)
+        events += self._text(self.detok.last_segment)
         if self.stopper.stopped is not None or getattr(self.parser, "done", False):
             return events + self.finish("stop")
         if self.limit is not None and self.usage.completion_tokens >= self.limit:
             return events + self.finish("length")
         return events
 
-    def _record_logprobs(self, token, logprobs):
-        import mlx.core as mx
-
-        k = self.req.sampling.top_logprobs
-        entry = {"id": int(token), "logprob": json_logprob(logprobs[token].item())}
-        if k > 0:
-            top = mx.argpartition(-logprobs, kth=k - 1)[:k]
-            vals = [json_logprob(v) for v in logprobs[top].tolist()]
-            pairs = sorted(zip(top.tolist(), vals), key=lambda p: -p[1])
-            names = self.tokenizer.convert_ids_to_tokens([p[0] for p in pairs])
-            tops = [{"id": i, "token": n, "logprob": v} for (i, v), n in zip(pairs, names)]
-            entry = dict(tops[0], top_logprobs=tops)
+    def _record_logprobs(self, token, logprobs) -> list:
+        """The sampled token's entry, kept for the whole reply and streamed as an event."""
+        entry = self.recorder.entry(token, logprobs)
         self.logprobs.append(entry)
+        return [TokenLogprob(entry)]
 
     # -- text side --------------------------------------------------------
     def _text(self, segment: str) -> list:

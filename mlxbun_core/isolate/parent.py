@@ -159,11 +159,12 @@ class ParentApp:
 
     async def model_by_id(self, scope, send):
         wanted = scope["path"][len("/v1/models/"):]
-        rows = [r for r in await self._rows() if r["id"] == wanted]
-        if not rows:
+        row = next((r for r in await self._rows() if r["id"] == wanted), None)
+        if row is None:  # as server/meta.py answers it
             return await send_json(send, 404, {"error": {
-                "message": f"model {wanted!r} not found", "type": "not_found_error"}})
-        await send_json(send, 200, {"object": "list", "data": rows})
+                "message": f"The model {wanted!r} does not exist (GET /v1/models lists them)",
+                "type": "invalid_request_error", "param": "model", "code": "model_not_found"}})
+        await send_json(send, 200, row)
 
     def machine(self) -> Machine:
         """The engines' view of the machine (MLX's numbers); system RAM until one reports."""

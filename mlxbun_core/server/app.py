@@ -9,7 +9,7 @@ from blacksheep import Application, Request
 from blacksheep.server.routing import Router
 
 from . import guard
-from .common import json_response
+from .common import allowed_methods, json_response, method_not_allowed, openai_error
 
 log = logging.getLogger("mlxbun.server")
 
@@ -30,6 +30,15 @@ SURFACES = (
 )
 
 
+def error_shape(path: str):
+    """How the surface at ``path`` renders an error (Anthropic's routes their own shape)."""
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        from .anthropic_messages import anthropic_error
+
+        return anthropic_error
+    return openai_error
+
+
 def build_app(engine, *, api_key: str | None = None, sessions_dir=None) -> Application:
     """``sessions_dir``: where the web chat keeps sessions (default: under our home)."""
     app = Application(router=Router())  # not BlackSheep's process-wide default router
@@ -46,6 +55,10 @@ def build_app(engine, *, api_key: str | None = None, sessions_dir=None) -> Appli
         module.register(app, engine)
 
     async def not_found(request: Request):
+        allowed = allowed_methods(app.router, request.url.path)
+        if allowed:  # the path exists for other methods: 405 in that surface's error shape
+            path = request.url.path.decode("utf-8", "replace")
+            return method_not_allowed(request.method, path, allowed, error_shape(path))
         return json_response({"error": {"message": "not found", "type": "not_found_error"}}, 404)
 
     app.router.fallback = not_found

@@ -72,6 +72,29 @@ def guarded(render: Callable[[APIError], Response] = openai_error):
     return wrap
 
 
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(router, path: bytes) -> list[str]:
+    """The HTTP methods some route serves ``path`` with (empty: no route has it)."""
+    found = set()
+    for method, routes in router.routes.items():
+        name = method.decode() if isinstance(method, bytes) else str(method)
+        if name in HTTP_METHODS and any(r.match_by_path(path) for r in routes):
+            found.add(name)
+    return sorted(found, key=HTTP_METHODS.index)
+
+
+def method_not_allowed(method: str, path: str, allowed: list[str],
+                       render: Callable[[APIError], Response] = openai_error) -> Response:
+    """405 in the route's own error shape, with the ``Allow`` header HTTP asks for."""
+    exc = APIError(f"{method} is not allowed on {path}: use {' or '.join(allowed)}",
+                   status=405, type="invalid_request_error", code="method_not_allowed")
+    resp = render(exc)
+    resp.add_header(b"Allow", ", ".join(allowed).encode())
+    return resp
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:24]}"
 

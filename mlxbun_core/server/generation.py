@@ -9,12 +9,13 @@ failure frames live here once.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Optional
 
 from blacksheep import Request, Response
 
 from ..engine.reply import Reply, gather
+from ..engine.request import choice_requests
 from ..events import Admitted, Done, Event, Finish, KeepAlive
 from . import trace as tracing
 from .common import KEEPALIVE, json_response, new_id, now, read_body, sse_response, watch_disconnect
@@ -28,9 +29,10 @@ class Run:
     created: int
     body: dict
     request: object  # the typed ChatRequest / CompletionRequest
-    gen: object  # the engine's Generation handle
+    gen: object  # the engine's Generation handle (the first choice's)
     trace: object
     started: float
+    gens: list = field(default_factory=list)  # one Generation per choice (``n``)
 
     @property
     def headers(self) -> Optional[dict]:
@@ -55,12 +57,26 @@ async def start(request: Request, engine, *, route: str, id_prefix: str,
         trace.span("request.body_parse", t)
         t, stage = time.perf_counter(), "prepare_completion"
         typed = parse(body)
-        gen = await engine.start(typed)
-        trace.span("request.prompt_prepare", t, prompt_tokens=gen.prompt_tokens)
+        gens = await start_choices(engine, typed)
+        trace.span("request.prompt_prepare", t, prompt_tokens=gens[0].prompt_tokens)
     except Exception as exc:
         trace.finish("error", stage=stage, error=str(exc))
         raise
-    return Run(rid, now(), body, typed, gen, trace, time.perf_counter())
+    return Run(rid, now(), body, typed, gens[0], trace, time.perf_counter(), gens)
+
+
+async def start_choices(engine, typed) -> list:
+    """One started generation per choice; if one cannot start (a full queue), the
+    others are cancelled and the error stands for the request."""
+    gens: list = []
+    try:
+        for req in choice_requests(typed):
+            gens.append(await engine.start(req))
+    except BaseException:
+        for gen in gens:
+            gen.cancel()
+        raise
+    return gens
 
 
 class FrameWriter:

@@ -79,12 +79,15 @@ def register(app, engine):
         return json_response({"object": "list", "data": await all_rows()})
 
     async def model_by_id(request: Request):
+        """OpenAI's retrieve: the model object itself (every field of its list row)."""
         wanted = request.route_values.get("tail", "")
-        rows = [r for r in await all_rows() if r["id"] == wanted]
-        if not rows:
-            return json_response({"error": {"message": f"model {wanted!r} not found",
-                                            "type": "not_found_error"}}, 404)
-        return json_response({"object": "list", "data": rows})
+        row = next((r for r in await all_rows() if r["id"] == wanted), None)
+        if row is None:
+            return json_response({"error": {
+                "message": f"The model {wanted!r} does not exist (GET /v1/models lists them)",
+                "type": "invalid_request_error", "param": "model",
+                "code": "model_not_found"}}, 404)
+        return json_response(row)
 
     async def health(request: Request):
         if engine.draining:  # load balancers stop sending; in-flight requests finish

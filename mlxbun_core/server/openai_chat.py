@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from blacksheep import Request
 
-from ..events import Content, Reasoning, ToolCallEvent
-from . import generation
+from ..events import Content, Reasoning, TokenLogprob, ToolCallEvent
+from . import choices, generation
 from .common import guarded, sse_data
 
 
@@ -22,20 +22,32 @@ def openai_stream_error(message: str) -> bytes:
     return sse_data({"error": {"message": message, "type": "server_error"}})
 
 
-class ChatFrames(generation.FrameWriter):
-    def __init__(self, run, model_id: str):
+class ChatFrames(choices.ChoiceFrames):
+    """One choice's chunks. Log-prob entries wait for the next chunk that carries text
+    (a token's text can be held back: a partial character, a possible stop sequence,
+    tool markup), so every entry is sent exactly once, in order."""
+
+    def __init__(self, run, model_id: str, index: int = 0, n: int = 1):
+        super().__init__(index, n)
         self.head = {"id": run.id, "object": "chat.completion.chunk", "created": run.created,
                      "model": model_id}
         self.calls = 0
+        self.pending: list = []  # log-prob entries not sent yet
 
     def chunk(self, delta, finish=None, **extra) -> bytes:
-        return sse_data({**self.head, "choices": [{"index": 0, "delta": delta,
-                                                   "finish_reason": finish}], **extra})
+        choice = {"index": self.index, "delta": delta, "finish_reason": finish}
+        if self.pending:
+            choice["logprobs"] = {"content": self.pending}
+            self.pending = []
+        return sse_data({**self.head, "choices": [choice], **extra})
 
     def opening(self):
         return [self.chunk({"role": "assistant", "content": ""})]
 
     def event(self, ev):
+        if isinstance(ev, TokenLogprob):
+            self.pending.append(ev.entry)
+            return []
         if isinstance(ev, Content):
             return [self.chunk({"content": ev.text})]
         if isinstance(ev, Reasoning):
@@ -46,32 +58,47 @@ class ChatFrames(generation.FrameWriter):
         return []
 
     def done(self, finish):
+        if self.n > 1:  # the usage comes once, after every choice (summary)
+            return [self.chunk({}, finish.reason)]
         return [self.chunk({}, finish.reason, usage=finish.usage.openai()), b"data: [DONE]\n\n"]
+
+    def summary(self, usage):
+        return [sse_data({**self.head, "choices": [], "usage": usage.openai()}),
+                b"data: [DONE]\n\n"]
 
     def failed(self, message):
         return [openai_stream_error(message)]
 
 
+def message_of(reply) -> dict:
+    message = {"role": "assistant",
+               "content": None if reply.tool_calls and not reply.content.strip() else reply.content}
+    if reply.reasoning:
+        message["reasoning"] = reply.reasoning
+    if reply.tool_calls:
+        message["tool_calls"] = [tool_call_json(c) for c in reply.tool_calls]
+    return message
+
+
 def register(app, engine):
     model_id = engine.model.id
 
-    def answer(run, reply) -> dict:
-        message = {"role": "assistant",
-                   "content": None if reply.tool_calls and not reply.content.strip() else reply.content}
-        if reply.reasoning:
-            message["reasoning"] = reply.reasoning
-        if reply.tool_calls:
-            message["tool_calls"] = [tool_call_json(c) for c in reply.tool_calls]
-        choice = {"index": 0, "message": message, "finish_reason": reply.finish.reason}
-        if reply.finish.logprobs is not None:
-            choice["logprobs"] = {"content": reply.finish.logprobs}
+    def answer(run, replies, usage) -> dict:
+        out = []
+        for index, reply in enumerate(replies):
+            choice = {"index": index, "message": message_of(reply),
+                      "finish_reason": reply.finish.reason}
+            if reply.finish.logprobs is not None:
+                choice["logprobs"] = {"content": reply.finish.logprobs}
+            out.append(choice)
         return {"id": run.id, "object": "chat.completion", "created": run.created,
-                "model": model_id, "choices": [choice], "usage": reply.finish.usage.openai()}
+                "model": model_id, "choices": out, "usage": usage.openai()}
 
     @guarded()
     async def chat_completions(request: Request):
         run = await generation.start(request, engine, route="/v1/chat/completions",
                                      id_prefix="chatcmpl-", parse=engine.parse_chat)
-        return await generation.respond(request, run, lambda r: ChatFrames(r, model_id), answer)
+        return await choices.respond(request, run,
+                                     lambda r, i, n: ChatFrames(r, model_id, i, n), answer)
 
     app.router.add_post("/v1/chat/completions", chat_completions)

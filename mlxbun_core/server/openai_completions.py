@@ -1,29 +1,52 @@
-"""POST /v1/completions — raw text completion, no chat template."""
+"""POST /v1/completions — raw text completion, no chat template.
+
+Log-probs come in the legacy Completions shape (``tokens``, ``token_logprobs``,
+``top_logprobs``, ``text_offset``), streamed per chunk as well; ``content`` keeps the
+per-token entries of chat's shape (mlx_lm.server's block, with ``id``).
+"""
 
 from __future__ import annotations
 
 from blacksheep import Request
 
-from ..events import Content, Reasoning
-from . import generation
+from ..engine.logprobs import legacy_block
+from ..events import Content, Reasoning, TokenLogprob
+from . import choices, generation
 from .common import guarded, sse_data
 from .openai_chat import openai_stream_error
 
 
-class CompletionFrames(generation.FrameWriter):
-    def __init__(self, run, model_id: str):
+class CompletionFrames(choices.ChoiceFrames):
+    def __init__(self, run, model_id: str, index: int = 0, n: int = 1):
+        super().__init__(index, n)
         self.head = {"id": run.id, "object": "text_completion", "created": run.created,
                      "model": model_id}
+        self.pending: list = []  # log-prob entries not sent yet (see ChatFrames)
+        self.offset = 0  # text_offset of the next entry
 
     def chunk(self, text, finish=None, **extra) -> bytes:
-        return sse_data({**self.head, "choices": [{"index": 0, "text": text, "finish_reason": finish,
-                                                   "logprobs": None}], **extra})
+        logprobs = None
+        if self.pending:
+            logprobs, self.offset = legacy_block(self.pending, self.offset)
+            self.pending = []
+        return sse_data({**self.head, "choices": [{"index": self.index, "text": text,
+                                                   "finish_reason": finish,
+                                                   "logprobs": logprobs}], **extra})
 
     def event(self, ev):
+        if isinstance(ev, TokenLogprob):
+            self.pending.append(ev.entry)
+            return []
         return [self.chunk(ev.text)] if isinstance(ev, (Content, Reasoning)) else []
 
     def done(self, finish):
+        if self.n > 1:
+            return [self.chunk("", finish.reason)]
         return [self.chunk("", finish.reason, usage=finish.usage.openai()), b"data: [DONE]\n\n"]
+
+    def summary(self, usage):
+        return [sse_data({**self.head, "choices": [], "usage": usage.openai()}),
+                b"data: [DONE]\n\n"]
 
     def failed(self, message):
         return [openai_stream_error(message)]
@@ -32,18 +55,21 @@ class CompletionFrames(generation.FrameWriter):
 def register(app, engine):
     model_id = engine.model.id
 
-    def answer(run, reply) -> dict:
-        choice = {"index": 0, "text": reply.content, "finish_reason": reply.finish.reason}
-        if reply.finish.logprobs is not None:
-            choice["logprobs"] = {"content": reply.finish.logprobs}
+    def answer(run, replies, usage) -> dict:
+        out = []
+        for index, reply in enumerate(replies):
+            choice = {"index": index, "text": reply.content, "finish_reason": reply.finish.reason}
+            if reply.finish.logprobs is not None:
+                choice["logprobs"] = legacy_block(reply.finish.logprobs)[0]
+            out.append(choice)
         return {"id": run.id, "object": "text_completion", "created": run.created,
-                "model": model_id, "choices": [choice], "usage": reply.finish.usage.openai()}
+                "model": model_id, "choices": out, "usage": usage.openai()}
 
     @guarded()
     async def completions(request: Request):
         run = await generation.start(request, engine, route="/v1/completions", id_prefix="cmpl-",
                                      parse=engine.parse_completion)
-        return await generation.respond(request, run, lambda r: CompletionFrames(r, model_id),
-                                        answer)
+        return await choices.respond(request, run,
+                                     lambda r, i, n: CompletionFrames(r, model_id, i, n), answer)
 
     app.router.add_post("/v1/completions", completions)
