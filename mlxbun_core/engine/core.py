@@ -20,9 +20,10 @@ from ..media import parts as media_parts
 from ..model import LoadedModel, LoadOptions
 from .job import EventSink, GenerationJob
 from .lanes.batch import BatchLane
+from .lanes.pace import PrefillPacer
 from .lanes.serial import SerialLane
 from .prepare import Prepared, media_pipeline, prepare
-from .admission import Admission
+from .admission import Admission, default_batch
 from .prompt_cache import PrefixCache
 from .request import ChatRequest, CompletionRequest, GenerationInput, parse_chat, parse_completion
 from .session import GenerationRequest
@@ -64,21 +65,21 @@ class Generation:
             self._job.cancel()
 
 
-DEFAULT_BATCH = 8
 DEFAULT_PROMPT_CACHE_BYTES = 8 << 30
 
 
 class Engine:
     """One loaded model, its worker thread and lanes.
 
-    ``batch`` caps the rows decoded together (1 pins the serial lane; a mounted
-    draft model always decodes serially); ``prompt_cache_bytes`` caps the prefix
-    KV cache (0 turns it off).
+    ``batch`` caps the rows decoded together (None: sized from the device and the
+    model, see :func:`~mlxbun_core.library.fit.batch_plan`; 1 pins the serial lane; a
+    mounted draft model always decodes serially); ``prompt_cache_bytes`` caps the
+    prefix KV cache (0 turns it off).
     """
 
     def __init__(self, model: LoadedModel, *, worker: Optional[ModelWorker] = None,
                  defaults: Optional[dict] = None, max_tokens: Optional[int] = None,
-                 draft=None, batch: int = DEFAULT_BATCH,
+                 draft=None, batch: Optional[int] = None,
                  prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
                  memory_budget_bytes: Optional[int] = None):
         self.model = model
@@ -86,13 +87,21 @@ class Engine:
         self.worker = worker or ModelWorker()
         self.prefix = PrefixCache(prompt_cache_bytes)
         self.admission = Admission(model, memory_budget_bytes)
-        self.batch = 1 if draft is not None else max(1, batch)
+        self.batch_plan = None if batch else default_batch(model, self.admission)
+        self.batch_source = "--batch" if batch else "auto"
+        self.batch = 1 if draft is not None else max(1, batch or self.batch_plan.rows)
         self.adapters = AdapterManager(model, call=self.worker.call)
+        self.pacer = PrefillPacer()  # prompt tokens per prefill chunk, every lane
         if not self.worker.lanes:
-            serial = SerialLane(model.model, self.prefix, self.admission, adapters=self.adapters)
+            serial = SerialLane(model.model, self.prefix, self.admission, adapters=self.adapters,
+                                pacer=self.pacer)
             self.worker.lanes = ([BatchLane(model.model, self.batch, self.prefix, self.admission,
-                                            adapters=self.adapters), serial]
+                                            adapters=self.adapters, pacer=self.pacer), serial]
                                  if self.batch > 1 else [serial])
+            if model.kind == "generate":
+                self.worker.run_sync(lambda: self.pacer.calibrate(model.model))
+        log.info("batch: %d rows (%s)", self.batch, self.batch_source if self.batch_plan is None
+                 else f"auto: {self.batch_plan.reason}")
         # generation_config.json values, then operator flags on top; requests win over both
         self.defaults = {**model.generation_defaults, **(defaults or {})}
         self.max_tokens = max_tokens
@@ -220,5 +229,7 @@ class Engine:
     def batch_stats(self) -> dict:
         lanes = {lane.name: {"active": lane.active, "waiting": lane.waiting}
                  for lane in self.worker.lanes}
-        return {"cap": self.batch, "active_rows": self.worker.active,
-                "waiting": self.worker.waiting, "lanes": lanes}
+        return {"cap": self.batch, "cap_source": self.batch_source,
+                "auto": self.batch_plan.describe() if self.batch_plan else None,
+                "active_rows": self.worker.active, "waiting": self.worker.waiting,
+                "lanes": lanes, "prefill": self.pacer.stats()}
