@@ -7,6 +7,7 @@ import asyncio
 import threading
 
 from ..engine.core import Engine
+from ..engine.lanes.pace import FixedChunk, PrefillPacer
 from ..engine.reply import gather
 
 
@@ -63,3 +64,42 @@ def within(seconds: float, fn):
     if "error" in box:
         raise box["error"]
     return box["value"]
+
+
+class GatedChunks(FixedChunk):
+    """Prefill chunks of ``size`` tokens, counted (``count``, ``tokens``); the worker
+    thread waits at the end of chunk ``pause_at`` until ``release()``, so a test acts
+    at an exact chunk boundary instead of racing a timer."""
+
+    def __init__(self, size: int, pause_at: int = 0):
+        super().__init__(size)
+        self.count, self.tokens, self.pause_at = 0, [], pause_at
+        self._paused, self._go = threading.Event(), threading.Event()
+
+    def record(self, tokens: int, seconds: float, asked: int = 0) -> None:
+        self.count += 1
+        self.tokens.append(tokens)
+        if self.count == self.pause_at:
+            self._paused.set()
+            self._go.wait(60)
+
+    def wait_paused(self, timeout: float = 60) -> None:
+        assert self._paused.wait(timeout), f"prefill never reached chunk {self.pause_at}"
+
+    def release(self) -> None:
+        self._go.set()
+
+
+def pace(engine: Engine, pacer: PrefillPacer) -> PrefillPacer:
+    """Make every lane of ``engine`` size (and report) its prefill chunks with ``pacer``."""
+    engine.pacer = pacer
+    for lane in engine.worker.lanes:
+        lane.pacer = pacer
+    return pacer
+
+
+def finish_of(events: list):
+    """The ``Finish`` of a generation's events (cancelled ones included)."""
+    from ..events import Done
+
+    return next(ev.finish for ev in events if isinstance(ev, Done))

@@ -188,14 +188,19 @@ class SerialLane:
         """The media pipeline's run; one that takes ``between_chunks`` gets the cancel
         check between its prefill chunks (it cannot yield before its first token)."""
         req = job.request
-        run = req.media.run
+        run, size = req.media.run, self.pacer.chunk()
+        last: list = []  # (tokens read, when) at the previous boundary
 
         def between_chunks(done: int) -> None:
+            now = time.perf_counter()
+            if last:  # the first interval also ran the media encoder: not a prefill rate
+                self.pacer.record(done - last[0], now - last[1], size)
+            last[:] = [done, now]
             if job.cancelled.is_set():
                 raise PrefillCancelled(f"cancelled after {done} prompt tokens")
 
         if _takes(run, "between_chunks"):
-            return run(req.sampler, req.processors or None, prefill_step=self.pacer.chunk(),
+            return run(req.sampler, req.processors or None, prefill_step=size,
                        between_chunks=between_chunks)
         return run(req.sampler, req.processors or None)
 
