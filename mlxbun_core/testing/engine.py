@@ -83,7 +83,7 @@ class GatedChunks(FixedChunk):
             self._paused.set()
             self._go.wait(60)
 
-    def wait_paused(self, timeout: float = 60) -> None:
+    def wait_paused(self, timeout: float = 30) -> None:
         assert self._paused.wait(timeout), f"prefill never reached chunk {self.pause_at}"
 
     def release(self) -> None:
@@ -103,3 +103,47 @@ def finish_of(events: list):
     from ..events import Done
 
     return next(ev.finish for ev in events if isinstance(ev, Done))
+
+
+def step_lane(engine: Engine, bodies: list, arrive: list, on_step=None) -> list:
+    """Drive the batch lane by hand on the worker thread: ``bodies[i]`` is added after
+    ``arrive[i]`` lane steps (0: before the first); ``on_step(step, jobs, lane)`` runs
+    after every step; step until every job ends. The finishes, in body order."""
+    lane = engine.worker.lanes[0]
+
+    async def go():
+        from ..engine.job import EventSink, GenerationJob
+
+        loop = asyncio.get_running_loop()
+        jobs = []
+        for body in bodies:
+            prepared = await engine.prepare(engine.parse_completion(body))
+            jobs.append(GenerationJob(prepared.request, engine.model.tokenizer, EventSink(loop),
+                                      engine.effective_limit(prepared.request)))
+
+        def steps():
+            n = 0
+            while True:
+                for job, at in zip(jobs, arrive):
+                    if at == n:
+                        lane.add(job)
+                if n >= max(arrive) and not (lane.active or lane.waiting):
+                    return
+                lane.step()
+                n += 1
+                if on_step is not None:
+                    on_step(n, jobs, lane)
+
+        await engine.worker.call(steps)
+        return [finish_of(await _events(job)) for job in jobs]
+
+    return asyncio.run(go())
+
+
+async def _events(job) -> list:
+    from ..events import Done
+
+    events: list = []
+    while not any(isinstance(ev, Done) for ev in events):
+        events += await job.sink.queue.get()
+    return events
