@@ -18,7 +18,8 @@ from mlxbun_core.engine.job import GenerationJob
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing import media as M
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.engine import GatedChunks, close, finish_of, pace
+from mlxbun_core.testing.engine import (GatedChunks, close, finish_of, pace, run_all, step_lane,
+                                        token_ids)
 from mlxbun_core.testing.server import start_server
 from mlxbun_core.testing.vision import QWEN_VL_TEMPLATE
 
@@ -103,60 +104,28 @@ def test_cancelling_a_row_in_the_prompt_batch_leaves_its_neighbour_exact():
     answers exactly what it answers alone."""
     engine = Engine.load(str(tiny_checkpoint("llama")), progress=False, batch=8,
                          prompt_cache_bytes=0)
-    lane = engine.worker.lanes[0]
     try:
         bodies = [{"prompt": LONG, "max_tokens": 6, "temperature": 0, "logprobs": True},
                   {"prompt": "Once upon a time " * 10, "max_tokens": 6, "temperature": 0,
                    "logprobs": True}]
+        want = token_ids(run_all(engine, bodies[1:])[0])
+        gate, seen = pace(engine, GatedChunks(CHUNK)), {}
 
-        async def alone():
-            gen = await engine.start(engine.parse_completion(bodies[1]))
-            return finish_of([ev async for ev in gen.events()])
-
-        want = [e["id"] for e in asyncio.run(alone()).logprobs]
-        gate = pace(engine, GatedChunks(CHUNK))
-
-        async def go():
-            loop = asyncio.get_running_loop()
-            jobs = [await new_job(engine, loop, b) for b in bodies]
-
-            def steps():
-                for job in jobs:
-                    lane.add(job)
-                while gate.count < 2:
-                    lane.step()
+        def on_step(n, jobs, lane):
+            if gate.count == 2 and "cancelled" not in seen:
                 assert not lane.alone and len(lane._gen._prompt_batch) == 2
                 jobs[0].cancel()
-                lane.step()
-                assert jobs[0].finished and len(lane._gen._prompt_batch) <= 1
-                while lane.active or lane.waiting:
-                    lane.step()
+                seen["cancelled"] = n
+            elif seen.get("cancelled") == n - 1:
+                seen["ended"] = jobs[0].finished
+                seen["prompt_rows"] = len(lane._gen._prompt_batch)
 
-            await engine.worker.call(steps)
-            return [finish_of(await drain(job)) for job in jobs]
-
-        cut, other = asyncio.run(go())
+        cut, other = step_lane(engine, bodies, [0, 0], on_step)
+        assert seen["ended"] and seen["prompt_rows"] <= 1
         assert cut.reason == "cancelled" and cut.usage.completion_tokens == 0
         assert other.reason == "length" and [e["id"] for e in other.logprobs] == want
     finally:
         close(engine)
-
-
-async def new_job(engine: Engine, loop, body: dict) -> GenerationJob:
-    from mlxbun_core.engine.job import EventSink
-
-    prepared = await engine.prepare(engine.parse_completion(body))
-    return GenerationJob(prepared.request, engine.model.tokenizer, EventSink(loop),
-                         engine.effective_limit(prepared.request))
-
-
-async def drain(job: GenerationJob) -> list:
-    from mlxbun_core.events import Done
-
-    events = []
-    while not any(isinstance(ev, Done) for ev in events):
-        events += await job.sink.queue.get()
-    return events
 
 
 # -- real HTTP clients that leave ------------------------------------------------------
