@@ -361,7 +361,7 @@ def cmd_serve(args) -> int:
     # which would turn a clean shutdown into exit 134.
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(server.exit_code)  # 0 after a drain; 128 + signal after a second signal
 
 
 def _mount_startup_adapter(engine, where: str) -> bool:

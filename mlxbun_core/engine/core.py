@@ -110,6 +110,7 @@ class Engine:
         self.requests = 0
         self.completed = 0
         self.draining = False  # set on SIGINT/SIGTERM: new work gets a 503
+        self.aborted = False  # set by abort(): nothing more is queued
         self.starting = 0  # requests being prepared (not yet queued)
 
     @classmethod
@@ -171,6 +172,13 @@ class Engine:
         if self.draining:
             raise Unavailable()
 
+    def abort(self, message: str) -> None:
+        """Stop now: every running and waiting request ends with ``message`` as an error
+        (streams get their surface's error event); requests still being prepared are
+        refused with a 503 (a forced shutdown)."""
+        self.draining = self.aborted = True
+        self.worker.abort(message)
+
     @property
     def idle(self) -> bool:
         """Nothing being prepared, queued or generated (what a drain waits for)."""
@@ -179,6 +187,8 @@ class Engine:
     async def _start(self, req: GenerationInput) -> Generation:
         adapters = self.adapters.resolve(req.adapter)  # an unknown id is a 400 before any work
         prepared = await self.prepare(req)
+        if self.aborted:  # stopped while this one was being prepared
+            raise Unavailable()
         limit = self.effective_limit(prepared.request)
         job = GenerationJob(prepared.request, self.model.tokenizer,
                             EventSink(asyncio.get_running_loop()), limit, self.draft,
