@@ -28,7 +28,7 @@ log = logging.getLogger("mlxbun.engine")
 
 TARGET_S = 0.8  # longest a chunk should take
 FIRST_CHUNK = 16  # before anything is measured
-MIN_CHUNK = 4
+MIN_CHUNK = 1  # a backend at a few tok/s (reference BLAS) still answers a cancel in time
 MAX_CHUNK = PREFILL_CHUNK  # what the memory plan bills one prompt's prefill scratch for
 CALIBRATION_TOKENS = 32
 SMOOTHING = 0.5  # weight of the newest measurement
