@@ -28,6 +28,7 @@ import os
 import random
 import statistics
 import sys
+from pathlib import Path
 
 import httpx
 
@@ -94,7 +95,7 @@ def main():
 
     dtype = args.dtype or ("float32" if mx.default_device() == mx.cpu else "bfloat16")
     ckpt = checkpoint(args, dtype)
-    tok = load_tokenizer(ckpt)
+    tok = load_tokenizer(Path(ckpt))
     rng = random.Random(3)
     prompts = [random_prompt(tok, args.prompt_tokens, rng)
                for _ in range(args.clients * args.requests)]
