@@ -3,7 +3,8 @@
 Each ``step`` admits waiting jobs that fit (row cap, memory), runs one
 BatchGenerator turn (a decode step for every generating row, then one prefill
 chunk for rows still reading their prompt, so a long prompt never freezes the
-running streams), routes each row's token to its session, and removes finished
+running streams; the engine's pacer caps the chunk so a cancel, checked at the
+start of every step, lands within about a second), routes each row's token to its session, and removes finished
 or cancelled rows. Per-row samplers, logits processors (penalties, logit_bias,
 grammar masks) and logprobs are BatchGenerator's own. Rows start from the
 longest cached prefix and publish their KV to the prefix cache when they end.
