@@ -33,6 +33,8 @@ def test_the_rate_follows_the_device_and_ignores_short_tails():
     assert pacer.chunk() == 64
     pacer.record(64, 4.0, asked=64)  # the machine got busy: smoothed, not jumped
     assert pacer.rate == pytest.approx(40.0) and pacer.chunk() == 32
+    pacer.record(32, 0.25, asked=32)  # faster again (or past a first-use compile): at once
+    assert pacer.rate == pytest.approx(128.0) and pacer.chunk() == 128
 
 
 GIB = 1 << 30

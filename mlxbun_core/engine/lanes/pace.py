@@ -11,9 +11,11 @@ chunk then takes between half of it and all of it; powers of two keep the set of
 query lengths small, and MLX's first forward pass at a new length costs extra on CUDA).
 
 The engine calibrates it at start-up with one short forward pass (``calibrate``), so
-the very first request is paced too. A chunk under half the current size (a prompt's
-tail, a cache hit's few new tokens) is not measured: its fixed per-pass cost would
-understate the rate.
+the very first request is paced too. That pass (and any short chunk) understates a
+fast device's rate (fixed per-pass costs, first-use kernel compilation), so a faster
+reading replaces the rate at once while a slower one is smoothed in; a chunk under
+half the size asked for (a prompt's tail, a cache hit's few new tokens) is not
+measured at all.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ TARGET_S = 0.8  # longest a chunk should take
 FIRST_CHUNK = 16  # before anything is measured
 MIN_CHUNK = 1  # a backend at a few tok/s (reference BLAS) still answers a cancel in time
 MAX_CHUNK = PREFILL_CHUNK  # what the memory plan bills one prompt's prefill scratch for
-CALIBRATION_TOKENS = 32
+CALIBRATION_TOKENS = 8  # a 135M model on a reference-BLAS CPU reads ~2-10 tok/s
 SMOOTHING = 0.5  # weight of the newest measurement
 
 
@@ -58,8 +60,10 @@ class PrefillPacer:
         if seconds <= 0 or tokens <= 0 or tokens * 2 < asked:
             return
         rate = tokens / seconds
-        self.rate = rate if self.rate is None else (SMOOTHING * rate
-                                                    + (1 - SMOOTHING) * self.rate)
+        if self.rate is None or rate > self.rate:
+            self.rate = rate  # short or first chunks understate: a faster reading is real
+        else:
+            self.rate = SMOOTHING * rate + (1 - SMOOTHING) * self.rate
         self.chunks += 1
 
     def timed(self, asked: int = 0) -> "_Timer":
