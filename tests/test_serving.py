@@ -179,7 +179,7 @@ def test_a_client_leaving_a_batch_frees_its_row():
 
     async def main():
         async with httpx.AsyncClient(timeout=120) as c:
-            await asyncio.gather(client(c, 0, 48), client(c, 1, 100_000), client(c, 2, 48))
+            await asyncio.gather(client(c, 0, 64), client(c, 1, 100_000), client(c, 2, 64))
 
     try:
         asyncio.run(main())
@@ -189,6 +189,7 @@ def test_a_client_leaving_a_batch_frees_its_row():
         assert state["alone"] is False
         reasons = sorted((f.reason, f.usage.completion_tokens) for f in finished)
         assert [r for r, _ in reasons] == ["cancelled", "length", "length"], reasons
-        assert reasons[0][1] < 48 and [n for _, n in reasons[1:]] == [48, 48]
+        # it left after a few tokens: ended there, not when the batch drained to it
+        assert reasons[0][1] < 32 and [n for _, n in reasons[1:]] == [64, 64]
     finally:
         s.stop()
