@@ -87,21 +87,15 @@ class Engine:
         self.worker = worker or ModelWorker()
         self.prefix = PrefixCache(prompt_cache_bytes)
         self.admission = Admission(model, memory_budget_bytes)
-        self.batch_plan = None if batch else default_batch(model, self.admission)
-        self.batch_source = "--batch" if batch else "auto"
+        self.batch_plan = None if batch or draft is not None else default_batch(model,
+                                                                               self.admission)
+        self.batch_source = ("draft model" if draft is not None else
+                             "--batch" if batch else "auto")
         self.batch = 1 if draft is not None else max(1, batch or self.batch_plan.rows)
         self.adapters = AdapterManager(model, call=self.worker.call)
         self.pacer = PrefillPacer()  # prompt tokens per prefill chunk, every lane
         if not self.worker.lanes:
-            serial = SerialLane(model.model, self.prefix, self.admission, adapters=self.adapters,
-                                pacer=self.pacer)
-            self.worker.lanes = ([BatchLane(model.model, self.batch, self.prefix, self.admission,
-                                            adapters=self.adapters, pacer=self.pacer), serial]
-                                 if self.batch > 1 else [serial])
-            if model.kind == "generate":
-                self.worker.run_sync(lambda: self.pacer.calibrate(model.model))
-        log.info("batch: %d rows (%s)", self.batch, self.batch_source if self.batch_plan is None
-                 else f"auto: {self.batch_plan.reason}")
+            self._start_lanes()
         # generation_config.json values, then operator flags on top; requests win over both
         self.defaults = {**model.generation_defaults, **(defaults or {})}
         self.max_tokens = max_tokens
@@ -112,6 +106,19 @@ class Engine:
         self.draining = False  # set on SIGINT/SIGTERM: new work gets a 503
         self.aborted = False  # set by abort(): nothing more is queued
         self.starting = 0  # requests being prepared (not yet queued)
+
+    def _start_lanes(self) -> None:
+        """The worker's lanes, sharing one prefill pacer (calibrated now, on the worker)."""
+        model = self.model
+        serial = SerialLane(model.model, self.prefix, self.admission, adapters=self.adapters,
+                            pacer=self.pacer)
+        self.worker.lanes = ([BatchLane(model.model, self.batch, self.prefix, self.admission,
+                                        adapters=self.adapters, pacer=self.pacer), serial]
+                             if self.batch > 1 else [serial])
+        if model.kind == "generate":
+            self.worker.run_sync(lambda: self.pacer.calibrate(model.model))
+        log.info("batch: %d rows (%s)", self.batch, self.batch_source if self.batch_plan is None
+                 else f"auto: {self.batch_plan.reason}")
 
     @classmethod
     def load(cls, name, options=None, *, progress=True, **kw) -> "Engine":
