@@ -45,8 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a small model with the same vocabulary for speculative decoding")
     s.add_argument("--num-draft-tokens", type=int, default=3,
                    help="draft tokens verified per target forward (with --draft-model)")
-    s.add_argument("--batch", type=_positive_int, default=int(os.environ.get("MLXBUN_BATCH", "8")),
-                   help="rows decoded together by continuous batching (default 8; 1 pins serial)")
+    s.add_argument("--batch", type=_positive_int,
+                   default=int(os.environ["MLXBUN_BATCH"]) if os.environ.get("MLXBUN_BATCH") else None,
+                   help="rows decoded together by continuous batching (default: sized from the "
+                        "device and the model's KV, 4..64; 1 pins serial)")
     s.add_argument("--prompt-cache", type=float, metavar="GB",
                    default=float(os.environ.get("MLXBUN_PROMPT_CACHE", "8")),
                    help="prefix KV cache size in GiB (default 8; 0 turns it off)")
@@ -369,7 +371,7 @@ def cmd_serve(args) -> int:
     # which would turn a clean shutdown into exit 134.
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(server.exit_code)  # 0 after a drain; 128 + signal after a second signal
 
 
 def _mount_startup_adapter(engine, where: str) -> bool:

@@ -96,6 +96,9 @@ class MediaPrompt:
     once, on the model's worker thread, with the request's sampler and logits
     processors, and yields ``(token, logprobs)`` like mlx-lm's ``generate_step``
     (endless; the caller stops it): it encodes the media, prefills and decodes.
+    A ``run`` that also takes keywords ``prefill_step`` (tokens per prefill chunk) and
+    ``between_chunks`` (call it with the tokens read so far after each chunk; it raises
+    when the request was cancelled) lets a cancel land during a long prefill.
     ``digest`` hashes the media in order, so a prompt cache keys on it.
     """
 

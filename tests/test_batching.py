@@ -1,6 +1,7 @@
 """Continuous batching: batched greedy output equals serial, token for token, on every
 family's tiny checkpoint (Gemma's sliding window and Qwen3.5's hybrid cache included)
-and on the real default model; per-row sampler extensions work inside a batch."""
+and on the real default model; per-row samplers and sampler extensions work inside a
+batch; a cancelled row leaves the batch at the next step."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from mlxbun_core.engine.core import Engine
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.engine import close, engines, greedy, run_all, token_ids
+from mlxbun_core.testing.engine import close, engines, greedy, run_all, step_lane, token_ids
 
 FAMILIES = ["llama", "qwen3", "gemma3_text", "gemma4_text", "qwen3_5", "glm_moe_dsa", "minicpm5"]
 PROMPTS = ["Hello there", "The quick brown fox jumps over the lazy dog " * 3, "a b c", "x" * 40,
@@ -75,3 +76,54 @@ def test_seeded_requests_run_serially_and_reproduce():
         assert token_ids(a) == token_ids(b)
     finally:
         close(batched)
+
+
+def test_a_cancelled_row_leaves_the_batch_at_the_next_step():
+    """Three rows decode together and the one with a long budget is cancelled mid-decode:
+    it ends at the next step (it would otherwise decode 400 tokens), the batch goes on
+    with two rows, and theirs are the tokens each gets alone."""
+    batched, serial = engines(tiny_checkpoint("llama"))
+    try:
+        bodies = [greedy("Hello there", 12), greedy(PROMPTS[1], 400), greedy("a b c", 12)]
+        want = [token_ids(run_all(serial, [b])[0]) for b in (bodies[0], bodies[2])]
+        seen = {}
+
+        def on_step(n, jobs, lane):
+            if "cancelled_at" not in seen and all(j.session.usage.completion_tokens >= 2
+                                                  for j in jobs):
+                assert len(lane._rows) == 3 and not lane.alone
+                jobs[1].cancel()
+                seen["cancelled_at"] = n
+            elif seen.get("cancelled_at") == n - 1:
+                seen["ended"], seen["rows"] = jobs[1].finished, len(lane._rows)
+
+        fins = step_lane(batched, bodies, [0, 0, 0], on_step)
+        assert seen["ended"] and seen["rows"] == 2
+        assert fins[1].reason == "cancelled" and fins[1].usage.completion_tokens < 12
+        assert [[e["id"] for e in f.logprobs] for f in (fins[0], fins[2])] == want
+    finally:
+        close(batched, serial)
+
+
+@pytest.mark.parametrize("bodies,arrive", [
+    (["hot", "greedy"], [0, 0]),  # one fresh batch
+    (["hot", "greedy"], [0, 3]),  # the greedy row joins a sampled lone job
+    (["greedy", "hot"], [0, 3]),  # a sampled row joins a greedy lone job
+], ids=["together", "greedy-joins", "sampled-joins"])
+def test_every_row_samples_with_its_own_sampler(bodies, arrive):
+    """A temperature-2 row and a greedy row over the same prompt share a batch: the
+    greedy row's tokens are exactly greedy and the sampled row's are not, whichever came
+    first (a joining row must not inherit the running row's sampler, nor the batch's).
+    The sampled row is the shorter, so it ends inside the batch, never decoding alone."""
+    batched, serial = engines(tiny_checkpoint("qwen3"))
+    try:
+        made = {"greedy": greedy("Hello there", 16),
+                "hot": {"prompt": "Hello there", "max_tokens": 8, "temperature": 2.0,
+                        "logprobs": True}}
+        want = token_ids(run_all(serial, [made["greedy"]])[0])
+        fins = step_lane(batched, [made[b] for b in bodies], arrive)
+        ids = {b: [e["id"] for e in f.logprobs] for b, f in zip(bodies, fins)}
+        assert ids["greedy"] == want
+        assert ids["hot"] != want[:len(ids["hot"])]
+    finally:
+        close(batched, serial)

@@ -1,5 +1,6 @@
-"""Many clients at once: streams with random disconnects leave the server clean, and
-SIGTERM lets running streams finish while new requests get a 503, then exits 0."""
+"""Many clients at once: streams with random disconnects leave the server clean, a client
+leaving a batch frees its row; SIGTERM lets running streams finish while new requests get
+a 503, then exits 0; a second SIGINT ends open streams with an error event and exits 130."""
 
 from __future__ import annotations
 
@@ -64,21 +65,31 @@ def test_64_streams_with_random_disconnects_end_clean():
         s.stop()
 
 
-def test_sigterm_drains_running_streams_then_exits_zero():
+def serve_process(**env):
+    """``mlxbun serve`` on a tiny checkpoint in a subprocess; (server, base url, ban)."""
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
     path = tiny_checkpoint("qwen3")
-    ban = no_eos(load_tokenizer(path))
     port = free_port()
-    base = f"http://127.0.0.1:{port}"
     server = ServerProcess([sys.executable, "-m", "mlxbun_core.cli", "serve", str(path),
-                            "--port", str(port)], env={**os.environ, "MLXBUN_SHUTDOWN_TIMEOUT": "60"})
+                            "--port", str(port), "--no-open"], env={**os.environ, **env})
+    return server, f"http://127.0.0.1:{port}", no_eos(load_tokenizer(path))
+
+
+async def until_draining(c, base):
+    """The shutdown signal has landed: /health says so."""
+    while (await c.get(base + "/health")).status_code != 503:
+        await asyncio.sleep(0.02)
+
+
+def test_sigterm_drains_running_streams_then_exits_zero():
+    server, base, ban = serve_process(MLXBUN_SHUTDOWN_TIMEOUT="60")
     proc = server.proc
     with server:
         assert server.wait_for_http(base + "/health", timeout=60).status_code == 200
         results = {}
 
-        async def stream(c, i):
+        async def stream(c, i, signalled):
             body = {"prompt": f"Tale {i}", "max_tokens": 200, "stream": True, "logit_bias": ban}
             lines = []
             async with c.stream("POST", base + "/v1/completions", json=body) as r:
@@ -87,15 +98,20 @@ def test_sigterm_drains_running_streams_then_exits_zero():
                         lines.append(line)
                         if len(lines) == 2 and i == 0:
                             proc.send_signal(signal.SIGTERM)
+                            signalled.set()
             results[i] = lines
 
-        async def late(c):
-            await asyncio.sleep(0.5)  # the signal has landed by now
+        async def late(c, signalled):
+            # stream 0 has ~198 tokens to go: the server is draining, not gone
+            await signalled.wait()
+            await until_draining(c, base)
             return await c.post(base + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
 
         async def main():
+            signalled = asyncio.Event()
             async with httpx.AsyncClient(timeout=60) as c:
-                *_, refused = await asyncio.gather(*[stream(c, i) for i in range(3)], late(c))
+                *_, refused = await asyncio.gather(*[stream(c, i, signalled) for i in range(3)],
+                                                   late(c, signalled))
                 return refused
 
         refused = asyncio.run(main())
@@ -105,3 +121,75 @@ def test_sigterm_drains_running_streams_then_exits_zero():
             assert lines[-1] == "data: [DONE]"
             assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] == "length"
         assert proc.wait(timeout=30) == 0, server.output
+
+
+def test_a_second_sigint_ends_open_streams_with_an_error_and_exits_nonzero():
+    """Ctrl-C twice during a stream: the client gets an error event (not a cut
+    connection), the log gets one line and no traceback, the exit status is 130."""
+    server, base, ban = serve_process()
+    proc = server.proc
+    with server:
+        assert server.wait_for_http(base + "/health", timeout=60).status_code == 200
+
+        async def main():
+            lines = []
+            async with httpx.AsyncClient(timeout=60) as c:
+                body = {"prompt": "Tale", "max_tokens": 100_000, "stream": True,
+                        "logit_bias": ban}
+                async with c.stream("POST", base + "/v1/completions", json=body) as r:
+                    async for line in r.aiter_lines():
+                        if not line.startswith("data: "):
+                            continue
+                        lines.append(line)
+                        if len(lines) == 2:
+                            proc.send_signal(signal.SIGINT)
+                            await until_draining(c, base)
+                            proc.send_signal(signal.SIGINT)
+            return lines
+
+        lines = asyncio.run(main())
+        assert proc.wait(timeout=30) == 130, server.output
+        last = json.loads(lines[-1][6:])
+        assert "second shutdown signal" in last["error"]["message"], lines[-3:]
+        out = server.output
+        assert "Traceback" not in out and "CancelledError" not in out, out
+        assert out.count("second signal") == 1, out
+
+
+def test_a_client_leaving_a_batch_frees_its_row():
+    """Three streams share the batch; one with a budget it would take minutes to spend
+    leaves once all three are decoding: its row ends cancelled at once, the others run
+    to their length."""
+    s = start_server(tiny_checkpoint("qwen3"))
+    ban = no_eos(s.engine.model.tokenizer)
+    finished, real = [], s.engine._finished
+    s.engine._finished = lambda fin: (finished.append(fin), real(fin))
+    counts = [0, 0, 0]
+    state = {}
+
+    async def client(c, i, budget):
+        body = {"prompt": f"Story {i}:", "max_tokens": budget, "stream": True, "logit_bias": ban}
+        async with c.stream("POST", s.v1 + "/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    counts[i] += 1
+                if i == 1 and min(counts) >= 3:
+                    state["alone"] = s.engine.worker.lanes[0].alone
+                    return  # walk away mid-stream, in the batch
+
+    async def main():
+        async with httpx.AsyncClient(timeout=120) as c:
+            await asyncio.gather(client(c, 0, 64), client(c, 1, 100_000), client(c, 2, 64))
+
+    try:
+        asyncio.run(main())
+        deadline = time.time() + 60
+        while len(finished) < 3 and time.time() < deadline:
+            time.sleep(0.05)
+        assert state["alone"] is False
+        reasons = sorted((f.reason, f.usage.completion_tokens) for f in finished)
+        assert [r for r, _ in reasons] == ["cancelled", "length", "length"], reasons
+        # it left after a few tokens: ended there, not when the batch drained to it
+        assert reasons[0][1] < 32 and [n for _, n in reasons[1:]] == [64, 64]
+    finally:
+        s.stop()

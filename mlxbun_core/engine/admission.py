@@ -12,6 +12,7 @@ of the system RAM on the CPU backend).
   left, never rejected.
 - In the batch lane: a row is admitted only when its worst-case KV (prompt plus its
   completion budget) fits beside the rows already running; otherwise it waits.
+- Without ``--batch``, the row cap comes from the same room (``default_batch``).
 """
 
 from __future__ import annotations
@@ -91,3 +92,18 @@ class Admission:
                 "enforced_context_tokens": self.enforced_context,
                 "kv_room_bytes": self.kv_room, "reserved_kv_bytes": self.reserved_bytes,
                 "memory_waits": self.waits}
+
+
+def default_batch(model, admission: Admission) -> fit.BatchPlan:
+    """The ``--batch`` to use when none is given (see :func:`fit.batch_plan`)."""
+    import mlx.core as mx
+
+    from ..library.checkpoint import quantization
+
+    backend = "cpu"
+    if mx.default_device() == mx.gpu:
+        cuda = getattr(mx, "cuda", None)
+        backend = "cuda" if cuda is not None and cuda.is_available() else "metal"
+    return fit.batch_plan(admission.layout, admission.kv_room, backend=backend,
+                          quantized=quantization(model.config or {})[0] is not None,
+                          context=min(fit.TYPICAL_CONTEXT, admission.enforced_context))

@@ -21,9 +21,10 @@ from ..media import parts as media_parts
 from ..model import LoadedModel, LoadOptions
 from .job import EventSink, GenerationJob
 from .lanes.batch import BatchLane
+from .lanes.pace import PrefillPacer
 from .lanes.serial import SerialLane
 from .prepare import Prepared, media_pipeline, prepare
-from .admission import Admission
+from .admission import Admission, default_batch
 from .prompt_cache import PrefixCache
 from .request import ChatRequest, CompletionRequest, GenerationInput, parse_chat, parse_completion
 from .session import GenerationRequest
@@ -65,21 +66,22 @@ class Generation:
             self._job.cancel()
 
 
-DEFAULT_BATCH = 8
 DEFAULT_PROMPT_CACHE_BYTES = 8 << 30
 
 
 class Engine:
     """One loaded model, its worker thread and lanes.
 
-    ``batch`` caps the rows decoded together (1 pins the serial lane; a mounted
-    draft model always decodes serially); ``prompt_cache_bytes`` caps the prefix
-    KV cache (0 turns it off); ``kv_quant`` (``off``, ``4``, ``8``) quantizes the KV cache.
+    ``batch`` caps the rows decoded together (None: sized from the device and the
+    model, see :func:`~mlxbun_core.library.fit.batch_plan`; 1 pins the serial lane; a
+    mounted draft model always decodes serially); ``prompt_cache_bytes`` caps the
+    prefix KV cache (0 turns it off); ``kv_quant`` (``off``, ``4``, ``8``) quantizes the
+    KV cache.
     """
 
     def __init__(self, model: LoadedModel, *, worker: Optional[ModelWorker] = None,
                  defaults: Optional[dict] = None, max_tokens: Optional[int] = None,
-                 draft=None, batch: int = DEFAULT_BATCH,
+                 draft=None, batch: Optional[int] = None,
                  prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
                  memory_budget_bytes: Optional[int] = None, kv_quant="off"):
         self.model = model
@@ -90,14 +92,15 @@ class Engine:
         self.admission = Admission(model, memory_budget_bytes, kv_bits=self.kv.bits)
         if warning := kvquant.startup_warning(self.kv, self.admission.layout):
             log.warning(warning)
-        self.batch = 1 if draft is not None else max(1, batch)
+        self.batch_plan = None if batch or draft is not None else default_batch(model,
+                                                                               self.admission)
+        self.batch_source = ("draft model" if draft is not None else
+                             "--batch" if batch else "auto")
+        self.batch = 1 if draft is not None else max(1, batch or self.batch_plan.rows)
         self.adapters = AdapterManager(model, call=self.worker.call)
+        self.pacer = PrefillPacer()  # prompt tokens per prefill chunk, every lane
         if not self.worker.lanes:
-            serial = SerialLane(model.model, self.prefix, self.admission, adapters=self.adapters,
-                                kv=self.kv)
-            self.worker.lanes = ([BatchLane(model.model, self.batch, self.prefix, self.admission,
-                                            adapters=self.adapters, kv=self.kv), serial]
-                                 if self.batch > 1 else [serial])
+            self._start_lanes()
         # generation_config.json values, then operator flags on top; requests win over both
         self.defaults = {**model.generation_defaults, **(defaults or {})}
         self.max_tokens = max_tokens
@@ -106,7 +109,22 @@ class Engine:
         self.requests = 0
         self.completed = 0
         self.draining = False  # set on SIGINT/SIGTERM: new work gets a 503
+        self.aborted = False  # set by abort(): nothing more is queued
         self.starting = 0  # requests being prepared (not yet queued)
+
+    def _start_lanes(self) -> None:
+        """The worker's lanes, sharing one prefill pacer (calibrated now, on the worker)."""
+        model = self.model
+        serial = SerialLane(model.model, self.prefix, self.admission, adapters=self.adapters,
+                            pacer=self.pacer, kv=self.kv)
+        self.worker.lanes = ([BatchLane(model.model, self.batch, self.prefix, self.admission,
+                                        adapters=self.adapters, pacer=self.pacer, kv=self.kv),
+                              serial]
+                             if self.batch > 1 else [serial])
+        if model.kind == "generate":
+            self.worker.run_sync(lambda: self.pacer.calibrate(model.model))
+        log.info("batch: %d rows (%s)", self.batch, self.batch_source if self.batch_plan is None
+                 else f"auto: {self.batch_plan.reason}")
 
     @classmethod
     def load(cls, name, options=None, *, progress=True, **kw) -> "Engine":
@@ -167,6 +185,13 @@ class Engine:
         if self.draining:
             raise Unavailable()
 
+    def abort(self, message: str) -> None:
+        """Stop now: every running and waiting request ends with ``message`` as an error
+        (streams get their surface's error event); requests still being prepared are
+        refused with a 503 (a forced shutdown)."""
+        self.draining = self.aborted = True
+        self.worker.abort(message)
+
     @property
     def idle(self) -> bool:
         """Nothing being prepared, queued or generated (what a drain waits for)."""
@@ -175,6 +200,8 @@ class Engine:
     async def _start(self, req: GenerationInput) -> Generation:
         adapters = self.adapters.resolve(req.adapter)  # an unknown id is a 400 before any work
         prepared = await self.prepare(req)
+        if self.aborted:  # stopped while this one was being prepared
+            raise Unavailable()
         limit = self.effective_limit(prepared.request)
         job = GenerationJob(prepared.request, self.model.tokenizer,
                             EventSink(asyncio.get_running_loop()), limit, self.draft,
@@ -229,5 +256,7 @@ class Engine:
     def batch_stats(self) -> dict:
         lanes = {lane.name: {"active": lane.active, "waiting": lane.waiting}
                  for lane in self.worker.lanes}
-        return {"cap": self.batch, "active_rows": self.worker.active,
-                "waiting": self.worker.waiting, "lanes": lanes}
+        return {"cap": self.batch, "cap_source": self.batch_source,
+                "auto": self.batch_plan.describe() if self.batch_plan else None,
+                "active_rows": self.worker.active, "waiting": self.worker.waiting,
+                "lanes": lanes, "prefill": self.pacer.stats()}

@@ -22,6 +22,13 @@ log = logging.getLogger("mlxbun.engine")
 _STOP = object()
 
 
+class _Abort:
+    """Inbox item: end every job of every lane with an error (a forced shutdown)."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+
 class ModelWorker:
     def __init__(self, max_waiting: int = 64):
         self.max_waiting = max_waiting
@@ -69,6 +76,11 @@ class ModelWorker:
     def close(self) -> None:
         self._inbox.put(_STOP)
 
+    def abort(self, message: str) -> None:
+        """End every running and waiting job with ``message`` (an error) at the next step
+        boundary; the worker goes on serving."""
+        self._inbox.put(_Abort(message))
+
     # -- the worker thread -------------------------------------------------------
     def _loop(self) -> None:
         while True:
@@ -102,6 +114,10 @@ class ModelWorker:
             lane.close(f"internal error: {exc}", reason="error")
 
     def _take(self, job: Job) -> None:
+        if isinstance(job, _Abort):
+            for lane in self.lanes:
+                lane.close(job.message, reason="error")
+            return
         if isinstance(job, CallJob):
             job.run()
             return

@@ -46,8 +46,9 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
                "float64": 8, "int8": 1, "uint8": 1}
 
 __all__ = ["KVLayout", "MemoryPlan", "Machine", "text_config", "activation_bytes",
+__all__ = ["KVLayout", "MemoryPlan", "Machine", "text_config", "activation_bytes",
            "kv_element_bytes", "kv_layout", "quantizable", "kv_bytes_per_token", "plan",
-           "machine", "predicted_decode_tps", "context_window"]
+           "machine", "predicted_decode_tps", "context_window", "BatchPlan", "batch_plan"]
 
 
 def text_config(config: dict) -> dict:
@@ -268,6 +269,50 @@ def plan(config: dict, weights_bytes: int, budget_bytes: int, *, context: Option
     total = weights_bytes + kvb + tb
     return MemoryPlan(weights_bytes, kv, budget_bytes, at, kvb, tb, total, lo, window,
                       fits=lo > 0 and at <= lo)
+
+
+# ---------------------------------------------------------------- the default batch
+
+BATCH_MIN, BATCH_MAX = 4, 64
+TYPICAL_CONTEXT = 4096  # tokens of KV a row is assumed to hold when sizing the default
+CPU_BATCH = 4  # a CPU decode step is compute-bound: more rows split the same tok/s
+CUDA_QUANTIZED_BATCH = 8  # batched quantized matmul on CUDA: 32 rows ran at 0.16x of bf16
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """The default ``--batch``: rows whose KV at a typical context fits the memory left
+    after the weights, capped by what the device gains from more rows, clamped to
+    ``BATCH_MIN..BATCH_MAX``."""
+
+    rows: int
+    memory_rows: int  # rows of ``context`` tokens the KV room holds
+    device_rows: int  # the device's cap
+    context: int
+    row_bytes: int
+    reason: str
+
+    def describe(self) -> dict:
+        return asdict(self)
+
+
+def batch_plan(kv: KVLayout, kv_room_bytes: int, *, backend: str, quantized: bool,
+               context: int = TYPICAL_CONTEXT) -> BatchPlan:
+    """``backend``: "cpu", "cuda" or "metal"; ``quantized``: the weights are."""
+    row = max(1, kv.bytes_at(max(1, context)))
+    memory_rows = max(0, int(kv_room_bytes // row))
+    if backend == "cpu":
+        device_rows, why = CPU_BATCH, "CPU backend: decode is compute-bound"
+    elif backend == "cuda" and quantized:
+        device_rows, why = CUDA_QUANTIZED_BATCH, "quantized weights on CUDA batch poorly"
+    else:
+        device_rows, why = BATCH_MAX, f"{backend}: bandwidth-bound decode"
+    rows = max(BATCH_MIN, min(BATCH_MAX, device_rows, memory_rows))
+    if memory_rows < device_rows:
+        why = f"KV of {memory_rows} rows at {context} tokens fits the memory left"
+    if rows > min(device_rows, memory_rows):
+        why += f"; at least {BATCH_MIN} (admission holds back rows that do not fit)"
+    return BatchPlan(rows, memory_rows, device_rows, context, row, why)
 
 
 def predicted_decode_tps(active_weight_bytes: int, kv_bytes: int, bandwidth_gbs: float) -> float:

@@ -188,11 +188,22 @@ class VlmPipeline:
                                  "and tool messages", param="messages")
 
     # -- running (the worker thread) -------------------------------------------
-    def _run(self, inputs: dict, sampler, logits_processors):
+    def _run(self, inputs: dict, sampler, logits_processors, *, prefill_step: int = 0,
+             between_chunks=None):
+        """mlx-vlm's generate_step; ``between_chunks(done)`` runs after every
+        ``prefill_step`` prompt tokens (it raises to stop a cancelled request; mlx-vlm's
+        prompt-cache checkpoints are the hook, so a model that refuses chunked
+        prefill reads its prompt whole)."""
         from mlx_vlm.generate import generate_step
 
         model = self._vlm_model()
         extra = {k: v for k, v in inputs.items() if k not in _NOT_INPUTS}
+        length = inputs["input_ids"].shape[-1]
+        if between_chunks is not None and 0 < prefill_step < length - 1:
+            extra.update(prefill_step_size=prefill_step,
+                         prompt_cache_checkpoint=lambda done, _cache: between_chunks(done),
+                         prompt_cache_checkpoint_lengths=list(
+                             range(prefill_step, length - 1, prefill_step)))
         yield from generate_step(inputs["input_ids"], model, inputs.get("pixel_values"),
                                  inputs.get("attention_mask"), max_tokens=-1, sampler=sampler,
                                  logits_processors=logits_processors or None, **extra)

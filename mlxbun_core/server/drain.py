@@ -1,14 +1,20 @@
-"""Graceful shutdown: on SIGINT/SIGTERM stop taking work, finish what runs, exit 0.
+"""Shutdown on SIGINT/SIGTERM: drain, or on a second signal stop at once, cleanly.
 
-New generation and embedding requests get a 503 while draining (and ``/health``
-says so); active requests run to their end, bounded by
-``MLXBUN_SHUTDOWN_TIMEOUT`` seconds (default 120). A second signal stops at once.
+- First signal: stop taking work (new generation and embedding requests get a 503 and
+  ``/health`` says so), let active requests run to their end, bounded by
+  ``MLXBUN_SHUTDOWN_TIMEOUT`` seconds (default 120), then exit 0. Requests still
+  running at the timeout end with an error event.
+- Second signal: every open request ends now with an error event in its own
+  surface's shape (the streams are closed properly, not cut), one line goes to the
+  log, and the process exits with 128 + the signal number (130 for Ctrl-C).
+- Third signal: exit at once with that status, whatever is still open.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 
@@ -17,6 +23,7 @@ import uvicorn
 log = logging.getLogger("mlxbun.server")
 
 DEFAULT_TIMEOUT_S = 120.0
+ABORT_GRACE_S = 5.0  # after a second signal: time for open responses to write their error
 
 
 def shutdown_timeout() -> float:
@@ -29,30 +36,49 @@ def shutdown_timeout() -> float:
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn's server, with a drain between the first signal and the exit."""
+    """uvicorn's server, with a drain between the first signal and the exit.
+
+    ``exit_code`` is what the process should exit with once ``run`` returns.
+    """
 
     def __init__(self, config: uvicorn.Config, engine, timeout: float | None = None):
         super().__init__(config)
         self.engine = engine
         self.timeout = shutdown_timeout() if timeout is None else timeout
+        self.exit_code = 0
 
     def handle_exit(self, sig, frame) -> None:
         # not recorded in _captured_signals: uvicorn would re-raise it and the exit
-        # status would be the signal's instead of 0
+        # status would be the signal's default action instead of ours
+        if self.exit_code:
+            print(f"mlxbun: signal {sig} again: exiting now", file=sys.stderr, flush=True)
+            os._exit(self.exit_code)
         if self.engine.draining:
-            log.warning("second signal: stopping now")
-            self.should_exit = self.force_exit = True
+            self.exit_code = 128 + int(sig)
+            log.warning("second signal: ending %d open requests with an error, then exiting",
+                        self.engine.worker.active + self.engine.worker.waiting)
+            self._stop("server stopped by a second shutdown signal")
             return
         self.engine.draining = True
         log.info("shutting down: draining %d active and %d waiting requests (up to %.0f s)",
                  self.engine.worker.active, self.engine.worker.waiting, self.timeout)
         threading.Thread(target=self._drain, name="mlxbun-drain", daemon=True).start()
 
+    def _stop(self, message: str) -> None:
+        """End every request with ``message`` and let the responses write it."""
+        self.engine.abort(message)
+        grace = self.config.timeout_graceful_shutdown
+        self.config.timeout_graceful_shutdown = min(grace or ABORT_GRACE_S, ABORT_GRACE_S)
+        self.should_exit = True
+
     def _drain(self) -> None:
         deadline = time.monotonic() + self.timeout
         while not self.engine.idle and time.monotonic() < deadline:
+            if self.should_exit:
+                return  # a second signal took over
             time.sleep(0.05)
         if not self.engine.idle:
-            log.warning("shutdown timeout: %d requests still running are cancelled",
+            log.warning("shutdown timeout: %d requests still running end with an error",
                         self.engine.worker.active + self.engine.worker.waiting)
+            return self._stop("server shut down: the shutdown timeout ran out")
         self.should_exit = True  # uvicorn then lets open responses write their last frames

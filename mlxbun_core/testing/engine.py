@@ -7,6 +7,7 @@ import asyncio
 import threading
 
 from ..engine.core import Engine
+from ..engine.lanes.pace import FixedChunk, PrefillPacer
 from ..engine.reply import gather
 
 
@@ -63,3 +64,86 @@ def within(seconds: float, fn):
     if "error" in box:
         raise box["error"]
     return box["value"]
+
+
+class GatedChunks(FixedChunk):
+    """Prefill chunks of ``size`` tokens, counted (``count``, ``tokens``); the worker
+    thread waits at the end of chunk ``pause_at`` until ``release()``, so a test acts
+    at an exact chunk boundary instead of racing a timer."""
+
+    def __init__(self, size: int, pause_at: int = 0):
+        super().__init__(size)
+        self.count, self.tokens, self.pause_at = 0, [], pause_at
+        self._paused, self._go = threading.Event(), threading.Event()
+
+    def record(self, tokens: int, seconds: float, asked: int = 0) -> None:
+        self.count += 1
+        self.tokens.append(tokens)
+        if self.count == self.pause_at:
+            self._paused.set()
+            self._go.wait(60)
+
+    def wait_paused(self, timeout: float = 30) -> None:
+        assert self._paused.wait(timeout), f"prefill never reached chunk {self.pause_at}"
+
+    def release(self) -> None:
+        self._go.set()
+
+
+def pace(engine: Engine, pacer: PrefillPacer) -> PrefillPacer:
+    """Make every lane of ``engine`` size (and report) its prefill chunks with ``pacer``."""
+    engine.pacer = pacer
+    for lane in engine.worker.lanes:
+        lane.pacer = pacer
+    return pacer
+
+
+def finish_of(events: list):
+    """The ``Finish`` of a generation's events (cancelled ones included)."""
+    from ..events import Done
+
+    return next(ev.finish for ev in events if isinstance(ev, Done))
+
+
+def step_lane(engine: Engine, bodies: list, arrive: list, on_step=None) -> list:
+    """Drive the batch lane by hand on the worker thread: ``bodies[i]`` is added after
+    ``arrive[i]`` lane steps (0: before the first); ``on_step(step, jobs, lane)`` runs
+    after every step; step until every job ends. The finishes, in body order."""
+    lane = engine.worker.lanes[0]
+
+    async def go():
+        from ..engine.job import EventSink, GenerationJob
+
+        loop = asyncio.get_running_loop()
+        jobs = []
+        for body in bodies:
+            prepared = await engine.prepare(engine.parse_completion(body))
+            jobs.append(GenerationJob(prepared.request, engine.model.tokenizer, EventSink(loop),
+                                      engine.effective_limit(prepared.request)))
+
+        def steps():
+            n = 0
+            while True:
+                for job, at in zip(jobs, arrive):
+                    if at == n:
+                        lane.add(job)
+                if n >= max(arrive) and not (lane.active or lane.waiting):
+                    return
+                lane.step()
+                n += 1
+                if on_step is not None:
+                    on_step(n, jobs, lane)
+
+        await engine.worker.call(steps)
+        return [finish_of(await _events(job)) for job in jobs]
+
+    return asyncio.run(go())
+
+
+async def _events(job) -> list:
+    from ..events import Done
+
+    events: list = []
+    while not any(isinstance(ev, Done) for ev in events):
+        events += await job.sink.queue.get()
+    return events

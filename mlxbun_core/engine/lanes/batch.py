@@ -3,7 +3,8 @@
 Each ``step`` admits waiting jobs that fit (row cap, memory), runs one
 BatchGenerator turn (a decode step for every generating row, then one prefill
 chunk for rows still reading their prompt, so a long prompt never freezes the
-running streams), routes each row's token to its session, and removes finished
+running streams; the engine's pacer caps the chunk so a cancel, checked at the
+start of every step, lands within about a second), routes each row's token to its session, and removes finished
 or cancelled rows. Per-row samplers, logits processors (penalties, logit_bias,
 grammar masks) and logprobs are BatchGenerator's own. Rows start from the
 longest cached prefix and publish their KV to the prefix cache when they end.
@@ -30,6 +31,7 @@ from ... import kvquant
 from ...adapters.manager import NO_ADAPTERS
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
+from .pace import FixedChunk, PrefillPacer
 from .serial import fresh_random_state
 from .solo import Solo
 
@@ -55,7 +57,8 @@ class BatchLane:
     name = "batched"
 
     def __init__(self, model, cap: int, prefix: Optional[PrefixCache] = None, admission=None,
-                 prefill_tokens: int = PREFILL_TOKENS, adapters=None, kv=kvquant.OFF):
+                 prefill_tokens: int = PREFILL_TOKENS, adapters=None,
+                 pacer: Optional[PrefillPacer] = None, kv=kvquant.OFF):
         self.kv = kv  # the KV scheme: every forward pass quantizes its cache after it runs
         self.model = kvquant.quantizing(model, kv)
         self.adapters = adapters  # the engine's AdapterManager (None: no LoRA support)
@@ -68,7 +71,8 @@ class BatchLane:
         self._queue: collections.deque[GenerationJob] = collections.deque()
         self._rows: dict[int, _Row] = {}
         self._solo: Optional[Solo] = None  # a lone job decoding outside the batch
-        self.solo_prefill = IDLE_STEP  # its prompt tokens per prefill chunk
+        self.pacer = pacer or PrefillPacer()  # prompt tokens per chunk, from measured speed
+        self.solo_prefill: Optional[int] = None  # pins the lone job's chunk (tests)
 
     # -- the Lane protocol ---------------------------------------------------------
     def accepts(self, job: GenerationJob) -> bool:
@@ -109,8 +113,8 @@ class BatchLane:
             return self._solo_step()
         try:
             gen = self._generator()
-            self._size_prefill(gen)
-            prompt_responses, responses = gen.next()
+            asked = self._size_prefill(gen)
+            prompt_responses, responses = self._next(gen, asked)
         except Exception as exc:  # a failed forward fails every row; the lane starts afresh
             log.exception("batch step failed")
             return self._fail_all(str(exc))
@@ -201,7 +205,7 @@ class BatchLane:
             from mlx_lm.models.cache import make_prompt_cache
 
             cache = make_prompt_cache(self.model)
-        self._solo = Solo(self.model, job, cache, n, self.solo_prefill)
+        self._solo = Solo(self.model, job, cache, n, self._solo_pacer())
 
     def _solo_step(self) -> None:
         solo = self._solo
@@ -250,7 +254,10 @@ class BatchLane:
             return
         cache, fed = gen.remove([uid], return_prompt_caches=True)[uid]
         job = self._rows.pop(uid).job  # it keeps its admission reservation
-        self._solo = Solo.resume(self.model, job, cache, fed, pending, self.solo_prefill)
+        self._solo = Solo.resume(self.model, job, cache, fed, pending, self._solo_pacer())
+
+    def _solo_pacer(self) -> PrefillPacer:
+        return self.pacer if self.solo_prefill is None else FixedChunk(self.solo_prefill)
 
     def _end_solo(self) -> GenerationJob:
         job, self._solo = self._solo.job, None
@@ -265,19 +272,33 @@ class BatchLane:
             self._can_trim = trimmable(make_prompt_cache(self.model))
         return self._can_trim
 
-    def _size_prefill(self, gen) -> None:
-        """Chunk size for this step. While nothing decodes: mlx-lm's own step (time to
-        first token is all that matters). While streams run: a token budget shared by
-        the prompt rows, so no stream freezes for long; it grows with the number of
-        prompts waiting, whose clients are all waiting for a first token."""
+    def _size_prefill(self, gen) -> int:
+        """Chunk size for this step; returns the chunk's token budget (0: no prompt is
+        being read). While nothing decodes: mlx-lm's own step per prompt (time to first
+        token is all that matters). While streams run: a token budget shared by the
+        prompt rows, so no stream freezes for long; it grows with the number of prompts
+        waiting, whose clients are all waiting for a first token. Either way no longer
+        than the pacer allows, so a cancel lands within about one chunk."""
         prefilling = sum(1 for row in self._rows.values() if row.job.session.t_first is None)
         decoding = len(self._rows) - prefilling
+        rows = max(1, min(prefilling, PREFILL_ROWS))
         if decoding == 0:
-            step = IDLE_STEP
+            budget = IDLE_STEP * rows
         else:
             budget = min(PREFILL_TOKENS_MAX, max(self.prefill_tokens, 512 * prefilling))
-            step = max(128, budget // max(1, min(prefilling, PREFILL_ROWS)))
-        gen.prefill_step_size = gen._prompt_batch.prefill_step_size = step
+        budget = self.pacer.chunk(budget)
+        gen.prefill_step_size = gen._prompt_batch.prefill_step_size = max(1, budget // rows)
+        return budget if prefilling else 0
+
+    def _next(self, gen, asked: int):
+        """One BatchGenerator turn; a turn that reads prompts feeds the pacer."""
+        stats = getattr(gen, "stats", None)
+        if not asked or stats is None:
+            return gen.next()
+        with stats() as measured:
+            out = gen.next()
+        self.pacer.record(measured.prompt_tokens, measured.prompt_time, asked)
+        return out
 
     def _generator(self):
         if self._gen is None:

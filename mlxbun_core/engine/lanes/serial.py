@@ -3,8 +3,12 @@
 It runs what cannot batch (a mounted draft model: speculative decoding; prompt
 embeddings; media requests, which run their pipeline's own forward pass; seeded
 requests, which are reproducible only alone) and everything under ``--batch 1``.
-Each ``step`` does one prefill chunk or one token, so cancellation lands within
-a step and the worker can run calls and other lanes in between. Plain requests
+Each ``step`` does one prefill chunk (sized by the engine's pacer, ``pace.py``) or
+one token, so cancellation lands within a step and the worker can run calls and
+other lanes in between: the lane reads the prompt itself (mlx-lm's ``generate_step``
+and ``speculative_generate_step`` would read all of it before their first yield)
+and hands them the filled cache. A media pipeline runs its own prefill; it gets a
+callback that stops it between chunks once its job is cancelled. Plain requests
 start from the longest cached prefix and publish their KV to the prefix cache
 when they end.
 """
@@ -20,6 +24,7 @@ from typing import Iterator, Optional
 from ... import kvquant
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
+from .pace import PrefillPacer
 
 log = logging.getLogger("mlxbun.engine")
 
@@ -28,13 +33,13 @@ class SerialLane:
     name = "serial"
 
     def __init__(self, model, prefix: Optional[PrefixCache] = None, admission=None,
-                 prefill_step: int = 2048, adapters=None, kv=kvquant.OFF):
+                 adapters=None, pacer: Optional[PrefillPacer] = None, kv=kvquant.OFF):
         self.kv = kv  # the KV scheme: every forward pass quantizes its cache after it runs
         self.model = kvquant.quantizing(model, kv)  # the mlx.nn.Module (or its wrapper)
         self.prefix = prefix
         self.admission = admission
         self.adapters = adapters  # the engine's AdapterManager (None: no LoRA support)
-        self.prefill_step = prefill_step
+        self.pacer = pacer or PrefillPacer()  # prompt tokens per chunk, from measured speed
         self._queue: collections.deque[GenerationJob] = collections.deque()
         self._job: Optional[GenerationJob] = None
         self._steps: Optional[Iterator] = None
@@ -76,6 +81,8 @@ class SerialLane:
             job.deliver(token, logprobs)
             if job.finished:
                 self._end(publish=True)
+        except PrefillCancelled:
+            self._end(job.close, "cancelled")
         except Exception as exc:  # report to the request, keep serving others
             log.exception("generation failed")
             fresh_random_state()  # a failure inside a compiled sampler can leave it unusable
@@ -116,6 +123,7 @@ class SerialLane:
         """Prefill chunks (yield None), then mlx-lm's decode loop: ``(token, logprobs)``."""
         import mlx.core as mx
         from mlx_lm.generate import generate_step
+        from mlx_lm.models.cache import make_prompt_cache
 
         if job.draft is not None:
             job.admitted(0)
@@ -124,7 +132,7 @@ class SerialLane:
         req = job.request
         if req.media is not None:  # the media pipeline's own forward pass; no prefix cache
             job.admitted(0)
-            yield from req.media.run(req.sampler, req.processors or None)
+            yield from self._media(job)
             return
         prompt, cache, n = req.prompt_tokens, None, 0
         cacheable = (job.cache_namespace is not None and self.prefix is not None
@@ -133,55 +141,105 @@ class SerialLane:
             t0 = time.perf_counter()
             cache, n = self.prefix.lookup(job.cache_namespace, prompt)
             job.session.phases["cache_lookup_s"] = time.perf_counter() - t0
-            if cache is None:
-                from mlx_lm.models.cache import make_prompt_cache
-
-                cache = make_prompt_cache(self.model)
+        if cache is None:
+            cache = make_prompt_cache(self.model)
         job.admitted(n)
+        n = yield from self._prefill(job, cache, n, publish=cacheable)
         if cacheable:
-            yield from self._prefill(job, cache, prompt, n)
-            n = len(prompt) - 1
             self._kv = (cache, list(prompt))
         procs = _with_context(req.processors, prompt[:n])
+        emb = req.input_embeddings[n:] if req.input_embeddings is not None else None
         for token, logprobs in generate_step(mx.array(prompt[n:]), self.model, max_tokens=-1,
                                              sampler=req.sampler, logits_processors=procs,
-                                             prompt_cache=cache,
-                                             prefill_step_size=self.prefill_step,
-                                             input_embeddings=req.input_embeddings):
+                                             prompt_cache=cache, input_embeddings=emb):
             yield token, logprobs
 
-    def _prefill(self, job: GenerationJob, cache, prompt: list, start: int):
-        """Run ``prompt[start:-1]`` into ``cache`` one chunk per step; snapshot the
-        prompt boundary for caches that cannot rewind."""
+    def _prefill(self, job: GenerationJob, cache, start: int, publish: bool):
+        """Read the prompt (or its embeddings) from ``start`` up to its last token into
+        ``cache``, one paced chunk per step (the cancel flag is checked in between);
+        returns where the decode starts. With ``publish``, caches that cannot rewind
+        are snapshotted at the prompt boundary for the next turn."""
         import mlx.core as mx
 
-        t0, end = time.perf_counter(), len(prompt) - 1
-        for i in range(start, end, self.prefill_step):
-            chunk = mx.array(prompt[i:min(i + self.prefill_step, end)])[None]
-            self.model(chunk, cache=cache)
-            mx.eval([c.state for c in cache])
+        req = job.request
+        prompt, emb = req.prompt_tokens, req.input_embeddings
+        end = (len(emb) if emb is not None else len(prompt)) - 1
+        t0, i = time.perf_counter(), start
+        while i < end:
+            size = self.pacer.chunk()
+            j = min(i + size, end)
+            with self.pacer.timed(size) as timer:
+                if emb is None:
+                    self.model(mx.array(prompt[i:j])[None], cache=cache)
+                else:  # the prompt may be empty: the embeddings are the input
+                    self.model(mx.array(prompt[i:j] if prompt else [])[None], cache=cache,
+                               input_embeddings=emb[i:j][None])
+                mx.eval([c.state for c in cache])
+                timer.tokens = j - i
+            i = j
             yield None
-        if end > start and not trimmable(cache):
+        if publish and end > start and not trimmable(cache):
             import copy
 
             self.prefix.store(job.cache_namespace, prompt[:end], copy.deepcopy(cache),
                               boundary=True)
         job.session.phases["prefill_s"] = time.perf_counter() - t0
+        return max(start, end)
+
+    def _media(self, job: GenerationJob):
+        """The media pipeline's run; one that takes ``between_chunks`` gets the cancel
+        check between its prefill chunks (it cannot yield before its first token)."""
+        req = job.request
+        run, size = req.media.run, self.pacer.chunk()
+        last: list = []  # (tokens read, when) at the previous boundary
+
+        def between_chunks(done: int) -> None:
+            now = time.perf_counter()
+            if last:  # the first interval also ran the media encoder: not a prefill rate
+                self.pacer.record(done - last[0], now - last[1], size)
+            last[:] = [done, now]
+            if job.cancelled.is_set():
+                raise PrefillCancelled(f"cancelled after {done} prompt tokens")
+
+        if _takes(run, "between_chunks"):
+            return run(req.sampler, req.processors or None, prefill_step=size,
+                       between_chunks=between_chunks)
+        return run(req.sampler, req.processors or None)
 
     def _speculate(self, job: GenerationJob):
-        """Speculative decoding with the mounted draft (the prefix cache is bypassed)."""
+        """Speculative decoding with the mounted draft (the prefix cache is bypassed).
+        Both models read the prompt here in paced chunks; mlx-lm's loop gets the last
+        prompt token and the filled caches."""
         import mlx.core as mx
         from mlx_lm.generate import speculative_generate_step
+        from mlx_lm.models.cache import make_prompt_cache
 
         req, usage = job.request, job.session.usage
         usage.lane = "serial+spec"
         spec = usage.speculation = {"drafted": 0, "accepted": 0, "targetCalls": 0}
         n = job.draft.num_draft_tokens
+        prompt, draft = req.prompt_tokens, kvquant.quantizing(job.draft.model, self.kv)
+        target_cache, draft_cache = make_prompt_cache(self.model), make_prompt_cache(draft)
+        start = 0
+        if len(target_cache) == len(getattr(self.model, "layers", ())):  # how mlx-lm splits
+            end, t0 = len(prompt) - 1, time.perf_counter()
+            while start < end:
+                size = self.pacer.chunk()
+                stop = min(start + size, end)
+                with self.pacer.timed(size) as timer:
+                    chunk = mx.array(prompt[start:stop])[None]
+                    draft(chunk, cache=draft_cache)
+                    self.model(chunk, cache=target_cache)
+                    mx.eval([c.state for c in target_cache + draft_cache])
+                    timer.tokens = stop - start
+                start = stop
+                yield None
+            job.session.phases["prefill_s"] = time.perf_counter() - t0
         for token, logprobs, from_draft in speculative_generate_step(
-                mx.array(req.prompt_tokens), self.model,
-                kvquant.quantizing(job.draft.model, self.kv), num_draft_tokens=n,
+                mx.array(prompt[start:]), self.model, draft, num_draft_tokens=n,
                 max_tokens=job.limit or (1 << 30), sampler=req.sampler,
-                logits_processors=req.processors or None):
+                logits_processors=req.processors or None,
+                prompt_cache=target_cache + draft_cache):
             if from_draft:
                 spec["accepted"] += 1
             else:  # every verify round ends with one token of the target's own
@@ -207,6 +265,19 @@ def _with_context(processors: list, prefix: list):
     head = mx.array(prefix)
     return [lambda tokens, logits, p=p: p(mx.concatenate([head, tokens]), logits)
             for p in processors]
+
+
+class PrefillCancelled(Exception):
+    """Raised between a media pipeline's prefill chunks when its job was cancelled."""
+
+
+def _takes(fn, name: str) -> bool:
+    import inspect
+
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def fresh_random_state():

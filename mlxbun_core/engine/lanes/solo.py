@@ -3,10 +3,10 @@
 mlx-lm's ``BatchGenerator`` costs a lone stream against mlx-lm's single-sequence
 loop (batch caches, masks, per-row bookkeeping: 0.72-0.81x on an H200 at the 8B
 shape), and a local server mostly serves one client at a time. So the batch lane
-runs a lone job here, one prefill chunk or one token per ``step``, with the same
-pipelined step as mlx-lm's ``generate_step`` (the next token is queued before the
-current one is read), and moves it into the batch the moment another job can
-join: ``handoff`` gives the token still to feed, and ``fed`` / ``cache`` say
+runs a lone job here, one prefill chunk (sized by the engine's pacer) or one token
+per ``step``, with the same pipelined step as mlx-lm's ``generate_step`` (the next
+token is queued before the current one is read), and moves it into the batch the
+moment another job can join: ``handoff`` gives the token still to feed, and ``fed`` / ``cache`` say
 what the KV holds. A batch that drains to one decoding row hands it back here
 (``resume``).
 """
@@ -18,23 +18,25 @@ from typing import Optional
 
 from ..job import GenerationJob
 from ..prompt_cache import trimmable
+from .pace import PrefillPacer
 
 
 class Solo:
-    def __init__(self, model, job: GenerationJob, cache: list, cached: int, prefill_step: int):
+    def __init__(self, model, job: GenerationJob, cache: list, cached: int, pacer: PrefillPacer):
         self.model, self.job, self.cache = model, job, cache
         self.prompt = job.request.prompt_tokens
         self.fed = list(self.prompt[:cached])  # tokens whose forward pass was issued, in order
-        self.prefill_step = prefill_step
+        self.pacer = pacer  # prompt tokens per prefill chunk
         self._next = None  # (token, logprobs) being computed: sampled, not yet fed
         self._context = None  # what the logits processors see: every token fed so far
         self._count = 0
 
     @classmethod
-    def resume(cls, model, job: GenerationJob, cache: list, fed: list, pending, prefill_step: int):
+    def resume(cls, model, job: GenerationJob, cache: list, fed: list, pending,
+               pacer: PrefillPacer):
         """A job leaving the batch: ``cache`` holds ``fed``; ``pending`` is the
         ``(token array, logprobs)`` sampled from it and not yet fed."""
-        solo = cls(model, job, cache, 0, prefill_step)
+        solo = cls(model, job, cache, 0, pacer)
         solo.fed, solo._next = list(fed), pending
         return solo
 
@@ -55,10 +57,12 @@ class Solo:
         with mx.stream(generation_stream):
             if self._next is None:
                 if self.prefilling:
-                    start = len(self.fed)
-                    chunk = self.prompt[start:min(start + self.prefill_step, len(self.prompt) - 1)]
-                    self.model(mx.array(chunk)[None], cache=self.cache)
-                    mx.eval([c.state for c in self.cache])
+                    start, size = len(self.fed), self.pacer.chunk()
+                    chunk = self.prompt[start:min(start + size, len(self.prompt) - 1)]
+                    with self.pacer.timed(size) as timer:
+                        self.model(mx.array(chunk)[None], cache=self.cache)
+                        mx.eval([c.state for c in self.cache])
+                        timer.tokens = len(chunk)
                     self.fed += chunk
                     return None
                 self._next = self._forward(mx.array(self.prompt[-1:]))

@@ -1,0 +1,123 @@
+"""Prefill chunks sized from measured speed, so a cancel lands within about one chunk.
+
+A lane checks its jobs' cancel flags between steps, and a step reads at most one
+prefill chunk. A fixed chunk of mlx-lm's 2,048 tokens takes ~0.1 s on an H200 but
+minutes on a slow CPU (the embedded SmolLM2 prefilled at ~10 tok/s with the reference
+BLAS): a Stop, or a client gone, then waited for the whole chunk. So every lane asks
+one shared :class:`PrefillPacer` how many tokens to read next and tells it how long
+that took. The pacer keeps a smoothed tokens-per-second rate and answers the lane's
+own limit when that fits ``TARGET_S``, else the largest power of two that does (a
+chunk then takes between half of it and all of it; powers of two keep the set of
+query lengths small, and MLX's first forward pass at a new length costs extra on CUDA).
+
+The engine calibrates it at start-up with one short forward pass (``calibrate``), so
+the very first request is paced too. That pass (and any short chunk) understates a
+fast device's rate (fixed per-pass costs, first-use kernel compilation), so a faster
+reading replaces the rate at once while a slower one is smoothed in; a chunk under
+half the size asked for (a prompt's tail, a cache hit's few new tokens) is not
+measured at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Optional
+
+from ...library.fit import PREFILL_CHUNK
+
+log = logging.getLogger("mlxbun.engine")
+
+TARGET_S = 0.8  # longest a chunk should take
+FIRST_CHUNK = 16  # before anything is measured
+MIN_CHUNK = 1  # a backend at a few tok/s (reference BLAS) still answers a cancel in time
+MAX_CHUNK = PREFILL_CHUNK  # what the memory plan bills one prompt's prefill scratch for
+CALIBRATION_TOKENS = 8  # a 135M model on a reference-BLAS CPU reads ~2-10 tok/s
+SMOOTHING = 0.5  # weight of the newest measurement
+
+
+class PrefillPacer:
+    """Tokens per prefill chunk for the worker thread's lanes (one per engine)."""
+
+    def __init__(self, target_s: float = TARGET_S, lo: int = MIN_CHUNK):
+        self.target_s, self.lo = target_s, lo
+        self.rate: Optional[float] = None  # prompt tokens per second, smoothed
+        self.chunks = 0  # chunks measured
+
+    def chunk(self, limit: int = MAX_CHUNK) -> int:
+        """Prompt tokens to read in the next chunk (every row of the chunk together),
+        at most ``limit``."""
+        want = FIRST_CHUNK if self.rate is None else self.rate * self.target_s
+        if want >= limit:
+            return max(1, limit)
+        size = self.lo
+        while size * 2 <= want:
+            size *= 2
+        return min(size, max(1, limit))
+
+    def record(self, tokens: int, seconds: float, asked: int = 0) -> None:
+        """A chunk of ``tokens`` prompt tokens (of ``asked``) took ``seconds``."""
+        if seconds <= 0 or tokens <= 0 or tokens * 2 < asked:
+            return
+        rate = tokens / seconds
+        if self.rate is None or rate > self.rate:
+            self.rate = rate  # short or first chunks understate: a faster reading is real
+        else:
+            self.rate = SMOOTHING * rate + (1 - SMOOTHING) * self.rate
+        self.chunks += 1
+
+    def timed(self, asked: int = 0) -> "_Timer":
+        """``with pacer.timed(asked) as t: ...; t.tokens = n`` records the block's time
+        (``asked``: the chunk size the lane asked for)."""
+        return _Timer(self, asked)
+
+    def calibrate(self, model) -> None:
+        """One short forward pass on a scratch cache (the worker thread, at start-up)."""
+        import mlx.core as mx
+        from mlx_lm.models.cache import make_prompt_cache
+
+        try:
+            cache = make_prompt_cache(model)
+            with self.timed() as t:
+                model(mx.arange(CALIBRATION_TOKENS)[None], cache=cache)
+                mx.eval([c.state for c in cache])
+                t.tokens = CALIBRATION_TOKENS
+        except Exception as exc:  # not a causal LM we can call plainly: stay at FIRST_CHUNK
+            log.debug("prefill calibration skipped: %s", exc)
+
+    def stats(self) -> dict:
+        return {"target_s": self.target_s, "chunk_tokens": self.chunk(),
+                "prefill_tps": round(self.rate, 1) if self.rate else None,
+                "chunks_measured": self.chunks}
+
+
+class FixedChunk(PrefillPacer):
+    """Always ``size`` tokens, nothing measured (``--prefill-step``-style pinning, tests)."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+
+    def chunk(self, limit: int = MAX_CHUNK) -> int:
+        return max(1, min(self.size, limit))
+
+    def record(self, tokens: int, seconds: float, asked: int = 0) -> None:
+        pass
+
+    def calibrate(self, model) -> None:
+        pass
+
+
+class _Timer:
+    __slots__ = ("pacer", "asked", "tokens", "_t0")
+
+    def __init__(self, pacer: PrefillPacer, asked: int):
+        self.pacer, self.asked, self.tokens, self._t0 = pacer, asked, 0, 0.0
+
+    def __enter__(self) -> "_Timer":
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.pacer.record(self.tokens, time.perf_counter() - self._t0, self.asked)
