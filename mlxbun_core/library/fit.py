@@ -46,7 +46,6 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
                "float64": 8, "int8": 1, "uint8": 1}
 
 __all__ = ["KVLayout", "MemoryPlan", "Machine", "text_config", "activation_bytes",
-__all__ = ["KVLayout", "MemoryPlan", "Machine", "text_config", "activation_bytes",
            "kv_element_bytes", "kv_layout", "quantizable", "kv_bytes_per_token", "plan",
            "machine", "predicted_decode_tps", "context_window", "BatchPlan", "batch_plan"]
 
