@@ -133,8 +133,8 @@ def test_v1_models_lists_served_first_then_local_rows(srv, hub):
     assert rows["acme/Tiny-Gemma4-it"].tier == "targeted" and rows["other/Qwen3-Tiny"].tier == "generic"
     assert rows["acme/Tiny-Gemma4-it"].vision is False and rows["acme/Tiny-Gemma4-it"].audio is False
     assert all(m.created == srv.engine.started_at for m in data)
-    one = httpx.get(srv.v1 + "/models/other/Qwen3-Tiny").json()["data"]
-    assert [m["id"] for m in one] == ["other/Qwen3-Tiny"]
+    one = httpx.get(srv.v1 + "/models/other/Qwen3-Tiny").json()  # retrieve: the row itself
+    assert one["id"] == "other/Qwen3-Tiny" and one["object"] == "model"
 
 
 def test_library_rows_carry_fit_and_cache_for_30s(srv, hub):
