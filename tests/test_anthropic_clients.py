@@ -113,7 +113,8 @@ def test_claude_code_request_is_served(client, plugin):
 
 def test_claude_code_stream_on_the_beta_path(server, plugin):
     srv, _ = server
-    body = {**claude_code_body("streamed question"), "stream": True}
+    # Claude Code's own budget: the server clamps it to the room left in the context
+    body = {**claude_code_body("streamed question"), "stream": True, "max_tokens": 128000}
     headers = {"anthropic-beta": ",".join(BETAS), "anthropic-version": "2023-06-01",
                "x-api-key": "test"}
     with httpx.stream("POST", srv.v1 + "/messages?beta=true", json=body, headers=headers) as r:
