@@ -78,6 +78,26 @@ def test_claude_code_reads_a_file(server, npm_clients, work, tmp_path):
     assert "x-anthropic-billing-header" not in first and "cc_version=" not in first
 
 
+def test_claude_code_billing_header_does_not_break_the_prefix_cache(server, npm_clients,
+                                                                   tmp_path):
+    """Claude Code's billing header names its entry point and a hash of the first prompt;
+    from another entry point (the TypeScript SDK's) the same conversation differs only
+    there. Dropped, the second run reads the first one's whole prompt from the cache."""
+    srv, plugin = server
+    plugin.reply = lambda prompt: "Hi."
+    runs = []
+    for entrypoint in ("sdk-cli", "sdk-ts"):
+        done = run_claude(npm_clients["claude"], srv.base_url, "Say hi.", cwd=tmp_path,
+                          home=tmp_path / "home", args=("--max-turns", "1"),
+                          env={"CLAUDE_CODE_ENTRYPOINT": entrypoint})
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        runs.append(json.loads(done.stdout))
+    assert [r["result"] for r in runs] == ["Hi.", "Hi."]
+    usage = runs[1]["usage"]
+    assert usage["cache_read_input_tokens"] > 0.9 * (usage["input_tokens"]
+                                                     + usage["cache_read_input_tokens"])
+
+
 def test_codex_runs_a_command(server, npm_clients, work, tmp_path):
     srv, plugin = server
     cwd, token = work

@@ -6,11 +6,12 @@ note after the first user turn). They become chat ``system`` messages at their o
 position; whether a template can show a system turn there, or the text is folded into
 a user turn, is decided when the prompt is rendered (:mod:`mlxbun_core.system_turns`).
 
-Some clients lead the system prompt with text that changes from version to version and
-means nothing to the model: Claude Code's ``x-anthropic-billing-header: cc_version=…;``
-block. Left in, it sits in front of every cached prefix and a new client version (or
-entry point) starts every conversation cold. Such blocks are dropped unless
-``MLXBUN_KEEP_VOLATILE_SYSTEM=1`` (``mlxbun serve --keep-volatile-system``).
+Some clients lead the system prompt with text that means nothing to the model and
+changes often: Claude Code's ``x-anthropic-billing-header: cc_version=…; cc_entrypoint=…;``
+block (its version carries a hash of the conversation's first prompt). Left in, it sits in
+front of every cached prefix: no two conversations would share the system prompt and tools.
+Such blocks are dropped unless ``MLXBUN_KEEP_VOLATILE_SYSTEM=1`` (``mlxbun serve
+--keep-volatile-system``).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def install_clients(root: Path) -> dict[str, Path]:
     if npm is None:
         raise RuntimeError("npm is required for the real-client tests (Claude Code, Codex "
                            "CLI); install Node.js and npm")
-    prefix = Path(root) / CACHE_DIR
+    prefix = Path(root).resolve() / CACHE_DIR
     prefix.mkdir(parents=True, exist_ok=True)
     wanted = (CLAUDE_CODE, CODEX)
     with open(prefix / ".lock", "w") as lock:
@@ -83,13 +83,16 @@ def _base_env(home: Path) -> dict:
 
 
 def run_claude(claude: Path, base_url: str, prompt: str, *, cwd: Path, home: Path,
-               max_output_tokens: int = 256, args: tuple = ()) -> subprocess.CompletedProcess:
+               max_output_tokens: int = 256, args: tuple = (),
+               env: dict | None = None) -> subprocess.CompletedProcess:
     """``claude -p PROMPT --output-format json`` against ``base_url``: any API key logs
-    in; auto-update, telemetry and other non-essential traffic are off."""
+    in; auto-update, telemetry and other non-essential traffic are off. ``env`` adds
+    variables (``CLAUDE_CODE_ENTRYPOINT`` names the entry point it reports)."""
+    extra = env or {}
     env = _base_env(home)
     env.update(ANTHROPIC_BASE_URL=base_url, ANTHROPIC_API_KEY="mlxbun-test",
                DISABLE_AUTOUPDATER="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
-               CLAUDE_CODE_MAX_OUTPUT_TOKENS=str(max_output_tokens))
+               CLAUDE_CODE_MAX_OUTPUT_TOKENS=str(max_output_tokens), **extra)
     return subprocess.run([str(claude), "-p", prompt, "--output-format", "json", *args],
                           cwd=cwd, env=env, capture_output=True, text=True,
                           stdin=subprocess.DEVNULL, timeout=RUN_TIMEOUT_S)
