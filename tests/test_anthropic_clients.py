@@ -164,7 +164,8 @@ def test_thinking_omitted_keeps_the_block_not_the_text(client, server, plugin):
 
 
 def test_tool_use_ids_are_anthropic_shaped_and_round_trip(client, plugin):
-    plugin.text = '<tool_call>{"name": "Read", "arguments": {"file_path": "/tmp/a.txt"}}</tool_call>'
+    plugin.text = ('<tool_call>{"name": "Read", "arguments": {"file_path": "/tmp/a.txt"}}'
+                   '</tool_call>')
     body = claude_code_body("read a.txt")
     msg = create(client, body)
     use = msg.content[-1]

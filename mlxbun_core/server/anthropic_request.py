@@ -191,14 +191,15 @@ def _messages(body: dict, messages: list, tools: ToolSet) -> tuple[list, str | N
         if prompt:
             out.append({"role": "system", "content": prompt})
     roles = [m.get("role") if isinstance(m, dict) else None for m in messages]
+    last = {role: i for i, role in enumerate(roles)}  # each role's last position
     turn_effort = None
     for i, m in enumerate(messages):
         if roles[i] not in ROLES:
             raise BadRequest(f"messages[{i}].role must be one of user, assistant, system")
         if roles[i] == "system":
-            msg, effort = system.system_message(m, i, "user" in roles[i + 1:])
+            msg, effort = system.system_message(m, i, last.get("user", -1) > i)
             out += [msg] if msg else []
-            if effort is not None and "assistant" not in roles[i + 1:]:
+            if effort is not None and last.get("assistant", -1) < i:
                 turn_effort = effort
             continue
         content = m.get("content")
@@ -206,7 +207,7 @@ def _messages(body: dict, messages: list, tools: ToolSet) -> tuple[list, str | N
             raise BadRequest("message content must be a string or a list of content blocks")
         out += _user_messages(content, tools) if m["role"] == "user" else \
             [_assistant_message(content)]
-    if "user" not in roles and "assistant" not in roles:
+    if "user" not in last and "assistant" not in last:
         raise BadRequest("messages needs a user or assistant message, not only system ones")
     return out, turn_effort
 
