@@ -12,6 +12,7 @@ every prompt it ran, so the tests read back what the model was shown.
 from __future__ import annotations
 
 import json
+import re
 
 import anthropic
 import httpx
@@ -199,6 +200,19 @@ def test_tool_search_reference_loads_a_deferred_tool(client, plugin):
     shown = ('<function>{"description": "Fetches a URL, converts the page to markdown.", '
              '"name": "WebFetch", "parameters": ')
     assert seen.count('"name": "WebFetch"') == 1 and seen.index(shown) > seen.index("fetch a page")
+
+
+def test_prompt_over_the_context_is_said_as_anthropic_says_it(client, plugin):
+    """The form Claude Code parses for the token counts (no model work happens:
+    admission refuses before prefill)."""
+    body = claude_code_body("a " * 45000)
+    with pytest.raises(anthropic.BadRequestError) as err:
+        create(client, body)
+    message = err.value.body["error"]["message"]
+    assert err.value.body["error"]["type"] == "invalid_request_error"
+    tokens, limit = re.fullmatch(r"prompt is too long: (\d+) tokens > (\d+) maximum",
+                                 message).groups()
+    assert int(tokens) > int(limit) == 40960  # the tiny qwen3 checkpoint's window
 
 
 # ------------------------------------------------------------------ the translation

@@ -18,6 +18,7 @@ contributed) holds the rest.
 from __future__ import annotations
 
 import json
+import re
 from contextlib import contextmanager
 
 from blacksheep import Request
@@ -34,14 +35,21 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                403: "permission_error", 404: "not_found_error", 413: "request_too_large",
                429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+TOO_LONG = re.compile(r"prompt has (\d+) tokens; this server admits at most (\d+)")
 
 
 def anthropic_error(exc: APIError):
-    """Anthropic's error shape has no ``param``: a known one leads the message instead."""
+    """Anthropic's error shape has no ``param``: a known one leads the message instead.
+    A prompt over the context is said in Anthropic's words (``prompt is too long: N
+    tokens > M maximum``), the form Claude Code parses for the token counts and answers
+    with its compaction advice."""
     kind = ERROR_TYPES.get(exc.status, "api_error" if exc.status >= 500 else "invalid_request_error")
     message = exc.message
     if exc.param and exc.param not in message:
         message = f"{exc.param}: {message}"
+    too_long = TOO_LONG.search(message) if exc.code == "context_over_budget" else None
+    if too_long:
+        message = f"prompt is too long: {too_long[1]} tokens > {too_long[2]} maximum"
     return json_response({"type": "error", "error": {"type": kind, "message": message}},
                          exc.status)
 
