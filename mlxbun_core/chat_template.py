@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from . import system_turns
 from .errors import BadRequest
 from .model import LoadedModel, Prompt
 from .toolcalls.history import without_tool_support
@@ -46,7 +47,9 @@ def apply_template(model: LoadedModel, messages: list, tools, template_kwargs: d
     """Render with the checkpoint's (or a given) Jinja template and tokenize.
 
     Template errors (a role the template refuses, a missing field) are the
-    client's doing, so they become a 400 ``prompt build failed: …``.
+    client's doing, so they become a 400 ``prompt build failed: …``. System messages
+    after the first turn go in place or folded into user turns, as the template can
+    (:mod:`.system_turns`).
     """
     tok = model.tokenizer
     kwargs = dict(template_kwargs)
@@ -54,6 +57,10 @@ def apply_template(model: LoadedModel, messages: list, tools, template_kwargs: d
         kwargs["chat_template"] = chat_template
     template = chat_template if chat_template is not None else getattr(tok, "chat_template", None)
     messages = without_tool_support(messages, tools, template)
+    messages = system_turns.for_template(
+        messages, lambda probe: tok.apply_chat_template(
+            probe, tokenize=False, add_generation_prompt=True, **kwargs),
+        key=template if isinstance(template, str) else repr(template))
     try:
         text = tok.apply_chat_template(messages, tools=tools or None, tokenize=False,
                                        add_generation_prompt=True, **kwargs)

@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                    in ("1", "true", "yes", "on"),
                    help="let image/audio/video URLs reach private, loopback and link-local "
                         "hosts (a NAS on the LAN); refused by default")
+    s.add_argument("--keep-volatile-system", action="store_true",
+                   help="keep per-client metadata at the top of Anthropic system prompts "
+                        "(Claude Code's billing header); by default it is dropped so the "
+                        "prefix cache survives client updates (MLXBUN_KEEP_VOLATILE_SYSTEM=1)")
     s.add_argument("--log-level", default=os.environ.get("MLXBUN_LOG_LEVEL", "info"))
     s.add_argument("--isolate", action="store_true",
                    help="run the engine as a child process behind a crash-proof proxy")
@@ -241,6 +245,12 @@ def configure_media(args) -> None:
     fetch.policy.allow_private = bool(args.allow_private_media)
 
 
+def configure_system_prompts(args) -> None:
+    """``--keep-volatile-system``: the Anthropic surface reads the switch per request."""
+    if args.keep_volatile_system:
+        os.environ["MLXBUN_KEEP_VOLATILE_SYSTEM"] = "1"
+
+
 # optional grammar backends and the extra that installs each
 GRAMMAR_EXTRAS = {"xgrammar": "mlxbun[xgrammar]"}
 
@@ -319,6 +329,7 @@ def cmd_serve(args) -> int:
     if args.model_pool != 1:
         print("mlxbun: --model-pool needs --isolate; ignored", file=sys.stderr)
     configure_media(args)
+    configure_system_prompts(args)
     defaults = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
     name = None
     try:

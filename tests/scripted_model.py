@@ -11,6 +11,7 @@ is the real path.
     with scripted_server('<tool_call>{"name": "f", "arguments": {}}</tool_call>') as (srv, plugin):
         ...  # set plugin.text = "..." between requests to change the script
         plugin.prompts[-1]  # the last prompt the model was shown, as text
+        plugin.reply = lambda prompt: "..."  # or pick the script from each prompt
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ class ScriptedModel(nn.Module):
             return logits
         if pos == 0:  # this forward ended the prompt: keep what the model was shown
             self._plugin.prompts.append(self._tok.decode(history))
+            if self._plugin.reply is not None:  # the script answers this prompt
+                self._plugin.text = self._plugin.reply(self._plugin.prompts[-1])
         if self._plugin.fail_at is not None and pos >= self._plugin.fail_at:
             raise RuntimeError("scripted forward failure")
         script = self._script()
@@ -104,6 +107,7 @@ class ScriptedPlugin:
         self.fail_at = None  # set to N: the forward raises from script position N on
         self.prompts: list[str] = []  # every prompt the model ran, decoded (specials kept)
         self.free_after = False  # True: after the script, the random model (not EOS) goes on
+        self.reply = None  # set to f(prompt text) -> script: a script chosen per request
 
     @property
     def FAMILY(self) -> str:  # one family per checkpoint, so several can be registered at once

@@ -268,8 +268,10 @@ def test_error_image_on_text_model(srv):
 
 def test_error_bad_fields(srv):
     assert_error(post(srv, {"max_tokens": 8, "messages": []}), 400, "invalid_request_error")
+    assert_error(post(srv, {"max_tokens": 8, "messages": [{"role": "tool", "content": "x"}]}),
+                 400, "invalid_request_error", "messages[0].role must be one of")
     assert_error(post(srv, {"max_tokens": 8, "messages": [{"role": "system", "content": "x"}]}),
-                 400, "invalid_request_error", "role")
+                 400, "invalid_request_error", "a user or assistant message")
     assert_error(post(srv, {"max_tokens": 8, "messages": USER, "temperature": "hot"}),
                  400, "invalid_request_error", "temperature")
     assert_error(post(srv, {"max_tokens": 0, "messages": USER}), 400, "invalid_request_error")

@@ -7,7 +7,9 @@ differs.
 
 Reasoning is surfaced as Anthropic's extended-thinking shape: a ``thinking``
 block (empty ``signature``; we sign nothing) before the text, present only when
-the model actually thought. Prior-turn thinking blocks are dropped on re-ingest.
+the model actually thought (its text left out under ``thinking.display:
+"omitted"``). Prior-turn thinking blocks are dropped on re-ingest. Tool-use ids
+take Anthropic's ``toolu_`` shape.
 ``usage.input_tokens`` follows Anthropic's meaning: the prompt tokens NOT read
 from the prompt cache; ``cache_read_input_tokens`` (present only when the cache
 contributed) holds the rest.
@@ -16,6 +18,7 @@ contributed) holds the rest.
 from __future__ import annotations
 
 import json
+import re
 from contextlib import contextmanager
 
 from blacksheep import Request
@@ -24,6 +27,7 @@ from ..errors import APIError
 from ..events import Admitted, Content, Reasoning, ToolCallEvent, Usage
 from . import generation
 from .anthropic_request import chat_names, to_chat
+from .anthropic_system import thinking_omitted
 from .common import guarded, json_response, read_body, sse_event
 from .field_names import renamed
 
@@ -31,14 +35,21 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                403: "permission_error", 404: "not_found_error", 413: "request_too_large",
                429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+TOO_LONG = re.compile(r"prompt has (\d+) tokens; this server admits at most (\d+)")
 
 
 def anthropic_error(exc: APIError):
-    """Anthropic's error shape has no ``param``: a known one leads the message instead."""
+    """Anthropic's error shape has no ``param``: a known one leads the message instead.
+    A prompt over the context is said in Anthropic's words (``prompt is too long: N
+    tokens > M maximum``), the form Claude Code parses for the token counts and answers
+    with its compaction advice."""
     kind = ERROR_TYPES.get(exc.status, "api_error" if exc.status >= 500 else "invalid_request_error")
     message = exc.message
     if exc.param and exc.param not in message:
         message = f"{exc.param}: {message}"
+    too_long = TOO_LONG.search(message) if exc.code == "context_over_budget" else None
+    if too_long:
+        message = f"prompt is too long: {too_long[1]} tokens > {too_long[2]} maximum"
     return json_response({"type": "error", "error": {"type": kind, "message": message}},
                          exc.status)
 
@@ -80,12 +91,20 @@ def _stop(finish) -> tuple[str, str | None]:
     return STOP_REASONS.get(finish.reason, "end_turn"), None
 
 
+def tool_use_id(call_id: str) -> str:
+    """Anthropic's id shape (``toolu_…``) for an engine call id (``call_…``). The client
+    sends it back on the tool_use and its tool_result alike, so it round-trips as is."""
+    if call_id.startswith("toolu_"):
+        return call_id
+    return "toolu_" + call_id.removeprefix("call_")
+
+
 def _tool_use(call) -> dict:
     try:
         args = json.loads(call.arguments or "{}")
     except json.JSONDecodeError:
         args = {}
-    return {"type": "tool_use", "id": call.id, "name": call.name,
+    return {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name,
             "input": args if isinstance(args, dict) else {}}
 
 
@@ -96,6 +115,7 @@ class MessageFrames(generation.FrameWriter):
         self.run, self.model_id = run, model_id
         self.index, self.open_kind = -1, None
         self.started = False
+        self.omit_thinking = thinking_omitted(run.body)
 
     def admitted(self, ev):
         # sent as the lane takes the request, before prefill (clients show progress from
@@ -136,12 +156,14 @@ class MessageFrames(generation.FrameWriter):
         if isinstance(ev, Reasoning) and ev.text:
             frames = [] if self.open_kind == "thinking" else self._start(
                 "thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            if self.omit_thinking:  # the block says that the model thought, not what
+                return frames
             return frames + [self._delta({"type": "thinking_delta", "thinking": ev.text})]
         if isinstance(ev, Content) and ev.text:
             return self._text(ev.text)  # the tool parser drops whitespace around a call
         if isinstance(ev, ToolCallEvent):
             call = ev.call
-            frames = self._start("tool_use", {"type": "tool_use", "id": call.id,
+            frames = self._start("tool_use", {"type": "tool_use", "id": tool_use_id(call.id),
                                               "name": call.name, "input": {}})
             frames.append(self._delta({"type": "input_json_delta",
                                        "partial_json": call.arguments or "{}"}))
@@ -173,7 +195,8 @@ def register(app, engine):
     def answer(run, reply) -> dict:
         content = []
         if reply.reasoning:
-            content.append({"type": "thinking", "thinking": reply.reasoning, "signature": ""})
+            shown = "" if thinking_omitted(run.body) else reply.reasoning
+            content.append({"type": "thinking", "thinking": shown, "signature": ""})
         if reply.content.strip() or (reply.content and not reply.tool_calls):
             content.append({"type": "text", "text": reply.content})
         content += [_tool_use(c) for c in reply.tool_calls]

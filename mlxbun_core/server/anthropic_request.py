@@ -1,9 +1,10 @@
 """The Anthropic Messages request, translated into the OpenAI chat body shape.
 
 Every nested field is type-checked on the way (a wrong type is a 400 naming the
-field, never a crash); prior-turn thinking blocks are dropped, server tools (a
-``type`` other than ``custom``) skipped. :func:`chat_names` maps chat field names
-back to the Anthropic ones for errors the shared chat path raises.
+field, never a crash); prior-turn thinking blocks are dropped. The system side
+(``system``, system-role messages, thinking and effort) is :mod:`.anthropic_system`,
+tools and tool search :mod:`.anthropic_tools`. :func:`chat_names` maps chat field
+names back to the Anthropic ones for errors the shared chat path raises.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import json
 
 from ..errors import BadRequest
+from . import anthropic_system as system
+from .anthropic_tools import ToolSet, reference_text, tool_choice, tool_set
 
 # mlx-lm sampler/penalty extensions accepted on top of Anthropic's own fields
 EXTRAS = ("min_p", "xtc_probability", "xtc_threshold", "repetition_penalty",
@@ -18,6 +21,7 @@ EXTRAS = ("min_p", "xtc_probability", "xtc_threshold", "repetition_penalty",
           "frequency_penalty", "frequency_context_size", "seed", "chat_template_kwargs",
           "reasoning_effort", "response_format", "adapter")
 AUDIO_BLOCKS = ("input_audio", "audio", "audio_url")
+ROLES = ("user", "assistant", "system")
 
 
 def _string(value, where: str, *, required: bool = True) -> str:
@@ -30,20 +34,6 @@ def _object(value, where: str) -> dict:
     if not isinstance(value, dict):
         raise BadRequest(f"{where} must be an object")
     return value
-
-
-def _system(content) -> str:
-    """The system prompt: a string, or a list of text blocks."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise BadRequest("system must be a string or a list of text blocks")
-    texts = []
-    for i, block in enumerate(content):
-        if not isinstance(block, dict) or block.get("type") != "text":
-            raise BadRequest(f"system[{i}] must be a text block ({{\"type\": \"text\", ...}})")
-        texts.append(_string(block.get("text"), f"system[{i}].text", required=False))
-    return "".join(texts)
 
 
 def _image_part(block: dict) -> dict:
@@ -78,12 +68,18 @@ def _block_part(block) -> dict | None:
     raise BadRequest(f"unsupported content block type: {kind!r}")
 
 
-def _tool_result(block: dict) -> dict:
+def _result_part(block, tools: ToolSet) -> dict | None:
+    if isinstance(block, dict) and block.get("type") == "tool_reference":
+        return {"type": "text", "text": reference_text(block, tools)}
+    return _block_part(block)
+
+
+def _tool_result(block: dict, tools: ToolSet) -> dict:
     content = block.get("content")
     if content is None or isinstance(content, str):
         parts = content or ""
     elif isinstance(content, list):
-        parts = [p for p in map(_block_part, content) if p is not None]
+        parts = [p for p in (_result_part(b, tools) for b in content) if p is not None]
         if all(p["type"] == "text" for p in parts):
             parts = "".join(p["text"] for p in parts)
     else:
@@ -94,7 +90,7 @@ def _tool_result(block: dict) -> dict:
             "tool_call_id": _string(block.get("tool_use_id"), "tool_result tool_use_id")}
 
 
-def _user_messages(content) -> list:
+def _user_messages(content, tools: ToolSet) -> list:
     """A user turn: tool_result blocks become tool messages, the rest user parts."""
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
@@ -104,7 +100,7 @@ def _user_messages(content) -> list:
             if parts:
                 out.append({"role": "user", "content": parts})
                 parts = []
-            out.append(_tool_result(block))
+            out.append(_tool_result(block, tools))
         else:
             part = _block_part(block)
             if part is not None:
@@ -137,76 +133,9 @@ def _assistant_message(content) -> dict:
     return msg
 
 
-def _tools(tools) -> list | None:
-    """Client tools as chat tools; server tools (a ``type`` other than custom) are skipped."""
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        raise BadRequest("tools must be a list")
-    out = []
-    for i, t in enumerate(tools):
-        _object(t, f"tools[{i}]")
-        if t.get("type") not in (None, "custom"):
-            continue  # web_search, bash, text_editor, …: not ours
-        description = t.get("description")
-        if description is not None and not isinstance(description, str):
-            raise BadRequest(f"tools[{i}].description must be a string")
-        fn = {"name": _string(t.get("name"), f"tools[{i}].name"),
-              "description": description or "",
-              "parameters": _object(t.get("input_schema"), f"tools[{i}].input_schema")}
-        if t.get("strict") is not None:
-            if not isinstance(t["strict"], bool):
-                raise BadRequest(f"tools[{i}].strict must be a boolean")
-            fn["strict"] = t["strict"]
-        out.append({"type": "function", "function": fn})
-    return out or None
-
-
-def _tool_choice(choice, tools: list | None) -> tuple:
-    """Anthropic's tool_choice as the chat ``(tool_choice, parallel_tool_calls)``."""
-    if choice is None:
-        return None, None
-    if not isinstance(choice, dict):
-        raise BadRequest('tool_choice must be an object, e.g. {"type": "auto"}')
-    kind = choice.get("type")
-    parallel = choice.get("disable_parallel_tool_use")
-    if parallel is not None and not isinstance(parallel, bool):
-        raise BadRequest("tool_choice.disable_parallel_tool_use must be a boolean")
-    parallel = None if parallel is None else not parallel
-    if kind == "tool":
-        name = _string(choice.get("name"), "tool_choice.name")
-        if name not in {t["function"]["name"] for t in tools or ()}:
-            raise BadRequest(f"tool_choice.name: no tool named {name!r} in tools")
-        return {"type": "function", "function": {"name": name}}, parallel
-    mapped = {"auto": "auto", "any": "required", "none": "none"}.get(kind) \
-        if isinstance(kind, str) else None
-    if mapped is None:
-        raise BadRequest("tool_choice.type must be one of auto, any, tool, none")
-    if mapped == "required" and not tools:
-        raise BadRequest('tool_choice {"type": "any"} needs tools')
-    return mapped, parallel
-
-
-def _thinking(chat: dict, thinking) -> None:
-    if thinking is None:
-        return
-    kind = _object(thinking, "thinking").get("type")
-    if kind not in ("enabled", "disabled", "adaptive"):
-        raise BadRequest("thinking.type must be one of enabled, disabled, adaptive")
-    if kind == "adaptive":
-        return  # the model's own default
-    kwargs = dict(_object(chat.get("chat_template_kwargs", {}), "chat_template_kwargs"))
-    kwargs.setdefault("enable_thinking", kind == "enabled")
-    chat["chat_template_kwargs"] = kwargs
-
-
-def _output_config(chat: dict, body: dict) -> None:
+def _output_format(chat: dict, body: dict) -> None:
     config = body.get("output_config")
     config = {} if config is None else _object(config, "output_config")
-    effort = config.get("effort")
-    if effort is not None:  # Anthropic's top level "max" is our "xhigh"
-        chat.setdefault("reasoning_effort", {"max": "xhigh"}.get(
-            _string(effort, "output_config.effort"), effort))
     where = "output_config.format" if config.get("format") is not None else "output_format"
     fmt = config.get("format", body.get("output_format"))  # current / older beta spelling
     if fmt is None:
@@ -228,18 +157,8 @@ def to_chat(body: dict, *, need_max_tokens: bool = True) -> dict:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages: field required (a non-empty list)")
-    out = []
-    if body.get("system") is not None:
-        system = _system(body["system"])
-        if system:
-            out.append({"role": "system", "content": system})
-    for m in messages:
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise BadRequest("each message needs role 'user' or 'assistant'")
-        content = m.get("content")
-        if not isinstance(content, (str, list)):
-            raise BadRequest("message content must be a string or a list of content blocks")
-        out += _user_messages(content) if m["role"] == "user" else [_assistant_message(content)]
+    tools = tool_set(body.get("tools"))
+    out, turn_effort = _messages(body, messages, tools)
     chat = {"messages": out}
     for src, dst in (("stream", "stream"), ("max_tokens", "max_tokens"), ("temperature", "temperature"),
                      ("top_p", "top_p"), ("top_k", "top_k"), ("stop_sequences", "stop")):
@@ -248,24 +167,56 @@ def to_chat(body: dict, *, need_max_tokens: bool = True) -> dict:
     for name in EXTRAS:
         if body.get(name) is not None:
             chat[name] = body[name]
-    tools = _tools(body.get("tools"))
-    choice, parallel = _tool_choice(body.get("tool_choice"), tools)
-    if tools:
-        chat["tools"] = tools
+    choice, parallel = tool_choice(body.get("tool_choice"), tools.chat_tools)
+    if tools.chat_tools:
+        chat["tools"] = tools.chat_tools
         if choice is not None:
             chat["tool_choice"] = choice
         if parallel is not None:
             chat["parallel_tool_calls"] = parallel
-    _thinking(chat, body.get("thinking"))
-    _output_config(chat, body)
+    effort = turn_effort or system.top_effort(body)
+    if effort is not None:
+        chat.setdefault("reasoning_effort", effort)
+    system.thinking_kwargs(chat, body.get("thinking"))
+    _output_format(chat, body)
     return chat
+
+
+def _messages(body: dict, messages: list, tools: ToolSet) -> tuple[list, str | None]:
+    """The chat messages, and the effort a system message set for the turn being generated
+    (one after the last assistant turn)."""
+    out = []
+    if body.get("system") is not None:
+        prompt = system.system_prompt(body["system"])
+        if prompt:
+            out.append({"role": "system", "content": prompt})
+    roles = [m.get("role") if isinstance(m, dict) else None for m in messages]
+    last = {role: i for i, role in enumerate(roles)}  # each role's last position
+    turn_effort = None
+    for i, m in enumerate(messages):
+        if roles[i] not in ROLES:
+            raise BadRequest(f"messages[{i}].role must be one of user, assistant, system")
+        if roles[i] == "system":
+            msg, effort = system.system_message(m, i, last.get("user", -1) > i)
+            out += [msg] if msg else []
+            if effort is not None and last.get("assistant", -1) < i:
+                turn_effort = effort
+            continue
+        content = m.get("content")
+        if not isinstance(content, (str, list)):
+            raise BadRequest("message content must be a string or a list of content blocks")
+        out += _user_messages(content, tools) if m["role"] == "user" else \
+            [_assistant_message(content)]
+    if "user" not in last and "assistant" not in last:
+        raise BadRequest("messages needs a user or assistant message, not only system ones")
+    return out, turn_effort
 
 
 def chat_names(body: dict) -> dict:
     """Chat body field → the Anthropic field it came from (for error messages)."""
     names = {"stop": "stop_sequences"}
     config = body.get("output_config") if isinstance(body.get("output_config"), dict) else {}
-    if body.get("reasoning_effort") is None and config.get("effort") is not None:
+    if body.get("reasoning_effort") is None:
         names["reasoning_effort"] = "output_config.effort"
     if body.get("response_format") is None:
         fmt = "output_config.format" if config.get("format") is not None else "output_format"

@@ -1,11 +1,13 @@
 """Pytest fixtures the core's and the plugins' suites share: a test module defines
 ``ckpt`` (the checkpoint to serve) and asks for ``srv`` or ``client``; ``backend`` runs
-a test once per grammar backend. The repository's
+a test once per grammar backend; ``npm_clients`` installs the real CLI clients. The repository's
 root ``conftest.py`` loads this module; an out-of-tree suite adds
 ``pytest_plugins = ["mlxbun_core.testing.fixtures"]`` to its own root conftest. A module
 that needs a differently started server defines its own ``srv``, which wins."""
 
 from __future__ import annotations
+
+import subprocess
 
 import pytest
 
@@ -37,3 +39,16 @@ def backend(request):
     registry.select(request.param)
     yield request.param
     registry._selected = before
+
+
+@pytest.fixture(scope="session")
+def npm_clients(request):
+    """``{"claude": path, "codex": path}``: the real CLIs from npm, installed once into
+    the repository's git-ignored ``.npm-clients/`` (see :mod:`.clients`). Without npm
+    the tests that ask for them fail, they are not skipped."""
+    from .clients import install_clients
+
+    try:
+        return install_clients(request.config.rootpath)
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+        pytest.fail(f"cannot install the real CLI clients: {exc}")

@@ -137,6 +137,24 @@ MESSAGES = [
      "tool_choice": {"type": "tool", "name": "get_weather"}, "tools": [A_TOOL]},
     {"max_tokens": 6, "messages": USER, "tools": [A_TOOL], "stream": True,
      "tool_choice": {"type": "any", "disable_parallel_tool_use": True}},
+    # Claude Code's shape: billing header, a system-role message, tool search, adaptive thinking
+    {"max_tokens": 4, "stream": True,
+     "system": [{"type": "text",
+                 "text": "x-anthropic-billing-header: cc_version=1; cc_entrypoint=cli;"},
+                {"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+     "messages": USER + [
+         {"role": "system", "content": [{"type": "text", "text": "env"}],
+          "output_config": {"effort": "medium"}, "clear_at": "never"},
+         {"role": "assistant", "content": [
+             {"type": "tool_use", "id": "toolu_1", "name": "ToolSearch", "input": {"q": "x"}}]},
+         {"role": "user", "content": [
+             {"type": "tool_result", "tool_use_id": "toolu_1",
+              "content": [{"type": "tool_reference", "tool_name": "get_weather"}]}]},
+         {"role": "system", "content": "late", "clear_at": "next_user_message"}],
+     "tools": [{**A_TOOL, "defer_loading": True},
+               {"name": "ToolSearch", "input_schema": {"type": "object"}}],
+     "thinking": {"type": "adaptive", "display": "omitted"}, "output_config": {"effort": "max"},
+     "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}},
 ]
 EMBEDDINGS = [{"input": "hello"},
               {"model": "m", "input": ["a", "b"], "encoding_format": "base64", "dimensions": 8}]
