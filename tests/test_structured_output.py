@@ -126,6 +126,78 @@ def test_grammar_disabled_by_env(srv, monkeypatch):
     assert "grammar compilation disabled by MLXBUN_GRAMMAR=0" in r.headers["warning"]
 
 
+# unbounded strings and arrays, nested required keys, a pattern and a minimum: a random
+# model at temperature 1 runs out of max_tokens inside a string more often than not
+OPEN = {"type": "object", "properties": {
+    "name": {"type": "string"}, "notes": {"type": "array", "items": {"type": "string"}},
+    "address": {"type": "object", "properties": {
+        "city": {"type": "string"}, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+        "required": ["city", "zip"]},
+    "age": {"type": "integer", "minimum": 18}},
+    "required": ["name", "notes", "address", "age"]}
+CLOSE_CASES = [  # (request fields, validator, budgets: each at least the shortest valid reply)
+    ({"response_format": {"type": "json_object"}}, lambda v: isinstance(v, dict), (3, 9, 24)),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": OPEN}}},
+     lambda v: jsonschema.validate(v, OPEN), (56, 80)),
+]
+
+
+def test_budget_close_always_parses(client, backend):
+    """Tight budgets over many seeds: every constrained reply parses and validates;
+    the ones the budget closed say "length", the rest "stop"."""
+    for kw, valid, budgets in CLOSE_CASES:
+        reasons = []
+        for budget in budgets:
+            for seed in range(3):
+                r = client.chat.completions.create(model="m", messages=MSG, temperature=1.0,
+                                                   seed=seed, max_tokens=budget, **kw)
+                text, finish = r.choices[0].message.content, r.choices[0].finish_reason
+                valid(json.loads(text))
+                assert r.usage.completion_tokens <= budget
+                reasons.append(finish)
+        assert set(reasons) <= {"stop", "length"} and "length" in reasons, reasons
+        chunks = list(client.chat.completions.create(model="m", messages=MSG, temperature=1.0,
+                                                     seed=7, max_tokens=budgets[1], stream=True, **kw))
+        valid(json.loads("".join(c.choices[0].delta.content or "" for c in chunks if c.choices)))
+        assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    r = client.completions.create(model="m", prompt="JSON:", temperature=1.0, seed=3, max_tokens=9,
+                                  extra_body={"response_format": {"type": "json_object"}})
+    assert isinstance(json.loads(r.choices[0].text), dict)
+
+
+def test_budget_close_switched_off_leaves_cut_json(client):
+    """``budget_close: false``: the same requests get cut inside the JSON again."""
+    kw, _, budgets = CLOSE_CASES[1]
+    texts = [client.chat.completions.create(
+        model="m", messages=MSG, temperature=1.0, seed=seed, max_tokens=budgets[0],
+        extra_body={"budget_close": False}, **kw).choices[0].message.content for seed in range(4)]
+    assert any(not _parses(t) for t in texts), texts
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="m", messages=MSG, max_tokens=5,
+                                       extra_body={"budget_close": "no"}, **kw)
+    assert e.value.body["param"] == "budget_close"
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def test_default_layout_is_the_canonical_one(client, backend):
+    """One line, ", " and ": " (what chat templates' tojson writes), no other whitespace."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}
+    for seed in range(3):
+        text = client.chat.completions.create(model="m", messages=MSG, response_format=fmt, seed=seed,
+                                              temperature=1.0, max_tokens=80).choices[0].message.content
+        skeleton = re.sub(r'"(?:[^"\\]|\\.)*"', '""', text)
+        assert text == json.dumps(json.loads(text), ensure_ascii=False) or \
+            not re.search(r"\s", skeleton.replace(", ", ",").replace(": ", ":")), text
+        assert not re.search(r"\s", skeleton.replace(", ", ",").replace(": ", ":")), text
+
+
 @pytest.mark.parametrize("body", [
     {"response_format": "json"},
     {"response_format": {"type": "xml"}},

@@ -57,6 +57,35 @@ TRIED_ONE_BY_ONE = len(FIRST)
 """Candidates tried one at a time before a step reads the whole mask instead."""
 
 
+def _kind(b: int) -> Optional[str]:
+    c = chr(b)
+    if c.isalpha() or b >= 0x80:
+        return "letter"
+    if c.isdigit():
+        return "digit"
+    if c.isspace():
+        return "space"
+    return "punct" if c in string.punctuation else None
+
+
+KIND = [_kind(b) for b in range(256)]
+LOOP = 3
+"""Same-class bytes in a row after which the walk tries other classes first."""
+
+
+@dataclass
+class _Order:
+    """Byte tokens in the order to try, and where their bits sit in a mask."""
+
+    pairs: list
+    words: np.ndarray = field(init=False)
+    shifts: np.ndarray = field(init=False)
+
+    def __post_init__(self):
+        ids = np.array([t for _, t in self.pairs], dtype=np.int64)
+        self.words, self.shifts = ids // 32, (ids % 32).astype(np.int32)
+
+
 @dataclass
 class ByteVocab:
     """What the search needs from a tokenizer, built once per backend and tokenizer:
@@ -67,13 +96,21 @@ class ByteVocab:
     byte_ids: dict
     encode: Callable[[bytes], list]
     lengths: Callable[[], np.ndarray]
-    order: list = field(init=False)
 
     def __post_init__(self):
-        self.order = [(b, self.byte_ids[b]) for b in PRIORITY if b in self.byte_ids]
-        self.byte_of = {t: b for b, t in self.order}
-        ids = np.array([t for _, t in self.order], dtype=np.int64)
-        self.words, self.shifts = ids // 32, (ids % 32).astype(np.int32)
+        pairs = [(b, self.byte_ids[b]) for b in PRIORITY if b in self.byte_ids]
+        self.byte_of = {t: b for b, t in pairs}
+        self.orders = {None: _Order(pairs)}  # and one per looping class: that class last
+        for kind in set(KIND) - {None}:
+            self.orders[kind] = _Order([x for x in pairs if KIND[x[0]] != kind]
+                                       + [x for x in pairs if KIND[x[0]] == kind])
+
+    def looping(self, walked: list) -> Optional[str]:
+        """The class of byte the walk just repeated :data:`LOOP` times, if any."""
+        if len(walked) < LOOP:
+            return None
+        kinds = {KIND[self.byte_of[t]] if t in self.byte_of else None for t in walked[-LOOP:]}
+        return kinds.pop() if len(kinds) == 1 else None
 
 
 class CloseSearch:
@@ -87,48 +124,43 @@ class CloseSearch:
     def path(self, matcher, hint: Optional[list] = None) -> Optional[list]:
         """Tokens that end the grammar from ``matcher``'s state (left unchanged), or None.
         ``hint``: a path found earlier; reused when it still ends the grammar from here."""
-        if hint and self._ends(matcher, hint):
+        if hint is not None and self.ends(matcher, hint):
             return hint
         m = matcher.fork()
         walked: list = []
         while not m.accepting():
             if len(walked) >= MAX_STEPS:
                 return None
-            t = self._next(m, _looping(walked, self.vocab.byte_of))
+            t = self._next(m, self.vocab.looping(walked))
             if t is None:
                 return None
             walked.append(t)
         return self._shorter(matcher, walked)
 
-    def _ends(self, matcher, path: list) -> bool:
+    def ends(self, matcher, path: list) -> bool:
+        """Whether ``path`` takes ``matcher`` (left unchanged) to where the grammar may end."""
         m = matcher.fork()
         return all(m.try_token(t) for t in path) and m.accepting()
 
-    def _next(self, m, avoid: Optional[Callable[[int], bool]] = None) -> Optional[int]:
+    def _next(self, m, looping: Optional[str] = None) -> Optional[int]:
         """Take one step on ``m``: the first byte token in priority order, except that a
-        quote which opens a string gives way to a closing brace or bracket. ``avoid``:
-        bytes of a class the walk is looping on, tried last (``[a-z]+`` is ended by what
+        quote which opens a string gives way to a closing brace or bracket. ``looping``:
+        the class of byte the walk repeats, tried last (``[a-z]+`` is ended by what
         follows the letters, not by more of them)."""
         q = self._quote
-        if q is not None:
+        if q is not None and looping is None:
             probe = m.fork()
             if probe.try_token(q) and not probe.fork().try_token(q):
                 m.try_token(q)  # it closed a string (another quote cannot follow)
                 return q
-        order = self.vocab.order
-        if avoid is not None:
-            for b, t in [x for x in order if not avoid(x[0])] + [x for x in order if avoid(x[0])]:
-                if m.try_token(t):
-                    return t
-            return self._any(m, self._mask(m))
-        for b, t in order[:TRIED_ONE_BY_ONE]:
+        order = self.vocab.orders[looping]
+        for b, t in order.pairs[:TRIED_ONE_BY_ONE]:
             if m.try_token(t):
                 return t
         bits = self._mask(m)  # the rest at once: the first allowed byte token in order
-        allowed = (bits[self.vocab.words] >> self.vocab.shifts) & 1
-        hits = np.flatnonzero(allowed[TRIED_ONE_BY_ONE:])
-        for i in hits[:4]:
-            t = order[TRIED_ONE_BY_ONE + int(i)][1]
+        allowed = (bits[order.words] >> order.shifts) & 1
+        for i in np.flatnonzero(allowed[TRIED_ONE_BY_ONE:])[:4]:
+            t = order.pairs[TRIED_ONE_BY_ONE + int(i)][1]
             if m.try_token(t):
                 return t
         return self._any(m, bits)
@@ -163,7 +195,7 @@ class CloseSearch:
                 run = bytearray()
             if t is not None:
                 out.append(t)
-        if len(out) < len(walked) and self._ends(matcher, out):
+        if len(out) < len(walked) and self.ends(matcher, out):
             return out
         return walked
 
@@ -175,34 +207,6 @@ class CloseSearch:
         if not ids or len(ids) > len(data):
             return [self.vocab.byte_ids[b] for b in data]
         return ids
-
-
-LOOP = 3
-"""Same-class bytes in a row after which the walk tries other classes first."""
-
-
-def _looping(walked: list, byte_of: dict) -> Optional[Callable[[int], bool]]:
-    """A test for the class of byte the walk just repeated :data:`LOOP` times, if any."""
-    if len(walked) < LOOP:
-        return None
-    kinds = {_kind(byte_of.get(t, -1)) for t in walked[-LOOP:]}
-    if len(kinds) != 1 or None in kinds:
-        return None
-    kind = kinds.pop()
-    return lambda b: _kind(b) == kind
-
-
-def _kind(b: int) -> Optional[str]:
-    if b < 0:
-        return None
-    c = chr(b)
-    if c.isalpha() or b >= 0x80:
-        return "letter"
-    if c.isdigit():
-        return "digit"
-    if c.isspace():
-        return "space"
-    return "punct" if c in string.punctuation else None
 
 
 @dataclass
@@ -278,15 +282,14 @@ class Budget:
     def thinking(self, matcher, index: int, marker_left: int) -> bool:
         """While a think channel runs: whether to force its end marker now, leaving room
         for the marker and the shortest constrained answer."""
-        if self.closing:
-            return True
         if self.start_distance is None:
             p = self.search.path(matcher)
             self.start_distance = len(p) if p is not None else -1
         if self.start_distance < 0:
             return False
         if self.limit - index <= marker_left + self.start_distance:
-            self.closing, self.forced_from = True, index  # cutting thinking short
+            if self.forced_from is None:  # cutting the thinking short
+                self.forced_from = index
             return True
         return False
 
