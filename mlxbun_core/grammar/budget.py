@@ -222,6 +222,7 @@ class Budget:
     next_check: int = 0
     queue: list = field(default_factory=list)
     path: Optional[list] = None
+    known_at: int = -1                    # the index whose state ``path`` was found for
     start_distance: Optional[int] = None
     backoff: int = BACKOFF
 
@@ -233,7 +234,9 @@ class Budget:
             return self.queue.pop(0) if self.queue else self._eos()
         if index < self.next_check or left <= 0:
             return None
-        path = self.path = self.search.path(matcher, self.path)
+        if self.known_at != index or self.path is None:  # (a guarded draw found it already)
+            self.path = self.search.path(matcher, self.path)
+        path = self.path
         if path is None:  # no end found from here: look again later, less and less often
             self.next_check, self.backoff = index + self.backoff, self.backoff * 2
             return None
@@ -267,17 +270,21 @@ class Budget:
         for _ in range(TRIES):
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
             t = int(self.sampler(logprobs).item())
-            if t in self.search.eos or self._fits(matcher, t, left - 1, path):
+            if t in self.search.eos:
+                return t
+            after = self._after(matcher, t, path)
+            if after is not None and len(after) <= left - 1:
+                self.path, self.known_at = after, index + 1  # the next step's state
                 return t
             logits = _ban(logits, t)
         return self.force(index, path)
 
-    def _fits(self, matcher, token: int, left: int, hint: list) -> bool:
+    def _after(self, matcher, token: int, hint: list) -> Optional[list]:
+        """The close path once ``token`` is taken (None: rejected, or no end found)."""
         m = matcher.fork()
         if not m.try_token(token):
-            return False
-        p = self.search.path(m, hint[1:] if hint and hint[0] == token else hint)
-        return p is not None and len(p) <= left
+            return None
+        return self.search.path(m, hint[1:] if hint and hint[0] == token else hint)
 
     def thinking(self, matcher, index: int, marker_left: int) -> bool:
         """While a think channel runs: whether to force its end marker now, leaving room
