@@ -8,9 +8,11 @@ bytes found are then re-tokenized canonically (fewer, longer tokens) when the ma
 takes them that way. That path's length is the *close distance*: an upper bound on the
 tokens still needed (a single-byte token per byte is the safe count).
 
-:class:`Budget` watches one request. Far from the end it re-measures the distance only
-now and then (the gap shrinks by at most one token per token plus the growth of the
-distance, assumed at most :data:`GROWTH` per token between checks). Within
+:class:`Budget` watches one request. A close is never longer than :data:`MAX_STEPS`, so
+nothing is measured until the reply is that close to its limit (most replies end long
+before: they cost nothing). Then it re-measures the distance now and then (the gap
+shrinks by at most one token per token plus the growth of the distance, assumed at most
+:data:`GROWTH` per token between checks). Within
 :data:`NEAR` tokens of slack it measures every step and guards the model's choice: the
 token the request's own sampler draws is kept only if the reply can still close after
 it (otherwise it is banned and another is drawn), so no single token can push the end
@@ -40,8 +42,9 @@ GROWTH = 4
 """Assumed most growth of the close distance per token between two far checks."""
 TRIES = 3
 """Draws tested per guarded step before the close is forced."""
-MAX_STEPS = 256
-"""Most bytes one close search walks before it gives up."""
+MAX_STEPS = 384
+"""Most bytes one close search walks before it gives up: no close is longer, so a reply
+needs no look at all until it is this many tokens (plus :data:`NEAR`) from its limit."""
 BACKOFF = 8
 """Tokens to wait after a search that found no end (doubling while none is found)."""
 
@@ -226,6 +229,9 @@ class Budget:
     start_distance: Optional[int] = None
     backoff: int = BACKOFF
 
+    def __post_init__(self):
+        self.next_check = max(0, self.limit - NEAR - MAX_STEPS)  # nothing to look at before
+
     def choose(self, matcher, index: int, masked: Callable) -> Optional[int]:
         """The token this step must take, or None for the model's own choice. ``masked()``
         gives the logits under the grammar's mask (only called in the guarded zone)."""
@@ -289,6 +295,8 @@ class Budget:
     def thinking(self, matcher, index: int, marker_left: int) -> bool:
         """While a think channel runs: whether to force its end marker now, leaving room
         for the marker and the shortest constrained answer."""
+        if self.limit - index > marker_left + MAX_STEPS:
+            return False
         if self.start_distance is None:
             p = self.search.path(matcher)
             self.start_distance = len(p) if p is not None else -1
