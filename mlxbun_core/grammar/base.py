@@ -92,7 +92,7 @@ class GrammarProcessor:
 
     With :meth:`set_budget` (the request's completion limit) the reply closes within
     it (see :mod:`.budget`); ``forced_from`` is then the completion index where the
-    close was forced, or None.
+    close first overrode a choice the grammar left open, or None.
     """
 
     def __init__(self, compiled: CompiledGrammar, prompt_len: Optional[int] = None):
@@ -191,9 +191,8 @@ class GrammarProcessor:
         self._fill()
         if token in self.compiled.eos_ids or token < 0:
             return bool(np.bitwise_and(self._view, self._not_eos).any())
-        word = int(self._view[token // 32])
-        others = np.count_nonzero(self._view) > 1 or (word & (word - 1)) != 0
-        return bool(others)
+        word = int(self._view[token // 32]) & 0xFFFFFFFF
+        return bool(np.count_nonzero(self._view) > 1 or word & (word - 1))
 
     def _only(self, token: int) -> None:
         """Allow exactly ``token`` (an EOS id: every EOS id)."""

@@ -12,20 +12,20 @@ tokens still needed (a single-byte token per byte is the safe count).
 nothing is measured until the reply is that close to its limit (most replies end long
 before: they cost nothing). Then it re-measures the distance now and then (the gap
 shrinks by at most one token per token plus the growth of the distance, assumed at most
-:data:`GROWTH` per token between checks). Within
-:data:`NEAR` tokens of slack it measures every step and guards the model's choice: the
-token the request's own sampler draws is kept only if the reply can still close after
-it (otherwise it is banned and another is drawn), so no single token can push the end
-out of reach. When the distance reaches the tokens left it forces the path token by
-token, then EOS, and records the first step where that overrode a choice the grammar
-left open (``forced_from``; markup the grammar fixes anyway is not a cut): the reply
-parses, and the engine reports ``finish_reason: "length"``.
+:data:`GROWTH` per token between checks). Within :data:`NEAR` tokens of slack it
+measures every step and guards the model's choice: the token the request's own sampler
+draws is kept only if the reply can still close after it (otherwise it is banned and
+another is drawn), so no single token can push the end out of reach. When the distance
+reaches the tokens left it forces the path token by token, then EOS, and records the
+first step where that overrode a choice the grammar left open (``forced_from``; markup
+the grammar fixes anyway is not a cut): the reply parses, and the engine reports
+``finish_reason: "length"``.
 
 Where the search finds no end within :data:`MAX_STEPS` bytes (free text that only a
 multi-character marker ends, a pattern the byte order cannot satisfy) the request runs
 as before and may be cut. JSON (``json_object``, ``json_schema``, ``structured_outputs``)
-always closes: strings, arrays and objects are ended and required keys filled with the
-shortest values the schema allows.
+always closes: strings, arrays and objects are ended and required keys filled with short
+values the schema allows (given a budget that holds the shortest valid reply).
 """
 
 from __future__ import annotations
