@@ -153,13 +153,13 @@ class GrammarProcessor:
         if new > 0:
             self._consume(tokens[-new:].tolist())
             self.consumed += new
-        forced = None
-        if self.error is None and not self.stopped and self.budget is not None:
-            forced = self.budget.choose(self.matcher, index, lambda: self._masked(logits))
-        if forced is not None:
-            budget = self.budget  # a guarded draw is the model's; a close token may not be
+        forced, budget = None, self.budget
+        if budget is not None and (budget.closing or index >= budget.next_check) \
+                and self.error is None and not self.stopped:
+            forced = budget.choose(self.matcher, index, lambda: self._masked(logits))
+        if forced is not None:  # a guarded draw is the model's; a close token may not be
             if budget.closing and budget.forced_from is None and self._narrows(forced):
-                self.budget.forced_from = index
+                budget.forced_from = index
             self._only(forced)
         elif self.error is None and not self.stopped:
             self._fill()
