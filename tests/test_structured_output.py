@@ -192,9 +192,9 @@ def test_default_layout_is_the_canonical_one(client, backend):
     for seed in range(3):
         text = client.chat.completions.create(model="m", messages=MSG, response_format=fmt, seed=seed,
                                               temperature=1.0, max_tokens=80).choices[0].message.content
-        skeleton = re.sub(r'"(?:[^"\\]|\\.)*"', '""', text)  # strings out of the way
-        assert not re.search(r"\s", skeleton.replace(", ", ",").replace(": ", ":")), text
-        assert skeleton == json.dumps(json.loads(skeleton)), text
+        def skeleton(s):  # strings out of the way
+            return re.sub(r'"(?:[^"\\]|\\.)*"', '""', s)
+        assert skeleton(text) == skeleton(json.dumps(json.loads(text))), text
 
 
 @pytest.mark.parametrize("body", [
