@@ -49,8 +49,11 @@ class ToolParser(Protocol):
         buffering)."""
         ...
 
-    def finish(self) -> list[ParserEvent]:
-        """Generation ended: flush held text and any last (possibly truncated) call."""
+    def finish(self, cut: bool = False) -> list[ParserEvent]:
+        """Generation ended: flush held text. Markup that never closed is never a call
+        made of what was there, nor text: ``cut`` (the budget or a stop sequence ended
+        the reply) drops it; at the model's own EOS it is a call only if whole but for
+        its end marker."""
         ...
 
     def call_grammar(self, tools: list[dict]) -> Optional[dict]:

@@ -65,10 +65,10 @@ def test_any_whitespace_opt_in_and_compact(client, backend):
 
 
 def test_json_object_and_structured_outputs(client, backend):
-    """Free strings (json_object) on random weights may not close within max_tokens:
-    every reply that finished must validate, and some must finish. A bounded schema
-    (structured_outputs) always finishes."""
-    cases = [({"response_format": {"type": "json_object"}}, lambda v: isinstance(v, dict), 1),
+    """Free strings (json_object) on random weights may not close within max_tokens: the
+    budget closes them, so every reply validates, finished or cut ("length"). A bounded
+    schema (structured_outputs) always finishes on its own."""
+    cases = [({"response_format": {"type": "json_object"}}, lambda v: isinstance(v, dict), 0),
              ({"extra_body": {"structured_outputs": SCHEMA}},
               lambda v: jsonschema.validate(v, SCHEMA) or True, 6)]
     for kw, valid, need in cases:
@@ -76,9 +76,9 @@ def test_json_object_and_structured_outputs(client, backend):
         for seed in range(6):
             r = client.chat.completions.create(model="m", messages=MSG, temperature=1.0, seed=seed,
                                                max_tokens=200, **kw)
-            if r.choices[0].finish_reason == "stop":
-                finished += 1
-                assert valid(json.loads(r.choices[0].message.content))
+            assert r.choices[0].finish_reason in ("stop", "length")
+            finished += r.choices[0].finish_reason == "stop"
+            assert valid(json.loads(r.choices[0].message.content))
         assert finished >= need, kw
 
 
@@ -124,6 +124,77 @@ def test_grammar_disabled_by_env(srv, monkeypatch):
         "messages": MSG, "max_tokens": 3, "guided_choice": ["a", "b"]})
     assert r.status_code == 200
     assert "grammar compilation disabled by MLXBUN_GRAMMAR=0" in r.headers["warning"]
+
+
+# unbounded strings and arrays, nested required keys, a pattern and a minimum: a random
+# model at temperature 1 runs out of max_tokens inside a string more often than not
+OPEN = {"type": "object", "properties": {
+    "name": {"type": "string"}, "notes": {"type": "array", "items": {"type": "string"}},
+    "address": {"type": "object", "properties": {
+        "city": {"type": "string"}, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+        "required": ["city", "zip"]},
+    "age": {"type": "integer", "minimum": 18}},
+    "required": ["name", "notes", "address", "age"]}
+CLOSE_CASES = [  # (request fields, validator, budgets: each at least the shortest valid reply)
+    ({"response_format": {"type": "json_object"}}, lambda v: isinstance(v, dict), (3, 9, 24)),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": OPEN}}},
+     lambda v: jsonschema.validate(v, OPEN), (56, 80)),
+]
+
+
+def test_budget_close_always_parses(client, backend):
+    """Tight budgets over many seeds: every constrained reply parses and validates;
+    the ones the budget closed say "length", the rest "stop"."""
+    for kw, valid, budgets in CLOSE_CASES:
+        reasons = []
+        for budget in budgets:
+            for seed in range(3):
+                r = client.chat.completions.create(model="m", messages=MSG, temperature=1.0,
+                                                   seed=seed, max_tokens=budget, **kw)
+                text, finish = r.choices[0].message.content, r.choices[0].finish_reason
+                valid(json.loads(text))
+                assert r.usage.completion_tokens <= budget
+                reasons.append(finish)
+        assert set(reasons) <= {"stop", "length"} and "length" in reasons, reasons
+        chunks = list(client.chat.completions.create(model="m", messages=MSG, temperature=1.0,
+                                                     seed=7, max_tokens=budgets[1], stream=True, **kw))
+        valid(json.loads("".join(c.choices[0].delta.content or "" for c in chunks if c.choices)))
+        assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    r = client.completions.create(model="m", prompt="JSON:", temperature=1.0, seed=3, max_tokens=9,
+                                  extra_body={"response_format": {"type": "json_object"}})
+    assert isinstance(json.loads(r.choices[0].text), dict)
+
+
+def test_budget_close_switched_off_leaves_cut_json(client):
+    """``budget_close: false``: the same requests get cut inside the JSON again."""
+    kw, _, budgets = CLOSE_CASES[1]
+    texts = [client.chat.completions.create(
+        model="m", messages=MSG, temperature=1.0, seed=seed, max_tokens=budgets[0],
+        extra_body={"budget_close": False}, **kw).choices[0].message.content for seed in range(4)]
+    assert any(not _parses(t) for t in texts), texts
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="m", messages=MSG, max_tokens=5,
+                                       extra_body={"budget_close": "no"}, **kw)
+    assert e.value.body["param"] == "budget_close"
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def test_default_layout_is_the_canonical_one(client, backend):
+    """One line, ", " and ": " (what chat templates' tojson writes), no other whitespace."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}
+    for seed in range(3):
+        text = client.chat.completions.create(model="m", messages=MSG, response_format=fmt, seed=seed,
+                                              temperature=1.0, max_tokens=80).choices[0].message.content
+        def skeleton(s):  # strings out of the way
+            return re.sub(r'"(?:[^"\\]|\\.)*"', '""', s)
+        assert skeleton(text) == skeleton(json.dumps(json.loads(text))), text
 
 
 @pytest.mark.parametrize("body", [
@@ -176,7 +247,7 @@ def test_grammar_forces_family_tool_markup_into_tool_calls(family, backend):
         assert s.engine.model.family == family
         client = openai.OpenAI(base_url=s.v1, api_key="x", max_retries=0)
         kw = dict(model="m", messages=[{"role": "user", "content": "Weather in Paris for 3 days?"}],
-                  tools=WEATHER, temperature=1.0, seed=4, max_tokens=80,
+                  tools=WEATHER, temperature=1.0, seed=4, max_tokens=160,
                   extra_body={"guided_regex": markup, "chat_template_kwargs": {"enable_thinking": False}})
         r = client.chat.completions.create(**kw)
         msg = r.choices[0].message

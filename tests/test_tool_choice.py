@@ -185,3 +185,83 @@ def test_responses_forced_function_call():
         valid(calls[0].name, calls[0].arguments)
     finally:
         s.stop()
+
+
+# -- calls cut by max_tokens (forced choice, parallel calls allowed: a random model goes on
+# calling until the budget ends inside a call). Old behaviour: the cut call came back as a
+# call with {} or partial arguments, or its markup landed in the text.
+CUT_BUDGETS = (40, 70, 110)  # the first call cut, or a later one
+
+
+def _check_cut(name, finish, calls, text, cut_reason):
+    """Every call is whole (its arguments validate), no markup reached the text, and a
+    reply that ran out of budget says so."""
+    assert finish in ("tool_calls", cut_reason, "length"), (name, finish)
+    assert text in (None, ""), (name, text)
+    for fn, args in calls:
+        valid(fn, args)
+    return finish in (cut_reason, "length")
+
+
+def test_cut_calls_openai_chat(family):
+    name, srv = family
+    client = openai.OpenAI(base_url=srv.v1, api_key="x", max_retries=0)
+    kw = dict(model="m", messages=ASK, tools=TOOLS, tool_choice="required", temperature=1.0)
+    cut = 0
+    for i, budget in enumerate(CUT_BUDGETS):  # without the budget close, then with it
+        r = client.chat.completions.create(max_tokens=budget, seed=i, extra_body=dict(
+            NO_THINKING, budget_close=False), **kw)
+        msg = r.choices[0].message
+        cut += _check_cut(name, r.choices[0].finish_reason, [
+            (c.function.name, c.function.arguments) for c in msg.tool_calls or ()], msg.content, "length")
+        chunks = list(client.chat.completions.create(max_tokens=budget, seed=i, stream=True,
+                                                     extra_body=NO_THINKING, **kw))
+        calls = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        cut += _check_cut(name, chunks[-1].choices[0].finish_reason,
+                          [(d.function.name, d.function.arguments) for d in calls], text, "length")
+        assert [d.index for d in calls] == list(range(len(calls)))  # whole calls, one delta each
+    assert cut, f"{name}: no reply ran out of budget; the cut path was not exercised"
+
+
+def test_cut_calls_anthropic_messages(family):
+    name, srv = family
+    client = anthropic.Anthropic(base_url=srv.base_url, api_key="x", max_retries=0)
+    kw = dict(model="m", messages=ASK, tools=ANTHROPIC_TOOLS, tool_choice={"type": "any"},
+              thinking={"type": "disabled"})
+    cut = 0
+    for i, budget in enumerate(CUT_BUDGETS[::2]):
+        r = client.messages.create(max_tokens=budget, extra_body={
+            "temperature": 1.0, "seed": i, "budget_close": False}, **kw)
+        text = "".join(b.text for b in r.content if b.type == "text")
+        cut += _check_cut(name, r.stop_reason.replace("tool_use", "tool_calls"), [
+            (b.name, b.input) for b in r.content if b.type == "tool_use"], text, "max_tokens")
+        with client.messages.stream(max_tokens=budget, extra_body={"temperature": 1.0, "seed": i},
+                                    **kw) as stream:
+            final = stream.get_final_message()
+        text = "".join(b.text for b in final.content if b.type == "text")
+        cut += _check_cut(name, final.stop_reason.replace("tool_use", "tool_calls"), [
+            (b.name, b.input) for b in final.content if b.type == "tool_use"], text, "max_tokens")
+    assert cut, f"{name}: no reply ran out of budget"
+
+
+def test_cut_calls_responses(family):
+    name, srv = family
+    client = openai.OpenAI(base_url=srv.v1, api_key="x", max_retries=0)
+    kw = dict(model="m", input="Weather in Paris for 3 days?", temperature=1.0,
+              tools=[dict(f, type="function") for f in (WEATHER, SEARCH)], tool_choice="required")
+    cut = 0
+    for i, budget in enumerate(CUT_BUDGETS[::2]):
+        r = client.responses.create(max_output_tokens=budget, extra_body=dict(
+            NO_THINKING, seed=i, budget_close=False), **kw)
+        calls = [(o.name, o.arguments) for o in r.output if o.type == "function_call"]
+        finish = "length" if r.status == "incomplete" else "tool_calls"
+        cut += _check_cut(name, finish, calls, r.output_text, "length")
+        events = list(client.responses.create(max_output_tokens=budget, stream=True,
+                                              extra_body=dict(NO_THINKING, seed=i), **kw))
+        done = events[-1].response
+        calls = [(o.name, o.arguments) for o in done.output if o.type == "function_call"]
+        finish = "length" if done.status == "incomplete" else "tool_calls"
+        cut += _check_cut(name, finish, calls, done.output_text, "length")
+        assert not [e for e in events if e.type == "response.output_text.delta"], name
+    assert cut, f"{name}: no reply ran out of budget"

@@ -99,18 +99,31 @@ def test_keepalive_counter_resets_per_block():
     assert [e[0] for e in ev] == ["tool_call", "tool_call"]
 
 
-def test_truncated_markup_repaired_at_finish():
-    text = 'ok <tool_call>{"name": "get_weather", "arguments": {"city": "Par'
-    assert events_all_chunkings(P(), text) == [("content", "ok"), call("get_weather", city="Par")]
+def test_cut_call_is_dropped_never_repaired_into_a_call():
+    """A call the budget cut is not a call (an agent would run it with made-up
+    arguments) and not text; at the model's own EOS an unclosed block that is not
+    whole is a call stopped half-way: dropped too."""
+    for text in ['ok <tool_call>{"name": "get_weather", "arguments": {"city": "Par',
+                 'ok <tool_call>{"name": "get_weather"', "ok\n<tool_call>", "ok <tool_call> nope"]:
+        for cut in (True, False):
+            assert events_all_chunkings(P(), text, cut=cut) == [("content", "ok")], (text, cut)
+
+
+def test_cut_drops_a_held_start_marker_prefix():
+    assert events_all_chunkings(P(), "ok <tool_c", cut=True) == [("content", "ok ")]
+    assert events_all_chunkings(P(), "ok <tool_c") == [("content", "ok <tool_c")]
+    done = '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>'
+    assert events_all_chunkings(P(), done + "\n<tool_", cut=True) == [call("get_weather")]
+
+
+def test_whole_call_missing_only_its_end_marker_at_eos():
+    text = 'ok <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+    assert events_all_chunkings(P(), text) == [("content", "ok"), call("get_weather", city="Paris")]
+    assert events_all_chunkings(P(), text, cut=True) == [("content", "ok")]
 
 
 def test_garbage_markup_falls_back_to_content():
     text = "see\n<tool_call>this is not json</tool_call> after"
-    assert events_all_chunkings(P(), text) == [("content", text)]
-
-
-def test_unterminated_garbage_falls_back_to_content():
-    text = "x <tool_call> nope"
     assert events_all_chunkings(P(), text) == [("content", text)]
 
 

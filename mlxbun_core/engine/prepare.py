@@ -53,11 +53,14 @@ def prepare(model, hooks, req: GenerationInput, *, compile_grammar: bool = True)
     if plan.processor is not None:
         gen.sampling.extra_processors.append(plan.processor)  # last: after bias/penalties
         gen.grammar = plan.processor
+        plan.processor.close_on_budget = req.budget_close
     if plan.whole_reply:  # the grammar ends the reply: no stop string cuts into it, and
         gen.stop = []     # think markers inside it are text (only an opened channel is not)
         gen.think_start = None
     if compile_grammar:  # counting tokens needs no sampler
         _sampler(model, gen)
+        if gen.grammar is not None:  # the budget's guard draws as the request would
+            gen.grammar.sampler = gen.sampler
     return Prepared(gen, warning=plan.warning)
 
 

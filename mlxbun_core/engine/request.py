@@ -14,7 +14,7 @@ from typing import Iterator, Optional, Union
 
 from ..chat_template import check_reasoning_effort
 from ..errors import BadRequest
-from ..grammar import GrammarRequest, resolve_grammar_request
+from ..grammar import GrammarRequest, budget_close, resolve_grammar_request
 from ..media import parts as media_parts
 from ..toolcalls.choice import check_tools, parse_parallel, parse_tool_choice
 from ..toolcalls.history import normalize_history
@@ -32,6 +32,7 @@ class GenerateOptions:
     max_tokens: Optional[int] = None  # None: until EOS or the admitted context ends
     stop: list = field(default_factory=list)
     grammar: Optional[GrammarRequest] = None
+    budget_close: bool = True  # a constrained reply closes within max_tokens (grammar/budget.py)
     stream: bool = False
     n: int = 1  # choices to generate for the one prompt (see :func:`choice_requests`)
     adapter: Optional[str] = None  # the request's ``adapter`` field, as given
@@ -99,6 +100,7 @@ def _options(body: dict, defaults: dict, server_max_tokens: Optional[int]) -> di
     return {"sampling": SamplingParams.from_body(body, defaults),
             "max_tokens": max_tokens_from(body, server_max_tokens),
             "stop": stop_sequences(body), "grammar": resolve_grammar_request(body),
+            "budget_close": budget_close(body),
             "stream": stream, "n": n, "adapter": adapter}
 
 

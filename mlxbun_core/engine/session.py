@@ -52,6 +52,8 @@ class GenerationSession:
         self.stopper = StopMatcher(req.stop)
         self.splitter = ReasoningSplitter(req.think_start, req.think_end, req.in_reasoning)
         self.parser = req.tool_parser
+        if req.grammar is not None and hasattr(req.grammar, "set_budget"):
+            req.grammar.set_budget(limit)  # close the constrained reply within the limit
         self.usage = Usage(prompt_tokens=len(req.prompt_tokens))
         self.logprobs: Optional[list] = None
         if req.sampling.wants_logprobs:
@@ -100,22 +102,32 @@ class GenerationSession:
         events = []
         for ev in parts:
             if isinstance(ev, Content):
-                for out in self.parser.feed(ev.text):
-                    self._note(out)
-                    events.append(out)
+                events += [out for out in self.parser.feed(ev.text) if self._keep(out)]
             else:
                 events.append(ev)
         return events
 
-    def _note(self, ev):
+    def _keep(self, ev) -> bool:
+        """Notes a call; drops one the budget closed (its arguments were cut short to
+        the shortest valid values: not what the model meant, so never run)."""
         if isinstance(ev, ToolCallEvent):
+            if self._budget_forced():
+                return False
             self.saw_tool_call = True
+        return True
+
+    def _budget_forced(self) -> bool:
+        """Whether the grammar's budget close has forced a token up to now."""
+        forced = getattr(self.req.grammar, "forced_from", None)
+        return forced is not None and forced < self.usage.completion_tokens
 
     def finish(self, reason: str, error: Optional[str] = None) -> list:
         """Flush held-back text and close; idempotent."""
         if self.finished is not None:
             return []
         events = []
+        if reason == "stop" and self._budget_forced():
+            reason = "length"  # the budget, not the model, ended it (closed by the grammar)
         if reason in ("stop", "length"):
             self.detok.finalize()
             tail = self.detok.last_segment
@@ -124,10 +136,9 @@ class GenerationSession:
             else:
                 tail = ""
             events = self._route(self.splitter.feed(tail) + self.splitter.flush())
-            if self.parser is not None:
-                for ev in self.parser.finish():
-                    self._note(ev)
-                    events.append(ev)
+            if self.parser is not None:  # markup the budget or a stop string cut is dropped
+                cut = reason == "length" or self.stopper.stopped is not None
+                events += [ev for ev in self.parser.finish(cut=cut) if self._keep(ev)]
             if self.saw_tool_call and reason == "stop":
                 reason = "tool_calls"
         now = time.perf_counter()

@@ -17,8 +17,8 @@ JSON strings only as text (see ``llg_special``).
 
 from .base import (CompiledGrammar, GrammarBackend, GrammarCompileError, GrammarPlan,
                    GrammarProcessor, GrammarRegistry, make_processor, registry)
-from .request import GrammarRequest, describe, resolve_grammar_request
+from .request import GrammarRequest, budget_close, describe, resolve_grammar_request
 
 __all__ = ["CompiledGrammar", "GrammarBackend", "GrammarCompileError", "GrammarPlan",
-           "GrammarProcessor", "GrammarRegistry", "GrammarRequest", "describe",
+           "GrammarProcessor", "GrammarRegistry", "GrammarRequest", "budget_close", "describe",
            "make_processor", "registry", "resolve_grammar_request"]

@@ -20,6 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..contract import GrammarBackend  # the backend Protocol (re-exported here)
+from .budget import Budget, ByteVocab, CloseSearch
 from .request import GrammarRequest, describe, resolve_grammar_request
 
 log = logging.getLogger("mlxbun.grammar")
@@ -34,16 +35,22 @@ class Matcher(Protocol):
     def consume(self, ids: list[int]) -> bool: ...          # False: token rejected
     def fill(self, bits: np.ndarray) -> None: ...           # 1-D int32, (vocab+31)//32 words
     def error(self) -> Optional[str]: ...
+    # for the budget-aware close (:mod:`.budget`), which searches on copies:
+    def fork(self) -> "Matcher": ...                        # an independent copy
+    def try_token(self, token: int) -> bool: ...            # consume if allowed, else no change
+    def accepting(self) -> bool: ...                        # the grammar may end here
 
 
 @dataclass
 class CompiledGrammar:
-    """A backend's compiled artefact; ``new_matcher`` is called once per request."""
+    """A backend's compiled artefact; ``new_matcher`` is called once per request.
+    ``vocab``: what the budget-aware close needs from the tokenizer (None: no close)."""
     backend: str
     request: GrammarRequest
     vocab_size: int                 # tokenizer ids covered by the bitmask
     eos_ids: tuple
     new_matcher: Callable[[], Matcher]
+    vocab: Optional[ByteVocab] = None
 
 
 def hf_tokenizer(tokenizer):
@@ -82,16 +89,24 @@ class GrammarProcessor:
     ``prompt_len`` is None it is taken from the first call (mlx-lm's first call sees
     exactly the prompt). ``done`` turns True once only EOS may follow (or EOS was
     consumed): the engine can stop with finish_reason "stop" right there.
+
+    With :meth:`set_budget` (the request's completion limit) the reply closes within
+    it (see :mod:`.budget`); ``forced_from`` is then the completion index where the
+    close first overrode a choice the grammar left open, or None.
     """
 
     def __init__(self, compiled: CompiledGrammar, prompt_len: Optional[int] = None):
         self.compiled = compiled
         self.matcher = compiled.new_matcher()
         self.prompt_len = prompt_len
+        self.base = prompt_len          # where completion indices start (thinking included)
         self.consumed = 0
         self.done = False
         self.stopped = False            # EOS consumed
         self.error: Optional[str] = None
+        self.budget: Optional[Budget] = None
+        self.close_on_budget = True     # the request's switch (``budget_close``)
+        self.sampler = None             # the request's sampler: guards the last steps
         n = (compiled.vocab_size + 31) // 32
         self._bits = np.zeros(n + 1, dtype=np.int32)   # +1: pad word, always 0
         self._view = self._bits[:n]
@@ -109,38 +124,106 @@ class GrammarProcessor:
 
     wait_for: Optional[tuple] = None
 
+    def set_budget(self, limit: Optional[int]) -> None:
+        """Close within ``limit`` completion tokens (unless switched off or no search)."""
+        vocab = self.compiled.vocab
+        if limit is None or not self.close_on_budget or vocab is None:
+            self.budget = None
+            return
+        search = CloseSearch(vocab, self.compiled.vocab_size, self.compiled.eos_ids)
+        self.budget = Budget(search, limit, self.sampler)
+
+    @property
+    def forced_from(self) -> Optional[int]:
+        return None if self.budget is None else self.budget.forced_from
+
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if self.prompt_len is None:
             self.prompt_len = tokens.shape[0]
+        if self.base is None:
+            self.base = self.prompt_len
+        index = tokens.shape[0] - self.base   # the completion token this mask is for
         if self.wait_for is not None:
             n = len(self.wait_for)
             if tokens.shape[0] - self.prompt_len >= n and tuple(tokens[-n:].tolist()) == self.wait_for:
                 self.prompt_len, self.wait_for = tokens.shape[0], None
             else:
-                return logits  # still thinking: free text
+                return self._thinking(tokens, logits, index)  # still thinking: free text
         new = tokens.shape[0] - self.prompt_len - self.consumed
         if new > 0:
-            ids = tokens[-new:].tolist()
+            self._consume(tokens[-new:].tolist())
             self.consumed += new
-            if self.error is None and not self.stopped:
-                eos = self.compiled.eos_ids
-                cut = next((i for i, t in enumerate(ids) if t in eos), None)
-                if cut is not None:     # EOS ends it (only allowed where accepting): not fed,
-                    ids, self.stopped = ids[:cut], True  # mlx-lm may call once past it
-                if ids and not self.matcher.consume(ids):
-                    self.error = self.matcher.error() or f"token(s) {ids} rejected by grammar"
-                    log.warning("grammar matcher failed, forcing EOS: %s",
-                                self.error.splitlines()[0][:300] if self.error else "")
-        if self.error is None and not self.stopped:
-            self.matcher.fill(self._view)
-            if np.bitwise_and(self._view, self._eos_bits).any():
-                np.bitwise_or(self._view, self._eos_bits, out=self._view)
-            self.done = not np.bitwise_and(self._view, self._not_eos).any()
+        forced, budget = None, self.budget
+        if budget is not None and (budget.closing or index >= budget.next_check) \
+                and self.error is None and not self.stopped:
+            forced = budget.choose(self.matcher, index, lambda: self._masked(logits))
+        if forced is not None:  # a guarded draw is the model's; a close token may not be
+            if budget.closing and budget.forced_from is None and self._narrows(forced):
+                budget.forced_from = index
+            self._only(forced)
+        elif self.error is None and not self.stopped:
+            self._fill()
         else:
             self._view[:] = self._eos_bits
             self.done = True
+        return self._mask(logits)
+
+    def _consume(self, ids: list) -> None:
+        if self.error is not None or self.stopped:
+            return
+        eos = self.compiled.eos_ids
+        cut = next((i for i, t in enumerate(ids) if t in eos), None)
+        if cut is not None:     # EOS ends it (only allowed where accepting): not fed,
+            ids, self.stopped = ids[:cut], True  # mlx-lm may call once past it
+        if ids and not self.matcher.consume(ids):
+            self.error = self.matcher.error() or f"token(s) {ids} rejected by grammar"
+            log.warning("grammar matcher failed, forcing EOS: %s",
+                        self.error.splitlines()[0][:300] if self.error else "")
+
+    def _fill(self) -> None:
+        self.matcher.fill(self._view)
+        if np.bitwise_and(self._view, self._eos_bits).any():
+            np.bitwise_or(self._view, self._eos_bits, out=self._view)
+        self.done = not np.bitwise_and(self._view, self._not_eos).any()
+
+    def _narrows(self, token: int) -> bool:
+        """Whether forcing ``token`` takes away a choice the grammar leaves open."""
+        self._fill()
+        if token in self.compiled.eos_ids or token < 0:
+            return bool(np.bitwise_and(self._view, self._not_eos).any())
+        word = int(self._view[token // 32]) & 0xFFFFFFFF
+        return bool(np.count_nonzero(self._view) > 1 or word & (word - 1))
+
+    def _only(self, token: int) -> None:
+        """Allow exactly ``token`` (an EOS id: every EOS id)."""
+        if token in self.compiled.eos_ids or token < 0:
+            self._view[:] = self._eos_bits
+            self.done = True
+            return
+        self._view[:] = 0
+        self._view[token // 32] = np.uint32(1 << (token % 32)).view(np.int32)
+        self.done = False
+
+    def _masked(self, logits: mx.array) -> mx.array:
+        """The logits under the grammar's own mask (the budget's guard samples these)."""
+        self._fill()
+        return self._mask(logits)
+
+    def _mask(self, logits: mx.array) -> mx.array:
         words, shifts = _gather_index(logits.shape[-1], self.compiled.vocab_size)
         return _apply(logits, mx.array(self._bits), words, shifts)
+
+    def _thinking(self, tokens: mx.array, logits: mx.array, index: int) -> mx.array:
+        """Free text, unless the budget needs the think channel closed now to leave room
+        for the marker and the shortest constrained answer: then the marker is forced."""
+        marker = self.wait_for
+        if self.budget is None or not self.budget.thinking(self.matcher, index, len(marker)):
+            return logits
+        tail = tokens[-len(marker):].tolist()  # how much of the marker is already out
+        done = next(k for k in range(len(marker) - 1, -1, -1)
+                    if k == 0 or tail[len(tail) - k:] == list(marker[:k]))
+        self._only(marker[done])
+        return self._mask(logits)
 
 
 def make_processor(compiled: CompiledGrammar, prompt_len: Optional[int] = None) -> GrammarProcessor:

@@ -11,10 +11,13 @@ grammar is that single token (Gemma's ``<|tool_call>``); mask and consume always
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..hookspecs import hookimpl
 from .base import CompiledGrammar, GrammarBackend, GrammarCompileError, eos_ids, hf_tokenizer
+from .budget import ByteVocab
 from .llg_special import SpecialRewriter, build_tokenizer
-from .request import MAX_WHITESPACE, GrammarRequest
+from .request import GrammarRequest
 from .schema import closed
 from .structural_lark import LarkWriter, json_options
 
@@ -36,6 +39,15 @@ class _Matcher:
     def error(self):
         return self.m.get_error() if self.m.is_error() else None
 
+    def fork(self):
+        return _Matcher(self.m.deep_copy())
+
+    def try_token(self, t):
+        return self.m.try_consume_tokens([t]) == 1
+
+    def accepting(self):
+        return self.m.is_accepting()
+
 
 class LLGuidanceBackend(GrammarBackend):
     name = NAME
@@ -46,6 +58,7 @@ class LLGuidanceBackend(GrammarBackend):
         self.vocab_size = len(hf)
         self.tok, specials = build_tokenizer(hf, self.vocab_size, list(self.eos))
         self.rewriter = SpecialRewriter(specials)
+        self.vocab = byte_vocab(self.tok, self.vocab_size)
 
     def grammar(self, req: GrammarRequest, special: bool = True) -> str:
         """llguidance's serialized grammar for ``req``; ``special``: spell special
@@ -58,9 +71,9 @@ class LLGuidanceBackend(GrammarBackend):
         if req.kind in ("json_schema", "json_object"):
             schema = closed(req.value) if req.kind == "json_schema" else {"type": "object"}
             return LLMatcher.grammar_from_json_schema(
-                schema, overrides=json_options(req.whitespace, MAX_WHITESPACE))
+                schema, overrides=json_options(req.whitespace))
         if req.kind == "structural":
-            writer = LarkWriter(rw, req.whitespace, MAX_WHITESPACE)
+            writer = LarkWriter(rw, req.whitespace)
             return LLMatcher.grammar_from_lark(writer.grammar(req.value["format"]))
         if req.kind == "regex":
             # ASCII \d and \w, as in xgrammar and JSON Schema (Rust's are Unicode).
@@ -91,7 +104,7 @@ class LLGuidanceBackend(GrammarBackend):
         def new_matcher():
             return _Matcher(LLMatcher(tok, g, log_level=0))
 
-        return CompiledGrammar(NAME, req, self.vocab_size, self.eos, new_matcher)
+        return CompiledGrammar(NAME, req, self.vocab_size, self.eos, new_matcher, self.vocab)
 
     def _validated(self, req: GrammarRequest, special: bool):
         """The grammar for ``req``, or the GrammarCompileError saying why not."""
@@ -107,6 +120,23 @@ class LLGuidanceBackend(GrammarBackend):
         if is_err:
             return GrammarCompileError(msgs[0] if msgs else "invalid grammar")
         return g
+
+
+def byte_vocab(tok, vocab_size: int) -> ByteVocab:
+    """The budget-aware close's view of an LLTokenizer (see :class:`ByteVocab`)."""
+    one = {}
+    for b in range(256):
+        ids = tok.tokenize_bytes(bytes([b]))
+        if len(ids) == 1 and ids[0] < vocab_size and tok.decode_bytes(ids) == bytes([b]):
+            one[b] = ids[0]
+    lengths = []
+
+    def token_lengths():
+        if not lengths:
+            lengths.append(np.array([len(tok.decode_bytes([i])) for i in range(vocab_size)]))
+        return lengths[0]
+
+    return ByteVocab(one, tok.tokenize_bytes, token_lengths)
 
 
 @hookimpl

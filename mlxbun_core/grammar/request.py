@@ -16,11 +16,12 @@ from ..errors import BadRequest
 Kind = Literal["json_schema", "json_object", "ebnf", "regex", "choice", "structural"]
 KINDS = ("json_schema", "json_object", "ebnf", "regex", "choice", "structural")
 
-Whitespace = Literal["bounded", "compact", "any"]
-WHITESPACE = ("bounded", "compact", "any")
-MAX_WHITESPACE = 16
-"""Whitespace characters allowed between two JSON tokens by default ("bounded"):
-a newline and indentation to depth 3 at 4 spaces, never a budget-eating run."""
+Whitespace = Literal["canonical", "compact", "any"]
+WHITESPACE = ("canonical", "compact", "any")
+SEPARATORS = {"canonical": (", ", ": "), "compact": (",", ":")}
+"""The item and key separators of the exact layouts, the only whitespace they allow.
+"canonical" is what Jinja's ``tojson`` writes in chat templates (and Python's
+``json.dumps``): one line, a space after each comma and colon, the model's own layout."""
 
 
 @dataclass(frozen=True)
@@ -29,13 +30,14 @@ class GrammarRequest:
     grammar text (ebnf), pattern (regex), list of strings (choice) or a
     :mod:`structural <.structural>` format (structural: tool-call markup).
 
-    ``whitespace`` applies to every JSON part: "bounded" (the default) allows at
-    most :data:`MAX_WHITESPACE` whitespace characters between two JSON tokens,
-    "compact" none, "any" unbounded runs (opt-in: ``any_whitespace: true``)."""
+    ``whitespace`` applies to every JSON part: "canonical" (the default) is one line
+    with ``", "`` and ``": "`` separators and no other whitespace, "compact" the same
+    without the spaces (``any_whitespace: false``), "any" free whitespace (opt-in:
+    ``any_whitespace: true``). See :data:`SEPARATORS`."""
 
     kind: Kind
     value: Any = None
-    whitespace: Whitespace = "bounded"
+    whitespace: Whitespace = "canonical"
     key: str = field(init=False, repr=False, compare=True, hash=True)
 
     def __post_init__(self):
@@ -94,10 +96,10 @@ def _response_format(body: dict) -> Optional[GrammarRequest]:
 
 
 def _whitespace(obj: dict, where: str) -> str:
-    """``any_whitespace``: absent = bounded, true = unbounded, false = compact."""
+    """``any_whitespace``: absent = canonical, true = any, false = compact."""
     ws = obj.get("any_whitespace")
     if ws is None:
-        return "bounded"
+        return "canonical"
     if not isinstance(ws, bool):
         raise _bad(f"{where}.any_whitespace must be a boolean", f"{where}.any_whitespace")
     return "any" if ws else "compact"
@@ -132,6 +134,20 @@ def resolve_grammar_request(body: dict) -> Optional[GrammarRequest]:
     if choice is not None:
         return GrammarRequest("choice", list(choice))
     return None
+
+
+BUDGET_CLOSE = "budget_close"
+"""mlxbun's request field (default true): a constrained reply closes within max_tokens."""
+
+
+def budget_close(body: dict) -> bool:
+    """The request's ``budget_close`` switch (absent: on); 400 when it is not a boolean."""
+    value = body.get(BUDGET_CLOSE)
+    if value is None:
+        return True
+    if not isinstance(value, bool):
+        raise _bad(f"{BUDGET_CLOSE} must be a boolean", BUDGET_CLOSE)
+    return value
 
 
 def describe(req: GrammarRequest) -> str:

@@ -13,27 +13,26 @@ from __future__ import annotations
 import json
 import re
 
+from .request import SEPARATORS
 from .schema import closed
 
 TEXT_ALL = r"(?s:.*)"
 
 
-def json_options(whitespace: str, max_ws: int) -> dict:
+def json_options(whitespace: str) -> dict:
     """llguidance JSON compile options for a whitespace mode of :class:`GrammarRequest`."""
-    if whitespace == "compact":
-        return {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
-    if whitespace == "bounded":
-        return {"whitespace_flexible": True,
-                "whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,%d}" % max_ws}
+    if whitespace in SEPARATORS:
+        item, key = SEPARATORS[whitespace]
+        return {"whitespace_flexible": False, "item_separator": item, "key_separator": key}
     return {"whitespace_flexible": True}
 
 
 class LarkWriter:
     """Compiles one format into Lark text; ``rw`` is the tokenizer's SpecialRewriter."""
 
-    def __init__(self, rw, whitespace: str, max_ws: int):
+    def __init__(self, rw, whitespace: str):
         self.rw = rw
-        self.json_opts = json_options(whitespace, max_ws)
+        self.json_opts = json_options(whitespace)
         self.rules: list[str] = []
         self.n = 0
 

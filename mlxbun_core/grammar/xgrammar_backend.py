@@ -15,7 +15,8 @@ import os
 
 from ..hookspecs import hookimpl
 from .base import CompiledGrammar, GrammarBackend, GrammarCompileError, eos_ids, hf_tokenizer
-from .request import MAX_WHITESPACE, GrammarRequest
+from .budget import ByteVocab
+from .request import SEPARATORS, GrammarRequest
 from .schema import closed
 from .structural import map_json
 
@@ -44,6 +45,15 @@ class _Matcher:
 
     def error(self):
         return self._err
+
+    def fork(self):
+        return _Matcher(self.m.fork())
+
+    def try_token(self, t):
+        return self.m.accept_token(t)   # a rejected token leaves the state as it was
+
+    def accepting(self):
+        return self.m.is_completed()
 
 
 # xgrammar <=0.2.9 lowers minLength/maxLength strings to a bare class that admits raw
@@ -83,22 +93,22 @@ def _no_surrogates(g: str) -> str:
 def _json_schema_ebnf(schema, whitespace: str) -> str:
     import xgrammar as xgr
 
-    kw = {"compact": {"any_whitespace": False, "separators": (",", ":")},
-          "bounded": {"max_whitespace_cnt": MAX_WHITESPACE}}.get(whitespace, {})
+    kw = ({"any_whitespace": False, "separators": SEPARATORS[whitespace]}
+          if whitespace in SEPARATORS else {})
     schema = closed(schema)
     return _patched(str(xgr.Grammar.from_json_schema(json.dumps(schema), strict_mode=True, **kw)))
 
 
 def _structural_ebnf(fmt: dict, whitespace: str) -> str:
     """A structural format through xgrammar's own structural tags; JSON parts closed
-    and whitespace-bounded like a json_schema request (compact: no whitespace)."""
+    and laid out like a json_schema request (an exact layout: the JSON part is xgrammar's
+    own JSON grammar for it, embedded)."""
     import xgrammar as xgr
 
-    ws = {"compact": 0, "bounded": MAX_WHITESPACE}.get(whitespace)
-
     def prepared(node):
-        node = dict(node, json_schema=closed(node["json_schema"]))
-        return node if ws is None else dict(node, max_whitespace_cnt=ws)
+        if whitespace in SEPARATORS:
+            return {"type": "grammar", "grammar": _json_schema_ebnf(node["json_schema"], whitespace)}
+        return dict(node, json_schema=closed(node["json_schema"]))
 
     tag = {"type": "structural_tag", "format": map_json(fmt, prepared)}
     return _patched(str(xgr.Grammar.from_structural_tag(json.dumps(tag))))
@@ -120,6 +130,7 @@ class XGrammarBackend(GrammarBackend):
         self.vocab_size = len(hf)
         info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=self.vocab_size,
                                                   stop_token_ids=list(self.eos) or None)
+        self.vocab = byte_vocab(info, hf, self.vocab_size)
         threads = int(os.environ.get("MLXBUN_GRAMMAR_THREADS", min(8, os.cpu_count() or 1)))
         # Our registry caches compiled grammars; xgrammar's own cache would double it.
         self.compiler = xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
@@ -152,7 +163,25 @@ class XGrammarBackend(GrammarBackend):
         def new_matcher():
             return _Matcher(xgr.GrammarMatcher(cg))
 
-        return CompiledGrammar(NAME, req, self.vocab_size, self.eos, new_matcher)
+        return CompiledGrammar(NAME, req, self.vocab_size, self.eos, new_matcher, self.vocab)
+
+
+def byte_vocab(info, hf, vocab_size: int) -> ByteVocab:
+    """The budget-aware close's view of a TokenizerInfo (see :class:`ByteVocab`)."""
+    import numpy as np
+
+    decoded = info.decoded_vocab
+    special = set(info.special_token_ids)
+    one = {}
+    for i, b in enumerate(decoded[:vocab_size]):
+        if len(b) == 1 and i not in special:
+            one.setdefault(b[0], i)
+    lengths = np.array([len(b) for b in decoded[:vocab_size]])
+
+    def encode(data: bytes) -> list:
+        return hf.encode(data.decode("utf-8"), add_special_tokens=False)
+
+    return ByteVocab(one, encode, lambda: lengths)
 
 
 if AVAILABLE:

@@ -19,7 +19,7 @@ from .anthropic_tools import ToolSet, reference_text, tool_choice, tool_set
 EXTRAS = ("min_p", "xtc_probability", "xtc_threshold", "repetition_penalty",
           "repetition_context_size", "presence_penalty", "presence_context_size",
           "frequency_penalty", "frequency_context_size", "seed", "chat_template_kwargs",
-          "reasoning_effort", "response_format", "adapter")
+          "reasoning_effort", "response_format", "adapter", "budget_close")
 AUDIO_BLOCKS = ("input_audio", "audio", "audio_url")
 ROLES = ("user", "assistant", "system")
 

@@ -25,7 +25,8 @@ PASSTHROUGH = ("stream", "temperature", "top_p", "top_k", "min_p", "xtc_probabil
                "logit_bias", "repetition_penalty", "repetition_context_size",
                "presence_penalty", "presence_context_size", "frequency_penalty",
                "frequency_context_size", "seed", "stop", "chat_template_kwargs",
-               "reasoning_effort", "response_format", "adapter", "parallel_tool_calls")
+               "reasoning_effort", "response_format", "adapter", "parallel_tool_calls",
+               "budget_close")
 TEXT_PARTS = ("input_text", "output_text", "text")
 # The --isolate parent owns the history and sends it in this body field; honoured only
 # by an engine child (``app.trusts_injected_history``), ignored everywhere else.

@@ -55,7 +55,7 @@ def tool_request(parser, tools, choice: ToolChoice, parallel: bool, content: Opt
     if not choice.forced and content is None and not any(is_strict(t) for t in tools):
         return None, None
     make = getattr(parser, "call_grammar", None)
-    ws = content.whitespace if content is not None else "bounded"
+    ws = content.whitespace if content is not None else "canonical"
     if choice.forced:
         chosen = [t for t in tools if choice.mode == "required" or tool_name(t) == choice.name]
         words = forced_instruction(chosen, choice)
@@ -94,4 +94,4 @@ def forced_instruction(chosen: list, choice: ToolChoice) -> str:
 
 
 def _described(words: str) -> GrammarRequest:
-    return _structural(S.const(""), words, "bounded")
+    return _structural(S.const(""), words, "canonical")

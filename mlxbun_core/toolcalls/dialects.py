@@ -5,6 +5,7 @@ infers for a checkpoint."""
 from __future__ import annotations
 
 import importlib
+import json
 from typing import Any
 
 from .core import ToolCall, calls_from_json, make_call, normalize_call
@@ -21,6 +22,14 @@ class JsonDialect(Dialect):
 
     def parse(self, markup: str, tools: list | None) -> list[ToolCall] | None:
         return calls_from_json(self.inner(markup), tools)
+
+    def whole_at_eos(self, markup: str) -> bool:
+        """The body is one complete JSON value (only ``</tool_call>`` is missing)."""
+        try:
+            json.loads(self.inner(markup))
+        except ValueError:
+            return False
+        return True
 
     def call_grammar(self, tools: list) -> dict | None:
         """``<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`` (Hermes)."""

@@ -3,7 +3,14 @@
 Chunking-independent by construction: markup starts/ends are found by plain
 substring search over the accumulated buffer, and keepalives fire on absolute
 multiples of ``KEEPALIVE_EVERY`` buffered markup chars, so char-by-char and any
-other chunking give the same events once adjacent content events are merged."""
+other chunking give the same events once adjacent content events are merged.
+
+A call is held back until its markup closes, so a client (streaming or not) only
+ever sees whole calls. Markup still open when the reply ends is never a call made
+of what was there: cut by the budget or a stop sequence it is dropped (and so is a
+held prefix of a start marker); ended by the model's own EOS it is a call only when
+the dialect says the block is whole (:meth:`Dialect.whole_at_eos`), and dropped
+otherwise. Markup that never closed is never shown as text."""
 
 from __future__ import annotations
 
@@ -68,6 +75,15 @@ class Dialect:
     def parse(self, markup: str, tools: list | None) -> list[ToolCall] | None:
         raise NotImplementedError
 
+    def whole_at_eos(self, markup: str) -> bool:
+        """Whether an unclosed block that the model ended with EOS is a whole call that
+        only lacks its end marker. By default only a block whose start has no end
+        marker (it runs to EOS) is; a dialect may recognise more (every argument closed)."""
+        for s in sorted(self.starts, key=len, reverse=True):
+            if markup.startswith(s):
+                return not self.end_for(s)
+        return False
+
 
 class StreamingToolParser:
     """Split decoded text into content, tool calls and keepalives as it streams.
@@ -111,15 +127,26 @@ class StreamingToolParser:
             elif not self._markup_step(ev):
                 return ev
 
-    def finish(self) -> list[Event]:
+    def finish(self, cut: bool = False) -> list[Event]:
+        """Flush at the end of the reply. ``cut``: the budget or a stop sequence ended it
+        (not the model): open markup and a held start-marker prefix are dropped."""
         ev: list[Event] = []
         if self._markup is not None:
-            self._flush_markup(self._markup, ev)
+            self._flush_open(self._markup, cut, ev)
             self._markup = None
-        if self._pending and not (self._after_call and not self._pending.strip()):
-            self._content(self._pending, ev)
+        pending = self._pending
+        if cut:
+            pending = pending[: len(pending) - held_marker_prefix(pending, self.dialect.starts)]
+        if pending and not (self._after_call and not pending.strip()):
+            self._content(pending, ev)
         self._pending = ""
         return ev
+
+    def _flush_open(self, markup: str, cut: bool, ev: list[Event]) -> None:
+        """A block whose end marker never came (see the module docstring)."""
+        if not cut and self.dialect.whole_at_eos(markup):
+            self._flush_markup(markup, ev)
+        self._ws = ""
 
     # -- internals
     def _content(self, s: str, ev: list[Event]) -> None:
@@ -160,11 +187,14 @@ class StreamingToolParser:
         self._flush_markup(buf[:e], ev)
         return True
 
-    def _flush_markup(self, markup: str, ev: list[Event]) -> None:
+    def _parse(self, markup: str) -> list[ToolCall] | None:
         try:
-            calls = self.dialect.parse(markup, self.tools)
+            return self.dialect.parse(markup, self.tools)
         except Exception:  # a dialect bug must not kill the stream
-            calls = None
+            return None
+
+    def _flush_markup(self, markup: str, ev: list[Event]) -> None:
+        calls = self._parse(markup)
         if calls:
             calls = self._admit(calls)
             self.calls.extend(calls)

@@ -26,12 +26,14 @@ def normalize(events: list[Event]) -> list[tuple]:
     return out
 
 
-def run_chunks(make: Callable[[], StreamingToolParser], chunks: list[str]) -> list[tuple]:
+def run_chunks(make: Callable[[], StreamingToolParser], chunks: list[str],
+               cut: bool = False) -> list[tuple]:
+    """Feed ``chunks``, then finish as the model's EOS would (``cut``: as the budget would)."""
     p = make()
     ev: list[Event] = []
     for c in chunks:
         ev += p.feed(c)
-    return normalize(ev + p.finish())
+    return normalize(ev + p.finish(cut=cut))
 
 
 def chunkings(text: str, seeds: int = 8) -> list[list[str]]:
@@ -47,9 +49,10 @@ def chunkings(text: str, seeds: int = 8) -> list[list[str]]:
     return out
 
 
-def events_all_chunkings(make: Callable[[], StreamingToolParser], text: str) -> list[tuple]:
+def events_all_chunkings(make: Callable[[], StreamingToolParser], text: str,
+                         cut: bool = False) -> list[tuple]:
     """The normalized events, asserting every chunking agrees."""
-    runs = [run_chunks(make, c) for c in chunkings(text)]
+    runs = [run_chunks(make, c, cut) for c in chunkings(text)]
     for r in runs[1:]:
         assert r == runs[0], (r, runs[0])
     return runs[0]

@@ -94,6 +94,10 @@ class QwenDialect(Dialect):
                      S.const("</function>\n")) for name, params in tool_schemas(tools)]
         return S.tag("<tool_call>", S.alt(*fns), "</tool_call>")
 
+    def whole_at_eos(self, markup: str) -> bool:
+        """Every function closed; only ``</tool_call>`` is missing."""
+        return markup.startswith("<tool_call>") and markup.rstrip().endswith(_F_CLOSE)
+
     def parse(self, markup: str, tools: list | None) -> list[ToolCall] | None:
         if markup.startswith("<function="):
             return parse_xml(markup, tools)

@@ -77,9 +77,12 @@ def test_multiple_calls_back_to_back_and_in_one_block():
 
 def test_truncated_missing_end_tags():
     text = "<tool_call>\n<function=edit>\n<parameter=path>\na.py\n</parameter>\n<parameter=new>\nline1\n"
-    assert ev(text) == [("tool_call", "edit", {"path": "a.py", "new": "line1"})]
+    (tc,) = QwenDialect().parse(text, TOOLS)
+    assert (tc.name, tc.args) == ("edit", {"path": "a.py", "new": "line1"})
+    assert ev(text) == []  # cut inside a parameter: never a call on the stream
     text2 = "<tool_call>\n<function=edit>\n<parameter=path>\na.py\n</parameter>\n</function>"
-    assert ev(text2) == [("tool_call", "edit", {"path": "a.py"})]
+    assert ev(text2) == [("tool_call", "edit", {"path": "a.py"})]  # whole: only </tool_call> missing
+    assert events_all_chunkings(lambda: make_parser(TOOLS), text2, cut=True) == []
 
 
 def test_missing_parameter_close_before_function_close():
