@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 import statistics
 import time
 
@@ -173,6 +174,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=192, help="timed decode steps per config per round")
     ap.add_argument("--request-tokens", type=int, default=96, help="steps per request (and the tight budget)")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--model", default=None, help="a checkpoint dir (default: a random --shape)")
     ap.add_argument("--out", help="write the rows as JSON here")
     args = ap.parse_args()
 
@@ -180,8 +182,11 @@ def main():
 
     dtype = args.dtype or ("float32" if mx.default_device() == mx.cpu else "bfloat16")
     vocab = args.vocab or (1024 if args.shape == "tiny" else 8192)
-    ckpt = tiny_checkpoint("llama", vocab_size=vocab, config_overrides=SHAPES[args.shape], dtype=dtype)
+    ckpt = args.model or tiny_checkpoint("llama", vocab_size=vocab,
+                                         config_overrides=SHAPES[args.shape], dtype=dtype)
     model, tok = load(str(ckpt))
+    if args.model:  # the checkpoint's own vocab, not the --vocab of a random one
+        vocab = json.loads((Path(ckpt) / "config.json").read_text())["vocab_size"]
     reg = GrammarRegistry()
     reg.select(args.backend)
     meta = {"device": str(mx.default_device()), "shape": args.shape, "dtype": dtype,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 import statistics
 import time
 
@@ -101,6 +102,7 @@ def main() -> None:
     ap.add_argument("--prefill-step", type=int, default=2048)
     ap.add_argument("--budget-gb", type=float, nargs="*", default=[24.0, 48.0],
                     help="memory budgets (GB, 10^9) to report max_safe_context under")
+    ap.add_argument("--model", default=None, help="a checkpoint dir (default: a random --shape)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -112,7 +114,8 @@ def main() -> None:
     from mlxbun_core.testing.checkpoints import tiny_checkpoint
 
     dtype = args.dtype or ("float32" if mx.default_device() == mx.cpu else "bfloat16")
-    ckpt = tiny_checkpoint("llama", config_overrides=SHAPES[args.shape], dtype=dtype)
+    ckpt = (Path(args.model) if args.model else
+            tiny_checkpoint("llama", config_overrides=SHAPES[args.shape], dtype=dtype))
     model, tok = load(str(ckpt))
     config = json.loads((ckpt / "config.json").read_text())
     weights = weight_bytes(model)
