@@ -338,6 +338,7 @@ def cmd_serve(args) -> int:
     print(f"mlxbun: serving {model.id} [{model.kind}] via plugin '{model.plugin}'{fallback}{spec}\n"
           f"        context {model.context_window} tokens · {where}"
           + (f" · web app {page}" if page else ""), flush=True)
+    print_blas_line()
     if args.unix:
         from .isolate.drain import DrainGate, exit_with_parent
 
@@ -360,6 +361,13 @@ def cmd_serve(args) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def print_blas_line() -> None:
+    """The banner's BLAS line: which library MLX's CPU matrix products run on."""
+    from . import blas
+
+    print(f"        {blas.banner()}", flush=True)
 
 
 def _mount_startup_adapter(engine, where: str) -> bool:

@@ -8,6 +8,7 @@ import logging
 from blacksheep import Application, Request
 from blacksheep.server.routing import Router
 
+from .. import blas
 from . import guard
 from .common import json_response
 
@@ -36,6 +37,7 @@ def build_app(engine, *, api_key: str | None = None, sessions_dir=None) -> Appli
     app.sessions_dir = sessions_dir
     guard.install(app, api_key)
     app.stats_providers = {}  # name -> callable returning a JSON-able dict for /stats
+    app.stats_providers["blas"] = lambda: blas.state().describe()
     for modname in SURFACES:
         try:
             module = importlib.import_module(modname)
