@@ -103,7 +103,7 @@ def human_bytes(n: Optional[float]) -> str:
 
 def ls_table(entries, machine: Machine) -> str:
     """``mlxbun ls``: one line per local model."""
-    head = ("MODEL", "TYPE", "TIER", "PLUGIN", "SIZE", "QUANT", "CONTEXT", "FITS", "MAX CTX",
+    head = ("MODEL", "TYPE", "TIER", "PLUGIN", "SIZE", "PRECISION", "CONTEXT", "FITS", "MAX CTX",
             "TOK/S", "CAPS")
     rows = [head]
     for e in entries:
@@ -111,7 +111,7 @@ def ls_table(entries, machine: Machine) -> str:
         caps = ",".join(c for c in ("vision", "audio") if getattr(e, c)) or "-"
         rows.append((e.id, e.model_type or "?", e.tier or "unsupported",
                      e.claim.plugin if e.claim else "-", human_bytes(e.size_bytes),
-                     f"{e.quant_bits}-bit" if e.quant_bits else "-",
+                     e.precision or "-",
                      str(e.context_length or "-"), "yes" if a.get("fits") else "no",
                      str(a.get("max_safe_context", "-")), str(a.get("predicted_decode_tps", "-")),
                      caps))

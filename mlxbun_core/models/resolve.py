@@ -8,7 +8,6 @@ case-insensitive substring of exactly one id (several matches: :class:`Ambiguous
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import logging
@@ -72,18 +71,24 @@ def _gguf_model_id(gguf: Path) -> str:
 
 
 def _converted(gguf: Path, home: Path, progress: bool) -> Path:
-    """Convert `gguf` into home/converted/<stem>-<hash> unless an identical conversion exists."""
+    """Convert `gguf` into home/converted/<stem>-<content hash>-<precision> unless that
+    conversion exists (see :mod:`.gguf_cache`: one per content and backend precision)."""
+    from . import gguf_cache
     from .gguf import convert_gguf
 
-    gguf = gguf.resolve()
-    st = gguf.stat()
-    key = hashlib.sha256(f"{gguf}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    out = home / "converted" / f"{gguf.stem}-{key}"
+    try:
+        fp = gguf_cache.fingerprint(gguf, home)
+    except gguf_cache.NotGGUF as exc:
+        raise ModelNotFound(f"{exc}. Fix: pass a GGUF model file (llama.cpp's format), "
+                            "a checkpoint directory, or a hub id.") from None
+    precision = gguf_cache.stored_precision(fp.ggml_type, gguf_cache.backend_is_gpu())
+    out = gguf_cache.conversion_dir(home, gguf.resolve(), fp.digest, precision)
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         log.info("model: using cached conversion %s", out)
         return out
-    log.info("model: converting %s -> %s (one time)", gguf.name, out)
-    return convert_gguf(gguf, out, progress=progress)
+    log.info("model: converting %s -> %s (one time, %s)", gguf.name, out, precision)
+    return convert_gguf(gguf, out, precision=precision, progress=progress,
+                        source={"sha256": fp.digest, "source_type": fp.ggml_type})
 
 
 def _pick_gguf(files: list[str]) -> str | None:
