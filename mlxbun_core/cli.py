@@ -30,8 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="local dir, .gguf file, Hugging Face repo id, or a query matching a local "
                         "model id (default: the embedded SmolLM2-135M-Instruct)")
     add_selection_flags(s)
-    s.add_argument("--host", default=os.environ.get("MLXBUN_HOST", "127.0.0.1"))
-    s.add_argument("--port", type=int, default=int(os.environ.get("MLXBUN_PORT", "8080")))
+    s.add_argument("--host", default=os.environ.get("MLXBUN_HOST") or "127.0.0.1",
+                   help="address to listen on (default: %(default)s; env MLXBUN_HOST; "
+                        "0.0.0.0 for every interface)")
+    s.add_argument("--port", type=int, default=int(os.environ.get("MLXBUN_PORT") or "8080"),
+                   help="TCP port (default: %(default)s; env MLXBUN_PORT)")
     s.add_argument("--max-tokens", type=int, default=None,
                    help="server default completion cap (default: until EOS or context end)")
     s.add_argument("--temperature", type=float)
@@ -249,11 +252,29 @@ def bind_port(host: str, port: int):
     except (OSError, OverflowError) as exc:
         sock.close()
         if getattr(exc, "errno", None) == errno.EADDRINUSE:
+            hint = free_port_near(host, port)
             return (f"port {port} on {host} is already in use (another mlxbun or server "
-                    f"running?). Pick a free one with --port, e.g. --port {port + 1}.")
+                    f"running?). Pick a free one with --port"
+                    + (f", e.g. --port {hint} (free now)." if hint else "."))
         return f"cannot listen on {host}:{port}: {exc}"
     sock.set_inheritable(True)
     return sock
+
+
+def free_port_near(host: str, port: int, tries: int = 100):
+    """The first port after ``port`` that ``host`` can bind right now (else one the OS
+    picks), for the busy-port hint; None if none can be bound."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for candidate in [*range(port + 1, min(port + 1 + tries, 65536)), 0]:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((host, candidate))
+            except OSError:
+                continue
+            return probe.getsockname()[1]
+    return None
 
 
 def select_grammar_backend(name: str) -> str | None:

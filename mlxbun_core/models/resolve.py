@@ -137,6 +137,11 @@ def _hub(repo_id: str, home: Path, progress: bool) -> tuple[ResolvedModel | None
         pass
     if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
         return None, f"not in the HF cache {cache} and HF_HUB_OFFLINE is set"
+    endpoint = os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
+    unreachable = hub_unreachable(endpoint)
+    if unreachable:  # offline: say so now, not after the client's retries
+        return None, (f"not in the HF cache {cache}, and the hub {endpoint} cannot be reached "
+                      f"({unreachable}; offline?)")
     try:
         files = hf.list_repo_files(repo_id)
         if "config.json" in files:
@@ -152,6 +157,32 @@ def _hub(repo_id: str, home: Path, progress: bool) -> tuple[ResolvedModel | None
         return None, f"hub repo {repo_id} has neither config.json nor a .gguf file"
     except Exception as e:
         return None, f"not in the HF cache {cache}, and download failed: {type(e).__name__}: {e}"
+
+
+def hub_unreachable(endpoint: str, timeout: float = 3.0) -> str | None:
+    """Why the hub cannot be reached (a name that does not resolve, a refused or silent
+    connection), or None when a TCP connection opens within ``timeout`` seconds."""
+    import socket
+    import threading
+    from urllib.parse import urlsplit
+
+    url = urlsplit(endpoint)
+    host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
+    if not host:
+        return f"HF_ENDPOINT {endpoint!r} names no host"
+    outcome: list = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            outcome.append(None)
+        except OSError as exc:
+            outcome.append(exc.strerror or str(exc))
+
+    worker = threading.Thread(target=probe, daemon=True)  # name lookups ignore the timeout
+    worker.start()
+    worker.join(timeout)
+    return outcome[0] if outcome else f"no answer from {host}:{port} within {timeout:.0f} s"
 
 
 def resolve_model(name: str | None, *, cache_dir: Path | None = None, progress: bool = True) -> ResolvedModel:
