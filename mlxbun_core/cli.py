@@ -173,7 +173,7 @@ def cmd_fit(args) -> int:
 
     from .library import checkpoint
     from .library.fit import kv_element_bytes, activation_bytes, machine
-    from .library.report import fit_report, human_bytes
+    from .library.report import fit_report, fit_text
     from .models.resolve import ModelNotFound, resolve_model
 
     try:
@@ -188,17 +188,7 @@ def cmd_fit(args) -> int:
     if args.json:
         print(json.dumps({"model": resolved.model_id, **r}))
         return 0
-    rep, m = r["report"], r["machine"]
-    print(f"{resolved.model_id} on {m['chip']} ({m['device']}, {human_bytes(m['usable_bytes'])} "
-          f"usable, {m['bandwidth_gbs']} GB/s {m['bandwidth_source']})\n"
-          f"  weights        {human_bytes(rep['weights_bytes'])}\n"
-          f"  KV per token   {human_bytes(rep['kv_bytes_per_token'])}\n"
-          f"  at {r['context_tokens']} tokens: KV {human_bytes(rep['kv_bytes'])} + prefill "
-          f"transient {human_bytes(rep['transient_bytes'])} = total {human_bytes(rep['total_bytes'])}"
-          f" of {human_bytes(rep['usable_bytes'])}: {'fits' if rep['fits'] else 'does NOT fit'}\n"
-          f"  max safe context  {rep['max_safe_context']} tokens\n"
-          f"  predicted decode  {rep['predicted_decode_tps']} tok/s at {r['context_tokens']} tokens, "
-          f"{r['typical_decode_tps']} tok/s at {r['typical_context_tokens']}")
+    print(fit_text(resolved.model_id, r))
     return 0
 
 

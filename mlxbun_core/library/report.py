@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Optional
 
 from . import checkpoint
-from .fit import Machine, plan, predicted_decode_tps
+from .fit import DECODE_EFFICIENCY, Machine, plan, predicted_decode_tps
 
 TYPICAL_CONTEXT = 8192
 SKU_CONTEXT = 32768
@@ -66,7 +66,8 @@ def sku_matrix(config: dict, weights: checkpoint.Weights,
                  element_bytes=kv_element_bytes)
         rows.append({"sku": sku, "ram_gb": ram_gb, "fits": p.fits,
                      "max_context": p.max_safe_context,
-                     "decode_tps": predicted_decode_tps(active, p.kv_bytes, gbs)})
+                     "decode_tps": predicted_decode_tps(active, p.kv_bytes, gbs,
+                                                        DECODE_EFFICIENCY)})
     return rows
 
 
@@ -117,3 +118,22 @@ def ls_table(entries, machine: Machine) -> str:
                      caps))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def fit_text(model_id: str, r: dict) -> str:
+    """``mlxbun fit``'s report in words: the plan, the prediction and what it assumed."""
+    rep, m = r["report"], r["machine"]
+    at = f"{rep['predicted_decode_tps']} tok/s at {r['context_tokens']} tokens"
+    if r["typical_context_tokens"] != r["context_tokens"]:
+        at += f", {r['typical_decode_tps']} tok/s at {r['typical_context_tokens']}"
+    return (f"{model_id} on {m['chip']} ({m['device']}, {human_bytes(m['usable_bytes'])} usable)\n"
+            f"  weights        {human_bytes(rep['weights_bytes'])}\n"
+            f"  KV per token   {human_bytes(rep['kv_bytes_per_token'])}\n"
+            f"  at {r['context_tokens']} tokens: KV {human_bytes(rep['kv_bytes'])} + prefill "
+            f"transient {human_bytes(rep['transient_bytes'])} = total {human_bytes(rep['total_bytes'])}"
+            f" of {human_bytes(rep['usable_bytes'])}: {'fits' if rep['fits'] else 'does NOT fit'}\n"
+            f"  max safe context  {rep['max_safe_context']} tokens\n"
+            f"  predicted decode  {at}\n"
+            f"  assumes           every active weight and the live KV read once per token at "
+            f"{m['bandwidth_gbs']} GB/s, {m.get('bandwidth_note') or m['bandwidth_source']} "
+            "(MLXBUN_BANDWIDTH_GBS overrides)")
