@@ -276,10 +276,14 @@ def _id_for_dir(path: Path) -> str:
 
 
 
-def library_match(query: str, entries=None, *, substring: bool = True) -> ResolvedModel | None:
+def library_match(query: str, entries=None, *, substring: bool = True,
+                  prefer: str | None = None) -> ResolvedModel | None:
     """The local model ``query`` names: an exact id (any case), else the one id containing it.
 
-    Raises :class:`AmbiguousModel` when several ids contain it; None when none does.
+    When several ids contain it, one of them is still chosen if it is ``prefer`` (the
+    served model), the embedded default, or the only unquantized one and the others are
+    named after it (``SmolLM2`` after a quantize); otherwise :class:`AmbiguousModel`. None
+    when no id contains it.
     """
     if entries is None:
         from ..library.scan import scan
@@ -289,12 +293,33 @@ def library_match(query: str, entries=None, *, substring: bool = True) -> Resolv
     exact = [e for e in entries if e.id.lower() == q]
     hits = exact or ([e for e in entries if q in e.id.lower()] if substring else [])
     if len(hits) > 1:
-        raise AmbiguousModel(query, [e.id for e in hits])
+        chosen = _preferred(hits, prefer)
+        if chosen is None:
+            raise AmbiguousModel(query, [e.id for e in hits])
+        log.info("model: %s matches %d models; using %s (%s)", query, len(hits), chosen.id,
+                 "served" if chosen.id == prefer else "the default" if chosen.id ==
+                 DEFAULT_MODEL_ID else "the unquantized one")
+        hits = [chosen]
     if hits:
         e = hits[0]
         log.info("model: %s matches %s (%s)", query, e.id, e.path)
         return ResolvedModel(e.path, e.id, "local")
     return None
+
+
+def _preferred(hits, prefer: str | None):
+    """Among several matches: the served model, else the embedded default, else the only
+    unquantized one; None when none of these settles it."""
+    for wanted in (prefer, DEFAULT_MODEL_ID):
+        chosen = [e for e in hits if wanted and e.id == wanted]
+        if chosen:
+            return chosen[0]
+    plain = [e for e in hits if not e.quant_bits]
+    if len(plain) != 1:
+        return None
+    stem = plain[0].id.rsplit("/", 1)[-1].lower()  # the others must be variants of it
+    others = [e.id.rsplit("/", 1)[-1].lower() for e in hits if e is not plain[0]]
+    return plain[0] if all(o.startswith(stem) for o in others) else None
 
 
 def embedded_default_available() -> bool:
