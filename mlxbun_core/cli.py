@@ -93,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bill a quantized KV cache")
     f.add_argument("--memory-budget", type=float, default=None, metavar="GB",
                    help="assess against this budget instead of the machine's usable memory")
+    f.add_argument("--measure", action="store_true",
+                   help="measure the decode bandwidth again (it is measured once and remembered)")
     f.add_argument("--json", action="store_true")
 
     sub.add_parser("plugins", help="list installed plugins and the hooks they implement")
@@ -180,6 +182,10 @@ def cmd_fit(args) -> int:
         resolved = resolve_model(chosen_model(args), progress=True)
     except ModelNotFound as exc:
         return report_selection_error(exc)
+    if args.measure:
+        from .library.bandwidth import forget
+
+        forget()
     config = checkpoint.read_json(resolved.path / "config.json")
     e = kv_element_bytes(activation_bytes(config), args.kv_bits) if args.kv_bits else None
     budget = int(args.memory_budget * 1e9) if args.memory_budget else None

@@ -123,6 +123,13 @@ def decode_bandwidth(device: str, name: str, *, probe_mlx: bool,
     return Bandwidth(0.0, "unknown", "no measurement yet (the engine measures on first load)")
 
 
+def forget(home: Optional[Path] = None) -> None:
+    """Drop the remembered measurements (``mlxbun fit --measure``): the next use measures."""
+    from ..models.resolve import mlxbun_home
+
+    (mlxbun_home(home) / CACHE_FILE).unlink(missing_ok=True)
+
+
 def _note(key: str, hit: dict, device: str) -> str:
     blas = key.split("|blas ", 1)[-1]
     what = "float16 matrix-vector products on the GPU" if device == "gpu" else \
