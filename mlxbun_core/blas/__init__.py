@@ -55,7 +55,8 @@ def banner() -> str:
     """One line for the start-up banner."""
     s = _state
     if s.active == "openblas":
-        extra = ", ".join(x for x in (s.source, s.kernel, s.threads and f"{s.threads} threads") if x)
+        threads = s.threads and f"{s.threads} thread{'s' if s.threads > 1 else ''}"
+        extra = ", ".join(x for x in (s.source, s.kernel, threads) if x)
         return f"BLAS {s.name} ({extra})"
     if s.active == "reference":
         return f"BLAS reference (slow){': ' + s.note if s.note else ''}"
@@ -101,8 +102,8 @@ def _activate() -> None:
         if _state.active != "pending":
             return
         _state = _decide()
-    if _state.active == "reference" and "MLXBUN_BLAS=reference" != _state.note \
-            and not os.environ.get("MLXBUN_BLAS_WARNED"):
+    asked = os.environ.get("MLXBUN_BLAS", "").strip() == "reference"
+    if _state.active == "reference" and not asked and not os.environ.get("MLXBUN_BLAS_WARNED"):
         os.environ["MLXBUN_BLAS_WARNED"] = "1"  # children (jobs, --isolate engines) stay quiet
         print(f"mlxbun: warning: MLX's CPU matrix products use the slow reference BLAS "
               f"({_state.note})", file=sys.stderr, flush=True)
