@@ -10,14 +10,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 
-import httpx
 import pytest
 
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.server import free_port
-from test_cli_start import wait_for_line
+from test_cli_start import get_when_listening, wait_for_line
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux",
                                 reason="the BLAS is routed on Linux CPU builds only")
@@ -104,17 +102,6 @@ def test_this_test_process_runs_on_openblas():
     assert blas.state().active == "openblas", blas.state()
 
 
-def get_when_up(url: str, timeout: float = 30.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return httpx.get(url, timeout=10).json()
-        except httpx.TransportError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-
-
 def test_serve_banner_and_stats_name_the_blas():
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "mlxbun_core.cli", "serve",
@@ -124,7 +111,7 @@ def test_serve_banner_and_stats_name_the_blas():
     try:
         banner = wait_for_line(proc, "BLAS", 120).splitlines()[-1]  # fails, never hangs
         assert "BLAS OpenBLAS" in banner and "scipy-openblas32" in banner, banner
-        stats = get_when_up(f"http://127.0.0.1:{port}/stats")
+        stats = get_when_listening(f"http://127.0.0.1:{port}/stats").json()
         assert stats["blas"]["active"] == "openblas"
         assert "openblas" in os.path.basename(stats["blas"]["library"]).lower()
         assert stats["blas"]["routed"] == ["cblas_sgemm", "cblas_dgemm", "cblas_cgemm"]
