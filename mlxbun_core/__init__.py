@@ -10,3 +10,7 @@ except PackageNotFoundError:  # running from a source tree without install
 from .hookspecs import hookimpl  # noqa: E402  (re-exported for plugin authors)
 
 __all__ = ["hookimpl", "__version__"]
+
+from . import blas as _blas  # noqa: E402
+
+_blas.install()  # MLX's CPU matrix products on OpenBLAS, from the moment mlx.core loads

@@ -30,8 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="local dir, .gguf file, Hugging Face repo id, or a query matching a local "
                         "model id (default: the embedded SmolLM2-135M-Instruct)")
     add_selection_flags(s)
-    s.add_argument("--host", default=os.environ.get("MLXBUN_HOST", "127.0.0.1"))
-    s.add_argument("--port", type=int, default=int(os.environ.get("MLXBUN_PORT", "8080")))
+    s.add_argument("--host", default=os.environ.get("MLXBUN_HOST") or "127.0.0.1",
+                   help="address to listen on (default: %(default)s; env MLXBUN_HOST; "
+                        "0.0.0.0 for every interface)")
+    s.add_argument("--port", type=int, default=int(os.environ.get("MLXBUN_PORT") or "8080"),
+                   help="TCP port (default: %(default)s; env MLXBUN_PORT)")
     s.add_argument("--max-tokens", type=int, default=None,
                    help="server default completion cap (default: until EOS or context end)")
     s.add_argument("--temperature", type=float)
@@ -96,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_kv_quant_flag(f, default="off", alias="--kv-bits")
     f.add_argument("--memory-budget", type=float, default=None, metavar="GB",
                    help="assess against this budget instead of the machine's usable memory")
+    f.add_argument("--measure", action="store_true",
+                   help="measure the decode bandwidth again (it is measured once and remembered)")
     f.add_argument("--json", action="store_true")
 
     sub.add_parser("plugins", help="list installed plugins and the hooks they implement")
@@ -187,13 +192,17 @@ def cmd_fit(args) -> int:
     from .library import checkpoint
     from .kvquant import parse
     from .library.fit import machine
-    from .library.report import fit_report, human_bytes
+    from .library.report import fit_report, fit_text
     from .models.resolve import ModelNotFound, resolve_model
 
     try:
         resolved = resolve_model(chosen_model(args), progress=True)
     except ModelNotFound as exc:
         return report_selection_error(exc)
+    if args.measure:
+        from .library.bandwidth import forget
+
+        forget()
     config = checkpoint.read_json(resolved.path / "config.json")
     budget = int(args.memory_budget * 1e9) if args.memory_budget else None
     r = fit_report(config, checkpoint.weights(resolved.path), machine(), context=args.ctx,
@@ -201,17 +210,7 @@ def cmd_fit(args) -> int:
     if args.json:
         print(json.dumps({"model": resolved.model_id, **r}))
         return 0
-    rep, m = r["report"], r["machine"]
-    print(f"{resolved.model_id} on {m['chip']} ({m['device']}, {human_bytes(m['usable_bytes'])} "
-          f"usable, {m['bandwidth_gbs']} GB/s {m['bandwidth_source']})\n"
-          f"  weights        {human_bytes(rep['weights_bytes'])}\n"
-          f"  KV per token   {human_bytes(rep['kv_bytes_per_token'])} ({r['kv_quant']})\n"
-          f"  at {r['context_tokens']} tokens: KV {human_bytes(rep['kv_bytes'])} + prefill "
-          f"transient {human_bytes(rep['transient_bytes'])} = total {human_bytes(rep['total_bytes'])}"
-          f" of {human_bytes(rep['usable_bytes'])}: {'fits' if rep['fits'] else 'does NOT fit'}\n"
-          f"  max safe context  {rep['max_safe_context']} tokens\n"
-          f"  predicted decode  {rep['predicted_decode_tps']} tok/s at {r['context_tokens']} tokens, "
-          f"{r['typical_decode_tps']} tok/s at {r['typical_context_tokens']}")
+    print(fit_text(resolved.model_id, r))
     return 0
 
 
@@ -271,11 +270,29 @@ def bind_port(host: str, port: int):
     except (OSError, OverflowError) as exc:
         sock.close()
         if getattr(exc, "errno", None) == errno.EADDRINUSE:
+            hint = free_port_near(host, port)
             return (f"port {port} on {host} is already in use (another mlxbun or server "
-                    f"running?). Pick a free one with --port, e.g. --port {port + 1}.")
+                    f"running?). Pick a free one with --port"
+                    + (f", e.g. --port {hint} (free now)." if hint else "."))
         return f"cannot listen on {host}:{port}: {exc}"
     sock.set_inheritable(True)
     return sock
+
+
+def free_port_near(host: str, port: int, tries: int = 100):
+    """The first port after ``port`` that ``host`` can bind right now (else one the OS
+    picks), for the busy-port hint; None if none can be bound."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for candidate in [*range(port + 1, min(port + 1 + tries, 65536)), 0]:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((host, candidate))
+            except OSError:
+                continue
+            return probe.getsockname()[1]
+    return None
 
 
 def select_grammar_backend(name: str) -> str | None:
@@ -361,6 +378,7 @@ def cmd_serve(args) -> int:
     print(f"mlxbun: serving {model.id} [{model.kind}] via plugin '{model.plugin}'{fallback}{spec}\n"
           f"        context {model.context_window} tokens · {where}"
           + (f" · web app {page}" if page else ""), flush=True)
+    print_blas_line()
     if args.unix:
         from .isolate.drain import DrainGate, exit_with_parent
 
@@ -383,6 +401,13 @@ def cmd_serve(args) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(server.exit_code)  # 0 after a drain; 128 + signal after a second signal
+
+
+def print_blas_line() -> None:
+    """The banner's BLAS line: which library MLX's CPU matrix products run on."""
+    from . import blas
+
+    print(f"        {blas.banner()}", flush=True)
 
 
 def _mount_startup_adapter(engine, where: str) -> bool:

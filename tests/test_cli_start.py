@@ -64,13 +64,25 @@ def wait_for_line(proc, needle: str, timeout: float) -> str:
     raise AssertionError(f"no {needle!r} within {timeout}s; output: {''.join(seen)}")
 
 
+def get_when_listening(url: str, timeout: float = 30.0) -> httpx.Response:
+    """The banner is printed just before uvicorn starts listening on the bound socket."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return httpx.get(url, timeout=10)
+        except httpx.ConnectError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def test_serves_on_the_port_it_probed():
     port = free_port()
     proc = subprocess.Popen(CLI + ["serve", str(tiny_checkpoint("llama", seed=3)), "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for_line(proc, "serving", 120)  # the banner comes after the load
-        r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10)
+        r = get_when_listening(f"http://127.0.0.1:{port}/health")
         assert r.json() == {"status": "ok"}
         with socket.socket() as again:  # held by the server now
             assert again.connect_ex(("127.0.0.1", port)) == 0

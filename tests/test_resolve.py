@@ -77,7 +77,9 @@ def test_local_gguf_converted_once_into_mlxbun_home(tmp_path, caplog):
     assert r2.path == r1.path and (r2.path / "model.safetensors").stat().st_mtime_ns == st
     assert [m.split(" ")[1] for m in caplog.messages] == ["converting", "using"]
     assert sorted(p.name for p in r1.path.parent.iterdir()) == [r1.path.name]  # no temp leftovers
-    os.utime(g, ns=(st + 10**9, st + 10**9))  # edited file -> new conversion
+    os.utime(g, ns=(st + 10**9, st + 10**9))  # touched, same bytes: the same conversion
+    assert resolve_model(str(g), progress=False).path == r1.path
+    write_tiny_gguf(g, seed=1)  # edited: a new conversion
     assert resolve_model(str(g), progress=False).path != r1.path
 
 

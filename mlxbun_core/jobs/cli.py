@@ -97,8 +97,9 @@ def _run(kind: str, config: dict, total) -> int:
 
     home = mlxbun_home()
     manager = JobManager(JobStore(home / "jobs.sqlite"), home)
-    bar = tqdm(total=total or 100, unit="step" if total else "%", dynamic_ncols=True,
-               file=sys.stderr)
+    # a job without steps (quantize) shows its stages and their share of the work, no rate
+    bar = tqdm(total=total or 100, unit="step", dynamic_ncols=True, file=sys.stderr,
+               bar_format=None if total else "{desc}: {percentage:3.0f}%|{bar}| {elapsed}{postfix}")
 
     def show(event: dict) -> None:
         kind_ = event.get("type")
@@ -110,6 +111,7 @@ def _run(kind: str, config: dict, total) -> int:
         elif kind_ == "stage":
             if not total and isinstance(event.get("progress"), (int, float)):
                 bar.n = int(100 * event["progress"])
+                bar.set_postfix_str(event.get("message", "")[-60:], refresh=False)
             bar.set_description(event.get("stage", ""))
             bar.refresh()
         elif kind_ == "failed":

@@ -100,7 +100,7 @@ def prepare(body: dict, home: Path) -> dict:
         raise BadRequest(f"recipe must be one of {RECIPES} (affine mode only)", param="recipe")
     suffix = recipe or (f"{bits}bit" if mode == "affine" else mode) + (
         "" if group == 64 else f"-g{group}")
-    name = re.sub(r"[^A-Za-z0-9._-]+", "-", path.name)[:80]
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", source_name(path))[:80]
     out = body.get("output_dir") or home / "models" / f"{name}-{suffix}"
     if body.get("output_dir") is None and Path(out).exists():
         out = Path(f"{out}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -111,22 +111,71 @@ def prepare(body: dict, home: Path) -> dict:
             "group_size": group, "mode": mode, "recipe": recipe, "output_dir": str(out)}
 
 
+def source_name(path: Path) -> str:
+    """The plain name outputs are named after: the model's id without its owner
+    (``SmolLM2-135M-Instruct``, not a conversion folder's ``….Q4_1-<hash>-float32``)."""
+    from ..models.resolve import _id_for_dir
+
+    return _id_for_dir(path).rsplit("/", 1)[-1]
+
+
 def run(config: dict, emit: Callable[[dict], None]) -> dict:
-    from mlx_lm.convert import convert
+    """mlx-lm's converter, step by step so progress is real: load (lazy), quantize (the
+    new weights computed group by group: the long part), save."""
+    from mlx_lm.utils import save
 
     t0 = time.time()
     what = config.get("recipe") or f"{config['bits']}-bit {config['mode']}"
-    emit({"type": "stage", "stage": "quantize", "progress": 0.1,
-          "message": f"quantizing {config['model_dir']} to {what}, group {config['group_size']}"})
+    emit({"type": "stage", "stage": "load", "progress": 0.0,
+          "message": f"loading {config['model_dir']}"})
     try:
-        convert(config["model_dir"], config["output_dir"], quantize=True,
-                q_group_size=config["group_size"], q_bits=config["bits"], q_mode=config["mode"],
-                quant_predicate=config.get("recipe"))
+        model, tokenizer, cfg = _quantized(config)
     except ValueError as exc:
         raise JobError(f"mlx-lm refused: {exc}")
+    for done, total in _evaluate(model):
+        emit({"type": "stage", "stage": "quantize", "progress": round(0.05 + 0.85 * done / total, 3),
+              "message": f"{what}, group {config['group_size']}: {done}/{total} tensors"})
+    emit({"type": "stage", "stage": "save", "progress": 0.9,
+          "message": f"writing {config['output_dir']}"})
+    save(config["output_dir"], config["model_dir"], model, tokenizer, cfg)
     out = Path(config["output_dir"])
     size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
     emit({"type": "stage", "stage": "save", "progress": 1.0, "message": f"saved to {out}"})
     return {"output_dir": str(out), "size_bytes": size, "bits": config["bits"],
             "group_size": config["group_size"], "mode": config["mode"],
             "recipe": config.get("recipe"), "seconds": round(time.time() - t0, 2)}
+
+
+def _quantized(config: dict):
+    """What ``mlx_lm.convert.convert(quantize=True)`` builds before saving (lazy arrays)."""
+    import mlx.core as mx
+    from mlx.utils import tree_map_with_path
+    from mlx_lm.convert import MODEL_CONVERSION_DTYPES, mixed_quant_predicate_builder
+    from mlx_lm.utils import load, quantize_model
+
+    model, tokenizer, cfg = load(config["model_dir"], return_config=True, lazy=True)
+    predicate = config.get("recipe")
+    if isinstance(predicate, str):
+        predicate = mixed_quant_predicate_builder(predicate, model, config["group_size"])
+    dtype = cfg.get("torch_dtype") or (cfg.get("text_config") or {}).get("dtype")
+    if dtype in MODEL_CONVERSION_DTYPES:
+        target = getattr(mx, dtype)
+        keep = getattr(model, "cast_predicate", lambda _: True)
+        model.update(tree_map_with_path(
+            lambda k, v: v.astype(target) if keep(k) and mx.issubdtype(v.dtype, mx.floating)
+            else v, model.parameters()))
+    model, cfg = quantize_model(model, cfg, config["group_size"], config["bits"],
+                                mode=config["mode"], quant_predicate=predicate)
+    return model, tokenizer, cfg
+
+
+def _evaluate(model, parts: int = 50):
+    """Compute the lazy quantized weights in about ``parts`` slices; yields (done, total)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    arrays = [v for _, v in tree_flatten(model.parameters())]
+    step = max(1, -(-len(arrays) // parts))
+    for i in range(0, len(arrays), step):
+        mx.eval(arrays[i:i + step])
+        yield min(i + step, len(arrays)), len(arrays)

@@ -31,15 +31,13 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import re
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 log = logging.getLogger("mlxbun.fit")
 
 PREFILL_CHUNK = 2048  # mlx-lm's generate_step prefill step
-DECODE_EFFICIENCY = 0.8  # share of peak bandwidth a decode step achieves in practice
+DECODE_EFFICIENCY = 0.8  # share of peak bandwidth a decode step achieves (peak tables only)
 NO_LIMIT_CONTEXT = 1 << 24  # search ceiling when the config names no context length
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
@@ -314,12 +312,14 @@ def batch_plan(kv: KVLayout, kv_room_bytes: int, *, backend: str, quantized: boo
     return BatchPlan(rows, memory_rows, device_rows, context, row, why)
 
 
-def predicted_decode_tps(active_weight_bytes: int, kv_bytes: int, bandwidth_gbs: float) -> float:
-    """Decode is memory-bound: each token streams the active weights and the live KV once."""
+def predicted_decode_tps(active_weight_bytes: int, kv_bytes: int, bandwidth_gbs: float,
+                         efficiency: float = 1.0) -> float:
+    """Decode is memory-bound: each token streams the active weights and the live KV once,
+    at the effective decode bandwidth (a peak figure: pass ``efficiency``)."""
     moved = active_weight_bytes + kv_bytes
     if moved <= 0 or not bandwidth_gbs:
         return 0.0
-    return round(bandwidth_gbs * 1e9 * DECODE_EFFICIENCY / moved, 2)
+    return round(bandwidth_gbs * 1e9 * efficiency / moved, 2)
 
 
 # ---------------------------------------------------------------- the machine
@@ -330,23 +330,15 @@ class Machine:
     name: str
     total_bytes: int
     usable_bytes: int  # what MLX lets this process allocate
-    bandwidth_gbs: float
-    bandwidth_source: str  # "table", "env" or "measured"
+    bandwidth_gbs: float  # effective decode bandwidth (see .bandwidth)
+    bandwidth_source: str  # "measured", "env", "table" or "unknown"
+    bandwidth_note: str = ""  # what the prediction assumed, in words
 
     def describe(self) -> dict:
         return {"device": self.device, "chip": self.name, "ram_bytes": self.total_bytes,
                 "usable_bytes": self.usable_bytes, "bandwidth_gbs": self.bandwidth_gbs,
-                "bandwidth_source": self.bandwidth_source}
-
-
-# Peak memory bandwidth (GB/s) by device-name pattern; first match wins.
-BANDWIDTH_GBS = (
-    (r"M\d Ultra", 800.0), (r"M4 Max", 546.0), (r"M\d Max", 400.0), (r"M4 Pro", 273.0),
-    (r"M3 Pro", 150.0), (r"M\d Pro", 200.0), (r"M4\b", 120.0), (r"M[23]\b", 100.0),
-    (r"M1\b", 68.0), (r"B200", 8000.0), (r"H200", 4800.0), (r"H100 PCIe", 2000.0),
-    (r"H100", 3350.0), (r"A100", 2039.0), (r"L40S", 864.0), (r"RTX 5090", 1792.0),
-    (r"RTX 4090", 1008.0), (r"RTX 3090", 936.0), (r"A10\b", 600.0), (r"L4\b", 300.0),
-)
+                "bandwidth_source": self.bandwidth_source,
+                "bandwidth_note": self.bandwidth_note}
 
 
 def system_ram_bytes() -> int:
@@ -354,33 +346,6 @@ def system_ram_bytes() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return 0
-
-
-def _measured_bandwidth_gbs() -> float:
-    """Best of a few 64 MiB copies (read + write), for CPUs no table knows."""
-    import numpy as np
-
-    src = np.ones(64 << 20, dtype=np.uint8)
-    dst = np.empty_like(src)
-    best = float("inf")
-    for _ in range(4):
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - t0)
-    return round(2 * src.nbytes / best / 1e9, 1)
-
-
-def _bandwidth(name: str) -> tuple[float, str]:
-    env = os.environ.get("MLXBUN_BANDWIDTH_GBS")
-    if env:
-        try:
-            return float(env), "env"
-        except ValueError:
-            log.warning("MLXBUN_BANDWIDTH_GBS=%r is not a number; ignored", env)
-    for pattern, gbs in BANDWIDTH_GBS:
-        if re.search(pattern, name):
-            return gbs, "table"
-    return _measured_bandwidth_gbs(), "measured"
 
 
 @functools.lru_cache(maxsize=2)
@@ -399,5 +364,7 @@ def machine(probe_mlx: bool = True) -> Machine:
         device = "gpu" if mx.default_device() == mx.gpu else "cpu"
         usable = int(info.get("max_recommended_working_set_size") or mx.get_memory_limit() or total)
         usable = min(usable, total) if total else usable
-    gbs, source = _bandwidth(name)
-    return Machine(device, name, total, usable, gbs, source)
+    from .bandwidth import decode_bandwidth
+
+    bw = decode_bandwidth(device, name, probe_mlx=probe_mlx)
+    return Machine(device, name, total, usable, bw.gbs, bw.source, bw.note)

@@ -10,7 +10,7 @@ from typing import Optional
 
 from ..kvquant import KVScheme
 from . import checkpoint
-from .fit import Machine, plan, predicted_decode_tps
+from .fit import DECODE_EFFICIENCY, Machine, plan, predicted_decode_tps
 
 TYPICAL_CONTEXT = 8192
 SKU_CONTEXT = 32768
@@ -68,7 +68,8 @@ def sku_matrix(config: dict, weights: checkpoint.Weights,
         p = plan(config, weights.total_bytes, usable, context=SKU_CONTEXT, kv_bits=kv_bits)
         rows.append({"sku": sku, "ram_gb": ram_gb, "fits": p.fits,
                      "max_context": p.max_safe_context,
-                     "decode_tps": predicted_decode_tps(active, p.kv_bytes, gbs)})
+                     "decode_tps": predicted_decode_tps(active, p.kv_bytes, gbs,
+                                                        DECODE_EFFICIENCY)})
     return rows
 
 
@@ -105,7 +106,7 @@ def human_bytes(n: Optional[float]) -> str:
 
 def ls_table(entries, machine: Machine) -> str:
     """``mlxbun ls``: one line per local model."""
-    head = ("MODEL", "TYPE", "TIER", "PLUGIN", "SIZE", "QUANT", "CONTEXT", "FITS", "MAX CTX",
+    head = ("MODEL", "TYPE", "TIER", "PLUGIN", "SIZE", "PRECISION", "CONTEXT", "FITS", "MAX CTX",
             "TOK/S", "CAPS")
     rows = [head]
     for e in entries:
@@ -113,9 +114,28 @@ def ls_table(entries, machine: Machine) -> str:
         caps = ",".join(c for c in ("vision", "audio") if getattr(e, c)) or "-"
         rows.append((e.id, e.model_type or "?", e.tier or "unsupported",
                      e.claim.plugin if e.claim else "-", human_bytes(e.size_bytes),
-                     f"{e.quant_bits}-bit" if e.quant_bits else "-",
+                     e.precision or "-",
                      str(e.context_length or "-"), "yes" if a.get("fits") else "no",
                      str(a.get("max_safe_context", "-")), str(a.get("predicted_decode_tps", "-")),
                      caps))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def fit_text(model_id: str, r: dict) -> str:
+    """``mlxbun fit``'s report in words: the plan, the prediction and what it assumed."""
+    rep, m = r["report"], r["machine"]
+    at = f"{rep['predicted_decode_tps']} tok/s at {r['context_tokens']} tokens"
+    if r["typical_context_tokens"] != r["context_tokens"]:
+        at += f", {r['typical_decode_tps']} tok/s at {r['typical_context_tokens']}"
+    return (f"{model_id} on {m['chip']} ({m['device']}, {human_bytes(m['usable_bytes'])} usable)\n"
+            f"  weights        {human_bytes(rep['weights_bytes'])}\n"
+            f"  KV per token   {human_bytes(rep['kv_bytes_per_token'])} ({r['kv_quant']})\n"
+            f"  at {r['context_tokens']} tokens: KV {human_bytes(rep['kv_bytes'])} + prefill "
+            f"transient {human_bytes(rep['transient_bytes'])} = total {human_bytes(rep['total_bytes'])}"
+            f" of {human_bytes(rep['usable_bytes'])}: {'fits' if rep['fits'] else 'does NOT fit'}\n"
+            f"  max safe context  {rep['max_safe_context']} tokens\n"
+            f"  predicted decode  {at}\n"
+            f"  assumes           every active weight and the live KV read once per token at "
+            f"{m['bandwidth_gbs']} GB/s, {m.get('bandwidth_note') or m['bandwidth_source']} "
+            "(MLXBUN_BANDWIDTH_GBS overrides)")

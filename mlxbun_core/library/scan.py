@@ -21,7 +21,7 @@ log = logging.getLogger("mlxbun.library")
 
 # mlxbun's own model folders under its home, each holding <name>/config.json
 OWN_ROOTS = ("converted", "models")
-_HASH_SUFFIX = re.compile(r"-[0-9a-f]{12}$")
+_HASH_SUFFIX = re.compile(r"-[0-9a-f]{12}(-(float32|float16|bfloat16|q\d))?$")
 
 
 @dataclass
@@ -45,6 +45,21 @@ class Entry:
         return checkpoint.quantization(self.config)[0]
 
     @property
+    def precision(self) -> Optional[str]:
+        """How the weights are stored: ``4-bit``, ``bfloat16``, ``float32 from GGUF Q4_1``."""
+        from ..models.gguf_cache import describe_precision
+
+        source = checkpoint.read_json(self.path / "mlxbun_source.json")
+        converted = describe_precision(source) if source else None
+        if converted:
+            return converted
+        if self.quant_bits:
+            return f"{self.quant_bits}-bit"
+        t = self.config.get("text_config") or self.config
+        dtype = t.get("torch_dtype") or t.get("dtype") or self.config.get("torch_dtype")
+        return str(dtype).replace("torch.", "") if dtype else None
+
+    @property
     def context_length(self) -> Optional[int]:
         return context_window(self.config)
 
@@ -65,7 +80,8 @@ class Entry:
         return {"repo_id": self.id, "path": str(self.path), "source": self.source,
                 "revision": self.revision, "model_type": self.model_type,
                 "size_bytes": self.size_bytes, "weights_bytes": self.weights.total_bytes,
-                "quant_bits": self.quant_bits, "context_length": self.context_length,
+                "quant_bits": self.quant_bits, "precision": self.precision,
+                "context_length": self.context_length,
                 "vision": self.vision, "audio": self.audio, "supported": self.claim is not None,
                 "support_tier": self.tier, "plugin": self.claim.plugin if self.claim else None,
                 "family": self.claim.family if self.claim else None}

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -219,17 +219,26 @@ def _tokenizer_files(md: dict, out: Path) -> dict:
 
 # ---------------------------------------------------------------- conversion
 
-def convert_gguf(gguf_path, out_dir, *, dtype: str = "float32", progress: bool = True) -> Path:
+QUANT_GROUP = 32  # GGUF's own block size for Q4_*/Q5_*/Q8_0 (K-quants use 32-wide sub-blocks)
+
+
+def convert_gguf(gguf_path, out_dir, *, precision: str = "float32", progress: bool = True,
+                 source: Optional[dict] = None) -> Path:
     """Dequantize `gguf_path` into an HF-layout dir at `out_dir` (written atomically) and return it.
 
-    float32 is the default because the MLX CPU backend is fastest there; quantized/fp16 are slower.
+    ``precision``: ``float32`` (the default: the MLX CPU backend's fast path with an
+    optimized BLAS), ``float16``/``bfloat16``, or ``q<bits>`` for MLX quantized weights
+    (group size 32) as Metal and CUDA prefer. ``source`` is recorded in ``mlxbun_source.json``.
     """
     import gguf
     import mlx.core as mx
     from gguf.quants import dequantize
     from tqdm import tqdm
 
+    from .gguf_cache import check_magic
+
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    check_magic(gguf_path)
     reader = gguf.GGUFReader(str(gguf_path))
     md = _fields(reader)
     arch_name = md.get("general.architecture")
@@ -238,7 +247,8 @@ def convert_gguf(gguf_path, out_dir, *, dtype: str = "float32", progress: bool =
         raise UnsupportedGGUF(f"{gguf_path.name}: GGUF architecture {arch_name!r} is not supported "
                               f"(supported: {', '.join(sorted(ARCHS))})")
     cfg = arch.config(md, arch_name)
-    mx_dtype = getattr(mx, dtype)
+    bits = int(precision[1:]) if precision.startswith("q") else None
+    mx_dtype = mx.float16 if bits else getattr(mx, precision)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
@@ -253,10 +263,12 @@ def convert_gguf(gguf_path, out_dir, *, dtype: str = "float32", progress: bool =
                 continue
             w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
             w = w.reshape([int(d) for d in reversed(t.shape)])  # gguf lists dims innermost-first
-            weights[name] = mx.array(arch.fix(name, w, cfg)).astype(mx_dtype)
+            weights.update(_stored(name, mx.array(arch.fix(name, w, cfg)), mx_dtype, bits))
         cfg["vocab_size"] = int(md.get(f"{arch_name}.vocab_size", weights["model.embed_tokens.weight"].shape[0]))
         cfg["tie_word_embeddings"] = "lm_head.weight" not in weights
-        cfg["torch_dtype"] = dtype
+        cfg["torch_dtype"] = "float16" if bits else precision
+        if bits:
+            cfg["quantization"] = {"group_size": QUANT_GROUP, "bits": bits}
         cfg.update({f"{k}_token_id": ids[k] for k in ("bos", "eos", "pad") if ids[k] is not None})
         mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
@@ -264,15 +276,33 @@ def convert_gguf(gguf_path, out_dir, *, dtype: str = "float32", progress: bool =
                                  ("pad_token_id", ids["pad"])) if v is not None}
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
         (tmp / "mlxbun_source.json").write_text(json.dumps(
-            {"gguf": str(gguf_path.resolve()), "name": md.get("general.name"), "dtype": dtype}))
-        if out_dir.exists():  # replace an older conversion without a window of no checkpoint
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-            os.replace(out_dir, old / "x")
-            os.replace(tmp, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out_dir)
+            {"gguf": str(gguf_path.resolve()), "name": md.get("general.name"),
+             "precision": precision, **(source or {})}))
+        _publish(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def _stored(name: str, w, dtype, bits: Optional[int]) -> dict:
+    """One converted tensor as stored: cast, or (a matrix, with ``bits``) MLX-quantized
+    into ``weight``/``scales``/``biases`` the way mlx-lm's loader expects."""
+    import mlx.core as mx
+
+    if bits and w.ndim == 2 and name.endswith(".weight") and w.shape[-1] % QUANT_GROUP == 0:
+        q, scales, biases = mx.quantize(w.astype(dtype), group_size=QUANT_GROUP, bits=bits)
+        stem = name[: -len("weight")]
+        return {name: q, stem + "scales": scales, stem + "biases": biases}
+    return {name: w.astype(dtype)}
+
+
+def _publish(tmp: Path, out_dir: Path) -> None:
+    """Move a finished conversion into place; an older one is replaced with no gap."""
+    if out_dir.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+        os.replace(out_dir, old / "x")
+        os.replace(tmp, out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out_dir)

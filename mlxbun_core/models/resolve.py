@@ -8,7 +8,6 @@ case-insensitive substring of exactly one id (several matches: :class:`Ambiguous
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import logging
@@ -72,18 +71,24 @@ def _gguf_model_id(gguf: Path) -> str:
 
 
 def _converted(gguf: Path, home: Path, progress: bool) -> Path:
-    """Convert `gguf` into home/converted/<stem>-<hash> unless an identical conversion exists."""
+    """Convert `gguf` into home/converted/<stem>-<content hash>-<precision> unless that
+    conversion exists (see :mod:`.gguf_cache`: one per content and backend precision)."""
+    from . import gguf_cache
     from .gguf import convert_gguf
 
-    gguf = gguf.resolve()
-    st = gguf.stat()
-    key = hashlib.sha256(f"{gguf}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    out = home / "converted" / f"{gguf.stem}-{key}"
+    try:
+        fp = gguf_cache.fingerprint(gguf, home)
+    except gguf_cache.NotGGUF as exc:
+        raise ModelNotFound(f"{exc}. Fix: pass a GGUF model file (llama.cpp's format), "
+                            "a checkpoint directory, or a hub id.") from None
+    precision = gguf_cache.stored_precision(fp.ggml_type, gguf_cache.backend_is_gpu())
+    out = gguf_cache.conversion_dir(home, gguf.resolve(), fp.digest, precision)
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         log.info("model: using cached conversion %s", out)
         return out
-    log.info("model: converting %s -> %s (one time)", gguf.name, out)
-    return convert_gguf(gguf, out, progress=progress)
+    log.info("model: converting %s -> %s (one time, %s)", gguf.name, out, precision)
+    return convert_gguf(gguf, out, precision=precision, progress=progress,
+                        source={"sha256": fp.digest, "source_type": fp.ggml_type})
 
 
 def _pick_gguf(files: list[str]) -> str | None:
@@ -132,6 +137,11 @@ def _hub(repo_id: str, home: Path, progress: bool) -> tuple[ResolvedModel | None
         pass
     if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
         return None, f"not in the HF cache {cache} and HF_HUB_OFFLINE is set"
+    endpoint = os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
+    unreachable = hub_unreachable(endpoint)
+    if unreachable:  # offline: say so now, not after the client's retries
+        return None, (f"not in the HF cache {cache}, and the hub {endpoint} cannot be reached "
+                      f"({unreachable}; offline?)")
     try:
         files = hf.list_repo_files(repo_id)
         if "config.json" in files:
@@ -147,6 +157,32 @@ def _hub(repo_id: str, home: Path, progress: bool) -> tuple[ResolvedModel | None
         return None, f"hub repo {repo_id} has neither config.json nor a .gguf file"
     except Exception as e:
         return None, f"not in the HF cache {cache}, and download failed: {type(e).__name__}: {e}"
+
+
+def hub_unreachable(endpoint: str, timeout: float = 3.0) -> str | None:
+    """Why the hub cannot be reached (a name that does not resolve, a refused or silent
+    connection), or None when a TCP connection opens within ``timeout`` seconds."""
+    import socket
+    import threading
+    from urllib.parse import urlsplit
+
+    url = urlsplit(endpoint)
+    host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
+    if not host:
+        return f"HF_ENDPOINT {endpoint!r} names no host"
+    outcome: list = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            outcome.append(None)
+        except OSError as exc:
+            outcome.append(exc.strerror or str(exc))
+
+    worker = threading.Thread(target=probe, daemon=True)  # name lookups ignore the timeout
+    worker.start()
+    worker.join(timeout)
+    return outcome[0] if outcome else f"no answer from {host}:{port} within {timeout:.0f} s"
 
 
 def resolve_model(name: str | None, *, cache_dir: Path | None = None, progress: bool = True) -> ResolvedModel:
@@ -240,10 +276,14 @@ def _id_for_dir(path: Path) -> str:
 
 
 
-def library_match(query: str, entries=None, *, substring: bool = True) -> ResolvedModel | None:
+def library_match(query: str, entries=None, *, substring: bool = True,
+                  prefer: str | None = None) -> ResolvedModel | None:
     """The local model ``query`` names: an exact id (any case), else the one id containing it.
 
-    Raises :class:`AmbiguousModel` when several ids contain it; None when none does.
+    When several ids contain it, one of them is still chosen if it is ``prefer`` (the
+    served model), the embedded default, or the only unquantized one and the others are
+    named after it (``SmolLM2`` after a quantize); otherwise :class:`AmbiguousModel`. None
+    when no id contains it.
     """
     if entries is None:
         from ..library.scan import scan
@@ -253,12 +293,33 @@ def library_match(query: str, entries=None, *, substring: bool = True) -> Resolv
     exact = [e for e in entries if e.id.lower() == q]
     hits = exact or ([e for e in entries if q in e.id.lower()] if substring else [])
     if len(hits) > 1:
-        raise AmbiguousModel(query, [e.id for e in hits])
+        chosen = _preferred(hits, prefer)
+        if chosen is None:
+            raise AmbiguousModel(query, [e.id for e in hits])
+        log.info("model: %s matches %d models; using %s (%s)", query, len(hits), chosen.id,
+                 "served" if chosen.id == prefer else "the default" if chosen.id ==
+                 DEFAULT_MODEL_ID else "the unquantized one")
+        hits = [chosen]
     if hits:
         e = hits[0]
         log.info("model: %s matches %s (%s)", query, e.id, e.path)
         return ResolvedModel(e.path, e.id, "local")
     return None
+
+
+def _preferred(hits, prefer: str | None):
+    """Among several matches: the served model, else the embedded default, else the only
+    unquantized one; None when none of these settles it."""
+    for wanted in (prefer, DEFAULT_MODEL_ID):
+        chosen = [e for e in hits if wanted and e.id == wanted]
+        if chosen:
+            return chosen[0]
+    plain = [e for e in hits if not e.quant_bits]
+    if len(plain) != 1:
+        return None
+    stem = plain[0].id.rsplit("/", 1)[-1].lower()  # the others must be variants of it
+    others = [e.id.rsplit("/", 1)[-1].lower() for e in hits if e is not plain[0]]
+    return plain[0] if all(o.startswith(stem) for o in others) else None
 
 
 def embedded_default_available() -> bool:

@@ -3,7 +3,9 @@
 a test once per grammar backend; ``npm_clients`` installs the real CLI clients. The repository's
 root ``conftest.py`` loads this module; an out-of-tree suite adds
 ``pytest_plugins = ["mlxbun_core.testing.fixtures"]`` to its own root conftest. A module
-that needs a differently started server defines its own ``srv``, which wins."""
+that needs a differently started server defines its own ``srv``, which wins. The plugin
+also runs the whole session under a temporary ``MLXBUN_HOME`` and fails the run if the
+user's real home changed (:mod:`.home`)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import subprocess
 
 import pytest
 
+from .home import pytest_configure, pytest_sessionfinish, pytest_unconfigure  # noqa: F401
 from .server import start_server
 
 
