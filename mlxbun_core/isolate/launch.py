@@ -72,6 +72,7 @@ def run_parent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     import uvicorn
 
     from ..cli import chosen_model, report_selection_error
+    from .drain import ParentServer
     from .parent import ParentApp
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s",
@@ -91,6 +92,8 @@ def run_parent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
                       api_key=args.api_key)
     print(f"mlxbun: isolated serving of {spec.id} · engine pool of {pool.cap} · "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
-    uvicorn.run(ParentApp(pool, library, api_key=args.api_key), host=args.host, port=args.port,
-                log_level="warning", lifespan="on")
+    app = ParentApp(pool, library, api_key=args.api_key)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                            lifespan="on")
+    ParentServer(config, app).run()
     return 0

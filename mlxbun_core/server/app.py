@@ -8,6 +8,7 @@ import logging
 from blacksheep import Application, Request
 from blacksheep.server.routing import Router
 
+from .. import metrics
 from . import guard
 from .common import json_response
 
@@ -35,6 +36,7 @@ def build_app(engine, *, api_key: str | None = None, sessions_dir=None) -> Appli
     app = Application(router=Router())  # not BlackSheep's process-wide default router
     app.sessions_dir = sessions_dir
     guard.install(app, api_key)
+    metrics.install(app, engine)  # GET /metrics; counts every route's answers
     app.stats_providers = {}  # name -> callable returning a JSON-able dict for /stats
     for modname in SURFACES:
         try:

@@ -37,6 +37,15 @@ def refuse(app, reason: str = ISOLATED) -> None:
     app.web_chat_unavailable = reason
 
 
+def availability(app, request: Request) -> dict:
+    """Whether ``request``'s client may chat here, for ``GET /v1``'s ``web_chat`` field (the
+    page asks before it opens a socket that would only be refused)."""
+    reason = getattr(app, "web_chat_unavailable", None)
+    if not reason and not getattr(app, "api_key_required", False) and not guard.is_loopback(request):
+        reason = guard.LOOPBACK_ONLY
+    return {"available": not reason, "reason": reason or None}
+
+
 def _unavailable(app):
     reason = getattr(app, "web_chat_unavailable", None)
     if reason:

@@ -27,6 +27,7 @@ import time
 from typing import Optional
 
 from ...adapters.manager import NO_ADAPTERS
+from ...metrics.engine import StepTally
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
 from .serial import fresh_random_state
@@ -67,6 +68,7 @@ class BatchLane:
         self._rows: dict[int, _Row] = {}
         self._solo: Optional[Solo] = None  # a lone job decoding outside the batch
         self.solo_prefill = IDLE_STEP  # its prompt tokens per prefill chunk
+        self.steps = StepTally()  # decode steps and the rows they carried (/metrics)
 
     # -- the Lane protocol ---------------------------------------------------------
     def accepts(self, job: GenerationJob) -> bool:
@@ -115,6 +117,7 @@ class BatchLane:
         for r in prompt_responses:
             if r.end_of_segment and not r.end_of_prompt and self._rows[r.uid].snapshot:
                 self._publish_boundary(r.uid)
+        self.steps.add(len(responses))
         for r in responses:
             self._route(r)
         if len(self._rows) == 1 and not self._queue:
@@ -217,6 +220,7 @@ class BatchLane:
                     self.prefix.store(job.cache_namespace, list(solo.fed), boundary,
                                       boundary=True)
             return
+        self.steps.add(1)
         self._deliver(job, *out)
         if job.finished:
             self._publish(self._end_solo(), solo.fed, solo.cache)
