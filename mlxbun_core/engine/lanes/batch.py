@@ -230,6 +230,7 @@ class BatchLane:
         pending, segments = solo.handoff()
         job = solo.job
         if pending is not None:
+            self.steps.add(1)  # the token its last lone step computed
             self._deliver(job, *pending)
             if job.finished:
                 return self._publish(self._end_solo(), solo.fed, solo.cache)
