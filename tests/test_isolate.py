@@ -2,6 +2,7 @@
 sockets, official SDKs as clients. Model switching by the `model` field, LRU eviction,
 SIGKILL of an engine, disconnects through the proxy, and the parent-owned Responses store."""
 
+import json
 import os
 import signal
 import subprocess
@@ -17,6 +18,8 @@ import pytest
 import websockets.sync.client
 from mlx_lm import load as mlx_load
 from mlx_lm.generate import generate_step
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from mlxbun_core.testing.hub_cache import library_env, library_hub
 from mlxbun_core.testing.server import free_port
@@ -121,6 +124,8 @@ def test_parent_answers_models_engine_and_hides_drain(parent):
         websockets.sync.client.connect(parent.base.replace("http", "ws") + "/ws/chat").close()
     assert refused.value.response.status_code == 501
     assert parent.get("/health").json() == {"status": "ok"}
+    chat = parent.get("/v1").json()["web_chat"]  # what the page asks before it opens a socket
+    assert chat["available"] is False and "--isolate" in chat["reason"]
 
 
 def test_requests_alternate_between_models(parent, reference):
@@ -133,6 +138,43 @@ def test_requests_alternate_between_models(parent, reference):
     msg = claude.messages.create(model=GEMMA, max_tokens=4,
                                  messages=[{"role": "user", "content": "Hi"}])
     assert msg.model == GEMMA and msg.usage.output_tokens >= 1
+
+
+def scrape(parent) -> dict:
+    """The parent's /metrics: (sample name, labels) -> value; every sample once."""
+    r = parent.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    out = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            key = (s.name, frozenset(s.labels.items()))
+            assert key not in out, f"duplicate sample {key}"
+            out[key] = s.value
+    return out
+
+
+def test_metrics_merge_every_engine_with_its_model_label(parent):
+    """Run after the alternation above: both models are resident."""
+    def moved(name, **labels):
+        key = (name, frozenset(labels.items()))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    before = scrape(parent)
+    usage = {m: parent.client.completions.create(model=m, prompt=PROMPT, max_tokens=3).usage
+             for m in (LLAMA, GEMMA)}
+    assert parent.get("/v1/models/no-such-id").status_code == 404  # the parent answers it
+    after = scrape(parent)
+    for model, u in usage.items():
+        assert moved("mlxbun_completion_tokens_total", model=model) == u.completion_tokens > 0
+        assert moved("mlxbun_prompt_tokens_total", model=model) == u.prompt_tokens
+        assert moved("mlxbun_time_to_first_token_seconds_count", model=model) == 1
+        assert moved("mlxbun_http_requests_total", route="/v1/completions", method="POST",
+                     status="200", model=model) == 1  # counted once, by its engine
+        assert after[("mlxbun_engine_up", frozenset({("model", model)}))] == 1
+        assert after[("mlxbun_memory_budget_bytes", frozenset({("model", model)}))] > 0
+    assert moved("mlxbun_http_requests_total", route="/v1/models/*", method="GET",
+                 status="404") == 1  # the parent's own answer, no model label
+    assert after[("mlxbun_pool_engines_max", frozenset())] == 2
 
 
 def test_third_model_evicts_the_least_recently_used(parent, reference):
@@ -309,3 +351,28 @@ def test_parent_applies_the_serve_guard(key, tmp_path, monkeypatch):
             assert app._guard({"path": "/v1/models", "client": remote, "headers": []})[0] == 401
 
     asyncio.run(main())
+
+
+
+def test_a_draining_parent_says_so_on_health_and_finishes_its_streams(parent, reference):
+    """SIGTERM: /health answers 503 draining (it used to be connection-refused), new
+    generation gets a 503, the stream being proxied runs to its end, then exit 0.
+    Last in the module: it stops the module's parent (the fixture's own stop is then a
+    no-op), which saves starting another one."""
+    body = {**long_body(reference[LLAMA][1], max_tokens=1500), "stream": True}
+    with httpx.stream("POST", parent.base + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()  # unread, the stream stays in flight through the parent
+        next(line for line in lines if line.startswith("data: {"))
+        parent.proc.send_signal(signal.SIGTERM)
+        parent.wait(lambda: parent.get("/health").status_code == 503, "a draining /health", 15)
+        assert parent.get("/health").json() == {"status": "draining"}
+        refused = httpx.post(parent.base + "/v1/completions",
+                             json={"prompt": "hi", "max_tokens": 2})
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "shutting_down"
+        rest = [line for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]"
+    ends = [c["choices"][0]["finish_reason"] for c in map(json.loads, (x[6:] for x in rest[:-1]))
+            if c.get("choices") and c["choices"][0].get("finish_reason")]
+    assert ends == ["length"]
+    assert parent.proc.wait(60) == 0
