@@ -1,4 +1,5 @@
-"""The engine child's gate: ``POST /admin/drain``, on its unix socket only.
+"""Draining: the engine child's ``POST /admin/drain`` gate, and the parent's own drain on a
+signal (:class:`ParentServer`).
 
 Wraps the child's ASGI app only when it listens on a unix socket (``--unix``), so
 ``/admin/drain`` never exists on TCP. A drain puts the engine in the same

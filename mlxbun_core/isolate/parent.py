@@ -5,7 +5,9 @@ from the local library, starts engine children (``mlxbun serve --unix``) through
 the :class:`EnginePool`, and answers ``/health``, ``/engine``, ``/v1``,
 ``/v1/models``, ``/library``, ``/fit`` and the Responses store itself, so they
 keep answering while an engine is down. Every other request is forwarded to
-the engine its ``model`` field selects.
+the engine its ``model`` field selects. ``/metrics`` merges its own series with every
+ready engine's (:mod:`mlxbun_core.metrics.isolate`); a signal drains it
+(:class:`~mlxbun_core.isolate.drain.ParentServer`: ``/health`` answers 503 ``draining``).
 """
 
 from __future__ import annotations
