@@ -338,6 +338,10 @@ def test_parent_applies_the_serve_guard(key, tmp_path, monkeypatch):
             r = await call("/api/jobs", client=remote)
             assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
             assert (await call("/admin/drain", method="POST")).status_code == 404
+            m = await call("/metrics", client=remote)  # no key: open, as generation routes
+            assert m.status_code == 200 and m.headers["content-type"].startswith("text/plain")
+            assert 'mlxbun_http_requests_total{method="GET",route="other",status="403"} 1.0' \
+                in m.text.splitlines()  # a bounded label for a path the parent does not serve
         else:
             assert (await call("/v1/models")).status_code == 401
             r = await call("/v1/messages", method="POST")
@@ -345,6 +349,12 @@ def test_parent_applies_the_serve_guard(key, tmp_path, monkeypatch):
             ok = await call("/v1/models", client=remote, authorization="Bearer sesame")
             assert ok.status_code == 200 and ok.json()["data"][0]["id"] == "m"
             assert (await call("/engine", **{"x-api-key": "sesame"})).json()["isolated"] is True
+            assert (await call("/metrics", authorization="Bearer nope")).status_code == 401
+            m = await call("/metrics", authorization="Bearer sesame")
+            assert m.status_code == 200
+            lines = m.text.splitlines()
+            assert 'mlxbun_http_requests_total{method="GET",route="/v1/models",status="401"} 1.0' \
+                in lines and "mlxbun_pool_engines_max 1.0" in lines
             # the page's static shell loads without the key (it then asks for it)
             assert app._guard({"path": "/", "client": remote, "headers": []}) is None
             assert app._guard({"path": "/assets/app.js", "client": remote, "headers": []}) is None

@@ -69,6 +69,9 @@ class ParentApp:
         status = _StatusOf(send)
         try:
             await self._http(scope, receive, status)
+        except BaseException:
+            status.failed()
+            raise
         finally:
             if not scope.get(PROXIED):  # an engine counts what it answered itself
                 self.metrics.count(route_of(scope["path"], LOCAL_ROUTES), scope["method"],
@@ -133,9 +136,9 @@ class ParentApp:
         if method == "DELETE":
             return None
         return {"/health": self.health, "/engine": self.engine, "/v1": self.index,
-                "/v1/models": self.models, "/library": self.get_library,
-                "/fit": self.fit, "/metrics": self.get_metrics}.get(path) or (self.model_by_id if path.startswith("/v1/models/")
-                                                else None)
+                "/v1/models": self.models, "/library": self.get_library, "/fit": self.fit,
+                "/metrics": self.get_metrics}.get(path) or (
+                    self.model_by_id if path.startswith("/v1/models/") else None)
 
     async def health(self, scope, send):
         if self.draining:  # as the in-process server: load balancers stop sending
@@ -300,15 +303,20 @@ _GONE = object()
 
 
 class _StatusOf:
-    """An ASGI ``send`` that remembers the status it started the response with."""
+    """An ASGI ``send`` that remembers the status it started the response with (499: the
+    client left before any answer; 500: the app failed before one)."""
 
     def __init__(self, send):
-        self.send, self.code = send, 500
+        self.send, self.code, self.started = send, 499, False
 
     async def __call__(self, message):
         if message["type"] == "http.response.start":
-            self.code = message["status"]
+            self.code, self.started = message["status"], True
         await self.send(message)
+
+    def failed(self) -> None:
+        if not self.started:
+            self.code = 500
 
 
 def _shaped(body: dict, path: str) -> dict:

@@ -55,7 +55,8 @@ def install(app, engine) -> CollectorRegistry:
 
     async def count_routes(application) -> None:
         for method, route in application.router.iter_with_methods():
-            if method != "GET_WS":  # a WebSocket handshake has no HTTP status to count
+            # a WebSocket handshake has no HTTP status to count; a restarted app is wrapped once
+            if method != "GET_WS" and not getattr(route.handler, "counted", False):
                 route.handler = counted(route.handler, route_label(route.pattern), requests)
 
     app.after_start += count_routes
@@ -83,4 +84,5 @@ def counted(handler, route: str, requests: Counter):
         finally:
             requests.labels(route, request.method, str(status)).inc()
 
+    inner.counted = True
     return inner
