@@ -97,8 +97,9 @@ def test_api_key_is_required_on_every_route(keyed_server):
             model="m", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
     metrics = httpx.get(base + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
     assert metrics.status_code == 200  # the refusals above are counted, by route template
-    assert 'mlxbun_http_requests_total{method="GET",route="/v1/models",status="401"} 6.0' \
-        in metrics.text.splitlines()
+    model = keyed_server.engine.model.id
+    assert f'mlxbun_http_requests_total{{method="GET",model="{model}",route="/v1/models",' \
+        f'status="401"}} 6.0' in metrics.text.splitlines()
 
 
 def test_a_key_lets_remote_clients_reach_admin_routes(keyed_server):

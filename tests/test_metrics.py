@@ -82,16 +82,15 @@ def test_requests_move_the_counters_and_histograms(srv, client):
     def moved(name, **labels):
         return after(name, **labels) - before(name, **labels)
 
-    http = "mlxbun_http_requests_total"
-    assert moved(http, route="/v1/completions", method="POST", status="200") == 3
-    assert moved(http, route="/v1/chat/completions", method="POST", status="200") == 1
-    assert moved(http, route="/v1/completions", method="POST", status="400") == 1
-    assert moved(http, route="/v1/models/*", method="GET", status="404") == 1
-    assert moved(http, route="other", method="GET", status="404") == 1
+    http, m = "mlxbun_http_requests_total", {"model": model}
+    assert moved(http, route="/v1/completions", method="POST", status="200", **m) == 3
+    assert moved(http, route="/v1/chat/completions", method="POST", status="200", **m) == 1
+    assert moved(http, route="/v1/completions", method="POST", status="400", **m) == 1
+    assert moved(http, route="/v1/models/*", method="GET", status="404", **m) == 1
+    assert moved(http, route="other", method="GET", status="404", **m) == 1
     routes = {lab["route"] for lab in after.labels_of(http)}
     assert not [r for r in routes if "7f3a" in r or "such/path" in r], routes  # templates only
 
-    m = {"model": model}
     assert moved("mlxbun_prompt_tokens_total", **m) == sum(u.prompt_tokens for u in usages)
     assert moved("mlxbun_completion_tokens_total", **m) == 3 * 4 + 5
     assert sum(u.completion_tokens for u in usages) == 3 * 4 + 5
@@ -187,7 +186,7 @@ def test_queue_depth_and_per_app_registries(srv, serial):
     has its own registry: nothing the other server counted shows here."""
     model = {"model": serial.engine.model.id}
     assert scrape(serial)("mlxbun_http_requests_total", route="/v1/completions",
-                          method="POST", status="200") == 0
+                          method="POST", status="200", **model) == 0
     body = {"prompt": "Go on", "max_tokens": 30000, "stream": True, "logit_bias": no_eos(serial)}
 
     def stream_a_little():
@@ -214,4 +213,4 @@ def test_queue_depth_and_per_app_registries(srv, serial):
     assert after("mlxbun_requests_waiting", **model) == 0
     assert after("mlxbun_requests_finished_total", reason="cancelled", lane="serial", **model) == 2
     assert after("mlxbun_http_requests_total", route="/v1/completions", method="POST",
-                 status="200") == 2
+                 status="200", **model) == 2

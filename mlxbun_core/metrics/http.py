@@ -30,9 +30,11 @@ CONTENT_TYPE = getattr(exposition, "CONTENT_TYPE_PLAIN_0_0_4", exposition.CONTEN
 OTHER_ROUTE = "other"  # what matched no route (the 404 fallback)
 
 
-def request_counter(registry: CollectorRegistry) -> Counter:
+def request_counter(registry: CollectorRegistry, *labels: str) -> Counter:
+    """The request counter: ``labels`` (such as ``model``) first, then route, method, status."""
     return Counter("mlxbun_http_requests", "HTTP requests answered, by route template, "
-                   "method and status", ["route", "method", "status"], registry=registry)
+                   "method and status", [*labels, "route", "method", "status"],
+                   registry=registry)
 
 
 def metrics_response(registry: CollectorRegistry) -> Response:
@@ -45,7 +47,8 @@ def install(app, engine) -> CollectorRegistry:
     ``GET /metrics`` route."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(for_engine(engine))
-    requests = request_counter(registry)
+    requests = request_counter(registry, "model")
+    model = str(engine.model.id)
     app.metrics_registry = registry
 
     async def metrics(request: Request) -> Response:
@@ -57,7 +60,8 @@ def install(app, engine) -> CollectorRegistry:
         for method, route in application.router.iter_with_methods():
             # a WebSocket handshake has no HTTP status to count; a restarted app is wrapped once
             if method != "GET_WS" and not getattr(route.handler, "counted", False):
-                route.handler = counted(route.handler, route_label(route.pattern), requests)
+                route.handler = counted(route.handler, route_label(route.pattern),
+                                        requests, model)
 
     app.after_start += count_routes
     return registry
@@ -68,7 +72,7 @@ def route_label(pattern) -> str:
     return OTHER_ROUTE if text in ("*", "") else text
 
 
-def counted(handler, route: str, requests: Counter):
+def counted(handler, route: str, requests: Counter, model: str):
     """``handler`` (the route's middleware chain), counting each answer's status."""
 
     @functools.wraps(handler)
@@ -82,7 +86,7 @@ def counted(handler, route: str, requests: Counter):
             status = exc.status
             raise
         finally:
-            requests.labels(route, request.method, str(status)).inc()
+            requests.labels(model, route, request.method, str(status)).inc()
 
     inner.counted = True
     return inner

@@ -8,9 +8,9 @@ starts or wakes an engine to be scraped, and a scrape does not count as use (the
 least-recently-used order is left alone).
 
 Requests: a proxied request is counted by the engine that answered it (its own route
-templates); the parent counts only what it answers itself (``/health``, ``/v1/models``,
-the guard's refusals, ``502 engine_unavailable``...), with no ``model`` label, so no
-series is ever counted twice.
+templates, its ``model`` label); the parent counts only what it answers itself
+(``/health``, ``/v1/models``, the guard's refusals, ``502 engine_unavailable``...), with no
+``model`` label, so no request is ever counted twice.
 """
 
 from __future__ import annotations
