@@ -364,6 +364,39 @@ def test_parent_applies_the_serve_guard(key, tmp_path, monkeypatch):
 
 
 
+def test_parent_metrics_survive_engines_that_fail_to_answer():
+    """One engine answers, one sends garbage, one is gone: the scrape still answers, with
+    the good engine's series labelled and the others marked down (never a 500)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from mlxbun_core.metrics.isolate import ParentMetrics
+
+    class Client:
+        def __init__(self, answer):
+            self.answer = answer
+
+        async def get(self, path, timeout):
+            assert path == "/metrics" and timeout > 0
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            return SimpleNamespace(status_code=200, text=self.answer)
+
+    good = "# TYPE mlxbun_x_total counter\nmlxbun_x_total{route=\"/a\"} 3.0\n"
+    answers = {"a": good, "b": "not {{ metrics", "c": httpx.ConnectError("gone"), "d": good}
+    engines = {m: SimpleNamespace(model_id=m, state="ready" if m != "d" else "starting",
+                                  restarts=1, in_flight=0, client=Client(a))
+               for m, a in answers.items()}
+    pool = SimpleNamespace(engines=engines, evictions=2, cap=3)
+    _, body = asyncio.run(ParentMetrics(pool).render())
+    lines = body.decode().splitlines()
+    assert 'mlxbun_x_total{model="a",route="/a"} 3.0' in lines
+    assert not [line for line in lines if 'model="d",route' in line]  # not ready: not asked
+    for model, up in (("a", 1), ("b", 0), ("c", 0), ("d", 0)):
+        assert f'mlxbun_engine_up{{model="{model}"}} {up}.0' in lines
+    assert "mlxbun_pool_evictions_total 2.0" in lines
+
+
 def test_a_draining_parent_says_so_on_health_and_finishes_its_streams(parent, reference):
     """SIGTERM: /health answers 503 draining (it used to be connection-refused), new
     generation gets a 503, the stream being proxied runs to its end, then exit 0.

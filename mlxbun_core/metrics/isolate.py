@@ -89,11 +89,13 @@ class ParentMetrics:
         """(content type, body): every ready engine's series merged with the parent's."""
         engines = [e for e in list(self.pool.engines.values()) if e.state == "ready"]
         texts = await asyncio.gather(*(scrape(e) for e in engines))
-        self.engines.up = {e.model_id: text is not None for e, text in zip(engines, texts)}
-        merged: dict = {}
+        merged, up = {}, {}
         for engine, text in zip(engines, texts):
-            if text is not None:
-                merge(merged, text_string_to_metric_families(text), engine.model_id)
+            families = parse(text, engine.model_id) if text is not None else None
+            up[engine.model_id] = families is not None
+            if families is not None:
+                merge(merged, families, engine.model_id)
+        self.engines.up = up
         merge(merged, self.registry.collect(), None)
         return CONTENT_TYPE.encode(), generate_latest(_Families(merged.values()))
 
@@ -109,6 +111,15 @@ async def scrape(engine) -> Optional[str]:
         log.debug("scraping engine %s: HTTP %d", engine.model_id, r.status_code)
         return None
     return r.text
+
+
+def parse(text: str, model: str) -> Optional[list]:
+    """An engine's exposition as families; None (and a log line) when it does not parse."""
+    try:
+        return list(text_string_to_metric_families(text))
+    except Exception as exc:
+        log.warning("engine %s sent metrics that do not parse: %s", model, exc)
+        return None
 
 
 def merge(into: dict, families: Iterable[Metric], model: Optional[str]) -> None:
