@@ -95,7 +95,7 @@ class ParentServer(uvicorn.Server):
 
     def __init__(self, config: uvicorn.Config, app, timeout: Optional[float] = None):
         super().__init__(config)
-        self.app = app  # the ParentApp: .draining, .busy
+        self.app = app  # the ParentApp: .draining, .begin_drain(), .busy
         self.drain_timeout = shutdown_timeout() if timeout is None else timeout
 
     def handle_exit(self, sig, frame) -> None:
@@ -105,7 +105,7 @@ class ParentServer(uvicorn.Server):
             log.warning("second signal: stopping now")
             self.should_exit = self.force_exit = True
             return
-        self.app.draining = True
+        self.app.begin_drain()
         log.info("shutting down: draining %d proxied requests (up to %.0f s)", self.app.busy,
                  self.drain_timeout)
         threading.Thread(target=self._drain, name="mlxbun-drain", daemon=True).start()

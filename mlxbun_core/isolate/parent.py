@@ -152,6 +152,11 @@ class ParentApp:
                                 (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
 
+    def begin_drain(self) -> None:
+        """The first signal: refuse new generation, answer /health 503, keep engines down."""
+        self.draining = True
+        self.pool.stop_respawning()
+
     @property
     def busy(self) -> int:
         """Requests being proxied to an engine now (what a drain waits for)."""
