@@ -42,7 +42,8 @@ def availability(app, request: Request) -> dict:
     """Whether ``request``'s client may chat here, for ``GET /v1``'s ``web_chat`` field (the
     page asks before it opens a socket that would only be refused)."""
     reason = getattr(app, "web_chat_unavailable", None)
-    if not reason and not getattr(app, "api_key_required", False) and not guard.is_loopback(request):
+    keyed = getattr(app, "api_key_required", False)
+    if not reason and not keyed and not guard.is_loopback(request):
         reason = guard.LOOPBACK_ONLY
     return {"available": not reason, "reason": reason or None}
 
