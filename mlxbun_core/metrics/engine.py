@@ -192,4 +192,7 @@ def for_engine(engine) -> EngineMetrics:
 
 def track(engine, job) -> None:
     """Record ``job``'s numbers when it ends, however it ends (called as it is queued)."""
-    job.session.on_finish = for_engine(engine).finished
+    try:
+        job.session.on_finish = for_engine(engine).finished
+    except Exception:  # a metrics bug must never refuse a request
+        log.exception("metrics cannot track this generation")
