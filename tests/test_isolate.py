@@ -2,6 +2,7 @@
 sockets, official SDKs as clients. Model switching by the `model` field, LRU eviction,
 SIGKILL of an engine, disconnects through the proxy, and the parent-owned Responses store."""
 
+import json
 import os
 import signal
 import subprocess
@@ -17,6 +18,8 @@ import pytest
 import websockets.sync.client
 from mlx_lm import load as mlx_load
 from mlx_lm.generate import generate_step
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from mlxbun_core.testing.hub_cache import library_env, library_hub
 from mlxbun_core.testing.server import free_port
@@ -121,6 +124,8 @@ def test_parent_answers_models_engine_and_hides_drain(parent):
         websockets.sync.client.connect(parent.base.replace("http", "ws") + "/ws/chat").close()
     assert refused.value.response.status_code == 501
     assert parent.get("/health").json() == {"status": "ok"}
+    chat = parent.get("/v1").json()["web_chat"]  # what the page asks before it opens a socket
+    assert chat["available"] is False and "--isolate" in chat["reason"]
 
 
 def test_requests_alternate_between_models(parent, reference):
@@ -133,6 +138,43 @@ def test_requests_alternate_between_models(parent, reference):
     msg = claude.messages.create(model=GEMMA, max_tokens=4,
                                  messages=[{"role": "user", "content": "Hi"}])
     assert msg.model == GEMMA and msg.usage.output_tokens >= 1
+
+
+def scrape(parent) -> dict:
+    """The parent's /metrics: (sample name, labels) -> value; every sample once."""
+    r = parent.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    out = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            key = (s.name, frozenset(s.labels.items()))
+            assert key not in out, f"duplicate sample {key}"
+            out[key] = s.value
+    return out
+
+
+def test_metrics_merge_every_engine_with_its_model_label(parent):
+    """Run after the alternation above: both models are resident."""
+    def moved(name, **labels):
+        key = (name, frozenset(labels.items()))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    before = scrape(parent)
+    usage = {m: parent.client.completions.create(model=m, prompt=PROMPT, max_tokens=3).usage
+             for m in (LLAMA, GEMMA)}
+    assert parent.get("/v1/models/no-such-id").status_code == 404  # the parent answers it
+    after = scrape(parent)
+    for model, u in usage.items():
+        assert moved("mlxbun_completion_tokens_total", model=model) == u.completion_tokens > 0
+        assert moved("mlxbun_prompt_tokens_total", model=model) == u.prompt_tokens
+        assert moved("mlxbun_time_to_first_token_seconds_count", model=model) == 1
+        assert moved("mlxbun_http_requests_total", route="/v1/completions", method="POST",
+                     status="200", model=model) == 1  # counted once, by its engine
+        assert after[("mlxbun_engine_up", frozenset({("model", model)}))] == 1
+        assert after[("mlxbun_memory_budget_bytes", frozenset({("model", model)}))] > 0
+    assert moved("mlxbun_http_requests_total", route="/v1/models/*", method="GET",
+                 status="404") == 1  # the parent's own answer, no model label
+    assert after[("mlxbun_pool_engines_max", frozenset())] == 2
 
 
 def test_third_model_evicts_the_least_recently_used(parent, reference):
@@ -296,6 +338,10 @@ def test_parent_applies_the_serve_guard(key, tmp_path, monkeypatch):
             r = await call("/api/jobs", client=remote)
             assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
             assert (await call("/admin/drain", method="POST")).status_code == 404
+            m = await call("/metrics", client=remote)  # no key: open, as generation routes
+            assert m.status_code == 200 and m.headers["content-type"].startswith("text/plain")
+            assert 'mlxbun_http_requests_total{method="GET",route="other",status="403"} 1.0' \
+                in m.text.splitlines()  # a bounded label for a path the parent does not serve
         else:
             assert (await call("/v1/models")).status_code == 401
             r = await call("/v1/messages", method="POST")
@@ -303,9 +349,73 @@ def test_parent_applies_the_serve_guard(key, tmp_path, monkeypatch):
             ok = await call("/v1/models", client=remote, authorization="Bearer sesame")
             assert ok.status_code == 200 and ok.json()["data"][0]["id"] == "m"
             assert (await call("/engine", **{"x-api-key": "sesame"})).json()["isolated"] is True
+            assert (await call("/metrics", authorization="Bearer nope")).status_code == 401
+            m = await call("/metrics", authorization="Bearer sesame")
+            assert m.status_code == 200
+            lines = m.text.splitlines()
+            assert 'mlxbun_http_requests_total{method="GET",route="/v1/models",status="401"} 1.0' \
+                in lines and "mlxbun_pool_engines_max 1.0" in lines
             # the page's static shell loads without the key (it then asks for it)
             assert app._guard({"path": "/", "client": remote, "headers": []}) is None
             assert app._guard({"path": "/assets/app.js", "client": remote, "headers": []}) is None
             assert app._guard({"path": "/v1/models", "client": remote, "headers": []})[0] == 401
 
     asyncio.run(main())
+
+
+
+def test_parent_metrics_survive_engines_that_fail_to_answer():
+    """One engine answers, one sends garbage, one is gone: the scrape still answers, with
+    the good engine's series labelled and the others marked down (never a 500)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from mlxbun_core.metrics.isolate import ParentMetrics
+
+    class Client:
+        def __init__(self, answer):
+            self.answer = answer
+
+        async def get(self, path, timeout):
+            assert path == "/metrics" and timeout > 0
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            return SimpleNamespace(status_code=200, text=self.answer)
+
+    good = "# TYPE mlxbun_x_total counter\nmlxbun_x_total{route=\"/a\"} 3.0\n"
+    answers = {"a": good, "b": "not {{ metrics", "c": httpx.ConnectError("gone"), "d": good}
+    engines = {m: SimpleNamespace(model_id=m, state="ready" if m != "d" else "starting",
+                                  restarts=1, in_flight=0, client=Client(a))
+               for m, a in answers.items()}
+    pool = SimpleNamespace(engines=engines, evictions=2, cap=3)
+    _, body = asyncio.run(ParentMetrics(pool).render())
+    lines = body.decode().splitlines()
+    assert 'mlxbun_x_total{model="a",route="/a"} 3.0' in lines
+    assert not [line for line in lines if 'model="d",route' in line]  # not ready: not asked
+    for model, up in (("a", 1), ("b", 0), ("c", 0), ("d", 0)):
+        assert f'mlxbun_engine_up{{model="{model}"}} {up}.0' in lines
+    assert "mlxbun_pool_evictions_total 2.0" in lines
+
+
+def test_a_draining_parent_says_so_on_health_and_finishes_its_streams(parent, reference):
+    """SIGTERM: /health answers 503 draining (it used to be connection-refused), new
+    generation gets a 503, the stream being proxied runs to its end, then exit 0.
+    Last in the module: it stops the module's parent (the fixture's own stop is then a
+    no-op), which saves starting another one."""
+    body = {**long_body(reference[LLAMA][1], max_tokens=1500), "stream": True}
+    with httpx.stream("POST", parent.base + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()  # unread, the stream stays in flight through the parent
+        next(line for line in lines if line.startswith("data: {"))
+        parent.proc.send_signal(signal.SIGTERM)
+        parent.wait(lambda: parent.get("/health").status_code == 503, "a draining /health", 15)
+        assert parent.get("/health").json() == {"status": "draining"}
+        refused = httpx.post(parent.base + "/v1/completions",
+                             json={"prompt": "hi", "max_tokens": 2})
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "shutting_down"
+        rest = [line for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]"
+    ends = [c["choices"][0]["finish_reason"] for c in map(json.loads, (x[6:] for x in rest[:-1]))
+            if c.get("choices") and c["choices"][0].get("finish_reason")]
+    assert ends == ["length"]
+    assert parent.proc.wait(60) == 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -15,6 +16,8 @@ from mlxbun_core.server import ws_chat
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.server import start_server
 from mlxbun_core.testing.wschat import ChatClient
+from mlxbun_core.webchat import turn
+from mlxbun_core.webchat.store import read_entries, replayed_messages
 
 
 def no_eos(engine) -> dict:
@@ -85,6 +88,34 @@ def test_abort_stops_the_engine_within_a_step(server):
     answer = history["items"][-1]  # the partial answer is kept, marked as stopped
     assert answer["role"] == "assistant" and answer["meta"]["finish"] == "cancelled"
     assert answer["content"] == "".join(f["delta"] for f in c.seen if f["type"] == "text_delta")
+
+
+def test_an_answer_is_on_disk_while_it_streams(server):
+    """Mid-turn, the session file already holds the answer so far, marked interrupted (a
+    reload or a crash keeps it); the finished answer then replaces it in place."""
+    with ChatClient(server.base_url) as c:
+        c.hello()
+        c.send("set_sampling", max_tokens=30000, logit_bias=no_eos(server.engine))
+        c.until("settings")
+        c.send("prompt", text="Tell me everything")
+        path = c.until("sessions")[-1]["activePath"]
+        start = time.monotonic()
+        while time.monotonic() - start < 4 * turn.SAVE_EVERY_S:
+            c.until("text_delta")
+        entries = read_entries(Path(path))
+        c.send("abort")
+        c.until("turn_end")
+        history = c.until("history")[-1]["items"]
+    streamed = "".join(f["delta"] for f in c.seen if f["type"] == "text_delta")
+    [partial] = [e for e in replayed_messages(entries) if e["message"]["role"] == "assistant"]
+    assert partial["meta"] == {"finish": "interrupted"}
+    saved = partial["message"]["content"]
+    assert len(saved) > 0 and streamed.startswith(saved)
+    assert [e["type"] for e in entries].count("append") >= 2  # saved as it went, not once
+    [final] = [e for e in replayed_messages(read_entries(Path(path)))
+               if e["message"]["role"] == "assistant"]
+    assert final["id"] == partial["id"] == history[-1]["id"]
+    assert final["meta"]["finish"] == "cancelled" and final["message"]["content"] == streamed
 
 
 def test_a_client_that_leaves_mid_turn_frees_the_engine(server):

@@ -9,7 +9,8 @@ import pytest
 from mlxbun_core.errors import BadRequest, NotFound
 from mlxbun_core.webchat import apptools
 from mlxbun_core.webchat.search import search
-from mlxbun_core.webchat.store import SessionStore, StoreFull, read_entries
+from mlxbun_core.webchat.store import (SessionStore, StoreFull, compacted, read_entries,
+                                      replayed_messages)
 
 
 def chat(store, *pairs):
@@ -49,6 +50,38 @@ def test_a_torn_last_line_is_skipped_and_the_next_write_starts_a_new_line(tmp_pa
     assert json.loads(lines[-1])["message"]["content"] == "three"
     assert len(read_entries(s.path)) == 4  # header, two messages, the new one; the torn line dropped
     assert [e["message"]["content"] for e in store.open(s.path.name).branch()] == ["one", "two", "three"]
+
+
+def test_an_answer_saved_as_it_streams_replays_whole_and_survives_a_torn_append(tmp_path):
+    """A partial answer is a marked message plus appends; its finished version replaces
+    it in place (one message in the tree, in search, in an export)."""
+    store = SessionStore(tmp_path)
+    s = chat(store, ("hi", "hello"))
+    user = s.add_message({"role": "user", "content": "tell a tale"}, s.leaf)["id"]
+    draft = s.add_message({"role": "assistant", "content": "Once"}, user, {"finish": "interrupted"})
+    s.append_text(draft["id"], " upon", "thinking")
+    s.append_text(draft["id"], " a time")
+    crashed = store.open(s.path.name)  # what a restart after a crash reads
+    answer = crashed.branch()[-1]
+    assert answer["id"] == draft["id"] and answer["meta"] == {"finish": "interrupted"}
+    assert answer["message"] == {"role": "assistant", "content": "Once upon a time",
+                                 "reasoning_content": "thinking"}
+    with open(s.path, "ab") as f:  # killed mid-append: the torn line loses only its own text
+        f.write(b'{"type": "append", "id": "' + draft["id"].encode() + b'", "content": " th')
+    assert store.open(s.path.name).branch()[-1]["message"]["content"] == "Once upon a time"
+    s.replace_message(draft["id"], {"role": "assistant", "content": "Once upon a time, the end."},
+                      {"finish": "stop"})
+    done = store.open(s.path.name)
+    assert [e["id"] for e in done.branch()] == [e["id"] for e in s.branch()]
+    assert done.branch()[-1]["message"]["content"] == "Once upon a time, the end."
+    assert done.branch()[-1]["meta"] == {"finish": "stop"} and done.children[user] == [draft["id"]]
+    assert len(replayed_messages(read_entries(s.path))) == 4
+    [hit] = search(store, "upon a time")
+    assert len(hit["matches"]) == 1 and hit["matches"][0]["entryId"] == draft["id"]
+    exported = compacted(read_entries(s.path))
+    assert [e["type"] for e in exported] == ["session"] + ["message"] * 4
+    assert exported[-1]["message"]["content"] == "Once upon a time, the end."
+    assert store.summaries()[0]["messages"] == 4
 
 
 def test_byte_caps_refuse_writes_with_a_clear_error(tmp_path):

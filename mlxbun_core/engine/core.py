@@ -14,6 +14,7 @@ import time
 from typing import AsyncIterator, Optional
 
 from .. import kvquant
+from .. import metrics
 from ..adapters import AdapterManager, AdapterSet
 from ..errors import BadRequest, Unavailable
 from ..events import Done, Event, Finish, Usage
@@ -206,6 +207,7 @@ class Engine:
         job = GenerationJob(prepared.request, self.model.tokenizer,
                             EventSink(asyncio.get_running_loop()), limit, self.draft,
                             self.cache_namespace(req, adapters), adapters=adapters)
+        metrics.track(self, job)
         self.worker.submit(job)
         self.requests += 1
         return Generation(self, job, prepared.warning)

@@ -64,6 +64,7 @@ class GenerationSession:
         self.t0 = time.perf_counter()
         self.t_first: Optional[float] = None
         self.phases: dict = {}  # seconds per phase, filled by the lane (admission_wait_s, ...)
+        self.on_finish = None  # called with the Finish once it ends (metrics)
 
     # -- token side -------------------------------------------------------
     def step(self, token: int, logprobs) -> list:
@@ -149,5 +150,7 @@ class GenerationSession:
             if n > 1:
                 timings["decode_tps"] = (n - 1) / max(now - self.t_first, 1e-9)
         self.finished = Finish(reason, self.usage, self.logprobs, self.stopper.stopped, error, timings)
+        if self.on_finish is not None:
+            self.on_finish(self.finished)
         events.append(Done(self.finished))
         return events

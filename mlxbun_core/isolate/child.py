@@ -56,6 +56,7 @@ class EngineProcess:
                                         base_url="http://engine", timeout=None, headers=auth)
         self.proc: Optional[asyncio.subprocess.Process] = None
         self.restarts = 0
+        self.respawn = True  # False once the parent drains: a child that exits stays down
         self.state = "new"  # new, starting, ready, dead, failed, stopping, stopped
         self.in_flight = 0
         self.last_used = time.monotonic()
@@ -90,6 +91,11 @@ class EngineProcess:
         ready = await self._await_health(proc)
         rc = await proc.wait()
         if self.state in ("stopping", "stopped") or proc is not self.proc:
+            return
+        if not self.respawn:  # the parent is draining (a Ctrl-C reaches the children too)
+            log.info("engine %s (pid %d) exited with %s during shutdown", self.model_id,
+                     proc.pid, rc)
+            self._set("stopped")
             return
         log.warning("engine %s (pid %d) exited with %s", self.model_id, proc.pid, rc)
         now = time.monotonic()

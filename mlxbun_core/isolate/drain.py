@@ -1,4 +1,5 @@
-"""The engine child's gate: ``POST /admin/drain``, on its unix socket only.
+"""Draining: the engine child's ``POST /admin/drain`` gate, and the parent's own drain on a
+signal (:class:`ParentServer`).
 
 Wraps the child's ASGI app only when it listens on a unix socket (``--unix``), so
 ``/admin/drain`` never exists on TCP. A drain puts the engine in the same
@@ -16,6 +17,11 @@ import logging
 import os
 import threading
 import time
+from typing import Optional
+
+import uvicorn
+
+from ..server.drain import shutdown_timeout
 
 log = logging.getLogger("mlxbun.isolate")
 
@@ -76,3 +82,38 @@ def exit_with_parent(poll_s: float = 1.0) -> None:
         os._exit(0)
 
     threading.Thread(target=watch, name="mlxbun-parent-watch", daemon=True).start()
+
+
+
+class ParentServer(uvicorn.Server):
+    """uvicorn's server for the ``--isolate`` parent, with the in-process server's drain
+    between the first signal and the exit: ``/health`` answers 503 ``draining`` and new
+    generation requests a 503 while the requests being proxied run to their end (bounded
+    by ``MLXBUN_SHUTDOWN_TIMEOUT``); then the parent stops its engines. (Plain uvicorn
+    closes the listening socket at once: a load balancer's health check was refused
+    instead of told.) A second signal stops at once."""
+
+    def __init__(self, config: uvicorn.Config, app, timeout: Optional[float] = None):
+        super().__init__(config)
+        self.app = app  # the ParentApp: .draining, .begin_drain(), .busy
+        self.drain_timeout = shutdown_timeout() if timeout is None else timeout
+
+    def handle_exit(self, sig, frame) -> None:
+        # not recorded in _captured_signals: uvicorn would re-raise it and the exit
+        # status would be the signal's instead of 0
+        if self.app.draining:
+            log.warning("second signal: stopping now")
+            self.should_exit = self.force_exit = True
+            return
+        self.app.begin_drain()
+        log.info("shutting down: draining %d proxied requests (up to %.0f s)", self.app.busy,
+                 self.drain_timeout)
+        threading.Thread(target=self._drain, name="mlxbun-drain", daemon=True).start()
+
+    def _drain(self) -> None:
+        deadline = time.monotonic() + self.drain_timeout
+        while self.app.busy and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.app.busy:
+            log.warning("shutdown timeout: %d proxied requests are cut", self.app.busy)
+        self.should_exit = True

@@ -73,6 +73,7 @@ def run_parent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
     from ..cli import chosen_model, report_selection_error
     from ..kvquant import parse as parse_kv_quant
+    from .drain import ParentServer
     from .parent import ParentApp
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s",
@@ -93,6 +94,8 @@ def run_parent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     print(f"mlxbun: isolated serving of {spec.id} · engine pool of {pool.cap} · "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     kv_bits = parse_kv_quant(getattr(args, "kv_quant", None)).bits
-    uvicorn.run(ParentApp(pool, library, api_key=args.api_key, kv_bits=kv_bits), host=args.host,
-                port=args.port, log_level="warning", lifespan="on")
+    app = ParentApp(pool, library, api_key=args.api_key, kv_bits=kv_bits)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                            lifespan="on")
+    ParentServer(config, app).run()
     return 0

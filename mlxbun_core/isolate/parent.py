@@ -5,7 +5,9 @@ from the local library, starts engine children (``mlxbun serve --unix``) through
 the :class:`EnginePool`, and answers ``/health``, ``/engine``, ``/v1``,
 ``/v1/models``, ``/library``, ``/fit`` and the Responses store itself, so they
 keep answering while an engine is down. Every other request is forwarded to
-the engine its ``model`` field selects.
+the engine its ``model`` field selects. ``/metrics`` merges its own series with every
+ready engine's (:mod:`mlxbun_core.metrics.isolate`); a signal drains it
+(:class:`~mlxbun_core.isolate.drain.ParentServer`: ``/health`` answers 503 ``draining``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from types import SimpleNamespace
 from typing import Optional
 
 from ..library import checkpoint
-from ..errors import APIError
+from ..errors import APIError, Unavailable
+from ..metrics.isolate import ParentMetrics, route_of
 from ..server import guard
 from ..server.web import open_paths
 from ..server.body import parse_body
@@ -40,6 +43,12 @@ log = logging.getLogger("mlxbun.isolate")
 MAX_BODY_BYTES = 256 << 20
 ROUTED = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses",
           "/v1/embeddings", "/v1/messages/count_tokens"}
+# route labels of what the parent answers itself (/metrics counts them)
+LOCAL_ROUTES = ("/health", "/engine", "/v1", "/v1/models", "/v1/models/*", "/library", "/fit",
+                "/metrics", "/v1/responses/*", "/ws/chat", "/admin/*", *sorted(ROUTED))
+PROXIED = "mlxbun.proxied"  # set in the ASGI scope once an engine answered the request
+NO_CHAT = ("The web chat needs a server started without --isolate (its sessions live with "
+           "an in-process engine). The API and the Status page work here.")
 
 
 class ParentApp:
@@ -51,12 +60,26 @@ class ParentApp:
         self.responses = ParentResponses()
         self.started_at = int(time.time())
         self._fit_weights: dict = {}
+        self.metrics = ParentMetrics(pool)
+        self.draining = False  # set by the first SIGINT/SIGTERM (ParentServer)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
             return await self._lifespan(receive, send)
         if scope["type"] == "websocket":  # web chat needs a non-isolated server
             return await self._refuse_websocket(scope, send)
+        status = _StatusOf(send)
+        try:
+            await self._http(scope, receive, status)
+        except BaseException:
+            status.failed()
+            raise
+        finally:
+            if not scope.get(PROXIED):  # an engine counts what it answered itself
+                self.metrics.count(route_of(scope["path"], LOCAL_ROUTES), scope["method"],
+                                   status.code)
+
+    async def _http(self, scope, receive, send):
         denied = self._guard(scope)
         if denied is not None:
             return await send_json(send, *denied)
@@ -95,8 +118,7 @@ class ParentApp:
         """501 where the server can answer an upgrade with HTTP; else close the socket."""
         if "websocket.http.response" not in scope.get("extensions", {}):
             return await send({"type": "websocket.close", "code": 1011})
-        body = json.dumps({"error": {"message": "web chat is not available under --isolate; "
-                                                "run without it", "type": "not_implemented"}})
+        body = json.dumps({"error": {"message": NO_CHAT, "type": "not_implemented"}})
         await send({"type": "websocket.http.response.start", "status": 501,
                     "headers": [(b"content-type", b"application/json")]})
         await send({"type": "websocket.http.response.body", "body": body.encode()})
@@ -107,8 +129,7 @@ class ParentApp:
             return lambda scope, send: send_json(send, 404, {"error": {"message": "not found"}})
         if path == "/ws/chat":
             return lambda scope, send: send_json(send, 501, {"error": {
-                "message": "web chat is not available under --isolate; run without it",
-                "type": "not_implemented"}})
+                "message": NO_CHAT, "type": "not_implemented"}})
         if method not in ("GET", "HEAD", "DELETE"):
             return None
         if path.startswith("/v1/responses/") and method in ("GET", "DELETE"):
@@ -117,12 +138,31 @@ class ParentApp:
         if method == "DELETE":
             return None
         return {"/health": self.health, "/engine": self.engine, "/v1": self.index,
-                "/v1/models": self.models, "/library": self.get_library,
-                "/fit": self.fit}.get(path) or (self.model_by_id if path.startswith("/v1/models/")
-                                                else None)
+                "/v1/models": self.models, "/library": self.get_library, "/fit": self.fit,
+                "/metrics": self.get_metrics}.get(path) or (
+                    self.model_by_id if path.startswith("/v1/models/") else None)
 
     async def health(self, scope, send):
+        if self.draining:  # as the in-process server: load balancers stop sending
+            return await send_json(send, 503, {"status": "draining"})
         await send_json(send, 200, {"status": "ok"})
+
+    async def get_metrics(self, scope, send):
+        content_type, body = await self.metrics.render()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", content_type),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    def begin_drain(self) -> None:
+        """The first signal: refuse new generation, answer /health 503, keep engines down."""
+        self.draining = True
+        self.pool.stop_respawning()
+
+    @property
+    def busy(self) -> int:
+        """Requests being proxied to an engine now (what a drain waits for)."""
+        return sum(e.in_flight for e in list(self.pool.engines.values()))
 
     async def engine(self, scope, send):
         d = self.pool.default_engine()
@@ -137,7 +177,8 @@ class ParentApp:
 
         await send_json(send, 200, {"name": "mlxbun", "version": _version(),
                                     "model": self.served_id(), "isolated": True,
-                                    "endpoints": ENDPOINTS + ["GET /engine"]})
+                                    "endpoints": ENDPOINTS + ["GET /engine"],
+                                    "web_chat": {"available": False, "reason": NO_CHAT}})
 
     def served_id(self) -> str:
         d = self.pool.default_engine()
@@ -225,6 +266,8 @@ class ParentApp:
         path, method = scope["path"], scope["method"]
         spec, turn = self.pool.default, None
         if method == "POST" and path in ROUTED:
+            if self.draining:
+                return await send_json(send, 503, _shaped(Unavailable().body(), path))
             if self.pool.cap > 1:
                 await self.library.aentries()  # any rescan happens off the event loop
             spec = self.pool.target(_model_field(body))
@@ -237,12 +280,15 @@ class ParentApp:
         while True:
             try:
                 async with self.pool.lease(spec) as engine:
+                    scope[PROXIED] = True  # from here on the engine answers (and counts)
                     await forward(engine, scope, body, receive, send,
                                   turn.observer if turn else None)
                 return
             except EngineUnavailable as exc:
+                scope[PROXIED] = False
                 return await send_unavailable(send, str(exc))
             except EngineGone as exc:
+                scope[PROXIED] = False
                 if not retry:
                     return await send_unavailable(send, str(exc))
                 retry = False
@@ -263,6 +309,30 @@ class ParentApp:
 
 
 _GONE = object()
+
+
+class _StatusOf:
+    """An ASGI ``send`` that remembers the status it started the response with (499: the
+    client left before any answer; 500: the app failed before one)."""
+
+    def __init__(self, send):
+        self.send, self.code, self.started = send, 499, False
+
+    async def __call__(self, message):
+        if message["type"] == "http.response.start":
+            self.code, self.started = message["status"], True
+        await self.send(message)
+
+    def failed(self) -> None:
+        if not self.started:
+            self.code = 500
+
+
+def _shaped(body: dict, path: str) -> dict:
+    """An OpenAI-shaped error body in the Anthropic shape for /v1/messages."""
+    if path.startswith("/v1/messages"):
+        return {"type": "error", "error": body["error"]}
+    return body
 
 
 def _presented_key(scope) -> Optional[str]:

@@ -42,6 +42,7 @@ class EnginePool:
         self.evictions = 0
         self._cold = asyncio.Lock()
         self._closing = False
+        self._respawn = True
 
     # ---------------------------------------------------------------- routing
     def target(self, model_field) -> ModelSpec:
@@ -99,6 +100,7 @@ class EnginePool:
 
     def _new(self, spec: ModelSpec) -> EngineProcess:
         engine = EngineProcess(spec.id, spec.arg, self.engine_argv, api_key=self.api_key)
+        engine.respawn = self._respawn
         self.engines[spec.id] = engine
         return engine
 
@@ -117,6 +119,12 @@ class EnginePool:
     async def start(self):
         """Start the default engine; requests wait for its readiness, start-up does not."""
         await self._new(self.default).start()
+
+    def stop_respawning(self) -> None:
+        """The parent is draining: engines that exit from now on stay down."""
+        self._respawn = False
+        for engine in list(self.engines.values()):
+            engine.respawn = False
 
     async def close(self):
         self._closing = True

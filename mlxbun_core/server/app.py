@@ -9,6 +9,7 @@ from blacksheep import Application, Request
 from blacksheep.server.routing import Router
 
 from .. import blas
+from .. import metrics
 from . import guard
 from .common import allowed_methods, json_response, method_not_allowed, openai_error
 
@@ -45,6 +46,7 @@ def build_app(engine, *, api_key: str | None = None, sessions_dir=None) -> Appli
     app = Application(router=Router())  # not BlackSheep's process-wide default router
     app.sessions_dir = sessions_dir
     guard.install(app, api_key)
+    metrics.install(app, engine)  # GET /metrics; counts every route's answers
     app.stats_providers = {}  # name -> callable returning a JSON-able dict for /stats
     app.stats_providers["blas"] = lambda: blas.state().describe()
     for modname in SURFACES:

@@ -22,6 +22,8 @@ from .common import json_response
 
 ADMIN_PREFIXES = ("/api/", "/admin/", "/v1/adapters")
 OPEN_PATHS = ("/health",)
+LOOPBACK_ONLY = ("this route answers loopback clients only; start the server with --api-key "
+                 "to allow remote clients")
 
 
 def is_loopback(request: Request) -> bool:
@@ -94,6 +96,7 @@ def install(app, api_key: Optional[str]) -> None:
     app.admin_prefixes = getattr(app, "admin_prefixes", ADMIN_PREFIXES)
     app.open_paths = getattr(app, "open_paths", OPEN_PATHS)
     expected = api_key.encode() if api_key else None
+    app.api_key_required = expected is not None
 
     def check(request: Request, key: Optional[str]):
         path = request.path
@@ -104,8 +107,7 @@ def install(app, api_key: Optional[str]) -> None:
                 return _error(401, "authentication_error", "invalid or missing API key "
                               "(send Authorization: Bearer <key>)", anthropic)
         elif path.startswith(app.admin_prefixes) and not is_loopback(request):
-            return _error(403, "permission_error", "this route answers loopback clients only; "
-                          "start the server with --api-key to allow remote clients", anthropic)
+            return _error(403, "permission_error", LOOPBACK_ONLY, anthropic)
         return None
 
     async def guard(request: Request, handler):

@@ -17,7 +17,7 @@ from .library_routes import model_rows
 ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "POST /v1/messages",
              "POST /v1/messages/count_tokens", "POST /v1/responses",
              "GET/DELETE /v1/responses/<id>", "POST /v1/embeddings", "GET /v1/models",
-             "GET /health", "GET /stats", "GET /fit", "GET /library",
+             "GET /health", "GET /stats", "GET /metrics", "GET /fit", "GET /library",
              "GET/POST /v1/adapters", "GET /v1/adapters/available", "DELETE /v1/adapters/<id>",
              "GET /api/jobs", "POST /api/finetune/*", "POST /api/quantize/*"]
 
@@ -69,8 +69,10 @@ def model_row(engine) -> dict:
 
 def register(app, engine):
     async def index(request: Request):
+        from .ws_chat import availability  # (ws_chat imports this module)
+
         return json_response({"name": "mlxbun", "version": __version__, "model": engine.model.id,
-                              "endpoints": ENDPOINTS})
+                              "endpoints": ENDPOINTS, "web_chat": availability(app, request)})
 
     async def all_rows() -> list:
         return [model_row(engine)] + await model_rows(app, engine.model.id, engine.started_at)

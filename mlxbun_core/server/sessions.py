@@ -10,7 +10,7 @@ from blacksheep import Request
 
 from ..errors import APIError
 from ..webchat.search import search
-from ..webchat.store import SessionStore, read_entries, sessions_dir
+from ..webchat.store import SessionStore, compacted, read_entries, sessions_dir
 from .common import json_response
 
 MAX_QUERY_CHARS = 500
@@ -45,7 +45,8 @@ def register(app, engine):
             target = store.resolve(path)
         except APIError as exc:
             return _error(exc.message, exc.status)
-        return json_response({"ok": True, "path": str(target), "entries": read_entries(target)})
+        return json_response({"ok": True, "path": str(target),
+                              "entries": compacted(read_entries(target))})
 
     app.router.add_get("/api/sessions/search", search_sessions)
     app.router.add_get("/api/sessions/export", export_session)

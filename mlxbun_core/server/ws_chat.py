@@ -2,9 +2,10 @@
 
 JSON frames with a ``type`` both ways; :class:`~mlxbun_core.webchat.agent.ChatAgent`
 does the work, this module only moves frames. A plain ``GET /ws/chat`` (no upgrade)
-is a 426. A server that cannot host the chat (the ``--isolate`` parent proxy) sets
-``app.web_chat_unavailable`` to a reason, or calls :func:`refuse`: the route then
-answers 501.
+is a 426. An app that cannot host the chat sets ``app.web_chat_unavailable`` to a
+reason, or calls :func:`refuse`: the route then answers 501 (the ``--isolate`` parent,
+which is no BlackSheep app, answers 501 itself). ``GET /v1`` carries
+:func:`availability`, which the page reads before it opens a socket.
 
 Like the other routes that touch files, the chat answers loopback clients only
 unless an API key is configured (the guard middleware sees the handshake; browsers
@@ -35,6 +36,16 @@ ISOLATED = "web chat needs a non-isolated server (it is not available under --is
 def refuse(app, reason: str = ISOLATED) -> None:
     """Make /ws/chat answer 501 with ``reason`` (the --isolate parent calls this)."""
     app.web_chat_unavailable = reason
+
+
+def availability(app, request: Request) -> dict:
+    """Whether ``request``'s client may chat here, for ``GET /v1``'s ``web_chat`` field (the
+    page asks before it opens a socket that would only be refused)."""
+    reason = getattr(app, "web_chat_unavailable", None)
+    keyed = getattr(app, "api_key_required", False)
+    if not reason and not keyed and not guard.is_loopback(request):
+        reason = guard.LOOPBACK_ONLY
+    return {"available": not reason, "reason": reason or None}
 
 
 def _unavailable(app):

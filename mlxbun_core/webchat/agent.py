@@ -28,6 +28,7 @@ SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "xtc_probability", "x
 MAX_IMAGES = 8
 MAX_IMAGE_CHARS = 12 << 20  # base64 characters across one prompt's images
 MAX_TEXT_CHARS = 1 << 20
+SETTLE_S = 3.0  # how long opening a session waits for a turn still answering in it
 IMAGE_MIME = re.compile(r"image/[A-Za-z0-9.+-]+")
 Send = Callable[[dict], Awaitable[None]]
 
@@ -195,8 +196,17 @@ class ChatAgent:
 
     async def on_open_session(self, frame) -> None:
         self._idle_required()
-        self.session = self.store.open(frame.get("path"))
+        target = self.store.resolve(frame.get("path"))
+        await self._settle(target)
+        self.session = self.store.open(str(target))
         await self.send_state()
+
+    async def _settle(self, path) -> None:
+        """Wait (briefly) for a turn still answering in ``path``: a reloaded page's old
+        connection is stopping it, and its last save is what the new page should show."""
+        task = self.store.turns.get(path)
+        if task is not None and task is not self.task and not task.done():
+            await asyncio.wait({task}, timeout=SETTLE_S)
 
     async def on_fork_session(self, frame) -> None:
         self._idle_required()
@@ -289,9 +299,10 @@ class ChatAgent:
             turn.abort()
             raise
         self.turn = turn
-        self.task = asyncio.create_task(self._run(turn, parent_id))
+        key = self.session.path.resolve()
+        self.task = self.store.turns[key] = asyncio.create_task(self._run(turn, parent_id, key))
 
-    async def _run(self, turn: Turn, parent_id: str) -> None:
+    async def _run(self, turn: Turn, parent_id: str, key) -> None:
         try:
             await turn.run(parent_id)
             await self.send_history()
@@ -300,6 +311,8 @@ class ChatAgent:
             await self.send({"type": "error", "message": "the turn failed; see the server log"})
         finally:
             self.turn = None
+            if self.store.turns.get(key) is asyncio.current_task():
+                del self.store.turns[key]
 
     def request_body(self, messages: list) -> dict:
         s = self.settings

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import re
 
-from .store import SessionStore, iter_message_entries, message_text, read_entries, session_title
+from .store import (SessionStore, iter_message_entries, message_text, read_entries,
+                    replayed_messages, session_title)
 
 MAX_RESULTS = 50
 MAX_PER_SESSION = 10
@@ -47,8 +48,7 @@ def search(store: SessionStore, query: str, *, limit: int = MAX_RESULTS,
         if matches:
             entries = read_entries(path)
             head = next((e for e in entries if e["type"] == "session"), {})
-            title = session_title(head, [e for e in entries if e["type"] == "message"
-                                         and isinstance(e.get("message"), dict)])
+            title = session_title(head, replayed_messages(entries))
             results.append({"sessionPath": str(path), "sessionTitle": title, "matches": matches})
             total += len(matches)
     return results

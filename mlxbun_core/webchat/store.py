@@ -3,7 +3,13 @@
 A file starts with a ``{"type": "session"}`` header; every later line is an entry:
 
 - ``message``: ``{id, parentId, ts, message: {role, content, ...}, meta?}``. Messages form a
-  tree (a regenerated answer or an edited question is a sibling: same ``parentId``);
+  tree (a regenerated answer or an edited question is a sibling: same ``parentId``). A
+  later ``message`` line with an id already seen replaces that message in place (an
+  answer saved as it streams, then finished);
+- ``append``: ``{id, content?, reasoning?}``, text to add to a message being answered
+  (an answer is saved as it streams: a first ``message`` line marked
+  ``meta.finish = "interrupted"``, then ``append`` lines, then its final ``message`` line;
+  a crash leaves the marked partial answer);
 - ``leaf``: ``{id}``, the branch the user switched to (otherwise the newest message);
 - ``settings``: a partial update of the session's system prompt, thinking switch, sampling
   and adapter (later lines win).
@@ -85,13 +91,27 @@ class Session:
         if kind == "session":
             self.header = entry
         elif kind == "message" and isinstance(entry.get("message"), dict) and entry.get("id"):
+            if entry["id"] in self.messages:  # the finished version of a partial answer
+                self.messages[entry["id"]] = {**entry, "parentId":
+                                              self.messages[entry["id"]].get("parentId")}
+                return
             self.messages[entry["id"]] = entry
             self.children.setdefault(entry.get("parentId"), []).append(entry["id"])
             self.leaf = entry["id"]
+        elif kind == "append" and entry.get("id") in self.messages:
+            self._extend(self.messages[entry["id"]], entry)
         elif kind == "leaf" and entry.get("id") in self.messages:
             self.leaf = entry["id"]
         elif kind == "settings" and isinstance(entry.get("values"), dict):
             self.settings.update(entry["values"])
+
+    def _extend(self, target: dict, entry: dict) -> None:
+        message = target["message"] = dict(target["message"])
+        for key, field in (("content", "content"), ("reasoning", "reasoning_content")):
+            more = entry.get(key)
+            if isinstance(more, str) and more:
+                have = message.get(field)
+                message[field] = (have if isinstance(have, str) else "") + more
 
     # -- reading ------------------------------------------------------------------
     def branch(self, leaf: Optional[str] = None) -> list:
@@ -133,6 +153,26 @@ class Session:
         self._write(entry)
         return entry
 
+    def append_text(self, entry_id: str, content: str = "", reasoning: str = "") -> None:
+        """Add streamed text to the message ``entry_id`` (an answer being saved as it goes)."""
+        entry = {"type": "append", "id": entry_id}
+        if content:
+            entry["content"] = content
+        if reasoning:
+            entry["reasoning"] = reasoning
+        if len(entry) > 2:
+            self._write(entry)
+
+    def replace_message(self, entry_id: str, message: dict, meta: Optional[dict] = None) -> dict:
+        """Write the finished version of message ``entry_id`` (it keeps its place in the tree)."""
+        old = self.messages[entry_id]
+        entry = {"type": "message", "id": entry_id, "parentId": old.get("parentId"),
+                 "ts": round(time.time(), 3), "message": message}
+        if meta:
+            entry["meta"] = meta
+        self._write(entry)
+        return self.messages[entry_id]
+
     def set_leaf(self, entry_id: str) -> None:
         if entry_id not in self.messages:
             raise NotFound(f"no message {entry_id!r} in this session")
@@ -165,6 +205,7 @@ class SessionStore:
                  max_file_bytes: int = DEFAULT_MAX_FILE_BYTES):
         self.root = Path(root)
         self.max_bytes, self.max_file_bytes = max_bytes, max_file_bytes
+        self.turns: dict = {}  # session file -> the task of the turn answering in it now
 
     def files(self) -> list:
         """Session files, newest first (by modification time)."""
@@ -229,7 +270,7 @@ class SessionStore:
         for path in self.files()[:limit]:
             entries = read_entries(path)
             head = next((e for e in entries if e["type"] == "session"), {})
-            msgs = [e for e in entries if e["type"] == "message" and isinstance(e.get("message"), dict)]
+            msgs = replayed_messages(entries)
             out.append({"path": str(path), "title": session_title(head, msgs),
                         "created": head.get("created"), "updated": path.stat().st_mtime,
                         "messages": len(msgs)})
@@ -253,7 +294,28 @@ class SessionStore:
             f.write(line)
 
 
+def replayed_messages(entries: list) -> list:
+    """The message entries ``entries`` replay into (partial answers finished or extended),
+    in the order they were first written."""
+    return list(Session(None, Path(), entries).messages.values())
+
+
+def compacted(entries: list) -> list:
+    """``entries`` with each message once, in its final form, where it was first written
+    (``append`` lines folded in): what an export shows."""
+    final = {e["id"]: e for e in replayed_messages(entries)}
+    out, seen = [], set()
+    for entry in entries:
+        if entry["type"] == "append":
+            continue
+        if entry["type"] == "message":
+            if entry.get("id") in seen or entry.get("id") not in final:
+                continue
+            seen.add(entry["id"])
+            entry = final[entry["id"]]
+        out.append(entry)
+    return out
+
+
 def iter_message_entries(path: Path) -> Iterator[dict]:
-    for entry in read_entries(path):
-        if entry["type"] == "message" and isinstance(entry.get("message"), dict):
-            yield entry
+    yield from replayed_messages(read_entries(path))

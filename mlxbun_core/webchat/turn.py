@@ -4,11 +4,17 @@ A turn uses the same path as every HTTP surface (``engine.parse_chat`` →
 ``engine.start`` → ``Generation.events()``), so it batches with API traffic and
 reports the lane it really ran on. Abort is ``Generation.cancel()``: the engine
 stops within a decode step and the partial answer is kept.
+
+The answer is saved as it streams (:class:`Draft`): its first text is written at once,
+marked ``interrupted``, then what follows at most every :data:`SAVE_EVERY_S`; the
+finished answer replaces it. A reload, a crash or a killed server therefore leaves the
+partial answer on disk, marked, for the page to show with Regenerate.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import TYPE_CHECKING, Optional
 
 from ..errors import APIError
@@ -19,6 +25,49 @@ if TYPE_CHECKING:
     from .agent import ChatAgent
 
 MAX_TOOL_ROUNDS = 4  # generations per turn that may end in app-tool calls
+SAVE_EVERY_S = 0.5  # how often a streaming answer's new text is appended to its session
+INTERRUPTED = "interrupted"  # meta.finish of an answer whose turn has not ended (yet)
+
+
+class Draft:
+    """One streaming answer, saved as it goes: the first text at once (a message marked
+    ``interrupted``), then the text since the last save at most every ``every_s``."""
+
+    def __init__(self, agent: "ChatAgent", parent_id: str, every_s: float = SAVE_EVERY_S):
+        self.agent, self.parent_id, self.every_s = agent, parent_id, every_s
+        self.id: Optional[str] = None
+        self.content: list = []  # text not saved yet
+        self.reasoning: list = []
+        self.saved_at = 0.0
+
+    def add(self, content: str = "", reasoning: str = "") -> None:
+        if content:
+            self.content.append(content)
+        if reasoning:
+            self.reasoning.append(reasoning)
+        if self.id is None or time.monotonic() - self.saved_at >= self.every_s:
+            self.save()
+
+    def save(self) -> None:
+        content, reasoning = "".join(self.content), "".join(self.reasoning)
+        if not (content or reasoning):
+            return
+        session = self.agent.session
+        if self.id is None:
+            message = {"role": "assistant", "content": content}
+            if reasoning:
+                message["reasoning_content"] = reasoning
+            self.id = session.add_message(message, self.parent_id, {"finish": INTERRUPTED})["id"]
+        else:
+            session.append_text(self.id, content, reasoning)
+        self.content, self.reasoning = [], []
+        self.saved_at = time.monotonic()
+
+    def finish(self, message: dict, meta: dict) -> dict:
+        """Save the finished answer (in place of the partial one, if any was written)."""
+        if self.id is None:
+            return self.agent.session.add_message(message, self.parent_id, meta)
+        return self.agent.session.replace_message(self.id, message, meta)
 
 
 def tool_call_json(call) -> dict:
@@ -85,14 +134,17 @@ class Turn:
         return finish
 
     async def _stream(self, parent_id: str):
-        """One generation: deltas out, then the assistant message saved (even partial)."""
+        """One generation: deltas out and saved as they come, then the finished message."""
         text, reasoning, calls, finish = [], [], [], None
+        draft = Draft(self.agent, parent_id)
         async for ev in self.gen.events():
             if isinstance(ev, Content):
                 text.append(ev.text)
+                draft.add(content=ev.text)
                 await self.agent.send({"type": "text_delta", "delta": ev.text})
             elif isinstance(ev, Reasoning):
                 reasoning.append(ev.text)
+                draft.add(reasoning=ev.text)
                 await self.agent.send({"type": "thinking_delta", "delta": ev.text})
             elif isinstance(ev, ToolCallEvent):
                 calls.append(tool_call_json(ev.call))
@@ -111,7 +163,7 @@ class Turn:
             return finish, None  # nothing to keep; the user may regenerate
         meta = {"lane": finish.usage.lane, "finish": "cancelled" if self.aborted else finish.reason,
                 "usage": finish.usage.openai()}
-        return finish, await self.agent.save(message, parent_id, meta)
+        return finish, draft.finish(message, meta)
 
     async def _run_tools(self, calls: list, parent_id: str) -> str:
         """Run each app tool call, tell the browser, save the results; the new leaf's id."""

@@ -229,3 +229,53 @@ def test_status_view_and_screenshots(page, smol, tmp_path):
     page.wait_for_selector("#view-status:not([hidden])")
     assert page.url.endswith("/#status")
     assert page.console.errors == []
+
+
+def test_a_reload_mid_answer_keeps_the_partial_answer(page, endless):
+    """The answer so far is saved as it streams: after a reload the same chat is open again
+    and shows it, marked, with Regenerate."""
+    open_app(page, endless)
+    send(page, "Keep talking")
+    page.wait_for_selector(".msg.assistant.streaming .msg-body:not(:empty)")
+    page.wait_for_timeout(800)  # past a save interval
+    page.reload()
+    page.wait_for_selector("#conn[data-state=open]")
+    page.wait_for_selector(".msg.user >> text=Keep talking")  # the chat is open again
+    note = page.wait_for_selector(".msg.assistant .finish-note").inner_text()
+    assert note in ("(stopped)", "(interrupted)")
+    body = page.inner_text(".msg.assistant .msg-body")
+    assert len(body.replace(note, "").strip()) > 0  # the partial answer itself
+    assert page.is_visible(".msg.assistant >> text=Regenerate")
+    assert page.inner_text(".session.active .session-title") == "Keep talking"
+    page.click("#settings-toggle")
+    page.fill("[name=max_tokens]", "4")
+    page.click("#apply-session")
+    page.click("text=Regenerate")
+    page.wait_for_selector(".msg.assistant .siblings >> text=2/2")
+    wait_for_answer(page, 1)
+    assert page.console.errors == []
+
+
+def test_the_phone_drawer_has_its_own_close_control(page, quick):
+    page.set_viewport_size({"width": 390, "height": 844})
+    open_app(page, quick)
+    assert not page.is_visible("#sidebar-close")  # inside the closed drawer, off screen
+    page.click("#sidebar-toggle")
+    page.wait_for_function("document.getElementById('sidebar').getBoundingClientRect().left >= 0")
+    close = page.locator("#sidebar-close")
+    assert close.is_visible() and close.get_attribute("aria-label") == "Close chats"
+    box, drawer = close.bounding_box(), page.locator("#sidebar").bounding_box()
+    assert box["x"] >= 0 and box["y"] >= 0 and box["x"] + box["width"] <= drawer["width"]
+    assert page.evaluate("document.activeElement.id") == "sidebar-close"
+    close.click()
+    page.wait_for_function("document.getElementById('sidebar').getBoundingClientRect().right <= 0")
+    assert page.get_attribute("#sidebar-toggle", "aria-expanded") == "false"
+    assert page.evaluate("document.activeElement.id") == "sidebar-toggle"
+    page.click("#sidebar-toggle")  # a tap on the dimmed page beside the drawer closes it too
+    page.wait_for_function("document.getElementById('sidebar').getBoundingClientRect().left >= 0")
+    page.mouse.click(380, 600)
+    page.wait_for_function("document.getElementById('sidebar').getBoundingClientRect().right <= 0")
+    assert page.get_attribute("#sidebar-toggle", "aria-expanded") == "false"
+    page.set_viewport_size({"width": 1200, "height": 820})
+    assert not page.is_visible("#sidebar-close")  # a wide screen has no drawer
+    assert page.console.errors == []

@@ -29,6 +29,7 @@ from typing import Optional
 
 from ... import kvquant
 from ...adapters.manager import NO_ADAPTERS
+from ...metrics.engine import StepTally
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
 from .pace import FixedChunk, PrefillPacer
@@ -73,6 +74,7 @@ class BatchLane:
         self._solo: Optional[Solo] = None  # a lone job decoding outside the batch
         self.pacer = pacer or PrefillPacer()  # prompt tokens per chunk, from measured speed
         self.solo_prefill: Optional[int] = None  # pins the lone job's chunk (tests)
+        self.steps = StepTally()  # decode steps and the rows they carried (/metrics)
 
     # -- the Lane protocol ---------------------------------------------------------
     def accepts(self, job: GenerationJob) -> bool:
@@ -121,6 +123,7 @@ class BatchLane:
         for r in prompt_responses:
             if r.end_of_segment and not r.end_of_prompt and self._rows[r.uid].snapshot:
                 self._publish_boundary(r.uid)
+        self.steps.add(len(responses))
         for r in responses:
             self._route(r)
         if len(self._rows) == 1 and not self._queue:
@@ -224,6 +227,7 @@ class BatchLane:
                     self.prefix.store(job.cache_namespace, list(solo.fed), boundary,
                                       boundary=True)
             return
+        self.steps.add(1)
         self._deliver(job, *out)
         if job.finished:
             self._publish(self._end_solo(), solo.fed, solo.cache)
@@ -233,6 +237,7 @@ class BatchLane:
         pending, segments = solo.handoff()
         job = solo.job
         if pending is not None:
+            self.steps.add(1)  # the token its last lone step computed
             self._deliver(job, *pending)
             if job.finished:
                 return self._publish(self._end_solo(), solo.fed, solo.cache)

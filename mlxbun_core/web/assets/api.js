@@ -38,6 +38,17 @@ export function askForKey() {
 // well, else the reason (401 key, 403 remote client, 501 under --isolate).
 export async function socketRefusal() {
   const r = await getJSON("/ws/chat");
-  if ([401, 403, 501].includes(r.status)) return r.body?.error?.message || `HTTP ${r.status}`;
+  if ([401, 403, 501].includes(r.status)) {
+    return { status: r.status, message: r.body?.error?.message || `HTTP ${r.status}` };
+  }
   return null;
+}
+
+// Whether this server hosts the chat at all, from GET /v1's web_chat field ({available,
+// reason}): the --isolate parent says no, so the page never opens a socket bound to fail.
+// null when the server does not say; then the socket is simply tried.
+export async function chatAvailability() {
+  const r = await getJSON("/v1").catch(() => null);
+  const chat = r?.ok ? r.body?.web_chat : null;
+  return chat && typeof chat.available === "boolean" ? chat : null;
 }

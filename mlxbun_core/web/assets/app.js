@@ -1,5 +1,6 @@
 // The web app: hash routes (#chat, #status), the chat socket, and the wiring between
 // the views. No framework and no build step; every import is a file in /assets.
+import { chatAvailability } from "./api.js";
 import { snapshot, spotlight } from "./appctx.js";
 import { ChatView } from "./chat.js";
 import { ChatSocket } from "./conn.js";
@@ -11,12 +12,15 @@ import { StatusView } from "./status.js";
 const ROUTES = ["chat", "status"];
 const $ = (id) => document.getElementById(id);
 
-const state = { route: "chat", activePath: null, busy: false, awaiting: null, ready: false };
+// the open chat survives a reload of this tab (sessionStorage is per tab)
+const ACTIVE = "mlxbun.activePath";
+const state = { route: "chat", activePath: sessionStorage.getItem(ACTIVE), busy: false,
+  awaiting: null, ready: false, unavailable: null, restoring: false };
 
 const socket = new ChatSocket(onFrame, onStatus);
 const send = (frame) => {
   if (socket.send(frame)) return true;
-  showError("Not connected to the server yet.");
+  showError(state.unavailable || "Not connected to the server yet.");
   return false;
 };
 
@@ -47,13 +51,21 @@ function onFrame(frame) {
       chat.modelName = frame.model;
       settings.ready(frame);
       composer.ready(frame);
-      if (state.activePath) send({ type: "open_session", path: state.activePath });
+      if (state.activePath) {
+        state.restoring = true; // a session that is gone since is forgotten quietly
+        send({ type: "open_session", path: state.activePath });
+      }
       pushContext();
       break;
     case "settings": settings.show(frame); break;
-    case "history": chat.renderHistory(frame.items); break;
+    case "history":
+      state.restoring = false;
+      chat.renderHistory(frame.items);
+      break;
     case "sessions":
       state.activePath = frame.activePath;
+      if (frame.activePath) sessionStorage.setItem(ACTIVE, frame.activePath);
+      else sessionStorage.removeItem(ACTIVE);
       sidebar.render(frame.items, frame.activePath);
       break;
     case "turn_start":
@@ -81,6 +93,12 @@ function onFrame(frame) {
 }
 
 function onError(frame) {
+  if (state.restoring && frame.status === 404) { // the chat open before the reload is gone
+    state.restoring = false;
+    state.activePath = null;
+    sessionStorage.removeItem(ACTIVE);
+    return;
+  }
   showError(frame.message);
   if (state.awaiting) { // the prompt was refused: nothing was saved, give the text back
     composer.restore(state.awaiting.text, state.awaiting.images);
@@ -98,6 +116,28 @@ function onStatus(kind, text) {
     chat.endTurn({});
     setBusy(false);
   }
+  if (kind === "refused") chatUnavailable(text);
+}
+
+// The server cannot host the chat (under --isolate, or it refused this client): say so
+// once, keep it on screen, and disable everything that would need the socket.
+function chatUnavailable(reason) {
+  state.unavailable = reason;
+  const conn = $("conn");
+  conn.textContent = "chat unavailable";
+  conn.dataset.state = "refused";
+  composer.disable(reason);
+  sidebar.disable(reason);
+  showError(reason, true);
+}
+
+async function start() {
+  const chat = await chatAvailability();
+  if (chat && !chat.available) {
+    chatUnavailable(chat.reason || "The chat is not available on this server.");
+    return;
+  }
+  socket.connect();
 }
 
 function setBusy(busy) {
@@ -106,12 +146,14 @@ function setBusy(busy) {
 }
 
 let errorTimer = 0;
-function showError(message) {
+function showError(message, sticky = false) {
   const box = $("error");
+  if (box.dataset.sticky && !sticky) return; // a lasting reason outranks passing errors
   box.textContent = message;
   box.hidden = false;
   clearTimeout(errorTimer);
-  errorTimer = setTimeout(() => { box.hidden = true; }, 8000);
+  if (sticky) box.dataset.sticky = "1";
+  else errorTimer = setTimeout(() => { box.hidden = true; }, 8000);
 }
 
 function showContext(frame) {
@@ -149,13 +191,21 @@ function pushContext() {
   socket.send({ type: "context", context: { route: state.route, view, snapshot: snapshot(state.route) } });
 }
 
+// On a phone the chats list is a drawer over the page: its own close button and a tap on
+// the dimmed page close it, and focus goes back to the ☰ button that opened it.
 function setSidebar(open) {
+  const wasOpen = document.body.classList.contains("sidebar-open");
   document.body.classList.toggle("sidebar-open", open);
   $("sidebar-toggle").setAttribute("aria-expanded", String(open));
+  $("sidebar-scrim").hidden = !open;
+  if (open && !wasOpen) $("sidebar-close").focus({ preventScroll: true });
+  if (!open && wasOpen && $("sidebar").contains(document.activeElement)) $("sidebar-toggle").focus();
 }
 
 $("sidebar-toggle").addEventListener("click", () =>
   setSidebar(!document.body.classList.contains("sidebar-open")));
+$("sidebar-close").addEventListener("click", () => setSidebar(false));
+$("sidebar-scrim").addEventListener("click", () => setSidebar(false));
 document.addEventListener("keydown", (event) => {
   if (event.key === "Escape") setSidebar(false);
 });
@@ -163,7 +213,7 @@ $("key-form").addEventListener("submit", () => setTimeout(() => location.reload(
 window.addEventListener("hashchange", applyRoute);
 
 applyRoute();
-socket.connect();
+start();
 
 // Installable as an app: a shell-only service worker, in secure contexts only.
 const local = ["localhost", "127.0.0.1", "[::1]"].includes(location.hostname);

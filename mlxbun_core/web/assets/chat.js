@@ -28,6 +28,10 @@ function pretty(value) {
   return JSON.stringify(value, null, 2);
 }
 
+// How a saved answer ended, when it did not end by itself: "interrupted" is an answer
+// whose turn never finished (the server stopped, or it is still being written elsewhere).
+const FINISH_NOTES = { cancelled: "(stopped)", interrupted: "(interrupted)" };
+
 export class ChatView {
   constructor(root, actions) {
     this.root = root;
@@ -48,6 +52,7 @@ export class ChatView {
     const results = new Map(items.filter((i) => i.role === "tool").map((i) => [i.toolCallId, i]));
     let group = null;
     const lastAnswer = [...items].reverse().find((i) => i.role === "assistant");
+    const last = items[items.length - 1];
     for (const item of items) {
       if (item.role === "user") {
         group = null;
@@ -64,6 +69,7 @@ export class ChatView {
         this.root.append(el("p", "system-note", item.content));
       }
     }
+    if (last.role === "user") this.unanswered(); // the answer never started (a crash, a reload)
     this.scroll(true);
   }
 
@@ -144,7 +150,17 @@ export class ChatView {
       const result = results.get(call.id);
       if (result) this.finishCard(card, result.meta?.ok !== false, result.content);
     }
-    if (item.meta?.finish === "cancelled") s.body.append(el("p", "muted", "(stopped)"));
+    const marker = FINISH_NOTES[item.meta?.finish];
+    if (marker) s.body.append(el("p", "muted finish-note", marker));
+  }
+
+  unanswered() {
+    const article = el("article", "msg unanswered");
+    const footer = el("footer", "msg-actions");
+    footer.append(el("span", "finish-note", "(no answer)"), button("Regenerate",
+      () => this.actions.regenerate(), "link-btn", "Answer this message again"));
+    article.append(footer);
+    this.root.append(article);
   }
 
   answerActions(group, item) {

@@ -100,6 +100,15 @@ export class Composer {
     this.grow();
   }
 
+  // No chat on this server: nothing here can be sent.
+  disable(reason) {
+    this.input.disabled = true;
+    this.input.placeholder = reason;
+    for (const id of ["send", "attach", "thinking", "settings-toggle"]) {
+      document.getElementById(id).disabled = true;
+    }
+  }
+
   busy(on) {
     this.sendButton.hidden = on;
     this.stopButton.hidden = !on;

@@ -1,4 +1,6 @@
-// The /ws/chat connection: JSON frames both ways, reconnects with backoff.
+// The /ws/chat connection: JSON frames both ways, reconnects with backoff. A handshake the
+// server refused (401 key, 403 remote client, 501 no chat here) is not retried: retrying
+// cannot help until the user acts.
 import { apiKey, socketRefusal } from "./api.js";
 
 export class ChatSocket {
@@ -37,8 +39,12 @@ export class ChatSocket {
     ws.onclose = async () => {
       if (this.ws !== ws) return;
       this.ws = null;
-      const why = opened ? null : await socketRefusal().catch(() => null);
-      this.onStatus(why ? "refused" : "closed", why || "disconnected — retrying");
+      const refusal = opened ? null : await socketRefusal().catch(() => null);
+      if (refusal) {
+        this.onStatus("refused", refusal.message, refusal);
+        return;
+      }
+      this.onStatus("closed", "disconnected — retrying");
       setTimeout(() => this.connect(), this.backoff);
       this.backoff = Math.min(this.backoff * 2, 15000);
     };

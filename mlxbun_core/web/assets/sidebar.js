@@ -41,6 +41,16 @@ export class Sidebar {
     });
   }
 
+  // No chat on this server: no saved chats to list either.
+  disable(reason) {
+    document.getElementById("new-session").disabled = true;
+    this.search.disabled = true;
+    const note = document.createElement("li");
+    note.className = "muted sidebar-note";
+    note.textContent = reason;
+    this.list.replaceChildren(note);
+  }
+
   render(items, activePath) {
     this.activePath = activePath;
     this.list.replaceChildren();
