@@ -233,7 +233,9 @@ def test_every_cache_kind_equals_mlx_lm(family, lenient_mlx_lm, caplog):
 # ---------------------------------------------------------------- the prefix cache
 
 def _entries(engine) -> list:
-    """(tokens, cache) of every entry in the engine's prefix cache."""
+    """(tokens, cache) of every entry in the engine's prefix cache, once the worker has
+    finished the step that ended the last request (a lane publishes after its Done)."""
+    engine.worker.run_sync(lambda: None)
     lru = engine.prefix._lru
     out = []
     for lane in lru._lru._lrus.values():
