@@ -1,8 +1,9 @@
 """Graceful shutdown: on SIGINT/SIGTERM stop taking work, finish what runs, exit 0.
 
 New generation and embedding requests get a 503 while draining (and ``/health``
-says so); active requests run to their end, bounded by
-``MLXBUN_SHUTDOWN_TIMEOUT`` seconds (default 120). A second signal stops at once.
+says so); active requests run to their end, then the SSD prompt-cache tier (when
+on) is flushed, all bounded by ``MLXBUN_SHUTDOWN_TIMEOUT`` seconds (default 120).
+A second signal stops at once.
 """
 
 from __future__ import annotations
@@ -55,4 +56,18 @@ class DrainingServer(uvicorn.Server):
         if not self.engine.idle:
             log.warning("shutdown timeout: %d requests still running are cancelled",
                         self.engine.worker.active + self.engine.worker.waiting)
-        self.should_exit = True  # uvicorn then lets open responses write their last frames
+        self._flush_cache(deadline)
+        self.should_exit = True
+
+    def _flush_cache(self, deadline: float) -> None:
+        from ..kvstore.durability import flush_blocking
+
+        try:
+            report = flush_blocking(self.engine, max(1.0, deadline - time.monotonic()))
+        except Exception:  # the exit must happen whatever the disk does
+            log.exception("shutdown: ssd cache flush failed")
+            return
+        if report is not None:
+            log.info("shutdown: ssd cache %s (%d written, %d entries on disk, %d ms)",
+                     "flushed" if report["durable"] else "NOT fully flushed",
+                     report["flushedSnapshots"], report["entries"], report["elapsedMs"])  # uvicorn then lets open responses write their last frames
