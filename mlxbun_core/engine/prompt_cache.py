@@ -114,7 +114,8 @@ class PrefixCache:
         return None
 
     def _take(self, namespace, plan: _Plan) -> list:
-        """A private copy of the planned entry, trimmed; the entry counts as used."""
+        """A private copy of the planned entry, trimmed; the entry counts as used (for
+        idle demotion; eviction order stays mlx-lm's, by insertion)."""
         from mlx_lm.models.cache import trim_prompt_cache
 
         entry = self._lru._trie.get(namespace, plan.key)
@@ -122,9 +123,6 @@ class PrefixCache:
         if plan.trim:
             trim_prompt_cache(cache, plan.trim)
         entry.last_used = time.monotonic()
-        order = self._lru._lru
-        order.remove(namespace, plan.key)  # most recently used again
-        order.push(namespace, plan.key, entry.cache_type)
         return cache
 
     def _shared(self, namespace, tokens: list) -> tuple[int, bool]:
