@@ -131,13 +131,39 @@ def decode(layout: list, arrays: list) -> list:
     return [resolve_class(item["cls"]).from_state(dec(item["state"])) for item in layout]
 
 
-def to_mx(buf: np.ndarray, mx_dtype: str) -> mx.array:
-    """An MLX array holding a copy of ``buf``, viewed as ``mx_dtype``."""
-    a = mx.array(buf)
-    want = getattr(mx, mx_dtype, None) or getattr(mx, mx_dtype + "_", None)
-    if not isinstance(want, mx.Dtype):
-        raise Unsupported(f"unknown dtype {mx_dtype}")
-    return a if a.dtype == want else a.view(want)
+def load_arrays(entry, *, strong: bool = False) -> list:
+    """The tensors of a checked entry (``fileformat.EntryHeader``), read by MLX's own
+    safetensors loader, then every byte hashed against the header (CorruptEntry on any
+    difference: nothing loaded may be used)."""
+    import hashlib
+
+    import xxhash
+
+    from .fileformat import CorruptEntry
+
+    try:
+        loaded = mx.load(str(entry.path), format="safetensors")
+        arrays = [loaded[f"t{i}"] for i in range(len(entry.tensors))]
+    except (RuntimeError, ValueError, KeyError) as exc:
+        raise CorruptEntry(f"unreadable: {exc}") from None
+    for a, spec in zip(arrays, entry.tensors):
+        if tuple(a.shape) != spec.shape or str(a.dtype).rsplit(".", 1)[-1] != spec.mx_dtype:
+            raise CorruptEntry("a tensor's shape or dtype differs from the header")
+    mx.async_eval(arrays)  # MLX reads them in order while the ones read are hashed
+    want_strong = entry.header["hash"].get("blake2b") if strong else None
+    fast = xxhash.xxh3_128()
+    slow = hashlib.blake2b(digest_size=32) if want_strong else None
+    for a in arrays:
+        if a.nbytes:
+            data = memoryview(a).cast("B")
+            fast.update(data)
+            if slow is not None:
+                slow.update(data)
+    if fast.hexdigest() != entry.header["hash"]["xxh3_128"]:
+        raise CorruptEntry("content hash mismatch")
+    if slow is not None and slow.hexdigest() != want_strong:
+        raise CorruptEntry("blake2b mismatch")
+    return arrays
 
 
 def classes(layout: list) -> list[str]:

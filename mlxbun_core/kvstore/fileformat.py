@@ -1,22 +1,22 @@
-"""The on-disk entry: a checked header, the token ids, then raw tensor bytes.
+"""The on-disk entry: a safetensors file whose metadata carries a checked header.
 
 ::
 
-    offset 0   b"MLXBUNKV"  u32 version  u32 header length  u64 xxh64(header)
-    offset 24  header (UTF-8 JSON)
-    aligned    token ids (int32, little-endian)
-    aligned    tensor 0, tensor 1, ...   (each at a 4 KiB-aligned offset)
+    u64 header length | safetensors JSON header | token ids (int32) | tensor 0 | tensor 1 ...
 
-Offsets in the header are relative to the data start (the first aligned offset
-after the header), so the header can be sized before any data exists. Hashes
-have a fixed width: the writer streams tensors to disk while hashing them and
-patches the real digests into the header last. A reader checks the magic, the
-header hash, the file size and the token hash before trusting anything, and the
-content hash of every tensor byte as it streams them; :class:`CorruptEntry`
-means "remove this file and treat it as a miss".
+The safetensors header lists ``tokens`` and ``t0``, ``t1``, ... (their dtypes, shapes and
+offsets); its ``__metadata__`` holds our own header (a JSON string: format, fingerprint,
+namespace, token hash, cache layout, tensor table, content hashes) and ``check``, the
+xxh64 of that string. Being a plain safetensors file, an entry is restored by MLX's own
+loader (``mx.load``: native reads straight into MLX memory), then every tensor byte is
+hashed and compared; the scan at start-up reads only the header and the token ids.
 
-Files appear only by ``rename`` after ``fsync``, so a reader never sees a torn
-file under its final name; a crash leaves at most a ``.tmp-*`` file, which the
+A reader checks the header hash, the file size, the token hash and that the safetensors
+table agrees with ours before trusting anything, and the content hash after loading;
+:class:`CorruptEntry` means "remove this file and treat it as a miss". Hashes have a fixed
+width: the writer streams tensors to disk while hashing them and patches the real digests
+into the header last. Files appear only by ``rename`` after ``fsync``, so a reader never
+sees a torn file under its final name; a crash leaves at most a ``.tmp-*`` file, which the
 next start reaps.
 """
 
@@ -35,15 +35,19 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 import xxhash
 
-MAGIC = b"MLXBUNKV"
+FORMAT = "mlxbun-kv"
 VERSION = 1
 SUFFIX = ".mlxkv"
 TMP_PREFIX = ".tmp-"
-ALIGN = 4096
-_PREFIX = struct.Struct("<8sIIQ")  # magic, version, header length, header hash
+_LEN = struct.Struct("<Q")
 MAX_HEADER = 64 << 20
 _ZERO_FAST = "0" * 32  # xxh3_128 hex
 _ZERO_STRONG = "0" * 64  # blake2b-256 hex
+# MLX dtype name -> safetensors dtype
+ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float64": "F64",
+             "int8": "I8", "int16": "I16", "int32": "I32", "int64": "I64", "uint8": "U8",
+             "uint16": "U16", "uint32": "U32", "uint64": "U64", "bool": "BOOL",
+             "complex64": "C64"}
 
 
 class CorruptEntry(Exception):
@@ -52,15 +56,10 @@ class CorruptEntry(Exception):
 
 @dataclass
 class TensorSpec:
-    dtype: str  # numpy dtype name of the stored bytes ("uint16" for bfloat16)
-    mx_dtype: str  # the MLX dtype to view them as
+    mx_dtype: str  # the MLX dtype name
     shape: tuple
-    offset: int
+    offset: int  # from the data start
     nbytes: int
-
-
-def align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
 def token_hash(tokens: np.ndarray) -> str:
@@ -94,27 +93,40 @@ def _write_all(fd: int, data) -> None:
         view = view[n:]
 
 
+def _header_bytes(body: dict, table: dict) -> bytes:
+    ours = json.dumps(body, separators=(",", ":"))
+    meta = {"format": FORMAT, "header": ours, "check": xxhash.xxh64_hexdigest(ours.encode())}
+    raw = json.dumps({"__metadata__": meta, **table}, separators=(",", ":")).encode()
+    return raw + b" " * (-len(raw) % 8)
+
+
 def write_entry(directory: Path, header: dict, tokens: np.ndarray,
                 tensors: list, mx_dtypes: list, *, strong: bool = False,
                 cancelled: Callable[[], bool] = lambda: False) -> tuple[Optional[Path], int]:
     """Write one entry atomically into ``directory``; ``(path, size)`` of the new file.
 
     ``tensors`` are host arrays (numpy views of evaluated MLX arrays, strided or not),
-    written in order; ``mx_dtypes`` names the MLX dtype each is read back as.
-    The temp file is locked while written, so a reaper never removes a live one.
-    ``cancelled`` is polled between tensors (the write is then abandoned: ``(None, 0)``).
+    written in order; ``mx_dtypes`` names the MLX dtype each stands for (bfloat16 bytes
+    come as uint16). The temp file is locked while written, so a reaper never removes a
+    live one. ``cancelled`` is polled between tensors (then ``(None, 0)``).
     """
     tokens = np.ascontiguousarray(tokens, dtype="<i4")
-    specs, off = [], align(tokens.nbytes)
-    for t, mx_dtype in zip(tensors, mx_dtypes):
-        specs.append({"dtype": t.dtype.name, "mx_dtype": mx_dtype, "shape": list(t.shape),
-                      "offset": off, "nbytes": int(t.nbytes)})
-        off = align(off + int(t.nbytes))
-    body = {**header, "n_tokens": int(tokens.size), "tokens_hash": token_hash(tokens),
-            "tensors": specs, "data_bytes": off,
+    table = {"tokens": {"dtype": "I32", "shape": [int(tokens.size)],
+                        "data_offsets": [0, int(tokens.nbytes)]}}
+    specs, off = [], int(tokens.nbytes)
+    for i, (t, mx_dtype) in enumerate(zip(tensors, mx_dtypes)):
+        if mx_dtype not in ST_DTYPES:
+            raise ValueError(f"dtype {mx_dtype} cannot be stored")
+        n = int(t.nbytes)
+        table[f"t{i}"] = {"dtype": ST_DTYPES[mx_dtype], "shape": [int(x) for x in t.shape],
+                          "data_offsets": [off, off + n]}
+        specs.append({"mx_dtype": mx_dtype, "shape": [int(x) for x in t.shape], "offset": off,
+                      "nbytes": n})
+        off += n
+    body = {**header, "format": FORMAT, "version": VERSION, "n_tokens": int(tokens.size),
+            "tokens_hash": token_hash(tokens), "tensors": specs, "data_bytes": off,
             "hash": {"xxh3_128": _ZERO_FAST, **({"blake2b": _ZERO_STRONG} if strong else {})}}
-    raw = json.dumps(body, separators=(",", ":")).encode()
-    start = align(_PREFIX.size + len(raw))
+    raw = _header_bytes(body, table)
     tmp = directory / f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex}{SUFFIX}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     ok = False
@@ -122,37 +134,30 @@ def write_entry(directory: Path, header: dict, tokens: np.ndarray,
         fcntl.flock(fd, fcntl.LOCK_EX)
         fast = xxhash.xxh3_128()
         slow = hashlib.blake2b(digest_size=32) if strong else None
-        os.lseek(fd, start, os.SEEK_SET)
+        os.lseek(fd, _LEN.size + len(raw), os.SEEK_SET)
         _write_all(fd, tokens)
-        pos = tokens.nbytes
-        for spec, t in zip(specs, tensors):
+        for t in tensors:
             if cancelled():
                 return None, 0
-            if spec["offset"] > pos:
-                os.lseek(fd, start + spec["offset"], os.SEEK_SET)
             data = np.ascontiguousarray(t)
             fast.update(data)
             if slow is not None:
                 slow.update(data)
             _write_all(fd, data)
-            pos = spec["offset"] + spec["nbytes"]
             del data
-        size = start + off
-        os.ftruncate(fd, size)  # the trailing alignment pad of the last tensor
         body["hash"]["xxh3_128"] = fast.hexdigest()
         if slow is not None:
             body["hash"]["blake2b"] = slow.hexdigest()
-        final = json.dumps(body, separators=(",", ":")).encode()
+        final = _header_bytes(body, table)
         assert len(final) == len(raw)
         os.lseek(fd, 0, os.SEEK_SET)
-        _write_all(fd, _PREFIX.pack(MAGIC, VERSION, len(final), xxhash.xxh64_intdigest(final)))
-        _write_all(fd, final)
+        _write_all(fd, _LEN.pack(len(final)) + final)
         _full_sync(fd)
         path = directory / f"{uuid.uuid4().hex}{SUFFIX}"
         os.rename(tmp, path)
         sync_dir(directory)
         ok = True
-        return path, size
+        return path, _LEN.size + len(raw) + off
     finally:
         os.close(fd)
         if not ok:
@@ -172,8 +177,8 @@ class EntryHeader:
 
     @property
     def tensors(self) -> list[TensorSpec]:
-        return [TensorSpec(t["dtype"], t.get("mx_dtype", t["dtype"]), tuple(t["shape"]),
-                           int(t["offset"]), int(t["nbytes"])) for t in self.header["tensors"]]
+        return [TensorSpec(t["mx_dtype"], tuple(t["shape"]), int(t["offset"]), int(t["nbytes"]))
+                for t in self.header["tensors"]]
 
 
 def _read_exact(f, n: int) -> bytes:
@@ -190,23 +195,24 @@ def read_header(path: Path, f=None) -> EntryHeader:
         f = open(path, "rb", buffering=0)
     try:
         size = os.fstat(f.fileno()).st_size
-        magic, version, hlen, hhash = _PREFIX.unpack(_read_exact(f, _PREFIX.size))
-        if magic != MAGIC:
-            raise CorruptEntry("not an mlxbun KV file")
-        if version != VERSION:
-            raise CorruptEntry(f"format version {version} (this build reads {VERSION})")
+        (hlen,) = _LEN.unpack(_read_exact(f, _LEN.size))
         if not 0 < hlen <= MAX_HEADER:
-            raise CorruptEntry("header length out of range")
-        raw = _read_exact(f, hlen)
-        if xxhash.xxh64_intdigest(raw) != hhash:
-            raise CorruptEntry("header hash mismatch")
+            raise CorruptEntry("not an mlxbun KV file (header length out of range)")
         try:
-            header = json.loads(raw)
-        except ValueError as exc:
-            raise CorruptEntry(f"header is not JSON: {exc}") from None
-        start = align(_PREFIX.size + hlen)
-        if size != start + int(header.get("data_bytes", -1)):
-            raise CorruptEntry(f"size {size}, header says {start + header.get('data_bytes', 0)}")
+            table = json.loads(_read_exact(f, hlen))
+            meta = table.pop("__metadata__")
+            ours = meta["header"]
+        except (ValueError, KeyError, TypeError):
+            raise CorruptEntry("not an mlxbun KV file") from None
+        if meta.get("format") != FORMAT or xxhash.xxh64_hexdigest(ours.encode()) != meta.get("check"):
+            raise CorruptEntry("header hash mismatch")
+        header = json.loads(ours)
+        if header.get("version") != VERSION:
+            raise CorruptEntry(f"format version {header.get('version')} (this build reads {VERSION})")
+        start = _LEN.size + hlen
+        if size != start + int(header["data_bytes"]):
+            raise CorruptEntry(f"size {size}, header says {start + header['data_bytes']}")
+        _check_table(table, header)
         n = int(header["n_tokens"])
         f.seek(start)
         tokens = np.frombuffer(_read_exact(f, 4 * n), dtype="<i4").astype(np.int32)
@@ -220,36 +226,16 @@ def read_header(path: Path, f=None) -> EntryHeader:
             f.close()
 
 
-def stream_tensors(f, entry: EntryHeader, *, strong: bool = False) -> Iterator[np.ndarray]:
-    """Each tensor of ``entry`` as a fresh host array, in order, read from the open file
-    ``f``; after the last one the content hash is checked (CorruptEntry on a mismatch:
-    the caller must drop everything it built from this stream)."""
-    fast = xxhash.xxh3_128()
-    want_strong = entry.header["hash"].get("blake2b") if strong else None
-    slow = hashlib.blake2b(digest_size=32) if want_strong else None
-    for spec in entry.tensors:
-        try:
-            buf = np.empty(spec.shape, dtype=np.dtype(spec.dtype))
-        except TypeError as exc:
-            raise CorruptEntry(f"bad tensor spec: {exc}") from None
-        if buf.nbytes != spec.nbytes:
-            raise CorruptEntry("tensor size does not match its shape")
-        f.seek(entry.data_start + spec.offset)
-        view = memoryview(buf).cast("B")
-        got = 0
-        while got < spec.nbytes:
-            n = f.readinto(view[got:])
-            if not n:
-                raise CorruptEntry("truncated tensor")
-            got += n
-        fast.update(view)
-        if slow is not None:
-            slow.update(view)
-        yield buf
-    if fast.hexdigest() != entry.header["hash"]["xxh3_128"]:
-        raise CorruptEntry("content hash mismatch")
-    if slow is not None and slow.hexdigest() != want_strong:
-        raise CorruptEntry("blake2b mismatch")
+def _check_table(table: dict, header: dict) -> None:
+    """The safetensors table (what ``mx.load`` will read) must say what ours says."""
+    n = int(header["n_tokens"])
+    want = {"tokens": ["I32", [n], [0, 4 * n]]}
+    for i, t in enumerate(header["tensors"]):
+        want[f"t{i}"] = [ST_DTYPES.get(t["mx_dtype"]), list(t["shape"]),
+                         [t["offset"], t["offset"] + t["nbytes"]]]
+    got = {k: [v.get("dtype"), v.get("shape"), v.get("data_offsets")] for k, v in table.items()}
+    if got != want:
+        raise CorruptEntry("the tensor table does not match the header")
 
 
 def drop_pages(f) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import codec
 from .config import DEFAULT_FREE_SHARE, DEFAULT_MAX_BYTES, SsdConfig
-from .fileformat import CorruptEntry, drop_pages, read_header, stream_tensors, write_entry
+from .fileformat import CorruptEntry, drop_pages, read_header, write_entry
 from .identity import namespace_key
 from .index import Index, IndexEntry
 from .writer import WriteJob, WriteQueue
@@ -100,8 +100,6 @@ class SsdStore:
     def restore(self, entry: IndexEntry) -> Optional[tuple[list, str]]:
         """``(cache, cache_type)`` rebuilt from ``entry``'s file, every byte checked; None
         (and the file removed when it failed a check) otherwise."""
-        import mlx.core as mx
-
         t0 = time.perf_counter()
         try:
             with open(entry.path, "rb", buffering=0) as f:
@@ -110,10 +108,8 @@ class SsdStore:
                         or h.header.get("namespace") != entry.ns
                         or not np.array_equal(h.tokens, entry.tokens)):
                     raise CorruptEntry("header does not match the index")
-                arrays = [codec.to_mx(buf, spec.mx_dtype) for buf, spec in
-                          zip(stream_tensors(f, h, strong=self.config.verify), h.tensors)]
+                arrays = codec.load_arrays(h, strong=self.config.verify)
                 cache = codec.decode(h.header["caches"], arrays)
-                mx.eval(arrays)
                 drop_pages(f)
         except (CorruptEntry, codec.Unsupported) as exc:
             log.warning("ssd cache: removing %s (%s)", entry.path, exc)
