@@ -93,6 +93,27 @@ def _write_all(fd: int, data) -> None:
         view = view[n:]
 
 
+CHUNK = 4 << 20
+
+
+def byte_chunks(a: np.ndarray):
+    """``a``'s bytes in C order as pieces of at most ``CHUNK`` bytes, copying nothing
+    where rows are contiguous (a KV buffer cut to its offset is strided only across
+    heads). Small pieces keep each hash/write call short, so the GIL changes hands and
+    the MLX thread is never held up for long."""
+    if a.ndim == 0:
+        a = a.reshape(1)
+    if a.flags.c_contiguous:
+        view = memoryview(a).cast("B") if a.size else memoryview(b"")
+        for i in range(0, len(view), CHUNK):
+            yield view[i:i + CHUNK]
+    elif a.ndim == 1:
+        yield from byte_chunks(np.ascontiguousarray(a))
+    else:
+        for sub in a:
+            yield from byte_chunks(sub)
+
+
 def _header_bytes(body: dict, table: dict) -> bytes:
     ours = json.dumps(body, separators=(",", ":"))
     meta = {"format": FORMAT, "header": ours, "check": xxhash.xxh64_hexdigest(ours.encode())}
@@ -139,12 +160,11 @@ def write_entry(directory: Path, header: dict, tokens: np.ndarray,
         for t in tensors:
             if cancelled():
                 return None, 0
-            data = np.ascontiguousarray(t)
-            fast.update(data)
-            if slow is not None:
-                slow.update(data)
-            _write_all(fd, data)
-            del data
+            for chunk in byte_chunks(t):
+                fast.update(chunk)
+                if slow is not None:
+                    slow.update(chunk)
+                _write_all(fd, chunk)
         body["hash"]["xxh3_128"] = fast.hexdigest()
         if slow is not None:
             body["hash"]["blake2b"] = slow.hexdigest()
