@@ -214,7 +214,9 @@ class PrefixCache:
             return True
         job = getattr(entry, "job", None)
         if job is not None:  # queued behind; now it is leaving RAM or being flushed
-            job.urgent |= urgent
+            if urgent and not job.urgent:
+                job.urgent = True
+                self.tier.queue.poke()
             return True
         if getattr(entry, "volatile", False):
             return False

@@ -145,6 +145,8 @@ def load_arrays(entry, *, strong: bool = False) -> list:
         loaded = mx.load(str(entry.path), format="safetensors")
         arrays = [loaded[f"t{i}"] for i in range(len(entry.tensors))]
     except (RuntimeError, ValueError, KeyError) as exc:
+        if not entry.path.exists():  # removed by another server's byte cap meanwhile
+            raise FileNotFoundError(str(entry.path)) from None
         raise CorruptEntry(f"unreadable: {exc}") from None
     for a, spec in zip(arrays, entry.tensors):
         if tuple(a.shape) != spec.shape or str(a.dtype).rsplit(".", 1)[-1] != spec.mx_dtype:

@@ -110,6 +110,11 @@ class WriteQueue:
             self._tick, self._tick_s = fn, max(0.05, every_s)
             self._cond.notify_all()
 
+    def poke(self) -> None:
+        """A queued job became urgent: look again now."""
+        with self._cond:
+            self._cond.notify_all()
+
     def expedite(self) -> None:
         """Every queued job becomes urgent (a flush: write now, busy or not)."""
         with self._cond:

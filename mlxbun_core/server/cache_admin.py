@@ -9,28 +9,22 @@ is still pending at the timeout). Without ``--ssd-cache`` it answers 200 with
 
 from __future__ import annotations
 
-import json
-
 from blacksheep import Request
 
 from ..errors import BadRequest
 from ..kvstore import durability
+from .body import _read_capped, max_body_bytes, parse_body
 from .common import guarded, json_response
 
 MAX_TIMEOUT_S = 3600.0
 
 
 async def _timeout(request: Request) -> float:
-    raw = await request.read() or b""
+    """The optional body's ``timeout_s`` (no body: the default)."""
+    raw = await _read_capped(request, max_body_bytes())
     if not raw.strip():
         return durability.DEFAULT_TIMEOUT_S
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise BadRequest("invalid JSON body") from None
-    if not isinstance(body, dict):
-        raise BadRequest("the body must be a JSON object")
-    value = body.get("timeout_s", durability.DEFAULT_TIMEOUT_S)
+    value = parse_body(raw).get("timeout_s", durability.DEFAULT_TIMEOUT_S)
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
             or not 0 < value <= MAX_TIMEOUT_S:
         raise BadRequest(f"timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:.0f}]",
