@@ -174,14 +174,26 @@ def test_partial_matches_follow_trimmability(d):
     assert s.find(s.key("other-ns"), long + [1]) is None  # namespaces never mix
 
 
-def test_a_longer_trimmable_entry_supersedes_its_prefixes(d):
+def test_a_longer_trimmable_entry_supersedes_its_conversations_earlier_files(d):
     s = store_at(d)
     turn1 = list(range(300, 340))
     put(s, "ns", turn1, [_kv(40)])
-    put(s, "ns", turn1 + list(range(5, 25)), [_kv(60)])
+    put(s, "ns", turn1 + list(range(5, 25)), [_kv(60)])  # extends it: one file left
     (entry,) = s.index.entries()
     assert entry.n == 60
     assert s.find(s.key("ns"), turn1 + [1])[1] == 40  # still served, by trimming
+    # the next turn re-renders the reply's last tokens differently: still the same story
+    turn3 = turn1 + list(range(5, 22)) + list(range(900, 960))
+    put(s, "ns", turn3, [_kv(len(turn3))])
+    (entry,) = s.index.entries()
+    assert entry.n == len(turn3)
+    # another conversation sharing only a head keeps its own file
+    other = turn1[:10] + list(range(2000, 2050))
+    put(s, "ns", other, [_kv(60)])
+    assert len(s.index) == 2
+    # a recurrent (non-rewindable) entry never replaces anything
+    put(s, "ns", turn3 + [1, 2, 3], [_recurrent()])
+    assert len(s.index) == 3
 
 
 def test_the_byte_cap_removes_the_least_recently_used_files(d):

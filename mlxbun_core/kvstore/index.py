@@ -144,13 +144,15 @@ class Index:
                 return e
         return None
 
-    def prefixes_of(self, ns: str, tokens: np.ndarray) -> list[IndexEntry]:
-        """Entries whose tokens are a strict prefix of ``tokens`` (superseded by a
-        trimmable entry holding ``tokens``)."""
+    def superseded_by(self, ns: str, tokens: np.ndarray, slack: int) -> list[IndexEntry]:
+        """Entries a trimmable entry holding ``tokens`` serves as well, give or take their
+        last ``slack`` tokens: its prefixes, and the earlier turns of its conversation
+        (whose generated tail the next turn's re-rendered prompt does not repeat)."""
         with self._lock:
             entries = list(self._by_ns.get(ns, {}).values())
         return [e for e in entries
-                if e.n < tokens.size and np.array_equal(tokens[:e.n], e.tokens)]
+                if e.n <= tokens.size and not np.array_equal(e.tokens, tokens)
+                and common_prefix(e.tokens, tokens) >= e.n - min(slack, e.n // 8)]
 
     def __len__(self) -> int:
         with self._lock:

@@ -30,6 +30,9 @@ from .writer import WriteJob, WriteQueue
 log = logging.getLogger("mlxbun.kvstore")
 
 RETRY_S = 30.0
+# A new rewindable file replaces the older files of its conversation that it serves all
+# but this many trailing tokens of (one file per conversation, not one per turn).
+SUPERSEDE_SLACK = 64
 
 
 def default_max_bytes(root: Path, used: int) -> int:
@@ -160,9 +163,10 @@ class SsdStore:
         with self._lock:
             self.spills += 1
         self.index.add(IndexEntry(path, job.ns, job.tokens, size, time.time(), job.trimmable))
-        if job.trimmable:  # its prefixes are served by trimming this one
-            for old in self.index.prefixes_of(job.ns, job.tokens):
-                self.index.remove(old.path)
+        if job.trimmable:  # earlier turns are served by trimming this one
+            for old in self.index.superseded_by(job.ns, job.tokens, SUPERSEDE_SLACK):
+                if old.path != path:
+                    self.index.remove(old.path)
         self._enforce_cap(keep=path)
         if self.degraded is not None:
             log.warning("ssd cache: writes work again")
