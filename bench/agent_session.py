@@ -243,6 +243,8 @@ def main():
     ap.add_argument("--restore-tokens", type=int, default=4000,
                     help="history of the restore phase (0: skip it)")
     ap.add_argument("--arms", nargs="*", default=["mlxbun", "mlxbun+ssd", "mlx_lm.server"])
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="session rounds; the arms' order alternates, medians are reported")
     ap.add_argument("--ssd-dir", default=None, help="where the tier writes (default: a temp dir)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -272,25 +274,27 @@ def main():
         shutil.rmtree(d, ignore_errors=True)
         return d
 
-    session_dir = fresh_ssd("session")
-    servers = {
-        "mlxbun": Server("mlxbun", mlxbun([]), logs),
-        "mlxbun+ssd": Server("mlxbun+ssd", mlxbun(["--ssd-cache", session_dir]), logs),
-        "mlx_lm.server": Server("mlx_lm.server", lambda port: [
-            sys.executable, "-m", "mlx_lm.server", "--model", str(ckpt), "--port", str(port)], logs),
-    }
     plan = script(tok, args.turns + args.after, args.system_tokens, args.result_tokens, seed=5)
-    session = {}
-    for name in args.arms:
-        print(f"session: {name}", flush=True)
-        s = servers[name]
-        s.start()
-        chat(s.base, [{"role": "user", "content": "warm up"}], 4)  # kernels, not measured
-        try:
-            session[name] = run_session(s, plan, args.turns, args.after, args.max_tokens,
-                                        flush=name == "mlxbun+ssd")
-        finally:
-            s.stop()
+    session: dict = {name: [] for name in args.arms}
+    for rnd in range(args.rounds):
+        session_dir = fresh_ssd("session")  # every round starts with an empty tier
+        servers = {
+            "mlxbun": Server("mlxbun", mlxbun([]), logs),
+            "mlxbun+ssd": Server("mlxbun+ssd", mlxbun(["--ssd-cache", session_dir]), logs),
+            "mlx_lm.server": Server("mlx_lm.server", lambda port: [
+                sys.executable, "-m", "mlx_lm.server", "--model", str(ckpt), "--port", str(port)],
+                logs),
+        }
+        for name in args.arms if rnd % 2 == 0 else list(reversed(args.arms)):
+            print(f"session round {rnd}: {name}", flush=True)
+            s = servers[name]
+            s.start()
+            chat(s.base, [{"role": "user", "content": "warm up"}], 4)  # kernels, not measured
+            try:
+                session[name].append(run_session(s, plan, args.turns, args.after,
+                                                 args.max_tokens, flush=name == "mlxbun+ssd"))
+            finally:
+                s.stop()
     restore = None
     if args.restore_tokens:
         rdir = fresh_ssd("restore")
@@ -301,22 +305,35 @@ def main():
     report(args, dtype, ckpt, session, restore)
 
 
+def _row(args, s: dict) -> dict:
+    ttft = [t["ttft_s"] for t in s["turns"]]
+    after = ttft[args.turns:]
+    return {"wall_before_s": s["before_s"], "wall_after_s": s["after_s"],
+            "wall_s": s["before_s"] + s["after_s"],
+            "ttft_median_before_s": statistics.median(ttft[:args.turns]),
+            "ttft_first_after_restart_s": after[0] if after else None,
+            "ttft_median_after_s": statistics.median(after) if after else None}
+
+
 def report(args, dtype, ckpt, session: dict, restore) -> None:
+    """Medians over rounds; ratios to mlx_lm.server are per round (same round), then the
+    median of those."""
     import mlx.core as mx
 
     summary = {}
     ref = session.get("mlx_lm.server")
-    for name, s in session.items():
-        ttft = [t["ttft_s"] for t in s["turns"]]
-        row = {"wall_before_s": s["before_s"], "wall_after_s": s["after_s"],
-               "wall_s": s["before_s"] + s["after_s"],
-               "ttft_median_before_s": statistics.median(ttft[:args.turns]),
-               "ttft_first_after_restart_s": ttft[args.turns] if len(ttft) > args.turns else None,
-               "ttft_median_after_s": statistics.median(ttft[args.turns:]) if len(ttft) > args.turns else None,
-               "restart": {k: v for k, v in s.get("restart", {}).items() if k != "flush"}}
-        if ref is not None:
-            row["wall_vs_mlx_lm_server"] = row["wall_s"] / (ref["before_s"] + ref["after_s"])
-            row["wall_before_vs_mlx_lm_server"] = s["before_s"] / ref["before_s"]
+    for name, runs in session.items():
+        rows = [_row(args, s) for s in runs]
+        row = {k: statistics.median(r[k] for r in rows) if rows[0][k] is not None else None
+               for k in rows[0]}
+        row["restart"] = [{k: v for k, v in s.get("restart", {}).items() if k != "flush"}
+                          for s in runs]
+        if ref:
+            ratios = [r["wall_s"] / (x["before_s"] + x["after_s"]) for r, x in zip(rows, ref)]
+            before = [r["wall_before_s"] / x["before_s"] for r, x in zip(rows, ref)]
+            row["wall_vs_mlx_lm_server"] = statistics.median(ratios)
+            row["wall_vs_mlx_lm_server_rounds"] = ratios
+            row["wall_before_vs_mlx_lm_server"] = statistics.median(before)
         summary[name] = row
     meta = {"device": str(mx.default_device()), "shape": args.shape, "dtype": dtype,
             "model": str(ckpt), "mlx": mx.__version__, "command": " ".join(sys.argv)}
