@@ -194,3 +194,20 @@ def test_flush_route_and_stats_fields(tmp_path):
         r = httpx.post(srv.base_url + "/admin/cache/flush", timeout=30)
         assert r.status_code == 200 and r.json()["enabled"] is False
         assert "ssd_cache" not in httpx.get(srv.base_url + "/stats").json()
+
+
+def test_flags_need_the_ram_cache_and_warn_alone(tmp_path, capsys):
+    from mlxbun_core.cli import main
+
+    assert main(["serve", "--ssd-cache", str(tmp_path), "--prompt-cache", "0"]) == 2
+    assert "--ssd-cache needs the RAM prompt cache" in capsys.readouterr().err
+    from mlxbun_core.cli import build_parser
+    from mlxbun_core.kvstore.flags import config_from_args
+
+    args = build_parser().parse_args(["serve", "--ssd-cache-verify", "--ssd-demote-idle", "5"])
+    assert config_from_args(args) == (None, None)
+    assert "need --ssd-cache; ignored" in capsys.readouterr().err
+    args = build_parser().parse_args(["serve", "--ssd-cache", str(tmp_path), "--ssd-cache-max",
+                                      "2", "--ssd-demote-idle", "0"])
+    config, problem = config_from_args(args)
+    assert problem is None and config.max_bytes == 2 << 30 and config.demote_idle_s == 0
