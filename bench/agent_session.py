@@ -109,9 +109,10 @@ def chat(base: str, messages: list, max_tokens: int) -> dict:
 
 
 def words(tok, n: int, rng: random.Random) -> str:
-    """About ``n`` tokens of text the tokenizer round-trips."""
+    """Text of about ``n`` tokens (random ids decode to text that re-encodes longer: cut)."""
     ids = [rng.randrange(100, min(tok.vocab_size, 30000)) for _ in range(n)]
-    return tok.decode(ids)
+    enc = tok.encode(tok.decode(ids), add_special_tokens=False)
+    return tok.decode(enc[:n])
 
 
 def script(tok, turns: int, system_tokens: int, result_tokens: int, seed: int) -> dict:
