@@ -87,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="listen on a unix socket instead of TCP (the engine half of --isolate)")
     s.add_argument("--no-open", action="store_true",
                    help="do not open the web app in a browser (it opens only on an interactive start)")
+    add_ssd_cache_flags(s)
 
     ls = sub.add_parser("ls", help="list local models (HF cache and converted models)")
     ls.add_argument("filter", nargs="?", default=None, help="case-insensitive id substring")
@@ -130,6 +131,13 @@ def add_selection_flags(p) -> None:
                    help="path or query; wins over the positional and --query")
     p.add_argument("--query", "-q", dest="query", default=None,
                    help="a query matching a local model id (lowest-precedence selector)")
+
+
+def add_ssd_cache_flags(p) -> None:
+    """--ssd-cache DIR, --ssd-cache-max GB, --ssd-cache-verify, --ssd-demote-idle S."""
+    from .kvstore.flags import add_flags
+
+    add_flags(p)
 
 
 def chosen_model(args, *, probe_mlx: bool = True):
@@ -333,7 +341,10 @@ def cmd_serve(args) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
-    sock, problem = preflight(args)
+    from .kvstore.flags import config_from_args
+
+    ssd, problem = config_from_args(args)
+    sock, problem = (None, problem) if problem else preflight(args)
     if problem:
         print(f"mlxbun: {problem}", file=sys.stderr)
         return 2
@@ -355,6 +366,7 @@ def cmd_serve(args) -> int:
             "draft_model": args.draft_model, "num_draft_tokens": args.num_draft_tokens})
         engine = Engine.load(name, options, defaults=defaults, max_tokens=args.max_tokens,
                              batch=args.batch, prompt_cache_bytes=int(args.prompt_cache * (1 << 30)),
+                             ssd=ssd,
                              memory_budget_bytes=int(args.memory_budget * 1e9)
                              if args.memory_budget else None, kv_quant=args.kv_quant)
     except ModelNotFound as exc:

@@ -84,11 +84,12 @@ class Engine:
                  defaults: Optional[dict] = None, max_tokens: Optional[int] = None,
                  draft=None, batch: Optional[int] = None,
                  prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
-                 memory_budget_bytes: Optional[int] = None, kv_quant="off"):
+                 memory_budget_bytes: Optional[int] = None, kv_quant="off", ssd=None):
         self.model = model
         self.draft = draft  # a contract.DraftSource: every request then decodes speculatively
         self.worker = worker or ModelWorker()
-        self.prefix = PrefixCache(prompt_cache_bytes)
+        self.prefix = PrefixCache(prompt_cache_bytes, tier=self._ssd_tier(ssd, prompt_cache_bytes),
+                                  post=self.worker.post)
         self.kv = kvquant.parse(kv_quant)
         self.admission = Admission(model, memory_budget_bytes, kv_bits=self.kv.bits)
         if warning := kvquant.startup_warning(self.kv, self.admission.layout):
@@ -223,6 +224,31 @@ class Engine:
         if isinstance(req, ChatRequest) and req.media_items:
             media = "media:" + media_parts.digest(req.media_items)
         return (self.model.id, str(self.model.path), adapters.key, self.kv.name, media)
+
+    def _ssd_tier(self, config, ram_bytes: int):
+        """The SSD tier under the prefix cache (``--ssd-cache``), or None."""
+        if config is None or ram_bytes <= 0:
+            return None
+        from ..kvstore import open_store
+
+        config.queue_bytes = max(config.queue_bytes, ram_bytes)
+        return open_store(config, self.model, namespace_parts=self.durable_namespace,
+                          busy=lambda: not self.idle)
+
+    def durable_namespace(self, namespace) -> Optional[list]:
+        """``namespace`` as it may be written to disk: adapters by their files, not by
+        this process's mount serials (None: an adapter that is no longer mounted)."""
+        *head, adapter_key, kv, media = namespace
+        mounted = {f"{m.id}#{m.serial}": m for m in self.adapters.mounted.values()}
+        adapters = []
+        for piece in filter(None, adapter_key.split("+")):
+            m = mounted.get(piece)
+            if m is None:
+                return None
+            from ..kvstore.identity import file_identity
+
+            adapters.append([m.id, str(m.info.path), m.info.scale, file_identity(m.info.path)])
+        return [*head, adapters, kv, media]
 
     def effective_limit(self, req: GenerationRequest) -> int:
         """The completion budget after admission (400 when the prompt leaves no room)."""

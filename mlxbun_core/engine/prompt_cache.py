@@ -12,13 +12,23 @@ models, adapters, KV settings and media. Works for every cache kind mlx-lm uses:
 
 Lookups always leave at least the prompt's last token to feed the model, so a
 hit still yields the logits of the first new token.
+
+With an SSD tier (``kvstore.SsdStore``), entries leaving RAM (evicted, idle past
+the demotion age, or demoted by a drain) are written to disk in the background,
+published entries are written behind when the engine is idle, and a lookup that
+misses RAM (or finds far less there) restores the best SSD entry into RAM first.
+Everything here runs on the MLX owner thread, except :meth:`stats`.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
-from typing import Optional
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 log = logging.getLogger("mlxbun.cache")
 
@@ -27,21 +37,39 @@ log = logging.getLogger("mlxbun.cache")
 # short common prefix walks that entry's whole tail (30-120 ms for a 5k-token
 # conversation, measured on an H200 host and on this CPU) to save a few tokens of prefill.
 MIN_HIT = 64
+# An SSD entry is restored over a RAM hit only when it covers this share more of the prompt
+# (re-reading a whole entry to save a few tokens of prefill loses).
+SSD_GAIN = 0.25
+
+
+@dataclass
+class _Plan:
+    key: list  # the tokens of the RAM entry to copy
+    trim: int  # positions to cut from its end
+    n: int  # prompt tokens it then holds
 
 
 class PrefixCache:
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, tier=None, post: Optional[Callable] = None):
+        """``tier``: an SSD store (or None); ``post(fn)`` runs ``fn`` on the MLX owner
+        thread (the idle-demotion sweep is timed on the tier's writer thread)."""
         from mlx_lm.models.cache import LRUPromptCache
 
         self.max_bytes = max_bytes
-        self._lru = LRUPromptCache(max_size=1 << 20, max_bytes=max_bytes)
+        self._lru = LRUPromptCache(max_size=1 << 20, max_bytes=1 << 62)  # we evict: to spill
         self._lock = threading.Lock()  # /stats reads from the event loop
+        self.tier = tier if max_bytes > 0 else None
         self.lookups = self.hits = self.hit_tokens = self.stores = 0
+        self.ssd_hits = self.ssd_hit_tokens = 0
+        if self.tier is not None and post is not None and self.tier.config.demote_idle_s > 0:
+            age = self.tier.config.demote_idle_s
+            self.tier.queue.on_tick(lambda: self._idle_sweep(post), min(30.0, max(0.05, age / 4)))
 
     @property
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
+    # -- lookups ---------------------------------------------------------------------
     def lookup(self, namespace, tokens: list) -> tuple[Optional[list], int]:
         """``(cache, n)``: a private cache holding ``tokens[:n]``, or ``(None, 0)``."""
         if not self.enabled or len(tokens) < 2:
@@ -49,35 +77,58 @@ class PrefixCache:
         with self._lock:
             self.lookups += 1
             shared, whole_entry = self._shared(namespace, tokens)
-            if shared < min(MIN_HIT, len(tokens) - 1) and not whole_entry:
-                return None, 0
-            cache, rest = self._lru.fetch_nearest_cache(namespace, tokens)
-            if cache is not None and not rest:  # exact: the last token must still be fed
-                if trimmable(cache):
-                    from mlx_lm.models.cache import trim_prompt_cache
-
-                    trim_prompt_cache(cache, 1)
-                    rest = tokens[-1:]
-                else:
-                    cache, rest = self._lru.fetch_nearest_cache(namespace, tokens[:-1])
-                    rest = list(rest) + tokens[-1:]
-        if cache is None:
-            return None, 0
-        n = len(tokens) - len(rest)
-        if n <= 0:
+            plan = None
+            if shared >= min(MIN_HIT, len(tokens) - 1) or whole_entry:
+                plan = self._plan(namespace, tokens)
+        ram_n = plan.n if plan is not None else 0
+        if self.tier is not None and ram_n < (1 - SSD_GAIN) * (len(tokens) - 1):
+            restored = self._restore(namespace, tokens, ram_n)
+            if restored is not None:
+                return restored
+        if plan is None or plan.n <= 0:
             return None, 0
         with self._lock:
+            cache = self._take(namespace, plan)
             self.hits += 1
-            self.hit_tokens += n
-        return cache, n
+            self.hit_tokens += plan.n
+        return cache, plan.n
+
+    def _plan(self, namespace, tokens: list, need_tail: bool = True) -> Optional[_Plan]:
+        """Which RAM entry serves ``tokens`` and how (mlx-lm's ``fetch_nearest_cache``
+        rule, without copying anything yet)."""
+        trie = self._lru._trie
+        found = trie.search(namespace, tokens)
+        if found.exact is not None:
+            if not need_tail:
+                return _Plan(list(tokens), 0, len(tokens))
+            if trimmable(trie.get(namespace, tokens).prompt_cache):
+                return _Plan(list(tokens), 1, len(tokens) - 1)
+            return self._plan(namespace, tokens[:-1], need_tail=False)
+        short = len(found.shorter) if found.shorter is not None else 0
+        if found.longer is not None and found.common_prefix > short:
+            if trimmable(trie.get(namespace, found.longer).prompt_cache):
+                n = min(len(tokens) - 1, found.common_prefix)
+                return _Plan(found.longer, len(found.longer) - n, n)
+        if short > 0:
+            return _Plan(found.shorter, 0, short)
+        return None
+
+    def _take(self, namespace, plan: _Plan) -> list:
+        """A private copy of the planned entry, trimmed; the entry counts as used (for
+        idle demotion; eviction order stays mlx-lm's, by insertion)."""
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        entry = self._lru._trie.get(namespace, plan.key)
+        cache = copy.deepcopy(entry.prompt_cache)
+        if plan.trim:
+            trim_prompt_cache(cache, plan.trim)
+        entry.last_used = time.monotonic()
+        return cache
 
     def _shared(self, namespace, tokens: list) -> tuple[int, bool]:
         """How many leading ``tokens`` some entry shares, and whether a whole entry lies
         within them (a walk down mlx-lm's trie)."""
-        try:
-            node = self._lru._trie._trie.get(namespace)
-        except AttributeError:  # another mlx-lm layout: let its own search decide
-            return len(tokens), True
+        node = self._lru._trie._trie.get(namespace)
         n, whole = 0, False
         while node is not None and n < len(tokens):
             node = node.get(tokens[n])
@@ -86,6 +137,37 @@ class PrefixCache:
                 whole = whole or "__value__" in node
         return n, whole
 
+    def _restore(self, namespace, tokens: list, ram_n: int) -> Optional[tuple[list, int]]:
+        """``(cache, n)`` from the best SSD entry when it beats the RAM hit clearly; the
+        restored entry also joins RAM (already durable)."""
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        key = self.tier.key(namespace)
+        found = self.tier.find(key, tokens) if key is not None else None
+        if found is None:
+            return None
+        entry, usable = found
+        if usable < min(MIN_HIT, len(tokens) - 1) and usable != entry.n:
+            return None
+        if usable <= ram_n + max(1, int(SSD_GAIN * usable)):
+            return None
+        got = self.tier.restore(entry)
+        if got is None:
+            return None
+        restored, cache_type = got
+        cut = entry.n - usable
+        if cut and not trimmable(restored):
+            return None  # the header said trimmable; the objects disagree: not usable
+        cache = copy.deepcopy(restored)
+        if cut:
+            trim_prompt_cache(cache, cut)
+        self._insert(namespace, entry.tokens.tolist(), restored, cache_type, durable=True)
+        with self._lock:
+            self.ssd_hits += 1
+            self.ssd_hit_tokens += usable
+        return cache, usable
+
+    # -- stores ----------------------------------------------------------------------
     def store(self, namespace, tokens: list, cache: list, *, boundary: bool = False) -> None:
         """Keep ``cache`` (which holds exactly ``tokens``); evicts least recently used."""
         if not self.enabled or not tokens or not cache:
@@ -96,10 +178,110 @@ class PrefixCache:
         # here it owns its bytes, unevaluated it would pin every row's (and its byte
         # count would not say so)
         mx.eval([c.state for c in cache])
+        self._insert(namespace, list(tokens), cache, "user" if boundary else "assistant",
+                     durable=False)
+
+    def _insert(self, namespace, tokens: list, cache: list, cache_type: str,
+                durable: bool) -> None:
         with self._lock:
-            self._lru.insert_cache(namespace, list(tokens), cache,
-                                   cache_type="user" if boundary else "assistant")
-            self.stores += 1
+            self._lru.insert_cache(namespace, tokens, cache, cache_type=cache_type)
+            entry = self._lru._trie.get(namespace, tokens)
+            entry.last_used, entry.durable, entry.job = time.monotonic(), durable, None
+            if not durable:
+                self.stores += 1
+            evicted = self._evict(self.max_bytes)
+        if self.tier is None:
+            return
+        for ns, toks, old in evicted:
+            self._persist(ns, toks, old, urgent=True)
+        if not durable and self.tier.config.write_behind:
+            self._persist(namespace, tokens, entry, urgent=False)
+
+    def _evict(self, limit: int) -> list:
+        """Pop least recently used entries until the bytes fit ``limit``."""
+        lru, out = self._lru, []
+        while lru.nbytes > limit and len(lru):
+            ns, tokens = lru._lru.pop()
+            out.append((ns, tokens, self._pop(ns, tokens)))
+        return out
+
+    def _pop(self, namespace, tokens: list):
+        lru = self._lru
+        entry = lru._trie.pop(namespace, tokens)
+        lru._n_bytes -= entry.nbytes
+        lru._n_bytes_by_type[entry.cache_type] -= entry.nbytes
+        return entry
+
+    # -- the SSD tier ----------------------------------------------------------------
+    def _persist(self, namespace, tokens: list, entry, urgent: bool) -> bool:
+        """Queue ``entry`` for the disk unless it is there or on its way; True when it
+        is durable or queued."""
+        if getattr(entry, "durable", True):
+            return True
+        job = getattr(entry, "job", None)
+        if job is not None:  # queued behind; now it is leaving RAM or being flushed
+            if urgent and not job.urgent:
+                job.urgent = True
+                self.tier.queue.poke()
+            return True
+        if getattr(entry, "volatile", False):
+            return False
+        key = self.tier.key(namespace)
+        job = self.tier.prepare(key, tokens, entry.prompt_cache, entry.cache_type) \
+            if key is not None else None
+        if job is None:  # an adapter no longer mounted, or a cache we cannot store
+            entry.volatile = True
+            return False
+        job.urgent = urgent
+        ref = weakref.ref(entry)
+        job.done.append(lambda ok: _written(ref, ok))
+        entry.job = job
+        return self.tier.submit(job)
+
+    def _entries(self) -> list:
+        with self._lock:
+            return [(ns, tokens, self._lru._trie.get(ns, tokens))
+                    for lru in self._lru._lru._lrus.values() for ns, tokens in lru]
+
+    def persist_all(self) -> int:
+        """Queue every RAM entry not yet on disk (a flush or a drain); how many are
+        durable or queued now."""
+        if self.tier is None:
+            return 0
+        return sum(self._persist(ns, tokens, e, urgent=True) for ns, tokens, e in self._entries())
+
+    def dirty(self) -> int:
+        """RAM entries that could go to disk but are not there yet."""
+        return sum(1 for _, _, e in self._entries()
+                   if not getattr(e, "durable", True) and not getattr(e, "volatile", False))
+
+    def drop_durable(self, idle_s: float = 0.0) -> int:
+        """Free the RAM of entries already on disk (unused for ``idle_s``); the count."""
+        now, n = time.monotonic(), 0
+        for ns, tokens, e in self._entries():
+            if getattr(e, "durable", False) and now - e.last_used >= idle_s:
+                with self._lock:
+                    self._lru._lru.remove(ns, tokens)
+                    self._pop(ns, tokens)
+                n += 1
+        if n and self.tier is not None:
+            self.tier.demotions += n
+        return n
+
+    def demote_idle(self) -> None:
+        """Entries unused past the demotion age: free the durable ones, queue the rest."""
+        age = self.tier.config.demote_idle_s
+        now = time.monotonic()
+        for ns, tokens, e in self._entries():
+            if now - e.last_used >= age:
+                self._persist(ns, tokens, e, urgent=True)
+        self.drop_durable(age)
+
+    def _idle_sweep(self, post: Callable) -> None:
+        """On the writer thread: ask the owner thread to demote when something is idle."""
+        age, now = self.tier.config.demote_idle_s, time.monotonic()
+        if any(now - e.last_used >= age for _, _, e in self._entries()):
+            post(self.demote_idle)
 
     def clear(self) -> None:
         with self._lock:
@@ -107,10 +289,20 @@ class PrefixCache:
 
     def stats(self) -> dict:
         with self._lock:
+            misses = self.lookups - self.hits - self.ssd_hits
             return {"enabled": self.enabled, "max_bytes": self.max_bytes,
                     "bytes": self._lru.nbytes, "entries": len(self._lru),
-                    "lookups": self.lookups, "hits": self.hits,
-                    "hit_tokens": self.hit_tokens, "stores": self.stores}
+                    "lookups": self.lookups, "hits": self.hits, "ssd_hits": self.ssd_hits,
+                    "misses": misses, "hit_tokens": self.hit_tokens,
+                    "ssd_hit_tokens": self.ssd_hit_tokens, "stores": self.stores}
+
+
+def _written(ref, ok: bool) -> None:
+    """A write finished (on the writer thread): the entry is durable, or dirty again."""
+    entry = ref()
+    if entry is not None:
+        entry.job = None
+        entry.durable = entry.durable or ok
 
 
 def trimmable(cache: list) -> bool:

@@ -60,6 +60,17 @@ class ModelWorker:
         self._inbox.put(job)
         return await job.future
 
+    def post(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` on the worker thread between steps, from any thread, without
+        waiting for it (timers, background tiers); its failure is only logged."""
+        def run():
+            try:
+                fn()
+            except Exception:
+                log.exception("posted call failed")
+
+        self._inbox.put(CallJob(None, run))
+
     def run_sync(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the worker thread from a non-async caller (start-up).
 

@@ -27,6 +27,8 @@ RESTART_WINDOW_S = 60.0
 EARLY_DEATH_BACKOFF_S = 5.0
 READY_TIMEOUT_S = 15 * 60.0
 STOP_TIMEOUT_S = 10.0
+# the engine's wait for idle (60 s) plus its prompt-cache demotion to the SSD tier (60 s)
+DRAIN_TIMEOUT_S = 130.0
 _counter = 0
 
 
@@ -59,6 +61,7 @@ class EngineProcess:
         self.respawn = True  # False once the parent drains: a child that exits stays down
         self.state = "new"  # new, starting, ready, dead, failed, stopping, stopped
         self.in_flight = 0
+        self.demotions = 0  # prompt-cache entries its drains demoted to the SSD tier
         self.last_used = time.monotonic()
         self.served_row: Optional[dict] = None  # the child's own /v1/models row
         self.machine: Optional[dict] = None  # the child's machine as MLX reports it
@@ -167,8 +170,9 @@ class EngineProcess:
         """Drain (POST /admin/drain on the socket), then terminate; kill if it lingers."""
         if drain and self.state == "ready":
             try:
-                await self.client.post("/admin/drain", timeout=70.0)
-            except httpx.HTTPError:
+                r = await self.client.post("/admin/drain", timeout=DRAIN_TIMEOUT_S)
+                self.demotions += int(r.json().get("demotions") or 0)
+            except (httpx.HTTPError, ValueError, TypeError, AttributeError):
                 pass
         self._set("stopping")
         await self.client.aclose()  # an idle keep-alive connection would hold uvicorn's exit 5 s

@@ -5,8 +5,9 @@ Wraps the child's ASGI app only when it listens on a unix socket (``--unix``), s
 ``/admin/drain`` never exists on TCP. A drain puts the engine in the same
 draining state as a shutdown signal (new generation work gets a 503) and waits
 until the engine is idle and every HTTP response in flight, streams included,
-has been written; the parent then stops the child. There is no SSD prompt-cache
-tier to demote to yet, so ``demotions`` is 0.
+has been written, then demotes the whole prompt cache to the SSD tier (when
+``--ssd-cache`` is on: every entry is written and its RAM freed; ``demotions`` counts
+them), so a later engine for this model restores it; the parent then stops the child.
 """
 
 from __future__ import annotations
@@ -67,7 +68,15 @@ class DrainGate:
         if not self._idle():
             log.warning("drain: %d responses still open after %.0f s", self.in_flight,
                         self.timeout_s)
-        return {"drained": self._idle(), "demotions": 0, "in_flight": self.in_flight}
+        demotions = 0
+        if self.engine is not None:
+            from ..kvstore.durability import demote
+
+            try:
+                demotions = await demote(self.engine, self.timeout_s)
+            except Exception:  # a drain must finish whatever the disk does
+                log.exception("drain: demoting the prompt cache failed")
+        return {"drained": self._idle(), "demotions": demotions, "in_flight": self.in_flight}
 
 
 def exit_with_parent(poll_s: float = 1.0) -> None:

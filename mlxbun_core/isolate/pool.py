@@ -40,6 +40,7 @@ class EnginePool:
         self.lookup = lookup  # exact /v1/models id -> how to start it (None: not a local model)
         self.engines: "OrderedDict[str, EngineProcess]" = OrderedDict()  # LRU first
         self.evictions = 0
+        self.demotions = 0  # prompt-cache entries evicted engines demoted to the SSD tier
         self._cold = asyncio.Lock()
         self._closing = False
         self._respawn = True
@@ -114,6 +115,7 @@ class EnginePool:
             self.evictions += 1
             log.info("pool: draining %s (least recently used; cap %d)", victim, self.cap)
             await engine.stop(drain=True)
+            self.demotions += engine.demotions
 
     # ---------------------------------------------------------------- life
     async def start(self):
@@ -130,11 +132,13 @@ class EnginePool:
         self._closing = True
         engines = list(self.engines.values())
         self.engines.clear()
-        await asyncio.gather(*(e.stop(drain=False) for e in engines), return_exceptions=True)
+        # drained, so an engine with an SSD tier writes its prompt cache before it goes
+        await asyncio.gather(*(e.stop(drain=True) for e in engines), return_exceptions=True)
 
     def default_engine(self) -> Optional[EngineProcess]:
         return self.engines.get(self.default.id)
 
     def describe(self) -> dict:
         return {"cap": self.cap, "default": self.default.id, "evictions": self.evictions,
+                "demotions": self.demotions,
                 "resident": [e.describe() for e in self.engines.values()]}

@@ -23,6 +23,7 @@ SURFACES = (
     "mlxbun_core.server.openai_responses",
     "mlxbun_core.server.embeddings",
     "mlxbun_core.server.meta",
+    "mlxbun_core.server.cache_admin",
     "mlxbun_core.server.library_routes",
     "mlxbun_core.server.adapters",
     "mlxbun_core.server.jobs",

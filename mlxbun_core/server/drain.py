@@ -2,7 +2,8 @@
 
 - First signal: stop taking work (new generation and embedding requests get a 503 and
   ``/health`` says so), let active requests run to their end, bounded by
-  ``MLXBUN_SHUTDOWN_TIMEOUT`` seconds (default 120), then exit 0. Requests still
+  ``MLXBUN_SHUTDOWN_TIMEOUT`` seconds (default 120), then flush the SSD
+  prompt-cache tier (when on) and exit 0. Requests still
   running at the timeout end with an error event.
 - Second signal: every open request ends now with an error event in its own
   surface's shape (the streams are closed properly, not cut), one line goes to the
@@ -81,4 +82,18 @@ class DrainingServer(uvicorn.Server):
             log.warning("shutdown timeout: %d requests still running end with an error",
                         self.engine.worker.active + self.engine.worker.waiting)
             return self._stop("server shut down: the shutdown timeout ran out")
+        self._flush_cache(deadline)
         self.should_exit = True  # uvicorn then lets open responses write their last frames
+
+    def _flush_cache(self, deadline: float) -> None:
+        from ..kvstore.durability import flush_blocking
+
+        try:
+            report = flush_blocking(self.engine, max(1.0, deadline - time.monotonic()))
+        except Exception:  # the exit must happen whatever the disk does
+            log.exception("shutdown: ssd cache flush failed")
+            return
+        if report is not None:
+            log.info("shutdown: ssd cache %s (%d written, %d entries on disk, %d ms)",
+                     "flushed" if report["durable"] else "NOT fully flushed",
+                     report["flushedSnapshots"], report["entries"], report["elapsedMs"])

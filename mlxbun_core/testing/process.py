@@ -17,9 +17,10 @@ import httpx
 
 
 class ServerProcess:
-    def __init__(self, cmd: list, *, env: Optional[dict] = None):
+    def __init__(self, cmd: list, *, env: Optional[dict] = None, preexec_fn=None):
+        """``preexec_fn`` runs in the child before ``cmd`` (resource limits for it alone)."""
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+                                     stderr=subprocess.STDOUT, text=True, preexec_fn=preexec_fn)
         self.lines: list[str] = []  # everything printed so far
         self._read = 0  # lines wait_for_line has looked at
         self._ended = False

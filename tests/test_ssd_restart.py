@@ -1,0 +1,185 @@
+"""The SSD tier across real process deaths: SIGTERM flushes before exit; SIGKILL of a
+server right after a reply (its write-behind running) and of a writer process at many
+random points mid-write never leaves anything that is served corrupt; every restarted
+server answers as a cold one would."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import mlx.core as mx
+
+from mlxbun_core.engine.core import Engine
+from mlxbun_core.engine.reply import gather
+from mlxbun_core.kvstore.config import SsdConfig
+from mlxbun_core.kvstore.fileformat import TMP_PREFIX
+from mlxbun_core.kvstore.store import SsdStore
+from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.engine import close, token_ids
+from mlxbun_core.testing.process import ServerProcess
+from mlxbun_core.testing.server import free_port
+
+SYSTEM = {"role": "system", "content": "You are terse. " * 8}
+USER = {"role": "user", "content": "Tell me about the sea and the sky. " * 12}
+
+
+def serve(ckpt, d: Path, *extra, env=None) -> tuple[ServerProcess, str]:
+    port = free_port()
+    proc = ServerProcess([sys.executable, "-m", "mlxbun_core.cli", "serve", str(ckpt),
+                          "--port", str(port), "--no-open", "--ssd-cache", str(d), *extra],
+                         env={**os.environ, **(env or {})})
+    base = f"http://127.0.0.1:{port}"
+    proc.wait_for_http(base + "/health", 240)
+    return proc, base
+
+
+def chat_body(messages: list) -> dict:
+    return {"messages": messages, "max_tokens": 6, "temperature": 0, "logprobs": True}
+
+
+def turn(base: str, messages: list) -> dict:
+    r = httpx.post(base + "/v1/chat/completions", timeout=120, json=chat_body(messages))
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def ids(reply: dict) -> list:
+    return [e["id"] for e in reply["choices"][0]["logprobs"]["content"]]
+
+
+def cold(engine: Engine, messages: list) -> list:
+    async def go():
+        gen = await engine.start(engine.parse_chat(chat_body(messages)))
+        return gather([ev async for ev in gen.events()])
+
+    return token_ids(asyncio.run(go()))
+
+
+def next_turn(messages: list, reply: dict, question: str) -> list:
+    return messages + [{"role": "assistant", "content": reply["choices"][0]["message"]["content"]},
+                       {"role": "user", "content": question}]
+
+
+def test_sigterm_flushes_and_a_sigkill_after_a_reply_is_survived(tmp_path):
+    ckpt = tiny_checkpoint("qwen3")
+    d = tmp_path / "ssd"
+    plain = Engine.load(str(ckpt), progress=False, prompt_cache_bytes=0)
+    try:
+        # 1. no write-behind, no idle demotion: the entry is in RAM only until SIGTERM
+        proc, base = serve(ckpt, d, "--ssd-demote-idle", "0", env={"MLXBUN_SSD_WRITEBEHIND": "0"})
+        with proc:
+            msgs1 = [SYSTEM, USER]
+            r1 = turn(base, msgs1)
+            ssd = httpx.get(base + "/stats", timeout=30).json()["ssd_cache"]
+            assert ssd["entries"] == 0 and ssd["pending_snapshots"] == 1
+            proc.proc.send_signal(signal.SIGTERM)
+            assert proc.proc.wait(120) == 0
+        first_log = proc.output
+        assert ids(r1) == cold(plain, msgs1)
+
+        # 2. a restart restores it; the server dies (SIGKILL) right after its reply
+        msgs2 = next_turn(msgs1, r1, "And the mountains?")
+        proc, base = serve(ckpt, d)
+        with proc:
+            r2 = turn(base, msgs2)
+            time.sleep(random.uniform(0, 0.05))
+            proc.proc.kill()
+            proc.proc.wait(30)
+        assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # only the flush wrote it
+        assert ids(r2) == cold(plain, msgs2)
+        assert "shutdown: ssd cache flushed" in first_log
+
+        # 3. whatever the kill left is either a whole file or reaped; the next turn is right
+        msgs3 = next_turn(msgs2, r2, "And the rivers?")
+        proc, base = serve(ckpt, d)
+        with proc:
+            r3 = turn(base, msgs3)
+            st = httpx.get(base + "/stats", timeout=30).json()
+        assert ids(r3) == cold(plain, msgs3)
+        assert r3["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        assert st["ssd_cache"]["corrupt_removed"] == 0
+        assert not [p for p in d.rglob(TMP_PREFIX + "*")]
+    finally:
+        close(plain)
+
+
+# A writer process that stores 16 MB entries back to back until it is killed; the parent
+# regenerates each entry's content from its first token to check what was restored.
+WRITER = r"""
+import sys
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+from mlxbun_core.kvstore.config import SsdConfig
+from mlxbun_core.kvstore.store import SsdStore
+
+def entry(i):
+    c = KVCache()
+    k = mx.random.normal((1, 8, 4096, 128), key=mx.random.key(i)).astype(mx.bfloat16)
+    c.update_and_fetch(k, -k)
+    return [c]
+
+def tokens(i):
+    return [100000 + i] + list(range(63))
+
+if __name__ == "__main__":
+    d, i = sys.argv[1], int(sys.argv[2])
+    store = SsdStore(SsdConfig(dir=d, demote_idle_s=0), "fp", namespace_parts=lambda ns: [ns])
+    print("ready", flush=True)
+    while True:
+        job = store.prepare(store.key("ns"), tokens(i), entry(i), "assistant")
+        job.urgent = True
+        print("writing", i, flush=True)
+        store.submit(job)
+        store.flush(120)
+        print("wrote", i, flush=True)
+        i += 1
+"""
+
+
+def test_sigkill_at_random_points_mid_write_never_serves_a_torn_entry(tmp_path):
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    helpers: dict = {}
+    exec(compile(WRITER, str(script), "exec"), helpers)  # entry() and tokens(), as the child has them
+    d = tmp_path / "ssd"
+    rng = random.Random(7)
+    mid_write = written = 0
+    write_s = 0.2  # a write's duration, measured as the rounds go
+    for round_ in range(6):
+        child = subprocess.Popen([sys.executable, str(script), str(d), str(1000 * round_)],
+                                 stdout=subprocess.PIPE, text=True)
+        assert child.stdout.readline().strip() == "ready"
+        goal, seen, started = rng.randint(1, 3), 0, time.monotonic()
+        while seen < goal:  # into the first, second or third write...
+            line = child.stdout.readline()
+            assert line, "the writer died"
+            if line.startswith("writing"):
+                seen, started = seen + 1, time.monotonic()
+            elif line.startswith("wrote"):  # (timing the writes as they go)
+                written += 1
+                write_s = 0.5 * write_s + 0.5 * (time.monotonic() - started)
+        time.sleep(rng.uniform(0, 1.5 * write_s))  # ...then a random point of it
+        child.send_signal(signal.SIGKILL)
+        out = child.communicate(timeout=30)[0]
+        written += out.count("wrote")
+        mid_write += bool(list(d.rglob(TMP_PREFIX + "*")))  # a kill that hit a write
+        store = SsdStore(SsdConfig(dir=d, demote_idle_s=0), "fp", namespace_parts=lambda ns: [ns])
+        assert not list(d.rglob(TMP_PREFIX + "*"))  # the dead writer's temp file is reaped
+        assert store.index.corrupt_removed == 0
+        entries = list(store.index.entries())
+        assert len(entries) >= written
+        for e in [e for e in entries if int(e.tokens[0]) - 100000 >= 1000 * round_]:
+            got = store.restore(e)  # every named file restores whole, with its own content
+            assert got is not None, e.path
+            i = int(e.tokens[0]) - 100000
+            assert mx.array_equal(got[0][0].keys, helpers["entry"](i)[0].keys[..., :4096, :]).item()
+        store.close()
+    assert mid_write >= 1, "no kill landed inside a write; the test proved nothing"
