@@ -177,7 +177,7 @@ def test_a_stored_batch_row_holds_only_its_own_bytes():
         engine.worker.run_sync(lambda: (engine.prefix.clear(), gc.collect(), mx.clear_cache()))
         run_all(engine, bodies)
         held = engine.prefix.stats()["bytes"]
-        assert engine.prefix.stats()["entries"] >= 8 and held > 0
+        assert engine.prefix.stats()["entries"] >= 4 and held > 0
 
         def freed_by_clearing():
             gc.collect()

@@ -120,6 +120,7 @@ def test_an_entry_evicted_from_ram_is_written_and_comes_back(tmp_path):
                     ssd=SsdConfig(dir=tmp_path / "ssd", demote_idle_s=0, write_behind=False))
     try:
         turn1 = chat(e, body(e, history(12)))
+        e.worker.run_sync(lambda: None)  # the lane stores after the reply's Done
         assert e.prefix.tier.flush(30)
         assert e.prefix.stats()["entries"] == 0 and e.prefix.tier.stats()["spills"] == 1
         msgs = history(12) + [{"role": "assistant", "content": turn1.content},

@@ -60,7 +60,13 @@ def test_a_pool_switch_demotes_the_cache_and_a_switch_back_restores_it(tmp_path)
         first = post(LLAMA, HISTORY)
         post(QWEN, HISTORY)
         post(THIRD, HISTORY)  # two engines fit: the least recently used (llama) drains
-        pool = httpx.get(base + "/engine", timeout=30).json()["pool"]
+        # the eviction runs once THIRD's request has ended: wait for its drain to report
+        deadline = time.time() + 120
+        while True:
+            pool = httpx.get(base + "/engine", timeout=30).json()["pool"]
+            if pool["demotions"] or time.time() > deadline:
+                break
+            time.sleep(0.2)
         assert pool["evictions"] == 1 and pool["demotions"] >= 1
         assert {e["model"] for e in pool["resident"]} == {QWEN, THIRD}
         follow = HISTORY + [{"role": "assistant",

@@ -47,6 +47,7 @@ class DrainingServer(uvicorn.Server):
         self.engine = engine
         self.timeout = shutdown_timeout() if timeout is None else timeout
         self.exit_code = 0
+        self.signalled = False  # a first signal came (an /admin/drain alone is not one)
 
     def handle_exit(self, sig, frame) -> None:
         # not recorded in _captured_signals: uvicorn would re-raise it and the exit
@@ -54,13 +55,13 @@ class DrainingServer(uvicorn.Server):
         if self.exit_code:
             print(f"mlxbun: signal {sig} again: exiting now", file=sys.stderr, flush=True)
             os._exit(self.exit_code)
-        if self.engine.draining:
+        if self.signalled:
             self.exit_code = 128 + int(sig)
             log.warning("second signal: ending %d open requests with an error, then exiting",
                         self.engine.worker.active + self.engine.worker.waiting)
             self._stop("server stopped by a second shutdown signal")
             return
-        self.engine.draining = True
+        self.signalled = self.engine.draining = True
         log.info("shutting down: draining %d active and %d waiting requests (up to %.0f s)",
                  self.engine.worker.active, self.engine.worker.waiting, self.timeout)
         threading.Thread(target=self._drain, name="mlxbun-drain", daemon=True).start()
