@@ -280,7 +280,7 @@ def bind_port(host: str, port: int):
 
 def select_grammar_backend(name: str) -> str | None:
     """None when ``name`` is usable, else what to tell the operator."""
-    from .grammar import registry
+    from .grammar_registry import registry
 
     try:
         registry.select(name)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from blacksheep import Request
 
 from .. import __version__, plugins
-from ..grammar import registry as grammars
+from ..grammar_registry import registry as grammars
 from ..toolcalls.history import supports_tools
 from .common import json_response
 from .library_routes import model_rows
