@@ -245,6 +245,10 @@ class Engine:
             raise BadRequest(f"model {self.model.id} is not an embedding model")
         return result
 
+    def close(self) -> None:
+        """Stop the worker thread (the server is shutting down)."""
+        self.worker.close()
+
     def stats(self) -> dict:
         return {"total": self.requests, "completed": self.completed,
                 "active": self.worker.active, "waiting": self.worker.waiting}

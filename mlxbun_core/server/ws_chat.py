@@ -2,9 +2,8 @@
 
 JSON frames with a ``type`` both ways; :class:`~mlxbun_core.webchat.agent.ChatAgent`
 does the work, this module only moves frames. A plain ``GET /ws/chat`` (no upgrade)
-is a 426. A server that cannot host the chat (the ``--isolate`` parent proxy) sets
-``app.web_chat_unavailable`` to a reason, or calls :func:`refuse`: the route then
-answers 501.
+is a 426. A server that cannot host the chat sets ``AppState.web_chat_unavailable``
+to a reason, or calls :func:`refuse`: the route then answers 501.
 
 Like the other routes that touch files, the chat answers loopback clients only
 unless an API key is configured (the guard middleware sees the handshake; browsers
@@ -16,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import TYPE_CHECKING
 
 from blacksheep import Request
 from blacksheep.server.websocket import WebSocket, WebSocketDisconnectError
@@ -24,7 +24,10 @@ from ..webchat.agent import ChatAgent
 from . import guard
 from .common import json_response
 from .meta import model_row
-from .sessions import session_store
+
+if TYPE_CHECKING:
+    from ..engine.core import Engine
+    from .state import App
 
 log = logging.getLogger("mlxbun.webchat")
 
@@ -32,19 +35,19 @@ PATH = "/ws/chat"
 ISOLATED = "web chat needs a non-isolated server (it is not available under --isolate)"
 
 
-def refuse(app, reason: str = ISOLATED) -> None:
-    """Make /ws/chat answer 501 with ``reason`` (the --isolate parent calls this)."""
-    app.web_chat_unavailable = reason
+def refuse(app: App, reason: str = ISOLATED) -> None:
+    """Make /ws/chat answer 501 with ``reason`` (a server that cannot host the chat)."""
+    app.state.web_chat_unavailable = reason
 
 
-def _unavailable(app):
-    reason = getattr(app, "web_chat_unavailable", None)
+def _unavailable(app: App):
+    reason = app.state.web_chat_unavailable
     if reason:
         return json_response({"error": {"message": reason, "type": "not_implemented"}}, 501)
     return None
 
 
-def ready_frame(engine) -> dict:
+def ready_frame(engine: Engine) -> dict:
     row = model_row(engine)
     return {"model": row["id"], "vision": bool(row.get("vision")), "audio": bool(row.get("audio")),
             "thinking": bool(engine.model.reasoning), "genDefaults": row.get("gen_defaults") or {},
@@ -88,9 +91,9 @@ async def serve_connection(ws: WebSocket, agent: ChatAgent, outbox: Outbox) -> N
         await agent.close()
 
 
-def register(app, engine):
-    store = session_store(app)
-    guard.admin_route(app, PATH)
+def register(app: App, engine: Engine) -> None:
+    store = app.state.sessions
+    app.state.guard.admin_route(PATH)
 
     async def upgrade_required(request: Request):
         refusal = _unavailable(app)
