@@ -13,7 +13,7 @@ tools and tool search :mod:`.anthropic_tools`.
 from __future__ import annotations
 
 import json
-from typing import Optional
+from typing import Any, Optional
 
 from ..chat_template import check_reasoning_effort
 from ..engine.request import (ChatRequest, GenerateOptions, chat_request, string_field,
@@ -86,6 +86,7 @@ def _result_part(block, tools: ToolSet) -> dict | None:
 
 def _tool_result(block: dict, tools: ToolSet) -> dict:
     content = block.get("content")
+    parts: Any
     if content is None or isinstance(content, str):
         parts = content or ""
     elif isinstance(content, list):
@@ -104,7 +105,8 @@ def _user_messages(content, tools: ToolSet) -> list:
     """A user turn: tool_result blocks become tool messages, the rest user parts."""
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
-    out, parts = [], []
+    out: list = []
+    parts: list = []
     for block in content:
         if isinstance(block, dict) and block.get("type") == "tool_result":
             if parts:
@@ -137,7 +139,7 @@ def _assistant_message(content) -> dict:
                                        "arguments": json.dumps(args or {})}})
         elif kind not in ("thinking", "redacted_thinking"):
             raise BadRequest(f"unsupported assistant content block type: {kind!r}")
-    msg = {"role": "assistant", "content": "".join(texts)}
+    msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if calls:
         msg["tool_calls"] = calls
     return msg
@@ -219,7 +221,8 @@ def _messages(body: dict, messages: list,
         if prompt:
             out.append({"role": "system", "content": prompt})
     roles = [m.get("role") if isinstance(m, dict) else None for m in messages]
-    last = {role: i for i, role in enumerate(roles)}  # each role's last position
+    # each role's last position (an unhashable role is refused in the loop below)
+    last = {role: i for i, role in enumerate(roles) if isinstance(role, str)}
     turn_effort = None
     for i, m in enumerate(messages):
         if roles[i] not in ROLES:

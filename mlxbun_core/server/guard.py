@@ -118,7 +118,8 @@ def install(app: Application, rules: GuardRules) -> None:
 
     async def guard(request: Request, handler):
         websocket = _is_websocket(request)
-        key = (request.query.get("api_key") or [None])[0] if websocket else None
+        keys = request.query.get("api_key") if websocket else None
+        key = keys[0] if keys else None
         refusal = check(request, key)
         if refusal is None:
             return await handler(request)

@@ -10,7 +10,7 @@ the envelope and the event stream live in :mod:`.responses_stream`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Optional
 
 from blacksheep import Request
 
@@ -47,7 +47,7 @@ def stored_turn(convo: list, output: list) -> list:
     calls = [{"id": it["call_id"], "type": "function",
               "function": {"name": it["name"], "arguments": it["arguments"]}}
              for it in output if it["type"] == "function_call"]
-    msg = {"role": "assistant", "content": text}
+    msg: dict[str, Any] = {"role": "assistant", "content": text}
     if calls:
         msg["tool_calls"] = calls
     return convo + [msg]
@@ -59,7 +59,7 @@ def register(app: App, engine: Engine) -> None:
     store = state.responses
     state.stats_providers["response_store"] = store.stats
 
-    def previous(body) -> dict | None:
+    def previous(body: dict) -> Optional[dict]:
         injected = body.pop(HISTORY_FIELD, None)
         if isinstance(injected, dict) and state.trusts_injected_history:
             return injected
@@ -110,7 +110,7 @@ def register(app: App, engine: Engine) -> None:
         return await generation.respond(request, run, frames, answer)
 
     def stored_or_404(request: Request) -> tuple[str, dict]:
-        rid = request.route_values.get("rid", "")
+        rid = request.route_values.get("rid") or ""
         stored = store.get(rid)
         if stored is None:
             raise NotFound(f"response {rid!r} not found (unknown or expired)")

@@ -37,7 +37,8 @@ class Jobs:
     ``jobs.sqlite`` until a job route is used."""
 
     def __init__(self, home: Path):
-        self.home, self._manager = home, None
+        self.home = home
+        self._manager: Optional[JobManager] = None
 
     @property
     def manager(self) -> JobManager:
