@@ -17,8 +17,8 @@ from typing import Optional
 from ..errors import APIError
 from ..server.body import parse_body
 from ..server.openai_responses import HISTORY_FIELD, stored_turn
-from ..server.responses_request import conversation
 from ..server.response_store import ResponseStore
+from ..server.responses_request import conversation
 from .drain import send_json
 
 
