@@ -37,7 +37,8 @@ from mlx_lm import load
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 
-from mlxbun_core.grammar import GrammarRegistry, GrammarRequest
+from mlxbun_core.grammar import GrammarRequest
+from mlxbun_core.grammar_registry import GrammarRegistry
 
 SHAPES = {  # llama shapes as in bench/serve_overhead.py; the vocab comes from --vocab
     "tiny": {},

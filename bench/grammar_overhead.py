@@ -23,7 +23,8 @@ from mlx_lm import load
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 
-from mlxbun_core.grammar import GrammarRegistry, GrammarRequest
+from mlxbun_core.grammar import GrammarRequest
+from mlxbun_core.grammar_registry import GrammarRegistry
 
 SCHEMA = {"type": "array", "items": {
     "type": "object", "additionalProperties": False, "required": ["name", "n", "tags"],

@@ -8,6 +8,7 @@ except PackageNotFoundError:  # running from a source tree without install
     __version__ = "0.0.0"
 
 from .hookspecs import hookimpl  # noqa: E402  (re-exported for plugin authors)
+from . import plugins  # noqa: E402,F401  (wires LoadedModel.hooks to the plugin routing)
 
 __all__ = ["hookimpl", "__version__"]
 

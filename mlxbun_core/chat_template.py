@@ -16,12 +16,14 @@ from .toolcalls.history import without_tool_support
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
-def check_reasoning_effort(effort) -> Optional[str]:
+def check_reasoning_effort(effort, name: str = "reasoning_effort") -> Optional[str]:
+    """A known effort level, or None; the 400 names the field as the client sent it
+    (``name``: Anthropic's ``output_config.effort``, Responses' ``reasoning.effort``)."""
     if effort is None:
         return None
     if effort not in REASONING_EFFORTS:
-        raise BadRequest("reasoning_effort must be one of 'none', 'minimal', 'low', "
-                         "'medium', 'high', 'xhigh'", param="reasoning_effort")
+        raise BadRequest(f"{name} must be one of 'none', 'minimal', 'low', "
+                         "'medium', 'high', 'xhigh'", param=name)
     return effort
 
 

@@ -305,7 +305,7 @@ def free_port_near(host: str, port: int, tries: int = 100):
 
 def select_grammar_backend(name: str) -> str | None:
     """None when ``name`` is usable, else what to tell the operator."""
-    from .grammar import registry
+    from .grammar_registry import registry
 
     try:
         registry.select(name)
@@ -396,7 +396,7 @@ def cmd_serve(args) -> int:
 
         exit_with_parent()
         os.umask(0o077)  # the socket (and anything else this child writes) is ours alone
-        app.trusts_injected_history = True  # only the --isolate parent reaches this socket
+        app.state.trusts_injected_history = True  # only the --isolate parent reaches this socket
         if os.path.exists(args.unix):
             os.unlink(args.unix)  # a stale socket from a killed predecessor
         config = uvicorn.Config(DrainGate(app, engine), uds=args.unix, log_level="warning",

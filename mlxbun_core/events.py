@@ -2,17 +2,38 @@
 
 Tool-call parsers and the engine's text pipeline emit these; surfaces (OpenAI,
 Anthropic, Responses, the web chat) turn them into their own wire format. Nothing
-here knows a protocol, a lane or a model family. Every record has a ``kind`` so a
+here knows a protocol, a lane or a model family, and nothing here imports the rest of
+the package: :class:`ToolCall` lives here (re-exported by :mod:`mlxbun_core.toolcalls`)
+so the records stand below everything that makes or reads them. Every record has a ``kind`` so a
 surface can dispatch with ``match`` on the class or compare ``kind`` strings.
 """
 
 from __future__ import annotations
 
+import json
+import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Optional, Union
+from typing import ClassVar, Optional, Union
 
-if TYPE_CHECKING:
-    from .toolcalls.core import ToolCall
+
+def new_call_id() -> str:
+    """A fresh tool-call id in OpenAI's shape (``call_`` and 24 hex digits)."""
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+@dataclass
+class ToolCall:
+    """One parsed tool call: the function's ``name``, its ``arguments`` as JSON object
+    text, and an ``id`` the client echoes back with the result. Tool-call dialects make
+    these (:func:`mlxbun_core.toolcalls.make_call`); every surface renders them."""
+
+    name: str
+    arguments: str  # JSON object text
+    id: str = field(default_factory=new_call_id)
+
+    @property
+    def args(self) -> dict:
+        return json.loads(self.arguments)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +56,7 @@ class Reasoning:
 class ToolCallEvent:
     """One complete, parsed tool call."""
 
-    call: "ToolCall"
+    call: ToolCall
     kind: ClassVar[str] = "tool_call"
 
 

@@ -1,11 +1,16 @@
 """Plain data that crosses the plugin boundary: what a loaded model is, what a
-rendered prompt is, and the options a load receives."""
+rendered prompt is, and the options a load receives.
+
+Nothing here imports the rest of the package. ``LoadedModel.hooks`` needs the plugin
+manager's routing, so :mod:`mlxbun_core.plugins` hands it in (``LoadedModel.relay_for``)
+when it is imported, which importing ``mlxbun_core`` always does first.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 
 @dataclass
@@ -40,18 +45,23 @@ class LoadedModel:
     extras: dict = field(default_factory=dict)
     _hooks: Any = field(default=None, init=False, repr=False, compare=False)
 
+    relay_for: ClassVar[Optional[Callable[["LoadedModel"], Any]]] = None
+    """How a model finds its hook relay: :func:`mlxbun_core.plugins.model_hooks`, set by
+    that module as it loads (it owns the routing; this record only asks)."""
+
     @property
     def eos_token_ids(self) -> set:
         return set(getattr(self.tokenizer, "eos_token_ids", None) or [])
 
     @property
-    def hooks(self):
+    def hooks(self) -> Any:
         """This model's hook relay: ``model.hooks.render_chat(model=model, ...)`` asks
         the plugin that claimed it, then the generic plugin, never another family
         (see :func:`mlxbun_core.plugins.model_hooks`)."""
-        from . import plugins
-
-        return plugins.model_hooks(self)
+        relay_for = type(self).relay_for
+        if relay_for is None:  # only while mlxbun_core itself is being imported
+            raise RuntimeError("mlxbun_core.plugins is not loaded yet: no hook routing")
+        return relay_for(self)
 
 
 @dataclass

@@ -24,6 +24,7 @@ import pluggy
 
 from . import hookspecs
 from .hookspecs import FAMILY_HOOKS, GENERIC
+from .model import LoadedModel
 
 log = logging.getLogger("mlxbun.plugins")
 
@@ -31,8 +32,8 @@ ENTRY_POINT_GROUP = "mlxbun"
 BUILTIN_PLUGINS = (
     "mlxbun_core.plugins_builtin.generic",
     "mlxbun_core.plugins_builtin.draft_model",
-    "mlxbun_core.grammar.llguidance_backend",
-    "mlxbun_core.grammar.xgrammar_backend",
+    "mlxbun_core.plugins_builtin.llguidance_backend",
+    "mlxbun_core.plugins_builtin.xgrammar_backend",
 )
 
 
@@ -270,7 +271,7 @@ def relay_for(plugin_name: Optional[str]) -> ModelHooks:
     return relay
 
 
-def model_hooks(model) -> ModelHooks:
+def model_hooks(model: LoadedModel) -> ModelHooks:
     """The relay for a loaded model: ``model_hooks(model).render_chat(model=model, ...)``.
 
     The claimant is ``model.plugin`` (set by the loader), or for a model built by
@@ -281,6 +282,9 @@ def model_hooks(model) -> ModelHooks:
     if relay is None or relay.claimant != claimant:
         relay = model._hooks = relay_for(claimant)
     return relay
+
+
+LoadedModel.relay_for = model_hooks  # ``model.hooks`` asks here; the record imports nothing
 
 
 def describe() -> list[dict]:

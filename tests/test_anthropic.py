@@ -385,7 +385,7 @@ def test_whitespace_before_tool_call_is_not_a_text_block(client, srv, plugin):
 
 
 def test_count_tokens_compiles_no_grammar(client, srv):
-    from mlxbun_core.grammar import registry
+    from mlxbun_core.grammar_registry import registry
 
     schema = {"type": "object", "properties": {"count_only_field": {"type": "integer"}}}
     plain = client.messages.count_tokens(model="any", messages=USER).input_tokens

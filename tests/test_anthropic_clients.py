@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from mlxbun_core.errors import BadRequest
-from mlxbun_core.server.anthropic_request import to_chat
+from mlxbun_core.server.anthropic_request import parse_request
 from scripted_model import scripted_server
 
 BETAS = ["claude-code-20250219", "interleaved-thinking-2025-05-14",
@@ -228,7 +228,7 @@ def test_system_messages_in_place_with_clear_at():
          "clear_at": "never"},
         {"role": "user", "content": "two"},
         {"role": "system", "content": "shown now", "clear_at": "next_user_message"}]}
-    roles = [(m["role"], m["content"]) for m in to_chat(body)["messages"]]
+    roles = [(m["role"], m["content"]) for m in parse_request(body).messages]
     assert roles == [("user", "one"), ("assistant", "ok"), ("system", "still here"),
                      ("user", "two"), ("system", "shown now")]
 
@@ -249,9 +249,8 @@ def test_thinking_and_effort_mapping(thinking, config, turn, expected):
             "messages": [{"role": "user", "content": "hi"}, system]}
     if config is not None:
         body["output_config"] = config
-    chat = to_chat(body)
-    assert (chat.get("chat_template_kwargs", {}).get("enable_thinking"),
-            chat.get("reasoning_effort")) == expected
+    chat = parse_request(body)
+    assert (chat.template_kwargs.get("enable_thinking"), chat.reasoning_effort) == expected
 
 
 def test_a_system_message_before_an_answer_sets_no_effort_for_the_next_turn():
@@ -260,9 +259,9 @@ def test_a_system_message_before_an_answer_sets_no_effort_for_the_next_turn():
         {"role": "system", "output_config": {"effort": "low"}},
         {"role": "assistant", "content": "hello"},
         {"role": "user", "content": "again"}]}
-    chat = to_chat(body)
-    assert chat["reasoning_effort"] == "high"
-    assert [m["role"] for m in chat["messages"]] == ["user", "assistant", "user"]
+    chat = parse_request(body)
+    assert chat.reasoning_effort == "high"
+    assert [m["role"] for m in chat.messages] == ["user", "assistant", "user"]
 
 
 @pytest.mark.parametrize("message,fragment", [
@@ -277,7 +276,7 @@ def test_a_system_message_before_an_answer_sets_no_effort_for_the_next_turn():
 def test_bad_system_messages_are_400s(message, fragment):
     body = {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}, message]}
     with pytest.raises(BadRequest) as err:
-        to_chat(body)
+        parse_request(body)
     assert fragment in err.value.message
 
 
@@ -288,6 +287,6 @@ def test_bad_system_messages_are_400s(message, fragment):
      "Be brief. x-anthropic-billing-header: stays"),
 ])
 def test_billing_header_dropped_from_either_system_form(system, expected):
-    chat = to_chat({"max_tokens": 8, "system": system,
-                    "messages": [{"role": "user", "content": "hi"}]})
-    assert chat["messages"][0] == {"role": "system", "content": expected}
+    chat = parse_request({"max_tokens": 8, "system": system,
+                          "messages": [{"role": "user", "content": "hi"}]})
+    assert chat.messages[0] == {"role": "system", "content": expected}

@@ -95,6 +95,16 @@ def test_content_part_type_of_the_wrong_type(http, kind):
     rejected(http, "/v1/chat/completions", body, says="unsupported content part type")
 
 
+@pytest.mark.parametrize("route", ANTHROPIC)
+@pytest.mark.parametrize("role", [[1, 2], {"type": "function"}])
+def test_an_unhashable_anthropic_role_is_a_400(http, route, role):
+    """Was 500 "unhashable type" (the Anthropic surface indexed messages by role before it
+    checked the role)."""
+    body = {"max_tokens": 2, "messages": [{"role": role, "content": "hi"}]}
+    rejected(http, route, body, says="messages[0].role must be one of user, assistant, system")
+    still_serves(http)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_warning_quoting_control_characters_keeps_the_connection(http, stream):
     """A schema the grammar backend refuses is quoted in the Warning header; a control

@@ -17,8 +17,9 @@ from mlx_lm.sample_utils import make_sampler
 
 from mlxbun_core.engine.sampling import SamplingParams
 from mlxbun_core.engine.session import GenerationRequest, GenerationSession
-from mlxbun_core.grammar import GrammarRequest, registry
+from mlxbun_core.grammar import GrammarRequest
 from mlxbun_core.grammar.budget import CloseSearch
+from mlxbun_core.grammar_registry import registry
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.toolcalls import JsonDialect, StreamingToolParser
 

@@ -17,9 +17,9 @@ from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
 from mlxbun_core.errors import BadRequest
-from mlxbun_core.grammar import (GrammarRegistry, GrammarRequest, describe, registry,
-                                 resolve_grammar_request)
-from mlxbun_core.grammar import llguidance_backend, xgrammar_backend
+from mlxbun_core.grammar import GrammarRequest, describe, resolve_grammar_request
+from mlxbun_core.grammar_registry import GrammarRegistry, registry
+from mlxbun_core.plugins_builtin import llguidance_backend, xgrammar_backend
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 
 BACKENDS = ["llguidance", "xgrammar"]

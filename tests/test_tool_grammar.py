@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from mlxbun_core.events import Content, ToolCallEvent
-from mlxbun_core.grammar import GrammarRequest, registry
+from mlxbun_core.grammar import GrammarRequest
 from mlxbun_core.grammar import structural as S
+from mlxbun_core.grammar_registry import registry
 from mlxbun_core.grammar.schema import closed
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.toolcalls import JsonDialect, StreamingToolParser, ToolChoice

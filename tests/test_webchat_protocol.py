@@ -249,7 +249,7 @@ def test_sessions_survive_a_restart_and_search_finds_them(tmp_path):
 
 
 def test_export_refuses_paths_outside_the_sessions_directory(server, tmp_path):
-    root = server.server.config.app.session_store.root
+    root = server.server.config.app.state.sessions.root
     root.mkdir(parents=True, exist_ok=True)
     outside = tmp_path / "secret.jsonl"
     outside.write_text('{"type": "session", "id": "x"}\n')
@@ -275,7 +275,7 @@ def test_upgrade_required_and_unavailable_under_isolation(server):
         assert refused.value.response.status_code == 501
         assert b"--isolate" in refused.value.response.body
     finally:
-        app.web_chat_unavailable = None
+        app.state.web_chat_unavailable = None
 
 
 def test_the_api_key_guards_the_socket(tmp_path):

@@ -2,7 +2,11 @@
 
 Surfaces parse their body into a :class:`~mlxbun_core.engine.request.ChatRequest`
 or ``CompletionRequest`` and call :meth:`Engine.start`; they get a
-:class:`Generation` handle and never see jobs, lanes or the worker.
+:class:`Generation` handle and never see jobs, lanes or the worker. What a surface
+may use of :class:`Engine` (``register(app, engine: Engine)``): ``model``, ``hooks``,
+``defaults`` and ``max_tokens`` (what a parser fills in), ``parse_chat`` /
+``parse_completion``, ``start``, ``count_prompt_tokens``, ``embed``, ``adapters``,
+``draining``, ``close`` and the read-only figures for ``/stats`` and ``/v1/models``.
 """
 
 from __future__ import annotations
@@ -11,11 +15,12 @@ import asyncio
 import logging
 import threading
 import time
-from typing import AsyncIterator, Optional
+from typing import Any, AsyncIterator, Optional
 
 from .. import kvquant
 from .. import metrics
 from ..adapters import AdapterManager, AdapterSet
+from ..contract import DraftSource
 from ..errors import BadRequest, Unavailable
 from ..events import Done, Event, Finish, Usage
 from ..media import parts as media_parts
@@ -82,11 +87,11 @@ class Engine:
 
     def __init__(self, model: LoadedModel, *, worker: Optional[ModelWorker] = None,
                  defaults: Optional[dict] = None, max_tokens: Optional[int] = None,
-                 draft=None, batch: Optional[int] = None,
+                 draft: Optional[DraftSource] = None, batch: Optional[int] = None,
                  prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
                  memory_budget_bytes: Optional[int] = None, kv_quant="off", ssd=None):
         self.model = model
-        self.draft = draft  # a contract.DraftSource: every request then decodes speculatively
+        self.draft = draft  # every request then decodes speculatively
         self.worker = worker or ModelWorker()
         self.prefix = PrefixCache(prompt_cache_bytes, tier=self._ssd_tier(ssd, prompt_cache_bytes),
                                   post=self.worker.post)
@@ -140,11 +145,12 @@ class Engine:
         return cls(model, worker=worker, draft=draft, **kw)
 
     @property
-    def hooks(self):
+    def hooks(self) -> Any:
         """The model's hook relay: its claiming family, then generic, never another family."""
         return self.model.hooks
 
-    # -- parsing (surfaces call these with OpenAI-shaped bodies) -------------------
+    # -- parsing OpenAI bodies (other surfaces use their own parsers with
+    # ``defaults`` and ``max_tokens``; see engine/request.py) ---------------------
     def parse_chat(self, body: dict) -> ChatRequest:
         return parse_chat(body, self.defaults, self.max_tokens)
 
@@ -262,7 +268,8 @@ class Engine:
                  t.get("decode_tps", 0.0), u.lane)
 
     # -- other work on the model ---------------------------------------------------
-    async def embed(self, texts: list, instruction: Optional[str] = None):
+    async def embed(self, texts: list,
+                    instruction: Optional[str] = None) -> tuple[list[list[float]], int]:
         self.check_open()
         if self.model.kind != "embedding":  # answer now, not after queued generations
             raise BadRequest(f"model {self.model.id} is not an embedding model")
@@ -272,6 +279,10 @@ class Engine:
         if result is None:
             raise BadRequest(f"model {self.model.id} is not an embedding model")
         return result
+
+    def close(self) -> None:
+        """Stop the worker thread (the server is shutting down)."""
+        self.worker.close()
 
     def stats(self) -> dict:
         return {"total": self.requests, "completed": self.completed,

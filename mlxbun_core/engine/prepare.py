@@ -13,7 +13,7 @@ from typing import Optional
 
 from ..errors import APIError, BadRequest
 from ..grammar import GrammarPlan
-from ..grammar import registry as grammars
+from ..grammar_registry import registry as grammars
 from ..media import parts as media_parts
 from ..toolcalls import ToolChoice, plan_constraint
 from .request import ChatRequest, CompletionRequest, GenerationInput

@@ -1,22 +1,24 @@
-"""Typed generation requests, parsed from the OpenAI request bodies.
+"""Typed generation requests, and the field validators every surface parses with.
 
-Every surface ends here: /v1/chat/completions hands its body to
-:func:`parse_chat`, the Anthropic and Responses surfaces first translate theirs
-into the OpenAI chat shape, /v1/completions uses :func:`parse_completion`. What
-comes out is validated (a client mistake is a 400 raised here, before any model
-work) and carries nothing protocol-specific.
+Each surface reads its own body straight into these types: /v1/chat/completions with
+:func:`parse_chat`, /v1/completions with :func:`parse_completion`, the Anthropic and
+Responses surfaces with their own parsers built from the same validators
+(:func:`chat_request`, :func:`boolean_field`, :mod:`.sampling`, the grammar and tool
+fields), each told the name the client used, so an error names the field as it was sent.
+What comes out is validated (a client mistake is a 400 raised while parsing, before any
+model work) and carries nothing protocol-specific.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Iterator, Optional, Union
 
 from ..chat_template import check_reasoning_effort
 from ..errors import BadRequest
 from ..grammar import GrammarRequest, budget_close, resolve_grammar_request
 from ..media import parts as media_parts
-from ..toolcalls.choice import check_tools, parse_parallel, parse_tool_choice
+from ..toolcalls.choice import ToolChoice, check_tools, parse_parallel, parse_tool_choice
 from ..toolcalls.history import normalize_history
 from .sampling import (SamplingParams, check_field, described, max_tokens_from,
                        stop_sequences, type_error)
@@ -86,34 +88,55 @@ def choice_requests(req: GenerationInput) -> Iterator[GenerationInput]:
         yield replace(req, sampling=sampling, surface_state=dict(req.surface_state))
 
 
-def _options(body: dict, defaults: dict, server_max_tokens: Optional[int]) -> dict:
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise type_error("stream", "a boolean", stream)
-    adapter = body.get("adapter")
-    if adapter is not None and not isinstance(adapter, str):
-        raise type_error("adapter", "a string", adapter)
+def _options(body: dict, defaults: dict, server_max_tokens: Optional[int]) -> GenerateOptions:
+    """The shared fields of an OpenAI chat or completion body."""
+    stream = boolean_field(body.get("stream"), "stream")
+    adapter = string_field(body.get("adapter"), "adapter")
     n = body.get("n")
     n = 1 if n is None else check_field("n", n, int, 1, MAX_CHOICES)
-    return {"sampling": SamplingParams.from_body(body, defaults),
-            "max_tokens": max_tokens_from(body, server_max_tokens),
-            "stop": stop_sequences(body), "grammar": resolve_grammar_request(body),
-            "budget_close": budget_close(body),
-            "stream": stream, "n": n, "adapter": adapter}
+    return GenerateOptions(sampling=SamplingParams.from_body(body, defaults),
+                           max_tokens=max_tokens_from(body, server_max_tokens),
+                           stop=stop_sequences(body), grammar=resolve_grammar_request(body),
+                           budget_close=budget_close(body), stream=stream, n=n, adapter=adapter)
+
+
+def boolean_field(value, name: str, default: bool = False) -> bool:
+    """A boolean sent as ``name`` (None: ``default``)."""
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise type_error(name, "a boolean", value)
+    return value
+
+
+def string_field(value, name: str) -> Optional[str]:
+    """An optional string sent as ``name``."""
+    if value is not None and not isinstance(value, str):
+        raise type_error(name, "a string", value)
+    return value
+
+
+def template_kwargs_field(value, name: str = "chat_template_kwargs") -> dict:
+    """``chat_template_kwargs``: an object (absent or empty: none)."""
+    value = value or {}
+    if not isinstance(value, dict):
+        raise type_error(name, "an object", value)
+    return dict(value)
 
 
 def parse_completion(body: dict, defaults: Optional[dict] = None,
                      server_max_tokens: Optional[int] = None) -> CompletionRequest:
+    """An OpenAI /v1/completions body."""
     text = body.get("prompt")
     if not isinstance(text, str) or not text:
         raise BadRequest("prompt must be a non-empty string", param="prompt")
-    return CompletionRequest(prompt=text, **_options(body, defaults or {}, server_max_tokens))
+    options = _options(body, defaults or {}, server_max_tokens)
+    return CompletionRequest(prompt=text, **_shared(options))
 
 
 def parse_chat(body: dict, defaults: Optional[dict] = None,
                server_max_tokens: Optional[int] = None) -> ChatRequest:
+    """An OpenAI /v1/chat/completions body."""
     messages = body.get("messages")
     if messages is None or messages == []:
         raise BadRequest("messages required: an array of message objects, at least one",
@@ -124,24 +147,38 @@ def parse_chat(body: dict, defaults: Optional[dict] = None,
     tools = check_tools(body.get("tools"))
     choice = parse_tool_choice(body.get("tool_choice"), tools)
     parallel = parse_parallel(body.get("parallel_tool_calls"))
-    kwargs = body.get("chat_template_kwargs") or {}
-    if not isinstance(kwargs, dict):
-        raise type_error("chat_template_kwargs", "an object", kwargs)
+    kwargs = template_kwargs_field(body.get("chat_template_kwargs"))
     effort = check_reasoning_effort(body.get("reasoning_effort"))
+    return chat_request(options, messages, tools=tools, choice=choice, parallel=parallel,
+                        template_kwargs=kwargs, reasoning_effort=effort)
+
+
+def chat_request(options: GenerateOptions, messages: list, *, tools: Optional[list] = None,
+                 choice: ToolChoice = ToolChoice(), parallel: bool = True,
+                 template_kwargs: Optional[dict] = None, reasoning_effort: Optional[str] = None,
+                 name: str = "messages") -> ChatRequest:
+    """The typed chat request every chat surface ends in, from its checked parts and its
+    messages in the chat shape (normalized here; errors name them ``name``). Tools are
+    dropped under ``tool_choice`` none."""
     media: list = []
-    msgs = normalize_history([normalize_message(m, media, i) for i, m in enumerate(messages)])
-    if choice.mode == "none":
-        tools = None
-    return ChatRequest(messages=msgs, tools=tools, tool_choice=choice.mode, tool_name=choice.name,
-                       parallel_tool_calls=parallel, template_kwargs=dict(kwargs),
-                       reasoning_effort=effort, media=media, **options)
+    msgs = normalize_history([normalize_message(m, media, i, name) for i, m in enumerate(messages)],
+                             param=name)
+    return ChatRequest(messages=msgs, tools=None if choice.mode == "none" else tools,
+                       tool_choice=choice.mode, tool_name=choice.name,
+                       parallel_tool_calls=parallel, template_kwargs=dict(template_kwargs or {}),
+                       reasoning_effort=reasoning_effort, media=media, **_shared(options))
 
 
-def check_role(m, index: int) -> None:
+def _shared(options: GenerateOptions) -> dict:
+    """``options`` as keyword arguments of a request type (its fields, not copies)."""
+    return {f.name: getattr(options, f.name) for f in fields(GenerateOptions)}
+
+
+def check_role(m, index: int, name: str = "messages") -> None:
     """A message is an object whose role is one OpenAI accepts (400 naming the position)."""
-    where = f"messages[{index}]"
+    where = f"{name}[{index}]"
     if not isinstance(m, dict):
-        raise type_error(where, "a message object with a role", m, param="messages")
+        raise type_error(where, "a message object with a role", m, param=name)
     role = m.get("role")
     if role is None:
         raise BadRequest(f"{where}.role is required", param=f"{where}.role")
@@ -152,15 +189,16 @@ def check_role(m, index: int) -> None:
                          param=f"{where}.role", code="invalid_value")
 
 
-def normalize_message(m, media: list, index: int = 0) -> dict:
+def normalize_message(m, media: list, index: int = 0, name: str = "messages") -> dict:
     """One history message as every chat template can read it.
 
     ``developer`` renders as ``system``; ``reasoning`` is an alias of
     ``reasoning_content``; text parts are joined; with media parts the content
     stays a part list whose media parts are ``{"type": kind}`` placeholders, and
-    their references are appended to ``media`` (document order).
+    their references are appended to ``media`` (document order). Errors name the
+    message list ``name`` (Responses calls it ``input``).
     """
-    check_role(m, index)
+    check_role(m, index, name)
     m = dict(m)
     if m["role"] == "developer":  # OpenAI's newer name for system; templates know "system"
         m["role"] = "system"
@@ -169,9 +207,9 @@ def normalize_message(m, media: list, index: int = 0) -> dict:
             m["reasoning_content"] = m["reasoning"]
     content = m.get("content")
     if isinstance(content, list):
-        m["content"], refs = media_parts.split_content(content)
+        m["content"], refs = media_parts.split_content(content, param=name)
         media += refs
     elif content is not None and not isinstance(content, str):
-        raise type_error(f"messages[{index}].content", "a string or an array of parts", content,
-                         param="messages")
+        raise type_error(f"{name}[{index}].content", "a string or an array of parts", content,
+                         param=name)
     return m

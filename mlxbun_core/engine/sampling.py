@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
-from typing import Optional
+from typing import Collection, Optional
 
 from ..errors import BadRequest
 
@@ -116,15 +116,19 @@ class SamplingParams:
     extra_processors: list = field(default_factory=list)  # e.g. a grammar mask, applied last
 
     @classmethod
-    def from_body(cls, body: dict, defaults: dict | None = None) -> "SamplingParams":
-        """Request values win over ``defaults`` (generation_config.json + server flags)."""
+    def from_body(cls, body: dict, defaults: dict | None = None,
+                  accepted: Optional[Collection[str]] = None) -> "SamplingParams":
+        """Request values win over ``defaults`` (generation_config.json + server flags).
+        ``accepted``: the sampler fields the surface takes from its body (None: all of
+        them); the others are not read (a surface without them ignores them)."""
         names = {f.name for f in fields(cls)} - {"extra_processors"}
         merged = {k: v for k, v in (defaults or {}).items() if k in names and v is not None}
-        for name in names:
+        given = names if accepted is None else names & set(accepted)
+        for name in given:
             if body.get(name) is not None:
                 merged[name] = body[name]
         for name, types, lo, hi, wl in _RULES:
-            if name in body and body[name] is not None:
+            if name in given and body.get(name) is not None:
                 _check(name, body[name], types, lo, hi, wl)
         for name in _FLOATS & merged.keys():  # kernels take floats; ints become them here
             merged[name] = float(merged[name])
@@ -177,11 +181,18 @@ def _sampler(key):
 def max_tokens_from(body: dict, default: Optional[int]) -> Optional[int]:
     """``max_completion_tokens`` wins over ``max_tokens``; unset means no cap."""
     for name in ("max_completion_tokens", "max_tokens"):
-        value = body.get(name)
-        if value is not None:
-            _check(name, value, int, 1, None, None)
-            return value
+        if body.get(name) is not None:
+            return max_tokens_field(body[name], name, default)
     return default
+
+
+def max_tokens_field(value, name: str, default: Optional[int]) -> Optional[int]:
+    """A completion limit sent as ``name`` (each surface has its own): a positive
+    integer, or ``default`` when it is None."""
+    if value is None:
+        return default
+    _check(name, value, int, 1, None, None)
+    return value
 
 
 def stop_sequences(body: dict, name: str = "stop") -> list[str]:

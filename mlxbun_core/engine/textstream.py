@@ -9,17 +9,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..events import Content, Reasoning
-
-
-def held_marker_prefix(text: str, markers) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of a marker."""
-    best = 0
-    for m in markers:
-        for n in range(min(len(m) - 1, len(text)), best, -1):
-            if text.endswith(m[:n]):
-                best = n
-                break
-    return best
+from ..holdback import held_marker_prefix
 
 
 class StopMatcher:

@@ -1,9 +1,12 @@
-"""Structured output (grammar-constrained decoding).
+"""Structured output (grammar-constrained decoding), backend-free.
 
-Server/engine entry points: ``registry.plan(body, tokenizer, prompt_len=None)`` ->
-:class:`GrammarPlan` (raises BadRequest for ill-typed fields); ``registry.select(name)``
-for ``--grammar-backend``; ``registry.stats()`` for /stats. Backends are plugins
-(hook ``register_grammar_backends``); llguidance (default) and xgrammar ship built in.
+The request fields (:mod:`.request`), what a backend compiles to and the mask processor
+(:mod:`.base`), the budget-aware close (:mod:`.budget`) and the structural formats of
+tool-call markup (:mod:`.structural`). This package knows no plugin: the backends are
+built-in plugins (:mod:`mlxbun_core.plugins_builtin.llguidance_backend`, the default,
+and ``xgrammar_backend``), and :mod:`mlxbun_core.grammar_registry` picks one, caches
+compiled grammars and plans a request (``registry.plan(body, tokenizer)`` ->
+:class:`GrammarPlan`, a 400 for ill-typed fields).
 
 ``guided_grammar`` dialects: both backends take GBNF-style EBNF (``root ::= ...``,
 llama.cpp / xgrammar syntax) and Lark (``start: ...``). Regex ``\\d``/``\\w`` are ASCII
@@ -15,10 +18,10 @@ a *special* token's text in regex / choice / EBNF is produced only by the token,
 JSON strings only as text (see ``llg_special``).
 """
 
-from .base import (CompiledGrammar, GrammarBackend, GrammarCompileError, GrammarPlan,
-                   GrammarProcessor, GrammarRegistry, make_processor, registry)
+from .base import (CompiledGrammar, GrammarCompileError, GrammarPlan, GrammarProcessor, Matcher,
+                   make_processor)
 from .request import GrammarRequest, budget_close, describe, resolve_grammar_request
 
-__all__ = ["CompiledGrammar", "GrammarBackend", "GrammarCompileError", "GrammarPlan",
-           "GrammarProcessor", "GrammarRegistry", "GrammarRequest", "budget_close", "describe",
-           "make_processor", "registry", "resolve_grammar_request"]
+__all__ = ["CompiledGrammar", "GrammarCompileError", "GrammarPlan", "GrammarProcessor",
+           "GrammarRequest", "Matcher", "budget_close", "describe", "make_processor",
+           "resolve_grammar_request"]

@@ -71,28 +71,38 @@ def _nonempty_str(body: dict, name: str) -> Optional[str]:
 
 
 def _response_format(body: dict) -> Optional[GrammarRequest]:
-    rf = body.get("response_format")
+    return response_format_request(body.get("response_format"))
+
+
+def response_format_request(rf, name: str = "response_format") -> Optional[GrammarRequest]:
+    """An OpenAI ``response_format`` object sent as ``name``, or None (absent, or text)."""
     if rf is None:
         return None
     if not isinstance(rf, dict):
-        raise _bad("response_format must be an object", "response_format")
+        raise _bad(f"{name} must be an object", name)
     typ = rf.get("type")
     if typ == "text":
         return None
     if typ == "json_object":
-        return GrammarRequest("json_object", None, _whitespace(rf, "response_format"))
+        return GrammarRequest("json_object", None, _whitespace(rf, name))
     if typ != "json_schema":
-        raise _bad("response_format.type must be one of 'text', 'json_object', 'json_schema'",
-                   "response_format.type")
+        raise _bad(f"{name}.type must be one of 'text', 'json_object', 'json_schema'",
+                   f"{name}.type")
     js = rf.get("json_schema")
     if not isinstance(js, dict):
-        raise _bad("response_format.json_schema must be an object when type is 'json_schema'",
-                   "response_format.json_schema")
-    schema = js.get("schema")
+        raise _bad(f"{name}.json_schema must be an object when type is 'json_schema'",
+                   f"{name}.json_schema")
+    schema = json_schema(js.get("schema"), f"{name}.json_schema")
+    return GrammarRequest("json_schema", schema, _whitespace(js, f"{name}.json_schema"))
+
+
+def json_schema(schema, where: str) -> dict:
+    """The ``schema`` of the JSON-schema format at ``where`` (``text.format`` on Responses,
+    ``output_config.format`` on Anthropic); a 400 naming ``where.schema`` when it is not
+    an object."""
     if not isinstance(schema, dict):
-        raise _bad("response_format.json_schema.schema must be a JSON schema object",
-                   "response_format.json_schema.schema")
-    return GrammarRequest("json_schema", schema, _whitespace(js, "response_format.json_schema"))
+        raise _bad(f"{where}.schema must be a JSON schema object", f"{where}.schema")
+    return schema
 
 
 def _whitespace(obj: dict, where: str) -> str:

@@ -16,8 +16,9 @@ from typing import Optional
 
 from ..errors import APIError
 from ..server.body import parse_body
-from ..server.openai_responses import HISTORY_FIELD, stored_turn, to_chat
+from ..server.openai_responses import HISTORY_FIELD, stored_turn
 from ..server.response_store import ResponseStore
+from ..server.responses_request import conversation
 from .drain import send_json
 
 
@@ -85,7 +86,7 @@ class ParentResponses:
                 return raw, None, not_found(f"previous response {prev!r} not found "
                                             "(unknown or expired)", "previous_response_id")
         try:
-            _, system, convo = to_chat(body, stored)
+            system, convo = conversation(body, stored)
         except (APIError, TypeError, ValueError, KeyError, AttributeError):
             return raw, None, None
         if stored is not None:

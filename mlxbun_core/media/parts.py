@@ -43,68 +43,69 @@ class MediaItem:
     nbytes: int
 
 
-def _bad(msg: str) -> BadRequest:
-    return BadRequest(msg, param="messages")
+def _bad(msg: str, param: str = "messages") -> BadRequest:
+    return BadRequest(msg, param=param)
 
 
-def _url_field(value, where: str) -> str:
+def _url_field(value, where: str, param: str) -> str:
     """``{"url": "..."}`` or a bare string."""
     if isinstance(value, dict):
         value = value.get("url")
     if not isinstance(value, str) or not value.strip():
-        raise _bad(f"{where} needs a url string (data: or http(s)://)")
+        raise _bad(f"{where} needs a url string (data: or http(s)://)", param)
     return value.strip()
 
 
-def _inline(data, where: str) -> str:
+def _inline(data, where: str, param: str) -> str:
     if not isinstance(data, str) or not data.strip():
-        raise _bad(f"{where} needs base64 data")
+        raise _bad(f"{where} needs base64 data", param)
     return "data:;base64," + data
 
 
-def media_ref(part: dict) -> MediaRef:
-    """A media content part → its reference; a malformed part is a 400."""
+def media_ref(part: dict, param: str = "messages") -> MediaRef:
+    """A media content part → its reference; a malformed part is a 400 naming ``param``."""
     kind = part["type"]
     media = PART_KINDS[kind]
     if kind in ("image_url", "input_image", "audio_url", "video_url"):
         return MediaRef(media, _url_field(part.get("image_url" if media == "image" else kind),
-                                          f"{kind} part"))
+                                          f"{kind} part", param))
     if kind == "input_audio":
         spec = part.get("input_audio")
         if not isinstance(spec, dict):
-            raise _bad("input_audio part needs an input_audio object with base64 data")
+            raise _bad("input_audio part needs an input_audio object with base64 data", param)
         fmt = spec.get("format")
-        return MediaRef(media, _inline(spec.get("data"), "input_audio part"),
+        return MediaRef(media, _inline(spec.get("data"), "input_audio part", param),
                         fmt if isinstance(fmt, str) else None)
     # the "image" / "audio" / "video" aliases: base64 under "data", or a URL
     if part.get("data") is not None:
-        return MediaRef(media, _inline(part["data"], f"{kind} part"))
+        return MediaRef(media, _inline(part["data"], f"{kind} part", param))
     for key in (kind, f"{kind}_url", "url"):
         if part.get(key) is not None:
-            return MediaRef(media, _url_field(part[key], f"{kind} part"))
-    raise _bad(f"{kind} part needs base64 data or a url")
+            return MediaRef(media, _url_field(part[key], f"{kind} part", param))
+    raise _bad(f"{kind} part needs base64 data or a url", param)
 
 
-def split_content(parts: list) -> tuple[Any, list[MediaRef]]:
+def split_content(parts: list, param: str = "messages") -> tuple[Any, list[MediaRef]]:
     """A content-part list → (template content, media refs in document order).
 
     Text-only content stays a plain string (what every template reads); with
-    media it is a part list with ``{"type": kind}`` placeholders.
+    media it is a part list with ``{"type": kind}`` placeholders. Errors name the
+    client's field ``param`` (the message list: ``messages``, or Responses' ``input``).
     """
     texts, out, refs = [], [], []
     for part in parts:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text":
             if not isinstance(part.get("text"), str):
-                raise _bad("text content parts need a string 'text'")
+                raise _bad("text content parts need a string 'text'", param)
             texts.append(part["text"])
             out.append({"type": "text", "text": part["text"]})
         elif isinstance(kind, str) and kind in PART_KINDS:  # a list type is unhashable
-            ref = media_ref(part)
+            ref = media_ref(part, param)
             refs.append(ref)
             out.append({"type": ref.kind})
         else:
-            raise _bad(f"unsupported content part type: {kind!r}")
+            raise _bad(f"unsupported content part type: {kind!r}", param)
     return (out if refs else "".join(texts)), refs
 
 

@@ -49,7 +49,7 @@ def install(app, engine) -> CollectorRegistry:
     registry.register(for_engine(engine))
     requests = request_counter(registry, "model")
     model = str(engine.model.id)
-    app.metrics_registry = registry
+    app.state.metrics = registry
 
     async def metrics(request: Request) -> Response:
         return metrics_response(registry)

@@ -5,6 +5,7 @@ unless an API key is set); mounting runs on the model worker between decode step
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from blacksheep import Request
 
@@ -12,8 +13,12 @@ from ..adapters import discover
 from ..errors import BadRequest
 from .common import guarded, json_response, read_body
 
+if TYPE_CHECKING:
+    from ..engine.core import Engine
+    from .state import App
 
-def register(app, engine):
+
+def register(app: App, engine: Engine) -> None:
     manager = engine.adapters
 
     @guarded()

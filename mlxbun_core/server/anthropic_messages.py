@@ -1,9 +1,9 @@
 """POST /v1/messages (+ /v1/messages/count_tokens) — the Anthropic Messages surface.
 
-The request is translated into the OpenAI chat body shape (:mod:`.anthropic_request`)
-and runs through the same ``engine.prepare_chat`` path as /v1/chat/completions, so
-templates, tool parsing, media checks and grammar are shared; only the wire format
-differs.
+The body is parsed straight into the engine's typed chat request
+(:mod:`.anthropic_request`, errors named as the client named the fields) and runs
+through the same ``Engine.start`` path as /v1/chat/completions, so templates, tool
+parsing, media checks and grammar are shared; only the wire format differs.
 
 Reasoning is surfaced as Anthropic's extended-thinking shape: a ``thinking``
 block (empty ``signature``; we sign nothing) before the text, present only when
@@ -19,17 +19,21 @@ from __future__ import annotations
 
 import json
 import re
-from contextlib import contextmanager
+from typing import TYPE_CHECKING, Callable
 
 from blacksheep import Request
 
+from ..engine.request import ChatRequest
 from ..errors import APIError
 from ..events import Admitted, Content, Reasoning, ToolCallEvent, Usage
 from . import generation
-from .anthropic_request import chat_names, to_chat
+from .anthropic_request import parse_request
 from .anthropic_system import thinking_omitted
 from .common import guarded, json_response, read_body, sse_event
-from .field_names import renamed
+
+if TYPE_CHECKING:
+    from ..engine.core import Engine
+    from .state import App
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                403: "permission_error", 404: "not_found_error", 413: "request_too_large",
@@ -56,21 +60,11 @@ def anthropic_error(exc: APIError):
 
 # ---------------------------------------------------------------- request side
 
-@contextmanager
-def anthropic_names(body: dict):
-    """Errors of the shared chat path, in the Anthropic field names ``body`` used."""
-    try:
-        yield
-    except APIError as exc:
-        raise renamed(exc, chat_names(body)) from exc
-
-
-def parser(engine, **to_chat_options):
-    """Anthropic body -> typed chat request, errors named as the client named the fields."""
-    def parse(body: dict):
-        chat = to_chat(body, **to_chat_options)
-        with anthropic_names(body):
-            return engine.parse_chat(chat)
+def parser(engine: Engine, *, need_max_tokens: bool = True) -> Callable[[dict], ChatRequest]:
+    """Anthropic body -> typed chat request, with the served model's defaults."""
+    def parse(body: dict) -> ChatRequest:
+        return parse_request(body, engine.defaults, engine.max_tokens,
+                             need_max_tokens=need_max_tokens)
     return parse
 
 
@@ -189,7 +183,7 @@ class MessageFrames(generation.FrameWriter):
                                                              "message": message}})]
 
 
-def register(app, engine):
+def register(app: App, engine: Engine) -> None:
     model_id = engine.model.id
 
     def answer(run, reply) -> dict:
@@ -219,8 +213,7 @@ def register(app, engine):
     async def count_tokens(request: Request):
         body = await read_body(request)
         typed = count(body)  # a bad format is a 400 here too …
-        with anthropic_names(body):
-            n = await engine.count_prompt_tokens(typed)  # … but counting compiles no grammar
+        n = await engine.count_prompt_tokens(typed)  # … but counting compiles no grammar
         return json_response({"input_tokens": n})
 
     app.router.add_post("/v1/messages", messages)

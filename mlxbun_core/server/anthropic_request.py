@@ -1,25 +1,35 @@
-"""The Anthropic Messages request, translated into the OpenAI chat body shape.
+"""The Anthropic Messages request, parsed straight into the engine's typed chat request.
 
-Every nested field is type-checked on the way (a wrong type is a 400 naming the
-field, never a crash); prior-turn thinking blocks are dropped. The system side
-(``system``, system-role messages, thinking and effort) is :mod:`.anthropic_system`,
-tools and tool search :mod:`.anthropic_tools`. :func:`chat_names` maps chat field
-names back to the Anthropic ones for errors the shared chat path raises.
+Every nested field is type-checked on the way (a wrong type is a 400 naming the field
+as the client sent it, never a crash); prior-turn thinking blocks are dropped. The
+messages become the chat-shaped history every template reads; the other fields go
+through the shared validators (:mod:`mlxbun_core.engine.request`,
+:mod:`mlxbun_core.engine.sampling`) under their Anthropic names (``max_tokens``,
+``stop_sequences``, ``output_config.format``, ``output_config.effort``). The system
+side (``system``, system-role messages, thinking and effort) is :mod:`.anthropic_system`,
+tools and tool search :mod:`.anthropic_tools`.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any, Optional
 
+from ..chat_template import check_reasoning_effort
+from ..engine.request import (ChatRequest, GenerateOptions, chat_request, string_field,
+                              template_kwargs_field)
+from ..engine.sampling import SamplingParams, max_tokens_field, stop_sequences
 from ..errors import BadRequest
+from ..grammar.request import GrammarRequest, budget_close, json_schema, response_format_request
 from . import anthropic_system as system
 from .anthropic_tools import ToolSet, reference_text, tool_choice, tool_set
 
-# mlx-lm sampler/penalty extensions accepted on top of Anthropic's own fields
-EXTRAS = ("min_p", "xtc_probability", "xtc_threshold", "repetition_penalty",
-          "repetition_context_size", "presence_penalty", "presence_context_size",
-          "frequency_penalty", "frequency_context_size", "seed", "chat_template_kwargs",
-          "reasoning_effort", "response_format", "adapter", "budget_close")
+# Anthropic's sampler fields, then the mlx-lm sampler/penalty extensions we accept on top;
+# the extensions chat_template_kwargs, reasoning_effort, response_format, adapter and
+# budget_close are read under their own names too
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "xtc_probability", "xtc_threshold",
+            "repetition_penalty", "repetition_context_size", "presence_penalty",
+            "presence_context_size", "frequency_penalty", "frequency_context_size", "seed")
 AUDIO_BLOCKS = ("input_audio", "audio", "audio_url")
 ROLES = ("user", "assistant", "system")
 
@@ -76,6 +86,7 @@ def _result_part(block, tools: ToolSet) -> dict | None:
 
 def _tool_result(block: dict, tools: ToolSet) -> dict:
     content = block.get("content")
+    parts: Any
     if content is None or isinstance(content, str):
         parts = content or ""
     elif isinstance(content, list):
@@ -94,7 +105,8 @@ def _user_messages(content, tools: ToolSet) -> list:
     """A user turn: tool_result blocks become tool messages, the rest user parts."""
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
-    out, parts = [], []
+    out: list = []
+    parts: list = []
     for block in content:
         if isinstance(block, dict) and block.get("type") == "tool_result":
             if parts:
@@ -127,27 +139,40 @@ def _assistant_message(content) -> dict:
                                        "arguments": json.dumps(args or {})}})
         elif kind not in ("thinking", "redacted_thinking"):
             raise BadRequest(f"unsupported assistant content block type: {kind!r}")
-    msg = {"role": "assistant", "content": "".join(texts)}
+    msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if calls:
         msg["tool_calls"] = calls
     return msg
 
 
-def _output_format(chat: dict, body: dict) -> None:
+def _output_format(body: dict) -> Optional[tuple[dict, str]]:
+    """The requested output format and the name it came as (``output_config.format``,
+    or the older beta spelling ``output_format``), or None."""
     config = body.get("output_config")
     config = {} if config is None else _object(config, "output_config")
     where = "output_config.format" if config.get("format") is not None else "output_format"
     fmt = config.get("format", body.get("output_format"))  # current / older beta spelling
     if fmt is None:
-        return
+        return None
     if _object(fmt, where).get("type") != "json_schema":
         raise BadRequest(f"{where}.type must be json_schema")
-    chat["response_format"] = {"type": "json_schema",
-                               "json_schema": {"name": "output", "schema": fmt.get("schema")}}
+    return fmt, where
 
 
-def to_chat(body: dict, *, need_max_tokens: bool = True) -> dict:
-    """Translate an Anthropic Messages body into an OpenAI chat body."""
+def _grammar(body: dict, output: Optional[tuple[dict, str]]) -> Optional[GrammarRequest]:
+    """The output format as a grammar; without one, the ``response_format`` extension."""
+    if output is None:
+        return response_format_request(body.get("response_format"))
+    fmt, where = output
+    return GrammarRequest("json_schema", json_schema(fmt.get("schema"), where))
+
+
+def parse_request(body: dict, defaults: Optional[dict] = None,
+                  server_max_tokens: Optional[int] = None, *,
+                  need_max_tokens: bool = True) -> ChatRequest:
+    """An Anthropic Messages body as the engine's typed chat request (``defaults``: the
+    served model's sampling defaults; ``server_max_tokens``: the operator's cap).
+    ``need_max_tokens`` is false for count_tokens, which takes a body without it."""
     if not isinstance(body.get("stream", False), bool):
         raise BadRequest("stream must be a boolean")
     if "logit_bias" in body:
@@ -158,40 +183,46 @@ def to_chat(body: dict, *, need_max_tokens: bool = True) -> dict:
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages: field required (a non-empty list)")
     tools = tool_set(body.get("tools"))
-    out, turn_effort = _messages(body, messages, tools)
-    chat = {"messages": out}
-    for src, dst in (("stream", "stream"), ("max_tokens", "max_tokens"), ("temperature", "temperature"),
-                     ("top_p", "top_p"), ("top_k", "top_k"), ("stop_sequences", "stop")):
-        if body.get(src) is not None:
-            chat[dst] = body[src]
-    for name in EXTRAS:
-        if body.get(name) is not None:
-            chat[name] = body[name]
+    history, turn_effort = _messages(body, messages, tools)
     choice, parallel = tool_choice(body.get("tool_choice"), tools.chat_tools)
-    if tools.chat_tools:
-        chat["tools"] = tools.chat_tools
-        if choice is not None:
-            chat["tool_choice"] = choice
-        if parallel is not None:
-            chat["parallel_tool_calls"] = parallel
-    effort = turn_effort or system.top_effort(body)
-    if effort is not None:
-        chat.setdefault("reasoning_effort", effort)
-    system.thinking_kwargs(chat, body.get("thinking"))
-    _output_format(chat, body)
-    return chat
+    effort = _effort(body, turn_effort)
+    kwargs = system.thinking_kwargs(body.get("chat_template_kwargs"), body.get("thinking"))
+    output = _output_format(body)
+
+    adapter = string_field(body.get("adapter"), "adapter")
+    options = GenerateOptions(
+        sampling=SamplingParams.from_body(body, defaults, accepted=SAMPLING),
+        max_tokens=max_tokens_field(body.get("max_tokens"), "max_tokens", server_max_tokens),
+        stop=stop_sequences(body, "stop_sequences"), grammar=_grammar(body, output),
+        budget_close=budget_close(body), stream=body.get("stream", False), adapter=adapter)
+    return chat_request(options, history, tools=tools.chat_tools, choice=choice,
+                        parallel=True if parallel is None else parallel,
+                        template_kwargs=template_kwargs_field(kwargs),
+                        reasoning_effort=check_reasoning_effort(*effort))
 
 
-def _messages(body: dict, messages: list, tools: ToolSet) -> tuple[list, str | None]:
+def _effort(body: dict, turn_effort: Optional[tuple[str, str]]) -> tuple[Optional[str], str]:
+    """The effort for the turn being generated and the field it came from: the
+    ``reasoning_effort`` extension, else a system message's for this turn, else the
+    top-level ``output_config.effort``."""
+    effort = turn_effort or (system.top_effort(body), "output_config.effort")
+    if body.get("reasoning_effort") is not None:
+        return body["reasoning_effort"], "reasoning_effort"
+    return effort
+
+
+def _messages(body: dict, messages: list,
+              tools: ToolSet) -> tuple[list, Optional[tuple[str, str]]]:
     """The chat messages, and the effort a system message set for the turn being generated
-    (one after the last assistant turn)."""
+    (one after the last assistant turn) with the field it came as."""
     out = []
     if body.get("system") is not None:
         prompt = system.system_prompt(body["system"])
         if prompt:
             out.append({"role": "system", "content": prompt})
     roles = [m.get("role") if isinstance(m, dict) else None for m in messages]
-    last = {role: i for i, role in enumerate(roles)}  # each role's last position
+    # each role's last position (an unhashable role is refused in the loop below)
+    last = {role: i for i, role in enumerate(roles) if isinstance(role, str)}
     turn_effort = None
     for i, m in enumerate(messages):
         if roles[i] not in ROLES:
@@ -200,7 +231,7 @@ def _messages(body: dict, messages: list, tools: ToolSet) -> tuple[list, str | N
             msg, effort = system.system_message(m, i, last.get("user", -1) > i)
             out += [msg] if msg else []
             if effort is not None and last.get("assistant", -1) < i:
-                turn_effort = effort
+                turn_effort = effort, f"messages[{i}].output_config.effort"
             continue
         content = m.get("content")
         if not isinstance(content, (str, list)):
@@ -210,15 +241,3 @@ def _messages(body: dict, messages: list, tools: ToolSet) -> tuple[list, str | N
     if "user" not in last and "assistant" not in last:
         raise BadRequest("messages needs a user or assistant message, not only system ones")
     return out, turn_effort
-
-
-def chat_names(body: dict) -> dict:
-    """Chat body field → the Anthropic field it came from (for error messages)."""
-    names = {"stop": "stop_sequences"}
-    config = body.get("output_config") if isinstance(body.get("output_config"), dict) else {}
-    if body.get("reasoning_effort") is None:
-        names["reasoning_effort"] = "output_config.effort"
-    if body.get("response_format") is None:
-        fmt = "output_config.format" if config.get("format") is not None else "output_format"
-        names.update({"response_format.json_schema": fmt, "response_format": fmt})
-    return names

@@ -111,12 +111,13 @@ def system_message(m: dict, i: int, later_user: bool) -> tuple[Optional[dict], O
     return ({"role": "system", "content": text} if text else None), effort
 
 
-def thinking_kwargs(chat: dict, thinking) -> None:
-    """``thinking`` as the template switch: enabled / between_tools turn thinking on,
-    disabled off; adaptive leaves it to ``output_config.effort`` or the model's default.
-    An explicit ``chat_template_kwargs.enable_thinking`` wins."""
+def thinking_kwargs(kwargs, thinking):
+    """``chat_template_kwargs`` (as sent) with ``thinking`` as the template switch:
+    enabled / between_tools turn thinking on, disabled off; adaptive leaves it to
+    ``output_config.effort`` or the model's default. An explicit
+    ``chat_template_kwargs.enable_thinking`` wins."""
     if thinking is None:
-        return
+        return kwargs
     if not isinstance(thinking, dict):
         raise BadRequest("thinking must be an object")
     kind = thinking.get("type")
@@ -125,11 +126,11 @@ def thinking_kwargs(chat: dict, thinking) -> None:
     if thinking.get("display") not in (None, "summarized", "omitted"):
         raise BadRequest("thinking.display must be one of summarized, omitted")
     if kind == "adaptive":
-        return
-    kwargs = chat.get("chat_template_kwargs", {})
+        return kwargs
+    kwargs = {} if kwargs is None else kwargs
     if not isinstance(kwargs, dict):
         raise BadRequest("chat_template_kwargs must be an object")
-    chat["chat_template_kwargs"] = {"enable_thinking": kind != "disabled", **kwargs}
+    return {"enable_thinking": kind != "disabled", **kwargs}
 
 
 def thinking_omitted(body: dict) -> bool:

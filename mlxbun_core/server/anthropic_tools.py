@@ -1,4 +1,4 @@
-"""Anthropic tools, ``tool_choice`` and tool search, in the chat shape.
+"""Anthropic tools, ``tool_choice`` and tool search, as the engine takes them.
 
 Client tools (no ``type``, or ``custom``) become chat function tools; server tools
 (web_search, bash, text_editor, …) are skipped. Tool search: a tool with
@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Optional
 
 from ..errors import BadRequest
+from ..toolcalls.choice import ToolChoice
 
 
 @dataclass
@@ -73,10 +75,11 @@ def reference_text(block: dict, tools: ToolSet) -> str:
     return "<function>" + json.dumps(shown, ensure_ascii=False) + "</function>\n"
 
 
-def tool_choice(choice, tools: list | None) -> tuple:
-    """Anthropic's tool_choice as the chat ``(tool_choice, parallel_tool_calls)``."""
+def tool_choice(choice, tools: list | None) -> tuple[ToolChoice, Optional[bool]]:
+    """Anthropic's tool_choice as the engine's ``(ToolChoice, parallel_tool_calls)``
+    (``parallel`` None: not said). Without tools shown up front the choice is auto."""
     if choice is None:
-        return None, None
+        return ToolChoice("auto"), None
     if not isinstance(choice, dict):
         raise BadRequest('tool_choice must be an object, e.g. {"type": "auto"}')
     kind = choice.get("type")
@@ -90,11 +93,13 @@ def tool_choice(choice, tools: list | None) -> tuple:
             raise BadRequest("tool_choice.name must be a non-empty string")
         if name not in {t["function"]["name"] for t in tools or ()}:
             raise BadRequest(f"tool_choice.name: no tool named {name!r} in tools")
-        return {"type": "function", "function": {"name": name}}, parallel
+        return ToolChoice("function", name), parallel
     mapped = {"auto": "auto", "any": "required", "none": "none"}.get(kind) \
         if isinstance(kind, str) else None
     if mapped is None:
         raise BadRequest("tool_choice.type must be one of auto, any, tool, none")
     if mapped == "required" and not tools:
         raise BadRequest('tool_choice {"type": "any"} needs tools')
-    return mapped, parallel
+    if not tools:  # nothing to choose among (and no call to force)
+        return ToolChoice("auto"), None
+    return ToolChoice(mapped), parallel

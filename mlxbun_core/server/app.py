@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import importlib
 import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
 
-from blacksheep import Application, Request
-from blacksheep.server.routing import Router
+from blacksheep import Request
 
 from .. import blas
 from .. import metrics
+from ..webchat.store import SessionStore, sessions_dir as default_sessions_dir
 from . import guard
 from .common import allowed_methods, json_response, method_not_allowed, openai_error
+from .guard import GuardRules
+from .state import App, AppState
+
+if TYPE_CHECKING:
+    from ..engine.core import Engine
 
 log = logging.getLogger("mlxbun.server")
 
-# One module per protocol surface; each exposes ``register(app, engine)``.
+# One module per protocol surface; each exposes ``register(app: App, engine: Engine)``
+# and keeps what other modules read in ``app.state`` (see :mod:`.state`).
 SURFACES = (
     "mlxbun_core.server.openai_chat",
     "mlxbun_core.server.openai_completions",
@@ -42,14 +50,16 @@ def error_shape(path: str):
     return openai_error
 
 
-def build_app(engine, *, api_key: str | None = None, sessions_dir=None) -> Application:
-    """``sessions_dir``: where the web chat keeps sessions (default: under our home)."""
-    app = Application(router=Router())  # not BlackSheep's process-wide default router
-    app.sessions_dir = sessions_dir
-    guard.install(app, api_key)
+def build_app(engine: Engine, *, api_key: Optional[str] = None,
+              sessions_dir: Optional[Path] = None) -> App:
+    """The application serving ``engine``. ``sessions_dir``: where the web chat keeps
+    sessions (default: under our home)."""
+    state = AppState(engine=engine, guard=GuardRules(api_key=api_key),
+                     sessions=SessionStore(default_sessions_dir(sessions_dir)))
+    app = App(state)
+    guard.install(app, state.guard)
     metrics.install(app, engine)  # GET /metrics; counts every route's answers
-    app.stats_providers = {}  # name -> callable returning a JSON-able dict for /stats
-    app.stats_providers["blas"] = lambda: blas.state().describe()
+    state.stats_providers["blas"] = lambda: blas.state().describe()
     for modname in SURFACES:
         try:
             module = importlib.import_module(modname)
@@ -69,7 +79,7 @@ def build_app(engine, *, api_key: str | None = None, sessions_dir=None) -> Appli
     app.router.fallback = not_found
 
     async def on_stop(application):
-        engine.worker.close()
+        engine.close()
 
     app.on_stop += on_stop
     return app

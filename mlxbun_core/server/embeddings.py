@@ -8,11 +8,16 @@ whichever plugin's ``embed`` hook claims the served model (through
 from __future__ import annotations
 
 import base64
+from typing import TYPE_CHECKING
 
 from blacksheep import Request
 
 from ..errors import BadRequest
 from .common import guarded, json_response, read_body
+
+if TYPE_CHECKING:
+    from ..engine.core import Engine
+    from .state import App
 
 ENCODINGS = ("float", "base64")
 
@@ -38,7 +43,7 @@ def encode_vector(vec, fmt: str):
     return [float(x) for x in vec]
 
 
-def register(app, engine):
+def register(app: App, engine: Engine) -> None:
     model_id = engine.model.id
 
     @guarded()

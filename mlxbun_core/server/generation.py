@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Optional
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Optional
 
 from blacksheep import Request, Response
 
 from ..engine.reply import Reply, gather
-from ..engine.request import choice_requests
+from ..engine.request import GenerationInput, choice_requests
 from ..events import Admitted, Done, Event, Finish, KeepAlive
 from . import trace as tracing
 from .common import KEEPALIVE, json_response, new_id, now, read_body, sse_response, watch_disconnect
+
+if TYPE_CHECKING:
+    from ..engine.core import Engine, Generation
 
 
 @dataclass
@@ -28,11 +31,11 @@ class Run:
     id: str
     created: int
     body: dict
-    request: object  # the typed ChatRequest / CompletionRequest
-    gen: object  # the engine's Generation handle (the first choice's)
-    trace: object
+    request: GenerationInput
+    gen: Generation  # the first choice's
+    trace: Any  # a trace.Trace, or its no-op stand-in when tracing is off
     started: float
-    gens: list = field(default_factory=list)  # one Generation per choice (``n``)
+    gens: list[Generation] = field(default_factory=list)  # one per choice (``n``)
 
     @property
     def headers(self) -> Optional[dict]:
@@ -43,8 +46,8 @@ class Run:
         return self.request.stream
 
 
-async def start(request: Request, engine, *, route: str, id_prefix: str,
-                parse: Callable[[dict], object]) -> Run:
+async def start(request: Request, engine: Engine, *, route: str, id_prefix: str,
+                parse: Callable[[dict], GenerationInput]) -> Run:
     """Read the body, ``parse`` it into a typed request and start it, tracing each phase.
 
     Every client mistake raises an APIError here, before a byte is sent.
@@ -65,7 +68,7 @@ async def start(request: Request, engine, *, route: str, id_prefix: str,
     return Run(rid, now(), body, typed, gens[0], trace, time.perf_counter(), gens)
 
 
-async def start_choices(engine, typed) -> list:
+async def start_choices(engine: Engine, typed: GenerationInput) -> list[Generation]:
     """One started generation per choice; if one cannot start (a full queue), the
     others are cancelled and the error stands for the request."""
     gens: list = []

@@ -1,12 +1,12 @@
 """Who may call what, in one place (a middleware), not a check per route.
 
 - ``--api-key KEY`` (or ``MLXBUN_API_KEY``): every route except ``GET /health`` and
-  the web app's static shell (see :func:`open_route`) requires ``Authorization:
+  the web app's static shell (``app.state.guard.open_route``) requires ``Authorization:
   Bearer KEY`` (OpenAI clients) or ``x-api-key: KEY`` (Anthropic clients); anything
   else is a 401.
 - Admin routes (those that read or write the filesystem or start jobs: paths
   under the prefixes in ``ADMIN_PREFIXES`` plus any a module adds with
-  :func:`admin_route`) answer loopback clients only, unless an API key is
+  ``app.state.guard.admin_route``) answer loopback clients only, unless an API key is
   configured (then the key is what authorizes). A remote client gets a 403.
 """
 
@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+from dataclasses import dataclass
 from typing import Optional
 
-from blacksheep import Request
+from blacksheep import Application, Request
 
 from .common import json_response
 
@@ -24,6 +25,25 @@ ADMIN_PREFIXES = ("/api/", "/admin/", "/v1/adapters")
 OPEN_PATHS = ("/health",)
 LOOPBACK_ONLY = ("this route answers loopback clients only; start the server with --api-key "
                  "to allow remote clients")
+
+
+@dataclass
+class GuardRules:
+    """The guard's rules for one app (``AppState.guard``): the API key, if any; the
+    admin prefixes (loopback only without a key); the paths open without the key."""
+
+    api_key: Optional[str] = None
+    admin_prefixes: tuple[str, ...] = ADMIN_PREFIXES
+    open_paths: tuple[str, ...] = OPEN_PATHS
+
+    def admin_route(self, prefix: str) -> None:
+        """Mark every path under ``prefix`` as an admin route."""
+        self.admin_prefixes = self.admin_prefixes + (prefix,)
+
+    def open_route(self, path: str) -> None:
+        """Let ``path`` (every path under it when it ends in ``/*``) answer without the
+        API key: static files that hold nothing private, such as the web app's shell."""
+        self.open_paths = self.open_paths + (path,)
 
 
 def is_loopback(request: Request) -> bool:
@@ -54,17 +74,6 @@ def _presented_key(request: Request) -> Optional[str]:
     return key.decode("latin-1").strip() if key else None
 
 
-def admin_route(app, prefix: str) -> None:
-    """Mark every path under ``prefix`` as an admin route of ``app``."""
-    app.admin_prefixes = tuple(getattr(app, "admin_prefixes", ADMIN_PREFIXES)) + (prefix,)
-
-
-def open_route(app, path: str) -> None:
-    """Let ``path`` (every path under it when it ends in ``/*``) answer without the API
-    key: static files that hold nothing private, such as the web app's shell."""
-    app.open_paths = tuple(getattr(app, "open_paths", OPEN_PATHS)) + (path,)
-
-
 def is_open(path: str, open_paths) -> bool:
     """Whether ``path`` is one of ``open_paths`` (or under one ending in ``/*``)."""
     return any(path == p or (p.endswith("/*") and path.startswith(p[:-1])) for p in open_paths)
@@ -86,33 +95,32 @@ def _is_websocket(request: Request) -> bool:
     return (getattr(request, "scope", None) or {}).get("type") == "websocket"
 
 
-def install(app, api_key: Optional[str]) -> None:
-    """Add the guard middleware to ``app`` (first, so nothing runs before it).
+def install(app: Application, rules: GuardRules) -> None:
+    """Add the guard middleware to ``app`` (first, so nothing runs before it). It reads
+    ``rules`` on every request, so routes marked after this still count.
 
     BlackSheep runs middlewares for WebSocket routes too; a refused handshake is
     answered with the same status and body. Browsers cannot set headers on a
     WebSocket, so there the key may also come as ``?api_key=``.
     """
-    app.admin_prefixes = getattr(app, "admin_prefixes", ADMIN_PREFIXES)
-    app.open_paths = getattr(app, "open_paths", OPEN_PATHS)
-    expected = api_key.encode() if api_key else None
-    app.api_key_required = expected is not None
+    expected = rules.api_key.encode() if rules.api_key else None
 
     def check(request: Request, key: Optional[str]):
         path = request.path
         anthropic = path.startswith("/v1/messages")
-        if expected is not None and not is_open(path, app.open_paths):
+        if expected is not None and not is_open(path, rules.open_paths):
             got = key if key is not None else _presented_key(request)
             if got is None or not hmac.compare_digest(got.encode(), expected):
                 return _error(401, "authentication_error", "invalid or missing API key "
                               "(send Authorization: Bearer <key>)", anthropic)
-        elif path.startswith(app.admin_prefixes) and not is_loopback(request):
+        elif path.startswith(rules.admin_prefixes) and not is_loopback(request):
             return _error(403, "permission_error", LOOPBACK_ONLY, anthropic)
         return None
 
     async def guard(request: Request, handler):
         websocket = _is_websocket(request)
-        key = (request.query.get("api_key") or [None])[0] if websocket else None
+        keys = request.query.get("api_key") if websocket else None
+        key = keys[0] if keys else None
         refusal = check(request, key)
         if refusal is None:
             return await handler(request)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import TYPE_CHECKING
 
 from blacksheep import Request, Response
 from blacksheep.contents import StreamedContent
@@ -14,10 +15,13 @@ from blacksheep.contents import StreamedContent
 from ..adapters import merge as adapter_merge
 from ..errors import APIError, BadRequest
 from ..jobs import finetune, quantize
-from ..jobs.runner import JobManager
 from ..jobs.store import TERMINAL, JobStore
 from .. import fspaths
 from .common import as_api_error, guarded, json_response, read_body, sse_data, watch_disconnect
+
+if TYPE_CHECKING:
+    from ..engine.core import Engine
+    from .state import App
 
 POLL_S = 0.25
 
@@ -26,12 +30,9 @@ def _error(exc: APIError) -> Response:
     return json_response({"ok": False, "error": exc.message}, exc.status)
 
 
-def register(app, engine):
-    from ..models.resolve import mlxbun_home
-
-    home = mlxbun_home()
-    jobs = _Lazy(home)  # no jobs.sqlite until a job route is used
-    app.jobs = jobs
+def register(app: App, engine: Engine) -> None:
+    jobs = app.state.jobs  # no jobs.sqlite until a job route is used
+    home = jobs.home
 
     @guarded(_error)
     async def list_jobs(request: Request):
@@ -129,27 +130,6 @@ def register(app, engine):
     r.add_post("/api/finetune/export", export)
     r.add_post("/api/quantize/inspect", quantize_inspect)
     r.add_post("/api/quantize/submit", quantize_submit)
-
-
-class _Lazy:
-    """The server's JobManager, made (and stale jobs reaped) on first use."""
-
-    def __init__(self, home):
-        self.home, self._manager = home, None
-
-    @property
-    def manager(self) -> JobManager:
-        if self._manager is None:
-            self._manager = JobManager(JobStore(self.home / "jobs.sqlite"), self.home)
-        return self._manager
-
-    @property
-    def store(self) -> JobStore:
-        return self.manager.store
-
-    def close(self) -> None:
-        if self._manager is not None:
-            self._manager.close()
 
 
 async def _tail(store: JobStore, job_id: str, gone: asyncio.Event):

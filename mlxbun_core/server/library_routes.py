@@ -8,26 +8,25 @@ served model.
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from blacksheep import Request
 
 from ..errors import BadRequest
 from ..library import checkpoint
-from ..library.cache import LibraryCache, local_rows
+from ..library.cache import local_rows
 from ..library.fit import machine
 from ..library.report import fit_report, library_row
 from .common import guarded, json_response
 
-
-def library(app) -> LibraryCache:
-    if getattr(app, "library", None) is None:
-        app.library = LibraryCache()
-    return app.library
+if TYPE_CHECKING:
+    from ..engine.core import Engine
+    from .state import App
 
 
-async def model_rows(app, served_id: str, created: int) -> list[dict]:
+async def model_rows(app: App, served_id: str, created: int) -> list[dict]:
     """The local rows of ``/v1/models`` (supported models other than ``served_id``)."""
-    return local_rows(await library(app).aentries(), served_id, created)
+    return local_rows(await app.state.library.aentries(), served_id, created)
 
 
 def _int_param(request: Request, name: str):
@@ -43,8 +42,8 @@ def _int_param(request: Request, name: str):
     return value
 
 
-def register(app, engine):
-    cache = library(app)
+def register(app: App, engine: Engine) -> None:
+    cache = app.state.library
     weights = {}  # the served checkpoint's header facts never change while serving
 
     @guarded()

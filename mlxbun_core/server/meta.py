@@ -6,13 +6,19 @@ other supported model of the local library (see :mod:`.library_routes`).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from blacksheep import Request
 
 from .. import __version__, plugins
-from ..grammar import registry as grammars
+from ..grammar_registry import registry as grammars
 from ..toolcalls.history import supports_tools
 from .common import json_response
 from .library_routes import model_rows
+
+if TYPE_CHECKING:
+    from ..engine.core import Engine
+    from .state import App
 
 ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "POST /v1/messages",
              "POST /v1/messages/count_tokens", "POST /v1/responses",
@@ -22,7 +28,7 @@ ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "POST /v1/mess
              "GET /api/jobs", "POST /api/finetune/*", "POST /api/quantize/*"]
 
 
-def media_kinds(engine) -> set:
+def media_kinds(engine: Engine) -> set:
     """The media kinds a plugin accepts for the served model (asked through the hook)."""
     m = engine.model
     if m.kind != "generate":
@@ -46,7 +52,7 @@ def template_renders_tools(model) -> bool:
     return isinstance(template, str) and supports_tools(template)[0]
 
 
-def model_row(engine) -> dict:
+def model_row(engine: Engine) -> dict:
     m = engine.model
     generate = m.kind == "generate"
     media = media_kinds(engine)
@@ -67,7 +73,7 @@ def model_row(engine) -> dict:
             "gen_defaults": {k: d.get(k) for k in ("temperature", "top_p", "top_k")}}
 
 
-def register(app, engine):
+def register(app: App, engine: Engine) -> None:
     async def index(request: Request):
         from .ws_chat import availability  # (ws_chat imports this module)
 
@@ -98,7 +104,7 @@ def register(app, engine):
 
     async def stats(request: Request):
         extra = {}
-        for name, provider in getattr(app, "stats_providers", {}).items():
+        for name, provider in app.state.stats_providers.items():
             extra[name] = provider()
         return json_response({
             "server": {"owner": "serve", "model": engine.model.id, "family": engine.model.family,

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from blacksheep import Request
 
 from ..events import Content, Reasoning, TokenLogprob, ToolCallEvent
 from . import choices, generation
 from .common import guarded, sse_data
+
+if TYPE_CHECKING:
+    from ..engine.core import Engine
+    from .state import App
 
 
 def tool_call_json(call, index=None) -> dict:
@@ -80,7 +86,7 @@ def message_of(reply) -> dict:
     return message
 
 
-def register(app, engine):
+def register(app: App, engine: Engine) -> None:
     model_id = engine.model.id
 
     def answer(run, replies, usage) -> dict:

@@ -7,6 +7,8 @@ per-token entries of chat's shape (mlx_lm.server's block, with ``id``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from blacksheep import Request
 
 from ..engine.logprobs import legacy_block
@@ -14,6 +16,10 @@ from ..events import Content, Reasoning, TokenLogprob
 from . import choices, generation
 from .common import guarded, sse_data
 from .openai_chat import openai_stream_error
+
+if TYPE_CHECKING:
+    from ..engine.core import Engine
+    from .state import App
 
 
 class CompletionFrames(choices.ChoiceFrames):
@@ -52,7 +58,7 @@ class CompletionFrames(choices.ChoiceFrames):
         return [openai_stream_error(message)]
 
 
-def register(app, engine):
+def register(app: App, engine: Engine) -> None:
     model_id = engine.model.id
 
     def answer(run, replies, usage) -> dict:

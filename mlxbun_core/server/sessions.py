@@ -6,30 +6,28 @@ unless an API key is configured, enforced by the guard) and need no model.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from blacksheep import Request
 
 from ..errors import APIError
 from ..webchat.search import search
-from ..webchat.store import SessionStore, compacted, read_entries, sessions_dir
+from ..webchat.store import compacted, read_entries
 from .common import json_response
 
+if TYPE_CHECKING:
+    from ..engine.core import Engine
+    from .state import App
+
 MAX_QUERY_CHARS = 500
-
-
-def session_store(app) -> SessionStore:
-    """The app's one store (``app.sessions_dir`` when the builder set it, else under our home)."""
-    store = getattr(app, "session_store", None)
-    if store is None:
-        store = app.session_store = SessionStore(sessions_dir(getattr(app, "sessions_dir", None)))
-    return store
 
 
 def _error(message: str, status: int):
     return json_response({"ok": False, "error": message}, status)
 
 
-def register(app, engine):
-    store = session_store(app)
+def register(app: App, engine: Engine) -> None:
+    store = app.state.sessions
 
     async def search_sessions(request: Request):
         query = (request.query.get("q") or [""])[0]

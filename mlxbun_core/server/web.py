@@ -17,13 +17,17 @@ import threading
 import time
 import webbrowser
 from importlib import resources
+from typing import TYPE_CHECKING
 
 from blacksheep import Request, Response
 from blacksheep.contents import Content
 
 from ..webchat.apptools import ROUTES
-from . import guard
 from .common import json_response
+
+if TYPE_CHECKING:
+    from ..engine.core import Engine
+    from .state import App
 
 ASSET_CACHE = b"public, max-age=3600"
 TYPES = {".html": b"text/html; charset=utf-8", ".js": b"text/javascript; charset=utf-8",
@@ -73,7 +77,7 @@ def _file(body: bytes, path: str, cache: bytes) -> Response:
     return resp
 
 
-def register(app, engine):
+def register(app: App, engine: Engine) -> None:
     files = load_files()
     sw = service_worker(files)
 
@@ -109,7 +113,7 @@ def register(app, engine):
     for route in ROUTES:
         app.router.add_get(f"/{route}", redirect_to(route))
     for path in open_paths():
-        guard.open_route(app, path)
+        app.state.guard.open_route(path)
 
 
 def open_paths() -> tuple:

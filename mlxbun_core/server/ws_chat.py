@@ -2,9 +2,9 @@
 
 JSON frames with a ``type`` both ways; :class:`~mlxbun_core.webchat.agent.ChatAgent`
 does the work, this module only moves frames. A plain ``GET /ws/chat`` (no upgrade)
-is a 426. An app that cannot host the chat sets ``app.web_chat_unavailable`` to a
-reason, or calls :func:`refuse`: the route then answers 501 (the ``--isolate`` parent,
-which is no BlackSheep app, answers 501 itself). ``GET /v1`` carries
+is a 426. A server that cannot host the chat sets ``AppState.web_chat_unavailable``
+to a reason, or calls :func:`refuse`: the route then answers 501 (the ``--isolate``
+parent, which is no BlackSheep app, answers 501 itself). ``GET /v1`` carries
 :func:`availability`, which the page reads before it opens a socket.
 
 Like the other routes that touch files, the chat answers loopback clients only
@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import TYPE_CHECKING
 
 from blacksheep import Request
 from blacksheep.server.websocket import WebSocket, WebSocketDisconnectError
@@ -25,7 +26,10 @@ from ..webchat.agent import ChatAgent
 from . import guard
 from .common import json_response
 from .meta import model_row
-from .sessions import session_store
+
+if TYPE_CHECKING:
+    from ..engine.core import Engine
+    from .state import App
 
 log = logging.getLogger("mlxbun.webchat")
 
@@ -33,29 +37,29 @@ PATH = "/ws/chat"
 ISOLATED = "web chat needs a non-isolated server (it is not available under --isolate)"
 
 
-def refuse(app, reason: str = ISOLATED) -> None:
-    """Make /ws/chat answer 501 with ``reason`` (the --isolate parent calls this)."""
-    app.web_chat_unavailable = reason
+def refuse(app: App, reason: str = ISOLATED) -> None:
+    """Make /ws/chat answer 501 with ``reason`` (a server that cannot host the chat)."""
+    app.state.web_chat_unavailable = reason
 
 
-def availability(app, request: Request) -> dict:
+def availability(app: App, request: Request) -> dict:
     """Whether ``request``'s client may chat here, for ``GET /v1``'s ``web_chat`` field (the
     page asks before it opens a socket that would only be refused)."""
-    reason = getattr(app, "web_chat_unavailable", None)
-    keyed = getattr(app, "api_key_required", False)
+    reason = app.state.web_chat_unavailable
+    keyed = app.state.guard.api_key is not None
     if not reason and not keyed and not guard.is_loopback(request):
         reason = guard.LOOPBACK_ONLY
     return {"available": not reason, "reason": reason or None}
 
 
-def _unavailable(app):
-    reason = getattr(app, "web_chat_unavailable", None)
+def _unavailable(app: App):
+    reason = app.state.web_chat_unavailable
     if reason:
         return json_response({"error": {"message": reason, "type": "not_implemented"}}, 501)
     return None
 
 
-def ready_frame(engine) -> dict:
+def ready_frame(engine: Engine) -> dict:
     row = model_row(engine)
     return {"model": row["id"], "vision": bool(row.get("vision")), "audio": bool(row.get("audio")),
             "thinking": bool(engine.model.reasoning), "genDefaults": row.get("gen_defaults") or {},
@@ -99,9 +103,9 @@ async def serve_connection(ws: WebSocket, agent: ChatAgent, outbox: Outbox) -> N
         await agent.close()
 
 
-def register(app, engine):
-    store = session_store(app)
-    guard.admin_route(app, PATH)
+def register(app: App, engine: Engine) -> None:
+    store = app.state.sessions
+    app.state.guard.admin_route(PATH)
 
     async def upgrade_required(request: Request):
         refusal = _unavailable(app)

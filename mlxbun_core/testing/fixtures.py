@@ -36,7 +36,7 @@ def client(srv):
 @pytest.fixture(params=["llguidance", "xgrammar"])
 def backend(request):
     """Each grammar backend in turn, selected for the test and restored after it."""
-    from ..grammar import registry
+    from ..grammar_registry import registry
 
     before = registry._selected
     registry.select(request.param)

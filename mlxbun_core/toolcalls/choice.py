@@ -1,6 +1,6 @@
 """``tool_choice`` and ``parallel_tool_calls`` of an OpenAI chat body, checked against
-the request's tools. The Anthropic and Responses surfaces translate their own forms
-into these before the chat path sees them."""
+the request's tools, as the engine's :class:`ToolChoice`. The Anthropic and Responses
+surfaces read their own forms into a :class:`ToolChoice` directly."""
 
 from __future__ import annotations
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..grammar import GrammarPlan, GrammarRequest, describe, registry
+from ..grammar import GrammarPlan, GrammarRequest, describe
 from ..grammar import structural as S
+from ..grammar_registry import registry
 from .choice import ToolChoice, is_strict, tool_name
 
 GAP = S.regex(r"[ \n]{0,2}")

@@ -1,5 +1,6 @@
-"""Family-agnostic tool-call helpers: the ToolCall record, JSON repair, envelope
-normalization and schema-driven argument coercion.
+"""Family-agnostic tool-call helpers: JSON repair, envelope normalization and
+schema-driven argument coercion. The :class:`ToolCall` record itself lives in
+:mod:`mlxbun_core.events` (re-exported here and from :mod:`mlxbun_core.toolcalls`).
 
 Every dialect funnels through ``make_call`` so argument typing is identical on all
 surfaces (string-typed params stay strings, other types are JSON-decoded)."""
@@ -8,29 +9,14 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
-from dataclasses import dataclass, field
 from typing import Any
+
+from ..events import ToolCall, new_call_id
 
 __all__ = [
     "ToolCall", "new_call_id", "find_tool", "tool_params", "coerce_arguments",
     "repair_json", "normalize_call", "make_call", "calls_from_json",
 ]
-
-
-def new_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
-
-
-@dataclass
-class ToolCall:
-    name: str
-    arguments: str  # JSON object text
-    id: str = field(default_factory=new_call_id)
-
-    @property
-    def args(self) -> dict:
-        return json.loads(self.arguments)
 
 
 # --------------------------------------------------------------------------- tools

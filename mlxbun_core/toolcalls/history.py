@@ -21,15 +21,16 @@ from ..errors import BadRequest
 from .core import repair_json
 
 
-def normalize_history(messages: list[dict]) -> list[dict]:
+def normalize_history(messages: list[dict], param: str = "messages") -> list[dict]:
     """Copies of ``messages`` with ``content`` always a string or a part list,
-    ``tool_calls`` arguments as mappings, and tool results named after their call."""
+    ``tool_calls`` arguments as mappings, and tool results named after their call.
+    Errors name the client's message list ``param``."""
     names: dict[str, str] = {}
     out = []
     for m in messages:
         m = dict(m)
         if m.get("role") == "assistant" and m.get("tool_calls"):
-            m["tool_calls"] = [template_call(c) for c in _list(m["tool_calls"])]
+            m["tool_calls"] = [template_call(c, param) for c in _list(m["tool_calls"], param)]
             for c in m["tool_calls"]:
                 if isinstance(c.get("id"), str):
                     names[c["id"]] = c["function"]["name"]
@@ -43,21 +44,21 @@ def normalize_history(messages: list[dict]) -> list[dict]:
     return out
 
 
-def _list(calls) -> list:
+def _list(calls, param: str) -> list:
     if not isinstance(calls, list):
-        raise BadRequest("tool_calls must be a list", param="messages")
+        raise BadRequest("tool_calls must be a list", param=param)
     return calls
 
 
-def template_call(call) -> dict:
+def template_call(call, param: str = "messages") -> dict:
     """One assistant tool call with its arguments as a mapping (a JSON string that is
     not an object, even repaired, is kept as it is)."""
     if not isinstance(call, dict):
-        raise BadRequest("tool_calls entries must be objects", param="messages")
+        raise BadRequest("tool_calls entries must be objects", param=param)
     fn = call.get("function")
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise BadRequest("tool_calls entries need a function object with a name",
-                         param="messages")
+                         param=param)
     args = fn.get("arguments")
     if args is None:
         args = {}

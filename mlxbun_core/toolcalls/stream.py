@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import copy
 
-from ..engine.textstream import held_marker_prefix
-from ..events import KEEPALIVE, Content, ParserEvent, ToolCallEvent
-from .core import ToolCall
+from ..events import KEEPALIVE, Content, ParserEvent, ToolCall, ToolCallEvent
+from ..holdback import held_marker_prefix
 
 Event = ParserEvent  # Content | ToolCallEvent | KeepAlive
 KEEPALIVE_EVERY = 256

@@ -91,7 +91,7 @@ def sampled_replies(request, tokenizer, backend: str, make_parser, seeds=range(6
     ``make_parser()`` makes of it: ``(content, calls)``."""
     import numpy as np
 
-    from ..grammar import registry
+    from ..grammar_registry import registry
 
     compiled = registry.compile(request, tokenizer, backend)
     out = []

@@ -4,7 +4,7 @@ no torch. ``guided_grammar`` takes Lark syntax (``start: ...``) or llama.cpp GBN
 Rust ``regex`` syntax (``\\d``, ``.``, classes, repetition ``{m,n}`` all work;
 ``\\d``/``\\w`` are made ASCII to match xgrammar).
 
-Added tokens: see :mod:`.llg_special` - non-special added tokens (``<tool_call>`` on
+Added tokens: see :mod:`mlxbun_core.grammar.llg_special` - non-special added tokens (``<tool_call>`` on
 Qwen/GLM) are text tokens; a special token's text spelled in a regex / choice / Lark
 grammar is that single token (Gemma's ``<|tool_call>``); mask and consume always agree.
 """
@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..contract import GrammarBackend
+from ..grammar.base import CompiledGrammar, GrammarCompileError, eos_ids, hf_tokenizer
+from ..grammar.budget import ByteVocab
+from ..grammar.llg_special import SpecialRewriter, build_tokenizer
+from ..grammar.request import GrammarRequest
+from ..grammar.schema import closed
+from ..grammar.structural_lark import LarkWriter, json_options
 from ..hookspecs import hookimpl
-from .base import CompiledGrammar, GrammarBackend, GrammarCompileError, eos_ids, hf_tokenizer
-from .budget import ByteVocab
-from .llg_special import SpecialRewriter, build_tokenizer
-from .request import GrammarRequest
-from .schema import closed
-from .structural_lark import LarkWriter, json_options
 
 NAME = "llguidance"
 

@@ -13,12 +13,13 @@ import importlib.util
 import json
 import os
 
+from ..contract import GrammarBackend
+from ..grammar.base import CompiledGrammar, GrammarCompileError, eos_ids, hf_tokenizer
+from ..grammar.budget import ByteVocab
+from ..grammar.request import SEPARATORS, GrammarRequest
+from ..grammar.schema import closed
+from ..grammar.structural import map_json
 from ..hookspecs import hookimpl
-from .base import CompiledGrammar, GrammarBackend, GrammarCompileError, eos_ids, hf_tokenizer
-from .budget import ByteVocab
-from .request import SEPARATORS, GrammarRequest
-from .schema import closed
-from .structural import map_json
 
 NAME = "xgrammar"
 AVAILABLE = importlib.util.find_spec("xgrammar") is not None

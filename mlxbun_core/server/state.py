@@ -1,0 +1,89 @@
+"""What the routes share, as one typed record on the application: ``app.state``.
+
+Every surface module exposes ``register(app: App, engine: Engine)``. What more than one
+module needs (the response store, the web chat's sessions, the library scan, the job
+manager, the guard's rules, extra ``/stats`` sections, a few switches) lives in
+:class:`AppState`, typed, never as loose attributes on the BlackSheep application.
+
+Adding something: give :class:`AppState` a field (with a default, or a value that
+:func:`~mlxbun_core.server.app.build_app` passes in), then read or fill it as
+``app.state.<field>`` in your module's ``register``. A ``/stats`` section is an entry
+in ``stats_providers``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional
+
+from blacksheep import Application
+from prometheus_client import CollectorRegistry
+from blacksheep.server.routing import Router
+
+from ..jobs.runner import JobManager
+from ..jobs.store import JobStore
+from ..library.cache import LibraryCache
+from ..models.resolve import mlxbun_home
+from ..webchat.store import SessionStore, sessions_dir
+from .guard import GuardRules
+from .response_store import ResponseStore
+
+if TYPE_CHECKING:
+    from ..engine.core import Engine
+
+
+class Jobs:
+    """The server's job manager, made (and stale jobs reaped) on first use: no
+    ``jobs.sqlite`` until a job route is used."""
+
+    def __init__(self, home: Path):
+        self.home = home
+        self._manager: Optional[JobManager] = None
+
+    @property
+    def manager(self) -> JobManager:
+        if self._manager is None:
+            self._manager = JobManager(JobStore(self.home / "jobs.sqlite"), self.home)
+        return self._manager
+
+    @property
+    def store(self) -> JobStore:
+        return self.manager.store
+
+    def close(self) -> None:
+        if self._manager is not None:
+            self._manager.close()
+
+
+@dataclass
+class AppState:
+    """The served engine and everything the routes share."""
+
+    engine: Engine
+    guard: GuardRules = field(default_factory=GuardRules)
+    """Who may call what: the API key, admin prefixes and open paths (:mod:`.guard`)."""
+    sessions: SessionStore = field(default_factory=lambda: SessionStore(sessions_dir()))
+    """The web chat's sessions (the ``/ws/chat`` agent and ``/api/sessions/*``)."""
+    responses: ResponseStore = field(default_factory=ResponseStore)
+    """Stored Responses, for ``previous_response_id`` and ``GET /v1/responses/<id>``."""
+    library: LibraryCache = field(default_factory=LibraryCache)
+    """The local model scan (``/library``, the rows of ``/v1/models``)."""
+    jobs: Jobs = field(default_factory=lambda: Jobs(mlxbun_home()))
+    """Fine-tune and quantize jobs (``/api/jobs``, ``/api/finetune/*``, ``/api/quantize/*``)."""
+    stats_providers: dict[str, Callable[[], dict]] = field(default_factory=dict)
+    """Extra ``/stats`` sections: name -> a callable returning a JSON-able dict."""
+    trusts_injected_history: bool = False
+    """An ``--isolate`` engine child: the parent sends Responses history in the body."""
+    web_chat_unavailable: Optional[str] = None
+    """A reason ``/ws/chat`` answers 501 with (the ``--isolate`` parent proxy sets one)."""
+    metrics: Optional[CollectorRegistry] = None
+    """This app's Prometheus registry (``GET /metrics``; :mod:`mlxbun_core.metrics`)."""
+
+
+class App(Application):
+    """The BlackSheep application of one served engine, with its :class:`AppState`."""
+
+    def __init__(self, state: AppState):
+        super().__init__(router=Router())  # not BlackSheep's process-wide default router
+        self.state = state
