@@ -9,12 +9,18 @@ is still pending at the timeout). Without ``--ssd-cache`` it answers 200 with
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from blacksheep import Request
 
 from ..errors import BadRequest
 from ..kvstore import durability
 from .body import _read_capped, max_body_bytes, parse_body
 from .common import guarded, json_response
+
+if TYPE_CHECKING:
+    from ..engine.core import Engine
+    from .state import App
 
 MAX_TIMEOUT_S = 3600.0
 
@@ -32,7 +38,7 @@ async def _timeout(request: Request) -> float:
     return float(value)
 
 
-def register(app, engine):
+def register(app: App, engine: Engine) -> None:
     @guarded()
     async def flush(request: Request):
         report = await durability.flush(engine, await _timeout(request))
@@ -45,4 +51,4 @@ def register(app, engine):
         def ssd_stats() -> dict:
             return {**tier.stats(), "pending_snapshots": engine.prefix.dirty()}
 
-        app.stats_providers["ssd_cache"] = ssd_stats
+        app.state.stats_providers["ssd_cache"] = ssd_stats
