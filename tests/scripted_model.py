@@ -23,8 +23,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxbun_core import plugins
+from mlxbun_core.family import load_mlx_lm
 from mlxbun_core.hookspecs import hookimpl
-from mlxbun_core.model import LoadedModel
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.server import start_server
 
@@ -119,12 +119,9 @@ class ScriptedPlugin:
 
     @hookimpl
     def load_model(self, path, config, options):
-        from mlx_lm.utils import load
-
-        model, tokenizer = load(str(path))
-        return LoadedModel(id=options.model_id, path=path, config=config,
-                           model=ScriptedModel(model, tokenizer, self), tokenizer=tokenizer,
-                           reasoning=bool(getattr(tokenizer, "has_thinking", False)))
+        loaded = load_mlx_lm(path, config, options, reasoning=None)  # as the generic plugin
+        loaded.model = ScriptedModel(loaded.model, loaded.tokenizer, self)
+        return loaded
 
 
 def scripted_checkpoint_plugin(text: str = "", model_type: str = "qwen3", seed: int = 4242,
