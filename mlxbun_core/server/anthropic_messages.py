@@ -1,9 +1,9 @@
 """POST /v1/messages (+ /v1/messages/count_tokens) — the Anthropic Messages surface.
 
-The request is translated into the OpenAI chat body shape (:mod:`.anthropic_request`)
-and runs through the same ``engine.prepare_chat`` path as /v1/chat/completions, so
-templates, tool parsing, media checks and grammar are shared; only the wire format
-differs.
+The request is translated into a chat body (:mod:`.anthropic_request`), parsed into
+the same typed chat request as /v1/chat/completions (errors named as the client named
+the fields) and started through :mod:`.generation`, so templates, tool parsing, media
+checks and grammar are shared; only the wire format differs.
 
 Reasoning is surfaced as Anthropic's extended-thinking shape: a ``thinking``
 block (empty ``signature``; we sign nothing) before the text, present only when

@@ -1,5 +1,6 @@
-"""In-process engine helpers: run request bodies straight on an :class:`Engine` (no HTTP)
-and compare what lanes produce, token for token."""
+"""In-process engine helpers: run request bodies straight on an :class:`Engine` (no HTTP),
+render chat bodies to the prompt a request would run, and compare what lanes produce,
+token for token."""
 
 from __future__ import annotations
 
@@ -8,7 +9,20 @@ import threading
 
 from ..engine.core import Engine
 from ..engine.lanes.pace import FixedChunk, PrefillPacer
+from ..engine.prepare import Prepared, prepare
+from ..engine.session import GenerationRequest
 from ..engine.reply import gather
+
+
+def prepare_chat(engine: Engine, body: dict) -> Prepared:
+    """Parse and render a chat body synchronously, through the same hooks as a request."""
+    return prepare(engine.model, engine.hooks, engine.parse_chat(body))
+
+
+def rendered_chat(engine: Engine, body: dict) -> tuple[str, GenerationRequest]:
+    """The prompt text a chat body renders to (specials included), and its request."""
+    req = prepare_chat(engine, body).request
+    return engine.model.tokenizer.decode(req.prompt_tokens), req
 
 
 def run_all(engine: Engine, bodies: list) -> list:

@@ -26,6 +26,7 @@ from mlxbun_core.engine.sampling import SamplingParams  # noqa: E402
 from mlxbun_core.errors import BadRequest  # noqa: E402
 from mlxbun_core.model import LoadOptions  # noqa: E402
 from mlxbun_core.testing.checkpoints import tiny_checkpoint  # noqa: E402
+from mlxbun_core.testing.engine import prepare_chat, rendered_chat  # noqa: E402
 from mlxbun_core.testing.server import start_server  # noqa: E402
 
 Q = '<|"|>'
@@ -73,8 +74,7 @@ def client(s):
 def rendered(s, **body) -> str:
     """The prompt text the engine would run, through the same path as a request."""
     body.setdefault("messages", USER)
-    req = s.engine.prepare_chat(body).request
-    return s.engine.model.tokenizer.decode(req.prompt_tokens)
+    return rendered_chat(s.engine, body)[0]
 
 
 # -- chat template ------------------------------------------------------------
@@ -112,7 +112,7 @@ def test_thinking_switches(srv, kwargs, effort, on):
         assert text.endswith("<|turn>model\n") and not text.endswith(GEN_OFF)
     else:
         assert "<|think|>" not in text and text.endswith(GEN_OFF)
-    prompt = srv.engine.prepare_chat({"messages": USER, **body}).request
+    prompt = prepare_chat(srv.engine, {"messages": USER, **body}).request
     assert (prompt.think_start, prompt.think_end) == ("<|channel>thought", "<channel|>")
     assert prompt.in_reasoning is False
 

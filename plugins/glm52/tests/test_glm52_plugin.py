@@ -21,6 +21,7 @@ import mlxbun_glm52
 from mlxbun_core import loader, plugins
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.engine import rendered_chat
 from mlxbun_core.toolcalls import StreamingToolParser
 
 MSG = [{"role": "user", "content": "What is the capital of France?"}]
@@ -41,10 +42,7 @@ def ckpt():
 
 def render(srv, messages=MSG, **body):
     """The prompt the engine would run for a chat body (normalization included)."""
-    prepared = srv.engine.prepare_chat({"messages": messages, **body})
-    req = prepared.request
-    text = srv.engine.model.tokenizer.decode(req.prompt_tokens)
-    return text, req
+    return rendered_chat(srv.engine, {"messages": messages, **body})
 
 
 # ---------------------------------------------------------------- claim

@@ -21,6 +21,7 @@ import mlxbun_minicpm5
 from mlxbun_core import loader, plugins
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing.checkpoints import tiny_checkpoint, write_checkpoint
+from mlxbun_core.testing.engine import rendered_chat
 from mlxbun_core.testing.families import family_config
 from mlxbun_core.testing.tokenizer import CHATML_TEMPLATE
 
@@ -44,8 +45,7 @@ def ckpt():
 
 def render(srv, messages=MSG, **body):
     """The prompt the engine would run for a chat body (normalization included)."""
-    req = srv.engine.prepare_chat({"messages": messages, **body}).request
-    return srv.engine.model.tokenizer.decode(req.prompt_tokens), req
+    return rendered_chat(srv.engine, {"messages": messages, **body})
 
 
 def ids_of(choice):

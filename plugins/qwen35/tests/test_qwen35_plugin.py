@@ -21,6 +21,7 @@ from mlxbun_core.engine.reply import gather
 from mlxbun_core.errors import BadRequest
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.engine import rendered_chat
 from mlxbun_qwen35 import fallback_template
 from mlxbun_qwen35.toolcalls import QwenDialect
 
@@ -40,8 +41,7 @@ def ckpt():
 
 def rendered(srv, **body):
     """The prompt the engine builds for ``body`` (normalization + plugin render), as text."""
-    req = srv.engine.prepare_chat({"messages": MSG, **body}).request
-    return srv.engine.model.tokenizer.decode(req.prompt_tokens), req
+    return rendered_chat(srv.engine, {"messages": MSG, **body})
 
 
 # -- claim -----------------------------------------------------------------
