@@ -37,6 +37,7 @@ from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 
 from mlxbun_core.grammar import GrammarRegistry, GrammarRequest
+from mlxbun_core.testing.helpers import parses_json
 
 SHAPES = {  # llama shapes as in bench/serve_overhead.py; the vocab comes from --vocab
     "tiny": {},
@@ -118,7 +119,7 @@ def bench(model, tok, reg, args) -> dict:
                     host[config][0] += proc.spent
                     host[config][1] += proc.calls
                 if r and config == "schema-tight":
-                    valid[config][0] += _parses(text)
+                    valid[config][0] += parses_json(text)
                     valid[config][1] += 1
             seed += 1
         if r:
@@ -131,14 +132,6 @@ def trimmed_mean(xs: list, cut: float = 0.1) -> float:
     xs = sorted(xs)
     k = int(len(xs) * cut)
     return statistics.mean(xs[k:len(xs) - k] if len(xs) > 2 * k else xs)
-
-
-def _parses(text: str) -> bool:
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
 
 
 def report(result: dict, meta: dict) -> dict:

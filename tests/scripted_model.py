@@ -21,6 +21,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+import pytest
 
 from mlxbun_core import plugins
 from mlxbun_core.family import load_mlx_lm
@@ -144,3 +145,26 @@ def scripted_server(text: str = "", *, name: str = "scripted-test", **kw):
             srv.stop()
     finally:
         plugins.unregister(name)
+
+
+def scripted_fixtures(text: str, name: str, **kw):
+    """A surface test module's fixtures, bound by ``server, srv, plugin =
+    scripted_fixtures(...)``: ``server`` is ``(srv, plugin)`` served once for the module;
+    ``srv`` hands out the server with the script reset to ``text`` (no forward failure)
+    before each test; ``plugin`` is the ScriptedPlugin, for tests that change the script."""
+    @pytest.fixture(scope="module")
+    def server():
+        with scripted_server(text, name=name, **kw) as pair:
+            yield pair
+
+    @pytest.fixture
+    def srv(server):
+        srv, plugin = server
+        plugin.text, plugin.fail_at = text, None
+        return srv
+
+    @pytest.fixture
+    def plugin(server):
+        return server[1]
+
+    return server, srv, plugin

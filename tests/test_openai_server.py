@@ -9,10 +9,10 @@ import mlx.core as mx
 import openai
 import pytest
 from mlx_lm import load as mlx_load
-from mlx_lm.generate import generate_step
 
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import prepare_chat
+from mlxbun_core.testing.helpers import mlx_lm_greedy
 from mlxbun_core.testing.server import start_server
 
 MSG = [{"role": "user", "content": "Write a short story about a robot."}]
@@ -78,12 +78,7 @@ def test_greedy_parity_with_mlx_lm(client, ckpt, srv):
                                   temperature=0, extra_body={"logprobs": True})
     ours = [e["id"] for e in r.choices[0].logprobs.content]
     model, tok = mlx_load(str(ckpt))
-    prompt = mx.array(tok.encode("Once upon a time"))
-    theirs = []
-    for t, _ in generate_step(prompt, model, max_tokens=16):
-        theirs.append(t)
-        if t in tok.eos_token_ids:
-            break
+    theirs = mlx_lm_greedy(model, tok.encode("Once upon a time"), 16, tok.eos_token_ids)
     assert ours == theirs[: len(ours)] and len(ours) == len(theirs)
 
 
