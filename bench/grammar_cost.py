@@ -39,6 +39,7 @@ from mlx_lm.sample_utils import make_sampler
 
 from mlxbun_core.grammar import GrammarRequest
 from mlxbun_core.grammar_registry import GrammarRegistry
+from mlxbun_core.testing.helpers import parses_json
 
 SHAPES = {  # llama shapes as in bench/serve_overhead.py; the vocab comes from --vocab
     "tiny": {},
@@ -120,7 +121,7 @@ def bench(model, tok, reg, args) -> dict:
                     host[config][0] += proc.spent
                     host[config][1] += proc.calls
                 if r and config == "schema-tight":
-                    valid[config][0] += _parses(text)
+                    valid[config][0] += parses_json(text)
                     valid[config][1] += 1
             seed += 1
         if r:
@@ -133,14 +134,6 @@ def trimmed_mean(xs: list, cut: float = 0.1) -> float:
     xs = sorted(xs)
     k = int(len(xs) * cut)
     return statistics.mean(xs[k:len(xs) - k] if len(xs) > 2 * k else xs)
-
-
-def _parses(text: str) -> bool:
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
 
 
 def report(result: dict, meta: dict) -> dict:

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+import pytest
 
 from mlxbun_core import plugins
+from mlxbun_core.family import load_mlx_lm
 from mlxbun_core.hookspecs import hookimpl
-from mlxbun_core.model import LoadedModel
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.server import start_server
 
@@ -119,12 +120,9 @@ class ScriptedPlugin:
 
     @hookimpl
     def load_model(self, path, config, options):
-        from mlx_lm.utils import load
-
-        model, tokenizer = load(str(path))
-        return LoadedModel(id=options.model_id, path=path, config=config,
-                           model=ScriptedModel(model, tokenizer, self), tokenizer=tokenizer,
-                           reasoning=bool(getattr(tokenizer, "has_thinking", False)))
+        loaded = load_mlx_lm(path, config, options, reasoning=None)  # as the generic plugin
+        loaded.model = ScriptedModel(loaded.model, loaded.tokenizer, self)
+        return loaded
 
 
 def scripted_checkpoint_plugin(text: str = "", model_type: str = "qwen3", seed: int = 4242,
@@ -147,3 +145,26 @@ def scripted_server(text: str = "", *, name: str = "scripted-test", **kw):
             srv.stop()
     finally:
         plugins.unregister(name)
+
+
+def scripted_fixtures(text: str, name: str, **kw):
+    """A surface test module's fixtures, bound by ``server, srv, plugin =
+    scripted_fixtures(...)``: ``server`` is ``(srv, plugin)`` served once for the module;
+    ``srv`` hands out the server with the script reset to ``text`` (no forward failure)
+    before each test; ``plugin`` is the ScriptedPlugin, for tests that change the script."""
+    @pytest.fixture(scope="module")
+    def server():
+        with scripted_server(text, name=name, **kw) as pair:
+            yield pair
+
+    @pytest.fixture
+    def srv(server):
+        srv, plugin = server
+        plugin.text, plugin.fail_at = text, None
+        return srv
+
+    @pytest.fixture
+    def plugin(server):
+        return server[1]
+
+    return server, srv, plugin

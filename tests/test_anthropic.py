@@ -12,7 +12,7 @@ import anthropic
 import httpx
 import pytest
 
-from scripted_model import scripted_server
+from scripted_model import scripted_fixtures
 
 WEATHER = {"name": "get_weather", "description": "Weather for a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -21,22 +21,7 @@ CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-@pytest.fixture(scope="module")
-def server():
-    with scripted_server("Hello there!", name="scripted-anthropic") as (srv, plugin):
-        yield srv, plugin
-
-
-@pytest.fixture
-def srv(server):
-    srv, plugin = server
-    plugin.text, plugin.fail_at = "Hello there!", None
-    return srv
-
-
-@pytest.fixture
-def plugin(server):
-    return server[1]
+server, srv, plugin = scripted_fixtures("Hello there!", "scripted-anthropic")
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from mlxbun_core.grammar import GrammarRequest
 from mlxbun_core.grammar.budget import CloseSearch
 from mlxbun_core.grammar_registry import registry
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.helpers import parses_json
 from mlxbun_core.toolcalls import JsonDialect, StreamingToolParser
 
 OPEN = {"type": "object", "properties": {
@@ -117,7 +118,7 @@ def test_processor_closes_within_the_limit(lm, backend):
             assert n <= budget
             forced += proc.forced_from is not None
             text, proc, _ = run_processor(lm, req, budget, seed, on=False)
-            cut_off += not _parses(text)
+            cut_off += not parses_json(text)
             assert proc.forced_from is None
         assert forced and cut_off
     finally:
@@ -134,14 +135,6 @@ def test_thinking_is_cut_short_to_leave_room_for_the_answer(lm):
         thought, sep, answer = text.partition("</think>")
         assert sep and thought and isinstance(json.loads(answer), dict), text
         assert proc.forced_from is not None and n <= budget
-
-
-def _parses(text: str) -> bool:
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
 
 
 class _Closed:

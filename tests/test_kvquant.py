@@ -7,7 +7,6 @@ entries."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 
@@ -24,13 +23,11 @@ from mlx_lm.models.cache import (
 )
 
 from mlxbun_core import kvquant
-from mlxbun_core.engine.core import Engine, Generation
-from mlxbun_core.engine.job import EventSink, GenerationJob
-from mlxbun_core.engine.reply import gather
+from mlxbun_core.engine.core import Engine
 from mlxbun_core.kvquant.batch import BatchQuantizedKVCache
 from mlxbun_core.library import fit
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.engine import close, greedy, token_ids
+from mlxbun_core.testing.engine import close, greedy, lane_replies, token_ids
 
 # head dims of 64, so that the group of 64 divides them (the families' tiny configs use
 # 16/32, which no group of 64 can quantize: those stay in their dtype, tested below)
@@ -83,33 +80,11 @@ def reference(ref, text: str, bits, n: int = N, prompt_cache=None) -> tuple[list
 def drive(engine: Engine, bodies: list, join_after: int = 0) -> list:
     """On the worker thread: add ``bodies[0]``, step the first lane ``join_after`` times,
     add the rest at once, step until all end; the replies (all added together when 0)."""
-    lane = engine.worker.lanes[0]
+    def on_step(n, jobs, lane):
+        if n == join_after:
+            assert lane.alone, "the first job must be decoding alone"
 
-    async def go():
-        loop = asyncio.get_running_loop()
-        jobs = []
-        for body in bodies:
-            req = engine.parse_completion(body)
-            prepared = await engine.prepare(req)
-            jobs.append(GenerationJob(prepared.request, engine.model.tokenizer, EventSink(loop),
-                                      engine.effective_limit(prepared.request), engine.draft,
-                                      engine.cache_namespace(req)))
-
-        def steps():
-            lane.add(jobs[0])
-            for _ in range(join_after):
-                lane.step()
-            assert not join_after or lane.alone, "the first job must be decoding alone"
-            for job in jobs[1:]:
-                lane.add(job)
-            while lane.active or lane.waiting:
-                lane.step()
-
-        await engine.worker.call(steps)
-        return [gather([ev async for ev in Generation(engine, job, None).events()])
-                for job in jobs]
-
-    return asyncio.run(go())
+    return lane_replies(engine, bodies, [0] + [join_after] * (len(bodies) - 1), on_step)
 
 
 def logprobs(reply) -> list:

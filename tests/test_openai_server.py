@@ -9,9 +9,10 @@ import mlx.core as mx
 import openai
 import pytest
 from mlx_lm import load as mlx_load
-from mlx_lm.generate import generate_step
 
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.engine import prepare_chat
+from mlxbun_core.testing.helpers import mlx_lm_greedy
 from mlxbun_core.testing.server import start_server
 
 MSG = [{"role": "user", "content": "Write a short story about a robot."}]
@@ -77,12 +78,7 @@ def test_greedy_parity_with_mlx_lm(client, ckpt, srv):
                                   temperature=0, extra_body={"logprobs": True})
     ours = [e["id"] for e in r.choices[0].logprobs.content]
     model, tok = mlx_load(str(ckpt))
-    prompt = mx.array(tok.encode("Once upon a time"))
-    theirs = []
-    for t, _ in generate_step(prompt, model, max_tokens=16):
-        theirs.append(t)
-        if t in tok.eos_token_ids:
-            break
+    theirs = mlx_lm_greedy(model, tok.encode("Once upon a time"), 16, tok.eos_token_ids)
     assert ours == theirs[: len(ours)] and len(ours) == len(theirs)
 
 
@@ -316,10 +312,10 @@ def test_queue_full_is_429(srv):
 
 
 def test_developer_role_is_rendered_as_system(srv):
-    dev = srv.engine.prepare_chat({"messages": [{"role": "developer", "content": "Be brief."},
-                                                {"role": "user", "content": "hi"}]})
-    sys_ = srv.engine.prepare_chat({"messages": [{"role": "system", "content": "Be brief."},
+    dev = prepare_chat(srv.engine, {"messages": [{"role": "developer", "content": "Be brief."},
                                                  {"role": "user", "content": "hi"}]})
+    sys_ = prepare_chat(srv.engine, {"messages": [{"role": "system", "content": "Be brief."},
+                                                  {"role": "user", "content": "hi"}]})
     assert dev.request.prompt_tokens == sys_.request.prompt_tokens
 
 
@@ -367,7 +363,7 @@ def test_base_model_without_chat_template_gets_a_plain_transcript(tmp_path):
     s = start_server(ckpt)
     try:
         msgs = [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "hi"}]
-        prepared = s.engine.prepare_chat({"messages": msgs})
+        prepared = prepare_chat(s.engine, {"messages": msgs})
         tok = load_tokenizer(ckpt)
         assert prepared.request.prompt_tokens == tok.encode(convert_chat(msgs))
         client = openai.OpenAI(base_url=s.v1, api_key="x", max_retries=0)

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from mlxbun_core.server.response_store import ResponseStore
-from scripted_model import scripted_server
+from scripted_model import scripted_fixtures
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather for a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -22,22 +22,7 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Weather fo
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
 
 
-@pytest.fixture(scope="module")
-def server():
-    with scripted_server("Hello there!", name="scripted-responses") as (srv, plugin):
-        yield srv, plugin
-
-
-@pytest.fixture
-def srv(server):
-    srv, plugin = server
-    plugin.text, plugin.fail_at = "Hello there!", None
-    return srv
-
-
-@pytest.fixture
-def plugin(server):
-    return server[1]
+server, srv, plugin = scripted_fixtures("Hello there!", "scripted-responses")
 
 
 @pytest.fixture

@@ -7,15 +7,13 @@ token for token, on every cache kind."""
 
 from __future__ import annotations
 
-import asyncio
+import itertools
 
 import pytest
 
-from mlxbun_core.engine.core import Engine, Generation
-from mlxbun_core.engine.job import EventSink, GenerationJob
-from mlxbun_core.engine.reply import gather
+from mlxbun_core.engine.core import Engine
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.engine import close, engines, greedy, run_all, token_ids
+from mlxbun_core.testing.engine import close, engines, greedy, lane_replies, run_all, token_ids
 
 LONG = "The quick brown fox jumps over the lazy dog " * 4
 
@@ -25,40 +23,16 @@ def drive(engine: Engine, bodies: list, joins: list, solo_prefill: int = 2048,
     """Add ``bodies[0]`` alone; after ``joins[i]`` lane steps add ``bodies[i + 1]``;
     step until every job ends; the replies. Asserts the first job ran alone until the
     second arrived. ``watch`` gets whether a job ran alone after each later step."""
-    lane = engine.worker.lanes[0]
+    arrive = [0, *itertools.accumulate(joins)]
+    engine.worker.lanes[0].solo_prefill = solo_prefill
 
-    async def go():
-        loop = asyncio.get_running_loop()
-        jobs = []
-        for body in bodies:
-            prepared = await engine.prepare(engine.parse_completion(body))
-            jobs.append(GenerationJob(prepared.request, engine.model.tokenizer, EventSink(loop),
-                                      engine.effective_limit(prepared.request),
-                                      cache_namespace=engine.cache_namespace(
-                                          engine.parse_completion(body))))
-        gens = [Generation(engine, job, None) for job in jobs]
+    def on_step(n, jobs, lane):
+        if n == joins[0]:
+            assert lane.alone or jobs[0].finished
+        if watch is not None and n > arrive[-1] and lane.active:
+            watch.append(lane.alone)
 
-        def steps():
-            lane.solo_prefill = solo_prefill
-            lane.add(jobs[0])
-            for i, (job, wait) in enumerate(zip(jobs[1:], joins)):
-                for _ in range(wait):
-                    lane.step()
-                if i == 0 and wait:
-                    assert lane.alone or jobs[0].finished
-                lane.add(job)
-            while lane.active or lane.waiting:
-                lane.step()
-                if watch is not None and lane.active:
-                    watch.append(lane.alone)
-
-        await engine.worker.call(steps)
-        replies = []
-        for g in gens:
-            replies.append(gather([ev async for ev in g.events()]))
-        return replies
-
-    return asyncio.run(go())
+    return lane_replies(engine, bodies, arrive, on_step)
 
 
 @pytest.mark.parametrize("model_type", ["llama", "gemma3_text", "qwen3_5"])

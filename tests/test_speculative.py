@@ -1,13 +1,12 @@
 """Speculative decoding dispatched through the draft_source hook (built-in draft-model plugin)."""
 
-import mlx.core as mx
 import openai
 import pytest
 from mlx_lm import load as mlx_load
-from mlx_lm.generate import generate_step
 
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.helpers import mlx_lm_greedy
 from mlxbun_core.testing.server import start_server
 
 PROMPT = "Once upon a time"
@@ -36,12 +35,7 @@ def test_speculative_greedy_equals_mlx_lm_and_reports_usage(srv, ckpt):
     client = openai.OpenAI(base_url=srv.v1, api_key="x", max_retries=0)
     ids, usage = greedy_ids(client)
     model, tok = mlx_load(str(ckpt))
-    ref = []
-    for t, _ in generate_step(mx.array(tok.encode(PROMPT)), model, max_tokens=20):
-        ref.append(t)
-        if t in tok.eos_token_ids:
-            break
-    assert ids == ref
+    assert ids == mlx_lm_greedy(model, tok.encode(PROMPT), 20, tok.eos_token_ids)
     assert usage.lane == "serial+spec"
     spec = usage.speculation
     assert spec["accepted"] + spec["targetCalls"] == usage.completion_tokens

@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.helpers import parses_json
 from mlxbun_core.testing.server import start_server
 
 SCHEMA = {"type": "object", "properties": {
@@ -142,7 +143,7 @@ CLOSE_CASES = [  # (request fields, validator, budgets: each at least the shorte
 ]
 
 
-def test_budget_close_always_parses(client, backend):
+def test_budget_close_alwaysparses_json(client, backend):
     """Tight budgets over many seeds: every constrained reply parses and validates;
     the ones the budget closed say "length", the rest "stop"."""
     for kw, valid, budgets in CLOSE_CASES:
@@ -171,19 +172,11 @@ def test_budget_close_switched_off_leaves_cut_json(client):
     texts = [client.chat.completions.create(
         model="m", messages=MSG, temperature=1.0, seed=seed, max_tokens=budgets[0],
         extra_body={"budget_close": False}, **kw).choices[0].message.content for seed in range(4)]
-    assert any(not _parses(t) for t in texts), texts
+    assert any(not parses_json(t) for t in texts), texts
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="m", messages=MSG, max_tokens=5,
                                        extra_body={"budget_close": "no"}, **kw)
     assert e.value.body["param"] == "budget_close"
-
-
-def _parses(text: str) -> bool:
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
 
 
 def test_default_layout_is_the_canonical_one(client, backend):

@@ -173,10 +173,6 @@ class Engine:
 
         return await asyncio.to_thread(run)
 
-    def prepare_chat(self, body: dict) -> Prepared:
-        """Parse and render a chat body synchronously (inspection tools and tests)."""
-        return prepare(self.model, self.hooks, self.parse_chat(body))
-
     async def count_prompt_tokens(self, req: ChatRequest) -> int:
         return len((await self.prepare(req, compile_grammar=False)).request.prompt_tokens)
 

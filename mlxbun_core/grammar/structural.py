@@ -8,7 +8,7 @@ carries it to the registry (``describe`` is the degrade path's instruction).
 
 Formats: ``const`` (literal text; a special token's text is that token), ``regex``,
 ``json`` (a JSON value following a schema; whitespace and closed objects as for
-``json_schema``), ``seq``, ``alt``, ``opt``, ``star``, ``plus``, ``tag`` (begin,
+``json_schema``), ``seq``, ``alt``, ``opt``, ``star``, ``tag`` (begin,
 content, end; content ``any_text()`` is free text up to the first ``end``) and
 ``triggered`` (free text; each trigger opens one of the tags).
 """
@@ -59,10 +59,6 @@ def opt(part: Format) -> Format:
 
 def star(part: Format) -> Format:
     return {"type": "star", "content": part}
-
-
-def plus(part: Format) -> Format:
-    return {"type": "plus", "content": part}
 
 
 def tag(begin: str, content: Format, end: str) -> Format:

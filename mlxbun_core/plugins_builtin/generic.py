@@ -15,8 +15,9 @@ from pathlib import Path
 
 from mlxbun_core import toolcalls
 from mlxbun_core.chat_template import apply_template, thinking_switch
+from mlxbun_core.family import load_mlx_lm
 from mlxbun_core.hookspecs import hookimpl
-from mlxbun_core.model import LoadedModel, Prompt
+from mlxbun_core.model import Prompt
 
 FAMILY = "generic"
 
@@ -61,11 +62,7 @@ def claims(config):
 
 @hookimpl(trylast=True)
 def load_model(path, config, options):
-    from mlx_lm.utils import load
-
-    model, tokenizer = load(str(path))
-    return LoadedModel(id=options.model_id, path=path, config=config, model=model,
-                       tokenizer=tokenizer, reasoning=bool(getattr(tokenizer, "has_thinking", False)))
+    return load_mlx_lm(path, config, options, reasoning=None)  # thinking: as the tokenizer says
 
 
 @hookimpl(trylast=True)

@@ -1,8 +1,8 @@
 """POST /v1/messages (+ /v1/messages/count_tokens) — the Anthropic Messages surface.
 
 The body is parsed straight into the engine's typed chat request
-(:mod:`.anthropic_request`, errors named as the client named the fields) and runs
-through the same ``Engine.start`` path as /v1/chat/completions, so templates, tool
+(:mod:`.anthropic_request`, errors named as the client named the fields) and started
+through :mod:`.generation`, the same path as /v1/chat/completions, so templates, tool
 parsing, media checks and grammar are shared; only the wire format differs.
 
 Reasoning is surfaced as Anthropic's extended-thinking shape: a ``thinking``

@@ -1,9 +1,9 @@
 """Prompt-to-response traces: one JSON record per request on stderr.
 
-Off unless ``MLXBUN_P2R_TRACE=1``; then /v1/chat/completions and /v1/completions
-record their phases and print ``[p2r] {…}`` when the request ends. The optional
-``x-mlxbun-trace-id`` header names the record (the request id otherwise). When off,
-every call lands on a shared no-op object: nothing is allocated per request.
+Off unless ``MLXBUN_P2R_TRACE=1``; then every generation surface (chat, completions,
+messages, responses) records its phases and prints ``[p2r] {…}`` when the request ends.
+The optional ``x-mlxbun-trace-id`` header names the record (the request id otherwise).
+When off, every call lands on a shared no-op object: nothing is allocated per request.
 """
 
 from __future__ import annotations

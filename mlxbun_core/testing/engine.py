@@ -1,5 +1,6 @@
-"""In-process engine helpers: run request bodies straight on an :class:`Engine` (no HTTP)
-and compare what lanes produce, token for token."""
+"""In-process engine helpers: run request bodies straight on an :class:`Engine` (no HTTP),
+render chat bodies to the prompt a request would run, and compare what lanes produce,
+token for token."""
 
 from __future__ import annotations
 
@@ -8,7 +9,20 @@ import threading
 
 from ..engine.core import Engine
 from ..engine.lanes.pace import FixedChunk, PrefillPacer
+from ..engine.prepare import Prepared, prepare
+from ..engine.session import GenerationRequest
 from ..engine.reply import gather
+
+
+def prepare_chat(engine: Engine, body: dict) -> Prepared:
+    """Parse and render a chat body synchronously, through the same hooks as a request."""
+    return prepare(engine.model, engine.hooks, engine.parse_chat(body))
+
+
+def rendered_chat(engine: Engine, body: dict) -> tuple[str, GenerationRequest]:
+    """The prompt text a chat body renders to (specials included), and its request."""
+    req = prepare_chat(engine, body).request
+    return engine.model.tokenizer.decode(req.prompt_tokens), req
 
 
 def run_all(engine: Engine, bodies: list) -> list:
@@ -105,10 +119,11 @@ def finish_of(events: list):
     return next(ev.finish for ev in events if isinstance(ev, Done))
 
 
-def step_lane(engine: Engine, bodies: list, arrive: list, on_step=None) -> list:
-    """Drive the batch lane by hand on the worker thread: ``bodies[i]`` is added after
-    ``arrive[i]`` lane steps (0: before the first); ``on_step(step, jobs, lane)`` runs
-    after every step; step until every job ends. The finishes, in body order."""
+def drive_lane(engine: Engine, bodies: list, arrive: list, on_step=None) -> list:
+    """Drive the engine's first lane by hand on the worker thread: ``bodies[i]`` is added
+    after ``arrive[i]`` lane steps (0: before the first); ``on_step(step, jobs, lane)``
+    runs after every step; step until every job ends. Each job's events, in body order.
+    Jobs are made as :meth:`Engine.start` makes them (draft, prefix-cache namespace)."""
     lane = engine.worker.lanes[0]
 
     async def go():
@@ -117,9 +132,11 @@ def step_lane(engine: Engine, bodies: list, arrive: list, on_step=None) -> list:
         loop = asyncio.get_running_loop()
         jobs = []
         for body in bodies:
-            prepared = await engine.prepare(engine.parse_completion(body))
+            req = engine.parse_completion(body)
+            prepared = await engine.prepare(req)
             jobs.append(GenerationJob(prepared.request, engine.model.tokenizer, EventSink(loop),
-                                      engine.effective_limit(prepared.request)))
+                                      engine.effective_limit(prepared.request), engine.draft,
+                                      engine.cache_namespace(req)))
 
         def steps():
             n = 0
@@ -135,9 +152,19 @@ def step_lane(engine: Engine, bodies: list, arrive: list, on_step=None) -> list:
                     on_step(n, jobs, lane)
 
         await engine.worker.call(steps)
-        return [finish_of(await _events(job)) for job in jobs]
+        return [await _events(job) for job in jobs]
 
     return asyncio.run(go())
+
+
+def step_lane(engine: Engine, bodies: list, arrive: list, on_step=None) -> list:
+    """:func:`drive_lane`; the finishes (cancelled ones included), in body order."""
+    return [finish_of(events) for events in drive_lane(engine, bodies, arrive, on_step)]
+
+
+def lane_replies(engine: Engine, bodies: list, arrive: list, on_step=None) -> list:
+    """:func:`drive_lane`; the gathered replies, in body order."""
+    return [gather(events) for events in drive_lane(engine, bodies, arrive, on_step)]
 
 
 async def _events(job) -> list:

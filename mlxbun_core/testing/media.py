@@ -168,3 +168,17 @@ def vlm_greedy(path, prompt: str, *, max_tokens: int, eos=(), **media) -> list:
         if t in eos:
             return ids[: i + 1]
     return ids
+
+
+PART_KINDS = {"image_url": "image", "video_url": "video", "input_audio": "audio",
+              "audio_url": "audio"}
+
+
+def vlm_reference(path, content: list, eos, n: int = 10, **media) -> list:
+    """mlx-vlm's greedy tokens for one user turn of OpenAI chat ``content`` parts, thinking
+    off: each media part becomes ``{"type": kind}`` for the template, ``media`` carries
+    the decoded inputs (see :func:`vlm_greedy`)."""
+    parts = [{"type": "text", "text": p["text"]} if p["type"] == "text"
+             else {"type": PART_KINDS[p["type"]]} for p in content]
+    prompt = vlm_prompt(path, [{"role": "user", "content": parts}], enable_thinking=False)
+    return vlm_greedy(path, prompt, max_tokens=n, eos=eos, **media)

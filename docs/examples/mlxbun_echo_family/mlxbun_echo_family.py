@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 
 from mlxbun_core import hookimpl
+from mlxbun_core.family import load_mlx_lm
 from mlxbun_core.model import LoadedModel, Prompt
 from mlxbun_core.toolcalls import Dialect, StreamingToolParser, make_call
 
@@ -29,11 +30,8 @@ def claims(config: dict) -> str | None:
 
 @hookimpl
 def load_model(path, config, options) -> LoadedModel:
-    from mlx_lm.utils import load  # heavy: import when loading, not at claim time
-
-    model, tokenizer = load(str(path))
-    return LoadedModel(id=options.model_id, path=path, config=config, model=model,
-                       tokenizer=tokenizer)
+    """mlx-lm's own model and tokenizer (mlx-lm is imported now, never at claim time)."""
+    return load_mlx_lm(path, config, options)
 
 
 @hookimpl

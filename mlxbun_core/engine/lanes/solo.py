@@ -8,20 +8,32 @@ per ``step``, with the same pipelined step as mlx-lm's ``generate_step`` (the ne
 token is queued before the current one is read), and moves it into the batch the
 moment another job can join: ``handoff`` gives the token still to feed, and ``fed`` / ``cache`` say
 what the KV holds. A batch that drains to one decoding row hands it back here
-(``resume``).
+(``resume``). :class:`SoloSlot` is the batch lane's side of all this: the lone job's
+start, steps and both hand-offs, so the lane itself keeps only its queue and rows.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Optional
+import logging
+import time
+from typing import TYPE_CHECKING, Callable, Optional
 
 from ..job import GenerationJob
 from ..prompt_cache import trimmable
 from .pace import PrefillPacer
+from .serial import fresh_random_state
+
+if TYPE_CHECKING:
+    from ...metrics.engine import StepTally
+
+log = logging.getLogger("mlxbun.engine")
 
 
 class Solo:
+    """One lone job's decode: its KV ``cache``, the tokens ``fed`` into it, and the
+    token sampled but not yet fed."""
+
     def __init__(self, model, job: GenerationJob, cache: list, cached: int, pacer: PrefillPacer):
         self.model, self.job, self.cache = model, job, cache
         self.prompt = job.request.prompt_tokens
@@ -106,3 +118,118 @@ class Solo:
                 logits = processor(self._context, logits)
         logprobs = logits - mx.logsumexp(logits, keepdims=True)
         return req.sampler(logprobs), logprobs.squeeze(0)
+
+
+def deliver(job: GenerationJob, token: int, logprobs) -> None:
+    """Hand ``job`` one token; the first one closes its prefill phase."""
+    if job.session.t_first is None:
+        job.session.phases["prefill_s"] = time.perf_counter() - job.started
+    job.deliver(token, logprobs)
+
+
+def last_row(gen) -> Optional[tuple[int, tuple]]:
+    """``(uid, pending)`` when a BatchGenerator holds one row, decoding, whose next token
+    is already sampled (``pending``: the token array and its logprobs, not yet fed);
+    None otherwise, and None on an mlx-lm whose internals differ (the row stays batched)."""
+    try:
+        batch = gen._generation_batch
+        if len(batch) != 1 or len(gen._prompt_batch) or gen._unprocessed_sequences \
+                or batch._next_tokens is None:
+            return None
+        return batch.uids[0], (batch._next_tokens, batch._next_logprobs[0])
+    except (AttributeError, IndexError, TypeError):
+        return None
+
+
+class SoloSlot:
+    """The batch lane's lone job, if any: started alone, stepped here, handed into the
+    batch when company arrives (``join``) and back out when the batch drains to it
+    (``leave``). The job's admission reservation, made by the lane, stays with it across
+    both moves and is released when it ends here. ``publish(job, tokens, cache,
+    boundary=False)`` and ``publishes(job)`` are the lane's prefix publishing; ``steps``
+    counts its decode steps with the lane's (/metrics)."""
+
+    def __init__(self, model, admission, publish: Callable, publishes: Callable,
+                 steps: StepTally):
+        self.model, self.admission = model, admission
+        self.publish, self.publishes = publish, publishes
+        self.steps = steps
+        self.solo: Optional[Solo] = None
+
+    @property
+    def job(self) -> Optional[GenerationJob]:
+        return None if self.solo is None else self.solo.job
+
+    def start(self, job: GenerationJob, cache, cached: int, pacer: PrefillPacer) -> None:
+        """Run ``job`` alone; ``cache`` holds its first ``cached`` prompt tokens (None:
+        nothing cached, a fresh cache)."""
+        if cache is None:
+            from mlx_lm.models.cache import make_prompt_cache
+
+            cache = make_prompt_cache(self.model)
+        self.solo = Solo(self.model, job, cache, cached, pacer)
+
+    def step(self) -> None:
+        """One prefill chunk or one token of the lone job."""
+        solo = self.solo
+        job = solo.job
+        try:
+            out = solo.step()
+        except Exception as exc:  # report to the request, keep serving others
+            log.exception("generation failed")
+            fresh_random_state()  # a failure inside a compiled sampler can leave it unusable
+            self.end()
+            return job.close("error", str(exc))
+        if out is None:  # a prefill chunk
+            if not solo.prefilling and self.publishes(job):
+                boundary = solo.boundary()
+                if boundary is not None:
+                    self.publish(job, solo.fed, boundary, boundary=True)
+            return
+        self.steps.add(1)
+        deliver(job, *out)
+        if job.finished:
+            self.publish(self.end(), solo.fed, solo.cache)
+
+    def join(self) -> Optional[tuple]:
+        """Hand the lone job to the batch: ``(job, cache, held, segments)`` for the row
+        that goes on from here (``cache`` holds ``held``; ``segments`` are fed next), or
+        None when the token it had already sampled ended it."""
+        solo = self.solo
+        pending, segments = solo.handoff()
+        job = solo.job
+        if pending is not None:
+            self.steps.add(1)  # the token its last lone step computed
+            deliver(job, *pending)
+            if job.finished:
+                self.publish(self.end(), solo.fed, solo.cache)
+                return None
+            segments = [[pending[0]]]
+        self.solo = None  # the row keeps the admission reservation
+        return job, solo.cache if solo.fed else None, solo.fed, segments
+
+    def leave(self, gen, rows: dict, pacer: PrefillPacer) -> None:
+        """The batch's last decoding row (``rows``: uid -> row with a ``job``) goes on
+        alone, with the token the batch already sampled for it."""
+        last = last_row(gen)
+        if last is None:
+            return
+        uid, pending = last
+        cache, fed = gen.remove([uid], return_prompt_caches=True)[uid]
+        job = rows.pop(uid).job  # it keeps its admission reservation
+        self.solo = Solo.resume(self.model, job, cache, fed, pending, pacer)
+
+    def end(self) -> GenerationJob:
+        """Empty the slot and release the job's reservation; the job."""
+        job, self.solo = self.solo.job, None
+        if self.admission is not None:
+            self.admission.release(job)
+        return job
+
+    def drop_cancelled(self) -> None:
+        if self.solo is not None and self.solo.job.cancelled.is_set():
+            self.end().close("cancelled")
+
+    def close(self, reason: str, error: str) -> None:
+        if self.solo is not None:
+            self.end().close(reason, error)

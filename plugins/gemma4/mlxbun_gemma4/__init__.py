@@ -13,12 +13,9 @@ makes Gemma 4 different from the generic family:
 
 from __future__ import annotations
 
-from importlib import resources
-
-from mlxbun_core.chat_template import (apply_template, install_fallback_template,
-                                       opens_thinking, thinking_switch)
+from mlxbun_core.chat_template import apply_template, opens_thinking, thinking_switch
+from mlxbun_core.family import Family, load_mlx_lm, packaged_template
 from mlxbun_core.hookspecs import hookimpl
-from mlxbun_core.model import LoadedModel
 from mlxbun_core.toolcalls import StreamingToolParser
 
 from .toolcalls import Gemma4Dialect
@@ -28,6 +25,7 @@ __version__ = "0.1.0"
 FAMILY = "gemma4"
 MODEL_TYPES = ("gemma4", "gemma4_text")
 ARCHITECTURES = ("Gemma4ForConditionalGeneration", "Gemma4ForCausalLM")
+GEMMA4 = Family(FAMILY, MODEL_TYPES, ARCHITECTURES)
 THINK_START, THINK_END = "<|channel>thought", "<channel|>"
 # Google's recommended sampling for Gemma 4; the checkpoint's generation_config.json wins
 # (the loader merges it over these).
@@ -37,31 +35,19 @@ STOP_TOKENS = ("<eos>", "<turn|>", "<|tool_response>")
 
 
 def fallback_template() -> str:
-    return resources.files(__name__).joinpath("template.jinja").read_text(encoding="utf-8")
+    return packaged_template(__name__)
 
 
 @hookimpl
 def claims(config):
-    archs = config.get("architectures") or []
-    if config.get("model_type") in MODEL_TYPES or any(a in ARCHITECTURES for a in archs):
-        return FAMILY
-    return None
+    return GEMMA4.claim(config)
 
 
 @hookimpl
 def load_model(path, config, options):
-    from mlx_lm.utils import load
-
-    model, tokenizer = load(str(path))
-    fallback = install_fallback_template(tokenizer, fallback_template())
-    vocab = tokenizer.get_vocab()
-    for tok in STOP_TOKENS:
-        if tok in vocab:
-            tokenizer.add_eos_token(tok)
-    return LoadedModel(id=options.model_id, path=path, config=config, model=model,
-                       tokenizer=tokenizer, reasoning=True,
-                       generation_defaults=dict(SAMPLING_DEFAULTS),
-                       extras={"fallback_template": fallback})
+    return load_mlx_lm(path, config, options, template=fallback_template(),
+                       stop_tokens=STOP_TOKENS, reasoning=True,
+                       generation_defaults=dict(SAMPLING_DEFAULTS))
 
 
 def _canonical(m: dict) -> dict:

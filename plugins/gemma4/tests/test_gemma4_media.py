@@ -40,10 +40,7 @@ def ask(client, content, n=10):
 
 
 def reference(srv, ckpt, content, n=10, **media):
-    kinds = {"image_url": "image", "input_audio": "audio", "audio_url": "audio"}
-    parts = [p if p["type"] == "text" else {"type": kinds[p["type"]]} for p in content]
-    prompt = M.vlm_prompt(ckpt, [{"role": "user", "content": parts}], enable_thinking=False)
-    return M.vlm_greedy(ckpt, prompt, max_tokens=n, eos=srv.engine.model.eos_token_ids, **media)
+    return M.vlm_reference(ckpt, content, srv.engine.model.eos_token_ids, n, **media)
 
 
 def test_image_greedy_parity_with_mlx_vlm(client, srv, ckpt):

@@ -13,11 +13,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
-import mlx.core as mx  # noqa: E402
 import openai  # noqa: E402
 import pytest  # noqa: E402
 from mlx_lm import load as mlx_load  # noqa: E402
-from mlx_lm.generate import generate_step  # noqa: E402
 
 import mlxbun_gemma4 as g4  # noqa: E402
 from mlxbun_core import loader, plugins  # noqa: E402
@@ -26,6 +24,8 @@ from mlxbun_core.engine.sampling import SamplingParams  # noqa: E402
 from mlxbun_core.errors import BadRequest  # noqa: E402
 from mlxbun_core.model import LoadOptions  # noqa: E402
 from mlxbun_core.testing.checkpoints import tiny_checkpoint  # noqa: E402
+from mlxbun_core.testing.engine import prepare_chat, rendered_chat  # noqa: E402
+from mlxbun_core.testing.helpers import chat_both_ways, mlx_lm_greedy, unregistered  # noqa: E402
 from mlxbun_core.testing.server import start_server  # noqa: E402
 
 Q = '<|"|>'
@@ -73,8 +73,7 @@ def client(s):
 def rendered(s, **body) -> str:
     """The prompt text the engine would run, through the same path as a request."""
     body.setdefault("messages", USER)
-    req = s.engine.prepare_chat(body).request
-    return s.engine.model.tokenizer.decode(req.prompt_tokens)
+    return rendered_chat(s.engine, body)[0]
 
 
 # -- chat template ------------------------------------------------------------
@@ -112,7 +111,7 @@ def test_thinking_switches(srv, kwargs, effort, on):
         assert text.endswith("<|turn>model\n") and not text.endswith(GEN_OFF)
     else:
         assert "<|think|>" not in text and text.endswith(GEN_OFF)
-    prompt = srv.engine.prepare_chat({"messages": USER, **body}).request
+    prompt = prepare_chat(srv.engine, {"messages": USER, **body}).request
     assert (prompt.think_start, prompt.think_end) == ("<|channel>thought", "<channel|>")
     assert prompt.in_reasoning is False
 
@@ -234,14 +233,9 @@ def test_models_row_names_family_and_plugin(srv):
 
 def test_generic_claims_when_unregistered():
     _ensure_registered()
-    plugin, info = plugins.pm.get_plugin("gemma4"), dict(plugins.plugin_info.get("gemma4", {}))
-    plugins.unregister("gemma4")
-    try:
+    with unregistered("gemma4"):
         m = loader.claim(Path(ckpt("gemma4_text")), LoadOptions(model_id="t"))
         assert (m.family, m.plugin) == ("generic", "generic")
-    finally:
-        plugins.pm.register(plugin, name="gemma4")
-        plugins.plugin_info["gemma4"] = info
     # with gemma4 back, the core still never asks it about a model generic claimed
     assert [i.plugin_name for i in m.hooks.render_chat.get_hookimpls()] == ["generic"]
     assert not isinstance(m.hooks.tool_call_parser(model=m, tools=TOOLS).dialect, g4.Gemma4Dialect)
@@ -266,21 +260,9 @@ def test_cli_lists_plugin_and_honours_disable():
 @pytest.mark.parametrize("extra", [{}, {"tools": TOOLS},
                                    {"extra_body": {"chat_template_kwargs": {"enable_thinking": True}}}])
 def test_served_chat_stream_and_not(srv, extra):
-    c = client(srv)
-    kw = dict(model="m", messages=USER, max_tokens=10, temperature=0, **extra)
-    full = c.chat.completions.create(**kw)
-    ch = full.choices[0]
-    assert full.object == "chat.completion"
-    assert ch.finish_reason in ("stop", "length", "tool_calls") and ch.message.role == "assistant"
-    assert full.usage.completion_tokens <= 10
-    chunks = list(c.chat.completions.create(stream=True, **kw))
-    assert chunks[-1].choices[0].finish_reason == ch.finish_reason
+    full, chunks = chat_both_ways(client(srv), model="m", messages=USER, max_tokens=10,
+                                  temperature=0, **extra)
     assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
-    content = "".join(x.choices[0].delta.content or "" for x in chunks if x.choices)
-    reasoning = "".join(getattr(x.choices[0].delta, "reasoning", None) or ""
-                        for x in chunks if x.choices)
-    assert content == (ch.message.content or "")
-    assert reasoning == (getattr(ch.message, "reasoning", None) or "")
 
 
 def test_greedy_parity_with_mlx_lm(srv):
@@ -295,10 +277,4 @@ def test_greedy_parity_with_mlx_lm(srv):
                                             extra_body={"logprobs": True})
     assert r.usage.prompt_tokens == len(prompt)
     ours = [e.model_dump()["id"] for e in r.choices[0].logprobs.content]
-    stops = srv.engine.model.eos_token_ids
-    theirs = []
-    for t, _ in generate_step(mx.array(prompt), model, max_tokens=16):
-        theirs.append(int(t))
-        if t in stops:
-            break
-    assert ours == theirs
+    assert ours == mlx_lm_greedy(model, prompt, 16, srv.engine.model.eos_token_ids)

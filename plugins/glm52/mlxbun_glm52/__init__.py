@@ -12,12 +12,9 @@ this plugin adds what differs from the generic path:
 
 from __future__ import annotations
 
-from importlib.resources import files
-from pathlib import Path
-
-from mlxbun_core.chat_template import apply_template, install_fallback_template, thinking_switch
+from mlxbun_core.chat_template import apply_template, thinking_switch
+from mlxbun_core.family import Family, load_mlx_lm, packaged_template
 from mlxbun_core.hookspecs import hookimpl
-from mlxbun_core.model import LoadedModel
 
 from .toolcalls import GlmDialect, make_parser
 
@@ -26,33 +23,25 @@ __all__ = ["FAMILY", "GlmDialect", "claims", "load_model", "render_chat", "tool_
 FAMILY = "glm52"
 MODEL_TYPES = ("glm_moe_dsa",)
 ARCHITECTURES = ("GlmMoeDsaForCausalLM",)
+GLM52 = Family(FAMILY, MODEL_TYPES, ARCHITECTURES)
 # Z.ai's published sampling for GLM-5.x; the checkpoint's generation_config.json wins
 # (the loader merges it over these).
 FAMILY_DEFAULTS = {"temperature": 1.0, "top_p": 0.95}
 
 
 def fallback_template() -> str:
-    return files(__package__).joinpath("template.jinja").read_text(encoding="utf-8")
+    return packaged_template(__name__)
 
 
 @hookimpl
 def claims(config):
-    archs = config.get("architectures") or []
-    if config.get("model_type") in MODEL_TYPES or any(a in ARCHITECTURES for a in archs):
-        return FAMILY
-    return None
+    return GLM52.claim(config)
 
 
 @hookimpl
 def load_model(path, config, options):
-    from mlx_lm.utils import load
-
-    model, tokenizer = load(str(path))
-    fallback = install_fallback_template(tokenizer, fallback_template())
-    return LoadedModel(id=options.model_id, path=Path(path), config=config, model=model,
-                       tokenizer=tokenizer, reasoning=True,
-                       generation_defaults=dict(FAMILY_DEFAULTS),
-                       extras={"fallback_template": fallback})
+    return load_mlx_lm(path, config, options, template=fallback_template(), reasoning=True,
+                       generation_defaults=dict(FAMILY_DEFAULTS))
 
 
 @hookimpl

@@ -6,21 +6,19 @@ and parity are asserted, never text.
 """
 
 import json
-import os
-import subprocess
-import sys
 
 import httpx
-import mlx.core as mx
 import openai
 import pytest
 from mlx_lm import load as mlx_load
-from mlx_lm.generate import generate_step
 
 import mlxbun_glm52
-from mlxbun_core import loader, plugins
+from mlxbun_core import loader
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.engine import rendered_chat
+from mlxbun_core.testing.helpers import (chat_both_ways, mlx_lm_greedy, plugins_listing,
+                                         unregistered)
 from mlxbun_core.toolcalls import StreamingToolParser
 
 MSG = [{"role": "user", "content": "What is the capital of France?"}]
@@ -41,10 +39,7 @@ def ckpt():
 
 def render(srv, messages=MSG, **body):
     """The prompt the engine would run for a chat body (normalization included)."""
-    prepared = srv.engine.prepare_chat({"messages": messages, **body})
-    req = prepared.request
-    text = srv.engine.model.tokenizer.decode(req.prompt_tokens)
-    return text, req
+    return rendered_chat(srv.engine, {"messages": messages, **body})
 
 
 # ---------------------------------------------------------------- claim
@@ -56,14 +51,9 @@ def test_models_row_names_family_and_plugin(srv):
 
 
 def test_unregistered_falls_back_to_generic(ckpt):
-    info = dict(plugins.plugin_info["glm52"])
-    plugins.unregister("glm52")
-    try:
+    with unregistered("glm52"):
         m = loader.claim(ckpt, LoadOptions(model_id="glm"))
         assert m.family == "generic" and m.plugin == "generic"
-    finally:
-        plugins.register(mlxbun_glm52, "glm52")
-        plugins.plugin_info["glm52"] = info
     assert loader.claim(ckpt, LoadOptions(model_id="glm")).family == "glm52"
 
 
@@ -95,14 +85,11 @@ def test_generation_config_wins_over_family_defaults():
 
 
 def test_cli_lists_plugin_and_honours_disable():
-    cmd = [sys.executable, "-m", "mlxbun_core.cli", "plugins"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
-    lines = out.splitlines()
+    lines = plugins_listing().splitlines()
     i = next(i for i, l in enumerate(lines) if l.startswith("glm52 "))
     assert "mlxbun-glm52 0.1.0" in lines[i]
     assert all(h in lines[i + 1] for h in ("load_model", "render_chat", "tool_call_parser"))
-    env = {**os.environ, "MLXBUN_DISABLE_PLUGINS": "glm52"}
-    off = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env).stdout
+    off = plugins_listing(MLXBUN_DISABLE_PLUGINS="glm52")
     assert not any(l.startswith("glm52 ") for l in off.splitlines()) and "generic" in off
 
 
@@ -193,16 +180,10 @@ def test_rendered_tool_call_round_trips_through_the_parser(srv):
 # ---------------------------------------------------------------- served
 
 def test_chat_stream_and_not(client, srv):
-    kw = dict(model="m", messages=MSG, max_tokens=4, temperature=0)
-    full = client.chat.completions.create(**kw)
+    full, _ = chat_both_ways(client, model="m", messages=MSG, max_tokens=4, temperature=0)
     c = full.choices[0]
-    assert c.message.role == "assistant" and isinstance(c.message.content, str)
-    assert c.finish_reason in ("length", "stop") and full.usage.completion_tokens <= 4
+    assert isinstance(c.message.content, str) and c.finish_reason in ("length", "stop")
     assert full.model == srv.engine.model.id
-    chunks = list(client.chat.completions.create(stream=True, **kw))
-    assert chunks[0].choices[0].delta.role == "assistant"
-    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == c.message.content
-    assert chunks[-1].choices[0].finish_reason == c.finish_reason
 
 
 def test_thinking_output_is_routed_to_reasoning(client, srv):
@@ -239,9 +220,5 @@ def test_greedy_parity_with_mlx_lm(client, srv, ckpt):
                                    enable_thinking=False)
     prompt = tok.encode(text, add_special_tokens=False)
     assert prompt == render(srv)[1].prompt_tokens
-    theirs = []
-    for t, _ in generate_step(mx.array(prompt), model, max_tokens=6):
-        theirs.append(t)
-        if t in tok.eos_token_ids:
-            break
+    theirs = mlx_lm_greedy(model, prompt, 6, tok.eos_token_ids)
     assert ours == theirs[: len(ours)] and len(ours) == len(theirs)

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import json
 import re
-from importlib.resources import files
 from pathlib import Path
 
-from mlxbun_core.chat_template import apply_template, install_fallback_template, thinking_switch
+from mlxbun_core.chat_template import apply_template, thinking_switch
+from mlxbun_core.family import load_mlx_lm, packaged_template
 from mlxbun_core.hookspecs import hookimpl
-from mlxbun_core.model import LoadedModel
 
 from .toolcalls import MiniCPM5Dialect, make_parser
 
@@ -38,7 +37,7 @@ _MARKERS = ("<function name=", "<param name=")
 
 
 def fallback_template() -> str:
-    return files(__package__).joinpath("template.jinja").read_text(encoding="utf-8")
+    return packaged_template(__name__)
 
 
 def _read_json(p: Path) -> dict:
@@ -79,13 +78,7 @@ def claims(path, config, options):
 
 @hookimpl
 def load_model(path, config, options):
-    from mlx_lm.utils import load
-
-    model, tokenizer = load(str(path))
-    fallback = install_fallback_template(tokenizer, fallback_template())
-    return LoadedModel(id=options.model_id, path=Path(path), config=config, model=model,
-                       tokenizer=tokenizer, reasoning=True,
-                       extras={"fallback_template": fallback})
+    return load_mlx_lm(path, config, options, template=fallback_template(), reasoning=True)
 
 
 @hookimpl

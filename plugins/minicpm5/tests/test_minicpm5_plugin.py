@@ -6,21 +6,19 @@ parity are asserted, never text.
 """
 
 import json
-import os
-import subprocess
-import sys
 
 import httpx
-import mlx.core as mx
 import openai
 import pytest
 from mlx_lm import load as mlx_load
-from mlx_lm.generate import generate_step
 
 import mlxbun_minicpm5
-from mlxbun_core import loader, plugins
+from mlxbun_core import loader
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing.checkpoints import tiny_checkpoint, write_checkpoint
+from mlxbun_core.testing.engine import rendered_chat
+from mlxbun_core.testing.helpers import (chat_both_ways, mlx_lm_greedy, plugins_listing,
+                                         unregistered)
 from mlxbun_core.testing.families import family_config
 from mlxbun_core.testing.tokenizer import CHATML_TEMPLATE
 
@@ -44,8 +42,7 @@ def ckpt():
 
 def render(srv, messages=MSG, **body):
     """The prompt the engine would run for a chat body (normalization included)."""
-    req = srv.engine.prepare_chat({"messages": messages, **body}).request
-    return srv.engine.model.tokenizer.decode(req.prompt_tokens), req
+    return rendered_chat(srv.engine, {"messages": messages, **body})
 
 
 def ids_of(choice):
@@ -104,25 +101,18 @@ def test_fallback_template_installed_when_checkpoint_has_none():
 
 
 def test_unregistered_falls_back_to_generic(ckpt):
-    info = dict(plugins.plugin_info["minicpm5"])
-    plugins.unregister("minicpm5")
-    try:
+    with unregistered("minicpm5"):
         m = loader.claim(ckpt, LoadOptions(model_id="m"))
         assert m.family == "generic" and m.plugin == "generic"
-    finally:
-        plugins.register(mlxbun_minicpm5, "minicpm5")
-        plugins.plugin_info["minicpm5"] = info
     assert loader.claim(ckpt, LoadOptions(model_id="m")).family == "minicpm5"
 
 
 def test_cli_lists_plugin_and_honours_disable():
-    cmd = [sys.executable, "-m", "mlxbun_core.cli", "plugins"]
-    lines = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout.splitlines()
+    lines = plugins_listing().splitlines()
     i = next(i for i, l in enumerate(lines) if l.startswith("minicpm5 "))
     assert "mlxbun-minicpm5 0.1.0" in lines[i]
     assert all(h in lines[i + 1] for h in ("load_model", "render_chat", "tool_call_parser"))
-    env = {**os.environ, "MLXBUN_DISABLE_PLUGINS": "minicpm5"}
-    off = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env).stdout
+    off = plugins_listing(MLXBUN_DISABLE_PLUGINS="minicpm5")
     assert not any(l.startswith("minicpm5 ") for l in off.splitlines()) and "generic" in off
 
 
@@ -206,16 +196,10 @@ def test_rendered_tool_call_round_trips_through_the_parser(srv):
 # ---------------------------------------------------------------- served
 
 def test_chat_stream_and_not(client, srv):
-    kw = dict(model="m", messages=MSG, max_tokens=6, temperature=0)
-    full = client.chat.completions.create(**kw)
+    full, _ = chat_both_ways(client, model="m", messages=MSG, max_tokens=6, temperature=0)
     c = full.choices[0]
-    assert c.message.role == "assistant" and isinstance(c.message.content, str)
-    assert c.finish_reason in ("length", "stop") and full.usage.completion_tokens <= 6
+    assert isinstance(c.message.content, str) and c.finish_reason in ("length", "stop")
     assert full.model == srv.engine.model.id
-    chunks = list(client.chat.completions.create(stream=True, **kw))
-    assert chunks[0].choices[0].delta.role == "assistant"
-    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == c.message.content
-    assert chunks[-1].choices[0].finish_reason == c.finish_reason
 
 
 def test_tools_request_served(client):
@@ -235,9 +219,5 @@ def test_greedy_parity_with_mlx_lm(client, srv, ckpt, thinking):
                                    enable_thinking=thinking)
     prompt = tok.encode(text, add_special_tokens=False)
     assert prompt == render(srv, chat_template_kwargs={"enable_thinking": thinking})[1].prompt_tokens
-    theirs = []
-    for t, _ in generate_step(mx.array(prompt), model, max_tokens=8):
-        theirs.append(t)
-        if t in tok.eos_token_ids:
-            break
+    theirs = mlx_lm_greedy(model, prompt, 8, tok.eos_token_ids)
     assert ours == theirs[: len(ours)] and len(ours) == len(theirs)

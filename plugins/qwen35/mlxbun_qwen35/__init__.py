@@ -10,11 +10,9 @@ The forward pass is mlx-lm's own ``qwen3_5`` / ``qwen3_5_moe`` model.
 
 from __future__ import annotations
 
-from importlib.resources import files
-
-from mlxbun_core.chat_template import apply_template, install_fallback_template, thinking_switch
+from mlxbun_core.chat_template import apply_template, thinking_switch
+from mlxbun_core.family import Family, load_mlx_lm, packaged_template
 from mlxbun_core.hookspecs import hookimpl
-from mlxbun_core.model import LoadedModel
 
 from .toolcalls import make_parser
 
@@ -22,34 +20,27 @@ FAMILY = "qwen35"
 MODEL_TYPES = ("qwen3_5", "qwen3_5_moe")
 ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
                  "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
+QWEN35 = Family(FAMILY, MODEL_TYPES, ARCHITECTURES,
+                 text_model_types=("qwen3_5_text", "qwen3_5_moe_text"))
 THINK_START, THINK_END = "<think>", "</think>"
 
 
 def fallback_template() -> str:
-    return files(__name__).joinpath("template.jinja").read_text(encoding="utf-8")
+    return packaged_template(__name__)
 
 
 def is_qwen35(config: dict) -> bool:
-    text = config.get("text_config") or {}
-    return (config.get("model_type") in MODEL_TYPES
-            or text.get("model_type") in ("qwen3_5_text", "qwen3_5_moe_text")
-            or any(a in ARCHITECTURES for a in config.get("architectures") or ()))
+    return QWEN35.matches(config)
 
 
 @hookimpl
 def claims(config):
-    return FAMILY if is_qwen35(config) else None
+    return QWEN35.claim(config)
 
 
 @hookimpl
 def load_model(path, config, options):
-    from mlx_lm.utils import load
-
-    model, tokenizer = load(str(path))
-    fallback = install_fallback_template(tokenizer, fallback_template())
-    return LoadedModel(id=options.model_id, path=path, config=config, model=model,
-                       tokenizer=tokenizer, reasoning=True,
-                       extras={"fallback_template": fallback})
+    return load_mlx_lm(path, config, options, template=fallback_template(), reasoning=True)
 
 
 @hookimpl

@@ -37,10 +37,7 @@ def ask(client, content, n=10, **kw):
 
 
 def reference(srv, ckpt, content, n=10, **media):
-    parts = [{"type": "text", "text": p["text"]} if p["type"] == "text" else {"type": kind}
-             for p in content for kind in [p["type"].split("_")[0]]]
-    prompt = M.vlm_prompt(ckpt, [{"role": "user", "content": parts}], enable_thinking=False)
-    return M.vlm_greedy(ckpt, prompt, max_tokens=n, eos=srv.engine.model.eos_token_ids, **media)
+    return M.vlm_reference(ckpt, content, srv.engine.model.eos_token_ids, n, **media)
 
 
 def test_image_greedy_parity_with_mlx_vlm(client, srv, ckpt):

@@ -3,24 +3,21 @@
 import asyncio
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 
 import httpx
-import mlx.core as mx
 import pytest
 from mlx_lm import load as mlx_load
-from mlx_lm.generate import generate_step
 
-import mlxbun_qwen35
-from mlxbun_core import loader, plugins
+from mlxbun_core import loader
 from mlxbun_core.chat_template import install_fallback_template
 from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.reply import gather
 from mlxbun_core.errors import BadRequest
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.engine import rendered_chat
+from mlxbun_core.testing.helpers import (chat_both_ways, mlx_lm_greedy, plugins_listing,
+                                         unregistered)
 from mlxbun_qwen35 import fallback_template
 from mlxbun_qwen35.toolcalls import QwenDialect
 
@@ -40,8 +37,7 @@ def ckpt():
 
 def rendered(srv, **body):
     """The prompt the engine builds for ``body`` (normalization + plugin render), as text."""
-    req = srv.engine.prepare_chat({"messages": MSG, **body}).request
-    return srv.engine.model.tokenizer.decode(req.prompt_tokens), req
+    return rendered_chat(srv.engine, {"messages": MSG, **body})
 
 
 # -- claim -----------------------------------------------------------------
@@ -57,23 +53,15 @@ def test_moe_checkpoint_claimed_and_generic_takes_over_when_unregistered(ckpt):
     assert json.loads((moe / "config.json").read_text())["architectures"] == [
         "Qwen3_5MoeForConditionalGeneration"]
     assert loader.claim(moe, LoadOptions(model_id="moe")).family == "qwen35"
-    info = dict(plugins.plugin_info["qwen35"])
-    plugins.unregister("qwen35")
-    try:
+    with unregistered("qwen35"):
         m = loader.claim(ckpt, LoadOptions(model_id="dense"))
         assert (m.family, m.plugin) == ("generic", "generic")
-    finally:
-        plugins.register(mlxbun_qwen35, "qwen35")
-        plugins.plugin_info["qwen35"] = info
     assert loader.claim(ckpt, LoadOptions(model_id="dense")).family == "qwen35"
 
 
 def test_cli_lists_plugin_and_honours_disable():
-    cmd = [sys.executable, "-m", "mlxbun_core.cli", "plugins"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
-    assert "qwen35 (mlxbun-qwen35 0.1.0)" in out
-    env = {**os.environ, "MLXBUN_DISABLE_PLUGINS": "qwen35"}
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env).stdout
+    assert "qwen35 (mlxbun-qwen35 0.1.0)" in plugins_listing()
+    out = plugins_listing(MLXBUN_DISABLE_PLUGINS="qwen35")
     assert "qwen35" not in out and "generic" in out
 
 
@@ -183,28 +171,7 @@ def test_tool_call_parser_is_qwen_dialect_only_for_own_models(srv):
 def test_served_chat_stream_matches_non_stream(client, thinking):
     kw = dict(model="m", messages=MSG, max_tokens=10, temperature=0, tools=TOOLS,
               extra_body={"chat_template_kwargs": {"enable_thinking": thinking}})
-    full = client.chat.completions.create(**kw)
-    msg = full.choices[0].message
-    assert full.object == "chat.completion" and full.choices[0].finish_reason in (
-        "length", "stop", "tool_calls")
-    assert full.usage.completion_tokens <= 10
-    chunks = list(client.chat.completions.create(stream=True, **kw))
-    assert chunks[0].choices[0].delta.role == "assistant"
-    assert chunks[-1].choices[0].finish_reason == full.choices[0].finish_reason
-    content = "".join(c.choices[0].delta.content or "" for c in chunks)
-    reasoning = "".join((c.choices[0].delta.model_extra or {}).get("reasoning") or ""
-                        for c in chunks)
-    assert content == (msg.content or "")
-    assert reasoning == ((msg.model_extra or {}).get("reasoning") or "")
-
-
-def greedy_ids(model, prompt_tokens, n, eos):
-    out = []
-    for t, _ in generate_step(mx.array(prompt_tokens), model, max_tokens=n):
-        out.append(t)
-        if t in eos:
-            break
-    return out
+    chat_both_ways(client, **kw)
 
 
 @pytest.mark.parametrize("thinking", [True, False])
@@ -216,7 +183,7 @@ def test_greedy_parity_with_mlx_lm(client, ckpt, thinking):
     model, tok = mlx_load(str(ckpt))
     text = tok.apply_chat_template(MSG, add_generation_prompt=True, tokenize=False,
                                    enable_thinking=thinking)
-    theirs = greedy_ids(model, tok.encode(text, add_special_tokens=False), 12, tok.eos_token_ids)
+    theirs = mlx_lm_greedy(model, tok.encode(text, add_special_tokens=False), 12, tok.eos_token_ids)
     assert ours == theirs and len(ours) > 0
 
 
@@ -238,5 +205,5 @@ def test_moe_engine_greedy_parity():
     model, tok = mlx_load(str(moe))
     text = tok.apply_chat_template(MSG, add_generation_prompt=True, tokenize=False)
     assert text.endswith(GEN_ON)
-    assert ours == greedy_ids(model, tok.encode(text, add_special_tokens=False), 8,
+    assert ours == mlx_lm_greedy(model, tok.encode(text, add_special_tokens=False), 8,
                               tok.eos_token_ids)

@@ -18,19 +18,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from mlxbun_core.errors import BadRequest
+from mlxbun_core.family import Family, load_mlx_lm
 from mlxbun_core.hookspecs import hookimpl
-from mlxbun_core.model import LoadedModel
 
 FAMILY = "qwen3_embed"
 MODEL_TYPES = ("qwen3",)
 ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3Model")
 ST_FILES = ("modules.json", "config_sentence_transformers.json", "1_Pooling/config.json")
 POOL_TOKEN = "<|endoftext|>"
+QWEN3 = Family(FAMILY, MODEL_TYPES, ARCHITECTURES)
 
 
 def is_qwen3(config: dict) -> bool:
-    return (config.get("model_type") in MODEL_TYPES
-            or any(a in ARCHITECTURES for a in config.get("architectures") or ()))
+    return QWEN3.matches(config)
 
 
 def names_embedding(path: Path, model_id: str) -> bool:
@@ -86,11 +86,7 @@ def claims(path, config, options):
 
 @hookimpl
 def load_model(path, config, options):
-    from mlx_lm.utils import load
-
-    model, tokenizer = load(str(path))
-    return LoadedModel(id=options.model_id, path=path, config=config, model=model,
-                       tokenizer=tokenizer, kind="embedding")
+    return load_mlx_lm(path, config, options, kind="embedding")
 
 
 @hookimpl

@@ -2,9 +2,6 @@
 mlx-lm's qwen3 forward, instruction format, usage, and the 400 cases."""
 
 import asyncio
-import os
-import subprocess
-import sys
 
 import httpx
 import mlx.core as mx
@@ -14,11 +11,12 @@ import pytest
 from mlx_lm import load as mlx_load
 
 import mlxbun_qwen3_embed
-from mlxbun_core import loader, plugins
+from mlxbun_core import loader
 from mlxbun_core.engine.core import Engine
 from mlxbun_core.errors import BadRequest
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing.checkpoints import tiny_checkpoint, write_checkpoint
+from mlxbun_core.testing.helpers import plugins_listing, unregistered
 
 # What a published Qwen3-Embedding snapshot carries besides the weights.
 ST_FILES = {
@@ -103,21 +101,14 @@ def test_name_based_detection(tmp_path, plain):
 
 
 def test_generic_claims_when_plugin_unregistered(ckpt):
-    info = dict(plugins.plugin_info["qwen3_embed"])
-    plugins.unregister("qwen3_embed")
-    try:
+    with unregistered("qwen3_embed"):
         assert loader.claim(ckpt, LoadOptions(model_id="e")).family == "generic"
-    finally:
-        plugins.register(mlxbun_qwen3_embed, "qwen3_embed")
-        plugins.plugin_info["qwen3_embed"] = info
 
 
 def test_cli_lists_plugin_and_honours_disable():
-    cmd = [sys.executable, "-m", "mlxbun_core.cli", "plugins"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
+    out = plugins_listing()
     assert "qwen3_embed (mlxbun-qwen3-embed 0.1.0)" in out and "embed" in out
-    env = {**os.environ, "MLXBUN_DISABLE_PLUGINS": "qwen3_embed"}
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env).stdout
+    out = plugins_listing(MLXBUN_DISABLE_PLUGINS="qwen3_embed")
     assert "qwen3_embed" not in out
 
 

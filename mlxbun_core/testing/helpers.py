@@ -1,0 +1,80 @@
+"""Small helpers the core's and the plugins' test suites share: mlx-lm's own greedy
+tokens (the parity reference), one chat asked streamed and not, a plugin taken out for a
+block, the ``mlxbun plugins`` listing, and whether a text is JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+from typing import Iterable, Iterator
+
+
+def mlx_lm_greedy(model, prompt: list, n: int, stops: Iterable[int]) -> list[int]:
+    """The tokens mlx-lm's ``generate_step`` picks greedily after ``prompt`` (token ids):
+    at most ``n``, the first of ``stops`` (EOS ids) included."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    stops = set(stops)
+    out = []
+    for token, _ in generate_step(mx.array(prompt), model, max_tokens=n):
+        out.append(int(token))
+        if token in stops:
+            break
+    return out
+
+
+def chat_both_ways(client, **kw) -> tuple:
+    """``(full, chunks)``: the chat completion ``kw`` asked once whole and once streamed
+    (the official OpenAI client), after checking what must hold for any model: an
+    assistant turn within ``max_tokens``, and the stream saying what the whole answer
+    says (role first, the same content, reasoning and finish reason)."""
+    full = client.chat.completions.create(**kw)
+    choice, msg = full.choices[0], full.choices[0].message
+    assert full.object == "chat.completion" and msg.role == "assistant"
+    assert choice.finish_reason in ("length", "stop", "tool_calls")
+    assert full.usage.completion_tokens <= kw["max_tokens"]
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    deltas = [ch.choices[0].delta for ch in chunks if ch.choices]
+    assert deltas[0].role == "assistant"
+    assert chunks[-1].choices[0].finish_reason == choice.finish_reason
+    assert "".join(d.content or "" for d in deltas) == (msg.content or "")
+    assert "".join((d.model_extra or {}).get("reasoning") or "" for d in deltas) == (
+        (msg.model_extra or {}).get("reasoning") or "")
+    return full, chunks
+
+
+@contextmanager
+def unregistered(name: str) -> Iterator[None]:
+    """Plugin ``name`` taken out for the block (its checkpoints fall to the others), then
+    registered again as it was, its listing entry included."""
+    from .. import plugins
+
+    plugin = plugins.load_plugins().get_plugin(name)
+    assert plugin is not None, f"plugin {name!r} is not registered"
+    info = dict(plugins.plugin_info.get(name, {}))
+    plugins.unregister(name)
+    try:
+        yield
+    finally:
+        plugins.register(plugin, name)
+        plugins.plugin_info[name] = info
+
+
+def plugins_listing(**env: str) -> str:
+    """What ``mlxbun plugins`` prints, run as a fresh process with ``env`` added."""
+    cmd = [sys.executable, "-m", "mlxbun_core.cli", "plugins"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **env}).stdout
+
+
+def parses_json(text: str) -> bool:
+    """Whether ``text`` is one JSON value."""
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
