@@ -212,3 +212,28 @@ def test_flags_need_the_ram_cache_and_warn_alone(tmp_path, capsys):
                                       "2", "--ssd-demote-idle", "0"])
     config, problem = config_from_args(args)
     assert problem is None and config.max_bytes == 2 << 30 and config.demote_idle_s == 0
+
+
+def test_a_restore_slower_than_recomputing_is_skipped(tmp_path):
+    """On a device that prefills faster than its disk reads the KV back (an H200 with an
+    8B model), the tier leaves the entry on disk and the prompt is recomputed; where
+    prefill is slow (a CPU, a Mac) the same entry is restored."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    store = SsdStore(SsdConfig(dir=tmp_path / "a", demote_idle_s=0), "fp",
+                     namespace_parts=lambda ns: list(ns))
+    c = KVCache()
+    c.update_and_fetch(mx.zeros((1, 2, 100, 8)), mx.zeros((1, 2, 100, 8)))
+    tokens, ns = list(range(100)), ("m", "/p", "", "kv:native", "")
+    PrefixCache(1 << 20, tier=store).store(ns, tokens, [c])
+    assert store.flush(10)
+    unknown = PrefixCache(1 << 20, tier=store)  # no restore measured yet: restore, and learn
+    assert unknown.lookup(ns, tokens + [1])[1] == 100 and store.restore_bps > 0
+    fast = PrefixCache(1 << 20, tier=store)
+    fast.prefill_rate = lambda: 1e15  # recomputing 100 tokens takes no time at all
+    assert fast.lookup(ns, tokens + [1]) == (None, 0)
+    assert fast.stats()["ssd_skipped"] == 1 and fast.stats()["ssd_hits"] == 0
+    slow = PrefixCache(1 << 20, tier=store)
+    slow.prefill_rate = lambda: 1.0  # a token a second
+    assert slow.lookup(ns, tokens + [1])[1] == 100 and slow.stats()["ssd_skipped"] == 0

@@ -106,6 +106,7 @@ class Engine:
         self.batch = 1 if draft is not None else max(1, batch or self.batch_plan.rows)
         self.adapters = AdapterManager(model, call=self.worker.call)
         self.pacer = PrefillPacer()  # prompt tokens per prefill chunk, every lane
+        self.prefix.prefill_rate = lambda: self.pacer.rate  # an SSD restore must beat it
         if not self.worker.lanes:
             self._start_lanes()
         # generation_config.json values, then operator flags on top; requests win over both

@@ -57,6 +57,7 @@ class SsdStore:
         self._retry_at = 0.0
         self.restores = self.spills = self.demotions = self.restore_failures = 0
         self.restore_ms_last = 0.0
+        self.restore_bps: Optional[float] = None  # bytes a second restores ran at (the best seen)
         self.restore_bytes_last = 0
         self.evicted = 0
         self._lock = threading.Lock()
@@ -127,7 +128,9 @@ class SsdStore:
             return None
         with self._lock:
             self.restores += 1
-            self.restore_ms_last = 1e3 * (time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
+            self.restore_ms_last = 1e3 * seconds
+            self.restore_bps = max(self.restore_bps or 0.0, h.size / max(seconds, 1e-6))
             self.restore_bytes_last = h.size
         self.index.touch(entry, time.time())
         return cache, str(h.header.get("cache_type", "assistant"))
