@@ -86,11 +86,13 @@ def finish(model: LoadedModel) -> LoadedModel:
     return model
 
 
-def load(name: Optional[str], options: Optional[LoadOptions] = None, *, progress=True) -> LoadedModel:
+def load(name: Optional[str], options: Optional[LoadOptions] = None, *,
+         progress: bool = True) -> LoadedModel:
+    """Resolve ``name`` (a query only over ``options.library``), then claim and load it."""
     from .models.resolve import resolve_model
 
-    resolved = resolve_model(name, progress=progress)
     options = options or LoadOptions()
+    resolved = resolve_model(name, library=options.library, progress=progress)
     options.model_id = options.model_id or resolved.model_id
     log.info("loading %s from %s", resolved.model_id, resolved.path)
     return claim(Path(resolved.path), options)

@@ -23,6 +23,7 @@ import traceback
 from pathlib import Path
 from typing import Callable, Optional
 
+from .events import Emit, JobError
 from .store import TERMINAL, JobStore
 
 log = logging.getLogger("mlxbun.jobs")
@@ -31,11 +32,7 @@ LOG_FILE_BYTES = 4 << 20
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-class JobError(Exception):
-    """A runner's clear failure (bad config, missing library): the ``failed`` message."""
-
-
-def runners() -> dict:
+def runners() -> dict[str, Callable[[dict, Emit], Optional[dict]]]:
     from . import finetune, quantize
 
     return {"finetune": finetune.run, "quantize": quantize.run}

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from ..models.paths import mlxbun_home
+
 log = logging.getLogger("mlxbun.fit")
 
 TABLE_EFFICIENCY = 0.8  # share of a table's peak bandwidth a decode step achieves
@@ -104,8 +106,6 @@ def decode_bandwidth(device: str, name: str, *, probe_mlx: bool,
             return Bandwidth(float(env), "env", f"{float(env)} GB/s from MLXBUN_BANDWIDTH_GBS")
         except ValueError:
             log.warning("MLXBUN_BANDWIDTH_GBS=%r is not a number; ignored", env)
-    from ..models.resolve import mlxbun_home
-
     path = mlxbun_home(home) / CACHE_FILE
     cache = _read(path)
     if probe_mlx:
@@ -128,8 +128,6 @@ def decode_bandwidth(device: str, name: str, *, probe_mlx: bool,
 
 def forget(home: Optional[Path] = None) -> None:
     """Drop the remembered measurements (``mlxbun fit --measure``): the next use measures."""
-    from ..models.resolve import mlxbun_home
-
     (mlxbun_home(home) / CACHE_FILE).unlink(missing_ok=True)
 
 

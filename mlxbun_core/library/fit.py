@@ -34,6 +34,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from .checkpoint import context_window, text_config
+
 log = logging.getLogger("mlxbun.fit")
 
 PREFILL_CHUNK = 2048  # mlx-lm's generate_step prefill step
@@ -46,21 +48,6 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
 __all__ = ["KVLayout", "MemoryPlan", "Machine", "text_config", "activation_bytes",
            "kv_element_bytes", "kv_layout", "quantizable", "kv_bytes_per_token", "plan",
            "machine", "predicted_decode_tps", "context_window", "BatchPlan", "batch_plan"]
-
-
-def text_config(config: dict) -> dict:
-    """The language model's config: ``text_config`` of a multimodal checkpoint, else itself."""
-    inner = config.get("text_config")
-    return inner if isinstance(inner, dict) and inner else config
-
-
-def context_window(config: dict) -> Optional[int]:
-    """The trained context length the config states, or None."""
-    for c in (text_config(config), config):
-        v = c.get("max_position_embeddings")
-        if isinstance(v, int) and v > 0:
-            return v
-    return None
 
 
 def activation_bytes(config: dict) -> int:

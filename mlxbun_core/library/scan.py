@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from ..models.paths import hf_cache_dir, mlxbun_home, model_id_for_dir
 from . import checkpoint
 from .claim import Claim, which_plugin
-from .fit import context_window
 
 log = logging.getLogger("mlxbun.library")
 
@@ -61,7 +61,7 @@ class Entry:
 
     @property
     def context_length(self) -> Optional[int]:
-        return context_window(self.config)
+        return checkpoint.context_window(self.config)
 
     @property
     def tier(self) -> Optional[str]:
@@ -85,12 +85,6 @@ class Entry:
                 "vision": self.vision, "audio": self.audio, "supported": self.claim is not None,
                 "support_tier": self.tier, "plugin": self.claim.plugin if self.claim else None,
                 "family": self.claim.family if self.claim else None}
-
-
-def hf_cache_dir() -> Path:
-    from ..models.resolve import _hf_cache
-
-    return Path(_hf_cache())
 
 
 def _entry(path: Path, repo_id: str, source: str, size: int, revision=None, modified=0.0):
@@ -142,15 +136,13 @@ def _dir_size(path: Path) -> int:
 
 def scan_own(home: Optional[Path] = None) -> list[Entry]:
     """Models mlxbun made (converted GGUFs, quantized outputs): newest per name."""
-    from ..models.resolve import _id_for_dir, mlxbun_home
-
     home = mlxbun_home(home)
     newest: dict[str, Entry] = {}
     for root in OWN_ROOTS:
         for d in sorted((home / root).glob("*/")) if (home / root).is_dir() else ():
             if not (d / "config.json").is_file():
                 continue
-            name = _HASH_SUFFIX.sub("", _id_for_dir(d))  # a conversion: its source's name
+            name = _HASH_SUFFIX.sub("", model_id_for_dir(d))  # a conversion: its source's name
             modified = (d / "config.json").stat().st_mtime
             if name in newest and newest[name].modified >= modified:
                 continue
