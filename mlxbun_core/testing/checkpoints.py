@@ -16,13 +16,11 @@ import json
 import shutil
 import tempfile
 import threading
-import zlib
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten
 
 from .families import (  # noqa: F401  (re-exported)
     _TF4,
@@ -35,6 +33,7 @@ from .families import (  # noqa: F401  (re-exported)
     family_config,
 )
 from .tokenizer import CHATML_TEMPLATE, build_tokenizer
+from .weights import random_params
 
 
 def _merge(base: dict, over: Mapping) -> dict:
@@ -47,22 +46,6 @@ def _merge(base: dict, over: Mapping) -> dict:
 
 
 # ---------------------------------------------------------------- weights
-
-def _random_params(model, seed: int, dtype: mx.Dtype) -> dict[str, mx.array]:
-    """Matrices ~ N(0, 1/fan_in) keyed by (seed, name): independent of init order."""
-    keep_f32 = getattr(model, "cast_predicate", None)
-    out = {}
-    for name, p in sorted(tree_flatten(model.parameters())):
-        if p.ndim >= 2:
-            key = mx.random.key(zlib.crc32(f"{seed}:{name}".encode()))
-            fan_in = p.shape[1] if "conv1d" in name else p.shape[-1]
-            p = mx.random.normal(p.shape, key=key) * (fan_in**-0.5)
-        if mx.issubdtype(p.dtype, mx.floating):
-            p = p.astype(mx.float32 if keep_f32 and not keep_f32(name) else dtype)
-        out[name] = p
-    mx.eval(out)
-    return out
-
 
 def _to_hf(model_type: str, w: dict[str, mx.array], config: dict) -> dict[str, mx.array]:
     """Invert mlx-lm's sanitize: rename/reshape mlx parameters to HF checkpoint layout."""
@@ -118,7 +101,7 @@ def _build_weights(model_type: str, config: dict, seed: int, dtype: mx.Dtype):
     model_cls, args_cls = _get_classes(config)
     mx.random.seed(seed)
     model = model_cls(args_cls.from_dict(copy.deepcopy(config)))
-    params = _random_params(model, seed, dtype)
+    params = random_params(model, seed, dtype)
     hf = _to_hf(model_type, params, config)
     # Round-trip guard: sanitize must map our HF layout back onto the model exactly.
     back = model.sanitize(dict(hf))
