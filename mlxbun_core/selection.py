@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Iterable, Optional
+from typing import Iterable
 
 from .library.fit import machine, plan
 from .library.scan import Entry, scan
@@ -21,8 +21,8 @@ from .models.resolve import (AmbiguousModel, ModelNotFound, ResolvedModel,
 __all__ = ["select_model", "auto_pick", "chosen_model", "resolve", "report_selection_error"]
 
 
-def select_model(model: Optional[str] = None, positional: Optional[str] = None,
-                 query: Optional[str] = None) -> Optional[str]:
+def select_model(model: str | None = None, positional: str | None = None,
+                 query: str | None = None) -> str | None:
     """The name to resolve: ``--model`` > positional > ``--query``; None means "nothing named"."""
     for name in (model, positional, query):
         if name:
@@ -30,7 +30,7 @@ def select_model(model: Optional[str] = None, positional: Optional[str] = None,
     return None
 
 
-def auto_pick(entries: Iterable[Entry], usable_bytes: int) -> Optional[Entry]:
+def auto_pick(entries: Iterable[Entry], usable_bytes: int) -> Entry | None:
     """With nothing named and no embedded default: the largest supported local model whose
     weights and at least one prefill chunk fit ``usable_bytes``; None when none does."""
     fitting = [e for e in entries if e.claim is not None and e.weights.total_bytes > 0
@@ -38,7 +38,7 @@ def auto_pick(entries: Iterable[Entry], usable_bytes: int) -> Optional[Entry]:
     return max(fitting, key=lambda e: (e.weights.total_bytes, e.id), default=None)
 
 
-def chosen_model(args: argparse.Namespace, *, probe_mlx: bool = True) -> Optional[str]:
+def chosen_model(args: argparse.Namespace, *, probe_mlx: bool = True) -> str | None:
     """``--model`` > positional > ``--query``; with nothing named, the embedded default,
     or (when it is not installed or ``MLXBUN_DEFAULT_MODEL=auto``) the largest local model
     that fits. Returns a name for the loader (None: the embedded default)."""
@@ -56,7 +56,7 @@ def chosen_model(args: argparse.Namespace, *, probe_mlx: bool = True) -> Optiona
     return str(entry.path)
 
 
-def resolve(name: Optional[str], *, progress: bool = True) -> ResolvedModel:
+def resolve(name: str | None, *, progress: bool = True) -> ResolvedModel:
     """``name`` resolved with the local library behind its queries."""
     return resolve_model(name, library=scan, progress=progress)
 

@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 import sys
-from typing import TYPE_CHECKING, NoReturn, Optional, Union
+from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from .engine.core import Engine
@@ -47,7 +47,7 @@ def configure_system_prompts(args: argparse.Namespace) -> None:
 GRAMMAR_EXTRAS = {"xgrammar": "mlxbun[xgrammar]"}
 
 
-def bind_port(host: str, port: int) -> Union[socket.socket, str]:
+def bind_port(host: str, port: int) -> socket.socket | str:
     """Bind the listening address before the model loads, as uvicorn would.
 
     Returns the bound socket (uvicorn serves on it later, so nothing can take the
@@ -70,7 +70,7 @@ def bind_port(host: str, port: int) -> Union[socket.socket, str]:
     return sock
 
 
-def free_port_near(host: str, port: int, tries: int = 100) -> Optional[int]:
+def free_port_near(host: str, port: int, tries: int = 100) -> int | None:
     """The first port after ``port`` that ``host`` can bind right now (else one the OS
     picks), for the busy-port hint; None if none can be bound."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -99,7 +99,7 @@ def select_grammar_backend(name: str) -> str | None:
     return None
 
 
-def preflight(args: argparse.Namespace) -> tuple[Optional[socket.socket], Optional[str]]:
+def preflight(args: argparse.Namespace) -> tuple[socket.socket | None, str | None]:
     """(bound socket or None, problem or None): what would fail is found before minutes
     of model loading, not after."""
     problem = args.grammar_backend and select_grammar_backend(args.grammar_backend)
@@ -141,7 +141,7 @@ def cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     serve_forever(args, engine, sock)
 
 
-def load_engine(args: argparse.Namespace, ssd: Optional[SsdConfig]) -> Engine:
+def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
     """The chosen model loaded into an engine with the serve flags; a failure is said on
     stderr and raised as :class:`StartFailed`."""
     from . import loader
@@ -174,7 +174,7 @@ def load_engine(args: argparse.Namespace, ssd: Optional[SsdConfig]) -> Engine:
         raise StartFailed(1) from None
 
 
-def print_banner(args: argparse.Namespace, engine: Engine) -> Optional[str]:
+def print_banner(args: argparse.Namespace, engine: Engine) -> str | None:
     """What is served, where, and on which BLAS; returns the web app's URL (None on a
     unix socket)."""
     from .server import web
@@ -192,7 +192,7 @@ def print_banner(args: argparse.Namespace, engine: Engine) -> Optional[str]:
 
 
 def serve_forever(args: argparse.Namespace, engine: Engine,
-                  sock: Optional[socket.socket]) -> NoReturn:
+                  sock: socket.socket | None) -> NoReturn:
     """Build the app, print the banner and serve until a drain; the process ends here."""
     import uvicorn
 

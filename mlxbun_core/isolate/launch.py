@@ -15,7 +15,6 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import Optional
 
 from ..library.cache import LibraryCache
 from ..library.scan import scan
@@ -58,7 +57,7 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
     raise KeyError(name)
 
 
-def default_spec(name: Optional[str]) -> ModelSpec:
+def default_spec(name: str | None) -> ModelSpec:
     """What the default engine serves, decided without loading or converting anything."""
     if name is None:
         return ModelSpec(DEFAULT_MODEL_ID, None)

@@ -14,7 +14,6 @@ import json
 import time
 import types
 from pathlib import Path
-from typing import Optional
 
 from .. import fspaths
 from ..errors import BadRequest
@@ -190,7 +189,7 @@ def run(config: dict, emit: Emit) -> dict:
             "final_val_loss": last.get("val"), "seconds": round(time.time() - t0, 2)}
 
 
-def default_output(home: Path, name: Optional[str] = None) -> Path:
+def default_output(home: Path, name: str | None = None) -> Path:
     from ..adapters.discover import adapters_dir
 
     return adapters_dir(home) / (name or f"adapter-{time.strftime('%Y%m%d-%H%M%S')}")

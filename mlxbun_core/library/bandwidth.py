@@ -21,7 +21,6 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from ..models.paths import mlxbun_home
 
@@ -49,7 +48,7 @@ class Bandwidth:
     note: str  # what was assumed, in words
 
 
-def peak_gbs(name: str) -> Optional[float]:
+def peak_gbs(name: str) -> float | None:
     for pattern, gbs in PEAK_GBS:
         if re.search(pattern, name):
             return gbs
@@ -98,7 +97,7 @@ def measure_gbs(gpu: bool) -> float:
 
 
 def decode_bandwidth(device: str, name: str, *, probe_mlx: bool,
-                     home: Optional[Path] = None) -> Bandwidth:
+                     home: Path | None = None) -> Bandwidth:
     """The bandwidth behind ``fit``'s decode prediction, and what it assumed."""
     env = os.environ.get("MLXBUN_BANDWIDTH_GBS")
     if env:
@@ -126,7 +125,7 @@ def decode_bandwidth(device: str, name: str, *, probe_mlx: bool,
     return Bandwidth(0.0, "unknown", "no measurement yet (the engine measures on first load)")
 
 
-def forget(home: Optional[Path] = None) -> None:
+def forget(home: Path | None = None) -> None:
     """Drop the remembered measurements (``mlxbun fit --measure``): the next use measures."""
     (mlxbun_home(home) / CACHE_FILE).unlink(missing_ok=True)
 

@@ -12,7 +12,6 @@ import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 MAX_HEADER_BYTES = 64 << 20  # a header bigger than this is not a safetensors file we trust
 _EXPERT = re.compile(r"(?<!shared_)experts?\.|switch_mlp\.")
@@ -24,7 +23,7 @@ def text_config(config: dict) -> dict:
     return inner if isinstance(inner, dict) and inner else config
 
 
-def context_window(config: dict) -> Optional[int]:
+def context_window(config: dict) -> int | None:
     """The trained context length the config states, or None."""
     for c in (text_config(config), config):
         v = c.get("max_position_embeddings")
@@ -90,7 +89,7 @@ def active_weight_bytes(config: dict, w: Weights) -> int:
     return int(w.total_bytes - w.expert_bytes + w.expert_bytes * active / experts)
 
 
-def quantization(config: dict) -> tuple[Optional[int], Optional[int]]:
+def quantization(config: dict) -> tuple[int | None, int | None]:
     """(bits, group_size) of an MLX- or HF-quantized checkpoint, else (None, None)."""
     q = config.get("quantization") or config.get("quantization_config") or {}
     if not isinstance(q, dict):

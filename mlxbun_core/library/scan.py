@@ -11,7 +11,6 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from ..models.paths import hf_cache_dir, mlxbun_home, model_id_for_dir
 from . import checkpoint
@@ -32,20 +31,20 @@ class Entry:
     size_bytes: int  # on disk
     weights: checkpoint.Weights
     config: dict = field(repr=False)
-    revision: Optional[str] = None
+    revision: str | None = None
     modified: float = 0.0
-    claim: Optional[Claim] = None
+    claim: Claim | None = None
 
     @property
-    def model_type(self) -> Optional[str]:
+    def model_type(self) -> str | None:
         return self.config.get("model_type")
 
     @property
-    def quant_bits(self) -> Optional[int]:
+    def quant_bits(self) -> int | None:
         return checkpoint.quantization(self.config)[0]
 
     @property
-    def precision(self) -> Optional[str]:
+    def precision(self) -> str | None:
         """How the weights are stored: ``4-bit``, ``bfloat16``, ``float32 from GGUF Q4_1``."""
         from ..models.gguf_cache import describe_precision
 
@@ -60,11 +59,11 @@ class Entry:
         return str(dtype).replace("torch.", "") if dtype else None
 
     @property
-    def context_length(self) -> Optional[int]:
+    def context_length(self) -> int | None:
         return checkpoint.context_window(self.config)
 
     @property
-    def tier(self) -> Optional[str]:
+    def tier(self) -> str | None:
         return self.claim.tier if self.claim else None
 
     @property
@@ -107,7 +106,7 @@ def _canonical(repo):
     return max(repo.revisions, key=lambda r: r.last_modified, default=None)
 
 
-def scan_hf_cache(cache_dir: Optional[Path] = None) -> list[Entry]:
+def scan_hf_cache(cache_dir: Path | None = None) -> list[Entry]:
     import huggingface_hub as hf
 
     cache_dir = Path(cache_dir) if cache_dir else hf_cache_dir()
@@ -134,7 +133,7 @@ def _dir_size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def scan_own(home: Optional[Path] = None) -> list[Entry]:
+def scan_own(home: Path | None = None) -> list[Entry]:
     """Models mlxbun made (converted GGUFs, quantized outputs): newest per name."""
     home = mlxbun_home(home)
     newest: dict[str, Entry] = {}
@@ -152,7 +151,7 @@ def scan_own(home: Optional[Path] = None) -> list[Entry]:
     return list(newest.values())
 
 
-def scan(cache_dir: Optional[Path] = None, home: Optional[Path] = None) -> list[Entry]:
+def scan(cache_dir: Path | None = None, home: Path | None = None) -> list[Entry]:
     """Every local model, sorted by id (case-insensitive); HF cache ids win a name clash."""
     rows = {e.id: e for e in scan_own(home)}
     rows.update({e.id: e for e in scan_hf_cache(cache_dir)})

@@ -16,7 +16,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Literal, Optional, Protocol, Sequence
+from typing import Callable, Iterable, Literal, Protocol, Sequence
 
 from .paths import (DEFAULT_GGUF, DEFAULT_MODEL_ID, DEFAULT_PACKAGE, gguf_model_id,
                     hf_cache_dir, mlxbun_home, model_id_for_dir)
@@ -60,7 +60,7 @@ class LibraryEntry(Protocol):
     def path(self) -> Path: ...
 
     @property
-    def quant_bits(self) -> Optional[int]: ...
+    def quant_bits(self) -> int | None: ...
 
 
 # the caller's local library: lists its entries when a name turns out to be a query
@@ -203,20 +203,8 @@ def resolve_model(name: str | None, *, library: Library | None = None,
         raise ModelNotFound(f"model {name!r} not found: a name or path cannot hold a NUL character.")
     p = _as_path(name)
     kind = _path_kind(p)
-    if kind == "dir":
-        if (p / "config.json").is_file():
-            return ResolvedModel(p.resolve(), model_id_for_dir(p.resolve()), "local")
-        g = _pick_gguf([str(x.relative_to(p)) for x in p.glob("*.gguf")])
-        if g:
-            return ResolvedModel(_converted(p / g, home, progress), gguf_model_id(p / g), "gguf")
-        raise ModelNotFound(f"model directory {p.resolve()} has no config.json and no .gguf file. "
-                            "Fix: point at a Hugging Face checkpoint directory or a .gguf file.")
-    if kind == "file":
-        if p.suffix.lower() == ".gguf":
-            return ResolvedModel(_converted(p, home, progress), gguf_model_id(p), "gguf")
-        raise ModelNotFound(f"{p.resolve()} is a file but not a .gguf. "
-                            "Fix: pass a .gguf file or the directory that holds config.json.")
-
+    if kind is not None:
+        return _on_disk(p, kind, home, progress)
     looks_like_path = name.startswith((".", "/", "~")) or name.lower().endswith(".gguf") or os.sep + os.sep in name
     if looks_like_path:
         raise ModelNotFound(
@@ -241,6 +229,22 @@ def resolve_model(name: str | None, *, library: Library | None = None,
         f"model {name!r} not found: no path {p.resolve()} exists and no local model id contains "
         f"{name!r} (`mlxbun ls` lists them). Fix: pass an existing HF checkpoint directory, a .gguf "
         "file, a hub id (owner/name), a query matching a local model, or nothing for the embedded default.")
+
+
+def _on_disk(p: Path, kind: str, home: Path, progress: bool) -> ResolvedModel:
+    """A checkpoint directory, a directory holding a .gguf, or a .gguf file."""
+    if kind == "dir":
+        if (p / "config.json").is_file():
+            return ResolvedModel(p.resolve(), model_id_for_dir(p.resolve()), "local")
+        g = _pick_gguf([str(x.relative_to(p)) for x in p.glob("*.gguf")])
+        if g:
+            return ResolvedModel(_converted(p / g, home, progress), gguf_model_id(p / g), "gguf")
+        raise ModelNotFound(f"model directory {p.resolve()} has no config.json and no .gguf file. "
+                            "Fix: point at a Hugging Face checkpoint directory or a .gguf file.")
+    if p.suffix.lower() == ".gguf":
+        return ResolvedModel(_converted(p, home, progress), gguf_model_id(p), "gguf")
+    raise ModelNotFound(f"{p.resolve()} is a file but not a .gguf. "
+                        "Fix: pass a .gguf file or the directory that holds config.json.")
 
 
 def _as_path(name: str) -> Path:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Optional
+from typing import Any
 
 from ..errors import APIError
 from ..events import Admitted, Content, Done, Finish, Reasoning, ToolCall, ToolCallEvent
@@ -33,7 +33,7 @@ class Draft:
 
     def __init__(self, conv: Conversation, parent_id: str, every_s: float = SAVE_EVERY_S):
         self.conv, self.parent_id, self.every_s = conv, parent_id, every_s
-        self.id: Optional[str] = None
+        self.id: str | None = None
         self.content: list = []  # text not saved yet
         self.reasoning: list = []
         self.saved_at = 0.0
@@ -80,7 +80,7 @@ class Turn:
         self.conv, self.body = conv, body
         self.gen: Any = None  # the engine's Generation now streaming
         self.aborted = False
-        self.lane: Optional[str] = None
+        self.lane: str | None = None
 
     def abort(self) -> None:
         self.aborted = True
