@@ -77,11 +77,11 @@ class Conversation:
 
     async def save(self, message: dict, parent_id: str | None, meta: dict | None = None) -> dict:
         """Add ``message`` under ``parent_id``; the first message writes the session."""
-        created = self.session is None
-        if created:
-            self.session = self.store.create({"model": self.ready.get("model")})
-            self.session.update_settings({k: v for k, v in self.draft_settings.items() if v is not None})
-        entry = self.session.add_message(message, parent_id, meta)
+        session, created = self.session, self.session is None
+        if session is None:
+            session = self.session = self.store.create({"model": self.ready.get("model")})
+            session.update_settings({k: v for k, v in self.draft_settings.items() if v is not None})
+        entry = session.add_message(message, parent_id, meta)
         if created:
             await self.send_sessions()
         return entry
@@ -101,7 +101,10 @@ class Conversation:
 
     async def send_history(self) -> None:
         session = self.session
-        branch = session.branch() if session else []
+        if session is None:
+            await self.send({"type": "history", "items": []})
+            return
+        branch = session.branch()
         await self.send({"type": "history", "items": [history_item(session, e) for e in branch]})
         answer = next((e for e in reversed(branch) if e["message"].get("role") == "assistant"), None)
         if answer is not None:  # the answer regenerate would replace

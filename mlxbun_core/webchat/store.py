@@ -43,7 +43,7 @@ class StoreFull(APIError):
 
 def sessions_dir(home: Path | None = None) -> Path:
     """Where sessions live: ``<mlxbun home>/sessions`` unless ``home`` says otherwise."""
-    from ..models.resolve import mlxbun_home
+    from ..models.paths import mlxbun_home
 
     return Path(home) if home is not None else mlxbun_home() / "sessions"
 
