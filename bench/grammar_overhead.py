@@ -53,9 +53,9 @@ def checkpoints(args):
                 "num_hidden_layers": layers, "num_attention_heads": hidden // 64,
                 "num_key_value_heads": max(1, hidden // 256), "head_dim": 64})))
     if args.model:
-        from mlxbun_core.models.resolve import resolve_model
+        from mlxbun_core.selection import resolve  # a query matches the local library
 
-        r = resolve_model(None if args.model == "default" else args.model, progress=False)
+        r = resolve(None if args.model == "default" else args.model, progress=False)
         out.append((r.model_id, r.path))
     return out
 

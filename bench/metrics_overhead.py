@@ -5,8 +5,8 @@
 2. One engine (a llama-shaped random checkpoint), in this process, every config alternating for
    ``--rounds`` rounds (the median is reported): aggregate decode tok/s of ``--rows``
    concurrent greedy generations of ``--tokens`` tokens (EOS banned) and of one lone stream,
-   with metrics recording on and with it switched off (``metrics.track`` and
-   ``StepTally.add`` replaced by no-ops); and the server-side time of one scrape
+   with metrics recording on and with it switched off (the engine's ``on_finish`` cleared and
+   ``StepTally.add`` replaced by a no-op); and the server-side time of one scrape
    (``generate_latest`` over the app's registry) after the runs.
 
     python bench/metrics_overhead.py                          # tiny llama, CPU smoke run
@@ -36,7 +36,8 @@ SHAPES = {
 
 def call_costs() -> dict:
     from mlxbun_core.events import Finish, Usage
-    from mlxbun_core.metrics.engine import EngineMetrics, StepTally
+    from mlxbun_core.engine.lanes.tally import StepTally
+    from mlxbun_core.metrics.engine import EngineMetrics
 
     tally = StepTally()
     n = 1_000_000
@@ -52,15 +53,15 @@ def call_costs() -> dict:
             "finished_us": round(finished_us, 2)}
 
 
-def switch(on: bool, saved: dict) -> None:
+def switch(engine, on: bool, saved: dict) -> None:
     """Metrics recording on, or replaced by no-ops."""
-    import mlxbun_core.engine.core as core
-    from mlxbun_core.metrics import engine as engine_metrics
+    from mlxbun_core.engine.lanes import tally
+    from mlxbun_core.metrics import for_engine
 
     if not saved:
-        saved.update(track=core.metrics.track, add=engine_metrics.StepTally.add)
-    core.metrics.track = saved["track"] if on else (lambda engine, job: None)
-    engine_metrics.StepTally.add = saved["add"] if on else (lambda self, rows: None)
+        saved.update(add=tally.StepTally.add)
+    engine.on_finish = for_engine(engine).finished if on else None
+    tally.StepTally.add = saved["add"] if on else (lambda self, rows: None)
 
 
 async def decode(engine, rows: int, tokens: int, bias: dict) -> float:
@@ -106,10 +107,10 @@ def main() -> None:
     configs = list(runs)
     for r in range(args.rounds):  # the order flips every round, so drift hits both alike
         for on, rows in (configs if r % 2 == 0 else configs[::-1]):
-            switch(on, saved)
+            switch(engine, on, saved)
             runs[(on, rows)].append(asyncio.run(decode(engine, rows, args.tokens, bias)))
-    switch(True, saved)
-    scrape_ms = [timeit.timeit(lambda: generate_latest(app.metrics_registry), number=1) * 1e3
+    switch(engine, True, saved)
+    scrape_ms = [timeit.timeit(lambda: generate_latest(app.state.metrics), number=1) * 1e3
                  for _ in range(20)]
     result["decode_tps"] = {f"{'on' if on else 'off'}_rows{rows}": round(statistics.median(v), 1)
                             for (on, rows), v in runs.items()}

@@ -7,7 +7,6 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from . import plugins
 from .model import LoadedModel, LoadOptions
@@ -37,8 +36,8 @@ def read_json(path: Path) -> dict:
         return {}
 
 
-def identify(path: Path, options: Optional[LoadOptions] = None,
-             config: Optional[dict] = None) -> Optional[Claim]:
+def identify(path: Path, options: LoadOptions | None = None,
+             config: dict | None = None) -> Claim | None:
     """Which family claims the checkpoint at ``path``, from its config alone (no
     weights read): the ``claims`` hook, through the normal hook call so wrappers
     and ``MLXBUN_TRACE_HOOKS`` see it. ``None`` when no plugin claims it."""
@@ -86,11 +85,13 @@ def finish(model: LoadedModel) -> LoadedModel:
     return model
 
 
-def load(name: Optional[str], options: Optional[LoadOptions] = None, *, progress=True) -> LoadedModel:
+def load(name: str | None, options: LoadOptions | None = None, *,
+         progress: bool = True) -> LoadedModel:
+    """Resolve ``name`` (a query only over ``options.library``), then claim and load it."""
     from .models.resolve import resolve_model
 
-    resolved = resolve_model(name, progress=progress)
     options = options or LoadOptions()
+    resolved = resolve_model(name, library=options.library, progress=progress)
     options.model_id = options.model_id or resolved.model_id
     log.info("loading %s from %s", resolved.model_id, resolved.path)
     return claim(Path(resolved.path), options)

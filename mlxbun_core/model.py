@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Iterable, Optional
 
 
 @dataclass
@@ -20,6 +20,9 @@ class LoadOptions:
     model_id: str = ""
     embedding: bool = False  # force embedding mode for a plain checkpoint
     extra: dict = field(default_factory=dict)
+    # the local library a model name may be a query over (the CLI passes its scan; see
+    # models.resolve.Library); None: names resolve as paths and hub ids only
+    library: Optional[Callable[[], Iterable[Any]]] = None
 
 
 @dataclass

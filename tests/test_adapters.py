@@ -257,12 +257,12 @@ def test_serve_adapter_flag(ckpt, made, tmp_path):
     assert run.returncode == 2
     assert "adapter" in run.stderr and "adapters.safetensors" in run.stderr
 
-    from mlxbun_core.cli import _mount_startup_adapter
+    from mlxbun_core.startup import mount_startup_adapter
     from mlxbun_core.engine.core import Engine
 
     engine = Engine.load(str(ckpt), progress=False)
     try:
-        assert _mount_startup_adapter(engine, str(made["a"]))
+        assert mount_startup_adapter(engine, str(made["a"]))
         assert engine.adapters.default == "a"
         assert engine.adapters.resolve(None).spec == "a"
         assert engine.adapters.resolve("none").spec == "none"

@@ -10,9 +10,10 @@ import sys
 import mlx.core as mx
 import pytest
 
-from mlxbun_core.cli import chosen_model
+from mlxbun_core import selection
 from mlxbun_core.library.scan import scan
 from mlxbun_core.models.resolve import AmbiguousModel, ModelNotFound, resolve_model
+from mlxbun_core.selection import chosen_model
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.hub_cache import add_to_hub_cache, library_env, library_hub
 
@@ -69,15 +70,23 @@ def test_scan_rows_sizes_and_tiers(env, root):
 
 
 def test_query_by_substring_exact_and_ambiguous(env, root):
-    r = resolve_model("gemma4")
+    r = resolve_model("gemma4", library=scan)
     assert (r.model_id, r.path) == ("acme/Tiny-Gemma4-it", root[2]["acme/Tiny-Gemma4-it"])
-    assert resolve_model("ACME/tiny-llama-chat").model_id == "acme/Tiny-Llama-Chat"
+    assert resolve_model("ACME/tiny-llama-chat", library=scan).model_id == "acme/Tiny-Llama-Chat"
     with pytest.raises(AmbiguousModel) as e:
-        resolve_model("TINY")
+        resolve_model("TINY", library=scan)
     assert e.value.candidates == IDS
     with pytest.raises(ModelNotFound) as e:  # owner/name means that repo: no substring guess
-        resolve_model("acme/Tiny")
+        resolve_model("acme/Tiny", library=scan)
     assert not isinstance(e.value, AmbiguousModel)
+
+
+def test_a_query_matches_only_the_library_its_caller_passes(env, root):
+    with pytest.raises(ModelNotFound):  # resolution never scans on its own
+        resolve_model("gemma4")
+    only = [e for e in scan() if e.id == "acme/Tiny-Llama-Chat"]
+    assert resolve_model("tiny", library=lambda: only).model_id == "acme/Tiny-Llama-Chat"
+    assert selection.resolve("gemma4").model_id == "acme/Tiny-Gemma4-it"  # the CLI's: the scan
 
 
 def test_hf_snapshot_path_keeps_its_repo_id(env, root):

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from mlxbun_core import cli
+from mlxbun_core import cli, startup
 from mlxbun_core.media import fetch
 from mlxbun_core.testing import media as M
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
@@ -98,7 +98,7 @@ def test_a_slow_fetch_does_not_block_other_requests(client, srv, images, monkeyp
 def test_cli_flag_and_environment_turn_on_private_media(monkeypatch):
     monkeypatch.setattr(fetch.policy, "allow_private", False)
     args = cli.build_parser().parse_args(["serve", "--allow-private-media"])
-    cli.configure_media(args)
+    startup.configure_media(args)
     assert fetch.policy.allow_private is True
     code = "from mlxbun_core.media import fetch; print(fetch.policy.allow_private)"
     for value, expect in (("1", "True"), ("0", "False")):

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from mlxbun_core.jobs.store import JobStore
-from mlxbun_core.library.scan import scan_own
+from mlxbun_core.library.scan import scan, scan_own
 from mlxbun_core.models.resolve import resolve_model
 from test_gguf import write_tiny_gguf
 
@@ -30,8 +30,8 @@ def test_quantize_a_conversion_then_query_it(tmp_path, monkeypatch):
     assert {e.id for e in scan_own(home)} == {"Tiny-Chat.Q8_0", "Tiny-Chat.Q8_0-4bit-g32"}
 
     # the query that named the model before the quantize still does: the unquantized one
-    assert resolve_model("Tiny-Chat", progress=False).path == converted
-    assert resolve_model("4bit", progress=False).path == out
+    assert resolve_model("Tiny-Chat", library=scan, progress=False).path == converted
+    assert resolve_model("4bit", library=scan, progress=False).path == out
 
     # the bar shows stages and their share of the work, not a rate in %/s
     assert "%/s" not in run.stderr

@@ -14,7 +14,7 @@ import pytest
 from mlxbun_core.server import web
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.server import start_server
-from mlxbun_core.webchat.agent import ChatAgent
+from mlxbun_core.webchat.conversation import Conversation
 
 try:
     import tomllib
@@ -98,12 +98,13 @@ def test_the_page_url_and_when_to_open_a_browser():
 
 
 def test_a_turn_body_carries_the_session_settings():
-    agent = ChatAgent(engine=None, store=None, send=None, ready={})
-    agent.draft_settings = {"systemPrompt": "Be brief.", "thinking": False, "adapter": "pirate",
-                            "sampling": {"temperature": 0.5, "max_tokens": 9}}
-    agent.next_turn = {"max_tokens": 3}
-    agent.app_context = {"route": "status", "snapshot": {"route": "status", "elements": []}}
-    body = agent.request_body([{"role": "user", "content": "hi"}])
+    conversation = Conversation(engine=None, store=None, send=None, ready={})
+    conversation.draft_settings = {"systemPrompt": "Be brief.", "thinking": False,
+                                   "adapter": "pirate",
+                                   "sampling": {"temperature": 0.5, "max_tokens": 9}}
+    conversation.next_turn = {"max_tokens": 3}
+    conversation.app_context = {"route": "status", "snapshot": {"route": "status", "elements": []}}
+    body = conversation.request_body([{"role": "user", "content": "hi"}])
     assert body["messages"][0] == {"role": "system", "content": "Be brief.\n\n[user is on: Status]"}
     assert body["temperature"] == 0.5 and body["max_tokens"] == 3 and body["stream"] is True
     assert body["chat_template_kwargs"] == {"enable_thinking": False} and body["adapter"] == "pirate"

@@ -15,10 +15,9 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Callable, Optional
 
 from .. import kvquant
-from .. import metrics
 from ..adapters import AdapterManager, AdapterSet
 from ..contract import DraftSource
 from ..errors import BadRequest, Unavailable
@@ -118,6 +117,8 @@ class Engine:
         self.completed = 0
         self.draining = False  # set on SIGINT/SIGTERM: new work gets a 503
         self.aborted = False  # set by abort(): nothing more is queued
+        # told every generation's Finish as it ends: the /metrics recorder (metrics.for_engine)
+        self.on_finish: Optional[Callable[[Finish], None]] = None
         self.starting = 0  # requests being prepared (not yet queued)
 
     def _start_lanes(self) -> None:
@@ -211,7 +212,7 @@ class Engine:
         job = GenerationJob(prepared.request, self.model.tokenizer,
                             EventSink(asyncio.get_running_loop()), limit, self.draft,
                             self.cache_namespace(req, adapters), adapters=adapters)
-        metrics.track(self, job)
+        job.session.on_finish = self.on_finish
         self.worker.submit(job)
         self.requests += 1
         return Generation(self, job, prepared.warning)

@@ -17,7 +17,10 @@ import sys
 from pathlib import Path
 
 from ..library.cache import LibraryCache
-from ..models.resolve import (DEFAULT_MODEL_ID, ModelNotFound, _id_for_dir, library_match)
+from ..library.scan import scan
+from ..models.paths import DEFAULT_MODEL_ID, model_id_for_dir
+from ..models.resolve import ModelNotFound, library_match
+from ..selection import chosen_model, report_selection_error
 from .pool import EnginePool, ModelSpec
 
 log = logging.getLogger("mlxbun.isolate")
@@ -47,22 +50,22 @@ def engine_argv(args: argparse.Namespace, parser: argparse.ArgumentParser) -> li
     return out
 
 
-def _subparser(parser, name):
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             return action.choices[name]
     raise KeyError(name)
 
 
-def default_spec(name) -> ModelSpec:
+def default_spec(name: str | None) -> ModelSpec:
     """What the default engine serves, decided without loading or converting anything."""
     if name is None:
         return ModelSpec(DEFAULT_MODEL_ID, None)
     p = Path(name).expanduser()
     if p.is_dir() and (p / "config.json").is_file():
-        return ModelSpec(_id_for_dir(p.resolve()), str(p.resolve()))
+        return ModelSpec(model_id_for_dir(p.resolve()), str(p.resolve()))
     if not p.exists():
-        found = library_match(name)  # AmbiguousModel propagates: the CLI lists candidates
+        found = library_match(name, scan())  # AmbiguousModel propagates: the CLI lists candidates
         if found is not None:
             return ModelSpec(found.model_id, str(found.path))
     return ModelSpec(p.stem if p.suffix.lower() == ".gguf" else name, name)
@@ -71,7 +74,6 @@ def default_spec(name) -> ModelSpec:
 def run_parent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import uvicorn
 
-    from ..cli import chosen_model, report_selection_error
     from ..kvquant import parse as parse_kv_quant
     from .drain import ParentServer
     from .parent import ParentApp

@@ -45,11 +45,13 @@ def _fail(message: str) -> int:
 
 def cmd_train(args) -> int:
     from ..errors import APIError
-    from ..models.resolve import ModelNotFound, mlxbun_home, resolve_model
+    from ..models.paths import mlxbun_home
+    from ..models.resolve import ModelNotFound
+    from ..selection import resolve
     from . import finetune
 
     try:
-        model = resolve_model(args.model, progress=True)
+        model = resolve(args.model, progress=True)
     except ModelNotFound as exc:
         return _fail(str(exc))
     home = mlxbun_home()
@@ -76,7 +78,7 @@ def cmd_train(args) -> int:
 
 def cmd_quantize(args) -> int:
     from ..errors import APIError
-    from ..models.resolve import mlxbun_home
+    from ..models.paths import mlxbun_home
     from . import quantize
 
     body = {"model_id": args.model, "bits": args.bits, "group_size": args.group_size,
@@ -91,7 +93,7 @@ def cmd_quantize(args) -> int:
 def _run(kind: str, config: dict, total) -> int:
     from tqdm import tqdm
 
-    from ..models.resolve import mlxbun_home
+    from ..models.paths import mlxbun_home
     from .runner import JobManager
     from .store import JobStore
 

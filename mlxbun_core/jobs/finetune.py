@@ -14,11 +14,10 @@ import json
 import time
 import types
 from pathlib import Path
-from typing import Callable, Optional
 
 from .. import fspaths
 from ..errors import BadRequest
-from .runner import JobError
+from .events import Emit, JobError
 
 DEFAULTS = {"method": "sft", "rank": 8, "scale": 20.0, "num_layers": -1, "iters": 100,
             "learning_rate": 2e-4, "max_seq_length": 512, "batch_size": 1,
@@ -143,7 +142,7 @@ def _mlx_args(config: dict, fmt: str):
     return types.SimpleNamespace(**args)
 
 
-def run(config: dict, emit: Callable[[dict], None]) -> dict:
+def run(config: dict, emit: Emit) -> dict:
     config = _checked(config)
     iters = config["iters"]
 
@@ -190,7 +189,7 @@ def run(config: dict, emit: Callable[[dict], None]) -> dict:
             "final_val_loss": last.get("val"), "seconds": round(time.time() - t0, 2)}
 
 
-def default_output(home: Path, name: Optional[str] = None) -> Path:
+def default_output(home: Path, name: str | None = None) -> Path:
     from ..adapters.discover import adapters_dir
 
     return adapters_dir(home) / (name or f"adapter-{time.strftime('%Y%m%d-%H%M%S')}")

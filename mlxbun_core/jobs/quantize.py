@@ -12,12 +12,12 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
-from typing import Callable
 
 from .. import fspaths
 from ..errors import BadRequest
 from ..loader import read_json
-from .runner import JobError
+from ..models.paths import model_id_for_dir
+from .events import Emit, JobError
 
 BITS = (2, 3, 4, 5, 6, 8)
 GROUP_SIZES = (16, 32, 64, 128)
@@ -33,12 +33,13 @@ def locate(model_id) -> Path:
         return fspaths.existing_dir(model_id, "model_id", needs=[["config.json"]])
     import os
 
-    from ..models.resolve import ModelNotFound, resolve_model
+    from ..models.resolve import ModelNotFound
+    from ..selection import resolve
 
     saved = os.environ.get("HF_HUB_OFFLINE")
     os.environ["HF_HUB_OFFLINE"] = "1"  # inspection and submission never download
     try:
-        return Path(resolve_model(model_id, progress=False).path)
+        return Path(resolve(model_id, progress=False).path)
     except ModelNotFound as exc:
         raise BadRequest(str(exc), param="model_id")
     finally:
@@ -114,12 +115,10 @@ def prepare(body: dict, home: Path) -> dict:
 def source_name(path: Path) -> str:
     """The plain name outputs are named after: the model's id without its owner
     (``SmolLM2-135M-Instruct``, not a conversion folder's ``….Q4_1-<hash>-float32``)."""
-    from ..models.resolve import _id_for_dir
-
-    return _id_for_dir(path).rsplit("/", 1)[-1]
+    return model_id_for_dir(path).rsplit("/", 1)[-1]
 
 
-def run(config: dict, emit: Callable[[dict], None]) -> dict:
+def run(config: dict, emit: Emit) -> dict:
     """mlx-lm's converter, step by step so progress is real: load (lazy), quantize (the
     new weights computed group by group: the long part), save."""
     from mlx_lm.utils import save

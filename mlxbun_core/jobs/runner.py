@@ -21,8 +21,9 @@ import sys
 import threading
 import traceback
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable
 
+from .events import Emit, JobError
 from .store import TERMINAL, JobStore
 
 log = logging.getLogger("mlxbun.jobs")
@@ -31,11 +32,7 @@ LOG_FILE_BYTES = 4 << 20
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-class JobError(Exception):
-    """A runner's clear failure (bad config, missing library): the ``failed`` message."""
-
-
-def runners() -> dict:
+def runners() -> dict[str, Callable[[dict, Emit], dict | None]]:
     from . import finetune, quantize
 
     return {"finetune": finetune.run, "quantize": quantize.run}
@@ -71,14 +68,14 @@ class JobManager:
     def __init__(self, store: JobStore, home: Path):
         self.store = store
         self.home = Path(home)
-        self._queue: "queue.Queue[Optional[str]]" = queue.Queue()
+        self._queue: "queue.Queue[str | None]" = queue.Queue()
         self._procs: dict[str, subprocess.Popen] = {}
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         self._closed = False
         for job_id in store.reap():
             log.warning("job %s was left unfinished by an earlier process: marked zombie", job_id)
 
-    def submit(self, kind: str, config: dict, output_path: Optional[str] = None) -> str:
+    def submit(self, kind: str, config: dict, output_path: str | None = None) -> str:
         """Queue a job; the server's job thread starts it when the one before ends."""
         job_id = self.store.create(kind, config, output_path=output_path, log_dir=self._dir())
         if self._thread is None:
@@ -87,8 +84,8 @@ class JobManager:
         self._queue.put(job_id)
         return job_id
 
-    def run(self, kind: str, config: dict, on_event: Optional[Callable[[dict], None]] = None,
-            output_path: Optional[str] = None) -> dict:
+    def run(self, kind: str, config: dict, on_event: Callable[[dict], None] | None = None,
+            output_path: str | None = None) -> dict:
         """Run a job now in the foreground (the CLI); returns its final row."""
         job_id = self.store.create(kind, config, output_path=output_path, log_dir=self._dir())
         self.execute(job_id, on_event)
@@ -119,7 +116,7 @@ class JobManager:
         d.mkdir(parents=True, exist_ok=True)
         return d
 
-    def execute(self, job_id: str, on_event: Optional[Callable[[dict], None]] = None) -> None:
+    def execute(self, job_id: str, on_event: Callable[[dict], None] | None = None) -> None:
         row = self.store.raw(job_id)
         cfg_path = self._dir() / f"{job_id}.json"
         cfg_path.write_text(row["config_json"])

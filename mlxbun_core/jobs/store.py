@@ -22,7 +22,6 @@ import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional
 
 TERMINAL = ("done", "failed", "zombie")
 JOB_LOG_BYTES = 256 << 10
@@ -46,7 +45,7 @@ ROW_FIELDS = ("id", "kind", "status", "config_json", "progress", "message", "log
               "output_path", "error", "started_at", "ended_at", "pid")
 
 
-def iso(ts: Optional[float] = None) -> str:
+def iso(ts: float | None = None) -> str:
     return datetime.fromtimestamp(ts if ts is not None else time.time(),
                                   timezone.utc).isoformat(timespec="seconds")
 
@@ -65,8 +64,8 @@ class JobStore:
         return _Closing(db)
 
     # -- rows ----------------------------------------------------------------------
-    def create(self, kind: str, config: dict, *, output_path: Optional[str] = None,
-               log_dir: Optional[Path] = None, owner_pid: Optional[int] = None) -> str:
+    def create(self, kind: str, config: dict, *, output_path: str | None = None,
+               log_dir: Path | None = None, owner_pid: int | None = None) -> str:
         """A ``queued`` row owned by ``owner_pid`` (default: this process)."""
         job_id = f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         log_path = str(Path(log_dir) / f"{job_id}.log") if log_dir else None
@@ -78,12 +77,12 @@ class JobStore:
         self.prune()
         return job_id
 
-    def get(self, job_id: str) -> Optional[dict]:
+    def get(self, job_id: str) -> dict | None:
         with self._db() as db:
             row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return _row(row) if row else None
 
-    def list(self, limit: int = 50, kind: Optional[str] = None) -> list:
+    def list(self, limit: int = 50, kind: str | None = None) -> list:
         sql, args = "SELECT * FROM jobs", []
         if kind:
             sql, args = sql + " WHERE kind = ?", [kind]
@@ -95,7 +94,7 @@ class JobStore:
         with self._db() as db:
             db.execute("UPDATE jobs SET pid = ? WHERE id = ?", (pid, job_id))
 
-    def raw(self, job_id: str) -> Optional[sqlite3.Row]:
+    def raw(self, job_id: str) -> sqlite3.Row | None:
         with self._db() as db:
             return db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
 

@@ -21,7 +21,8 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+
+from ..models.paths import mlxbun_home
 
 log = logging.getLogger("mlxbun.fit")
 
@@ -47,7 +48,7 @@ class Bandwidth:
     note: str  # what was assumed, in words
 
 
-def peak_gbs(name: str) -> Optional[float]:
+def peak_gbs(name: str) -> float | None:
     for pattern, gbs in PEAK_GBS:
         if re.search(pattern, name):
             return gbs
@@ -96,7 +97,7 @@ def measure_gbs(gpu: bool) -> float:
 
 
 def decode_bandwidth(device: str, name: str, *, probe_mlx: bool,
-                     home: Optional[Path] = None) -> Bandwidth:
+                     home: Path | None = None) -> Bandwidth:
     """The bandwidth behind ``fit``'s decode prediction, and what it assumed."""
     env = os.environ.get("MLXBUN_BANDWIDTH_GBS")
     if env:
@@ -104,8 +105,6 @@ def decode_bandwidth(device: str, name: str, *, probe_mlx: bool,
             return Bandwidth(float(env), "env", f"{float(env)} GB/s from MLXBUN_BANDWIDTH_GBS")
         except ValueError:
             log.warning("MLXBUN_BANDWIDTH_GBS=%r is not a number; ignored", env)
-    from ..models.resolve import mlxbun_home
-
     path = mlxbun_home(home) / CACHE_FILE
     cache = _read(path)
     if probe_mlx:
@@ -126,10 +125,8 @@ def decode_bandwidth(device: str, name: str, *, probe_mlx: bool,
     return Bandwidth(0.0, "unknown", "no measurement yet (the engine measures on first load)")
 
 
-def forget(home: Optional[Path] = None) -> None:
+def forget(home: Path | None = None) -> None:
     """Drop the remembered measurements (``mlxbun fit --measure``): the next use measures."""
-    from ..models.resolve import mlxbun_home
-
     (mlxbun_home(home) / CACHE_FILE).unlink(missing_ok=True)
 
 

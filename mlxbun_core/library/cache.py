@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Optional
 
 from .scan import Entry, scan
 
@@ -17,7 +16,7 @@ class LibraryCache:
 
     def __init__(self, ttl_s: float = TTL_S, scanner=scan):
         self.ttl_s, self._scanner = ttl_s, scanner
-        self._entries: Optional[list[Entry]] = None
+        self._entries: list[Entry] | None = None
         self._at = 0.0
         self._lock = threading.Lock()
 
@@ -32,7 +31,7 @@ class LibraryCache:
         """Off the event loop: a scan stats files and reads headers."""
         return await asyncio.to_thread(self.entries, refresh)
 
-    def find(self, model_id: str) -> Optional[Entry]:
+    def find(self, model_id: str) -> Entry | None:
         """The supported entry with exactly this id (the cached scan; no rescan)."""
         return next((e for e in self.entries() if e.id == model_id and e.claim), None)
 

@@ -12,10 +12,24 @@ import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 MAX_HEADER_BYTES = 64 << 20  # a header bigger than this is not a safetensors file we trust
 _EXPERT = re.compile(r"(?<!shared_)experts?\.|switch_mlp\.")
+
+
+def text_config(config: dict) -> dict:
+    """The language model's config: ``text_config`` of a multimodal checkpoint, else itself."""
+    inner = config.get("text_config")
+    return inner if isinstance(inner, dict) and inner else config
+
+
+def context_window(config: dict) -> int | None:
+    """The trained context length the config states, or None."""
+    for c in (text_config(config), config):
+        v = c.get("max_position_embeddings")
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
 
 
 def read_json(path: Path) -> dict:
@@ -66,8 +80,6 @@ def weights(directory: Path) -> Weights:
 
 def active_weight_bytes(config: dict, w: Weights) -> int:
     """Bytes one decode step reads: dense weights plus the routed experts' active share."""
-    from .fit import text_config
-
     t = text_config(config)
     experts = (t.get("num_experts") or t.get("n_routed_experts") or t.get("num_local_experts")
                or 0)
@@ -77,7 +89,7 @@ def active_weight_bytes(config: dict, w: Weights) -> int:
     return int(w.total_bytes - w.expert_bytes + w.expert_bytes * active / experts)
 
 
-def quantization(config: dict) -> tuple[Optional[int], Optional[int]]:
+def quantization(config: dict) -> tuple[int | None, int | None]:
     """(bits, group_size) of an MLX- or HF-quantized checkpoint, else (None, None)."""
     q = config.get("quantization") or config.get("quantization_config") or {}
     if not isinstance(q, dict):

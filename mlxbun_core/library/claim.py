@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from ..hookspecs import GENERIC
 
@@ -22,7 +21,7 @@ class Claim:
     tier: str  # "targeted" (a family plugin) or "generic" (the built-in fallback)
 
 
-def which_plugin(path: Path, config: dict, model_id: str = "") -> Optional[Claim]:
+def which_plugin(path: Path, config: dict, model_id: str = "") -> Claim | None:
     """The plugin that would claim ``path`` (with its parsed ``config``), or None."""
     from .. import loader
     from ..model import LoadOptions

@@ -32,7 +32,8 @@ import functools
 import logging
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+
+from .checkpoint import context_window, text_config
 
 log = logging.getLogger("mlxbun.fit")
 
@@ -48,21 +49,6 @@ __all__ = ["KVLayout", "MemoryPlan", "Machine", "text_config", "activation_bytes
            "machine", "predicted_decode_tps", "context_window", "BatchPlan", "batch_plan"]
 
 
-def text_config(config: dict) -> dict:
-    """The language model's config: ``text_config`` of a multimodal checkpoint, else itself."""
-    inner = config.get("text_config")
-    return inner if isinstance(inner, dict) and inner else config
-
-
-def context_window(config: dict) -> Optional[int]:
-    """The trained context length the config states, or None."""
-    for c in (text_config(config), config):
-        v = c.get("max_position_embeddings")
-        if isinstance(v, int) and v > 0:
-            return v
-    return None
-
-
 def activation_bytes(config: dict) -> int:
     """Bytes per activation element, from the config's ``torch_dtype``/``dtype`` (default 2)."""
     for c in (text_config(config), config):
@@ -73,7 +59,7 @@ def activation_bytes(config: dict) -> int:
     return 2
 
 
-def kv_element_bytes(dtype_bytes: int = 2, bits: Optional[int] = None, group_size: int = 64) -> float:
+def kv_element_bytes(dtype_bytes: int = 2, bits: int | None = None, group_size: int = 64) -> float:
     """Bytes per cached K/V element: the activation dtype, or a ``bits``-bit quantized cache
     (mlx-lm's QuantizedKVCache keeps a scale and a bias per group in the activation dtype)."""
     if not bits:
@@ -90,7 +76,7 @@ class KVLayout:
     fixed_bytes: int = 0  # recurrent state, independent of length
     layers: dict = field(default_factory=dict)  # layer count per kind
     quantized_layers: int = 0  # full-attention layers billed at the quantized size
-    kv_bits: Optional[int] = None
+    kv_bits: int | None = None
 
     def bytes_at(self, tokens: int) -> int:
         """Cache bytes holding ``tokens`` tokens of context."""
@@ -175,8 +161,8 @@ def _linear_state_bytes(t: dict, act: int) -> int:
     return int(conv + vh * vd * kd * 4)
 
 
-def kv_layout(config: dict, element_bytes: Optional[float] = None, *,
-              kv_bits: Optional[int] = None, group_size: int = 64) -> KVLayout:
+def kv_layout(config: dict, element_bytes: float | None = None, *,
+              kv_bits: int | None = None, group_size: int = 64) -> KVLayout:
     """The cache cost of ``config`` at ``element_bytes`` per K/V element (default: its dtype);
     with ``kv_bits``, the layers mlx-lm quantizes cost the quantized size (module doc)."""
     t = text_config(config)
@@ -199,8 +185,8 @@ def kv_layout(config: dict, element_bytes: Optional[float] = None, *,
                     kv_bits if quantized else None)
 
 
-def kv_bytes_per_token(config: dict, element_bytes: Optional[float] = None, *,
-                       kv_bits: Optional[int] = None) -> float:
+def kv_bytes_per_token(config: dict, element_bytes: float | None = None, *,
+                       kv_bits: int | None = None) -> float:
     """Marginal KV bytes per token below every sliding window (see the module formula)."""
     return kv_layout(config, element_bytes, kv_bits=kv_bits).bytes_per_token
 
@@ -225,7 +211,7 @@ class MemoryPlan:
     transient_bytes: int
     total_bytes: int
     max_safe_context: int
-    context_window: Optional[int]
+    context_window: int | None
     fits: bool
 
     def report(self) -> dict:
@@ -239,8 +225,8 @@ def _need(config, kv: KVLayout, weights: int, tokens: int) -> int:
     return weights + kv.bytes_at(tokens) + transient_bytes(config, tokens)
 
 
-def plan(config: dict, weights_bytes: int, budget_bytes: int, *, context: Optional[int] = None,
-         element_bytes: Optional[float] = None, kv_bits: Optional[int] = None) -> MemoryPlan:
+def plan(config: dict, weights_bytes: int, budget_bytes: int, *, context: int | None = None,
+         element_bytes: float | None = None, kv_bits: int | None = None) -> MemoryPlan:
     """The memory plan of ``config`` with ``weights_bytes`` of weights under ``budget_bytes``.
 
     ``max_safe_context`` is the largest context (capped at the config's trained

@@ -6,7 +6,6 @@ weight bytes, so the server's admission, ``/fit`` and ``mlxbun fit`` agree.
 
 from __future__ import annotations
 
-from typing import Optional
 
 from ..kvquant import KVScheme
 from . import checkpoint
@@ -26,9 +25,9 @@ APPLE_SKUS = (
 
 
 def fit_report(config: dict, weights: checkpoint.Weights, machine: Machine, *,
-               context: Optional[int] = None, budget_bytes: Optional[int] = None,
-               kv_bits: Optional[int] = None, weights_bytes: Optional[int] = None,
-               ceiling: Optional[int] = None, skus: bool = True) -> dict:
+               context: int | None = None, budget_bytes: int | None = None,
+               kv_bits: int | None = None, weights_bytes: int | None = None,
+               ceiling: int | None = None, skus: bool = True) -> dict:
     """``GET /fit``: the plan at ``context`` (default: the admission ceiling) on this machine.
 
     A serving engine passes what its admission uses: ``weights_bytes`` (the loaded
@@ -60,7 +59,7 @@ def fit_report(config: dict, weights: checkpoint.Weights, machine: Machine, *,
 
 
 def sku_matrix(config: dict, weights: checkpoint.Weights,
-               kv_bits: Optional[int] = None) -> list[dict]:
+               kv_bits: int | None = None) -> list[dict]:
     active = checkpoint.active_weight_bytes(config, weights)
     rows = []
     for sku, ram_gb, gbs in APPLE_SKUS:
@@ -73,7 +72,7 @@ def sku_matrix(config: dict, weights: checkpoint.Weights,
     return rows
 
 
-def assessment(entry, machine: Machine) -> Optional[dict]:
+def assessment(entry, machine: Machine) -> dict | None:
     """The short fit a ``/library`` row carries (None when the config gives no shape)."""
     t = entry.config.get("text_config") or entry.config
     if not t.get("num_hidden_layers"):
@@ -87,14 +86,14 @@ def assessment(entry, machine: Machine) -> Optional[dict]:
                                                          machine.bandwidth_gbs)}
 
 
-def library_row(entry, machine: Machine, served_id: Optional[str] = None) -> dict:
+def library_row(entry, machine: Machine, served_id: str | None = None) -> dict:
     row = entry.row()
     row.pop("path", None)  # local paths stay off the wire
     row.update(serving=entry.id == served_id, assessment=assessment(entry, machine))
     return row
 
 
-def human_bytes(n: Optional[float]) -> str:
+def human_bytes(n: float | None) -> str:
     if n is None:
         return "-"
     for unit in ("B", "KB", "MB", "GB", "TB"):

@@ -11,11 +11,10 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
+from ..models.paths import hf_cache_dir, mlxbun_home, model_id_for_dir
 from . import checkpoint
 from .claim import Claim, which_plugin
-from .fit import context_window
 
 log = logging.getLogger("mlxbun.library")
 
@@ -32,20 +31,20 @@ class Entry:
     size_bytes: int  # on disk
     weights: checkpoint.Weights
     config: dict = field(repr=False)
-    revision: Optional[str] = None
+    revision: str | None = None
     modified: float = 0.0
-    claim: Optional[Claim] = None
+    claim: Claim | None = None
 
     @property
-    def model_type(self) -> Optional[str]:
+    def model_type(self) -> str | None:
         return self.config.get("model_type")
 
     @property
-    def quant_bits(self) -> Optional[int]:
+    def quant_bits(self) -> int | None:
         return checkpoint.quantization(self.config)[0]
 
     @property
-    def precision(self) -> Optional[str]:
+    def precision(self) -> str | None:
         """How the weights are stored: ``4-bit``, ``bfloat16``, ``float32 from GGUF Q4_1``."""
         from ..models.gguf_cache import describe_precision
 
@@ -60,11 +59,11 @@ class Entry:
         return str(dtype).replace("torch.", "") if dtype else None
 
     @property
-    def context_length(self) -> Optional[int]:
-        return context_window(self.config)
+    def context_length(self) -> int | None:
+        return checkpoint.context_window(self.config)
 
     @property
-    def tier(self) -> Optional[str]:
+    def tier(self) -> str | None:
         return self.claim.tier if self.claim else None
 
     @property
@@ -87,12 +86,6 @@ class Entry:
                 "family": self.claim.family if self.claim else None}
 
 
-def hf_cache_dir() -> Path:
-    from ..models.resolve import _hf_cache
-
-    return Path(_hf_cache())
-
-
 def _entry(path: Path, repo_id: str, source: str, size: int, revision=None, modified=0.0):
     config = checkpoint.read_json(path / "config.json")
     if not config:
@@ -113,7 +106,7 @@ def _canonical(repo):
     return max(repo.revisions, key=lambda r: r.last_modified, default=None)
 
 
-def scan_hf_cache(cache_dir: Optional[Path] = None) -> list[Entry]:
+def scan_hf_cache(cache_dir: Path | None = None) -> list[Entry]:
     import huggingface_hub as hf
 
     cache_dir = Path(cache_dir) if cache_dir else hf_cache_dir()
@@ -140,17 +133,15 @@ def _dir_size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def scan_own(home: Optional[Path] = None) -> list[Entry]:
+def scan_own(home: Path | None = None) -> list[Entry]:
     """Models mlxbun made (converted GGUFs, quantized outputs): newest per name."""
-    from ..models.resolve import _id_for_dir, mlxbun_home
-
     home = mlxbun_home(home)
     newest: dict[str, Entry] = {}
     for root in OWN_ROOTS:
         for d in sorted((home / root).glob("*/")) if (home / root).is_dir() else ():
             if not (d / "config.json").is_file():
                 continue
-            name = _HASH_SUFFIX.sub("", _id_for_dir(d))  # a conversion: its source's name
+            name = _HASH_SUFFIX.sub("", model_id_for_dir(d))  # a conversion: its source's name
             modified = (d / "config.json").stat().st_mtime
             if name in newest and newest[name].modified >= modified:
                 continue
@@ -160,7 +151,7 @@ def scan_own(home: Optional[Path] = None) -> list[Entry]:
     return list(newest.values())
 
 
-def scan(cache_dir: Optional[Path] = None, home: Optional[Path] = None) -> list[Entry]:
+def scan(cache_dir: Path | None = None, home: Path | None = None) -> list[Entry]:
     """Every local model, sorted by id (case-insensitive); HF cache ids win a name clash."""
     rows = {e.id: e for e in scan_own(home)}
     rows.update({e.id: e for e in scan_hf_cache(cache_dir)})

@@ -4,12 +4,15 @@ says at scrape time.
 Two kinds of numbers, paid for differently:
 
 - **Per request** (histograms and token counters): recorded once, when a generation ends,
-  from its :class:`~mlxbun_core.events.Finish` (the session's own timings and usage). The
-  engine's start path hands each job to :func:`track`; nothing is recorded per token.
+  from its :class:`~mlxbun_core.events.Finish` (the session's own timings and usage).
+  :func:`for_engine` sets the engine's ``on_finish`` to :meth:`EngineMetrics.finished`, and
+  the engine hands that to every job it starts; nothing is recorded per token.
 - **Scrape time** (gauges, and counters the engine keeps anyway): read from the engine
   (worker queues, lanes, prefix cache, admission, MLX's allocator) only when ``/metrics``
   is asked, so the hot path pays nothing for them. The batch lane's occupancy comes from
-  a :class:`StepTally` it bumps once per decode step (two integer adds).
+  the :class:`~mlxbun_core.engine.lanes.tally.StepTally` it bumps once per decode step.
+
+The metrics stand above the engine: they read it, it never imports them.
 
 Every series carries ``model`` (the served model's id); under ``--isolate`` the parent
 merges its engines' series, which the label keeps apart.
@@ -18,11 +21,13 @@ merges its engines' series, which the label keeps apart.
 from __future__ import annotations
 
 import logging
-from typing import Iterator
+from typing import Any, Iterator
 
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from ..engine.lanes.tally import StepTally
 
 log = logging.getLogger("mlxbun.metrics")
 
@@ -36,21 +41,6 @@ QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                  60.0, 120.0)
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0,
                     640.0)
-
-
-class StepTally:
-    """Decode steps of a lane and the rows they carried: plain integers the lane adds to
-    once per step, read as counters at scrape time (mean occupancy = rows / steps)."""
-
-    __slots__ = ("steps", "rows")
-
-    def __init__(self) -> None:
-        self.steps = 0
-        self.rows = 0
-
-    def add(self, rows: int) -> None:
-        self.steps += 1
-        self.rows += rows
 
 
 class EngineMetrics(Collector):
@@ -182,17 +172,11 @@ def mlx_memory() -> tuple[int, int]:
         return 0, 0
 
 
-def for_engine(engine) -> EngineMetrics:
-    """The engine's one :class:`EngineMetrics` (made on first use)."""
+def for_engine(engine: Any) -> EngineMetrics:
+    """The engine's one :class:`EngineMetrics` (made on first use), which from then on
+    records every generation the engine starts (``engine.on_finish``)."""
     metrics = getattr(engine, "_prom_metrics", None)
     if metrics is None:
         metrics = engine._prom_metrics = EngineMetrics(engine)
+        engine.on_finish = metrics.finished
     return metrics
-
-
-def track(engine, job) -> None:
-    """Record ``job``'s numbers when it ends, however it ends (called as it is queued)."""
-    try:
-        job.session.on_finish = for_engine(engine).finished
-    except Exception:  # a metrics bug must never refuse a request
-        log.exception("metrics cannot track this generation")

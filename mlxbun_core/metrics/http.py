@@ -16,7 +16,6 @@ key (Prometheus sends it with ``authorization: {credentials: KEY}`` or
 from __future__ import annotations
 
 import functools
-from typing import Optional
 
 from blacksheep import Request, Response
 from blacksheep.contents import Content
@@ -76,7 +75,7 @@ def counted(handler, route: str, requests: Counter, model: str):
     """``handler`` (the route's middleware chain), counting each answer's status."""
 
     @functools.wraps(handler)
-    async def inner(request: Request) -> Optional[Response]:
+    async def inner(request: Request) -> Response | None:
         status = 500
         try:
             response = await handler(request)

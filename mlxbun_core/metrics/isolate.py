@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Iterable, Iterator, Optional
+from typing import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -100,7 +100,7 @@ class ParentMetrics:
         return CONTENT_TYPE.encode(), generate_latest(_Families(merged.values()))
 
 
-async def scrape(engine) -> Optional[str]:
+async def scrape(engine) -> str | None:
     """The engine's own exposition, or None when it does not answer in time."""
     try:
         r = await engine.client.get("/metrics", timeout=SCRAPE_TIMEOUT_S)
@@ -113,7 +113,7 @@ async def scrape(engine) -> Optional[str]:
     return r.text
 
 
-def parse(text: str, model: str) -> Optional[list]:
+def parse(text: str, model: str) -> list | None:
     """An engine's exposition as families; None (and a log line) when it does not parse."""
     try:
         return list(text_string_to_metric_families(text))
@@ -122,7 +122,7 @@ def parse(text: str, model: str) -> Optional[list]:
         return None
 
 
-def merge(into: dict, families: Iterable[Metric], model: Optional[str]) -> None:
+def merge(into: dict, families: Iterable[Metric], model: str | None) -> None:
     """Add ``families`` to ``into`` (name -> Metric); with ``model``, label every sample
     that has no ``model`` label yet."""
     for fam in families:

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable
 
 import numpy as np
 
@@ -223,7 +223,7 @@ QUANT_GROUP = 32  # GGUF's own block size for Q4_*/Q5_*/Q8_0 (K-quants use 32-wi
 
 
 def convert_gguf(gguf_path, out_dir, *, precision: str = "float32", progress: bool = True,
-                 source: Optional[dict] = None) -> Path:
+                 source: dict | None = None) -> Path:
     """Dequantize `gguf_path` into an HF-layout dir at `out_dir` (written atomically) and return it.
 
     ``precision``: ``float32`` (the default: the MLX CPU backend's fast path with an
@@ -285,7 +285,7 @@ def convert_gguf(gguf_path, out_dir, *, precision: str = "float32", progress: bo
     return out_dir
 
 
-def _stored(name: str, w, dtype, bits: Optional[int]) -> dict:
+def _stored(name: str, w, dtype, bits: int | None) -> dict:
     """One converted tensor as stored: cast, or (a matrix, with ``bits``) MLX-quantized
     into ``weight``/``scales``/``biases`` the way mlx-lm's loader expects."""
     import mlx.core as mx

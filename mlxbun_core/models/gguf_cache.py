@@ -22,7 +22,6 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 log = logging.getLogger("mlxbun.models")
 
@@ -98,7 +97,7 @@ def dominant_type(tensor_types) -> str:
     return counts.most_common(1)[0][0] if counts else "F32"
 
 
-def source_bits(ggml_type: str) -> Optional[int]:
+def source_bits(ggml_type: str) -> int | None:
     """MLX bits that keep a quantized GGML type's precision (None for float types)."""
     m = re.match(r"I?Q(\d)", ggml_type.upper())
     if not m:
@@ -122,7 +121,7 @@ def stored_precision(ggml_type: str, gpu: bool) -> str:
     return f"q{bits}" if bits else ("bfloat16" if ggml_type == "BF16" else "float16")
 
 
-def describe_precision(source: dict) -> Optional[str]:
+def describe_precision(source: dict) -> str | None:
     """``float32 from GGUF Q4_1`` for a conversion's ``mlxbun_source.json``."""
     precision = source.get("precision") or source.get("dtype")
     if not precision:

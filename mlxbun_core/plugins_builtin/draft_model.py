@@ -23,7 +23,7 @@ def draft_source(model, options):
 
     from mlxbun_core.models.resolve import resolve_model
 
-    resolved = resolve_model(path)
+    resolved = resolve_model(path, library=options.library)  # the operator's library
     draft, tokenizer = load(str(resolved.path))
     if tokenizer.vocab_size != model.tokenizer.vocab_size:
         raise ValueError(f"draft model {resolved.model_id} has a different vocabulary "

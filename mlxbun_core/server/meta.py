@@ -1,7 +1,8 @@
 """Discovery and health: GET /v1, /v1/models, /v1/models/<id>, /health, /stats.
 
-``/v1/models`` lists the served model first (with its capability fields), then every
-other supported model of the local library (see :mod:`.library_routes`).
+``/v1/models`` lists the served model first (its row and capability fields come from
+:mod:`.served_model`), then every other supported model of the local library (see
+:mod:`.library_routes`).
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from blacksheep import Request
 
 from .. import __version__, plugins
 from ..grammar_registry import registry as grammars
-from ..toolcalls.history import supports_tools
 from .common import json_response
 from .library_routes import model_rows
+from .served_model import model_row
+from .ws_chat import availability
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
@@ -28,55 +30,8 @@ ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "POST /v1/mess
              "GET /api/jobs", "POST /api/finetune/*", "POST /api/quantize/*"]
 
 
-def media_kinds(engine: Engine) -> set:
-    """The media kinds a plugin accepts for the served model (asked through the hook)."""
-    m = engine.model
-    if m.kind != "generate":
-        return set()
-    hook = engine.hooks
-    return {k for k in ("image", "audio", "video")
-            if hook.media_pipeline(model=m, kind=k) is not None}
-
-
-def template_renders_tools(model) -> bool:
-    """Whether the model's own chat template shows tool definitions to the model.
-
-    (Tools still work with a template that ignores them: the request path then writes
-    them into the system turn. This field says which models were made for tools.)
-    """
-    if model.kind != "generate":
-        return False
-    template = getattr(model.tokenizer, "chat_template", None)
-    if isinstance(template, dict):  # named templates ("default", "tool_use", ...)
-        template = "\n".join(t for t in template.values() if isinstance(t, str))
-    return isinstance(template, str) and supports_tools(template)[0]
-
-
-def model_row(engine: Engine) -> dict:
-    m = engine.model
-    generate = m.kind == "generate"
-    media = media_kinds(engine)
-    tools = template_renders_tools(m)
-    caps = {"chat_completions": generate, "text_completions": generate,
-            "anthropic_messages": generate, "responses": generate, "streaming": generate,
-            "tools": tools, "structured_output": generate, "logprobs": generate,
-            "embeddings": m.kind == "embedding", "vision": "image" in media,
-            "audio": "audio" in media, "video": "video" in media,
-            "adapters": generate, "training": generate}
-    d = engine.defaults
-    return {"id": m.id, "object": "model", "created": engine.started_at, "owned_by": "mlxbun",
-            "family": m.family, "plugin": m.plugin, "context_window": m.context_window,
-            "reasoning": m.reasoning, "vision": caps["vision"], "audio": caps["audio"],
-            "video": caps["video"], "batch_mode": "batched" if engine.batch > 1 else "serial",
-            "tools": tools, "structured_output": generate, "embeddings": caps["embeddings"],
-            "adapters": generate, "training": generate, "capabilities": caps,
-            "gen_defaults": {k: d.get(k) for k in ("temperature", "top_p", "top_k")}}
-
-
 def register(app: App, engine: Engine) -> None:
     async def index(request: Request):
-        from .ws_chat import availability  # (ws_chat imports this module)
-
         return json_response({"name": "mlxbun", "version": __version__, "model": engine.model.id,
                               "endpoints": ENDPOINTS, "web_chat": availability(app, request)})
 

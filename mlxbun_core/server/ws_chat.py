@@ -25,7 +25,7 @@ from blacksheep.server.websocket import WebSocket, WebSocketDisconnectError
 from ..webchat.agent import ChatAgent
 from . import guard
 from .common import json_response
-from .meta import model_row
+from .served_model import model_row
 
 if TYPE_CHECKING:
     from ..engine.core import Engine

@@ -16,13 +16,12 @@ import json
 import shutil
 import tempfile
 import threading
-import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten
 
 from .families import (  # noqa: F401  (re-exported)
     _TF4,
@@ -35,6 +34,7 @@ from .families import (  # noqa: F401  (re-exported)
     family_config,
 )
 from .tokenizer import CHATML_TEMPLATE, build_tokenizer
+from .weights import random_params
 
 
 def _merge(base: dict, over: Mapping) -> dict:
@@ -47,22 +47,6 @@ def _merge(base: dict, over: Mapping) -> dict:
 
 
 # ---------------------------------------------------------------- weights
-
-def _random_params(model, seed: int, dtype: mx.Dtype) -> dict[str, mx.array]:
-    """Matrices ~ N(0, 1/fan_in) keyed by (seed, name): independent of init order."""
-    keep_f32 = getattr(model, "cast_predicate", None)
-    out = {}
-    for name, p in sorted(tree_flatten(model.parameters())):
-        if p.ndim >= 2:
-            key = mx.random.key(zlib.crc32(f"{seed}:{name}".encode()))
-            fan_in = p.shape[1] if "conv1d" in name else p.shape[-1]
-            p = mx.random.normal(p.shape, key=key) * (fan_in**-0.5)
-        if mx.issubdtype(p.dtype, mx.floating):
-            p = p.astype(mx.float32 if keep_f32 and not keep_f32(name) else dtype)
-        out[name] = p
-    mx.eval(out)
-    return out
-
 
 def _to_hf(model_type: str, w: dict[str, mx.array], config: dict) -> dict[str, mx.array]:
     """Invert mlx-lm's sanitize: rename/reshape mlx parameters to HF checkpoint layout."""
@@ -118,7 +102,7 @@ def _build_weights(model_type: str, config: dict, seed: int, dtype: mx.Dtype):
     model_cls, args_cls = _get_classes(config)
     mx.random.seed(seed)
     model = model_cls(args_cls.from_dict(copy.deepcopy(config)))
-    params = _random_params(model, seed, dtype)
+    params = random_params(model, seed, dtype)
     hf = _to_hf(model_type, params, config)
     # Round-trip guard: sanitize must map our HF layout back onto the model exactly.
     back = model.sanitize(dict(hf))
@@ -156,6 +140,97 @@ def _dump(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+@dataclass
+class _Tokenizer:
+    """The tokenizer a checkpoint ships, and the ids its configs name."""
+
+    json_text: str
+    added: list  # tokenizer.json's added_tokens
+    ids: dict  # special token -> id
+    size: int  # tokens in the vocabulary
+    config_ids: dict  # bos/eos/pad token ids for config.json and generation_config.json
+    bos: str | None
+    eos: str
+    pad: str | None
+    unk: str | None
+
+
+def _tokenizer(model_type: str, vocab_size: int, special_tokens: Sequence[str],
+               eos_token: str | None, bos_token: str | None, media: bool,
+               audio: bool) -> _Tokenizer:
+    """The family's special tokens (and a media checkpoint's) in a byte-level BPE tokenizer."""
+    from . import vision as V
+
+    fam_bos, fam_eos, stops, pad, unk = _TOKENS[model_type]
+    bos = bos_token if bos_token is not None else fam_bos
+    eos = eos_token if eos_token is not None else fam_eos
+    specials = list(special_tokens) or list(FAMILY_SPECIAL_TOKENS[model_type])
+    if media:
+        media_tokens = V.MEDIA_TOKENS[model_type]
+        specials += [t for kind in ("image", "audio") if kind == "image" or audio
+                     for t in media_tokens.get(kind, ()) if t not in specials]
+    stops = [] if eos_token is not None else [s for s in stops if s in specials]
+    specials += [t for t in (bos, eos, pad, unk) if t and t not in specials]
+
+    tok_json = build_tokenizer(vocab_size, specials, bos_token=bos)
+    tok = json.loads(tok_json)
+    ids = {t["content"]: t["id"] for t in tok["added_tokens"]}
+    eos_ids = [ids[eos]] + [ids[s] for s in stops if s != eos]
+    eos_val = eos_ids[0] if len(eos_ids) == 1 else eos_ids
+    config_ids = {"bos_token_id": ids.get(bos), "eos_token_id": eos_val,
+                  "pad_token_id": ids.get(pad)}
+    return _Tokenizer(tok_json, tok["added_tokens"], ids, len(tok["model"]["vocab"]),
+                      config_ids, bos, eos, pad, unk)
+
+
+def _config(model_type: str, vocab_size: int, tokens: _Tokenizer, *, media: bool, audio: bool,
+            dtype: str | None, config_overrides: Mapping | None) -> dict:
+    """The family's config with this tokenizer's ids, media markers, dtype and overrides."""
+    from . import vision as V
+
+    cfg = family_config(model_type)
+    ids = tokens.ids
+    text = cfg.get("text_config", cfg)
+    for c in {id(cfg): cfg, id(text): text}.values():
+        c["vocab_size"] = vocab_size
+        c.update({k: v for k, v in tokens.config_ids.items() if v is not None})
+    if "vocab_size_per_layer_input" in text:
+        text["vocab_size_per_layer_input"] = vocab_size
+    if model_type == "gemma4":
+        cfg.update(boi_token_id=ids.get("<|image>"), eoi_token_id=ids.get("<image|>"),
+                   image_token_id=ids.get("<|image|>"))
+    if model_type in ("qwen3_5", "qwen3_5_moe", "qwen3_vl"):
+        cfg.update(image_token_id=ids.get("<|image_pad|>"),
+                   video_token_id=ids.get("<|video_pad|>"),
+                   vision_start_token_id=ids.get("<|vision_start|>"),
+                   vision_end_token_id=ids.get("<|vision_end|>"))
+    if media:
+        V.media_config(model_type, cfg, ids, audio)
+    if (dtype or _default_dtype(model_type)) == "float32":
+        for c in (cfg, text):
+            for k in ("dtype", "torch_dtype"):
+                if k in c:
+                    c[k] = "float32"
+    _merge(cfg, config_overrides or {})
+    text = cfg.get("text_config", cfg)
+    if text["vocab_size"] < tokens.size or cfg.get("vocab_size", tokens.size) < tokens.size:
+        raise ValueError(f"config vocab_size smaller than tokenizer ({tokens.size})")
+    return cfg
+
+
+def _write_files(path: Path, files: Mapping[str, Any]) -> None:
+    """Extra files: bytes and text as they are, anything else as JSON."""
+    for name, content in files.items():
+        f = path / name
+        f.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            f.write_bytes(content)
+        elif isinstance(content, str):
+            f.write_text(content, encoding="utf-8")
+        else:
+            _dump(f, content)
+
+
 def write_checkpoint(
     path,
     model_type: str = "llama",
@@ -186,90 +261,41 @@ def write_checkpoint(
     """
     from . import vision as V
 
-    cfg = family_config(model_type)
-    fam_bos, fam_eos, stops, pad, unk = _TOKENS[model_type]
-    bos = bos_token if bos_token is not None else fam_bos
-    eos = eos_token if eos_token is not None else fam_eos
-    specials = list(special_tokens) or list(FAMILY_SPECIAL_TOKENS[model_type])
-    if vision or audio:
-        media_tokens = V.MEDIA_TOKENS[model_type]
-        specials += [t for kind in ("image", "audio") if kind == "image" or audio
-                     for t in media_tokens.get(kind, ()) if t not in specials]
-    stops = [] if eos_token is not None else [s for s in stops if s in specials]
-    specials += [t for t in (bos, eos, pad, unk) if t and t not in specials]
-
-    tok_json = build_tokenizer(vocab_size, specials, bos_token=bos)
-    tok = json.loads(tok_json)
-    ids = {t["content"]: t["id"] for t in tok["added_tokens"]}
-    n_tok = len(tok["model"]["vocab"])
-    eos_ids = [ids[eos]] + [ids[s] for s in stops if s != eos]
-    eos_val = eos_ids[0] if len(eos_ids) == 1 else eos_ids
-    tok_ids = {"bos_token_id": ids.get(bos), "eos_token_id": eos_val,
-               "pad_token_id": ids.get(pad)}
-
-    text = cfg.get("text_config", cfg)
-    for c in {id(cfg): cfg, id(text): text}.values():
-        c["vocab_size"] = vocab_size
-        c.update({k: v for k, v in tok_ids.items() if v is not None})
-    if "vocab_size_per_layer_input" in text:
-        text["vocab_size_per_layer_input"] = vocab_size
-    if model_type == "gemma4":
-        cfg.update(boi_token_id=ids.get("<|image>"), eoi_token_id=ids.get("<image|>"),
-                   image_token_id=ids.get("<|image|>"))
-    if model_type in ("qwen3_5", "qwen3_5_moe", "qwen3_vl"):
-        cfg.update(image_token_id=ids.get("<|image_pad|>"),
-                   video_token_id=ids.get("<|video_pad|>"),
-                   vision_start_token_id=ids.get("<|vision_start|>"),
-                   vision_end_token_id=ids.get("<|vision_end|>"))
-    if vision or audio:
-        V.media_config(model_type, cfg, ids, audio)
-    if (dtype or _default_dtype(model_type)) == "float32":
-        for c in (cfg, text):
-            for k in ("dtype", "torch_dtype"):
-                if k in c:
-                    c[k] = "float32"
-    _merge(cfg, config_overrides or {})
-    text = cfg.get("text_config", cfg)
-    if text["vocab_size"] < n_tok or cfg.get("vocab_size", n_tok) < n_tok:
-        raise ValueError(f"config vocab_size smaller than tokenizer ({n_tok})")
-
+    media = vision or audio
+    tokens = _tokenizer(model_type, vocab_size, special_tokens, eos_token, bos_token, media, audio)
+    cfg = _config(model_type, vocab_size, tokens, media=media, audio=audio, dtype=dtype,
+                  config_overrides=config_overrides)
     mx_dtype = getattr(mx, dtype or _default_dtype(model_type))
     weights = _build_weights(model_type, cfg, seed, mx_dtype)
     files = dict(extra_files or {})
-    if vision or audio:
+    if media:
         weights.update(V.tower_weights(model_type, cfg, seed, mx_dtype))
-        media = V.media_files(model_type, audio)
-        tokenizer_config_extra = {**media.pop("_tokenizer", {}), **(tokenizer_config_extra or {})}
-        files = {**media, **files}
+        media_files = V.media_files(model_type, audio)
+        tokenizer_config_extra = {**media_files.pop("_tokenizer", {}),
+                                  **(tokenizer_config_extra or {})}
+        files = {**media_files, **files}
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     _dump(path / "config.json", cfg)
     _save_safetensors(path / "model.safetensors", weights)
-    (path / "tokenizer.json").write_text(tok_json, encoding="utf-8")
+    (path / "tokenizer.json").write_text(tokens.json_text, encoding="utf-8")
     tcfg = {
         "added_tokens_decoder": {
             str(t["id"]): {k: t[k] for k in ("content", "lstrip", "normalized", "rstrip",
                                               "single_word", "special")}
-            for t in tok["added_tokens"]},
-        "bos_token": bos, "eos_token": eos, "pad_token": pad, "unk_token": unk,
+            for t in tokens.added},
+        "bos_token": tokens.bos, "eos_token": tokens.eos, "pad_token": tokens.pad,
+        "unk_token": tokens.unk,
         "chat_template": CHATML_TEMPLATE if chat_template is None else chat_template,
         "clean_up_tokenization_spaces": False, "model_max_length": 131072,
         "tokenizer_class": "PreTrainedTokenizerFast",
     }
     _dump(path / "tokenizer_config.json", {**tcfg, **(tokenizer_config_extra or {})})
-    gen = {k: v for k, v in tok_ids.items() if v is not None}
+    gen = {k: v for k, v in tokens.config_ids.items() if v is not None}
     _dump(path / "generation_config.json",
           {**gen, **(generation_config or {}), "transformers_version": _TF4})
-    for name, content in files.items():
-        f = path / name
-        f.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, bytes):
-            f.write_bytes(content)
-        elif isinstance(content, str):
-            f.write_text(content, encoding="utf-8")
-        else:
-            _dump(f, content)
+    _write_files(path, files)
     return path
 
 

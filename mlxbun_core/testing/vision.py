@@ -14,6 +14,8 @@ import copy
 
 import mlx.core as mx
 
+from .weights import random_params
+
 # extra special tokens a media checkpoint's tokenizer carries, per family
 MEDIA_TOKENS = {
     "gemma4": {"image": ["<|image>", "<image|>", "<|image|>", "<|video|>"],
@@ -102,12 +104,10 @@ def _to_hf(model_type: str, name: str, v: mx.array) -> tuple[str, mx.array]:
 
 def tower_weights(model_type: str, config: dict, seed: int, dtype) -> dict:
     """Random tower weights (all of mlx-vlm's model but ``language_model``), HF-named."""
-    from .checkpoints import _random_params
-
     mx.random.seed(seed)
     model = vlm_model(config)
     model.language_model = None  # built by mlx-lm's class elsewhere; not drawn twice here
-    params = _random_params(model, seed, dtype)
+    params = random_params(model, seed, dtype)
     towers = {k: v for k, v in params.items() if not k.startswith("language_model.")}
     hf = dict(_to_hf(model_type, k, v) for k, v in towers.items())
     # Round-trip guard: mlx-vlm's sanitize chain (model, then tower) must map the HF

@@ -9,7 +9,6 @@ frames. Nothing here touches the machine, so these tools need no approval.
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 # The SPA's hash routes: the only places navigate_app may send the user.
 ROUTES = {"chat": "Chat", "status": "Status"}
@@ -41,11 +40,11 @@ class ToolFailed(Exception):
     """A tool call the assistant got wrong: reported back to it as the tool's result."""
 
 
-def _text(value, limit: int = MAX_FIELD_CHARS) -> Optional[str]:
+def _text(value, limit: int = MAX_FIELD_CHARS) -> str | None:
     return value[:limit] if isinstance(value, str) and value else None
 
 
-def clean_context(raw) -> Optional[dict]:
+def clean_context(raw) -> dict | None:
     """The browser's context frame, capped: a route, an optional view/step, ≤120 elements."""
     if not isinstance(raw, dict) or not _text(raw.get("route")):
         return None
@@ -65,7 +64,7 @@ def clean_context(raw) -> Optional[dict]:
     return out
 
 
-def ambient_line(context: Optional[dict]) -> Optional[str]:
+def ambient_line(context: dict | None) -> str | None:
     """One compact line for the system prompt, e.g. ``[user is on: Status]``."""
     if not context:
         return None
@@ -88,7 +87,7 @@ def parse_arguments(arguments) -> dict:
     return args
 
 
-def run_tool(name: str, args: dict, context: Optional[dict]) -> tuple[object, Optional[dict]]:
+def run_tool(name: str, args: dict, context: dict | None) -> tuple[object, dict | None]:
     """Run one app tool: ``(result for the model, frame for the browser or None)``."""
     if name == "get_current_app_context":
         return (context or {"route": None, "note": "the page has not reported its context"}), None

@@ -26,7 +26,7 @@ import secrets
 import time
 import uuid
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator
 
 from ..errors import APIError, BadRequest, NotFound
 
@@ -41,9 +41,9 @@ class StoreFull(APIError):
     type = "insufficient_storage"
 
 
-def sessions_dir(home: Optional[Path] = None) -> Path:
+def sessions_dir(home: Path | None = None) -> Path:
     """Where sessions live: ``<mlxbun home>/sessions`` unless ``home`` says otherwise."""
-    from ..models.resolve import mlxbun_home
+    from ..models.paths import mlxbun_home
 
     return Path(home) if home is not None else mlxbun_home() / "sessions"
 
@@ -82,7 +82,7 @@ class Session:
         self.messages: dict = {}  # id -> message entry
         self.children: dict = {}  # parentId (None for roots) -> [ids], oldest first
         self.settings: dict = {}
-        self.leaf: Optional[str] = None
+        self.leaf: str | None = None
         for entry in entries:
             self._apply(entry)
 
@@ -114,7 +114,7 @@ class Session:
                 message[field] = (have if isinstance(have, str) else "") + more
 
     # -- reading ------------------------------------------------------------------
-    def branch(self, leaf: Optional[str] = None) -> list:
+    def branch(self, leaf: str | None = None) -> list:
         """Message entries from the root to ``leaf`` (default: the active leaf)."""
         out, cur, seen = [], leaf or self.leaf, set()
         while cur is not None and cur in self.messages and cur not in seen:
@@ -145,7 +145,7 @@ class Session:
             if eid not in self.messages:
                 return eid
 
-    def add_message(self, message: dict, parent_id: Optional[str], meta: Optional[dict] = None) -> dict:
+    def add_message(self, message: dict, parent_id: str | None, meta: dict | None = None) -> dict:
         entry = {"type": "message", "id": self.new_id(), "parentId": parent_id,
                  "ts": round(time.time(), 3), "message": message}
         if meta:
@@ -163,7 +163,7 @@ class Session:
         if len(entry) > 2:
             self._write(entry)
 
-    def replace_message(self, entry_id: str, message: dict, meta: Optional[dict] = None) -> dict:
+    def replace_message(self, entry_id: str, message: dict, meta: dict | None = None) -> dict:
         """Write the finished version of message ``entry_id`` (it keeps its place in the tree)."""
         old = self.messages[entry_id]
         entry = {"type": "message", "id": entry_id, "parentId": old.get("parentId"),
@@ -234,7 +234,7 @@ class SessionStore:
             raise NotFound("no such session")
         return target
 
-    def create(self, header: Optional[dict] = None) -> Session:
+    def create(self, header: dict | None = None) -> Session:
         self.root.mkdir(parents=True, exist_ok=True)
         while True:
             name = time.strftime("%Y%m%d_%H%M%S") + "_" + secrets.token_hex(3) + SUFFIX
@@ -250,7 +250,7 @@ class SessionStore:
         target = self.resolve(path)
         return Session(self, target, read_entries(target))
 
-    def fork(self, path, leaf: Optional[str] = None) -> Session:
+    def fork(self, path, leaf: str | None = None) -> Session:
         """A new session holding the source's active branch (or the branch to ``leaf``)."""
         source = self.open(path)
         branch = source.branch(leaf)

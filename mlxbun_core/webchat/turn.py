@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import Any
 
 from ..errors import APIError
-from ..events import Admitted, Content, Done, Reasoning, ToolCallEvent
+from ..events import Admitted, Content, Done, Finish, Reasoning, ToolCall, ToolCallEvent
 from . import apptools
-
-if TYPE_CHECKING:
-    from .agent import ChatAgent
+from .conversation import Conversation
 
 MAX_TOOL_ROUNDS = 4  # generations per turn that may end in app-tool calls
 SAVE_EVERY_S = 0.5  # how often a streaming answer's new text is appended to its session
@@ -33,9 +31,9 @@ class Draft:
     """One streaming answer, saved as it goes: the first text at once (a message marked
     ``interrupted``), then the text since the last save at most every ``every_s``."""
 
-    def __init__(self, agent: "ChatAgent", parent_id: str, every_s: float = SAVE_EVERY_S):
-        self.agent, self.parent_id, self.every_s = agent, parent_id, every_s
-        self.id: Optional[str] = None
+    def __init__(self, conv: Conversation, parent_id: str, every_s: float = SAVE_EVERY_S):
+        self.conv, self.parent_id, self.every_s = conv, parent_id, every_s
+        self.id: str | None = None
         self.content: list = []  # text not saved yet
         self.reasoning: list = []
         self.saved_at = 0.0
@@ -52,7 +50,7 @@ class Draft:
         content, reasoning = "".join(self.content), "".join(self.reasoning)
         if not (content or reasoning):
             return
-        session = self.agent.session
+        session = self.conv.session
         if self.id is None:
             message = {"role": "assistant", "content": content}
             if reasoning:
@@ -66,23 +64,23 @@ class Draft:
     def finish(self, message: dict, meta: dict) -> dict:
         """Save the finished answer (in place of the partial one, if any was written)."""
         if self.id is None:
-            return self.agent.session.add_message(message, self.parent_id, meta)
-        return self.agent.session.replace_message(self.id, message, meta)
+            return self.conv.session.add_message(message, self.parent_id, meta)
+        return self.conv.session.replace_message(self.id, message, meta)
 
 
-def tool_call_json(call) -> dict:
+def tool_call_json(call: ToolCall) -> dict:
     return {"id": call.id, "type": "function",
             "function": {"name": call.name, "arguments": call.arguments}}
 
 
 class Turn:
-    """A turn of ``agent``'s open session; ``body`` is the OpenAI chat body it sends."""
+    """A turn of the conversation's open session; ``body`` is the OpenAI chat body it sends."""
 
-    def __init__(self, agent: "ChatAgent", body: dict):
-        self.agent, self.body = agent, body
-        self.gen = None
+    def __init__(self, conv: Conversation, body: dict):
+        self.conv, self.body = conv, body
+        self.gen: Any = None  # the engine's Generation now streaming
         self.aborted = False
-        self.lane: Optional[str] = None
+        self.lane: str | None = None
 
     def abort(self) -> None:
         self.aborted = True
@@ -92,31 +90,31 @@ class Turn:
     async def start(self) -> bool:
         """Start the first generation; a refusal (4xx, a drain) is an error frame, False."""
         try:
-            self.gen = await self.agent.engine.start(self.agent.engine.parse_chat(self.body))
+            self.gen = await self.conv.engine.start(self.conv.engine.parse_chat(self.body))
         except APIError as exc:
-            await self.agent.send({"type": "error", "message": exc.message,
-                                   "status": exc.status})
+            await self.conv.send({"type": "error", "message": exc.message,
+                                  "status": exc.status})
             return False
         return True
 
     async def run(self, parent_id: str) -> None:
         """Stream generations until an answer, an abort or the tool-round cap; then turn_end."""
-        agent = self.agent
-        await agent.send({"type": "turn_start"})
+        conv = self.conv
+        await conv.send({"type": "turn_start"})
         finish = None
         try:
             finish = await self._rounds(parent_id)
         except APIError as exc:  # a store cap, a refused follow-up generation
             self.abort()
-            await agent.send({"type": "error", "message": exc.message, "status": exc.status})
+            await conv.send({"type": "error", "message": exc.message, "status": exc.status})
         usage = finish.usage if finish else None
         reason = "cancelled" if self.aborted else (finish.reason if finish else "error")
-        await agent.send({"type": "turn_end", "lane": self.lane or (usage.lane if usage else None),
-                          "finish": reason, "usage": usage.openai() if usage else None})
+        await conv.send({"type": "turn_end", "lane": self.lane or (usage.lane if usage else None),
+                         "finish": reason, "usage": usage.openai() if usage else None})
         if usage is not None:
-            await agent.send_context(usage.prompt_tokens + usage.completion_tokens)
+            await conv.send_context(usage.prompt_tokens + usage.completion_tokens)
 
-    async def _rounds(self, parent_id: str):
+    async def _rounds(self, parent_id: str) -> Finish | None:
         finish = None
         for round_no in range(MAX_TOOL_ROUNDS + 1):
             finish, entry = await self._stream(parent_id)
@@ -125,27 +123,27 @@ class Turn:
                     or round_no == MAX_TOOL_ROUNDS):
                 return finish
             leaf = await self._run_tools(calls, entry["id"])
-            follow = self.agent.session.branch(leaf)[-(len(calls) + 1):]
-            self.body["messages"] = self.body["messages"] + self.agent.model_messages(follow)
+            follow = self.conv.session.branch(leaf)[-(len(calls) + 1):]
+            self.body["messages"] = self.body["messages"] + self.conv.model_messages(follow)
             parent_id = leaf
-            self.gen = await self.agent.engine.start(self.agent.engine.parse_chat(self.body))
+            self.gen = await self.conv.engine.start(self.conv.engine.parse_chat(self.body))
             if self.aborted:  # the stop button won the race with the new generation
                 self.gen.cancel()
         return finish
 
-    async def _stream(self, parent_id: str):
+    async def _stream(self, parent_id: str) -> tuple[Finish, dict | None]:
         """One generation: deltas out and saved as they come, then the finished message."""
         text, reasoning, calls, finish = [], [], [], None
-        draft = Draft(self.agent, parent_id)
+        draft = Draft(self.conv, parent_id)
         async for ev in self.gen.events():
             if isinstance(ev, Content):
                 text.append(ev.text)
                 draft.add(content=ev.text)
-                await self.agent.send({"type": "text_delta", "delta": ev.text})
+                await self.conv.send({"type": "text_delta", "delta": ev.text})
             elif isinstance(ev, Reasoning):
                 reasoning.append(ev.text)
                 draft.add(reasoning=ev.text)
-                await self.agent.send({"type": "thinking_delta", "delta": ev.text})
+                await self.conv.send({"type": "thinking_delta", "delta": ev.text})
             elif isinstance(ev, ToolCallEvent):
                 calls.append(tool_call_json(ev.call))
             elif isinstance(ev, Admitted):
@@ -153,7 +151,7 @@ class Turn:
             elif isinstance(ev, Done):
                 finish = ev.finish
         if finish.reason == "error":
-            await self.agent.send({"type": "error", "message": finish.error or "generation failed"})
+            await self.conv.send({"type": "error", "message": finish.error or "generation failed"})
         message = {"role": "assistant", "content": "".join(text)}
         if reasoning:
             message["reasoning_content"] = "".join(reasoning)
@@ -167,23 +165,23 @@ class Turn:
 
     async def _run_tools(self, calls: list, parent_id: str) -> str:
         """Run each app tool call, tell the browser, save the results; the new leaf's id."""
-        agent = self.agent
+        conv = self.conv
         for call in calls:
             fn = call["function"]
-            await agent.send({"type": "tool_start", "callId": call["id"], "tool": fn["name"],
+            await conv.send({"type": "tool_start", "callId": call["id"], "tool": fn["name"],
                               "args": fn["arguments"]})
             frame = None
             try:
                 args = apptools.parse_arguments(fn["arguments"])
-                result, frame = apptools.run_tool(fn["name"], args, agent.app_context)
+                result, frame = apptools.run_tool(fn["name"], args, conv.app_context)
                 ok = True
             except apptools.ToolFailed as exc:
                 result, ok = {"error": str(exc)}, False
             if frame is not None:
-                await agent.send(frame)
-            await agent.send({"type": "tool_end", "callId": call["id"], "ok": ok, "result": result})
-            entry = await agent.save({"role": "tool", "tool_call_id": call["id"], "name": fn["name"],
-                                      "content": json.dumps(result, ensure_ascii=False)},
-                                     parent_id, {"ok": ok})
+                await conv.send(frame)
+            await conv.send({"type": "tool_end", "callId": call["id"], "ok": ok, "result": result})
+            entry = await conv.save({"role": "tool", "tool_call_id": call["id"], "name": fn["name"],
+                                     "content": json.dumps(result, ensure_ascii=False)},
+                                    parent_id, {"ok": ok})
             parent_id = entry["id"]
         return parent_id

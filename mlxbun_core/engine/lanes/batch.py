@@ -29,12 +29,12 @@ from typing import Optional
 
 from ... import kvquant
 from ...adapters.manager import NO_ADAPTERS
-from ...metrics.engine import StepTally
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
 from .pace import FixedChunk, PrefillPacer
 from .prefill import PREFILL_TOKENS, make_generator, paced_turn, size_chunk
 from .solo import SoloSlot, deliver
+from .tally import StepTally
 
 log = logging.getLogger("mlxbun.engine")
 

@@ -25,7 +25,7 @@ from .pace import PrefillPacer
 from .serial import fresh_random_state
 
 if TYPE_CHECKING:
-    from ...metrics.engine import StepTally
+    from .tally import StepTally
 
 log = logging.getLogger("mlxbun.engine")
 

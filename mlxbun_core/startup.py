@@ -1,0 +1,249 @@
+"""What ``mlxbun serve`` does before the first request: find what would fail (a busy port, a
+missing grammar backend) before minutes of model loading, load the model, print the banner,
+then serve until a drain. ``--isolate`` hands over to the proxy parent (:mod:`.isolate`) right
+after the checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import importlib.util
+import logging
+import os
+import socket
+import sys
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from .engine.core import Engine
+    from .kvstore.config import SsdConfig
+
+SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+class StartFailed(Exception):
+    """Start-up cannot go on; the message has been printed, ``status`` is the exit status."""
+
+    def __init__(self, status: int):
+        super().__init__(status)
+        self.status = status
+
+
+def configure_media(args: argparse.Namespace) -> None:
+    """The media fetcher's destination policy from the serve flags."""
+    from .media import fetch
+
+    fetch.policy.allow_private = bool(args.allow_private_media)
+
+
+def configure_system_prompts(args: argparse.Namespace) -> None:
+    """``--keep-volatile-system``: the Anthropic surface reads the switch per request."""
+    if args.keep_volatile_system:
+        os.environ["MLXBUN_KEEP_VOLATILE_SYSTEM"] = "1"
+
+
+# optional grammar backends and the extra that installs each
+GRAMMAR_EXTRAS = {"xgrammar": "mlxbun[xgrammar]"}
+
+
+def bind_port(host: str, port: int) -> socket.socket | str:
+    """Bind the listening address before the model loads, as uvicorn would.
+
+    Returns the bound socket (uvicorn serves on it later, so nothing can take the
+    port in between) or a message saying why the address cannot be used.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except (OSError, OverflowError) as exc:
+        sock.close()
+        if getattr(exc, "errno", None) == errno.EADDRINUSE:
+            hint = free_port_near(host, port)
+            return (f"port {port} on {host} is already in use (another mlxbun or server "
+                    f"running?). Pick a free one with --port"
+                    + (f", e.g. --port {hint} (free now)." if hint else "."))
+        return f"cannot listen on {host}:{port}: {exc}"
+    sock.set_inheritable(True)
+    return sock
+
+
+def free_port_near(host: str, port: int, tries: int = 100) -> int | None:
+    """The first port after ``port`` that ``host`` can bind right now (else one the OS
+    picks), for the busy-port hint; None if none can be bound."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for candidate in [*range(port + 1, min(port + 1 + tries, 65536)), 0]:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((host, candidate))
+            except OSError:
+                continue
+            return probe.getsockname()[1]
+    return None
+
+
+def select_grammar_backend(name: str) -> str | None:
+    """None when ``name`` is usable, else what to tell the operator."""
+    from .grammar_registry import registry
+
+    try:
+        registry.select(name)
+    except ValueError as exc:
+        extra = GRAMMAR_EXTRAS.get(name)
+        if extra and importlib.util.find_spec(name) is None:
+            return (f"grammar backend {name!r} is not installed: "
+                    f"pip install '{extra}' (it brings {name} and what it needs)")
+        return str(exc)
+    return None
+
+
+def preflight(args: argparse.Namespace) -> tuple[socket.socket | None, str | None]:
+    """(bound socket or None, problem or None): what would fail is found before minutes
+    of model loading, not after."""
+    problem = args.grammar_backend and select_grammar_backend(args.grammar_backend)
+    if problem or args.unix:
+        return None, problem or None
+    sock = bind_port(args.host, args.port)
+    return (None, sock) if isinstance(sock, str) else (sock, None)
+
+
+def cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``mlxbun serve``: checks, then the proxy parent (``--isolate``) or this process's
+    engine and app. ``parser`` is the whole command line's (the parent rebuilds the
+    engine children's flags from it)."""
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    from .kvstore.flags import config_from_args
+
+    ssd, problem = config_from_args(args)
+    sock, problem = (None, problem) if problem else preflight(args)
+    if problem:
+        print(f"mlxbun: {problem}", file=sys.stderr)
+        return 2
+    if args.isolate:  # the children get every serve flag that was set (media policy included)
+        from .isolate.launch import run_parent
+
+        if sock is not None:
+            sock.close()  # a probe only: the proxy parent binds the address itself, at once
+        return run_parent(args, parser)
+    if args.model_pool != 1:
+        print("mlxbun: --model-pool needs --isolate; ignored", file=sys.stderr)
+    configure_media(args)
+    configure_system_prompts(args)
+    try:
+        engine = load_engine(args, ssd)
+    except StartFailed as exc:
+        return exc.status
+    if args.adapter and not mount_startup_adapter(engine, args.adapter):
+        os._exit(2)  # no interpreter teardown under the live MLX worker thread
+    serve_forever(args, engine, sock)
+
+
+def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
+    """The chosen model loaded into an engine with the serve flags; a failure is said on
+    stderr and raised as :class:`StartFailed`."""
+    from . import loader
+    from .engine.core import Engine
+    from .library.scan import scan
+    from .model import LoadOptions
+    from .models.resolve import ModelNotFound
+    from .selection import chosen_model, report_selection_error
+
+    defaults = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
+    name = None
+    try:
+        name = chosen_model(args)
+        options = LoadOptions(embedding=args.embedding, library=scan, extra={
+            "draft_model": args.draft_model, "num_draft_tokens": args.num_draft_tokens})
+        return Engine.load(name, options, defaults=defaults, max_tokens=args.max_tokens,
+                           batch=args.batch, prompt_cache_bytes=int(args.prompt_cache * (1 << 30)),
+                           ssd=ssd,
+                           memory_budget_bytes=int(args.memory_budget * 1e9)
+                           if args.memory_budget else None, kv_quant=args.kv_quant)
+    except ModelNotFound as exc:
+        raise StartFailed(report_selection_error(exc)) from None
+    except loader.NoPluginClaimed as exc:
+        print(f"mlxbun: {exc}", file=sys.stderr)
+        raise StartFailed(2) from None
+    except Exception as exc:  # a checkpoint mlx-lm cannot read, a plugin bug, …
+        logging.getLogger("mlxbun").debug("load failed", exc_info=True)
+        print(f"mlxbun: could not load {name or 'the default model'}: "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        raise StartFailed(1) from None
+
+
+def print_banner(args: argparse.Namespace, engine: Engine) -> str | None:
+    """What is served, where, and on which BLAS; returns the web app's URL (None on a
+    unix socket)."""
+    from .server import web
+
+    model = engine.model
+    fallback = " (no family plugin claimed it)" if model.family == "generic" else ""
+    spec = f" · speculative with draft {engine.draft.name}" if engine.draft else ""
+    where = f"unix:{args.unix}" if args.unix else f"http://{args.host}:{args.port}/v1"
+    page = None if args.unix else web.page_url(args.host, args.port)
+    print(f"mlxbun: serving {model.id} [{model.kind}] via plugin '{model.plugin}'{fallback}{spec}\n"
+          f"        context {model.context_window} tokens · {where}"
+          + (f" · web app {page}" if page else ""), flush=True)
+    print_blas_line()
+    return page
+
+
+def serve_forever(args: argparse.Namespace, engine: Engine,
+                  sock: socket.socket | None) -> NoReturn:
+    """Build the app, print the banner and serve until a drain; the process ends here."""
+    import uvicorn
+
+    from .server import web
+    from .server.app import build_app
+    from .server.drain import DrainingServer
+
+    app = build_app(engine, api_key=args.api_key)
+    page = print_banner(args, engine)
+    if args.unix:
+        from .isolate.drain import DrainGate, exit_with_parent
+
+        exit_with_parent()
+        os.umask(0o077)  # the socket (and anything else this child writes) is ours alone
+        app.state.trusts_injected_history = True  # only the --isolate parent reaches this socket
+        if os.path.exists(args.unix):
+            os.unlink(args.unix)  # a stale socket from a killed predecessor
+        config = uvicorn.Config(DrainGate(app, engine), uds=args.unix, log_level="warning",
+                                timeout_graceful_shutdown=10)
+    else:
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10)
+    server = DrainingServer(config, engine)
+    if page and engine.model.kind == "generate" and web.interactive_start(args.no_open):
+        web.open_when_started(server, page)
+    server.run(sockets=[sock] if sock else None)  # the address bound before the load
+    # Served and drained: nothing is left to save. Interpreter teardown takes seconds and can
+    # abort inside MLX's native threads ("terminate called without an active exception"),
+    # which would turn a clean shutdown into exit 134.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(server.exit_code)  # 0 after a drain; 128 + signal after a second signal
+
+
+def print_blas_line() -> None:
+    """The banner's BLAS line: which library MLX's CPU matrix products run on."""
+    from . import blas
+
+    print(f"        {blas.banner()}", flush=True)
+
+
+def mount_startup_adapter(engine: Engine, where: str) -> bool:
+    from pathlib import Path
+
+    from .errors import APIError
+
+    name = Path(where).expanduser().resolve().name
+    try:
+        engine.worker.run_sync(lambda: engine.adapters.mount(name, where, default=True))
+    except APIError as exc:
+        print(f"mlxbun: adapter {where}: {exc.message}", file=sys.stderr, flush=True)
+        return False
+    print(f"mlxbun: adapter {name} mounted and used by default (send \"adapter\": \"none\" "
+          "for the base model)", flush=True)
+    return True

@@ -1,0 +1,63 @@
+"""Client frames that change how the next turns run: thinking, the system prompt, the
+adapter, sampling (for the session or the next turn only), and the page's context that
+the app tools read. Each answers with the settings as they now stand."""
+
+from __future__ import annotations
+
+from ..engine.sampling import SamplingParams, max_tokens_from
+from ..errors import BadRequest
+from . import apptools
+from .conversation import Conversation
+from .fields import text_arg
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "xtc_probability", "xtc_threshold",
+                 "repetition_penalty", "repetition_context_size", "presence_penalty",
+                 "frequency_penalty", "seed", "max_tokens", "logit_bias")
+
+
+class SettingsFrames:
+    """``set_thinking``, ``set_system_prompt``, ``set_adapter``, ``set_sampling``, ``context``."""
+
+    def __init__(self, conversation: Conversation):
+        self.conv = conversation
+
+    async def on_set_thinking(self, frame: dict) -> None:
+        enabled = frame.get("enabled")
+        if enabled is not None and not isinstance(enabled, bool):
+            raise BadRequest("enabled must be true, false or null")
+        self.conv.update_settings({"thinking": enabled})
+        await self.conv.send_settings()
+
+    async def on_set_system_prompt(self, frame: dict) -> None:
+        text = frame.get("text")
+        if text is not None:
+            text = text_arg(frame)
+        self.conv.update_settings({"systemPrompt": text or None})
+        await self.conv.send_settings()
+
+    async def on_set_adapter(self, frame: dict) -> None:
+        adapter = frame.get("id")
+        if adapter is not None and not isinstance(adapter, str):
+            raise BadRequest("id must be an adapter id or null")
+        self.conv.update_settings({"adapter": adapter or None})
+        await self.conv.send_settings()
+
+    async def on_set_sampling(self, frame: dict) -> None:
+        conv = self.conv
+        scope = frame.get("scope") or "session"
+        if scope not in ("session", "next_turn"):
+            raise BadRequest("scope must be 'session' or 'next_turn'")
+        changes = {k: frame[k] for k in SAMPLING_KEYS if k in frame}
+        current = dict(conv.next_turn if scope == "next_turn" else conv.settings.get("sampling") or {})
+        current.update(changes)
+        current = {k: v for k, v in current.items() if v is not None}  # null: server default
+        SamplingParams.from_body(current)  # a bad value is a 400 now, not at the next turn
+        max_tokens_from(current, None)
+        if scope == "next_turn":
+            conv.next_turn = current
+        else:
+            conv.update_settings({"sampling": current})
+        await conv.send_settings()
+
+    async def on_context(self, frame: dict) -> None:
+        self.conv.app_context = apptools.clean_context(frame.get("context"))
