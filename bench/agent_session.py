@@ -64,12 +64,13 @@ class Server:
     def start(self) -> float:
         port = free_port()
         self.base = f"http://127.0.0.1:{port}"
-        log = open(os.path.join(self.log_dir, f"{self.name}.{len(self.starts)}.log"), "w")
+        log_path = os.path.join(self.log_dir, f"{self.name}.{len(self.starts)}.log")
         t0 = time.perf_counter()
-        self.proc = subprocess.Popen(self.cmd(port), stdout=log, stderr=subprocess.STDOUT)
+        with open(log_path, "w") as log:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(self.cmd(port), stdout=log, stderr=subprocess.STDOUT)
         while time.perf_counter() - t0 < 1800:
             if self.proc.poll() is not None:
-                raise SystemExit(f"{self.name} exited {self.proc.returncode}; see {log.name}")
+                raise SystemExit(f"{self.name} exited {self.proc.returncode}; see {log_path}")
             try:
                 if httpx.get(self.base + "/v1/models", timeout=2).status_code == 200:
                     self.starts.append(time.perf_counter() - t0)

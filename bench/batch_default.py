@@ -31,7 +31,6 @@ import sys
 from pathlib import Path
 
 import httpx
-
 from serve_concurrency import SHAPES, free_port, load_phase, random_prompt, start  # this folder
 
 

@@ -49,8 +49,8 @@ def free_port() -> int:
 
 
 def start(cmd: list, port: int, log_path: str) -> subprocess.Popen:
-    log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    with open(log_path, "w") as log:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 900
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -145,8 +145,8 @@ async def second_turn(base: str, history: str, rng: random.Random) -> dict:
 
 def direct_decode(model, tok, prompt: str, n: int) -> float:
     """mlx-lm's own single-stream decode tok/s (the floor and a machine-drift check)."""
-    from mlx_lm.generate import generate_step
     import mlx.core as mx
+    from mlx_lm.generate import generate_step
 
     first, count = None, 0
     for _ in generate_step(mx.array(tok.encode(prompt)), model, max_tokens=n):
@@ -235,7 +235,7 @@ def main():
             servers[name] = (f"http://127.0.0.1:{port}",
                              start(cmd(port), port, f"/tmp/bench-{name}.log"))
         try:
-            for name, (base, _) in servers.items():  # warm-up: kernels, caches
+            for base, _ in servers.values():  # warm-up: kernels, caches
                 asyncio.run(load_phase(base, 2, 1, warm, 8))
             order = list(servers) if rnd % 2 == 0 else list(reversed(servers))
             direct.append(direct_decode(model, tok, prompts[0], args.max_tokens))

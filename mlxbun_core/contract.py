@@ -13,14 +13,15 @@ events a tool parser emits live in :mod:`mlxbun_core.events`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from .events import ParserEvent
-    from .media.parts import MediaItem
-    from .model import MediaPrompt, Prompt
     from .grammar.base import CompiledGrammar
     from .grammar.request import GrammarRequest
+    from .media.parts import MediaItem
+    from .model import MediaPrompt, Prompt
 
 Tokenizer = Any
 """An mlx-lm ``TokenizerWrapper`` (``encode``, ``decode``, ``eos_token_ids``, the HF
@@ -56,7 +57,7 @@ class ToolParser(Protocol):
         its end marker."""
         ...
 
-    def call_grammar(self, tools: list[dict]) -> Optional[dict]:
+    def call_grammar(self, tools: list[dict]) -> dict | None:
         """The grammar of one call of any of ``tools`` in this parser's markup, with
         arguments that follow each tool's JSON schema, as a structural format
         (:mod:`mlxbun_core.grammar.structural`): a ``tag`` whose ``begin`` starts the
@@ -66,7 +67,7 @@ class ToolParser(Protocol):
         words, with a ``Warning`` header)."""
         ...
 
-    max_calls: Optional[int]
+    max_calls: int | None
     """Set by the engine to 1 for ``parallel_tool_calls: false``: later calls are dropped."""
     unique: bool
     """Set by the engine under a forced tool choice: a repeat of an earlier call is dropped."""

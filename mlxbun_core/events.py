@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import ClassVar, Optional, Union
+from typing import ClassVar
 
 
 def new_call_id() -> str:
@@ -97,7 +97,7 @@ class Usage:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     reasoning_tokens: int = 0
     lane: str = "serial"
-    speculation: Optional[dict] = None  # {drafted, accepted, targetCalls} with a draft mounted
+    speculation: dict | None = None  # {drafted, accepted, targetCalls} with a draft mounted
 
     def openai(self) -> dict:
         out = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
@@ -117,9 +117,9 @@ class Finish:
 
     reason: str  # "stop" | "length" | "tool_calls" | "cancelled" | "error"
     usage: Usage
-    logprobs: Optional[list] = None
-    stop_sequence: Optional[str] = None
-    error: Optional[str] = None
+    logprobs: list | None = None
+    stop_sequence: str | None = None
+    error: str | None = None
     timings: dict = field(default_factory=dict)
 
     @property
@@ -137,8 +137,8 @@ class Done:
 
 KEEPALIVE = KeepAlive()
 
-Event = Union[Admitted, Content, Reasoning, ToolCallEvent, TokenLogprob, KeepAlive, Done]
+Event = Admitted | Content | Reasoning | ToolCallEvent | TokenLogprob | KeepAlive | Done
 """Anything a generation emits."""
 
-ParserEvent = Union[Content, ToolCallEvent, KeepAlive]
+ParserEvent = Content | ToolCallEvent | KeepAlive
 """What a tool-call parser's ``feed`` / ``finish`` return."""

@@ -8,9 +8,10 @@ when it is imported, which importing ``mlxbun_core`` always does first.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, ClassVar
 
 
 @dataclass
@@ -40,12 +41,12 @@ class LoadedModel:
     plugin: str = ""  # the registered name of the plugin that claimed it; set by the loader
     kind: str = "generate"  # "generate" or "embedding"
     generation_defaults: dict = field(default_factory=dict)
-    context_window: Optional[int] = None
+    context_window: int | None = None
     reasoning: bool = False  # has a switchable thinking channel
     extras: dict = field(default_factory=dict)
     _hooks: Any = field(default=None, init=False, repr=False, compare=False)
 
-    relay_for: ClassVar[Optional[Callable[["LoadedModel"], Any]]] = None
+    relay_for: ClassVar[Callable[[LoadedModel], Any] | None] = None
     """How a model finds its hook relay: :func:`mlxbun_core.plugins.model_hooks`, set by
     that module as it loads (it owns the routing; this record only asks)."""
 
@@ -77,8 +78,8 @@ class Prompt:
     tokens: list
     text: str = ""
     in_reasoning: bool = False
-    think_start: Optional[str] = None
-    think_end: Optional[str] = None
+    think_start: str | None = None
+    think_end: str | None = None
     media: list = field(default_factory=list)
 
 

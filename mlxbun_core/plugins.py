@@ -18,7 +18,7 @@ import importlib
 import logging
 import os
 from importlib.metadata import entry_points
-from typing import Any, Optional
+from typing import Any
 
 import pluggy
 
@@ -201,7 +201,7 @@ def is_family(plugin) -> bool:
     return plugin in _family_index()["family_of"]
 
 
-def family_provider(family: str) -> Optional[str]:
+def family_provider(family: str) -> str | None:
     """The registered name of the plugin that provides ``family``, or None."""
     plugin = _family_index()["provider"].get(family)
     return pm.get_name(plugin) if plugin is not None else None
@@ -233,7 +233,7 @@ class ModelHooks:
     and rebuilt only when plugins are registered or unregistered.
     """
 
-    def __init__(self, claimant: Optional[str]):
+    def __init__(self, claimant: str | None):
         self.claimant = claimant
         self._callers: dict[str, pluggy.HookCaller] = {}
         self._generation = -1
@@ -259,10 +259,10 @@ class ModelHooks:
         return f"<ModelHooks claimant={self.claimant!r}>"
 
 
-_relays: dict[Optional[str], ModelHooks] = {}
+_relays: dict[str | None, ModelHooks] = {}
 
 
-def relay_for(plugin_name: Optional[str]) -> ModelHooks:
+def relay_for(plugin_name: str | None) -> ModelHooks:
     """The relay for models claimed by the plugin registered as ``plugin_name``."""
     load_plugins()
     relay = _relays.get(plugin_name)

@@ -14,7 +14,7 @@ same as the conversation grows, so the prefix cache keeps serving them.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 PROBE = "mlxbun-inner-system-probe"
 SEPARATOR = "\n\n"

@@ -39,7 +39,7 @@ class ScriptedModel(nn.Module):
     tracked per cache object (truncated to the cache offset, so reuse/rollback
     of a prompt cache stays correct)."""
 
-    def __init__(self, inner, tokenizer, plugin: "ScriptedPlugin"):
+    def __init__(self, inner, tokenizer, plugin: ScriptedPlugin):
         super().__init__()
         self.inner = inner
         # plain attributes, not module children (nn.Module would treat lists/dicts as params)

@@ -55,12 +55,25 @@ def write_tiny_gguf(path, *, arch="llama", tok_model="gpt2", seed=0, tied=True):
              "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(LAYERS); w.add_context_length(256); w.add_embedding_length(H)
-    w.add_feed_forward_length(FF); w.add_head_count(HEADS); w.add_head_count_kv(KV)
-    w.add_layer_norm_rms_eps(1e-5); w.add_rope_freq_base(12345.0); w.add_vocab_size(V)
-    w.add_tokenizer_model(tok_model); w.add_tokenizer_pre("smollm"); w.add_token_list(tokens)
-    w.add_token_types(types); w.add_token_merges(merges); w.add_bos_token_id(1); w.add_eos_token_id(2)
-    w.add_pad_token_id(2); w.add_add_bos_token(False); w.add_chat_template("{{ messages[0]['content'] }}")
+    w.add_block_count(LAYERS)
+    w.add_context_length(256)
+    w.add_embedding_length(H)
+    w.add_feed_forward_length(FF)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(12345.0)
+    w.add_vocab_size(V)
+    w.add_tokenizer_model(tok_model)
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_pad_token_id(2)
+    w.add_add_bos_token(False)
+    w.add_chat_template("{{ messages[0]['content'] }}")
     for k, v in hf.items():
         if k.startswith("model.layers."):
             i, rest = k[len("model.layers."):].split(".", 1)
@@ -76,7 +89,10 @@ def write_tiny_gguf(path, *, arch="llama", tok_model="gpt2", seed=0, tied=True):
             w.add_tensor(g, gguf.quants.quantize(v, gguf.GGMLQuantizationType.Q8_0), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         else:
             w.add_tensor(g, v)
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     return hf
 
 

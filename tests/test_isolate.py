@@ -18,7 +18,6 @@ import pytest
 import websockets.sync.client
 from mlx_lm import load as mlx_load
 from mlx_lm.generate import generate_step
-
 from prometheus_client.parser import text_string_to_metric_families
 
 from mlxbun_core.testing.hub_cache import library_env, library_hub
@@ -66,7 +65,7 @@ def hub(tmp_path_factory):
 @pytest.fixture(scope="module")
 def parent(hub, tmp_path_factory):
     port = free_port()
-    log = open(tmp_path_factory.mktemp("isolog") / "parent.log", "w+")
+    log = open(tmp_path_factory.mktemp("isolog") / "parent.log", "w+")  # noqa: SIM115 (below)
     env = {**os.environ, **library_env(hub[0])}
     proc = subprocess.Popen([sys.executable, "-m", "mlxbun_core.cli", "serve", "--isolate",
                              "--model-pool", "2", "--port", str(port), "Tiny-Llama"],
@@ -83,6 +82,7 @@ def parent(hub, tmp_path_factory):
             proc.kill()
         log.seek(0)
         print(log.read()[-4000:])
+        log.close()
 
 
 @pytest.fixture(scope="module")

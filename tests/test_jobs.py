@@ -150,7 +150,8 @@ def test_quantize_job_output_serves(server, ckpt, home):
     _, events, ended = stream(server, r.json()["job_id"])
     assert ended and events[-1]["type"] == "done", events[-3:]
     assert any(e["type"] == "stage" for e in events)
-    config = json.loads(open(os.path.join(out, "config.json")).read())
+    with open(os.path.join(out, "config.json")) as f:
+        config = json.load(f)
     assert config["quantization"]["bits"] == 4 and config["quantization"]["group_size"] == 32
     again = post(server, "/api/quantize/inspect", {"model_id": out}).json()
     assert again["support"] is False and "already quantized" in again["error"]

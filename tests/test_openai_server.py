@@ -56,7 +56,7 @@ def test_chat_stream_grammar_matches_non_stream(client):
 def test_stream_ends_with_done(srv):
     with httpx.stream("POST", srv.v1 + "/chat/completions", timeout=60,
                       json={"messages": MSG, "max_tokens": 3, "stream": True}) as r:
-        lines = [l for l in r.iter_lines() if l]
+        lines = [line for line in r.iter_lines() if line]
     assert r.headers["content-type"].startswith("text/event-stream")
     assert lines[-1] == "data: [DONE]"
     last = json.loads(lines[-2][6:])
@@ -226,7 +226,7 @@ def test_disconnect_cancels_generation_and_next_request_works(srv, client):
                       json={"prompt": "Once", "max_tokens": 100000, "stream": True,
                             "temperature": 1.0, "logit_bias": {str(i): -100 for i in
                                                                 engine.model.tokenizer.eos_token_ids}}) as r:
-        for i, line in enumerate(r.iter_lines()):
+        for i, _line in enumerate(r.iter_lines()):
             if i > 5:
                 break
     deadline = time.time() + 20

@@ -6,7 +6,6 @@ import json
 import httpx
 import openai
 import pytest
-
 from scripted_model import scripted_server
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -65,9 +64,9 @@ def test_keepalive_comments_while_large_tool_body_buffers(scripted):
     with httpx.stream("POST", srv.v1 + "/chat/completions", timeout=120, json={
             "messages": [{"role": "user", "content": "Weather?"}], "tools": TOOLS,
             "max_tokens": 2000, "stream": True}) as r:
-        lines = [l for l in r.iter_lines() if l]
+        lines = [line for line in r.iter_lines() if line]
     assert ": keep-alive" in lines
-    first_call = next(i for i, l in enumerate(lines) if '"tool_calls"' in l)
+    first_call = next(i for i, line in enumerate(lines) if '"tool_calls"' in line)
     assert lines.index(": keep-alive") < first_call and lines[-1] == "data: [DONE]"
 
 

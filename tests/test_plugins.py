@@ -36,10 +36,10 @@ def test_plugins_lists_generic_with_its_hooks():
     out = run_cli("plugins")
     assert out.returncode == 0
     lines = out.stdout.splitlines()
-    i = next(i for i, l in enumerate(lines) if l.startswith("generic "))
+    i = next(i for i, line in enumerate(lines) if line.startswith("generic "))
     assert lines[i].endswith("family generic")
     assert all(h in lines[i + 1] for h in ("claims", "load_model", "render_chat"))
-    j = next(i for i, l in enumerate(lines) if l.startswith("draft_model "))
+    j = next(i for i, line in enumerate(lines) if line.startswith("draft_model "))
     assert "family" not in lines[j] and "draft_source" in lines[j + 1]  # an extension
 
 

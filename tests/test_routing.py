@@ -15,6 +15,7 @@ from pathlib import Path
 
 import openai
 import pytest
+from mlxbun_qwen35 import fallback_template
 
 from mlxbun_core import loader, plugins
 from mlxbun_core.contract import ToolParser
@@ -24,7 +25,6 @@ from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.families import family_config
 from mlxbun_core.testing.server import start_server
 from mlxbun_core.toolcalls import Dialect, StreamingToolParser
-from mlxbun_qwen35 import fallback_template
 
 MSG = [{"role": "user", "content": "Weather in Paris?"}]
 TOOLS = [{"type": "function", "function": {

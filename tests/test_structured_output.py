@@ -266,6 +266,7 @@ def test_thinking_model_thinks_freely_then_answers_under_the_grammar(backend):
     """A prompt that opens a think channel: the mask waits for </think>, so the reasoning
     is free text and the constrained answer lands in content."""
     from scripted_model import ScriptedPlugin
+
     from mlxbun_core import plugins
 
     plugin = ScriptedPlugin(tiny_checkpoint("qwen3", seed=4243, chat_template=THINKING_CHATML),

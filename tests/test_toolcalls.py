@@ -5,12 +5,23 @@ import re
 
 import pytest
 
-from mlxbun_core.toolcalls import (Dialect, JsonDialect, MlxLmDialect, StreamingToolParser,
-                                   ToolCall, coerce_arguments, dialect_for_parser,
-                                   dialect_for_tokenizer, find_tool,
-                                   make_call, normalize_call, repair_json,
-                                   split_tool_calls, tool_params)
 from mlxbun_core.events import KEEPALIVE
+from mlxbun_core.toolcalls import (
+    Dialect,
+    JsonDialect,
+    MlxLmDialect,
+    StreamingToolParser,
+    ToolCall,
+    coerce_arguments,
+    dialect_for_parser,
+    dialect_for_tokenizer,
+    find_tool,
+    make_call,
+    normalize_call,
+    repair_json,
+    split_tool_calls,
+    tool_params,
+)
 from mlxbun_core.toolcalls.testing import chunkings, events_all_chunkings, normalize, run_chunks
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -9,8 +9,13 @@ import pytest
 from mlxbun_core.errors import BadRequest, NotFound
 from mlxbun_core.webchat import apptools
 from mlxbun_core.webchat.search import search
-from mlxbun_core.webchat.store import (SessionStore, StoreFull, compacted, read_entries,
-                                      replayed_messages)
+from mlxbun_core.webchat.store import (
+    SessionStore,
+    StoreFull,
+    compacted,
+    read_entries,
+    replayed_messages,
+)
 
 
 def chat(store, *pairs):

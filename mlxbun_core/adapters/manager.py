@@ -19,12 +19,12 @@ import itertools
 import logging
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
 
-from ..errors import BadRequest, NotFound
 from .. import fspaths
+from ..errors import BadRequest, NotFound
 from . import formats
 
 log = logging.getLogger("mlxbun.adapters")
@@ -80,12 +80,12 @@ NO_ADAPTERS = AdapterSet()
 
 
 class AdapterManager:
-    def __init__(self, loaded, *, call: Optional[Callable] = None):
+    def __init__(self, loaded, *, call: Callable | None = None):
         self.loaded = loaded  # the LoadedModel (id and path for base-model checks)
         self.model = loaded.model  # the mlx.nn.Module the lanes run
         self._call = call  # worker.call
         self._mounted: dict[str, Mounted] = {}  # replaced whole, never mutated in place
-        self._default: Optional[str] = None
+        self._default: str | None = None
         self._base: dict[str, object] = {}  # module path -> the plain module it replaces
         self._active = NO_ADAPTERS
         self._wrapped: set = set()
@@ -97,10 +97,10 @@ class AdapterManager:
         return self._mounted
 
     @property
-    def default(self) -> Optional[str]:
+    def default(self) -> str | None:
         return self._default
 
-    def resolve(self, spec: Optional[str]) -> AdapterSet:
+    def resolve(self, spec: str | None) -> AdapterSet:
         """A request's ``adapter`` field → its AdapterSet; a 400 naming an unknown id.
 
         ``None`` means the server default (``serve --adapter``), ``"none"`` the base

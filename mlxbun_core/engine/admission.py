@@ -18,7 +18,6 @@ of the system RAM on the CPU backend).
 from __future__ import annotations
 
 import threading
-from typing import Optional
 
 from ..errors import APIError
 from ..library import fit
@@ -32,7 +31,7 @@ def weight_bytes(module) -> int:
 
 
 class Admission:
-    def __init__(self, model, budget_bytes: Optional[int] = None, kv_bits: Optional[int] = None):
+    def __init__(self, model, budget_bytes: int | None = None, kv_bits: int | None = None):
         """``kv_bits``: the server's KV quantization (``--kv-quant``), billed per token."""
         self.weights_bytes = weight_bytes(model.model)
         machine = fit.machine()
@@ -53,7 +52,7 @@ class Admission:
         self.reserved_bytes = 0
         self.waits = 0  # times a row had to wait for memory
 
-    def limit(self, prompt_tokens: int, max_tokens: Optional[int]) -> int:
+    def limit(self, prompt_tokens: int, max_tokens: int | None) -> int:
         """The completion budget of a request: 400 when the prompt leaves no room."""
         room = self.enforced_context - prompt_tokens
         if room <= 0:

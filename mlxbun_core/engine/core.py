@@ -15,22 +15,22 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Any, AsyncIterator, Optional
+from collections.abc import AsyncIterator
+from typing import Any
 
-from .. import kvquant
-from .. import metrics
+from .. import kvquant, metrics
 from ..adapters import AdapterManager, AdapterSet
 from ..contract import DraftSource
 from ..errors import BadRequest, Unavailable
 from ..events import Done, Event, Finish, Usage
 from ..media import parts as media_parts
 from ..model import LoadedModel, LoadOptions
+from .admission import Admission, default_batch
 from .job import EventSink, GenerationJob
 from .lanes.batch import BatchLane
 from .lanes.pace import PrefillPacer
 from .lanes.serial import SerialLane
 from .prepare import Prepared, media_pipeline, prepare
-from .admission import Admission, default_batch
 from .prompt_cache import PrefixCache
 from .request import ChatRequest, CompletionRequest, GenerationInput, parse_chat, parse_completion
 from .session import GenerationRequest
@@ -42,7 +42,7 @@ log = logging.getLogger("mlxbun.engine")
 class Generation:
     """A started request, as its surface sees it."""
 
-    def __init__(self, engine: "Engine", job: GenerationJob, warning: Optional[str]):
+    def __init__(self, engine: Engine, job: GenerationJob, warning: str | None):
         self._engine, self._job = engine, job
         self.warning = warning
         self.prompt_tokens = len(job.request.prompt_tokens)
@@ -53,7 +53,7 @@ class Generation:
         return self._job.session.usage
 
     @property
-    def finish(self) -> Optional[Finish]:
+    def finish(self) -> Finish | None:
         return self._job.session.finished
 
     def cancel(self) -> None:
@@ -85,11 +85,11 @@ class Engine:
     KV cache.
     """
 
-    def __init__(self, model: LoadedModel, *, worker: Optional[ModelWorker] = None,
-                 defaults: Optional[dict] = None, max_tokens: Optional[int] = None,
-                 draft: Optional[DraftSource] = None, batch: Optional[int] = None,
+    def __init__(self, model: LoadedModel, *, worker: ModelWorker | None = None,
+                 defaults: dict | None = None, max_tokens: int | None = None,
+                 draft: DraftSource | None = None, batch: int | None = None,
                  prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
-                 memory_budget_bytes: Optional[int] = None, kv_quant="off", ssd=None):
+                 memory_budget_bytes: int | None = None, kv_quant="off", ssd=None):
         self.model = model
         self.draft = draft  # every request then decodes speculatively
         self.worker = worker or ModelWorker()
@@ -135,7 +135,7 @@ class Engine:
                  else f"auto: {self.batch_plan.reason}")
 
     @classmethod
-    def load(cls, name, options=None, *, progress=True, **kw) -> "Engine":
+    def load(cls, name, options=None, *, progress=True, **kw) -> Engine:
         """Load ``name`` on a fresh worker thread (where it must live) and wrap it."""
         from .. import loader
 
@@ -216,7 +216,7 @@ class Engine:
         self.requests += 1
         return Generation(self, job, prepared.warning)
 
-    def cache_namespace(self, req: GenerationInput, adapters: Optional[AdapterSet] = None):
+    def cache_namespace(self, req: GenerationInput, adapters: AdapterSet | None = None):
         """What must match for two requests to share prefix KV (None: never cache).
         ``adapters`` is the request's resolved set (resolved here when not given)."""
         if self.draft is not None or not self.prefix.enabled:
@@ -238,7 +238,7 @@ class Engine:
         return open_store(config, self.model, namespace_parts=self.durable_namespace,
                           busy=lambda: not self.idle)
 
-    def durable_namespace(self, namespace) -> Optional[list]:
+    def durable_namespace(self, namespace) -> list | None:
         """``namespace`` as it may be written to disk: adapters by their files, not by
         this process's mount serials (None: an adapter that is no longer mounted)."""
         *head, adapter_key, kv, media = namespace
@@ -266,7 +266,7 @@ class Engine:
 
     # -- other work on the model ---------------------------------------------------
     async def embed(self, texts: list,
-                    instruction: Optional[str] = None) -> tuple[list[list[float]], int]:
+                    instruction: str | None = None) -> tuple[list[list[float]], int]:
         self.check_open()
         if self.model.kind != "embedding":  # answer now, not after queued generations
             raise BadRequest(f"model {self.model.id} is not an embedding model")

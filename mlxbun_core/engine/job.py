@@ -11,7 +11,8 @@ import itertools
 import threading
 import time
 import weakref
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from ..adapters.manager import NO_ADAPTERS
 from ..events import Admitted
@@ -50,7 +51,7 @@ class _Courier:
             q.put_nowait(events)
 
 
-_couriers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Courier]" = \
+_couriers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Courier] = \
     weakref.WeakKeyDictionary()
 
 
@@ -84,13 +85,13 @@ class Job:
 class CallJob(Job):
     """Run ``fn`` on the worker thread between decode steps (embeddings, mounting)."""
 
-    def __init__(self, loop: Optional[asyncio.AbstractEventLoop], fn: Callable[[], Any]):
+    def __init__(self, loop: asyncio.AbstractEventLoop | None, fn: Callable[[], Any]):
         super().__init__()
         self.loop, self.fn = loop, fn
-        self.future: Optional[asyncio.Future] = loop.create_future() if loop else None
+        self.future: asyncio.Future | None = loop.create_future() if loop else None
         self.done = threading.Event()
         self.result: Any = None
-        self.error: Optional[BaseException] = None
+        self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
@@ -122,7 +123,7 @@ class GenerationJob(Job):
     """
 
     def __init__(self, request: GenerationRequest, tokenizer, sink: EventSink,
-                 limit: Optional[int], draft=None, cache_namespace=None, adapters=None):
+                 limit: int | None, draft=None, cache_namespace=None, adapters=None):
         super().__init__()
         self.adapters = adapters if adapters is not None else NO_ADAPTERS
         # prefix-cache key space (model, adapter, KV settings, media); None: never cached
@@ -134,7 +135,7 @@ class GenerationJob(Job):
         self.draft = draft if request.grammar is None and request.media is None else None
         self.session = GenerationSession(request, tokenizer, limit)
         self.sink = sink
-        self.started: Optional[float] = None
+        self.started: float | None = None
         self.reserved_bytes = 0  # KV held against the memory budget while it runs
 
     def mark_started(self, lane: str) -> None:
@@ -165,6 +166,6 @@ class GenerationJob(Job):
             events += self.session.finish("stop")
         self.emit(events)
 
-    def close(self, reason: str, error: Optional[str] = None) -> None:
+    def close(self, reason: str, error: str | None = None) -> None:
         """End the job now (cancelled, failed): flush and post ``Done``; idempotent."""
         self.emit(self.session.finish(reason, error=error))

@@ -102,7 +102,7 @@ class TokenPieces:
         return hit
 
 
-_pieces: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_pieces: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def pieces_for(tokenizer) -> TokenPieces:

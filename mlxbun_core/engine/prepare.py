@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Optional
 
 from ..errors import APIError, BadRequest
 from ..grammar import GrammarPlan
@@ -25,7 +24,7 @@ class Prepared:
     """A request ready to queue, plus what the surface needs to answer it."""
 
     request: GenerationRequest
-    warning: Optional[str] = None  # the Warning header: a constraint that is not enforced
+    warning: str | None = None  # the Warning header: a constraint that is not enforced
 
 
 def vocab_size(model) -> int:
@@ -106,7 +105,7 @@ def _sampler(model, gen: GenerationRequest) -> None:
         gen.sampler = gen.sampling.sampler(model.tokenizer)
         gen.processors = gen.sampling.logits_processors()
     except ValueError as exc:  # mlx-lm's own argument checks
-        raise BadRequest(str(exc))
+        raise BadRequest(str(exc)) from None
 
 
 def with_instruction(msgs: list, instruction: str) -> list:

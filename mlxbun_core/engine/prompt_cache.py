@@ -27,8 +27,8 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 log = logging.getLogger("mlxbun.cache")
 
@@ -50,7 +50,7 @@ class _Plan:
 
 
 class PrefixCache:
-    def __init__(self, max_bytes: int, tier=None, post: Optional[Callable] = None):
+    def __init__(self, max_bytes: int, tier=None, post: Callable | None = None):
         """``tier``: an SSD store (or None); ``post(fn)`` runs ``fn`` on the MLX owner
         thread (the idle-demotion sweep is timed on the tier's writer thread)."""
         from mlx_lm.models.cache import LRUPromptCache
@@ -63,7 +63,7 @@ class PrefixCache:
         self.ssd_hits = self.ssd_hit_tokens = 0
         self.ssd_skipped = 0  # disk entries left alone: recomputing them was faster
         # prompt tokens a second this device prefills (the engine's pacer); None: unknown
-        self.prefill_rate: Callable[[], Optional[float]] = lambda: None
+        self.prefill_rate: Callable[[], float | None] = lambda: None
         if self.tier is not None and post is not None and self.tier.config.demote_idle_s > 0:
             age = self.tier.config.demote_idle_s
             self.tier.queue.on_tick(lambda: self._idle_sweep(post), min(30.0, max(0.05, age / 4)))
@@ -73,7 +73,7 @@ class PrefixCache:
         return self.max_bytes > 0
 
     # -- lookups ---------------------------------------------------------------------
-    def lookup(self, namespace, tokens: list) -> tuple[Optional[list], int]:
+    def lookup(self, namespace, tokens: list) -> tuple[list | None, int]:
         """``(cache, n)``: a private cache holding ``tokens[:n]``, or ``(None, 0)``."""
         if not self.enabled or len(tokens) < 2:
             return None, 0
@@ -96,7 +96,7 @@ class PrefixCache:
             self.hit_tokens += plan.n
         return cache, plan.n
 
-    def _plan(self, namespace, tokens: list, need_tail: bool = True) -> Optional[_Plan]:
+    def _plan(self, namespace, tokens: list, need_tail: bool = True) -> _Plan | None:
         """Which RAM entry serves ``tokens`` and how (mlx-lm's ``fetch_nearest_cache``
         rule, without copying anything yet)."""
         trie = self._lru._trie
@@ -108,10 +108,10 @@ class PrefixCache:
                 return _Plan(list(tokens), 1, len(tokens) - 1)
             return self._plan(namespace, tokens[:-1], need_tail=False)
         short = len(found.shorter) if found.shorter is not None else 0
-        if found.longer is not None and found.common_prefix > short:
-            if trimmable(trie.get(namespace, found.longer).prompt_cache):
-                n = min(len(tokens) - 1, found.common_prefix)
-                return _Plan(found.longer, len(found.longer) - n, n)
+        if (found.longer is not None and found.common_prefix > short
+                and trimmable(trie.get(namespace, found.longer).prompt_cache)):
+            n = min(len(tokens) - 1, found.common_prefix)
+            return _Plan(found.longer, len(found.longer) - n, n)
         if short > 0:
             return _Plan(found.shorter, 0, short)
         return None
@@ -140,7 +140,7 @@ class PrefixCache:
                 whole = whole or "__value__" in node
         return n, whole
 
-    def _restore(self, namespace, tokens: list, ram_n: int) -> Optional[tuple[list, int]]:
+    def _restore(self, namespace, tokens: list, ram_n: int) -> tuple[list, int] | None:
         """``(cache, n)`` from the best SSD entry when it beats the RAM hit clearly; the
         restored entry also joins RAM (already durable)."""
         from mlx_lm.models.cache import trim_prompt_cache

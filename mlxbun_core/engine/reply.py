@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from ..errors import APIError
 from ..events import Content, Done, Finish, Reasoning, ToolCallEvent
@@ -14,7 +13,7 @@ class Reply:
     content: str = ""
     reasoning: str = ""
     tool_calls: list = field(default_factory=list)
-    finish: Optional[Finish] = None
+    finish: Finish | None = None
 
 
 def gather(events: list) -> Reply:

@@ -11,8 +11,8 @@ model work) and carries nothing protocol-specific.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
-from typing import Iterator, Optional, Union
 
 from ..chat_template import check_reasoning_effort
 from ..errors import BadRequest
@@ -20,8 +20,14 @@ from ..grammar import GrammarRequest, budget_close, resolve_grammar_request
 from ..media import parts as media_parts
 from ..toolcalls.choice import ToolChoice, check_tools, parse_parallel, parse_tool_choice
 from ..toolcalls.history import normalize_history
-from .sampling import (SamplingParams, check_field, described, max_tokens_from,
-                       stop_sequences, type_error)
+from .sampling import (
+    SamplingParams,
+    check_field,
+    described,
+    max_tokens_from,
+    stop_sequences,
+    type_error,
+)
 
 MAX_CHOICES = 16  # ``n``: choices per request (each is its own job; OpenAI allows 128)
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # OpenAI's
@@ -31,13 +37,13 @@ class GenerateOptions:
     """What chat and completion requests share."""
 
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    max_tokens: Optional[int] = None  # None: until EOS or the admitted context ends
+    max_tokens: int | None = None  # None: until EOS or the admitted context ends
     stop: list = field(default_factory=list)
-    grammar: Optional[GrammarRequest] = None
+    grammar: GrammarRequest | None = None
     budget_close: bool = True  # a constrained reply closes within max_tokens (grammar/budget.py)
     stream: bool = False
     n: int = 1  # choices to generate for the one prompt (see :func:`choice_requests`)
-    adapter: Optional[str] = None  # the request's ``adapter`` field, as given
+    adapter: str | None = None  # the request's ``adapter`` field, as given
     surface_state: dict = field(default_factory=dict)  # the surface's own; the engine ignores it
 
 
@@ -46,14 +52,14 @@ class ChatRequest(GenerateOptions):
     """A chat turn: normalized messages plus everything that shapes the reply."""
 
     messages: list = field(default_factory=list)
-    tools: Optional[list] = None
+    tools: list | None = None
     tool_choice: str = "auto"  # "auto" | "none" | "required" | "function"
-    tool_name: Optional[str] = None  # the forced function when tool_choice == "function"
+    tool_name: str | None = None  # the forced function when tool_choice == "function"
     parallel_tool_calls: bool = True
     template_kwargs: dict = field(default_factory=dict)
-    reasoning_effort: Optional[str] = None
+    reasoning_effort: str | None = None
     media: list = field(default_factory=list)  # MediaRefs of the media parts, in document order
-    media_items: Optional[list] = None  # the same, fetched and decoded (Engine.prepare fills it)
+    media_items: list | None = None  # the same, fetched and decoded (Engine.prepare fills it)
 
     @property
     def media_kinds(self) -> tuple:
@@ -68,7 +74,7 @@ class CompletionRequest(GenerateOptions):
     prompt: str = ""
 
 
-GenerationInput = Union[ChatRequest, CompletionRequest]
+GenerationInput = ChatRequest | CompletionRequest
 SEED_SPACE = 2**64
 
 
@@ -88,7 +94,7 @@ def choice_requests(req: GenerationInput) -> Iterator[GenerationInput]:
         yield replace(req, sampling=sampling, surface_state=dict(req.surface_state))
 
 
-def _options(body: dict, defaults: dict, server_max_tokens: Optional[int]) -> GenerateOptions:
+def _options(body: dict, defaults: dict, server_max_tokens: int | None) -> GenerateOptions:
     """The shared fields of an OpenAI chat or completion body."""
     stream = boolean_field(body.get("stream"), "stream")
     adapter = string_field(body.get("adapter"), "adapter")
@@ -109,7 +115,7 @@ def boolean_field(value, name: str, default: bool = False) -> bool:
     return value
 
 
-def string_field(value, name: str) -> Optional[str]:
+def string_field(value, name: str) -> str | None:
     """An optional string sent as ``name``."""
     if value is not None and not isinstance(value, str):
         raise type_error(name, "a string", value)
@@ -124,8 +130,8 @@ def template_kwargs_field(value, name: str = "chat_template_kwargs") -> dict:
     return dict(value)
 
 
-def parse_completion(body: dict, defaults: Optional[dict] = None,
-                     server_max_tokens: Optional[int] = None) -> CompletionRequest:
+def parse_completion(body: dict, defaults: dict | None = None,
+                     server_max_tokens: int | None = None) -> CompletionRequest:
     """An OpenAI /v1/completions body."""
     text = body.get("prompt")
     if not isinstance(text, str) or not text:
@@ -134,8 +140,8 @@ def parse_completion(body: dict, defaults: Optional[dict] = None,
     return CompletionRequest(prompt=text, **_shared(options))
 
 
-def parse_chat(body: dict, defaults: Optional[dict] = None,
-               server_max_tokens: Optional[int] = None) -> ChatRequest:
+def parse_chat(body: dict, defaults: dict | None = None,
+               server_max_tokens: int | None = None) -> ChatRequest:
     """An OpenAI /v1/chat/completions body."""
     messages = body.get("messages")
     if messages is None or messages == []:
@@ -153,9 +159,9 @@ def parse_chat(body: dict, defaults: Optional[dict] = None,
                         template_kwargs=kwargs, reasoning_effort=effort)
 
 
-def chat_request(options: GenerateOptions, messages: list, *, tools: Optional[list] = None,
+def chat_request(options: GenerateOptions, messages: list, *, tools: list | None = None,
                  choice: ToolChoice = ToolChoice(), parallel: bool = True,
-                 template_kwargs: Optional[dict] = None, reasoning_effort: Optional[str] = None,
+                 template_kwargs: dict | None = None, reasoning_effort: str | None = None,
                  name: str = "messages") -> ChatRequest:
     """The typed chat request every chat surface ends in, from its checked parts and its
     messages in the chat shape (normalized here; errors name them ``name``). Tools are
@@ -202,9 +208,9 @@ def normalize_message(m, media: list, index: int = 0, name: str = "messages") ->
     m = dict(m)
     if m["role"] == "developer":  # OpenAI's newer name for system; templates know "system"
         m["role"] = "system"
-    if m["role"] == "assistant":
-        if not isinstance(m.get("reasoning_content"), str) and isinstance(m.get("reasoning"), str):
-            m["reasoning_content"] = m["reasoning"]
+    if (m["role"] == "assistant" and not isinstance(m.get("reasoning_content"), str)
+            and isinstance(m.get("reasoning"), str)):
+        m["reasoning_content"] = m["reasoning"]
     content = m.get("content")
     if isinstance(content, list):
         m["content"], refs = media_parts.split_content(content, param=name)

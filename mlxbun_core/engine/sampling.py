@@ -5,9 +5,9 @@ processors (so behaviour matches it)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
-from typing import Collection, Optional
 
 from ..errors import BadRequest
 
@@ -53,7 +53,7 @@ def described(value) -> str:
     return _KINDS.get(type(value), type(value).__name__)
 
 
-def type_error(name: str, expected: str, value, param: Optional[str] = None) -> BadRequest:
+def type_error(name: str, expected: str, value, param: str | None = None) -> BadRequest:
     """``<name> must be <expected> (got <value>)``: the field, the type in words, what came."""
     return BadRequest(f"{name} must be {expected} (got {described(value)})",
                       param=param or name)
@@ -103,21 +103,21 @@ class SamplingParams:
     min_p: float = 0.0
     xtc_probability: float = 0.0
     xtc_threshold: float = 0.1
-    repetition_penalty: Optional[float] = None
+    repetition_penalty: float | None = None
     repetition_context_size: int = 20
-    presence_penalty: Optional[float] = None
+    presence_penalty: float | None = None
     presence_context_size: int = 20
-    frequency_penalty: Optional[float] = None
+    frequency_penalty: float | None = None
     frequency_context_size: int = 20
-    logit_bias: Optional[dict] = None
-    seed: Optional[int] = None
+    logit_bias: dict | None = None
+    seed: int | None = None
     logprobs: bool = False
     top_logprobs: int = -1
     extra_processors: list = field(default_factory=list)  # e.g. a grammar mask, applied last
 
     @classmethod
     def from_body(cls, body: dict, defaults: dict | None = None,
-                  accepted: Optional[Collection[str]] = None) -> "SamplingParams":
+                  accepted: Collection[str] | None = None) -> SamplingParams:
         """Request values win over ``defaults`` (generation_config.json + server flags).
         ``accepted``: the sampler fields the surface takes from its body (None: all of
         them); the others are not read (a surface without them ignores them)."""
@@ -178,7 +178,7 @@ def _sampler(key):
                         xtc_special_tokens=list(xtc_special))
 
 
-def max_tokens_from(body: dict, default: Optional[int]) -> Optional[int]:
+def max_tokens_from(body: dict, default: int | None) -> int | None:
     """``max_completion_tokens`` wins over ``max_tokens``; unset means no cap."""
     for name in ("max_completion_tokens", "max_tokens"):
         if body.get(name) is not None:
@@ -186,7 +186,7 @@ def max_tokens_from(body: dict, default: Optional[int]) -> Optional[int]:
     return default
 
 
-def max_tokens_field(value, name: str, default: Optional[int]) -> Optional[int]:
+def max_tokens_field(value, name: str, default: int | None) -> int | None:
     """A completion limit sent as ``name`` (each surface has its own): a positive
     integer, or ``default`` when it is None."""
     if value is None:

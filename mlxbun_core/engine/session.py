@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from ..events import Content, Done, Finish, TokenLogprob, ToolCallEvent, Usage
 from .logprobs import LogprobRecorder
@@ -23,10 +23,10 @@ __all__ = ["GenerationRequest", "GenerationSession", "Usage", "Finish"]
 class GenerationRequest:
     prompt_tokens: list
     sampling: SamplingParams
-    max_tokens: Optional[int] = None
+    max_tokens: int | None = None
     stop: list = field(default_factory=list)
-    think_start: Optional[str] = None
-    think_end: Optional[str] = None
+    think_start: str | None = None
+    think_end: str | None = None
     in_reasoning: bool = False
     tool_parser: Any = None  # StreamingToolParser or None
     input_embeddings: Any = None
@@ -43,7 +43,7 @@ class GenerationSession:
     never touches the model, so serial and batched lanes share it unchanged.
     """
 
-    def __init__(self, req: GenerationRequest, tokenizer, limit: Optional[int]):
+    def __init__(self, req: GenerationRequest, tokenizer, limit: int | None):
         self.req = req
         self.tokenizer = tokenizer
         self.limit = limit  # effective max completion tokens (None = until EOS)
@@ -55,14 +55,14 @@ class GenerationSession:
         if req.grammar is not None and hasattr(req.grammar, "set_budget"):
             req.grammar.set_budget(limit)  # close the constrained reply within the limit
         self.usage = Usage(prompt_tokens=len(req.prompt_tokens))
-        self.logprobs: Optional[list] = None
+        self.logprobs: list | None = None
         if req.sampling.wants_logprobs:
             self.logprobs = []
             self.recorder = LogprobRecorder(tokenizer, req.sampling.top_logprobs)
         self.saw_tool_call = False
-        self.finished: Optional[Finish] = None
+        self.finished: Finish | None = None
         self.t0 = time.perf_counter()
-        self.t_first: Optional[float] = None
+        self.t_first: float | None = None
         self.phases: dict = {}  # seconds per phase, filled by the lane (admission_wait_s, ...)
         self.on_finish = None  # called with the Finish once it ends (metrics)
 
@@ -122,7 +122,7 @@ class GenerationSession:
         forced = getattr(self.req.grammar, "forced_from", None)
         return forced is not None and forced < self.usage.completion_tokens
 
-    def finish(self, reason: str, error: Optional[str] = None) -> list:
+    def finish(self, reason: str, error: str | None = None) -> list:
         """Flush held-back text and close; idempotent."""
         if self.finished is not None:
             return []

@@ -6,8 +6,6 @@ a possible think marker), so nothing is ever sent that must later be retracted.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from ..events import Content, Reasoning
 from ..holdback import held_marker_prefix
 
@@ -18,7 +16,7 @@ class StopMatcher:
     def __init__(self, stops: list[str]):
         self.stops = [s for s in stops if s]
         self.pending = ""
-        self.stopped: Optional[str] = None
+        self.stopped: str | None = None
 
     def feed(self, text: str) -> str:
         if self.stopped is not None:
@@ -45,7 +43,7 @@ class StopMatcher:
 class ReasoningSplitter:
     """Routes text inside ``<think>…</think>`` to reasoning, the rest to content."""
 
-    def __init__(self, start: Optional[str], end: Optional[str], in_reasoning: bool = False):
+    def __init__(self, start: str | None, end: str | None, in_reasoning: bool = False):
         self.start, self.end = start, end
         self.inside = in_reasoning
         self.pending = ""

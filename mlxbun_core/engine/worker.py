@@ -12,7 +12,8 @@ import asyncio
 import logging
 import queue
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import QueueFull
 from .job import CallJob, GenerationJob, Job
@@ -33,7 +34,7 @@ class ModelWorker:
     def __init__(self, max_waiting: int = 64):
         self.max_waiting = max_waiting
         self.lanes: list = []  # set by the engine once the model is loaded (on this thread)
-        self._inbox: "queue.Queue[Any]" = queue.Queue()
+        self._inbox: queue.Queue[Any] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="mlxbun-worker", daemon=True)
         self._thread.start()
 

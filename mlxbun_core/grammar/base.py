@@ -10,9 +10,10 @@ Nothing here knows the plugin machinery.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Optional, Protocol
+from typing import Protocol
 
 import mlx.core as mx
 import numpy as np
@@ -30,9 +31,9 @@ class GrammarCompileError(Exception):
 class Matcher(Protocol):
     def consume(self, ids: list[int]) -> bool: ...          # False: token rejected
     def fill(self, bits: np.ndarray) -> None: ...           # 1-D int32, (vocab+31)//32 words
-    def error(self) -> Optional[str]: ...
+    def error(self) -> str | None: ...
     # for the budget-aware close (:mod:`.budget`), which searches on copies:
-    def fork(self) -> "Matcher": ...                        # an independent copy
+    def fork(self) -> Matcher: ...                        # an independent copy
     def try_token(self, token: int) -> bool: ...            # consume if allowed, else no change
     def accepting(self) -> bool: ...                        # the grammar may end here
 
@@ -46,7 +47,7 @@ class CompiledGrammar:
     vocab_size: int                 # tokenizer ids covered by the bitmask
     eos_ids: tuple
     new_matcher: Callable[[], Matcher]
-    vocab: Optional[ByteVocab] = None
+    vocab: ByteVocab | None = None
 
 
 def hf_tokenizer(tokenizer):
@@ -91,7 +92,7 @@ class GrammarProcessor:
     close first overrode a choice the grammar left open, or None.
     """
 
-    def __init__(self, compiled: CompiledGrammar, prompt_len: Optional[int] = None):
+    def __init__(self, compiled: CompiledGrammar, prompt_len: int | None = None):
         self.compiled = compiled
         self.matcher = compiled.new_matcher()
         self.prompt_len = prompt_len
@@ -99,8 +100,8 @@ class GrammarProcessor:
         self.consumed = 0
         self.done = False
         self.stopped = False            # EOS consumed
-        self.error: Optional[str] = None
-        self.budget: Optional[Budget] = None
+        self.error: str | None = None
+        self.budget: Budget | None = None
         self.close_on_budget = True     # the request's switch (``budget_close``)
         self.sampler = None             # the request's sampler: guards the last steps
         n = (compiled.vocab_size + 31) // 32
@@ -118,9 +119,9 @@ class GrammarProcessor:
         of a think channel the prompt opened); the grammar constrains what follows."""
         self.wait_for = tuple(marker_ids) or None
 
-    wait_for: Optional[tuple] = None
+    wait_for: tuple | None = None
 
-    def set_budget(self, limit: Optional[int]) -> None:
+    def set_budget(self, limit: int | None) -> None:
         """Close within ``limit`` completion tokens (unless switched off or no search)."""
         vocab = self.compiled.vocab
         if limit is None or not self.close_on_budget or vocab is None:
@@ -130,7 +131,7 @@ class GrammarProcessor:
         self.budget = Budget(search, limit, self.sampler)
 
     @property
-    def forced_from(self) -> Optional[int]:
+    def forced_from(self) -> int | None:
         return None if self.budget is None else self.budget.forced_from
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
@@ -222,7 +223,7 @@ class GrammarProcessor:
         return self._mask(logits)
 
 
-def make_processor(compiled: CompiledGrammar, prompt_len: Optional[int] = None) -> GrammarProcessor:
+def make_processor(compiled: CompiledGrammar, prompt_len: int | None = None) -> GrammarProcessor:
     return GrammarProcessor(compiled, prompt_len)
 
 
@@ -231,10 +232,10 @@ class GrammarPlan:
     """What the engine/server does for one request. ``processor``: append last to the
     logits processors. ``warning``: send as ``Warning`` header. ``instruction``: chat
     only, prepend as a system message (degrade path)."""
-    processor: Optional[GrammarProcessor] = None
-    warning: Optional[str] = None
-    instruction: Optional[str] = None
-    request: Optional[GrammarRequest] = None
+    processor: GrammarProcessor | None = None
+    warning: str | None = None
+    instruction: str | None = None
+    request: GrammarRequest | None = None
 
     @property
     def whole_reply(self) -> bool:

@@ -79,9 +79,7 @@ class RegexParser:
             elif c in ".^$":
                 self.i += 1
                 item = ["other", None, start]
-            elif c in "*+?":
-                raise Unsupported("dangling quantifier")
-            elif c == "{" and _QUANT.match(p, self.i):
+            elif c in "*+?" or (c == "{" and _QUANT.match(p, self.i)):
                 raise Unsupported("dangling quantifier")
             else:
                 self.i += 1

@@ -27,10 +27,8 @@ from __future__ import annotations
 import json
 import re
 from copy import copy
-from typing import Optional
 
 from .grammar_text import RegexParser, Unsupported, lark_tokens, unescape_guess
-
 
 # ---------------------------------------------------------------- tokenizer
 
@@ -154,7 +152,7 @@ class SpecialRewriter:
             out.append((text[pos:], None))
         return out
 
-    def literal(self, text: str) -> Optional[str]:
+    def literal(self, text: str) -> str | None:
         """Lark expression for the literal ``text``, or None when it has no special."""
         pieces = self._split(text)
         if pieces is None:
@@ -167,7 +165,7 @@ class SpecialRewriter:
         return " | ".join(self.literal(o) or json.dumps(o, ensure_ascii=False) for o in options)
 
     # -- regex
-    def regex(self, pattern: str, use_ascii: str = "dw") -> Optional[str]:
+    def regex(self, pattern: str, use_ascii: str = "dw") -> str | None:
         """Lark expression matching ``pattern`` with special texts as tokens, or None
         (no occurrence, or syntax this rewriter does not follow: keep it as text)."""
         if self._pat is None or not self._pat.search(unescape_guess(pattern)):
@@ -232,7 +230,7 @@ class SpecialRewriter:
         return None if out is None else "(" + out + ")"
 
     # -- lark
-    def lark(self, text: str) -> Optional[str]:
+    def lark(self, text: str) -> str | None:
         """``text`` (Lark) with special texts in rule strings/regexes as tokens; terminals
         that contain one become rules. None when nothing changes or on doubt."""
         if self._pat is None or not self._pat.search(unescape_guess(text)):
@@ -306,7 +304,7 @@ class SpecialRewriter:
                         changed = True
         return "".join(out) if changed else None
 
-    def _string_rewrite(self, tok: str) -> Optional[str]:
+    def _string_rewrite(self, tok: str) -> str | None:
         if not tok.endswith('"'):         # "..."i: case-insensitive, leave as text
             return None
         try:
@@ -315,7 +313,7 @@ class SpecialRewriter:
             return None
         return self.literal(s) if isinstance(s, str) else None
 
-    def _regex_tok_rewrite(self, tok: str) -> Optional[str]:
+    def _regex_tok_rewrite(self, tok: str) -> str | None:
         if not tok.endswith("/"):         # /.../flags: leave as text
             return None
         return self.regex(tok[1:-1], use_ascii="")

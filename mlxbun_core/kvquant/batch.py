@@ -16,8 +16,6 @@ takes a mix of quantized and not-yet-quantized rows. Rows leaving the batch
 
 from __future__ import annotations
 
-from typing import List
-
 import mlx.core as mx
 from mlx.utils import tree_map, tree_reduce
 from mlx_lm.models.base import create_causal_mask
@@ -85,7 +83,7 @@ def _zeros_like_rows(x: mx.array, rows: int, length: int) -> mx.array:
 class BatchQuantizedKVCache(_BaseCache):
     step = 256
 
-    def __init__(self, left_padding: List[int], group_size: int = 64, bits: int = 8):
+    def __init__(self, left_padding: list[int], group_size: int = 64, bits: int = 8):
         self.keys = self.values = None  # (packed, scales, biases), each (B, H, T, ·)
         self.left_padding = mx.array(left_padding)
         self.offset = mx.array([-p for p in left_padding])
@@ -94,7 +92,7 @@ class BatchQuantizedKVCache(_BaseCache):
         self.group_size, self.bits = group_size, bits
 
     @classmethod
-    def from_plain(cls, c: BatchKVCache, group_size: int, bits: int) -> "BatchQuantizedKVCache":
+    def from_plain(cls, c: BatchKVCache, group_size: int, bits: int) -> BatchQuantizedKVCache:
         """``c`` (a ``BatchKVCache``) quantized, padding and offsets kept."""
         q = cls.__new__(cls)
         q.group_size, q.bits = group_size, bits
@@ -228,7 +226,7 @@ class BatchQuantizedKVCache(_BaseCache):
         return cache
 
     @classmethod
-    def merge(cls, caches: list) -> "BatchQuantizedKVCache":
+    def merge(cls, caches: list) -> BatchQuantizedKVCache:
         """Rows (``QuantizedKVCache``) right-aligned into one batch, as ``BatchKVCache.merge``."""
         g, b = caches[0].group_size, caches[0].bits
         lengths = [c.offset if c.keys is not None else 0 for c in caches]

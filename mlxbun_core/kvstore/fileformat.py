@@ -22,15 +22,16 @@ next start reaps.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
 import os
 import struct
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional
 
 import numpy as np
 import xxhash
@@ -123,7 +124,7 @@ def _header_bytes(body: dict, table: dict) -> bytes:
 
 def write_entry(directory: Path, header: dict, tokens: np.ndarray,
                 tensors: list, mx_dtypes: list, *, strong: bool = False,
-                cancelled: Callable[[], bool] = lambda: False) -> tuple[Optional[Path], int]:
+                cancelled: Callable[[], bool] = lambda: False) -> tuple[Path | None, int]:
     """Write one entry atomically into ``directory``; ``(path, size)`` of the new file.
 
     ``tensors`` are host arrays (numpy views of evaluated MLX arrays, strided or not),
@@ -181,10 +182,8 @@ def write_entry(directory: Path, header: dict, tokens: np.ndarray,
     finally:
         os.close(fd)
         if not ok:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            except OSError:
-                pass
 
 
 @dataclass
@@ -212,7 +211,7 @@ def read_header(path: Path, f=None) -> EntryHeader:
     """The checked header and token ids of ``path`` (reads no tensor bytes)."""
     own = f is None
     if own:
-        f = open(path, "rb", buffering=0)
+        f = open(path, "rb", buffering=0)  # noqa: SIM115 (closed in the finally below)
     try:
         size = os.fstat(f.fileno()).st_size
         (hlen,) = _LEN.unpack(_read_exact(f, _LEN.size))
@@ -262,10 +261,8 @@ def drop_pages(f) -> None:
     """Tell the OS the file's pages will not be read again (Linux; a no-op elsewhere)."""
     advise = getattr(os, "posix_fadvise", None)
     if advise is not None:
-        try:
+        with contextlib.suppress(OSError):
             advise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-        except OSError:
-            pass
 
 
 def reap_orphans(directory: Path) -> int:
@@ -295,10 +292,8 @@ def reap_orphans(directory: Path) -> int:
     return removed
 
 
-def maybe_remove(path: Optional[Path]) -> None:
+def maybe_remove(path: Path | None) -> None:
     if path is None:
         return
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass

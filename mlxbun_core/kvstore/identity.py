@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 import platform
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import xxhash
 

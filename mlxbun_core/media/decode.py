@@ -13,7 +13,6 @@ import io
 import math
 import struct
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 
@@ -38,7 +37,7 @@ def _fail(kind: str, why) -> MediaDecodeError:
 
 # ---------------------------------------------------------------- images
 
-_heif_ready: Optional[bool] = None
+_heif_ready: bool | None = None
 
 
 def _register_heif() -> bool:

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from blacksheep import Request
 

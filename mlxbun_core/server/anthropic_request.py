@@ -13,11 +13,16 @@ tools and tool search :mod:`.anthropic_tools`.
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 from ..chat_template import check_reasoning_effort
-from ..engine.request import (ChatRequest, GenerateOptions, chat_request, string_field,
-                              template_kwargs_field)
+from ..engine.request import (
+    ChatRequest,
+    GenerateOptions,
+    chat_request,
+    string_field,
+    template_kwargs_field,
+)
 from ..engine.sampling import SamplingParams, max_tokens_field, stop_sequences
 from ..errors import BadRequest
 from ..grammar.request import GrammarRequest, budget_close, json_schema, response_format_request
@@ -145,7 +150,7 @@ def _assistant_message(content) -> dict:
     return msg
 
 
-def _output_format(body: dict) -> Optional[tuple[dict, str]]:
+def _output_format(body: dict) -> tuple[dict, str] | None:
     """The requested output format and the name it came as (``output_config.format``,
     or the older beta spelling ``output_format``), or None."""
     config = body.get("output_config")
@@ -159,7 +164,7 @@ def _output_format(body: dict) -> Optional[tuple[dict, str]]:
     return fmt, where
 
 
-def _grammar(body: dict, output: Optional[tuple[dict, str]]) -> Optional[GrammarRequest]:
+def _grammar(body: dict, output: tuple[dict, str] | None) -> GrammarRequest | None:
     """The output format as a grammar; without one, the ``response_format`` extension."""
     if output is None:
         return response_format_request(body.get("response_format"))
@@ -167,8 +172,8 @@ def _grammar(body: dict, output: Optional[tuple[dict, str]]) -> Optional[Grammar
     return GrammarRequest("json_schema", json_schema(fmt.get("schema"), where))
 
 
-def parse_request(body: dict, defaults: Optional[dict] = None,
-                  server_max_tokens: Optional[int] = None, *,
+def parse_request(body: dict, defaults: dict | None = None,
+                  server_max_tokens: int | None = None, *,
                   need_max_tokens: bool = True) -> ChatRequest:
     """An Anthropic Messages body as the engine's typed chat request (``defaults``: the
     served model's sampling defaults; ``server_max_tokens``: the operator's cap).
@@ -201,7 +206,7 @@ def parse_request(body: dict, defaults: Optional[dict] = None,
                         reasoning_effort=check_reasoning_effort(*effort))
 
 
-def _effort(body: dict, turn_effort: Optional[tuple[str, str]]) -> tuple[Optional[str], str]:
+def _effort(body: dict, turn_effort: tuple[str, str] | None) -> tuple[str | None, str]:
     """The effort for the turn being generated and the field it came from: the
     ``reasoning_effort`` extension, else a system message's for this turn, else the
     top-level ``output_config.effort``."""
@@ -212,7 +217,7 @@ def _effort(body: dict, turn_effort: Optional[tuple[str, str]]) -> tuple[Optiona
 
 
 def _messages(body: dict, messages: list,
-              tools: ToolSet) -> tuple[list, Optional[tuple[str, str]]]:
+              tools: ToolSet) -> tuple[list, tuple[str, str] | None]:
     """The chat messages, and the effort a system message set for the turn being generated
     (one after the last assistant turn) with the field it came as."""
     out = []

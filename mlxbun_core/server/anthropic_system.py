@@ -17,7 +17,6 @@ Such blocks are dropped unless ``MLXBUN_KEEP_VOLATILE_SYSTEM=1`` (``mlxbun serve
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 from ..errors import BadRequest
 
@@ -65,7 +64,7 @@ def system_prompt(content) -> str:
     return "".join(texts)
 
 
-def _effort(config, where: str) -> Optional[str]:
+def _effort(config, where: str) -> str | None:
     """``output_config.effort`` as our ``reasoning_effort`` (Anthropic's "max" is our "xhigh")."""
     if config is None:
         return None
@@ -79,7 +78,7 @@ def _effort(config, where: str) -> Optional[str]:
     return {"max": "xhigh"}.get(effort, effort)
 
 
-def system_message(m: dict, i: int, later_user: bool) -> tuple[Optional[dict], Optional[str]]:
+def system_message(m: dict, i: int, later_user: bool) -> tuple[dict | None, str | None]:
     """``messages[i]`` with role system: the chat message it renders as (None when it
     shows nothing) and the effort it sets for the turn it belongs to."""
     where = f"messages[{i}]"
@@ -139,5 +138,5 @@ def thinking_omitted(body: dict) -> bool:
     return isinstance(thinking, dict) and thinking.get("display") == "omitted"
 
 
-def top_effort(body: dict) -> Optional[str]:
+def top_effort(body: dict) -> str | None:
     return _effort(body.get("output_config"), "output_config")

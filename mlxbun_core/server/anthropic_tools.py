@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Optional
 
 from ..errors import BadRequest
 from ..toolcalls.choice import ToolChoice
@@ -75,7 +74,7 @@ def reference_text(block: dict, tools: ToolSet) -> str:
     return "<function>" + json.dumps(shown, ensure_ascii=False) + "</function>\n"
 
 
-def tool_choice(choice, tools: list | None) -> tuple[ToolChoice, Optional[bool]]:
+def tool_choice(choice, tools: list | None) -> tuple[ToolChoice, bool | None]:
     """Anthropic's tool_choice as the engine's ``(ToolChoice, parallel_tool_calls)``
     (``parallel`` None: not said). Without tools shown up front the choice is auto."""
     if choice is None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import importlib
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from blacksheep import Request
 
-from .. import blas
-from .. import metrics
-from ..webchat.store import SessionStore, sessions_dir as default_sessions_dir
+from .. import blas, metrics
+from ..webchat.store import SessionStore
+from ..webchat.store import sessions_dir as default_sessions_dir
 from . import guard
 from .common import allowed_methods, json_response, method_not_allowed, openai_error
 from .guard import GuardRules
@@ -50,8 +50,8 @@ def error_shape(path: str):
     return openai_error
 
 
-def build_app(engine: Engine, *, api_key: Optional[str] = None,
-              sessions_dir: Optional[Path] = None) -> App:
+def build_app(engine: Engine, *, api_key: str | None = None,
+              sessions_dir: Path | None = None) -> App:
     """The application serving ``engine``. ``sessions_dir``: where the web chat keeps
     sessions (default: under our home)."""
     state = AppState(engine=engine, guard=GuardRules(api_key=api_key),

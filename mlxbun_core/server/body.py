@@ -63,7 +63,7 @@ async def _read_capped(request: Request, limit: int) -> bytes:
             if len(data) > limit:  # chunked bodies declare no length
                 raise BodyTooLarge(limit)
     except MessageAborted:
-        raise BadRequest("the client disconnected while sending the body")
+        raise BadRequest("the client disconnected while sending the body") from None
     return bytes(data)
 
 
@@ -100,22 +100,22 @@ def parse_body(raw: bytes) -> dict:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise BadRequest(f"request body is not valid UTF-8 (byte {exc.start})")
+        raise BadRequest(f"request body is not valid UTF-8 (byte {exc.start})") from None
     if nesting_depth(raw) > MAX_DEPTH:
         raise BadRequest(f"invalid JSON body: nested deeper than {MAX_DEPTH} levels")
     try:
         body = json.loads(text, parse_constant=_no_constants, parse_float=_finite)
     except ValueError as exc:  # JSONDecodeError is a ValueError; so is a 5000-digit int
-        raise BadRequest(f"invalid JSON body: {exc}")
+        raise BadRequest(f"invalid JSON body: {exc}") from None
     except RecursionError:  # only if the depth scan and the decoder ever disagree
-        raise BadRequest(f"invalid JSON body: nested deeper than {MAX_DEPTH} levels")
+        raise BadRequest(f"invalid JSON body: nested deeper than {MAX_DEPTH} levels") from None
     if not isinstance(body, dict):
         raise BadRequest(f"invalid JSON body: expected an object, got {_JSON_TYPES[type(body)]}")
     if _SURROGATE.search(raw):  # "\ud800" decodes to a lone surrogate no tokenizer encodes
         try:
             json.dumps(body, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
-            raise BadRequest("invalid JSON body: unpaired UTF-16 surrogate in a string")
+            raise BadRequest("invalid JSON body: unpaired UTF-16 surrogate in a string") from None
     return body
 
 

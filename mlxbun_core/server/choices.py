@@ -13,8 +13,8 @@ no choices carries the usage: the prompt counted once, completion tokens summed.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from typing import AsyncIterator, Callable
 
 from blacksheep import Request, Response
 

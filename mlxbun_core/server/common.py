@@ -7,7 +7,7 @@ import json
 import logging
 import time
 import uuid
-from typing import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 
 from blacksheep import Request, Response
 from blacksheep.contents import Content, StreamedContent

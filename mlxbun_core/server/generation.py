@@ -9,8 +9,9 @@ failure frames live here once.
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Optional
+from typing import TYPE_CHECKING, Any
 
 from blacksheep import Request, Response
 
@@ -38,7 +39,7 @@ class Run:
     gens: list[Generation] = field(default_factory=list)  # one per choice (``n``)
 
     @property
-    def headers(self) -> Optional[dict]:
+    def headers(self) -> dict | None:
         return {"Warning": self.gen.warning} if self.gen.warning else None
 
     @property

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hmac
 import ipaddress
 from dataclasses import dataclass
-from typing import Optional
 
 from blacksheep import Application, Request
 
@@ -32,7 +31,7 @@ class GuardRules:
     """The guard's rules for one app (``AppState.guard``): the API key, if any; the
     admin prefixes (loopback only without a key); the paths open without the key."""
 
-    api_key: Optional[str] = None
+    api_key: str | None = None
     admin_prefixes: tuple[str, ...] = ADMIN_PREFIXES
     open_paths: tuple[str, ...] = OPEN_PATHS
 
@@ -66,7 +65,7 @@ def _error(status: int, kind: str, message: str, anthropic: bool):
     return json_response({"error": {"message": message, "type": kind}}, status)
 
 
-def _presented_key(request: Request) -> Optional[str]:
+def _presented_key(request: Request) -> str | None:
     auth = request.get_first_header(b"authorization")
     if auth and auth[:7].lower() == b"bearer ":
         return auth[7:].decode("latin-1").strip()
@@ -105,7 +104,7 @@ def install(app: Application, rules: GuardRules) -> None:
     """
     expected = rules.api_key.encode() if rules.api_key else None
 
-    def check(request: Request, key: Optional[str]):
+    def check(request: Request, key: str | None):
         path = request.path
         anthropic = path.startswith("/v1/messages")
         if expected is not None and not is_open(path, rules.open_paths):

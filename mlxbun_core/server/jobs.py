@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 from blacksheep import Request, Response
 from blacksheep.contents import StreamedContent
 
+from .. import fspaths
 from ..adapters import merge as adapter_merge
 from ..errors import APIError, BadRequest
 from ..jobs import finetune, quantize
 from ..jobs.store import TERMINAL, JobStore
-from .. import fspaths
 from .common import as_api_error, guarded, json_response, read_body, sse_data, watch_disconnect
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ def register(app: App, engine: Engine) -> None:
         try:
             limit = max(1, min(500, int(request.query.get("limit", ["50"])[0])))
         except ValueError:
-            raise BadRequest("limit must be an integer")
+            raise BadRequest("limit must be an integer") from None
         kind = request.query.get("kind", [None])[0]
         return json_response({"ok": True, "jobs": await asyncio.to_thread(jobs.store.list, limit, kind)})
 
@@ -145,7 +145,7 @@ async def _tail(store: JobStore, job_id: str, gone: asyncio.Event):
         except Exception as exc:
             yield sse_data({"type": "failed", "error": as_api_error(exc).message, "ts": time.time()})
             return
-        for seq, event in events:
+        for seq, event in events:  # noqa: B007 (seq: where the next poll starts)
             yield sse_data(event)
         if row is None or row["status"] in TERMINAL:
             if row is not None and row["status"] == "zombie" and not any(

@@ -10,7 +10,7 @@ the envelope and the event stream live in :mod:`.responses_stream`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from blacksheep import Request
 
@@ -19,8 +19,14 @@ from ..errors import APIError, BadRequest, NotFound
 from . import generation
 from .common import guarded, json_response
 from .responses_request import check_flags, parse_request
-from .responses_stream import (ResponseFrames, call_item, envelope, message_item,
-                               reasoning_item, status_of)
+from .responses_stream import (
+    ResponseFrames,
+    call_item,
+    envelope,
+    message_item,
+    reasoning_item,
+    status_of,
+)
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
@@ -59,7 +65,7 @@ def register(app: App, engine: Engine) -> None:
     store = state.responses
     state.stats_providers["response_store"] = store.stats
 
-    def previous(body: dict) -> Optional[dict]:
+    def previous(body: dict) -> dict | None:
         injected = body.pop(HISTORY_FIELD, None)
         if isinstance(injected, dict) and state.trusts_injected_history:
             return injected

@@ -11,7 +11,6 @@ import json
 import threading
 import time
 from collections import OrderedDict
-from typing import Optional
 
 TTL_S = 3600.0
 MAX_BYTES = 32 * 1024 * 1024
@@ -20,7 +19,7 @@ MAX_BYTES = 32 * 1024 * 1024
 class ResponseStore:
     def __init__(self, max_bytes: int = MAX_BYTES, ttl_s: float = TTL_S, clock=time.monotonic):
         self.max_bytes, self.ttl_s, self.clock = max_bytes, ttl_s, clock
-        self._items: "OrderedDict[str, tuple[float, bytes]]" = OrderedDict()  # id -> (stored_at, json)
+        self._items: OrderedDict[str, tuple[float, bytes]] = OrderedDict()  # id -> (stored_at, json)
         self._bytes = 0
         self._lock = threading.Lock()
 
@@ -38,7 +37,7 @@ class ResponseStore:
                 self._drop(next(iter(self._items)))
         return True
 
-    def get(self, key: str) -> Optional[object]:
+    def get(self, key: str) -> object | None:
         """The stored value (and mark it recently used), or None if unknown/expired."""
         with self._lock:
             self._expire()

@@ -10,11 +10,15 @@ client sent.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from ..chat_template import check_reasoning_effort
-from ..engine.request import (ChatRequest, GenerateOptions, boolean_field, chat_request,
-                              string_field, template_kwargs_field)
+from ..engine.request import (
+    ChatRequest,
+    GenerateOptions,
+    boolean_field,
+    chat_request,
+    string_field,
+    template_kwargs_field,
+)
 from ..engine.sampling import SamplingParams, max_tokens_field, stop_sequences
 from ..errors import BadRequest
 from ..grammar.request import GrammarRequest, budget_close, json_schema, response_format_request
@@ -180,7 +184,7 @@ def _text_format(body: dict) -> dict | None:
                      param="text.format.type")
 
 
-def _grammar(body: dict, fmt: dict | None) -> Optional[GrammarRequest]:
+def _grammar(body: dict, fmt: dict | None) -> GrammarRequest | None:
     """``text.format`` as a grammar; without one, the ``response_format`` extension."""
     if fmt is None:
         return response_format_request(body.get("response_format"))
@@ -231,8 +235,8 @@ def check_flags(body: dict) -> None:
             raise BadRequest(f"{name} must be a boolean", param=name)
 
 
-def parse_request(body: dict, stored: dict | None = None, defaults: Optional[dict] = None,
-                  server_max_tokens: Optional[int] = None) -> ChatRequest:
+def parse_request(body: dict, stored: dict | None = None, defaults: dict | None = None,
+                  server_max_tokens: int | None = None) -> ChatRequest:
     """A Responses body (continuing ``stored``) as the engine's typed chat request; its
     ``surface_state`` carries the system text and conversation the store keeps."""
     check_flags(body)

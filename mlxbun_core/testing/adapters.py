@@ -10,13 +10,13 @@ change nothing), and saves the directory the way mlx-lm's trainer does.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 
 def write_lora_adapter(model_path, out, *, seed: int = 1, rank: int = 4, scale: float = 2.0,
-                       num_layers: int = -1, keys: Optional[Sequence[str]] = None,
-                       magnitude: float = 0.5, base_model: Optional[str] = None) -> Path:
+                       num_layers: int = -1, keys: Sequence[str] | None = None,
+                       magnitude: float = 0.5, base_model: str | None = None) -> Path:
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.tuner.utils import linear_to_lora_layers
@@ -43,7 +43,7 @@ def write_lora_adapter(model_path, out, *, seed: int = 1, rank: int = 4, scale: 
     return out
 
 
-def write_peft_copy(mlx_adapter, out, *, base_model: Optional[str] = None,
+def write_peft_copy(mlx_adapter, out, *, base_model: str | None = None,
                     use_rslora: bool = False) -> Path:
     """The same LoRA in PEFT's layout (``lora_A.weight`` (r, in), ``lora_B.weight``
     (out, r), ``lora_alpha``); the scale is kept exactly."""

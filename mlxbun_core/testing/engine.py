@@ -10,8 +10,8 @@ import threading
 from ..engine.core import Engine
 from ..engine.lanes.pace import FixedChunk, PrefillPacer
 from ..engine.prepare import Prepared, prepare
-from ..engine.session import GenerationRequest
 from ..engine.reply import gather
+from ..engine.session import GenerationRequest
 
 
 def prepare_chat(engine: Engine, body: dict) -> Prepared:

@@ -10,7 +10,6 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
 
 from ..model import LoadOptions
 
@@ -35,9 +34,9 @@ class RunningServer:
         self.thread.join(timeout=10)
 
 
-def start_server(model: str | Path | None = None, *, options: Optional[LoadOptions] = None,
-                 defaults: Optional[dict] = None, max_tokens: Optional[int] = None,
-                 host: str = "127.0.0.1", api_key: Optional[str] = None,
+def start_server(model: str | Path | None = None, *, options: LoadOptions | None = None,
+                 defaults: dict | None = None, max_tokens: int | None = None,
+                 host: str = "127.0.0.1", api_key: str | None = None,
                  sessions_dir=None, **engine_options) -> RunningServer:
     """Load ``model`` (path, repo id, .gguf or None for the default) and serve it on a free
     port. ``engine_options`` go to :class:`~mlxbun_core.engine.core.Engine` (``batch``,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 

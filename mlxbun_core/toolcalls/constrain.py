@@ -18,8 +18,6 @@ Whenever a tool grammar is active, every call in it follows its own tool's schem
 
 from __future__ import annotations
 
-from typing import Optional
-
 from ..grammar import GrammarPlan, GrammarRequest, describe
 from ..grammar import structural as S
 from ..grammar_registry import registry
@@ -30,8 +28,8 @@ GAP = S.regex(r"[ \n]{0,2}")
 or leave a blank line after a think channel); the parser drops it."""
 
 
-def plan_constraint(parser, tools: Optional[list], choice: ToolChoice, parallel: bool,
-                    content: Optional[GrammarRequest], tokenizer,
+def plan_constraint(parser, tools: list | None, choice: ToolChoice, parallel: bool,
+                    content: GrammarRequest | None, tokenizer,
                     grammars=registry) -> GrammarPlan:
     """The grammar plan for a chat request (see the module docstring)."""
     if parser is not None and not parallel and hasattr(parser, "max_calls"):
@@ -47,8 +45,7 @@ def plan_constraint(parser, tools: Optional[list], choice: ToolChoice, parallel:
 NO_GRAMMAR = "this model's tool-call dialect has no call grammar"
 
 
-def tool_request(parser, tools, choice: ToolChoice, parallel: bool, content: Optional[
-        GrammarRequest]) -> tuple[Optional[GrammarRequest], Optional[str]]:
+def tool_request(parser, tools, choice: ToolChoice, parallel: bool, content: GrammarRequest | None) -> tuple[GrammarRequest | None, str | None]:
     """``(grammar request, None)``, or ``(request to describe, reason)`` when it cannot
     be enforced."""
     if not tools or choice.mode == "none":

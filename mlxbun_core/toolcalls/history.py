@@ -15,7 +15,6 @@ what it may call and what it called.
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 from ..errors import BadRequest
 from .core import repair_json
@@ -77,15 +76,15 @@ TOOLS_PREAMBLE = (
     '{{"name": "function_name", "arguments": {{"argument": "value"}}}}\n</tool_call>')
 
 
-def supports_tools(template: Optional[str]) -> tuple[bool, bool]:
+def supports_tools(template: str | None) -> tuple[bool, bool]:
     """Whether a template renders ``tools`` and assistant ``tool_calls`` itself."""
     if not isinstance(template, str):
         return True, True  # several named templates, or none: leave it alone
     return "tools" in template.replace("tool_calls", ""), "tool_calls" in template
 
 
-def without_tool_support(messages: list[dict], tools: Optional[list],
-                         template: Optional[str]) -> list[dict]:
+def without_tool_support(messages: list[dict], tools: list | None,
+                         template: str | None) -> list[dict]:
     """``messages`` with the tools and earlier calls written as text, for the parts
     ``template`` does not render."""
     renders_tools, renders_calls = supports_tools(template)

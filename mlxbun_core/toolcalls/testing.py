@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from ..events import Content, ToolCallEvent
 from .stream import Event, StreamingToolParser

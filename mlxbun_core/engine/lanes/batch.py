@@ -25,7 +25,6 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from typing import Optional
 
 from ... import kvquant
 from ...adapters.manager import NO_ADAPTERS
@@ -53,9 +52,9 @@ class _Row:
 class BatchLane:
     name = "batched"
 
-    def __init__(self, model, cap: int, prefix: Optional[PrefixCache] = None, admission=None,
+    def __init__(self, model, cap: int, prefix: PrefixCache | None = None, admission=None,
                  prefill_tokens: int = PREFILL_TOKENS, adapters=None,
-                 pacer: Optional[PrefillPacer] = None, kv=kvquant.OFF):
+                 pacer: PrefillPacer | None = None, kv=kvquant.OFF):
         self.kv = kv  # the KV scheme: every forward pass quantizes its cache after it runs
         self.model = kvquant.quantizing(model, kv)
         self.adapters = adapters  # the engine's AdapterManager (None: no LoRA support)
@@ -72,7 +71,7 @@ class BatchLane:
         self._solo = SoloSlot(self.model, admission, self._publish, self._uses_prefix,
                               self.steps)
         self.pacer = pacer or PrefillPacer()  # prompt tokens per chunk, from measured speed
-        self.solo_prefill: Optional[int] = None  # pins the lone job's chunk (tests)
+        self.solo_prefill: int | None = None  # pins the lone job's chunk (tests)
 
     # -- the Lane protocol ---------------------------------------------------------
     def accepts(self, job: GenerationJob) -> bool:

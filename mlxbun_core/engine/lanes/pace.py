@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional
 
 from ...library.fit import PREFILL_CHUNK
 
@@ -41,7 +40,7 @@ class PrefillPacer:
 
     def __init__(self, target_s: float = TARGET_S, lo: int = MIN_CHUNK):
         self.target_s, self.lo = target_s, lo
-        self.rate: Optional[float] = None  # prompt tokens per second, smoothed
+        self.rate: float | None = None  # prompt tokens per second, smoothed
         self.chunks = 0  # chunks measured
 
     def chunk(self, limit: int = MAX_CHUNK) -> int:
@@ -66,7 +65,7 @@ class PrefillPacer:
             self.rate = SMOOTHING * rate + (1 - SMOOTHING) * self.rate
         self.chunks += 1
 
-    def timed(self, asked: int = 0) -> "_Timer":
+    def timed(self, asked: int = 0) -> _Timer:
         """``with pacer.timed(asked) as t: ...; t.tokens = n`` records the block's time
         (``asked``: the chunk size the lane asked for)."""
         return _Timer(self, asked)
@@ -114,7 +113,7 @@ class _Timer:
     def __init__(self, pacer: PrefillPacer, asked: int):
         self.pacer, self.asked, self.tokens, self._t0 = pacer, asked, 0, 0.0
 
-    def __enter__(self) -> "_Timer":
+    def __enter__(self) -> _Timer:
         self._t0 = time.perf_counter()
         return self
 

@@ -19,7 +19,7 @@ import collections
 import logging
 import os
 import time
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 from ... import kvquant
 from ..job import GenerationJob
@@ -32,8 +32,8 @@ log = logging.getLogger("mlxbun.engine")
 class SerialLane:
     name = "serial"
 
-    def __init__(self, model, prefix: Optional[PrefixCache] = None, admission=None,
-                 adapters=None, pacer: Optional[PrefillPacer] = None, kv=kvquant.OFF):
+    def __init__(self, model, prefix: PrefixCache | None = None, admission=None,
+                 adapters=None, pacer: PrefillPacer | None = None, kv=kvquant.OFF):
         self.kv = kv  # the KV scheme: every forward pass quantizes its cache after it runs
         self.model = kvquant.quantizing(model, kv)  # the mlx.nn.Module (or its wrapper)
         self.prefix = prefix
@@ -41,8 +41,8 @@ class SerialLane:
         self.adapters = adapters  # the engine's AdapterManager (None: no LoRA support)
         self.pacer = pacer or PrefillPacer()  # prompt tokens per chunk, from measured speed
         self._queue: collections.deque[GenerationJob] = collections.deque()
-        self._job: Optional[GenerationJob] = None
-        self._steps: Optional[Iterator] = None
+        self._job: GenerationJob | None = None
+        self._steps: Iterator | None = None
         self._kv = None  # (cache, tokens in it) of the running job, when it may be published
 
     def accepts(self, job: GenerationJob) -> bool:
@@ -149,10 +149,9 @@ class SerialLane:
             self._kv = (cache, list(prompt))
         procs = _with_context(req.processors, prompt[:n])
         emb = req.input_embeddings[n:] if req.input_embeddings is not None else None
-        for token, logprobs in generate_step(mx.array(prompt[n:]), self.model, max_tokens=-1,
-                                             sampler=req.sampler, logits_processors=procs,
-                                             prompt_cache=cache, input_embeddings=emb):
-            yield token, logprobs
+        yield from generate_step(mx.array(prompt[n:]), self.model, max_tokens=-1,
+                                 sampler=req.sampler, logits_processors=procs,
+                                 prompt_cache=cache, input_embeddings=emb)
 
     def _prefill(self, job: GenerationJob, cache, start: int, publish: bool):
         """Read the prompt (or its embeddings) from ``start`` up to its last token into

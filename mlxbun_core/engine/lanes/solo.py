@@ -17,7 +17,8 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from typing import TYPE_CHECKING, Callable, Optional
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..job import GenerationJob
 from ..prompt_cache import trimmable
@@ -56,7 +57,7 @@ class Solo:
     def prefilling(self) -> bool:
         return self._next is None and len(self.fed) < len(self.prompt) - 1
 
-    def boundary(self) -> Optional[list]:
+    def boundary(self) -> list | None:
         """A copy of the KV at the prompt boundary when the cache cannot rewind (to be
         published for the next turn); None when it can."""
         return None if trimmable(self.cache) else copy.deepcopy(self.cache)
@@ -127,7 +128,7 @@ def deliver(job: GenerationJob, token: int, logprobs) -> None:
     job.deliver(token, logprobs)
 
 
-def last_row(gen) -> Optional[tuple[int, tuple]]:
+def last_row(gen) -> tuple[int, tuple] | None:
     """``(uid, pending)`` when a BatchGenerator holds one row, decoding, whose next token
     is already sampled (``pending``: the token array and its logprobs, not yet fed);
     None otherwise, and None on an mlx-lm whose internals differ (the row stays batched)."""
@@ -154,10 +155,10 @@ class SoloSlot:
         self.model, self.admission = model, admission
         self.publish, self.publishes = publish, publishes
         self.steps = steps
-        self.solo: Optional[Solo] = None
+        self.solo: Solo | None = None
 
     @property
-    def job(self) -> Optional[GenerationJob]:
+    def job(self) -> GenerationJob | None:
         return None if self.solo is None else self.solo.job
 
     def start(self, job: GenerationJob, cache, cached: int, pacer: PrefillPacer) -> None:
@@ -191,7 +192,7 @@ class SoloSlot:
         if job.finished:
             self.publish(self.end(), solo.fed, solo.cache)
 
-    def join(self) -> Optional[tuple]:
+    def join(self) -> tuple | None:
         """Hand the lone job to the batch: ``(job, cache, held, segments)`` for the row
         that goes on from here (``cache`` holds ``held``; ``segments`` are fed next), or
         None when the token it had already sampled ended it."""

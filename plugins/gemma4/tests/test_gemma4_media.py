@@ -10,12 +10,12 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from mlxbun_gemma4 import fallback_template
 
 from mlxbun_core.media.decode import decode_audio
 from mlxbun_core.testing import media as M
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.server import start_server
-from mlxbun_gemma4 import fallback_template
 
 PNG_A = M.image_bytes("PNG", size=(64, 48), seed=0)
 PNG_B = M.image_bytes("PNG", size=(64, 48), seed=2)

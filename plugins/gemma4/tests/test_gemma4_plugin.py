@@ -12,21 +12,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import httpx  # noqa: E402
-import openai  # noqa: E402
-import pytest  # noqa: E402
-from mlx_lm import load as mlx_load  # noqa: E402
+import httpx
+import mlxbun_gemma4 as g4
+import openai
+import pytest
+from mlx_lm import load as mlx_load
 
-import mlxbun_gemma4 as g4  # noqa: E402
-from mlxbun_core import loader, plugins  # noqa: E402
-from mlxbun_core.engine.session import GenerationRequest, GenerationSession  # noqa: E402
-from mlxbun_core.engine.sampling import SamplingParams  # noqa: E402
-from mlxbun_core.errors import BadRequest  # noqa: E402
-from mlxbun_core.model import LoadOptions  # noqa: E402
-from mlxbun_core.testing.checkpoints import tiny_checkpoint  # noqa: E402
-from mlxbun_core.testing.engine import prepare_chat, rendered_chat  # noqa: E402
-from mlxbun_core.testing.helpers import chat_both_ways, mlx_lm_greedy, unregistered  # noqa: E402
-from mlxbun_core.testing.server import start_server  # noqa: E402
+from mlxbun_core import loader, plugins
+from mlxbun_core.engine.sampling import SamplingParams
+from mlxbun_core.engine.session import GenerationRequest, GenerationSession
+from mlxbun_core.errors import BadRequest
+from mlxbun_core.model import LoadOptions
+from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.engine import prepare_chat, rendered_chat
+from mlxbun_core.testing.helpers import chat_both_ways, mlx_lm_greedy, unregistered
+from mlxbun_core.testing.server import start_server
 
 Q = '<|"|>'
 GEN_OFF = "<|turn>model\n<|channel>thought\n<channel|>"

@@ -5,10 +5,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pytest  # noqa: E402
+import pytest
+from mlxbun_gemma4.toolcalls import Gemma4Dialect, make_parser
 
-from mlxbun_core.toolcalls.testing import events_all_chunkings  # noqa: E402
-from mlxbun_gemma4.toolcalls import Gemma4Dialect, make_parser  # noqa: E402
+from mlxbun_core.toolcalls.testing import events_all_chunkings
 
 Q = '<|"|>'
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -87,7 +87,7 @@ REAL = [
     f"<|tool_call>call:get_weather{{city:{Q}San Francisco, CA{Q},days:7}}<tool_call|>",
     f"<|tool_call>call:search{{filters:{{lang:[{Q}en{Q},{Q}fr{Q}],safe:true}},query:{Q}a <b> {{c}}{Q}}}<tool_call|>",
     f"<|tool_call>call:write_file{{content:{Q}line 1\n  line 2\n{Q},path:{Q}/tmp/x.py{Q}}}<tool_call|>",
-    f"<|tool_call>call:get-time{{}}<tool_call|>",
+    "<|tool_call>call:get-time{}<tool_call|>",
 ]
 
 

@@ -5,10 +5,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pytest  # noqa: E402
+import pytest
+from mlxbun_glm52.toolcalls import GlmDialect, make_parser
 
-from mlxbun_core.toolcalls.testing import events_all_chunkings  # noqa: E402
-from mlxbun_glm52.toolcalls import GlmDialect, make_parser  # noqa: E402
+from mlxbun_core.toolcalls.testing import events_all_chunkings
 
 TOOLS = [{"type": "function", "function": {"name": "run", "parameters": {
     "type": "object", "properties": {"cmd": {"type": "string"}, "zip": {"type": "string"},

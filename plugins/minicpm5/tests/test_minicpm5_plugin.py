@@ -8,18 +8,17 @@ parity are asserted, never text.
 import json
 
 import httpx
+import mlxbun_minicpm5
 import openai
 import pytest
 from mlx_lm import load as mlx_load
 
-import mlxbun_minicpm5
 from mlxbun_core import loader
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing.checkpoints import tiny_checkpoint, write_checkpoint
 from mlxbun_core.testing.engine import rendered_chat
-from mlxbun_core.testing.helpers import (chat_both_ways, mlx_lm_greedy, plugins_listing,
-                                         unregistered)
 from mlxbun_core.testing.families import family_config
+from mlxbun_core.testing.helpers import chat_both_ways, mlx_lm_greedy, plugins_listing, unregistered
 from mlxbun_core.testing.tokenizer import CHATML_TEMPLATE
 
 MSG = [{"role": "user", "content": "What is the capital of France?"}]
@@ -109,11 +108,11 @@ def test_unregistered_falls_back_to_generic(ckpt):
 
 def test_cli_lists_plugin_and_honours_disable():
     lines = plugins_listing().splitlines()
-    i = next(i for i, l in enumerate(lines) if l.startswith("minicpm5 "))
+    i = next(i for i, line in enumerate(lines) if line.startswith("minicpm5 "))
     assert "mlxbun-minicpm5 0.1.0" in lines[i]
     assert all(h in lines[i + 1] for h in ("load_model", "render_chat", "tool_call_parser"))
     off = plugins_listing(MLXBUN_DISABLE_PLUGINS="minicpm5")
-    assert not any(l.startswith("minicpm5 ") for l in off.splitlines()) and "generic" in off
+    assert not any(line.startswith("minicpm5 ") for line in off.splitlines()) and "generic" in off
 
 
 # ---------------------------------------------------------------- template

@@ -13,11 +13,11 @@ import openai
 import pytest
 from mlx_lm import load as mlx_load
 from mlx_lm.generate import generate_step
+from mlxbun_qwen35 import fallback_template
 
 from mlxbun_core.testing import media as M
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.server import start_server
-from mlxbun_qwen35 import fallback_template
 
 OFF = {"chat_template_kwargs": {"enable_thinking": False}}
 PNG_A = M.image_bytes("PNG", size=(64, 48), seed=0)

@@ -5,12 +5,12 @@ import asyncio
 
 import httpx
 import mlx.core as mx
+import mlxbun_qwen3_embed
 import numpy as np
 import openai
 import pytest
 from mlx_lm import load as mlx_load
 
-import mlxbun_qwen3_embed
 from mlxbun_core import loader
 from mlxbun_core.engine.core import Engine
 from mlxbun_core.errors import BadRequest
