@@ -89,7 +89,8 @@ def main() -> None:
     summary = {}
     for v in variants:
         mine = [x for x in rows if x["variant"] == v]
-        summary[v] = {k: statistics.median(x[k] for x in mine) for k in ("prefill_tps", "decode_tps")}
+        summary[v] = {k: statistics.median(x[k] for x in mine)
+                      for k in ("prefill_tps", "decode_tps")}
     base = summary[variants[-1]]
     summary["speedup_vs_" + variants[-1]] = {
         v: {k: round(summary[v][k] / base[k], 2) for k in base} for v in variants[:-1]}

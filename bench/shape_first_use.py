@@ -33,7 +33,8 @@ def trial(n, label):
     out = model(mx.array([rng.randrange(100, 1000) for _ in range(n)])[None], cache=c)
     mx.argmax(out[:, -1, :], axis=-1).item()
     t2 = time.perf_counter()
-    print(f"{label:10} n={n:4d} copy {1e3*(t1-t0):7.1f} ms  forward {1e3*(t2-t1):7.1f} ms", flush=True)
+    print(f"{label:10} n={n:4d} copy {1e3*(t1-t0):7.1f} ms  forward {1e3*(t2-t1):7.1f} ms",
+          flush=True)
 
 for n in (52, 52, 52, 53, 54, 61, 75, 52, 53, 200, 200, 1, 1, 8, 9):
     trial(n, "seq")

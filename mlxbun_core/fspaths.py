@@ -55,7 +55,8 @@ def resolve(value, field: str, *, strict: bool = True) -> Path:
                 try:
                     p.resolve(strict=True)
                 except (RuntimeError, OSError):
-                    raise BadRequest(f"{field}: {text} passes through a symlink loop", param=field) from None
+                    raise BadRequest(f"{field}: {text} passes through a symlink loop",
+                                     param=field) from None
     return path
 
 

@@ -45,7 +45,8 @@ class ScriptedModel(nn.Module):
         # plain attributes, not module children (nn.Module would treat lists/dicts as params)
         object.__setattr__(self, "_tok", tokenizer)
         object.__setattr__(self, "_plugin", plugin)
-        object.__setattr__(self, "_anchor", tokenizer.encode(plugin.anchor, add_special_tokens=False))
+        anchor = tokenizer.encode(plugin.anchor, add_special_tokens=False)
+        object.__setattr__(self, "_anchor", anchor)
         object.__setattr__(self, "_scripts", {})
 
     @property

@@ -46,7 +46,8 @@ class Parent:
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise AssertionError(f"parent exited {self.proc.returncode} while waiting for {what}")
+                raise AssertionError(f"parent exited {self.proc.returncode} "
+                                     f"while waiting for {what}")
             try:
                 if cond():
                     return
@@ -247,7 +248,8 @@ def test_sigkill_costs_one_request_and_nothing_else(parent, reference):
         follow = parent.client.responses.create(model=LLAMA, input="And now?",
                                                 previous_response_id=first.id,
                                                 max_output_tokens=4)
-        assert follow.previous_response_id == first.id and follow.status in ("completed", "incomplete")
+        assert follow.previous_response_id == first.id
+        assert follow.status in ("completed", "incomplete")
     finally:
         stop.set()
         poller.join()

@@ -11,7 +11,8 @@ from scripted_model import scripted_server
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
                                      "zip": {"type": "string"}}}}}]
-CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 3, "zip": "007"}}</tool_call>'
+CALL = ('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 3, '
+        '"zip": "007"}}</tool_call>')
 
 
 @pytest.fixture(scope="module")

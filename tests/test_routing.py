@@ -148,7 +148,8 @@ def test_rogue_family_does_not_change_another_familys_prompt_calls_or_output(
     try:
         before, before_reply = observe(srv.engine.model), chat(srv)
         assert before["calls"] == [("get_weather", {"city": "Paris", "days": 3})]
-        rogue = registered(Rogue(config_dir(tmp_path, "rogue", {"model_type": "llama"})), "rogue-test")
+        rogue = registered(Rogue(config_dir(tmp_path, "rogue", {"model_type": "llama"})),
+                           "rogue-test")
         # the model already being served: its relay notices the new plugin
         assert observe(srv.engine.model) == before
         assert chat(srv) == before_reply

@@ -105,7 +105,9 @@ def test_keepalive_emitted_while_buffering():
 
 
 def test_keepalive_counter_resets_per_block():
-    blk = '<tool_call>{"name": "get_weather", "arguments": {"city": "%s"}}</tool_call>' % ("y" * 150)  # ~220 chars: under 256 per block, over 256 together
+    # ~220 chars: under 256 per block, over 256 together
+    blk = ('<tool_call>{"name": "get_weather", "arguments": {"city": "%s"}}</tool_call>'
+           % ("y" * 150))
     ev = events_all_chunkings(P(), blk + blk)
     assert [e[0] for e in ev] == ["tool_call", "tool_call"]
 
@@ -160,7 +162,8 @@ def test_dialect_exception_falls_back_to_content():
         def parse(self, markup, tools):
             raise RuntimeError
 
-    assert run_chunks(lambda: StreamingToolParser(Boom()), ["a <x>1</x>"]) == [("content", "a <x>1</x>")]
+    assert run_chunks(lambda: StreamingToolParser(Boom()), ["a <x>1</x>"]) == [
+        ("content", "a <x>1</x>")]
 
 
 def test_chunkings_helper_covers_char_by_char():
@@ -223,7 +226,8 @@ def test_normalize_call(obj, want):
 
 
 @pytest.mark.parametrize("obj", [None, [], "f", {"arguments": {"x": 1}}, {"name": ""},
-                                 {"name": "f", "arguments": "not json"}, {"name": "f", "arguments": [1]}])
+                                 {"name": "f", "arguments": "not json"},
+                                 {"name": "f", "arguments": [1]}])
 def test_normalize_call_rejects(obj):
     assert normalize_call(obj) is None
 
@@ -233,7 +237,8 @@ def test_normalize_call_rejects(obj):
 SCHEMA = {"type": "object", "properties": {
     "s": {"type": "string"}, "i": {"type": "integer"}, "n": {"type": "number"},
     "b": {"type": "boolean"}, "a": {"type": "array"}, "o": {"type": "object"},
-    "opt": {"type": ["integer", "null"]}, "any": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
+    "opt": {"type": ["integer", "null"]},
+    "any": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
     "e": {"enum": [1, 2]}}}
 
 
@@ -311,8 +316,9 @@ def test_dialect_follows_mlx_lm_tokenizer_inference():
 
     chatml = tiny_checkpoint("qwen3")  # plain ChatML template: mlx-lm infers no parser
     assert dialect_for_tokenizer(load_tokenizer(chatml)) is None
-    qwen = tiny_checkpoint("qwen3", chat_template="{% for m in messages %}{{ m.content }}{% endfor %}"
-                           "<tool_call>\n<function=x>")
+    qwen = tiny_checkpoint("qwen3",
+                           chat_template="{% for m in messages %}{{ m.content }}{% endfor %}"
+                                         "<tool_call>\n<function=x>")
     d = dialect_for_tokenizer(load_tokenizer(qwen))
     assert isinstance(d, MlxLmDialect) and d.name == "qwen3_coder"
 
@@ -340,7 +346,8 @@ def test_mlx_lm_adapter_failure_is_content():
 
 def test_long_markup_body_is_linear():
     import time
-    text = '<tool_call>{"name": "get_weather", "arguments": {"city": "' + "abcd " * 60000 + '"}}</tool_call>'
+    text = ('<tool_call>{"name": "get_weather", "arguments": {"city": "' + "abcd " * 60000
+            + '"}}</tool_call>')
     p, t0, ev = P()(), time.time(), []
     for i in range(0, len(text), 4):
         ev += p.feed(text[i:i + 4])

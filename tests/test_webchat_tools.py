@@ -74,8 +74,9 @@ def test_unknown_routes_are_tool_errors_never_sent_to_the_page(scripted):
 def test_the_assistant_reads_the_context_the_page_pushed(scripted):
     srv, plugin = scripted
     plugin.text = call("get_current_app_context")
-    context = {"route": "status", "view": "server status", "snapshot": {"route": "status", "elements": [
-        {"ref": "e1", "label": "Refresh", "kind": "button", "selector": "#status-refresh"}]}}
+    context = {"route": "status", "view": "server status", "snapshot": {
+        "route": "status", "elements": [
+            {"ref": "e1", "label": "Refresh", "kind": "button", "selector": "#status-refresh"}]}}
     with ChatClient(srv.base_url) as c:
         c.hello()
         c.send("context", context=context)

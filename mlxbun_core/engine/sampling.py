@@ -34,7 +34,8 @@ _RULES = [
     ("logprobs", bool, None, None, None),
     ("top_logprobs", int, 0, 11, (-1,)),
     ("xtc_probability", (float, int), 0, 1, None),
-    ("xtc_threshold", (float, int), 0, 0.5, None),  # mlx_lm.server says 1; apply_xtc raises past 0.5
+    # mlx_lm.server says 1; apply_xtc raises past 0.5
+    ("xtc_threshold", (float, int), 0, 0.5, None),
     ("seed", int, 0, 2**64 - 1, None),
 ]
 _FLOATS = {name for name, types, *_ in _RULES if types == (float, int)}

@@ -133,7 +133,8 @@ class GenerationSession:
             self.detok.finalize()
             tail = self.detok.last_segment
             if self.stopper.stopped is None:
-                tail = self.stopper.feed(tail) + ("" if self.stopper.stopped else self.stopper.flush())
+                tail = self.stopper.feed(tail)
+                tail += "" if self.stopper.stopped else self.stopper.flush()
             else:
                 tail = ""
             events = self._route(self.splitter.feed(tail) + self.splitter.flush())
@@ -149,7 +150,8 @@ class GenerationSession:
             n = self.usage.completion_tokens
             if n > 1:
                 timings["decode_tps"] = (n - 1) / max(now - self.t_first, 1e-9)
-        self.finished = Finish(reason, self.usage, self.logprobs, self.stopper.stopped, error, timings)
+        self.finished = Finish(reason, self.usage, self.logprobs, self.stopper.stopped, error,
+                               timings)
         if self.on_finish is not None:
             self.on_finish(self.finished)
         events.append(Done(self.finished))

@@ -142,7 +142,8 @@ class GrammarProcessor:
         index = tokens.shape[0] - self.base   # the completion token this mask is for
         if self.wait_for is not None:
             n = len(self.wait_for)
-            if tokens.shape[0] - self.prompt_len >= n and tuple(tokens[-n:].tolist()) == self.wait_for:
+            if (tokens.shape[0] - self.prompt_len >= n
+                    and tuple(tokens[-n:].tolist()) == self.wait_for):
                 self.prompt_len, self.wait_for = tokens.shape[0], None
             else:
                 return self._thinking(tokens, logits, index)  # still thinking: free text

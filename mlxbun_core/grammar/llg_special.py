@@ -216,7 +216,8 @@ class SpecialRewriter:
                     inner = emit_alt(data)
                     if inner is not None:
                         flush()
-                        q = quant[:-1] if len(quant) > 1 and quant.endswith("?") else quant  # lazy: same language
+                        # a lazy quantifier: the same language
+                        q = quant[:-1] if len(quant) > 1 and quant.endswith("?") else quant
                         parts.append("(" + inner + ")" + q)
                         changed = True
                         k += 1

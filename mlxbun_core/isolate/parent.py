@@ -91,7 +91,8 @@ class ParentApp:
             return  # the client left while sending its body
         if body is None:
             return await send_json(send, 413, {"error": {
-                "message": f"request body over {MAX_BODY_BYTES} bytes", "type": "invalid_request_error"}})
+                "message": f"request body over {MAX_BODY_BYTES} bytes",
+                "type": "invalid_request_error"}})
         await self._proxy(scope, body, receive, send)
 
     def _guard(self, scope) -> tuple | None:
@@ -230,9 +231,9 @@ class ParentApp:
             return await self._proxy(scope, b"", None, send)
         ctx = _ctx(scope.get("query_string", b""))
         if ctx == -1:
-            return await send_json(send, 400, {"error": {"message": "ctx must be a positive integer",
-                                                         "type": "invalid_request_error",
-                                                         "param": "ctx"}})
+            return await send_json(send, 400, {"error": {
+                "message": "ctx must be a positive integer", "type": "invalid_request_error",
+                "param": "ctx"}})
         if path not in self._fit_weights:
             self._fit_weights[path] = await asyncio.to_thread(checkpoint.weights, path)
         config = checkpoint.read_json(path / "config.json")

@@ -5,8 +5,8 @@ eviction loses no conversation. For a continued request the parent looks the
 history up and hands it to the engine in the body (``HISTORY_FIELD``, honoured
 only on the engine's unix socket); when the engine answers, the parent records
 the new turn from the finished response (the JSON body, or the stream's
-``response.completed`` / ``response.incomplete`` event, as the engine's own store does). ``GET``/``DELETE /v1/responses/<id>`` answer from
-this store, engine up or down.
+``response.completed`` / ``response.incomplete`` event, as the engine's own store
+does). ``GET``/``DELETE /v1/responses/<id>`` answer from this store, engine up or down.
 """
 
 from __future__ import annotations

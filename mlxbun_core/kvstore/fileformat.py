@@ -223,11 +223,13 @@ def read_header(path: Path, f=None) -> EntryHeader:
             ours = meta["header"]
         except (ValueError, KeyError, TypeError):
             raise CorruptEntry("not an mlxbun KV file") from None
-        if meta.get("format") != FORMAT or xxhash.xxh64_hexdigest(ours.encode()) != meta.get("check"):
+        check = xxhash.xxh64_hexdigest(ours.encode())
+        if meta.get("format") != FORMAT or check != meta.get("check"):
             raise CorruptEntry("header hash mismatch")
         header = json.loads(ours)
         if header.get("version") != VERSION:
-            raise CorruptEntry(f"format version {header.get('version')} (this build reads {VERSION})")
+            raise CorruptEntry(f"format version {header.get('version')} "
+                               f"(this build reads {VERSION})")
         start = _LEN.size + hlen
         if size != start + int(header["data_bytes"]):
             raise CorruptEntry(f"size {size}, header says {start + header['data_bytes']}")

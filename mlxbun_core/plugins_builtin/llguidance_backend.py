@@ -4,9 +4,10 @@ no torch. ``guided_grammar`` takes Lark syntax (``start: ...``) or llama.cpp GBN
 Rust ``regex`` syntax (``\\d``, ``.``, classes, repetition ``{m,n}`` all work;
 ``\\d``/``\\w`` are made ASCII to match xgrammar).
 
-Added tokens: see :mod:`mlxbun_core.grammar.llg_special` - non-special added tokens (``<tool_call>`` on
-Qwen/GLM) are text tokens; a special token's text spelled in a regex / choice / Lark
-grammar is that single token (Gemma's ``<|tool_call>``); mask and consume always agree.
+Added tokens: see :mod:`mlxbun_core.grammar.llg_special` - non-special added tokens
+(``<tool_call>`` on Qwen/GLM) are text tokens; a special token's text spelled in a regex /
+choice / Lark grammar is that single token (Gemma's ``<|tool_call>``); mask and consume
+always agree.
 """
 
 from __future__ import annotations

@@ -108,7 +108,8 @@ def _structural_ebnf(fmt: dict, whitespace: str) -> str:
 
     def prepared(node):
         if whitespace in SEPARATORS:
-            return {"type": "grammar", "grammar": _json_schema_ebnf(node["json_schema"], whitespace)}
+            return {"type": "grammar",
+                    "grammar": _json_schema_ebnf(node["json_schema"], whitespace)}
         return dict(node, json_schema=closed(node["json_schema"]))
 
     tag = {"type": "structural_tag", "format": map_json(fmt, prepared)}

@@ -48,7 +48,8 @@ def anthropic_error(exc: APIError):
     A prompt over the context is said in Anthropic's words (``prompt is too long: N
     tokens > M maximum``), the form Claude Code parses for the token counts and answers
     with its compaction advice."""
-    kind = ERROR_TYPES.get(exc.status, "api_error" if exc.status >= 500 else "invalid_request_error")
+    fallback = "api_error" if exc.status >= 500 else "invalid_request_error"
+    kind = ERROR_TYPES.get(exc.status, fallback)
     message = exc.message
     if exc.param and exc.param not in message:
         message = f"{exc.param}: {message}"
@@ -137,14 +138,16 @@ class MessageFrames(generation.FrameWriter):
         if self.open_kind is None:
             return []
         self.open_kind = None
-        return [sse_event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+        return [sse_event("content_block_stop",
+                          {"type": "content_block_stop", "index": self.index})]
 
     def _delta(self, d):
         return sse_event("content_block_delta",
                          {"type": "content_block_delta", "index": self.index, "delta": d})
 
     def _text(self, t):
-        frames = [] if self.open_kind == "text" else self._start("text", {"type": "text", "text": ""})
+        opened = self.open_kind == "text"
+        frames = [] if opened else self._start("text", {"type": "text", "text": ""})
         return frames + [self._delta({"type": "text_delta", "text": t})]
 
     def event(self, ev):
@@ -180,8 +183,8 @@ class MessageFrames(generation.FrameWriter):
         return frames
 
     def failed(self, message):
-        return self.admitted(Admitted(0, "")) + [sse_event("error", {"type": "error", "error": {"type": "api_error",
-                                                             "message": message}})]
+        error = {"type": "error", "error": {"type": "api_error", "message": message}}
+        return self.admitted(Admitted(0, "")) + [sse_event("error", error)]
 
 
 def register(app: App, engine: Engine) -> None:

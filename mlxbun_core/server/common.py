@@ -136,7 +136,8 @@ def watch_disconnect(request: Request, on_disconnect: Callable[[], None]) -> asy
     return asyncio.ensure_future(wait())
 
 
-def sse_response(request: Request, gen, frames: AsyncIterator[bytes], headers: dict | None = None) -> Response:
+def sse_response(request: Request, gen, frames: AsyncIterator[bytes],
+                 headers: dict | None = None) -> Response:
     """Stream ``frames`` as SSE; a disconnect cancels ``gen`` within one decode step."""
 
     async def provider():

@@ -113,7 +113,10 @@ async def frames(gen, writer: FrameWriter) -> AsyncIterator[bytes]:
     async for ev in gen.events():
         if isinstance(ev, Done):
             fin = ev.finish
-            out = writer.failed(fin.error or "generation cancelled") if fin.failed else writer.done(fin)
+            if fin.failed:
+                out = writer.failed(fin.error or "generation cancelled")
+            else:
+                out = writer.done(fin)
         elif isinstance(ev, KeepAlive):
             out = writer.keepalive()
         elif isinstance(ev, Admitted):

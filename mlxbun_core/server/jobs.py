@@ -41,7 +41,8 @@ def register(app: App, engine: Engine) -> None:
         except ValueError:
             raise BadRequest("limit must be an integer") from None
         kind = request.query.get("kind", [None])[0]
-        return json_response({"ok": True, "jobs": await asyncio.to_thread(jobs.store.list, limit, kind)})
+        rows = await asyncio.to_thread(jobs.store.list, limit, kind)
+        return json_response({"ok": True, "jobs": rows})
 
     @guarded(_error)
     async def one_job(request: Request):
@@ -140,10 +141,12 @@ async def _tail(store: JobStore, job_id: str, gone: asyncio.Event):
     seq = 0
     while not gone.is_set():
         try:
-            row = await asyncio.to_thread(store.get, job_id)  # status first: then no event is missed
+            # the status first: then no event is missed
+            row = await asyncio.to_thread(store.get, job_id)
             events = await asyncio.to_thread(store.events, job_id, seq)
         except Exception as exc:
-            yield sse_data({"type": "failed", "error": as_api_error(exc).message, "ts": time.time()})
+            yield sse_data({"type": "failed", "error": as_api_error(exc).message,
+                            "ts": time.time()})
             return
         for seq, event in events:  # noqa: B007 (seq: where the next poll starts)
             yield sse_data(event)

@@ -19,7 +19,8 @@ MAX_BYTES = 32 * 1024 * 1024
 class ResponseStore:
     def __init__(self, max_bytes: int = MAX_BYTES, ttl_s: float = TTL_S, clock=time.monotonic):
         self.max_bytes, self.ttl_s, self.clock = max_bytes, ttl_s, clock
-        self._items: OrderedDict[str, tuple[float, bytes]] = OrderedDict()  # id -> (stored_at, json)
+        # id -> (stored_at, json)
+        self._items: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 

@@ -101,7 +101,8 @@ def translate_input(value) -> tuple[list, list]:
                     "function": {"name": name, "arguments": "{}" if args is None else
                                  _string(args, "function_call arguments")}}
             last = msgs[-1] if msgs else None
-            if last is not None and last["role"] == "assistant" and isinstance(last["content"], str):
+            if (last is not None and last["role"] == "assistant"
+                    and isinstance(last["content"], str)):
                 last.setdefault("tool_calls", []).append(call)
             else:
                 msgs.append({"role": "assistant", "content": "", "tool_calls": [call]})

@@ -47,13 +47,15 @@ class Trace:
 
     def span(self, phase: str, start: float, end: float | None = None, **attributes):
         end = time.perf_counter() if end is None else end
-        ev = {"phase": phase, "startMs": self._ms(start), "durationMs": round((end - start) * 1e3, 3)}
+        ev = {"phase": phase, "startMs": self._ms(start),
+              "durationMs": round((end - start) * 1e3, 3)}
         if attributes:
             ev["attributes"] = attributes
         self.events.append(ev)
 
     def mark(self, phase: str):
-        self.events.append({"phase": phase, "startMs": self._ms(time.perf_counter()), "durationMs": 0})
+        self.events.append({"phase": phase, "startMs": self._ms(time.perf_counter()),
+                            "durationMs": 0})
 
     def complete(self, gen, started: float):
         """Close the record from the generation's own timings (see Finish.timings)."""
@@ -66,7 +68,8 @@ class Trace:
         at = started  # the lane's phases, in order, from the job's own clock
         for phase, key, attrs in (
                 ("engine.admission_wait", "admission_wait_s", {}),
-                ("cache.lookup_restore", "cache_lookup_s", {"cached_tokens": fin.usage.cached_tokens}),
+                ("cache.lookup_restore", "cache_lookup_s",
+                 {"cached_tokens": fin.usage.cached_tokens}),
                 ("prefill.total", "prefill_s", {"prompt_tokens": fin.usage.prompt_tokens})):
             if key in t:
                 self.span(phase, at, at + t[key], **attrs)

@@ -88,7 +88,8 @@ def register(app: App, engine: Engine) -> None:
         path = request.path
         body = files.get(path)
         if body is None or not path.startswith("/assets/"):
-            return json_response({"error": {"message": "not found", "type": "not_found_error"}}, 404)
+            return json_response({"error": {"message": "not found", "type": "not_found_error"}},
+                                 404)
         return _file(body, path, ASSET_CACHE)
 
     async def manifest(request: Request):

@@ -35,7 +35,8 @@ EDGES = [None, True, False, 0, 1, -1, 2, 11, 12, 255, 1024, 2**31 - 1, 2**31, -(
          -0.5, 1.5, 2.0000001, 100.5, 5e-324, 1e-300, 3.4e38, 3.5e38, 1e300, -1e300,
          1.7976931348623157e308, "", " ", "x", "0", "1.5", "-1", "nan", "inf", "auto", "none",
          "required", "any", "tool", "function", "text", "image", "json_object", "json_schema",
-         "user", "assistant", "system", "tool_use", "enabled", "high", "max", "\x00", "\ud83d\ude00",
+         "user", "assistant", "system", "tool_use", "enabled", "high", "max", "\x00",
+         "\ud83d\ude00",
          "{", "[[[[", "<tool_call>", "{{ 1 }}", "{% raw %}", "a" * 3000, [], {}, [None], [[]],
          [{}], ["a", 1], [1, 2, 3], {"": None}, {"type": None}, {"type": "text"},
          {"type": "text", "text": 5}, {"type": "function"}, {"name": 5}, {"type": "object"},
@@ -261,7 +262,8 @@ raw = st.one_of(
 
 @st.composite
 def encoded(draw, route: str, seeds=None) -> bytes:
-    """Bytes to POST to ``route``: mostly a mutated body, else its JSON cut short or a raw oddity."""
+    """Bytes to POST to ``route``: mostly a mutated body, else its JSON cut short or a raw
+    oddity."""
     kind = draw(st.integers(0, 9))
     if kind == 9:
         return draw(raw)

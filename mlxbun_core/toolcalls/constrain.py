@@ -45,7 +45,8 @@ def plan_constraint(parser, tools: list | None, choice: ToolChoice, parallel: bo
 NO_GRAMMAR = "this model's tool-call dialect has no call grammar"
 
 
-def tool_request(parser, tools, choice: ToolChoice, parallel: bool, content: GrammarRequest | None) -> tuple[GrammarRequest | None, str | None]:
+def tool_request(parser, tools, choice: ToolChoice, parallel: bool,
+                 content: GrammarRequest | None) -> tuple[GrammarRequest | None, str | None]:
     """``(grammar request, None)``, or ``(request to describe, reason)`` when it cannot
     be enforced."""
     if not tools or choice.mode == "none":

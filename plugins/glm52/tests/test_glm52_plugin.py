@@ -59,7 +59,8 @@ def test_unregistered_falls_back_to_generic(ckpt):
 def test_claims_only_glm5_configs():
     assert mlxbun_glm52.claims({"model_type": "glm_moe_dsa"})
     assert mlxbun_glm52.claims({"model_type": "x", "architectures": ["GlmMoeDsaForCausalLM"]})
-    assert not mlxbun_glm52.claims({"model_type": "glm4_moe", "architectures": ["Glm4MoeForCausalLM"]})
+    assert not mlxbun_glm52.claims({"model_type": "glm4_moe",
+                                    "architectures": ["Glm4MoeForCausalLM"]})
     assert not mlxbun_glm52.claims({"model_type": "llama"})
 
 

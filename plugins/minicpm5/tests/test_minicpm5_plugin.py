@@ -80,7 +80,8 @@ def test_claim_signals(tmp_path):
     assert not mlxbun_minicpm5.is_minicpm5(plain, {"model_type": "minicpm"}, "MiniCPM5")
     assert not mlxbun_minicpm5.is_minicpm5(plain, family_config("llama"), "Llama-3.2-1B")
     # the hook answers with the family name, the model id coming from the load options
-    assert mlxbun_minicpm5.claims(plain, cfg, LoadOptions(model_id="openbmb/MiniCPM5-1B")) == "minicpm5"
+    named = LoadOptions(model_id="openbmb/MiniCPM5-1B")
+    assert mlxbun_minicpm5.claims(plain, cfg, named) == "minicpm5"
     assert mlxbun_minicpm5.claims(plain, cfg, LoadOptions(model_id="x")) is None
 
 
@@ -187,8 +188,8 @@ def test_rendered_tool_call_round_trips_through_the_parser(srv):
         events += parser.feed(markup[i:i + 7])
     events += parser.finish()
     args = json.loads(CALL["function"]["arguments"])
-    assert [(e.call.name, json.loads(e.call.arguments)) for e in events if e.kind == "tool_call"] == [
-        ("write_file", args), ("write_file", args)]
+    calls = [(e.call.name, json.loads(e.call.arguments)) for e in events if e.kind == "tool_call"]
+    assert calls == [("write_file", args), ("write_file", args)]
     assert not "".join(e.text for e in events if e.kind == "content").strip()
 
 
@@ -217,6 +218,7 @@ def test_greedy_parity_with_mlx_lm(client, srv, ckpt, thinking):
     text = tok.apply_chat_template(MSG, add_generation_prompt=True, tokenize=False,
                                    enable_thinking=thinking)
     prompt = tok.encode(text, add_special_tokens=False)
-    assert prompt == render(srv, chat_template_kwargs={"enable_thinking": thinking})[1].prompt_tokens
+    rendered = render(srv, chat_template_kwargs={"enable_thinking": thinking})[1]
+    assert prompt == rendered.prompt_tokens
     theirs = mlx_lm_greedy(model, prompt, 8, tok.eos_token_ids)
     assert ours == theirs[: len(ours)] and len(ours) == len(theirs)

@@ -177,7 +177,8 @@ def test_anthropic_tool_result_image_and_url_source(srv, monkeypatch):
     tools = [{"name": "screenshot", "description": "Take one", "input_schema": {"type": "object"}}]
 
     def turn(result):
-        return a.messages.create(model="m", max_tokens=4, tools=tools, extra_body={"temperature": 0},
+        return a.messages.create(model="m", max_tokens=4, tools=tools,
+                                 extra_body={"temperature": 0},
                                  thinking={"type": "disabled"}, messages=[
             {"role": "user", "content": "Look at the screen."},
             {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "screenshot",
