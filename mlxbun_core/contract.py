@@ -14,9 +14,11 @@ events a tool parser emits live in :mod:`mlxbun_core.events`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 if TYPE_CHECKING:
+    import mlx.core as mx
+
     from .events import ParserEvent
     from .grammar.base import CompiledGrammar
     from .grammar.request import GrammarRequest
@@ -27,8 +29,14 @@ Tokenizer = Any
 """An mlx-lm ``TokenizerWrapper`` (``encode``, ``decode``, ``eos_token_ids``, the HF
 tokenizer behind it)."""
 
-__all__ = ["DraftSource", "GrammarBackend", "GrammarBackendFactory", "MediaPipeline",
-           "RegisterGrammarBackend", "Tokenizer", "ToolParser"]
+Sampler: TypeAlias = "Callable[[mx.array], mx.array]"
+"""mlx-lm's sampler: log-probabilities ``[batch, vocab]`` in, token ids ``[batch]`` out."""
+
+LogitsProcessor: TypeAlias = "Callable[[mx.array, mx.array], mx.array]"
+"""mlx-lm's logits processor: ``(tokens so far, logits) -> logits``."""
+
+__all__ = ["DraftSource", "GrammarBackend", "GrammarBackendFactory", "LogitsProcessor",
+           "MediaPipeline", "RegisterGrammarBackend", "Sampler", "Tokenizer", "ToolParser"]
 
 
 @runtime_checkable
@@ -57,7 +65,7 @@ class ToolParser(Protocol):
         its end marker."""
         ...
 
-    def call_grammar(self, tools: list[dict]) -> dict | None:
+    def call_grammar(self, tools: list[dict[str, Any]]) -> dict[str, Any] | None:
         """The grammar of one call of any of ``tools`` in this parser's markup, with
         arguments that follow each tool's JSON schema, as a structural format
         (:mod:`mlxbun_core.grammar.structural`): a ``tag`` whose ``begin`` starts the
@@ -92,7 +100,7 @@ class MediaPipeline(Protocol):
 
     kind: str
     """The kinds it takes, comma-joined (``"image,video"``), for logs."""
-    kinds: frozenset
+    kinds: frozenset[str]
     """``"image"``, ``"audio"`` and/or ``"video"``."""
 
     def prepare(self, prompt: Prompt, media: Sequence[MediaItem]) -> MediaPrompt:

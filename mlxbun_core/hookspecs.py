@@ -32,7 +32,7 @@ Protocols), :mod:`mlxbun_core.events` (what a tool parser emits).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pluggy import HookimplMarker, HookspecMarker
 
@@ -53,7 +53,7 @@ GENERIC = "generic"
 
 
 @hookspec(firstresult=True)
-def claims(path: Path, config: dict, options: LoadOptions) -> str | None:
+def claims(path: Path, config: dict[str, Any], options: LoadOptions) -> str | None:
     """Say whether a checkpoint belongs to your family, without loading it.
 
     Called for every checkpoint mlxbun loads, and by model listings for every
@@ -77,7 +77,7 @@ def claims(path: Path, config: dict, options: LoadOptions) -> str | None:
 
 
 @hookspec(firstresult=True)
-def load_model(path: Path, config: dict, options: LoadOptions) -> LoadedModel | None:
+def load_model(path: Path, config: dict[str, Any], options: LoadOptions) -> LoadedModel | None:
     """Load the weights of a checkpoint your :func:`claims` answered for.
 
     Only the claiming plugin is asked (plus extension wrappers), so there is
@@ -97,8 +97,9 @@ def load_model(path: Path, config: dict, options: LoadOptions) -> LoadedModel | 
 
 
 @hookspec(firstresult=True)
-def render_chat(model: LoadedModel, messages: list[dict], tools: list[dict] | None,
-                template_kwargs: dict, reasoning_effort: str | None) -> Prompt | None:
+def render_chat(model: LoadedModel, messages: list[dict[str, Any]],
+                tools: list[dict[str, Any]] | None, template_kwargs: dict[str, Any],
+                reasoning_effort: str | None) -> Prompt | None:
     """Turn chat messages into the prompt for one request.
 
     :param model: The loaded model (one your plugin claimed).
@@ -125,7 +126,7 @@ def render_chat(model: LoadedModel, messages: list[dict], tools: list[dict] | No
 
 
 @hookspec(firstresult=True)
-def tool_call_parser(model: LoadedModel, tools: list[dict]) -> ToolParser | None:
+def tool_call_parser(model: LoadedModel, tools: list[dict[str, Any]]) -> ToolParser | None:
     """Make a fresh streaming tool-call parser for one request.
 
     Only asked when the request carries tools.

@@ -20,7 +20,7 @@ class LoadOptions:
 
     model_id: str = ""
     embedding: bool = False  # force embedding mode for a plain checkpoint
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -34,16 +34,16 @@ class LoadedModel:
 
     id: str
     path: Path
-    config: dict
+    config: dict[str, Any]
     model: Any
     tokenizer: Any
     family: str = ""  # the claiming family, e.g. "generic" or "qwen35"; set by the loader
     plugin: str = ""  # the registered name of the plugin that claimed it; set by the loader
     kind: str = "generate"  # "generate" or "embedding"
-    generation_defaults: dict = field(default_factory=dict)
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
     context_window: int | None = None
     reasoning: bool = False  # has a switchable thinking channel
-    extras: dict = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
     _hooks: Any = field(default=None, init=False, repr=False, compare=False)
 
     relay_for: ClassVar[Callable[[LoadedModel], Any] | None] = None
@@ -51,7 +51,7 @@ class LoadedModel:
     that module as it loads (it owns the routing; this record only asks)."""
 
     @property
-    def eos_token_ids(self) -> set:
+    def eos_token_ids(self) -> set[int]:
         return set(getattr(self.tokenizer, "eos_token_ids", None) or [])
 
     @property
@@ -75,12 +75,12 @@ class Prompt:
     has no such channel).
     """
 
-    tokens: list
+    tokens: list[int]
     text: str = ""
     in_reasoning: bool = False
     think_start: str | None = None
     think_end: str | None = None
-    media: list = field(default_factory=list)
+    media: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -113,7 +113,7 @@ class MediaPrompt:
     ``digest`` hashes the media in order, so a prompt cache keys on it.
     """
 
-    tokens: list
-    kinds: frozenset
+    tokens: list[int]
+    kinds: frozenset[str]
     digest: str
     run: Any = None

@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..errors import APIError
-from ..events import Content, Done, Finish, Reasoning, ToolCallEvent
+from ..events import Content, Done, Event, Finish, Reasoning, ToolCall, ToolCallEvent
 
 
 @dataclass
 class Reply:
     content: str = ""
     reasoning: str = ""
-    tool_calls: list = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
     finish: Finish | None = None
 
 
-def gather(events: list) -> Reply:
+def gather(events: Iterable[Event]) -> Reply:
     """Fold events into a Reply; a generation failure raises a 500 with its message."""
     reply = Reply()
-    content, reasoning = [], []
+    content: list[str] = []
+    reasoning: list[str] = []
     for ev in events:
         if isinstance(ev, Content):
             content.append(ev.text)

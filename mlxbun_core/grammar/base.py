@@ -18,6 +18,7 @@ from typing import Protocol
 import mlx.core as mx
 import numpy as np
 
+from ..contract import Sampler
 from .budget import Budget, ByteVocab, CloseSearch
 from .request import GrammarRequest
 
@@ -103,7 +104,7 @@ class GrammarProcessor:
         self.error: str | None = None
         self.budget: Budget | None = None
         self.close_on_budget = True     # the request's switch (``budget_close``)
-        self.sampler = None             # the request's sampler: guards the last steps
+        self.sampler: Sampler | None = None  # the request's sampler: guards the last steps
         n = (compiled.vocab_size + 31) // 32
         self._bits = np.zeros(n + 1, dtype=np.int32)   # +1: pad word, always 0
         self._view = self._bits[:n]
