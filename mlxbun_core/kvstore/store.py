@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -46,7 +47,7 @@ def default_max_bytes(root: Path, used: int) -> int:
 
 class SsdStore:
     def __init__(self, config: SsdConfig, fingerprint: str, *,
-                 namespace_parts: Callable[[object], list | None] = lambda ns: None,
+                 namespace_parts: Callable[[Any], list | None] = lambda ns: None,
                  busy: Callable[[], bool] = lambda: False, private_copies: bool = False):
         self.config = config
         self.root = Path(config.dir).expanduser().resolve()
