@@ -22,8 +22,13 @@ from __future__ import annotations
 
 import logging
 import time
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 from ...library.fit import PREFILL_CHUNK
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
 
 log = logging.getLogger("mlxbun.engine")
 
@@ -70,7 +75,7 @@ class PrefillPacer:
         (``asked``: the chunk size the lane asked for)."""
         return _Timer(self, asked)
 
-    def calibrate(self, model) -> None:
+    def calibrate(self, model: nn.Module) -> None:
         """One short forward pass on a scratch cache (the worker thread, at start-up)."""
         import mlx.core as mx
         from mlx_lm.models.cache import make_prompt_cache
@@ -84,7 +89,7 @@ class PrefillPacer:
         except Exception as exc:  # not a causal LM we can call plainly: stay at FIRST_CHUNK
             log.debug("prefill calibration skipped: %s", exc)
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         return {"target_s": self.target_s, "chunk_tokens": self.chunk(),
                 "prefill_tps": round(self.rate, 1) if self.rate else None,
                 "chunks_measured": self.chunks}
@@ -103,7 +108,7 @@ class FixedChunk(PrefillPacer):
     def record(self, tokens: int, seconds: float, asked: int = 0) -> None:
         pass
 
-    def calibrate(self, model) -> None:
+    def calibrate(self, model: nn.Module) -> None:
         pass
 
 
@@ -117,6 +122,7 @@ class _Timer:
         self._t0 = time.perf_counter()
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if exc_type is None:
             self.pacer.record(self.tokens, time.perf_counter() - self._t0, self.asked)

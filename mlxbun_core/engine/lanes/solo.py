@@ -123,7 +123,7 @@ class Solo:
 
 def deliver(job: GenerationJob, token: int, logprobs) -> None:
     """Hand ``job`` one token; the first one closes its prefill phase."""
-    if job.session.t_first is None:
+    if job.session.t_first is None and job.started is not None:
         job.session.phases["prefill_s"] = time.perf_counter() - job.started
     job.deliver(token, logprobs)
 
@@ -173,6 +173,7 @@ class SoloSlot:
     def step(self) -> None:
         """One prefill chunk or one token of the lone job."""
         solo = self.solo
+        assert solo is not None  # the lane steps the slot only while it holds a job
         job = solo.job
         try:
             out = solo.step()
@@ -180,7 +181,8 @@ class SoloSlot:
             log.exception("generation failed")
             fresh_random_state()  # a failure inside a compiled sampler can leave it unusable
             self.end()
-            return job.close("error", str(exc))
+            job.close("error", str(exc))
+            return
         if out is None:  # a prefill chunk
             if not solo.prefilling and self.publishes(job):
                 boundary = solo.boundary()
@@ -197,6 +199,7 @@ class SoloSlot:
         that goes on from here (``cache`` holds ``held``; ``segments`` are fed next), or
         None when the token it had already sampled ended it."""
         solo = self.solo
+        assert solo is not None  # joins only while it holds a job
         pending, segments = solo.handoff()
         job = solo.job
         if pending is not None:
@@ -222,6 +225,7 @@ class SoloSlot:
 
     def end(self) -> GenerationJob:
         """Empty the slot and release the job's reservation; the job."""
+        assert self.solo is not None
         job, self.solo = self.solo.job, None
         if self.admission is not None:
             self.admission.release(job)
