@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+from typing import Any, NoReturn
 
 import numpy as np
 from blacksheep import Request
@@ -82,7 +83,7 @@ def nesting_depth(raw: bytes) -> int:
     return deepest
 
 
-def _no_constants(name):
+def _no_constants(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
 
 
@@ -93,7 +94,7 @@ def _finite(text: str) -> float:
     return value
 
 
-def parse_body(raw: bytes) -> dict:
+def parse_body(raw: bytes) -> dict[str, Any]:
     """``raw`` as a JSON object, or a 400 that says what is wrong with it."""
     if not raw.strip():
         raise BadRequest("request body is empty: send a JSON object")
@@ -119,6 +120,6 @@ def parse_body(raw: bytes) -> dict:
     return body
 
 
-async def read_body(request: Request) -> dict:
+async def read_body(request: Request) -> dict[str, Any]:
     """The request's JSON object; 413 past :func:`max_body_bytes`, 400 for anything malformed."""
     return parse_body(await _read_capped(request, max_body_bytes()))

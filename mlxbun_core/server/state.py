@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from blacksheep import Application
 from blacksheep.server.routing import Router
@@ -72,7 +72,7 @@ class AppState:
     """The local model scan (``/library``, the rows of ``/v1/models``)."""
     jobs: Jobs = field(default_factory=lambda: Jobs(mlxbun_home()))
     """Fine-tune and quantize jobs (``/api/jobs``, ``/api/finetune/*``, ``/api/quantize/*``)."""
-    stats_providers: dict[str, Callable[[], dict]] = field(default_factory=dict)
+    stats_providers: dict[str, Callable[[], dict[str, Any]]] = field(default_factory=dict)
     """Extra ``/stats`` sections: name -> a callable returning a JSON-able dict."""
     trusts_injected_history: bool = False
     """An ``--isolate`` engine child: the parent sends Responses history in the body."""
