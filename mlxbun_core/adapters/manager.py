@@ -142,7 +142,7 @@ class AdapterManager:
             names.add(path.parent.parent.name.split("--")[-1].lower())  # HF cache layout
         return names
 
-    async def mount_async(self, id: str, path, *, force: bool = False) -> Mounted:
+    async def mount_async(self, id: object, path: object, *, force: bool = False) -> Mounted:
         """Validate on the loop, then mount on the worker between decode steps."""
         id, where = self._check_request(id, path)
         return await self._call(lambda: self.mount(id, where, force=force))

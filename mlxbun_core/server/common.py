@@ -14,7 +14,7 @@ from blacksheep import Request, Response, Router
 from blacksheep.contents import Content, StreamedContent
 
 from ..errors import APIError
-from .body import read_body  # noqa: F401  (the surfaces' way in)
+from .body import read_body as read_body  # the surfaces' way in
 
 log = logging.getLogger("mlxbun.server")
 
