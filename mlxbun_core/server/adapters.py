@@ -11,7 +11,7 @@ from blacksheep import Request, Response
 
 from ..adapters import discover
 from ..errors import BadRequest
-from .common import guarded, json_response, read_body
+from .common import guarded, json_response, read_body, route_param
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
@@ -49,7 +49,7 @@ def register(app: App, engine: Engine) -> None:
 
     @guarded()
     async def unmount(request: Request) -> Response:
-        adapter_id = request.route_values.get("adapter_id") or ""
+        adapter_id = route_param(request, "adapter_id")
         removed = await manager.unmount_async(adapter_id)
         return json_response({"id": adapter_id, "removed_layers": removed})
 

@@ -144,6 +144,5 @@ async def respond(request: Request, run: Run, writer: Callable[[Run, int, int], 
     finally:
         run.trace.complete(choices, run.started)
     replies = [gather([ev for i, ev in tagged if i == k]) for k in range(n)]
-    # gather raised for a reply without its Finish
-    usage = combined_usage([r.finish.usage for r in replies if r.finish is not None])
+    usage = combined_usage([r.finish.usage for r in replies])
     return json_response(answer(run, replies, usage), headers=run.headers)

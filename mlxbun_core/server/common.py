@@ -106,6 +106,12 @@ def method_not_allowed(method: str, path: str, allowed: list[str],
     return resp
 
 
+def route_param(request: Request, name: str) -> str:
+    """The ``{name}`` segment of the matched route (BlackSheep types route values
+    optional; a matched segment is always there)."""
+    return request.route_values.get(name) or ""
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:24]}"
 
