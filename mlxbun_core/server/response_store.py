@@ -27,7 +27,7 @@ class ResponseStore:
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def put(self, key: str, value: object) -> bool:
+    def put(self, key: str, value: dict[str, Any]) -> bool:
         """Store ``value``; False when it alone exceeds the cap (not stored)."""
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
         if len(text) > self.max_bytes:
@@ -41,7 +41,7 @@ class ResponseStore:
                 self._drop(next(iter(self._items)))
         return True
 
-    def get(self, key: str) -> object | None:
+    def get(self, key: str) -> dict[str, Any] | None:
         """The stored value (and mark it recently used), or None if unknown/expired."""
         with self._lock:
             self._expire()
@@ -49,7 +49,7 @@ class ResponseStore:
             if entry is None:
                 return None
             self._items.move_to_end(key)
-            value: object = json.loads(entry[1])
+            value: dict[str, Any] = json.loads(entry[1])
             return value
 
     def delete(self, key: str) -> None:
