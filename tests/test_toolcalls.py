@@ -191,6 +191,7 @@ def test_chunkings_helper_covers_char_by_char():
      {"a": "True story", "b": "None of it", "c": "False"}),
     ('{"a": [True, None]} and then prose', {"a": [True, None]}),
     ('{name: "f", arguments: {x: 1}}', {"name": "f", "arguments": {"x": 1}}),
+    ('{städte: ["Köln"], é: 1}', {"städte": ["Köln"], "é": 1}),  # non-ASCII bare keys
     ('{"s": "line1\nline2"}', {"s": "line1\nline2"}),
     ('{"code": "```json\\n{}\\n```"}', {"code": "```json\n{}\n```"}),
     ('{"a": "x {not json"', {"a": "x {not json"}),

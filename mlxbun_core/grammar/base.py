@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Protocol
+from typing import Protocol, cast
 
 import mlx.core as mx
 import numpy as np
@@ -144,19 +144,20 @@ class GrammarProcessor:
         if self.wait_for is not None:
             n = len(self.wait_for)
             if (tokens.shape[0] - self.prompt_len >= n
-                    and tuple(tokens[-n:].tolist()) == self.wait_for):
+                    and tuple(_ids(tokens[-n:])) == self.wait_for):
                 self.prompt_len, self.wait_for = tokens.shape[0], None
             else:
                 return self._thinking(tokens, logits, index)  # still thinking: free text
         new = tokens.shape[0] - self.prompt_len - self.consumed
         if new > 0:
-            self._consume(tokens[-new:].tolist())
+            self._consume(_ids(tokens[-new:]))
             self.consumed += new
         forced, budget = None, self.budget
         if budget is not None and (budget.closing or index >= budget.next_check) \
                 and self.error is None and not self.stopped:
             forced = budget.choose(self.matcher, index, lambda: self._masked(logits))
-        if forced is not None:  # a guarded draw is the model's; a close token may not be
+        if forced is not None and budget is not None:
+            # a guarded draw is the model's; a close token may not be
             if budget.closing and budget.forced_from is None and self._narrows(forced):
                 budget.forced_from = index
             self._only(forced)
@@ -216,13 +217,19 @@ class GrammarProcessor:
         """Free text, unless the budget needs the think channel closed now to leave room
         for the marker and the shortest constrained answer: then the marker is forced."""
         marker = self.wait_for
-        if self.budget is None or not self.budget.thinking(self.matcher, index, len(marker)):
+        if (marker is None or self.budget is None
+                or not self.budget.thinking(self.matcher, index, len(marker))):
             return logits
-        tail = tokens[-len(marker):].tolist()  # how much of the marker is already out
+        tail = _ids(tokens[-len(marker):])  # how much of the marker is already out
         done = next(k for k in range(len(marker) - 1, -1, -1)
                     if k == 0 or tail[len(tail) - k:] == list(marker[:k]))
         self._only(marker[done])
         return self._mask(logits)
+
+
+def _ids(tokens: mx.array) -> list[int]:
+    """A 1-D token array as ids (MLX types ``tolist`` loosely)."""
+    return cast("list[int]", tokens.tolist())
 
 
 def make_processor(compiled: CompiledGrammar, prompt_len: int | None = None) -> GrammarProcessor:

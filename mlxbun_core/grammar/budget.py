@@ -176,8 +176,8 @@ class CloseSearch:
     def _any(self, m, bits: np.ndarray) -> int | None:
         """No single byte fits (a special token, or bytes only a longer token spells):
         the shortest token the grammar allows here (``bits``: the mask)."""
-        allowed = np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little"))
-        allowed = [int(t) for t in allowed if t < self.vocab_size and t not in self.eos]
+        set_bits = np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little"))
+        allowed = [int(t) for t in set_bits if t < self.vocab_size and t not in self.eos]
         if not allowed:
             return None
         lengths = self.vocab.lengths()

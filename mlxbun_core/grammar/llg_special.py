@@ -95,7 +95,8 @@ def build_tokenizer(hf, n_vocab: int, eos: list[int]):
     encoder.encode_special_tokens = True     # text never becomes a special token
 
     tokens = [base.decode_bytes([i]) for i in range(n_vocab)]
-    special_ids, specials = [], {}
+    special_ids: list[int] = []
+    specials: dict[str, int] = {}
     for t in spec.get("added_tokens") or []:
         i, content = t.get("id"), t.get("content") or ""
         if not isinstance(i, int) or not 0 <= i < n_vocab:
@@ -109,7 +110,9 @@ def build_tokenizer(hf, n_vocab: int, eos: list[int]):
     eos_id = eos[0] if eos else base.eos_token
     bos_id = getattr(hf, "bos_token_id", None)
     wrapper = _TokenizerWrapper(tokens, special_ids, eos_id, bos_id, encoder)
-    return _with_eos(lambda e: LLTokenizer(wrapper, n_vocab=n_vocab, eos_token=e), eos), specials
+    # llguidance annotates its own wrapper class; LLTokenizer reads only what ours has
+    return _with_eos(lambda e: LLTokenizer(wrapper, n_vocab=n_vocab,  # type: ignore[arg-type]
+                                           eos_token=e), eos), specials
 
 
 def _with_eos(make, eos: list[int]):
@@ -140,7 +143,8 @@ class SpecialRewriter:
         """[(str_or_None, token_id_or_None)] pieces; None if no occurrence."""
         if self._pat is None:
             return None
-        out, pos = [], 0
+        out: list[tuple[str | None, int | None]] = []
+        pos = 0
         for m in self._pat.finditer(text):
             if m.start() > pos:
                 out.append((text[pos:m.start()], None))

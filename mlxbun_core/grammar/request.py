@@ -105,7 +105,7 @@ def json_schema(schema, where: str) -> dict:
     return schema
 
 
-def _whitespace(obj: dict, where: str) -> str:
+def _whitespace(obj: dict, where: str) -> Whitespace:
     """``any_whitespace``: absent = canonical, true = any, false = compact."""
     ws = obj.get("any_whitespace")
     if ws is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 
 from .request import SEPARATORS
 from .schema import closed
@@ -66,7 +67,7 @@ class LarkWriter:
         self.rules.append(f"{name}: %json {json.dumps(schema, ensure_ascii=False)}")
         return name
 
-    def terminal(self, regex: str, excluded: list[str] = ()) -> str:
+    def terminal(self, regex: str, excluded: Sequence[str] = ()) -> str:
         """A named text terminal: ``regex`` minus any text containing ``excluded``."""
         name = self._name("TEXT")
         body = f"/{regex}/"

@@ -129,7 +129,7 @@ def coerce_arguments(args: dict, tool_schema_params: dict | None) -> dict:
 # --------------------------------------------------------------------- repair
 
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON|json5)?[ \t]*\n?(.*?)(?:```|$)", re.S)
-_IDENT = re.compile(r"[A-Za-z_$][\w$-]*")
+_IDENT = re.compile(r"(?:[^\W\d]|\$)[\w$-]*")  # any letter starts a bare key (str.isalpha)
 _LITERALS = {"True": "true", "False": "false", "None": "null",
              "true": "true", "false": "false", "null": "null"}
 
