@@ -70,7 +70,8 @@ def load_mlx_lm(path, config: dict, options, *, template: str | None = None,
     """
     from mlx_lm.utils import load
 
-    model, tokenizer = load(str(path))
+    loaded = load(str(path))  # (model, tokenizer): mlx-lm types the 3-tuple of return_config too
+    model, tokenizer = loaded[0], loaded[1]
     if template is not None:
         fallback = install_fallback_template(tokenizer, template)
         fields["extras"] = {**fields.get("extras", {}), "fallback_template": fallback}

@@ -20,6 +20,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from ..errors import BadRequest
 
@@ -143,7 +144,7 @@ def load_tensors(info: AdapterInfo) -> dict:
     import mlx.core as mx
 
     try:
-        raw = mx.load(str(info.weights_file))
+        raw = cast("dict[str, mx.array]", mx.load(str(info.weights_file)))
     except Exception as exc:
         raise BadRequest(f"{info.weights_file} cannot be read: {exc}", param="path") from None
     if info.format == "mlx":

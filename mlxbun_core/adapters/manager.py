@@ -19,9 +19,10 @@ import itertools
 import logging
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .. import fspaths
 from ..errors import BadRequest, NotFound
@@ -80,7 +81,8 @@ NO_ADAPTERS = AdapterSet()
 
 
 class AdapterManager:
-    def __init__(self, loaded, *, call: Callable | None = None):
+    def __init__(self, loaded, *,
+                 call: Callable[[Callable[[], Any]], Awaitable[Any]] | None = None):
         self.loaded = loaded  # the LoadedModel (id and path for base-model checks)
         self.model = loaded.model  # the mlx.nn.Module the lanes run
         self._call = call  # worker.call
@@ -145,12 +147,18 @@ class AdapterManager:
     async def mount_async(self, id: object, path: object, *, force: bool = False) -> Mounted:
         """Validate on the loop, then mount on the worker between decode steps."""
         id, where = self._check_request(id, path)
-        return await self._call(lambda: self.mount(id, where, force=force))
+        return await self._worker()(lambda: self.mount(id, where, force=force))
 
     async def unmount_async(self, id: str) -> int:
         if id not in self._mounted:
             raise NotFound(f"adapter {id} not mounted")
-        return await self._call(lambda: self.unmount(id))
+        return await self._worker()(lambda: self.unmount(id))
+
+    def _worker(self) -> Callable[[Callable[[], Any]], Awaitable[Any]]:
+        """``worker.call``: runs a mutation between decode steps."""
+        if self._call is None:
+            raise RuntimeError("this AdapterManager has no worker to mount on")
+        return self._call
 
     @staticmethod
     def _check_request(id, path) -> tuple[str, Path]:

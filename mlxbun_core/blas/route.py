@@ -89,10 +89,13 @@ def route(libmlx: Path, provider: Provider) -> Routed:
     if "cblas_sgemm" not in slots.by_name:
         raise elf.NotSupported(f"{libmlx.name} does not import cblas_sgemm")
     setter = getattr(lib, provider.prefix + "openblas_set_num_threads", None)
-    if setter is not None and default_threads() is not None:
-        setter(ctypes.c_int(default_threads()))
+    threads = default_threads()
+    if setter is not None and threads is not None:
+        setter(ctypes.c_int(threads))
     for name, offsets in slots.by_name.items():
         target = ctypes.cast(getattr(lib, provider.prefix + name), ctypes.c_void_p).value
+        if target is None:
+            raise elf.NotSupported(f"{provider.prefix}{name} resolves to a null pointer")
         for off in offsets:
             in_relro = any(lo <= off < hi for lo, hi in slots.relro)
             elf.write_pointer(base + off, target, relro=in_relro)

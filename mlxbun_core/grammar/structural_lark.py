@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .request import SEPARATORS
 from .schema import closed
@@ -20,12 +21,16 @@ from .schema import closed
 TEXT_ALL = r"(?s:.*)"
 
 
-def json_options(whitespace: str) -> dict:
+def json_options(whitespace: str) -> JsonCompileOptions:
     """llguidance JSON compile options for a whitespace mode of :class:`GrammarRequest`."""
     if whitespace in SEPARATORS:
         item, key = SEPARATORS[whitespace]
         return {"whitespace_flexible": False, "item_separator": item, "key_separator": key}
     return {"whitespace_flexible": True}
+
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
 
 
 class LarkWriter:

@@ -89,7 +89,7 @@ class EngineProcess:
         log.info("engine %s starting, pid %d", self.model_id, self.proc.pid)
         self._watch = asyncio.ensure_future(self._supervise(self.proc))
 
-    async def _supervise(self, proc) -> None:
+    async def _supervise(self, proc: asyncio.subprocess.Process) -> None:
         """Wait for readiness, then for exit; respawn within the restart budget."""
         ready = await self._await_health(proc)
         rc = await proc.wait()
@@ -189,7 +189,8 @@ class EngineProcess:
             os.unlink(self.socket)
 
     def describe(self) -> dict:
-        alive = self.proc is not None and self.proc.returncode is None
-        return {"model": self.model_id, "pid": self.proc.pid if alive else None,
+        proc = self.proc
+        alive = proc is not None and proc.returncode is None
+        return {"model": self.model_id, "pid": proc.pid if proc is not None and alive else None,
                 "restarts": self.restarts, "socket": self.socket, "state": self.state,
                 "in_flight": self.in_flight}

@@ -13,12 +13,12 @@ ready engine's (:mod:`mlxbun_core.metrics.isolate`); a signal drains it
 from __future__ import annotations
 
 import asyncio
+import enum
 import hmac
 import json
 import logging
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 from ..errors import APIError, Unavailable
 from ..library import checkpoint
@@ -87,7 +87,7 @@ class ParentApp:
         if local is not None:
             return await local(scope, send)
         body = await self._body(receive)
-        if body is _GONE:
+        if isinstance(body, _Gone):
             return  # the client left while sending its body
         if body is None:
             return await send_json(send, 413, {"error": {
@@ -107,8 +107,8 @@ class ParentApp:
             if got is None or not hmac.compare_digest(got.encode(), self.api_key.encode()):
                 return 401, _guard_error("authentication_error", "invalid or missing API key "
                                          "(send Authorization: Bearer <key>)", anthropic)
-        elif path.startswith(guard.ADMIN_PREFIXES) and not guard.is_loopback(
-                SimpleNamespace(scope=scope)):
+        elif path.startswith(guard.ADMIN_PREFIXES) and not guard.is_loopback_client(
+                scope.get("client")):
             return 403, _guard_error("permission_error", "this route answers loopback clients "
                                      "only; start the server with --api-key to allow remote "
                                      "clients", anthropic)
@@ -249,7 +249,7 @@ class ParentApp:
         return entry.path if entry else None
 
     # ---------------------------------------------------------------- proxying
-    async def _body(self, receive) -> bytes | None:
+    async def _body(self, receive) -> bytes | _Gone | None:
         chunks, size = [], 0
         while True:
             msg = await receive()
@@ -308,7 +308,11 @@ class ParentApp:
                 return
 
 
-_GONE = object()
+class _Gone(enum.Enum):
+    GONE = "gone"  # the client left while sending its body
+
+
+_GONE = _Gone.GONE
 
 
 class _StatusOf:

@@ -16,6 +16,8 @@ takes a mix of quantized and not-yet-quantized rows. Rows leaving the batch
 
 from __future__ import annotations
 
+from typing import cast
+
 import mlx.core as mx
 from mlx.utils import tree_map, tree_reduce
 from mlx_lm.models.base import create_causal_mask
@@ -84,7 +86,9 @@ class BatchQuantizedKVCache(_BaseCache):
     step = 256
 
     def __init__(self, left_padding: list[int], group_size: int = 64, bits: int = 8):
-        self.keys = self.values = None  # (packed, scales, biases), each (B, H, T, ·)
+        # (packed, scales, biases), each (B, H, T, ·)
+        self.keys: tuple[mx.array, ...] | None = None
+        self.values: tuple[mx.array, ...] | None = None
         self.left_padding = mx.array(left_padding)
         self.offset = mx.array([-p for p in left_padding])
         self._idx = 0
@@ -218,7 +222,7 @@ class BatchQuantizedKVCache(_BaseCache):
     def extract(self, idx: int) -> QuantizedKVCache:
         cache = QuantizedKVCache(group_size=self.group_size, bits=self.bits)
         mx.eval(self.left_padding)
-        padding = self.left_padding.tolist()[idx]
+        padding = cast("list[int]", self.left_padding.tolist())[idx]
         cache.keys, cache.values = tree_map(
             lambda x: mx.contiguous(x[idx:idx + 1, :, padding:self._idx]),
             (self.keys, self.values))

@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -105,7 +106,7 @@ def byte_chunks(a: np.ndarray):
     if a.ndim == 0:
         a = a.reshape(1)
     if a.flags.c_contiguous:
-        view = memoryview(a).cast("B") if a.size else memoryview(b"")
+        view = memoryview(a.data).cast("B") if a.size else memoryview(b"")
         for i in range(0, len(view), CHUNK):
             yield view[i:i + CHUNK]
     elif a.ndim == 1:
@@ -247,10 +248,10 @@ def read_header(path: Path, f=None) -> EntryHeader:
             f.close()
 
 
-def _check_table(table: dict, header: dict) -> None:
+def _check_table(table: dict[str, Any], header: dict[str, Any]) -> None:
     """The safetensors table (what ``mx.load`` will read) must say what ours says."""
     n = int(header["n_tokens"])
-    want = {"tokens": ["I32", [n], [0, 4 * n]]}
+    want: dict[str, list[Any]] = {"tokens": ["I32", [n], [0, 4 * n]]}
     for i, t in enumerate(header["tensors"]):
         want[f"t{i}"] = [ST_DTYPES.get(t["mx_dtype"]), list(t["shape"]),
                          [t["offset"], t["offset"] + t["nbytes"]]]

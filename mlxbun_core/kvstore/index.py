@@ -189,7 +189,7 @@ class Index:
 
     def disk_files(self) -> list[tuple[float, int, Path]]:
         """Every entry file under the root (all fingerprints): (mtime, size, path)."""
-        out = []
+        out: list[tuple[float, int, Path]] = []
         try:
             fps = [d for d in os.scandir(self.root) if d.is_dir(follow_symlinks=False)]
         except OSError:

@@ -161,9 +161,11 @@ class SsdStore:
                                      [codec.host_view(t) for t in job.tensors], job.mx_dtypes,
                                      strong=self.config.verify)
         except OSError as exc:
-            self._degrade(f"write failed: {errno.errorcode.get(exc.errno, exc.errno)} "
+            self._degrade(f"write failed: {errno.errorcode.get(exc.errno or 0, exc.errno)} "
                           f"{exc.strerror or exc}")
             return False
+        if path is None:  # only a cancelled write leaves no file
+            return None
         with self._lock:
             self.spills += 1
         self.index.add(IndexEntry(path, job.ns, job.tokens, size, time.time(), job.trimmable))

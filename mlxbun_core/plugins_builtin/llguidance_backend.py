@@ -131,7 +131,7 @@ def byte_vocab(tok, vocab_size: int) -> ByteVocab:
         ids = tok.tokenize_bytes(bytes([b]))
         if len(ids) == 1 and ids[0] < vocab_size and tok.decode_bytes(ids) == bytes([b]):
             one[b] = ids[0]
-    lengths = []
+    lengths: list[int] = []
 
     def token_lengths():
         if not lengths:

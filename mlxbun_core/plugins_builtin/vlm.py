@@ -27,6 +27,7 @@ import logging
 import threading
 import warnings
 from pathlib import Path
+from typing import cast
 
 from ..errors import BadRequest
 from ..media import parts as media_parts
@@ -231,8 +232,9 @@ def load_towers(model: LoadedModel):
     from mlx_vlm.utils import load_model
 
     vlm = load_model(Path(model.path), lazy=True)
-    mine = dict(tree_flatten(vlm.parameters()))
-    shared = [(k, v) for k, v in tree_flatten(model.model.parameters())
+    mine = dict(cast("list[tuple[str, mx.array]]", tree_flatten(vlm.parameters())))
+    theirs = cast("list[tuple[str, mx.array]]", tree_flatten(model.model.parameters()))
+    shared = [(k, v) for k, v in theirs
               if k in mine and mine[k].shape == v.shape and mine[k].dtype == v.dtype]
     vlm.update(tree_unflatten(shared))
     mx.eval(vlm.parameters())

@@ -50,7 +50,11 @@ class GuardRules:
 
 def is_loopback(request: Request) -> bool:
     """True for 127.0.0.0/8, ::1 (IPv4-mapped too) and unix-socket clients."""
-    ip = request.scope.get("client")
+    return is_loopback_client(request.scope.get("client"))
+
+
+def is_loopback_client(ip: tuple[str, int] | None) -> bool:
+    """:func:`is_loopback` for an ASGI scope's ``client``."""
     if not ip:  # a unix socket: the isolation parent on this machine
         return True
     try:

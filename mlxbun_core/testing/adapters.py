@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, cast
 
 
 def write_lora_adapter(model_path, out, *, seed: int = 1, rank: int = 4, scale: float = 2.0,
@@ -22,15 +23,16 @@ def write_lora_adapter(model_path, out, *, seed: int = 1, rank: int = 4, scale: 
     from mlx_lm.tuner.utils import linear_to_lora_layers
     from mlx_lm.utils import load, save_config
 
-    model, _ = load(str(model_path))
+    model = load(str(model_path))[0]
     model.freeze()
-    params = {"rank": rank, "scale": scale, "dropout": 0.0}
+    params: dict[str, Any] = {"rank": rank, "scale": scale, "dropout": 0.0}
     if keys is not None:
         params["keys"] = list(keys)
     linear_to_lora_layers(model, num_layers, params)
     key = mx.random.key(seed)
     weights = {}
-    for name, value in sorted(tree_flatten(model.trainable_parameters())):
+    leaves = cast("list[tuple[str, mx.array]]", tree_flatten(model.trainable_parameters()))
+    for name, value in sorted(leaves, key=lambda leaf: leaf[0]):
         key, sub = mx.random.split(key)
         weights[name] = (mx.random.normal(value.shape, key=sub) * magnitude
                          / value.shape[0] ** 0.5).astype(mx.float32)
@@ -52,7 +54,7 @@ def write_peft_copy(mlx_adapter, out, *, base_model: str | None = None,
     src = Path(mlx_adapter)
     cfg = json.loads((src / "adapter_config.json").read_text())
     rank, scale = cfg["lora_parameters"]["rank"], cfg["lora_parameters"]["scale"]
-    weights = mx.load(str(src / "adapters.safetensors"))
+    weights = cast("dict[str, mx.array]", mx.load(str(src / "adapters.safetensors")))
     peft = {}
     for name, value in weights.items():
         module, leaf = name.rsplit(".", 1)

@@ -72,7 +72,7 @@ def parse_tool_choice(value, tools: list | None) -> ToolChoice:
                          '{"type": "function", "function": {"name": ...}}', param="tool_choice")
     if choice.forced and not tools:
         raise BadRequest(f"tool_choice {value!r} needs tools", param="tool_choice")
-    if choice.name is not None and choice.name not in {tool_name(t) for t in tools}:
+    if choice.name is not None and choice.name not in {tool_name(t) for t in tools or ()}:
         raise BadRequest(f"tool_choice names function {choice.name!r}, which is not among "
                          "the tools", param="tool_choice")
     return choice

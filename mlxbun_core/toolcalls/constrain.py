@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from ..grammar import GrammarPlan, GrammarRequest, describe
 from ..grammar import structural as S
+from ..grammar.request import Whitespace
 from ..grammar_registry import registry
 from .choice import ToolChoice, is_strict, tool_name
 
@@ -74,7 +75,7 @@ def tool_request(parser, tools, choice: ToolChoice, parallel: bool,
     return _structural(S.triggered([call], stop_after_first=not parallel), "", ws), None
 
 
-def _structural(fmt: dict, words: str, whitespace: str) -> GrammarRequest:
+def _structural(fmt: dict, words: str, whitespace: Whitespace) -> GrammarRequest:
     return GrammarRequest("structural", {"format": fmt, "describe": words}, whitespace)
 
 
@@ -88,7 +89,7 @@ def calls(call: dict, parallel: bool) -> dict:
 def forced_instruction(chosen: list, choice: ToolChoice) -> str:
     if choice.mode == "function":
         return f"Respond only by calling the function {choice.name}, with no other text."
-    names = ", ".join(tool_name(t) for t in chosen)
+    names = ", ".join(str(tool_name(t)) for t in chosen)
     return f"Respond only by calling one of these functions: {names}; write no other text."
 
 

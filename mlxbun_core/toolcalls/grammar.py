@@ -142,7 +142,9 @@ def element_args(params: dict, markup: ArgMarkup) -> dict:
     """Every declared argument in schema order (optional ones may be left out), then
     extra arguments where the schema allows them."""
     root = params if isinstance(params, dict) else {}
-    props = root.get("properties") if isinstance(root.get("properties"), dict) else {}
+    props = root.get("properties")
+    if not isinstance(props, dict):
+        props = {}
     required = set(root.get("required") or ()) if isinstance(root.get("required"), list) else set()
     parts = []
     for name, sub in props.items():

@@ -36,7 +36,7 @@ def normalize_history(messages: list[dict], param: str = "messages") -> list[dic
         if m.get("content") is None:
             m["content"] = ""
         if m.get("role") == "tool" and not m.get("name"):
-            name = names.get(m.get("tool_call_id"))
+            name = names.get(str(m.get("tool_call_id")))
             if name:
                 m["name"] = name
         out.append(m)
@@ -105,7 +105,9 @@ def _calls_as_text(m: dict) -> dict:
             str(fn["arguments"])) or {}
         blocks.append("<tool_call>\n" + json.dumps({"name": fn["name"], "arguments": args},
                                                    ensure_ascii=False) + "\n</tool_call>")
-    content = m.get("content") if isinstance(m.get("content"), str) else ""
+    content = m.get("content")
+    if not isinstance(content, str):
+        content = ""
     text = "\n".join(([content] if content.strip() else []) + blocks)
     m = dict(m, content=text)
     m.pop("tool_calls")
