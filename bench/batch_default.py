@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 import httpx
+
 from serve_concurrency import SHAPES, free_port, load_phase, random_prompt, start  # this folder
 
 

@@ -26,6 +26,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import httpx
+
 from serve_concurrency import (
     SHAPES,
     chat_ttft,

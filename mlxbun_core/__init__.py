@@ -8,7 +8,7 @@ except PackageNotFoundError:  # running from a source tree without install
     __version__ = "0.0.0"
 
 from . import plugins  # noqa: F401  (wires LoadedModel.hooks to the plugin routing)
-from .hookspecs import hookimpl
+from .hookspecs import hookimpl  # re-exported for plugin authors
 
 __all__ = ["hookimpl", "__version__"]
 

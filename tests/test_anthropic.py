@@ -11,6 +11,7 @@ import json
 import anthropic
 import httpx
 import pytest
+
 from scripted_model import scripted_fixtures
 
 WEATHER = {"name": "get_weather", "description": "Weather for a city",

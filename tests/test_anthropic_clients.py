@@ -17,10 +17,10 @@ import re
 import anthropic
 import httpx
 import pytest
-from scripted_model import scripted_server
 
 from mlxbun_core.errors import BadRequest
 from mlxbun_core.server.anthropic_request import parse_request
+from scripted_model import scripted_server
 
 BETAS = ["claude-code-20250219", "interleaved-thinking-2025-05-14",
          "context-management-2025-06-27", "effort-2025-11-24"]

@@ -12,10 +12,10 @@ import subprocess
 import sys
 
 import pytest
-from test_cli_start import get_when_listening, wait_for_line
 
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.server import free_port
+from test_cli_start import get_when_listening, wait_for_line
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux",
                                 reason="the BLAS is routed on Linux CPU builds only")

@@ -10,13 +10,13 @@ import struct
 
 import mlx.core as mx
 import pytest
-from test_gguf import write_tiny_gguf
 
 from mlxbun_core.library.fit import machine
 from mlxbun_core.library.report import ls_table
 from mlxbun_core.library.scan import scan_own
 from mlxbun_core.models import gguf_cache
 from mlxbun_core.models.resolve import ModelNotFound, _default_gguf, resolve_model
+from test_gguf import write_tiny_gguf
 
 
 def safetensors_dtypes(path) -> set:

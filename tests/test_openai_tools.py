@@ -6,6 +6,7 @@ import json
 import httpx
 import openai
 import pytest
+
 from scripted_model import scripted_server
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {

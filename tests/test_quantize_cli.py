@@ -7,11 +7,10 @@ import os
 import subprocess
 import sys
 
-from test_gguf import write_tiny_gguf
-
 from mlxbun_core.jobs.store import JobStore
 from mlxbun_core.library.scan import scan_own
 from mlxbun_core.models.resolve import resolve_model
+from test_gguf import write_tiny_gguf
 
 
 def test_quantize_a_conversion_then_query_it(tmp_path, monkeypatch):

@@ -19,9 +19,9 @@ import json
 import uuid
 
 import pytest
-from scripted_model import scripted_server
 
 from mlxbun_core.testing.clients import long_context_options, run_claude, run_codex
+from scripted_model import scripted_server
 
 QUESTION = "What does hello.txt say?"
 

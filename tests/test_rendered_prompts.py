@@ -10,6 +10,7 @@ from __future__ import annotations
 import anthropic
 import openai
 import pytest
+
 from scripted_model import scripted_server
 
 # renders everything a chat request can carry, in plain markers the tests can find

@@ -6,9 +6,9 @@ import os
 import shutil
 
 import pytest
-from test_gguf import write_tiny_gguf
 
 from mlxbun_core.models.resolve import ModelNotFound, resolve_model
+from test_gguf import write_tiny_gguf
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 

@@ -12,9 +12,9 @@ import json
 import httpx
 import openai
 import pytest
-from scripted_model import scripted_fixtures
 
 from mlxbun_core.server.response_store import ResponseStore
+from scripted_model import scripted_fixtures
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather for a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},

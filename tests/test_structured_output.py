@@ -271,9 +271,8 @@ THINKING_CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.conten
 def test_thinking_model_thinks_freely_then_answers_under_the_grammar(backend):
     """A prompt that opens a think channel: the mask waits for </think>, so the reasoning
     is free text and the constrained answer lands in content."""
-    from scripted_model import ScriptedPlugin
-
     from mlxbun_core import plugins
+    from scripted_model import ScriptedPlugin
 
     plugin = ScriptedPlugin(tiny_checkpoint("qwen3", seed=4243, chat_template=THINKING_CHATML),
                             "Let me weigh it.</think>right",

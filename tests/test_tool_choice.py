@@ -12,11 +12,11 @@ import anthropic
 import jsonschema
 import openai
 import pytest
-from scripted_model import scripted_server
 
 from mlxbun_core.grammar.schema import closed
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.server import start_server
+from scripted_model import scripted_server
 
 WEATHER = {"name": "get_weather", "description": "Weather forecast for a city",
            "parameters": {"type": "object", "properties": {

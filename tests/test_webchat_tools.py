@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from scripted_model import scripted_server
 
 from mlxbun_core.testing.wschat import ChatClient
 from mlxbun_core.webchat.turn import MAX_TOOL_ROUNDS
+from scripted_model import scripted_server
 
 
 def call(name: str, **arguments) -> str:
