@@ -44,6 +44,15 @@ serve: install
 test: install-test
 	$(BIN)/python -m pytest $(ARGS)
 
+# ruff on the whole repo; mypy on mlxbun_core and the family plugins (docs/development.md)
+PLUGIN_PACKAGES = $(patsubst %/__init__.py,%,$(wildcard plugins/*/mlxbun_*/__init__.py))
+
+lint: install-test
+	$(BIN)/python -m ruff check .
+
+typecheck: install-test
+	$(BIN)/python -m mypy mlxbun_core $(PLUGIN_PACKAGES)
+
 $(VENV)/.browser: $(VENV)/.test-extra
 	@echo "mlxbun: installing Playwright (drives the OS's Chromium)"
 	@$(PIP) install -qq -e ".[test,browser]"
@@ -57,4 +66,4 @@ test-browser: $(VENV)/.browser
 screenshots: $(VENV)/.browser
 	MLXBUN_SCREENSHOT_DIR=docs $(BIN)/python -m pytest -m browser tests/browser -k screenshots $(ARGS)
 
-.PHONY: install install-test serve test test-browser screenshots
+.PHONY: install install-test serve test lint typecheck test-browser screenshots

@@ -64,12 +64,13 @@ class Server:
     def start(self) -> float:
         port = free_port()
         self.base = f"http://127.0.0.1:{port}"
-        log = open(os.path.join(self.log_dir, f"{self.name}.{len(self.starts)}.log"), "w")
+        log_path = os.path.join(self.log_dir, f"{self.name}.{len(self.starts)}.log")
         t0 = time.perf_counter()
-        self.proc = subprocess.Popen(self.cmd(port), stdout=log, stderr=subprocess.STDOUT)
+        with open(log_path, "w") as log:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(self.cmd(port), stdout=log, stderr=subprocess.STDOUT)
         while time.perf_counter() - t0 < 1800:
             if self.proc.poll() is not None:
-                raise SystemExit(f"{self.name} exited {self.proc.returncode}; see {log.name}")
+                raise SystemExit(f"{self.name} exited {self.proc.returncode}; see {log_path}")
             try:
                 if httpx.get(self.base + "/v1/models", timeout=2).status_code == 200:
                     self.starts.append(time.perf_counter() - t0)
@@ -129,7 +130,8 @@ def script(tok, turns: int, system_tokens: int, result_tokens: int, seed: int) -
 def run_session(server: Server, plan: dict, before: int, after: int, max_tokens: int,
                 flush: bool) -> dict:
     """``before`` turns, a restart, ``after`` turns; the model's replies are fed back."""
-    msgs = [{"role": "system", "content": plan["system"]}, {"role": "user", "content": plan["task"]}]
+    msgs = [{"role": "system", "content": plan["system"]},
+            {"role": "user", "content": plan["task"]}]
     rows, walls = [], {}
     t0 = time.perf_counter()
     for i in range(before + after):
@@ -193,7 +195,8 @@ def disk_read_gbs(directory: str) -> dict:
 def run_restore(servers: dict, plan: dict, max_tokens: int, ssd_dir: str) -> dict:
     """Turn 1 over the long history, restart, turn 2: with the tier vs without it."""
     out = {}
-    msgs = [{"role": "system", "content": plan["system"]}, {"role": "user", "content": plan["task"]}]
+    msgs = [{"role": "system", "content": plan["system"]},
+            {"role": "user", "content": plan["task"]}]
     for name in ("mlxbun+ssd", "mlxbun"):
         s = servers[name]
         s.start()
@@ -349,7 +352,8 @@ def report(args, dtype, ckpt, session: dict, restore) -> None:
         ssd = restore["mlxbun+ssd"]
         print(f"restore: turn 2 after restart {ssd['turn2_ttft_s']:.3f} s with the tier, "
               f"{restore['mlxbun']['turn2_ttft_s']:.3f} s cold "
-              f"({restore['ssd_turn2_vs_cold']:.3f}×); restore {ssd.get('restore_gbs', 0):.2f} GB/s, "
+              f"({restore['ssd_turn2_vs_cold']:.3f}×); "
+              f"restore {ssd.get('restore_gbs', 0):.2f} GB/s, "
               f"disk {ssd.get('disk', {}).get('gbs', 0):.2f} GB/s "
               f"({ssd.get('restore_vs_disk', 0):.2f} of it)")
     if args.out:

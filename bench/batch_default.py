@@ -109,7 +109,8 @@ def main():
         for name in names:  # one server at a time: the arms never share the device
             port = free_port()
             base = f"http://127.0.0.1:{port}"
-            proc = start(commands[name](port), port, f"/tmp/bench-batch-{name.replace(' ', '')}.log")
+            log_path = f"/tmp/bench-batch-{name.replace(' ', '')}.log"
+            proc = start(commands[name](port), port, log_path)
             try:
                 asyncio.run(load_phase(base, 2, 1, warm, 8))  # warm-up: kernels, caches
                 caps[name] = cap_of(base)

@@ -24,12 +24,13 @@ VARIANTS = ("auto", "reference")  # MLXBUN_BLAS values; "auto@1": auto with 1 Op
 
 
 def child(path: str, prompt_tokens: int, gen: int) -> dict:
-    import mlxbun_core  # noqa: F401  (routes the BLAS when mlx.core loads)
-    from mlxbun_core import blas
     import mlx.core as mx
     from mlx_lm import load
     from mlx_lm.generate import stream_generate
     from mlx_lm.sample_utils import make_logits_processors
+
+    import mlxbun_core  # noqa: F401  (routes the BLAS when mlx.core loads)
+    from mlxbun_core import blas
 
     model, tok = load(path)
     words = ("the quick brown fox jumps over a lazy dog while seven wizards quietly "
@@ -39,7 +40,8 @@ def child(path: str, prompt_tokens: int, gen: int) -> dict:
     ban_eos = make_logits_processors({t: -1e9 for t in tok.eos_token_ids})  # full-length runs
     last = None
     t0 = time.perf_counter()
-    for last in stream_generate(model, tok, prompt, max_tokens=gen, logits_processors=ban_eos):
+    responses = stream_generate(model, tok, prompt, max_tokens=gen, logits_processors=ban_eos)
+    for last in responses:  # noqa: B007 (the last response carries the run's totals)
         pass
     mx.synchronize()
     return {"blas": blas.state().active, "library": blas.state().library,
@@ -87,7 +89,8 @@ def main() -> None:
     summary = {}
     for v in variants:
         mine = [x for x in rows if x["variant"] == v]
-        summary[v] = {k: statistics.median(x[k] for x in mine) for k in ("prefill_tps", "decode_tps")}
+        summary[v] = {k: statistics.median(x[k] for x in mine)
+                      for k in ("prefill_tps", "decode_tps")}
     base = summary[variants[-1]]
     summary["speedup_vs_" + variants[-1]] = {
         v: {k: round(summary[v][k] / base[k], 2) for k in base} for v in variants[:-1]}

@@ -44,7 +44,7 @@ def main() -> None:
     for r in range(args.rounds):
         gbs = measure_gbs(gpu=mx.default_device() == mx.gpu)
         last = None
-        for last in stream_generate(model, tok, prompt, max_tokens=args.gen,
+        for last in stream_generate(model, tok, prompt, max_tokens=args.gen,  # noqa: B007 (totals)
                                     logits_processors=ban_eos):
             pass
         ctx = len(prompt) + args.gen

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 import statistics
 import time
+from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm import load
@@ -116,7 +116,8 @@ def bench(model, tok, reg, args) -> dict:
                 if len(got[config]) >= args.tokens:
                     continue
                 proc = processor(reg, tok, config, sampler, args.request_tokens)
-                text = one_request(model, tok, proc, sampler, args.request_tokens, got[config], seed)
+                text = one_request(model, tok, proc, sampler, args.request_tokens, got[config],
+                                   seed)
                 if r and proc is not None:
                     host[config][0] += proc.spent
                     host[config][1] += proc.calls
@@ -162,11 +163,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     ap.add_argument("--vocab", type=int, default=None,
-                    help="model vocab rows (default: 1024 tiny, 8192 otherwise, as grammar_overhead)")
+                    help="model vocab rows (default: 1024 tiny, 8192 otherwise, "
+                         "as grammar_overhead)")
     ap.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on GPU")
     ap.add_argument("--backend", default="llguidance")
-    ap.add_argument("--tokens", type=int, default=192, help="timed decode steps per config per round")
-    ap.add_argument("--request-tokens", type=int, default=96, help="steps per request (and the tight budget)")
+    ap.add_argument("--tokens", type=int, default=192,
+                    help="timed decode steps per config per round")
+    ap.add_argument("--request-tokens", type=int, default=96,
+                    help="steps per request (and the tight budget)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--model", default=None, help="a checkpoint dir (default: a random --shape)")
     ap.add_argument("--out", help="write the rows as JSON here")

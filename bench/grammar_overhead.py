@@ -31,7 +31,7 @@ SCHEMA = {"type": "array", "items": {
     "properties": {"name": {"type": "string", "maxLength": 12}, "n": {"type": "integer"},
                    "tags": {"type": "array", "items": {"enum": ["x", "y", "z"]}}}}}
 WORKLOADS = {
-    "json_schema": GrammarRequest("json_schema", SCHEMA, False),
+    "json_schema": GrammarRequest("json_schema", SCHEMA, "compact"),
     "regex": GrammarRequest("regex", r"([a-z]+ [0-9]{1,4}\. )+"),
 }
 
@@ -91,7 +91,8 @@ def one_request(model, tok, proc, n, times, seed):
 
 def bench(model, tok, reg, backends, n_tokens, rounds):
     """Round-robin over configs so machine noise hits all of them alike."""
-    configs = [("-", "-", None)] + [(be, wl, req) for be in backends for wl, req in WORKLOADS.items()]
+    configs = [("-", "-", None)] + [(be, wl, req) for be in backends
+                                    for wl, req in WORKLOADS.items()]
     compile_ms = {}
     for be, wl, req in configs[1:]:
         reg.select(be)

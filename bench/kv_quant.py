@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 import statistics
 import time
+from pathlib import Path
 
 import mlx.core as mx
 

@@ -35,8 +35,8 @@ SHAPES = {
 
 
 def call_costs() -> dict:
-    from mlxbun_core.events import Finish, Usage
     from mlxbun_core.engine.lanes.tally import StepTally
+    from mlxbun_core.events import Finish, Usage
     from mlxbun_core.metrics.engine import EngineMetrics
 
     tally = StepTally()

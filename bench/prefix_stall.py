@@ -25,10 +25,16 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_concurrency import SHAPES, free_port, load_phase, random_prompt, start  # noqa: E402
-from serve_concurrency import chat_ttft  # noqa: E402
+import httpx
 
-import httpx  # noqa: E402
+from serve_concurrency import (
+    SHAPES,
+    chat_ttft,
+    free_port,
+    load_phase,
+    random_prompt,
+    start,
+)
 
 
 def checkpoint(shape: str, bits: int) -> str:
@@ -109,8 +115,9 @@ def main() -> None:
     args = ap.parse_args()
 
     ckpt = checkpoint(args.shape, args.bits)
-    from mlx_lm.utils import load_tokenizer
     from pathlib import Path
+
+    from mlx_lm.utils import load_tokenizer
 
     tok = load_tokenizer(Path(ckpt))
     rng = random.Random(3)

@@ -49,8 +49,8 @@ def free_port() -> int:
 
 
 def start(cmd: list, port: int, log_path: str) -> subprocess.Popen:
-    log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    with open(log_path, "w") as log:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 900
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -145,8 +145,8 @@ async def second_turn(base: str, history: str, rng: random.Random) -> dict:
 
 def direct_decode(model, tok, prompt: str, n: int) -> float:
     """mlx-lm's own single-stream decode tok/s (the floor and a machine-drift check)."""
-    from mlx_lm.generate import generate_step
     import mlx.core as mx
+    from mlx_lm.generate import generate_step
 
     first, count = None, 0
     for _ in generate_step(mx.array(tok.encode(prompt)), model, max_tokens=n):
@@ -180,7 +180,8 @@ def batch_generator(model, tok, prompts, batch: int, max_tokens: int) -> dict:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
-    ap.add_argument("--model", default=None, help="a checkpoint dir (default: a random-weight --shape)")
+    ap.add_argument("--model", default=None,
+                    help="a checkpoint dir (default: a random-weight --shape)")
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--concurrency", type=int, nargs="*", default=[1, 8],
                     help="client counts of the load phases (none: only the chat turns)")
@@ -235,7 +236,7 @@ def main():
             servers[name] = (f"http://127.0.0.1:{port}",
                              start(cmd(port), port, f"/tmp/bench-{name}.log"))
         try:
-            for name, (base, _) in servers.items():  # warm-up: kernels, caches
+            for base, _ in servers.values():  # warm-up: kernels, caches
                 asyncio.run(load_phase(base, 2, 1, warm, 8))
             order = list(servers) if rnd % 2 == 0 else list(reversed(servers))
             direct.append(direct_decode(model, tok, prompts[0], args.max_tokens))
@@ -280,9 +281,11 @@ def report(args, dtype, results, turns, batchgen, direct):
         a, b = results["mlxbun"][conc], results["mlx_lm.server"][conc]
         ratios = [x["aggregate_tps"] / y["aggregate_tps"] for x, y in zip(a, b)]
         table.append({"concurrency": conc,
-                      "mlxbun_tps": med(a, "aggregate_tps"), "mlx_lm_server_tps": med(b, "aggregate_tps"),
+                      "mlxbun_tps": med(a, "aggregate_tps"),
+                      "mlx_lm_server_tps": med(b, "aggregate_tps"),
                       "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
-                      "mlxbun_ttft_s": med(a, "ttft_median_s"), "mlx_lm_server_ttft_s": med(b, "ttft_median_s"),
+                      "mlxbun_ttft_s": med(a, "ttft_median_s"),
+                      "mlx_lm_server_ttft_s": med(b, "ttft_median_s"),
                       "mlxbun_stream_decode_tps": med(a, "decode_tps_median"),
                       "mlx_lm_server_stream_decode_tps": med(b, "decode_tps_median"),
                       "mlxbun_failed": sum(x["failed"] for x in a),
@@ -308,7 +311,8 @@ def report(args, dtype, results, turns, batchgen, direct):
     for r in table:
         print(f"{r['concurrency']:4d} {r['mlxbun_tps']:9.1f} {r['mlx_lm_server_tps']:10.1f} "
               f"{r['ratio_median']:6.2f} {r['ratio_min']:6.2f} {r['mlxbun_ttft_s']:8.3f} "
-              f"{r['mlx_lm_server_ttft_s']:8.3f} {r['mlxbun_failed']:4d}/{r['mlx_lm_server_failed']}")
+              f"{r['mlx_lm_server_ttft_s']:8.3f} "
+              f"{r['mlxbun_failed']:4d}/{r['mlx_lm_server_failed']}")
     print(f"mlx-lm generate_step single stream: {summary['mlx_lm_direct_decode_tps']:.1f} tok/s")
     print(f"BatchGenerator(batch {args.batchgen}) {bg} tok/s; mlxbun c={args.batchgen} / it: "
           f"{summary['mlxbun_vs_batchgen']}")

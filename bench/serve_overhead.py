@@ -134,7 +134,8 @@ def with_neighbour(base, body, n):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
-    ap.add_argument("--dtype", default=None, help="weights dtype (default: float32 on CPU, bfloat16 on GPU)")
+    ap.add_argument("--dtype", default=None,
+                    help="weights dtype (default: float32 on CPU, bfloat16 on GPU)")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None)
@@ -149,7 +150,8 @@ def main():
     ckpt = tiny_checkpoint("llama", config_overrides=SHAPES[args.shape], dtype=dtype)
     build_s = time.perf_counter() - t
     model, tok = load(str(ckpt))
-    eos_ban = {str(i): -100 for i in tok.eos_token_ids}  # fixed-length runs (OpenAI caps bias at 100)
+    # fixed-length runs (OpenAI caps a bias at 100)
+    eos_ban = {str(i): -100 for i in tok.eos_token_ids}
     procs = {}
     procs["default"], v1 = serve(ckpt)  # default lanes: a lone request runs on the batch lane
     procs["serial"], v1_serial = serve(ckpt, "--batch", "1")
@@ -173,7 +175,7 @@ def main():
                 "name": "x", "schema": SCHEMA, "any_whitespace": False}}}, n),
     }
     results = {k: [] for k in runs}
-    for name, fn in runs.items():  # warm-up: compile kernels, grammar, caches
+    for fn in runs.values():  # warm-up: compile kernels, grammar, caches
         fn()
     for _ in range(args.rounds):
         for name, fn in runs.items():

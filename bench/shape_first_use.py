@@ -1,8 +1,14 @@
 """What a second chat turn pays on CUDA: copying the cached KV, then one forward pass at a
 query length never run before vs at one run before (the first pass at a length costs more)."""
-import copy, os, random, time
+import copy
+import os
+import random
+import time
+
 import mlx.core as mx
 from mlx_lm import load
+from mlx_lm.models.cache import make_prompt_cache
+
 from mlxbun_core.testing.checkpoints import write_checkpoint
 
 ck = "/tmp/bench-qwen3-8b-bfloat16"
@@ -11,7 +17,7 @@ if not os.path.exists(ck + "/config.json"):
         "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
         "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128})
 model, tok = load(ck)
-from mlx_lm.models.cache import make_prompt_cache
+
 rng = random.Random(0)
 toks = [rng.randrange(100, 1000) for _ in range(5300)]
 base = make_prompt_cache(model)
@@ -27,7 +33,8 @@ def trial(n, label):
     out = model(mx.array([rng.randrange(100, 1000) for _ in range(n)])[None], cache=c)
     mx.argmax(out[:, -1, :], axis=-1).item()
     t2 = time.perf_counter()
-    print(f"{label:10} n={n:4d} copy {1e3*(t1-t0):7.1f} ms  forward {1e3*(t2-t1):7.1f} ms", flush=True)
+    print(f"{label:10} n={n:4d} copy {1e3*(t1-t0):7.1f} ms  forward {1e3*(t2-t1):7.1f} ms",
+          flush=True)
 
 for n in (52, 52, 52, 53, 54, 61, 75, 52, 53, 200, 200, 1, 1, 8, 9):
     trial(n, "seq")

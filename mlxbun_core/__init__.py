@@ -7,11 +7,11 @@ try:
 except PackageNotFoundError:  # running from a source tree without install
     __version__ = "0.0.0"
 
-from .hookspecs import hookimpl  # noqa: E402  (re-exported for plugin authors)
-from . import plugins  # noqa: E402,F401  (wires LoadedModel.hooks to the plugin routing)
+from . import plugins  # noqa: F401  (wires LoadedModel.hooks to the plugin routing)
+from .hookspecs import hookimpl  # re-exported for plugin authors
 
 __all__ = ["hookimpl", "__version__"]
 
-from . import blas as _blas  # noqa: E402
+from . import blas as _blas
 
 _blas.install()  # MLX's CPU matrix products on OpenBLAS, from the moment mlx.core loads

@@ -6,8 +6,6 @@ applying a Jinja template through the tokenizer live here once.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from . import system_turns
 from .errors import BadRequest
 from .model import LoadedModel, Prompt
@@ -16,7 +14,7 @@ from .toolcalls.history import without_tool_support
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
-def check_reasoning_effort(effort, name: str = "reasoning_effort") -> Optional[str]:
+def check_reasoning_effort(effort, name: str = "reasoning_effort") -> str | None:
     """A known effort level, or None; the 400 names the field as the client sent it
     (``name``: Anthropic's ``output_config.effort``, Responses' ``reasoning.effort``)."""
     if effort is None:
@@ -27,7 +25,7 @@ def check_reasoning_effort(effort, name: str = "reasoning_effort") -> Optional[s
     return effort
 
 
-def thinking_switch(template_kwargs: dict, reasoning_effort, default: Optional[bool]) -> Optional[bool]:
+def thinking_switch(template_kwargs: dict, reasoning_effort, default: bool | None) -> bool | None:
     """Whether thinking is on: an explicit ``enable_thinking`` wins, then
     ``reasoning_effort`` ("none" → off, any other level → on), then the family default."""
     effort = check_reasoning_effort(reasoning_effort)  # a bad level is a 400 even when overridden
@@ -38,14 +36,14 @@ def thinking_switch(template_kwargs: dict, reasoning_effort, default: Optional[b
     return default
 
 
-def think_markers(tokenizer) -> tuple[Optional[str], Optional[str]]:
+def think_markers(tokenizer) -> tuple[str | None, str | None]:
     if getattr(tokenizer, "has_thinking", False):
         return tokenizer.think_start, tokenizer.think_end
     return None, None
 
 
 def apply_template(model: LoadedModel, messages: list, tools, template_kwargs: dict,
-                   chat_template: Optional[str] = None) -> Prompt:
+                   chat_template: str | None = None) -> Prompt:
     """Render with the checkpoint's (or a given) Jinja template and tokenize.
 
     Template errors (a role the template refuses, a missing field) are the
@@ -74,7 +72,7 @@ def apply_template(model: LoadedModel, messages: list, tools, template_kwargs: d
                   in_reasoning=opens_thinking(text, start, end))
 
 
-def opens_thinking(text: str, start: Optional[str], end: Optional[str]) -> bool:
+def opens_thinking(text: str, start: str | None, end: str | None) -> bool:
     """True when the rendered prompt ends inside an open think channel."""
     if not start:
         return False

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def _positive_int(text: str) -> int:
@@ -173,8 +173,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def cmd_fit(args: argparse.Namespace) -> int:
     import json
 
-    from .library import checkpoint
     from .kvquant import parse
+    from .library import checkpoint
     from .library.fit import machine
     from .library.report import fit_report, fit_text
     from .models.resolve import ModelNotFound

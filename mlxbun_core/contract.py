@@ -13,21 +13,30 @@ events a tool parser emits live in :mod:`mlxbun_core.events`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 if TYPE_CHECKING:
+    import mlx.core as mx
+
     from .events import ParserEvent
-    from .media.parts import MediaItem
-    from .model import MediaPrompt, Prompt
     from .grammar.base import CompiledGrammar
     from .grammar.request import GrammarRequest
+    from .media.parts import MediaItem
+    from .model import MediaPrompt, Prompt
 
 Tokenizer = Any
 """An mlx-lm ``TokenizerWrapper`` (``encode``, ``decode``, ``eos_token_ids``, the HF
 tokenizer behind it)."""
 
-__all__ = ["DraftSource", "GrammarBackend", "GrammarBackendFactory", "MediaPipeline",
-           "RegisterGrammarBackend", "Tokenizer", "ToolParser"]
+Sampler: TypeAlias = "Callable[[mx.array], mx.array]"
+"""mlx-lm's sampler: log-probabilities ``[batch, vocab]`` in, token ids ``[batch]`` out."""
+
+LogitsProcessor: TypeAlias = "Callable[[mx.array, mx.array], mx.array]"
+"""mlx-lm's logits processor: ``(tokens so far, logits) -> logits``."""
+
+__all__ = ["DraftSource", "GrammarBackend", "GrammarBackendFactory", "LogitsProcessor",
+           "MediaPipeline", "RegisterGrammarBackend", "Sampler", "Tokenizer", "ToolParser"]
 
 
 @runtime_checkable
@@ -56,7 +65,7 @@ class ToolParser(Protocol):
         its end marker."""
         ...
 
-    def call_grammar(self, tools: list[dict]) -> Optional[dict]:
+    def call_grammar(self, tools: list[dict[str, Any]]) -> dict[str, Any] | None:
         """The grammar of one call of any of ``tools`` in this parser's markup, with
         arguments that follow each tool's JSON schema, as a structural format
         (:mod:`mlxbun_core.grammar.structural`): a ``tag`` whose ``begin`` starts the
@@ -66,7 +75,7 @@ class ToolParser(Protocol):
         words, with a ``Warning`` header)."""
         ...
 
-    max_calls: Optional[int]
+    max_calls: int | None
     """Set by the engine to 1 for ``parallel_tool_calls: false``: later calls are dropped."""
     unique: bool
     """Set by the engine under a forced tool choice: a repeat of an earlier call is dropped."""
@@ -91,7 +100,7 @@ class MediaPipeline(Protocol):
 
     kind: str
     """The kinds it takes, comma-joined (``"image,video"``), for logs."""
-    kinds: frozenset
+    kinds: frozenset[str]
     """``"image"``, ``"audio"`` and/or ``"video"``."""
 
     def prepare(self, prompt: Prompt, media: Sequence[MediaItem]) -> MediaPrompt:

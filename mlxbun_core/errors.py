@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class APIError(Exception):
     status = 500
@@ -18,7 +20,7 @@ class APIError(Exception):
         self.code = code
         self.param = param
 
-    def body(self) -> dict:
+    def body(self) -> dict[str, Any]:
         err = {"message": self.message, "type": self.type}
         if self.code is not None:
             err["code"] = self.code
@@ -41,7 +43,7 @@ class QueueFull(APIError):
     status = 429
     type = "resource_admission"
 
-    def __init__(self, message="queue full"):
+    def __init__(self, message: str = "queue full") -> None:
         super().__init__(message, code="queue_full")
 
 
@@ -51,5 +53,6 @@ class Unavailable(APIError):
     status = 503
     type = "unavailable_error"
 
-    def __init__(self, message="server is shutting down: not accepting new requests"):
+    def __init__(self,
+                 message: str = "server is shutting down: not accepting new requests") -> None:
         super().__init__(message, code="shutting_down")

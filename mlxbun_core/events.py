@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import ClassVar, Optional, Union
+from typing import Any, ClassVar
 
 
 def new_call_id() -> str:
@@ -32,8 +32,9 @@ class ToolCall:
     id: str = field(default_factory=new_call_id)
 
     @property
-    def args(self) -> dict:
-        return json.loads(self.arguments)
+    def args(self) -> dict[str, Any]:
+        args: dict[str, Any] = json.loads(self.arguments)
+        return args
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +67,7 @@ class TokenLogprob:
     them): ``entry`` is OpenAI's ``{token, logprob, bytes, top_logprobs}`` plus ``id``.
     Comes before the text that token produced (which may be held back for a while)."""
 
-    entry: dict
+    entry: dict[str, Any]
     kind: ClassVar[str] = "logprob"
 
 
@@ -97,9 +98,10 @@ class Usage:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     reasoning_tokens: int = 0
     lane: str = "serial"
-    speculation: Optional[dict] = None  # {drafted, accepted, targetCalls} with a draft mounted
+    # {drafted, accepted, targetCalls} with a draft mounted
+    speculation: dict[str, Any] | None = None
 
-    def openai(self) -> dict:
+    def openai(self) -> dict[str, Any]:
         out = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                "total_tokens": self.prompt_tokens + self.completion_tokens,
                "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
@@ -117,10 +119,10 @@ class Finish:
 
     reason: str  # "stop" | "length" | "tool_calls" | "cancelled" | "error"
     usage: Usage
-    logprobs: Optional[list] = None
-    stop_sequence: Optional[str] = None
-    error: Optional[str] = None
-    timings: dict = field(default_factory=dict)
+    logprobs: list[dict[str, Any]] | None = None
+    stop_sequence: str | None = None
+    error: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
@@ -137,8 +139,8 @@ class Done:
 
 KEEPALIVE = KeepAlive()
 
-Event = Union[Admitted, Content, Reasoning, ToolCallEvent, TokenLogprob, KeepAlive, Done]
+Event = Admitted | Content | Reasoning | ToolCallEvent | TokenLogprob | KeepAlive | Done
 """Anything a generation emits."""
 
-ParserEvent = Union[Content, ToolCallEvent, KeepAlive]
+ParserEvent = Content | ToolCallEvent | KeepAlive
 """What a tool-call parser's ``feed`` / ``finish`` return."""

@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
-from typing import Optional
 
 from .chat_template import install_fallback_template
 from .model import LoadedModel
@@ -47,7 +46,7 @@ class Family:
         return (bool(self.text_model_types) and isinstance(text, dict)
                 and text.get("model_type") in self.text_model_types)
 
-    def claim(self, config: dict) -> Optional[str]:
+    def claim(self, config: dict) -> str | None:
         """The ``claims`` answer: the family's name when ``config`` is one of its own."""
         return self.name if self.matches(config) else None
 
@@ -57,8 +56,8 @@ def packaged_template(package: str, name: str = "template.jinja") -> str:
     return files(package).joinpath(name).read_text(encoding="utf-8")
 
 
-def load_mlx_lm(path, config: dict, options, *, template: Optional[str] = None,
-                stop_tokens: tuple[str, ...] = (), reasoning: Optional[bool] = False,
+def load_mlx_lm(path, config: dict, options, *, template: str | None = None,
+                stop_tokens: tuple[str, ...] = (), reasoning: bool | None = False,
                 **fields) -> LoadedModel:
     """Load the checkpoint at ``path`` with mlx-lm's own model and tokenizer.
 
@@ -71,7 +70,8 @@ def load_mlx_lm(path, config: dict, options, *, template: Optional[str] = None,
     """
     from mlx_lm.utils import load
 
-    model, tokenizer = load(str(path))
+    loaded = load(str(path))  # (model, tokenizer): mlx-lm types the 3-tuple of return_config too
+    model, tokenizer = loaded[0], loaded[1]
     if template is not None:
         fallback = install_fallback_template(tokenizer, template)
         fields["extras"] = {**fields.get("extras", {}), "fallback_template": fallback}

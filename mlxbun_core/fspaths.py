@@ -12,8 +12,8 @@ from __future__ import annotations
 import errno
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from .errors import BadRequest
 
@@ -41,13 +41,13 @@ def resolve(value, field: str, *, strict: bool = True) -> Path:
     try:
         path = Path(text).expanduser().resolve(strict=strict)
     except FileNotFoundError:
-        raise BadRequest(f"{field}: {text} does not exist", param=field)
+        raise BadRequest(f"{field}: {text} does not exist", param=field) from None
     except RuntimeError:  # Python < 3.13 reports a loop this way
-        raise BadRequest(f"{field}: {text} is a symlink loop", param=field)
+        raise BadRequest(f"{field}: {text} is a symlink loop", param=field) from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise BadRequest(f"{field}: {text} is a symlink loop", param=field)
-        raise BadRequest(f"{field}: {text} cannot be read ({exc.strerror})", param=field)
+            raise BadRequest(f"{field}: {text} is a symlink loop", param=field) from None
+        raise BadRequest(f"{field}: {text} cannot be read ({exc.strerror})", param=field) from None
     if not strict:
         # resolve(strict=False) stops quietly at a loop; walking the parents finds it
         for p in [path, *path.parents]:
@@ -55,7 +55,8 @@ def resolve(value, field: str, *, strict: bool = True) -> Path:
                 try:
                     p.resolve(strict=True)
                 except (RuntimeError, OSError):
-                    raise BadRequest(f"{field}: {text} passes through a symlink loop", param=field)
+                    raise BadRequest(f"{field}: {text} passes through a symlink loop",
+                                     param=field) from None
     return path
 
 

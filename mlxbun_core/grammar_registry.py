@@ -16,7 +16,8 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from .contract import GrammarBackend
 from .grammar.base import CompiledGrammar, GrammarCompileError, GrammarPlan, make_processor
@@ -38,7 +39,7 @@ class GrammarRegistry:
 
     def __init__(self, cache_size: int = 64, load_plugins: bool = True):
         self.factories: dict[str, Callable[[Any], GrammarBackend]] = {}
-        self._selected: Optional[str] = None
+        self._selected: str | None = None
         self._backends: dict[tuple, tuple] = {}    # (name, id(tok)) -> (tok, backend|exc)
         self._cache: OrderedDict = OrderedDict()
         self.cache_size = cache_size
@@ -70,7 +71,7 @@ class GrammarRegistry:
     def selected(self) -> str:
         return self._selected or os.environ.get("MLXBUN_GRAMMAR_BACKEND") or DEFAULT_BACKEND
 
-    def backend_for(self, tokenizer, name: Optional[str] = None) -> GrammarBackend:
+    def backend_for(self, tokenizer, name: str | None = None) -> GrammarBackend:
         """One backend instance per (backend, tokenizer): building vocab tables is slow."""
         name = name or self.selected
         self._ensure_loaded()
@@ -89,7 +90,7 @@ class GrammarRegistry:
             raise entry[1]
         return entry[1]
 
-    def compile(self, req: GrammarRequest, tokenizer, name: Optional[str] = None) -> CompiledGrammar:
+    def compile(self, req: GrammarRequest, tokenizer, name: str | None = None) -> CompiledGrammar:
         """Cached compile; failures are cached too (and re-raised)."""
         name = name or self.selected
         key = (name, id(tokenizer), req.key)
@@ -116,7 +117,7 @@ class GrammarRegistry:
             raise got
         return got
 
-    def plan(self, body: dict, tokenizer, prompt_len: Optional[int] = None) -> GrammarPlan:
+    def plan(self, body: dict, tokenizer, prompt_len: int | None = None) -> GrammarPlan:
         """Resolve (400 on ill-typed fields), compile, and build the processor, or the
         degrade plan: no processor, a Warning reason and an instruction text."""
         req = resolve_grammar_request(body)

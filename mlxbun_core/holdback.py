@@ -8,7 +8,7 @@ that one measurement, shared from below by both.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 
 def held_marker_prefix(text: str, markers: Iterable[str]) -> int:

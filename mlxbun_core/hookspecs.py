@@ -32,7 +32,7 @@ Protocols), :mod:`mlxbun_core.events` (what a tool parser emits).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any
 
 from pluggy import HookimplMarker, HookspecMarker
 
@@ -53,7 +53,7 @@ GENERIC = "generic"
 
 
 @hookspec(firstresult=True)
-def claims(path: Path, config: dict, options: LoadOptions) -> Optional[str]:
+def claims(path: Path, config: dict[str, Any], options: LoadOptions) -> str | None:
     """Say whether a checkpoint belongs to your family, without loading it.
 
     Called for every checkpoint mlxbun loads, and by model listings for every
@@ -77,7 +77,7 @@ def claims(path: Path, config: dict, options: LoadOptions) -> Optional[str]:
 
 
 @hookspec(firstresult=True)
-def load_model(path: Path, config: dict, options: LoadOptions) -> Optional[LoadedModel]:
+def load_model(path: Path, config: dict[str, Any], options: LoadOptions) -> LoadedModel | None:
     """Load the weights of a checkpoint your :func:`claims` answered for.
 
     Only the claiming plugin is asked (plus extension wrappers), so there is
@@ -97,8 +97,9 @@ def load_model(path: Path, config: dict, options: LoadOptions) -> Optional[Loade
 
 
 @hookspec(firstresult=True)
-def render_chat(model: LoadedModel, messages: list[dict], tools: Optional[list[dict]],
-                template_kwargs: dict, reasoning_effort: Optional[str]) -> Optional[Prompt]:
+def render_chat(model: LoadedModel, messages: list[dict[str, Any]],
+                tools: list[dict[str, Any]] | None, template_kwargs: dict[str, Any],
+                reasoning_effort: str | None) -> Prompt | None:
     """Turn chat messages into the prompt for one request.
 
     :param model: The loaded model (one your plugin claimed).
@@ -125,7 +126,7 @@ def render_chat(model: LoadedModel, messages: list[dict], tools: Optional[list[d
 
 
 @hookspec(firstresult=True)
-def tool_call_parser(model: LoadedModel, tools: list[dict]) -> Optional[ToolParser]:
+def tool_call_parser(model: LoadedModel, tools: list[dict[str, Any]]) -> ToolParser | None:
     """Make a fresh streaming tool-call parser for one request.
 
     Only asked when the request carries tools.
@@ -144,7 +145,7 @@ def tool_call_parser(model: LoadedModel, tools: list[dict]) -> Optional[ToolPars
 
 
 @hookspec(firstresult=True)
-def media_pipeline(model: LoadedModel, kind: str) -> Optional[MediaPipeline]:
+def media_pipeline(model: LoadedModel, kind: str) -> MediaPipeline | None:
     """Give the pipeline that turns media parts into model input and runs the model.
 
     Asked for each media kind a request's messages carry (before anything is
@@ -165,7 +166,7 @@ def media_pipeline(model: LoadedModel, kind: str) -> Optional[MediaPipeline]:
 
 
 @hookspec(firstresult=True)
-def draft_source(model: LoadedModel, options: LoadOptions) -> Optional[DraftSource]:
+def draft_source(model: LoadedModel, options: LoadOptions) -> DraftSource | None:
     """Give a speculative-decoding proposer for ``model``, asked once at start-up.
 
     :param model: The loaded target model.
@@ -184,7 +185,7 @@ def draft_source(model: LoadedModel, options: LoadOptions) -> Optional[DraftSour
 
 @hookspec(firstresult=True)
 def embed(model: LoadedModel, texts: list[str],
-          instruction: Optional[str]) -> Optional[tuple[list[list[float]], int]]:
+          instruction: str | None) -> tuple[list[list[float]], int] | None:
     """Embed texts with an embedding model (``LoadedModel.kind == "embedding"``).
 
     Runs on the model's worker thread; the engine only asks models whose ``kind``

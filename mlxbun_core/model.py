@@ -8,9 +8,10 @@ when it is imported, which importing ``mlxbun_core`` always does first.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable, Optional
+from typing import Any, ClassVar
 
 
 @dataclass
@@ -19,10 +20,10 @@ class LoadOptions:
 
     model_id: str = ""
     embedding: bool = False  # force embedding mode for a plain checkpoint
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
     # the local library a model name may be a query over (the CLI passes its scan; see
     # models.resolve.Library); None: names resolve as paths and hub ids only
-    library: Optional[Callable[[], Iterable[Any]]] = None
+    library: Callable[[], Iterable[Any]] | None = None
 
 
 @dataclass
@@ -36,24 +37,24 @@ class LoadedModel:
 
     id: str
     path: Path
-    config: dict
+    config: dict[str, Any]
     model: Any
     tokenizer: Any
     family: str = ""  # the claiming family, e.g. "generic" or "qwen35"; set by the loader
     plugin: str = ""  # the registered name of the plugin that claimed it; set by the loader
     kind: str = "generate"  # "generate" or "embedding"
-    generation_defaults: dict = field(default_factory=dict)
-    context_window: Optional[int] = None
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
+    context_window: int | None = None
     reasoning: bool = False  # has a switchable thinking channel
-    extras: dict = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
     _hooks: Any = field(default=None, init=False, repr=False, compare=False)
 
-    relay_for: ClassVar[Optional[Callable[["LoadedModel"], Any]]] = None
+    relay_for: ClassVar[Callable[[LoadedModel], Any] | None] = None
     """How a model finds its hook relay: :func:`mlxbun_core.plugins.model_hooks`, set by
     that module as it loads (it owns the routing; this record only asks)."""
 
     @property
-    def eos_token_ids(self) -> set:
+    def eos_token_ids(self) -> set[int]:
         return set(getattr(self.tokenizer, "eos_token_ids", None) or [])
 
     @property
@@ -77,12 +78,12 @@ class Prompt:
     has no such channel).
     """
 
-    tokens: list
+    tokens: list[int]
     text: str = ""
     in_reasoning: bool = False
-    think_start: Optional[str] = None
-    think_end: Optional[str] = None
-    media: list = field(default_factory=list)
+    think_start: str | None = None
+    think_end: str | None = None
+    media: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -115,7 +116,7 @@ class MediaPrompt:
     ``digest`` hashes the media in order, so a prompt cache keys on it.
     """
 
-    tokens: list
-    kinds: frozenset
+    tokens: list[int]
+    kinds: frozenset[str]
     digest: str
     run: Any = None

@@ -17,8 +17,9 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from importlib.metadata import entry_points
-from typing import Any, Optional
+from typing import Any
 
 import pluggy
 
@@ -48,13 +49,13 @@ class _Manager(pluggy.PluginManager):
 
     generation = 0
 
-    def register(self, plugin, name=None):
+    def register(self, plugin: object, name: str | None = None) -> str | None:
         try:
             return super().register(plugin, name)
         finally:
             self.generation += 1
 
-    def unregister(self, plugin=None, name=None):
+    def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
         try:
             return super().unregister(plugin, name)
         finally:
@@ -65,7 +66,7 @@ pm = _Manager("mlxbun")
 pm.add_hookspecs(hookspecs)
 
 # name -> {"version": str|None, "source": "builtin"|"entry point"|"runtime", "error": str|None}
-plugin_info: dict[str, dict] = {}
+plugin_info: dict[str, dict[str, Any]] = {}
 _loaded = False
 
 
@@ -121,7 +122,8 @@ def load_plugins() -> pluggy.PluginManager:
 def trace_hooks() -> None:
     """Log every hook call: the plugins asked, in order, and the answer."""
 
-    def after(outcome, name, impls, kwargs):
+    def after(outcome: pluggy.Result[object], name: str, impls: Sequence[pluggy.HookImpl],
+              kwargs: Mapping[str, object]) -> None:
         order = [i.plugin_name for i in reversed(impls)]  # the order they are asked in
         if outcome.exception is not None:
             log.info("hook %s %s raised %r", name, order, outcome.exception)
@@ -131,7 +133,7 @@ def trace_hooks() -> None:
     pm.add_hookcall_monitoring(lambda name, impls, kwargs: None, after)
 
 
-def _short(value) -> str:
+def _short(value: object) -> str:
     if value is None or isinstance(value, (str, int, float, bool)):
         return repr(value)
     if isinstance(value, list):
@@ -139,14 +141,14 @@ def _short(value) -> str:
     return type(value).__name__
 
 
-def hook():
+def hook() -> pluggy.HookRelay:
     """The unrouted hook caller, for hooks that are not about one model
     (``claims``, ``register_grammar_backends``). Per-model hooks go through
     :func:`model_hooks`."""
     return load_plugins().hook
 
 
-def register(plugin, name: str) -> None:
+def register(plugin: object, name: str) -> None:
     """Register a plugin object at run time (tests, embedding applications)."""
     load_plugins()
     pm.register(plugin, name=name)
@@ -161,10 +163,10 @@ def unregister(name: str) -> None:
 
 # -- families -------------------------------------------------------------------
 
-_index: dict = {"generation": -1, "family_of": {}, "provider": {}}
+_index: dict[str, Any] = {"generation": -1, "family_of": {}, "provider": {}}
 
 
-def _family_index() -> dict:
+def _family_index() -> dict[str, Any]:
     """``{"family_of": {plugin: family}, "provider": {family: plugin}}`` for the
     registered plugins; rebuilt (and swapped in whole) when plugins change."""
     global _index
@@ -191,17 +193,17 @@ def _family_index() -> dict:
     return _index
 
 
-def family_name(plugin) -> str:
+def family_name(plugin: object) -> str:
     """The family a plugin provides: its ``FAMILY`` attribute, else its registered name."""
     return getattr(plugin, "FAMILY", None) or pm.get_name(plugin) or "?"
 
 
-def is_family(plugin) -> bool:
+def is_family(plugin: object) -> bool:
     """Whether ``plugin`` has a plain implementation of any of :data:`FAMILY_HOOKS`."""
     return plugin in _family_index()["family_of"]
 
 
-def family_provider(family: str) -> Optional[str]:
+def family_provider(family: str) -> str | None:
     """The registered name of the plugin that provides ``family``, or None."""
     plugin = _family_index()["provider"].get(family)
     return pm.get_name(plugin) if plugin is not None else None
@@ -233,7 +235,7 @@ class ModelHooks:
     and rebuilt only when plugins are registered or unregistered.
     """
 
-    def __init__(self, claimant: Optional[str]):
+    def __init__(self, claimant: str | None):
         self.claimant = claimant
         self._callers: dict[str, pluggy.HookCaller] = {}
         self._generation = -1
@@ -249,7 +251,7 @@ class ModelHooks:
             caller = self._callers[name] = pm.subset_hook_caller(name, self._foreign(name))
         return caller
 
-    def _foreign(self, name: str) -> list:
+    def _foreign(self, name: str) -> list[object]:
         keep = {pm.get_plugin(self.claimant) if self.claimant else None}
         if name not in CLAIMANT_ONLY or self.claimant is None:
             keep.add(_family_index()["provider"].get(GENERIC))
@@ -259,10 +261,10 @@ class ModelHooks:
         return f"<ModelHooks claimant={self.claimant!r}>"
 
 
-_relays: dict[Optional[str], ModelHooks] = {}
+_relays: dict[str | None, ModelHooks] = {}
 
 
-def relay_for(plugin_name: Optional[str]) -> ModelHooks:
+def relay_for(plugin_name: str | None) -> ModelHooks:
     """The relay for models claimed by the plugin registered as ``plugin_name``."""
     load_plugins()
     relay = _relays.get(plugin_name)
@@ -278,7 +280,7 @@ def model_hooks(model: LoadedModel) -> ModelHooks:
     hand the plugin providing ``model.family``. Cached on the model.
     """
     claimant = model.plugin or family_provider(model.family)
-    relay = model._hooks
+    relay: ModelHooks | None = model._hooks
     if relay is None or relay.claimant != claimant:
         relay = model._hooks = relay_for(claimant)
     return relay
@@ -287,7 +289,7 @@ def model_hooks(model: LoadedModel) -> ModelHooks:
 LoadedModel.relay_for = model_hooks  # ``model.hooks`` asks here; the record imports nothing
 
 
-def describe() -> list[dict]:
+def describe() -> list[dict[str, Any]]:
     """One row per plugin: name, version, source, family (or None for an
     extension), hooks implemented, load error."""
     load_plugins()

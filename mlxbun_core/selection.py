@@ -11,12 +11,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Iterable
+from collections.abc import Iterable
 
 from .library.fit import machine, plan
 from .library.scan import Entry, scan
-from .models.resolve import (AmbiguousModel, ModelNotFound, ResolvedModel,
-                             embedded_default_available, resolve_model)
+from .models.resolve import (
+    AmbiguousModel,
+    ModelNotFound,
+    ResolvedModel,
+    embedded_default_available,
+    resolve_model,
+)
 
 __all__ = ["select_model", "auto_pick", "chosen_model", "resolve", "report_selection_error"]
 

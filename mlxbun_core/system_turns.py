@@ -14,7 +14,8 @@ same as the conversation grows, so the prefix cache keeps serving them.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 PROBE = "mlxbun-inner-system-probe"
 SEPARATOR = "\n\n"
@@ -83,14 +84,16 @@ def _joined(messages: list[dict], role: str) -> dict:
     """One message of ``role`` holding the contents of ``messages`` in order, with the
     other fields of the first message of that role."""
     contents = [m.get("content") or "" for m in messages]
+    content: str | list[dict[str, Any]]
     if all(isinstance(c, str) for c in contents):
         content = SEPARATOR.join(c for c in contents if c)
     else:
-        content = []
+        joined: list[dict[str, Any]] = []
         for c in contents:
             parts = [{"type": "text", "text": c}] if isinstance(c, str) else list(c)
-            if content and parts:
-                content.append({"type": "text", "text": SEPARATOR})
-            content += parts
+            if joined and parts:
+                joined.append({"type": "text", "text": SEPARATOR})
+            joined += parts
+        content = joined
     base = next((m for m in messages if m.get("role") == role), messages[-1])
     return {**base, "role": role, "content": content}

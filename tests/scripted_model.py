@@ -39,13 +39,14 @@ class ScriptedModel(nn.Module):
     tracked per cache object (truncated to the cache offset, so reuse/rollback
     of a prompt cache stays correct)."""
 
-    def __init__(self, inner, tokenizer, plugin: "ScriptedPlugin"):
+    def __init__(self, inner, tokenizer, plugin: ScriptedPlugin):
         super().__init__()
         self.inner = inner
         # plain attributes, not module children (nn.Module would treat lists/dicts as params)
         object.__setattr__(self, "_tok", tokenizer)
         object.__setattr__(self, "_plugin", plugin)
-        object.__setattr__(self, "_anchor", tokenizer.encode(plugin.anchor, add_special_tokens=False))
+        anchor = tokenizer.encode(plugin.anchor, add_special_tokens=False)
+        object.__setattr__(self, "_anchor", anchor)
         object.__setattr__(self, "_scripts", {})
 
     @property

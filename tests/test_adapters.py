@@ -113,7 +113,8 @@ def prompt_tokens(ckpt, chat: bool):
 def test_greedy_output_equals_mlx_lm_with_the_adapter_on_every_surface(mounted, ckpt, made):
     client = openai.OpenAI(base_url=mounted.v1, api_key="x", max_retries=0)
     chat_prompt, text_prompt = prompt_tokens(ckpt, chat=True), prompt_tokens(ckpt, chat=False)
-    want_chat, want_text = reference(ckpt, made["a"], chat_prompt), reference(ckpt, made["a"], text_prompt)
+    want_chat = reference(ckpt, made["a"], chat_prompt)
+    want_text = reference(ckpt, made["a"], text_prompt)
     assert want_chat != reference(ckpt, None, chat_prompt)  # the adapter changes the answer
     assert token_ids(mounted, "/chat/completions", "a", messages=MESSAGES) == want_chat
     assert token_ids(mounted, "/completions", "a", prompt=PROMPT) == want_text
@@ -193,7 +194,8 @@ def test_mount_list_delete_and_refusals(mounted, made, ckpt, tmp_path):
         completion(client, "a+nope")
     an = anthropic.Anthropic(base_url=mounted.base_url, api_key="x", max_retries=0)
     with pytest.raises(anthropic.BadRequestError, match="nope"):
-        an.messages.create(model="m", max_tokens=2, messages=MESSAGES, extra_body={"adapter": "nope"})
+        an.messages.create(model="m", max_tokens=2, messages=MESSAGES,
+                           extra_body={"adapter": "nope"})
 
     # a different model's adapter: refused by its recorded base, and by shape when forced
     other = write_checkpoint(tmp_path / "wide", "llama", config_overrides={"hidden_size": 96})
@@ -257,8 +259,8 @@ def test_serve_adapter_flag(ckpt, made, tmp_path):
     assert run.returncode == 2
     assert "adapter" in run.stderr and "adapters.safetensors" in run.stderr
 
-    from mlxbun_core.startup import mount_startup_adapter
     from mlxbun_core.engine.core import Engine
+    from mlxbun_core.startup import mount_startup_adapter
 
     engine = Engine.load(str(ckpt), progress=False)
     try:

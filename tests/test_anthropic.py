@@ -96,7 +96,8 @@ def test_max_tokens_and_stop_sequence(client, plugin):
 def test_tool_round_trip(client, plugin):
     plugin.text = "Let me check." + CALL
     msg = client.messages.create(model="any", max_tokens=64, messages=USER,
-                                 tools=[WEATHER, {"type": "web_search_20250305", "name": "web_search"}],
+                                 tools=[WEATHER,
+                                        {"type": "web_search_20250305", "name": "web_search"}],
                                  tool_choice={"type": "auto"})
     assert msg.stop_reason == "tool_use"
     assert [b.type for b in msg.content] == ["text", "tool_use"]
@@ -179,7 +180,8 @@ def test_raw_event_grammar(srv, plugin):
 
 def test_keepalive_ping_while_tool_markup_buffers(srv, plugin):
     long = "x" * 600
-    plugin.text = '<tool_call>{"name": "get_weather", "arguments": {"city": "%s"}}</tool_call>' % long
+    plugin.text = ('<tool_call>{"name": "get_weather", "arguments": {"city": "%s"}}</tool_call>'
+                   % long)
     events = sse(srv, {"model": "x", "max_tokens": 400, "messages": USER, "tools": [WEATHER]})
     assert ("ping", {"type": "ping"}) in events
     assert events[-1][0] == "message_stop"

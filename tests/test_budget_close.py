@@ -27,7 +27,8 @@ from mlxbun_core.toolcalls import JsonDialect, StreamingToolParser
 OPEN = {"type": "object", "properties": {
     "name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}},
     "where": {"type": "object", "properties": {
-        "city": {"type": "string", "minLength": 2}, "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+        "city": {"type": "string", "minLength": 2},
+        "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
         "kind": {"enum": ["flat", "house"]}}, "required": ["city", "zip", "kind"]},
     "age": {"type": "integer", "minimum": 18}, "ok": {"type": "boolean"}},
     "required": ["name", "tags", "where", "age", "ok"]}

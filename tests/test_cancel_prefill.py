@@ -18,8 +18,15 @@ from mlxbun_core.engine.job import GenerationJob
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing import media as M
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.engine import (GatedChunks, close, finish_of, pace, run_all, step_lane,
-                                        token_ids)
+from mlxbun_core.testing.engine import (
+    GatedChunks,
+    close,
+    finish_of,
+    pace,
+    run_all,
+    step_lane,
+    token_ids,
+)
 from mlxbun_core.testing.server import start_server
 from mlxbun_core.testing.vision import QWEN_VL_TEMPLATE
 

@@ -59,7 +59,8 @@ def test_tokens_and_template(model_type):
 @pytest.mark.parametrize("model_type", SUPPORTED_MODEL_TYPES)
 def test_greedy_generate(model_type):
     model, tok = _load(model_type)
-    run = lambda: [r.token for r in stream_generate(model, tok, "Hello", max_tokens=5)]
+    def run():
+        return [r.token for r in stream_generate(model, tok, "Hello", max_tokens=5)]
     first = run()
     assert 1 <= len(first) <= 5 and first == run()
 

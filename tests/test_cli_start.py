@@ -78,7 +78,8 @@ def get_when_listening(url: str, timeout: float = 30.0) -> httpx.Response:
 
 def test_serves_on_the_port_it_probed():
     port = free_port()
-    proc = subprocess.Popen(CLI + ["serve", str(tiny_checkpoint("llama", seed=3)), "--port", str(port)],
+    ckpt = str(tiny_checkpoint("llama", seed=3))
+    proc = subprocess.Popen(CLI + ["serve", ckpt, "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for_line(proc, "serving", 120)  # the banner comes after the load

@@ -11,8 +11,8 @@ import struct
 import mlx.core as mx
 import pytest
 
-from mlxbun_core.library.report import ls_table
 from mlxbun_core.library.fit import machine
+from mlxbun_core.library.report import ls_table
 from mlxbun_core.library.scan import scan_own
 from mlxbun_core.models import gguf_cache
 from mlxbun_core.models.resolve import ModelNotFound, _default_gguf, resolve_model
@@ -72,8 +72,8 @@ def test_the_stored_precision_follows_the_backend(ggml_type, gpu, expected):
 
 def test_a_quantized_conversion_loads_as_mlx_quantized_weights(tmp_path, monkeypatch):
     """What Metal and CUDA get (forced here on the CPU)."""
-    import mlx_lm
     import mlx.nn as nn
+    import mlx_lm
 
     g = tmp_path / "tiny.gguf"
     write_tiny_gguf(g)

@@ -1,4 +1,5 @@
-"""The embedded default model (SmolLM2-135M-Instruct, converted from its GGUF) gives real answers."""
+"""The embedded default model (SmolLM2-135M-Instruct, converted from its GGUF) gives real
+answers."""
 
 import json
 import os
@@ -21,7 +22,8 @@ def srv(smollm2_server):
 
 def test_capital_of_france_non_stream(srv):
     client = openai.OpenAI(base_url=srv.v1, api_key="x", max_retries=0)
-    r = client.chat.completions.create(model="default", messages=QUESTION, temperature=0, max_tokens=16)
+    r = client.chat.completions.create(model="default", messages=QUESTION, temperature=0,
+                                       max_tokens=16)
     assert "Paris" in r.choices[0].message.content
     assert r.choices[0].finish_reason in ("stop", "length")
 

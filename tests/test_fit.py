@@ -33,7 +33,8 @@ def test_dense_kv_and_max_safe_context_by_hand():
     assert fit.plan(LLAMA_8B, weights, 200_000_000_000).max_safe_context == 131072  # trained cap
     assert fit.plan(LLAMA_8B, weights, 15_000_000_000).max_safe_context == 0
     # an 8-bit KV cache: one byte plus a bf16 scale and bias per 64 elements
-    assert fit.kv_bytes_per_token(LLAMA_8B, fit.kv_element_bytes(2, 8)) == 32 * 8 * 128 * 2 * (1 + 4 / 64)
+    want = 32 * 8 * 128 * 2 * (1 + 4 / 64)
+    assert fit.kv_bytes_per_token(LLAMA_8B, fit.kv_element_bytes(2, 8)) == want
 
 
 def test_sliding_window_layers_stop_growing_at_their_window():
@@ -131,8 +132,9 @@ def test_v1_models_lists_served_first_then_local_rows(srv, hub):
     assert data[0].id == "acme/Tiny-Llama-Chat" and data[0].capabilities["chat_completions"]
     rows = {m.id: m for m in data[1:]}
     assert sorted(rows) == ["acme/Tiny-Gemma4-it", "other/Qwen3-Tiny"]
-    assert rows["acme/Tiny-Gemma4-it"].tier == "targeted" and rows["other/Qwen3-Tiny"].tier == "generic"
-    assert rows["acme/Tiny-Gemma4-it"].vision is False and rows["acme/Tiny-Gemma4-it"].audio is False
+    gemma = rows["acme/Tiny-Gemma4-it"]
+    assert gemma.tier == "targeted" and rows["other/Qwen3-Tiny"].tier == "generic"
+    assert gemma.vision is False and gemma.audio is False
     assert all(m.created == srv.engine.started_at for m in data)
     one = httpx.get(srv.v1 + "/models/other/Qwen3-Tiny").json()  # retrieve: the row itself
     assert one["id"] == "other/Qwen3-Tiny" and one["object"] == "model"
@@ -147,7 +149,8 @@ def test_library_rows_carry_fit_and_cache_for_30s(srv, hub):
     assert a["fits"] and a["max_safe_context"] == 40960 and a["kv_bytes_per_token"] == 256
     assert "path" not in by["other/Qwen3-Tiny"]
     add_to_hub_cache(hub[0] / "hf" / "hub", "late/Arrival", tiny_checkpoint("qwen3", seed=16))
-    assert "late/Arrival" not in {r["repo_id"] for r in httpx.get(srv.base_url + "/library").json()["models"]}
+    listed = httpx.get(srv.base_url + "/library").json()["models"]
+    assert "late/Arrival" not in {r["repo_id"] for r in listed}
     fresh = httpx.get(srv.base_url + "/library", params={"refresh": 1}).json()["models"]
     assert "late/Arrival" in {r["repo_id"] for r in fresh}
 

@@ -19,7 +19,8 @@ EXAMPLES = int(os.environ.get("MLXBUN_FUZZ_EXAMPLES_ADMIN", "150"))
 @pytest.fixture(scope="module")
 def seeds(tmp_path_factory):
     data = tmp_path_factory.mktemp("dataset")
-    rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}]
+    rows = [{"messages": [{"role": "user", "content": "hi"},
+                          {"role": "assistant", "content": "yo"}]}]
     (data / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows * 3) + "\n")
     return fuzz.admin_seeds(str(tiny_checkpoint("llama", seed=3)), str(data))
 

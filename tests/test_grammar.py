@@ -236,7 +236,8 @@ def test_degrade_when_disabled(lm, reg, monkeypatch):
     plan = reg.plan({"guided_choice": ["a", "b"]}, lm[1])
     assert plan.processor is None
     assert plan.warning == "grammar not enforced: grammar compilation disabled by MLXBUN_GRAMMAR=0"
-    assert plan.instruction == 'Respond with exactly one of the following, and nothing else: "a", "b"'
+    assert plan.instruction == ('Respond with exactly one of the following, and nothing else: '
+                                '"a", "b"')
 
 
 def test_no_constraint(lm, reg):
@@ -277,7 +278,8 @@ RF_SCHEMA = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"typ
 
 
 @pytest.mark.parametrize("body,kind", [
-    ({"guided_grammar": "root ::= \"x\"", "response_format": RF_SCHEMA, "guided_regex": "a"}, "ebnf"),
+    ({"guided_grammar": "root ::= \"x\"", "response_format": RF_SCHEMA, "guided_regex": "a"},
+     "ebnf"),
     ({"response_format": RF_SCHEMA, "structured_outputs": {"type": "array"}}, "json_schema"),
     ({"response_format": {"type": "json_object"}, "structured_outputs": {}, "guided_choice": ["a"]},
      "json_object"),
@@ -297,7 +299,8 @@ def test_request_values():
     req = resolve_grammar_request({"response_format": {"type": "json_schema", "json_schema": {
         "schema": {"type": "array"}, "any_whitespace": False}}})
     assert (req.value, req.whitespace) == ({"type": "array"}, "compact")
-    assert resolve_grammar_request({"structured_outputs": {"type": "array"}}).value == {"type": "array"}
+    req = resolve_grammar_request({"structured_outputs": {"type": "array"}})
+    assert req.value == {"type": "array"}
     assert resolve_grammar_request({"guided_choice": ["x", "y"]}).value == ["x", "y"]
 
 
@@ -310,7 +313,8 @@ def test_request_values():
      "response_format.json_schema.schema"),
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": "{}"}}},
      "response_format.json_schema.schema"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}, "any_whitespace": 1}}},
+    ({"response_format": {"type": "json_schema",
+                          "json_schema": {"schema": {}, "any_whitespace": 1}}},
      "response_format.json_schema.any_whitespace"),
     ({"guided_grammar": 3}, "guided_grammar"),
     ({"guided_grammar": ""}, "guided_grammar"),
@@ -381,11 +385,13 @@ def test_special_rewriter_regex_choice_lark():
     from mlxbun_core.grammar.llg_special import SpecialRewriter
 
     rw = SpecialRewriter({"<|tool_call>": 12, "<tool_call|>": 13, '<|"|>': 16})
-    assert rw.regex(r'<\|tool_call>call:f\{a:<\|"\|>[^<]*<\|"\|>(,b:<\|"\|>\d+<\|"\|>)*\}<tool_call\|>') == (
+    pattern = r'<\|tool_call>call:f\{a:<\|"\|>[^<]*<\|"\|>(,b:<\|"\|>\d+<\|"\|>)*\}<tool_call\|>'
+    assert rw.regex(pattern) == (
         r'(<[12]> /call:f\{a:/ <[16]> /[^<]*/ <[16]> (/,b:/ <[16]> /[0-9]+/ <[16]>)* /\}/ <[13]>)')
     assert rw.regex(r"a|<\|tool_call>") == "(/a/ | <[12]>)"
     assert rw.regex(r"(x<\|tool_call>)+?y") == "((/x/ <[12]>)+ /y/)"
-    for untouched in [r"abc", r"[<|tool_call>]", r"<\|tool_call>?", r"(?i)<\|tool_call>", r"(<\|tool_call>"]:
+    for untouched in [r"abc", r"[<|tool_call>]", r"<\|tool_call>?", r"(?i)<\|tool_call>",
+                      r"(<\|tool_call>"]:
         assert rw.regex(untouched) is None, untouched
     assert rw.choice(["<|tool_call>x", "y"]) == '(<[12]> "x") | "y"'
     lark = '\n'.join(['start: A "<|\\"|>" b', 'b: /q<\\|tool_call>/ "<tool_call|>"i',
@@ -398,7 +404,8 @@ def test_special_rewriter_regex_choice_lark():
 
 def _walk_agrees(backend, req, prefer, steps=60, seed=0):
     """Walk the grammar: at every step each allowed token must be consumable (mask and
-    consume agree); EOS only where the grammar may end; advance on a ``prefer`` token when allowed, else a random one.
+    consume agree); EOS only where the grammar may end; advance on a ``prefer`` token when
+    allowed, else a random one.
     Returns the ids taken."""
     cg = backend.compile(req)
     m = cg.new_matcher().m
@@ -436,7 +443,8 @@ def family_tokenizers():
 @pytest.mark.parametrize("req", [
     GrammarRequest("regex", r'<\|tool_call>call:f\{a:<\|"\|>[A-Z][a-z]{1,4}<\|"\|>\}<tool_call\|>'),
     GrammarRequest("choice", ['<|tool_call>call:f{}<tool_call|>', "plain"]),
-    GrammarRequest("ebnf", 'root ::= call\ncall ::= "<|tool_call>call:" [a-z]{1,4} "{}<tool_call|>"'),
+    GrammarRequest("ebnf",
+                   'root ::= call\ncall ::= "<|tool_call>call:" [a-z]{1,4} "{}<tool_call|>"'),
     GrammarRequest("ebnf", 'start: "<|tool_call>" NAME "<tool_call|>"\nNAME: /[a-z]{1,4}/'),
     GrammarRequest("json_schema", {"type": "object", "properties": {
         "m": {"enum": ["<|tool_call>", '<|"|>x']}, "s": {"type": "string", "maxLength": 8}},
@@ -490,7 +498,8 @@ def test_llguidance_releases_taking_one_eos_still_allow_every_eos(lm, monkeypatc
     def one_eos(real):
         def make(*a, eos_token=None, **k):
             if isinstance(eos_token, list):
-                raise TypeError("argument 'eos_token': 'list' object cannot be interpreted as an integer")
+                raise TypeError("argument 'eos_token': 'list' object cannot be interpreted "
+                                "as an integer")
             return real(*a, eos_token=eos_token, **k)
         return make
 

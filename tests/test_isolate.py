@@ -18,7 +18,6 @@ import pytest
 import websockets.sync.client
 from mlx_lm import load as mlx_load
 from mlx_lm.generate import generate_step
-
 from prometheus_client.parser import text_string_to_metric_families
 
 from mlxbun_core.testing.hub_cache import library_env, library_hub
@@ -47,7 +46,8 @@ class Parent:
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise AssertionError(f"parent exited {self.proc.returncode} while waiting for {what}")
+                raise AssertionError(f"parent exited {self.proc.returncode} "
+                                     f"while waiting for {what}")
             try:
                 if cond():
                     return
@@ -66,7 +66,7 @@ def hub(tmp_path_factory):
 @pytest.fixture(scope="module")
 def parent(hub, tmp_path_factory):
     port = free_port()
-    log = open(tmp_path_factory.mktemp("isolog") / "parent.log", "w+")
+    log = open(tmp_path_factory.mktemp("isolog") / "parent.log", "w+")  # noqa: SIM115 (below)
     env = {**os.environ, **library_env(hub[0])}
     proc = subprocess.Popen([sys.executable, "-m", "mlxbun_core.cli", "serve", "--isolate",
                              "--model-pool", "2", "--port", str(port), "Tiny-Llama"],
@@ -83,6 +83,7 @@ def parent(hub, tmp_path_factory):
             proc.kill()
         log.seek(0)
         print(log.read()[-4000:])
+        log.close()
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +248,8 @@ def test_sigkill_costs_one_request_and_nothing_else(parent, reference):
         follow = parent.client.responses.create(model=LLAMA, input="And now?",
                                                 previous_response_id=first.id,
                                                 max_output_tokens=4)
-        assert follow.previous_response_id == first.id and follow.status in ("completed", "incomplete")
+        assert follow.previous_response_id == first.id
+        assert follow.status in ("completed", "incomplete")
     finally:
         stop.set()
         poller.join()

@@ -111,12 +111,14 @@ def test_finetune_job_streams_metrics_and_its_adapter_mounts(server, ckpt, data,
     avail = httpx.get(server.v1 + "/adapters/available").json()["adapters"]
     found = [a for a in avail if a["path"] == adapter]
     assert found and found[0]["compatible"] and not found[0]["mounted"]
-    assert httpx.post(server.v1 + "/adapters", json={"id": "tuned", "path": adapter}).status_code == 200
+    mounted = httpx.post(server.v1 + "/adapters", json={"id": "tuned", "path": adapter})
+    assert mounted.status_code == 200
     client = openai.OpenAI(base_url=server.v1, api_key="x", max_retries=0)
 
     def say(spec):
-        return client.completions.create(model="m", prompt="Say the word 3", max_tokens=8,
-                                         temperature=0, extra_body={"adapter": spec}).choices[0].text
+        reply = client.completions.create(model="m", prompt="Say the word 3", max_tokens=8,
+                                          temperature=0, extra_body={"adapter": spec})
+        return reply.choices[0].text
 
     assert say("tuned") != say("none")
 
@@ -141,7 +143,8 @@ def test_quantize_job_output_serves(server, ckpt, home):
     info = post(server, "/api/quantize/inspect", {"model_id": str(ckpt)}).json()
     assert info["ok"] and info["arch"] == "llama" and info["support"] and info["size_gb"] > 0
     assert post(server, "/api/quantize/inspect", {"model_id": "/no/such"}).json()["ok"] is False
-    assert post(server, "/api/quantize/submit", {"model_id": str(ckpt), "bits": 7}).status_code == 400
+    bad_bits = post(server, "/api/quantize/submit", {"model_id": str(ckpt), "bits": 7})
+    assert bad_bits.status_code == 400
 
     r = post(server, "/api/quantize/submit", {"model_id": str(ckpt), "bits": 4, "group_size": 32})
     assert r.status_code == 200, r.text
@@ -150,7 +153,8 @@ def test_quantize_job_output_serves(server, ckpt, home):
     _, events, ended = stream(server, r.json()["job_id"])
     assert ended and events[-1]["type"] == "done", events[-3:]
     assert any(e["type"] == "stage" for e in events)
-    config = json.loads(open(os.path.join(out, "config.json")).read())
+    with open(os.path.join(out, "config.json")) as f:
+        config = json.load(f)
     assert config["quantization"]["bits"] == 4 and config["quantization"]["group_size"] == 32
     again = post(server, "/api/quantize/inspect", {"model_id": out}).json()
     assert again["support"] is False and "already quantized" in again["error"]
@@ -222,8 +226,12 @@ def test_admin_routes_refuse_remote_clients_and_wrong_keys(server, ckpt):
     keyed = start_server(ckpt, host="0.0.0.0", api_key="k")
     try:
         far = f"http://{outward_ip()}:{keyed.port}"
-        assert httpx.get(far + "/api/jobs", headers={"Authorization": "Bearer no"}).status_code == 401
-        assert httpx.get(far + "/api/jobs", headers={"Authorization": "Bearer k"}).status_code == 200
+        def status(key):
+            auth = {"Authorization": f"Bearer {key}"}
+            return httpx.get(far + "/api/jobs", headers=auth).status_code
+
+        assert status("no") == 401
+        assert status("k") == 200
     finally:
         keyed.stop()
 

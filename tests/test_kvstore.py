@@ -13,8 +13,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx_lm.models.cache import (ArraysCache, CacheList, KVCache, QuantizedKVCache,
-                                 RotatingKVCache)
+from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, QuantizedKVCache, RotatingKVCache
 
 from mlxbun_core.kvstore.config import SsdConfig
 from mlxbun_core.kvstore.fileformat import TMP_PREFIX, read_header, reap_orphans

@@ -36,7 +36,8 @@ def root(tmp_path_factory):
     (hub / "datasets--acme--data" / "snapshots").mkdir(parents=True)
     add_to_hub_cache(hub, "acme/Tiny-Llama-Chat", junk, commit="f" * 40, ref="old")
     # a model mlxbun converted itself
-    shutil.copytree(tiny_checkpoint("llama", seed=15), root / "home" / "converted" / "Converted-Model-0123456789ab")
+    shutil.copytree(tiny_checkpoint("llama", seed=15),
+                    root / "home" / "converted" / "Converted-Model-0123456789ab")
     return root, env, snaps
 
 

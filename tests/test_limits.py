@@ -74,7 +74,8 @@ LIMITS = [
     ({**ON, "xtc_threshold": 0}, {**ON, "xtc_threshold": -EPS}, "xtc_threshold must be at least 0"),
     ({**ON, "xtc_threshold": 0.5}, {**ON, "xtc_threshold": 0.5 + EPS},
      "xtc_threshold must be at most 0.5"),
-    ({"repetition_penalty": 0}, {"repetition_penalty": -EPS}, "repetition_penalty must be at least 0"),
+    ({"repetition_penalty": 0}, {"repetition_penalty": -EPS},
+     "repetition_penalty must be at least 0"),
     ({"top_logprobs": -1}, {"top_logprobs": -2}, "top_logprobs must be at least 0"),
     ({"top_logprobs": 0}, {"top_logprobs": -2}, "top_logprobs must be at least 0"),
     ({"top_logprobs": 11}, {"top_logprobs": 12}, "top_logprobs must be at most 11"),
@@ -114,8 +115,9 @@ def test_limits_hold_on_chat_too(srv):
 def test_limits_on_anthropic_in_its_error_shape(srv):
     client = anthropic.Anthropic(base_url=srv.base_url, api_key="x", max_retries=0)
     msgs = [{"role": "user", "content": "hi"}]
-    assert client.messages.create(model="m", max_tokens=1, messages=msgs,
-                                  extra_body={"top_k": V - 1, "temperature": 1.0}).usage.output_tokens == 1
+    reply = client.messages.create(model="m", max_tokens=1, messages=msgs,
+                                   extra_body={"top_k": V - 1, "temperature": 1.0})
+    assert reply.usage.output_tokens == 1
     for extra in ({"top_k": V}, {"max_tokens": 0}, {"xtc_threshold": 0.6, "xtc_probability": 1.0}):
         r = httpx.post(srv.v1 + "/messages", timeout=60, json={
             "messages": msgs, "max_tokens": 2, "temperature": 1.0, **extra})

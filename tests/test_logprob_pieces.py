@@ -9,8 +9,8 @@ import json
 
 import mlx.core as mx
 import pytest
-from mlx_lm.tokenizer_utils import (BPEStreamingDetokenizer, SPMStreamingDetokenizer,
-                                    load as load_tokenizer)
+from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer
+from mlx_lm.tokenizer_utils import load as load_tokenizer
 from tokenizers import Tokenizer, decoders, models, normalizers, trainers
 
 from mlxbun_core.engine.logprobs import LogprobRecorder, TokenPieces, byte_level_alphabet

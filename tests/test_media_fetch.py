@@ -203,7 +203,8 @@ def test_http_errors_are_400s(lo2):
 def test_unresolvable_host():
     async def fail(host, port):
         raise OSError("no such host")
-    assert "cannot resolve" in rejected("http://nowhere.invalid/x.png", F.FetchPolicy(resolver=fail))
+    refusal = rejected("http://nowhere.invalid/x.png", F.FetchPolicy(resolver=fail))
+    assert "cannot resolve" in refusal
 
 
 def test_data_urls_decode_locally():

@@ -46,8 +46,8 @@ def test_generic_plugin_serves_images_with_mlx_vlm_parity(client, srv, ckpt):
     content = [{"type": "image_url", "image_url": {"url": M.data_url(PNG, "image/png")}},
                {"type": "text", "text": "Describe."}]
     _, ours = ask(client, content)
-    prompt = M.vlm_prompt(ckpt, [{"role": "user", "content": [{"type": "image"},
-                                                              {"type": "text", "text": "Describe."}]}])
+    prompt = M.vlm_prompt(ckpt, [{"role": "user", "content": [
+        {"type": "image"}, {"type": "text", "text": "Describe."}]}])
     img = M.pil_image(PNG)
     assert ours == M.vlm_greedy(ckpt, prompt, max_tokens=8, eos=srv.engine.model.eos_token_ids,
                                 image=[img]) and ours
@@ -64,7 +64,8 @@ def test_generic_refuses_video_and_audio_naming_the_model(client, srv):
 def test_private_image_url_refused_by_default(client, images):
     with pytest.raises(openai.BadRequestError) as info:
         ask(client, url_part(images.url("/a.png")))
-    assert "prompt build failed: image url rejected: 127.0.0.1 is a loopback address" in str(info.value)
+    assert ("prompt build failed: image url rejected: 127.0.0.1 is a loopback address"
+            in str(info.value))
     with pytest.raises(openai.BadRequestError, match="localhost resolves to .*loopback"):
         ask(client, url_part(f"http://localhost:{images.port}/a.png"))
     assert images.requests == []
@@ -81,7 +82,8 @@ def test_a_slow_fetch_does_not_block_other_requests(client, srv, images, monkeyp
     monkeypatch.setattr(fetch.policy, "allow_private", True)
     images.routes["/slow.png"] = slow(2.0, PNG)
     done = {}
-    t = threading.Thread(target=lambda: done.update(r=ask(client, url_part(images.url("/slow.png")))))
+    slow_part = url_part(images.url("/slow.png"))
+    t = threading.Thread(target=lambda: done.update(r=ask(client, slow_part)))
     t.start()
     deadline = time.monotonic() + 20
     while not images.requests and time.monotonic() < deadline:

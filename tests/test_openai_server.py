@@ -56,7 +56,7 @@ def test_chat_stream_grammar_matches_non_stream(client):
 def test_stream_ends_with_done(srv):
     with httpx.stream("POST", srv.v1 + "/chat/completions", timeout=60,
                       json={"messages": MSG, "max_tokens": 3, "stream": True}) as r:
-        lines = [l for l in r.iter_lines() if l]
+        lines = [line for line in r.iter_lines() if line]
     assert r.headers["content-type"].startswith("text/event-stream")
     assert lines[-1] == "data: [DONE]"
     last = json.loads(lines[-2][6:])
@@ -98,7 +98,8 @@ def test_logprobs_match_mlx_lm_distribution(client, ckpt):
 
 
 def test_stop_sequence_cuts_output(client):
-    base = client.completions.create(model="m", prompt="Once upon a time", max_tokens=20, temperature=0)
+    base = client.completions.create(model="m", prompt="Once upon a time", max_tokens=20,
+                                     temperature=0)
     text = base.choices[0].text
     assert len(text) > 4
     stop = text[2:4]
@@ -134,13 +135,18 @@ def test_models_index_health(client, srv):
     ("/v1/chat/completions", {"messages": []}, "messages required"),
     ("/v1/chat/completions", {"messages": MSG, "logit_bias": {"a": 1}},
      "logit_bias must be a dict of int to float"),
-    ("/v1/chat/completions", {"messages": MSG, "logprobs": 1}, "logprobs must be a boolean (got 1)"),
-    ("/v1/chat/completions", {"messages": MSG, "top_logprobs": "3"}, "top_logprobs must be an integer (got the string '3')"),
-    ("/v1/chat/completions", {"messages": MSG, "top_logprobs": -2}, "top_logprobs must be at least 0"),
-    ("/v1/chat/completions", {"messages": MSG, "top_logprobs": 12}, "top_logprobs must be at most 11"),
+    ("/v1/chat/completions", {"messages": MSG, "logprobs": 1},
+     "logprobs must be a boolean (got 1)"),
+    ("/v1/chat/completions", {"messages": MSG, "top_logprobs": "3"},
+     "top_logprobs must be an integer (got the string '3')"),
+    ("/v1/chat/completions", {"messages": MSG, "top_logprobs": -2},
+     "top_logprobs must be at least 0"),
+    ("/v1/chat/completions", {"messages": MSG, "top_logprobs": 12},
+     "top_logprobs must be at most 11"),
     ("/v1/chat/completions", {"messages": MSG, "reasoning_effort": "huge"},
      "reasoning_effort must be one of 'none', 'minimal', 'low', 'medium', 'high', 'xhigh'"),
-    ("/v1/chat/completions", {"messages": MSG, "temperature": -1}, "temperature must be at least 0"),
+    ("/v1/chat/completions", {"messages": MSG, "temperature": -1},
+     "temperature must be at least 0"),
     ("/v1/chat/completions", {"messages": MSG, "max_tokens": 0}, "max_tokens must be at least 1"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]},
@@ -156,18 +162,26 @@ def test_models_index_health(client, srv):
     ("/v1/chat/completions", {"messages": MSG, "top_k": 100000, "temperature": 1},
      "top_k must be less than the vocabulary size"),
     ("/v1/chat/completions", {"messages": MSG, "top_k": 2**64}, "top_k must be at most"),
-    ("/v1/chat/completions", {"messages": MSG, "logit_bias": {str(2**70): 1}}, "logit_bias token id"),
+    ("/v1/chat/completions", {"messages": MSG, "logit_bias": {str(2**70): 1}},
+     "logit_bias token id"),
     ("/v1/chat/completions", {"messages": MSG, "logit_bias": {"-1": 1}}, "logit_bias token id"),
     ("/v1/chat/completions", {"messages": MSG, "repetition_penalty": 1.2,
-                              "repetition_context_size": 2**40}, "repetition_context_size must be at most"),
-    ("/v1/chat/completions", {"messages": MSG, "stream": "yes"}, "stream must be a boolean (got the string 'yes')"),
+                              "repetition_context_size": 2**40},
+     "repetition_context_size must be at most"),
+    ("/v1/chat/completions", {"messages": MSG, "stream": "yes"},
+     "stream must be a boolean (got the string 'yes')"),
     ("/v1/chat/completions", {"messages": MSG, "tool_choice": 5}, "tool_choice must be"),
-    ("/v1/chat/completions", {"messages": MSG, "tools": ["x"]}, "tools must be a list of objects"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": {"a": 1}}]}]},
+    ("/v1/chat/completions", {"messages": MSG, "tools": ["x"]},
+     "tools must be a list of objects"),
+    ("/v1/chat/completions",
+     {"messages": [{"role": "user", "content": [{"type": "text", "text": {"a": 1}}]}]},
      "text content parts need a string"),
-    ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": "x"}]},
-                                           {"role": "user", "content": "hi"}]}, "tool_calls entries need"),
-    ("/v1/chat/completions", {"messages": [5]}, "messages[0] must be a message object with a role (got 5)"),
+    ("/v1/chat/completions",
+     {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": "x"}]},
+                   {"role": "user", "content": "hi"}]},
+     "tool_calls entries need"),
+    ("/v1/chat/completions", {"messages": [5]},
+     "messages[0] must be a message object with a role (got 5)"),
 ])
 def test_documented_errors(srv, path, body, message):
     r = post(srv, path, body)
@@ -180,7 +194,8 @@ def test_every_sampler_path_survives_a_failed_request(srv, client):
     """A client mistake must never leave state behind: XTC (a compiled sampler using the
     global random state) still works after each kind of rejected request."""
     for bad in ({"seed": -1}, {"top_k": 100000, "temperature": 1}, {"logit_bias": {"99999": 1}}):
-        assert post(srv, "/v1/completions", {"prompt": "hi", "max_tokens": 2, **bad}).status_code == 400
+        refused = post(srv, "/v1/completions", {"prompt": "hi", "max_tokens": 2, **bad})
+        assert refused.status_code == 400
         r = client.completions.create(model="m", prompt="hi", max_tokens=4, temperature=1,
                                       extra_body={"xtc_probability": 0.5, "xtc_threshold": 0.1})
         assert r.usage.completion_tokens >= 1
@@ -222,11 +237,11 @@ def test_disconnect_cancels_generation_and_next_request_works(srv, client):
     """A client that walks away mid-stream stops the decode loop; the server stays healthy."""
     engine = srv.engine
     done_before = engine.completed
+    eos_ban = {str(i): -100 for i in engine.model.tokenizer.eos_token_ids}
     with httpx.stream("POST", srv.v1 + "/completions", timeout=60,
                       json={"prompt": "Once", "max_tokens": 100000, "stream": True,
-                            "temperature": 1.0, "logit_bias": {str(i): -100 for i in
-                                                                engine.model.tokenizer.eos_token_ids}}) as r:
-        for i, line in enumerate(r.iter_lines()):
+                            "temperature": 1.0, "logit_bias": eos_ban}) as r:
+        for i, _line in enumerate(r.iter_lines()):
             if i > 5:
                 break
     deadline = time.time() + 20
@@ -263,8 +278,8 @@ def test_logit_bias_steers_every_token(client):
 
 
 def test_all_mlx_lm_sampler_extras_accepted(client):
-    r = client.completions.create(model="m", prompt="Once", max_tokens=6, temperature=0.7, top_p=0.9,
-                                  seed=3, presence_penalty=0.5, frequency_penalty=0.5,
+    r = client.completions.create(model="m", prompt="Once", max_tokens=6, temperature=0.7,
+                                  top_p=0.9, seed=3, presence_penalty=0.5, frequency_penalty=0.5,
                                   extra_body={"top_k": 20, "min_p": 0.05, "xtc_probability": 0.5,
                                               "xtc_threshold": 0.1, "repetition_penalty": 1.2,
                                               "repetition_context_size": 10,
@@ -276,7 +291,8 @@ def test_all_mlx_lm_sampler_extras_accepted(client):
 def test_repetition_penalty_changes_greedy_output(client):
     kw = dict(model="m", prompt="Once upon a time", max_tokens=24, temperature=0)
     plain = client.completions.create(**kw, extra_body={"logprobs": True})
-    penalized = client.completions.create(**kw, extra_body={"logprobs": True, "repetition_penalty": 5.0,
+    penalized = client.completions.create(**kw, extra_body={"logprobs": True,
+                                                            "repetition_penalty": 5.0,
                                                             "repetition_context_size": 0})
     ids = [e["id"] for e in plain.choices[0].logprobs.content]
     pids = [e["id"] for e in penalized.choices[0].logprobs.content]
@@ -307,7 +323,8 @@ def test_queue_full_is_429(srv):
     finally:
         worker.max_waiting = saved
     assert r.status_code == 429
-    assert r.json()["error"]["type"] == "resource_admission" and r.json()["error"]["code"] == "queue_full"
+    error = r.json()["error"]
+    assert error["type"] == "resource_admission" and error["code"] == "queue_full"
     assert post(srv, "/v1/chat/completions", {"messages": MSG, "max_tokens": 2}).status_code == 200
 
 

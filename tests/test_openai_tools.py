@@ -12,7 +12,8 @@ from scripted_model import scripted_server
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
                                      "zip": {"type": "string"}}}}}]
-CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 3, "zip": "007"}}</tool_call>'
+CALL = ('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 3, '
+        '"zip": "007"}}</tool_call>')
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +66,9 @@ def test_keepalive_comments_while_large_tool_body_buffers(scripted):
     with httpx.stream("POST", srv.v1 + "/chat/completions", timeout=120, json={
             "messages": [{"role": "user", "content": "Weather?"}], "tools": TOOLS,
             "max_tokens": 2000, "stream": True}) as r:
-        lines = [l for l in r.iter_lines() if l]
+        lines = [line for line in r.iter_lines() if line]
     assert ": keep-alive" in lines
-    first_call = next(i for i, l in enumerate(lines) if '"tool_calls"' in l)
+    first_call = next(i for i, line in enumerate(lines) if '"tool_calls"' in line)
     assert lines.index(": keep-alive") < first_call and lines[-1] == "data: [DONE]"
 
 

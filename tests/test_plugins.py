@@ -36,19 +36,21 @@ def test_plugins_lists_generic_with_its_hooks():
     out = run_cli("plugins")
     assert out.returncode == 0
     lines = out.stdout.splitlines()
-    i = next(i for i, l in enumerate(lines) if l.startswith("generic "))
+    i = next(i for i, line in enumerate(lines) if line.startswith("generic "))
     assert lines[i].endswith("family generic")
     assert all(h in lines[i + 1] for h in ("claims", "load_model", "render_chat"))
-    j = next(i for i, l in enumerate(lines) if l.startswith("draft_model "))
+    j = next(i for i, line in enumerate(lines) if line.startswith("draft_model "))
     assert "family" not in lines[j] and "draft_source" in lines[j + 1]  # an extension
 
 
 def test_broken_plugin_is_reported_and_skipped(tmp_path):
-    fake_dist(tmp_path, "brokenfam", "brokenfam_mod", "raise ImportError('missing dependency xyz')\n")
+    fake_dist(tmp_path, "brokenfam", "brokenfam_mod",
+              "raise ImportError('missing dependency xyz')\n")
     env = {"PYTHONPATH": str(tmp_path)}
     out = run_cli("plugins", env=env)
     assert out.returncode == 0
-    assert "brokenfam" in out.stdout and "FAILED" in out.stdout and "missing dependency xyz" in out.stdout
+    assert "brokenfam" in out.stdout and "FAILED" in out.stdout
+    assert "missing dependency xyz" in out.stdout
     assert "generic" in out.stdout
     denied = run_cli("plugins", env={**env, "MLXBUN_DISABLE_PLUGINS": "brokenfam"})
     assert "brokenfam" not in denied.stdout
@@ -65,7 +67,8 @@ def test_third_party_family_served_through_its_entry_point(tmp_path):
     assert pip.returncode == 0, pip.stderr
     ckpt = write_checkpoint(tmp_path / "echo", "llama")
     config = json.loads((ckpt / "config.json").read_text())
-    (ckpt / "config.json").write_text(json.dumps({**config, "architectures": ["EchoLlamaForCausalLM"]}))
+    config["architectures"] = ["EchoLlamaForCausalLM"]
+    (ckpt / "config.json").write_text(json.dumps(config))
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(site)}
     with ServerProcess(MLXBUN + ["serve", str(ckpt), "--port", str(port)], env=env) as proc:
@@ -75,12 +78,14 @@ def test_third_party_family_served_through_its_entry_point(tmp_path):
         proc.wait_for_http(base + "/health", timeout=30)
         row = httpx.get(base + "/v1/models", timeout=10).json()["data"][0]
         assert row["plugin"] == "echo" and row["family"] == "echo"
-        tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+        tools = [{"type": "function",
+                  "function": {"name": "add", "parameters": {"type": "object"}}}]
         r = httpx.post(base + "/v1/chat/completions", timeout=60, json={
             "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "tools": tools})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
         # the prompt is the example's own transcript, not the checkpoint's chat template
-        transcript = "System: to use a tool (add) write CALL name {json arguments}\nUser: hi\nAssistant:"
+        transcript = ("System: to use a tool (add) write CALL name {json arguments}\n"
+                      "User: hi\nAssistant:")
         tokenizer = AutoTokenizer.from_pretrained(str(ckpt))
         assert r.json()["usage"]["prompt_tokens"] == len(tokenizer.encode(transcript))
 

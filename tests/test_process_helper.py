@@ -18,6 +18,6 @@ def test_silent_server_fails_the_test_instead_of_hanging():
             proc.wait_for_line("serving", timeout=1)
         assert time.monotonic() - t0 < 5
     assert proc.proc.poll() is not None  # stopped on leaving the block
-    with ServerProcess([sys.executable, "-c", "print('bye')"]) as proc:
-        with pytest.raises(AssertionError, match="process ended"):
-            proc.wait_for_line("serving", timeout=30)
+    with (ServerProcess([sys.executable, "-c", "print('bye')"]) as proc,
+          pytest.raises(AssertionError, match="process ended")):
+        proc.wait_for_line("serving", timeout=30)

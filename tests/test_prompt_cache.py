@@ -13,9 +13,8 @@ import pytest
 from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.prompt_cache import PrefixCache
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.server import start_server
-
 from mlxbun_core.testing.engine import close, run_all, token_ids
+from mlxbun_core.testing.server import start_server
 
 HISTORY = [{"role": "system", "content": "You are terse. " * 8},
            {"role": "user", "content": "Tell me about the sea and the sky. " * 4}]

@@ -159,7 +159,8 @@ def test_responses_instructions_items_and_function_output(oai, seen):
                              input=[
         {"role": "developer", "content": "Dev item."},
         {"type": "message", "role": "user",
-         "content": [{"type": "input_text", "text": "Find"}, {"type": "input_text", "text": " it"}]},
+         "content": [{"type": "input_text", "text": "Find"},
+                     {"type": "input_text", "text": " it"}]},
         {"type": "function_call", "call_id": "fc_1", "name": "lookup", "arguments": '{"q": "it"}'},
         {"type": "function_call_output", "call_id": "fc_1", "output": "found it"}])
     assert r.output_text == ANSWER
@@ -176,8 +177,8 @@ def test_responses_resumption_replays_the_earlier_turns(oai, server):
                                  input="first question")
     second = oai.responses.create(model="m", max_output_tokens=8, previous_response_id=first.id,
                                   input=[{"type": "function_call_output", "call_id": "c1",
-                                          "output": "tool said hi"}, {"role": "user",
-                                                                      "content": "second question"}])
+                                          "output": "tool said hi"},
+                                         {"role": "user", "content": "second question"}])
     assert second.output_text == ANSWER
     in_order(plugin.prompts[-1], "<|im_start|>system\nKeep me.<|im_end|>",
              "<|im_start|>user\nfirst question<|im_end|>",

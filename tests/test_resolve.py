@@ -1,4 +1,5 @@
-"""resolve_model: default / local dir / local gguf (cached) / fake HF cache / clear not-found errors."""
+"""resolve_model: default / local dir / local gguf (cached) / fake HF cache / clear not-found
+errors."""
 
 import json
 import os
@@ -91,10 +92,12 @@ def test_hub_cache_with_config(offline_hub):
 
 def test_hub_cache_gguf_only_repo_is_converted(offline_hub, tmp_path):
     write_tiny_gguf(tmp_path / "m.gguf")
-    _fake_repo(offline_hub, "acme/tiny-GGUF", {"tiny-Q8_0.gguf": tmp_path / "m.gguf", "README.md": "hi"})
+    _fake_repo(offline_hub, "acme/tiny-GGUF",
+               {"tiny-Q8_0.gguf": tmp_path / "m.gguf", "README.md": "hi"})
     r = resolve_model("acme/tiny-GGUF", progress=False)
     assert r.source == "gguf" and r.model_id == "acme/tiny-GGUF"
-    assert r.path.parent == tmp_path / "home" / "converted" and (r.path / "model.safetensors").is_file()
+    assert r.path.parent == tmp_path / "home" / "converted"
+    assert (r.path / "model.safetensors").is_file()
 
 
 def test_missing_path_message(tmp_path):

@@ -124,7 +124,8 @@ def test_tool_round_trip_with_resumption(client, plugin, srv):
                                        instructions="")
     assert carried.usage.input_tokens > replaced.usage.input_tokens
     # the whole conversation replayed by hand costs the same as resuming
-    manual = client.responses.create(model="any", instructions="Use tools.", tools=[WEATHER], input=[
+    manual = client.responses.create(model="any", instructions="Use tools.", tools=[WEATHER],
+                                     input=[
         {"role": "user", "content": "Weather in Paris?"},
         {"type": "function_call", "call_id": call.call_id, "name": call.name,
          "arguments": call.arguments},
@@ -202,7 +203,8 @@ def test_raw_event_chain(srv, plugin):
         "response.reasoning_summary_text.delta", "response.reasoning_summary_text.done",
         "response.reasoning_summary_part.done", "response.output_item.done",
         "response.output_item.added", "response.content_part.added",
-        "response.output_text.delta", "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_text.delta", "response.output_text.done", "response.content_part.done",
+        "response.output_item.done",
         "response.output_item.added", "response.function_call_arguments.delta",
         "response.function_call_arguments.done", "response.output_item.done",
         "response.completed"]
@@ -214,7 +216,8 @@ def test_raw_event_chain(srv, plugin):
     assert [o["type"] for o in done["output"]] == ["reasoning", "message", "function_call"]
     added = [e["item"] for e in events if e["type"] == "response.output_item.added"]
     assert [a["id"] for a in added] == [o["id"] for o in done["output"]]
-    assert [e["output_index"] for e in events if e["type"] == "response.output_item.done"] == [0, 1, 2]
+    done_items = [e for e in events if e["type"] == "response.output_item.done"]
+    assert [e["output_index"] for e in done_items] == [0, 1, 2]
 
 
 def test_raw_incomplete_and_failed(srv, plugin):

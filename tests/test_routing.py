@@ -15,6 +15,7 @@ from pathlib import Path
 
 import openai
 import pytest
+from mlxbun_qwen35 import fallback_template
 
 from mlxbun_core import loader, plugins
 from mlxbun_core.contract import ToolParser
@@ -24,7 +25,6 @@ from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.families import family_config
 from mlxbun_core.testing.server import start_server
 from mlxbun_core.toolcalls import Dialect, StreamingToolParser
-from mlxbun_qwen35 import fallback_template
 
 MSG = [{"role": "user", "content": "Weather in Paris?"}]
 TOOLS = [{"type": "function", "function": {
@@ -148,7 +148,8 @@ def test_rogue_family_does_not_change_another_familys_prompt_calls_or_output(
     try:
         before, before_reply = observe(srv.engine.model), chat(srv)
         assert before["calls"] == [("get_weather", {"city": "Paris", "days": 3})]
-        rogue = registered(Rogue(config_dir(tmp_path, "rogue", {"model_type": "llama"})), "rogue-test")
+        rogue = registered(Rogue(config_dir(tmp_path, "rogue", {"model_type": "llama"})),
+                           "rogue-test")
         # the model already being served: its relay notices the new plugin
         assert observe(srv.engine.model) == before
         assert chat(srv) == before_reply

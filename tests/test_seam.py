@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import tomllib
 import typing
 from pathlib import Path
 
 import pytest
+import tomllib
 
 import mlxbun_core
 from mlxbun_core.engine.core import Engine

@@ -12,8 +12,8 @@ TOK = load_tokenizer(tiny_checkpoint("qwen3"))
 
 def run(text, limit=None, **req):
     ids = TOK.encode(text, add_special_tokens=False)
-    sess = GenerationSession(GenerationRequest(prompt_tokens=[1, 2], sampling=SamplingParams(), **req),
-                             TOK, limit)
+    gen = GenerationRequest(prompt_tokens=[1, 2], sampling=SamplingParams(), **req)
+    sess = GenerationSession(gen, TOK, limit)
     events = []
     for t in ids:
         events += sess.step(t, None)
@@ -55,7 +55,8 @@ def test_length_limit():
 def test_reasoning_then_content_then_tool_call():
     tools = [{"type": "function", "function": {"name": "get", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}}}}]
-    text = '<think>let me see</think>\n\nSure. <tool_call>{"name": "get", "arguments": {"city": "Paris"}}</tool_call>'
+    text = ('<think>let me see</think>\n\nSure. '
+            '<tool_call>{"name": "get", "arguments": {"city": "Paris"}}</tool_call>')
     events, sess = run(text, think_start="<think>", think_end="</think>",
                        tool_parser=StreamingToolParser(JsonDialect(), tools))
     assert text_of(events, "reasoning") == "let me see"

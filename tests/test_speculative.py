@@ -20,7 +20,8 @@ def ckpt():
 @pytest.fixture(scope="module")
 def srv(ckpt):
     # the target drafting for itself: every greedy proposal must be accepted
-    s = start_server(ckpt, options=LoadOptions(extra={"draft_model": str(ckpt), "num_draft_tokens": 3}))
+    draft = {"draft_model": str(ckpt), "num_draft_tokens": 3}
+    s = start_server(ckpt, options=LoadOptions(extra=draft))
     yield s
     s.stop()
 

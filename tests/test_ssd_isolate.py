@@ -35,7 +35,7 @@ def body(model, messages):
 def test_a_pool_switch_demotes_the_cache_and_a_switch_back_restores_it(tmp_path):
     snapshots = library_hub(tmp_path / "hf" / "hub", MODELS)
     port, base = free_port(), None
-    log = open(tmp_path / "parent.log", "w+")
+    log = open(tmp_path / "parent.log", "w+")  # noqa: SIM115 (read back, closed in the finally)
     proc = subprocess.Popen(
         [sys.executable, "-m", "mlxbun_core.cli", "serve", "--isolate", "--model-pool", "2",
          "--port", str(port), "--ssd-cache", str(tmp_path / "ssd"), "--model", LLAMA],
@@ -82,6 +82,7 @@ def test_a_pool_switch_demotes_the_cache_and_a_switch_back_restores_it(tmp_path)
             proc.kill()
         log.seek(0)
         print(log.read()[-3000:])
+        log.close()
     plain = Engine.load(str(snapshots[LLAMA]), progress=False, prompt_cache_bytes=0)
     try:
         async def go():

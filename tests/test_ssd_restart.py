@@ -148,7 +148,8 @@ def test_sigkill_at_random_points_mid_write_never_serves_a_torn_entry(tmp_path):
     script = tmp_path / "writer.py"
     script.write_text(WRITER)
     helpers: dict = {}
-    exec(compile(WRITER, str(script), "exec"), helpers)  # entry() and tokens(), as the child has them
+    # entry() and tokens(), as the child has them
+    exec(compile(WRITER, str(script), "exec"), helpers)
     d = tmp_path / "ssd"
     rng = random.Random(7)
     mid_write = written = 0

@@ -92,7 +92,8 @@ def _session_tokenizer():
 
 
 TOK = _session_tokenizer()
-WORDS = st.lists(st.sampled_from(["ab", "a", "b", "c", " ", "\n", "abc", "ca"]), max_size=12).map("".join)
+WORDS = st.lists(st.sampled_from(["ab", "a", "b", "c", " ", "\n", "abc", "ca"]),
+                 max_size=12).map("".join)
 
 
 def session_text(text, stops, *, by_length: bool):

@@ -85,20 +85,22 @@ def test_json_object_and_structured_outputs(client, backend):
 
 def test_regex_choice_and_ebnf_on_completions(client, backend):
     for seed in range(3):
-        r = client.completions.create(model="m", prompt="Phone:", temperature=1.0, seed=seed, max_tokens=30,
-                                      extra_body={"guided_regex": r"\d{3}-\d{4}"})
+        r = client.completions.create(model="m", prompt="Phone:", temperature=1.0, seed=seed,
+                                      max_tokens=30, extra_body={"guided_regex": r"\d{3}-\d{4}"})
         assert re.fullmatch(r"\d{3}-\d{4}", r.choices[0].text)
-        r = client.completions.create(model="m", prompt="Pick:", temperature=1.0, seed=seed, max_tokens=30,
+        r = client.completions.create(model="m", prompt="Pick:", temperature=1.0, seed=seed,
+                                      max_tokens=30,
                                       extra_body={"guided_choice": ["red", "green", "blue"]})
         assert r.choices[0].text in ("red", "green", "blue")
-        r = client.completions.create(model="m", prompt="Sum:", temperature=1.0, seed=seed, max_tokens=40,
-                                      extra_body={"guided_grammar": 'root ::= num ("+" num){0,3}\nnum ::= [1-9] [0-9]{0,2}'})
+        grammar = 'root ::= num ("+" num){0,3}\nnum ::= [1-9] [0-9]{0,2}'
+        r = client.completions.create(model="m", prompt="Sum:", temperature=1.0, seed=seed,
+                                      max_tokens=40, extra_body={"guided_grammar": grammar})
         assert re.fullmatch(r"[1-9][0-9]{0,2}(\+[1-9][0-9]{0,2}){0,3}", r.choices[0].text)
 
 
 def test_precedence_guided_grammar_beats_response_format(client):
-    r = client.chat.completions.create(model="m", messages=MSG, temperature=1.0, seed=1, max_tokens=20,
-                                       response_format={"type": "json_object"},
+    r = client.chat.completions.create(model="m", messages=MSG, temperature=1.0, seed=1,
+                                       max_tokens=20, response_format={"type": "json_object"},
                                        extra_body={"guided_grammar": 'root ::= "yes" | "no"'})
     assert r.choices[0].message.content in ("yes", "no")
 
@@ -158,7 +160,8 @@ def test_budget_close_alwaysparses_json(client, backend):
                 reasons.append(finish)
         assert set(reasons) <= {"stop", "length"} and "length" in reasons, reasons
         chunks = list(client.chat.completions.create(model="m", messages=MSG, temperature=1.0,
-                                                     seed=7, max_tokens=budgets[1], stream=True, **kw))
+                                                     seed=7, max_tokens=budgets[1], stream=True,
+                                                     **kw))
         valid(json.loads("".join(c.choices[0].delta.content or "" for c in chunks if c.choices)))
         assert chunks[-1].choices[0].finish_reason in ("stop", "length")
     r = client.completions.create(model="m", prompt="JSON:", temperature=1.0, seed=3, max_tokens=9,
@@ -183,8 +186,9 @@ def test_default_layout_is_the_canonical_one(client, backend):
     """One line, ", " and ": " (what chat templates' tojson writes), no other whitespace."""
     fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}
     for seed in range(3):
-        text = client.chat.completions.create(model="m", messages=MSG, response_format=fmt, seed=seed,
-                                              temperature=1.0, max_tokens=80).choices[0].message.content
+        reply = client.chat.completions.create(model="m", messages=MSG, response_format=fmt,
+                                               seed=seed, temperature=1.0, max_tokens=80)
+        text = reply.choices[0].message.content
         def skeleton(s):  # strings out of the way
             return re.sub(r'"(?:[^"\\]|\\.)*"', '""', s)
         assert skeleton(text) == skeleton(json.dumps(json.loads(text))), text
@@ -241,7 +245,8 @@ def test_grammar_forces_family_tool_markup_into_tool_calls(family, backend):
         client = openai.OpenAI(base_url=s.v1, api_key="x", max_retries=0)
         kw = dict(model="m", messages=[{"role": "user", "content": "Weather in Paris for 3 days?"}],
                   tools=WEATHER, temperature=1.0, seed=4, max_tokens=160,
-                  extra_body={"guided_regex": markup, "chat_template_kwargs": {"enable_thinking": False}})
+                  extra_body={"guided_regex": markup,
+                              "chat_template_kwargs": {"enable_thinking": False}})
         r = client.chat.completions.create(**kw)
         msg = r.choices[0].message
         assert r.choices[0].finish_reason == "tool_calls" and msg.content is None
@@ -258,18 +263,20 @@ def test_grammar_forces_family_tool_markup_into_tool_calls(family, backend):
         s.stop()
 
 
-THINKING_CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+THINKING_CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+                   "{% endfor %}"
                    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
 
 
 def test_thinking_model_thinks_freely_then_answers_under_the_grammar(backend):
     """A prompt that opens a think channel: the mask waits for </think>, so the reasoning
     is free text and the constrained answer lands in content."""
-    from scripted_model import ScriptedPlugin
     from mlxbun_core import plugins
+    from scripted_model import ScriptedPlugin
 
     plugin = ScriptedPlugin(tiny_checkpoint("qwen3", seed=4243, chat_template=THINKING_CHATML),
-                            "Let me weigh it.</think>right", anchor="<|im_start|>assistant\n<think>\n")
+                            "Let me weigh it.</think>right",
+                            anchor="<|im_start|>assistant\n<think>\n")
     plugins.register(plugin, "scripted-thinking-grammar")
     try:
         s = start_server(plugin.path, batch=1)  # the script follows one sequence

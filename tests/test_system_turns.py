@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
+from mlxbun_qwen35 import fallback_template as qwen35_template
 
 from mlxbun_core import system_turns
 from mlxbun_core.chat_template import apply_template
 from mlxbun_core.model import LoadedModel
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.tokenizer import CHATML_TEMPLATE
-from mlxbun_qwen35 import fallback_template as qwen35_template
 
 ENV = "# Environment\nPrimary working directory: /tmp/project"
 TURN_1 = [{"role": "system", "content": "You are an agent."},

@@ -8,10 +8,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from scripted_model import scripted_server
-
 from mlxbun_core.models.resolve import mlxbun_home
 from mlxbun_core.testing.wschat import ChatClient
+from scripted_model import scripted_server
 
 
 def test_the_session_runs_under_a_temporary_home():

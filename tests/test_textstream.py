@@ -2,8 +2,8 @@
 
 import random
 
-from mlxbun_core.events import Content, Reasoning
 from mlxbun_core.engine.textstream import ReasoningSplitter, StopMatcher
+from mlxbun_core.events import Content, Reasoning
 
 
 def run_stop(chunks, stops):

@@ -212,8 +212,8 @@ def test_cut_calls_openai_chat(family):
         r = client.chat.completions.create(max_tokens=budget, seed=i, extra_body=dict(
             NO_THINKING, budget_close=False), **kw)
         msg = r.choices[0].message
-        cut += _check_cut(name, r.choices[0].finish_reason, [
-            (c.function.name, c.function.arguments) for c in msg.tool_calls or ()], msg.content, "length")
+        calls = [(c.function.name, c.function.arguments) for c in msg.tool_calls or ()]
+        cut += _check_cut(name, r.choices[0].finish_reason, calls, msg.content, "length")
         chunks = list(client.chat.completions.create(max_tokens=budget, seed=i, stream=True,
                                                      extra_body=NO_THINKING, **kw))
         calls = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()]

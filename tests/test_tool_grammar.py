@@ -15,8 +15,8 @@ import pytest
 from mlxbun_core.events import Content, ToolCallEvent
 from mlxbun_core.grammar import GrammarRequest
 from mlxbun_core.grammar import structural as S
-from mlxbun_core.grammar_registry import registry
 from mlxbun_core.grammar.schema import closed
+from mlxbun_core.grammar_registry import registry
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.toolcalls import JsonDialect, StreamingToolParser, ToolChoice
 from mlxbun_core.toolcalls.constrain import plan_constraint, tool_request

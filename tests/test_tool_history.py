@@ -48,6 +48,14 @@ def test_history_gets_the_fields_templates_read():
             normalize_history([{"role": "assistant", "tool_calls": bad}])
 
 
+def test_history_arguments_with_non_ascii_bare_keys_are_repaired():
+    """A client's own tool-call arguments in the history, a bare key not in ASCII: taken
+    as the key it is (it used to crash the repair, a 500 for the request)."""
+    msgs = normalize_history([{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "function": {"name": "f", "arguments": "{stadt: 'Köln', ölstand: 2}"}}]}])
+    assert msgs[0]["tool_calls"][0]["function"]["arguments"] == {"stadt": "Köln", "ölstand": 2}
+
+
 def test_round_trip_renders_on_a_template_without_tool_support():
     """The regression behind ``prompt build failed: 'dict object' has no attribute
     'content'``: tools go into the system turn, the call into the assistant's text."""

@@ -5,12 +5,23 @@ import re
 
 import pytest
 
-from mlxbun_core.toolcalls import (Dialect, JsonDialect, MlxLmDialect, StreamingToolParser,
-                                   ToolCall, coerce_arguments, dialect_for_parser,
-                                   dialect_for_tokenizer, find_tool,
-                                   make_call, normalize_call, repair_json,
-                                   split_tool_calls, tool_params)
 from mlxbun_core.events import KEEPALIVE
+from mlxbun_core.toolcalls import (
+    Dialect,
+    JsonDialect,
+    MlxLmDialect,
+    StreamingToolParser,
+    ToolCall,
+    coerce_arguments,
+    dialect_for_parser,
+    dialect_for_tokenizer,
+    find_tool,
+    make_call,
+    normalize_call,
+    repair_json,
+    split_tool_calls,
+    tool_params,
+)
 from mlxbun_core.toolcalls.testing import chunkings, events_all_chunkings, normalize, run_chunks
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -94,7 +105,9 @@ def test_keepalive_emitted_while_buffering():
 
 
 def test_keepalive_counter_resets_per_block():
-    blk = '<tool_call>{"name": "get_weather", "arguments": {"city": "%s"}}</tool_call>' % ("y" * 150)  # ~220 chars: under 256 per block, over 256 together
+    # ~220 chars: under 256 per block, over 256 together
+    blk = ('<tool_call>{"name": "get_weather", "arguments": {"city": "%s"}}</tool_call>'
+           % ("y" * 150))
     ev = events_all_chunkings(P(), blk + blk)
     assert [e[0] for e in ev] == ["tool_call", "tool_call"]
 
@@ -149,7 +162,8 @@ def test_dialect_exception_falls_back_to_content():
         def parse(self, markup, tools):
             raise RuntimeError
 
-    assert run_chunks(lambda: StreamingToolParser(Boom()), ["a <x>1</x>"]) == [("content", "a <x>1</x>")]
+    assert run_chunks(lambda: StreamingToolParser(Boom()), ["a <x>1</x>"]) == [
+        ("content", "a <x>1</x>")]
 
 
 def test_chunkings_helper_covers_char_by_char():
@@ -177,6 +191,7 @@ def test_chunkings_helper_covers_char_by_char():
      {"a": "True story", "b": "None of it", "c": "False"}),
     ('{"a": [True, None]} and then prose', {"a": [True, None]}),
     ('{name: "f", arguments: {x: 1}}', {"name": "f", "arguments": {"x": 1}}),
+    ('{städte: ["Köln"], é: 1}', {"städte": ["Köln"], "é": 1}),  # non-ASCII bare keys
     ('{"s": "line1\nline2"}', {"s": "line1\nline2"}),
     ('{"code": "```json\\n{}\\n```"}', {"code": "```json\n{}\n```"}),
     ('{"a": "x {not json"', {"a": "x {not json"}),
@@ -212,7 +227,8 @@ def test_normalize_call(obj, want):
 
 
 @pytest.mark.parametrize("obj", [None, [], "f", {"arguments": {"x": 1}}, {"name": ""},
-                                 {"name": "f", "arguments": "not json"}, {"name": "f", "arguments": [1]}])
+                                 {"name": "f", "arguments": "not json"},
+                                 {"name": "f", "arguments": [1]}])
 def test_normalize_call_rejects(obj):
     assert normalize_call(obj) is None
 
@@ -222,7 +238,8 @@ def test_normalize_call_rejects(obj):
 SCHEMA = {"type": "object", "properties": {
     "s": {"type": "string"}, "i": {"type": "integer"}, "n": {"type": "number"},
     "b": {"type": "boolean"}, "a": {"type": "array"}, "o": {"type": "object"},
-    "opt": {"type": ["integer", "null"]}, "any": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
+    "opt": {"type": ["integer", "null"]},
+    "any": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
     "e": {"enum": [1, 2]}}}
 
 
@@ -300,8 +317,9 @@ def test_dialect_follows_mlx_lm_tokenizer_inference():
 
     chatml = tiny_checkpoint("qwen3")  # plain ChatML template: mlx-lm infers no parser
     assert dialect_for_tokenizer(load_tokenizer(chatml)) is None
-    qwen = tiny_checkpoint("qwen3", chat_template="{% for m in messages %}{{ m.content }}{% endfor %}"
-                           "<tool_call>\n<function=x>")
+    qwen = tiny_checkpoint("qwen3",
+                           chat_template="{% for m in messages %}{{ m.content }}{% endfor %}"
+                                         "<tool_call>\n<function=x>")
     d = dialect_for_tokenizer(load_tokenizer(qwen))
     assert isinstance(d, MlxLmDialect) and d.name == "qwen3_coder"
 
@@ -329,7 +347,8 @@ def test_mlx_lm_adapter_failure_is_content():
 
 def test_long_markup_body_is_linear():
     import time
-    text = '<tool_call>{"name": "get_weather", "arguments": {"city": "' + "abcd " * 60000 + '"}}</tool_call>'
+    text = ('<tool_call>{"name": "get_weather", "arguments": {"city": "' + "abcd " * 60000
+            + '"}}</tool_call>')
     p, t0, ev = P()(), time.time(), []
     for i in range(0, len(text), 4):
         ev += p.feed(text[i:i + 4])

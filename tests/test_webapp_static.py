@@ -85,8 +85,9 @@ def test_everything_the_page_loads_is_shipped_and_packaged():
     for path in WEB.rglob("*"):
         if path.is_file():
             rel = str(path.relative_to(ROOT / "mlxbun_core"))
-            assert any(fnmatch.fnmatch(rel, p) and rel.count("/") == p.count("/") for p in patterns), \
-                f"{rel} is not package data: pip-installed servers would miss it"
+            packaged = any(fnmatch.fnmatch(rel, p) and rel.count("/") == p.count("/")
+                           for p in patterns)
+            assert packaged, f"{rel} is not package data: pip-installed servers would miss it"
 
 
 def test_the_page_url_and_when_to_open_a_browser():
@@ -107,7 +108,8 @@ def test_a_turn_body_carries_the_session_settings():
     body = conversation.request_body([{"role": "user", "content": "hi"}])
     assert body["messages"][0] == {"role": "system", "content": "Be brief.\n\n[user is on: Status]"}
     assert body["temperature"] == 0.5 and body["max_tokens"] == 3 and body["stream"] is True
-    assert body["chat_template_kwargs"] == {"enable_thinking": False} and body["adapter"] == "pirate"
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
+    assert body["adapter"] == "pirate"
     assert [t["function"]["name"] for t in body["tools"]] == [
         "get_current_app_context", "navigate_app", "spotlight_ui"]
 
@@ -126,7 +128,8 @@ def serve_in_a_terminal(tmp_path, *flags):
     marker = tmp_path / "opened.txt"
     opener = tmp_path / "opener.py"
     opener.write_text("import pathlib, sys\npathlib.Path(sys.argv[2]).write_text(sys.argv[1])\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_CURRENT_TEST", "CI", "MLXBUN_NO_OPEN")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTEST_CURRENT_TEST", "CI", "MLXBUN_NO_OPEN")}
     env.update(BROWSER=f"{sys.executable} {opener} %s {marker}", MLXBUN_HOME=str(tmp_path / "home"))
     port = free_port()
     primary, secondary = pty.openpty()

@@ -137,7 +137,8 @@ def test_regenerate_edit_and_switch_build_a_tree(server):
         first = c.turn(text="Hi")[-1]["items"]
         again = c.turn("regenerate")[-1]["items"]
         assert again[0]["id"] == first[0]["id"] and again[1]["id"] != first[1]["id"]
-        assert again[1]["siblings"] == {"index": 1, "count": 2, "ids": [first[1]["id"], again[1]["id"]]}
+        assert again[1]["siblings"] == {"index": 1, "count": 2,
+                                        "ids": [first[1]["id"], again[1]["id"]]}
         sib = c.until("siblings")[-1]
         assert sib["entryId"] == again[1]["id"] and sib["count"] == 2 and sib["index"] == 1
         c.send("switch_sibling", entryId=first[1]["id"])
@@ -165,7 +166,8 @@ def test_settings_travel_with_the_session_and_reach_the_engine(server):
         c.send("set_sampling", scope="session", max_tokens=3)
         c.send("set_sampling", scope="next_turn", max_tokens=2)
         settings = [c.until("settings")[-1] for _ in range(4)][-1]
-        assert settings["nextTurn"] == {"max_tokens": 2} and settings["sampling"] == {"max_tokens": 3}
+        assert settings["nextTurn"] == {"max_tokens": 2}
+        assert settings["sampling"] == {"max_tokens": 3}
         one = next(f for f in c.turn(text="a") if f["type"] == "turn_end")
         two = next(f for f in c.turn(text="b") if f["type"] == "turn_end")
         assert one["usage"]["completion_tokens"] <= 2 and two["usage"]["completion_tokens"] <= 3
@@ -176,7 +178,8 @@ def test_settings_travel_with_the_session_and_reach_the_engine(server):
         frames = c.until("context")
     opened = {f["type"]: f for f in frames}
     assert opened["settings"]["systemPrompt"] == "You are terse."
-    assert opened["settings"]["thinking"] is False and opened["settings"]["sampling"] == {"max_tokens": 3}
+    assert opened["settings"]["thinking"] is False
+    assert opened["settings"]["sampling"] == {"max_tokens": 3}
     assert [i["content"] for i in opened["history"]["items"] if i["role"] == "user"] == ["a", "b"]
     assert opened["context"]["tokens"] > 0
 
@@ -188,7 +191,8 @@ def test_client_mistakes_are_error_frames_and_the_socket_stays_usable(server):
         assert c.recv()["type"] == "error"
         for frame in ({"type": "nope"}, {"type": "set_sampling", "temperature": -1},
                       {"type": "set_sampling", "scope": "forever"}, {"type": "prompt", "text": 5},
-                      {"type": "prompt", "text": "   "}, {"type": "open_session", "path": "../x.jsonl"},
+                      {"type": "prompt", "text": "   "},
+                      {"type": "open_session", "path": "../x.jsonl"},
                       {"type": "regenerate"}, {"type": "switch_sibling", "entryId": "m0"}):
             c.ws.send(json.dumps(frame))
             err = c.recv()

@@ -9,8 +9,13 @@ import pytest
 from mlxbun_core.errors import BadRequest, NotFound
 from mlxbun_core.webchat import apptools
 from mlxbun_core.webchat.search import search
-from mlxbun_core.webchat.store import (SessionStore, StoreFull, compacted, read_entries,
-                                      replayed_messages)
+from mlxbun_core.webchat.store import (
+    SessionStore,
+    StoreFull,
+    compacted,
+    read_entries,
+    replayed_messages,
+)
 
 
 def chat(store, *pairs):
@@ -48,8 +53,10 @@ def test_a_torn_last_line_is_skipped_and_the_next_write_starts_a_new_line(tmp_pa
     again.add_message({"role": "user", "content": "three"}, again.leaf)
     lines = s.path.read_bytes().splitlines()
     assert json.loads(lines[-1])["message"]["content"] == "three"
-    assert len(read_entries(s.path)) == 4  # header, two messages, the new one; the torn line dropped
-    assert [e["message"]["content"] for e in store.open(s.path.name).branch()] == ["one", "two", "three"]
+    # header, two messages, the new one; the torn line dropped
+    assert len(read_entries(s.path)) == 4
+    branch = store.open(s.path.name).branch()
+    assert [e["message"]["content"] for e in branch] == ["one", "two", "three"]
 
 
 def test_an_answer_saved_as_it_streams_replays_whole_and_survives_a_torn_append(tmp_path):
@@ -134,7 +141,8 @@ def test_search_is_case_insensitive_with_ranges_into_the_snippet_and_capped(tmp_
     assert all(len(r["matches"]) <= 10 for r in results)
     for r in results:
         for m in r["matches"]:
-            assert m["ranges"] and all(m["snippet"][a:b].lower() == "needle" for a, b in m["ranges"])
+            assert m["ranges"]
+            assert all(m["snippet"][a:b].lower() == "needle" for a, b in m["ranges"])
     [hit] = search(store, "NEEDLE IS HERE")
     [m] = hit["matches"]
     assert m["role"] == "assistant" and len(m["snippet"]) == len("the Needle is here") - 4 + 120

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from scripted_model import scripted_server
 
 from mlxbun_core.testing.wschat import ChatClient
 from mlxbun_core.webchat.turn import MAX_TOOL_ROUNDS
+from scripted_model import scripted_server
 
 
 def call(name: str, **arguments) -> str:
@@ -74,8 +74,9 @@ def test_unknown_routes_are_tool_errors_never_sent_to_the_page(scripted):
 def test_the_assistant_reads_the_context_the_page_pushed(scripted):
     srv, plugin = scripted
     plugin.text = call("get_current_app_context")
-    context = {"route": "status", "view": "server status", "snapshot": {"route": "status", "elements": [
-        {"ref": "e1", "label": "Refresh", "kind": "button", "selector": "#status-refresh"}]}}
+    context = {"route": "status", "view": "server status", "snapshot": {
+        "route": "status", "elements": [
+            {"ref": "e1", "label": "Refresh", "kind": "button", "selector": "#status-refresh"}]}}
     with ChatClient(srv.base_url) as c:
         c.hello()
         c.send("context", context=context)

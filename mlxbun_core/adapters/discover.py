@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Optional
 
 from ..errors import APIError
 from . import formats
@@ -12,21 +11,21 @@ from . import formats
 log = logging.getLogger("mlxbun.adapters")
 
 
-def adapters_dir(home: Optional[Path] = None) -> Path:
+def adapters_dir(home: Path | None = None) -> Path:
     """Adapters the user put there, merges, and HTTP fine-tunes by default."""
     from ..models.resolve import mlxbun_home
 
     return mlxbun_home(home) / "adapters"
 
 
-def finetunes_dir(home: Optional[Path] = None) -> Path:
+def finetunes_dir(home: Path | None = None) -> Path:
     """`mlxbun train` outputs by default."""
     from ..models.resolve import mlxbun_home
 
     return mlxbun_home(home) / "finetunes"
 
 
-def scan(home: Optional[Path] = None) -> list:
+def scan(home: Path | None = None) -> list:
     """Every adapter directory one level under our two roots, as AdapterInfo, newest first."""
     found = []
     for root in (adapters_dir(home), finetunes_dir(home)):

@@ -20,7 +20,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import cast
 
 from ..errors import BadRequest
 
@@ -35,9 +35,9 @@ class AdapterInfo:
 
     path: Path
     format: str  # "mlx" or "peft"
-    rank: Optional[int]
+    rank: int | None
     scale: float
-    base_model: Optional[str]
+    base_model: str | None
     config: dict
 
     @property
@@ -68,9 +68,9 @@ def read_info(path: Path) -> AdapterInfo:
     try:
         config = json.loads((path / CONFIG).read_text())
     except FileNotFoundError:
-        raise BadRequest(f"{path} has no {CONFIG}", param="path")
+        raise BadRequest(f"{path} has no {CONFIG}", param="path") from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"{path / CONFIG} is not valid JSON: {exc}", param="path")
+        raise BadRequest(f"{path / CONFIG} is not valid JSON: {exc}", param="path") from None
     if not isinstance(config, dict):
         raise BadRequest(f"{path / CONFIG} must hold a JSON object", param="path")
     if (path / MLX_WEIGHTS).is_file():
@@ -125,7 +125,7 @@ def _peft_scale(alpha: float, rank: int, config: dict) -> float:
     return alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
 
 
-def _base(value) -> Optional[str]:
+def _base(value) -> str | None:
     return value if isinstance(value, str) and value.strip() else None
 
 
@@ -144,9 +144,9 @@ def load_tensors(info: AdapterInfo) -> dict:
     import mlx.core as mx
 
     try:
-        raw = mx.load(str(info.weights_file))
+        raw = cast("dict[str, mx.array]", mx.load(str(info.weights_file)))
     except Exception as exc:
-        raise BadRequest(f"{info.weights_file} cannot be read: {exc}", param="path")
+        raise BadRequest(f"{info.weights_file} cannot be read: {exc}", param="path") from None
     if info.format == "mlx":
         return _pair(raw, lambda k: k.rsplit(".", 1) if k.endswith((".lora_a", ".lora_b"))
                      else None, "lora_a", "lora_b", info, transpose=False)

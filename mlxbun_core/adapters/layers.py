@@ -49,8 +49,9 @@ WRAPPERS = (LoRAStackLinear, LoRAStackSwitch)
 
 
 def wrap(base: nn.Module, parts: list) -> nn.Module:
-    cls = LoRAStackSwitch if isinstance(base, (SwitchLinear, QuantizedSwitchLinear)) else LoRAStackLinear
-    return cls(base, parts)
+    if isinstance(base, (SwitchLinear, QuantizedSwitchLinear)):
+        return LoRAStackSwitch(base, parts)
+    return LoRAStackLinear(base, parts)
 
 
 def expected_shapes(module: nn.Module, rank: int):

@@ -19,12 +19,13 @@ import itertools
 import logging
 import re
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any
 
-from ..errors import BadRequest, NotFound
 from .. import fspaths
+from ..errors import BadRequest, NotFound
 from . import formats
 
 log = logging.getLogger("mlxbun.adapters")
@@ -80,12 +81,13 @@ NO_ADAPTERS = AdapterSet()
 
 
 class AdapterManager:
-    def __init__(self, loaded, *, call: Optional[Callable] = None):
+    def __init__(self, loaded, *,
+                 call: Callable[[Callable[[], Any]], Awaitable[Any]] | None = None):
         self.loaded = loaded  # the LoadedModel (id and path for base-model checks)
         self.model = loaded.model  # the mlx.nn.Module the lanes run
         self._call = call  # worker.call
         self._mounted: dict[str, Mounted] = {}  # replaced whole, never mutated in place
-        self._default: Optional[str] = None
+        self._default: str | None = None
         self._base: dict[str, object] = {}  # module path -> the plain module it replaces
         self._active = NO_ADAPTERS
         self._wrapped: set = set()
@@ -97,10 +99,10 @@ class AdapterManager:
         return self._mounted
 
     @property
-    def default(self) -> Optional[str]:
+    def default(self) -> str | None:
         return self._default
 
-    def resolve(self, spec: Optional[str]) -> AdapterSet:
+    def resolve(self, spec: str | None) -> AdapterSet:
         """A request's ``adapter`` field → its AdapterSet; a 400 naming an unknown id.
 
         ``None`` means the server default (``serve --adapter``), ``"none"`` the base
@@ -142,15 +144,21 @@ class AdapterManager:
             names.add(path.parent.parent.name.split("--")[-1].lower())  # HF cache layout
         return names
 
-    async def mount_async(self, id: str, path, *, force: bool = False) -> Mounted:
+    async def mount_async(self, id: object, path: object, *, force: bool = False) -> Mounted:
         """Validate on the loop, then mount on the worker between decode steps."""
         id, where = self._check_request(id, path)
-        return await self._call(lambda: self.mount(id, where, force=force))
+        return await self._worker()(lambda: self.mount(id, where, force=force))
 
     async def unmount_async(self, id: str) -> int:
         if id not in self._mounted:
             raise NotFound(f"adapter {id} not mounted")
-        return await self._call(lambda: self.unmount(id))
+        return await self._worker()(lambda: self.unmount(id))
+
+    def _worker(self) -> Callable[[Callable[[], Any]], Awaitable[Any]]:
+        """``worker.call``: runs a mutation between decode steps."""
+        if self._call is None:
+            raise RuntimeError("this AdapterManager has no worker to mount on")
+        return self._call
 
     @staticmethod
     def _check_request(id, path) -> tuple[str, Path]:

@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Optional
 
 from ..errors import BadRequest
 from . import formats
 from .layers import rank_of
 
 
-def merge(path_a: Path, path_b: Path, out: Path, scales: Optional[list] = None) -> dict:
+def merge(path_a: Path, path_b: Path, out: Path, scales: list | None = None) -> dict:
     """Write the merged adapter to ``out``; returns the spec's ``stats``."""
     import mlx.core as mx
 
@@ -71,7 +70,7 @@ def merge(path_a: Path, path_b: Path, out: Path, scales: Optional[list] = None) 
             "scales": used}
 
 
-def export_manifest(base_model: str, adapter: Path, out: Path, method: Optional[str]) -> dict:
+def export_manifest(base_model: str, adapter: Path, out: Path, method: str | None) -> dict:
     """Describe an adapter for shipping: ``manifest.json`` in ``out``."""
     manifest = {"version": 1, "base_model": base_model, "adapter_path": str(adapter),
                 "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

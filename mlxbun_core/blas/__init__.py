@@ -16,7 +16,6 @@ import os
 import sys
 import threading
 from dataclasses import asdict, dataclass
-from typing import Optional
 
 __all__ = ["BlasState", "install", "state", "banner"]
 
@@ -30,12 +29,12 @@ class BlasState:
 
     active: str
     name: str
-    library: Optional[str] = None
-    source: Optional[str] = None  # scipy-openblas32, system, MLXBUN_BLAS
-    kernel: Optional[str] = None
-    threads: Optional[int] = None
+    library: str | None = None
+    source: str | None = None  # scipy-openblas32, system, MLXBUN_BLAS
+    kernel: str | None = None
+    threads: int | None = None
     routed: tuple = ()
-    note: Optional[str] = None
+    note: str | None = None
 
     def describe(self) -> dict:
         d = asdict(self)

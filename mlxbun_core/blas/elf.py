@@ -14,9 +14,9 @@ import ctypes
 import mmap
 import os
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional
 
 SHT_RELA, SHT_DYNSYM = 4, 11
 PT_GNU_RELRO = 0x6474E552
@@ -80,7 +80,7 @@ def import_slots(path: Path, names: Iterable[str]) -> Slots:
     return Slots({n: tuple(v) for n, v in found.items() if v}, tuple(relro))
 
 
-def loaded_base(path: Path) -> Optional[int]:
+def loaded_base(path: Path) -> int | None:
     """Where ``path`` is mapped in this process (the mapping of file offset 0), or None."""
     real = os.path.realpath(path)
     with open("/proc/self/maps") as maps:
@@ -92,7 +92,7 @@ def loaded_base(path: Path) -> Optional[int]:
     return None
 
 
-def loaded_library(suffix: str) -> Optional[Path]:
+def loaded_library(suffix: str) -> Path | None:
     """The loaded file whose path ends with ``suffix`` (e.g. ``/libmlx.so``), or None."""
     with open("/proc/self/maps") as maps:
         for line in maps:
@@ -112,7 +112,7 @@ _libc.dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
 _libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 
-def owner(address: int) -> Optional[str]:
+def owner(address: int) -> str | None:
     """The file of the loaded library that holds ``address`` (dladdr), or None."""
     info = _DlInfo()
     if not address or not _libc.dladdr(ctypes.c_void_p(address), ctypes.byref(info)):

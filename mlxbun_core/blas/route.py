@@ -22,7 +22,6 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from . import elf
 
@@ -40,7 +39,7 @@ class Provider:
     source: str  # "scipy-openblas32", "system" or "MLXBUN_BLAS"
 
 
-def _scipy_openblas() -> Optional[Path]:
+def _scipy_openblas() -> Path | None:
     spec = importlib.util.find_spec("scipy_openblas32")
     for loc in (spec.submodule_search_locations or []) if spec else []:
         libs = sorted((Path(loc) / "lib").glob("libscipy_openblas*.so*"))
@@ -49,7 +48,7 @@ def _scipy_openblas() -> Optional[Path]:
     return None
 
 
-def find_provider(choice: str) -> Optional[Provider]:
+def find_provider(choice: str) -> Provider | None:
     """The library ``choice`` names (``auto`` or a path); None when there is none."""
     if choice not in ("", "auto"):
         path = Path(choice).expanduser()
@@ -72,8 +71,8 @@ class Routed:
 
     library: str  # the file now serving cblas_sgemm
     name: str  # "OpenBLAS 0.3.34" (from openblas_get_config) or the file name
-    kernel: Optional[str]  # OpenBLAS's core name ("Haswell", "SkylakeX", ...)
-    threads: Optional[int]
+    kernel: str | None  # OpenBLAS's core name ("Haswell", "SkylakeX", ...)
+    threads: int | None
 
 
 _keep: list = []  # loaded providers stay loaded: libmlx now calls into them
@@ -90,10 +89,13 @@ def route(libmlx: Path, provider: Provider) -> Routed:
     if "cblas_sgemm" not in slots.by_name:
         raise elf.NotSupported(f"{libmlx.name} does not import cblas_sgemm")
     setter = getattr(lib, provider.prefix + "openblas_set_num_threads", None)
-    if setter is not None and default_threads() is not None:
-        setter(ctypes.c_int(default_threads()))
+    threads = default_threads()
+    if setter is not None and threads is not None:
+        setter(ctypes.c_int(threads))
     for name, offsets in slots.by_name.items():
         target = ctypes.cast(getattr(lib, provider.prefix + name), ctypes.c_void_p).value
+        if target is None:
+            raise elf.NotSupported(f"{provider.prefix}{name} resolves to a null pointer")
         for off in offsets:
             in_relro = any(lo <= off < hi for lo, hi in slots.relro)
             elf.write_pointer(base + off, target, relro=in_relro)
@@ -101,7 +103,7 @@ def route(libmlx: Path, provider: Provider) -> Routed:
                   *_describe(lib, provider))
 
 
-def default_threads() -> Optional[int]:
+def default_threads() -> int | None:
     """OpenBLAS threads: ``MLXBUN_BLAS_THREADS``, else OpenBLAS's own choice when
     ``OPENBLAS_NUM_THREADS`` is set, else one core fewer than this process may use.
 
@@ -122,7 +124,7 @@ def default_threads() -> Optional[int]:
     return max(1, cores - 1)
 
 
-def serving(libmlx: Path, symbol: str = "cblas_sgemm") -> Optional[str]:
+def serving(libmlx: Path, symbol: str = "cblas_sgemm") -> str | None:
     """The loaded file libmlx's calls to ``symbol`` reach right now (a structural check)."""
     base = elf.loaded_base(libmlx)
     offsets = elf.import_slots(libmlx, (symbol,)).by_name.get(symbol) if base else None

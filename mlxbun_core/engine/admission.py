@@ -18,21 +18,30 @@ of the system RAM on the CPU backend).
 from __future__ import annotations
 
 import threading
-from typing import Optional
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import APIError
 from ..library import fit
+from ..model import LoadedModel
+
+if TYPE_CHECKING:
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from .job import GenerationJob
 
 
-def weight_bytes(module) -> int:
+def weight_bytes(module: nn.Module) -> int:
     """Bytes of a model's parameters (shape arithmetic only: nothing is evaluated)."""
     from mlx.utils import tree_flatten
 
-    return sum(v.nbytes for _, v in tree_flatten(module.parameters()))
+    leaves = cast("list[tuple[str, mx.array]]", tree_flatten(module.parameters()))
+    return sum(v.nbytes for _, v in leaves)
 
 
 class Admission:
-    def __init__(self, model, budget_bytes: Optional[int] = None, kv_bits: Optional[int] = None):
+    def __init__(self, model: LoadedModel, budget_bytes: int | None = None,
+                 kv_bits: int | None = None):
         """``kv_bits``: the server's KV quantization (``--kv-quant``), billed per token."""
         self.weights_bytes = weight_bytes(model.model)
         machine = fit.machine()
@@ -53,7 +62,7 @@ class Admission:
         self.reserved_bytes = 0
         self.waits = 0  # times a row had to wait for memory
 
-    def limit(self, prompt_tokens: int, max_tokens: Optional[int]) -> int:
+    def limit(self, prompt_tokens: int, max_tokens: int | None) -> int:
         """The completion budget of a request: 400 when the prompt leaves no room."""
         room = self.enforced_context - prompt_tokens
         if room <= 0:
@@ -64,27 +73,27 @@ class Admission:
                 type="memory_admission", code="context_over_budget")
         return room if max_tokens is None else min(max_tokens, room)
 
-    def row_bytes(self, job) -> int:
+    def row_bytes(self, job: GenerationJob) -> int:
         return self.layout.bytes_at(len(job.request.prompt_tokens) + (job.limit or 0))
 
-    def fits(self, job) -> bool:
+    def fits(self, job: GenerationJob) -> bool:
         """Whether ``job`` fits beside every row already reserved."""
         ok = self.reserved_bytes + self.row_bytes(job) <= self.kv_room
         if not ok:
             self.waits += 1
         return ok
 
-    def reserve(self, job) -> None:
+    def reserve(self, job: GenerationJob) -> None:
         with self._lock:
             job.reserved_bytes = self.row_bytes(job)
             self.reserved_bytes += job.reserved_bytes
 
-    def release(self, job) -> None:
+    def release(self, job: GenerationJob) -> None:
         with self._lock:
             self.reserved_bytes -= getattr(job, "reserved_bytes", 0)
             job.reserved_bytes = 0
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         return {"budget_bytes": self.budget_bytes, "budget_source": self.budget_source,
                 "weights_bytes": self.weights_bytes,
                 "kv_bytes_per_token": self.layout.bytes_per_token,
@@ -94,7 +103,7 @@ class Admission:
                 "memory_waits": self.waits}
 
 
-def default_batch(model, admission: Admission) -> fit.BatchPlan:
+def default_batch(model: LoadedModel, admission: Admission) -> fit.BatchPlan:
     """The ``--batch`` to use when none is given (see :func:`fit.batch_plan`)."""
     import mlx.core as mx
 

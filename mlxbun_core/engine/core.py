@@ -15,7 +15,8 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Any, AsyncIterator, Callable, Optional
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
 from .. import kvquant
 from ..adapters import AdapterManager, AdapterSet
@@ -24,16 +25,21 @@ from ..errors import BadRequest, Unavailable
 from ..events import Done, Event, Finish, Usage
 from ..media import parts as media_parts
 from ..model import LoadedModel, LoadOptions
+from .admission import Admission, default_batch
 from .job import EventSink, GenerationJob
 from .lanes.batch import BatchLane
 from .lanes.pace import PrefillPacer
 from .lanes.serial import SerialLane
 from .prepare import Prepared, media_pipeline, prepare
-from .admission import Admission, default_batch
 from .prompt_cache import PrefixCache
 from .request import ChatRequest, CompletionRequest, GenerationInput, parse_chat, parse_completion
 from .session import GenerationRequest
 from .worker import ModelWorker
+
+if TYPE_CHECKING:
+    from ..kvstore import SsdConfig
+    from ..kvstore.store import SsdStore
+    from ..plugins import ModelHooks
 
 log = logging.getLogger("mlxbun.engine")
 
@@ -41,7 +47,7 @@ log = logging.getLogger("mlxbun.engine")
 class Generation:
     """A started request, as its surface sees it."""
 
-    def __init__(self, engine: "Engine", job: GenerationJob, warning: Optional[str]):
+    def __init__(self, engine: Engine, job: GenerationJob, warning: str | None):
         self._engine, self._job = engine, job
         self.warning = warning
         self.prompt_tokens = len(job.request.prompt_tokens)
@@ -52,7 +58,7 @@ class Generation:
         return self._job.session.usage
 
     @property
-    def finish(self) -> Optional[Finish]:
+    def finish(self) -> Finish | None:
         return self._job.session.finished
 
     def cancel(self) -> None:
@@ -84,11 +90,12 @@ class Engine:
     KV cache.
     """
 
-    def __init__(self, model: LoadedModel, *, worker: Optional[ModelWorker] = None,
-                 defaults: Optional[dict] = None, max_tokens: Optional[int] = None,
-                 draft: Optional[DraftSource] = None, batch: Optional[int] = None,
+    def __init__(self, model: LoadedModel, *, worker: ModelWorker | None = None,
+                 defaults: dict[str, Any] | None = None, max_tokens: int | None = None,
+                 draft: DraftSource | None = None, batch: int | None = None,
                  prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
-                 memory_budget_bytes: Optional[int] = None, kv_quant="off", ssd=None):
+                 memory_budget_bytes: int | None = None, kv_quant: object = "off",
+                 ssd: SsdConfig | None = None):
         self.model = model
         self.draft = draft  # every request then decodes speculatively
         self.worker = worker or ModelWorker()
@@ -102,7 +109,8 @@ class Engine:
                                                                                self.admission)
         self.batch_source = ("draft model" if draft is not None else
                              "--batch" if batch else "auto")
-        self.batch = 1 if draft is not None else max(1, batch or self.batch_plan.rows)
+        plan_rows = self.batch_plan.rows if self.batch_plan is not None else 1
+        self.batch = 1 if draft is not None else max(1, batch or plan_rows)
         self.adapters = AdapterManager(model, call=self.worker.call)
         self.pacer = PrefillPacer()  # prompt tokens per prefill chunk, every lane
         self.prefix.prefill_rate = lambda: self.pacer.rate  # an SSD restore must beat it
@@ -118,7 +126,7 @@ class Engine:
         self.draining = False  # set on SIGINT/SIGTERM: new work gets a 503
         self.aborted = False  # set by abort(): nothing more is queued
         # told every generation's Finish as it ends: the /metrics recorder (metrics.for_engine)
-        self.on_finish: Optional[Callable[[Finish], None]] = None
+        self.on_finish: Callable[[Finish], None] | None = None
         self.starting = 0  # requests being prepared (not yet queued)
 
     def _start_lanes(self) -> None:
@@ -136,27 +144,29 @@ class Engine:
                  else f"auto: {self.batch_plan.reason}")
 
     @classmethod
-    def load(cls, name, options=None, *, progress=True, **kw) -> "Engine":
+    def load(cls, name: str | None, options: LoadOptions | None = None, *, progress: bool = True,
+             **kw: Any) -> Engine:
         """Load ``name`` on a fresh worker thread (where it must live) and wrap it."""
         from .. import loader
 
-        options = options or LoadOptions()
+        opts = options or LoadOptions()
         worker = ModelWorker()
-        model = worker.run_sync(lambda: loader.load(name, options, progress=progress))
-        draft = worker.run_sync(lambda: model.hooks.draft_source(model=model, options=options))
+        model = worker.run_sync(lambda: loader.load(name, opts, progress=progress))
+        draft = worker.run_sync(lambda: model.hooks.draft_source(model=model, options=opts))
         return cls(model, worker=worker, draft=draft, **kw)
 
     @property
-    def hooks(self) -> Any:
+    def hooks(self) -> ModelHooks:
         """The model's hook relay: its claiming family, then generic, never another family."""
-        return self.model.hooks
+        hooks: ModelHooks = self.model.hooks
+        return hooks
 
     # -- parsing OpenAI bodies (other surfaces use their own parsers with
     # ``defaults`` and ``max_tokens``; see engine/request.py) ---------------------
-    def parse_chat(self, body: dict) -> ChatRequest:
+    def parse_chat(self, body: dict[str, Any]) -> ChatRequest:
         return parse_chat(body, self.defaults, self.max_tokens)
 
-    def parse_completion(self, body: dict) -> CompletionRequest:
+    def parse_completion(self, body: dict[str, Any]) -> CompletionRequest:
         return parse_completion(body, self.defaults, self.max_tokens)
 
     # -- starting ----------------------------------------------------------------
@@ -169,7 +179,7 @@ class Engine:
             media_pipeline(self.model, self.hooks, req.media_kinds)  # a 400 before any fetch
             req.media_items = await media_parts.load(req.media)
 
-        def run():
+        def run() -> Prepared:
             with self._prepare_lock:
                 return prepare(self.model, self.hooks, req, compile_grammar=compile_grammar)
 
@@ -217,7 +227,8 @@ class Engine:
         self.requests += 1
         return Generation(self, job, prepared.warning)
 
-    def cache_namespace(self, req: GenerationInput, adapters: Optional[AdapterSet] = None):
+    def cache_namespace(self, req: GenerationInput,
+                        adapters: AdapterSet | None = None) -> tuple[str, ...] | None:
         """What must match for two requests to share prefix KV (None: never cache).
         ``adapters`` is the request's resolved set (resolved here when not given)."""
         if self.draft is not None or not self.prefix.enabled:
@@ -229,7 +240,7 @@ class Engine:
             media = "media:" + media_parts.digest(req.media_items)
         return (self.model.id, str(self.model.path), adapters.key, self.kv.name, media)
 
-    def _ssd_tier(self, config, ram_bytes: int):
+    def _ssd_tier(self, config: SsdConfig | None, ram_bytes: int) -> SsdStore | None:
         """The SSD tier under the prefix cache (``--ssd-cache``), or None."""
         if config is None or ram_bytes <= 0:
             return None
@@ -239,12 +250,12 @@ class Engine:
         return open_store(config, self.model, namespace_parts=self.durable_namespace,
                           busy=lambda: not self.idle)
 
-    def durable_namespace(self, namespace) -> Optional[list]:
+    def durable_namespace(self, namespace: tuple[str, ...]) -> list[Any] | None:
         """``namespace`` as it may be written to disk: adapters by their files, not by
         this process's mount serials (None: an adapter that is no longer mounted)."""
         *head, adapter_key, kv, media = namespace
         mounted = {f"{m.id}#{m.serial}": m for m in self.adapters.mounted.values()}
-        adapters = []
+        adapters: list[list[Any]] = []
         for piece in filter(None, adapter_key.split("+")):
             m = mounted.get(piece)
             if m is None:
@@ -266,13 +277,13 @@ class Engine:
                  t.get("decode_tps", 0.0), u.lane)
 
     # -- other work on the model ---------------------------------------------------
-    async def embed(self, texts: list,
-                    instruction: Optional[str] = None) -> tuple[list[list[float]], int]:
+    async def embed(self, texts: list[str],
+                    instruction: str | None = None) -> tuple[list[list[float]], int]:
         self.check_open()
         if self.model.kind != "embedding":  # answer now, not after queued generations
             raise BadRequest(f"model {self.model.id} is not an embedding model")
         hook = self.hooks
-        result = await self.worker.call(
+        result: tuple[list[list[float]], int] | None = await self.worker.call(
             lambda: hook.embed(model=self.model, texts=texts, instruction=instruction))
         if result is None:
             raise BadRequest(f"model {self.model.id} is not an embedding model")
@@ -282,15 +293,15 @@ class Engine:
         """Stop the worker thread (the server is shutting down)."""
         self.worker.close()
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         return {"total": self.requests, "completed": self.completed,
                 "active": self.worker.active, "waiting": self.worker.waiting}
 
-    def kv_quant_stats(self) -> dict:
+    def kv_quant_stats(self) -> dict[str, Any]:
         """``/stats`` ``kv_quant``: the scheme and what each layer's cache holds."""
         return kvquant.describe(self.kv, self.admission.layout)
 
-    def batch_stats(self) -> dict:
+    def batch_stats(self) -> dict[str, Any]:
         lanes = {lane.name: {"active": lane.active, "waiting": lane.waiting}
                  for lane in self.worker.lanes}
         return {"cap": self.batch, "cap_source": self.batch_source,

@@ -11,11 +11,16 @@ import itertools
 import threading
 import time
 import weakref
-from typing import Any, Callable, Optional
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any
 
-from ..adapters.manager import NO_ADAPTERS
-from ..events import Admitted
+from ..adapters.manager import NO_ADAPTERS, AdapterSet
+from ..contract import DraftSource, Tokenizer
+from ..events import Admitted, Event
 from .session import GenerationRequest, GenerationSession
+
+if TYPE_CHECKING:
+    import mlx.core as mx
 
 _ids = itertools.count(1)
 
@@ -30,9 +35,9 @@ class _Courier:
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
         self._lock = threading.Lock()
-        self._pending: list = []
+        self._pending: list[tuple[asyncio.Queue[list[Event]], list[Event]]] = []
 
-    def post(self, q: asyncio.Queue, events: list) -> None:
+    def post(self, q: asyncio.Queue[list[Event]], events: list[Event]) -> None:
         with self._lock:
             first = not self._pending
             self._pending.append((q, events))
@@ -50,7 +55,7 @@ class _Courier:
             q.put_nowait(events)
 
 
-_couriers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Courier]" = \
+_couriers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Courier] = \
     weakref.WeakKeyDictionary()
 
 
@@ -58,13 +63,13 @@ class EventSink:
     """Hands event batches from the worker thread to one request's asyncio queue."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.queue: asyncio.Queue = asyncio.Queue()
+        self.queue: asyncio.Queue[list[Event]] = asyncio.Queue()
         courier = _couriers.get(loop)
         if courier is None:
             courier = _couriers[loop] = _Courier(loop)
         self._courier = courier
 
-    def post(self, events: list) -> None:
+    def post(self, events: list[Event]) -> None:
         if events:
             self._courier.post(self.queue, events)
 
@@ -72,7 +77,7 @@ class EventSink:
 class Job:
     """Something for the worker thread; ``cancelled`` is set from any thread."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.id = next(_ids)
         self.cancelled = threading.Event()
         self.submitted = time.perf_counter()
@@ -84,13 +89,13 @@ class Job:
 class CallJob(Job):
     """Run ``fn`` on the worker thread between decode steps (embeddings, mounting)."""
 
-    def __init__(self, loop: Optional[asyncio.AbstractEventLoop], fn: Callable[[], Any]):
+    def __init__(self, loop: asyncio.AbstractEventLoop | None, fn: Callable[[], Any]):
         super().__init__()
         self.loop, self.fn = loop, fn
-        self.future: Optional[asyncio.Future] = loop.create_future() if loop else None
+        self.future: asyncio.Future[Any] | None = loop.create_future() if loop else None
         self.done = threading.Event()
         self.result: Any = None
-        self.error: Optional[BaseException] = None
+        self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
@@ -99,10 +104,11 @@ class CallJob(Job):
             self.error = exc
         self.done.set()
         if self.future is not None:
+            assert self.loop is not None  # a future needs its loop
             self.loop.call_soon_threadsafe(_settle, self.future, self.result, self.error)
 
 
-def _settle(fut: asyncio.Future, value, error) -> None:
+def _settle(fut: asyncio.Future[Any], value: object, error: BaseException | None) -> None:
     if fut.done():
         return
     if error is not None:
@@ -121,8 +127,9 @@ class GenerationJob(Job):
     Lanes set ``started`` when the job leaves the waiting queue.
     """
 
-    def __init__(self, request: GenerationRequest, tokenizer, sink: EventSink,
-                 limit: Optional[int], draft=None, cache_namespace=None, adapters=None):
+    def __init__(self, request: GenerationRequest, tokenizer: Tokenizer, sink: EventSink,
+                 limit: int | None, draft: DraftSource | None = None,
+                 cache_namespace: Hashable | None = None, adapters: AdapterSet | None = None):
         super().__init__()
         self.adapters = adapters if adapters is not None else NO_ADAPTERS
         # prefix-cache key space (model, adapter, KV settings, media); None: never cached
@@ -134,7 +141,7 @@ class GenerationJob(Job):
         self.draft = draft if request.grammar is None and request.media is None else None
         self.session = GenerationSession(request, tokenizer, limit)
         self.sink = sink
-        self.started: Optional[float] = None
+        self.started: float | None = None
         self.reserved_bytes = 0  # KV held against the memory budget while it runs
 
     def mark_started(self, lane: str) -> None:
@@ -153,10 +160,10 @@ class GenerationJob(Job):
     def finished(self) -> bool:
         return self.session.finished is not None
 
-    def emit(self, events: list) -> None:
+    def emit(self, events: list[Event]) -> None:
         self.sink.post(events)
 
-    def deliver(self, token: int, logprobs) -> None:
+    def deliver(self, token: int, logprobs: mx.array) -> None:
         """One sampled token: through the text session, its events to the client. A
         grammar that is complete ends the job here (only EOS could follow)."""
         events = self.session.step(token, logprobs)
@@ -165,6 +172,6 @@ class GenerationJob(Job):
             events += self.session.finish("stop")
         self.emit(events)
 
-    def close(self, reason: str, error: Optional[str] = None) -> None:
+    def close(self, reason: str, error: str | None = None) -> None:
         """End the job now (cancelled, failed): flush and post ``Done``; idempotent."""
         self.emit(self.session.finish(reason, error=error))

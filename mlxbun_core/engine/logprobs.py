@@ -18,6 +18,12 @@ from __future__ import annotations
 import functools
 import math
 import weakref
+from typing import TYPE_CHECKING, Any, cast
+
+from ..contract import Tokenizer
+
+if TYPE_CHECKING:
+    import mlx.core as mx
 
 LOGPROB_FLOOR = -9999.0  # OpenAI's value for an impossible token; JSON has no -Infinity
 SPM_SPACE = "\u2581".encode()
@@ -62,7 +68,7 @@ def byte_level_bytes(piece: str) -> bytes:
 class TokenPieces:
     """Token id -> ``(text, raw bytes)``, computed once per id and cached."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         detok = tokenizer.detokenizer
         tokenmap = getattr(detok, "tokenmap", None)
@@ -87,7 +93,8 @@ class TokenPieces:
         if self._map is not None:
             return b""
         try:  # a detokenizer without a vocabulary map: the tokenizer's own decode
-            return self.tokenizer.decode([token]).encode()
+            text: str = self.tokenizer.decode([token])
+            return text.encode()
         except Exception:
             return b""
 
@@ -102,10 +109,10 @@ class TokenPieces:
         return hit
 
 
-_pieces: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_pieces: weakref.WeakKeyDictionary[Tokenizer, TokenPieces] = weakref.WeakKeyDictionary()
 
 
-def pieces_for(tokenizer) -> TokenPieces:
+def pieces_for(tokenizer: Tokenizer) -> TokenPieces:
     """The tokenizer's shared :class:`TokenPieces` (one per tokenizer object)."""
     try:
         found = _pieces.get(tokenizer)
@@ -124,31 +131,33 @@ class LogprobRecorder:
     and the top k are gathered together.
     """
 
-    def __init__(self, tokenizer, top_k: int):
+    def __init__(self, tokenizer: Tokenizer, top_k: int):
         self.pieces = pieces_for(tokenizer)
         self.k = max(0, top_k)
 
-    def _item(self, token: int, logprob: float) -> dict:
+    def _item(self, token: int, logprob: float) -> dict[str, Any]:
         text, raw = self.pieces.get(token)
         return {"id": token, "token": text, "logprob": json_logprob(logprob), "bytes": list(raw)}
 
-    def entry(self, token: int, logprobs) -> dict:
+    def entry(self, token: int, logprobs: mx.array) -> dict[str, Any]:
         import mlx.core as mx
 
         token = int(token)
         if self.k == 0:
-            return dict(self._item(token, logprobs[token].item()), top_logprobs=[])
+            return dict(self._item(token, cast(float, logprobs[token].item())), top_logprobs=[])
         top = mx.argpartition(-logprobs, kth=self.k - 1)[:self.k]
         values = logprobs[mx.concatenate([mx.array([token], dtype=top.dtype), top])]
         mx.eval(top, values)
-        ids, vals = top.tolist(), values.tolist()
+        ids = cast("list[int]", top.tolist())
+        vals = cast("list[float]", values.tolist())
         # sorted by value, then id: the order is the same on every lane and run
         ranked = sorted(zip(ids, vals[1:]), key=lambda p: (-json_logprob(p[1]), p[0]))
         return dict(self._item(token, vals[0]),
                     top_logprobs=[self._item(i, v) for i, v in ranked])
 
 
-def legacy_block(entries: list, offset: int = 0) -> tuple[dict, int]:
+def legacy_block(entries: list[dict[str, Any]],
+                 offset: int = 0) -> tuple[dict[str, Any], int]:
     """Entries in the legacy Completions shape (``tokens``, ``token_logprobs``,
     ``top_logprobs`` as ``{text: logprob}``, ``text_offset``), the entries themselves kept
     as ``content``; returns the block and the offset after its last token."""

@@ -8,16 +8,22 @@ loop (templates and grammar compiles can take hundreds of ms), one at a time.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Any
 
+from ..contract import MediaPipeline, ToolParser
 from ..errors import APIError, BadRequest
 from ..grammar import GrammarPlan
 from ..grammar_registry import registry as grammars
 from ..media import parts as media_parts
+from ..model import LoadedModel
 from ..toolcalls import ToolChoice, plan_constraint
 from .request import ChatRequest, CompletionRequest, GenerationInput
 from .session import GenerationRequest
+
+if TYPE_CHECKING:
+    from ..plugins import ModelHooks
 
 
 @dataclass
@@ -25,17 +31,18 @@ class Prepared:
     """A request ready to queue, plus what the surface needs to answer it."""
 
     request: GenerationRequest
-    warning: Optional[str] = None  # the Warning header: a constraint that is not enforced
+    warning: str | None = None  # the Warning header: a constraint that is not enforced
 
 
-def vocab_size(model) -> int:
+def vocab_size(model: LoadedModel) -> int:
     """Rows of the output layer (can exceed the tokenizer's size)."""
     cfg = model.config
     return int(cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size")
                or len(model.tokenizer))
 
 
-def prepare(model, hooks, req: GenerationInput, *, compile_grammar: bool = True) -> Prepared:
+def prepare(model: LoadedModel, hooks: ModelHooks, req: GenerationInput, *,
+            compile_grammar: bool = True) -> Prepared:
     """Render / tokenize ``req`` for ``model``; 400 for anything the model refuses."""
     if model.kind != "generate":
         raise BadRequest(f"model {model.id} is an embedding model: it serves "
@@ -64,7 +71,7 @@ def prepare(model, hooks, req: GenerationInput, *, compile_grammar: bool = True)
     return Prepared(gen, warning=plan.warning)
 
 
-def _completion(model, req: CompletionRequest) -> GenerationRequest:
+def _completion(model: LoadedModel, req: CompletionRequest) -> GenerationRequest:
     tokens = model.tokenizer.encode(req.prompt)
     if not tokens:
         raise BadRequest("prompt encodes to no tokens", param="prompt")
@@ -73,7 +80,8 @@ def _completion(model, req: CompletionRequest) -> GenerationRequest:
                              max_tokens=req.max_tokens, stop=req.stop)
 
 
-def _chat(model, hooks, req: ChatRequest, plan, parser) -> GenerationRequest:
+def _chat(model: LoadedModel, hooks: ModelHooks, req: ChatRequest, plan: GrammarPlan,
+          parser: ToolParser | None) -> GenerationRequest:
     pipeline = media_pipeline(model, hooks, req.media_kinds) if req.media else None
     msgs = req.messages
     if plan.instruction:  # degrade path: ask in words for what we cannot enforce
@@ -100,16 +108,16 @@ def _chat(model, hooks, req: ChatRequest, plan, parser) -> GenerationRequest:
     return gen
 
 
-def _sampler(model, gen: GenerationRequest) -> None:
+def _sampler(model: LoadedModel, gen: GenerationRequest) -> None:
     gen.sampling.check_vocab(vocab_size(model))
     try:
         gen.sampler = gen.sampling.sampler(model.tokenizer)
         gen.processors = gen.sampling.logits_processors()
     except ValueError as exc:  # mlx-lm's own argument checks
-        raise BadRequest(str(exc))
+        raise BadRequest(str(exc)) from None
 
 
-def with_instruction(msgs: list, instruction: str) -> list:
+def with_instruction(msgs: list[dict[str, Any]], instruction: str) -> list[dict[str, Any]]:
     """Templates often allow one leading system turn: extend it or add one."""
     if msgs and msgs[0]["role"] == "system" and isinstance(msgs[0].get("content"), str):
         first = dict(msgs[0], content=(msgs[0]["content"] + "\n\n" + instruction).strip())
@@ -117,18 +125,19 @@ def with_instruction(msgs: list, instruction: str) -> list:
     return [{"role": "system", "content": instruction}] + msgs
 
 
-def media_pipeline(model, hooks, kinds):
+def media_pipeline(model: LoadedModel, hooks: ModelHooks,
+                   kinds: Iterable[str]) -> MediaPipeline:
     """The one pipeline that takes every media kind of a request, or a 400 naming the
     model (never a silent text-only answer)."""
-    kinds = sorted(set(kinds))
-    media_parts.check_combination(kinds)
-    found = []
-    for kind in kinds:
+    names = sorted(set(kinds))
+    media_parts.check_combination(names)
+    found: list[MediaPipeline] = []
+    for kind in names:
         pipeline = hooks.media_pipeline(model=model, kind=kind)
         if pipeline is None:
             raise media_parts.unsupported(model.id, kind)
         found.append(pipeline)
     if any(p is not found[0] for p in found):
-        raise BadRequest(f"model {model.id} cannot combine {' and '.join(kinds)} parts in one "
+        raise BadRequest(f"model {model.id} cannot combine {' and '.join(names)} parts in one "
                          "request", param="messages")
     return found[0]

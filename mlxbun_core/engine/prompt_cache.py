@@ -27,8 +27,12 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..kvstore.store import SsdStore
 
 log = logging.getLogger("mlxbun.cache")
 
@@ -44,13 +48,14 @@ SSD_GAIN = 0.25
 
 @dataclass
 class _Plan:
-    key: list  # the tokens of the RAM entry to copy
+    key: list[int]  # the tokens of the RAM entry to copy
     trim: int  # positions to cut from its end
     n: int  # prompt tokens it then holds
 
 
 class PrefixCache:
-    def __init__(self, max_bytes: int, tier=None, post: Optional[Callable] = None):
+    def __init__(self, max_bytes: int, tier: SsdStore | None = None,
+                 post: Callable[[Callable[[], None]], None] | None = None):
         """``tier``: an SSD store (or None); ``post(fn)`` runs ``fn`` on the MLX owner
         thread (the idle-demotion sweep is timed on the tier's writer thread)."""
         from mlx_lm.models.cache import LRUPromptCache
@@ -63,7 +68,7 @@ class PrefixCache:
         self.ssd_hits = self.ssd_hit_tokens = 0
         self.ssd_skipped = 0  # disk entries left alone: recomputing them was faster
         # prompt tokens a second this device prefills (the engine's pacer); None: unknown
-        self.prefill_rate: Callable[[], Optional[float]] = lambda: None
+        self.prefill_rate: Callable[[], float | None] = lambda: None
         if self.tier is not None and post is not None and self.tier.config.demote_idle_s > 0:
             age = self.tier.config.demote_idle_s
             self.tier.queue.on_tick(lambda: self._idle_sweep(post), min(30.0, max(0.05, age / 4)))
@@ -72,8 +77,14 @@ class PrefixCache:
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
+    def _ssd(self) -> SsdStore:
+        """The SSD tier, in the paths only a cache with one takes. (The RAM entries are
+        mlx-lm's, typed ``Any``: ``last_used``, ``durable``, ``job``, ``volatile`` are ours.)"""
+        assert self.tier is not None
+        return self.tier
+
     # -- lookups ---------------------------------------------------------------------
-    def lookup(self, namespace, tokens: list) -> tuple[Optional[list], int]:
+    def lookup(self, namespace: Hashable, tokens: list[int]) -> tuple[list[Any] | None, int]:
         """``(cache, n)``: a private cache holding ``tokens[:n]``, or ``(None, 0)``."""
         if not self.enabled or len(tokens) < 2:
             return None, 0
@@ -96,7 +107,7 @@ class PrefixCache:
             self.hit_tokens += plan.n
         return cache, plan.n
 
-    def _plan(self, namespace, tokens: list, need_tail: bool = True) -> Optional[_Plan]:
+    def _plan(self, namespace: Hashable, tokens: list[int], need_tail: bool = True) -> _Plan | None:
         """Which RAM entry serves ``tokens`` and how (mlx-lm's ``fetch_nearest_cache``
         rule, without copying anything yet)."""
         trie = self._lru._trie
@@ -108,27 +119,27 @@ class PrefixCache:
                 return _Plan(list(tokens), 1, len(tokens) - 1)
             return self._plan(namespace, tokens[:-1], need_tail=False)
         short = len(found.shorter) if found.shorter is not None else 0
-        if found.longer is not None and found.common_prefix > short:
-            if trimmable(trie.get(namespace, found.longer).prompt_cache):
-                n = min(len(tokens) - 1, found.common_prefix)
-                return _Plan(found.longer, len(found.longer) - n, n)
-        if short > 0:
+        if (found.longer is not None and found.common_prefix > short
+                and trimmable(trie.get(namespace, found.longer).prompt_cache)):
+            n = min(len(tokens) - 1, found.common_prefix)
+            return _Plan(found.longer, len(found.longer) - n, n)
+        if found.shorter is not None and short > 0:
             return _Plan(found.shorter, 0, short)
         return None
 
-    def _take(self, namespace, plan: _Plan) -> list:
+    def _take(self, namespace: Hashable, plan: _Plan) -> list[Any]:
         """A private copy of the planned entry, trimmed; the entry counts as used (for
         idle demotion; eviction order stays mlx-lm's, by insertion)."""
         from mlx_lm.models.cache import trim_prompt_cache
 
         entry = self._lru._trie.get(namespace, plan.key)
-        cache = copy.deepcopy(entry.prompt_cache)
+        cache: list[Any] = copy.deepcopy(entry.prompt_cache)
         if plan.trim:
             trim_prompt_cache(cache, plan.trim)
         entry.last_used = time.monotonic()
         return cache
 
-    def _shared(self, namespace, tokens: list) -> tuple[int, bool]:
+    def _shared(self, namespace: Hashable, tokens: list[int]) -> tuple[int, bool]:
         """How many leading ``tokens`` some entry shares, and whether a whole entry lies
         within them (a walk down mlx-lm's trie)."""
         node = self._lru._trie._trie.get(namespace)
@@ -140,13 +151,15 @@ class PrefixCache:
                 whole = whole or "__value__" in node
         return n, whole
 
-    def _restore(self, namespace, tokens: list, ram_n: int) -> Optional[tuple[list, int]]:
+    def _restore(self, namespace: Hashable, tokens: list[int],
+                 ram_n: int) -> tuple[list[Any], int] | None:
         """``(cache, n)`` from the best SSD entry when it beats the RAM hit clearly; the
         restored entry also joins RAM (already durable)."""
         from mlx_lm.models.cache import trim_prompt_cache
 
-        key = self.tier.key(namespace)
-        found = self.tier.find(key, tokens) if key is not None else None
+        tier = self._ssd()
+        key = tier.key(namespace)
+        found = tier.find(key, tokens) if key is not None else None
         if found is None:
             return None
         entry, usable = found
@@ -158,7 +171,7 @@ class PrefixCache:
             with self._lock:
                 self.ssd_skipped += 1
             return None
-        got = self.tier.restore(entry)
+        got = tier.restore(entry)
         if got is None:
             return None
         restored, cache_type = got
@@ -180,13 +193,14 @@ class PrefixCache:
         24k tokens of an 8B model in 2.3 s; their 3.6 GB of KV took 4.7 s to restore from
         a 1.9 GB/s disk. A CPU or a Mac prefills 10-100x slower.) Either rate unknown:
         restore, and so measure it."""
-        rate, bps = self.prefill_rate(), self.tier.restore_bps
+        rate, bps = self.prefill_rate(), self._ssd().restore_bps
         if not rate or not bps:
             return True
         return size / bps < tokens / rate
 
     # -- stores ----------------------------------------------------------------------
-    def store(self, namespace, tokens: list, cache: list, *, boundary: bool = False) -> None:
+    def store(self, namespace: Hashable, tokens: list[int], cache: list[Any], *,
+              boundary: bool = False) -> None:
         """Keep ``cache`` (which holds exactly ``tokens``); evicts least recently used."""
         if not self.enabled or not tokens or not cache:
             return
@@ -199,7 +213,7 @@ class PrefixCache:
         self._insert(namespace, list(tokens), cache, "user" if boundary else "assistant",
                      durable=False)
 
-    def _insert(self, namespace, tokens: list, cache: list, cache_type: str,
+    def _insert(self, namespace: Hashable, tokens: list[int], cache: list[Any], cache_type: str,
                 durable: bool) -> None:
         with self._lock:
             self._lru.insert_cache(namespace, tokens, cache, cache_type=cache_type)
@@ -215,15 +229,16 @@ class PrefixCache:
         if not durable and self.tier.config.write_behind:
             self._persist(namespace, tokens, entry, urgent=False)
 
-    def _evict(self, limit: int) -> list:
+    def _evict(self, limit: int) -> list[tuple[Hashable, list[int], Any]]:
         """Pop least recently used entries until the bytes fit ``limit``."""
-        lru, out = self._lru, []
+        lru = self._lru
+        out: list[tuple[Hashable, list[int], Any]] = []
         while lru.nbytes > limit and len(lru):
             ns, tokens = lru._lru.pop()
             out.append((ns, tokens, self._pop(ns, tokens)))
         return out
 
-    def _pop(self, namespace, tokens: list):
+    def _pop(self, namespace: Hashable, tokens: list[int]) -> Any:
         lru = self._lru
         entry = lru._trie.pop(namespace, tokens)
         lru._n_bytes -= entry.nbytes
@@ -231,7 +246,7 @@ class PrefixCache:
         return entry
 
     # -- the SSD tier ----------------------------------------------------------------
-    def _persist(self, namespace, tokens: list, entry, urgent: bool) -> bool:
+    def _persist(self, namespace: Hashable, tokens: list[int], entry: Any, urgent: bool) -> bool:
         """Queue ``entry`` for the disk unless it is there or on its way; True when it
         is durable or queued."""
         if getattr(entry, "durable", True):
@@ -240,12 +255,13 @@ class PrefixCache:
         if job is not None:  # queued behind; now it is leaving RAM or being flushed
             if urgent and not job.urgent:
                 job.urgent = True
-                self.tier.queue.poke()
+                self._ssd().queue.poke()
             return True
         if getattr(entry, "volatile", False):
             return False
-        key = self.tier.key(namespace)
-        job = self.tier.prepare(key, tokens, entry.prompt_cache, entry.cache_type) \
+        tier = self._ssd()
+        key = tier.key(namespace)
+        job = tier.prepare(key, tokens, entry.prompt_cache, entry.cache_type) \
             if key is not None else None
         if job is None:  # an adapter no longer mounted, or a cache we cannot store
             entry.volatile = True
@@ -254,9 +270,9 @@ class PrefixCache:
         ref = weakref.ref(entry)
         job.done.append(lambda ok: _written(ref, ok))
         entry.job = job
-        return self.tier.submit(job)
+        return tier.submit(job)
 
-    def _entries(self) -> list:
+    def _entries(self) -> list[tuple[Hashable, list[int], Any]]:
         with self._lock:
             return [(ns, tokens, self._lru._trie.get(ns, tokens))
                     for lru in self._lru._lru._lrus.values() for ns, tokens in lru]
@@ -288,16 +304,16 @@ class PrefixCache:
 
     def demote_idle(self) -> None:
         """Entries unused past the demotion age: free the durable ones, queue the rest."""
-        age = self.tier.config.demote_idle_s
+        age = self._ssd().config.demote_idle_s
         now = time.monotonic()
         for ns, tokens, e in self._entries():
             if now - e.last_used >= age:
                 self._persist(ns, tokens, e, urgent=True)
         self.drop_durable(age)
 
-    def _idle_sweep(self, post: Callable) -> None:
+    def _idle_sweep(self, post: Callable[[Callable[[], None]], None]) -> None:
         """On the writer thread: ask the owner thread to demote when something is idle."""
-        age, now = self.tier.config.demote_idle_s, time.monotonic()
+        age, now = self._ssd().config.demote_idle_s, time.monotonic()
         if any(now - e.last_used >= age for _, _, e in self._entries()):
             post(self.demote_idle)
 
@@ -305,7 +321,7 @@ class PrefixCache:
         with self._lock:
             self._lru.trim_to(n_sequences=0)
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         with self._lock:
             misses = self.lookups - self.hits - self.ssd_hits
             return {"enabled": self.enabled, "max_bytes": self.max_bytes,
@@ -316,7 +332,7 @@ class PrefixCache:
                     "stores": self.stores}
 
 
-def _written(ref, ok: bool) -> None:
+def _written(ref: weakref.ref[Any], ok: bool) -> None:
     """A write finished (on the writer thread): the entry is durable, or dirty again."""
     entry = ref()
     if entry is not None:
@@ -324,7 +340,7 @@ def _written(ref, ok: bool) -> None:
         entry.durable = entry.durable or ok
 
 
-def trimmable(cache: list) -> bool:
+def trimmable(cache: list[Any]) -> bool:
     from mlx_lm.models.cache import can_trim_prompt_cache
 
-    return can_trim_prompt_cache(cache)
+    return bool(can_trim_prompt_cache(cache))

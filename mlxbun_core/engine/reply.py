@@ -2,37 +2,38 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Optional
 
 from ..errors import APIError
-from ..events import Content, Done, Finish, Reasoning, ToolCallEvent
+from ..events import Content, Done, Event, Finish, Reasoning, ToolCall, ToolCallEvent
 
 
 @dataclass
 class Reply:
+    finish: Finish
     content: str = ""
     reasoning: str = ""
-    tool_calls: list = field(default_factory=list)
-    finish: Optional[Finish] = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
-def gather(events: list) -> Reply:
+def gather(events: Iterable[Event]) -> Reply:
     """Fold events into a Reply; a generation failure raises a 500 with its message."""
-    reply = Reply()
-    content, reasoning = [], []
+    content: list[str] = []
+    reasoning: list[str] = []
+    calls: list[ToolCall] = []
+    finish: Finish | None = None
     for ev in events:
         if isinstance(ev, Content):
             content.append(ev.text)
         elif isinstance(ev, Reasoning):
             reasoning.append(ev.text)
         elif isinstance(ev, ToolCallEvent):
-            reply.tool_calls.append(ev.call)
+            calls.append(ev.call)
         elif isinstance(ev, Done):
-            reply.finish = ev.finish
-    reply.content, reply.reasoning = "".join(content), "".join(reasoning)
-    if reply.finish is None or reply.finish.reason == "cancelled":
+            finish = ev.finish
+    if finish is None or finish.reason == "cancelled":
         raise APIError("generation was cancelled")
-    if reply.finish.reason == "error":
-        raise APIError(reply.finish.error or "generation failed")
-    return reply
+    if finish.reason == "error":
+        raise APIError(finish.error or "generation failed")
+    return Reply(finish, "".join(content), "".join(reasoning), calls)

@@ -11,8 +11,9 @@ model work) and carries nothing protocol-specific.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
-from typing import Iterator, Optional, Union
+from typing import Any
 
 from ..chat_template import check_reasoning_effort
 from ..errors import BadRequest
@@ -20,8 +21,14 @@ from ..grammar import GrammarRequest, budget_close, resolve_grammar_request
 from ..media import parts as media_parts
 from ..toolcalls.choice import ToolChoice, check_tools, parse_parallel, parse_tool_choice
 from ..toolcalls.history import normalize_history
-from .sampling import (SamplingParams, check_field, described, max_tokens_from,
-                       stop_sequences, type_error)
+from .sampling import (
+    SamplingParams,
+    check_field,
+    described,
+    max_tokens_from,
+    stop_sequences,
+    type_error,
+)
 
 MAX_CHOICES = 16  # ``n``: choices per request (each is its own job; OpenAI allows 128)
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # OpenAI's
@@ -31,32 +38,35 @@ class GenerateOptions:
     """What chat and completion requests share."""
 
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    max_tokens: Optional[int] = None  # None: until EOS or the admitted context ends
-    stop: list = field(default_factory=list)
-    grammar: Optional[GrammarRequest] = None
+    max_tokens: int | None = None  # None: until EOS or the admitted context ends
+    stop: list[str] = field(default_factory=list)
+    grammar: GrammarRequest | None = None
     budget_close: bool = True  # a constrained reply closes within max_tokens (grammar/budget.py)
     stream: bool = False
     n: int = 1  # choices to generate for the one prompt (see :func:`choice_requests`)
-    adapter: Optional[str] = None  # the request's ``adapter`` field, as given
-    surface_state: dict = field(default_factory=dict)  # the surface's own; the engine ignores it
+    adapter: str | None = None  # the request's ``adapter`` field, as given
+    # the surface's own; the engine ignores it
+    surface_state: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class ChatRequest(GenerateOptions):
     """A chat turn: normalized messages plus everything that shapes the reply."""
 
-    messages: list = field(default_factory=list)
-    tools: Optional[list] = None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
     tool_choice: str = "auto"  # "auto" | "none" | "required" | "function"
-    tool_name: Optional[str] = None  # the forced function when tool_choice == "function"
+    tool_name: str | None = None  # the forced function when tool_choice == "function"
     parallel_tool_calls: bool = True
-    template_kwargs: dict = field(default_factory=dict)
-    reasoning_effort: Optional[str] = None
-    media: list = field(default_factory=list)  # MediaRefs of the media parts, in document order
-    media_items: Optional[list] = None  # the same, fetched and decoded (Engine.prepare fills it)
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    reasoning_effort: str | None = None
+    # the media parts' references, in document order
+    media: list[media_parts.MediaRef] = field(default_factory=list)
+    # the same, fetched and decoded (Engine.prepare fills it)
+    media_items: list[media_parts.MediaItem] | None = None
 
     @property
-    def media_kinds(self) -> tuple:
+    def media_kinds(self) -> tuple[str, ...]:
         """"image" / "audio" / "video" of each media part, in document order."""
         return tuple(ref.kind for ref in self.media)
 
@@ -68,7 +78,7 @@ class CompletionRequest(GenerateOptions):
     prompt: str = ""
 
 
-GenerationInput = Union[ChatRequest, CompletionRequest]
+GenerationInput = ChatRequest | CompletionRequest
 SEED_SPACE = 2**64
 
 
@@ -88,7 +98,8 @@ def choice_requests(req: GenerationInput) -> Iterator[GenerationInput]:
         yield replace(req, sampling=sampling, surface_state=dict(req.surface_state))
 
 
-def _options(body: dict, defaults: dict, server_max_tokens: Optional[int]) -> GenerateOptions:
+def _options(body: dict[str, Any], defaults: dict[str, Any],
+             server_max_tokens: int | None) -> GenerateOptions:
     """The shared fields of an OpenAI chat or completion body."""
     stream = boolean_field(body.get("stream"), "stream")
     adapter = string_field(body.get("adapter"), "adapter")
@@ -100,7 +111,7 @@ def _options(body: dict, defaults: dict, server_max_tokens: Optional[int]) -> Ge
                            budget_close=budget_close(body), stream=stream, n=n, adapter=adapter)
 
 
-def boolean_field(value, name: str, default: bool = False) -> bool:
+def boolean_field(value: object, name: str, default: bool = False) -> bool:
     """A boolean sent as ``name`` (None: ``default``)."""
     if value is None:
         return default
@@ -109,14 +120,14 @@ def boolean_field(value, name: str, default: bool = False) -> bool:
     return value
 
 
-def string_field(value, name: str) -> Optional[str]:
+def string_field(value: object, name: str) -> str | None:
     """An optional string sent as ``name``."""
     if value is not None and not isinstance(value, str):
         raise type_error(name, "a string", value)
     return value
 
 
-def template_kwargs_field(value, name: str = "chat_template_kwargs") -> dict:
+def template_kwargs_field(value: object, name: str = "chat_template_kwargs") -> dict[str, Any]:
     """``chat_template_kwargs``: an object (absent or empty: none)."""
     value = value or {}
     if not isinstance(value, dict):
@@ -124,8 +135,8 @@ def template_kwargs_field(value, name: str = "chat_template_kwargs") -> dict:
     return dict(value)
 
 
-def parse_completion(body: dict, defaults: Optional[dict] = None,
-                     server_max_tokens: Optional[int] = None) -> CompletionRequest:
+def parse_completion(body: dict[str, Any], defaults: dict[str, Any] | None = None,
+                     server_max_tokens: int | None = None) -> CompletionRequest:
     """An OpenAI /v1/completions body."""
     text = body.get("prompt")
     if not isinstance(text, str) or not text:
@@ -134,8 +145,8 @@ def parse_completion(body: dict, defaults: Optional[dict] = None,
     return CompletionRequest(prompt=text, **_shared(options))
 
 
-def parse_chat(body: dict, defaults: Optional[dict] = None,
-               server_max_tokens: Optional[int] = None) -> ChatRequest:
+def parse_chat(body: dict[str, Any], defaults: dict[str, Any] | None = None,
+               server_max_tokens: int | None = None) -> ChatRequest:
     """An OpenAI /v1/chat/completions body."""
     messages = body.get("messages")
     if messages is None or messages == []:
@@ -153,14 +164,15 @@ def parse_chat(body: dict, defaults: Optional[dict] = None,
                         template_kwargs=kwargs, reasoning_effort=effort)
 
 
-def chat_request(options: GenerateOptions, messages: list, *, tools: Optional[list] = None,
+def chat_request(options: GenerateOptions, messages: list[Any], *,
+                 tools: list[dict[str, Any]] | None = None,
                  choice: ToolChoice = ToolChoice(), parallel: bool = True,
-                 template_kwargs: Optional[dict] = None, reasoning_effort: Optional[str] = None,
+                 template_kwargs: dict[str, Any] | None = None, reasoning_effort: str | None = None,
                  name: str = "messages") -> ChatRequest:
     """The typed chat request every chat surface ends in, from its checked parts and its
     messages in the chat shape (normalized here; errors name them ``name``). Tools are
     dropped under ``tool_choice`` none."""
-    media: list = []
+    media: list[media_parts.MediaRef] = []
     msgs = normalize_history([normalize_message(m, media, i, name) for i, m in enumerate(messages)],
                              param=name)
     return ChatRequest(messages=msgs, tools=None if choice.mode == "none" else tools,
@@ -169,12 +181,12 @@ def chat_request(options: GenerateOptions, messages: list, *, tools: Optional[li
                        reasoning_effort=reasoning_effort, media=media, **_shared(options))
 
 
-def _shared(options: GenerateOptions) -> dict:
+def _shared(options: GenerateOptions) -> dict[str, Any]:
     """``options`` as keyword arguments of a request type (its fields, not copies)."""
     return {f.name: getattr(options, f.name) for f in fields(GenerateOptions)}
 
 
-def check_role(m, index: int, name: str = "messages") -> None:
+def check_role(m: object, index: int, name: str = "messages") -> None:
     """A message is an object whose role is one OpenAI accepts (400 naming the position)."""
     where = f"{name}[{index}]"
     if not isinstance(m, dict):
@@ -189,7 +201,8 @@ def check_role(m, index: int, name: str = "messages") -> None:
                          param=f"{where}.role", code="invalid_value")
 
 
-def normalize_message(m, media: list, index: int = 0, name: str = "messages") -> dict:
+def normalize_message(m: Any, media: list[media_parts.MediaRef], index: int = 0,
+                      name: str = "messages") -> dict[str, Any]:
     """One history message as every chat template can read it.
 
     ``developer`` renders as ``system``; ``reasoning`` is an alias of
@@ -199,17 +212,17 @@ def normalize_message(m, media: list, index: int = 0, name: str = "messages") ->
     message list ``name`` (Responses calls it ``input``).
     """
     check_role(m, index, name)
-    m = dict(m)
-    if m["role"] == "developer":  # OpenAI's newer name for system; templates know "system"
-        m["role"] = "system"
-    if m["role"] == "assistant":
-        if not isinstance(m.get("reasoning_content"), str) and isinstance(m.get("reasoning"), str):
-            m["reasoning_content"] = m["reasoning"]
-    content = m.get("content")
+    msg: dict[str, Any] = dict(m)
+    if msg["role"] == "developer":  # OpenAI's newer name for system; templates know "system"
+        msg["role"] = "system"
+    if (msg["role"] == "assistant" and not isinstance(msg.get("reasoning_content"), str)
+            and isinstance(msg.get("reasoning"), str)):
+        msg["reasoning_content"] = msg["reasoning"]
+    content = msg.get("content")
     if isinstance(content, list):
-        m["content"], refs = media_parts.split_content(content, param=name)
+        msg["content"], refs = media_parts.split_content(content, param=name)
         media += refs
     elif content is not None and not isinstance(content, str):
         raise type_error(f"{name}[{index}].content", "a string or an array of parts", content,
                          param=name)
-    return m
+    return msg

@@ -5,10 +5,12 @@ processors (so behaviour matches it)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
-from typing import Collection, Optional
+from typing import Any, cast
 
+from ..contract import LogitsProcessor, Sampler, Tokenizer
 from ..errors import BadRequest
 
 INT32_MAX = 2**31 - 1
@@ -20,7 +22,9 @@ FLOAT_MAX = 1e6
 _TOKEN_ID = re.compile(r"-?[0-9]{1,32}")  # range-checked against the vocabulary later
 # (field, types, min, max, whitelist) — mlx_lm.server's validate_model_parameters, plus
 # upper bounds mlx-lm leaves to its kernels (which would fail mid-request otherwise)
-_RULES = [
+_Rule = tuple[str, "type | tuple[type, ...]", "float | None", "float | None",
+              "tuple[int, ...] | None"]
+_RULES: list[_Rule] = [
     ("temperature", (float, int), 0, FLOAT_MAX, None),
     ("top_p", (float, int), 0, 1, None),
     ("top_k", int, 0, INT32_MAX, None),
@@ -34,7 +38,8 @@ _RULES = [
     ("logprobs", bool, None, None, None),
     ("top_logprobs", int, 0, 11, (-1,)),
     ("xtc_probability", (float, int), 0, 1, None),
-    ("xtc_threshold", (float, int), 0, 0.5, None),  # mlx_lm.server says 1; apply_xtc raises past 0.5
+    # mlx_lm.server says 1; apply_xtc raises past 0.5
+    ("xtc_threshold", (float, int), 0, 0.5, None),
     ("seed", int, 0, 2**64 - 1, None),
 ]
 _FLOATS = {name for name, types, *_ in _RULES if types == (float, int)}
@@ -43,7 +48,7 @@ _KINDS = {str: "a string", list: "an array", dict: "an object", bool: "a boolean
           type(None): "null"}
 
 
-def described(value) -> str:
+def described(value: object) -> str:
     """A JSON value as an error message names it: ``the string 'hot'``, ``an array``, ``1.5``."""
     if isinstance(value, str):
         shown = value if len(value) <= 40 else value[:37] + "..."
@@ -53,36 +58,39 @@ def described(value) -> str:
     return _KINDS.get(type(value), type(value).__name__)
 
 
-def type_error(name: str, expected: str, value, param: Optional[str] = None) -> BadRequest:
+def type_error(name: str, expected: str, value: object, param: str | None = None) -> BadRequest:
     """``<name> must be <expected> (got <value>)``: the field, the type in words, what came."""
     return BadRequest(f"{name} must be {expected} (got {described(value)})",
                       param=param or name)
 
 
-def _check(name, value, types, lo, hi, whitelist):
+def _check(name: str, value: Any, types: type | tuple[type, ...], lo: float | None,
+           hi: float | None, whitelist: tuple[int, ...] | None) -> None:
     # bool is an int subclass; mlx-lm accepts it where int is allowed, we do not
     # accept it for numeric fields because it is always a client mistake.
     if not isinstance(value, types) or (types is not bool and isinstance(value, bool)):
         raise type_error(name, _WORDS[types], value)
     if whitelist and value in whitelist:
         return
-    if lo is not None and value < lo:
+    number = cast(float, value)  # an int, a float or a bool by now
+    if lo is not None and number < lo:
         raise BadRequest(f"{name} must be at least {lo}", param=name)
-    if hi is not None and value > hi:
+    if hi is not None and number > hi:
         raise BadRequest(f"{name} must be at most {hi}", param=name)
 
 
-def check_field(name: str, value, types, lo=None, hi=None):
+def check_field(name: str, value: Any, types: type | tuple[type, ...], lo: float | None = None,
+                hi: float | None = None) -> Any:
     """``value`` when it has the type (``int``, ``bool`` or ``(float, int)``) and range."""
     _check(name, value, types, lo, hi, None)
     return value
 
 
-def _logit_bias(bias) -> dict:
+def _logit_bias(bias: object) -> dict[int, float]:
     """``{"token id": bias}``: decimal ids, numeric biases within OpenAI's ±100."""
     if not isinstance(bias, dict):
         raise type_error("logit_bias", "an object of token ids to numbers", bias)
-    out = {}
+    out: dict[int, float] = {}
     for key, value in bias.items():
         if not (isinstance(key, str) and _TOKEN_ID.fullmatch(key)) \
                 or not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -103,21 +111,22 @@ class SamplingParams:
     min_p: float = 0.0
     xtc_probability: float = 0.0
     xtc_threshold: float = 0.1
-    repetition_penalty: Optional[float] = None
+    repetition_penalty: float | None = None
     repetition_context_size: int = 20
-    presence_penalty: Optional[float] = None
+    presence_penalty: float | None = None
     presence_context_size: int = 20
-    frequency_penalty: Optional[float] = None
+    frequency_penalty: float | None = None
     frequency_context_size: int = 20
-    logit_bias: Optional[dict] = None
-    seed: Optional[int] = None
+    logit_bias: dict[int, float] | None = None
+    seed: int | None = None
     logprobs: bool = False
     top_logprobs: int = -1
-    extra_processors: list = field(default_factory=list)  # e.g. a grammar mask, applied last
+    # e.g. a grammar mask, applied last
+    extra_processors: list[LogitsProcessor] = field(default_factory=list)
 
     @classmethod
-    def from_body(cls, body: dict, defaults: dict | None = None,
-                  accepted: Optional[Collection[str]] = None) -> "SamplingParams":
+    def from_body(cls, body: dict[str, Any], defaults: dict[str, Any] | None = None,
+                  accepted: Collection[str] | None = None) -> SamplingParams:
         """Request values win over ``defaults`` (generation_config.json + server flags).
         ``accepted``: the sampler fields the surface takes from its body (None: all of
         them); the others are not read (a surface without them ignores them)."""
@@ -150,7 +159,7 @@ class SamplingParams:
     def wants_logprobs(self) -> bool:
         return self.logprobs or self.top_logprobs > 0
 
-    def sampler(self, tokenizer):
+    def sampler(self, tokenizer: Tokenizer) -> Sampler:
         """mlx-lm's sampler for these settings; equal settings share one sampler object,
         so the batch lane samples rows with the same settings in one call."""
         # as mlx_lm.server: newline and EOS are never removed by XTC
@@ -158,7 +167,7 @@ class SamplingParams:
         return _sampler((self.temperature, self.top_p, self.min_p, self.top_k,
                          self.xtc_probability, self.xtc_threshold, xtc_special))
 
-    def logits_processors(self) -> list:
+    def logits_processors(self) -> list[LogitsProcessor]:
         from mlx_lm.sample_utils import make_logits_processors
 
         procs = make_logits_processors(
@@ -169,7 +178,7 @@ class SamplingParams:
 
 
 @lru_cache(maxsize=256)
-def _sampler(key):
+def _sampler(key: tuple[float, float, float, int, float, float, tuple[int, ...]]) -> Sampler:
     from mlx_lm.sample_utils import make_sampler
 
     temp, top_p, min_p, top_k, xtc_probability, xtc_threshold, xtc_special = key
@@ -178,7 +187,7 @@ def _sampler(key):
                         xtc_special_tokens=list(xtc_special))
 
 
-def max_tokens_from(body: dict, default: Optional[int]) -> Optional[int]:
+def max_tokens_from(body: dict[str, Any], default: int | None) -> int | None:
     """``max_completion_tokens`` wins over ``max_tokens``; unset means no cap."""
     for name in ("max_completion_tokens", "max_tokens"):
         if body.get(name) is not None:
@@ -186,16 +195,17 @@ def max_tokens_from(body: dict, default: Optional[int]) -> Optional[int]:
     return default
 
 
-def max_tokens_field(value, name: str, default: Optional[int]) -> Optional[int]:
+def max_tokens_field(value: Any, name: str, default: int | None) -> int | None:
     """A completion limit sent as ``name`` (each surface has its own): a positive
     integer, or ``default`` when it is None."""
     if value is None:
         return default
     _check(name, value, int, 1, None, None)
-    return value
+    limit: int = value
+    return limit
 
 
-def stop_sequences(body: dict, name: str = "stop") -> list[str]:
+def stop_sequences(body: dict[str, Any], name: str = "stop") -> list[str]:
     stop = body.get(name)
     if stop is None:
         return []

@@ -8,32 +8,41 @@ their own wire format; nothing here knows about any protocol or family.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any
 
-from ..events import Content, Done, Finish, TokenLogprob, ToolCallEvent, Usage
+from ..contract import LogitsProcessor, Sampler, Tokenizer, ToolParser
+from ..events import Content, Done, Event, Finish, TokenLogprob, ToolCallEvent, Usage
 from .logprobs import LogprobRecorder
 from .sampling import SamplingParams
 from .textstream import ReasoningSplitter, StopMatcher
+
+if TYPE_CHECKING:
+    import mlx.core as mx
+
+    from ..grammar.base import GrammarProcessor
+    from ..model import MediaPrompt
 
 __all__ = ["GenerationRequest", "GenerationSession", "Usage", "Finish"]
 
 
 @dataclass
 class GenerationRequest:
-    prompt_tokens: list
+    prompt_tokens: list[int]
     sampling: SamplingParams
-    max_tokens: Optional[int] = None
-    stop: list = field(default_factory=list)
-    think_start: Optional[str] = None
-    think_end: Optional[str] = None
+    max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    think_start: str | None = None
+    think_end: str | None = None
     in_reasoning: bool = False
-    tool_parser: Any = None  # StreamingToolParser or None
-    input_embeddings: Any = None
-    media: Any = None  # a MediaPrompt: its run() replaces the text decode loop
-    grammar: Any = None  # a grammar processor (also in sampling.extra_processors); .done ends it
-    sampler: Any = None  # built when the request is prepared, so a bad value is a 400
-    processors: list = field(default_factory=list)
+    tool_parser: ToolParser | None = None
+    input_embeddings: mx.array | None = None
+    media: MediaPrompt | None = None  # its run() replaces the text decode loop
+    # the grammar processor (also in sampling.extra_processors); .done ends the reply
+    grammar: GrammarProcessor | None = None
+    sampler: Sampler | None = None  # built when the request is prepared, so a bad value is a 400
+    processors: list[LogitsProcessor] = field(default_factory=list)
 
 
 class GenerationSession:
@@ -43,7 +52,7 @@ class GenerationSession:
     never touches the model, so serial and batched lanes share it unchanged.
     """
 
-    def __init__(self, req: GenerationRequest, tokenizer, limit: Optional[int]):
+    def __init__(self, req: GenerationRequest, tokenizer: Tokenizer, limit: int | None):
         self.req = req
         self.tokenizer = tokenizer
         self.limit = limit  # effective max completion tokens (None = until EOS)
@@ -55,19 +64,21 @@ class GenerationSession:
         if req.grammar is not None and hasattr(req.grammar, "set_budget"):
             req.grammar.set_budget(limit)  # close the constrained reply within the limit
         self.usage = Usage(prompt_tokens=len(req.prompt_tokens))
-        self.logprobs: Optional[list] = None
+        self.logprobs: list[dict[str, Any]] | None = None
         if req.sampling.wants_logprobs:
             self.logprobs = []
             self.recorder = LogprobRecorder(tokenizer, req.sampling.top_logprobs)
         self.saw_tool_call = False
-        self.finished: Optional[Finish] = None
+        self.finished: Finish | None = None
         self.t0 = time.perf_counter()
-        self.t_first: Optional[float] = None
-        self.phases: dict = {}  # seconds per phase, filled by the lane (admission_wait_s, ...)
-        self.on_finish = None  # called with the Finish once it ends (metrics)
+        self.t_first: float | None = None
+        # seconds per phase, filled by the lane (admission_wait_s, ...)
+        self.phases: dict[str, float] = {}
+        # called with the Finish once it ends (metrics)
+        self.on_finish: Callable[[Finish], None] | None = None
 
     # -- token side -------------------------------------------------------
-    def step(self, token: int, logprobs) -> list:
+    def step(self, token: int, logprobs: mx.array) -> list[Event]:
         """Consume one sampled token; return the events it produced."""
         if self.t_first is None:
             self.t_first = time.perf_counter()
@@ -85,22 +96,23 @@ class GenerationSession:
             return events + self.finish("length")
         return events
 
-    def _record_logprobs(self, token, logprobs) -> list:
+    def _record_logprobs(self, token: int, logprobs: mx.array) -> list[Event]:
         """The sampled token's entry, kept for the whole reply and streamed as an event."""
         entry = self.recorder.entry(token, logprobs)
+        assert self.logprobs is not None  # only called when the request asked for them
         self.logprobs.append(entry)
         return [TokenLogprob(entry)]
 
     # -- text side --------------------------------------------------------
-    def _text(self, segment: str) -> list:
+    def _text(self, segment: str) -> list[Event]:
         if not segment:
             return []
         return self._route(self.splitter.feed(self.stopper.feed(segment)))
 
-    def _route(self, parts) -> list:
+    def _route(self, parts: list[Event]) -> list[Event]:
         if self.parser is None:
             return parts
-        events = []
+        events: list[Event] = []
         for ev in parts:
             if isinstance(ev, Content):
                 events += [out for out in self.parser.feed(ev.text) if self._keep(out)]
@@ -108,7 +120,7 @@ class GenerationSession:
                 events.append(ev)
         return events
 
-    def _keep(self, ev) -> bool:
+    def _keep(self, ev: Event) -> bool:
         """Notes a call; drops one the budget closed (its arguments were cut short to
         the shortest valid values: not what the model meant, so never run)."""
         if isinstance(ev, ToolCallEvent):
@@ -122,18 +134,19 @@ class GenerationSession:
         forced = getattr(self.req.grammar, "forced_from", None)
         return forced is not None and forced < self.usage.completion_tokens
 
-    def finish(self, reason: str, error: Optional[str] = None) -> list:
+    def finish(self, reason: str, error: str | None = None) -> list[Event]:
         """Flush held-back text and close; idempotent."""
         if self.finished is not None:
             return []
-        events = []
+        events: list[Event] = []
         if reason == "stop" and self._budget_forced():
             reason = "length"  # the budget, not the model, ended it (closed by the grammar)
         if reason in ("stop", "length"):
             self.detok.finalize()
             tail = self.detok.last_segment
             if self.stopper.stopped is None:
-                tail = self.stopper.feed(tail) + ("" if self.stopper.stopped else self.stopper.flush())
+                tail = self.stopper.feed(tail)
+                tail += "" if self.stopper.stopped else self.stopper.flush()
             else:
                 tail = ""
             events = self._route(self.splitter.feed(tail) + self.splitter.flush())
@@ -149,7 +162,8 @@ class GenerationSession:
             n = self.usage.completion_tokens
             if n > 1:
                 timings["decode_tps"] = (n - 1) / max(now - self.t_first, 1e-9)
-        self.finished = Finish(reason, self.usage, self.logprobs, self.stopper.stopped, error, timings)
+        self.finished = Finish(reason, self.usage, self.logprobs, self.stopper.stopped, error,
+                               timings)
         if self.on_finish is not None:
             self.on_finish(self.finished)
         events.append(Done(self.finished))

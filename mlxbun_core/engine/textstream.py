@@ -6,9 +6,7 @@ a possible think marker), so nothing is ever sent that must later be retracted.
 
 from __future__ import annotations
 
-from typing import Optional
-
-from ..events import Content, Reasoning
+from ..events import Content, Event, Reasoning
 from ..holdback import held_marker_prefix
 
 
@@ -18,7 +16,7 @@ class StopMatcher:
     def __init__(self, stops: list[str]):
         self.stops = [s for s in stops if s]
         self.pending = ""
-        self.stopped: Optional[str] = None
+        self.stopped: str | None = None
 
     def feed(self, text: str) -> str:
         if self.stopped is not None:
@@ -45,18 +43,18 @@ class StopMatcher:
 class ReasoningSplitter:
     """Routes text inside ``<think>…</think>`` to reasoning, the rest to content."""
 
-    def __init__(self, start: Optional[str], end: Optional[str], in_reasoning: bool = False):
+    def __init__(self, start: str | None, end: str | None, in_reasoning: bool = False):
         self.start, self.end = start, end
         self.inside = in_reasoning
         self.pending = ""
         self.seen_any = in_reasoning
         self._lstrip = False  # drop the newlines a model puts right after a marker
 
-    def feed(self, text: str) -> list:
+    def feed(self, text: str) -> list[Event]:
         """``Content`` / ``Reasoning`` events for the text that is decided."""
         if not self.start and not self.inside:
             return [Content(text)] if text else []
-        out: list = []
+        out: list[Event] = []
         buf = self.pending + text
         while buf:
             marker = self.end if self.inside else self.start
@@ -79,15 +77,15 @@ class ReasoningSplitter:
         self.pending = buf
         return out
 
-    def _emit(self, out, text):
+    def _emit(self, out: list[Event], text: str) -> None:
         if text and self._lstrip:
             text = text.lstrip("\n")
             self._lstrip = not text
         if text:
             out.append(Reasoning(text) if self.inside else Content(text))
 
-    def flush(self) -> list:
-        out: list = []
+    def flush(self) -> list[Event]:
+        out: list[Event] = []
         self._emit(out, self.pending)
         self.pending = ""
         return out

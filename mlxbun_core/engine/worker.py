@@ -12,10 +12,12 @@ import asyncio
 import logging
 import queue
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import QueueFull
-from .job import CallJob, GenerationJob, Job
+from .job import CallJob, GenerationJob
+from .lanes import Lane
 
 log = logging.getLogger("mlxbun.engine")
 
@@ -32,8 +34,8 @@ class _Abort:
 class ModelWorker:
     def __init__(self, max_waiting: int = 64):
         self.max_waiting = max_waiting
-        self.lanes: list = []  # set by the engine once the model is loaded (on this thread)
-        self._inbox: "queue.Queue[Any]" = queue.Queue()
+        self.lanes: list[Lane] = []  # set by the engine once the model is loaded (on this thread)
+        self._inbox: queue.Queue[Any] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="mlxbun-worker", daemon=True)
         self._thread.start()
 
@@ -41,7 +43,7 @@ class ModelWorker:
     @property
     def waiting(self) -> int:
         """Jobs accepted but not yet running (inbox and lane queues)."""
-        return self._inbox.qsize() + sum(lane.waiting for lane in self.lanes)
+        return int(self._inbox.qsize()) + sum(lane.waiting for lane in self.lanes)
 
     @property
     def active(self) -> int:
@@ -58,12 +60,13 @@ class ModelWorker:
         """Run ``fn`` on the worker thread between decode steps."""
         job = CallJob(asyncio.get_running_loop(), fn)
         self._inbox.put(job)
+        assert job.future is not None  # made with a loop
         return await job.future
 
     def post(self, fn: Callable[[], Any]) -> None:
         """Run ``fn`` on the worker thread between steps, from any thread, without
         waiting for it (timers, background tiers); its failure is only logged."""
-        def run():
+        def run() -> None:
             try:
                 fn()
             except Exception:
@@ -115,7 +118,7 @@ class ModelWorker:
                     self._step(lane)
 
     @staticmethod
-    def _step(lane) -> None:
+    def _step(lane: Lane) -> None:
         """One lane step; a failure the lane did not pin on one job ends that lane's jobs
         with an error (never the worker: the next request must still be served)."""
         try:
@@ -124,7 +127,7 @@ class ModelWorker:
             log.exception("%s lane step failed", lane.name)
             lane.close(f"internal error: {exc}", reason="error")
 
-    def _take(self, job: Job) -> None:
+    def _take(self, job: GenerationJob | CallJob | _Abort) -> None:
         if isinstance(job, _Abort):
             for lane in self.lanes:
                 lane.close(job.message, reason="error")

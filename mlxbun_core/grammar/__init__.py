@@ -18,8 +18,14 @@ a *special* token's text in regex / choice / EBNF is produced only by the token,
 JSON strings only as text (see ``llg_special``).
 """
 
-from .base import (CompiledGrammar, GrammarCompileError, GrammarPlan, GrammarProcessor, Matcher,
-                   make_processor)
+from .base import (
+                   CompiledGrammar,
+                   GrammarCompileError,
+                   GrammarPlan,
+                   GrammarProcessor,
+                   Matcher,
+                   make_processor,
+)
 from .request import GrammarRequest, budget_close, describe, resolve_grammar_request
 
 __all__ = ["CompiledGrammar", "GrammarCompileError", "GrammarPlan", "GrammarProcessor",

@@ -10,13 +10,15 @@ Nothing here knows the plugin machinery.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Optional, Protocol
+from typing import Protocol, cast
 
 import mlx.core as mx
 import numpy as np
 
+from ..contract import Sampler
 from .budget import Budget, ByteVocab, CloseSearch
 from .request import GrammarRequest
 
@@ -30,9 +32,9 @@ class GrammarCompileError(Exception):
 class Matcher(Protocol):
     def consume(self, ids: list[int]) -> bool: ...          # False: token rejected
     def fill(self, bits: np.ndarray) -> None: ...           # 1-D int32, (vocab+31)//32 words
-    def error(self) -> Optional[str]: ...
+    def error(self) -> str | None: ...
     # for the budget-aware close (:mod:`.budget`), which searches on copies:
-    def fork(self) -> "Matcher": ...                        # an independent copy
+    def fork(self) -> Matcher: ...                        # an independent copy
     def try_token(self, token: int) -> bool: ...            # consume if allowed, else no change
     def accepting(self) -> bool: ...                        # the grammar may end here
 
@@ -46,7 +48,7 @@ class CompiledGrammar:
     vocab_size: int                 # tokenizer ids covered by the bitmask
     eos_ids: tuple
     new_matcher: Callable[[], Matcher]
-    vocab: Optional[ByteVocab] = None
+    vocab: ByteVocab | None = None
 
 
 def hf_tokenizer(tokenizer):
@@ -91,7 +93,7 @@ class GrammarProcessor:
     close first overrode a choice the grammar left open, or None.
     """
 
-    def __init__(self, compiled: CompiledGrammar, prompt_len: Optional[int] = None):
+    def __init__(self, compiled: CompiledGrammar, prompt_len: int | None = None):
         self.compiled = compiled
         self.matcher = compiled.new_matcher()
         self.prompt_len = prompt_len
@@ -99,10 +101,10 @@ class GrammarProcessor:
         self.consumed = 0
         self.done = False
         self.stopped = False            # EOS consumed
-        self.error: Optional[str] = None
-        self.budget: Optional[Budget] = None
+        self.error: str | None = None
+        self.budget: Budget | None = None
         self.close_on_budget = True     # the request's switch (``budget_close``)
-        self.sampler = None             # the request's sampler: guards the last steps
+        self.sampler: Sampler | None = None  # the request's sampler: guards the last steps
         n = (compiled.vocab_size + 31) // 32
         self._bits = np.zeros(n + 1, dtype=np.int32)   # +1: pad word, always 0
         self._view = self._bits[:n]
@@ -118,9 +120,9 @@ class GrammarProcessor:
         of a think channel the prompt opened); the grammar constrains what follows."""
         self.wait_for = tuple(marker_ids) or None
 
-    wait_for: Optional[tuple] = None
+    wait_for: tuple | None = None
 
-    def set_budget(self, limit: Optional[int]) -> None:
+    def set_budget(self, limit: int | None) -> None:
         """Close within ``limit`` completion tokens (unless switched off or no search)."""
         vocab = self.compiled.vocab
         if limit is None or not self.close_on_budget or vocab is None:
@@ -130,7 +132,7 @@ class GrammarProcessor:
         self.budget = Budget(search, limit, self.sampler)
 
     @property
-    def forced_from(self) -> Optional[int]:
+    def forced_from(self) -> int | None:
         return None if self.budget is None else self.budget.forced_from
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
@@ -141,19 +143,21 @@ class GrammarProcessor:
         index = tokens.shape[0] - self.base   # the completion token this mask is for
         if self.wait_for is not None:
             n = len(self.wait_for)
-            if tokens.shape[0] - self.prompt_len >= n and tuple(tokens[-n:].tolist()) == self.wait_for:
+            if (tokens.shape[0] - self.prompt_len >= n
+                    and tuple(_ids(tokens[-n:])) == self.wait_for):
                 self.prompt_len, self.wait_for = tokens.shape[0], None
             else:
                 return self._thinking(tokens, logits, index)  # still thinking: free text
         new = tokens.shape[0] - self.prompt_len - self.consumed
         if new > 0:
-            self._consume(tokens[-new:].tolist())
+            self._consume(_ids(tokens[-new:]))
             self.consumed += new
         forced, budget = None, self.budget
         if budget is not None and (budget.closing or index >= budget.next_check) \
                 and self.error is None and not self.stopped:
             forced = budget.choose(self.matcher, index, lambda: self._masked(logits))
-        if forced is not None:  # a guarded draw is the model's; a close token may not be
+        if forced is not None and budget is not None:
+            # a guarded draw is the model's; a close token may not be
             if budget.closing and budget.forced_from is None and self._narrows(forced):
                 budget.forced_from = index
             self._only(forced)
@@ -213,16 +217,22 @@ class GrammarProcessor:
         """Free text, unless the budget needs the think channel closed now to leave room
         for the marker and the shortest constrained answer: then the marker is forced."""
         marker = self.wait_for
-        if self.budget is None or not self.budget.thinking(self.matcher, index, len(marker)):
+        if (marker is None or self.budget is None
+                or not self.budget.thinking(self.matcher, index, len(marker))):
             return logits
-        tail = tokens[-len(marker):].tolist()  # how much of the marker is already out
+        tail = _ids(tokens[-len(marker):])  # how much of the marker is already out
         done = next(k for k in range(len(marker) - 1, -1, -1)
                     if k == 0 or tail[len(tail) - k:] == list(marker[:k]))
         self._only(marker[done])
         return self._mask(logits)
 
 
-def make_processor(compiled: CompiledGrammar, prompt_len: Optional[int] = None) -> GrammarProcessor:
+def _ids(tokens: mx.array) -> list[int]:
+    """A 1-D token array as ids (MLX types ``tolist`` loosely)."""
+    return cast("list[int]", tokens.tolist())
+
+
+def make_processor(compiled: CompiledGrammar, prompt_len: int | None = None) -> GrammarProcessor:
     return GrammarProcessor(compiled, prompt_len)
 
 
@@ -231,10 +241,10 @@ class GrammarPlan:
     """What the engine/server does for one request. ``processor``: append last to the
     logits processors. ``warning``: send as ``Warning`` header. ``instruction``: chat
     only, prepend as a system message (degrade path)."""
-    processor: Optional[GrammarProcessor] = None
-    warning: Optional[str] = None
-    instruction: Optional[str] = None
-    request: Optional[GrammarRequest] = None
+    processor: GrammarProcessor | None = None
+    warning: str | None = None
+    instruction: str | None = None
+    request: GrammarRequest | None = None
 
     @property
     def whole_reply(self) -> bool:

@@ -31,8 +31,8 @@ values the schema allows (given a budget that holds the shortest valid reply).
 from __future__ import annotations
 
 import string
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 import numpy as np
 
@@ -60,7 +60,7 @@ TRIED_ONE_BY_ONE = len(FIRST)
 """Candidates tried one at a time before a step reads the whole mask instead."""
 
 
-def _kind(b: int) -> Optional[str]:
+def _kind(b: int) -> str | None:
     c = chr(b)
     if c.isalpha() or b >= 0x80:
         return "letter"
@@ -108,7 +108,7 @@ class ByteVocab:
             self.orders[kind] = _Order([x for x in pairs if KIND[x[0]] != kind]
                                        + [x for x in pairs if KIND[x[0]] == kind])
 
-    def looping(self, walked: list) -> Optional[str]:
+    def looping(self, walked: list) -> str | None:
         """The class of byte the walk just repeated :data:`LOOP` times, if any."""
         if len(walked) < LOOP:
             return None
@@ -124,7 +124,7 @@ class CloseSearch:
         self._quote = vocab.byte_ids.get(ord('"'))
         self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
 
-    def path(self, matcher, hint: Optional[list] = None) -> Optional[list]:
+    def path(self, matcher, hint: list | None = None) -> list | None:
         """Tokens that end the grammar from ``matcher``'s state (left unchanged), or None.
         ``hint``: a path found earlier; reused when it still ends the grammar from here."""
         if hint is not None and self.ends(matcher, hint):
@@ -145,7 +145,7 @@ class CloseSearch:
         m = matcher.fork()
         return all(m.try_token(t) for t in path) and m.accepting()
 
-    def _next(self, m, looping: Optional[str] = None) -> Optional[int]:
+    def _next(self, m, looping: str | None = None) -> int | None:
         """Take one step on ``m``: the first byte token in priority order, except that a
         quote which opens a string gives way to a closing brace or bracket. ``looping``:
         the class of byte the walk repeats, tried last (``[a-z]+`` is ended by what
@@ -157,7 +157,7 @@ class CloseSearch:
                 m.try_token(q)  # it closed a string (another quote cannot follow)
                 return q
         order = self.vocab.orders[looping]
-        for b, t in order.pairs[:TRIED_ONE_BY_ONE]:
+        for _, t in order.pairs[:TRIED_ONE_BY_ONE]:
             if m.try_token(t):
                 return t
         bits = self._mask(m)  # the rest at once: the first allowed byte token in order
@@ -173,11 +173,11 @@ class CloseSearch:
         m.fill(self._bits)
         return self._bits
 
-    def _any(self, m, bits: np.ndarray) -> Optional[int]:
+    def _any(self, m, bits: np.ndarray) -> int | None:
         """No single byte fits (a special token, or bytes only a longer token spells):
         the shortest token the grammar allows here (``bits``: the mask)."""
-        allowed = np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little"))
-        allowed = [int(t) for t in allowed if t < self.vocab_size and t not in self.eos]
+        set_bits = np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little"))
+        allowed = [int(t) for t in set_bits if t < self.vocab_size and t not in self.eos]
         if not allowed:
             return None
         lengths = self.vocab.lengths()
@@ -219,20 +219,20 @@ class Budget:
 
     search: CloseSearch
     limit: int
-    sampler: Optional[Callable] = None
+    sampler: Callable | None = None
     closing: bool = False                 # the close path is being forced
-    forced_from: Optional[int] = None     # where forcing first overrode the grammar's choice
+    forced_from: int | None = None     # where forcing first overrode the grammar's choice
     next_check: int = 0
     queue: list = field(default_factory=list)
-    path: Optional[list] = None
+    path: list | None = None
     known_at: int = -1                    # the index whose state ``path`` was found for
-    start_distance: Optional[int] = None
+    start_distance: int | None = None
     backoff: int = BACKOFF
 
     def __post_init__(self):
         self.next_check = max(0, self.limit - NEAR - MAX_STEPS)  # nothing to look at before
 
-    def choose(self, matcher, index: int, masked: Callable) -> Optional[int]:
+    def choose(self, matcher, index: int, masked: Callable) -> int | None:
         """The token this step must take, or None for the model's own choice. ``masked()``
         gives the logits under the grammar's mask (only called in the guarded zone)."""
         left = self.limit - index
@@ -265,7 +265,7 @@ class Budget:
     def _eos(self) -> int:
         return min(self.search.eos) if self.search.eos else -1
 
-    def _guard(self, matcher, index: int, left: int, masked: Callable, path: list) -> Optional[int]:
+    def _guard(self, matcher, index: int, left: int, masked: Callable, path: list) -> int | None:
         """Draw as the request's sampler would; keep a token after which the reply can
         still close within ``left - 1`` tokens."""
         if self.sampler is None:
@@ -285,7 +285,7 @@ class Budget:
             logits = _ban(logits, t)
         return self.force(index, path)
 
-    def _after(self, matcher, token: int, hint: list) -> Optional[list]:
+    def _after(self, matcher, token: int, hint: list) -> list | None:
         """The close path once ``token`` is taken (None: rejected, or no end found)."""
         m = matcher.fork()
         if not m.try_token(token):

@@ -8,6 +8,7 @@ follow raises :class:`Unsupported`, and the caller then keeps the text as it is.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 
 class Unsupported(Exception):
@@ -79,9 +80,7 @@ class RegexParser:
             elif c in ".^$":
                 self.i += 1
                 item = ["other", None, start]
-            elif c in "*+?":
-                raise Unsupported("dangling quantifier")
-            elif c == "{" and _QUANT.match(p, self.i):
+            elif c in "*+?" or (c == "{" and _QUANT.match(p, self.i)):
                 raise Unsupported("dangling quantifier")
             else:
                 self.i += 1
@@ -219,7 +218,8 @@ def _skip_braces(text: str, i: int) -> int:
 def lark_tokens(text: str):
     """Lark text as [(kind, value)], kinds: header (value: (text, name)), directive,
     string, regex, ident, other. Joining the texts gives ``text`` back."""
-    toks, i, n = [], 0, len(text)
+    toks: list[tuple[str, Any]] = []
+    i, n = 0, len(text)
     line_start = True
     while i < n:
         c = text[i]

@@ -27,10 +27,8 @@ from __future__ import annotations
 import json
 import re
 from copy import copy
-from typing import Optional
 
 from .grammar_text import RegexParser, Unsupported, lark_tokens, unescape_guess
-
 
 # ---------------------------------------------------------------- tokenizer
 
@@ -97,7 +95,8 @@ def build_tokenizer(hf, n_vocab: int, eos: list[int]):
     encoder.encode_special_tokens = True     # text never becomes a special token
 
     tokens = [base.decode_bytes([i]) for i in range(n_vocab)]
-    special_ids, specials = [], {}
+    special_ids: list[int] = []
+    specials: dict[str, int] = {}
     for t in spec.get("added_tokens") or []:
         i, content = t.get("id"), t.get("content") or ""
         if not isinstance(i, int) or not 0 <= i < n_vocab:
@@ -111,7 +110,9 @@ def build_tokenizer(hf, n_vocab: int, eos: list[int]):
     eos_id = eos[0] if eos else base.eos_token
     bos_id = getattr(hf, "bos_token_id", None)
     wrapper = _TokenizerWrapper(tokens, special_ids, eos_id, bos_id, encoder)
-    return _with_eos(lambda e: LLTokenizer(wrapper, n_vocab=n_vocab, eos_token=e), eos), specials
+    # llguidance annotates its own wrapper class; LLTokenizer reads only what ours has
+    return _with_eos(lambda e: LLTokenizer(wrapper, n_vocab=n_vocab,  # type: ignore[arg-type]
+                                           eos_token=e), eos), specials
 
 
 def _with_eos(make, eos: list[int]):
@@ -142,7 +143,8 @@ class SpecialRewriter:
         """[(str_or_None, token_id_or_None)] pieces; None if no occurrence."""
         if self._pat is None:
             return None
-        out, pos = [], 0
+        out: list[tuple[str | None, int | None]] = []
+        pos = 0
         for m in self._pat.finditer(text):
             if m.start() > pos:
                 out.append((text[pos:m.start()], None))
@@ -154,7 +156,7 @@ class SpecialRewriter:
             out.append((text[pos:], None))
         return out
 
-    def literal(self, text: str) -> Optional[str]:
+    def literal(self, text: str) -> str | None:
         """Lark expression for the literal ``text``, or None when it has no special."""
         pieces = self._split(text)
         if pieces is None:
@@ -167,7 +169,7 @@ class SpecialRewriter:
         return " | ".join(self.literal(o) or json.dumps(o, ensure_ascii=False) for o in options)
 
     # -- regex
-    def regex(self, pattern: str, use_ascii: str = "dw") -> Optional[str]:
+    def regex(self, pattern: str, use_ascii: str = "dw") -> str | None:
         """Lark expression matching ``pattern`` with special texts as tokens, or None
         (no occurrence, or syntax this rewriter does not follow: keep it as text)."""
         if self._pat is None or not self._pat.search(unescape_guess(pattern)):
@@ -218,7 +220,8 @@ class SpecialRewriter:
                     inner = emit_alt(data)
                     if inner is not None:
                         flush()
-                        q = quant[:-1] if len(quant) > 1 and quant.endswith("?") else quant  # lazy: same language
+                        # a lazy quantifier: the same language
+                        q = quant[:-1] if len(quant) > 1 and quant.endswith("?") else quant
                         parts.append("(" + inner + ")" + q)
                         changed = True
                         k += 1
@@ -232,7 +235,7 @@ class SpecialRewriter:
         return None if out is None else "(" + out + ")"
 
     # -- lark
-    def lark(self, text: str) -> Optional[str]:
+    def lark(self, text: str) -> str | None:
         """``text`` (Lark) with special texts in rule strings/regexes as tokens; terminals
         that contain one become rules. None when nothing changes or on doubt."""
         if self._pat is None or not self._pat.search(unescape_guess(text)):
@@ -306,7 +309,7 @@ class SpecialRewriter:
                         changed = True
         return "".join(out) if changed else None
 
-    def _string_rewrite(self, tok: str) -> Optional[str]:
+    def _string_rewrite(self, tok: str) -> str | None:
         if not tok.endswith('"'):         # "..."i: case-insensitive, leave as text
             return None
         try:
@@ -315,7 +318,7 @@ class SpecialRewriter:
             return None
         return self.literal(s) if isinstance(s, str) else None
 
-    def _regex_tok_rewrite(self, tok: str) -> Optional[str]:
+    def _regex_tok_rewrite(self, tok: str) -> str | None:
         if not tok.endswith("/"):         # /.../flags: leave as text
             return None
         return self.regex(tok[1:-1], use_ascii="")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from ..errors import BadRequest
 
@@ -61,7 +61,7 @@ def _bad(msg: str, param: str) -> BadRequest:
     return BadRequest(msg, param=param)
 
 
-def _nonempty_str(body: dict, name: str) -> Optional[str]:
+def _nonempty_str(body: dict, name: str) -> str | None:
     v = body.get(name)
     if v is None:
         return None
@@ -70,11 +70,11 @@ def _nonempty_str(body: dict, name: str) -> Optional[str]:
     return v
 
 
-def _response_format(body: dict) -> Optional[GrammarRequest]:
+def _response_format(body: dict) -> GrammarRequest | None:
     return response_format_request(body.get("response_format"))
 
 
-def response_format_request(rf, name: str = "response_format") -> Optional[GrammarRequest]:
+def response_format_request(rf, name: str = "response_format") -> GrammarRequest | None:
     """An OpenAI ``response_format`` object sent as ``name``, or None (absent, or text)."""
     if rf is None:
         return None
@@ -105,7 +105,7 @@ def json_schema(schema, where: str) -> dict:
     return schema
 
 
-def _whitespace(obj: dict, where: str) -> str:
+def _whitespace(obj: dict, where: str) -> Whitespace:
     """``any_whitespace``: absent = canonical, true = any, false = compact."""
     ws = obj.get("any_whitespace")
     if ws is None:
@@ -115,7 +115,7 @@ def _whitespace(obj: dict, where: str) -> str:
     return "any" if ws else "compact"
 
 
-def resolve_grammar_request(body: dict) -> Optional[GrammarRequest]:
+def resolve_grammar_request(body: dict) -> GrammarRequest | None:
     """The constraint a request body asks for, or None.
 
     Every present field is validated (a mistyped lower-precedence field is still a

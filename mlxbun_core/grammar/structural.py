@@ -15,7 +15,7 @@ content, end; content ``any_text()`` is free text up to the first ``end``) and
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 Format = dict
 
@@ -32,7 +32,7 @@ def json_value(schema: Any) -> Format:
     return {"type": "json_schema", "json_schema": schema}
 
 
-def any_text(max_chars: Optional[int] = None) -> Format:
+def any_text(max_chars: int | None = None) -> Format:
     """Free text; inside a ``tag`` it runs to the first occurrence of the tag's end."""
     out: Format = {"type": "any_text"}
     if max_chars is not None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .request import SEPARATORS
 from .schema import closed
@@ -19,12 +21,16 @@ from .schema import closed
 TEXT_ALL = r"(?s:.*)"
 
 
-def json_options(whitespace: str) -> dict:
+def json_options(whitespace: str) -> JsonCompileOptions:
     """llguidance JSON compile options for a whitespace mode of :class:`GrammarRequest`."""
     if whitespace in SEPARATORS:
         item, key = SEPARATORS[whitespace]
         return {"whitespace_flexible": False, "item_separator": item, "key_separator": key}
     return {"whitespace_flexible": True}
+
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
 
 
 class LarkWriter:
@@ -66,7 +72,7 @@ class LarkWriter:
         self.rules.append(f"{name}: %json {json.dumps(schema, ensure_ascii=False)}")
         return name
 
-    def terminal(self, regex: str, excluded: list[str] = ()) -> str:
+    def terminal(self, regex: str, excluded: Sequence[str] = ()) -> str:
         """A named text terminal: ``regex`` minus any text containing ``excluded``."""
         name = self._name("TEXT")
         body = f"/{regex}/"

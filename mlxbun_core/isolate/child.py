@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import os
 import signal
 import sys
 import tempfile
 import time
-from typing import Optional
 
 import httpx
 
@@ -46,8 +46,8 @@ def socket_path() -> str:
 
 
 class EngineProcess:
-    def __init__(self, model_id: str, model_arg: Optional[str], engine_argv: list[str],
-                 api_key: Optional[str] = None):
+    def __init__(self, model_id: str, model_arg: str | None, engine_argv: list[str],
+                 api_key: str | None = None):
         self.model_id = model_id  # the id requests use (updated from the child's /v1/models)
         self.model_arg = model_arg  # what --model pins on the child (None: embedded default)
         self.engine_argv = engine_argv
@@ -56,19 +56,19 @@ class EngineProcess:
         auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=self.socket),
                                         base_url="http://engine", timeout=None, headers=auth)
-        self.proc: Optional[asyncio.subprocess.Process] = None
+        self.proc: asyncio.subprocess.Process | None = None
         self.restarts = 0
         self.respawn = True  # False once the parent drains: a child that exits stays down
         self.state = "new"  # new, starting, ready, dead, failed, stopping, stopped
         self.in_flight = 0
         self.demotions = 0  # prompt-cache entries its drains demoted to the SSD tier
         self.last_used = time.monotonic()
-        self.served_row: Optional[dict] = None  # the child's own /v1/models row
-        self.machine: Optional[dict] = None  # the child's machine as MLX reports it
+        self.served_row: dict | None = None  # the child's own /v1/models row
+        self.machine: dict | None = None  # the child's machine as MLX reports it
         self._ready = asyncio.Event()
         self._changed = asyncio.Event()  # set on every state change, for waiters
         self._crashes: collections.deque = collections.deque()
-        self._watch: Optional[asyncio.Task] = None
+        self._watch: asyncio.Task | None = None
 
     # ---------------------------------------------------------------- life
     def argv(self) -> list[str]:
@@ -89,7 +89,7 @@ class EngineProcess:
         log.info("engine %s starting, pid %d", self.model_id, self.proc.pid)
         self._watch = asyncio.ensure_future(self._supervise(self.proc))
 
-    async def _supervise(self, proc) -> None:
+    async def _supervise(self, proc: asyncio.subprocess.Process) -> None:
         """Wait for readiness, then for exit; respawn within the restart budget."""
         ready = await self._await_health(proc)
         rc = await proc.wait()
@@ -161,10 +161,8 @@ class EngineProcess:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise EngineUnavailable(f"engine {self.model_id} not ready in {timeout:.0f} s")
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), left)
-            except asyncio.TimeoutError:
-                pass
 
     async def stop(self, drain: bool = True) -> None:
         """Drain (POST /admin/drain on the socket), then terminate; kill if it lingers."""
@@ -191,7 +189,8 @@ class EngineProcess:
             os.unlink(self.socket)
 
     def describe(self) -> dict:
-        alive = self.proc is not None and self.proc.returncode is None
-        return {"model": self.model_id, "pid": self.proc.pid if alive else None,
+        proc = self.proc
+        alive = proc is not None and proc.returncode is None
+        return {"model": self.model_id, "pid": proc.pid if proc is not None and alive else None,
                 "restarts": self.restarts, "socket": self.socket, "state": self.state,
                 "in_flight": self.in_flight}

@@ -18,7 +18,6 @@ import logging
 import os
 import threading
 import time
-from typing import Optional
 
 import uvicorn
 
@@ -102,7 +101,7 @@ class ParentServer(uvicorn.Server):
     closes the listening socket at once: a load balancer's health check was refused
     instead of told.) A second signal stops at once."""
 
-    def __init__(self, config: uvicorn.Config, app, timeout: Optional[float] = None):
+    def __init__(self, config: uvicorn.Config, app, timeout: float | None = None):
         super().__init__(config)
         self.app = app  # the ParentApp: .draining, .begin_drain(), .busy
         self.drain_timeout = shutdown_timeout() if timeout is None else timeout

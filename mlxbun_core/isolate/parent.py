@@ -13,26 +13,25 @@ ready engine's (:mod:`mlxbun_core.metrics.isolate`); a signal drains it
 from __future__ import annotations
 
 import asyncio
+import enum
 import hmac
 import json
 import logging
 import time
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Optional
 
-from ..library import checkpoint
 from ..errors import APIError, Unavailable
-from ..metrics.isolate import ParentMetrics, route_of
-from ..server import guard
-from ..server.web import open_paths
-from ..server.body import parse_body
+from ..library import checkpoint
 from ..library.cache import LibraryCache, local_rows
 from ..library.fit import Machine, machine
 from ..library.report import fit_report, library_row
+from ..metrics.isolate import ParentMetrics, route_of
+from ..server import guard
+from ..server.body import parse_body
+from ..server.web import open_paths
 from .child import EngineUnavailable
 from .drain import send_json
-from .pool import EnginePool
+from .pool import EnginePool, background
 from .proxy import EngineGone, forward, send_unavailable
 from .responses import ParentResponses
 
@@ -52,8 +51,8 @@ NO_CHAT = ("The web chat needs a server started without --isolate (its sessions 
 
 
 class ParentApp:
-    def __init__(self, pool: EnginePool, library: LibraryCache, api_key: Optional[str] = None,
-                 kv_bits: Optional[int] = None):
+    def __init__(self, pool: EnginePool, library: LibraryCache, api_key: str | None = None,
+                 kv_bits: int | None = None):
         self.pool, self.library = pool, library
         self.api_key = api_key
         self.kv_bits = kv_bits  # the engines' --kv-quant, billed by /fit while they are down
@@ -88,14 +87,15 @@ class ParentApp:
         if local is not None:
             return await local(scope, send)
         body = await self._body(receive)
-        if body is _GONE:
+        if isinstance(body, _Gone):
             return  # the client left while sending its body
         if body is None:
             return await send_json(send, 413, {"error": {
-                "message": f"request body over {MAX_BODY_BYTES} bytes", "type": "invalid_request_error"}})
+                "message": f"request body over {MAX_BODY_BYTES} bytes",
+                "type": "invalid_request_error"}})
         await self._proxy(scope, body, receive, send)
 
-    def _guard(self, scope) -> Optional[tuple]:
+    def _guard(self, scope) -> tuple | None:
         """The serve guard's rules, on the parent's TCP side (the engines behind the
         socket see only the parent): the API key on every route but /health and the
         web page's static shell; admin routes for loopback clients only when there is
@@ -107,8 +107,8 @@ class ParentApp:
             if got is None or not hmac.compare_digest(got.encode(), self.api_key.encode()):
                 return 401, _guard_error("authentication_error", "invalid or missing API key "
                                          "(send Authorization: Bearer <key>)", anthropic)
-        elif path.startswith(guard.ADMIN_PREFIXES) and not guard.is_loopback(
-                SimpleNamespace(scope=scope)):
+        elif path.startswith(guard.ADMIN_PREFIXES) and not guard.is_loopback_client(
+                scope.get("client")):
             return 403, _guard_error("permission_error", "this route answers loopback clients "
                                      "only; start the server with --api-key to allow remote "
                                      "clients", anthropic)
@@ -231,9 +231,9 @@ class ParentApp:
             return await self._proxy(scope, b"", None, send)
         ctx = _ctx(scope.get("query_string", b""))
         if ctx == -1:
-            return await send_json(send, 400, {"error": {"message": "ctx must be a positive integer",
-                                                         "type": "invalid_request_error",
-                                                         "param": "ctx"}})
+            return await send_json(send, 400, {"error": {
+                "message": "ctx must be a positive integer", "type": "invalid_request_error",
+                "param": "ctx"}})
         if path not in self._fit_weights:
             self._fit_weights[path] = await asyncio.to_thread(checkpoint.weights, path)
         config = checkpoint.read_json(path / "config.json")
@@ -241,7 +241,7 @@ class ParentApp:
         await send_json(send, 200, fit_report(config, self._fit_weights[path], m, context=ctx,
                                               kv_bits=self.kv_bits))
 
-    def _served_path(self) -> Optional[Path]:
+    def _served_path(self) -> Path | None:
         arg = self.pool.default.arg
         if arg and (Path(arg) / "config.json").is_file():
             return Path(arg)
@@ -249,7 +249,7 @@ class ParentApp:
         return entry.path if entry else None
 
     # ---------------------------------------------------------------- proxying
-    async def _body(self, receive) -> Optional[bytes]:
+    async def _body(self, receive) -> bytes | _Gone | None:
         chunks, size = [], 0
         while True:
             msg = await receive()
@@ -300,7 +300,7 @@ class ParentApp:
             msg = await receive()
             if msg["type"] == "lifespan.startup":
                 await self.pool.start()
-                asyncio.ensure_future(asyncio.to_thread(self.library.entries))  # warm the scan
+                background(asyncio.to_thread(self.library.entries))  # warm the scan
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
                 await self.pool.close()
@@ -308,7 +308,11 @@ class ParentApp:
                 return
 
 
-_GONE = object()
+class _Gone(enum.Enum):
+    GONE = "gone"  # the client left while sending its body
+
+
+_GONE = _Gone.GONE
 
 
 class _StatusOf:
@@ -335,7 +339,7 @@ def _shaped(body: dict, path: str) -> dict:
     return body
 
 
-def _presented_key(scope) -> Optional[str]:
+def _presented_key(scope) -> str | None:
     headers = dict(scope["headers"])
     auth = headers.get(b"authorization")
     if auth and auth[:7].lower() == b"bearer ":
@@ -361,7 +365,7 @@ def _model_field(body: bytes):
         return None
 
 
-def _ctx(query: bytes) -> Optional[int]:
+def _ctx(query: bytes) -> int | None:
     for part in query.decode("latin-1").split("&"):
         if part.startswith("ctx="):
             try:

@@ -14,31 +14,43 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 from .child import EngineProcess
 
 log = logging.getLogger("mlxbun.isolate")
 
+# the event loop keeps only weak references to tasks: a fire-and-forget task is held here
+# until it finishes, or it could be garbage-collected half way
+_background: set[asyncio.Task] = set()
+
+
+def background(coro: Coroutine[object, object, object]) -> asyncio.Task:
+    """Run ``coro`` as a task nobody awaits, kept alive until it is done."""
+    task = asyncio.ensure_future(coro)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+    return task
+
 
 @dataclass(frozen=True)
 class ModelSpec:
     id: str
-    arg: Optional[str]  # what --model pins on the child (a directory, a name, None)
+    arg: str | None  # what --model pins on the child (a directory, a name, None)
 
 
 class EnginePool:
     def __init__(self, default: ModelSpec, engine_argv: list[str], cap: int = 1,
-                 lookup: Callable[[str], Optional[ModelSpec]] = lambda _id: None,
-                 api_key: Optional[str] = None):
+                 lookup: Callable[[str], ModelSpec | None] = lambda _id: None,
+                 api_key: str | None = None):
         self.default = default
         self.api_key = api_key
         self.engine_argv = engine_argv
         self.cap = max(1, int(cap))
         self.lookup = lookup  # exact /v1/models id -> how to start it (None: not a local model)
-        self.engines: "OrderedDict[str, EngineProcess]" = OrderedDict()  # LRU first
+        self.engines: OrderedDict[str, EngineProcess] = OrderedDict()  # LRU first
         self.evictions = 0
         self.demotions = 0  # prompt-cache entries evicted engines demoted to the SSD tier
         self._cold = asyncio.Lock()
@@ -72,7 +84,7 @@ class EnginePool:
         try:
             await engine.wait_ready()
             if len(self.engines) > self.cap:  # the newcomer is ready: drain the LRU now
-                asyncio.ensure_future(self._enforce_cap())
+                background(self._enforce_cap())
             yield engine
         finally:
             engine.in_flight -= 1
@@ -135,7 +147,7 @@ class EnginePool:
         # drained, so an engine with an SSD tier writes its prompt cache before it goes
         await asyncio.gather(*(e.stop(drain=True) for e in engines), return_exceptions=True)
 
-    def default_engine(self) -> Optional[EngineProcess]:
+    def default_engine(self) -> EngineProcess | None:
         return self.engines.get(self.default.id)
 
     def describe(self) -> dict:

@@ -10,9 +10,10 @@ final SSE ``error`` event).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from typing import Awaitable, Callable, Optional
+from collections.abc import Awaitable, Callable
 
 import httpx
 
@@ -67,10 +68,8 @@ async def _race(work: Awaitable, disconnect: Disconnect):
     if task in done:
         return task.result()
     task.cancel()
-    try:
+    with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
-    except (asyncio.CancelledError, Exception):
-        pass
     return None
 
 
@@ -84,7 +83,7 @@ def _request(engine: EngineProcess, scope, body: bytes) -> httpx.Request:
 
 
 async def forward(engine: EngineProcess, scope, body: bytes, receive, send,
-                  on_response: Optional[Callable[[httpx.Response], object]] = None) -> int:
+                  on_response: Callable[[httpx.Response], object] | None = None) -> int:
     """Proxy one request; returns the status sent (499: the client left first).
     Raises :class:`EngineGone` when the engine fails before answering (nothing sent yet).
 
@@ -111,12 +110,12 @@ async def forward(engine: EngineProcess, scope, body: bytes, receive, send,
                 return 499
             if ok and hasattr(observe, "close"):
                 observe.close()
-            if ok is False:  # the engine died mid-body
-                if resp.headers.get("content-type", "").startswith("text/event-stream"):
-                    err = unavailable_body(f"engine {engine.model_id} stopped mid-stream")
-                    await send({"type": "http.response.body", "more_body": True,
-                                "body": b"event: error\ndata: " + json.dumps(err).encode()
-                                        + b"\n\n"})
+            streamed = resp.headers.get("content-type", "").startswith("text/event-stream")
+            if ok is False and streamed:  # the engine died mid-stream: say so in the stream
+                err = unavailable_body(f"engine {engine.model_id} stopped mid-stream")
+                await send({"type": "http.response.body", "more_body": True,
+                            "body": b"event: error\ndata: " + json.dumps(err).encode()
+                                    + b"\n\n"})
             await send({"type": "http.response.body", "body": b""})
             return resp.status_code
         finally:

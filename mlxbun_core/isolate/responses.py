@@ -5,14 +5,14 @@ eviction loses no conversation. For a continued request the parent looks the
 history up and hands it to the engine in the body (``HISTORY_FIELD``, honoured
 only on the engine's unix socket); when the engine answers, the parent records
 the new turn from the finished response (the JSON body, or the stream's
-``response.completed`` / ``response.incomplete`` event, as the engine's own store does). ``GET``/``DELETE /v1/responses/<id>`` answer from
-this store, engine up or down.
+``response.completed`` / ``response.incomplete`` event, as the engine's own store
+does). ``GET``/``DELETE /v1/responses/<id>`` answer from this store, engine up or down.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from typing import Optional
 
 from ..errors import APIError
 from ..server.body import parse_body
@@ -22,7 +22,7 @@ from ..server.responses_request import conversation
 from .drain import send_json
 
 
-def not_found(message: str, param: Optional[str] = None) -> dict:
+def not_found(message: str, param: str | None = None) -> dict:
     return {"error": {"message": message, "type": "invalid_request_error", "param": param,
                       "code": None}}
 
@@ -53,12 +53,10 @@ class Turn:
 
     def close(self) -> None:
         if not self._sse and self._buf:
-            try:
+            with contextlib.suppress(ValueError):
                 self._remember(json.loads(bytes(self._buf)))
-            except ValueError:
-                pass
 
-    def _remember(self, response: Optional[dict]) -> None:
+    def _remember(self, response: dict | None) -> None:
         if isinstance(response, dict) and response.get("id"):
             output = response.get("output") or []
             self.store.put(response["id"], {"system": self.system, "response": response,
@@ -66,7 +64,7 @@ class Turn:
 
 
 class ParentResponses:
-    def __init__(self, store: Optional[ResponseStore] = None):
+    def __init__(self, store: ResponseStore | None = None):
         self.store = store or ResponseStore()
 
     def prepare(self, raw: bytes):

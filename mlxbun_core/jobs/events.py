@@ -8,7 +8,7 @@ bodies and reads what they say, so it stands above them; they import only this.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["Emit", "JobError"]
 

@@ -20,8 +20,8 @@ import subprocess
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .events import Emit, JobError
 from .store import TERMINAL, JobStore
@@ -53,7 +53,7 @@ def child_main(argv=None) -> int:
     except JobError as exc:
         emit({"type": "failed", "error": str(exc)})
         return 1
-    except BaseException as exc:  # noqa: BLE001 — every failure must reach the job row
+    except BaseException as exc:
         traceback.print_exc()
         emit({"type": "failed", "error": f"{type(exc).__name__}: {exc}"})
         return 1
@@ -68,7 +68,7 @@ class JobManager:
     def __init__(self, store: JobStore, home: Path):
         self.store = store
         self.home = Path(home)
-        self._queue: "queue.Queue[str | None]" = queue.Queue()
+        self._queue: queue.Queue[str | None] = queue.Queue()
         self._procs: dict[str, subprocess.Popen] = {}
         self._thread: threading.Thread | None = None
         self._closed = False

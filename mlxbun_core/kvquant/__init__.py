@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 log = logging.getLogger("mlxbun.kvquant")
 
@@ -43,7 +43,7 @@ __all__ = ["KVScheme", "OFF", "GROUP_SIZE", "CHOICES", "parse", "describe", "sta
 class KVScheme:
     """How a server stores KV: ``bits`` None keeps the model's dtype."""
 
-    bits: Optional[int] = None
+    bits: int | None = None
     group_size: int = GROUP_SIZE
 
     @property
@@ -105,7 +105,7 @@ def describe(scheme: KVScheme, layout) -> dict:
             "layers": layers, "attention": {"global": full, "sliding_window": sliding}}
 
 
-def startup_warning(scheme: KVScheme, layout) -> Optional[str]:
+def startup_warning(scheme: KVScheme, layout) -> str | None:
     """The one warning for attention layers a quantized scheme leaves unquantized."""
     if not scheme.bits:
         return None
@@ -202,7 +202,7 @@ def quantizing(model, scheme: KVScheme):
     return QuantizingModel(model, scheme) if scheme.bits else model
 
 
-def for_batch(cache: Optional[list], scheme: KVScheme, model=None) -> Optional[list]:
+def for_batch(cache: list | None, scheme: KVScheme, model=None) -> list | None:
     """A row's cache ready for mlx-lm's ``BatchGenerator`` under ``scheme``: entries that
     may meet quantized rows in a merge get a merge that handles both (a fresh row gets a
     fresh cache from ``model``). Off: ``cache`` unchanged."""

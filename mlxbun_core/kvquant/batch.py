@@ -16,7 +16,7 @@ takes a mix of quantized and not-yet-quantized rows. Rows leaving the batch
 
 from __future__ import annotations
 
-from typing import List
+from typing import cast
 
 import mlx.core as mx
 from mlx.utils import tree_map, tree_reduce
@@ -85,8 +85,10 @@ def _zeros_like_rows(x: mx.array, rows: int, length: int) -> mx.array:
 class BatchQuantizedKVCache(_BaseCache):
     step = 256
 
-    def __init__(self, left_padding: List[int], group_size: int = 64, bits: int = 8):
-        self.keys = self.values = None  # (packed, scales, biases), each (B, H, T, ·)
+    def __init__(self, left_padding: list[int], group_size: int = 64, bits: int = 8):
+        # (packed, scales, biases), each (B, H, T, ·)
+        self.keys: tuple[mx.array, ...] | None = None
+        self.values: tuple[mx.array, ...] | None = None
         self.left_padding = mx.array(left_padding)
         self.offset = mx.array([-p for p in left_padding])
         self._idx = 0
@@ -94,7 +96,7 @@ class BatchQuantizedKVCache(_BaseCache):
         self.group_size, self.bits = group_size, bits
 
     @classmethod
-    def from_plain(cls, c: BatchKVCache, group_size: int, bits: int) -> "BatchQuantizedKVCache":
+    def from_plain(cls, c: BatchKVCache, group_size: int, bits: int) -> BatchQuantizedKVCache:
         """``c`` (a ``BatchKVCache``) quantized, padding and offsets kept."""
         q = cls.__new__(cls)
         q.group_size, q.bits = group_size, bits
@@ -220,7 +222,7 @@ class BatchQuantizedKVCache(_BaseCache):
     def extract(self, idx: int) -> QuantizedKVCache:
         cache = QuantizedKVCache(group_size=self.group_size, bits=self.bits)
         mx.eval(self.left_padding)
-        padding = self.left_padding.tolist()[idx]
+        padding = cast("list[int]", self.left_padding.tolist())[idx]
         cache.keys, cache.values = tree_map(
             lambda x: mx.contiguous(x[idx:idx + 1, :, padding:self._idx]),
             (self.keys, self.values))
@@ -228,7 +230,7 @@ class BatchQuantizedKVCache(_BaseCache):
         return cache
 
     @classmethod
-    def merge(cls, caches: list) -> "BatchQuantizedKVCache":
+    def merge(cls, caches: list) -> BatchQuantizedKVCache:
         """Rows (``QuantizedKVCache``) right-aligned into one batch, as ``BatchKVCache.merge``."""
         g, b = caches[0].group_size, caches[0].bits
         lengths = [c.offset if c.keys is not None else 0 for c in caches]

@@ -13,12 +13,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 from .config import SsdConfig
+
+if TYPE_CHECKING:
+    from ..model import LoadedModel
+    from .store import SsdStore
 
 __all__ = ["SsdConfig", "open_store"]
 
 
-def open_store(config: SsdConfig, model, *, namespace_parts, busy):
+def open_store(config: SsdConfig, model: LoadedModel, *,
+               namespace_parts: Callable[[Any], list[Any] | None],
+               busy: Callable[[], bool]) -> SsdStore:
     """The :class:`~.store.SsdStore` for a loaded model (``model``: a LoadedModel)."""
     import mlx.core as mx
 

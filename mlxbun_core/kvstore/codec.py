@@ -14,7 +14,7 @@ after a restore grows them again, as after a RAM hit's trim).
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
@@ -142,7 +142,7 @@ def load_arrays(entry, *, strong: bool = False) -> list:
     from .fileformat import CorruptEntry
 
     try:
-        loaded = mx.load(str(entry.path), format="safetensors")
+        loaded = cast("dict[str, mx.array]", mx.load(str(entry.path), format="safetensors"))
         arrays = [loaded[f"t{i}"] for i in range(len(entry.tensors))]
     except (RuntimeError, ValueError, KeyError) as exc:
         if not entry.path.exists():  # removed by another server's byte cap meanwhile
@@ -157,7 +157,8 @@ def load_arrays(entry, *, strong: bool = False) -> list:
     slow = hashlib.blake2b(digest_size=32) if want_strong else None
     for a in arrays:
         if a.nbytes:
-            data = memoryview(a).cast("B")
+            # an mx.array has the buffer protocol; MLX's stubs do not say so
+            data = memoryview(a).cast("B")  # type: ignore[arg-type]
             fast.update(data)
             if slow is not None:
                 slow.update(data)

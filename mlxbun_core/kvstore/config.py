@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 GIB = 1 << 30
 DEFAULT_MAX_BYTES = 50 * GIB
@@ -22,7 +21,7 @@ class SsdConfig:
     only when they leave RAM (``MLXBUN_SSD_WRITEBEHIND=0`` turns it off)."""
 
     dir: Path
-    max_bytes: Optional[int] = None
+    max_bytes: int | None = None
     verify: bool = False
     demote_idle_s: float = DEFAULT_DEMOTE_IDLE_S
     write_behind: bool = True

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Optional
 
 DEFAULT_TIMEOUT_S = 120.0
 
@@ -64,7 +63,7 @@ async def demote(engine, timeout: float = DEFAULT_TIMEOUT_S) -> int:
     return await engine.worker.call(engine.prefix.drop_durable)
 
 
-def flush_blocking(engine, timeout: float = DEFAULT_TIMEOUT_S) -> Optional[dict]:
+def flush_blocking(engine, timeout: float = DEFAULT_TIMEOUT_S) -> dict | None:
     """:func:`flush` from a plain thread (shutdown), bounded by ``timeout`` overall;
     None without a tier."""
     if engine.prefix.tier is None:

@@ -22,15 +22,17 @@ next start reaps.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
 import os
 import struct
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -104,7 +106,7 @@ def byte_chunks(a: np.ndarray):
     if a.ndim == 0:
         a = a.reshape(1)
     if a.flags.c_contiguous:
-        view = memoryview(a).cast("B") if a.size else memoryview(b"")
+        view = memoryview(a.data).cast("B") if a.size else memoryview(b"")
         for i in range(0, len(view), CHUNK):
             yield view[i:i + CHUNK]
     elif a.ndim == 1:
@@ -123,7 +125,7 @@ def _header_bytes(body: dict, table: dict) -> bytes:
 
 def write_entry(directory: Path, header: dict, tokens: np.ndarray,
                 tensors: list, mx_dtypes: list, *, strong: bool = False,
-                cancelled: Callable[[], bool] = lambda: False) -> tuple[Optional[Path], int]:
+                cancelled: Callable[[], bool] = lambda: False) -> tuple[Path | None, int]:
     """Write one entry atomically into ``directory``; ``(path, size)`` of the new file.
 
     ``tensors`` are host arrays (numpy views of evaluated MLX arrays, strided or not),
@@ -181,10 +183,8 @@ def write_entry(directory: Path, header: dict, tokens: np.ndarray,
     finally:
         os.close(fd)
         if not ok:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            except OSError:
-                pass
 
 
 @dataclass
@@ -212,7 +212,7 @@ def read_header(path: Path, f=None) -> EntryHeader:
     """The checked header and token ids of ``path`` (reads no tensor bytes)."""
     own = f is None
     if own:
-        f = open(path, "rb", buffering=0)
+        f = open(path, "rb", buffering=0)  # noqa: SIM115 (closed in the finally below)
     try:
         size = os.fstat(f.fileno()).st_size
         (hlen,) = _LEN.unpack(_read_exact(f, _LEN.size))
@@ -224,11 +224,13 @@ def read_header(path: Path, f=None) -> EntryHeader:
             ours = meta["header"]
         except (ValueError, KeyError, TypeError):
             raise CorruptEntry("not an mlxbun KV file") from None
-        if meta.get("format") != FORMAT or xxhash.xxh64_hexdigest(ours.encode()) != meta.get("check"):
+        check = xxhash.xxh64_hexdigest(ours.encode())
+        if meta.get("format") != FORMAT or check != meta.get("check"):
             raise CorruptEntry("header hash mismatch")
         header = json.loads(ours)
         if header.get("version") != VERSION:
-            raise CorruptEntry(f"format version {header.get('version')} (this build reads {VERSION})")
+            raise CorruptEntry(f"format version {header.get('version')} "
+                               f"(this build reads {VERSION})")
         start = _LEN.size + hlen
         if size != start + int(header["data_bytes"]):
             raise CorruptEntry(f"size {size}, header says {start + header['data_bytes']}")
@@ -246,10 +248,10 @@ def read_header(path: Path, f=None) -> EntryHeader:
             f.close()
 
 
-def _check_table(table: dict, header: dict) -> None:
+def _check_table(table: dict[str, Any], header: dict[str, Any]) -> None:
     """The safetensors table (what ``mx.load`` will read) must say what ours says."""
     n = int(header["n_tokens"])
-    want = {"tokens": ["I32", [n], [0, 4 * n]]}
+    want: dict[str, list[Any]] = {"tokens": ["I32", [n], [0, 4 * n]]}
     for i, t in enumerate(header["tensors"]):
         want[f"t{i}"] = [ST_DTYPES.get(t["mx_dtype"]), list(t["shape"]),
                          [t["offset"], t["offset"] + t["nbytes"]]]
@@ -262,10 +264,8 @@ def drop_pages(f) -> None:
     """Tell the OS the file's pages will not be read again (Linux; a no-op elsewhere)."""
     advise = getattr(os, "posix_fadvise", None)
     if advise is not None:
-        try:
+        with contextlib.suppress(OSError):
             advise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-        except OSError:
-            pass
 
 
 def reap_orphans(directory: Path) -> int:
@@ -295,10 +295,8 @@ def reap_orphans(directory: Path) -> int:
     return removed
 
 
-def maybe_remove(path: Optional[Path]) -> None:
+def maybe_remove(path: Path | None) -> None:
     if path is None:
         return
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass

@@ -6,7 +6,6 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 from .config import DEFAULT_DEMOTE_IDLE_S, DEFAULT_QUEUE_BYTES, SsdConfig
 
@@ -42,7 +41,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                         f"(default {DEFAULT_DEMOTE_IDLE_S:.0f} with --ssd-cache; 0: never)")
 
 
-def config_from_args(args) -> tuple[Optional[SsdConfig], Optional[str]]:
+def config_from_args(args) -> tuple[SsdConfig | None, str | None]:
     """``(config or None, problem or None)``; sub-flags without ``--ssd-cache`` warn."""
     if not args.ssd_cache:
         if args.ssd_cache_max is not None or args.ssd_cache_verify \

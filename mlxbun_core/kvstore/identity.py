@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 import platform
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import xxhash
 
@@ -30,7 +30,8 @@ def device_identity() -> dict:
     """MLX version, device kind and architecture: a change selects a fresh directory."""
     import mlx.core as mx
 
-    info: dict = {"mlx": mx.__version__, "device": str(mx.default_device())}
+    info: dict = {"mlx": mx.__version__,  # type: ignore[attr-defined]  # not in MLX's stubs
+                  "device": str(mx.default_device())}
     try:
         import mlx_lm
 

@@ -9,12 +9,13 @@ named, so a file another process removed only turns a restore into a miss.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
 
 import numpy as np
 
@@ -92,7 +93,7 @@ class Index:
                 with self._lock:
                     self._by_ns.setdefault(ns, {})[p] = entry
 
-    def _load(self, path: Path, ns: str) -> Optional[IndexEntry]:
+    def _load(self, path: Path, ns: str) -> IndexEntry | None:
         try:
             h = read_header(path)
             if h.header.get("namespace") != ns or h.header.get("fingerprint") != self.home.name:
@@ -108,13 +109,13 @@ class Index:
         return None
 
     # -- queries ---------------------------------------------------------------------
-    def find(self, ns: str, prompt: np.ndarray) -> Optional[tuple[IndexEntry, int]]:
+    def find(self, ns: str, prompt: np.ndarray) -> tuple[IndexEntry, int] | None:
         """The entry giving the longest usable prefix of ``prompt`` and that length
         (capped at ``len(prompt) - 1``; an entry that would need a trim but cannot be
         trimmed is skipped, never restored and thrown away)."""
         self.refresh(ns)
         L = prompt.size
-        best: Optional[tuple[IndexEntry, int]] = None
+        best: tuple[IndexEntry, int] | None = None
         with self._lock:
             entries = list(self._by_ns.get(ns, {}).values())
         for e in entries:
@@ -132,7 +133,7 @@ class Index:
                 best = (e, usable)
         return best
 
-    def covering(self, ns: str, tokens: np.ndarray) -> Optional[IndexEntry]:
+    def covering(self, ns: str, tokens: np.ndarray) -> IndexEntry | None:
         """An entry that already serves everything ``tokens`` would: the same tokens,
         or a trimmable entry they are a prefix of."""
         with self._lock:
@@ -183,14 +184,12 @@ class Index:
 
     def touch(self, entry: IndexEntry, now: float) -> None:
         entry.used = now
-        try:
+        with contextlib.suppress(OSError):
             os.utime(entry.path, (now, now))
-        except OSError:
-            pass
 
     def disk_files(self) -> list[tuple[float, int, Path]]:
         """Every entry file under the root (all fingerprints): (mtime, size, path)."""
-        out = []
+        out: list[tuple[float, int, Path]] = []
         try:
             fps = [d for d in os.scandir(self.root) if d.is_dir(follow_symlinks=False)]
         except OSError:

@@ -15,8 +15,9 @@ import logging
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -46,18 +47,18 @@ def default_max_bytes(root: Path, used: int) -> int:
 
 class SsdStore:
     def __init__(self, config: SsdConfig, fingerprint: str, *,
-                 namespace_parts: Callable[[object], Optional[list]] = lambda ns: None,
+                 namespace_parts: Callable[[Any], list | None] = lambda ns: None,
                  busy: Callable[[], bool] = lambda: False, private_copies: bool = False):
         self.config = config
         self.root = Path(config.dir).expanduser().resolve()
         self.fingerprint = fingerprint
         self.namespace_parts = namespace_parts  # RAM namespace -> its durable identity
         self.private_copies = private_copies
-        self.degraded: Optional[str] = None
+        self.degraded: str | None = None
         self._retry_at = 0.0
         self.restores = self.spills = self.demotions = self.restore_failures = 0
         self.restore_ms_last = 0.0
-        self.restore_bps: Optional[float] = None  # bytes a second restores ran at (the best seen)
+        self.restore_bps: float | None = None  # bytes a second restores ran at (the best seen)
         self.restore_bytes_last = 0
         self.evicted = 0
         self._lock = threading.Lock()
@@ -74,7 +75,7 @@ class SsdStore:
                  self.index.home, len(self.index), self.index.nbytes() / 1e9, self.max_bytes / 1e9)
 
     # -- keys ------------------------------------------------------------------------
-    def key(self, ns) -> Optional[str]:
+    def key(self, ns) -> str | None:
         """The on-disk namespace of a RAM namespace (None: never written, e.g. an
         adapter no longer mounted)."""
         parts = self.namespace_parts(ns)
@@ -82,7 +83,7 @@ class SsdStore:
 
     # -- the MLX owner thread --------------------------------------------------------
     def prepare(self, key: str, tokens: list, cache: list, cache_type: str,
-                label: str = "") -> Optional[WriteJob]:
+                label: str = "") -> WriteJob | None:
         """Evaluate and describe ``cache`` for the writer (None: it cannot be stored)."""
         from mlx_lm.models.cache import can_trim_prompt_cache
 
@@ -98,10 +99,10 @@ class SsdStore:
         return WriteJob(key, np.asarray(tokens, dtype=np.int32), header, tensors, dtypes,
                         sum(int(t.nbytes) for t in tensors), trimmable)
 
-    def find(self, key: str, tokens: list) -> Optional[tuple[IndexEntry, int]]:
+    def find(self, key: str, tokens: list) -> tuple[IndexEntry, int] | None:
         return self.index.find(key, np.asarray(tokens, dtype=np.int32))
 
-    def restore(self, entry: IndexEntry) -> Optional[tuple[list, str]]:
+    def restore(self, entry: IndexEntry) -> tuple[list, str] | None:
         """``(cache, cache_type)`` rebuilt from ``entry``'s file, every byte checked; None
         (and the file removed when it failed a check) otherwise."""
         t0 = time.perf_counter()
@@ -148,7 +149,7 @@ class SsdStore:
         self.queue.close()
 
     # -- the writer thread -----------------------------------------------------------
-    def _write(self, job: WriteJob) -> Optional[bool]:
+    def _write(self, job: WriteJob) -> bool | None:
         if self.degraded is not None and time.monotonic() < self._retry_at:
             return None  # RAM only for now
         if self.index.covering(job.ns, job.tokens) is not None:
@@ -160,9 +161,11 @@ class SsdStore:
                                      [codec.host_view(t) for t in job.tensors], job.mx_dtypes,
                                      strong=self.config.verify)
         except OSError as exc:
-            self._degrade(f"write failed: {errno.errorcode.get(exc.errno, exc.errno)} "
+            self._degrade(f"write failed: {errno.errorcode.get(exc.errno or 0, exc.errno)} "
                           f"{exc.strerror or exc}")
             return False
+        if path is None:  # only a cancelled write leaves no file
+            return None
         with self._lock:
             self.spills += 1
         self.index.add(IndexEntry(path, job.ns, job.tokens, size, time.time(), job.trimmable))

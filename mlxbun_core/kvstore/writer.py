@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 import numpy as np
 
@@ -37,25 +37,25 @@ class WriteJob:
     queued_at: float = field(default_factory=time.monotonic)
     done: list = field(default_factory=list)  # callbacks(ok: bool), riders included
 
-    def same_tokens(self, other: "WriteJob") -> bool:
+    def same_tokens(self, other: WriteJob) -> bool:
         return self.ns == other.ns and np.array_equal(self.tokens, other.tokens)
 
-    def extends(self, other: "WriteJob") -> bool:
+    def extends(self, other: WriteJob) -> bool:
         """Whether ``other``'s tokens are a strict prefix of ours (same namespace)."""
         return (self.ns == other.ns and other.tokens.size < self.tokens.size
                 and np.array_equal(self.tokens[:other.tokens.size], other.tokens))
 
 
 class WriteQueue:
-    def __init__(self, write: Callable[[WriteJob], Optional[bool]], *, max_bytes: int,
+    def __init__(self, write: Callable[[WriteJob], bool | None], *, max_bytes: int,
                  busy: Callable[[], bool] = lambda: False,
-                 tick: Optional[Callable[[], None]] = None, tick_s: float = 5.0):
+                 tick: Callable[[], None] | None = None, tick_s: float = 5.0):
         self._write = write  # does the I/O: True durable, False failed, None skipped
         self.max_bytes = max_bytes
         self._busy = busy
         self._tick, self._tick_s = tick, tick_s
         self._queue: list[WriteJob] = []
-        self._current: Optional[WriteJob] = None
+        self._current: WriteJob | None = None
         self._cond = threading.Condition()
         self._closed = False
         self.written = self.dropped = self.failed = self.superseded = 0
@@ -142,7 +142,7 @@ class WriteQueue:
             self._drop(job)
 
     # -- the writer thread -----------------------------------------------------------
-    def _pick(self) -> Optional[WriteJob]:
+    def _pick(self) -> WriteJob | None:
         for j in self._queue:
             if j.urgent:
                 return j
@@ -175,7 +175,7 @@ class WriteQueue:
                 if self._tick is not None:
                     _call(self._tick)
                 continue
-            result: Optional[bool] = False
+            result: bool | None = False
             try:
                 result = self._write(job)
             except Exception:  # the tier must never take serving down

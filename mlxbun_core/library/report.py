@@ -6,7 +6,6 @@ weight bytes, so the server's admission, ``/fit`` and ``mlxbun fit`` agree.
 
 from __future__ import annotations
 
-
 from ..kvquant import KVScheme
 from . import checkpoint
 from .fit import DECODE_EFFICIENCY, Machine, plan, predicted_decode_tps

@@ -13,7 +13,6 @@ import io
 import math
 import struct
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 
@@ -38,7 +37,7 @@ def _fail(kind: str, why) -> MediaDecodeError:
 
 # ---------------------------------------------------------------- images
 
-_heif_ready: Optional[bool] = None
+_heif_ready: bool | None = None
 
 
 def _register_heif() -> bool:
@@ -61,7 +60,7 @@ def decode_image(data: bytes):
 
     _register_heif()
     try:
-        img = Image.open(io.BytesIO(data))
+        img: Image.Image = Image.open(io.BytesIO(data))
         w, h = img.size
         if w * h > MAX_IMAGE_PIXELS:
             raise MediaDecodeError(f"prompt build failed: image is {w}×{h}; the limit is "
@@ -243,7 +242,7 @@ def _fit(w: int, h: int, pixels: int) -> tuple[int, int]:
 def _resize(frame: np.ndarray, w: int, h: int) -> np.ndarray:
     from PIL import Image
 
-    return np.asarray(Image.fromarray(frame).resize((w, h), Image.BICUBIC))
+    return np.asarray(Image.fromarray(frame).resize((w, h), Image.Resampling.BICUBIC))
 
 
 # ---------------------------------------------------------------- helpers

@@ -31,8 +31,8 @@ import binascii
 import ipaddress
 import os
 import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Optional
 from urllib.parse import unquote_to_bytes, urljoin, urlsplit, urlunsplit
 
 from ..errors import BadRequest
@@ -83,7 +83,7 @@ _CGNAT = ipaddress.ip_network("100.64.0.0/10")
 _LAN_ONLY = ("private", "loopback", "link-local", "shared (CGNAT)")
 
 
-def _embedded_v4(ip: ipaddress.IPv6Address) -> Optional[ipaddress.IPv4Address]:
+def _embedded_v4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
     """The IPv4 address an IPv6 one stands for (mapped, 6to4, Teredo, NAT64), if any."""
     if ip.ipv4_mapped:
         return ip.ipv4_mapped
@@ -96,7 +96,7 @@ def _embedded_v4(ip: ipaddress.IPv6Address) -> Optional[ipaddress.IPv4Address]:
     return None
 
 
-def address_class(addr: str) -> Optional[str]:
+def address_class(addr: str) -> str | None:
     """What makes ``addr`` a non-public destination, or ``None`` for a public one."""
     ip = ipaddress.ip_address(addr.split("%", 1)[0])  # drop an IPv6 zone id
     if isinstance(ip, ipaddress.IPv6Address):
@@ -122,7 +122,7 @@ def address_class(addr: str) -> Optional[str]:
     return None
 
 
-def refusal(addr: str, allow_private: bool, trusted=()) -> Optional[str]:
+def refusal(addr: str, allow_private: bool, trusted=()) -> str | None:
     """The class of address that makes the policy refuse ``addr`` (``None``: allowed)."""
     cls = address_class(addr)
     if cls is None or (allow_private and cls in _LAN_ONLY):
@@ -135,7 +135,7 @@ def refusal(addr: str, allow_private: bool, trusted=()) -> Optional[str]:
 
 # ---------------------------------------------------------------- data: URLs
 
-def decode_data_url(url: str, kind: str, limit: int) -> tuple[bytes, Optional[str]]:
+def decode_data_url(url: str, kind: str, limit: int) -> tuple[bytes, str | None]:
     """``data:[mime][;base64],payload`` → (bytes, mime). Malformed → 400."""
     head, sep, payload = url[5:].partition(",")
     if not sep:
@@ -171,7 +171,7 @@ def decode_base64(text: str, what: str, limit: int) -> bytes:
 # ---------------------------------------------------------------- http(s)
 
 async def fetch(url: str, kind: str = "image",
-                pol: Optional[FetchPolicy] = None) -> tuple[bytes, Optional[str]]:
+                pol: FetchPolicy | None = None) -> tuple[bytes, str | None]:
     """Fetch ``url`` (``data:``, ``http:`` or ``https:``) → (bytes, content type)."""
     pol = pol or policy
     if not isinstance(url, str) or not url.strip():
@@ -214,7 +214,7 @@ async def _pin(url: str, kind: str, pol: FetchPolicy) -> tuple[str, str, str]:
         except OSError as exc:
             raise _rejected(kind, f"cannot resolve {host}: {exc}") from None
         if not addrs:
-            raise _rejected(kind, f"{host} resolves to no address")
+            raise _rejected(kind, f"{host} resolves to no address") from None
     for addr in addrs:  # every answer must pass: a mixed answer is a rebinding setup
         cls = refusal(addr, pol.allow_private, pol.trusted_networks)
         if cls:
@@ -229,7 +229,7 @@ async def _pin(url: str, kind: str, pol: FetchPolicy) -> tuple[str, str, str]:
     return pinned, host_header, host
 
 
-async def _fetch_remote(url: str, kind: str, pol: FetchPolicy) -> tuple[bytes, Optional[str]]:
+async def _fetch_remote(url: str, kind: str, pol: FetchPolicy) -> tuple[bytes, str | None]:
     import httpx
 
     limit = pol.limit(kind)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from ..errors import BadRequest
 from . import decode, fetch
@@ -30,7 +30,7 @@ class MediaRef:
 
     kind: str
     url: str
-    format: Optional[str] = None  # a client's hint (input_audio.format); content decides
+    format: str | None = None  # a client's hint (input_audio.format); content decides
 
 
 @dataclass
@@ -128,7 +128,7 @@ _DECODERS = {"image": decode.decode_image, "audio": decode.decode_audio,
              "video": decode.decode_video}
 
 
-async def load(refs: list[MediaRef], policy: Optional[fetch.FetchPolicy] = None) -> list[MediaItem]:
+async def load(refs: list[MediaRef], policy: fetch.FetchPolicy | None = None) -> list[MediaItem]:
     """Fetch every reference (concurrently) and decode each in a worker thread."""
     async def one(ref: MediaRef) -> MediaItem:
         data, _mime = await fetch.fetch(ref.url, ref.kind, policy)

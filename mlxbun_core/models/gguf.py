@@ -12,9 +12,9 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -166,7 +166,15 @@ def _tok_str(md: dict, key: str) -> str | None:
 
 def _build_tokenizer(md: dict):
     """Byte-level BPE from ggml tokens + merges, with control tokens registered as specials."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+    )
 
     kind = md.get("tokenizer.ggml.model")
     if kind != "gpt2":

@@ -14,12 +14,20 @@ import importlib.util
 import logging
 import os
 import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Literal, Protocol, Sequence
+from typing import Literal, Protocol
 
-from .paths import (DEFAULT_GGUF, DEFAULT_MODEL_ID, DEFAULT_PACKAGE, gguf_model_id,
-                    hf_cache_dir, mlxbun_home, model_id_for_dir)
+from .paths import (
+    DEFAULT_GGUF,
+    DEFAULT_MODEL_ID,
+    DEFAULT_PACKAGE,
+    gguf_model_id,
+    hf_cache_dir,
+    mlxbun_home,
+    model_id_for_dir,
+)
 
 __all__ = ["ResolvedModel", "ModelNotFound", "AmbiguousModel", "resolve_model", "mlxbun_home",
            "DEFAULT_MODEL_ID", "embedded_default_available", "library_match", "LibraryEntry",

@@ -35,6 +35,8 @@ def mlx_lm_supports(model_type) -> bool:
 @lru_cache(maxsize=1)
 def _mlx_lm_dir() -> Path:
     spec = importlib.util.find_spec("mlx_lm")  # locates the package, runs nothing
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("mlx_lm")
     return Path(next(iter(spec.submodule_search_locations)))
 
 

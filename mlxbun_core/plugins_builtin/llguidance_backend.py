@@ -4,9 +4,10 @@ no torch. ``guided_grammar`` takes Lark syntax (``start: ...``) or llama.cpp GBN
 Rust ``regex`` syntax (``\\d``, ``.``, classes, repetition ``{m,n}`` all work;
 ``\\d``/``\\w`` are made ASCII to match xgrammar).
 
-Added tokens: see :mod:`mlxbun_core.grammar.llg_special` - non-special added tokens (``<tool_call>`` on
-Qwen/GLM) are text tokens; a special token's text spelled in a regex / choice / Lark
-grammar is that single token (Gemma's ``<|tool_call>``); mask and consume always agree.
+Added tokens: see :mod:`mlxbun_core.grammar.llg_special` - non-special added tokens
+(``<tool_call>`` on Qwen/GLM) are text tokens; a special token's text spelled in a regex /
+choice / Lark grammar is that single token (Gemma's ``<|tool_call>``); mask and consume
+always agree.
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ def byte_vocab(tok, vocab_size: int) -> ByteVocab:
         ids = tok.tokenize_bytes(bytes([b]))
         if len(ids) == 1 and ids[0] < vocab_size and tok.decode_bytes(ids) == bytes([b]):
             one[b] = ids[0]
-    lengths = []
+    lengths: list[int] = []
 
     def token_lengths():
         if not lengths:

@@ -27,7 +27,7 @@ import logging
 import threading
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import cast
 
 from ..errors import BadRequest
 from ..media import parts as media_parts
@@ -43,8 +43,8 @@ _NOT_INPUTS = ("input_ids", "pixel_values", "attention_mask")
 _pipelines_lock = threading.Lock()  # /v1/models and preparation may ask at the same time
 
 
-@functools.lru_cache(maxsize=None)
-def _vlm_models_dir() -> Optional[Path]:
+@functools.cache
+def _vlm_models_dir() -> Path | None:
     spec = importlib.util.find_spec("mlx_vlm")  # locates the package without importing it
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -122,9 +122,13 @@ class VlmPipeline:
     def _processor_and_config(self):
         with self._lock:
             if self._processor is None:
-                from mlx_vlm.utils import (get_model_and_args, load_config,
-                                           load_image_processor, load_processor,
-                                           update_module_configs)
+                from mlx_vlm.utils import (
+                    get_model_and_args,
+                    load_config,
+                    load_image_processor,
+                    load_processor,
+                    update_module_configs,
+                )
 
                 path = self.model.path
                 log.info("loading the media processor for %s (mlx-vlm)", self.model.id)
@@ -214,7 +218,7 @@ class VlmPipeline:
         return self._vlm
 
 
-def _marker(processor, tok, kind: str) -> Optional[str]:
+def _marker(processor, tok, kind: str) -> str | None:
     """The placeholder string the processor expands for ``kind``."""
     name = {"image": "image_token", "audio": "audio_token", "video": "video_token"}[kind]
     return getattr(processor, name, None) or getattr(tok, name, None)
@@ -228,8 +232,9 @@ def load_towers(model: LoadedModel):
     from mlx_vlm.utils import load_model
 
     vlm = load_model(Path(model.path), lazy=True)
-    mine = dict(tree_flatten(vlm.parameters()))
-    shared = [(k, v) for k, v in tree_flatten(model.model.parameters())
+    mine = dict(cast("list[tuple[str, mx.array]]", tree_flatten(vlm.parameters())))
+    theirs = cast("list[tuple[str, mx.array]]", tree_flatten(model.model.parameters()))
+    shared = [(k, v) for k, v in theirs
               if k in mine and mine[k].shape == v.shape and mine[k].dtype == v.dtype]
     vlm.update(tree_unflatten(shared))
     mx.eval(vlm.parameters())

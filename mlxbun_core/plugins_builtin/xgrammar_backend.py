@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+from typing import Any
 
 from ..contract import GrammarBackend
 from ..grammar.base import CompiledGrammar, GrammarCompileError, eos_ids, hf_tokenizer
@@ -94,7 +95,7 @@ def _no_surrogates(g: str) -> str:
 def _json_schema_ebnf(schema, whitespace: str) -> str:
     import xgrammar as xgr
 
-    kw = ({"any_whitespace": False, "separators": SEPARATORS[whitespace]}
+    kw: dict[str, Any] = ({"any_whitespace": False, "separators": SEPARATORS[whitespace]}
           if whitespace in SEPARATORS else {})
     schema = closed(schema)
     return _patched(str(xgr.Grammar.from_json_schema(json.dumps(schema), strict_mode=True, **kw)))
@@ -108,7 +109,8 @@ def _structural_ebnf(fmt: dict, whitespace: str) -> str:
 
     def prepared(node):
         if whitespace in SEPARATORS:
-            return {"type": "grammar", "grammar": _json_schema_ebnf(node["json_schema"], whitespace)}
+            return {"type": "grammar",
+                    "grammar": _json_schema_ebnf(node["json_schema"], whitespace)}
         return dict(node, json_schema=closed(node["json_schema"]))
 
     tag = {"type": "structural_tag", "format": map_json(fmt, prepared)}
@@ -173,7 +175,7 @@ def byte_vocab(info, hf, vocab_size: int) -> ByteVocab:
 
     decoded = info.decoded_vocab
     special = set(info.special_token_ids)
-    one = {}
+    one: dict[int, int] = {}
     for i, b in enumerate(decoded[:vocab_size]):
         if len(b) == 1 and i not in special:
             one.setdefault(b[0], i)

@@ -5,13 +5,13 @@ unless an API key is set); mounting runs on the model worker between decode step
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from blacksheep import Request
+from blacksheep import Request, Response
 
 from ..adapters import discover
 from ..errors import BadRequest
-from .common import guarded, json_response, read_body
+from .common import guarded, json_response, read_body, route_param
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
@@ -22,13 +22,13 @@ def register(app: App, engine: Engine) -> None:
     manager = engine.adapters
 
     @guarded()
-    async def mounted(request: Request):
+    async def mounted(request: Request) -> Response:
         return json_response({"adapters": manager.rows(), "default": manager.default})
 
     @guarded()
-    async def available(request: Request):
+    async def available(request: Request) -> Response:
         by_path = {str(m.info.path): m.id for m in manager.mounted.values()}
-        rows = []
+        rows: list[dict[str, Any]] = []
         for info in await asyncio.to_thread(discover.scan):
             rows.append({"id": info.path.name, **info.row(),
                          "mounted": str(info.path) in by_path,
@@ -37,7 +37,7 @@ def register(app: App, engine: Engine) -> None:
         return json_response({"adapters": rows})
 
     @guarded()
-    async def mount(request: Request):
+    async def mount(request: Request) -> Response:
         body = await read_body(request)
         force = body.get("force", False)
         if not isinstance(force, bool):
@@ -48,8 +48,8 @@ def register(app: App, engine: Engine) -> None:
                               "format": m.info.format, "path": str(m.info.path)})
 
     @guarded()
-    async def unmount(request: Request):
-        adapter_id = request.route_values.get("adapter_id", "")
+    async def unmount(request: Request) -> Response:
+        adapter_id = route_param(request, "adapter_id")
         removed = await manager.unmount_async(adapter_id)
         return json_response({"id": adapter_id, "removed_layers": removed})
 

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from blacksheep import Request
+from blacksheep import Request, Response
 
 from ..engine.request import ChatRequest
 from ..errors import APIError
-from ..events import Admitted, Content, Reasoning, ToolCallEvent, Usage
+from ..events import Admitted, Content, Event, Finish, Reasoning, ToolCall, ToolCallEvent, Usage
 from . import generation
 from .anthropic_request import parse_request
 from .anthropic_system import thinking_omitted
@@ -33,6 +34,8 @@ from .common import guarded, json_response, read_body, sse_event
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
+    from ..engine.reply import Reply
+    from .generation import Run
     from .state import App
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
@@ -42,12 +45,13 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_
 TOO_LONG = re.compile(r"prompt has (\d+) tokens; this server admits at most (\d+)")
 
 
-def anthropic_error(exc: APIError):
+def anthropic_error(exc: APIError) -> Response:
     """Anthropic's error shape has no ``param``: a known one leads the message instead.
     A prompt over the context is said in Anthropic's words (``prompt is too long: N
     tokens > M maximum``), the form Claude Code parses for the token counts and answers
     with its compaction advice."""
-    kind = ERROR_TYPES.get(exc.status, "api_error" if exc.status >= 500 else "invalid_request_error")
+    fallback = "api_error" if exc.status >= 500 else "invalid_request_error"
+    kind = ERROR_TYPES.get(exc.status, fallback)
     message = exc.message
     if exc.param and exc.param not in message:
         message = f"{exc.param}: {message}"
@@ -60,9 +64,10 @@ def anthropic_error(exc: APIError):
 
 # ---------------------------------------------------------------- request side
 
-def parser(engine: Engine, *, need_max_tokens: bool = True) -> Callable[[dict], ChatRequest]:
+def parser(engine: Engine, *,
+           need_max_tokens: bool = True) -> Callable[[dict[str, Any]], ChatRequest]:
     """Anthropic body -> typed chat request, with the served model's defaults."""
-    def parse(body: dict) -> ChatRequest:
+    def parse(body: dict[str, Any]) -> ChatRequest:
         return parse_request(body, engine.defaults, engine.max_tokens,
                              need_max_tokens=need_max_tokens)
     return parse
@@ -70,7 +75,7 @@ def parser(engine: Engine, *, need_max_tokens: bool = True) -> Callable[[dict], 
 
 # ---------------------------------------------------------------- response side
 
-def _usage(usage, *, output: bool = True) -> dict:
+def _usage(usage: Usage, *, output: bool = True) -> dict[str, int]:
     out = {"input_tokens": usage.prompt_tokens - usage.cached_tokens}
     if usage.cached_tokens > 0:
         out["cache_read_input_tokens"] = usage.cached_tokens
@@ -79,7 +84,7 @@ def _usage(usage, *, output: bool = True) -> dict:
     return out
 
 
-def _stop(finish) -> tuple[str, str | None]:
+def _stop(finish: Finish) -> tuple[str, str | None]:
     if finish.stop_sequence:
         return "stop_sequence", finish.stop_sequence
     return STOP_REASONS.get(finish.reason, "end_turn"), None
@@ -93,7 +98,7 @@ def tool_use_id(call_id: str) -> str:
     return "toolu_" + call_id.removeprefix("call_")
 
 
-def _tool_use(call) -> dict:
+def _tool_use(call: ToolCall) -> dict[str, Any]:
     try:
         args = json.loads(call.arguments or "{}")
     except json.JSONDecodeError:
@@ -105,13 +110,14 @@ def _tool_use(call) -> dict:
 class MessageFrames(generation.FrameWriter):
     """Anthropic's event grammar: message_start, content blocks, message_delta, message_stop."""
 
-    def __init__(self, run, model_id: str):
+    def __init__(self, run: Run, model_id: str) -> None:
         self.run, self.model_id = run, model_id
-        self.index, self.open_kind = -1, None
+        self.index = -1
+        self.open_kind: str | None = None
         self.started = False
         self.omit_thinking = thinking_omitted(run.body)
 
-    def admitted(self, ev):
+    def admitted(self, ev: Admitted) -> list[bytes]:
         # sent as the lane takes the request, before prefill (clients show progress from
         # it); the same accounting as message_delta, cache hit included
         if self.started:
@@ -124,7 +130,7 @@ class MessageFrames(generation.FrameWriter):
             "content": [], "stop_reason": None, "stop_sequence": None,
             "usage": {**usage, "output_tokens": 0}}})]
 
-    def _start(self, kind, block):
+    def _start(self, kind: str, block: dict[str, Any]) -> list[bytes]:
         frames = self._stop()
         self.index += 1
         self.open_kind = kind
@@ -132,23 +138,25 @@ class MessageFrames(generation.FrameWriter):
             "type": "content_block_start", "index": self.index, "content_block": block}))
         return frames
 
-    def _stop(self):
+    def _stop(self) -> list[bytes]:
         if self.open_kind is None:
             return []
         self.open_kind = None
-        return [sse_event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+        return [sse_event("content_block_stop",
+                          {"type": "content_block_stop", "index": self.index})]
 
-    def _delta(self, d):
+    def _delta(self, d: dict[str, Any]) -> bytes:
         return sse_event("content_block_delta",
                          {"type": "content_block_delta", "index": self.index, "delta": d})
 
-    def _text(self, t):
-        frames = [] if self.open_kind == "text" else self._start("text", {"type": "text", "text": ""})
+    def _text(self, t: str) -> list[bytes]:
+        opened = self.open_kind == "text"
+        frames: list[bytes] = [] if opened else self._start("text", {"type": "text", "text": ""})
         return frames + [self._delta({"type": "text_delta", "text": t})]
 
-    def event(self, ev):
+    def event(self, ev: Event) -> list[bytes]:
         if isinstance(ev, Reasoning) and ev.text:
-            frames = [] if self.open_kind == "thinking" else self._start(
+            frames: list[bytes] = [] if self.open_kind == "thinking" else self._start(
                 "thinking", {"type": "thinking", "thinking": "", "signature": ""})
             if self.omit_thinking:  # the block says that the model thought, not what
                 return frames
@@ -164,10 +172,10 @@ class MessageFrames(generation.FrameWriter):
             return frames + self._stop()
         return []
 
-    def keepalive(self):
+    def keepalive(self) -> list[bytes]:
         return [sse_event("ping", {"type": "ping"})]
 
-    def done(self, finish):
+    def done(self, finish: Finish) -> list[bytes]:
         frames = self.admitted(Admitted(finish.usage.cached_tokens, finish.usage.lane))
         frames += self._text("") if self.index < 0 else []
         frames += self._stop()
@@ -178,16 +186,16 @@ class MessageFrames(generation.FrameWriter):
         frames.append(sse_event("message_stop", {"type": "message_stop"}))
         return frames
 
-    def failed(self, message):
-        return self.admitted(Admitted(0, "")) + [sse_event("error", {"type": "error", "error": {"type": "api_error",
-                                                             "message": message}})]
+    def failed(self, message: str) -> list[bytes]:
+        error = {"type": "error", "error": {"type": "api_error", "message": message}}
+        return self.admitted(Admitted(0, "")) + [sse_event("error", error)]
 
 
 def register(app: App, engine: Engine) -> None:
     model_id = engine.model.id
 
-    def answer(run, reply) -> dict:
-        content = []
+    def answer(run: Run, reply: Reply) -> dict[str, Any]:
+        content: list[dict[str, Any]] = []
         if reply.reasoning:
             shown = "" if thinking_omitted(run.body) else reply.reasoning
             content.append({"type": "thinking", "thinking": shown, "signature": ""})
@@ -202,7 +210,7 @@ def register(app: App, engine: Engine) -> None:
                 "usage": _usage(reply.finish.usage)}
 
     @guarded(anthropic_error)
-    async def messages(request: Request):
+    async def messages(request: Request) -> Response:
         run = await generation.start(request, engine, route="/v1/messages", id_prefix="msg_",
                                      parse=parser(engine))
         return await generation.respond(request, run, lambda r: MessageFrames(r, model_id), answer)
@@ -210,7 +218,7 @@ def register(app: App, engine: Engine) -> None:
     count = parser(engine, need_max_tokens=False)
 
     @guarded(anthropic_error)
-    async def count_tokens(request: Request):
+    async def count_tokens(request: Request) -> Response:
         body = await read_body(request)
         typed = count(body)  # a bad format is a 400 here too …
         n = await engine.count_prompt_tokens(typed)  # … but counting compiles no grammar

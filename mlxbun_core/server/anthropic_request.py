@@ -13,11 +13,16 @@ tools and tool search :mod:`.anthropic_tools`.
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 from ..chat_template import check_reasoning_effort
-from ..engine.request import (ChatRequest, GenerateOptions, chat_request, string_field,
-                              template_kwargs_field)
+from ..engine.request import (
+    ChatRequest,
+    GenerateOptions,
+    chat_request,
+    string_field,
+    template_kwargs_field,
+)
 from ..engine.sampling import SamplingParams, max_tokens_field, stop_sequences
 from ..errors import BadRequest
 from ..grammar.request import GrammarRequest, budget_close, json_schema, response_format_request
@@ -34,19 +39,19 @@ AUDIO_BLOCKS = ("input_audio", "audio", "audio_url")
 ROLES = ("user", "assistant", "system")
 
 
-def _string(value, where: str, *, required: bool = True) -> str:
+def _string(value: object, where: str, *, required: bool = True) -> str:
     if isinstance(value, str) and (value or not required):
         return value
     raise BadRequest(f"{where} must be a {'non-empty ' if required else ''}string")
 
 
-def _object(value, where: str) -> dict:
+def _object(value: object, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise BadRequest(f"{where} must be an object")
     return value
 
 
-def _image_part(block: dict) -> dict:
+def _image_part(block: dict[str, Any]) -> dict[str, Any]:
     src = _object(block.get("source"), "image source")
     kind = src.get("type")
     if kind == "base64" and isinstance(src.get("data"), str):
@@ -62,7 +67,7 @@ def _image_part(block: dict) -> dict:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-def _block_part(block) -> dict | None:
+def _block_part(block: Any) -> dict[str, Any] | None:
     """One user-side content block as an OpenAI content part (None = dropped)."""
     kind = block.get("type") if isinstance(block, dict) else None
     if kind == "text":
@@ -78,13 +83,13 @@ def _block_part(block) -> dict | None:
     raise BadRequest(f"unsupported content block type: {kind!r}")
 
 
-def _result_part(block, tools: ToolSet) -> dict | None:
+def _result_part(block: Any, tools: ToolSet) -> dict[str, Any] | None:
     if isinstance(block, dict) and block.get("type") == "tool_reference":
         return {"type": "text", "text": reference_text(block, tools)}
     return _block_part(block)
 
 
-def _tool_result(block: dict, tools: ToolSet) -> dict:
+def _tool_result(block: dict[str, Any], tools: ToolSet) -> dict[str, Any]:
     content = block.get("content")
     parts: Any
     if content is None or isinstance(content, str):
@@ -101,12 +106,12 @@ def _tool_result(block: dict, tools: ToolSet) -> dict:
             "tool_call_id": _string(block.get("tool_use_id"), "tool_result tool_use_id")}
 
 
-def _user_messages(content, tools: ToolSet) -> list:
+def _user_messages(content: str | list[Any], tools: ToolSet) -> list[dict[str, Any]]:
     """A user turn: tool_result blocks become tool messages, the rest user parts."""
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
-    out: list = []
-    parts: list = []
+    out: list[dict[str, Any]] = []
+    parts: list[dict[str, Any]] = []
     for block in content:
         if isinstance(block, dict) and block.get("type") == "tool_result":
             if parts:
@@ -122,10 +127,11 @@ def _user_messages(content, tools: ToolSet) -> list:
     return out
 
 
-def _assistant_message(content) -> dict:
+def _assistant_message(content: str | list[Any]) -> dict[str, Any]:
     if isinstance(content, str):
         return {"role": "assistant", "content": content}
-    texts, calls = [], []
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
     for block in content:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
@@ -145,7 +151,7 @@ def _assistant_message(content) -> dict:
     return msg
 
 
-def _output_format(body: dict) -> Optional[tuple[dict, str]]:
+def _output_format(body: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
     """The requested output format and the name it came as (``output_config.format``,
     or the older beta spelling ``output_format``), or None."""
     config = body.get("output_config")
@@ -159,7 +165,8 @@ def _output_format(body: dict) -> Optional[tuple[dict, str]]:
     return fmt, where
 
 
-def _grammar(body: dict, output: Optional[tuple[dict, str]]) -> Optional[GrammarRequest]:
+def _grammar(body: dict[str, Any],
+             output: tuple[dict[str, Any], str] | None) -> GrammarRequest | None:
     """The output format as a grammar; without one, the ``response_format`` extension."""
     if output is None:
         return response_format_request(body.get("response_format"))
@@ -167,8 +174,8 @@ def _grammar(body: dict, output: Optional[tuple[dict, str]]) -> Optional[Grammar
     return GrammarRequest("json_schema", json_schema(fmt.get("schema"), where))
 
 
-def parse_request(body: dict, defaults: Optional[dict] = None,
-                  server_max_tokens: Optional[int] = None, *,
+def parse_request(body: dict[str, Any], defaults: dict[str, Any] | None = None,
+                  server_max_tokens: int | None = None, *,
                   need_max_tokens: bool = True) -> ChatRequest:
     """An Anthropic Messages body as the engine's typed chat request (``defaults``: the
     served model's sampling defaults; ``server_max_tokens``: the operator's cap).
@@ -201,7 +208,7 @@ def parse_request(body: dict, defaults: Optional[dict] = None,
                         reasoning_effort=check_reasoning_effort(*effort))
 
 
-def _effort(body: dict, turn_effort: Optional[tuple[str, str]]) -> tuple[Optional[str], str]:
+def _effort(body: dict[str, Any], turn_effort: tuple[str, str] | None) -> tuple[str | None, str]:
     """The effort for the turn being generated and the field it came from: the
     ``reasoning_effort`` extension, else a system message's for this turn, else the
     top-level ``output_config.effort``."""
@@ -211,11 +218,11 @@ def _effort(body: dict, turn_effort: Optional[tuple[str, str]]) -> tuple[Optiona
     return effort
 
 
-def _messages(body: dict, messages: list,
-              tools: ToolSet) -> tuple[list, Optional[tuple[str, str]]]:
+def _messages(body: dict[str, Any], messages: list[Any],
+              tools: ToolSet) -> tuple[list[dict[str, Any]], tuple[str, str] | None]:
     """The chat messages, and the effort a system message set for the turn being generated
     (one after the last assistant turn) with the field it came as."""
-    out = []
+    out: list[dict[str, Any]] = []
     if body.get("system") is not None:
         prompt = system.system_prompt(body["system"])
         if prompt:
@@ -223,7 +230,7 @@ def _messages(body: dict, messages: list,
     roles = [m.get("role") if isinstance(m, dict) else None for m in messages]
     # each role's last position (an unhashable role is refused in the loop below)
     last = {role: i for i, role in enumerate(roles) if isinstance(role, str)}
-    turn_effort = None
+    turn_effort: tuple[str, str] | None = None
     for i, m in enumerate(messages):
         if roles[i] not in ROLES:
             raise BadRequest(f"messages[{i}].role must be one of user, assistant, system")

@@ -17,7 +17,7 @@ Such blocks are dropped unless ``MLXBUN_KEEP_VOLATILE_SYSTEM=1`` (``mlxbun serve
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Any
 
 from ..errors import BadRequest
 
@@ -40,13 +40,13 @@ def _volatile(text: str) -> bool:
     return text.lstrip().startswith(VOLATILE_PREFIXES)
 
 
-def _text(value, where: str) -> str:
+def _text(value: object, where: str) -> str:
     if not isinstance(value, str):
         raise BadRequest(f"{where} must be a string")
     return value
 
 
-def system_prompt(content) -> str:
+def system_prompt(content: object) -> str:
     """The top-level ``system``: a string or a list of text blocks, joined as sent,
     without volatile metadata (a leading line of a string, a whole block of a list)."""
     normalize = normalizing()
@@ -55,7 +55,7 @@ def system_prompt(content) -> str:
         return rest if normalize and _volatile(first) else content
     if not isinstance(content, list):
         raise BadRequest("system must be a string or a list of text blocks")
-    texts = []
+    texts: list[str] = []
     for i, block in enumerate(content):
         if not isinstance(block, dict) or block.get("type") != "text":
             raise BadRequest(f"system[{i}] must be a text block ({{\"type\": \"text\", ...}})")
@@ -65,7 +65,7 @@ def system_prompt(content) -> str:
     return "".join(texts)
 
 
-def _effort(config, where: str) -> Optional[str]:
+def _effort(config: object, where: str) -> str | None:
     """``output_config.effort`` as our ``reasoning_effort`` (Anthropic's "max" is our "xhigh")."""
     if config is None:
         return None
@@ -79,7 +79,8 @@ def _effort(config, where: str) -> Optional[str]:
     return {"max": "xhigh"}.get(effort, effort)
 
 
-def system_message(m: dict, i: int, later_user: bool) -> tuple[Optional[dict], Optional[str]]:
+def system_message(m: dict[str, Any], i: int,
+                   later_user: bool) -> tuple[dict[str, Any] | None, str | None]:
     """``messages[i]`` with role system: the chat message it renders as (None when it
     shows nothing) and the effort it sets for the turn it belongs to."""
     where = f"messages[{i}]"
@@ -95,7 +96,7 @@ def system_message(m: dict, i: int, later_user: bool) -> tuple[Optional[dict], O
     elif isinstance(content, str):
         text = content
     elif isinstance(content, list):
-        texts = []
+        texts: list[str] = []
         for j, block in enumerate(content):
             kind = block.get("type") if isinstance(block, dict) else None
             if kind == "text":
@@ -111,7 +112,7 @@ def system_message(m: dict, i: int, later_user: bool) -> tuple[Optional[dict], O
     return ({"role": "system", "content": text} if text else None), effort
 
 
-def thinking_kwargs(kwargs, thinking):
+def thinking_kwargs(kwargs: object, thinking: object) -> object:
     """``chat_template_kwargs`` (as sent) with ``thinking`` as the template switch:
     enabled / between_tools turn thinking on, disabled off; adaptive leaves it to
     ``output_config.effort`` or the model's default. An explicit
@@ -133,11 +134,11 @@ def thinking_kwargs(kwargs, thinking):
     return {"enable_thinking": kind != "disabled", **kwargs}
 
 
-def thinking_omitted(body: dict) -> bool:
+def thinking_omitted(body: dict[str, Any]) -> bool:
     """``thinking.display: "omitted"``: thinking blocks come back without their text."""
     thinking = body.get("thinking")
     return isinstance(thinking, dict) and thinking.get("display") == "omitted"
 
 
-def top_effort(body: dict) -> Optional[str]:
+def top_effort(body: dict[str, Any]) -> str | None:
     return _effort(body.get("output_config"), "output_config")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any
 
 from ..errors import BadRequest
 from ..toolcalls.choice import ToolChoice
@@ -21,11 +21,12 @@ from ..toolcalls.choice import ToolChoice
 
 @dataclass
 class ToolSet:
-    chat_tools: list | None = None  # the tools shown up front (chat shape)
-    definitions: dict = field(default_factory=dict)  # name -> function dict, deferred included
+    chat_tools: list[dict[str, Any]] | None = None  # the tools shown up front (chat shape)
+    # name -> function dict, deferred included
+    definitions: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def _function(t: dict, i: int) -> dict:
+def _function(t: dict[str, Any], i: int) -> dict[str, Any]:
     name = t.get("name")
     if not isinstance(name, str) or not name:
         raise BadRequest(f"tools[{i}].name must be a non-empty string")
@@ -42,13 +43,14 @@ def _function(t: dict, i: int) -> dict:
     return fn
 
 
-def tool_set(tools) -> ToolSet:
+def tool_set(tools: object) -> ToolSet:
     """The request's ``tools``: those shown up front, and every client tool by name."""
     if tools is None:
         return ToolSet()
     if not isinstance(tools, list):
         raise BadRequest("tools must be a list")
-    shown, definitions = [], {}
+    shown: list[dict[str, Any]] = []
+    definitions: dict[str, dict[str, Any]] = {}
     for i, t in enumerate(tools):
         if not isinstance(t, dict):
             raise BadRequest(f"tools[{i}] must be an object")
@@ -64,7 +66,7 @@ def tool_set(tools) -> ToolSet:
     return ToolSet(shown or None, definitions)
 
 
-def reference_text(block: dict, tools: ToolSet) -> str:
+def reference_text(block: dict[str, Any], tools: ToolSet) -> str:
     """A ``tool_reference`` block as the definition of the tool it loads."""
     name = block.get("tool_name")
     if not isinstance(name, str) or not name:
@@ -75,7 +77,8 @@ def reference_text(block: dict, tools: ToolSet) -> str:
     return "<function>" + json.dumps(shown, ensure_ascii=False) + "</function>\n"
 
 
-def tool_choice(choice, tools: list | None) -> tuple[ToolChoice, Optional[bool]]:
+def tool_choice(choice: object,
+                tools: list[dict[str, Any]] | None) -> tuple[ToolChoice, bool | None]:
     """Anthropic's tool_choice as the engine's ``(ToolChoice, parallel_tool_calls)``
     (``parallel`` None: not said). Without tools shown up front the choice is auto."""
     if choice is None:

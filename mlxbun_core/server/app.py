@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
-from blacksheep import Request
+from blacksheep import Application, Request, Response
 
-from .. import blas
-from .. import metrics
-from ..webchat.store import SessionStore, sessions_dir as default_sessions_dir
+from .. import blas, metrics
+from ..errors import APIError
+from ..webchat.store import SessionStore
+from ..webchat.store import sessions_dir as default_sessions_dir
 from . import guard
 from .common import allowed_methods, json_response, method_not_allowed, openai_error
 from .guard import GuardRules
@@ -41,7 +43,7 @@ SURFACES = (
 )
 
 
-def error_shape(path: str):
+def error_shape(path: str) -> Callable[[APIError], Response]:
     """How the surface at ``path`` renders an error (Anthropic's routes their own shape)."""
     if path == "/v1/messages" or path.startswith("/v1/messages/"):
         from .anthropic_messages import anthropic_error
@@ -50,8 +52,8 @@ def error_shape(path: str):
     return openai_error
 
 
-def build_app(engine: Engine, *, api_key: Optional[str] = None,
-              sessions_dir: Optional[Path] = None) -> App:
+def build_app(engine: Engine, *, api_key: str | None = None,
+              sessions_dir: Path | None = None) -> App:
     """The application serving ``engine``. ``sessions_dir``: where the web chat keeps
     sessions (default: under our home)."""
     state = AppState(engine=engine, guard=GuardRules(api_key=api_key),
@@ -69,7 +71,7 @@ def build_app(engine: Engine, *, api_key: Optional[str] = None,
             raise
         module.register(app, engine)
 
-    async def not_found(request: Request):
+    async def not_found(request: Request) -> Response:
         allowed = allowed_methods(app.router, request.url.path)
         if allowed:  # the path exists for other methods: 405 in that surface's error shape
             path = request.url.path.decode("utf-8", "replace")
@@ -78,7 +80,7 @@ def build_app(engine: Engine, *, api_key: Optional[str] = None,
 
     app.router.fallback = not_found
 
-    async def on_stop(application):
+    async def on_stop(application: Application) -> None:
         engine.close()
 
     app.on_stop += on_stop

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+from typing import Any, NoReturn
 
 import numpy as np
 from blacksheep import Request
@@ -63,7 +64,7 @@ async def _read_capped(request: Request, limit: int) -> bytes:
             if len(data) > limit:  # chunked bodies declare no length
                 raise BodyTooLarge(limit)
     except MessageAborted:
-        raise BadRequest("the client disconnected while sending the body")
+        raise BadRequest("the client disconnected while sending the body") from None
     return bytes(data)
 
 
@@ -82,7 +83,7 @@ def nesting_depth(raw: bytes) -> int:
     return deepest
 
 
-def _no_constants(name):
+def _no_constants(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
 
 
@@ -93,32 +94,32 @@ def _finite(text: str) -> float:
     return value
 
 
-def parse_body(raw: bytes) -> dict:
+def parse_body(raw: bytes) -> dict[str, Any]:
     """``raw`` as a JSON object, or a 400 that says what is wrong with it."""
     if not raw.strip():
         raise BadRequest("request body is empty: send a JSON object")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise BadRequest(f"request body is not valid UTF-8 (byte {exc.start})")
+        raise BadRequest(f"request body is not valid UTF-8 (byte {exc.start})") from None
     if nesting_depth(raw) > MAX_DEPTH:
         raise BadRequest(f"invalid JSON body: nested deeper than {MAX_DEPTH} levels")
     try:
         body = json.loads(text, parse_constant=_no_constants, parse_float=_finite)
     except ValueError as exc:  # JSONDecodeError is a ValueError; so is a 5000-digit int
-        raise BadRequest(f"invalid JSON body: {exc}")
+        raise BadRequest(f"invalid JSON body: {exc}") from None
     except RecursionError:  # only if the depth scan and the decoder ever disagree
-        raise BadRequest(f"invalid JSON body: nested deeper than {MAX_DEPTH} levels")
+        raise BadRequest(f"invalid JSON body: nested deeper than {MAX_DEPTH} levels") from None
     if not isinstance(body, dict):
         raise BadRequest(f"invalid JSON body: expected an object, got {_JSON_TYPES[type(body)]}")
     if _SURROGATE.search(raw):  # "\ud800" decodes to a lone surrogate no tokenizer encodes
         try:
             json.dumps(body, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
-            raise BadRequest("invalid JSON body: unpaired UTF-16 surrogate in a string")
+            raise BadRequest("invalid JSON body: unpaired UTF-16 surrogate in a string") from None
     return body
 
 
-async def read_body(request: Request) -> dict:
+async def read_body(request: Request) -> dict[str, Any]:
     """The request's JSON object; 413 past :func:`max_body_bytes`, 400 for anything malformed."""
     return parse_body(await _read_capped(request, max_body_bytes()))

@@ -9,9 +9,9 @@ is still pending at the timeout). Without ``--ssd-cache`` it answers 200 with
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from blacksheep import Request
+from blacksheep import Request, Response
 
 from ..errors import BadRequest
 from ..kvstore import durability
@@ -40,7 +40,7 @@ async def _timeout(request: Request) -> float:
 
 def register(app: App, engine: Engine) -> None:
     @guarded()
-    async def flush(request: Request):
+    async def flush(request: Request) -> Response:
         report = await durability.flush(engine, await _timeout(request))
         ok = report["durable"] or not report["enabled"]
         return json_response(report, 200 if ok else 503)
@@ -48,7 +48,7 @@ def register(app: App, engine: Engine) -> None:
     app.router.add_post("/admin/cache/flush", flush)
     tier = engine.prefix.tier
     if tier is not None:
-        def ssd_stats() -> dict:
+        def ssd_stats() -> dict[str, Any]:
             return {**tier.stats(), "pending_snapshots": engine.prefix.dirty()}
 
         app.state.stats_providers["ssd_cache"] = ssd_stats

@@ -13,22 +13,26 @@ no choices carries the usage: the prompt counted once, completion tokens summed.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from typing import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
 from blacksheep import Request, Response
 
 from ..engine.reply import Reply, gather
-from ..events import Admitted, Done, Event, KeepAlive, Usage
+from ..events import Admitted, Done, Event, Finish, KeepAlive, Usage
 from . import trace as tracing
 from .common import json_response, sse_response
 from .generation import FrameWriter, Run, collect
+
+if TYPE_CHECKING:
+    from ..engine.core import Generation
 
 
 class Choices:
     """The generations of one request, seen as one: events tagged ``(index, event)``."""
 
-    def __init__(self, gens: list):
+    def __init__(self, gens: list[Generation]):
         self.gens = gens
 
     def cancel(self) -> None:
@@ -36,7 +40,7 @@ class Choices:
             g.cancel()
 
     @property
-    def finish(self):  # the trace reports the first choice
+    def finish(self) -> Finish | None:  # the trace reports the first choice
         return self.gens[0].finish
 
     async def events(self) -> AsyncIterator[tuple[int, Event]]:
@@ -46,9 +50,9 @@ class Choices:
             async for ev in self.gens[0].events():
                 yield 0, ev
             return
-        queue: asyncio.Queue = asyncio.Queue()
+        queue: asyncio.Queue[tuple[int, Event | None]] = asyncio.Queue()
 
-        async def pump(index: int, gen) -> None:
+        async def pump(index: int, gen: Generation) -> None:
             try:
                 async for ev in gen.events():
                     queue.put_nowait((index, ev))
@@ -59,11 +63,11 @@ class Choices:
         try:
             live = len(pumps)
             while live:
-                index, ev = await queue.get()
-                if ev is None:
+                index, got = await queue.get()
+                if got is None:
                     live -= 1
                 else:
-                    yield index, ev
+                    yield index, got
         finally:
             for p in pumps:
                 p.cancel()
@@ -96,7 +100,8 @@ async def choice_frames(choices: Choices, writers: list[ChoiceFrames]) -> AsyncI
     for w in writers:
         for frame in w.opening():
             yield frame
-    usages, failed = [], False
+    usages: list[Usage] = []
+    failed = False
     # read to the end even after a failure: each generation's Done must be consumed
     # for the engine to count it finished
     async for index, ev in choices.events():
@@ -126,7 +131,7 @@ async def choice_frames(choices: Choices, writers: list[ChoiceFrames]) -> AsyncI
 
 
 async def respond(request: Request, run: Run, writer: Callable[[Run, int, int], ChoiceFrames],
-                  answer: Callable[[Run, list[Reply], Usage], dict]) -> Response:
+                  answer: Callable[[Run, list[Reply], Usage], dict[str, Any]]) -> Response:
     """Stream every choice through ``writer(run, index, n)``, or gather each choice's
     reply and shape them all with ``answer(run, replies, usage)``."""
     choices, n = Choices(run.gens), len(run.gens)

@@ -7,15 +7,25 @@ import json
 import logging
 import time
 import uuid
-from typing import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Protocol
 
-from blacksheep import Request, Response
+from blacksheep import Request, Response, Router
 from blacksheep.contents import Content, StreamedContent
 
 from ..errors import APIError
-from .body import read_body  # noqa: F401  (the surfaces' way in)
+from .body import read_body as read_body  # the surfaces' way in
 
 log = logging.getLogger("mlxbun.server")
+
+Handler = Callable[[Request], Awaitable[Response]]
+"""A BlackSheep request handler."""
+
+
+class Cancellable(Protocol):
+    """What a disconnect stops: a generation, or the choices of one request."""
+
+    def cancel(self) -> None: ...
 
 
 HEADER_VALUE_MAX = 1024
@@ -32,12 +42,13 @@ def header_value(text: str) -> bytes:
     return safe.encode("ascii")
 
 
-def add_headers(resp: Response, headers: dict | None) -> None:
+def add_headers(resp: Response, headers: Mapping[str, str] | None) -> None:
     for k, v in (headers or {}).items():
         resp.add_header(k.encode(), header_value(v))
 
 
-def json_response(data, status: int = 200, headers: dict | None = None) -> Response:
+def json_response(data: object, status: int = 200,
+                  headers: Mapping[str, str] | None = None) -> Response:
     body = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
     resp = Response(status, None, Content(b"application/json", body))
     add_headers(resp, headers)
@@ -56,10 +67,10 @@ def as_api_error(exc: Exception) -> APIError:
     return APIError(str(exc) or type(exc).__name__)
 
 
-def guarded(render: Callable[[APIError], Response] = openai_error):
+def guarded(render: Callable[[APIError], Response] = openai_error) -> Callable[[Handler], Handler]:
     """Decorator: turn exceptions raised before a response starts into ``render``."""
 
-    def wrap(handler):
+    def wrap(handler: Handler) -> Handler:
         async def inner(request: Request) -> Response:
             try:
                 return await handler(request)
@@ -75,7 +86,7 @@ def guarded(render: Callable[[APIError], Response] = openai_error):
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
-def allowed_methods(router, path: bytes) -> list[str]:
+def allowed_methods(router: Router, path: bytes) -> list[str]:
     """The HTTP methods some route serves ``path`` with (empty: no route has it)."""
     found = set()
     for method, routes in router.routes.items():
@@ -95,6 +106,12 @@ def method_not_allowed(method: str, path: str, allowed: list[str],
     return resp
 
 
+def route_param(request: Request, name: str) -> str:
+    """The ``{name}`` segment of the matched route (BlackSheep types route values
+    optional; a matched segment is always there)."""
+    return request.route_values.get(name) or ""
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:24]}"
 
@@ -103,11 +120,11 @@ def now() -> int:
     return int(time.time())
 
 
-def sse_data(obj) -> bytes:
+def sse_data(obj: object) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
 
-def sse_event(name: str, obj) -> bytes:
+def sse_event(name: str, obj: object) -> bytes:
     return (f"event: {name}\n".encode() + b"data: "
             + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n")
 
@@ -115,7 +132,7 @@ def sse_event(name: str, obj) -> bytes:
 KEEPALIVE = b": keep-alive\n\n"
 
 
-def watch_disconnect(request: Request, on_disconnect: Callable[[], None]) -> asyncio.Task:
+def watch_disconnect(request: Request, on_disconnect: Callable[[], None]) -> asyncio.Task[None]:
     """Call ``on_disconnect`` when the client goes away.
 
     uvicorn silently drops writes to a closed connection, so a streaming loop
@@ -124,7 +141,7 @@ def watch_disconnect(request: Request, on_disconnect: Callable[[], None]) -> asy
     """
     receive = getattr(request.content, "receive", None)
 
-    async def wait():
+    async def wait() -> None:
         if receive is None:
             return
         while True:
@@ -136,10 +153,11 @@ def watch_disconnect(request: Request, on_disconnect: Callable[[], None]) -> asy
     return asyncio.ensure_future(wait())
 
 
-def sse_response(request: Request, gen, frames: AsyncIterator[bytes], headers: dict | None = None) -> Response:
+def sse_response(request: Request, gen: Cancellable, frames: AsyncIterator[bytes],
+                 headers: Mapping[str, str] | None = None) -> Response:
     """Stream ``frames`` as SSE; a disconnect cancels ``gen`` within one decode step."""
 
-    async def provider():
+    async def provider() -> AsyncIterator[bytes]:
         watcher = watch_disconnect(request, gen.cancel)
         try:
             async for frame in frames:

@@ -18,8 +18,13 @@ import os
 import sys
 import threading
 import time
+from types import FrameType
+from typing import TYPE_CHECKING
 
 import uvicorn
+
+if TYPE_CHECKING:
+    from ..engine.core import Engine
 
 log = logging.getLogger("mlxbun.server")
 
@@ -42,14 +47,14 @@ class DrainingServer(uvicorn.Server):
     ``exit_code`` is what the process should exit with once ``run`` returns.
     """
 
-    def __init__(self, config: uvicorn.Config, engine, timeout: float | None = None):
+    def __init__(self, config: uvicorn.Config, engine: Engine, timeout: float | None = None):
         super().__init__(config)
         self.engine = engine
         self.timeout = shutdown_timeout() if timeout is None else timeout
         self.exit_code = 0
         self.signalled = False  # a first signal came (an /admin/drain alone is not one)
 
-    def handle_exit(self, sig, frame) -> None:
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # not recorded in _captured_signals: uvicorn would re-raise it and the exit
         # status would be the signal's default action instead of ours
         if self.exit_code:
@@ -70,7 +75,9 @@ class DrainingServer(uvicorn.Server):
         """End every request with ``message`` and let the responses write it."""
         self.engine.abort(message)
         grace = self.config.timeout_graceful_shutdown
-        self.config.timeout_graceful_shutdown = min(grace or ABORT_GRACE_S, ABORT_GRACE_S)
+        # uvicorn annotates an int; it only hands the value to asyncio.wait_for
+        self.config.timeout_graceful_shutdown = min(  # type: ignore[assignment]
+            grace or ABORT_GRACE_S, ABORT_GRACE_S)
         self.should_exit = True
 
     def _drain(self) -> None:

@@ -8,9 +8,10 @@ whichever plugin's ``embed`` hook claims the served model (through
 from __future__ import annotations
 
 import base64
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from blacksheep import Request
+from blacksheep import Request, Response
 
 from ..errors import BadRequest
 from .common import guarded, json_response, read_body
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 ENCODINGS = ("float", "base64")
 
 
-def parse_input(body: dict) -> list:
+def parse_input(body: dict[str, Any]) -> list[str]:
     raw = body.get("input")
     if isinstance(raw, str):
         return [raw]
@@ -35,7 +36,7 @@ def parse_input(body: dict) -> list:
     return raw
 
 
-def encode_vector(vec, fmt: str):
+def encode_vector(vec: Sequence[float], fmt: str) -> str | list[float]:
     if fmt == "base64":
         import numpy as np
 
@@ -47,7 +48,7 @@ def register(app: App, engine: Engine) -> None:
     model_id = engine.model.id
 
     @guarded()
-    async def embeddings(request: Request):
+    async def embeddings(request: Request) -> Response:
         body = await read_body(request)
         texts = parse_input(body)
         instruction = body.get("instruction")

@@ -9,8 +9,9 @@ failure frames live here once.
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Optional
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from blacksheep import Request, Response
 
@@ -23,6 +24,9 @@ from .common import KEEPALIVE, json_response, new_id, now, read_body, sse_respon
 if TYPE_CHECKING:
     from ..engine.core import Engine, Generation
 
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
 
 @dataclass
 class Run:
@@ -30,15 +34,15 @@ class Run:
 
     id: str
     created: int
-    body: dict
+    body: dict[str, Any]
     request: GenerationInput
     gen: Generation  # the first choice's
-    trace: Any  # a trace.Trace, or its no-op stand-in when tracing is off
+    trace: tracing.Tracer  # a trace.Trace, or its no-op stand-in when tracing is off
     started: float
     gens: list[Generation] = field(default_factory=list)  # one per choice (``n``)
 
     @property
-    def headers(self) -> Optional[dict]:
+    def headers(self) -> dict[str, str] | None:
         return {"Warning": self.gen.warning} if self.gen.warning else None
 
     @property
@@ -47,7 +51,7 @@ class Run:
 
 
 async def start(request: Request, engine: Engine, *, route: str, id_prefix: str,
-                parse: Callable[[dict], GenerationInput]) -> Run:
+                parse: Callable[[dict[str, Any]], GenerationInput]) -> Run:
     """Read the body, ``parse`` it into a typed request and start it, tracing each phase.
 
     Every client mistake raises an APIError here, before a byte is sent.
@@ -71,7 +75,7 @@ async def start(request: Request, engine: Engine, *, route: str, id_prefix: str,
 async def start_choices(engine: Engine, typed: GenerationInput) -> list[Generation]:
     """One started generation per choice; if one cannot start (a full queue), the
     others are cancelled and the error stands for the request."""
-    gens: list = []
+    gens: list[Generation] = []
     try:
         for req in choice_requests(typed):
             gens.append(await engine.start(req))
@@ -106,13 +110,16 @@ class FrameWriter:
         raise NotImplementedError
 
 
-async def frames(gen, writer: FrameWriter) -> AsyncIterator[bytes]:
+async def frames(gen: Generation, writer: FrameWriter) -> AsyncIterator[bytes]:
     for frame in writer.opening():
         yield frame
     async for ev in gen.events():
         if isinstance(ev, Done):
             fin = ev.finish
-            out = writer.failed(fin.error or "generation cancelled") if fin.failed else writer.done(fin)
+            if fin.failed:
+                out = writer.failed(fin.error or "generation cancelled")
+            else:
+                out = writer.done(fin)
         elif isinstance(ev, KeepAlive):
             out = writer.keepalive()
         elif isinstance(ev, Admitted):
@@ -124,7 +131,7 @@ async def frames(gen, writer: FrameWriter) -> AsyncIterator[bytes]:
 
 
 async def respond(request: Request, run: Run, writer: Callable[[Run], FrameWriter],
-                  answer: Callable[[Run, Reply], dict]) -> Response:
+                  answer: Callable[[Run, Reply], dict[str, Any]]) -> Response:
     """Stream with ``writer(run)``, or gather the whole reply and shape it with ``answer``."""
     if run.stream:
         out = tracing.traced(frames(run.gen, writer(run)), run.trace, run.gen, run.started)
@@ -136,7 +143,15 @@ async def respond(request: Request, run: Run, writer: Callable[[Run], FrameWrite
     return json_response(answer(run, reply), headers=run.headers)
 
 
-async def collect(request: Request, gen) -> list:
+class EventSource(Protocol[T_co]):
+    """A generation, or the choices of one request: its events, and how to stop it."""
+
+    def cancel(self) -> None: ...
+
+    def events(self) -> AsyncIterator[T_co]: ...
+
+
+async def collect(request: Request, gen: EventSource[T]) -> list[T]:
     """Gather a non-streaming generation's events, cancelling it if the client leaves."""
     watcher = watch_disconnect(request, gen.cancel)
     try:

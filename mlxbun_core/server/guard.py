@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Optional
+from typing import cast
 
-from blacksheep import Application, Request
+from blacksheep import Application, Request, Response
+from blacksheep.server.websocket import WebSocket
 
-from .common import json_response
+from .common import Handler, json_response
 
 ADMIN_PREFIXES = ("/api/", "/admin/", "/v1/adapters")
 OPEN_PATHS = ("/health",)
@@ -32,7 +34,7 @@ class GuardRules:
     """The guard's rules for one app (``AppState.guard``): the API key, if any; the
     admin prefixes (loopback only without a key); the paths open without the key."""
 
-    api_key: Optional[str] = None
+    api_key: str | None = None
     admin_prefixes: tuple[str, ...] = ADMIN_PREFIXES
     open_paths: tuple[str, ...] = OPEN_PATHS
 
@@ -48,7 +50,11 @@ class GuardRules:
 
 def is_loopback(request: Request) -> bool:
     """True for 127.0.0.0/8, ::1 (IPv4-mapped too) and unix-socket clients."""
-    ip = request.scope.get("client")
+    return is_loopback_client(request.scope.get("client"))
+
+
+def is_loopback_client(ip: tuple[str, int] | None) -> bool:
+    """:func:`is_loopback` for an ASGI scope's ``client``."""
     if not ip:  # a unix socket: the isolation parent on this machine
         return True
     try:
@@ -60,13 +66,13 @@ def is_loopback(request: Request) -> bool:
     return addr.is_loopback
 
 
-def _error(status: int, kind: str, message: str, anthropic: bool):
+def _error(status: int, kind: str, message: str, anthropic: bool) -> Response:
     if anthropic:
         return json_response({"type": "error", "error": {"type": kind, "message": message}}, status)
     return json_response({"error": {"message": message, "type": kind}}, status)
 
 
-def _presented_key(request: Request) -> Optional[str]:
+def _presented_key(request: Request) -> str | None:
     auth = request.get_first_header(b"authorization")
     if auth and auth[:7].lower() == b"bearer ":
         return auth[7:].decode("latin-1").strip()
@@ -74,15 +80,16 @@ def _presented_key(request: Request) -> Optional[str]:
     return key.decode("latin-1").strip() if key else None
 
 
-def is_open(path: str, open_paths) -> bool:
+def is_open(path: str, open_paths: Iterable[str]) -> bool:
     """Whether ``path`` is one of ``open_paths`` (or under one ending in ``/*``)."""
     return any(path == p or (p.endswith("/*") and path.startswith(p[:-1])) for p in open_paths)
 
 
-async def deny_websocket(ws, response) -> None:
+async def deny_websocket(ws: WebSocket, response: Response) -> None:
     """Answer a WebSocket handshake with ``response`` (its status and body) instead of
     upgrading (ASGI's ``websocket.http.response`` extension, which uvicorn has)."""
-    if "websocket.http.response" not in (ws.scope.get("extensions") or {}):
+    extensions = ws.scope.get("extensions") or {}
+    if not isinstance(extensions, dict) or "websocket.http.response" not in extensions:
         await ws.close()  # the server then answers 403
         return
     body = response.content.body if response.content else b""
@@ -105,7 +112,7 @@ def install(app: Application, rules: GuardRules) -> None:
     """
     expected = rules.api_key.encode() if rules.api_key else None
 
-    def check(request: Request, key: Optional[str]):
+    def check(request: Request, key: str | None) -> Response | None:
         path = request.path
         anthropic = path.startswith("/v1/messages")
         if expected is not None and not is_open(path, rules.open_paths):
@@ -117,16 +124,18 @@ def install(app: Application, rules: GuardRules) -> None:
             return _error(403, "permission_error", LOOPBACK_ONLY, anthropic)
         return None
 
-    async def guard(request: Request, handler):
+    async def guard(request: Request, handler: Handler) -> Response | None:
         websocket = _is_websocket(request)
         keys = request.query.get("api_key") if websocket else None
         key = keys[0] if keys else None
         refusal = check(request, key)
         if refusal is None:
             return await handler(request)
-        if websocket:
-            await deny_websocket(request, refusal)
+        if websocket:  # BlackSheep hands a WebSocket scope's middlewares its WebSocket
+            await deny_websocket(cast(WebSocket, request), refusal)
             return None
         return refusal
 
-    app.middlewares.insert(0, guard)
+    # BlackSheep types a middleware as returning a Response; for a WebSocket this one has
+    # answered the handshake itself and returns None
+    app.middlewares.insert(0, guard)  # type: ignore[arg-type]

@@ -7,17 +7,26 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from blacksheep import Request, Response
+from blacksheep import Application, Request, Response
 from blacksheep.contents import StreamedContent
 
+from .. import fspaths
 from ..adapters import merge as adapter_merge
 from ..errors import APIError, BadRequest
 from ..jobs import finetune, quantize
 from ..jobs.store import TERMINAL, JobStore
-from .. import fspaths
-from .common import as_api_error, guarded, json_response, read_body, sse_data, watch_disconnect
+from .common import (
+    as_api_error,
+    guarded,
+    json_response,
+    read_body,
+    route_param,
+    sse_data,
+    watch_disconnect,
+)
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
@@ -35,26 +44,27 @@ def register(app: App, engine: Engine) -> None:
     home = jobs.home
 
     @guarded(_error)
-    async def list_jobs(request: Request):
+    async def list_jobs(request: Request) -> Response:
         try:
             limit = max(1, min(500, int(request.query.get("limit", ["50"])[0])))
         except ValueError:
-            raise BadRequest("limit must be an integer")
+            raise BadRequest("limit must be an integer") from None
         kind = request.query.get("kind", [None])[0]
-        return json_response({"ok": True, "jobs": await asyncio.to_thread(jobs.store.list, limit, kind)})
+        rows = await asyncio.to_thread(jobs.store.list, limit, kind)
+        return json_response({"ok": True, "jobs": rows})
 
     @guarded(_error)
-    async def one_job(request: Request):
-        row = await asyncio.to_thread(jobs.store.get, request.route_values["job_id"])
+    async def one_job(request: Request) -> Response:
+        row = await asyncio.to_thread(jobs.store.get, route_param(request, "job_id"))
         if row is None:
             return json_response({"ok": False, "error": "job not found"}, 404)
         return json_response({"ok": True, "job": row})
 
-    async def stream(request: Request):
-        job_id = request.route_values["job_id"]
+    async def stream(request: Request) -> Response:
+        job_id = route_param(request, "job_id")
         gone = asyncio.Event()
 
-        async def frames():
+        async def frames() -> AsyncIterator[bytes]:
             watcher = watch_disconnect(request, gone.set)
             try:
                 yield b"retry: 1500\n\n"
@@ -69,19 +79,19 @@ def register(app: App, engine: Engine) -> None:
         return resp
 
     @guarded(_error)
-    async def finetune_submit(request: Request):
+    async def finetune_submit(request: Request) -> Response:
         body = await read_body(request)
         config = await asyncio.to_thread(finetune.prepare, body, finetune.default_output(home))
         job_id = jobs.manager.submit("finetune", config, output_path=config["adapter_path"])
         return json_response({"ok": True, "job_id": job_id, "adapter_path": config["adapter_path"]})
 
     @guarded(_error)
-    async def inspect_dataset(request: Request):
+    async def inspect_dataset(request: Request) -> Response:
         body = await read_body(request)
         return json_response(await asyncio.to_thread(finetune.inspect_dataset, body.get("path")))
 
     @guarded(_error)
-    async def merge(request: Request):
+    async def merge(request: Request) -> Response:
         body = await read_body(request)
         if not body.get("adapter_a") or not body.get("adapter_b"):
             raise BadRequest("adapter_a and adapter_b required")
@@ -91,7 +101,7 @@ def register(app: App, engine: Engine) -> None:
         return json_response({"ok": True, "merged_path": str(out), "stats": stats})
 
     @guarded(_error)
-    async def export(request: Request):
+    async def export(request: Request) -> Response:
         body = await read_body(request)
         if not body.get("base_model") or not body.get("adapter_path"):
             raise BadRequest("base_model and adapter_path required")
@@ -105,18 +115,18 @@ def register(app: App, engine: Engine) -> None:
         return json_response({"ok": True, "export_path": str(out), "manifest": manifest})
 
     @guarded(_error)
-    async def quantize_inspect(request: Request):
+    async def quantize_inspect(request: Request) -> Response:
         body = await read_body(request)
         return json_response(await asyncio.to_thread(quantize.inspect, body.get("model_id")))
 
     @guarded(_error)
-    async def quantize_submit(request: Request):
+    async def quantize_submit(request: Request) -> Response:
         body = await read_body(request)
         config = await asyncio.to_thread(quantize.prepare, body, home)
         job_id = jobs.manager.submit("quantize", config, output_path=config["output_dir"])
         return json_response({"ok": True, "job_id": job_id, "output_dir": config["output_dir"]})
 
-    async def on_stop(application):
+    async def on_stop(application: Application) -> None:
         jobs.close()
 
     app.on_stop += on_stop
@@ -132,7 +142,7 @@ def register(app: App, engine: Engine) -> None:
     r.add_post("/api/quantize/submit", quantize_submit)
 
 
-async def _tail(store: JobStore, job_id: str, gone: asyncio.Event):
+async def _tail(store: JobStore, job_id: str, gone: asyncio.Event) -> AsyncIterator[bytes]:
     """The job's events as SSE frames until it ends (or the client leaves)."""
     if await asyncio.to_thread(store.get, job_id) is None:
         yield sse_data({"type": "failed", "error": "job not found", "ts": time.time()})
@@ -140,12 +150,14 @@ async def _tail(store: JobStore, job_id: str, gone: asyncio.Event):
     seq = 0
     while not gone.is_set():
         try:
-            row = await asyncio.to_thread(store.get, job_id)  # status first: then no event is missed
+            # the status first: then no event is missed
+            row = await asyncio.to_thread(store.get, job_id)
             events = await asyncio.to_thread(store.events, job_id, seq)
         except Exception as exc:
-            yield sse_data({"type": "failed", "error": as_api_error(exc).message, "ts": time.time()})
+            yield sse_data({"type": "failed", "error": as_api_error(exc).message,
+                            "ts": time.time()})
             return
-        for seq, event in events:
+        for seq, event in events:  # noqa: B007 (seq: where the next poll starts)
             yield sse_data(event)
         if row is None or row["status"] in TERMINAL:
             if row is not None and row["status"] == "zombie" and not any(

@@ -8,9 +8,9 @@ served model.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from blacksheep import Request
+from blacksheep import Request, Response
 
 from ..errors import BadRequest
 from ..library import checkpoint
@@ -24,12 +24,12 @@ if TYPE_CHECKING:
     from .state import App
 
 
-async def model_rows(app: App, served_id: str, created: int) -> list[dict]:
+async def model_rows(app: App, served_id: str, created: int) -> list[dict[str, Any]]:
     """The local rows of ``/v1/models`` (supported models other than ``served_id``)."""
     return local_rows(await app.state.library.aentries(), served_id, created)
 
 
-def _int_param(request: Request, name: str):
+def _int_param(request: Request, name: str) -> int | None:
     raw = request.query.get(name, [None])[0]
     if raw is None:
         return None
@@ -44,17 +44,17 @@ def _int_param(request: Request, name: str):
 
 def register(app: App, engine: Engine) -> None:
     cache = app.state.library
-    weights = {}  # the served checkpoint's header facts never change while serving
+    weights: dict[str, Any] = {}  # the served checkpoint's header facts never change while serving
 
     @guarded()
-    async def get_library(request: Request):
+    async def get_library(request: Request) -> Response:
         refresh = request.query.get("refresh", ["0"])[0] not in ("0", "", "false")
         entries = await cache.aentries(refresh)
         m = await asyncio.to_thread(machine)
         return json_response({"models": [library_row(e, m, engine.model.id) for e in entries]})
 
     @guarded()
-    async def get_fit(request: Request):
+    async def get_fit(request: Request) -> Response:
         ctx = _int_param(request, "ctx")
         if "w" not in weights:
             weights["w"] = await asyncio.to_thread(checkpoint.weights, engine.model.path)

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from blacksheep import Request
+from blacksheep import Request, Response
 
-from ..events import Content, Reasoning, TokenLogprob, ToolCallEvent
+from ..events import Content, Event, Finish, Reasoning, TokenLogprob, ToolCall, ToolCallEvent, Usage
 from . import choices, generation
 from .common import guarded, sse_data
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
+    from ..engine.reply import Reply
+    from .generation import Run
     from .state import App
 
 
-def tool_call_json(call, index=None) -> dict:
-    out = {"id": call.id, "type": "function",
+def tool_call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": call.id, "type": "function",
            "function": {"name": call.name, "arguments": call.arguments}}
     if index is not None:
         out["index"] = index
@@ -33,24 +35,24 @@ class ChatFrames(choices.ChoiceFrames):
     (a token's text can be held back: a partial character, a possible stop sequence,
     tool markup), so every entry is sent exactly once, in order."""
 
-    def __init__(self, run, model_id: str, index: int = 0, n: int = 1):
+    def __init__(self, run: Run, model_id: str, index: int = 0, n: int = 1) -> None:
         super().__init__(index, n)
         self.head = {"id": run.id, "object": "chat.completion.chunk", "created": run.created,
                      "model": model_id}
         self.calls = 0
-        self.pending: list = []  # log-prob entries not sent yet
+        self.pending: list[dict[str, Any]] = []  # log-prob entries not sent yet
 
-    def chunk(self, delta, finish=None, **extra) -> bytes:
-        choice = {"index": self.index, "delta": delta, "finish_reason": finish}
+    def chunk(self, delta: dict[str, Any], finish: str | None = None, **extra: object) -> bytes:
+        choice: dict[str, Any] = {"index": self.index, "delta": delta, "finish_reason": finish}
         if self.pending:
             choice["logprobs"] = {"content": self.pending}
             self.pending = []
         return sse_data({**self.head, "choices": [choice], **extra})
 
-    def opening(self):
+    def opening(self) -> list[bytes]:
         return [self.chunk({"role": "assistant", "content": ""})]
 
-    def event(self, ev):
+    def event(self, ev: Event) -> list[bytes]:
         if isinstance(ev, TokenLogprob):
             self.pending.append(ev.entry)
             return []
@@ -63,21 +65,21 @@ class ChatFrames(choices.ChoiceFrames):
             return [self.chunk({"tool_calls": [tool_call_json(ev.call, self.calls - 1)]})]
         return []
 
-    def done(self, finish):
+    def done(self, finish: Finish) -> list[bytes]:
         if self.n > 1:  # the usage comes once, after every choice (summary)
             return [self.chunk({}, finish.reason)]
         return [self.chunk({}, finish.reason, usage=finish.usage.openai()), b"data: [DONE]\n\n"]
 
-    def summary(self, usage):
+    def summary(self, usage: Usage) -> list[bytes]:
         return [sse_data({**self.head, "choices": [], "usage": usage.openai()}),
                 b"data: [DONE]\n\n"]
 
-    def failed(self, message):
+    def failed(self, message: str) -> list[bytes]:
         return [openai_stream_error(message)]
 
 
-def message_of(reply) -> dict:
-    message = {"role": "assistant",
+def message_of(reply: Reply) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant",
                "content": None if reply.tool_calls and not reply.content.strip() else reply.content}
     if reply.reasoning:
         message["reasoning"] = reply.reasoning
@@ -89,10 +91,10 @@ def message_of(reply) -> dict:
 def register(app: App, engine: Engine) -> None:
     model_id = engine.model.id
 
-    def answer(run, replies, usage) -> dict:
-        out = []
+    def answer(run: Run, replies: list[Reply], usage: Usage) -> dict[str, Any]:
+        out: list[dict[str, Any]] = []
         for index, reply in enumerate(replies):
-            choice = {"index": index, "message": message_of(reply),
+            choice: dict[str, Any] = {"index": index, "message": message_of(reply),
                       "finish_reason": reply.finish.reason}
             if reply.finish.logprobs is not None:
                 choice["logprobs"] = {"content": reply.finish.logprobs}
@@ -101,7 +103,7 @@ def register(app: App, engine: Engine) -> None:
                 "model": model_id, "choices": out, "usage": usage.openai()}
 
     @guarded()
-    async def chat_completions(request: Request):
+    async def chat_completions(request: Request) -> Response:
         run = await generation.start(request, engine, route="/v1/chat/completions",
                                      id_prefix="chatcmpl-", parse=engine.parse_chat)
         return await choices.respond(request, run,

@@ -10,20 +10,30 @@ the envelope and the event stream live in :mod:`.responses_stream`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from blacksheep import Request
+from blacksheep import Request, Response
 
 from ..engine.request import ChatRequest
 from ..errors import APIError, BadRequest, NotFound
+from ..events import Finish
 from . import generation
-from .common import guarded, json_response
+from .common import guarded, json_response, route_param
 from .responses_request import check_flags, parse_request
-from .responses_stream import (ResponseFrames, call_item, envelope, message_item,
-                               reasoning_item, status_of)
+from .responses_stream import (
+    ResponseFrames,
+    call_item,
+    envelope,
+    message_item,
+    reasoning_item,
+    status_of,
+)
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
+    from ..engine.reply import Reply
+    from .generation import Run
     from .state import App
 
 # The --isolate parent owns the history and sends it in this body field; honoured only
@@ -31,7 +41,7 @@ if TYPE_CHECKING:
 HISTORY_FIELD = "mlxbun_history"
 
 
-def responses_error(exc: APIError):
+def responses_error(exc: APIError) -> Response:
     # the Responses error type is invalid_request_error or server_error only; a 404
     # keeps its status (the SDKs map it to NotFoundError)
     kind = "server_error" if exc.status >= 500 else "invalid_request_error"
@@ -41,7 +51,8 @@ def responses_error(exc: APIError):
 
 # ---------------------------------------------------------------- handlers
 
-def stored_turn(convo: list, output: list) -> list:
+def stored_turn(convo: list[dict[str, Any]],
+                output: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The conversation plus this response's output as one chat assistant message."""
     text = "".join(p["text"] for it in output if it["type"] == "message" for p in it["content"])
     calls = [{"id": it["call_id"], "type": "function",
@@ -59,7 +70,7 @@ def register(app: App, engine: Engine) -> None:
     store = state.responses
     state.stats_providers["response_store"] = store.stats
 
-    def previous(body: dict) -> Optional[dict]:
+    def previous(body: dict[str, Any]) -> dict[str, Any] | None:
         injected = body.pop(HISTORY_FIELD, None)
         if isinstance(injected, dict) and state.trusts_injected_history:
             return injected
@@ -75,27 +86,30 @@ def register(app: App, engine: Engine) -> None:
                            param="previous_response_id")
         return stored
 
-    def parse(body: dict) -> ChatRequest:
+    def parse(body: dict[str, Any]) -> ChatRequest:
         check_flags(body)
         return parse_request(body, previous(body), engine.defaults, engine.max_tokens)
 
-    def envelope_for(run):
-        return lambda status, output, finish=None, error=None: envelope(
-            model_id, run.id, run.created, run.body, status, output, finish, error)
+    def envelope_for(run: Run) -> Callable[..., dict[str, Any]]:
+        def make(status: str, output: list[dict[str, Any]], finish: Finish | None = None,
+                 error: dict[str, Any] | None = None) -> dict[str, Any]:
+            return envelope(model_id, run.id, run.created, run.body, status, output, finish,
+                            error)
+        return make
 
-    def remember(run, output, response):
+    def remember(run: Run, output: list[dict[str, Any]], response: dict[str, Any]) -> None:
         if run.body.get("store", True) is not False:
             kept = run.request.surface_state
             store.put(run.id, {"system": kept["system"],
                                "messages": stored_turn(kept["convo"], output),
                                "response": response})
 
-    def frames(run):
+    def frames(run: Run) -> ResponseFrames:
         return ResponseFrames(envelope_for(run), lambda output, response: remember(
             run, output, response))
 
-    def answer(run, reply) -> dict:
-        output = [reasoning_item(reply.reasoning)] if reply.reasoning else []
+    def answer(run: Run, reply: Reply) -> dict[str, Any]:
+        output: list[dict[str, Any]] = [reasoning_item(reply.reasoning)] if reply.reasoning else []
         if not reply.tool_calls or reply.content.strip():
             output.append(message_item(reply.content))
         output += [call_item(c) for c in reply.tool_calls]
@@ -104,24 +118,24 @@ def register(app: App, engine: Engine) -> None:
         return response
 
     @guarded(responses_error)
-    async def responses(request: Request):
+    async def responses(request: Request) -> Response:
         run = await generation.start(request, engine, route="/v1/responses", id_prefix="resp_",
                                      parse=parse)
         return await generation.respond(request, run, frames, answer)
 
-    def stored_or_404(request: Request) -> tuple[str, dict]:
-        rid = request.route_values.get("rid") or ""
+    def stored_or_404(request: Request) -> tuple[str, dict[str, Any]]:
+        rid = route_param(request, "rid")
         stored = store.get(rid)
         if stored is None:
             raise NotFound(f"response {rid!r} not found (unknown or expired)")
         return rid, stored
 
     @guarded(responses_error)
-    async def retrieve(request: Request):
+    async def retrieve(request: Request) -> Response:
         return json_response(stored_or_404(request)[1]["response"])
 
     @guarded(responses_error)
-    async def delete(request: Request):
+    async def delete(request: Request) -> Response:
         rid, _ = stored_or_404(request)
         store.delete(rid)
         return json_response({"id": rid, "object": "response.deleted", "deleted": True})

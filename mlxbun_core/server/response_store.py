@@ -11,20 +11,23 @@ import json
 import threading
 import time
 from collections import OrderedDict
-from typing import Optional
+from collections.abc import Callable
+from typing import Any
 
 TTL_S = 3600.0
 MAX_BYTES = 32 * 1024 * 1024
 
 
 class ResponseStore:
-    def __init__(self, max_bytes: int = MAX_BYTES, ttl_s: float = TTL_S, clock=time.monotonic):
+    def __init__(self, max_bytes: int = MAX_BYTES, ttl_s: float = TTL_S,
+                 clock: Callable[[], float] = time.monotonic):
         self.max_bytes, self.ttl_s, self.clock = max_bytes, ttl_s, clock
-        self._items: "OrderedDict[str, tuple[float, bytes]]" = OrderedDict()  # id -> (stored_at, json)
+        # id -> (stored_at, json)
+        self._items: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def put(self, key: str, value) -> bool:
+    def put(self, key: str, value: dict[str, Any]) -> bool:
         """Store ``value``; False when it alone exceeds the cap (not stored)."""
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
         if len(text) > self.max_bytes:
@@ -38,7 +41,7 @@ class ResponseStore:
                 self._drop(next(iter(self._items)))
         return True
 
-    def get(self, key: str) -> Optional[object]:
+    def get(self, key: str) -> dict[str, Any] | None:
         """The stored value (and mark it recently used), or None if unknown/expired."""
         with self._lock:
             self._expire()
@@ -46,24 +49,25 @@ class ResponseStore:
             if entry is None:
                 return None
             self._items.move_to_end(key)
-            return json.loads(entry[1])
+            value: dict[str, Any] = json.loads(entry[1])
+            return value
 
     def delete(self, key: str) -> None:
         with self._lock:
             self._drop(key)
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         with self._lock:
             self._expire()
             return {"entries": len(self._items), "bytes": self._bytes,
                     "max_bytes": self.max_bytes, "ttl_ms": int(self.ttl_s * 1000)}
 
-    def _drop(self, key: str):
+    def _drop(self, key: str) -> None:
         entry = self._items.pop(key, None)
         if entry is not None:
             self._bytes -= len(entry[1])
 
-    def _expire(self):
+    def _expire(self) -> None:
         # Insertion order is not expiry order once get() reorders, so scan all;
         # the store holds at most a few thousand entries.
         limit = self.clock() - self.ttl_s

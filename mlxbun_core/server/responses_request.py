@@ -10,11 +10,17 @@ client sent.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any
 
 from ..chat_template import check_reasoning_effort
-from ..engine.request import (ChatRequest, GenerateOptions, boolean_field, chat_request,
-                              string_field, template_kwargs_field)
+from ..engine.request import (
+    ChatRequest,
+    GenerateOptions,
+    boolean_field,
+    chat_request,
+    string_field,
+    template_kwargs_field,
+)
 from ..engine.sampling import SamplingParams, max_tokens_field, stop_sequences
 from ..errors import BadRequest
 from ..grammar.request import GrammarRequest, budget_close, json_schema, response_format_request
@@ -29,13 +35,13 @@ SAMPLING = ("temperature", "top_p", "top_k", "min_p", "xtc_probability", "xtc_th
 TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-def _string(value, where: str, param: str = "input") -> str:
+def _string(value: object, where: str, param: str = "input") -> str:
     if not isinstance(value, str):
         raise BadRequest(f"{where} must be a string", param=param)
     return value
 
 
-def _part(part) -> dict:
+def _part(part: Any) -> dict[str, Any]:
     kind = part.get("type") if isinstance(part, dict) else None
     if kind in TEXT_PARTS:
         return {"type": "text", "text": _string(part.get("text"), f"{kind} text")}
@@ -52,7 +58,7 @@ def _part(part) -> dict:
     raise BadRequest(f"unsupported content part type: {kind!r}", param="input")
 
 
-def _content(content):
+def _content(content: object) -> str | list[dict[str, Any]]:
     """Message content as a string, or OpenAI chat parts when media is present."""
     if isinstance(content, str):
         return content
@@ -64,20 +70,21 @@ def _content(content):
     return parts
 
 
-def _text(content) -> str:
+def _text(content: object) -> str:
     c = _content(content)
     if not isinstance(c, str):
         raise BadRequest("system/developer content must be text", param="input")
     return c
 
 
-def translate_input(value) -> tuple[list, list]:
+def translate_input(value: object) -> tuple[list[str], list[dict[str, Any]]]:
     """``input`` → (system texts, chat messages without the system message)."""
     if isinstance(value, str):
         return [], [{"role": "user", "content": value}]
     if not isinstance(value, list):
         raise BadRequest("input must be a string or a list of items", param="input")
-    system, msgs = [], []
+    system: list[str] = []
+    msgs: list[dict[str, Any]] = []
     for item in value:
         if not isinstance(item, dict):
             raise BadRequest("each input item must be an object", param="input")
@@ -93,11 +100,13 @@ def translate_input(value) -> tuple[list, list]:
         elif kind == "function_call":
             name = _string(item.get("name"), "function_call name")
             args = item.get("arguments")
-            call = {"id": str(item.get("call_id") or item.get("id") or ""), "type": "function",
-                    "function": {"name": name, "arguments": "{}" if args is None else
-                                 _string(args, "function_call arguments")}}
+            call: dict[str, Any] = {
+                "id": str(item.get("call_id") or item.get("id") or ""), "type": "function",
+                "function": {"name": name, "arguments": "{}" if args is None else
+                             _string(args, "function_call arguments")}}
             last = msgs[-1] if msgs else None
-            if last is not None and last["role"] == "assistant" and isinstance(last["content"], str):
+            if (last is not None and last["role"] == "assistant"
+                    and isinstance(last["content"], str)):
                 last.setdefault("tool_calls", []).append(call)
             else:
                 msgs.append({"role": "assistant", "content": "", "tool_calls": [call]})
@@ -112,12 +121,12 @@ def translate_input(value) -> tuple[list, list]:
     return system, msgs
 
 
-def _tools(tools) -> list | None:
+def _tools(tools: object) -> list[dict[str, Any]] | None:
     if tools is None:
         return None
     if not isinstance(tools, list):
         raise BadRequest("tools must be a list", param="tools")
-    out = []
+    out: list[dict[str, Any]] = []
     for i, t in enumerate(tools):
         if not isinstance(t, dict):
             raise BadRequest(f"tools[{i}] must be an object", param="tools")
@@ -144,7 +153,7 @@ def _tools(tools) -> list | None:
     return out or None
 
 
-def _tool_choice(choice, tools: list | None) -> ToolChoice:
+def _tool_choice(choice: object, tools: list[dict[str, Any]] | None) -> ToolChoice:
     if choice is None or choice in ("auto", "none", "required"):
         if choice == "required" and not tools:
             raise BadRequest('tool_choice "required" needs function tools', param="tool_choice")
@@ -159,7 +168,7 @@ def _tool_choice(choice, tools: list | None) -> ToolChoice:
                      '{"type": "function", "name": ...}', param="tool_choice")
 
 
-def _text_format(body: dict) -> dict | None:
+def _text_format(body: dict[str, Any]) -> dict[str, Any] | None:
     """``text.format`` when it asks for JSON (None: absent, or plain text)."""
     text = body.get("text")
     if text is None:
@@ -180,7 +189,7 @@ def _text_format(body: dict) -> dict | None:
                      param="text.format.type")
 
 
-def _grammar(body: dict, fmt: dict | None) -> Optional[GrammarRequest]:
+def _grammar(body: dict[str, Any], fmt: dict[str, Any] | None) -> GrammarRequest | None:
     """``text.format`` as a grammar; without one, the ``response_format`` extension."""
     if fmt is None:
         return response_format_request(body.get("response_format"))
@@ -189,7 +198,8 @@ def _grammar(body: dict, fmt: dict | None) -> Optional[GrammarRequest]:
     return GrammarRequest("json_schema", json_schema(fmt.get("schema"), "text.format"))
 
 
-def conversation(body: dict, stored: dict | None) -> tuple[str, list]:
+def conversation(body: dict[str, Any],
+                 stored: dict[str, Any] | None) -> tuple[str, list[dict[str, Any]]]:
     """The system text and the whole conversation (``stored`` history, then this
     body's ``input``) as chat messages: what the store keeps for a continuation."""
     if "input" not in body:
@@ -201,20 +211,20 @@ def conversation(body: dict, stored: dict | None) -> tuple[str, list]:
     if instructions is None and stored:
         instructions = stored.get("system") or None
     system = "\n\n".join(t for t in [instructions or ""] + sys_items if t)
-    convo = (stored or {}).get("messages", []) + new
+    convo: list[dict[str, Any]] = (stored or {}).get("messages", []) + new
     if not convo:
         raise BadRequest("input has no messages", param="input")
     return system, convo
 
 
-def _limit(body: dict) -> tuple[object, str]:
+def _limit(body: dict[str, Any]) -> tuple[object, str]:
     """The completion limit and its name: ``max_output_tokens``, else ``max_tokens``."""
     if "max_output_tokens" in body:
         return body["max_output_tokens"], "max_output_tokens"
     return body.get("max_tokens"), "max_tokens"
 
 
-def _effort(body: dict) -> tuple[object, str]:
+def _effort(body: dict[str, Any]) -> tuple[object, str]:
     """The effort and its name: the ``reasoning_effort`` extension, else ``reasoning.effort``."""
     reasoning = body.get("reasoning")
     if reasoning is not None and not isinstance(reasoning, dict):
@@ -224,15 +234,16 @@ def _effort(body: dict) -> tuple[object, str]:
     return body.get("reasoning_effort"), "reasoning_effort"
 
 
-def check_flags(body: dict) -> None:
+def check_flags(body: dict[str, Any]) -> None:
     """``stream`` and ``store`` are booleans (checked before the history is looked up)."""
     for name in ("stream", "store"):
         if body.get(name) is not None and not isinstance(body[name], bool):
             raise BadRequest(f"{name} must be a boolean", param=name)
 
 
-def parse_request(body: dict, stored: dict | None = None, defaults: Optional[dict] = None,
-                  server_max_tokens: Optional[int] = None) -> ChatRequest:
+def parse_request(body: dict[str, Any], stored: dict[str, Any] | None = None,
+                  defaults: dict[str, Any] | None = None,
+                  server_max_tokens: int | None = None) -> ChatRequest:
     """A Responses body (continuing ``stored``) as the engine's typed chat request; its
     ``surface_state`` carries the system text and conversation the store keeps."""
     check_flags(body)

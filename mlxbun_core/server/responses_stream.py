@@ -6,12 +6,15 @@ A ``reasoning`` item appears only when the model thought; its text is the summar
 
 from __future__ import annotations
 
-from ..events import Content, Reasoning, ToolCallEvent
+from collections.abc import Callable
+from typing import Any
+
+from ..events import Content, Event, Finish, Reasoning, ToolCall, ToolCallEvent, Usage
 from .common import new_id, sse_event
 from .generation import FrameWriter
 
 
-def usage(u) -> dict:
+def usage(u: Usage) -> dict[str, Any]:
     return {"input_tokens": u.prompt_tokens,
             "input_tokens_details": {"cached_tokens": u.cached_tokens},
             "output_tokens": u.completion_tokens,
@@ -19,30 +22,34 @@ def usage(u) -> dict:
             "total_tokens": u.prompt_tokens + u.completion_tokens}
 
 
-def reasoning_item(text: str, rid: str | None = None) -> dict:
+def reasoning_item(text: str, rid: str | None = None) -> dict[str, Any]:
     return {"id": rid or new_id("rs_"), "type": "reasoning",
             "summary": [{"type": "summary_text", "text": text}] if text else []}
 
 
-def message_item(text: str | None, mid: str | None = None, status: str = "completed") -> dict:
-    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [],
-                                        "logprobs": []}]
+def message_item(text: str | None, mid: str | None = None,
+                 status: str = "completed") -> dict[str, Any]:
+    content: list[dict[str, Any]] = []
+    if text is not None:
+        content.append({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
     return {"id": mid or new_id("msg_"), "type": "message", "role": "assistant",
             "status": status, "content": content}
 
 
-def call_item(call, fid: str | None = None, status: str = "completed", arguments=None) -> dict:
+def call_item(call: ToolCall, fid: str | None = None, status: str = "completed",
+              arguments: str | None = None) -> dict[str, Any]:
     return {"id": fid or new_id("fc_"), "type": "function_call", "call_id": call.id,
             "name": call.name, "status": status,
             "arguments": call.arguments if arguments is None else arguments}
 
 
-def status_of(finish) -> str:
+def status_of(finish: Finish) -> str:
     return "incomplete" if finish.reason == "length" else "completed"
 
 
-def envelope(model_id: str, rid: str, created: int, body: dict, status: str, output: list,
-             finish=None, error=None) -> dict:
+def envelope(model_id: str, rid: str, created: int, body: dict[str, Any], status: str,
+             output: list[dict[str, Any]], finish: Finish | None = None,
+             error: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``response`` object, echoing the request's settings."""
     incomplete = ({"reason": "max_output_tokens"} if finish is not None
                   and finish.reason == "length" else None)
@@ -69,20 +76,26 @@ class ResponseFrames(FrameWriter):
     error=None)`` builds the response object; ``on_complete(output, response)`` runs
     once the final response exists (not after a failure)."""
 
-    def __init__(self, make_envelope, on_complete):
+    def __init__(self, make_envelope: Callable[..., dict[str, Any]],
+                 on_complete: Callable[[list[dict[str, Any]], dict[str, Any]], None]) -> None:
         self.make_envelope, self.on_complete = make_envelope, on_complete
         self.seq = 0
-        self.output: list = []  # finished items, in order
-        self.cur = None  # the open item: {"item": dict, "text": [str]}
+        self.output: list[dict[str, Any]] = []  # finished items, in order
+        self.cur: dict[str, Any] | None = None  # the open item: {"item": dict, "text": [str]}
 
-    def ev(self, kind, **data) -> bytes:
+    def ev(self, kind: str, **data: object) -> bytes:
         self.seq += 1
         return sse_event(kind, {"type": kind, "sequence_number": self.seq - 1, **data})
 
-    def where(self) -> dict:
-        return {"item_id": self.cur["item"]["id"], "output_index": len(self.output)}
+    def _open(self) -> dict[str, Any]:
+        """The open item (its callers open one first)."""
+        assert self.cur is not None
+        return self.cur
 
-    def open_item(self, item) -> list:
+    def where(self) -> dict[str, Any]:
+        return {"item_id": self._open()["item"]["id"], "output_index": len(self.output)}
+
+    def open_item(self, item: dict[str, Any]) -> list[bytes]:
         frames = self.close()
         self.cur = {"item": item, "text": []}
         frames.append(self.ev("response.output_item.added", output_index=len(self.output),
@@ -95,10 +108,11 @@ class ResponseFrames(FrameWriter):
                                   part={"type": "output_text", "text": "", "annotations": []}))
         return frames
 
-    def close(self) -> list:
+    def close(self) -> list[bytes]:
         if self.cur is None:
             return []
-        item, text, frames = self.cur["item"], "".join(self.cur["text"]), []
+        item, text = self.cur["item"], "".join(self.cur["text"])
+        frames: list[bytes] = []
         if item["type"] == "reasoning":
             part = {"type": "summary_text", "text": text}
             item = reasoning_item(text, item["id"])
@@ -118,26 +132,26 @@ class ResponseFrames(FrameWriter):
         self.cur = None
         return frames
 
-    def message_text(self, t) -> list:
+    def message_text(self, t: str) -> list[bytes]:
         cur = self.cur
         frames = [] if cur and cur["item"]["type"] == "message" else self.open_item(
             message_item(None, status="in_progress"))
         if not t:
             return frames
-        self.cur["text"].append(t)
+        self._open()["text"].append(t)
         return frames + [self.ev("response.output_text.delta", **self.where(), content_index=0,
                                  delta=t, logprobs=[])]
 
-    def opening(self):
+    def opening(self) -> list[bytes]:
         return [self.ev("response.created", response=self.make_envelope("in_progress", [])),
                 self.ev("response.in_progress", response=self.make_envelope("in_progress", []))]
 
-    def event(self, e):
-        frames = []
+    def event(self, e: Event) -> list[bytes]:
+        frames: list[bytes] = []
         if isinstance(e, Reasoning) and e.text:
             if not self.cur or self.cur["item"]["type"] != "reasoning":
                 frames += self.open_item({"id": new_id("rs_"), "type": "reasoning", "summary": []})
-            self.cur["text"].append(e.text)
+            self._open()["text"].append(e.text)
             frames.append(self.ev("response.reasoning_summary_text.delta", **self.where(),
                                   summary_index=0, delta=e.text))
         elif isinstance(e, Content) and e.text:
@@ -149,12 +163,13 @@ class ResponseFrames(FrameWriter):
                                delta=call.arguments),
                        self.ev("response.function_call_arguments.done", **self.where(),
                                name=call.name, arguments=call.arguments)]
-            self.cur["item"] = call_item(call, self.cur["item"]["id"])
+            cur = self._open()
+            cur["item"] = call_item(call, cur["item"]["id"])
             frames += self.close()
         return frames
 
-    def done(self, finish):
-        frames = []
+    def done(self, finish: Finish) -> list[bytes]:
+        frames: list[bytes] = []
         if not any(it["type"] in ("message", "function_call")
                    for it in self.output + ([self.cur["item"]] if self.cur else [])):
             frames += self.message_text("")
@@ -164,7 +179,7 @@ class ResponseFrames(FrameWriter):
         self.on_complete(self.output, response)
         return frames + [self.ev(f"response.{status}", response=response)]
 
-    def failed(self, message):
+    def failed(self, message: str) -> list[bytes]:
         error = {"code": "server_error", "message": message}
         return [self.ev("response.failed",
                         response=self.make_envelope("failed", self.output, error=error))]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from blacksheep import Request
+from blacksheep import Request, Response
 
 from ..errors import APIError
 from ..webchat.search import search
@@ -22,14 +22,14 @@ if TYPE_CHECKING:
 MAX_QUERY_CHARS = 500
 
 
-def _error(message: str, status: int):
+def _error(message: str, status: int) -> Response:
     return json_response({"ok": False, "error": message}, status)
 
 
 def register(app: App, engine: Engine) -> None:
     store = app.state.sessions
 
-    async def search_sessions(request: Request):
+    async def search_sessions(request: Request) -> Response:
         query = (request.query.get("q") or [""])[0]
         if not query.strip():
             return _error("q is required", 400)
@@ -37,7 +37,7 @@ def register(app: App, engine: Engine) -> None:
             return _error(f"q is longer than {MAX_QUERY_CHARS} characters", 400)
         return json_response({"ok": True, "results": search(store, query)})
 
-    async def export_session(request: Request):
+    async def export_session(request: Request) -> Response:
         path = (request.query.get("path") or [""])[0]
         try:
             target = store.resolve(path)

@@ -13,13 +13,14 @@ in ``stats_providers``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any
 
 from blacksheep import Application
-from prometheus_client import CollectorRegistry
 from blacksheep.server.routing import Router
+from prometheus_client import CollectorRegistry
 
 from ..jobs.runner import JobManager
 from ..jobs.store import JobStore
@@ -39,7 +40,7 @@ class Jobs:
 
     def __init__(self, home: Path):
         self.home = home
-        self._manager: Optional[JobManager] = None
+        self._manager: JobManager | None = None
 
     @property
     def manager(self) -> JobManager:
@@ -71,13 +72,13 @@ class AppState:
     """The local model scan (``/library``, the rows of ``/v1/models``)."""
     jobs: Jobs = field(default_factory=lambda: Jobs(mlxbun_home()))
     """Fine-tune and quantize jobs (``/api/jobs``, ``/api/finetune/*``, ``/api/quantize/*``)."""
-    stats_providers: dict[str, Callable[[], dict]] = field(default_factory=dict)
+    stats_providers: dict[str, Callable[[], dict[str, Any]]] = field(default_factory=dict)
     """Extra ``/stats`` sections: name -> a callable returning a JSON-able dict."""
     trusts_injected_history: bool = False
     """An ``--isolate`` engine child: the parent sends Responses history in the body."""
-    web_chat_unavailable: Optional[str] = None
+    web_chat_unavailable: str | None = None
     """A reason ``/ws/chat`` answers 501 with (the ``--isolate`` parent proxy sets one)."""
-    metrics: Optional[CollectorRegistry] = None
+    metrics: CollectorRegistry | None = None
     """This app's Prometheus registry (``GET /metrics``; :mod:`mlxbun_core.metrics`)."""
 
 

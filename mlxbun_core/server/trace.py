@@ -12,21 +12,36 @@ import json
 import os
 import sys
 import time
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from blacksheep import Request
+
+if TYPE_CHECKING:
+    from ..events import Finish
+
+
+class Finishing(Protocol):
+    """A generation (or the choices of one request): ``finish`` is set once it ends."""
+
+    @property
+    def finish(self) -> Finish | None: ...
 
 
 class _Off:
     enabled = False
 
-    def span(self, *a, **k):
+    def span(self, phase: str, start: float, end: float | None = None,
+             **attributes: object) -> None:
         pass
 
-    def mark(self, *a, **k):
+    def mark(self, phase: str) -> None:
         pass
 
-    def finish(self, *a, **k):
+    def finish(self, outcome: str, **attributes: object) -> None:
         pass
 
-    def complete(self, *a, **k):
+    def complete(self, gen: Finishing, started: float) -> None:
         pass
 
 
@@ -39,34 +54,40 @@ class Trace:
     def __init__(self, route: str, request_id: str, trace_id: str | None):
         self.route, self.request_id, self.trace_id = route, request_id, trace_id
         self.t0 = time.perf_counter()
-        self.events: list = []
+        self.events: list[dict[str, Any]] = []
         self.done = False
 
     def _ms(self, t: float) -> float:
         return round((t - self.t0) * 1e3, 3)
 
-    def span(self, phase: str, start: float, end: float | None = None, **attributes):
+    def span(self, phase: str, start: float, end: float | None = None,
+             **attributes: object) -> None:
         end = time.perf_counter() if end is None else end
-        ev = {"phase": phase, "startMs": self._ms(start), "durationMs": round((end - start) * 1e3, 3)}
+        ev: dict[str, Any] = {"phase": phase, "startMs": self._ms(start),
+              "durationMs": round((end - start) * 1e3, 3)}
         if attributes:
             ev["attributes"] = attributes
         self.events.append(ev)
 
-    def mark(self, phase: str):
-        self.events.append({"phase": phase, "startMs": self._ms(time.perf_counter()), "durationMs": 0})
+    def mark(self, phase: str) -> None:
+        self.events.append({"phase": phase, "startMs": self._ms(time.perf_counter()),
+                            "durationMs": 0})
 
-    def complete(self, gen, started: float):
+    def complete(self, gen: Finishing, started: float) -> None:
         """Close the record from the generation's own timings (see Finish.timings)."""
         fin = gen.finish
         if fin is None:
-            return self.finish("abort")
+            self.finish("abort")
+            return
         t = fin.timings
         self.span("completion.total", started, started + t.get("total_s", 0.0),
                   lane=fin.usage.lane, completion_tokens=fin.usage.completion_tokens)
         at = started  # the lane's phases, in order, from the job's own clock
+        attrs: Mapping[str, object]
         for phase, key, attrs in (
                 ("engine.admission_wait", "admission_wait_s", {}),
-                ("cache.lookup_restore", "cache_lookup_s", {"cached_tokens": fin.usage.cached_tokens}),
+                ("cache.lookup_restore", "cache_lookup_s",
+                 {"cached_tokens": fin.usage.cached_tokens}),
                 ("prefill.total", "prefill_s", {"prompt_tokens": fin.usage.prompt_tokens})):
             if key in t:
                 self.span(phase, at, at + t[key], **attrs)
@@ -78,11 +99,11 @@ class Trace:
         outcome = {"cancelled": "abort", "error": "error"}.get(fin.reason, "success")
         self.finish(outcome)
 
-    def finish(self, outcome: str, **attributes):
+    def finish(self, outcome: str, **attributes: object) -> None:
         if self.done:
             return
         self.done = True
-        record = {"version": 1, "traceId": self.trace_id or self.request_id,
+        record: dict[str, Any] = {"version": 1, "traceId": self.trace_id or self.request_id,
                   "requestId": self.request_id, "route": self.route, "clock": "monotonic-ms",
                   "outcome": outcome, "totalMs": self._ms(time.perf_counter()),
                   "events": sorted(self.events, key=lambda e: e["startMs"])}
@@ -91,7 +112,10 @@ class Trace:
         print("[p2r] " + json.dumps(record, separators=(",", ":")), file=sys.stderr, flush=True)
 
 
-def begin(request, route: str, request_id: str):
+Tracer = Trace | _Off
+
+
+def begin(request: Request, route: str, request_id: str) -> Tracer:
     """A Trace for this request, or the shared no-op when tracing is off."""
     if os.environ.get("MLXBUN_P2R_TRACE", "") in ("", "0"):
         return OFF
@@ -99,7 +123,8 @@ def begin(request, route: str, request_id: str):
     return Trace(route, request_id, raw.decode("latin-1") if raw else None)
 
 
-async def traced(frames, trace, gen, started: float):
+async def traced(frames: AsyncIterator[bytes], trace: Tracer, gen: Finishing,
+                 started: float) -> AsyncIterator[bytes]:
     """Pass SSE frames through, marking the first write and closing the record."""
     if not trace.enabled:
         async for frame in frames:

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import webbrowser
+from collections.abc import Mapping
 from importlib import resources
 from typing import TYPE_CHECKING
 
@@ -23,9 +24,13 @@ from blacksheep import Request, Response
 from blacksheep.contents import Content
 
 from ..webchat.apptools import ROUTES
-from .common import json_response
+from .common import Handler, json_response
 
 if TYPE_CHECKING:
+    from importlib.abc import Traversable
+
+    import uvicorn
+
     from ..engine.core import Engine
     from .state import App
 
@@ -36,12 +41,12 @@ TYPES = {".html": b"text/html; charset=utf-8", ".js": b"text/javascript; charset
          ".txt": b"text/plain; charset=utf-8", ".json": b"application/json"}
 
 
-def load_files() -> dict:
+def load_files() -> dict[str, bytes]:
     """Every file of the web app, by URL path (``/assets/app.js``), as bytes."""
     root = resources.files("mlxbun_core") / "web"
-    out = {}
+    out: dict[str, bytes] = {}
 
-    def walk(node, prefix):
+    def walk(node: Traversable, prefix: str) -> None:
         for child in node.iterdir():
             if child.is_dir():
                 walk(child, f"{prefix}{child.name}/")
@@ -52,12 +57,12 @@ def load_files() -> dict:
     return out
 
 
-def shell_paths(files: dict) -> list:
+def shell_paths(files: Mapping[str, bytes]) -> list[str]:
     """What the service worker caches: the page and its assets, nothing dynamic."""
     return ["/"] + sorted(p for p in files if p.startswith("/assets/"))
 
 
-def service_worker(files: dict) -> bytes:
+def service_worker(files: Mapping[str, bytes]) -> bytes:
     """sw.js with its cache list and a version that changes whenever a shell file does."""
     paths = shell_paths(files)
     digest = hashlib.sha256()
@@ -81,26 +86,27 @@ def register(app: App, engine: Engine) -> None:
     files = load_files()
     sw = service_worker(files)
 
-    async def index(request: Request):
+    async def index(request: Request) -> Response:
         return _file(files["/index.html"], "/index.html", b"no-cache")
 
-    async def asset(request: Request):
+    async def asset(request: Request) -> Response:
         path = request.path
         body = files.get(path)
         if body is None or not path.startswith("/assets/"):
-            return json_response({"error": {"message": "not found", "type": "not_found_error"}}, 404)
+            return json_response({"error": {"message": "not found", "type": "not_found_error"}},
+                                 404)
         return _file(body, path, ASSET_CACHE)
 
-    async def manifest(request: Request):
+    async def manifest(request: Request) -> Response:
         return _file(files["/manifest.webmanifest"], "/manifest.webmanifest", ASSET_CACHE)
 
-    async def worker(request: Request):
+    async def worker(request: Request) -> Response:
         resp = _file(sw, "/sw.js", b"no-store")
         resp.add_header(b"Service-Worker-Allowed", b"/")
         return resp
 
-    def redirect_to(route: str):
-        async def handler(request: Request):
+    def redirect_to(route: str) -> Handler:
+        async def handler(request: Request) -> Response:
             resp = Response(302, None, None)
             resp.add_header(b"Location", f"/#{route}".encode())
             return resp
@@ -116,7 +122,7 @@ def register(app: App, engine: Engine) -> None:
         app.state.guard.open_route(path)
 
 
-def open_paths() -> tuple:
+def open_paths() -> tuple[str, ...]:
     """The page's static shell: it holds nothing private, so it loads without the API key
     (the page then asks for the key and sends it on every API call)."""
     return ("/", "/assets/*", "/manifest.webmanifest", "/sw.js", *(f"/{r}" for r in ROUTES))
@@ -142,9 +148,9 @@ def interactive_start(no_open: bool) -> bool:
     return not any(os.environ.get(v) for v in ("PYTEST_CURRENT_TEST", "CI", "MLXBUN_NO_OPEN"))
 
 
-def open_when_started(server, url: str, timeout: float = 60.0) -> threading.Thread:
+def open_when_started(server: uvicorn.Server, url: str, timeout: float = 60.0) -> threading.Thread:
     """Open ``url`` once ``server`` (a uvicorn.Server) listens."""
-    def wait_and_open():
+    def wait_and_open() -> None:
         deadline = time.monotonic() + timeout
         while not server.started and not server.should_exit and time.monotonic() < deadline:
             time.sleep(0.05)

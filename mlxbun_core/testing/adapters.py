@@ -10,27 +10,29 @@ change nothing), and saves the directory the way mlx-lm's trainer does.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, cast
 
 
 def write_lora_adapter(model_path, out, *, seed: int = 1, rank: int = 4, scale: float = 2.0,
-                       num_layers: int = -1, keys: Optional[Sequence[str]] = None,
-                       magnitude: float = 0.5, base_model: Optional[str] = None) -> Path:
+                       num_layers: int = -1, keys: Sequence[str] | None = None,
+                       magnitude: float = 0.5, base_model: str | None = None) -> Path:
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.tuner.utils import linear_to_lora_layers
     from mlx_lm.utils import load, save_config
 
-    model, _ = load(str(model_path))
+    model = load(str(model_path))[0]
     model.freeze()
-    params = {"rank": rank, "scale": scale, "dropout": 0.0}
+    params: dict[str, Any] = {"rank": rank, "scale": scale, "dropout": 0.0}
     if keys is not None:
         params["keys"] = list(keys)
     linear_to_lora_layers(model, num_layers, params)
     key = mx.random.key(seed)
     weights = {}
-    for name, value in sorted(tree_flatten(model.trainable_parameters())):
+    leaves = cast("list[tuple[str, mx.array]]", tree_flatten(model.trainable_parameters()))
+    for name, value in sorted(leaves, key=lambda leaf: leaf[0]):
         key, sub = mx.random.split(key)
         weights[name] = (mx.random.normal(value.shape, key=sub) * magnitude
                          / value.shape[0] ** 0.5).astype(mx.float32)
@@ -43,7 +45,7 @@ def write_lora_adapter(model_path, out, *, seed: int = 1, rank: int = 4, scale: 
     return out
 
 
-def write_peft_copy(mlx_adapter, out, *, base_model: Optional[str] = None,
+def write_peft_copy(mlx_adapter, out, *, base_model: str | None = None,
                     use_rslora: bool = False) -> Path:
     """The same LoRA in PEFT's layout (``lora_A.weight`` (r, in), ``lora_B.weight``
     (out, r), ``lora_alpha``); the scale is kept exactly."""
@@ -52,7 +54,7 @@ def write_peft_copy(mlx_adapter, out, *, base_model: Optional[str] = None,
     src = Path(mlx_adapter)
     cfg = json.loads((src / "adapter_config.json").read_text())
     rank, scale = cfg["lora_parameters"]["rank"], cfg["lora_parameters"]["scale"]
-    weights = mx.load(str(src / "adapters.safetensors"))
+    weights = cast("dict[str, mx.array]", mx.load(str(src / "adapters.safetensors")))
     peft = {}
     for name, value in weights.items():
         module, leaf = name.rsplit(".", 1)

@@ -16,9 +16,10 @@ import json
 import shutil
 import tempfile
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import mlx.core as mx
 import numpy as np

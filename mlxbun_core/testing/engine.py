@@ -10,8 +10,8 @@ import threading
 from ..engine.core import Engine
 from ..engine.lanes.pace import FixedChunk, PrefillPacer
 from ..engine.prepare import Prepared, prepare
-from ..engine.session import GenerationRequest
 from ..engine.reply import gather
+from ..engine.session import GenerationRequest
 
 
 def prepare_chat(engine: Engine, body: dict) -> Prepared:
@@ -87,7 +87,8 @@ class GatedChunks(FixedChunk):
 
     def __init__(self, size: int, pause_at: int = 0):
         super().__init__(size)
-        self.count, self.tokens, self.pause_at = 0, [], pause_at
+        self.count, self.pause_at = 0, pause_at
+        self.tokens: list[int] = []
         self._paused, self._go = threading.Event(), threading.Event()
 
     def record(self, tokens: int, seconds: float, asked: int = 0) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -30,12 +31,14 @@ ADMIN = ("/v1/adapters",) + JOBS
 
 # ---------------------------------------------------------------- values
 
-EDGES = [None, True, False, 0, 1, -1, 2, 11, 12, 255, 1024, 2**31 - 1, 2**31, -(2**31),
+EDGES: list[Any] = [
+         None, True, False, 0, 1, -1, 2, 11, 12, 255, 1024, 2**31 - 1, 2**31, -(2**31),
          2**53 + 1, 2**63 - 1, 2**63, -(2**63), 2**64, 10**30, -(10**30), 0.0, -0.0, 0.5,
          -0.5, 1.5, 2.0000001, 100.5, 5e-324, 1e-300, 3.4e38, 3.5e38, 1e300, -1e300,
          1.7976931348623157e308, "", " ", "x", "0", "1.5", "-1", "nan", "inf", "auto", "none",
          "required", "any", "tool", "function", "text", "image", "json_object", "json_schema",
-         "user", "assistant", "system", "tool_use", "enabled", "high", "max", "\x00", "\ud83d\ude00",
+         "user", "assistant", "system", "tool_use", "enabled", "high", "max", "\x00",
+         "\ud83d\ude00",
          "{", "[[[[", "<tool_call>", "{{ 1 }}", "{% raw %}", "a" * 3000, [], {}, [None], [[]],
          [{}], ["a", 1], [1, 2, 3], {"": None}, {"type": None}, {"type": "text"},
          {"type": "text", "text": 5}, {"type": "function"}, {"name": 5}, {"type": "object"},
@@ -44,17 +47,18 @@ EDGES = [None, True, False, 0, 1, -1, 2, 11, 12, 255, 1024, 2**31 - 1, 2**31, -(
 values = (st.sampled_from(EDGES) | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
           | st.text(max_size=8))
 # what a length field may become: small, or not an integer at all (never a long generation)
-limits = st.integers(-2, 6) | st.sampled_from([None, 0, 4.0, "4", True, [], {}, -(2**63)])
+limits: st.SearchStrategy[Any] = (st.integers(-2, 6)
+                                  | st.sampled_from([None, 0, 4.0, "4", True, [], {}, -(2**63)]))
 
 # ---------------------------------------------------------------- seed bodies
 
 USER = [{"role": "user", "content": "Hi there"}]
-SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"},
-                                           "b": {"type": "array", "items": {"type": "string"}}},
-          "required": ["a"]}
-TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather",
-                                         "parameters": {"type": "object", "properties": {
-                                             "city": {"type": "string"}}}}}
+SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["a"],
+    "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "string"}}}}
+TOOL: dict[str, Any] = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
 SAMPLERS = {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "seed": 3,
             "presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1,
             "repetition_context_size": 16, "xtc_probability": 0.1, "xtc_threshold": 0.1}
@@ -158,11 +162,12 @@ MESSAGES = [
 ]
 EMBEDDINGS = [{"input": "hello"},
               {"model": "m", "input": ["a", "b"], "encoding_format": "base64", "dimensions": 8}]
-SEEDS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS,
-         "/v1/responses": RESPONSES, "/v1/messages": MESSAGES,
-         "/v1/messages/count_tokens": [{k: v for k, v in b.items() if k != "stream"}
-                                       for b in MESSAGES],
-         "/v1/embeddings": EMBEDDINGS}
+SEEDS: dict[str, list[Any]] = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS,
+                               "/v1/responses": RESPONSES, "/v1/messages": MESSAGES,
+                               "/v1/messages/count_tokens": [
+                                   {k: v for k, v in b.items() if k != "stream"}
+                                   for b in MESSAGES],
+                               "/v1/embeddings": EMBEDDINGS}
 
 
 def admin_seeds(model_dir: str, data_dir: str) -> dict:
@@ -261,7 +266,8 @@ raw = st.one_of(
 
 @st.composite
 def encoded(draw, route: str, seeds=None) -> bytes:
-    """Bytes to POST to ``route``: mostly a mutated body, else its JSON cut short or a raw oddity."""
+    """Bytes to POST to ``route``: mostly a mutated body, else its JSON cut short or a raw
+    oddity."""
     kind = draw(st.integers(0, 9))
     if kind == 9:
         return draw(raw)

@@ -8,8 +8,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Iterable, Iterator
 
 
 def mlx_lm_greedy(model, prompt: list, n: int, stops: Iterable[int]) -> list[int]:

@@ -20,7 +20,8 @@ def image_bytes(fmt: str = "PNG", size=(48, 32), color=None, seed: int = 0, mode
         img = Image.new(mode, size, color)
     else:
         rng = np.random.default_rng(seed)
-        img = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).convert(mode)
+        pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+        img = Image.fromarray(pixels).convert(mode)
     buf = io.BytesIO()
     if fmt.upper() in ("HEIC", "HEIF"):
         import pillow_heif
@@ -46,14 +47,16 @@ def pil_image(data: bytes):
     return Image.open(io.BytesIO(data)).convert("RGB")
 
 
-def tone(seconds: float = 1.0, rate: int = 16_000, freq: float = 440.0, channels: int = 1) -> np.ndarray:
+def tone(seconds: float = 1.0, rate: int = 16_000, freq: float = 440.0,
+         channels: int = 1) -> np.ndarray:
     """A sine tone, [frames, channels] float32 in [-0.5, 0.5]."""
     t = np.arange(int(seconds * rate)) / rate
     x = 0.5 * np.sin(2 * np.pi * freq * t).astype(np.float32)
     return np.repeat(x[:, None], channels, axis=1)
 
 
-def wav_bytes(samples: np.ndarray, rate: int = 16_000, bits: int = 16, float_fmt: bool = False) -> bytes:
+def wav_bytes(samples: np.ndarray, rate: int = 16_000, bits: int = 16,
+              float_fmt: bool = False) -> bytes:
     """A RIFF/WAVE file of ``samples`` ([frames, channels] floats in [-1, 1])."""
     x = np.asarray(samples, dtype=np.float64)
     if x.ndim == 1:
@@ -67,7 +70,8 @@ def wav_bytes(samples: np.ndarray, rate: int = 16_000, bits: int = 16, float_fmt
         tag = 1
     elif bits == 24:
         v = np.clip(x * (1 << 23), -(1 << 23), (1 << 23) - 1).astype(np.int32).reshape(-1)
-        body = np.stack([v & 255, (v >> 8) & 255, (v >> 16) & 255], axis=1).astype(np.uint8).tobytes()
+        body = np.stack([v & 255, (v >> 8) & 255, (v >> 16) & 255],
+                        axis=1).astype(np.uint8).tobytes()
         tag = 1
     else:
         scale = 1 << (bits - 1)
@@ -76,7 +80,8 @@ def wav_bytes(samples: np.ndarray, rate: int = 16_000, bits: int = 16, float_fmt
         tag = 1
     block = channels * bits // 8
     fmt = struct.pack("<HHIIHH", tag, channels, rate, rate * block, block, bits)
-    chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(body)) + body
+    chunks = (b"fmt " + struct.pack("<I", len(fmt)) + fmt
+              + b"data" + struct.pack("<I", len(body)) + body)
     return b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks
 
 

@@ -6,13 +6,14 @@ must leave it empty, an allowed one must show up with the right ``Host`` header.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Optional, Union
 
-Route = Union[tuple, Callable[["MediaServer", BaseHTTPRequestHandler], tuple]]
+Route = tuple | Callable[["MediaServer", BaseHTTPRequestHandler], tuple]
 
 
 class _Server(ThreadingHTTPServer):
@@ -23,13 +24,13 @@ class MediaServer:
     """Serve ``routes`` (path → ``(status, headers, body)`` or a callable returning one)
     on ``host``; every request lands in ``requests`` as ``(path, headers)``."""
 
-    def __init__(self, host: str = "127.0.0.1", routes: Optional[dict] = None):
+    def __init__(self, host: str = "127.0.0.1", routes: dict | None = None):
         self.routes: dict[str, Route] = dict(routes or {})
         self.requests: list[tuple[str, dict]] = []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server's naming)
+            def do_GET(self):  # http.server's naming
                 outer.requests.append((self.path, dict(self.headers)))
                 route = outer.routes.get(self.path.split("?", 1)[0])
                 if route is None:
@@ -45,10 +46,8 @@ class MediaServer:
                     if not k.startswith("_"):
                         self.send_header(k, v)
                 self.end_headers()
-                try:
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     self.wfile.write(body)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
 
             def log_message(self, *args):
                 pass
@@ -61,7 +60,7 @@ class MediaServer:
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
 
-    def url(self, path: str = "/", host: Optional[str] = None) -> str:
+    def url(self, path: str = "/", host: str | None = None) -> str:
         h = host or self.host
         if ":" in h:
             h = f"[{h}]"

@@ -11,13 +11,12 @@ from __future__ import annotations
 import subprocess
 import threading
 import time
-from typing import Optional
 
 import httpx
 
 
 class ServerProcess:
-    def __init__(self, cmd: list, *, env: Optional[dict] = None, preexec_fn=None):
+    def __init__(self, cmd: list, *, env: dict | None = None, preexec_fn=None):
         """``preexec_fn`` runs in the child before ``cmd`` (resource limits for it alone)."""
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, preexec_fn=preexec_fn)
@@ -83,7 +82,7 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait(timeout)
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         return self
 
     def __exit__(self, *exc):

@@ -10,7 +10,6 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
 
 from ..model import LoadOptions
 
@@ -35,9 +34,9 @@ class RunningServer:
         self.thread.join(timeout=10)
 
 
-def start_server(model: str | Path | None = None, *, options: Optional[LoadOptions] = None,
-                 defaults: Optional[dict] = None, max_tokens: Optional[int] = None,
-                 host: str = "127.0.0.1", api_key: Optional[str] = None,
+def start_server(model: str | Path | None = None, *, options: LoadOptions | None = None,
+                 defaults: dict | None = None, max_tokens: int | None = None,
+                 host: str = "127.0.0.1", api_key: str | None = None,
                  sessions_dir=None, **engine_options) -> RunningServer:
     """Load ``model`` (path, repo id, .gguf or None for the default) and serve it on a free
     port. ``engine_options`` go to :class:`~mlxbun_core.engine.core.Engine` (``batch``,
@@ -51,9 +50,8 @@ def start_server(model: str | Path | None = None, *, options: Optional[LoadOptio
                          progress=False, defaults=defaults, max_tokens=max_tokens,
                          **engine_options)
     port = free_port()
-    config = uvicorn.Config(build_app(engine, api_key=api_key, sessions_dir=sessions_dir), host=host, port=port,
-                            log_level="warning",
-                            lifespan="on")
+    config = uvicorn.Config(build_app(engine, api_key=api_key, sessions_dir=sessions_dir),
+                            host=host, port=port, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

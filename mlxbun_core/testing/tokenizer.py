@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -130,7 +130,7 @@ Thinking.<channel|><|tool_call>call:get_weather{location:<|"|>Paris<|"|>}<tool_c
 Hello<|eot_id|><|start_header_id|>assistant<|end_header_id|>
 
 Hi!<|eot_id|>
-"""
+"""  # noqa: E501 (real chat markup, verbatim)
 
 _WORDS = ("alpha beta gamma delta token model layer cache prompt reply server "
           "stream batch expert router weight value key query").split()
@@ -206,7 +206,8 @@ def build_tokenizer(
 
 CHATML_TEMPLATE = (
     "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') + '<|im_end|>' + '\\n' }}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '')"
+    " + '<|im_end|>' + '\\n' }}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )

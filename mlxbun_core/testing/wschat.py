@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Optional
 
 from websockets.sync.client import connect
 
@@ -12,7 +11,7 @@ from websockets.sync.client import connect
 class ChatClient:
     """Send client frames, read server frames; every frame read is kept in ``seen``."""
 
-    def __init__(self, base_url: str, *, api_key: Optional[str] = None, timeout: float = 60.0):
+    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 60.0):
         url = base_url.replace("http://", "ws://", 1) + "/ws/chat"
         if api_key is not None:
             url += f"?api_key={api_key}"
@@ -20,7 +19,7 @@ class ChatClient:
         self.timeout = timeout
         self.seen: list = []
 
-    def __enter__(self) -> "ChatClient":
+    def __enter__(self) -> ChatClient:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -32,12 +31,12 @@ class ChatClient:
     def send(self, kind: str, **fields) -> None:
         self.ws.send(json.dumps({"type": kind, **fields}))
 
-    def recv(self, timeout: Optional[float] = None) -> dict:
+    def recv(self, timeout: float | None = None) -> dict:
         frame = json.loads(self.ws.recv(timeout=self.timeout if timeout is None else timeout))
         self.seen.append(frame)
         return frame
 
-    def until(self, kind: str, timeout: Optional[float] = None) -> list:
+    def until(self, kind: str, timeout: float | None = None) -> list:
         """Frames up to and including the next one of type ``kind``."""
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         out = []

@@ -7,8 +7,17 @@ hook; ``parse`` builds calls with :func:`make_call` so argument coercion is unif
 
 from .choice import ToolChoice, check_tools, is_strict, parse_parallel, parse_tool_choice, tool_name
 from .constrain import plan_constraint
-from .core import (ToolCall, calls_from_json, coerce_arguments, find_tool, make_call,
-                   new_call_id, normalize_call, repair_json, tool_params)
+from .core import (
+                   ToolCall,
+                   calls_from_json,
+                   coerce_arguments,
+                   find_tool,
+                   make_call,
+                   new_call_id,
+                   normalize_call,
+                   repair_json,
+                   tool_params,
+)
 from .dialects import JsonDialect, MlxLmDialect, dialect_for_parser, dialect_for_tokenizer
 from .stream import KEEPALIVE_EVERY, Dialect, Event, StreamingToolParser, split_tool_calls
 

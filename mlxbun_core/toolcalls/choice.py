@@ -5,7 +5,6 @@ surfaces read their own forms into a :class:`ToolChoice` directly."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from ..errors import BadRequest
 
@@ -18,14 +17,14 @@ class ToolChoice:
     call) or function (a call of ``name``)."""
 
     mode: str = "auto"
-    name: Optional[str] = None
+    name: str | None = None
 
     @property
     def forced(self) -> bool:
         return self.mode in ("required", "function")
 
 
-def tool_name(tool) -> Optional[str]:
+def tool_name(tool) -> str | None:
     f = tool.get("function") if isinstance(tool.get("function"), dict) else tool
     name = f.get("name") if isinstance(f, dict) else None
     return name if isinstance(name, str) and name else None
@@ -36,7 +35,7 @@ def is_strict(tool) -> bool:
     return f.get("strict") is True
 
 
-def check_tools(tools) -> Optional[list]:
+def check_tools(tools) -> list | None:
     """The request's function tools (None when absent or empty); 400 when ill-formed."""
     if tools is None or tools == []:
         return None
@@ -54,7 +53,7 @@ def check_tools(tools) -> Optional[list]:
     return tools
 
 
-def parse_tool_choice(value, tools: Optional[list]) -> ToolChoice:
+def parse_tool_choice(value, tools: list | None) -> ToolChoice:
     """The request's tool choice; 400 for an unknown form, a forced choice without
     tools, or a function that is not among the tools."""
     if value is None:
@@ -73,7 +72,7 @@ def parse_tool_choice(value, tools: Optional[list]) -> ToolChoice:
                          '{"type": "function", "function": {"name": ...}}', param="tool_choice")
     if choice.forced and not tools:
         raise BadRequest(f"tool_choice {value!r} needs tools", param="tool_choice")
-    if choice.name is not None and choice.name not in {tool_name(t) for t in tools}:
+    if choice.name is not None and choice.name not in {tool_name(t) for t in tools or ()}:
         raise BadRequest(f"tool_choice names function {choice.name!r}, which is not among "
                          "the tools", param="tool_choice")
     return choice

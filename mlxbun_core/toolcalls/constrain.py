@@ -18,10 +18,9 @@ Whenever a tool grammar is active, every call in it follows its own tool's schem
 
 from __future__ import annotations
 
-from typing import Optional
-
 from ..grammar import GrammarPlan, GrammarRequest, describe
 from ..grammar import structural as S
+from ..grammar.request import Whitespace
 from ..grammar_registry import registry
 from .choice import ToolChoice, is_strict, tool_name
 
@@ -30,8 +29,8 @@ GAP = S.regex(r"[ \n]{0,2}")
 or leave a blank line after a think channel); the parser drops it."""
 
 
-def plan_constraint(parser, tools: Optional[list], choice: ToolChoice, parallel: bool,
-                    content: Optional[GrammarRequest], tokenizer,
+def plan_constraint(parser, tools: list | None, choice: ToolChoice, parallel: bool,
+                    content: GrammarRequest | None, tokenizer,
                     grammars=registry) -> GrammarPlan:
     """The grammar plan for a chat request (see the module docstring)."""
     if parser is not None and not parallel and hasattr(parser, "max_calls"):
@@ -47,8 +46,8 @@ def plan_constraint(parser, tools: Optional[list], choice: ToolChoice, parallel:
 NO_GRAMMAR = "this model's tool-call dialect has no call grammar"
 
 
-def tool_request(parser, tools, choice: ToolChoice, parallel: bool, content: Optional[
-        GrammarRequest]) -> tuple[Optional[GrammarRequest], Optional[str]]:
+def tool_request(parser, tools, choice: ToolChoice, parallel: bool,
+                 content: GrammarRequest | None) -> tuple[GrammarRequest | None, str | None]:
     """``(grammar request, None)``, or ``(request to describe, reason)`` when it cannot
     be enforced."""
     if not tools or choice.mode == "none":
@@ -76,7 +75,7 @@ def tool_request(parser, tools, choice: ToolChoice, parallel: bool, content: Opt
     return _structural(S.triggered([call], stop_after_first=not parallel), "", ws), None
 
 
-def _structural(fmt: dict, words: str, whitespace: str) -> GrammarRequest:
+def _structural(fmt: dict, words: str, whitespace: Whitespace) -> GrammarRequest:
     return GrammarRequest("structural", {"format": fmt, "describe": words}, whitespace)
 
 
@@ -90,7 +89,7 @@ def calls(call: dict, parallel: bool) -> dict:
 def forced_instruction(chosen: list, choice: ToolChoice) -> str:
     if choice.mode == "function":
         return f"Respond only by calling the function {choice.name}, with no other text."
-    names = ", ".join(tool_name(t) for t in chosen)
+    names = ", ".join(str(tool_name(t)) for t in chosen)
     return f"Respond only by calling one of these functions: {names}; write no other text."
 
 

@@ -29,7 +29,9 @@ def find_tool(tools: list | None, name: str) -> dict | None:
     for t in tools or ():
         if not isinstance(t, dict):
             continue
-        f = t.get("function") if isinstance(t.get("function"), dict) else t
+        f = t.get("function")
+        if not isinstance(f, dict):
+            f = t
         if f.get("name") == name:
             return f
     return None
@@ -121,15 +123,16 @@ def coerce_arguments(args: dict, tool_schema_params: dict | None) -> dict:
     if not isinstance(args, dict):
         return args
     p = tool_schema_params or {}
-    props = p.get("properties") if isinstance(p.get("properties"), dict) else (
-        p if "type" not in p else {})
+    props = p.get("properties")
+    if not isinstance(props, dict):
+        props = p if "type" not in p else {}
     return {k: _coerce_one(v, _types(props.get(k))) for k, v in args.items()}
 
 
 # --------------------------------------------------------------------- repair
 
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON|json5)?[ \t]*\n?(.*?)(?:```|$)", re.S)
-_IDENT = re.compile(r"[A-Za-z_$][\w$-]*")
+_IDENT = re.compile(r"(?:[^\W\d]|\$)[\w$-]*")  # any letter starts a bare key (str.isalpha)
 _LITERALS = {"True": "true", "False": "false", "None": "null",
              "true": "true", "false": "false", "null": "null"}
 
@@ -203,6 +206,7 @@ def _scan(s: str) -> tuple[str, list[str], list[tuple[int, list[str]]]]:
             emit(c)
         elif c.isalpha() or c in "_$":
             m = _IDENT.match(s, i)
+            assert m is not None  # a letter, _ or $ starts an identifier
             w = m.group(0)
             keyish = _COLON.match(s, m.end()) is not None
             if w in _LITERALS and not keyish:

@@ -15,11 +15,12 @@ allows extra arguments with free names.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 from ..grammar import structural as S
 from ..grammar.schema import json_types, resolve, with_defs
+
 
 def tool_schemas(tools: list | None) -> list[tuple[str, dict]]:
     """``(name, parameters schema)`` for every function tool (OpenAI or flat shape)."""
@@ -60,7 +61,7 @@ def string_only(schema, root: dict) -> bool:
 
 
 def raw_string(schema, root: dict, close: str, pad: str = "",
-               text: Optional[Callable[[Optional[int]], dict]] = None) -> dict:
+               text: Callable[[int | None], dict] | None = None) -> dict:
     """A raw (unquoted) string value, then ``close``: an enum / const is one of its
     values and a ``pattern`` its regex (then ``pad`` and ``close``); otherwise free
     text (``maxLength`` bounds it) running to the first ``close``, as the parsers
@@ -79,7 +80,7 @@ def raw_string(schema, root: dict, close: str, pad: str = "",
     return free_text(close, limit)
 
 
-def free_text(close: str, limit: Optional[int] = None) -> dict:
+def free_text(close: str, limit: int | None = None) -> dict:
     """Text up to the first ``close``, then ``close``. With a ``limit`` the text may not
     hold ``close``'s first character (a bounded run that provably stops before
     ``close``, in whole characters on both backends)."""
@@ -113,7 +114,7 @@ class ArgMarkup:
     pad: str = ""
     after: str = ""
     name_regex: str = r"[A-Za-z0-9_.\-]+"
-    string: Optional[Callable[[dict, dict], dict]] = None  # (schema, root) -> value + close
+    string: Callable[[dict, dict], dict] | None = None  # (schema, root) -> value + close
 
     def arg(self, name: str, schema, root: dict) -> dict:
         head = S.const(self.key_open + name + self.key_close)
@@ -141,13 +142,15 @@ def element_args(params: dict, markup: ArgMarkup) -> dict:
     """Every declared argument in schema order (optional ones may be left out), then
     extra arguments where the schema allows them."""
     root = params if isinstance(params, dict) else {}
-    props = root.get("properties") if isinstance(root.get("properties"), dict) else {}
+    props = root.get("properties")
+    if not isinstance(props, dict):
+        props = {}
     required = set(root.get("required") or ()) if isinstance(root.get("required"), list) else set()
     parts = []
     for name, sub in props.items():
         one = markup.arg(name, sub, root)
         parts.append(one if name in required else S.opt(one))
-    extra = root.get("additionalProperties", False if props or "properties" in root else True)
+    extra = root.get("additionalProperties", not (props or "properties" in root))
     if extra is True or isinstance(extra, dict):
         parts.append(S.star(markup.extra(extra, root)))
     return S.seq(*parts)

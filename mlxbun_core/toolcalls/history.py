@@ -15,7 +15,6 @@ what it may call and what it called.
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 from ..errors import BadRequest
 from .core import repair_json
@@ -37,7 +36,7 @@ def normalize_history(messages: list[dict], param: str = "messages") -> list[dic
         if m.get("content") is None:
             m["content"] = ""
         if m.get("role") == "tool" and not m.get("name"):
-            name = names.get(m.get("tool_call_id"))
+            name = names.get(str(m.get("tool_call_id")))
             if name:
                 m["name"] = name
         out.append(m)
@@ -77,15 +76,15 @@ TOOLS_PREAMBLE = (
     '{{"name": "function_name", "arguments": {{"argument": "value"}}}}\n</tool_call>')
 
 
-def supports_tools(template: Optional[str]) -> tuple[bool, bool]:
+def supports_tools(template: str | None) -> tuple[bool, bool]:
     """Whether a template renders ``tools`` and assistant ``tool_calls`` itself."""
     if not isinstance(template, str):
         return True, True  # several named templates, or none: leave it alone
     return "tools" in template.replace("tool_calls", ""), "tool_calls" in template
 
 
-def without_tool_support(messages: list[dict], tools: Optional[list],
-                         template: Optional[str]) -> list[dict]:
+def without_tool_support(messages: list[dict], tools: list | None,
+                         template: str | None) -> list[dict]:
     """``messages`` with the tools and earlier calls written as text, for the parts
     ``template`` does not render."""
     renders_tools, renders_calls = supports_tools(template)
@@ -106,7 +105,9 @@ def _calls_as_text(m: dict) -> dict:
             str(fn["arguments"])) or {}
         blocks.append("<tool_call>\n" + json.dumps({"name": fn["name"], "arguments": args},
                                                    ensure_ascii=False) + "\n</tool_call>")
-    content = m.get("content") if isinstance(m.get("content"), str) else ""
+    content = m.get("content")
+    if not isinstance(content, str):
+        content = ""
     text = "\n".join(([content] if content.strip() else []) + blocks)
     m = dict(m, content=text)
     m.pop("tool_calls")

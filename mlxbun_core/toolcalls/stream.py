@@ -173,6 +173,7 @@ class StreamingToolParser:
 
     def _markup_step(self, ev: list[Event]) -> bool:
         buf = self._markup
+        assert buf is not None  # only called inside markup
         e = self.dialect.complete(buf, self._checked)
         self._checked = len(buf)
         seen = len(buf) if e is None else e - 1
@@ -208,7 +209,7 @@ class StreamingToolParser:
         (a small model under a forced tool choice can loop on one call); either means
         ``done``: the reply may end here."""
         seen = {(c.name, c.arguments) for c in self.calls}
-        out = []
+        out: list[ToolCall] = []
         for c in calls:
             if (self.unique and (c.name, c.arguments) in seen) or (
                     self.max_calls is not None and len(self.calls) + len(out) >= self.max_calls):

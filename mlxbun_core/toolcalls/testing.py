@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from ..events import Content, ToolCallEvent
 from .stream import Event, StreamingToolParser
@@ -74,8 +74,8 @@ def walk(compiled, rng, max_steps: int = 400, p_stop: float = 0.5) -> tuple[list
     for _ in range(max_steps):
         bits[:] = 0
         m.fill(bits)
-        allowed = np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little"))
-        allowed = [int(t) for t in allowed if t < compiled.vocab_size]
+        set_bits = np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little"))
+        allowed = [int(t) for t in set_bits if t < compiled.vocab_size]
         text = [t for t in allowed if t not in eos]
         if not text or (len(text) < len(allowed) and rng.random() < p_stop):
             return ids, True

@@ -12,7 +12,8 @@ connection stays usable.
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from ..errors import APIError, BadRequest
 from .conversation import Conversation, Send

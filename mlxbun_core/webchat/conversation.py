@@ -10,7 +10,8 @@ it knows none of them.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from ..errors import APIError, BadRequest
 from . import apptools

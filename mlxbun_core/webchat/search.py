@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import re
 
-from .store import (SessionStore, iter_message_entries, message_text, read_entries,
-                    replayed_messages, session_title)
+from .store import (
+    SessionStore,
+    iter_message_entries,
+    message_text,
+    read_entries,
+    replayed_messages,
+    session_title,
+)
 
 MAX_RESULTS = 50
 MAX_PER_SESSION = 10

@@ -25,8 +25,8 @@ import os
 import secrets
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from ..errors import APIError, BadRequest, NotFound
 
@@ -76,7 +76,7 @@ def message_text(message: dict) -> str:
 class Session:
     """One session file, replayed into a message tree."""
 
-    def __init__(self, store: "SessionStore", path: Path, entries: list):
+    def __init__(self, store: SessionStore, path: Path, entries: list):
         self.store, self.path = store, path
         self.header: dict = {}
         self.messages: dict = {}  # id -> message entry

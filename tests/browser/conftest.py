@@ -36,7 +36,8 @@ def playwright():
 
 @pytest.fixture(scope="session")
 def browser(playwright):
-    b = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS, headless=True)
+    b = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS,
+                                   headless=True)
     yield b
     b.close()
 

@@ -1,8 +1,9 @@
 """The web app in a real browser (headless Chromium) against a real server.
 
 One server runs SmolLM2-135M-Instruct, so replies are real text; tiny random models
-(one that never says EOS, for a reply long enough to stop) keep the other tests quick. Screenshots go to
-``$MLXBUN_SCREENSHOT_DIR`` (``make screenshots`` points it at docs/), else a temp dir.
+(one that never says EOS, for a reply long enough to stop) keep the other tests quick.
+Screenshots go to ``$MLXBUN_SCREENSHOT_DIR`` (``make screenshots`` points it at docs/),
+else a temp dir.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from mlxbun_core.testing.server import start_server
 pytestmark = pytest.mark.browser
 
 # a 1x1 PNG
-PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
+PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGA"
+                       "hKmMIQAAAABJRU5ErkJggg==")
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +75,8 @@ def record_stream(page) -> None:
         new MutationObserver(() => {
             const live = document.querySelector('.msg.assistant.streaming .msg-body');
             if (live) window.lengths.push(live.textContent.length);
-        }).observe(document.getElementById('messages'), {subtree: true, childList: true, characterData: true});
+        }).observe(document.getElementById('messages'),
+                   {subtree: true, childList: true, characterData: true});
     }""")
 
 
@@ -137,7 +140,8 @@ def test_install_criteria_are_met(profile_page, quick):
         const cache = await caches.open(keys[0]);
         return (await cache.keys()).map(r => new URL(r.url).pathname);
     }""")
-    assert {"/", "/assets/app.js", "/assets/app.css", "/assets/vendor/highlight.min.js"} <= set(cached)
+    assert {"/", "/assets/app.js", "/assets/app.css",
+            "/assets/vendor/highlight.min.js"} <= set(cached)
     assert not [p for p in cached if not (p == "/" or p.startswith("/assets/"))]
     assert page.console.errors == []
 
@@ -200,9 +204,11 @@ def test_phone_width_keyboard_and_labels(page, quick):
     assert page.get_attribute("#sidebar-toggle", "aria-expanded") == "true"
     page.keyboard.press("Escape")
     assert page.get_attribute("#sidebar-toggle", "aria-expanded") == "false"
-    unnamed = page.evaluate("""() => [...document.querySelectorAll('button, input, textarea, select')]
+    unnamed = page.evaluate("""() => [
+            ...document.querySelectorAll('button, input, textarea, select')]
         .filter(el => el.type !== 'file')
-        .filter(el => !(el.getAttribute('aria-label') || el.labels?.length || el.textContent.trim()))
+        .filter(el => !(el.getAttribute('aria-label') || el.labels?.length
+                        || el.textContent.trim()))
         .map(el => el.outerHTML.slice(0, 80))""")
     assert unnamed == []
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 from typing import Protocol
 
 from ..job import GenerationJob
+from .pace import PrefillPacer
 
 
 class Lane(Protocol):
     name: str
+    pacer: PrefillPacer
+    """Sizes its prefill chunks (the engine's one pacer; tests swap in a fixed one)."""
 
     def accepts(self, job: GenerationJob) -> bool:
         """Whether this lane can run ``job`` (asked in lane order)."""

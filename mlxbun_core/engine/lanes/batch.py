@@ -25,7 +25,6 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from typing import Optional
 
 from ... import kvquant
 from ...adapters.manager import NO_ADAPTERS
@@ -53,9 +52,9 @@ class _Row:
 class BatchLane:
     name = "batched"
 
-    def __init__(self, model, cap: int, prefix: Optional[PrefixCache] = None, admission=None,
+    def __init__(self, model, cap: int, prefix: PrefixCache | None = None, admission=None,
                  prefill_tokens: int = PREFILL_TOKENS, adapters=None,
-                 pacer: Optional[PrefillPacer] = None, kv=kvquant.OFF):
+                 pacer: PrefillPacer | None = None, kv=kvquant.OFF):
         self.kv = kv  # the KV scheme: every forward pass quantizes its cache after it runs
         self.model = kvquant.quantizing(model, kv)
         self.adapters = adapters  # the engine's AdapterManager (None: no LoRA support)
@@ -72,7 +71,7 @@ class BatchLane:
         self._solo = SoloSlot(self.model, admission, self._publish, self._uses_prefix,
                               self.steps)
         self.pacer = pacer or PrefillPacer()  # prompt tokens per chunk, from measured speed
-        self.solo_prefill: Optional[int] = None  # pins the lone job's chunk (tests)
+        self.solo_prefill: int | None = None  # pins the lone job's chunk (tests)
 
     # -- the Lane protocol ---------------------------------------------------------
     def accepts(self, job: GenerationJob) -> bool:
@@ -169,14 +168,14 @@ class BatchLane:
             self.admission.release(row.job)
         return row
 
-    def _take(self, job: GenerationJob):
+    def _take(self, job: GenerationJob) -> tuple[list | None, int]:
         """Admit ``job``: reserve its KV, then ``(cache, n)``, the longest cached prefix
         of its prompt."""
         if self.admission is not None:
             self.admission.reserve(job)
         job.mark_started(self.name)
         cache, n, t0 = None, 0, time.perf_counter()
-        if self._uses_prefix(job):
+        if self._uses_prefix(job) and self.prefix is not None:
             cache, n = self.prefix.lookup(job.cache_namespace, job.request.prompt_tokens)
         job.session.phases["cache_lookup_s"] = time.perf_counter() - t0
         job.admitted(n)
@@ -234,7 +233,7 @@ class BatchLane:
     def _remove(self, uid: int, publish: bool) -> None:
         row = self._forget(uid)
         want = publish and self._uses_prefix(row.job)
-        caches = self._gen.remove([uid], return_prompt_caches=want)
+        caches = self._generator().remove([uid], return_prompt_caches=want)
         if want and uid in caches:
             cache, tokens = caches[uid]
             self._publish(row.job, tokens, cache)
@@ -247,11 +246,11 @@ class BatchLane:
     def _publish(self, job: GenerationJob, tokens, cache, boundary: bool = False) -> None:
         """Store ``job``'s KV ``cache`` of ``tokens`` (``boundary``: a snapshot at the
         prompt's end, for caches that cannot rewind)."""
-        if self._uses_prefix(job) and tokens and cache:
+        if self._uses_prefix(job) and self.prefix is not None and tokens and cache:
             self.prefix.store(job.cache_namespace, list(tokens), cache, boundary=boundary)
 
     def _publish_boundary(self, uid: int) -> None:
-        got = self._gen.extract_cache([uid]).get(uid)
+        got = self._generator().extract_cache([uid]).get(uid)
         if got is not None:
             cache, tokens = got
             self._publish(self._rows[uid].job, tokens, cache, boundary=True)

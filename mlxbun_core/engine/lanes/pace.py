@@ -22,9 +22,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 from ...library.fit import PREFILL_CHUNK
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
 
 log = logging.getLogger("mlxbun.engine")
 
@@ -41,7 +45,7 @@ class PrefillPacer:
 
     def __init__(self, target_s: float = TARGET_S, lo: int = MIN_CHUNK):
         self.target_s, self.lo = target_s, lo
-        self.rate: Optional[float] = None  # prompt tokens per second, smoothed
+        self.rate: float | None = None  # prompt tokens per second, smoothed
         self.chunks = 0  # chunks measured
 
     def chunk(self, limit: int = MAX_CHUNK) -> int:
@@ -66,12 +70,12 @@ class PrefillPacer:
             self.rate = SMOOTHING * rate + (1 - SMOOTHING) * self.rate
         self.chunks += 1
 
-    def timed(self, asked: int = 0) -> "_Timer":
+    def timed(self, asked: int = 0) -> _Timer:
         """``with pacer.timed(asked) as t: ...; t.tokens = n`` records the block's time
         (``asked``: the chunk size the lane asked for)."""
         return _Timer(self, asked)
 
-    def calibrate(self, model) -> None:
+    def calibrate(self, model: nn.Module) -> None:
         """One short forward pass on a scratch cache (the worker thread, at start-up)."""
         import mlx.core as mx
         from mlx_lm.models.cache import make_prompt_cache
@@ -85,7 +89,7 @@ class PrefillPacer:
         except Exception as exc:  # not a causal LM we can call plainly: stay at FIRST_CHUNK
             log.debug("prefill calibration skipped: %s", exc)
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         return {"target_s": self.target_s, "chunk_tokens": self.chunk(),
                 "prefill_tps": round(self.rate, 1) if self.rate else None,
                 "chunks_measured": self.chunks}
@@ -104,7 +108,7 @@ class FixedChunk(PrefillPacer):
     def record(self, tokens: int, seconds: float, asked: int = 0) -> None:
         pass
 
-    def calibrate(self, model) -> None:
+    def calibrate(self, model: nn.Module) -> None:
         pass
 
 
@@ -114,10 +118,11 @@ class _Timer:
     def __init__(self, pacer: PrefillPacer, asked: int):
         self.pacer, self.asked, self.tokens, self._t0 = pacer, asked, 0, 0.0
 
-    def __enter__(self) -> "_Timer":
+    def __enter__(self) -> _Timer:
         self._t0 = time.perf_counter()
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if exc_type is None:
             self.pacer.record(self.tokens, time.perf_counter() - self._t0, self.asked)

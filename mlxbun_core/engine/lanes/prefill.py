@@ -10,7 +10,15 @@ way no longer than the engine's pacer allows, so a cancel lands within about one
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .pace import PrefillPacer
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
+    from mlx_lm.generate import BatchGenerator
+
+    from ..job import GenerationJob
 
 PREFILL_ROWS = 8  # prompts prefilled together in one chunk
 PREFILL_TOKENS = 2048  # tokens of one chunk (all its rows) while a few rows are decoding
@@ -18,7 +26,7 @@ PREFILL_TOKENS_MAX = 8192  # ... growing with the prompts waiting, up to this
 IDLE_STEP = 2048  # tokens per row and chunk when nothing decodes (mlx-lm's own step)
 
 
-def make_generator(model, cap: int):
+def make_generator(model: nn.Module, cap: int) -> BatchGenerator:
     """mlx-lm's BatchGenerator for up to ``cap`` rows (made on the worker thread)."""
     from mlx_lm.generate import BatchGenerator
 
@@ -28,7 +36,8 @@ def make_generator(model, cap: int):
                           prefill_batch_size=min(cap, PREFILL_ROWS), prefill_step_size=IDLE_STEP)
 
 
-def size_chunk(gen, pacer: PrefillPacer, jobs: list, shared: int = PREFILL_TOKENS) -> int:
+def size_chunk(gen: BatchGenerator, pacer: PrefillPacer, jobs: list[GenerationJob],
+               shared: int = PREFILL_TOKENS) -> int:
     """Set ``gen``'s prefill step for a turn over the rows of ``jobs`` (``shared``: the
     chunk's token budget while rows decode); the chunk's token budget (0: no prompt is
     being read)."""
@@ -44,7 +53,7 @@ def size_chunk(gen, pacer: PrefillPacer, jobs: list, shared: int = PREFILL_TOKEN
     return budget if prefilling else 0
 
 
-def paced_turn(gen, pacer: PrefillPacer, asked: int):
+def paced_turn(gen: BatchGenerator, pacer: PrefillPacer, asked: int) -> Any:
     """One BatchGenerator turn; a turn that reads prompts (``asked`` tokens) feeds the
     pacer."""
     stats = getattr(gen, "stats", None)

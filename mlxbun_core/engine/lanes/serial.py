@@ -19,21 +19,36 @@ import collections
 import logging
 import os
 import time
-from typing import Iterator, Optional
+from collections.abc import Callable, Generator, Iterator
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from ... import kvquant
+from ...contract import DraftSource, LogitsProcessor
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
 from .pace import PrefillPacer
 
+if TYPE_CHECKING:
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from ...adapters import AdapterManager
+    from ...model import MediaPrompt
+    from ..admission import Admission
+
 log = logging.getLogger("mlxbun.engine")
+
+Steps: TypeAlias = "Generator[tuple[int, mx.array] | None, None, None]"
+"""A job's steps: None for a prefill chunk, else a sampled token and its log-probs."""
 
 
 class SerialLane:
     name = "serial"
 
-    def __init__(self, model, prefix: Optional[PrefixCache] = None, admission=None,
-                 adapters=None, pacer: Optional[PrefillPacer] = None, kv=kvquant.OFF):
+    def __init__(self, model: nn.Module, prefix: PrefixCache | None = None,
+                 admission: Admission | None = None,
+                 adapters: AdapterManager | None = None, pacer: PrefillPacer | None = None,
+                 kv: kvquant.KVScheme = kvquant.OFF):
         self.kv = kv  # the KV scheme: every forward pass quantizes its cache after it runs
         self.model = kvquant.quantizing(model, kv)  # the mlx.nn.Module (or its wrapper)
         self.prefix = prefix
@@ -41,9 +56,10 @@ class SerialLane:
         self.adapters = adapters  # the engine's AdapterManager (None: no LoRA support)
         self.pacer = pacer or PrefillPacer()  # prompt tokens per chunk, from measured speed
         self._queue: collections.deque[GenerationJob] = collections.deque()
-        self._job: Optional[GenerationJob] = None
-        self._steps: Optional[Iterator] = None
-        self._kv = None  # (cache, tokens in it) of the running job, when it may be published
+        self._job: GenerationJob | None = None
+        self._steps: Steps | None = None
+        # (cache, tokens in it) of the running job, when it may be published
+        self._kv: tuple[list[Any], list[int]] | None = None
 
     def accepts(self, job: GenerationJob) -> bool:
         return True
@@ -66,13 +82,15 @@ class SerialLane:
     def step(self) -> None:
         if self._job is None and not self._admit():
             return
-        job = self._job
+        job, steps = self._job, self._steps
+        if job is None or steps is None:  # set together by _admit
+            return
         try:
             if job.cancelled.is_set():
                 return self._end(job.close, "cancelled")
             if self.adapters is not None:  # another lane may have run another set meanwhile
                 self.adapters.activate(job.adapters)
-            out = next(self._steps)
+            out = next(steps)
             if out is None:  # a prefill chunk
                 return
             token, logprobs = out
@@ -105,21 +123,23 @@ class SerialLane:
             return True
         return False
 
-    def _end(self, close=None, *args, publish: bool = False) -> None:
+    def _end(self, close: Callable[..., None] | None = None, *args: str | None,
+             publish: bool = False) -> None:
         job, steps, kv = self._job, self._steps, self._kv
         self._job = self._steps = self._kv = None
+        assert job is not None  # only the running job ends here
         if steps is not None:
             steps.close()  # frees the KV cache now, not at the next GC
         if self.admission is not None:
             self.admission.release(job)
         if close is not None:
             close(*args)
-        if publish and kv is not None:
+        if publish and kv is not None and self.prefix is not None:
             self.prefix.store(job.cache_namespace, kv[1], kv[0])
         if job.request.sampling.seed is not None:
             fresh_random_state()  # a seeded request must not make later ones repeatable
 
-    def _decode(self, job: GenerationJob):
+    def _decode(self, job: GenerationJob) -> Steps:
         """Prefill chunks (yield None), then mlx-lm's decode loop: ``(token, logprobs)``."""
         import mlx.core as mx
         from mlx_lm.generate import generate_step
@@ -127,19 +147,21 @@ class SerialLane:
 
         if job.draft is not None:
             job.admitted(0)
-            yield from self._speculate(job)
+            yield from self._speculate(job, job.draft)
             return
         req = job.request
         if req.media is not None:  # the media pipeline's own forward pass; no prefix cache
             job.admitted(0)
-            yield from self._media(job)
+            yield from self._media(job, req.media)
             return
-        prompt, cache, n = req.prompt_tokens, None, 0
-        cacheable = (job.cache_namespace is not None and self.prefix is not None
+        prompt, n = req.prompt_tokens, 0
+        cache: list[Any] | None = None
+        prefix = self.prefix
+        cacheable = (job.cache_namespace is not None and prefix is not None
                      and req.input_embeddings is None)
-        if cacheable:
+        if cacheable and prefix is not None:
             t0 = time.perf_counter()
-            cache, n = self.prefix.lookup(job.cache_namespace, prompt)
+            cache, n = prefix.lookup(job.cache_namespace, prompt)
             job.session.phases["cache_lookup_s"] = time.perf_counter() - t0
         if cache is None:
             cache = make_prompt_cache(self.model)
@@ -149,12 +171,14 @@ class SerialLane:
             self._kv = (cache, list(prompt))
         procs = _with_context(req.processors, prompt[:n])
         emb = req.input_embeddings[n:] if req.input_embeddings is not None else None
-        for token, logprobs in generate_step(mx.array(prompt[n:]), self.model, max_tokens=-1,
-                                             sampler=req.sampler, logits_processors=procs,
-                                             prompt_cache=cache, input_embeddings=emb):
-            yield token, logprobs
+        # mlx-lm annotates its tokens as arrays; it yields them as ints (``y.item()``)
+        yield from cast("Iterator[tuple[int, mx.array]]", generate_step(
+            mx.array(prompt[n:]), self.model, max_tokens=-1,
+            sampler=req.sampler, logits_processors=procs,
+            prompt_cache=cache, input_embeddings=emb))
 
-    def _prefill(self, job: GenerationJob, cache, start: int, publish: bool):
+    def _prefill(self, job: GenerationJob, cache: list[Any], start: int,
+                 publish: bool) -> Generator[None, None, int]:
         """Read the prompt (or its embeddings) from ``start`` up to its last token into
         ``cache``, one paced chunk per step (the cancel flag is checked in between);
         returns where the decode starts. With ``publish``, caches that cannot rewind
@@ -178,7 +202,7 @@ class SerialLane:
                 timer.tokens = j - i
             i = j
             yield None
-        if publish and end > start and not trimmable(cache):
+        if publish and end > start and self.prefix is not None and not trimmable(cache):
             import copy
 
             self.prefix.store(job.cache_namespace, prompt[:end], copy.deepcopy(cache),
@@ -186,18 +210,20 @@ class SerialLane:
         job.session.phases["prefill_s"] = time.perf_counter() - t0
         return max(start, end)
 
-    def _media(self, job: GenerationJob):
+    def _media(self, job: GenerationJob, media: MediaPrompt) -> Iterator[tuple[int, mx.array]]:
         """The media pipeline's run; one that takes ``between_chunks`` gets the cancel
         check between its prefill chunks (it cannot yield before its first token)."""
         req = job.request
-        run, size = req.media.run, self.pacer.chunk()
-        last: list = []  # (tokens read, when) at the previous boundary
+        run: Callable[..., Iterator[tuple[int, mx.array]]] = media.run
+        size = self.pacer.chunk()
+        last: list[tuple[int, float]] = []  # (tokens read, when) at the previous boundary
 
         def between_chunks(done: int) -> None:
             now = time.perf_counter()
             if last:  # the first interval also ran the media encoder: not a prefill rate
-                self.pacer.record(done - last[0], now - last[1], size)
-            last[:] = [done, now]
+                read, at = last[0]
+                self.pacer.record(done - read, now - at, size)
+            last[:] = [(done, now)]
             if job.cancelled.is_set():
                 raise PrefillCancelled(f"cancelled after {done} prompt tokens")
 
@@ -206,7 +232,7 @@ class SerialLane:
                        between_chunks=between_chunks)
         return run(req.sampler, req.processors or None)
 
-    def _speculate(self, job: GenerationJob):
+    def _speculate(self, job: GenerationJob, source: DraftSource) -> Steps:
         """Speculative decoding with the mounted draft (the prefix cache is bypassed).
         Both models read the prompt here in paced chunks; mlx-lm's loop gets the last
         prompt token and the filled caches."""
@@ -217,8 +243,8 @@ class SerialLane:
         req, usage = job.request, job.session.usage
         usage.lane = "serial+spec"
         spec = usage.speculation = {"drafted": 0, "accepted": 0, "targetCalls": 0}
-        n = job.draft.num_draft_tokens
-        prompt, draft = req.prompt_tokens, kvquant.quantizing(job.draft.model, self.kv)
+        n = source.num_draft_tokens
+        prompt, draft = req.prompt_tokens, kvquant.quantizing(source.model, self.kv)
         target_cache, draft_cache = make_prompt_cache(self.model), make_prompt_cache(draft)
         start = 0
         if len(target_cache) == len(getattr(self.model, "layers", ())):  # how mlx-lm splits
@@ -235,11 +261,13 @@ class SerialLane:
                 start = stop
                 yield None
             job.session.phases["prefill_s"] = time.perf_counter() - t0
-        for token, logprobs, from_draft in speculative_generate_step(
-                mx.array(prompt[start:]), self.model, draft, num_draft_tokens=n,
-                max_tokens=job.limit or (1 << 30), sampler=req.sampler,
-                logits_processors=req.processors or None,
-                prompt_cache=target_cache + draft_cache):
+        # mlx-lm annotates pairs of arrays; it yields (token id, log-probs, from the draft)
+        steps = cast("Iterator[tuple[int, mx.array, bool]]", speculative_generate_step(
+            mx.array(prompt[start:]), self.model, draft, num_draft_tokens=n,
+            max_tokens=job.limit or (1 << 30), sampler=req.sampler,
+            logits_processors=req.processors or None,
+            prompt_cache=target_cache + draft_cache))
+        for token, logprobs, from_draft in steps:
             if from_draft:
                 spec["accepted"] += 1
             else:  # every verify round ends with one token of the target's own
@@ -254,7 +282,8 @@ class SerialLane:
             self._queue.popleft().close(reason, error)
 
 
-def _with_context(processors: list, prefix: list):
+def _with_context(processors: list[LogitsProcessor],
+                  prefix: list[int]) -> list[LogitsProcessor] | None:
     """Logits processors see the whole prompt even when part of it came from the cache."""
     if not processors:
         return None
@@ -263,15 +292,18 @@ def _with_context(processors: list, prefix: list):
     import mlx.core as mx
 
     head = mx.array(prefix)
-    return [lambda tokens, logits, p=p: p(mx.concatenate([head, tokens]), logits)
-            for p in processors]
+
+    def seeing_all(p: LogitsProcessor) -> LogitsProcessor:
+        return lambda tokens, logits: p(mx.concatenate([head, tokens]), logits)
+
+    return [seeing_all(p) for p in processors]
 
 
 class PrefillCancelled(Exception):
     """Raised between a media pipeline's prefill chunks when its job was cancelled."""
 
 
-def _takes(fn, name: str) -> bool:
+def _takes(fn: Callable[..., object], name: str) -> bool:
     import inspect
 
     try:
@@ -280,7 +312,7 @@ def _takes(fn, name: str) -> bool:
         return False
 
 
-def fresh_random_state():
+def fresh_random_state() -> None:
     import mlx.core as mx
 
     mx.random.seed(int.from_bytes(os.urandom(8), "little"))

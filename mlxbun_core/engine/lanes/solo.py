@@ -17,7 +17,8 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from typing import TYPE_CHECKING, Callable, Optional
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..job import GenerationJob
 from ..prompt_cache import trimmable
@@ -56,7 +57,7 @@ class Solo:
     def prefilling(self) -> bool:
         return self._next is None and len(self.fed) < len(self.prompt) - 1
 
-    def boundary(self) -> Optional[list]:
+    def boundary(self) -> list | None:
         """A copy of the KV at the prompt boundary when the cache cannot rewind (to be
         published for the next turn); None when it can."""
         return None if trimmable(self.cache) else copy.deepcopy(self.cache)
@@ -122,12 +123,12 @@ class Solo:
 
 def deliver(job: GenerationJob, token: int, logprobs) -> None:
     """Hand ``job`` one token; the first one closes its prefill phase."""
-    if job.session.t_first is None:
+    if job.session.t_first is None and job.started is not None:
         job.session.phases["prefill_s"] = time.perf_counter() - job.started
     job.deliver(token, logprobs)
 
 
-def last_row(gen) -> Optional[tuple[int, tuple]]:
+def last_row(gen) -> tuple[int, tuple] | None:
     """``(uid, pending)`` when a BatchGenerator holds one row, decoding, whose next token
     is already sampled (``pending``: the token array and its logprobs, not yet fed);
     None otherwise, and None on an mlx-lm whose internals differ (the row stays batched)."""
@@ -154,10 +155,10 @@ class SoloSlot:
         self.model, self.admission = model, admission
         self.publish, self.publishes = publish, publishes
         self.steps = steps
-        self.solo: Optional[Solo] = None
+        self.solo: Solo | None = None
 
     @property
-    def job(self) -> Optional[GenerationJob]:
+    def job(self) -> GenerationJob | None:
         return None if self.solo is None else self.solo.job
 
     def start(self, job: GenerationJob, cache, cached: int, pacer: PrefillPacer) -> None:
@@ -172,6 +173,7 @@ class SoloSlot:
     def step(self) -> None:
         """One prefill chunk or one token of the lone job."""
         solo = self.solo
+        assert solo is not None  # the lane steps the slot only while it holds a job
         job = solo.job
         try:
             out = solo.step()
@@ -179,7 +181,8 @@ class SoloSlot:
             log.exception("generation failed")
             fresh_random_state()  # a failure inside a compiled sampler can leave it unusable
             self.end()
-            return job.close("error", str(exc))
+            job.close("error", str(exc))
+            return
         if out is None:  # a prefill chunk
             if not solo.prefilling and self.publishes(job):
                 boundary = solo.boundary()
@@ -191,11 +194,12 @@ class SoloSlot:
         if job.finished:
             self.publish(self.end(), solo.fed, solo.cache)
 
-    def join(self) -> Optional[tuple]:
+    def join(self) -> tuple | None:
         """Hand the lone job to the batch: ``(job, cache, held, segments)`` for the row
         that goes on from here (``cache`` holds ``held``; ``segments`` are fed next), or
         None when the token it had already sampled ended it."""
         solo = self.solo
+        assert solo is not None  # joins only while it holds a job
         pending, segments = solo.handoff()
         job = solo.job
         if pending is not None:
@@ -221,6 +225,7 @@ class SoloSlot:
 
     def end(self) -> GenerationJob:
         """Empty the slot and release the job's reservation; the job."""
+        assert self.solo is not None
         job, self.solo = self.solo.job, None
         if self.admission is not None:
             self.admission.release(job)

@@ -53,7 +53,8 @@ def load_model(path, config, options):
 def _canonical(m: dict) -> dict:
     """Templates written for Gemma read ``reasoning`` before ``reasoning_content``;
     the canonical field (already set from the alias by the engine) must win, even empty."""
-    if m.get("role") == "assistant" and isinstance(m.get("reasoning_content"), str) and "reasoning" in m:
+    if (m.get("role") == "assistant" and isinstance(m.get("reasoning_content"), str)
+            and "reasoning" in m):
         m = dict(m)
         del m["reasoning"]
     return m

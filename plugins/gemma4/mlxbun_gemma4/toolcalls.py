@@ -72,7 +72,9 @@ def args_grammar(params: dict) -> dict:
     """``{k:v,…}`` with keys sorted (as the template writes them); optional keys may
     be left out, so the commas are placed around the keys actually written."""
     root = params if isinstance(params, dict) else {}
-    props = root.get("properties") if isinstance(root.get("properties"), dict) else {}
+    props = root.get("properties")
+    if not isinstance(props, dict):
+        props = {}
     required = set(root.get("required") or ()) if isinstance(root.get("required"), list) else set()
     items = [(S.seq(S.const(f"{k}:"), value_grammar(props[k], root)), k in required)
              for k in sorted(props)]

@@ -10,12 +10,12 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from mlxbun_gemma4 import fallback_template
 
 from mlxbun_core.media.decode import decode_audio
 from mlxbun_core.testing import media as M
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.server import start_server
-from mlxbun_gemma4 import fallback_template
 
 PNG_A = M.image_bytes("PNG", size=(64, 48), seed=0)
 PNG_B = M.image_bytes("PNG", size=(64, 48), seed=2)
@@ -52,7 +52,8 @@ def test_image_greedy_parity_with_mlx_vlm(client, srv, ckpt):
 
 def test_two_images_give_different_outputs(client):
     text = {"type": "text", "text": "Describe."}
-    assert ask(client, [M.image_part(PNG_A), text])[1] != ask(client, [M.image_part(PNG_B), text])[1]
+    first = ask(client, [M.image_part(PNG_A), text])[1]
+    assert first != ask(client, [M.image_part(PNG_B), text])[1]
 
 
 def test_audio_greedy_parity_with_mlx_vlm(client, srv, ckpt):
@@ -81,7 +82,8 @@ def test_image_and_audio_mixed_in_document_order(client, srv, ckpt):
     content = [audio_part(WAV), {"type": "text", "text": "and"}, M.image_part(PNG_A),
                {"type": "text", "text": "together?"}]
     _, ours = ask(client, content)
-    assert ours == reference(srv, ckpt, content, image=[M.pil_image(PNG_A)], audio=[decode_audio(WAV)])
+    assert ours == reference(srv, ckpt, content, image=[M.pil_image(PNG_A)],
+                             audio=[decode_audio(WAV)])
 
 
 def test_video_is_refused_naming_the_model(client, srv):

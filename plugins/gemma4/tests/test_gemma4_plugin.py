@@ -12,21 +12,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import httpx  # noqa: E402
-import openai  # noqa: E402
-import pytest  # noqa: E402
-from mlx_lm import load as mlx_load  # noqa: E402
+import httpx
+import mlxbun_gemma4 as g4
+import openai
+import pytest
+from mlx_lm import load as mlx_load
 
-import mlxbun_gemma4 as g4  # noqa: E402
-from mlxbun_core import loader, plugins  # noqa: E402
-from mlxbun_core.engine.session import GenerationRequest, GenerationSession  # noqa: E402
-from mlxbun_core.engine.sampling import SamplingParams  # noqa: E402
-from mlxbun_core.errors import BadRequest  # noqa: E402
-from mlxbun_core.model import LoadOptions  # noqa: E402
-from mlxbun_core.testing.checkpoints import tiny_checkpoint  # noqa: E402
-from mlxbun_core.testing.engine import prepare_chat, rendered_chat  # noqa: E402
-from mlxbun_core.testing.helpers import chat_both_ways, mlx_lm_greedy, unregistered  # noqa: E402
-from mlxbun_core.testing.server import start_server  # noqa: E402
+from mlxbun_core import loader, plugins
+from mlxbun_core.engine.sampling import SamplingParams
+from mlxbun_core.engine.session import GenerationRequest, GenerationSession
+from mlxbun_core.errors import BadRequest
+from mlxbun_core.model import LoadOptions
+from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.engine import prepare_chat, rendered_chat
+from mlxbun_core.testing.helpers import chat_both_ways, mlx_lm_greedy, unregistered
+from mlxbun_core.testing.server import start_server
 
 Q = '<|"|>'
 GEN_OFF = "<|turn>model\n<|channel>thought\n<channel|>"
@@ -199,13 +199,15 @@ def test_session_routes_thought_channel_and_tool_call(srv):
     out = (f"<|channel>thought\nneed data<channel|>Let me check."
            f"<|tool_call>call:get_weather{{city:{Q}Paris{Q}}}<tool_call|>")
     events = []
-    for t in tok.encode(out, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|tool_response>")]:
+    ids = tok.encode(out, add_special_tokens=False)
+    for t in ids + [tok.convert_tokens_to_ids("<|tool_response>")]:
         events += sess.step(t, None)
     kinds = {}
     for ev in events:
         if ev.kind in ("reasoning", "content"):
             kinds[ev.kind] = kinds.get(ev.kind, "") + ev.text
-    assert kinds == {"reasoning": "need data", "content": "Let me check."}  # framing newline dropped
+    # the framing newline dropped
+    assert kinds == {"reasoning": "need data", "content": "Let me check."}
     (call,) = [ev.call for ev in events if ev.kind == "tool_call"]
     assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
     assert events[-1].kind == "done" and events[-1].finish.reason == "tool_calls"
@@ -250,15 +252,16 @@ def _cli_plugins(**env):
 
 def test_cli_lists_plugin_and_honours_disable():
     assert metadata.distribution("mlxbun-gemma4"), "install with: pip install -e plugins/gemma4"
-    env = {k: v for k, v in os.environ.items() if k not in ("MLXBUN_PLUGINS", "MLXBUN_DISABLE_PLUGINS")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MLXBUN_PLUGINS", "MLXBUN_DISABLE_PLUGINS")}
     assert "gemma4" in _cli_plugins(**env)
     assert "gemma4" not in _cli_plugins(**env, MLXBUN_DISABLE_PLUGINS="gemma4")
 
 
 # -- served ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("extra", [{}, {"tools": TOOLS},
-                                   {"extra_body": {"chat_template_kwargs": {"enable_thinking": True}}}])
+@pytest.mark.parametrize("extra", [
+    {}, {"tools": TOOLS}, {"extra_body": {"chat_template_kwargs": {"enable_thinking": True}}}])
 def test_served_chat_stream_and_not(srv, extra):
     full, chunks = chat_both_ways(client(srv), model="m", messages=USER, max_tokens=10,
                                   temperature=0, **extra)

@@ -5,10 +5,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pytest  # noqa: E402
+import pytest
+from mlxbun_gemma4.toolcalls import Gemma4Dialect, make_parser
 
-from mlxbun_core.toolcalls.testing import events_all_chunkings  # noqa: E402
-from mlxbun_gemma4.toolcalls import Gemma4Dialect, make_parser  # noqa: E402
+from mlxbun_core.toolcalls.testing import events_all_chunkings
 
 Q = '<|"|>'
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -22,7 +22,8 @@ def ev(text, tools=TOOLS):
 
 def test_basic_call_with_content():
     text = f"Checking.<|tool_call>call:get_weather{{city:{Q}Paris{Q},days:3}}<tool_call|>"
-    assert ev(text) == [("content", "Checking."), ("tool_call", "get_weather", {"city": "Paris", "days": 3})]
+    assert ev(text) == [("content", "Checking."),
+                        ("tool_call", "get_weather", {"city": "Paris", "days": 3})]
 
 
 def test_nested_values_and_strings_with_braces_commas_quotes():
@@ -30,7 +31,8 @@ def test_nested_values_and_strings_with_braces_commas_quotes():
     text = (f"<|tool_call>call:f{{s:{Q}{s}{Q},l:[1,{Q}x{Q},true],o:{{k:{Q}v{Q},n:null}},"
             f"neg:-1.5,b:false}}<tool_call|>")
     assert ev(text, None) == [("tool_call", "f", {"s": s, "l": [1, "x", True],
-                                                  "o": {"k": "v", "n": None}, "neg": -1.5, "b": False})]
+                                                  "o": {"k": "v", "n": None}, "neg": -1.5,
+                                                  "b": False})]
 
 
 def test_string_param_stays_string():
@@ -39,14 +41,16 @@ def test_string_param_stays_string():
 
 
 def test_number_for_string_param_kept_as_text():
-    assert ev("<|tool_call>call:get_weather{zip:7}<tool_call|>") == [("tool_call", "get_weather", {"zip": "7"})]
+    assert ev("<|tool_call>call:get_weather{zip:7}<tool_call|>") == [
+        ("tool_call", "get_weather", {"zip": "7"})]
 
 
 def test_multiple_calls_separate_and_in_one_block():
     a = f"<|tool_call>call:get_weather{{city:{Q}A{Q}}}<tool_call|>"
     b = f"<|tool_call>call:get_weather{{city:{Q}B{Q}}}<tool_call|>"
     assert [e[2] for e in ev(a + b)] == [{"city": "A"}, {"city": "B"}]
-    both = f"<|tool_call>call:get_weather{{city:{Q}A{Q}}}call:get_weather{{city:{Q}B{Q}}}<tool_call|>"
+    both = (f"<|tool_call>call:get_weather{{city:{Q}A{Q}}}"
+            f"call:get_weather{{city:{Q}B{Q}}}<tool_call|>")
     assert [e[2] for e in ev(both)] == [{"city": "A"}, {"city": "B"}]
 
 
@@ -68,16 +72,19 @@ def test_truncated_repaired(text, args):
 
 
 def test_python_booleans_repaired():
-    assert ev("<|tool_call>call:f{a:True,b:None}<tool_call|>", None) == [("tool_call", "f", {"a": True, "b": None})]
+    assert ev("<|tool_call>call:f{a:True,b:None}<tool_call|>", None) == [
+        ("tool_call", "f", {"a": True, "b": None})]
 
 
-@pytest.mark.parametrize("text", ["<|tool_call>hello<tool_call|>", "<|tool_call>call:f oops<tool_call|>"])
+@pytest.mark.parametrize("text", ["<|tool_call>hello<tool_call|>",
+                                  "<|tool_call>call:f oops<tool_call|>"])
 def test_garbage_is_content(text):
     assert ev(text) == [("content", text)]
 
 
 def test_dialect_direct():
-    (tc,) = Gemma4Dialect().parse(f"<|tool_call>call:get_weather{{days:{Q}2{Q}}}<tool_call|>", TOOLS)
+    (tc,) = Gemma4Dialect().parse(f"<|tool_call>call:get_weather{{days:{Q}2{Q}}}<tool_call|>",
+                                  TOOLS)
     assert tc.arguments == '{"days": 2}'
 
 
@@ -85,9 +92,11 @@ def test_dialect_direct():
 
 REAL = [
     f"<|tool_call>call:get_weather{{city:{Q}San Francisco, CA{Q},days:7}}<tool_call|>",
-    f"<|tool_call>call:search{{filters:{{lang:[{Q}en{Q},{Q}fr{Q}],safe:true}},query:{Q}a <b> {{c}}{Q}}}<tool_call|>",
-    f"<|tool_call>call:write_file{{content:{Q}line 1\n  line 2\n{Q},path:{Q}/tmp/x.py{Q}}}<tool_call|>",
-    f"<|tool_call>call:get-time{{}}<tool_call|>",
+    f"<|tool_call>call:search{{filters:{{lang:[{Q}en{Q},{Q}fr{Q}],safe:true}},"
+    f"query:{Q}a <b> {{c}}{Q}}}<tool_call|>",
+    f"<|tool_call>call:write_file{{content:{Q}line 1\n  line 2\n{Q},"
+    f"path:{Q}/tmp/x.py{Q}}}<tool_call|>",
+    "<|tool_call>call:get-time{}<tool_call|>",
 ]
 
 
@@ -104,7 +113,8 @@ def test_content_around_calls_and_handover_token():
     # as generated after a thought channel: prose, two calls, then the turn is handed over
     text = (f"I'll check both.<|tool_call>call:get_weather{{city:{Q}A{Q}}}<tool_call|>"
             f"<|tool_call>call:get_weather{{city:{Q}B{Q}}}<tool_call|>")
-    assert ev(text) == [("content", "I'll check both."), ("tool_call", "get_weather", {"city": "A"}),
+    assert ev(text) == [("content", "I'll check both."),
+                        ("tool_call", "get_weather", {"city": "A"}),
                         ("tool_call", "get_weather", {"city": "B"})]
 
 

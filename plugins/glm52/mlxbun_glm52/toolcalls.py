@@ -8,8 +8,14 @@ from __future__ import annotations
 import re
 
 from mlxbun_core.grammar import structural as S
-from mlxbun_core.toolcalls import (Dialect, StreamingToolParser, ToolCall, calls_from_json,
-                                   make_call, repair_json)
+from mlxbun_core.toolcalls import (
+    Dialect,
+    StreamingToolParser,
+    ToolCall,
+    calls_from_json,
+    make_call,
+    repair_json,
+)
 from mlxbun_core.toolcalls.grammar import ArgMarkup, element_args, tool_schemas
 
 _ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)(?:</arg_value>|\Z)", re.S)

@@ -8,17 +8,16 @@ and parity are asserted, never text.
 import json
 
 import httpx
+import mlxbun_glm52
 import openai
 import pytest
 from mlx_lm import load as mlx_load
 
-import mlxbun_glm52
 from mlxbun_core import loader
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import rendered_chat
-from mlxbun_core.testing.helpers import (chat_both_ways, mlx_lm_greedy, plugins_listing,
-                                         unregistered)
+from mlxbun_core.testing.helpers import chat_both_ways, mlx_lm_greedy, plugins_listing, unregistered
 from mlxbun_core.toolcalls import StreamingToolParser
 
 MSG = [{"role": "user", "content": "What is the capital of France?"}]
@@ -60,7 +59,8 @@ def test_unregistered_falls_back_to_generic(ckpt):
 def test_claims_only_glm5_configs():
     assert mlxbun_glm52.claims({"model_type": "glm_moe_dsa"})
     assert mlxbun_glm52.claims({"model_type": "x", "architectures": ["GlmMoeDsaForCausalLM"]})
-    assert not mlxbun_glm52.claims({"model_type": "glm4_moe", "architectures": ["Glm4MoeForCausalLM"]})
+    assert not mlxbun_glm52.claims({"model_type": "glm4_moe",
+                                    "architectures": ["Glm4MoeForCausalLM"]})
     assert not mlxbun_glm52.claims({"model_type": "llama"})
 
 
@@ -86,11 +86,11 @@ def test_generation_config_wins_over_family_defaults():
 
 def test_cli_lists_plugin_and_honours_disable():
     lines = plugins_listing().splitlines()
-    i = next(i for i, l in enumerate(lines) if l.startswith("glm52 "))
+    i = next(i for i, line in enumerate(lines) if line.startswith("glm52 "))
     assert "mlxbun-glm52 0.1.0" in lines[i]
     assert all(h in lines[i + 1] for h in ("load_model", "render_chat", "tool_call_parser"))
     off = plugins_listing(MLXBUN_DISABLE_PLUGINS="glm52")
-    assert not any(l.startswith("glm52 ") for l in off.splitlines()) and "generic" in off
+    assert not any(line.startswith("glm52 ") for line in off.splitlines()) and "generic" in off
 
 
 # ---------------------------------------------------------------- template

@@ -5,10 +5,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pytest  # noqa: E402
+import pytest
+from mlxbun_glm52.toolcalls import GlmDialect, make_parser
 
-from mlxbun_core.toolcalls.testing import events_all_chunkings  # noqa: E402
-from mlxbun_glm52.toolcalls import GlmDialect, make_parser  # noqa: E402
+from mlxbun_core.toolcalls.testing import events_all_chunkings
 
 TOOLS = [{"type": "function", "function": {"name": "run", "parameters": {
     "type": "object", "properties": {"cmd": {"type": "string"}, "zip": {"type": "string"},
@@ -25,8 +25,10 @@ def kv(k, v):
 
 
 def test_basic_call():
-    text = "Running.\n<tool_call>run\n" + kv("cmd", "ls -la") + kv("n", "3") + kv("dry", "true") + "</tool_call>"
-    assert ev(text) == [("content", "Running."), ("tool_call", "run", {"cmd": "ls -la", "n": 3, "dry": True})]
+    text = ("Running.\n<tool_call>run\n" + kv("cmd", "ls -la") + kv("n", "3") + kv("dry", "true")
+            + "</tool_call>")
+    assert ev(text) == [("content", "Running."),
+                        ("tool_call", "run", {"cmd": "ls -la", "n": 3, "dry": True})]
 
 
 def test_string_values_raw_and_string_typed():
@@ -57,12 +59,15 @@ def test_truncated_value_and_missing_end_tag():
 
 
 def test_json_fallbacks():
-    assert ev('<tool_call>{"name": "run", "arguments": {"n": "4"}}</tool_call>') == [("tool_call", "run", {"n": 4})]
-    assert ev('<tool_call>run\n{"n": 4, "dry": True}</tool_call>') == [("tool_call", "run", {"n": 4, "dry": True})]
+    assert ev('<tool_call>{"name": "run", "arguments": {"n": "4"}}</tool_call>') == [
+        ("tool_call", "run", {"n": 4})]
+    assert ev('<tool_call>run\n{"n": 4, "dry": True}</tool_call>') == [
+        ("tool_call", "run", {"n": 4, "dry": True})]
 
 
 @pytest.mark.parametrize("text", ["<tool_call>this is prose, not a call</tool_call>",
-                                  "<tool_call></tool_call>", "<tool_call>bad name<arg_key>a</arg_key></tool_call>"])
+                                  "<tool_call></tool_call>",
+                                  "<tool_call>bad name<arg_key>a</arg_key></tool_call>"])
 def test_garbage_is_content(text):
     assert ev(text) == [("content", text)]
 

@@ -10,8 +10,13 @@ import re
 from mlxbun_core.grammar import structural as S
 from mlxbun_core.grammar.schema import resolve
 from mlxbun_core.toolcalls import Dialect, StreamingToolParser, ToolCall, make_call
-from mlxbun_core.toolcalls.grammar import (ArgMarkup, element_args, free_text, raw_string,
-                                           tool_schemas)
+from mlxbun_core.toolcalls.grammar import (
+    ArgMarkup,
+    element_args,
+    free_text,
+    raw_string,
+    tool_schemas,
+)
 
 _Q = r"(\"[^\"]*\"|'[^']*'|[^\s\"'<>]+)"
 _FN = re.compile(r"<function\s+name\s*=\s*" + _Q + r"\s*>")
@@ -101,7 +106,7 @@ class MiniCPM5Dialect(Dialect):
                 in_cd, pos = False, ce + len(_CD_CLOSE)
                 continue
             e, c = buffer.find(self.end, pos), buffer.find(_CD_OPEN, pos)
-            if 0 <= c and (e < 0 or c < e):
+            if c >= 0 and (e < 0 or c < e):
                 in_cd, pos = True, c + len(_CD_OPEN)
                 continue
             if e >= 0:

@@ -8,18 +8,17 @@ parity are asserted, never text.
 import json
 
 import httpx
+import mlxbun_minicpm5
 import openai
 import pytest
 from mlx_lm import load as mlx_load
 
-import mlxbun_minicpm5
 from mlxbun_core import loader
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing.checkpoints import tiny_checkpoint, write_checkpoint
 from mlxbun_core.testing.engine import rendered_chat
-from mlxbun_core.testing.helpers import (chat_both_ways, mlx_lm_greedy, plugins_listing,
-                                         unregistered)
 from mlxbun_core.testing.families import family_config
+from mlxbun_core.testing.helpers import chat_both_ways, mlx_lm_greedy, plugins_listing, unregistered
 from mlxbun_core.testing.tokenizer import CHATML_TEMPLATE
 
 MSG = [{"role": "user", "content": "What is the capital of France?"}]
@@ -81,7 +80,8 @@ def test_claim_signals(tmp_path):
     assert not mlxbun_minicpm5.is_minicpm5(plain, {"model_type": "minicpm"}, "MiniCPM5")
     assert not mlxbun_minicpm5.is_minicpm5(plain, family_config("llama"), "Llama-3.2-1B")
     # the hook answers with the family name, the model id coming from the load options
-    assert mlxbun_minicpm5.claims(plain, cfg, LoadOptions(model_id="openbmb/MiniCPM5-1B")) == "minicpm5"
+    named = LoadOptions(model_id="openbmb/MiniCPM5-1B")
+    assert mlxbun_minicpm5.claims(plain, cfg, named) == "minicpm5"
     assert mlxbun_minicpm5.claims(plain, cfg, LoadOptions(model_id="x")) is None
 
 
@@ -109,11 +109,11 @@ def test_unregistered_falls_back_to_generic(ckpt):
 
 def test_cli_lists_plugin_and_honours_disable():
     lines = plugins_listing().splitlines()
-    i = next(i for i, l in enumerate(lines) if l.startswith("minicpm5 "))
+    i = next(i for i, line in enumerate(lines) if line.startswith("minicpm5 "))
     assert "mlxbun-minicpm5 0.1.0" in lines[i]
     assert all(h in lines[i + 1] for h in ("load_model", "render_chat", "tool_call_parser"))
     off = plugins_listing(MLXBUN_DISABLE_PLUGINS="minicpm5")
-    assert not any(l.startswith("minicpm5 ") for l in off.splitlines()) and "generic" in off
+    assert not any(line.startswith("minicpm5 ") for line in off.splitlines()) and "generic" in off
 
 
 # ---------------------------------------------------------------- template
@@ -188,8 +188,8 @@ def test_rendered_tool_call_round_trips_through_the_parser(srv):
         events += parser.feed(markup[i:i + 7])
     events += parser.finish()
     args = json.loads(CALL["function"]["arguments"])
-    assert [(e.call.name, json.loads(e.call.arguments)) for e in events if e.kind == "tool_call"] == [
-        ("write_file", args), ("write_file", args)]
+    calls = [(e.call.name, json.loads(e.call.arguments)) for e in events if e.kind == "tool_call"]
+    assert calls == [("write_file", args), ("write_file", args)]
     assert not "".join(e.text for e in events if e.kind == "content").strip()
 
 
@@ -218,6 +218,7 @@ def test_greedy_parity_with_mlx_lm(client, srv, ckpt, thinking):
     text = tok.apply_chat_template(MSG, add_generation_prompt=True, tokenize=False,
                                    enable_thinking=thinking)
     prompt = tok.encode(text, add_special_tokens=False)
-    assert prompt == render(srv, chat_template_kwargs={"enable_thinking": thinking})[1].prompt_tokens
+    rendered = render(srv, chat_template_kwargs={"enable_thinking": thinking})[1]
+    assert prompt == rendered.prompt_tokens
     theirs = mlx_lm_greedy(model, prompt, 8, tok.eos_token_ids)
     assert ours == theirs[: len(ours)] and len(ours) == len(theirs)

@@ -5,10 +5,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pytest  # noqa: E402
+import pytest
+from mlxbun_minicpm5.toolcalls import MiniCPM5Dialect, make_parser
 
-from mlxbun_core.toolcalls.testing import events_all_chunkings  # noqa: E402
-from mlxbun_minicpm5.toolcalls import MiniCPM5Dialect, make_parser  # noqa: E402
+from mlxbun_core.toolcalls.testing import events_all_chunkings
 
 TOOLS = [{"type": "function", "function": {"name": "write", "parameters": {
     "type": "object", "properties": {"path": {"type": "string"}, "body": {"type": "string"},
@@ -21,7 +21,8 @@ def ev(text, tools=TOOLS):
 
 
 def test_basic_call_with_content():
-    text = 'Writing.\n<function name="write"><param name="path">a.txt</param><param name="n">3</param></function>'
+    text = ('Writing.\n<function name="write"><param name="path">a.txt</param>'
+            '<param name="n">3</param></function>')
     assert ev(text) == [("content", "Writing."), ("tool_call", "write", {"path": "a.txt", "n": 3})]
 
 
@@ -32,7 +33,8 @@ def test_cdata_value_verbatim_even_with_tags():
 
 
 def test_split_cdata_sections_joined():
-    text = '<function name="write"><param name="body"><![CDATA[a]]]]><![CDATA[>b]]></param></function>'
+    text = ('<function name="write"><param name="body"><![CDATA[a]]]]><![CDATA[>b]]></param>'
+            '</function>')
     assert ev(text) == [("tool_call", "write", {"body": "a]]>b"})]
 
 
@@ -49,7 +51,8 @@ def test_parallel_calls_and_single_quotes():
 
 
 def test_truncated_cdata_and_missing_end():
-    text = '<function name="write"><param name="path">p</param><param name="body"><![CDATA[partial <x>'
+    text = ('<function name="write"><param name="path">p</param>'
+            '<param name="body"><![CDATA[partial <x>')
     (tc,) = MiniCPM5Dialect().parse(text, TOOLS)
     assert (tc.name, tc.args) == ("write", {"path": "p", "body": "partial <x>"})
     text2 = '<function name="write"><param name="n">5'
@@ -68,7 +71,8 @@ def test_garbage_is_content(text):
 
 
 def test_dialect_direct():
-    (tc,) = MiniCPM5Dialect().parse('<function name="write"><param name="n">7</param></function>', TOOLS)
+    (tc,) = MiniCPM5Dialect().parse('<function name="write"><param name="n">7</param></function>',
+                                    TOOLS)
     assert tc.arguments == '{"n": 7}'
 
 
@@ -92,7 +96,8 @@ def json_args(event):
 
 def test_long_cdata_body_is_linear():
     import time
-    text = '<function name="write"><param name="body"><![CDATA[' + "ab</function>\n" * 20000 + "]]></param></function>"
+    text = ('<function name="write"><param name="body"><![CDATA['
+            + "ab</function>\n" * 20000 + "]]></param></function>")
     p, t0, ev = make_parser(TOOLS), time.time(), []
     for i in range(0, len(text), 4):
         ev += p.feed(text[i:i + 4])

@@ -20,8 +20,7 @@ from __future__ import annotations
 import re
 
 from mlxbun_core.grammar import structural as S
-from mlxbun_core.toolcalls import (Dialect, StreamingToolParser, ToolCall, calls_from_json,
-                                   make_call)
+from mlxbun_core.toolcalls import Dialect, StreamingToolParser, ToolCall, calls_from_json, make_call
 from mlxbun_core.toolcalls.grammar import ArgMarkup, element_args, tool_schemas
 
 _FN = re.compile(r"<function=([^>\n]*)>")

@@ -13,11 +13,11 @@ import openai
 import pytest
 from mlx_lm import load as mlx_load
 from mlx_lm.generate import generate_step
+from mlxbun_qwen35 import fallback_template
 
 from mlxbun_core.testing import media as M
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.server import start_server
-from mlxbun_qwen35 import fallback_template
 
 OFF = {"chat_template_kwargs": {"enable_thinking": False}}
 PNG_A = M.image_bytes("PNG", size=(64, 48), seed=0)
@@ -177,7 +177,8 @@ def test_anthropic_tool_result_image_and_url_source(srv, monkeypatch):
     tools = [{"name": "screenshot", "description": "Take one", "input_schema": {"type": "object"}}]
 
     def turn(result):
-        return a.messages.create(model="m", max_tokens=4, tools=tools, extra_body={"temperature": 0},
+        return a.messages.create(model="m", max_tokens=4, tools=tools,
+                                 extra_body={"temperature": 0},
                                  thinking={"type": "disabled"}, messages=[
             {"role": "user", "content": "Look at the screen."},
             {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "screenshot",

@@ -7,6 +7,8 @@ import json
 import httpx
 import pytest
 from mlx_lm import load as mlx_load
+from mlxbun_qwen35 import fallback_template
+from mlxbun_qwen35.toolcalls import QwenDialect
 
 from mlxbun_core import loader
 from mlxbun_core.chat_template import install_fallback_template
@@ -16,10 +18,7 @@ from mlxbun_core.errors import BadRequest
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import rendered_chat
-from mlxbun_core.testing.helpers import (chat_both_ways, mlx_lm_greedy, plugins_listing,
-                                         unregistered)
-from mlxbun_qwen35 import fallback_template
-from mlxbun_qwen35.toolcalls import QwenDialect
+from mlxbun_core.testing.helpers import chat_both_ways, mlx_lm_greedy, plugins_listing, unregistered
 
 MSG = [{"role": "user", "content": "What is the capital of France?"}]
 TOOLS = [{"type": "function", "function": {

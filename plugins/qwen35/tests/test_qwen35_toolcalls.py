@@ -5,10 +5,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pytest  # noqa: E402
+import pytest
+from mlxbun_qwen35.toolcalls import QwenDialect, make_parser, unframe
 
-from mlxbun_core.toolcalls.testing import events_all_chunkings  # noqa: E402
-from mlxbun_qwen35.toolcalls import QwenDialect, make_parser, unframe  # noqa: E402
+from mlxbun_core.toolcalls.testing import events_all_chunkings
 
 TOOLS = [{"type": "function", "function": {"name": "edit", "parameters": {
     "type": "object", "properties": {
@@ -76,12 +76,14 @@ def test_multiple_calls_back_to_back_and_in_one_block():
 
 
 def test_truncated_missing_end_tags():
-    text = "<tool_call>\n<function=edit>\n<parameter=path>\na.py\n</parameter>\n<parameter=new>\nline1\n"
+    text = ("<tool_call>\n<function=edit>\n<parameter=path>\na.py\n</parameter>\n"
+            "<parameter=new>\nline1\n")
     (tc,) = QwenDialect().parse(text, TOOLS)
     assert (tc.name, tc.args) == ("edit", {"path": "a.py", "new": "line1"})
     assert ev(text) == []  # cut inside a parameter: never a call on the stream
     text2 = "<tool_call>\n<function=edit>\n<parameter=path>\na.py\n</parameter>\n</function>"
-    assert ev(text2) == [("tool_call", "edit", {"path": "a.py"})]  # whole: only </tool_call> missing
+    # whole: only </tool_call> missing
+    assert ev(text2) == [("tool_call", "edit", {"path": "a.py"})]
     assert events_all_chunkings(lambda: make_parser(TOOLS), text2, cut=True) == []
 
 
@@ -92,11 +94,13 @@ def test_missing_parameter_close_before_function_close():
 
 def test_bare_function_without_tool_call_wrapper():
     text = "ok <function=edit>\n<parameter=path>\nx\n</parameter>\n</function> done"
-    assert ev(text) == [("content", "ok"), ("tool_call", "edit", {"path": "x"}), ("content", " done")]
+    assert ev(text) == [("content", "ok"), ("tool_call", "edit", {"path": "x"}),
+                        ("content", " done")]
 
 
 def test_no_params():
-    assert ev("<tool_call>\n<function=ping>\n</function>\n</tool_call>") == [("tool_call", "ping", {})]
+    assert ev("<tool_call>\n<function=ping>\n</function>\n</tool_call>") == [
+        ("tool_call", "ping", {})]
 
 
 def test_json_fallback_inside_tool_call():
@@ -104,7 +108,8 @@ def test_json_fallback_inside_tool_call():
     assert ev(text) == [("tool_call", "edit", {"line": 3, "force": True})]
 
 
-@pytest.mark.parametrize("text", ["<tool_call>\nwhatever\n</tool_call>", "<tool_call>\n<function=>\n</function></tool_call>"])
+@pytest.mark.parametrize("text", ["<tool_call>\nwhatever\n</tool_call>",
+                                  "<tool_call>\n<function=>\n</function></tool_call>"])
 def test_garbage_is_content(text):
     assert ev(text) == [("content", text)]
 

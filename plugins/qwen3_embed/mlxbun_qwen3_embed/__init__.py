@@ -57,7 +57,8 @@ def format_text(text: str, instruction) -> str:
 def pool_token_id(tokenizer) -> int:
     tid = tokenizer.convert_tokens_to_ids(POOL_TOKEN)
     if tid is None or tid == getattr(tokenizer, "unk_token_id", None):
-        tid = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        pad = tokenizer.pad_token_id
+        tid = pad if pad is not None else tokenizer.eos_token_id
     return tid
 
 

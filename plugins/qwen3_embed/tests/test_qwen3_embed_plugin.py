@@ -5,12 +5,12 @@ import asyncio
 
 import httpx
 import mlx.core as mx
+import mlxbun_qwen3_embed
 import numpy as np
 import openai
 import pytest
 from mlx_lm import load as mlx_load
 
-import mlxbun_qwen3_embed
 from mlxbun_core import loader
 from mlxbun_core.engine.core import Engine
 from mlxbun_core.errors import BadRequest
@@ -22,7 +22,8 @@ from mlxbun_core.testing.helpers import plugins_listing, unregistered
 ST_FILES = {
     "modules.json": [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 1, "name": "1", "path": "1_Pooling",
+         "type": "sentence_transformers.models.Pooling"},
         {"idx": 2, "name": "2", "path": "2_Normalize",
          "type": "sentence_transformers.models.Normalize"}],
     "1_Pooling/config.json": {
