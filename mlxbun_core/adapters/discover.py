@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 from ..errors import APIError
+from ..models.paths import mlxbun_home
 from . import formats
 
 log = logging.getLogger("mlxbun.adapters")
@@ -13,15 +14,11 @@ log = logging.getLogger("mlxbun.adapters")
 
 def adapters_dir(home: Path | None = None) -> Path:
     """Adapters the user put there, merges, and HTTP fine-tunes by default."""
-    from ..models.resolve import mlxbun_home
-
     return mlxbun_home(home) / "adapters"
 
 
 def finetunes_dir(home: Path | None = None) -> Path:
     """`mlxbun train` outputs by default."""
-    from ..models.resolve import mlxbun_home
-
     return mlxbun_home(home) / "finetunes"
 
 

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from ..jobs.runner import JobManager
 from ..jobs.store import JobStore
 from ..library.cache import LibraryCache
-from ..models.resolve import mlxbun_home
+from ..models.paths import mlxbun_home
 from ..webchat.store import SessionStore, sessions_dir
 from .guard import GuardRules
 from .response_store import ResponseStore
