@@ -18,7 +18,6 @@ from typing import Protocol, cast
 import mlx.core as mx
 import numpy as np
 
-from ..contract import Sampler
 from .budget import Budget, ByteVocab, CloseSearch
 from .request import GrammarRequest
 
@@ -104,7 +103,8 @@ class GrammarProcessor:
         self.error: str | None = None
         self.budget: Budget | None = None
         self.close_on_budget = True     # the request's switch (``budget_close``)
-        self.sampler: Sampler | None = None  # the request's sampler: guards the last steps
+        # the request's sampler: guards the last steps
+        self.sampler: Callable[[mx.array], mx.array] | None = None
         n = (compiled.vocab_size + 31) // 32
         self._bits = np.zeros(n + 1, dtype=np.int32)   # +1: pad word, always 0
         self._view = self._bits[:n]
