@@ -146,6 +146,7 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
     stderr and raised as :class:`StartFailed`."""
     from . import loader
     from .engine.core import Engine
+    from .kvquant.probe import KVQuantUnavailable
     from .library.scan import scan
     from .model import LoadOptions
     from .models.resolve import ModelNotFound
@@ -164,7 +165,7 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
                            if args.memory_budget else None, kv_quant=args.kv_quant)
     except ModelNotFound as exc:
         raise StartFailed(report_selection_error(exc)) from None
-    except loader.NoPluginClaimed as exc:
+    except (loader.NoPluginClaimed, KVQuantUnavailable) as exc:
         print(f"mlxbun: {exc}", file=sys.stderr)
         raise StartFailed(2) from None
     except Exception as exc:  # a checkpoint mlx-lm cannot read, a plugin bug, …

@@ -431,3 +431,45 @@ def test_fit_command_bills_the_scheme(llama, capsys):
     assert per == {("--kv-quant", "8"): ("uniform-kv8", 544),
                    ("--kv-bits", "4"): ("uniform-kv4", 2 * 2 * 64 * 2 * (0.5 + 4 / 64)),
                    (): ("bf16", 1024)}
+
+
+# ---------------------------------------------------------------- the start-up kernel check
+
+def test_the_kernel_check_runs_mlx_lm_attention_at_the_models_shape(llama):
+    """The probe calls mlx-lm's quantized attention with the model's grouped-query heads
+    at decode and prefill lengths, and passes on this backend."""
+    from mlxbun_core.kvquant.probe import KEY_LENGTHS, QUERY_LENGTHS, check_kernels
+
+    path, (model, _) = llama
+    config = json.loads((family_ckpt("llama") / "config.json").read_text())
+    seen = []
+
+    def attention(q, qk, qv, **kw):
+        from mlx_lm.models.base import quantized_scaled_dot_product_attention
+
+        seen.append((q.shape[1], qk[0].shape[1], q.shape[2], qk[0].shape[2], kw["bits"]))
+        return quantized_scaled_dot_product_attention(q, qk, qv, **kw)
+
+    check_kernels(8, 64, config, attention=attention)
+    heads = config["num_attention_heads"]
+    kv_heads = config["num_key_value_heads"]
+    assert sorted(seen) == sorted((heads, kv_heads, q, k, 8)
+                                  for q in QUERY_LENGTHS for k in KEY_LENGTHS)
+
+
+def test_a_missing_quantized_kernel_is_a_start_up_error(llama, monkeypatch, capsys):
+    """Where MLX lacks a quantized-attention kernel for the model (seen on CUDA), `serve
+    --kv-quant` stops at start-up with the shape and the fix, exit 2, not a 500 later."""
+    import mlx_lm.models.base as base
+
+    from mlxbun_core.cli import main
+
+    def missing(*a, **kw):
+        raise RuntimeError("[quantized_matmul] No implementation for problem shape")
+
+    monkeypatch.setattr(base, "quantized_scaled_dot_product_attention", missing)
+    path, _ = llama
+    assert main(["serve", path, "--kv-quant", "4", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--kv-quant 4" in err and "No implementation for problem shape" in err
+    assert "Serve without --kv-quant" in err

@@ -23,6 +23,7 @@ from ..adapters import AdapterManager, AdapterSet
 from ..contract import DraftSource
 from ..errors import BadRequest, Unavailable
 from ..events import Done, Event, Finish, Usage
+from ..kvquant.probe import check_kernels, model_dtype
 from ..media import parts as media_parts
 from ..model import LoadedModel, LoadOptions
 from .admission import Admission, default_batch
@@ -105,6 +106,10 @@ class Engine:
         self.admission = Admission(model, memory_budget_bytes, kv_bits=self.kv.bits)
         if warning := kvquant.startup_warning(self.kv, self.admission.layout):
             log.warning(warning)
+        if self.kv.bits and model.kind == "generate":  # a missing kernel fails here, not mid-reply
+            kv = self.kv
+            self.worker.run_sync(lambda: check_kernels(kv.bits or 8, kv.group_size,
+                                                       model.config, model_dtype(model.model)))
         self.batch_plan = None if batch or draft is not None else default_batch(model,
                                                                                self.admission)
         self.batch_source = ("draft model" if draft is not None else
