@@ -41,7 +41,7 @@ def locate(model_id) -> Path:
     try:
         return Path(resolve(model_id, progress=False).path)
     except ModelNotFound as exc:
-        raise BadRequest(str(exc), param="model_id")
+        raise BadRequest(str(exc), param="model_id") from exc
     finally:
         if saved is None:
             os.environ.pop("HF_HUB_OFFLINE", None)
@@ -130,9 +130,11 @@ def run(config: dict, emit: Emit) -> dict:
     try:
         model, tokenizer, cfg = _quantized(config)
     except ValueError as exc:
-        raise JobError(f"mlx-lm refused: {exc}")
+        raise JobError(f"mlx-lm refused: {exc}") from exc
     for done, total in _evaluate(model):
-        emit({"type": "stage", "stage": "quantize", "progress": round(0.05 + 0.85 * done / total, 3),
+        emit({"type": "stage", "stage": "quantize",
+              "progress": round(0.05 + 0.85 * done / total, 3),
+
               "message": f"{what}, group {config['group_size']}: {done}/{total} tensors"})
     emit({"type": "stage", "stage": "save", "progress": 0.9,
           "message": f"writing {config['output_dir']}"})

@@ -117,7 +117,9 @@ def decode_bandwidth(device: str, name: str, *, probe_mlx: bool,
     remembered = [v for k, v in cache.items() if k.split("|")[0] == device
                   and isinstance(v, dict) and isinstance(v.get("gbs"), (int, float))]
     if remembered:
-        return Bandwidth(remembered[-1]["gbs"], "measured", "remembered from an earlier measurement")
+        return Bandwidth(remembered[-1]["gbs"], "measured",
+                         "remembered from an earlier measurement")
+
     peak = peak_gbs(name)
     if peak:
         gbs = round(peak * TABLE_EFFICIENCY, 1)

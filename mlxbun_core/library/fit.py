@@ -21,8 +21,10 @@ Full-attention layers of a config with ``global_head_dim`` / ``num_global_key_va
 use those. Under a ``kv_bits`` scheme (``--kv-quant 4|8``, mlx-lm's ``kv_bits``) only the
 full-attention layers mlx-lm can quantize are billed at the quantized ``e``: plain K/V
 whose head dimension is a multiple of the group; sliding windows (a rotating cache),
-latent (MLA) layers and recurrent state keep the activation dtype. The memory plan adds the prefill transient (one prefill chunk of fp32
-logits and MLP activations) to the weights and the KV at a context length;
+latent (MLA) layers and recurrent state keep the activation dtype. The memory plan adds
+the prefill transient (one prefill chunk of fp32 logits and MLP activations) to the
+weights and the KV at a context length;
+
 ``max_safe_context`` is the longest context whose plan stays within the budget.
 """
 

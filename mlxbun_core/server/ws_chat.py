@@ -77,7 +77,8 @@ class Outbox:
             return
         async with self.lock:
             try:
-                await self.ws.send_text(json.dumps(frame, ensure_ascii=False, separators=(",", ":")))
+                text = json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
+                await self.ws.send_text(text)
             except Exception:  # closed under us: the receive loop ends the session
                 self.open = False
 
@@ -93,7 +94,9 @@ async def serve_connection(ws: WebSocket, agent: ChatAgent, outbox: Outbox) -> N
             try:
                 frame = json.loads(raw or "")
             except ValueError:
-                await outbox({"type": "error", "message": "frames must be JSON objects", "status": 400})
+                await outbox({"type": "error", "message": "frames must be JSON objects",
+                              "status": 400})
+
                 continue
             await agent.handle(frame)
     except WebSocketDisconnectError:

@@ -47,7 +47,9 @@ class SessionFrames:
     async def on_fork_session(self, frame: dict) -> None:
         conv = self.conv
         conv.idle_required()
-        conv.session = conv.store.fork(frame.get("path") or conv.active_path(), frame.get("entryId"))
+        path = frame.get("path") or conv.active_path()
+        conv.session = conv.store.fork(path, frame.get("entryId"))
+
         await conv.send_state()
 
     async def on_delete_session(self, frame: dict) -> None:
