@@ -210,7 +210,6 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         else:
             parts = (row.get("distribution"), row.get("version"))
             origin = " ".join(x for x in parts if x) or row["source"]
-
         status = f"  FAILED: {row['error']}" if row["error"] else ""
         family = f" · family {row['family']}" if row.get("family") else ""
         print(f"{row['name']} ({origin}){family}{status}")

@@ -109,7 +109,6 @@ def _run(kind: str, config: dict, total) -> int:
             bar.n = event["step"] if total else int(100 * event.get("progress", 0))
             bar.set_postfix(loss=f"{event['loss']:.3f}",
                             tok_s=f"{event.get('tokens_per_sec', 0):.0f}")
-
         elif kind_ == "metric":
             bar.write(f"step {event['step']}: val loss {event['loss']:.3f}")
         elif kind_ == "stage":

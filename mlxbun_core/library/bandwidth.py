@@ -119,7 +119,6 @@ def decode_bandwidth(device: str, name: str, *, probe_mlx: bool,
     if remembered:
         return Bandwidth(remembered[-1]["gbs"], "measured",
                          "remembered from an earlier measurement")
-
     peak = peak_gbs(name)
     if peak:
         gbs = round(peak * TABLE_EFFICIENCY, 1)

@@ -24,7 +24,6 @@ whose head dimension is a multiple of the group; sliding windows (a rotating cac
 latent (MLA) layers and recurrent state keep the activation dtype. The memory plan adds
 the prefill transient (one prefill chunk of fp32 logits and MLP activations) to the
 weights and the KV at a context length;
-
 ``max_safe_context`` is the longest context whose plan stays within the budget.
 """
 

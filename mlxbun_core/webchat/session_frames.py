@@ -49,7 +49,6 @@ class SessionFrames:
         conv.idle_required()
         path = frame.get("path") or conv.active_path()
         conv.session = conv.store.fork(path, frame.get("entryId"))
-
         await conv.send_state()
 
     async def on_delete_session(self, frame: dict) -> None:

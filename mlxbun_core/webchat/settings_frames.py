@@ -50,7 +50,6 @@ class SettingsFrames:
         changes = {k: frame[k] for k in SAMPLING_KEYS if k in frame}
         base = conv.next_turn if scope == "next_turn" else conv.settings.get("sampling")
         current = dict(base or {})
-
         current.update(changes)
         current = {k: v for k, v in current.items() if v is not None}  # null: server default
         SamplingParams.from_body(current)  # a bad value is a 400 now, not at the next turn
