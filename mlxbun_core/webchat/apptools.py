@@ -9,6 +9,7 @@ frames. Nothing here touches the machine, so these tools need no approval.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 # The SPA's hash routes: the only places navigate_app may send the user.
 ROUTES = {"chat": "Chat", "status": "Status"}
@@ -48,7 +49,7 @@ def clean_context(raw) -> dict | None:
     """The browser's context frame, capped: a route, an optional view/step, ≤120 elements."""
     if not isinstance(raw, dict) or not _text(raw.get("route")):
         return None
-    out = {"route": _text(raw["route"], 40)}
+    out: dict[str, Any] = {"route": _text(raw["route"], 40)}
     if _text(raw.get("view")):
         out["view"] = _text(raw["view"])
     step = raw.get("step")
@@ -56,7 +57,9 @@ def clean_context(raw) -> dict | None:
             and isinstance(step.get("count"), int)):
         out["step"] = {"index": step["index"], "count": step["count"],
                        "label": _text(step.get("label"))}
-    snap = raw.get("snapshot") if isinstance(raw.get("snapshot"), dict) else {}
+    snap = raw.get("snapshot")
+    if not isinstance(snap, dict):
+        snap = {}
     elements = []
     for el in (snap.get("elements") or [])[:MAX_ELEMENTS]:
         if isinstance(el, dict):

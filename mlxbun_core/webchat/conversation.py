@@ -51,6 +51,13 @@ class Conversation:
         if self.running:
             raise BadRequest("a turn is running: abort it first")
 
+    def turn_session(self) -> Session:
+        """The session a running turn writes to: its first save opened it, and nothing
+        replaces it while the turn runs (every session change waits for idle)."""
+        if self.session is None:
+            raise RuntimeError("a turn is writing but no session is open")
+        return self.session
+
     def active_path(self) -> str:
         if self.session is None:
             raise BadRequest("no session is open")

@@ -67,7 +67,8 @@ class SessionFrames:
         conv = self.conv
         conv.idle_required()
         entry_id = frame.get("entryId")
-        if conv.session is None or entry_id not in conv.session.messages:
+        if (conv.session is None or not isinstance(entry_id, str)
+                or entry_id not in conv.session.messages):
             raise BadRequest("entryId must name a message of the open session")
         conv.session.set_leaf(conv.session.newest_leaf_under(entry_id))
         await conv.send_history()
