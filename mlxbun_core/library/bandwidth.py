@@ -60,7 +60,8 @@ def _key(device: str, name: str) -> str:
 
     from .. import blas
 
-    return f"{device}|{name}|mlx {mx.__version__}|blas {blas.state().name}"
+    version = mx.__version__  # type: ignore[attr-defined]  # not in MLX's stubs
+    return f"{device}|{name}|mlx {version}|blas {blas.state().name}"
 
 
 def _read(path: Path) -> dict:

@@ -170,7 +170,9 @@ def kv_layout(config: dict, element_bytes: float | None = None, *,
     act = activation_bytes(config)
     e = float(element_bytes if element_bytes is not None else act)
     eq = kv_element_bytes(act, kv_bits, group_size) if kv_bits else e
-    full, fixed, windows, counts, quantized = 0.0, 0, {}, {}, 0
+    full, fixed, quantized = 0.0, 0, 0
+    windows: dict[int, float] = {}  # window tokens -> bytes per token
+    counts: dict[str, int] = {}  # layer kind -> layers
     for kind in _layer_kinds(t):
         counts[kind] = counts.get(kind, 0) + 1
         if kind == "full":

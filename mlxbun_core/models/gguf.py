@@ -190,7 +190,7 @@ def _build_tokenizer(md: dict):
     tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
                                fuse_unk=False, byte_fallback=False))
     pre = md.get("tokenizer.ggml.pre", "default")
-    seq = []
+    seq: list[pre_tokenizers.PreTokenizer] = []
     if pre == "smollm":
         seq.append(pre_tokenizers.Digits(individual_digits=True))
     if pre in _PRE_REGEX:
@@ -260,10 +260,10 @@ def convert_gguf(gguf_path, out_dir, *, precision: str = "float32", progress: bo
     reader = gguf.GGUFReader(str(gguf_path))
     md = _fields(reader)
     arch_name = md.get("general.architecture")
-    arch = ARCHS.get(arch_name)
-    if arch is None:
+    if not isinstance(arch_name, str) or arch_name not in ARCHS:
         raise UnsupportedGGUF(f"{gguf_path.name}: GGUF architecture {arch_name!r} is not supported "
                               f"(supported: {', '.join(sorted(ARCHS))})")
+    arch = ARCHS[arch_name]
     cfg = arch.config(md, arch_name)
     bits = int(precision[1:]) if precision.startswith("q") else None
     mx_dtype = mx.float16 if bits else getattr(mx, precision)

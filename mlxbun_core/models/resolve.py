@@ -154,9 +154,9 @@ def _hub(repo_id: str, home: Path, progress: bool) -> tuple[ResolvedModel | None
         files = hf.list_repo_files(repo_id)
         if "config.json" in files:
             log.info("model: downloading %s", repo_id)
-            snap = hf.snapshot_download(repo_id, cache_dir=cache, allow_patterns=[
-                "*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken", "*.py"])
-            return ResolvedModel(Path(snap), repo_id, "hub"), ""
+            snap = Path(hf.snapshot_download(repo_id, cache_dir=cache, allow_patterns=[
+                "*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken", "*.py"]))
+            return ResolvedModel(snap, repo_id, "hub"), ""
         g = _pick_gguf(files)
         if g:
             log.info("model: downloading %s/%s", repo_id, g)
