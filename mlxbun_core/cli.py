@@ -81,8 +81,9 @@ def add_engine_flags(s: argparse.ArgumentParser) -> None:
                    help="a small model with the same vocabulary for speculative decoding")
     s.add_argument("--num-draft-tokens", type=int, default=3,
                    help="draft tokens verified per target forward (with --draft-model)")
+    batch_env = os.environ.get("MLXBUN_BATCH")
     s.add_argument("--batch", type=_positive_int,
-                   default=int(os.environ["MLXBUN_BATCH"]) if os.environ.get("MLXBUN_BATCH") else None,
+                   default=int(batch_env) if batch_env else None,
                    help="rows decoded together by continuous batching (default: sized from the "
                         "device and the model's KV, 4..64; 1 pins serial)")
     s.add_argument("--prompt-cache", type=float, metavar="GB",
@@ -123,7 +124,8 @@ def add_process_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--unix", default=None, metavar="SOCKET",
                    help="listen on a unix socket instead of TCP (the engine half of --isolate)")
     s.add_argument("--no-open", action="store_true",
-                   help="do not open the web app in a browser (it opens only on an interactive start)")
+                   help="do not open the web app in a browser "
+                        "(it opens only on an interactive start)")
     add_ssd_cache_flags(s)
 
 
@@ -206,7 +208,8 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         if row["source"] == "builtin":
             origin = f"built into mlxbun {__version__}"
         else:
-            origin = " ".join(x for x in (row.get("distribution"), row.get("version")) if x) or row["source"]
+            parts = (row.get("distribution"), row.get("version"))
+            origin = " ".join(x for x in parts if x) or row["source"]
         status = f"  FAILED: {row['error']}" if row["error"] else ""
         family = f" · family {row['family']}" if row.get("family") else ""
         print(f"{row['name']} ({origin}){family}{status}")

@@ -159,6 +159,19 @@ def test_unsupported_arch_and_atomic_failure(tmp_path):
     assert (tmp_path / "out" / "config.json").read_text() == "{}"
 
 
+def test_an_architecture_that_is_no_string_is_unsupported(tmp_path):
+    # a list once reached a dict lookup: TypeError (unhashable) instead of a clear refusal
+    w = gguf.GGUFWriter(str(tmp_path / "x.gguf"), "llama")
+    w.kv_data[0].pop("general.architecture")  # the writer always adds it as a string
+    w.add_array("general.architecture", ["llama"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(UnsupportedGGUF, match=r"\['llama'\] is not supported"):
+        convert_gguf(tmp_path / "x.gguf", tmp_path / "out", progress=False)
+
+
 @pytest.fixture(scope="module")
 def smol_md():
     """SmolLM2 GGUF metadata, parsed once (the reader takes seconds on the 49k-token vocab)."""

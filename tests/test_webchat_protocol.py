@@ -209,6 +209,19 @@ def test_client_mistakes_are_error_frames_and_the_socket_stays_usable(server):
         assert [i["role"] for i in items] == ["user", "assistant"]
 
 
+def test_a_malformed_entry_id_in_an_open_session_is_a_400(server):
+    # an unhashable entryId once reached a dict lookup: a 500 for a client's mistake
+    with ChatClient(server.base_url) as c:
+        c.hello()
+        c.send("set_sampling", max_tokens=2)
+        c.until("settings")
+        c.turn(text="Hi")
+        for entry_id in ([1], {"id": "x"}):
+            c.send("switch_sibling", entryId=entry_id)
+            err = c.until("error")[-1]
+            assert err["status"] == 400 and "entryId" in err["message"], (entry_id, err)
+
+
 def test_sessions_survive_a_restart_and_search_finds_them(tmp_path):
     model = tiny_checkpoint("qwen3")
     first = start_server(model, sessions_dir=tmp_path)

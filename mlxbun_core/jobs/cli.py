@@ -107,7 +107,8 @@ def _run(kind: str, config: dict, total) -> int:
         kind_ = event.get("type")
         if kind_ == "metric" and event.get("kind") == "train":
             bar.n = event["step"] if total else int(100 * event.get("progress", 0))
-            bar.set_postfix(loss=f"{event['loss']:.3f}", tok_s=f"{event.get('tokens_per_sec', 0):.0f}")
+            bar.set_postfix(loss=f"{event['loss']:.3f}",
+                            tok_s=f"{event.get('tokens_per_sec', 0):.0f}")
         elif kind_ == "metric":
             bar.write(f"step {event['step']}: val loss {event['loss']:.3f}")
         elif kind_ == "stage":

@@ -14,10 +14,15 @@ import json
 import time
 import types
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from .. import fspaths
 from ..errors import BadRequest
 from .events import Emit, JobError
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 DEFAULTS = {"method": "sft", "rank": 8, "scale": 20.0, "num_layers": -1, "iters": 100,
             "learning_rate": 2e-4, "max_seq_length": 512, "batch_size": 1,
@@ -160,10 +165,14 @@ def run(config: dict, emit: Emit) -> dict:
     from mlx_lm.tuner.datasets import load_local_dataset
     from mlx_lm.utils import load
 
-    model, tokenizer = load(config["model_dir"])
+    # load's annotation is a union of the 2- and 3-tuple; without return_config it is the 2-tuple
+    model, tokenizer = cast("tuple[nn.Module, TokenizerWrapper]", load(config["model_dir"]))
     args = _mlx_args(config, fmt)
     stage("dataset", 0.0, "tokenizing the dataset")
-    train_set, valid_set, _ = load_local_dataset(Path(config["data_dir"]), tokenizer, args)
+    train_set, valid_set, _ = load_local_dataset(
+        Path(config["data_dir"]),
+        tokenizer,  # type: ignore[arg-type]  # annotated as HF's; mlx-lm's trainer passes this too
+        args)
     last: dict = {}
 
     class Report(TrainingCallback):

@@ -11,13 +11,21 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from .. import fspaths
 from ..errors import BadRequest
 from ..loader import read_json
 from ..models.paths import model_id_for_dir
 from .events import Emit, JobError
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+    QuantPredicate = Callable[[str, nn.Module], bool | dict]
 
 BITS = (2, 3, 4, 5, 6, 8)
 GROUP_SIZES = (16, 32, 64, 128)
@@ -41,7 +49,7 @@ def locate(model_id) -> Path:
     try:
         return Path(resolve(model_id, progress=False).path)
     except ModelNotFound as exc:
-        raise BadRequest(str(exc), param="model_id")
+        raise BadRequest(str(exc), param="model_id") from exc
     finally:
         if saved is None:
             os.environ.pop("HF_HUB_OFFLINE", None)
@@ -130,9 +138,10 @@ def run(config: dict, emit: Emit) -> dict:
     try:
         model, tokenizer, cfg = _quantized(config)
     except ValueError as exc:
-        raise JobError(f"mlx-lm refused: {exc}")
+        raise JobError(f"mlx-lm refused: {exc}") from exc
     for done, total in _evaluate(model):
-        emit({"type": "stage", "stage": "quantize", "progress": round(0.05 + 0.85 * done / total, 3),
+        emit({"type": "stage", "stage": "quantize",
+              "progress": round(0.05 + 0.85 * done / total, 3),
               "message": f"{what}, group {config['group_size']}: {done}/{total} tensors"})
     emit({"type": "stage", "stage": "save", "progress": 0.9,
           "message": f"writing {config['output_dir']}"})
@@ -145,17 +154,22 @@ def run(config: dict, emit: Emit) -> dict:
             "recipe": config.get("recipe"), "seconds": round(time.time() - t0, 2)}
 
 
-def _quantized(config: dict):
+def _quantized(config: dict) -> tuple[nn.Module, TokenizerWrapper, dict[str, Any]]:
     """What ``mlx_lm.convert.convert(quantize=True)`` builds before saving (lazy arrays)."""
     import mlx.core as mx
     from mlx.utils import tree_map_with_path
     from mlx_lm.convert import MODEL_CONVERSION_DTYPES, mixed_quant_predicate_builder
     from mlx_lm.utils import load, quantize_model
 
-    model, tokenizer, cfg = load(config["model_dir"], return_config=True, lazy=True)
-    predicate = config.get("recipe")
-    if isinstance(predicate, str):
-        predicate = mixed_quant_predicate_builder(predicate, model, config["group_size"])
+    # load's annotation is a union of the 2- and 3-tuple; return_config=True picks the 3-tuple
+    model, tokenizer, cfg = cast("tuple[nn.Module, TokenizerWrapper, dict[str, Any]]", load(
+        config["model_dir"], return_config=True, lazy=True))
+    recipe = config.get("recipe")  # one of prepare's RECIPES or None
+    predicate: QuantPredicate | None = None
+    if isinstance(recipe, str):
+        # mlx-lm annotates the builder's result with a third parameter its predicate lacks
+        predicate = cast("QuantPredicate", mixed_quant_predicate_builder(
+            recipe, model, config["group_size"]))
     dtype = cfg.get("torch_dtype") or (cfg.get("text_config") or {}).get("dtype")
     if dtype in MODEL_CONVERSION_DTYPES:
         target = getattr(mx, dtype)
@@ -168,12 +182,13 @@ def _quantized(config: dict):
     return model, tokenizer, cfg
 
 
-def _evaluate(model, parts: int = 50):
+def _evaluate(model: nn.Module, parts: int = 50) -> Iterator[tuple[int, int]]:
     """Compute the lazy quantized weights in about ``parts`` slices; yields (done, total)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    arrays = [v for _, v in tree_flatten(model.parameters())]
+    leaves = cast("list[tuple[str, mx.array]]", tree_flatten(model.parameters()))
+    arrays = [v for _, v in leaves]
     step = max(1, -(-len(arrays) // parts))
     for i in range(0, len(arrays), step):
         mx.eval(arrays[i:i + step])

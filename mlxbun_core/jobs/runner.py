@@ -39,7 +39,7 @@ def runners() -> dict[str, Callable[[dict, Emit], dict | None]]:
 
 
 # -- the child ------------------------------------------------------------------------
-def child_main(argv=None) -> int:
+def child_main(argv: list[str] | None = None) -> int:
     kind, config_path, fd = (argv or sys.argv[1:])[:3]
     out = os.fdopen(int(fd), "w", buffering=1)
 
@@ -89,7 +89,7 @@ class JobManager:
         """Run a job now in the foreground (the CLI); returns its final row."""
         job_id = self.store.create(kind, config, output_path=output_path, log_dir=self._dir())
         self.execute(job_id, on_event)
-        return self.store.get(job_id)
+        return self.store.require(job_id)
 
     def close(self) -> None:
         """Server stop: end running children; their jobs are recorded as failed."""
@@ -118,6 +118,8 @@ class JobManager:
 
     def execute(self, job_id: str, on_event: Callable[[dict], None] | None = None) -> None:
         row = self.store.raw(job_id)
+        if row is None:
+            raise KeyError(f"no job {job_id!r}")
         cfg_path = self._dir() / f"{job_id}.json"
         cfg_path.write_text(row["config_json"])
         log_path = Path(row["log_path"] or self._dir() / f"{job_id}.log")
@@ -159,9 +161,9 @@ class JobManager:
         finally:
             output.join(timeout=5)
             self._procs.pop(job_id, None)
-        if self.store.get(job_id)["status"] not in TERMINAL:
+        if self.store.require(job_id)["status"] not in TERMINAL:
             record({"type": "failed", "error": _exit_reason(code)})
-        log.info("job %s ended: %s", job_id, self.store.get(job_id)["status"])
+        log.info("job %s ended: %s", job_id, self.store.require(job_id)["status"])
 
 
 def _exit_reason(code: int) -> str:

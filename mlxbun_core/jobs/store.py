@@ -15,13 +15,16 @@ events, dropping the oldest finished jobs' logs first.
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import sqlite3
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 TERMINAL = ("done", "failed", "zombie")
 JOB_LOG_BYTES = 256 << 10
@@ -58,7 +61,7 @@ class JobStore:
             db.execute("PRAGMA journal_mode=WAL")
             db.executescript(_SCHEMA)
 
-    def _db(self) -> sqlite3.Connection:
+    def _db(self) -> _Closing:
         db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         db.row_factory = sqlite3.Row
         return _Closing(db)
@@ -82,7 +85,8 @@ class JobStore:
             row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return _row(row) if row else None
 
-    def list(self, limit: int = 50, kind: str | None = None) -> list:
+    # ``builtins.list`` below: inside the class ``list`` names this method
+    def list(self, limit: int = 50, kind: str | None = None) -> builtins.list[dict]:
         sql, args = "SELECT * FROM jobs", []
         if kind:
             sql, args = sql + " WHERE kind = ?", [kind]
@@ -93,6 +97,13 @@ class JobStore:
     def set_pid(self, job_id: str, pid: int) -> None:
         with self._db() as db:
             db.execute("UPDATE jobs SET pid = ? WHERE id = ?", (pid, job_id))
+
+    def require(self, job_id: str) -> dict:
+        """:meth:`get` for a job that must exist (one this process created)."""
+        row = self.get(job_id)
+        if row is None:
+            raise KeyError(f"no job {job_id!r}")
+        return row
 
     def raw(self, job_id: str) -> sqlite3.Row | None:
         with self._db() as db:
@@ -129,7 +140,7 @@ class JobStore:
             db.execute("COMMIT")
         return keep
 
-    def events(self, job_id: str, after: int = 0) -> list:
+    def events(self, job_id: str, after: int = 0) -> builtins.list[tuple[int, Any]]:
         """``[(seq, event)]`` after ``after``, in order."""
         with self._db() as db:
             rows = db.execute("SELECT seq, data FROM events WHERE job_id = ? AND seq > ? "
@@ -146,7 +157,7 @@ class JobStore:
                 return cur.rowcount > 0
         return self.append(job_id, {"type": "failed", "error": error})
 
-    def reap(self, alive=None) -> list:
+    def reap(self, alive: Callable[[int], bool] | None = None) -> builtins.list[str]:
         """Jobs left queued/running by a process that is gone become ``zombie``."""
         alive = alive or pid_alive
         with self._db() as db:
@@ -182,17 +193,18 @@ class JobStore:
 class _Closing:
     """A connection as a context manager that closes (sqlite3's own only commits)."""
 
-    def __init__(self, db):
+    def __init__(self, db: sqlite3.Connection) -> None:
         self.db = db
 
-    def __enter__(self):
+    def __enter__(self) -> sqlite3.Connection:
         return self.db
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.db.close()
 
 
-def _admit(kind: str, size: int, event_bytes: int, log_bytes: int):
+def _admit(kind: str | None, size: int, event_bytes: int,
+           log_bytes: int) -> tuple[bool, str | None]:
     """``(keep, notice)``: whether an event fits the job's caps, plus a one-time notice."""
     if kind in ("done", "failed"):
         return True, None
@@ -206,8 +218,10 @@ def _admit(kind: str, size: int, event_bytes: int, log_bytes: int):
     return event_bytes + size <= JOB_EVENT_BYTES, None
 
 
-def _row_update(event: dict) -> tuple[list, list]:
-    kind, sets, args = event.get("type"), [], []
+def _row_update(event: dict) -> tuple[list[str], list[float | str]]:
+    kind = event.get("type")
+    sets: list[str] = []
+    args: list[float | str] = []
     if isinstance(event.get("progress"), (int, float)):
         sets.append("progress = ?")
         args.append(max(0.0, min(1.0, float(event["progress"]))))

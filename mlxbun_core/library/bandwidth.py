@@ -60,7 +60,8 @@ def _key(device: str, name: str) -> str:
 
     from .. import blas
 
-    return f"{device}|{name}|mlx {mx.__version__}|blas {blas.state().name}"
+    version = mx.__version__  # type: ignore[attr-defined]  # not in MLX's stubs
+    return f"{device}|{name}|mlx {version}|blas {blas.state().name}"
 
 
 def _read(path: Path) -> dict:
@@ -117,7 +118,8 @@ def decode_bandwidth(device: str, name: str, *, probe_mlx: bool,
     remembered = [v for k, v in cache.items() if k.split("|")[0] == device
                   and isinstance(v, dict) and isinstance(v.get("gbs"), (int, float))]
     if remembered:
-        return Bandwidth(remembered[-1]["gbs"], "measured", "remembered from an earlier measurement")
+        return Bandwidth(remembered[-1]["gbs"], "measured",
+                         "remembered from an earlier measurement")
     peak = peak_gbs(name)
     if peak:
         gbs = round(peak * TABLE_EFFICIENCY, 1)

@@ -38,10 +38,13 @@ class LibraryCache:
 
 def model_row(entry: Entry, created: int) -> dict:
     """A local model as a ``/v1/models`` row (the served model has its own, richer row)."""
+    claim = entry.claim
+    if claim is None:  # callers list supported entries only
+        raise ValueError(f"{entry.id} is not a supported model")
     return {"id": entry.id, "object": "model", "created": created, "owned_by": "mlxbun",
             "tier": entry.tier, "vision": entry.vision, "audio": entry.audio,
-            "context_window": entry.context_length, "family": entry.claim.family,
-            "plugin": entry.claim.plugin}
+            "context_window": entry.context_length, "family": claim.family,
+            "plugin": claim.plugin}
 
 
 def local_rows(entries: list[Entry], served_id: str, created: int) -> list[dict]:

@@ -21,8 +21,9 @@ Full-attention layers of a config with ``global_head_dim`` / ``num_global_key_va
 use those. Under a ``kv_bits`` scheme (``--kv-quant 4|8``, mlx-lm's ``kv_bits``) only the
 full-attention layers mlx-lm can quantize are billed at the quantized ``e``: plain K/V
 whose head dimension is a multiple of the group; sliding windows (a rotating cache),
-latent (MLA) layers and recurrent state keep the activation dtype. The memory plan adds the prefill transient (one prefill chunk of fp32
-logits and MLP activations) to the weights and the KV at a context length;
+latent (MLA) layers and recurrent state keep the activation dtype. The memory plan adds
+the prefill transient (one prefill chunk of fp32 logits and MLP activations) to the
+weights and the KV at a context length;
 ``max_safe_context`` is the longest context whose plan stays within the budget.
 """
 
@@ -169,7 +170,9 @@ def kv_layout(config: dict, element_bytes: float | None = None, *,
     act = activation_bytes(config)
     e = float(element_bytes if element_bytes is not None else act)
     eq = kv_element_bytes(act, kv_bits, group_size) if kv_bits else e
-    full, fixed, windows, counts, quantized = 0.0, 0, {}, {}, 0
+    full, fixed, quantized = 0.0, 0, 0
+    windows: dict[int, float] = {}  # window tokens -> bytes per token
+    counts: dict[str, int] = {}  # layer kind -> layers
     for kind in _layer_kinds(t):
         counts[kind] = counts.get(kind, 0) + 1
         if kind == "full":

@@ -87,5 +87,5 @@ def counted(handler, route: str, requests: Counter, model: str):
         finally:
             requests.labels(model, route, request.method, str(status)).inc()
 
-    inner.counted = True
+    setattr(inner, "counted", True)  # noqa: B010 (the marker count_routes looks for)
     return inner

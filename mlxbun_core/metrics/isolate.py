@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -25,6 +26,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from .http import CONTENT_TYPE, OTHER_ROUTE, request_counter
+
+if TYPE_CHECKING:
+    from ..isolate.pool import EnginePool
 
 log = logging.getLogger("mlxbun.metrics")
 
@@ -44,9 +48,9 @@ class _Families(Collector):
 class PoolCollector(Collector):
     """The engine pool as the parent sees it (read at scrape time)."""
 
-    def __init__(self, pool):
+    def __init__(self, pool: EnginePool) -> None:
         self.pool = pool
-        self.up: dict = {}  # model id -> whether its last scrape answered
+        self.up: dict[str, bool] = {}  # model id -> whether its last scrape answered
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("mlxbun_engine_up", "1 when the engine answered this scrape",
@@ -74,7 +78,7 @@ class PoolCollector(Collector):
 class ParentMetrics:
     """The parent's registry and its merged scrape."""
 
-    def __init__(self, pool):
+    def __init__(self, pool: EnginePool) -> None:
         self.pool = pool
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = request_counter(self.registry)
@@ -89,7 +93,8 @@ class ParentMetrics:
         """(content type, body): every ready engine's series merged with the parent's."""
         engines = [e for e in list(self.pool.engines.values()) if e.state == "ready"]
         texts = await asyncio.gather(*(scrape(e) for e in engines))
-        merged, up = {}, {}
+        merged: dict[str, Metric] = {}  # family name -> merged family
+        up: dict[str, bool] = {}
         for engine, text in zip(engines, texts):
             families = parse(text, engine.model_id) if text is not None else None
             up[engine.model_id] = families is not None

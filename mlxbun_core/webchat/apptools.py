@@ -9,6 +9,7 @@ frames. Nothing here touches the machine, so these tools need no approval.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 # The SPA's hash routes: the only places navigate_app may send the user.
 ROUTES = {"chat": "Chat", "status": "Status"}
@@ -48,17 +49,22 @@ def clean_context(raw) -> dict | None:
     """The browser's context frame, capped: a route, an optional view/step, ≤120 elements."""
     if not isinstance(raw, dict) or not _text(raw.get("route")):
         return None
-    out = {"route": _text(raw["route"], 40)}
+    out: dict[str, Any] = {"route": _text(raw["route"], 40)}
     if _text(raw.get("view")):
         out["view"] = _text(raw["view"])
     step = raw.get("step")
-    if isinstance(step, dict) and isinstance(step.get("index"), int) and isinstance(step.get("count"), int):
-        out["step"] = {"index": step["index"], "count": step["count"], "label": _text(step.get("label"))}
-    snap = raw.get("snapshot") if isinstance(raw.get("snapshot"), dict) else {}
+    if (isinstance(step, dict) and isinstance(step.get("index"), int)
+            and isinstance(step.get("count"), int)):
+        out["step"] = {"index": step["index"], "count": step["count"],
+                       "label": _text(step.get("label"))}
+    snap = raw.get("snapshot")
+    if not isinstance(snap, dict):
+        snap = {}
     elements = []
     for el in (snap.get("elements") or [])[:MAX_ELEMENTS]:
         if isinstance(el, dict):
-            row = {k: _text(el.get(k)) for k in ("ref", "label", "kind", "role", "selector", "spotlightId")}
+            keys = ("ref", "label", "kind", "role", "selector", "spotlightId")
+            row = {k: _text(el.get(k)) for k in keys}
             elements.append({k: v for k, v in row.items() if v is not None})
     out["snapshot"] = {"route": out["route"], "elements": elements}
     return out
@@ -80,8 +86,8 @@ def parse_arguments(arguments) -> dict:
         return arguments
     try:
         args = json.loads(arguments or "{}")
-    except (TypeError, ValueError):
-        raise ToolFailed("arguments are not valid JSON")
+    except (TypeError, ValueError) as exc:
+        raise ToolFailed("arguments are not valid JSON") from exc
     if not isinstance(args, dict):
         raise ToolFailed("arguments must be a JSON object")
     return args

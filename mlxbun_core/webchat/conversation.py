@@ -51,6 +51,13 @@ class Conversation:
         if self.running:
             raise BadRequest("a turn is running: abort it first")
 
+    def turn_session(self) -> Session:
+        """The session a running turn writes to: its first save opened it, and nothing
+        replaces it while the turn runs (every session change waits for idle)."""
+        if self.session is None:
+            raise RuntimeError("a turn is writing but no session is open")
+        return self.session
+
     def active_path(self) -> str:
         if self.session is None:
             raise BadRequest("no session is open")
@@ -107,7 +114,8 @@ class Conversation:
             return
         branch = session.branch()
         await self.send({"type": "history", "items": [history_item(session, e) for e in branch]})
-        answer = next((e for e in reversed(branch) if e["message"].get("role") == "assistant"), None)
+        answer = next((e for e in reversed(branch)
+                       if e["message"].get("role") == "assistant"), None)
         if answer is not None:  # the answer regenerate would replace
             first = first_answer(session, answer["id"])
             sibs = session.siblings(first)
@@ -128,7 +136,8 @@ class Conversation:
         if self.session is None or not self.session.branch():
             return 0
         try:
-            req = self.engine.parse_chat(self.request_body(self.model_messages(self.session.branch())))
+            body = self.request_body(self.model_messages(self.session.branch()))
+            req = self.engine.parse_chat(body)
             return await self.engine.count_prompt_tokens(req)
         except APIError:  # e.g. images for a model without vision: the count is unknown
             return 0

@@ -31,7 +31,8 @@ def image_parts(images: Any) -> list:
     if images is None:
         return []
     if not isinstance(images, list) or len(images) > MAX_IMAGES:
-        raise BadRequest(f"images must be a list of at most {MAX_IMAGES} {{data, mimeType}} objects")
+        raise BadRequest(
+            f"images must be a list of at most {MAX_IMAGES} {{data, mimeType}} objects")
     parts, total = [], 0
     for img in images:
         data = img.get("data") if isinstance(img, dict) else None
@@ -43,7 +44,7 @@ def image_parts(images: Any) -> list:
             raise BadRequest(f"images are larger than {MAX_IMAGE_CHARS >> 20} MiB of base64")
         try:
             base64.b64decode(data, validate=True)
-        except (binascii.Error, ValueError):
-            raise BadRequest("image data is not valid base64")
+        except (binascii.Error, ValueError) as exc:
+            raise BadRequest("image data is not valid base64") from exc
         parts.append({"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}})
     return parts

@@ -20,7 +20,8 @@ def history_item(session: Session, entry: dict) -> dict:
         item["reasoning"] = msg["reasoning_content"]
     if msg.get("tool_calls"):
         item["toolCalls"] = [{"id": c.get("id"), "name": c["function"]["name"],
-                              "arguments": c["function"].get("arguments")} for c in msg["tool_calls"]]
+                              "arguments": c["function"].get("arguments")}
+                             for c in msg["tool_calls"]]
     if msg.get("role") == "tool":
         item["toolCallId"], item["name"] = msg.get("tool_call_id"), msg.get("name")
     if entry.get("meta"):

@@ -37,7 +37,7 @@ def search(store: SessionStore, query: str, *, limit: int = MAX_RESULTS,
     for path in store.files():
         if total >= limit:
             break
-        matches = []
+        matches: list[dict] = []
         for entry in iter_message_entries(path):
             msg = entry["message"]
             if msg.get("role") not in ("user", "assistant"):
@@ -53,7 +53,7 @@ def search(store: SessionStore, query: str, *, limit: int = MAX_RESULTS,
                 last_end = m.end() + CONTEXT_CHARS
         if matches:
             entries = read_entries(path)
-            head = next((e for e in entries if e["type"] == "session"), {})
+            head: dict = next((e for e in entries if e["type"] == "session"), {})
             title = session_title(head, replayed_messages(entries))
             results.append({"sessionPath": str(path), "sessionTitle": title, "matches": matches})
             total += len(matches)

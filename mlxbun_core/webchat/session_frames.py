@@ -47,7 +47,8 @@ class SessionFrames:
     async def on_fork_session(self, frame: dict) -> None:
         conv = self.conv
         conv.idle_required()
-        conv.session = conv.store.fork(frame.get("path") or conv.active_path(), frame.get("entryId"))
+        path = frame.get("path") or conv.active_path()
+        conv.session = conv.store.fork(path, frame.get("entryId"))
         await conv.send_state()
 
     async def on_delete_session(self, frame: dict) -> None:
@@ -66,7 +67,8 @@ class SessionFrames:
         conv = self.conv
         conv.idle_required()
         entry_id = frame.get("entryId")
-        if conv.session is None or entry_id not in conv.session.messages:
+        if (conv.session is None or not isinstance(entry_id, str)
+                or entry_id not in conv.session.messages):
             raise BadRequest("entryId must name a message of the open session")
         conv.session.set_leaf(conv.session.newest_leaf_under(entry_id))
         await conv.send_history()

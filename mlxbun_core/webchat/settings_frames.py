@@ -48,7 +48,8 @@ class SettingsFrames:
         if scope not in ("session", "next_turn"):
             raise BadRequest("scope must be 'session' or 'next_turn'")
         changes = {k: frame[k] for k in SAMPLING_KEYS if k in frame}
-        current = dict(conv.next_turn if scope == "next_turn" else conv.settings.get("sampling") or {})
+        base = conv.next_turn if scope == "next_turn" else conv.settings.get("sampling")
+        current = dict(base or {})
         current.update(changes)
         current = {k: v for k, v in current.items() if v is not None}  # null: server default
         SamplingParams.from_body(current)  # a bad value is a 400 now, not at the next turn

@@ -76,7 +76,8 @@ def message_text(message: dict) -> str:
 class Session:
     """One session file, replayed into a message tree."""
 
-    def __init__(self, store: SessionStore, path: Path, entries: list):
+    def __init__(self, store: SessionStore | None, path: Path, entries: list):
+        """``store`` None: a read-only replay (:func:`replayed_messages`)."""
         self.store, self.path = store, path
         self.header: dict = {}
         self.messages: dict = {}  # id -> message entry
@@ -183,6 +184,8 @@ class Session:
             self._write({"type": "settings", "values": values})
 
     def _write(self, entry: dict) -> None:
+        if self.store is None:
+            raise RuntimeError("a replayed session is read-only")
         self.store.append(self.path, entry)
         self._apply(entry)
 
@@ -269,7 +272,7 @@ class SessionStore:
         out = []
         for path in self.files()[:limit]:
             entries = read_entries(path)
-            head = next((e for e in entries if e["type"] == "session"), {})
+            head: dict = next((e for e in entries if e["type"] == "session"), {})
             msgs = replayed_messages(entries)
             out.append({"path": str(path), "title": session_title(head, msgs),
                         "created": head.get("created"), "updated": path.stat().st_mtime,

@@ -34,8 +34,8 @@ class Draft:
     def __init__(self, conv: Conversation, parent_id: str, every_s: float = SAVE_EVERY_S):
         self.conv, self.parent_id, self.every_s = conv, parent_id, every_s
         self.id: str | None = None
-        self.content: list = []  # text not saved yet
-        self.reasoning: list = []
+        self.content: list[str] = []  # text not saved yet
+        self.reasoning: list[str] = []
         self.saved_at = 0.0
 
     def add(self, content: str = "", reasoning: str = "") -> None:
@@ -50,7 +50,7 @@ class Draft:
         content, reasoning = "".join(self.content), "".join(self.reasoning)
         if not (content or reasoning):
             return
-        session = self.conv.session
+        session = self.conv.turn_session()
         if self.id is None:
             message = {"role": "assistant", "content": content}
             if reasoning:
@@ -63,9 +63,10 @@ class Draft:
 
     def finish(self, message: dict, meta: dict) -> dict:
         """Save the finished answer (in place of the partial one, if any was written)."""
+        session = self.conv.turn_session()
         if self.id is None:
-            return self.conv.session.add_message(message, self.parent_id, meta)
-        return self.conv.session.replace_message(self.id, message, meta)
+            return session.add_message(message, self.parent_id, meta)
+        return session.replace_message(self.id, message, meta)
 
 
 def tool_call_json(call: ToolCall) -> dict:
@@ -119,11 +120,11 @@ class Turn:
         for round_no in range(MAX_TOOL_ROUNDS + 1):
             finish, entry = await self._stream(parent_id)
             calls = entry["message"].get("tool_calls") if entry else None
-            if (self.aborted or finish.reason != "tool_calls" or not calls
+            if (self.aborted or finish.reason != "tool_calls" or entry is None or not calls
                     or round_no == MAX_TOOL_ROUNDS):
                 return finish
             leaf = await self._run_tools(calls, entry["id"])
-            follow = self.conv.session.branch(leaf)[-(len(calls) + 1):]
+            follow = self.conv.turn_session().branch(leaf)[-(len(calls) + 1):]
             self.body["messages"] = self.body["messages"] + self.conv.model_messages(follow)
             parent_id = leaf
             self.gen = await self.conv.engine.start(self.conv.engine.parse_chat(self.body))
@@ -133,7 +134,10 @@ class Turn:
 
     async def _stream(self, parent_id: str) -> tuple[Finish, dict | None]:
         """One generation: deltas out and saved as they come, then the finished message."""
-        text, reasoning, calls, finish = [], [], [], None
+        text: list[str] = []
+        reasoning: list[str] = []
+        calls: list[dict] = []
+        finish: Finish | None = None
         draft = Draft(self.conv, parent_id)
         async for ev in self.gen.events():
             if isinstance(ev, Content):
@@ -150,9 +154,11 @@ class Turn:
                 self.lane = ev.lane
             elif isinstance(ev, Done):
                 finish = ev.finish
+        if finish is None:  # the engine's contract: Done is the last event of every generation
+            raise RuntimeError("a generation ended without its done event")
         if finish.reason == "error":
             await self.conv.send({"type": "error", "message": finish.error or "generation failed"})
-        message = {"role": "assistant", "content": "".join(text)}
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
         if reasoning:
             message["reasoning_content"] = "".join(reasoning)
         if calls:

@@ -88,8 +88,11 @@ class TurnFrames:
         except APIError:
             turn.abort()
             raise
+        if parent_id is None:  # not reached: a regenerate names its prompt, a prompt was saved
+            turn.abort()
+            raise BadRequest("there is no user message to answer")
         self.turn = turn
-        key = conv.session.path.resolve()
+        key = conv.turn_session().path.resolve()
         conv.task = conv.store.turns[key] = asyncio.create_task(self._run(turn, parent_id, key))
 
     async def _run(self, turn: Turn, parent_id: str, key: Path) -> None:

@@ -25,6 +25,8 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from ... import kvquant
 from ...adapters.manager import NO_ADAPTERS
@@ -34,6 +36,13 @@ from .pace import FixedChunk, PrefillPacer
 from .prefill import PREFILL_TOKENS, make_generator, paced_turn, size_chunk
 from .solo import SoloSlot, deliver
 from .tally import StepTally
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
+    from mlx_lm.generate import BatchGenerator, GenerationBatch
+
+    from ...adapters import AdapterManager
+    from ..admission import Admission
 
 log = logging.getLogger("mlxbun.engine")
 
@@ -52,9 +61,10 @@ class _Row:
 class BatchLane:
     name = "batched"
 
-    def __init__(self, model, cap: int, prefix: PrefixCache | None = None, admission=None,
-                 prefill_tokens: int = PREFILL_TOKENS, adapters=None,
-                 pacer: PrefillPacer | None = None, kv=kvquant.OFF):
+    def __init__(self, model: nn.Module, cap: int, prefix: PrefixCache | None = None,
+                 admission: Admission | None = None, prefill_tokens: int = PREFILL_TOKENS,
+                 adapters: AdapterManager | None = None, pacer: PrefillPacer | None = None,
+                 kv: kvquant.KVScheme = kvquant.OFF) -> None:
         self.kv = kv  # the KV scheme: every forward pass quantizes its cache after it runs
         self.model = kvquant.quantizing(model, kv)
         self.adapters = adapters  # the engine's AdapterManager (None: no LoRA support)
@@ -63,7 +73,7 @@ class BatchLane:
         self.prefix = prefix
         self.admission = admission
         self.prefill_tokens = prefill_tokens  # per prefill chunk while other rows decode
-        self._gen = None  # the BatchGenerator, made on the worker thread at first use
+        self._gen: BatchGenerator | None = None  # made on the worker thread at first use
         self._queue: collections.deque[GenerationJob] = collections.deque()
         self._rows: dict[int, _Row] = {}
         self.steps = StepTally()  # decode steps and the rows they carried (/metrics)
@@ -127,7 +137,7 @@ class BatchLane:
         for r in responses:
             self._route(r)
         if len(self._rows) == 1 and not self._queue:  # the last row goes on alone
-            self._solo.leave(self._gen, self._rows, self._solo_pacer())
+            self._solo.leave(gen, self._rows, self._solo_pacer())
 
     def close(self, error: str = "server shutting down", reason: str = "cancelled") -> None:
         self._solo.close(reason, error)
@@ -168,13 +178,14 @@ class BatchLane:
             self.admission.release(row.job)
         return row
 
-    def _take(self, job: GenerationJob) -> tuple[list | None, int]:
+    def _take(self, job: GenerationJob) -> tuple[list[Any] | None, int]:
         """Admit ``job``: reserve its KV, then ``(cache, n)``, the longest cached prefix
         of its prompt."""
         if self.admission is not None:
             self.admission.reserve(job)
         job.mark_started(self.name)
-        cache, n, t0 = None, 0, time.perf_counter()
+        cache: list[Any] | None = None
+        n, t0 = 0, time.perf_counter()
         if self._uses_prefix(job) and self.prefix is not None:
             cache, n = self.prefix.lookup(job.cache_namespace, job.request.prompt_tokens)
         job.session.phases["cache_lookup_s"] = time.perf_counter() - t0
@@ -187,14 +198,16 @@ class BatchLane:
         self._add_row(job, cache, job.request.prompt_tokens[:n],
                       [rest[:-1], rest[-1:]] if len(rest) > 1 else [rest])
 
-    def _add_row(self, job: GenerationJob, cache, held: list, segments: list) -> None:
+    def _add_row(self, job: GenerationJob, cache: list[Any] | None, held: list[int],
+                 segments: list[list[int]]) -> None:
         """Start a row whose KV ``cache`` holds the tokens ``held``; ``segments`` are fed
         next (a row snapshots its prompt boundary when the last segment is its own)."""
         left = job.limit - job.session.usage.completion_tokens if job.limit else NO_LIMIT
         cache = kvquant.for_batch(cache, self.kv, self.model)
         (uid,) = self._generator().insert_segments(
             [segments], max_tokens=[left], caches=[cache] if cache is not None else None,
-            all_tokens=[held], samplers=[job.request.sampler],
+            all_tokens=[held],
+            samplers=[job.request.sampler],  # type: ignore[list-item]  # mlx-lm: None is greedy
             logits_processors=[job.request.processors])
         snapshot = self._uses_prefix(job) and len(segments) > 1 and not self._rewindable()
         self._rows[uid] = _Row(job, snapshot)
@@ -209,13 +222,13 @@ class BatchLane:
             self._can_trim = trimmable(make_prompt_cache(self.model))
         return self._can_trim
 
-    def _generator(self):
+    def _generator(self) -> BatchGenerator:
         if self._gen is None:
             self._gen = make_generator(self.model, self.cap)
         return self._gen
 
     # -- tokens out ----------------------------------------------------------------
-    def _route(self, r) -> None:
+    def _route(self, r: GenerationBatch.Response) -> None:
         row = self._rows.get(r.uid)
         if row is None:
             return
@@ -243,7 +256,8 @@ class BatchLane:
         """Whether ``job`` starts from, and publishes to, the prefix cache."""
         return job.cache_namespace is not None and self.prefix is not None
 
-    def _publish(self, job: GenerationJob, tokens, cache, boundary: bool = False) -> None:
+    def _publish(self, job: GenerationJob, tokens: Sequence[int] | None,
+                 cache: list[Any] | None, boundary: bool = False) -> None:
         """Store ``job``'s KV ``cache`` of ``tokens`` (``boundary``: a snapshot at the
         prompt's end, for caches that cannot rewind)."""
         if self._uses_prefix(job) and self.prefix is not None and tokens and cache:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, cast
 
 from ..job import GenerationJob
 from ..prompt_cache import trimmable
@@ -26,27 +26,46 @@ from .pace import PrefillPacer
 from .serial import fresh_random_state
 
 if TYPE_CHECKING:
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx_lm.generate import BatchGenerator
+
+    from ..admission import Admission
+    from .batch import _Row
     from .tally import StepTally
 
 log = logging.getLogger("mlxbun.engine")
+
+Pending: TypeAlias = "tuple[mx.array, mx.array]"
+"""A token sampled but not yet fed, as the device holds it: (token array, log-probs)."""
+Moving: TypeAlias = "tuple[GenerationJob, list[Any] | None, list[int], list[list[int]]]"
+"""A lone job joining the batch: ``(job, cache, held, segments)`` (see ``SoloSlot.join``)."""
+
+
+class Publish(Protocol):
+    """The lane's prefix publishing: store ``job``'s KV ``cache`` of ``tokens``."""
+
+    def __call__(self, job: GenerationJob, tokens: Sequence[int] | None,
+                 cache: list[Any] | None, boundary: bool = False) -> None: ...
 
 
 class Solo:
     """One lone job's decode: its KV ``cache``, the tokens ``fed`` into it, and the
     token sampled but not yet fed."""
 
-    def __init__(self, model, job: GenerationJob, cache: list, cached: int, pacer: PrefillPacer):
+    def __init__(self, model: nn.Module, job: GenerationJob, cache: list[Any], cached: int,
+                 pacer: PrefillPacer) -> None:
         self.model, self.job, self.cache = model, job, cache
         self.prompt = job.request.prompt_tokens
         self.fed = list(self.prompt[:cached])  # tokens whose forward pass was issued, in order
         self.pacer = pacer  # prompt tokens per prefill chunk
-        self._next = None  # (token, logprobs) being computed: sampled, not yet fed
-        self._context = None  # what the logits processors see: every token fed so far
+        self._next: Pending | None = None  # (token, logprobs) being computed: sampled, not fed
+        self._context: mx.array | None = None  # what the logits processors see: all fed tokens
         self._count = 0
 
     @classmethod
-    def resume(cls, model, job: GenerationJob, cache: list, fed: list, pending,
-               pacer: PrefillPacer):
+    def resume(cls, model: nn.Module, job: GenerationJob, cache: list[Any], fed: list[int],
+               pending: Pending, pacer: PrefillPacer) -> Solo:
         """A job leaving the batch: ``cache`` holds ``fed``; ``pending`` is the
         ``(token array, logprobs)`` sampled from it and not yet fed."""
         solo = cls(model, job, cache, 0, pacer)
@@ -57,12 +76,12 @@ class Solo:
     def prefilling(self) -> bool:
         return self._next is None and len(self.fed) < len(self.prompt) - 1
 
-    def boundary(self) -> list | None:
+    def boundary(self) -> list[Any] | None:
         """A copy of the KV at the prompt boundary when the cache cannot rewind (to be
         published for the next turn); None when it can."""
         return None if trimmable(self.cache) else copy.deepcopy(self.cache)
 
-    def step(self):
+    def step(self) -> tuple[int, mx.array] | None:
         """One prefill chunk (returns None) or one token: ``(token, logprobs)``."""
         import mlx.core as mx
         from mlx_lm.generate import generation_stream
@@ -84,14 +103,14 @@ class Solo:
             y, logprobs = self._next
             self._next = self._forward(y)  # queued before we wait on y: the device never idles
             mx.async_eval(*self._next)
-            token = y.item()
+            token = cast(int, y.item())  # a token id
         self.fed.append(token)
         self._count += 1
         if self._count % 256 == 0:
             mx.clear_cache()
         return token, logprobs
 
-    def handoff(self):
+    def handoff(self) -> tuple[tuple[int, mx.array] | None, list[list[int]]]:
         """``(pending, segments)`` for the batch: the sampled but unfed ``(token,
         logprobs)`` (None while the prompt is still being read) and the prompt
         segments still to feed (none once decoding)."""
@@ -102,9 +121,9 @@ class Solo:
             return None, ([rest[:-1], rest[-1:]] if len(rest) > 1 else [rest])
         y, logprobs = self._next
         mx.eval(y, logprobs)
-        return (y.item(), logprobs), []
+        return (cast(int, y.item()), logprobs), []
 
-    def _forward(self, y):
+    def _forward(self, y: mx.array) -> Pending:
         """Feed ``y`` (shape (1,)); the sampled next token and its log-probabilities."""
         import mlx.core as mx
 
@@ -118,17 +137,18 @@ class Solo:
             for processor in req.processors:
                 logits = processor(self._context, logits)
         logprobs = logits - mx.logsumexp(logits, keepdims=True)
+        assert req.sampler is not None  # prepare builds it before any lane runs the job
         return req.sampler(logprobs), logprobs.squeeze(0)
 
 
-def deliver(job: GenerationJob, token: int, logprobs) -> None:
+def deliver(job: GenerationJob, token: int, logprobs: mx.array) -> None:
     """Hand ``job`` one token; the first one closes its prefill phase."""
     if job.session.t_first is None and job.started is not None:
         job.session.phases["prefill_s"] = time.perf_counter() - job.started
     job.deliver(token, logprobs)
 
 
-def last_row(gen) -> tuple[int, tuple] | None:
+def last_row(gen: BatchGenerator) -> tuple[int, Pending] | None:
     """``(uid, pending)`` when a BatchGenerator holds one row, decoding, whose next token
     is already sampled (``pending``: the token array and its logprobs, not yet fed);
     None otherwise, and None on an mlx-lm whose internals differ (the row stays batched)."""
@@ -150,8 +170,8 @@ class SoloSlot:
     boundary=False)`` and ``publishes(job)`` are the lane's prefix publishing; ``steps``
     counts its decode steps with the lane's (/metrics)."""
 
-    def __init__(self, model, admission, publish: Callable, publishes: Callable,
-                 steps: StepTally):
+    def __init__(self, model: nn.Module, admission: Admission | None, publish: Publish,
+                 publishes: Callable[[GenerationJob], bool], steps: StepTally) -> None:
         self.model, self.admission = model, admission
         self.publish, self.publishes = publish, publishes
         self.steps = steps
@@ -161,7 +181,8 @@ class SoloSlot:
     def job(self) -> GenerationJob | None:
         return None if self.solo is None else self.solo.job
 
-    def start(self, job: GenerationJob, cache, cached: int, pacer: PrefillPacer) -> None:
+    def start(self, job: GenerationJob, cache: list[Any] | None, cached: int,
+              pacer: PrefillPacer) -> None:
         """Run ``job`` alone; ``cache`` holds its first ``cached`` prompt tokens (None:
         nothing cached, a fresh cache)."""
         if cache is None:
@@ -194,7 +215,7 @@ class SoloSlot:
         if job.finished:
             self.publish(self.end(), solo.fed, solo.cache)
 
-    def join(self) -> tuple | None:
+    def join(self) -> Moving | None:
         """Hand the lone job to the batch: ``(job, cache, held, segments)`` for the row
         that goes on from here (``cache`` holds ``held``; ``segments`` are fed next), or
         None when the token it had already sampled ended it."""
@@ -212,7 +233,7 @@ class SoloSlot:
         self.solo = None  # the row keeps the admission reservation
         return job, solo.cache if solo.fed else None, solo.fed, segments
 
-    def leave(self, gen, rows: dict, pacer: PrefillPacer) -> None:
+    def leave(self, gen: BatchGenerator, rows: dict[int, _Row], pacer: PrefillPacer) -> None:
         """The batch's last decoding row (``rows``: uid -> row with a ``job``) goes on
         alone, with the token the batch already sampled for it."""
         last = last_row(gen)
