@@ -1,0 +1,165 @@
+"""Per-row LoRA: rows of one batch run different adapter sets (the S-LoRA / punica way).
+
+Every LoRA'd linear keeps its base matmul for the whole batch and adds each row's
+low-rank delta by gathering that row's factors. The adapters in use are stacked per
+layer into ``a (S, in, r)`` and ``b (S, r, out)``: slot 0 is all zeros ("no adapter"),
+ranks are padded to the layer's largest with zeros, and an adapter that does not touch
+a layer holds zeros there. A forward pass routes its rows with one ``(rows,)`` slot
+array per stacked position (a request may stack ``a+b``): ``gather_mm(gather_mm(x, a,
+idx), b, idx)`` times the slot's scale, added in the order the request named its
+adapters. Per row that is mlx-lm's ``LoRALinear`` arithmetic (zero padding adds exact
+zeros), so a row's greedy output equals the same request run alone.
+
+Expert (switch) layers route tokens after sorting them by expert, which loses the row;
+sets with expert LoRA layers therefore never mix (they keep one set per batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+if TYPE_CHECKING:
+    from .manager import AdapterSet, Mounted
+
+
+class RowRoute:
+    """The routing of the next forward pass, shared by every row-LoRA layer: per stacked
+    position, the rows' slot array and, per distinct scale vector, the rows' scales
+    shaped ``(rows, 1, 1)``."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.columns: list[tuple[mx.array, list[mx.array]]] = []
+
+
+class LoRARowsLinear(nn.Module):
+    """A ``Linear`` / ``QuantizedLinear`` plus each row's gathered LoRA delta."""
+
+    def __init__(self, linear: nn.Module, a: mx.array, b: mx.array, vector: int,
+                 route: RowRoute):
+        super().__init__()
+        self.linear = linear
+        self.stack = (a, b)  # (S, in, r), (S, r, out)
+        self.vector = vector  # which of the route's scale vectors this layer uses
+        self.route = route
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = self.linear(x)
+        a, b = self.stack
+        rows = x if x.ndim == 3 else x.reshape(self.route.rows, -1, x.shape[-1])
+        for idx, scales in self.route.columns:
+            z = mx.gather_mm(mx.gather_mm(rows, a, rhs_indices=idx), b, rhs_indices=idx)
+            scale = scales[self.vector]
+            if scale.dtype != z.dtype:  # mlx-lm multiplies by a weak Python float
+                scale = scale.astype(z.dtype)
+            z = scale * z
+            y = y + (z if x.ndim == 3 else z.reshape(*x.shape[:-1], -1)).astype(x.dtype)
+        return y
+
+
+def mixable(adapter: Mounted) -> bool:
+    """Whether ``adapter`` can run per row (every layer a plain linear, no experts)."""
+    return all(a.ndim == 2 for a, _, _ in adapter.parts.values())
+
+
+class Roster:
+    """The adapters stacked for per-row routing: one slot each (slot 0: none), the
+    stacked factors per layer path, and the distinct per-slot scale vectors."""
+
+    def __init__(self, adapters: Sequence[Mounted]):
+        self.adapters = tuple(adapters)
+        self.slot = {a: i + 1 for i, a in enumerate(self.adapters)}
+        vectors: dict[tuple[float, ...], int] = {}
+        self.layers: dict[str, tuple[mx.array, mx.array, int]] = {}
+        for path in sorted({p for a in self.adapters for p in a.parts}):
+            a, b, scales = _stack(path, self.adapters)
+            self.layers[path] = (a, b, vectors.setdefault(scales, len(vectors)))
+        self.vectors = [mx.array(v, dtype=mx.float32) for v in vectors]
+        mx.eval([t for a, b, _ in self.layers.values() for t in (a, b)], self.vectors)
+        self.nbytes = sum(a.nbytes + b.nbytes for a, b, _ in self.layers.values())
+
+    def covers(self, adapters: set) -> bool:
+        return adapters <= self.slot.keys()
+
+    def modules(self, base_module: Callable[[str], Any], route: RowRoute) -> dict:
+        """Fresh row-LoRA wrappers over the plain layers, by path."""
+        return {path: LoRARowsLinear(base_module(path), a, b, vec, route)
+                for path, (a, b, vec) in self.layers.items()}
+
+    def fill(self, route: RowRoute, sets: Sequence[AdapterSet]) -> None:
+        """Point ``route`` at ``sets`` (one per row, in the pass's row order)."""
+        depth = max(len(s.adapters) for s in sets)
+        route.rows = len(sets)
+        route.columns = []
+        for j in range(depth):
+            slots = [self.slot[s.adapters[j]] if j < len(s.adapters) else 0 for s in sets]
+            idx = mx.array(slots, dtype=mx.uint32)
+            scales = [mx.take(v, idx).reshape(-1, 1, 1) for v in self.vectors]
+            route.columns.append((idx, scales))
+        mx.eval([t for idx, scales in route.columns for t in (idx, *scales)])
+
+
+def _stack(path: str, adapters: Sequence[Mounted]) -> tuple[mx.array, mx.array,
+                                                             tuple[float, ...]]:
+    """One layer's ``(a (S, in, r), b (S, r, out), per-slot scales)``."""
+    pieces = [m.parts.get(path) for m in adapters]
+    present = [p for p in pieces if p is not None]
+    rank = max(p[0].shape[1] for p in present)
+    in_dims, out_dims = present[0][0].shape[0], present[0][1].shape[1]
+    dtypes = {t.dtype for a, b, _ in present for t in (a, b)}
+    dtype = dtypes.pop() if len(dtypes) == 1 else mx.float32  # mixed dtypes: the widest
+    a_slots, b_slots = [mx.zeros((in_dims, rank), dtype)], [mx.zeros((rank, out_dims), dtype)]
+    scales = [0.0]
+    for piece in pieces:
+        if piece is None:
+            a_slots.append(a_slots[0])
+            b_slots.append(b_slots[0])
+            scales.append(0.0)
+            continue
+        a, b, scale = piece
+        pad = rank - a.shape[1]
+        if pad:
+            a = mx.concatenate([a, mx.zeros((in_dims, pad), a.dtype)], axis=1)
+            b = mx.concatenate([b, mx.zeros((pad, out_dims), b.dtype)], axis=0)
+        a_slots.append(a.astype(dtype))
+        b_slots.append(b.astype(dtype))
+        scales.append(float(scale))
+    return mx.stack(a_slots), mx.stack(b_slots), tuple(scales)
+
+
+# -- which rows a BatchGenerator forward pass carries ----------------------------------
+
+def attach(gen: Any, route: Callable[[list[int]], None]) -> None:
+    """Make mlx-lm's ``BatchGenerator`` call ``route(uids)`` before each forward pass,
+    with the uids of the rows that pass carries, in their order. Its passes run in
+    three places: the decode step of the generation batch, a prefill chunk of the
+    prompt batch, and the first decode step of rows leaving the prompt batch (a batch
+    split off and turned into a generation batch). Instance attributes wrap each; both
+    batches live as long as the generator. (The lane reads these internals elsewhere
+    too: an mlx-lm that renamed them fails loudly here rather than mixing rows wrong.)"""
+    decode, prompt = gen._generation_batch, gen._prompt_batch
+    _before(decode, "_step", route)
+    _before(prompt, "prompt", route)
+    split = prompt.split
+
+    def routed_split(indices: list[int]) -> Any:
+        part = split(indices)
+        _before(part, "generate", route)
+        return part
+
+    prompt.split = routed_split
+
+
+def _before(batch: Any, method: str, route: Callable[[list[int]], None]) -> None:
+    original = getattr(batch, method)
+
+    def routed(*args: Any, **kw: Any) -> Any:
+        if batch.uids:
+            route(batch.uids)
+        return original(*args, **kw)
+
+    setattr(batch, method, routed)
