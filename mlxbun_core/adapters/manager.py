@@ -318,21 +318,25 @@ class AdapterManager:
             self._count(1, "one_set" if key else "base")
             return self.activate(sets[0])
         keys = tuple(s.key for s in sets)
+        if keys != self._routed or self._active_key != self._roster_key or self._roster_stale:
+            self._mix(sets, keys, live)
+        self._count(self._sets_last, "mixed")
+
+    def _mix(self, sets: Sequence[AdapterSet], keys: tuple,
+             live: Callable[[], Iterable[AdapterSet]]) -> None:
+        """Install the per-row wrappers (restacking when an adapter is missing or gone)
+        and route them by ``sets``."""
         need = {a for s in sets for a in s.adapters}
         roster = self._roster
-        if roster is None or self._roster_stale or not roster.covers(need):
+        if roster is None or not roster.covers(need) or self._orphaned(roster, live):
             roster = self._restack(need, live)
+        assert self._route is not None  # made with the roster
         if self._active_key != self._roster_key:
-            assert self._route is not None  # made with the roster
             self._install(roster.modules(self._base_module, self._route))
             self._active, self._active_key = NO_ADAPTERS, self._roster_key
-            self._routed = ()
-        if keys != self._routed:
-            assert self._route is not None
-            roster.fill(self._route, sets)
-            self._routed = keys
-            self._sets_last = len(set(keys))
-        self._count(self._sets_last, "mixed")
+        roster.fill(self._route, sets, keys)
+        self._routed = keys
+        self._sets_last = len(set(keys))
 
     def attach(self, gen: Any, sets_of: Callable[[list[int] | None], list]) -> None:
         """Route every forward pass of the batch lane's ``BatchGenerator`` by its rows'
@@ -348,6 +352,16 @@ class AdapterManager:
         self._sets_max = max(self._sets_max, sets)
         self._sets_sum += sets
 
+    def _orphaned(self, roster: Roster, live: Callable[[], Iterable[AdapterSet]]) -> bool:
+        """Whether ``roster`` stacks an adapter that is neither mounted nor used by a row
+        (checked only after an unmount or a replacement: ``_roster_stale``)."""
+        if not self._roster_stale:
+            return False
+        mounted = set(self._mounted.values())
+        orphans = {a for a in roster.adapters if a not in mounted}
+        self._roster_stale = bool(orphans)  # rows still running an unmounted adapter
+        return bool(orphans - {a for aset in live() for a in aset.adapters})
+
     def _restack(self, need: set, live: Callable[[], Iterable[AdapterSet]]) -> Roster:
         """A fresh roster: what this pass needs, what the lane's rows use, and what the
         old roster held that is still mounted."""
@@ -361,7 +375,7 @@ class AdapterManager:
             keep.update(a for a in self._roster.adapters if a in mounted)
         self._roster = None  # let the old stacks go before the new ones are made
         roster = Roster(sorted((a for a in keep if a.mixable), key=lambda a: a.serial))
-        self._roster, self._roster_stale = roster, False
+        self._roster, self._roster_stale = roster, not keep <= mounted
         self._roster_key = f"\0rows#{next(_serials)}"  # never a set's key
         self._route = RowRoute()
         self._report_bytes()

@@ -81,26 +81,33 @@ class Roster:
         self.vectors = [mx.array(v, dtype=mx.float32) for v in vectors]
         mx.eval([t for a, b, _ in self.layers.values() for t in (a, b)], self.vectors)
         self.nbytes = sum(a.nbytes + b.nbytes for a, b, _ in self.layers.values())
+        self._modules: dict | None = None
+        self._fills: dict[tuple, tuple[int, list]] = {}  # recent routings, by row set keys
 
     def covers(self, adapters: set) -> bool:
         return adapters <= self.slot.keys()
 
     def modules(self, base_module: Callable[[str], Any], route: RowRoute) -> dict:
-        """Fresh row-LoRA wrappers over the plain layers, by path."""
-        return {path: LoRARowsLinear(base_module(path), a, b, vec, route)
-                for path, (a, b, vec) in self.layers.items()}
+        """The row-LoRA wrappers over the plain layers, by path (made once)."""
+        if self._modules is None:
+            self._modules = {path: LoRARowsLinear(base_module(path), a, b, vec, route)
+                             for path, (a, b, vec) in self.layers.items()}
+        return self._modules
 
-    def fill(self, route: RowRoute, sets: Sequence[AdapterSet]) -> None:
-        """Point ``route`` at ``sets`` (one per row, in the pass's row order)."""
-        depth = max(len(s.adapters) for s in sets)
-        route.rows = len(sets)
-        route.columns = []
-        for j in range(depth):
-            slots = [self.slot[s.adapters[j]] if j < len(s.adapters) else 0 for s in sets]
-            idx = mx.array(slots, dtype=mx.uint32)
-            scales = [mx.take(v, idx).reshape(-1, 1, 1) for v in self.vectors]
-            route.columns.append((idx, scales))
-        mx.eval([t for idx, scales in route.columns for t in (idx, *scales)])
+    def fill(self, route: RowRoute, sets: Sequence[AdapterSet], keys: tuple) -> None:
+        """Point ``route`` at ``sets`` (one per row, in the pass's row order; ``keys``
+        their keys). Nothing is evaluated here: the arrays join the pass's graph."""
+        got = self._fills.get(keys)
+        if got is None:
+            columns = []
+            for j in range(max(len(s.adapters) for s in sets)):
+                slots = [self.slot[s.adapters[j]] if j < len(s.adapters) else 0 for s in sets]
+                idx = mx.array(slots, dtype=mx.uint32)
+                columns.append((idx, [mx.take(v, idx).reshape(-1, 1, 1) for v in self.vectors]))
+            if len(self._fills) >= 8:  # a prefill pass and a decode pass alternate: keep a few
+                self._fills.pop(next(iter(self._fills)))
+            got = self._fills[keys] = (len(sets), columns)
+        route.rows, route.columns = got
 
 
 def _stack(path: str, adapters: Sequence[Mounted]) -> tuple[mx.array, mx.array,
