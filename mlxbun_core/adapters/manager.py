@@ -32,9 +32,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import fspaths
 from ..errors import BadRequest, NotFound
@@ -386,10 +384,12 @@ class AdapterManager:
     def _install(self, modules: dict) -> None:
         """Put ``modules`` (path -> wrapper) in the model; every other wrapped path gets
         its plain layer back."""
+        from .layers import set_module
+
         for path in self._wrapped - modules.keys():
-            _set_module(self.model, path, self._base[path])
+            set_module(self.model, path, self._base[path])
         for path, module in modules.items():
-            _set_module(self.model, path, module)
+            set_module(self.model, path, module)
         self._wrapped = set(modules)
 
     def _report_bytes(self) -> None:
@@ -400,42 +400,13 @@ class AdapterManager:
         """The plain layer at ``path`` (never one of our wrappers)."""
         if path in self._base:
             return self._base[path]
-        from .layers import WRAPPERS
+        from .layers import WRAPPERS, get_module
         from .rows import LoRARowsLinear
 
-        module = _get_module(self.model, path)
+        module = get_module(self.model, path)
         if isinstance(module, (*WRAPPERS, LoRARowsLinear)):
             module = module.linear
         if module is not None:
             self._base[path] = module
         return module
 
-
-def _walk(root, path: str):
-    obj = root
-    for name in path.split(".") if path else ():
-        if isinstance(obj, (list, tuple)):
-            if not name.isdigit() or int(name) >= len(obj):
-                return None
-            obj = obj[int(name)]
-        elif isinstance(obj, dict) and name in obj:
-            obj = obj[name]
-        else:
-            return None
-    return obj
-
-
-def _get_module(root, path: str):
-    import mlx.nn as nn
-
-    obj = _walk(root, path)
-    return obj if isinstance(obj, nn.Module) else None
-
-
-def _set_module(root, path: str, module) -> None:
-    parent_path, _, name = path.rpartition(".")
-    parent = _walk(root, parent_path)
-    if isinstance(parent, list):
-        parent[int(name)] = module
-    else:
-        parent[name] = module

@@ -29,6 +29,7 @@ import logging
 import time
 
 from ... import kvquant
+from ...adapters.manager import AdapterSet
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
 from .pace import FixedChunk, PrefillPacer
@@ -109,9 +110,10 @@ class BatchLane:
         self._admit()
         if not self._rows and not self.alone:
             return
-        if self.alone:
+        lone = self._solo.job
+        if lone is not None:
             if self.adapters is not None:  # the serial lane may have run another set meanwhile
-                self.adapters.activate(self._solo.job.adapters)
+                self.adapters.activate(lone.adapters)
             return self._solo.step()
         try:
             gen = self._generator()
@@ -221,7 +223,7 @@ class BatchLane:
                 self.adapters.attach(self._gen, self._rows_sets)
         return self._gen
 
-    def _rows_sets(self, uids: list[int] | None = None) -> list:
+    def _rows_sets(self, uids: list[int] | None = None) -> list[AdapterSet]:
         """The adapter sets of the rows ``uids`` (None: every row), for routing a pass."""
         rows = self._rows
         if uids is None:
