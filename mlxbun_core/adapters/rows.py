@@ -2,13 +2,18 @@
 
 Every LoRA'd linear keeps its base matmul for the whole batch and adds each row's
 low-rank delta by gathering that row's factors. The adapters in use are stacked per
-layer into ``a (S, in, r)`` and ``b (S, r, out)``: slot 0 is all zeros ("no adapter"),
-ranks are padded to the layer's largest with zeros, and an adapter that does not touch
-a layer holds zeros there. A forward pass routes its rows with one ``(rows,)`` slot
-array per stacked position (a request may stack ``a+b``): ``gather_mm(gather_mm(x, a,
-idx), b, idx)`` times the slot's scale, added in the order the request named its
-adapters. Per row that is mlx-lm's ``LoRALinear`` arithmetic (zero padding adds exact
-zeros), so a row's greedy output equals the same request run alone.
+layer, output-major like a weight, into ``a (S, r, in)`` and ``b (S, out, r)``: slot 0 is
+all zeros ("no adapter"), ranks are padded to the layer's largest with zeros, and an
+adapter that does not touch a layer holds zeros there. A forward pass routes its rows
+with one ``(rows,)`` slot array per stacked position (a request may stack ``a+b``):
+the row's ``(x @ a) @ b`` times the slot's scale, added in the order the request named
+its adapters. Per row that is mlx-lm's ``LoRALinear`` arithmetic (zero padding adds
+exact zeros), so a row's greedy output equals the same request run alone.
+
+How the rows' factors are read: a decode pass (one token a row) uses ``mx.gather_mm``
+on the transposed stacks, the call mlx-lm's expert layers make (a gathered mat-vec on
+CUDA, whose ``gather_mm`` supports only that shape); a prefill chunk takes the rows'
+factors (``mx.take``, rows x r x in, small) and runs one batched matmul.
 
 Expert (switch) layers route tokens after sorting them by expert, which loses the row;
 sets with expert LoRA layers therefore never mix (they keep one set per batch).
@@ -43,7 +48,7 @@ class LoRARowsLinear(nn.Module):
                  route: RowRoute):
         super().__init__()
         self.linear = linear
-        self.stack = (a, b)  # (S, in, r), (S, r, out)
+        self.stack = (a, b)  # (S, r, in), (S, out, r)
         self.vector = vector  # which of the route's scale vectors this layer uses
         self.route = route
 
@@ -52,7 +57,12 @@ class LoRARowsLinear(nn.Module):
         a, b = self.stack
         rows = x if x.ndim == 3 else x.reshape(self.route.rows, -1, x.shape[-1])
         for idx, scales in self.route.columns:
-            z = mx.gather_mm(mx.gather_mm(rows, a, rhs_indices=idx), b, rhs_indices=idx)
+            if rows.shape[1] == 1:  # decode: gathered mat-vecs
+                z = mx.gather_mm(rows, a.swapaxes(-1, -2), rhs_indices=idx)
+                z = mx.gather_mm(z, b.swapaxes(-1, -2), rhs_indices=idx)
+            else:  # prefill: the rows' own factors, one batched matmul each
+                z = rows @ mx.take(a, idx, axis=0).swapaxes(-1, -2)
+                z = z @ mx.take(b, idx, axis=0).swapaxes(-1, -2)
             scale = scales[self.vector]
             if scale.dtype != z.dtype:  # mlx-lm multiplies by a weak Python float
                 scale = scale.astype(z.dtype)
@@ -112,14 +122,14 @@ class Roster:
 
 def _stack(path: str, adapters: Sequence[Mounted]) -> tuple[mx.array, mx.array,
                                                              tuple[float, ...]]:
-    """One layer's ``(a (S, in, r), b (S, r, out), per-slot scales)``."""
+    """One layer's ``(a (S, r, in), b (S, out, r), per-slot scales)``."""
     pieces = [m.parts.get(path) for m in adapters]
     present = [p for p in pieces if p is not None]
     rank = max(p[0].shape[1] for p in present)
     in_dims, out_dims = present[0][0].shape[0], present[0][1].shape[1]
     dtypes = {t.dtype for a, b, _ in present for t in (a, b)}
     dtype = dtypes.pop() if len(dtypes) == 1 else mx.float32  # mixed dtypes: the widest
-    a_slots, b_slots = [mx.zeros((in_dims, rank), dtype)], [mx.zeros((rank, out_dims), dtype)]
+    a_slots, b_slots = [mx.zeros((rank, in_dims), dtype)], [mx.zeros((out_dims, rank), dtype)]
     scales = [0.0]
     for piece in pieces:
         if piece is None:
@@ -128,10 +138,11 @@ def _stack(path: str, adapters: Sequence[Mounted]) -> tuple[mx.array, mx.array,
             scales.append(0.0)
             continue
         a, b, scale = piece
-        pad = rank - a.shape[1]
+        a, b = a.T, b.T  # (r, in), (out, r)
+        pad = rank - a.shape[0]
         if pad:
-            a = mx.concatenate([a, mx.zeros((in_dims, pad), a.dtype)], axis=1)
-            b = mx.concatenate([b, mx.zeros((pad, out_dims), b.dtype)], axis=0)
+            a = mx.concatenate([a, mx.zeros((pad, in_dims), a.dtype)], axis=0)
+            b = mx.concatenate([b, mx.zeros((out_dims, pad), b.dtype)], axis=1)
         a_slots.append(a.astype(dtype))
         b_slots.append(b.astype(dtype))
         scales.append(float(scale))
