@@ -104,6 +104,39 @@ async def run_arm(engine, bodies_by_client: list) -> tuple[float, int, list]:
     return wall, sum(n for n, _ in flat), [ids for _, ids in flat]
 
 
+def step_costs(engine, n_rows: int, rounds: int, steps: int = 32) -> dict:
+    """ms per decode step of the bare model at ``n_rows`` rows (no lanes, no sampling):
+    the base model, every row on one adapter, every row on its own adapter; arms
+    alternate step block by step block. Runs on the worker thread (the model's)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxbun_core.adapters.manager import NO_ADAPTERS
+
+    manager = engine.adapters
+    mounted = list(manager.mounted.values())
+    arms = {"base": [NO_ADAPTERS] * n_rows,
+            "one": [manager.resolve(mounted[0].id)] * n_rows,
+            "mixed": [manager.resolve(mounted[i % len(mounted)].id) for i in range(n_rows)]}
+    model = engine.model.model
+    times: dict = {name: [] for name in arms}
+    for rnd in range(rounds + 1):
+        for name in (list(arms) if rnd % 2 == 0 else list(arms)[::-1]):
+            manager.route(arms[name])
+            cache = make_prompt_cache(model)
+            tokens = mx.array([[7 + i] * 16 for i in range(n_rows)])
+            mx.eval(model(tokens, cache=cache))
+            y = tokens[:, -1:]
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                y = mx.argmax(model(y, cache=cache)[:, -1:, :], axis=-1)
+                mx.eval(y)
+            if rnd:
+                times[name].append(1e3 * (time.perf_counter() - t0) / steps)
+    manager.activate(NO_ADAPTERS)
+    return {name: round(statistics.median(v), 3) for name, v in times.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="a checkpoint (default: a random one)")
@@ -118,6 +151,8 @@ def main() -> None:
     ap.add_argument("--targets", default="q_proj,k_proj,v_proj,o_proj")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--step-rounds", type=int, default=7,
+                    help="rounds of the bare decode-step timing (0: skip it)")
     args = ap.parse_args()
 
     from mlxbun_core.engine.core import Engine
@@ -163,6 +198,8 @@ def main() -> None:
                   flush=True)
     stats = engine.adapters.stats()
     same = tokens["mixed"] == tokens["serialized"]
+    steps = engine.worker.run_sync(lambda: step_costs(engine, args.clients, args.step_rounds)) \
+        if args.step_rounds else {}
     med = {name: statistics.median(v) for name, v in results.items()}
     ratios = {f"mixed/{other}": statistics.median(
         m / o for m, o in zip(results["mixed"], results[other]))
@@ -170,12 +207,12 @@ def main() -> None:
     print(json.dumps({"median_tok_s": {k: round(v, 1) for k, v in med.items()},
                       "ratios": {k: round(v, 3) for k, v in ratios.items()},
                       "mixed_tokens_equal_serialized": same,
-                      "adapter_stats": stats}, indent=2))
+                      "decode_step_ms": steps, "adapter_stats": stats}, indent=2))
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"args": vars(args), "tok_s": results, "median_tok_s": med,
                        "ratios": ratios, "mixed_tokens_equal_serialized": same,
-                       "adapter_stats": stats}, f, indent=2)
+                       "decode_step_ms": steps, "adapter_stats": stats}, f, indent=2)
     engine.worker.close()
     if not same:
         sys.exit("mixed and serialized arms produced different greedy tokens")
