@@ -55,7 +55,8 @@ class LoRARowsLinear(nn.Module):
     def __call__(self, x: mx.array) -> mx.array:
         y = self.linear(x)
         a, b = self.stack
-        rows = x if x.ndim == 3 else x.reshape(self.route.rows, -1, x.shape[-1])
+        n = self.route.rows  # the pass's rows lead x, whatever the model did with the rest
+        rows = x if x.ndim == 3 and x.shape[0] == n else x.reshape(n, -1, x.shape[-1])
         for idx, scales in self.route.columns:
             if rows.shape[1] == 1:  # decode: gathered mat-vecs
                 z = mx.gather_mm(rows, a.swapaxes(-1, -2), rhs_indices=idx)
@@ -67,13 +68,8 @@ class LoRARowsLinear(nn.Module):
             if scale.dtype != z.dtype:  # mlx-lm multiplies by a weak Python float
                 scale = scale.astype(z.dtype)
             z = scale * z
-            y = y + (z if x.ndim == 3 else z.reshape(*x.shape[:-1], -1)).astype(x.dtype)
+            y = y + (z if rows is x else z.reshape(*x.shape[:-1], -1)).astype(x.dtype)
         return y
-
-
-def mixable(adapter: Mounted) -> bool:
-    """Whether ``adapter`` can run per row (every layer a plain linear, no experts)."""
-    return all(a.ndim == 2 for a, _, _ in adapter.parts.values())
 
 
 class Roster:
