@@ -116,6 +116,7 @@ def test_stacks_are_counted_in_admission_and_stats(server, made):
     from mlxbun_core.engine.job import EventSink, GenerationJob
 
     engine = server.engine
+    drive_lane(engine, [greedy(p, 2, adapter=s) for p, s in zip(PROMPTS, "abc")], [0, 0, 0])
     stats = httpx.get(server.base_url + "/stats").json()
     adapters = stats["batch"]["adapters"]
     factors: dict = {}  # module -> {"lora_a": [...], "lora_b": [...]} over a, b, c
