@@ -103,6 +103,9 @@ def add_process_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--adapter", "--adapter-path", dest="adapter", default=None, metavar="DIR",
                    help="mount a LoRA adapter (mlx-lm or PEFT directory) at start-up and use it "
                         "for requests that name none (id: the directory name)")
+    s.add_argument("--adapter-mixing", choices=("on", "off"), default=None,
+                   help="rows of different LoRA adapters share one batch (default on; env "
+                        "MLXBUN_ADAPTER_MIXING); off runs one adapter set per batch")
     s.add_argument("--grammar-backend", default=None,
                    help="structured-output backend: llguidance (default) or xgrammar "
                         "(pip install 'mlxbun[xgrammar]')")

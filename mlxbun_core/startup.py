@@ -136,6 +136,8 @@ def cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         engine = load_engine(args, ssd)
     except StartFailed as exc:
         return exc.status
+    if getattr(args, "adapter_mixing", None) is not None:
+        engine.adapters.mixing = args.adapter_mixing == "on"
     if args.adapter and not mount_startup_adapter(engine, args.adapter):
         os._exit(2)  # no interpreter teardown under the live MLX worker thread
     serve_forever(args, engine, sock)

@@ -71,3 +71,33 @@ def expected_shapes(module: nn.Module, rank: int):
 def rank_of(a) -> int:
     """The LoRA rank from the ``a`` factor (Linear ``(in, r)``, Switch ``(E, r, in)``)."""
     return a.shape[-1] if a.ndim == 2 else a.shape[-2]
+
+
+def _walk(root, path: str):
+    obj = root
+    for name in path.split(".") if path else ():
+        if isinstance(obj, (list, tuple)):
+            if not name.isdigit() or int(name) >= len(obj):
+                return None
+            obj = obj[int(name)]
+        elif isinstance(obj, dict) and name in obj:
+            obj = obj[name]
+        else:
+            return None
+    return obj
+
+
+def get_module(root, path: str):
+    """The module at a dotted ``path`` (``model.layers.3.self_attn.q_proj``), or None."""
+    obj = _walk(root, path)
+    return obj if isinstance(obj, nn.Module) else None
+
+
+def set_module(root, path: str, module) -> None:
+    """Put ``module`` at ``path`` (mlx-lm's model code stays as it is: only its tree)."""
+    parent_path, _, name = path.rpartition(".")
+    parent = _walk(root, parent_path)
+    if isinstance(parent, list):
+        parent[int(name)] = module
+    else:
+        parent[name] = module

@@ -60,6 +60,7 @@ class Admission:
                         - fit.transient_bytes(model.config, chunk))
         self._lock = threading.Lock()
         self.reserved_bytes = 0
+        self.adapter_bytes = 0  # LoRA factors held (mounted and stacked per row): set_adapter_bytes
         self.waits = 0  # times a row had to wait for memory
 
     def limit(self, prompt_tokens: int, max_tokens: int | None) -> int:
@@ -78,10 +79,14 @@ class Admission:
 
     def fits(self, job: GenerationJob) -> bool:
         """Whether ``job`` fits beside every row already reserved."""
-        ok = self.reserved_bytes + self.row_bytes(job) <= self.kv_room
+        ok = self.reserved_bytes + self.adapter_bytes + self.row_bytes(job) <= self.kv_room
         if not ok:
             self.waits += 1
         return ok
+
+    def set_adapter_bytes(self, n: int) -> None:
+        """What the adapters hold now: rows admitted later fit beside it."""
+        self.adapter_bytes = n
 
     def reserve(self, job: GenerationJob) -> None:
         with self._lock:
@@ -100,6 +105,7 @@ class Admission:
                 "max_safe_context": self.max_safe_context,
                 "enforced_context_tokens": self.enforced_context,
                 "kv_room_bytes": self.kv_room, "reserved_kv_bytes": self.reserved_bytes,
+                "adapter_bytes": self.adapter_bytes,
                 "memory_waits": self.waits}
 
 

@@ -116,7 +116,8 @@ class Engine:
                              "--batch" if batch else "auto")
         plan_rows = self.batch_plan.rows if self.batch_plan is not None else 1
         self.batch = 1 if draft is not None else max(1, batch or plan_rows)
-        self.adapters = AdapterManager(model, call=self.worker.call)
+        self.adapters = AdapterManager(model, call=self.worker.call,
+                                       on_bytes=self.admission.set_adapter_bytes)
         self.pacer = PrefillPacer()  # prompt tokens per prefill chunk, every lane
         self.prefix.prefill_rate = lambda: self.pacer.rate  # an SSD restore must beat it
         if not self.worker.lanes:
@@ -312,4 +313,4 @@ class Engine:
         return {"cap": self.batch, "cap_source": self.batch_source,
                 "auto": self.batch_plan.describe() if self.batch_plan else None,
                 "active_rows": self.worker.active, "waiting": self.worker.waiting,
-                "lanes": lanes, "prefill": self.pacer.stats()}
+                "lanes": lanes, "prefill": self.pacer.stats(), "adapters": self.adapters.stats()}

@@ -135,9 +135,10 @@ def drive_lane(engine: Engine, bodies: list, arrive: list, on_step=None) -> list
         for body in bodies:
             req = engine.parse_completion(body)
             prepared = await engine.prepare(req)
+            adapters = engine.adapters.resolve(req.adapter)
             jobs.append(GenerationJob(prepared.request, engine.model.tokenizer, EventSink(loop),
                                       engine.effective_limit(prepared.request), engine.draft,
-                                      engine.cache_namespace(req)))
+                                      engine.cache_namespace(req, adapters), adapters=adapters))
 
         def steps():
             n = 0

@@ -14,10 +14,12 @@ stream at mlx-lm's single-sequence speed, kept in the lane's ``SoloSlot``) and j
 the batch, KV and all, as soon as another job of its adapter set arrives; a batch that
 drains to one decoding row hands that row back out the same way.
 
-A batch runs one LoRA adapter set (the base model is the empty set). A fresh
-batch takes the oldest waiting job's set and every waiting job with the same set;
-while it runs, newcomers with that set join until a job with another set is
-oldest in line, then the batch drains and that set goes next (bounded waiting).
+LoRA adapter sets mix in one batch: each forward pass routes its rows to their own
+sets (``adapters/rows.py``; the base model is the empty set). Sets that cannot run
+per row (``AdapterManager.group``) run one per batch: a fresh batch takes the oldest
+waiting job's group and every waiting job of that group; while it runs, newcomers of
+the group join until a job of another group is oldest in line, then the batch drains
+and that group goes next (bounded waiting).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ... import kvquant
-from ...adapters.manager import NO_ADAPTERS
+from ...adapters.manager import AdapterSet
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
 from .pace import FixedChunk, PrefillPacer
@@ -68,7 +70,7 @@ class BatchLane:
         self.kv = kv  # the KV scheme: every forward pass quantizes its cache after it runs
         self.model = kvquant.quantizing(model, kv)
         self.adapters = adapters  # the engine's AdapterManager (None: no LoRA support)
-        self._set = NO_ADAPTERS  # the adapter set of the running rows
+        self._group = ""  # the adapter group of the running rows (AdapterManager.group)
         self.cap = cap
         self.prefix = prefix
         self.admission = admission
@@ -111,16 +113,17 @@ class BatchLane:
 
     def step(self) -> None:
         self._drop_cancelled()
-        if self.alone and any(j.adapters.key == self._set.key for j in self._queue):
+        if self.alone and any(self._group_of(j) == self._group for j in self._queue):
             moving = self._solo.join()  # company arrived: the lone job moves into the batch
             if moving is not None:  # (None: the token it had sampled already ended it)
                 self._add_row(*moving)
         self._admit()
         if not self._rows and not self.alone:
             return
-        if self.adapters is not None:  # the serial lane may have run another set meanwhile
-            self.adapters.activate(self._set)
-        if self.alone:
+        lone = self._solo.job
+        if lone is not None:
+            if self.adapters is not None:  # the serial lane may have run another set meanwhile
+                self.adapters.activate(lone.adapters)
             return self._solo.step()
         try:
             gen = self._generator()
@@ -154,16 +157,16 @@ class BatchLane:
             return  # it joins the batch first (step), or runs on alone
         fresh = not self._rows
         if fresh and self._queue:
-            self._set = self._queue[0].adapters
-            if sum(j.adapters.key == self._set.key for j in self._queue) == 1:
+            self._group = self._group_of(self._queue[0])
+            if sum(self._group_of(j) == self._group for j in self._queue) == 1:
                 job = self._queue.popleft()  # alone it must run: bounded to the budget at start
                 return self._solo.start(job, *self._take(job), self._solo_pacer())
         i = 0
         while i < len(self._queue) and len(self._rows) < self.cap:
             job = self._queue[i]
-            if job.adapters.key != self._set.key:
+            if self._group_of(job) != self._group:
                 if not fresh:
-                    return  # another adapter set waits: let this batch drain
+                    return  # another adapter group waits: let this batch drain
                 i += 1  # a fresh batch gathers every waiting job of its set
                 continue
             if self.admission is not None and not self.admission.fits(job) and self._rows:
@@ -171,6 +174,10 @@ class BatchLane:
             # (with no rows it must run: its limit was bounded to the budget at start)
             del self._queue[i]
             self._insert(job)
+
+    def _group_of(self, job: GenerationJob) -> str:
+        """The batch ``job`` may join (its adapter set's group)."""
+        return "" if self.adapters is None else self.adapters.group(job.adapters)
 
     def _forget(self, uid: int) -> _Row:
         row = self._rows.pop(uid)
@@ -225,7 +232,16 @@ class BatchLane:
     def _generator(self) -> BatchGenerator:
         if self._gen is None:
             self._gen = make_generator(self.model, self.cap)
+            if self.adapters is not None:
+                self.adapters.attach(self._gen, self._rows_sets)
         return self._gen
+
+    def _rows_sets(self, uids: list[int] | None = None) -> list[AdapterSet]:
+        """The adapter sets of the rows ``uids`` (None: every row), for routing a pass."""
+        rows = self._rows
+        if uids is None:
+            return [row.job.adapters for row in rows.values()]
+        return [rows[uid].job.adapters for uid in uids]
 
     # -- tokens out ----------------------------------------------------------------
     def _route(self, r: GenerationBatch.Response) -> None:
