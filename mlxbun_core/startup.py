@@ -136,6 +136,9 @@ def cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         engine = load_engine(args, ssd)
     except StartFailed as exc:
         return exc.status
+    from .config.permodel import apply_model_settings
+
+    apply_model_settings(engine, args)
     if args.adapter and not mount_startup_adapter(engine, args.adapter):
         os._exit(2)  # no interpreter teardown under the live MLX worker thread
     serve_forever(args, engine, sock)
@@ -201,6 +204,8 @@ def serve_forever(args: argparse.Namespace, engine: Engine,
     from .server.drain import DrainingServer
 
     app = build_app(engine, api_key=args.api_key)
+    settings = getattr(args, "settings", None)
+    app.state.model_aliases = settings.aliases if settings is not None else {}
     page = print_banner(args, engine)
     if args.unix:
         from .isolate.drain import DrainGate, exit_with_parent

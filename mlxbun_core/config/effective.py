@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ..models.paths import mlxbun_home
-from .yamlfile import ConfigError, ConfigFile, ModelSettings, read_config
 from .schema import serve_options, serve_subparser
+from .yamlfile import ConfigError, ConfigFile, ModelSettings, read_config
 
 FILE_NAME = "mlxbun.yaml"
 ParserFactory = Callable[[], argparse.ArgumentParser]
@@ -35,7 +35,8 @@ class Settings:
     """What ``args.settings`` holds after :func:`apply_config`."""
 
     file: ConfigFile | None
-    sources: dict[str, str] = field(default_factory=dict)  # dest -> flag / env X / file:P:L / default
+    # dest -> "flag", "env NAME", "file:PATH:LINE" or "default"
+    sources: dict[str, str] = field(default_factory=dict)
 
     @property
     def aliases(self) -> dict[str, str]:

@@ -55,10 +55,13 @@ def effective_report(args: argparse.Namespace, settings: Settings,
         serve[key] = {"value": _shown(value), "source": settings.sources.get(key, "default"),
                       "flag": opt.flag}
     file = settings.file
+    aliases: dict[str, Any] = {}
+    models: dict[str, Any] = {}
+    if file is None:
+        return {"config_file": None, "serve": serve, "aliases": aliases, "models": models}
     aliases = {k: {"model": v.value, "source": f"file:{file.path}:{v.line}"}
-               for k, v in (file.aliases.items() if file else ())}
-    models = {}
-    for name, m in (file.models.items() if file else ()):
+               for k, v in file.aliases.items()}
+    for name, m in file.models.items():
         row: dict[str, Any] = dict(m.sampling)
         if m.max_tokens is not None:
             row["max_tokens"] = m.max_tokens
@@ -66,10 +69,10 @@ def effective_report(args: argparse.Namespace, settings: Settings,
             row["chat_template_kwargs"] = m.template_kwargs
         if m.keep_alive is not None:
             row["keep_alive"] = describe(m.keep_alive)
-        models[name] = {"settings": row, "source": f"file:{file.path}:{m.line}"
-                        if file else "", "model": settings.resolve(name)}
-    return {"config_file": str(file.path) if file else None, "serve": serve,
-            "aliases": aliases, "models": models}
+        models[name] = {"settings": row, "source": f"file:{file.path}:{m.line}",
+                        "model": settings.resolve(name)}
+    return {"config_file": str(file.path), "serve": serve, "aliases": aliases,
+            "models": models}
 
 
 def text_report(report: dict[str, Any]) -> str:
