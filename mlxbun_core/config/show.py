@@ -23,7 +23,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_config(args: argparse.Namespace, factory: ParserFactory) -> int:
-    argv = ["serve", *args.serve_args]
+    rest = list(args.serve_args)
+    as_json = args.json or "--json" in rest  # REMAINDER takes it when it comes after `show`
+    argv = ["serve", *(a for a in rest if a != "--json")]
     try:
         serve = factory().parse_args(argv)
         settings = apply_config(serve, argv, factory)
@@ -31,7 +33,7 @@ def cmd_config(args: argparse.Namespace, factory: ParserFactory) -> int:
         print(f"mlxbun: {exc}", file=sys.stderr)
         return 2
     report = effective_report(serve, settings, factory)
-    if args.json:
+    if as_json:
         print(json.dumps(report, indent=1, default=str))
         return 0
     print(text_report(report))

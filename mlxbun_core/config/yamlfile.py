@@ -87,8 +87,8 @@ def read_config(path: Path, options: dict[str, Option]) -> ConfigFile:
     reader = _Reader(path, loader)
     for key, node in reader.mapping(root, "the top level"):
         if key not in SECTIONS:
-            raise ConfigError(path, _line(node), f"unknown section {key!r} (sections: "
-                              + ", ".join(SECTIONS) + ")")
+            raise ConfigError(path, _line(reader.key_of(node)), f"unknown section {key!r} "
+                              "(sections: " + ", ".join(SECTIONS) + ")")
         if key == "serve":
             out.serve = reader.serve(node, options)
         elif key == "aliases":
@@ -105,6 +105,7 @@ def _line(node: yaml.Node) -> int:
 class _Reader:
     def __init__(self, path: Path, loader: yaml.SafeLoader):
         self.path, self.loader = path, loader
+        self.keys: dict[int, yaml.Node] = {}  # id(value node) -> its key's node
 
     def fail(self, node: yaml.Node, message: str) -> ConfigError:
         return ConfigError(self.path, _line(node), message)
@@ -116,7 +117,8 @@ class _Reader:
             raise self.fail(node, f"not a valid value: {exc}") from None
 
     def mapping(self, node: yaml.Node, what: str) -> list[tuple[str, yaml.Node]]:
-        """``(key, value node)`` pairs of a mapping whose keys are strings, no repeats."""
+        """``(key, value node)`` pairs of a mapping whose keys are strings, no repeats
+        (:attr:`keys` then holds each key's own node, for errors about the key)."""
         if not isinstance(node, yaml.MappingNode):
             raise self.fail(node, f"{what} must be a mapping of names to values")
         seen: set[str] = set()
@@ -128,8 +130,12 @@ class _Reader:
             if key in seen:
                 raise self.fail(k, f"{key!r} appears twice in {what}")
             seen.add(key)
+            self.keys[id(v)] = k
             out.append((key, v))
         return out
+
+    def key_of(self, value: yaml.Node) -> yaml.Node:
+        return self.keys.get(id(value), value)
 
     def serve(self, node: yaml.Node, options: dict[str, Option]) -> dict[str, Located]:
         names = key_aliases(options)
@@ -137,7 +143,7 @@ class _Reader:
         for key, v in self.mapping(node, "serve"):
             dest = names.get(key)
             if dest is None:
-                raise self.fail(v, f"unknown serve setting {key!r} (the keys are "
+                raise self.fail(self.key_of(v), f"unknown serve setting {key!r} (the keys are "
                                 "`mlxbun serve` flags: see mlxbun serve --help)")
             if dest in out:
                 raise self.fail(v, f"{key!r} sets {options[dest].flag} a second time")
@@ -173,7 +179,7 @@ class _Reader:
 
         value, where = self.value(node), f"models.{name}.{key}"
         if key not in MODEL_KEYS:
-            raise self.fail(node, f"unknown setting {where} (per-model settings: "
+            raise self.fail(self.key_of(node), f"unknown setting {where} (per-model settings: "
                             + ", ".join(MODEL_KEYS) + ")")
         s.lines[key] = _line(node)
         if key == "keep_alive":
