@@ -130,6 +130,9 @@ def cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return run_parent(args, parser)
     if args.model_pool != 1:
         print("mlxbun: --model-pool needs --isolate; ignored", file=sys.stderr)
+    if not args.unix and (args.pins or args.allow_models or args.keep_alive is not None):
+        print("mlxbun: --pin, --allow-model and --keep-alive need --isolate; ignored",
+              file=sys.stderr)
     configure_media(args)
     configure_system_prompts(args)
     try:

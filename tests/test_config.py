@@ -198,8 +198,8 @@ def test_pool_pins_must_be_local_and_fit_the_pool(home):
     from mlxbun_core.isolate.pool import ModelSpec
 
     (home / "mlxbun.yaml").write_text(GOOD)
-    entry = SimpleNamespace(id="acme/Tiny-Coder", path="/snap")
-    library = SimpleNamespace(find=lambda i: entry if i == entry.id else None)
+    entries = {i: SimpleNamespace(id=i, path="/snap") for i in ("acme/Tiny-Coder", "acme/Two")}
+    library = SimpleNamespace(find=entries.get)
     default = ModelSpec("acme/Default", "/d")
     args, _ = serve("--pin", "coder", "--model-pool", "2", "--allow-model", "x/y")
     pins, policy, keep = pool_setup(args, default, library)
@@ -211,8 +211,14 @@ def test_pool_pins_must_be_local_and_fit_the_pool(home):
     with pytest.raises(PoolError, match="no local model 'nothing/here'"):
         pool_setup(args, default, library)
     args, _ = serve("--pin", "coder", "--pin", "acme/Default")
-    with pytest.raises(PoolError, match="2 pinned models need --model-pool 2"):
+    with pytest.raises(PoolError, match="other than the default needs --model-pool 2"):
         pool_setup(args, default, library)
+    args, _ = serve("--pin", "coder", "--pin", "acme/Default", "--pin", "acme/Two",
+                    "--model-pool", "2")
+    with pytest.raises(PoolError, match="3 pinned models need --model-pool 3"):
+        pool_setup(args, default, library)
+    args, _ = serve("--pin", "acme/Default")  # the default alone fits one engine
+    assert pool_setup(args, default, library)[0] == (default,)
 
 
 def test_models_listing_shows_downloads_and_aliases():
@@ -242,3 +248,14 @@ def test_models_listing_shows_downloads_and_aliases():
 def test_parse_config_show_subcommand_takes_serve_flags():
     args = cli.build_parser().parse_args(["config", "show", "--port", "1"])
     assert isinstance(args, argparse.Namespace) and args.serve_args == ["--port", "1"]
+
+
+def test_the_documented_sample_is_a_valid_config(home):
+    from pathlib import Path
+
+    sample = Path(__file__).parent.parent / "docs" / "examples" / "mlxbun.yaml"
+    args, s = serve("--config", str(sample))
+    assert (args.isolate, args.model_pool, args.keep_alive) == (True, 3, 600.0)
+    assert args.pins == ["coder"] and args.positional is None and args.model == (
+        "mlx-community/Qwen3-Coder-30B-A3B-Instruct-4bit")
+    assert s.model("SmolLM2-135M-Instruct").sampling == {"temperature": 0.0}

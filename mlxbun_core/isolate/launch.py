@@ -95,6 +95,9 @@ def pool_setup(args: argparse.Namespace, default: ModelSpec, library: LibraryCac
         if entry is None:
             raise PoolError(f"--pin {name}: no local model {model_id!r} (mlxbun ls lists them)")
         pins.append(ModelSpec(entry.id, str(entry.path)))
+    if args.model_pool <= 1 and any(p.id != default.id for p in pins):
+        raise PoolError("--pin of a model other than the default needs --model-pool 2 or more "
+                        "(one engine serves only the default)")
     if len({p.id for p in pins}) > max(1, args.model_pool):
         raise PoolError(f"{len(pins)} pinned models need --model-pool {len(pins)} or more")
     if args.allow_models:

@@ -143,6 +143,7 @@ class EnginePool:
     def _new(self, spec: ModelSpec) -> EngineProcess:
         engine = EngineProcess(spec.id, spec.arg, self.engine_argv, api_key=self.api_key)
         engine.respawn = self._respawn
+        engine.keep_alive = self._keep_alive_for(spec.id, None)  # until a request says
         self.engines[spec.id] = engine
         return engine
 
