@@ -134,6 +134,8 @@ def test_models_lists_what_may_be_asked_for_with_its_state(parent):
 
 
 def test_alias_routes_a_chat_and_the_pin_survives_pressure(parent, hub):
+    parent.openai.completions.create(model=LLAMA, prompt="hi", max_tokens=1)
+    # the pin is now the least recently used engine: plain LRU would drain it next
     r = parent.openai.chat.completions.create(
         model="coder", messages=[{"role": "user", "content": "hi"}],
         logit_bias=no_eos(hub, CODER))
@@ -141,7 +143,7 @@ def test_alias_routes_a_chat_and_the_pin_survives_pressure(parent, hub):
     # coder's own max_tokens from the file: the request sent none
     assert r.usage.completion_tokens == 2 and r.choices[0].finish_reason == "length"
     resident = parent.resident()
-    assert set(resident) == {CODER, QWEN}  # the unpinned default was drained, the pin stayed
+    assert set(resident) == {CODER, QWEN}  # the default was drained, the older pin stayed
     assert resident[QWEN]["pinned"] and parent.pool()["evictions"] == 1
 
 
