@@ -259,3 +259,45 @@ def test_the_documented_sample_is_a_valid_config(home):
     assert args.pins == ["coder"] and args.positional is None and args.model == (
         "mlx-community/Qwen3-Coder-30B-A3B-Instruct-4bit")
     assert s.model("SmolLM2-135M-Instruct").sampling == {"temperature": 0.0}
+
+
+def test_in_process_server_lists_aliases_and_applies_model_settings(home, tmp_path):
+    """The in-process path: `apply_model_settings` on a real engine, the template defaults
+    merged under the request's own kwargs, aliases and states in /v1/models."""
+    import httpx
+    import openai
+
+    from mlxbun_core.testing.checkpoints import tiny_checkpoint
+    from mlxbun_core.testing.server import start_server
+
+    template = ("{%- if persona %}{{- persona + '\\n' }}{%- endif %}"
+                "{%- for m in messages %}{{- m['role'] + ': ' + m['content'] + '\\n' }}"
+                "{%- endfor %}{{- 'assistant: ' }}")
+    ckpt = tiny_checkpoint("llama", seed=31, chat_template=template)
+    (home / "mlxbun.yaml").write_text(
+        f"aliases:\n  fast: {ckpt.name}\nmodels:\n  fast:\n    max_tokens: 1\n"
+        "    chat_template_kwargs: {persona: a persona of several words for the prompt}\n")
+    args, settings = serve(str(ckpt))
+    s = start_server(ckpt)
+    try:
+        assert s.engine.model.id == ckpt.name  # a directory's id is its name
+        s.server.config.app.state.model_aliases = settings.aliases  # as serve_forever does
+        assert apply_model_settings(s.engine, args)["max_tokens"] == 1
+        client = openai.OpenAI(base_url=s.v1, api_key="unused", max_retries=0)
+
+        def chat(**extra):
+            return client.chat.completions.create(
+                model="fast", messages=[{"role": "user", "content": "hi"}], **extra).usage
+
+        usage = chat()
+        assert usage.completion_tokens == 1  # the model's max_tokens: the request sent none
+        assert chat(max_tokens=2, extra_body={"chat_template_kwargs": {"persona": ""}}
+                    ).prompt_tokens < usage.prompt_tokens
+        rows = httpx.get(s.v1 + "/models", timeout=30).json()["data"]
+        assert rows[0]["state"] == "resident"
+        alias = next(r for r in rows if r["id"] == "fast")
+        assert alias["alias_of"] == s.engine.model.id and alias["state"] == "resident"
+        assert httpx.get(s.v1 + "/models/fast", timeout=30).json()["alias_of"] == (
+            s.engine.model.id)
+    finally:
+        s.stop()
