@@ -37,7 +37,7 @@ serve:
   isolate: true
   model-pool: 2
   pin: [tiny]
-  allow_models: [coder]
+  allow_models: [coder, ghost/Not-Here]
 aliases:
   coder: {CODER}
   tiny: {QWEN}
@@ -128,6 +128,7 @@ def test_models_lists_what_may_be_asked_for_with_its_state(parent):
     assert rows[LLAMA]["state"] == "resident" and not rows[LLAMA]["pinned"]
     assert rows[QWEN]["state"] == "resident" and rows[QWEN]["pinned"]
     assert rows[CODER]["state"] == "on_disk"
+    assert rows["ghost/Not-Here"]["state"] == "missing"  # allowed, not downloaded
     assert rows["coder"]["alias_of"] == CODER and rows["coder"]["state"] == "on_disk"
     assert rows["tiny"]["alias_of"] == QWEN and rows["tiny"]["state"] == "resident"
     assert parent.pool()["pins"] == [QWEN]
@@ -169,6 +170,9 @@ def test_allow_list_refuses_other_models_in_each_surface_shape(parent):
                                          messages=[{"role": "user", "content": "hi"}])
     assert refused_a.value.body["error"]["type"] == "not_found_error"
     assert OUTSIDER not in parent.resident()  # nothing was started for it
+    with pytest.raises(openai.NotFoundError) as missing:
+        parent.openai.completions.create(model="ghost/Not-Here", prompt="hi", max_tokens=1)
+    assert "allowed but not on disk" in missing.value.message
     with pytest.raises(openai.BadRequestError) as bad:
         parent.openai.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=1,

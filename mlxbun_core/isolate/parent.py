@@ -31,8 +31,8 @@ from ..server import guard
 from ..server.web import open_paths
 from .child import EngineUnavailable
 from .drain import send_json
-from .policy import PoolPolicy, Routing, refusal, routing_fields
-from .pool import EnginePool, ModelSpec, background
+from .policy import PoolPolicy, route, routing_fields
+from .pool import EnginePool, background
 from .proxy import EngineGone, forward, send_unavailable
 from .responses import ParentResponses
 
@@ -199,13 +199,13 @@ class ParentApp:
         entries = await self.library.aentries()
         rows = [self.served_row()] + local_rows(entries, self.served_id(), self.started_at)
         return with_states(rows, self.policy.aliases, self.started_at,
-                           describe=self.pool.model_state, allowed=self._servable)
-
-    def _is_default(self, name: str) -> bool:
-        return name in (self.pool.default.id, self.served_id())
+                           describe=self.pool.model_state, allowed=self._servable,
+                           expected=sorted(self.policy.allowed or ()))
 
     def _servable(self, name: str) -> bool:
-        return self._is_default(name) or self.pool.pinned(name) or self.policy.allows(name)
+        """The default model, a pinned one, or one the allow-list (if any) admits."""
+        return name in (self.pool.default.id, self.served_id()) or self.pool.pinned(name) \
+            or self.policy.allows(name)
 
     async def models(self, scope, send):
         await send_json(send, 200, {"object": "list", "data": await self._rows()})
@@ -283,14 +283,9 @@ class ParentApp:
             if self.pool.cap > 1 or self.policy.allowed is not None:
                 await self.library.aentries()  # any rescan happens off the event loop
             routing = routing_fields(body, self.policy)
-            refused = self._refusal(path, routing)
+            spec, refused = route(path, routing, self.pool, self.policy, self._servable)
             if refused is not None:
                 return await send_json(send, *refused)
-            spec = self.pool.target(routing.model)
-            if self._not_local(routing.model, spec):
-                return await send_json(send, 404, refusal(path, 404, (
-                    f"The model {routing.model!r} is allowed but not on disk (GET /v1/models "
-                    "says each model's state)")))
             keep_alive = routing.keep_alive
             if path == "/v1/responses":
                 body, turn, error = self.responses.prepare(body)
@@ -314,24 +309,6 @@ class ParentApp:
                     return await send_unavailable(send, str(exc))
                 retry = False
                 log.info("retrying %s %s once the engine is back", method, path)
-
-    def _refusal(self, path: str, routing: Routing) -> tuple[int, dict] | None:
-        """A 400 for a bad keep_alive, a 404 for a model the allow-list leaves out."""
-        if routing.error is not None:
-            return 400, refusal(path, 400, routing.error, param="keep_alive")
-        name = routing.model
-        if self.policy.allowed is None or not isinstance(name, str) or not name:
-            return None  # no allow-list, or no model named: the default engine answers
-        if self._servable(name):
-            return None
-        return 404, refusal(path, 404, f"The model {name!r} is not served here (GET /v1/models "
-                            "lists the models this server may serve)")
-
-    def _not_local(self, name: object, spec: ModelSpec) -> bool:
-        """An allowed model that would ride the default engine only for want of files."""
-        return (self.policy.allowed is not None and self.pool.cap > 1
-                and isinstance(name, str) and bool(name) and spec is self.pool.default
-                and not self._is_default(name))
 
     # ---------------------------------------------------------------- lifespan
     async def _lifespan(self, receive, send):

@@ -14,10 +14,12 @@ Row = dict[str, Any]
 
 def with_states(rows: list[Row], aliases: dict[str, str], created: int,
                 describe: Callable[[str], dict[str, Any]] | None = None,
-                allowed: Callable[[str], bool] | None = None) -> list[Row]:
+                allowed: Callable[[str], bool] | None = None,
+                expected: Iterable[str] = ()) -> list[Row]:
     """``rows`` with a ``state`` each (``describe(id)``'s fields, else resident for the
     first row and on disk for the others), then download rows, then alias rows; with
-    ``allowed``, only the models (and aliases) it admits."""
+    ``allowed``, only the models (and aliases) it admits; ``expected`` models that are
+    neither (an allow-list's model not downloaded yet) get a ``missing`` row."""
     live = downloading()
     out = []
     for i, row in enumerate(rows):
@@ -33,6 +35,11 @@ def with_states(rows: list[Row], aliases: dict[str, str], created: int,
         out.append({"id": model_id, "object": "model", "created": created,
                     "owned_by": "mlxbun", "state": "downloading", "download": progress})
         known.add(model_id)
+    for model_id in expected:
+        if model_id not in known:
+            out.append({"id": model_id, "object": "model", "created": created,
+                        "owned_by": "mlxbun", "state": "missing"})
+            known.add(model_id)
     out += alias_rows(aliases, out, created, allowed)
     return out
 
