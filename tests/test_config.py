@@ -81,6 +81,7 @@ def test_every_serve_flag_is_a_key_and_unknown_keys_are_refused(home):
     ("serve:\n  port: nine\n", 2, "port must be an integer"),
     ("serve:\n  batch: 0\n", 2, "batch must be at least 1"),
     ("serve:\n  isolate: 1\n", 2, "isolate must be true or false"),
+    ("serve:\n  keep-alive: soon\n", 2, "keep_alive 'soon' is not a duration"),
     ("serve:\n\n  kv_quant: 5\n", 3, "kv_quant must be one of off, 4, 8"),
     ("serve:\n  temperature: [1]\n", 2, "temperature must be a number"),
     ("sever:\n  port: 1\n", 1, "unknown section 'sever'"),

@@ -91,7 +91,9 @@ def _scalar(opt: Option, value: Any) -> Any:
         out = action.type(text) if callable(action.type) else text
     except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:
         if isinstance(exc, argparse.ArgumentTypeError):  # the flag's own check says why
-            raise ValueError(f"{opt.key} {exc} (got {_shown(value)})") from None
+            said = str(exc)
+            raise ValueError(said if said.startswith(opt.key)
+                             else f"{opt.key} {said} (got {_shown(value)})") from None
         raise ValueError(f"{opt.key} must be {_expected(action)} (got {_shown(value)})") \
             from None
     if action.choices is not None and out not in action.choices:
