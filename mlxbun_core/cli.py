@@ -51,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def build_serve_parser() -> argparse.ArgumentParser:
+    """Just ``mlxbun serve`` (what the config file's keys and sources are read from)."""
+    p = argparse.ArgumentParser(prog="mlxbun")
+    add_serve_parser(p.add_subparsers(dest="command", required=True))
+    return p
+
+
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     """``mlxbun serve``'s flags, in the order ``--help`` lists them (and the ``--isolate``
     parent passes them on): what to serve and where, the engine, then the process."""
@@ -254,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .startup import cmd_serve
 
         try:
-            apply_config(args, argv, build_parser)
+            apply_config(args, argv, build_serve_parser)
         except ConfigError as exc:
             print(f"mlxbun: {exc}", file=sys.stderr)
             return 2
@@ -262,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "config":
         from .config.show import cmd_config
 
-        return cmd_config(args, build_parser)
+        return cmd_config(args, build_serve_parser)
     from .jobs import cli as jobs_cli
 
     return {"plugins": cmd_plugins, "convert": cmd_convert, "ls": cmd_ls, "fit": cmd_fit,

@@ -46,7 +46,7 @@ def home(tmp_path, monkeypatch):
 def serve(*flags):
     argv = ["serve", *flags]
     args = cli.build_parser().parse_args(argv)
-    settings = apply_config(args, argv, cli.build_parser)
+    settings = apply_config(args, argv, cli.build_serve_parser)
     return args, settings
 
 
