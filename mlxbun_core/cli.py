@@ -43,9 +43,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("gguf")
     c.add_argument("out")
 
+    from .config.show import add_parser as add_config_parser
     from .jobs import cli as jobs_cli
 
     jobs_cli.add_parsers(sub)
+    add_config_parser(sub)
+    return p
+
+
+def build_serve_parser() -> argparse.ArgumentParser:
+    """Just ``mlxbun serve`` (what the config file's keys and sources are read from)."""
+    p = argparse.ArgumentParser(prog="mlxbun")
+    add_serve_parser(p.add_subparsers(dest="command", required=True))
     return p
 
 
@@ -124,12 +133,33 @@ def add_process_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--model-pool", type=int, default=1, metavar="N",
                    help="with --isolate: at most N resident model engines, routed by the "
                         "request's model field (least recently used drains first)")
+    add_pool_flags(s)
     s.add_argument("--unix", default=None, metavar="SOCKET",
                    help="listen on a unix socket instead of TCP (the engine half of --isolate)")
     s.add_argument("--no-open", action="store_true",
                    help="do not open the web app in a browser "
                         "(it opens only on an interactive start)")
     add_ssd_cache_flags(s)
+
+
+def add_pool_flags(s: argparse.ArgumentParser) -> None:
+    """The managed pool (with --isolate) and the config file."""
+    from .config import keep_alive_arg
+
+    s.add_argument("--keep-alive", type=keep_alive_arg, default=None, metavar="DURATION",
+                   help="with --isolate: unload an engine idle this long after its last reply "
+                        "(\"5m\", seconds, 0: right after the reply, -1: never; default: never); "
+                        "a request's keep_alive field wins")
+    s.add_argument("--pin", dest="pins", action="append", default=None, metavar="MODEL",
+                   help="with --isolate: keep MODEL (an id or alias) loaded from start-up on, "
+                        "never evicted or unloaded (repeatable)")
+    s.add_argument("--allow-model", dest="allow_models", action="append", default=None,
+                   metavar="MODEL", help="with --isolate: serve only these models (ids or "
+                   "aliases, repeatable; the default and pinned ones are always allowed); "
+                   "others get a 404")
+    s.add_argument("--config", dest="config_file", default=None, metavar="FILE",
+                   help="config file (default: mlxbun.yaml in $MLXBUN_HOME when it exists; "
+                        "env MLXBUN_CONFIG); flags and MLXBUN_* variables win over it")
 
 
 def add_kv_quant_flag(p: argparse.ArgumentParser, default: str, alias: str = "") -> None:
@@ -230,11 +260,22 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if args.command == "serve":
+        from .config import ConfigError, apply_config
         from .startup import cmd_serve
 
+        try:
+            apply_config(args, argv, build_serve_parser)
+        except ConfigError as exc:
+            print(f"mlxbun: {exc}", file=sys.stderr)
+            return 2
         return cmd_serve(args, parser)
+    if args.command == "config":
+        from .config.show import cmd_config
+
+        return cmd_config(args, build_serve_parser)
     from .jobs import cli as jobs_cli
 
     return {"plugins": cmd_plugins, "convert": cmd_convert, "ls": cmd_ls, "fit": cmd_fit,

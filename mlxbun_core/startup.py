@@ -130,6 +130,9 @@ def cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return run_parent(args, parser)
     if args.model_pool != 1:
         print("mlxbun: --model-pool needs --isolate; ignored", file=sys.stderr)
+    if not args.unix and (args.pins or args.allow_models or args.keep_alive is not None):
+        print("mlxbun: --pin, --allow-model and --keep-alive need --isolate; ignored",
+              file=sys.stderr)
     configure_media(args)
     configure_system_prompts(args)
     try:
@@ -138,6 +141,9 @@ def cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return exc.status
     if getattr(args, "adapter_mixing", None) is not None:
         engine.adapters.mixing = args.adapter_mixing == "on"
+    from .config.permodel import apply_model_settings
+
+    apply_model_settings(engine, args)
     if args.adapter and not mount_startup_adapter(engine, args.adapter):
         os._exit(2)  # no interpreter teardown under the live MLX worker thread
     serve_forever(args, engine, sock)
@@ -204,6 +210,8 @@ def serve_forever(args: argparse.Namespace, engine: Engine,
     from .server.drain import DrainingServer
 
     app = build_app(engine, api_key=args.api_key)
+    settings = getattr(args, "settings", None)
+    app.state.model_aliases = settings.aliases if settings is not None else {}
     page = print_banner(args, engine)
     if args.unix:
         from .isolate.drain import DrainGate, exit_with_parent

@@ -124,6 +124,8 @@ class Engine:
             self._start_lanes()
         # generation_config.json values, then operator flags on top; requests win over both
         self.defaults = {**model.generation_defaults, **(defaults or {})}
+        # chat_template_kwargs a request gets unless it sends its own (mlxbun.yaml's models:)
+        self.template_defaults: dict[str, Any] = {}
         self.max_tokens = max_tokens
         self.started_at = int(time.time())
         self._prepare_lock = threading.Lock()
@@ -184,6 +186,8 @@ class Engine:
         if isinstance(req, ChatRequest) and req.media and req.media_items is None:
             media_pipeline(self.model, self.hooks, req.media_kinds)  # a 400 before any fetch
             req.media_items = await media_parts.load(req.media)
+        if isinstance(req, ChatRequest) and self.template_defaults:  # the request's keys win
+            req.template_kwargs = {**self.template_defaults, **req.template_kwargs}
 
         def run() -> Prepared:
             with self._prepare_lock:

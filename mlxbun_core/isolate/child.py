@@ -12,6 +12,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import math
 import os
 import signal
 import sys
@@ -63,6 +64,7 @@ class EngineProcess:
         self.in_flight = 0
         self.demotions = 0  # prompt-cache entries its drains demoted to the SSD tier
         self.last_used = time.monotonic()
+        self.keep_alive = math.inf  # seconds it stays loaded once idle (its last request's)
         self.served_row: dict | None = None  # the child's own /v1/models row
         self.machine: dict | None = None  # the child's machine as MLX reports it
         self._ready = asyncio.Event()

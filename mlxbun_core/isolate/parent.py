@@ -20,17 +20,18 @@ import logging
 import time
 from pathlib import Path
 
-from ..errors import APIError, Unavailable
+from ..errors import Unavailable
 from ..library import checkpoint
 from ..library.cache import LibraryCache, local_rows
 from ..library.fit import Machine, machine
+from ..library.listing import with_states
 from ..library.report import fit_report, library_row
 from ..metrics.isolate import ParentMetrics, route_of
 from ..server import guard
-from ..server.body import parse_body
 from ..server.web import open_paths
 from .child import EngineUnavailable
 from .drain import send_json
+from .policy import PoolPolicy, route, routing_fields
 from .pool import EnginePool, background
 from .proxy import EngineGone, forward, send_unavailable
 from .responses import ParentResponses
@@ -52,8 +53,9 @@ NO_CHAT = ("The web chat needs a server started without --isolate (its sessions 
 
 class ParentApp:
     def __init__(self, pool: EnginePool, library: LibraryCache, api_key: str | None = None,
-                 kv_bits: int | None = None):
+                 kv_bits: int | None = None, policy: PoolPolicy | None = None):
         self.pool, self.library = pool, library
+        self.policy = policy or PoolPolicy()
         self.api_key = api_key
         self.kv_bits = kv_bits  # the engines' --kv-quant, billed by /fit while they are down
         self.responses = ParentResponses()
@@ -192,8 +194,18 @@ class ParentApp:
                 "owned_by": "mlxbun"}
 
     async def _rows(self) -> list:
+        """The default model, the local library, downloads and aliases: each with its
+        state in the pool, only what the allow-list admits."""
         entries = await self.library.aentries()
-        return [self.served_row()] + local_rows(entries, self.served_id(), self.started_at)
+        rows = [self.served_row()] + local_rows(entries, self.served_id(), self.started_at)
+        return with_states(rows, self.policy.aliases, self.started_at,
+                           describe=self.pool.model_state, allowed=self._servable,
+                           expected=sorted(self.policy.allowed or ()))
+
+    def _servable(self, name: str) -> bool:
+        """The default model, a pinned one, or one the allow-list (if any) admits."""
+        return name in (self.pool.default.id, self.served_id()) or self.pool.pinned(name) \
+            or self.policy.allows(name)
 
     async def models(self, scope, send):
         await send_json(send, 200, {"object": "list", "data": await self._rows()})
@@ -264,13 +276,17 @@ class ParentApp:
 
     async def _proxy(self, scope, body: bytes, receive, send):
         path, method = scope["path"], scope["method"]
-        spec, turn = self.pool.default, None
+        spec, turn, keep_alive = self.pool.default, None, None
         if method == "POST" and path in ROUTED:
             if self.draining:
                 return await send_json(send, 503, _shaped(Unavailable().body(), path))
-            if self.pool.cap > 1:
+            if self.pool.cap > 1 or self.policy.allowed is not None:
                 await self.library.aentries()  # any rescan happens off the event loop
-            spec = self.pool.target(_model_field(body))
+            routing = routing_fields(body, self.policy)
+            spec, refused = route(path, routing, self.pool, self.policy, self._servable)
+            if refused is not None:
+                return await send_json(send, *refused)
+            keep_alive = routing.keep_alive
             if path == "/v1/responses":
                 body, turn, error = self.responses.prepare(body)
                 if error is not None:
@@ -279,7 +295,7 @@ class ParentApp:
         retry = method in ("GET", "HEAD") and not body  # bodyless reads retry once
         while True:
             try:
-                async with self.pool.lease(spec) as engine:
+                async with self.pool.lease(spec, keep_alive) as engine:
                     scope[PROXIED] = True  # from here on the engine answers (and counts)
                     await forward(engine, scope, body, receive, send,
                                   turn.observer if turn else None)
@@ -356,13 +372,6 @@ def _guard_error(kind: str, message: str, anthropic: bool) -> dict:
 
 async def _never_disconnects():
     await asyncio.Event().wait()
-
-
-def _model_field(body: bytes):
-    try:  # the engine's own parser: a malformed body routes to the default, which says why
-        return parse_body(body).get("model")
-    except APIError:
-        return None
 
 
 def _ctx(query: bytes) -> int | None:

@@ -6,12 +6,19 @@ default engine. Cold starts are serialized (one model loads at a time); once the
 newcomer is ready the least recently used idle engine is drained. An engine with
 requests in flight is never the one evicted, so a fresh engine keeps its pending
 request.
+
+Managed (``--pin``, ``--keep-alive``, a request's ``keep_alive``): pinned models start
+with the pool and are never drained; any other engine idle past its keep-alive (set
+by the last request it answered: that request's ``keep_alive``, else the model's
+``mlxbun.yaml`` entry, else ``--keep-alive``; forever by default) is drained by the
+reaper, and ``keep_alive: 0`` drains it as soon as its reply is done.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
@@ -21,6 +28,8 @@ from dataclasses import dataclass
 from .child import EngineProcess
 
 log = logging.getLogger("mlxbun.isolate")
+
+REAP_INTERVAL_S = 0.25  # how often idle engines are checked against their keep-alive
 
 # the event loop keeps only weak references to tasks: a fire-and-forget task is held here
 # until it finishes, or it could be garbage-collected half way
@@ -44,7 +53,9 @@ class ModelSpec:
 class EnginePool:
     def __init__(self, default: ModelSpec, engine_argv: list[str], cap: int = 1,
                  lookup: Callable[[str], ModelSpec | None] = lambda _id: None,
-                 api_key: str | None = None):
+                 api_key: str | None = None, pins: tuple[ModelSpec, ...] = (),
+                 keep_alive: float = math.inf,
+                 model_keep_alive: Callable[[str], float | None] = lambda _id: None):
         self.default = default
         self.api_key = api_key
         self.engine_argv = engine_argv
@@ -53,6 +64,11 @@ class EnginePool:
         self.engines: OrderedDict[str, EngineProcess] = OrderedDict()  # LRU first
         self.evictions = 0
         self.demotions = 0  # prompt-cache entries evicted engines demoted to the SSD tier
+        self.pins = {spec.id: spec for spec in pins}  # started with the pool, never drained
+        self.keep_alive = keep_alive  # seconds an idle engine stays (math.inf: forever)
+        self.model_keep_alive = model_keep_alive  # a model's own default (None: the pool's)
+        self.unloads = 0  # engines drained for being idle past their keep-alive
+        self._reaper: asyncio.Task | None = None
         self._cold = asyncio.Lock()
         self._closing = False
         self._respawn = True
@@ -73,8 +89,9 @@ class EnginePool:
         return self.default
 
     @asynccontextmanager
-    async def lease(self, spec: ModelSpec):
-        """The ready engine for ``spec``, counted in flight while the block runs."""
+    async def lease(self, spec: ModelSpec, keep_alive: float | None = None):
+        """The ready engine for ``spec``, counted in flight while the block runs; it then
+        stays loaded ``keep_alive`` seconds (None: the model's or the pool's default)."""
         engine = self.engines.get(spec.id)
         if engine is None or engine.state in ("stopping", "stopped"):
             engine = await self._cold_start(spec)  # counted in flight already
@@ -89,7 +106,19 @@ class EnginePool:
         finally:
             engine.in_flight -= 1
             engine.last_used = time.monotonic()
+            engine.keep_alive = self._keep_alive_for(spec.id, keep_alive)
             await self._enforce_cap()
+            if engine.keep_alive == 0:
+                background(self._reap())
+
+    def _keep_alive_for(self, model_id: str, asked: float | None) -> float:
+        if asked is not None:
+            return asked
+        own = self.model_keep_alive(model_id)
+        return self.keep_alive if own is None else own
+
+    def pinned(self, key: str) -> bool:
+        return key in self.pins
 
     def _touch(self, key: str):
         if key in self.engines:
@@ -114,14 +143,15 @@ class EnginePool:
     def _new(self, spec: ModelSpec) -> EngineProcess:
         engine = EngineProcess(spec.id, spec.arg, self.engine_argv, api_key=self.api_key)
         engine.respawn = self._respawn
+        engine.keep_alive = self._keep_alive_for(spec.id, None)  # until a request says
         self.engines[spec.id] = engine
         return engine
 
     async def _enforce_cap(self):
         while len(self.engines) > self.cap and not self._closing:
-            idle = [k for k, e in self.engines.items() if e.in_flight == 0]
+            idle = [k for k, e in self.engines.items() if e.in_flight == 0 and k not in self.pins]
             if not idle:
-                return  # every engine is busy: try again when a request ends
+                return  # every engine is busy or pinned: try again when a request ends
             victim = idle[0]  # least recently used among the idle
             engine = self.engines.pop(victim)
             self.evictions += 1
@@ -129,10 +159,46 @@ class EnginePool:
             await engine.stop(drain=True)
             self.demotions += engine.demotions
 
+    async def _reap(self) -> None:
+        """Drain the idle, unpinned engines whose keep-alive has run out."""
+        now = time.monotonic()
+        for key, engine in list(self.engines.items()):
+            if (engine.in_flight == 0 and key not in self.pins and not self._closing
+                    and now - engine.last_used >= engine.keep_alive
+                    and engine.state not in ("new", "starting", "dead")
+                    and self.engines.get(key) is engine):
+                del self.engines[key]
+                self.unloads += 1
+                log.info("pool: unloading %s (idle past its keep_alive of %s)", key,
+                         "0 s" if engine.keep_alive == 0 else f"{engine.keep_alive:g} s")
+                await engine.stop(drain=True)
+                self.demotions += engine.demotions
+
+    async def _reap_forever(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(REAP_INTERVAL_S)
+            try:
+                await self._reap()
+            except Exception:  # the reaper must outlive any one engine's failure to stop
+                log.exception("pool: reaper")
+
+    async def _preload(self, spec: ModelSpec) -> None:
+        try:
+            engine = await self._cold_start(spec)
+        except Exception:
+            log.exception("pool: pinned model %s did not start", spec.id)
+            return
+        engine.in_flight -= 1
+
     # ---------------------------------------------------------------- life
     async def start(self):
-        """Start the default engine; requests wait for its readiness, start-up does not."""
+        """Start the default engine, then the pinned ones in the background (one load at
+        a time); requests wait for readiness, start-up does not."""
         await self._new(self.default).start()
+        for spec in self.pins.values():
+            if spec.id != self.default.id:
+                background(self._preload(spec))
+        self._reaper = background(self._reap_forever())  # any request may ask for a TTL
 
     def stop_respawning(self) -> None:
         """The parent is draining: engines that exit from now on stay down."""
@@ -142,6 +208,8 @@ class EnginePool:
 
     async def close(self):
         self._closing = True
+        if self._reaper is not None:
+            self._reaper.cancel()
         engines = list(self.engines.values())
         self.engines.clear()
         # drained, so an engine with an SSD tier writes its prompt cache before it goes
@@ -150,7 +218,33 @@ class EnginePool:
     def default_engine(self) -> EngineProcess | None:
         return self.engines.get(self.default.id)
 
+    def engine_for(self, model_id: str) -> EngineProcess | None:
+        """The engine serving ``model_id`` (by its pool key or the id it reported)."""
+        engine = self.engines.get(model_id)
+        if engine is not None:
+            return engine
+        return next((e for e in self.engines.values() if e.model_id == model_id), None)
+
+    def model_state(self, model_id: str) -> dict:
+        """``/v1/models``'s live fields of one model: state, pinned, when it unloads."""
+        engine = self.engine_for(model_id)
+        pinned = model_id in self.pins or (engine is not None and engine.model_id in self.pins)
+        if engine is None:
+            return {"state": "on_disk", "pinned": pinned}
+        state = {"ready": "resident", "stopping": "unloading", "failed": "failed",
+                 "stopped": "on_disk"}.get(engine.state, "loading")
+        out = {"state": state, "pinned": pinned}
+        left = None if pinned or engine.in_flight else engine.keep_alive - (
+            time.monotonic() - engine.last_used)
+        if state == "resident" and left is not None and left != math.inf:
+            out["expires_at"] = int(time.time() + max(0.0, left))
+        return out
+
     def describe(self) -> dict:
         return {"cap": self.cap, "default": self.default.id, "evictions": self.evictions,
-                "demotions": self.demotions,
-                "resident": [e.describe() for e in self.engines.values()]}
+                "demotions": self.demotions, "unloads": self.unloads,
+                "pins": sorted(self.pins),
+                "keep_alive": None if self.keep_alive == math.inf else self.keep_alive,
+                "resident": [{**e.describe(), "pinned": k in self.pins,
+                              "keep_alive": None if e.keep_alive == math.inf else e.keep_alive}
+                             for k, e in self.engines.items()]}

@@ -13,6 +13,7 @@ from blacksheep import Request, Response
 
 from .. import __version__, plugins
 from ..grammar_registry import registry as grammars
+from ..library.listing import with_states
 from .common import json_response
 from .library_routes import model_rows
 from .served_model import model_row
@@ -36,7 +37,8 @@ def register(app: App, engine: Engine) -> None:
                               "endpoints": ENDPOINTS, "web_chat": availability(app, request)})
 
     async def all_rows() -> list[dict[str, Any]]:
-        return [model_row(engine)] + await model_rows(app, engine.model.id, engine.started_at)
+        rows = [model_row(engine)] + await model_rows(app, engine.model.id, engine.started_at)
+        return with_states(rows, app.state.model_aliases, engine.started_at)
 
     async def models(request: Request) -> Response:
         return json_response({"object": "list", "data": await all_rows()})

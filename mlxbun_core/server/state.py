@@ -80,6 +80,8 @@ class AppState:
     """A reason ``/ws/chat`` answers 501 with (the ``--isolate`` parent proxy sets one)."""
     metrics: CollectorRegistry | None = None
     """This app's Prometheus registry (``GET /metrics``; :mod:`mlxbun_core.metrics`)."""
+    model_aliases: dict[str, str] = field(default_factory=dict)
+    """``mlxbun.yaml``'s aliases: listed by ``/v1/models`` (alias -> model id)."""
 
 
 class App(Application):
