@@ -33,9 +33,11 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def runners() -> dict[str, Callable[[dict, Emit], dict | None]]:
+    from ..hub import datasets, download, push
     from . import finetune, quantize
 
-    return {"finetune": finetune.run, "quantize": quantize.run}
+    return {"finetune": finetune.run, "quantize": quantize.run, "download": download.run,
+            "push": push.run, "dataset": datasets.run}
 
 
 # -- the child ------------------------------------------------------------------------
@@ -100,11 +102,25 @@ class JobManager:
                 proc.terminate()
             self.store.finish(job_id, "failed", "the server stopped while this job ran")
 
+    def cancel(self, job_id: str) -> bool:
+        """Stop a running job (SIGTERM: its body may clean up) or drop a queued one."""
+        proc = self._procs.get(job_id)
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            return True
+        row = self.store.get(job_id)
+        if row is not None and row["status"] == "queued":
+            return self.store.finish(job_id, "failed", "cancelled before it started")
+        return False
+
     def _serve(self) -> None:
         while True:
             job_id = self._queue.get()
             if job_id is None or self._closed:
                 return
+            row = self.store.get(job_id)
+            if row is None or row["status"] in TERMINAL:  # cancelled while queued
+                continue
             try:
                 self.execute(job_id)
             except Exception:  # never let one job stop the queue
