@@ -1,8 +1,9 @@
 """Download a hub repo into the HF cache, as a job (``kind: "download"``).
 
-``huggingface_hub`` does the transfer: blobs land as ``blobs/<etag>.incomplete`` and
-are renamed when whole, and a later attempt resumes a partial blob with a Range
-request. Around it this job body adds what a library needs:
+:mod:`.transfer` fetches each file through ``huggingface_hub``'s HTTP layer: blobs land
+as ``blobs/<etag>.incomplete``, are verified and renamed when whole, and a later attempt
+resumes a partial blob with a Range request. Around it this job body adds what a
+library needs:
 
 - only what a model needs is fetched (weights, configs, tokenizer; one GGUF of a
   GGUF-only repo), one file at a time so progress names the file;
@@ -161,7 +162,7 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 def run(config: dict[str, Any], emit: Emit) -> dict[str, Any]:
     """The job body: fetch, verify, then make the snapshot visible."""
-    from huggingface_hub import hf_hub_download
+    from .transfer import fetch
 
     signal.signal(signal.SIGTERM, _on_sigterm)
     repo, revision, cache = config["repo"], config["revision"], Path(config["cache_dir"])
@@ -187,9 +188,7 @@ def run(config: dict[str, Any], emit: Emit) -> dict[str, Any]:
     try:
         for name in files:
             progress.start_file(name)
-            hf_hub_download(repo, name, revision=commit, cache_dir=str(cache),
-                            endpoint=remote.endpoint(), token=remote.token() or False,
-                            tqdm_class=progress.bar_class())
+            fetch(repo, name, commit, repo_dir, progress.bar_class())
             progress.end_file()
         _verify(snapshot, {f: sizes[f] for f in files})
         if revision != commit:

@@ -131,6 +131,8 @@ class FakeHub:
                 self._auth(rq)
                 return self._json(rq, {"type": "user", "name": "tester", "auth": {
                     "accessToken": {"role": "write"}}})
+            if method == "POST" and path == "/api/validate-yaml":  # a card's metadata
+                return self._json(rq, {"errors": [], "warnings": []})
             if method == "POST" and path == "/api/repos/create":
                 return self._create(rq, json.loads(body or b"{}"))
             if method == "POST" and (m := _PREUPLOAD.match(path)):
