@@ -168,6 +168,12 @@ def run(config: dict[str, Any], emit: Emit) -> dict[str, Any]:
     repo, revision, cache = config["repo"], config["revision"], Path(config["cache_dir"])
     if remote.offline():
         raise JobError(remote.explain(RuntimeError("offline")))
+    from ..models.resolve import hub_unreachable
+
+    why = hub_unreachable(remote.endpoint())
+    if why is not None:
+        raise JobError(f"offline: the hub {remote.endpoint()} cannot be reached ({why}); "
+                       "models already downloaded still work")
     emit({"type": "stage", "stage": "resolve", "progress": 0.0, "message": f"asking the hub "
           f"about {repo}"})
     try:

@@ -21,6 +21,12 @@ def search(query: str, limit: int = 20) -> dict[str, Any]:
     if remote.offline():
         return {"ok": True, "offline": True, "results": [],
                 "error": remote.explain(RuntimeError("offline"))}
+    from ..models.resolve import hub_unreachable
+
+    why = hub_unreachable(remote.endpoint())  # fail in milliseconds, not after retries
+    if why is not None:
+        return {"ok": True, "offline": True, "results": [],
+                "error": f"offline: the hub {remote.endpoint()} cannot be reached ({why})"}
     try:
         found = list(remote.api().list_models(search=query, filter=MLX_FILTER,
                                               sort="downloads", limit=limit))
