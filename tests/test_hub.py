@@ -279,3 +279,37 @@ def test_serve_delete_and_resolve_folder(env):
     assert gone.status_code == 200, gone.text
     assert repo not in local_ids(env)
     assert not (env["root"] / "hf" / "hub" / "models--acme--Tiny-Second").exists()
+
+
+# -- offline and the CLI -------------------------------------------------------------------
+def test_offline_download_says_so_and_cached_models_stay_listed(env, monkeypatch):
+    before = local_ids(env)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    row = wait_job(env, api(env, "POST", "/api/hub/download",
+                            json={"repo": "acme/Tiny-Small-mlx"}).json()["job_id"])
+    assert row["status"] == "failed" and row["error"].startswith("offline: the hub")
+    assert local_ids(env) == before
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    body = api(env, "GET", "/api/hub/local?refresh=1").json()
+    assert body["offline"] is True and [m["repo_id"] for m in body["models"]] == before
+
+
+def test_cli_download_shows_a_bar_and_ls_lists_every_revision(env):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "mlxbun_core.cli"]
+    run = subprocess.run(cmd + ["download", "acme/Tiny-Small-mlx"], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "acme/Tiny-Small-mlx downloaded" in run.stdout
+    assert "acme/Tiny-Small-mlx:" in run.stderr and "100%" in run.stderr  # the tqdm bar
+    missing = subprocess.run(cmd + ["download", "acme/Nope"], capture_output=True, text=True,
+                             timeout=120)
+    assert missing.returncode == 2 and "not found on the hub (404)" in missing.stderr
+    ls = subprocess.run(cmd + ["ls", "--all-revisions", "Tiny-Small", "--json"],
+                        capture_output=True, text=True, timeout=120)
+    rows = [json.loads(line) for line in ls.stdout.splitlines()]
+    assert [(r["repo_id"], r["canonical"], r["refs"]) for r in rows] == [
+        ("acme/Tiny-Small-mlx", True, ["main"])]
+    assert "acme/Tiny-Small-mlx" in local_ids(env)
