@@ -5,7 +5,6 @@ with a local fake of the hub's HTTP API (the one boundary tests may fake): real
 from __future__ import annotations
 
 import json
-import os
 import stat
 import time
 from pathlib import Path
@@ -14,18 +13,16 @@ import httpx
 import pytest
 
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.fake_hub import FakeHub, FakeRepo, repo_from_dir
+from mlxbun_core.testing.fake_hub import (
+    FakeHub,
+    hub_environment,
+    padding_safetensors,
+    repo_from_dir,
+)
 from mlxbun_core.testing.server import free_port, start_server
 
 TOKEN = "hf_testtoken_0123456789"
 PAD_BYTES = 3 << 20
-
-
-def padding_safetensors(n: int) -> bytes:
-    """A valid safetensors file of one ``n``-byte U8 tensor (a big file to download)."""
-    header = json.dumps({"pad": {"dtype": "U8", "shape": [n], "data_offsets": [0, n]}}).encode()
-    header += b" " * (-len(header) % 8)
-    return len(header).to_bytes(8, "little") + header + bytes(range(256)) * (n // 256)
 
 
 @pytest.fixture(scope="module")
@@ -39,22 +36,10 @@ def env(tmp_path_factory):
              "acme/Tiny-Gated": repo_from_dir(ckpt, gated=True),
              "acme/Tiny-Torch": repo_from_dir(ckpt, tags=["pytorch"], downloads=5000),
              "acme/Tiny-Second": repo_from_dir(tiny_checkpoint("llama", seed=32))}
-    hub = FakeHub(repos, tokens=(TOKEN,))
-    saved = {k: os.environ.get(k) for k in ("HF_HOME", "HF_HUB_CACHE", "HF_ENDPOINT",
-                                            "HF_HUB_OFFLINE", "HF_TOKEN", "HF_TOKEN_PATH")}
-    os.environ.update({"HF_HOME": str(root / "hf"), "HF_HUB_CACHE": str(root / "hf" / "hub"),
-                       "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_TELEMETRY": "1"})
-    for k in ("HF_HUB_OFFLINE", "HF_TOKEN", "HF_TOKEN_PATH"):
-        os.environ.pop(k, None)
-    server = start_server(ckpt, max_tokens=4, sessions_dir=root / "sessions")
-    yield {"hub": hub, "server": server, "root": root, "base": server.base_url}
-    server.stop()
-    hub.close()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with FakeHub(repos, tokens=(TOKEN,)) as hub, hub_environment(root, hub):
+        server = start_server(ckpt, max_tokens=4, sessions_dir=root / "sessions")
+        yield {"hub": hub, "server": server, "root": root, "base": server.base_url}
+        server.stop()
 
 
 def api(env, method: str, path: str, **kw) -> httpx.Response:

@@ -18,9 +18,11 @@ import base64
 import contextlib
 import hashlib
 import json
+import os
 import re
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -295,3 +297,34 @@ def repo_from_dir(path: Path, *, gated: bool = False, downloads: int = 0,
              if p.is_file()}
     return FakeRepo(files, gated=gated, downloads=downloads,
                     tags=["mlx", "safetensors"] if tags is None else tags)
+
+
+HUB_ENV = ("HF_HOME", "HF_HUB_CACHE", "HF_ENDPOINT", "HF_HUB_OFFLINE", "HF_TOKEN",
+           "HF_TOKEN_PATH", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_DISABLE_TELEMETRY")
+
+
+@contextlib.contextmanager
+def hub_environment(root: Path, hub: FakeHub) -> Iterator[Path]:
+    """Point every HF setting of this process (and the job subprocesses it starts) at
+    ``root`` and ``hub``: cache and token under ``root/hf``, online, no token; restore
+    the environment afterwards. Yields the hub cache directory."""
+    saved = {k: os.environ.get(k) for k in HUB_ENV}
+    for k in HUB_ENV:
+        os.environ.pop(k, None)
+    os.environ.update({"HF_HOME": str(root / "hf"), "HF_HUB_CACHE": str(root / "hf" / "hub"),
+                       "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_TELEMETRY": "1"})
+    try:
+        yield root / "hf" / "hub"
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def padding_safetensors(n: int) -> bytes:
+    """A valid safetensors file of one ``n``-byte U8 tensor: a big file to download."""
+    header = json.dumps({"pad": {"dtype": "U8", "shape": [n], "data_offsets": [0, n]}}).encode()
+    header += b" " * (-len(header) % 8)
+    return len(header).to_bytes(8, "little") + header + (bytes(range(256)) * (n // 256 + 1))[:n]
