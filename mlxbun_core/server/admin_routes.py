@@ -16,8 +16,9 @@ from blacksheep import Request, Response
 
 from ..errors import APIError, BadRequest
 from ..hub import datasets, folders, gc, push, remote, settings
+from ..hub.jobs import Conflict
 from .common import guarded, json_response, read_body
-from .hub_routes import Conflict, ok_error, served_paths
+from .hub_routes import ok_error, served_paths
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
@@ -80,7 +81,7 @@ def register(app: App, engine: Engine) -> None:
         sent = (request.get_first_header(b"content-length") or b"0") != b"0" or (
             request.get_first_header(b"transfer-encoding") is not None)
         body = await read_body(request) if sent else {}
-        tool = body.get("tool") or (request.query.get("tool") or [None])[0]
+        tool = body.get("tool") or next(iter(request.query.get("tool") or []), None)
         return json_response({"ok": True, "alwaysAllow": settings.revoke(tool)})
 
     @guarded(ok_error)

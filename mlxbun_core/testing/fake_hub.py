@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 CHUNK = 64 << 10
@@ -173,8 +174,9 @@ class FakeHub:
     def _search(self, query: dict) -> list[dict]:
         q = (query.get("search") or [""])[0].lower()
         wanted = query.get("filter") or []
-        rows = [{"id": rid, "modelId": rid, "downloads": r.downloads, "likes": r.likes,
-                 "tags": r.tags, "private": r.private, "gated": r.gated}
+        rows: list[dict[str, Any]] = [
+            {"id": rid, "modelId": rid, "downloads": r.downloads, "likes": r.likes,
+             "tags": r.tags, "private": r.private, "gated": r.gated}
                 for rid, r in sorted(self.repos.items()) if r.kind == "model" and not r.private
                 and q in rid.lower() and all(t in r.tags for t in wanted)]
         rows.sort(key=lambda row: -row["downloads"])
