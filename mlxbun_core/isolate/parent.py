@@ -29,6 +29,7 @@ from ..metrics.isolate import ParentMetrics, route_of
 from ..server import guard
 from ..server.body import parse_body
 from ..server.web import open_paths
+from . import hub_serve
 from .child import EngineUnavailable
 from .drain import send_json
 from .pool import EnginePool, background
@@ -93,6 +94,9 @@ class ParentApp:
             return await send_json(send, 413, {"error": {
                 "message": f"request body over {MAX_BODY_BYTES} bytes",
                 "type": "invalid_request_error"}})
+        if path == "/api/hub/serve" and method == "POST" and (spec := _pool_target(
+                self.pool, body)) is not None:  # the pool is the parent's: add the model
+            return await send_json(send, 200, hub_serve.serve(self.pool, spec))
         await self._proxy(scope, body, receive, send)
 
     def _guard(self, scope) -> tuple | None:
@@ -356,6 +360,14 @@ def _guard_error(kind: str, message: str, anthropic: bool) -> dict:
 
 async def _never_disconnects():
     await asyncio.Event().wait()
+
+
+def _pool_target(pool: EnginePool, body: bytes):
+    try:
+        parsed = parse_body(body)
+    except APIError:
+        return None  # the engine's own parser answers the 400
+    return hub_serve.wanted(pool, parsed)
 
 
 def _model_field(body: bytes):
