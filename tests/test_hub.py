@@ -37,7 +37,8 @@ def env(tmp_path_factory):
              "acme/Tiny-Torch": repo_from_dir(ckpt, tags=["pytorch"], downloads=5000),
              "acme/Tiny-Second": repo_from_dir(tiny_checkpoint("llama", seed=32))}
     with FakeHub(repos, tokens=(TOKEN,)) as hub, hub_environment(root, hub):
-        server = start_server(ckpt, max_tokens=4, sessions_dir=root / "sessions")
+        # every interface, so a test can call it from a non-loopback address too
+        server = start_server(ckpt, max_tokens=4, sessions_dir=root / "sessions", host="0.0.0.0")
         yield {"hub": hub, "server": server, "root": root, "base": server.base_url}
         server.stop()
 
@@ -298,3 +299,22 @@ def test_cli_download_shows_a_bar_and_ls_lists_every_revision(env):
     assert [(r["repo_id"], r["canonical"], r["refs"]) for r in rows] == [
         ("acme/Tiny-Small-mlx", True, ["main"])]
     assert "acme/Tiny-Small-mlx" in local_ids(env)
+
+
+def test_admin_routes_refuse_remote_clients(env):
+    from tests.test_guard import outward_ip
+
+    remote = f"http://{outward_ip()}:{env['server'].port}"
+    for method, route, body in (
+            ("POST", "/api/hub/download", {"repo": "acme/Tiny-Small-mlx"}),
+            ("GET", "/api/hub/search?q=tiny", None), ("GET", "/api/gc/plan", None),
+            ("POST", "/api/gc/execute", {"yes": True}),
+            ("POST", "/api/settings/hf-token", {"token": TOKEN}),
+            ("DELETE", "/api/settings/tool-approvals", {"tool": "bash"}),
+            ("POST", "/api/dataset/submit", {"template_id": "chat-sessions"}),
+            ("POST", "/api/quantize/push", {"repo_id": "tester/x", "source_path": "/"}),
+            ("POST", "/api/hub/delete", {"repo": "acme/Tiny-Small-mlx"}),
+            ("POST", "/api/model/resolve-folder", {"folder_name": "x"})):
+        r = httpx.request(method, remote + route, json=body, timeout=30)
+        assert r.status_code == 403, route
+    assert api(env, "GET", "/api/settings/hf-token").json()["hasToken"] is False

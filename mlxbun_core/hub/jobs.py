@@ -9,7 +9,7 @@ live progress files the download jobs write.
 from __future__ import annotations
 
 import json
-import time
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ class HubJobs:
     def __init__(self, home: Path):
         self.home = Path(home)
         self._manager: JobManager | None = None
+        self._submit = threading.Lock()  # two clicks on Download: one job
 
     @property
     def manager(self) -> JobManager:
@@ -56,9 +57,10 @@ class HubJobs:
     def submit_download(self, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """Queue a download; :class:`Conflict` (409) while that repo is downloading."""
         config = download.prepare(body)
-        if self.active_download(config["repo"]) is not None:
-            raise Conflict(f"a download for {config['repo']} is already in progress")
-        job_id = self.manager.submit("download", config)
+        with self._submit:
+            if self.active_download(config["repo"]) is not None:
+                raise Conflict(f"a download for {config['repo']} is already in progress")
+            job_id = self.manager.submit("download", config)
         return job_id, config
 
     def downloads(self, limit: int = RECENT_DOWNLOADS) -> list[dict[str, Any]]:
@@ -96,7 +98,3 @@ def _epoch(iso: str | None) -> int | None:
     from datetime import datetime
 
     return int(datetime.fromisoformat(iso).timestamp())
-
-
-def now() -> float:
-    return time.time()
