@@ -36,6 +36,9 @@ def env(tmp_path_factory):
              "acme/Tiny-Gated": repo_from_dir(ckpt, gated=True),
              "acme/Tiny-Torch": repo_from_dir(ckpt, tags=["pytorch"], downloads=5000),
              "acme/Tiny-Second": repo_from_dir(tiny_checkpoint("llama", seed=32))}
+    flaky = repo_from_dir(ckpt)
+    flaky.files["padding.safetensors"] = padding_safetensors(PAD_BYTES - 4096)
+    repos["acme/Tiny-Flaky"] = flaky
     with FakeHub(repos, tokens=(TOKEN,)) as hub, hub_environment(root, hub):
         # every interface, so a test can call it from a non-loopback address too
         server = start_server(ckpt, max_tokens=4, sessions_dir=root / "sessions", host="0.0.0.0")
@@ -128,6 +131,21 @@ def test_download_cancel_leaves_no_half_model_and_resumes(env):
               if line.startswith("data: {\"type")]
     assert any(e["type"] == "stage" and e.get("received_bytes") for e in events)
     assert events[-1]["type"] == "done"
+
+
+def test_dropped_connections_resume_where_they_stopped(env):
+    hub, repo = env["hub"], "acme/Tiny-Flaky"
+    hub.cut_after = 1 << 20  # every response ends after 1 MiB of its body
+    try:
+        row = wait_job(env, api(env, "POST", "/api/hub/download",
+                                json={"repo": repo}).json()["job_id"])
+    finally:
+        hub.cut_after = None
+    assert row["status"] == "done", row["error"]
+    assert {"bytes=1048576-", "bytes=2097152-"} <= set(hub.ranges())
+    snap = Path(row["output_path"])
+    assert (snap / "padding.safetensors").read_bytes() == hub.repos[repo].files[
+        "padding.safetensors"]
 
 
 def test_download_of_an_unknown_repo_says_404(env):
