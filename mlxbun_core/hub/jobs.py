@@ -86,8 +86,7 @@ def download_row(row: dict[str, Any], home: Path) -> dict[str, Any]:
                     if k in live})
     elif state == "error":
         out["error"] = row["error"]
-    else:
-        out["path"] = row["output_path"]
+    else:  # the local path stays off this open route (as /library keeps it off)
         out["progress"] = 1.0
     return out
 
