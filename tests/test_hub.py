@@ -5,6 +5,7 @@ with a local fake of the hub's HTTP API (the one boundary tests may fake): real
 from __future__ import annotations
 
 import json
+import os
 import stat
 import time
 from pathlib import Path
@@ -317,6 +318,26 @@ def test_cli_download_shows_a_bar_and_ls_lists_every_revision(env):
     assert [(r["repo_id"], r["canonical"], r["refs"]) for r in rows] == [
         ("acme/Tiny-Small-mlx", True, ["main"])]
     assert "acme/Tiny-Small-mlx" in local_ids(env)
+
+
+def test_cli_upload_pushes_a_dataset_with_a_card(env, tmp_path):
+    import subprocess
+    import sys
+
+    src = tmp_path / "data"
+    src.mkdir()
+    (src / "train.jsonl").write_text('{"text": "a"}\n{"text": "b"}\n')
+    cmd = [sys.executable, "-m", "mlxbun_core.cli", "upload", "--path", str(src),
+           "--upload-repo", "tester/set", "--dataset"]
+    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "no hub token" in refused.stderr
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HF_TOKEN": TOKEN})
+    assert run.returncode == 0, run.stderr
+    repo = env["hub"].repos["tester/set"]
+    assert repo.kind == "dataset"
+    assert repo.files["train.jsonl"] == (src / "train.jsonl").read_bytes()
+    assert "`train.jsonl`: 2 rows" in repo.files["README.md"].decode()
 
 
 def test_admin_routes_refuse_remote_clients(env):

@@ -44,7 +44,7 @@ def card(path: Path, repo_id: str, repo_type: str) -> str:
     """A short README for a folder without one, from its own metadata files."""
     cfg = _json(path / "config.json")
     adapter = _json(path / "adapter_config.json")
-    lines = ["---", "library_name: mlx" if repo_type == "model" else "", "tags:", "- mlx",
+    lines = ["---", *(["library_name: mlx"] if repo_type == "model" else []), "tags:", "- mlx",
              "- mlxbun"]
     base = adapter.get("base_model_name_or_path") or adapter.get("model") or cfg.get(
         "_name_or_path")
@@ -64,7 +64,7 @@ def card(path: Path, repo_id: str, repo_type: str) -> str:
         lines.append(f"An {what} MLX checkpoint made with mlxbun"
                      f"{f' from {base}' if base else ''}.")
         lines += ["", "```sh", f"mlxbun serve {repo_id}", "```"]
-    return "\n".join(x for x in lines if x is not None) + "\n"
+    return "\n".join(lines) + "\n"
 
 
 def _json(path: Path) -> dict[str, Any]:
