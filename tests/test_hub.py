@@ -357,3 +357,46 @@ def test_admin_routes_refuse_remote_clients(env):
         r = httpx.request(method, remote + route, json=body, timeout=30)
         assert r.status_code == 403, route
     assert api(env, "GET", "/api/settings/hf-token").json()["hasToken"] is False
+
+
+FUZZED = {  # bodies that, mutated, must never get a 5xx or start real work
+    "/api/hub/serve": [{"model": "acme/Tiny-Big-4bit"}],
+    "/api/hub/delete": [{"repo": "acme/Not-Here"}],
+    "/api/model/resolve-folder": [{"folder_name": "models--acme--X", "rel_path": "a/b"}],
+    "/api/dataset/submit": [{"template_id": "nope", "inputs": {"valid_fraction": 0.1}}],
+    "/api/quantize/push": [{"repo_id": "tester/fz", "source_path": "/nonexistent/mlxbun-fz"}],
+    "/api/dataset/push": [{"repo_id": "tester/fz", "job_id": "nope"}],
+    "/api/gc/execute": [{"plan_id": "0000000000000000", "items": ["x"]}],
+    "/api/settings/hf-token": [{"token": "hf_fuzz"}],  # last: it may save a token
+}
+
+
+def fuzz_route(client: httpx.Client, route: str) -> None:
+    from hypothesis import HealthCheck, given, settings
+
+    from mlxbun_core.testing import fuzz
+
+    @settings(max_examples=20, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(sent=fuzz.encoded(route, FUZZED))
+    def one(sent):
+        r = client.post(route, content=sent, headers={"content-type": "application/json"})
+        where = f"{route} {r.status_code} for {sent[:200]!r}: {r.text[:200]}"
+        assert r.status_code < 500, where
+        if r.status_code >= 400:
+            body = r.json()
+            assert r.status_code in (400, 404, 409, 413), where
+            assert body["ok"] is False and isinstance(body["error"], str), where
+
+    one()
+
+
+def test_no_hub_admin_body_gets_a_5xx(env):
+    jobs_before = len(api(env, "GET", "/api/jobs?limit=500").json()["jobs"])
+    try:
+        with httpx.Client(base_url=env["base"], timeout=30) as client:
+            for route in FUZZED:
+                fuzz_route(client, route)
+    finally:
+        api(env, "DELETE", "/api/settings/hf-token")
+    assert len(api(env, "GET", "/api/jobs?limit=500").json()["jobs"]) == jobs_before

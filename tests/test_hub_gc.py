@@ -145,3 +145,16 @@ def test_cli_gc_prints_the_plan_then_deletes_with_yes(caches):
     done = subprocess.run(cmd + ["--yes"], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "reclaimed" in done.stdout and not caches["old"].exists()
+
+
+def test_a_model_another_server_announced_is_spared(caches):
+    from mlxbun_core.hub import serving
+
+    record = serving.announce(caches["served"], caches["home"])  # as a running server does
+    try:
+        p = gc.plan([], cache=caches["hub"], home=caches["home"])
+        assert f"revision:acme/B@{'3' * 40}" not in ids(p)
+    finally:
+        serving.withdraw(record)
+    assert f"revision:acme/B@{'3' * 40}" in ids(gc.plan([], cache=caches["hub"],
+                                                        home=caches["home"]))

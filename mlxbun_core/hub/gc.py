@@ -13,7 +13,8 @@ small JSON files; never tensor bytes) and proposes items:
 - ``job-output``: what a failed or vanished job left under ``<home>`` (its output dir,
   its log and config files).
 
-Never proposed: the served model's snapshot (or dir), a repo with a download running,
+Never proposed: the served model's snapshot (or dir), nor one another running server
+announced (:mod:`.serving`), a repo with a download running,
 anything outside the HF cache and ``<home>``. A plan has an id (a digest of its
 items); executing with that id re-plans and refuses when the cache changed since,
 and deletes only items of the fresh plan, re-checked one by one.
@@ -169,8 +170,10 @@ def plan(served: Iterable[Path] = (), *, cache: Path | None = None,
          home: Path | None = None, busy: Iterable[str] = ()) -> dict[str, Any]:
     """Everything removable, with sizes and a plan id. ``served``: model dirs in use;
     ``busy``: repo ids being downloaded."""
+    from .serving import served_elsewhere
+
     cache, home = cache or hf_cache_dir(), mlxbun_home(home)
-    served_paths = [Path(p).resolve() for p in served]
+    served_paths = [Path(p).resolve() for p in [*served, *served_elsewhere(home)]]
     active = set(busy) | {m["repo_id"] for m in partial.marks(home)
                           if pid_alive(int(m.get("pid") or 0))}
     items: list[Item] = []
@@ -203,8 +206,10 @@ def execute(served: Iterable[Path] = (), *, plan_id: str | None = None,
             home: Path | None = None, busy: Iterable[str] = ()) -> dict[str, Any]:
     """Delete a fresh plan's items (``only``: just these ids). With ``plan_id``, the
     fresh plan must be the one the caller saw, else :class:`PlanChanged`."""
+    from .serving import served_elsewhere
+
     cache, home = cache or hf_cache_dir(), mlxbun_home(home)
-    served = [Path(p).resolve() for p in served]
+    served = [Path(p).resolve() for p in [*served, *served_elsewhere(home)]]
     fresh = plan(served, cache=cache, home=home, busy=busy)
     if plan_id is not None and plan_id != fresh["plan_id"]:
         raise PlanChanged("the caches changed since that plan; plan again")

@@ -10,6 +10,7 @@ guard: loopback clients only unless an API key is set). Errors are
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from blacksheep import Request, Response
 
 from ..errors import APIError, BadRequest, NotFound
-from ..hub import remote
+from ..hub import remote, serving
 from ..hub.jobs import Conflict
 from ..hub.search import search
 from ..library.fit import machine
@@ -125,8 +126,15 @@ def register(app: App, engine: Engine) -> None:
     r.add_get("/downloads", downloads)
     r.add_post("/api/jobs/{job_id}/cancel", cancel)
 
+    records = []
+    for path in served_paths(engine):  # so `mlxbun gc` in another shell spares it
+        with contextlib.suppress(OSError):  # a read-only home: this process still knows
+            records.append(serving.announce(path))
+
     async def on_stop(application: Any) -> None:
         hub_jobs.close()
+        for record in records:
+            serving.withdraw(record)
 
     app.on_stop += on_stop
 
