@@ -25,6 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("ls", help="list local models (HF cache and converted models)")
     ls.add_argument("filter", nargs="?", default=None, help="case-insensitive id substring")
     ls.add_argument("--json", action="store_true", help="one JSON object per line")
+    ls.add_argument("--all-revisions", action="store_true",
+                    help="one row per cached snapshot (the canonical one marked *)")
 
     f = sub.add_parser("fit", help="will a model fit this machine: memory plan and decode rate")
     f.add_argument("positional", nargs="?", default=None, metavar="model")
@@ -44,10 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("out")
 
     from .config.show import add_parser as add_config_parser
+    from .hub import cli as hub_cli
     from .jobs import cli as jobs_cli
 
     jobs_cli.add_parsers(sub)
     add_config_parser(sub)
+    hub_cli.add_parsers(sub)
     return p
 
 
@@ -193,6 +197,15 @@ def cmd_ls(args: argparse.Namespace) -> int:
     from .library.report import assessment, ls_table
     from .library.scan import scan
 
+    if args.all_revisions:
+        from .hub.cli import all_revisions, print_revisions
+
+        rows = all_revisions(args.filter)
+        for row in rows if args.json else ():
+            print(json.dumps(row))
+        if not args.json:
+            print_revisions(rows)
+        return 0
     entries = [e for e in scan() if not args.filter or args.filter.lower() in e.id.lower()]
     m = machine()
     if args.json:
@@ -276,10 +289,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .config.show import cmd_config
 
         return cmd_config(args, build_serve_parser)
+    from .hub import cli as hub_cli
     from .jobs import cli as jobs_cli
 
     return {"plugins": cmd_plugins, "convert": cmd_convert, "ls": cmd_ls, "fit": cmd_fit,
-            "train": jobs_cli.cmd_train, "quantize": jobs_cli.cmd_quantize}[args.command](args)
+            "train": jobs_cli.cmd_train, "quantize": jobs_cli.cmd_quantize,
+            "download": hub_cli.cmd_download, "get": hub_cli.cmd_download,
+            "upload": hub_cli.cmd_upload, "gc": hub_cli.cmd_gc}[args.command](args)
 
 
 if __name__ == "__main__":

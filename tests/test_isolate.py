@@ -399,6 +399,20 @@ def test_parent_metrics_survive_engines_that_fail_to_answer():
     assert "mlxbun_pool_evictions_total 2.0" in lines
 
 
+def test_hub_serve_adds_a_local_model_to_the_pool(parent):
+    """The parent owns the pool, so /api/hub/serve starts the model there (no restart);
+    a model the library does not hold goes on to the engine, which says to restart."""
+    r = httpx.post(parent.base + "/api/hub/serve", json={"model": QWEN}, timeout=30)
+    assert r.status_code == 200 and r.json()["ok"] is True and r.json()["pool"] is True
+    parent.wait(lambda: parent.resident().get(QWEN, {}).get("state") == "ready", "qwen warm")
+    again = httpx.post(parent.base + "/api/hub/serve", json={"model": QWEN}, timeout=30).json()
+    assert again["state"] == "ready"
+    elsewhere = httpx.post(parent.base + "/api/hub/serve", json={"model": "acme/Not-Local"},
+                           timeout=30).json()
+    assert elsewhere == {"ok": False, "restart_required": True,
+                         "command": "mlxbun serve acme/Not-Local"}
+
+
 def test_a_draining_parent_says_so_on_health_and_finishes_its_streams(parent, reference):
     """SIGTERM: /health answers 503 draining (it used to be connection-refused), new
     generation gets a 503, the stream being proxied runs to its end, then exit 0.

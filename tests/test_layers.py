@@ -48,8 +48,10 @@ FLOORS = [
     # the local library, and choosing a model from it
     {"library/", "selection.py"},
     {"engine/", "adapters/", "jobs/"},
+    # configuration read at start-up
+    {"config/"},
     # what reads the engine: surfaces and their observers
-    {"server/", "webchat/", "metrics/"},
+    {"server/", "webchat/", "metrics/", "hub/"},
     # entry points
     {"startup.py", "cli.py", "isolate/", "testing/"},
 ]

@@ -23,78 +23,27 @@ tells the batch lane which sets may share a batch.
 
 from __future__ import annotations
 
-import functools
-import itertools
 import logging
 import os
 import re
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import fspaths
 from ..errors import BadRequest, NotFound
 from . import formats
+from .sets import NO_ADAPTERS, AdapterSet, Mounted, next_serial
 
 if TYPE_CHECKING:
     from .rows import Roster, RowRoute
 
 log = logging.getLogger("mlxbun.adapters")
 
-_serials = itertools.count(1)
 _SPLIT = re.compile(r"[+,]")
 
 
-@dataclass(eq=False)
-class Mounted:
-    id: str
-    info: formats.AdapterInfo
-    parts: dict  # module path -> (a, b, scale)
-    serial: int = field(default_factory=lambda: next(_serials))
-    mixable: bool = field(init=False)  # can run per row (plain linear layers only)
-
-    def __post_init__(self) -> None:
-        self.mixable = all(a.ndim == 2 for a, _, _ in self.parts.values())
-
-    @property
-    def ram_bytes(self) -> int:
-        return sum(a.nbytes + b.nbytes for a, b, _ in self.parts.values())
-
-    @property
-    def rank(self) -> int:
-        from .layers import rank_of
-
-        return max(rank_of(a) for a, _, _ in self.parts.values())
-
-    def row(self) -> dict:
-        return {"id": self.id, "path": str(self.info.path), "format": self.info.format,
-                "rank": self.rank, "scale": self.info.scale, "base_model": self.info.base_model,
-                "size_bytes": self.info.size_bytes, "mounted_layers": len(self.parts),
-                "ram_bytes": self.ram_bytes}
-
-
-@dataclass(frozen=True)
-class AdapterSet:
-    """The adapters one request runs with, in the order their residuals are summed."""
-
-    adapters: tuple = ()
-
-    @functools.cached_property
-    def key(self) -> str:
-        """Canonical identity: ``""`` for the base model, else ``id#serial`` joined by ``+``."""
-        return "+".join(f"{a.id}#{a.serial}" for a in self.adapters)
-
-    @property
-    def spec(self) -> str:
-        return "+".join(a.id for a in self.adapters) or "none"
-
-    def __bool__(self) -> bool:
-        return bool(self.adapters)
-
-
-NO_ADAPTERS = AdapterSet()
 
 
 def _mixing_default() -> bool:
@@ -374,7 +323,7 @@ class AdapterManager:
         self._roster = None  # let the old stacks go before the new ones are made
         roster = Roster(sorted((a for a in keep if a.mixable), key=lambda a: a.serial))
         self._roster, self._roster_stale = roster, not keep <= mounted
-        self._roster_key = f"\0rows#{next(_serials)}"  # never a set's key
+        self._roster_key = f"\0rows#{next_serial()}"  # never a set's key
         self._route = RowRoute()
         self._report_bytes()
         log.info("per-row LoRA: %d adapters stacked over %d layers, %.1f MB",

@@ -28,7 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 if TYPE_CHECKING:
-    from .manager import AdapterSet, Mounted
+    from .sets import AdapterSet, Mounted
 
 
 class RowRoute:

@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
-from ..adapters.manager import NO_ADAPTERS, AdapterSet
+from ..adapters.sets import NO_ADAPTERS, AdapterSet
 from ..contract import DraftSource, Tokenizer
 from ..events import Admitted, Event
 from .session import GenerationRequest, GenerationSession

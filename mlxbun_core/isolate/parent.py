@@ -20,15 +20,20 @@ import logging
 import time
 from pathlib import Path
 
-from ..errors import Unavailable
+from ..errors import APIError, Unavailable
+from ..hub.jobs import downloading_provider
 from ..library import checkpoint
 from ..library.cache import LibraryCache, local_rows
+from ..library.downloads import add_provider
 from ..library.fit import Machine, machine
 from ..library.listing import with_states
 from ..library.report import fit_report, library_row
 from ..metrics.isolate import ParentMetrics, route_of
+from ..models.paths import mlxbun_home
 from ..server import guard
+from ..server.body import parse_body
 from ..server.web import open_paths
+from . import hub_serve
 from .child import EngineUnavailable
 from .drain import send_json
 from .policy import PoolPolicy, route, routing_fields
@@ -63,6 +68,8 @@ class ParentApp:
         self._fit_weights: dict = {}
         self.metrics = ParentMetrics(pool)
         self.draining = False  # set by the first SIGINT/SIGTERM (ParentServer)
+        # the children's downloads, from the shared job store: /v1/models says "downloading"
+        add_provider(downloading_provider(mlxbun_home()))
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
@@ -95,6 +102,9 @@ class ParentApp:
             return await send_json(send, 413, {"error": {
                 "message": f"request body over {MAX_BODY_BYTES} bytes",
                 "type": "invalid_request_error"}})
+        if path == "/api/hub/serve" and method == "POST" and (spec := _pool_target(
+                self.pool, body)) is not None:  # the pool is the parent's: add the model
+            return await send_json(send, 200, hub_serve.serve(self.pool, spec))
         await self._proxy(scope, body, receive, send)
 
     def _guard(self, scope) -> tuple | None:
@@ -372,6 +382,14 @@ def _guard_error(kind: str, message: str, anthropic: bool) -> dict:
 
 async def _never_disconnects():
     await asyncio.Event().wait()
+
+
+def _pool_target(pool: EnginePool, body: bytes):
+    try:
+        parsed = parse_body(body)
+    except APIError:
+        return None  # the engine's own parser answers the 400
+    return hub_serve.wanted(pool, parsed)
 
 
 def _ctx(query: bytes) -> int | None:

@@ -32,15 +32,25 @@ LOG_FILE_BYTES = 4 << 20
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-def runners() -> dict[str, Callable[[dict, Emit], dict | None]]:
-    from . import finetune, quantize
+# What runs each kind of job, as "module:function" (the child imports only its own). The
+# training kinds are ours; other rooms add theirs by giving their manager ``runners=`` (the
+# hub's downloads, pushes and dataset builds), so this module knows none of them.
+RUNNERS = {"finetune": "mlxbun_core.jobs.finetune:run",
+           "quantize": "mlxbun_core.jobs.quantize:run"}
 
-    return {"finetune": finetune.run, "quantize": quantize.run}
+
+def runner(target: str) -> Callable[[dict, Emit], dict | None]:
+    """The function ``target`` ("module:function") names."""
+    import importlib
+
+    module, _, name = target.partition(":")
+    fn: Callable[[dict, Emit], dict | None] = getattr(importlib.import_module(module), name)
+    return fn
 
 
 # -- the child ------------------------------------------------------------------------
 def child_main(argv: list[str] | None = None) -> int:
-    kind, config_path, fd = (argv or sys.argv[1:])[:3]
+    target, config_path, fd = (argv or sys.argv[1:])[:3]
     out = os.fdopen(int(fd), "w", buffering=1)
 
     def emit(event: dict) -> None:
@@ -49,7 +59,7 @@ def child_main(argv: list[str] | None = None) -> int:
     emit({"type": "started"})
     try:
         config = json.loads(Path(config_path).read_text())
-        summary = runners()[kind](config, emit) or {}
+        summary = runner(target)(config, emit) or {}
     except JobError as exc:
         emit({"type": "failed", "error": str(exc)})
         return 1
@@ -65,9 +75,11 @@ def child_main(argv: list[str] | None = None) -> int:
 class JobManager:
     """Runs jobs one at a time in subprocesses and records them in a :class:`JobStore`."""
 
-    def __init__(self, store: JobStore, home: Path):
+    def __init__(self, store: JobStore, home: Path,
+                 runners: dict[str, str] | None = None):
         self.store = store
         self.home = Path(home)
+        self.runners = {**RUNNERS, **(runners or {})}
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._procs: dict[str, subprocess.Popen] = {}
         self._thread: threading.Thread | None = None
@@ -100,11 +112,25 @@ class JobManager:
                 proc.terminate()
             self.store.finish(job_id, "failed", "the server stopped while this job ran")
 
+    def cancel(self, job_id: str) -> bool:
+        """Stop a running job (SIGTERM: its body may clean up) or drop a queued one."""
+        proc = self._procs.get(job_id)
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            return True
+        row = self.store.get(job_id)
+        if row is not None and row["status"] == "queued":
+            return self.store.finish(job_id, "failed", "cancelled before it started")
+        return False
+
     def _serve(self) -> None:
         while True:
             job_id = self._queue.get()
             if job_id is None or self._closed:
                 return
+            row = self.store.get(job_id)
+            if row is None or row["status"] in TERMINAL:  # cancelled while queued
+                continue
             try:
                 self.execute(job_id)
             except Exception:  # never let one job stop the queue
@@ -126,7 +152,8 @@ class JobManager:
         read_fd, write_fd = os.pipe()
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "mlxbun_core.jobs.runner", row["kind"], str(cfg_path),
+                [sys.executable, "-m", "mlxbun_core.jobs.runner", self.runners[row["kind"]],
+                 str(cfg_path),
                  str(write_fd)], pass_fds=(write_fd,), stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, "PYTHONUNBUFFERED": "1", "TERM": "dumb", "NO_COLOR": "1"})

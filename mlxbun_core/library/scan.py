@@ -99,11 +99,15 @@ def _entry(path: Path, repo_id: str, source: str, size: int, revision=None, modi
 
 
 def _canonical(repo):
-    """The revision refs/main points at, else the most recently modified one."""
-    for rev in repo.revisions:
+    """The revision refs/main points at, else the most recently modified one; a
+    snapshot still downloading (or left half done) is never one."""
+    from .partial import incomplete
+
+    whole = [r for r in repo.revisions if not incomplete(Path(r.snapshot_path))]
+    for rev in whole:
         if "main" in rev.refs:
             return rev
-    return max(repo.revisions, key=lambda r: r.last_modified, default=None)
+    return max(whole, key=lambda r: r.last_modified, default=None)
 
 
 def scan_hf_cache(cache_dir: Path | None = None) -> list[Entry]:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -27,8 +27,30 @@ from prometheus_client.registry import Collector
 
 from .http import CONTENT_TYPE, OTHER_ROUTE, request_counter
 
-if TYPE_CHECKING:
-    from ..isolate.pool import EnginePool
+
+class _Engine(Protocol):
+    """What a scrape reads of one of the pool's engines (``isolate.pool.PooledEngine``)."""
+
+    @property
+    def model_id(self) -> str: ...
+    @property
+    def restarts(self) -> int: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def state(self) -> str: ...
+
+
+class EnginePool(Protocol):
+    """What the metrics read of the isolation pool (``isolate.pool.EnginePool``, a room
+    above this one)."""
+
+    @property
+    def engines(self) -> Mapping[str, _Engine]: ...
+    @property
+    def evictions(self) -> int: ...
+    @property
+    def cap(self) -> int: ...
 
 log = logging.getLogger("mlxbun.metrics")
 

@@ -37,6 +37,8 @@ SURFACES = (
     "mlxbun_core.server.library_routes",
     "mlxbun_core.server.adapters",
     "mlxbun_core.server.jobs",
+    "mlxbun_core.server.hub_routes",
+    "mlxbun_core.server.admin_routes",
     "mlxbun_core.server.sessions",
     "mlxbun_core.server.ws_chat",
     "mlxbun_core.server.web",

@@ -22,6 +22,7 @@ from blacksheep import Application
 from blacksheep.server.routing import Router
 from prometheus_client import CollectorRegistry
 
+from ..hub.jobs import HubJobs
 from ..jobs.runner import JobManager
 from ..jobs.store import JobStore
 from ..library.cache import LibraryCache
@@ -72,6 +73,8 @@ class AppState:
     """The local model scan (``/library``, the rows of ``/v1/models``)."""
     jobs: Jobs = field(default_factory=lambda: Jobs(mlxbun_home()))
     """Fine-tune and quantize jobs (``/api/jobs``, ``/api/finetune/*``, ``/api/quantize/*``)."""
+    hub_jobs: HubJobs = field(default_factory=lambda: HubJobs(mlxbun_home()))
+    """Downloads, pushes and dataset builds: their own queue (``/api/hub/*``, ``/downloads``)."""
     stats_providers: dict[str, Callable[[], dict[str, Any]]] = field(default_factory=dict)
     """Extra ``/stats`` sections: name -> a callable returning a JSON-able dict."""
     trusts_injected_history: bool = False

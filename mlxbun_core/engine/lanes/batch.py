@@ -31,12 +31,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ... import kvquant
-from ...adapters.manager import AdapterSet
+from ...adapters.sets import AdapterSet
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
 from .pace import FixedChunk, PrefillPacer
 from .prefill import PREFILL_TOKENS, make_generator, paced_turn, size_chunk
-from .solo import SoloSlot, deliver
+from .solo import BatchRow, SoloSlot, deliver
 from .tally import StepTally
 
 if TYPE_CHECKING:
@@ -49,15 +49,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("mlxbun.engine")
 
 NO_LIMIT = 1 << 30
-
-
-class _Row:
-    __slots__ = ("job", "prompt", "snapshot")
-
-    def __init__(self, job: GenerationJob, snapshot: bool):
-        self.job = job
-        self.prompt = job.request.prompt_tokens
-        self.snapshot = snapshot  # publish the prompt-boundary KV (caches that cannot rewind)
 
 
 class BatchLane:
@@ -77,7 +68,7 @@ class BatchLane:
         self.prefill_tokens = prefill_tokens  # per prefill chunk while other rows decode
         self._gen: BatchGenerator | None = None  # made on the worker thread at first use
         self._queue: collections.deque[GenerationJob] = collections.deque()
-        self._rows: dict[int, _Row] = {}
+        self._rows: dict[int, BatchRow] = {}
         self.steps = StepTally()  # decode steps and the rows they carried (/metrics)
         # a lone job decoding outside the batch
         self._solo = SoloSlot(self.model, admission, self._publish, self._uses_prefix,
@@ -179,7 +170,7 @@ class BatchLane:
         """The batch ``job`` may join (its adapter set's group)."""
         return "" if self.adapters is None else self.adapters.group(job.adapters)
 
-    def _forget(self, uid: int) -> _Row:
+    def _forget(self, uid: int) -> BatchRow:
         row = self._rows.pop(uid)
         if self.admission is not None:
             self.admission.release(row.job)
@@ -217,7 +208,7 @@ class BatchLane:
             samplers=[job.request.sampler],  # type: ignore[list-item]  # mlx-lm: None is greedy
             logits_processors=[job.request.processors])
         snapshot = self._uses_prefix(job) and len(segments) > 1 and not self._rewindable()
-        self._rows[uid] = _Row(job, snapshot)
+        self._rows[uid] = BatchRow(job, snapshot)
 
     def _solo_pacer(self) -> PrefillPacer:
         return self.pacer if self.solo_prefill is None else FixedChunk(self.solo_prefill)

@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from mlx_lm.generate import BatchGenerator
 
     from ..admission import Admission
-    from .batch import _Row
     from .tally import StepTally
 
 log = logging.getLogger("mlxbun.engine")
@@ -162,6 +161,17 @@ def last_row(gen: BatchGenerator) -> tuple[int, Pending] | None:
         return None
 
 
+class BatchRow:
+    """A batch lane's row: its job, its prompt, and whether to publish the prompt-boundary KV."""
+
+    __slots__ = ("job", "prompt", "snapshot")
+
+    def __init__(self, job: GenerationJob, snapshot: bool):
+        self.job = job
+        self.prompt = job.request.prompt_tokens
+        self.snapshot = snapshot  # publish the prompt-boundary KV (caches that cannot rewind)
+
+
 class SoloSlot:
     """The batch lane's lone job, if any: started alone, stepped here, handed into the
     batch when company arrives (``join``) and back out when the batch drains to it
@@ -233,7 +243,7 @@ class SoloSlot:
         self.solo = None  # the row keeps the admission reservation
         return job, solo.cache if solo.fed else None, solo.fed, segments
 
-    def leave(self, gen: BatchGenerator, rows: dict[int, _Row], pacer: PrefillPacer) -> None:
+    def leave(self, gen: BatchGenerator, rows: dict[int, BatchRow], pacer: PrefillPacer) -> None:
         """The batch's last decoding row (``rows``: uid -> row with a ``job``) goes on
         alone, with the token the batch already sampled for it."""
         last = last_row(gen)

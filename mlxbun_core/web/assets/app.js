@@ -5,11 +5,12 @@ import { snapshot, spotlight } from "./appctx.js";
 import { ChatView } from "./chat.js";
 import { ChatSocket } from "./conn.js";
 import { Composer } from "./composer.js";
+import { ModelsView } from "./models.js";
 import { Settings } from "./settings.js";
 import { Sidebar } from "./sidebar.js";
 import { StatusView } from "./status.js";
 
-const ROUTES = ["chat", "status"];
+const ROUTES = ["chat", "status", "models"];
 const $ = (id) => document.getElementById(id);
 
 // the open chat survives a reload of this tab (sessionStorage is per tab)
@@ -32,6 +33,7 @@ const chat = new ChatView($("messages"), {
 const settings = new Settings(send);
 const sidebar = new Sidebar(send, () => setSidebar(false));
 const status = new StatusView();
+const models = new ModelsView();
 const composer = new Composer((text, images) => {
   if (state.busy || !send({ type: "prompt", text, images: images.map(({ data, mimeType }) => ({ data, mimeType })) })) {
     return false;
@@ -182,12 +184,13 @@ function applyRoute() {
   });
   document.title = state.route === "chat" ? "mlxbun" : `mlxbun · ${state.route}`;
   status.show(state.route === "status");
+  models.show(state.route === "models");
   pushContext();
 }
 
 function pushContext() {
   if (!state.ready) return;
-  const view = state.route === "chat" ? "conversation" : "server status";
+  const view = { chat: "conversation", status: "server status", models: "model library" }[state.route];
   socket.send({ type: "context", context: { route: state.route, view, snapshot: snapshot(state.route) } });
 }
 

@@ -1,0 +1,91 @@
+"""The Models page in headless Chromium against a real server and the fake hub: search,
+a download with live progress, a cancelled download, serve and delete."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.fake_hub import (
+    FakeHub,
+    hub_environment,
+    padding_safetensors,
+    repo_from_dir,
+)
+from mlxbun_core.testing.server import start_server
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models-view")
+    ckpt = tiny_checkpoint("qwen3", seed=41)
+    slow = repo_from_dir(ckpt, downloads=10)
+    slow.files["padding.safetensors"] = padding_safetensors(4 << 20)
+    repos = {"acme/Tiny-Chat-4bit": repo_from_dir(ckpt, downloads=700),
+             "acme/Tiny-Slow-8bit": slow}
+    with FakeHub(repos) as hub, hub_environment(root, hub):
+        server = start_server(ckpt, max_tokens=4, sessions_dir=root / "sessions")
+        yield server, hub
+        server.stop()
+
+
+def shots(tmp_path: Path) -> Path:
+    out = Path(os.environ.get("MLXBUN_SCREENSHOT_DIR") or tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def test_models_view_search_download_serve_delete(page, served, tmp_path):
+    server, hub = served
+    page.goto(server.base_url + "/#models")
+    page.wait_for_selector("#view-models:not([hidden])")
+    page.fill("#hub-search-input", "tiny")
+    page.click("#hub-search-form button[type=submit]")
+    page.wait_for_selector(".hub-result[data-repo='acme/Tiny-Chat-4bit']")
+    assert page.locator(".hub-result").first.get_attribute("data-repo") == "acme/Tiny-Chat-4bit"
+
+    page.click(".hub-result[data-repo='acme/Tiny-Chat-4bit'] button")
+    page.wait_for_selector(".download[data-repo='acme/Tiny-Chat-4bit'][data-state=done]",
+                           timeout=60_000)
+    row = "#hub-local tr[data-repo='acme/Tiny-Chat-4bit']"
+    page.wait_for_selector(row)
+    page.screenshot(path=str(shots(tmp_path) / "webapp-models.png"))
+
+    page.click(f"{row} >> text=Serve")
+    page.wait_for_selector("#models-note:not([hidden])")
+    assert "mlxbun serve acme/Tiny-Chat-4bit" in page.inner_text("#models-note")
+
+    page.once("dialog", lambda d: d.accept())
+    page.click(f"{row} >> text=Delete")
+    page.wait_for_selector(row, state="detached")
+    assert "Deleted acme/Tiny-Chat-4bit" in page.inner_text("#models-note")
+    assert page.console.errors == []
+
+
+def test_models_view_shows_progress_and_cancels(page, served):
+    server, hub = served
+    hub.throttle_s = 0.05
+    try:
+        page.goto(server.base_url + "/#models")
+        page.fill("#hub-search-input", "slow")
+        page.click("#hub-search-form button[type=submit]")
+        page.click(".hub-result[data-repo='acme/Tiny-Slow-8bit'] button")
+        item = ".download[data-repo='acme/Tiny-Slow-8bit'][data-state=active]"
+        page.wait_for_selector(item, timeout=30_000)
+        page.wait_for_function(
+            "s => document.querySelector(s)?.querySelector('progress')?.value > 0.2",
+            arg=item, timeout=30_000)
+        assert "files" in page.inner_text(f"{item} .download-detail")
+        page.click(f"{item} >> text=Cancel")
+        done = ".download[data-repo='acme/Tiny-Slow-8bit'][data-state=error]"
+        page.wait_for_selector(done, timeout=30_000)
+        assert "cancelled" in page.inner_text(f"{done} .download-detail")
+        assert page.locator("#hub-local tr[data-repo='acme/Tiny-Slow-8bit']").count() == 0
+    finally:
+        hub.throttle_s = 0.0
+    assert page.console.errors == []
