@@ -39,6 +39,7 @@ SURFACES = (
     "mlxbun_core.server.jobs",
     "mlxbun_core.server.sessions",
     "mlxbun_core.server.ws_chat",
+    "mlxbun_core.server.curves",
     "mlxbun_core.server.web",
 )
 

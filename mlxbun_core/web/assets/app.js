@@ -5,12 +5,14 @@ import { snapshot, spotlight } from "./appctx.js";
 import { ChatView } from "./chat.js";
 import { ChatSocket } from "./conn.js";
 import { Composer } from "./composer.js";
+import { LAB_ROUTES, LabViews } from "./lab.js";
 import { Settings } from "./settings.js";
 import { Sidebar } from "./sidebar.js";
 import { StatusView } from "./status.js";
 
-const ROUTES = ["chat", "status"];
+const ROUTES = ["chat", "status", ...LAB_ROUTES];
 const $ = (id) => document.getElementById(id);
+const lab = new LabViews($("main"));
 
 // the open chat survives a reload of this tab (sessionStorage is per tab)
 const ACTIVE = "mlxbun.activePath";
@@ -182,12 +184,13 @@ function applyRoute() {
   });
   document.title = state.route === "chat" ? "mlxbun" : `mlxbun · ${state.route}`;
   status.show(state.route === "status");
+  lab.show(state.route);
   pushContext();
 }
 
 function pushContext() {
   if (!state.ready) return;
-  const view = state.route === "chat" ? "conversation" : "server status";
+  const view = { chat: "conversation", status: "server status" }[state.route] || `${state.route} jobs`;
   socket.send({ type: "context", context: { route: state.route, view, snapshot: snapshot(state.route) } });
 }
 
