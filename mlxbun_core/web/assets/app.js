@@ -84,6 +84,7 @@ function onFrame(frame) {
       setBusy(false);
       break;
     case "context": showContext(frame); break;
+    case "context_trimmed": chat.trimNote(frame.dropped); break;
     case "ui_navigate": navigate(frame.route); break;
     case "ui_spotlight":
       if (frame.route && frame.route !== state.route) navigate(frame.route);
@@ -167,6 +168,10 @@ function showContext(frame) {
   meter.textContent = `${frame.tokens.toLocaleString()} / ${frame.contextWindow.toLocaleString()} tokens`;
   meter.dataset.level = frame.percent > 90 ? "high" : frame.percent > 70 ? "mid" : "low";
   meter.setAttribute("aria-label", `Context window ${frame.percent}% used`);
+  meter.title = frame.warning || "Context window used";
+  const warn = $("context-warning");
+  warn.textContent = frame.warning || "";
+  warn.hidden = !frame.warning;
 }
 
 // -- routes ------------------------------------------------------------------------
