@@ -23,7 +23,7 @@ from blacksheep.contents import Content
 from ..engine.hlg import X_RANGE, parse_points
 from ..engine.reply import gather
 from ..errors import APIError, BadRequest
-from .common import json_response, read_body
+from .common import Handler, json_response, read_body
 from .generation import start_choices
 
 if TYPE_CHECKING:
@@ -174,26 +174,29 @@ def register_pages(app: App) -> None:
 
     files = load_files()
     for route, name in PAGES.items():
-        body = files.get(name)
-        if body is None:
-            continue
-
-        async def page(request: Request, body: bytes = body, name: str = name) -> Response:
-            resp = Response(200, None, Content(b"text/html; charset=utf-8", body))
-            resp.add_header(b"Cache-Control", b"no-store")
-            resp.add_header(b"X-Content-Type-Options", b"nosniff")
-            return resp
-
-        app.router.add_get(route, page)
-        app.state.guard.open_route(route)
+        if name in files:
+            app.router.add_get(route, _page(files[name]))
+            app.state.guard.open_route(route)
     for route in LAB_ROUTES:
-        async def redirect(request: Request, route: str = route) -> Response:
-            resp = Response(302, None, None)
-            resp.add_header(b"Location", f"/#{route}".encode())
-            return resp
-
-        app.router.add_get(f"/{route}", redirect)
+        app.router.add_get(f"/{route}", _redirect(f"/#{route}"))
         app.state.guard.open_route(f"/{route}")
+
+
+def _page(body: bytes) -> Handler:
+    async def page(request: Request) -> Response:
+        resp = Response(200, None, Content(b"text/html; charset=utf-8", body))
+        resp.add_header(b"Cache-Control", b"no-store")
+        resp.add_header(b"X-Content-Type-Options", b"nosniff")
+        return resp
+    return page
+
+
+def _redirect(location: str) -> Handler:
+    async def redirect(request: Request) -> Response:
+        resp = Response(302, None, None)
+        resp.add_header(b"Location", location.encode())
+        return resp
+    return redirect
 
 
 async def _sample(engine: Engine, req: ChatRequest) -> list[str]:
