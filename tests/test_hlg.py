@@ -211,3 +211,10 @@ def test_server_flags_become_the_default_every_request_merges_over(ckpt):
         assert off.sampling.hlg is None
     finally:
         engine.worker.close()
+
+
+def test_responses_reads_hlg_too(srv):
+    r = httpx.post(srv.v1 + "/responses", json={"model": "m", "input": "hi",
+                                                 "max_output_tokens": 4,
+                                                 "hlg": {"points": NON_MONOTONE}}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "hlg.points"
