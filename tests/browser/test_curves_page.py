@@ -133,3 +133,38 @@ def test_curves_screenshots(page, smollm2_path, tmp_path):
         page.screenshot(path=str(out / "webapp-curves.png"), full_page=True)
     finally:
         s.stop()
+
+
+@pytest.fixture(scope="module")
+def small_window(tmp_path_factory):
+    ckpt = tiny_checkpoint("qwen3", config_overrides={"max_position_embeddings": 1024})
+    s = start_server(ckpt, max_tokens=12, sessions_dir=tmp_path_factory.mktemp("sessions"))
+    s.engine.defaults["logit_bias"] = {str(i): -100 for i in s.engine.model.tokenizer.eos_token_ids}
+    yield s
+    s.stop()
+
+
+def test_a_long_chat_warns_then_leaves_out_old_turns_with_a_note(page, small_window):
+    page.goto(small_window.base_url + "/#chat")
+    page.wait_for_selector("#conn[data-state=open]")
+    warned = False
+    for i in range(8):
+        page.fill("#composer-input", f"Message {i}: " + " ".join(f"w{i}x{j}" for j in range(12)))
+        page.keyboard.press("Enter")
+        page.wait_for_function(
+            "n => !document.querySelector('.msg.assistant.streaming')"
+            " && document.querySelectorAll('.msg.assistant').length >= n", arg=i + 1)
+        page.wait_for_timeout(100)
+        if page.locator(".trim-note").count():
+            break
+        warned = warned or page.is_visible("#context-warning")
+    else:
+        pytest.fail("the chat never outgrew the window")
+    assert warned, "no warning before the first turn was left out"
+    assert "oldest turns" in page.inner_text("#context-warning")
+    assert "earlier messages were left out" in page.inner_text(".trim-note")
+    assert page.is_hidden("#error")
+    page.reload()  # the note is kept with the answer
+    page.wait_for_selector(".trim-note")
+    assert page.locator(".msg.user").count() == i + 1  # the chat still shows every message
+    assert page.console.errors == []
