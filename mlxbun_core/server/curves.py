@@ -1,6 +1,5 @@
 """The Curve Designer's backends and pages: POST /signal, POST /generate, GET /curves,
-/curve-terrain and /dag; and the lab's legacy paths (/quantize, /finetune, /dataset: 302s
-to the SPA's hash routes).
+/curve-terrain and /dag.
 
 /signal is one forward pass over a prompt (rendered as a single user turn) whose
 next-token log-probs are binned over the designer's x-axis, so the page can draw the
@@ -40,7 +39,6 @@ CORS = ((b"Access-Control-Allow-Origin", b"*"),
         (b"Access-Control-Allow-Headers", b"content-type, authorization"))
 PAGES = {"/curves": "/curves.html", "/curve-terrain": "/curve-terrain.html",
          "/dag": "/dag.html"}
-LAB_ROUTES = ("quantize", "finetune", "dataset")  # legacy paths: 302 to the SPA's hash routes
 assert AXIS[0] >= X_RANGE[0]
 
 
@@ -177,9 +175,6 @@ def register_pages(app: App) -> None:
         if name in files:
             app.router.add_get(route, _page(files[name]))
             app.state.guard.open_route(route)
-    for route in LAB_ROUTES:
-        app.router.add_get(f"/{route}", _redirect(f"/#{route}"))
-        app.state.guard.open_route(f"/{route}")
 
 
 def _page(body: bytes) -> Handler:
@@ -189,14 +184,6 @@ def _page(body: bytes) -> Handler:
         resp.add_header(b"X-Content-Type-Options", b"nosniff")
         return resp
     return page
-
-
-def _redirect(location: str) -> Handler:
-    async def redirect(request: Request) -> Response:
-        resp = Response(302, None, None)
-        resp.add_header(b"Location", location.encode())
-        return resp
-    return redirect
 
 
 async def _sample(engine: Engine, req: ChatRequest) -> list[str]:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 
 # The SPA's hash routes: the only places navigate_app may send the user.
-ROUTES = {"chat": "Chat", "status": "Status"}
+ROUTES = {"chat": "Chat", "status": "Status", "quantize": "Quantize", "finetune": "Fine-tune",
+          "dataset": "Dataset"}
 MAX_ELEMENTS = 120
 MAX_FIELD_CHARS = 200
 SPOTLIGHT_FIELDS = ("ref", "label", "selector", "target")
