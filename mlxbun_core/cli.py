@@ -82,8 +82,29 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--top-k", type=int)
     s.add_argument("--min-p", type=float)
     s.add_argument("--repetition-penalty", type=float)
+    add_hlg_flags(s)
     add_engine_flags(s)
     add_process_flags(s)
+
+
+def _nats(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"expected nats from 0 to 100, got {text}")
+    return value
+
+
+def add_hlg_flags(s: argparse.ArgumentParser) -> None:
+    """HLG tone-curve sampling as the server default (a request's ``hlg`` merges over it)."""
+    s.add_argument("--hlg-sampling", choices=("on", "off"), default="off",
+                   help="tone-curve sampling on the log-probs for every request "
+                        "(default: %(default)s; the mid gain is 1/--temperature)")
+    for flag, default, what in (("width", 4.0, "mid-region half-width"),
+                                ("shoulder", 4.0, "highlight rolloff scale"),
+                                ("toe", 6.0, "shadow rolloff scale"),
+                                ("pivot-offset", 6.0, "pivot: nats below the top token")):
+        s.add_argument(f"--hlg-{flag}", type=_nats, default=default, metavar="NATS",
+                       help=f"HLG {what} (default: %(default)s)")
 
 
 def add_engine_flags(s: argparse.ArgumentParser) -> None:

@@ -154,6 +154,7 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
     stderr and raised as :class:`StartFailed`."""
     from . import loader
     from .engine.core import Engine
+    from .engine.hlg import server_default
     from .kvquant.probe import KVQuantUnavailable
     from .library.scan import scan
     from .model import LoadOptions
@@ -161,6 +162,7 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
     from .selection import chosen_model, report_selection_error
 
     defaults = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
+    defaults["hlg"] = server_default(args)
     name = None
     try:
         name = chosen_model(args)

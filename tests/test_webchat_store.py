@@ -156,8 +156,10 @@ def test_app_tools_validate_against_the_route_catalog():
         "get_current_app_context", "navigate_app", "spotlight_ui"}
     result, frame = apptools.run_tool("navigate_app", {"route": "status"}, None)
     assert frame == {"type": "ui_navigate", "route": "status"}
+    _, frame = apptools.run_tool("navigate_app", {"route": "quantize"}, None)  # a lab page
+    assert frame == {"type": "ui_navigate", "route": "quantize"}
     with pytest.raises(apptools.ToolFailed, match="unknown route"):
-        apptools.run_tool("navigate_app", {"route": "quantize"}, None)
+        apptools.run_tool("navigate_app", {"route": "memory"}, None)
     _, frame = apptools.run_tool("spotlight_ui", {"target": "send", "message": "here"}, None)
     assert frame == {"type": "ui_spotlight", "target": "send", "message": "here"}
     with pytest.raises(apptools.ToolFailed):

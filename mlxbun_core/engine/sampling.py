@@ -12,6 +12,7 @@ from typing import Any, cast
 
 from ..contract import LogitsProcessor, Sampler, Tokenizer
 from ..errors import BadRequest
+from .hlg import ToneCurve, parse_hlg
 
 INT32_MAX = 2**31 - 1
 PENALTY_MAX = 2.0  # OpenAI's documented range for presence / frequency penalties
@@ -121,6 +122,7 @@ class SamplingParams:
     seed: int | None = None
     logprobs: bool = False
     top_logprobs: int = -1
+    hlg: ToneCurve | None = None  # a tone curve replacing the temperature sampler (hlg.py)
     # e.g. a grammar mask, applied last
     extra_processors: list[LogitsProcessor] = field(default_factory=list)
 
@@ -130,9 +132,12 @@ class SamplingParams:
         """Request values win over ``defaults`` (generation_config.json + server flags).
         ``accepted``: the sampler fields the surface takes from its body (None: all of
         them); the others are not read (a surface without them ignores them)."""
-        names = {f.name for f in fields(cls)} - {"extra_processors"}
+        names = {f.name for f in fields(cls)} - {"extra_processors", "hlg"}
         merged = {k: v for k, v in (defaults or {}).items() if k in names and v is not None}
         given = names if accepted is None else names & set(accepted)
+        reads_hlg = accepted is None or "hlg" in accepted
+        merged["hlg"] = parse_hlg(body.get("hlg") if reads_hlg else None,
+                                  (defaults or {}).get("hlg"))
         for name in given:
             if body.get(name) is not None:
                 merged[name] = body[name]
@@ -163,6 +168,9 @@ class SamplingParams:
         """mlx-lm's sampler for these settings; equal settings share one sampler object,
         so the batch lane samples rows with the same settings in one call."""
         # as mlx_lm.server: newline and EOS are never removed by XTC
+        curve = self.hlg.sampler(self.temperature) if self.hlg is not None else None
+        if curve is not None:
+            return curve
         xtc_special = tuple(tokenizer.encode("\n")) + tuple(sorted(tokenizer.eos_token_ids))
         return _sampler((self.temperature, self.top_p, self.min_p, self.top_k,
                          self.xtc_probability, self.xtc_threshold, xtc_special))

@@ -34,7 +34,8 @@ from .anthropic_tools import ToolSet, reference_text, tool_choice, tool_set
 # budget_close are read under their own names too
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "xtc_probability", "xtc_threshold",
             "repetition_penalty", "repetition_context_size", "presence_penalty",
-            "presence_context_size", "frequency_penalty", "frequency_context_size", "seed")
+            "presence_context_size", "frequency_penalty", "frequency_context_size", "seed",
+            "hlg")
 AUDIO_BLOCKS = ("input_audio", "audio", "audio_url")
 ROLES = ("user", "assistant", "system")
 

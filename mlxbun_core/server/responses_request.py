@@ -31,7 +31,8 @@ from ..toolcalls.choice import ToolChoice, check_tools, parse_parallel
 # ``parallel_tool_calls`` and ``budget_close`` too
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "xtc_probability", "xtc_threshold",
             "logit_bias", "repetition_penalty", "repetition_context_size", "presence_penalty",
-            "presence_context_size", "frequency_penalty", "frequency_context_size", "seed")
+            "presence_context_size", "frequency_penalty", "frequency_context_size", "seed",
+            "hlg")
 TEXT_PARTS = ("input_text", "output_text", "text")
 
 

@@ -12,7 +12,8 @@ import json
 from typing import Any
 
 # The SPA's hash routes: the only places navigate_app may send the user.
-ROUTES = {"chat": "Chat", "status": "Status", "models": "Models"}
+ROUTES = {"chat": "Chat", "status": "Status", "models": "Models", "quantize": "Quantize",
+          "finetune": "Fine-tune", "dataset": "Dataset"}
 MAX_ELEMENTS = 120
 MAX_FIELD_CHARS = 200
 SPOTLIGHT_FIELDS = ("ref", "label", "selector", "target")

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..errors import APIError, BadRequest
-from . import apptools
+from . import apptools, overflow
 from .history import first_answer, history_item
 from .store import Session, SessionStore
 
@@ -105,7 +105,8 @@ class Conversation:
         s = self.settings
         await self.send({"type": "settings", "systemPrompt": s.get("systemPrompt"),
                          "thinking": s.get("thinking"), "sampling": s.get("sampling") or {},
-                         "nextTurn": self.next_turn, "adapter": s.get("adapter")})
+                         "nextTurn": self.next_turn, "adapter": s.get("adapter"),
+                         "overflow": overflow.policy_of(s)})
 
     async def send_history(self) -> None:
         session = self.session
@@ -128,8 +129,13 @@ class Conversation:
 
     async def send_context(self, tokens: int) -> None:
         window = self.engine.model.context_window
-        await self.send({"type": "context", "tokens": tokens, "contextWindow": window,
-                         "percent": round(100.0 * tokens / window, 1) if window else None})
+        policy = overflow.policy_of(self.settings)
+        frame = {"type": "context", "tokens": tokens, "contextWindow": window,
+                 "percent": round(100.0 * tokens / window, 1) if window else None,
+                 "overflow": policy}
+        if warning := overflow.warning(tokens, overflow.window(self.engine), self.settings):
+            frame["warning"] = warning
+        await self.send(frame)
 
     async def count_tokens(self) -> int:
         """The open branch's prompt tokens as the next turn would send them (0: unknown)."""

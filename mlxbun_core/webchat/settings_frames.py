@@ -9,6 +9,7 @@ from ..errors import BadRequest
 from . import apptools
 from .conversation import Conversation
 from .fields import text_arg
+from .overflow import check_policy
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "xtc_probability", "xtc_threshold",
                  "repetition_penalty", "repetition_context_size", "presence_penalty",
@@ -16,7 +17,8 @@ SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "xtc_probability", "x
 
 
 class SettingsFrames:
-    """``set_thinking``, ``set_system_prompt``, ``set_adapter``, ``set_sampling``, ``context``."""
+    """``set_thinking``, ``set_system_prompt``, ``set_adapter``, ``set_sampling``,
+    ``set_overflow``, ``context``."""
 
     def __init__(self, conversation: Conversation):
         self.conv = conversation
@@ -59,6 +61,11 @@ class SettingsFrames:
         else:
             conv.update_settings({"sampling": current})
         await conv.send_settings()
+
+    async def on_set_overflow(self, frame: dict) -> None:
+        """What a chat that outgrows the window does: ``truncate`` or ``stop``."""
+        self.conv.update_settings({"overflow": check_policy(frame.get("policy"))})
+        await self.conv.send_settings()
 
     async def on_context(self, frame: dict) -> None:
         self.conv.app_context = apptools.clean_context(frame.get("context"))

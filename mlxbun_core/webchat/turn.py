@@ -77,8 +77,9 @@ def tool_call_json(call: ToolCall) -> dict:
 class Turn:
     """A turn of the conversation's open session; ``body`` is the OpenAI chat body it sends."""
 
-    def __init__(self, conv: Conversation, body: dict):
+    def __init__(self, conv: Conversation, body: dict, dropped: int = 0):
         self.conv, self.body = conv, body
+        self.dropped = dropped  # older messages left out to fit the window (overflow.py)
         self.gen: Any = None  # the engine's Generation now streaming
         self.aborted = False
         self.lane: str | None = None
@@ -101,6 +102,8 @@ class Turn:
     async def run(self, parent_id: str) -> None:
         """Stream generations until an answer, an abort or the tool-round cap; then turn_end."""
         conv = self.conv
+        if self.dropped:
+            await conv.send({"type": "context_trimmed", "dropped": self.dropped})
         await conv.send({"type": "turn_start"})
         finish = None
         try:
@@ -165,8 +168,11 @@ class Turn:
             message["tool_calls"] = calls
         if finish.reason == "error" and not (text or reasoning or calls):
             return finish, None  # nothing to keep; the user may regenerate
-        meta = {"lane": finish.usage.lane, "finish": "cancelled" if self.aborted else finish.reason,
-                "usage": finish.usage.openai()}
+        meta: dict[str, Any] = {"lane": finish.usage.lane,
+                                "finish": "cancelled" if self.aborted else finish.reason,
+                                "usage": finish.usage.openai()}
+        if self.dropped:
+            meta["trimmed"] = self.dropped
         return finish, draft.finish(message, meta)
 
     async def _run_tools(self, calls: list, parent_id: str) -> str:

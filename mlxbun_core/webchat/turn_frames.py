@@ -11,6 +11,7 @@ from pathlib import Path
 from ..errors import APIError, BadRequest
 from .conversation import Conversation
 from .fields import image_parts, text_arg
+from .overflow import fit
 from .turn import Turn
 
 log = logging.getLogger("mlxbun.webchat")
@@ -78,7 +79,8 @@ class TurnFrames:
         messages = conv.model_messages(history)
         if user_message is not None:
             messages.append(user_message)
-        turn = Turn(conv, conv.request_body(messages))
+        messages, dropped = await fit(conv, messages)  # the overflow policy (overflow.py)
+        turn = Turn(conv, conv.request_body(messages), dropped)
         conv.next_turn = {}
         if not await turn.start():
             return

@@ -6,12 +6,14 @@ import { ChatView } from "./chat.js";
 import { ChatSocket } from "./conn.js";
 import { Composer } from "./composer.js";
 import { ModelsView } from "./models.js";
+import { LAB_ROUTES, LabViews } from "./lab.js";
 import { Settings } from "./settings.js";
 import { Sidebar } from "./sidebar.js";
 import { StatusView } from "./status.js";
 
-const ROUTES = ["chat", "status", "models"];
+const ROUTES = ["chat", "status", "models", ...LAB_ROUTES];
 const $ = (id) => document.getElementById(id);
+const lab = new LabViews($("main"));
 
 // the open chat survives a reload of this tab (sessionStorage is per tab)
 const ACTIVE = "mlxbun.activePath";
@@ -84,6 +86,7 @@ function onFrame(frame) {
       setBusy(false);
       break;
     case "context": showContext(frame); break;
+    case "context_trimmed": chat.trimNote(frame.dropped); break;
     case "ui_navigate": navigate(frame.route); break;
     case "ui_spotlight":
       if (frame.route && frame.route !== state.route) navigate(frame.route);
@@ -167,6 +170,10 @@ function showContext(frame) {
   meter.textContent = `${frame.tokens.toLocaleString()} / ${frame.contextWindow.toLocaleString()} tokens`;
   meter.dataset.level = frame.percent > 90 ? "high" : frame.percent > 70 ? "mid" : "low";
   meter.setAttribute("aria-label", `Context window ${frame.percent}% used`);
+  meter.title = frame.warning || "Context window used";
+  const warn = $("context-warning");
+  warn.textContent = frame.warning || "";
+  warn.hidden = !frame.warning;
 }
 
 // -- routes ------------------------------------------------------------------------
@@ -185,12 +192,13 @@ function applyRoute() {
   document.title = state.route === "chat" ? "mlxbun" : `mlxbun · ${state.route}`;
   status.show(state.route === "status");
   models.show(state.route === "models");
+  lab.show(state.route);
   pushContext();
 }
 
 function pushContext() {
   if (!state.ready) return;
-  const view = { chat: "conversation", status: "server status", models: "model library" }[state.route];
+  const view = { chat: "conversation", status: "server status", models: "model library" }[state.route] || `${state.route} jobs`;
   socket.send({ type: "context", context: { route: state.route, view, snapshot: snapshot(state.route) } });
 }
 

@@ -59,6 +59,7 @@ export class ChatView {
         this.root.append(this.userMessage(item));
       } else if (item.role === "assistant") {
         if (!group) {
+          if (item.meta?.trimmed) this.trimNote(item.meta.trimmed);
           group = this.assistantMessage(item.id);
           this.root.append(group.article);
           this.siblingArrows(group.footer, item);
@@ -202,6 +203,13 @@ export class ChatView {
     card.classList.add(ok ? "ok" : "failed");
     card.querySelector(".tool-status").textContent = ok ? "done" : "failed";
     card.append(el("pre", "tool-result", pretty(result)));
+  }
+
+  // The overflow marker: older messages the model did not read for the answer below it.
+  trimNote(dropped) {
+    const words = dropped === 1 ? "1 earlier message was" : `${dropped} earlier messages were`;
+    this.root.append(el("p", "system-note trim-note",
+      `⋯ ${words} left out so the chat fits the model's context window`));
   }
 
   // -- the streaming turn -------------------------------------------------------------

@@ -1,5 +1,6 @@
-// Chat settings: the thinking switch, the system prompt and sampling (for the chat, or
-// for the next message only). The server keeps them with the session.
+// Chat settings: the thinking switch, the system prompt, sampling (for the chat, or for
+// the next message only) and what happens when the chat outgrows the model's window. The
+// server keeps them with the session.
 const FIELDS = ["temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens", "seed"];
 const INTEGER = new Set(["top_k", "max_tokens", "seed"]);
 
@@ -11,9 +12,12 @@ export class Settings {
     this.thinking = document.getElementById("thinking");
     this.system = document.getElementById("system-prompt");
     this.note = document.getElementById("settings-note");
+    this.overflow = document.getElementById("overflow-policy");
     this.inputs = Object.fromEntries(FIELDS.map((f) => [f, this.panel.querySelector(`[name=${f}]`)]));
     this.supportsThinking = false;
     this.toggle.addEventListener("click", () => this.setOpen(this.panel.hidden));
+    this.overflow.addEventListener("change", () =>
+      this.send({ type: "set_overflow", policy: this.overflow.value }));
     this.thinking.addEventListener("change", () =>
       this.send({ type: "set_thinking", enabled: this.thinking.checked }));
     document.getElementById("apply-session").addEventListener("click", () => this.apply("session"));
@@ -38,6 +42,7 @@ export class Settings {
   // The server's view of the session's settings.
   show(frame) {
     this.thinking.checked = frame.thinking ?? this.supportsThinking;
+    if (frame.overflow) this.overflow.value = frame.overflow;
     if (document.activeElement !== this.system) this.system.value = frame.systemPrompt || "";
     const sampling = { ...(frame.sampling || {}), ...(frame.nextTurn || {}) };
     for (const f of FIELDS) this.inputs[f].value = sampling[f] ?? "";

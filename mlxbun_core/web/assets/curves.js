@@ -1,0 +1,270 @@
+// The curve designer (/curves): draw a log-prob transfer curve, see the prompt's
+// next-token distribution under it (POST /signal), and compare samples drawn with the curve
+// against the model's default recipe (POST /generate). Mouse, touch and keyboard all edit
+// the same list of points; the server refuses a curve that goes down, and says why.
+import { apiKey, askForKey } from "./api.js";
+
+const $ = (id) => document.getElementById(id);
+const SVGNS = "http://www.w3.org/2000/svg";
+const X = [-20, 0];
+const Y = [-20, 0];
+const PLOT = { left: 40, right: 390, top: 10, bottom: 270 };
+const STEP = 0.5;
+const PRESETS = {
+  identity: [[-20, -20], [0, 0]],
+  sharpen: [[-20, -20], [-10, -19], [-3, -14], [0, 0]],
+  soften: [[-20, -20], [-10, -5], [0, 0]],
+  plateau: [[-20, -20], [-6, -12], [-2, -11], [0, -10]],
+};
+
+let points = PRESETS.identity.map((p) => [...p]);
+let bins = null;
+let focusIndex = -1;
+
+const round = (v) => Math.round(v * 100) / 100;
+const clamp = (v, [lo, hi]) => Math.min(hi, Math.max(lo, v));
+const sx = (x) => PLOT.left + (clamp(x, X) - X[0]) / (X[1] - X[0]) * (PLOT.right - PLOT.left);
+const sy = (y) => PLOT.bottom - (clamp(y, Y) - Y[0]) / (Y[1] - Y[0]) * (PLOT.bottom - PLOT.top);
+const ux = (px) => X[0] + (px - PLOT.left) / (PLOT.right - PLOT.left) * (X[1] - X[0]);
+const uy = (py) => Y[0] + (PLOT.bottom - py) / (PLOT.bottom - PLOT.top) * (Y[1] - Y[0]);
+
+export function isMonotone(pts) {
+  return pts.every((p, i) => i === 0 || (p[0] > pts[i - 1][0] && p[1] >= pts[i - 1][1]));
+}
+
+function el(name, attrs = {}) {
+  const node = document.createElementNS(SVGNS, name);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  return node;
+}
+
+function drawGrid() {
+  const grid = $("curve-grid");
+  for (let v = -20; v <= 0; v += 5) {
+    grid.append(el("line", { x1: sx(v), y1: PLOT.top, x2: sx(v), y2: PLOT.bottom }));
+    grid.append(el("line", { x1: PLOT.left, y1: sy(v), x2: PLOT.right, y2: sy(v) }));
+    const tx = el("text", { x: sx(v) - 6, y: PLOT.bottom + 16 });
+    tx.textContent = v;
+    const ty = el("text", { x: 8, y: sy(v) + 4 });
+    ty.textContent = v;
+    grid.append(tx, ty);
+  }
+}
+
+function drawBins() {
+  const g = $("curve-bins");
+  g.replaceChildren();
+  if (!bins) return;
+  const top = Math.max(...bins.map((c) => Math.log1p(c)), 1);
+  const width = (PLOT.right - PLOT.left) / bins.length;
+  bins.forEach((count, i) => {
+    const h = Math.log1p(count) / top * (PLOT.bottom - PLOT.top);
+    g.append(el("rect", { x: PLOT.left + i * width, y: PLOT.bottom - h, width: width, height: h }));
+  });
+}
+
+function render() {
+  const bad = !isMonotone(points);
+  const line = $("curve-line");
+  line.setAttribute("points", points.map(([x, y]) => `${sx(x)},${sy(y)}`).join(" "));
+  line.classList.toggle("bad", bad);
+  const note = $("curve-monotone");
+  note.textContent = bad ? "Not monotone: the server will refuse this curve." : "Monotone.";
+  if (bad) note.dataset.bad = "1";
+  else delete note.dataset.bad;
+  drawPoints();
+  drawRows();
+}
+
+function drawPoints() {
+  const g = $("curve-points");
+  g.replaceChildren();
+  points.forEach(([x, y], i) => {
+    const c = el("circle", { cx: sx(x), cy: sy(y), r: 7, tabindex: 0, role: "slider",
+      "aria-label": `Point ${i + 1}`, "aria-valuetext": `x ${x}, y ${y}`, "data-index": i });
+    c.addEventListener("keydown", (e) => onPointKey(e, i));
+    c.addEventListener("pointerdown", (e) => startDrag(e, i));
+    g.append(c);
+  });
+  if (focusIndex >= 0) g.children[Math.min(focusIndex, points.length - 1)]?.focus();
+}
+
+function drawRows() {
+  const body = $("curve-rows");
+  if (body.contains(document.activeElement)) return; // typing: keep the inputs as they are
+  body.replaceChildren();
+  points.forEach(([x, y], i) => {
+    const tr = document.createElement("tr");
+    for (const [axis, value] of [[0, x], [1, y]]) {
+      const td = document.createElement("td");
+      const input = Object.assign(document.createElement("input"), { type: "number", step: STEP, value });
+      input.setAttribute("aria-label", `Point ${i + 1} ${axis ? "y" : "x"}`);
+      input.addEventListener("change", () => {
+        const v = Number(input.value);
+        if (!Number.isFinite(v)) return;
+        points[i][axis] = v;
+        focusIndex = -1;
+        render();
+      });
+      td.append(input);
+      tr.append(td);
+    }
+    const td = document.createElement("td");
+    const remove = Object.assign(document.createElement("button"), { type: "button", textContent: "✕" });
+    remove.setAttribute("aria-label", `Remove point ${i + 1}`);
+    remove.disabled = points.length <= 2;
+    remove.addEventListener("click", () => removePoint(i));
+    td.append(remove);
+    tr.append(td);
+    body.append(tr);
+  });
+}
+
+function removePoint(i) {
+  if (points.length <= 2) return;
+  points.splice(i, 1);
+  focusIndex = -1;
+  render();
+}
+
+function addPoint(x, y) {
+  const at = points.findIndex((p) => p[0] > x);
+  const index = at < 0 ? points.length : at;
+  points.splice(index, 0, [round(x), round(y)]);
+  return index;
+}
+
+function onPointKey(event, i) {
+  const big = event.shiftKey ? 4 : 1;
+  const moves = { ArrowUp: [0, STEP], ArrowDown: [0, -STEP], ArrowLeft: [-STEP, 0], ArrowRight: [STEP, 0] };
+  if (event.key in moves) {
+    const [dx, dy] = moves[event.key];
+    points[i] = [round(points[i][0] + dx * big), round(points[i][1] + dy * big)];
+    focusIndex = i;
+    render();
+    event.preventDefault();
+  } else if (event.key === "Delete" || event.key === "Backspace") {
+    removePoint(i);
+    event.preventDefault();
+  }
+}
+
+function svgPoint(event) {
+  const svg = $("curve-svg");
+  const box = svg.getBoundingClientRect();
+  return [(event.clientX - box.left) / box.width * 400, (event.clientY - box.top) / box.height * 300];
+}
+
+function startDrag(event, i) {
+  event.preventDefault();
+  event.stopPropagation();
+  const svg = $("curve-svg");
+  svg.setPointerCapture(event.pointerId);
+  const move = (e) => {
+    const [px, py] = svgPoint(e);
+    points[i] = [round(clamp(ux(px), X)), round(clamp(uy(py), Y))];
+    focusIndex = -1;
+    render();
+  };
+  const stop = () => {
+    svg.removeEventListener("pointermove", move);
+    svg.removeEventListener("pointerup", stop);
+  };
+  svg.addEventListener("pointermove", move);
+  svg.addEventListener("pointerup", stop);
+}
+
+function onCanvasClick(event) {
+  if (event.target.tagName === "circle") return;
+  const [px, py] = svgPoint(event);
+  if (px < PLOT.left || px > PLOT.right || py < PLOT.top || py > PLOT.bottom) return;
+  focusIndex = addPoint(clamp(ux(px), X), clamp(uy(py), Y));
+  render();
+}
+
+// -- the server ---------------------------------------------------------------------
+async function post(path, body) {
+  const headers = { "content-type": "application/json" };
+  if (apiKey()) headers.Authorization = `Bearer ${apiKey()}`;
+  const response = await fetch(path, { method: "POST", headers, body: JSON.stringify(body) });
+  if (response.status === 401) {
+    await askForKey();
+    return post(path, body);
+  }
+  const data = await response.json().catch(() => ({}));
+  if (!response.ok) {
+    const message = typeof data.error === "string" ? data.error : data.error?.message;
+    throw new Error(message || `HTTP ${response.status}`);
+  }
+  return data;
+}
+
+function showError(message) {
+  const box = $("curve-error");
+  box.textContent = message || "";
+  box.hidden = !message;
+}
+
+function showSamples(list, samples) {
+  const ol = $(list);
+  ol.replaceChildren(...samples.map((s) => {
+    const li = document.createElement("li");
+    li.textContent = s.text || "(empty)";
+    if (s.junk) li.classList.add("junk");
+    return li;
+  }));
+}
+
+async function readSignal() {
+  showError("");
+  $("curve-note").textContent = "Reading the signal…";
+  try {
+    const data = await post("/signal", { prompt: $("curve-prompt").value });
+    bins = data.bins;
+    drawBins();
+    $("curve-note").textContent = `Signal over ${data.vocab.toLocaleString()} tokens.`;
+  } catch (err) {
+    showError(err.message);
+    $("curve-note").textContent = "";
+  }
+}
+
+async function generate(event) {
+  event.preventDefault();
+  showError("");
+  const base = { prompt: $("curve-prompt").value, n: Number($("curve-n").value) || 3,
+    max_tokens: Number($("curve-max").value) || 40, seed: Number($("curve-seed").value) || 0 };
+  $("curve-note").textContent = "Sampling…";
+  $("curve-generate").disabled = true;
+  try {
+    const curved = await post("/generate", { ...base, curve: { points } });
+    showSamples("samples-curve", curved.samples);
+    const plain = await post("/generate", { ...base, default: true });
+    showSamples("samples-default", plain.samples);
+    const r = plain.recipe || {};
+    $("recipe").textContent = `temperature ${r.temperature}, top-p ${r.topP}, top-k ${r.topK}`;
+    $("curve-note").textContent = "Done.";
+  } catch (err) {
+    showError(err.message);
+    $("curve-note").textContent = "";
+  } finally {
+    $("curve-generate").disabled = false;
+  }
+}
+
+drawGrid();
+render();
+$("curve-svg").addEventListener("click", onCanvasClick);
+$("curve-add").addEventListener("click", () => { // halfway along the last segment
+  const [a, b] = points.slice(-2);
+  focusIndex = addPoint((a[0] + b[0]) / 2, (a[1] + b[1]) / 2);
+  render();
+});
+document.querySelectorAll("[data-preset]").forEach((b) => b.addEventListener("click", () => {
+  points = PRESETS[b.dataset.preset].map((p) => [...p]);
+  focusIndex = -1;
+  render();
+}));
+$("curve-signal").addEventListener("click", readSignal);
+$("curve-form").addEventListener("submit", generate);
+$("key-form").addEventListener("submit", () => setTimeout(() => location.reload(), 0));

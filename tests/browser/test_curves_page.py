@@ -1,0 +1,170 @@
+"""The curve designer (/curves), the lab placeholders and the chat's overflow settings in
+headless Chromium against a real server: a drawn curve changes what is sampled, a curve
+that goes down is refused by the server and the page says why, the keyboard edits points,
+and the page fits a phone. Screenshots go where the web app's do."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.server import start_server
+
+pytestmark = pytest.mark.browser
+
+UNNAMED = """() => [...document.querySelectorAll('button, input, textarea, select')]
+    .filter(el => !(el.getAttribute('aria-label') || el.labels?.length || el.textContent.trim()))
+    .map(el => el.outerHTML.slice(0, 80))"""
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    s = start_server(tiny_checkpoint("llama", seed=3),
+                     sessions_dir=tmp_path_factory.mktemp("sessions"))
+    yield s
+    s.stop()
+
+
+def open_designer(page, server, samples: int = 2, max_tokens: int = 8) -> None:
+    page.goto(server.base_url + "/curves")
+    page.wait_for_selector("#curve-points circle")
+    page.fill("#curve-n", str(samples))
+    page.fill("#curve-max", str(max_tokens))
+
+
+def generate(page, timeout: float = 30_000) -> list[str]:
+    page.evaluate("document.getElementById('samples-default').replaceChildren()")
+    page.click("#curve-generate")
+    page.wait_for_selector("#samples-default li", timeout=timeout)
+    return page.locator("#samples-curve li").all_inner_texts()
+
+
+def test_drawing_a_curve_changes_sampling(page, tiny):
+    open_designer(page, tiny)
+    page.click("#curve-signal")
+    page.wait_for_function("document.querySelectorAll('#curve-bins rect').length === 80")
+    assert "Signal over 1,024 tokens" in page.inner_text("#curve-note")
+    page.click("[data-preset=identity]")
+    plain = generate(page)
+    assert len(plain) == 2
+    # draw: a click under the diagonal near the top adds a point there; the curve is now
+    # eight times steeper than the diagonal above it
+    box = page.locator("#curve-svg").bounding_box()
+    page.mouse.click(box["x"] + box["width"] * (40 + 350 * 18 / 20) / 400,
+                     box["y"] + box["height"] * (10 + 260 * 16 / 20) / 300)
+    assert page.locator("#curve-points circle").count() == 3
+    assert "Monotone" in page.inner_text("#curve-monotone")
+    drawn = generate(page)
+    assert len(drawn) == 2 and drawn != plain
+    assert page.is_hidden("#curve-error")
+    assert page.inner_text("#recipe").startswith("temperature")
+    assert page.console.errors == []
+
+
+def test_a_curve_that_goes_down_is_refused(page, tiny):
+    open_designer(page, tiny)
+    page.click("#curve-add")  # halfway along the last segment: (-10, -10), focused
+    assert page.evaluate("document.activeElement.getAttribute('aria-label')") == "Point 2"
+    for _ in range(6):  # the keyboard lifts it above the last point (0, 0)
+        page.keyboard.press("Shift+ArrowUp")
+    assert page.get_attribute("#curve-points circle:nth-child(2)", "aria-valuetext") == "x -10, y 2"
+    assert "Not monotone" in page.inner_text("#curve-monotone")
+    page.click("#curve-generate")
+    page.wait_for_selector("#curve-error:not([hidden])")
+    assert "not monotone" in page.inner_text("#curve-error")
+    assert page.locator("#samples-curve li").count() == 0
+    page.keyboard.press("Tab")  # Delete on a focused point removes it; the curve is fine again
+    page.focus("#curve-points circle:nth-child(2)")
+    page.keyboard.press("Delete")
+    assert page.locator("#curve-points circle").count() == 2
+    assert "Monotone" in page.inner_text("#curve-monotone")
+
+
+def test_phone_width_keyboard_and_labels(page, tiny):
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(tiny.base_url + "/curves")
+    page.wait_for_selector("#curve-points circle")
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.className") == "skip-link"
+    page.keyboard.press("Enter")
+    assert page.evaluate("document.activeElement.id") == "curve-prompt"
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    assert page.evaluate(UNNAMED) == []
+    page.focus("#curve-points circle:nth-child(1)")
+    page.keyboard.press("ArrowRight")
+    assert page.input_value("#curve-rows tr:first-child input") == "-19.5"  # the table follows
+    for path in ("/curve-terrain", "/dag"):
+        page.goto(tiny.base_url + path)
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+        assert page.evaluate(UNNAMED) == []
+    assert page.console.errors == []
+
+
+def test_lab_paths_and_the_overflow_setting(page, tiny):
+    page.goto(tiny.base_url + "/quantize")
+    page.wait_for_selector("#view-quantize:not([hidden])")
+    assert page.url.endswith("/#quantize")
+    page.wait_for_selector("#view-quantize .lab-jobs li")
+    assert "/api/quantize/submit" in page.inner_text("#view-quantize")
+    page.goto(tiny.base_url + "/#chat")
+    page.wait_for_selector("#conn[data-state=open]")
+    page.click("#settings-toggle")
+    assert page.input_value("#overflow-policy") == "truncate"
+    page.select_option("#overflow-policy", "stop")
+    page.wait_for_timeout(300)  # the server echoes the settings; an unknown frame would error
+    assert page.input_value("#overflow-policy") == "stop"
+    assert page.is_hidden("#error")
+    assert page.console.errors == []
+
+
+def test_curves_screenshots(page, smollm2_path, tmp_path):
+    out = Path(os.environ.get("MLXBUN_SCREENSHOT_DIR") or tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    s = start_server(smollm2_path, sessions_dir=tmp_path / "sessions")
+    try:
+        open_designer(page, s, samples=2, max_tokens=20)
+        page.click("#curve-signal")
+        page.wait_for_function("document.querySelectorAll('#curve-bins rect').length === 80")
+        page.click("[data-preset=sharpen]")
+        assert len(generate(page, timeout=240_000)) == 2
+        page.screenshot(path=str(out / "webapp-curves.png"), full_page=True)
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def small_window(tmp_path_factory):
+    ckpt = tiny_checkpoint("qwen3", config_overrides={"max_position_embeddings": 1024})
+    s = start_server(ckpt, max_tokens=12, sessions_dir=tmp_path_factory.mktemp("sessions"))
+    s.engine.defaults["logit_bias"] = {str(i): -100 for i in s.engine.model.tokenizer.eos_token_ids}
+    yield s
+    s.stop()
+
+
+def test_a_long_chat_warns_then_leaves_out_old_turns_with_a_note(page, small_window):
+    page.goto(small_window.base_url + "/#chat")
+    page.wait_for_selector("#conn[data-state=open]")
+    warned = False
+    for i in range(8):
+        page.fill("#composer-input", f"Message {i}: " + " ".join(f"w{i}x{j}" for j in range(12)))
+        page.keyboard.press("Enter")
+        page.wait_for_function(
+            "n => !document.querySelector('.msg.assistant.streaming')"
+            " && document.querySelectorAll('.msg.assistant').length >= n", arg=i + 1)
+        page.wait_for_timeout(100)
+        if page.locator(".trim-note").count():
+            break
+        warned = warned or page.is_visible("#context-warning")
+    else:
+        pytest.fail("the chat never outgrew the window")
+    assert warned, "no warning before the first turn was left out"
+    assert "oldest turns" in page.inner_text("#context-warning")
+    assert "earlier messages were left out" in page.inner_text(".trim-note")
+    assert page.is_hidden("#error")
+    page.reload()  # the note is kept with the answer
+    page.wait_for_selector(".trim-note")
+    assert page.locator(".msg.user").count() == i + 1  # the chat still shows every message
+    assert page.console.errors == []
