@@ -100,6 +100,8 @@ class Usage:
     lane: str = "serial"
     # {drafted, accepted, targetCalls} with a draft mounted
     speculation: dict[str, Any] | None = None
+    # forced-token fill counters (``usage.fill``) when the request ran with fill on
+    fill: dict[str, Any] | None = None
 
     def openai(self) -> dict[str, Any]:
         out = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
@@ -110,6 +112,8 @@ class Usage:
             out["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
         if self.speculation is not None:
             out["speculation"] = dict(self.speculation)
+        if self.fill is not None:
+            out["fill"] = dict(self.fill)
         return out
 
 

@@ -26,6 +26,7 @@ from ..events import Done, Event, Finish, Usage
 from ..media import parts as media_parts
 from ..model import LoadedModel, LoadOptions
 from .admission import Admission, default_batch
+from .fill import FillPolicy
 from .job import EventSink, GenerationJob
 from .lanes.batch import BatchLane
 from .lanes.pace import PrefillPacer
@@ -95,8 +96,9 @@ class Engine:
                  draft: DraftSource | None = None, batch: int | None = None,
                  prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
                  memory_budget_bytes: int | None = None, kv_quant: object = "off",
-                 ssd: SsdConfig | None = None):
+                 ssd: SsdConfig | None = None, fill: str | None = None):
         self.model = model
+        self.fill = FillPolicy.resolve(fill)  # forced-token fill (MLXBUN_FILL / --fill)
         self.draft = draft  # every request then decodes speculatively
         self.worker = worker or ModelWorker()
         self.prefix = PrefixCache(prompt_cache_bytes, tier=self._ssd_tier(ssd, prompt_cache_bytes),
@@ -223,6 +225,7 @@ class Engine:
                             EventSink(asyncio.get_running_loop()), limit, self.draft,
                             self.cache_namespace(req, adapters), adapters=adapters)
         job.session.on_finish = self.on_finish
+        job.fill = self.fill.open(job)
         self.worker.submit(job)
         self.requests += 1
         return Generation(self, job, prepared.warning)

@@ -38,8 +38,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mlxbun.engine")
 
-Steps: TypeAlias = "Generator[tuple[int, mx.array] | None, None, None]"
-"""A job's steps: None for a prefill chunk, else a sampled token and its log-probs."""
+Steps: TypeAlias = ("Generator[tuple[int, mx.array] | tuple[int, mx.array, list[int]] | None,"
+                    " None, None]")
+"""A job's steps: None for a prefill chunk, else a sampled token and its log-probs (and,
+with fill, the forced run fed after it)."""
 
 
 class SerialLane:
@@ -93,10 +95,11 @@ class SerialLane:
             out = next(steps)
             if out is None:  # a prefill chunk
                 return
-            token, logprobs = out
+            token, logprobs, *more = out
+            forced: list[int] = more[0] if more else []
             if self._kv is not None:
-                self._kv[1].append(token)
-            job.deliver(token, logprobs)
+                self._kv[1].extend([token, *forced])
+            job.deliver(token, logprobs, forced)
             if job.finished:
                 self._end(publish=True)
         except PrefillCancelled:
@@ -169,6 +172,12 @@ class SerialLane:
         n = yield from self._prefill(job, cache, n, publish=cacheable)
         if cacheable:
             self._kv = (cache, list(prompt))
+        if job.fill is not None:  # the grammar's forced runs ride with sampled tokens
+            from ..fill.decode import fill_steps
+
+            yield from fill_steps(self.model, prompt[n:], prompt, cache, req.sampler,
+                                  req.processors, job.fill)
+            return
         procs = _with_context(req.processors, prompt[:n])
         emb = req.input_embeddings[n:] if req.input_embeddings is not None else None
         # mlx-lm annotates its tokens as arrays; it yields them as ints (``y.item()``)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ..job import GenerationJob
@@ -63,7 +63,8 @@ class Solo:
         return None if trimmable(self.cache) else copy.deepcopy(self.cache)
 
     def step(self):
-        """One prefill chunk (returns None) or one token: ``(token, logprobs)``."""
+        """One prefill chunk (returns None) or one token: ``(token, logprobs, run)``,
+        ``run`` being the fill-forced tokens fed after it (usually none)."""
         import mlx.core as mx
         from mlx_lm.generate import generation_stream
 
@@ -82,14 +83,21 @@ class Solo:
                 self.fed.append(self.prompt[-1])
                 mx.async_eval(*self._next)
             y, logprobs = self._next
-            self._next = self._forward(y)  # queued before we wait on y: the device never idles
-            mx.async_eval(*self._next)
-            token = y.item()
-        self.fed.append(token)
+            run: list[int] = []
+            if self.job.fill is not None:  # the grammar's forced run rides with y
+                token = y.item()
+                run = self.job.fill.after(token)
+                self._next = self._forward(mx.array([token, *run]))
+                mx.async_eval(*self._next)
+            else:
+                self._next = self._forward(y)  # queued before we wait on y: never idle
+                mx.async_eval(*self._next)
+                token = y.item()
+        self.fed += [token, *run]
         self._count += 1
         if self._count % 256 == 0:
             mx.clear_cache()
-        return token, logprobs
+        return token, logprobs, run
 
     def handoff(self):
         """``(pending, segments)`` for the batch: the sampled but unfed ``(token,
@@ -105,7 +113,8 @@ class Solo:
         return (y.item(), logprobs), []
 
     def _forward(self, y):
-        """Feed ``y`` (shape (1,)); the sampled next token and its log-probabilities."""
+        """Feed ``y`` (shape (1,), or a token and its forced run); the sampled next token
+        and its log-probabilities."""
         import mlx.core as mx
 
         req = self.job.request
@@ -121,11 +130,12 @@ class Solo:
         return req.sampler(logprobs), logprobs.squeeze(0)
 
 
-def deliver(job: GenerationJob, token: int, logprobs) -> None:
-    """Hand ``job`` one token; the first one closes its prefill phase."""
+def deliver(job: GenerationJob, token: int, logprobs, forced: Sequence[int] = ()) -> None:
+    """Hand ``job`` one token (and the ``forced`` run fed after it); the first one
+    closes its prefill phase."""
     if job.session.t_first is None and job.started is not None:
         job.session.phases["prefill_s"] = time.perf_counter() - job.started
-    job.deliver(token, logprobs)
+    job.deliver(token, logprobs, forced)
 
 
 def last_row(gen) -> tuple[int, tuple] | None:
