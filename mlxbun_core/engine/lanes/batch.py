@@ -28,6 +28,7 @@ import time
 
 from ... import kvquant
 from ...adapters.manager import NO_ADAPTERS
+from ..fill import rows as fill_rows
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
 from .pace import FixedChunk, PrefillPacer
@@ -164,6 +165,7 @@ class BatchLane:
 
     def _forget(self, uid: int) -> _Row:
         row = self._rows.pop(uid)
+        fill_rows.forget(self._gen, uid)
         if self.admission is not None:
             self.admission.release(row.job)
         return row
@@ -198,6 +200,7 @@ class BatchLane:
             logits_processors=[job.request.processors])
         snapshot = self._uses_prefix(job) and len(segments) > 1 and not self._rewindable()
         self._rows[uid] = _Row(job, snapshot)
+        fill_rows.watch(self._generator(), uid, job.fill)
 
     def _solo_pacer(self) -> PrefillPacer:
         return self.pacer if self.solo_prefill is None else FixedChunk(self.solo_prefill)
@@ -212,6 +215,7 @@ class BatchLane:
     def _generator(self):
         if self._gen is None:
             self._gen = make_generator(self.model, self.cap)
+            fill_rows.install(self._gen)  # rows with a fill session feed forced runs
         return self._gen
 
     # -- tokens out ----------------------------------------------------------------
@@ -221,7 +225,7 @@ class BatchLane:
             return
         job = row.job
         if not job.finished:
-            deliver(job, r.token, r.logprobs)
+            deliver(job, r.token, r.logprobs, fill_rows.run_of(self._generator(), r.uid))
         if r.finish_reason is not None:  # the generator already dropped the row
             self._forget(r.uid)
             if not job.finished:
