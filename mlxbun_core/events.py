@@ -113,8 +113,15 @@ class Usage:
         if self.speculation is not None:
             out["speculation"] = dict(self.speculation)
         if self.fill is not None:
-            out["fill"] = dict(self.fill)
+            out["fill"] = self.fill_report()
         return out
+
+    def fill_report(self) -> dict[str, Any]:
+        """``usage.fill``: the fill counters, ``decodeSteps`` being the tokens that were
+        sampled (every completion token the engine did not append)."""
+        fill = dict(self.fill or {})
+        fill["decodeSteps"] = self.completion_tokens - fill.get("injected", 0)
+        return fill
 
 
 @dataclass

@@ -82,7 +82,7 @@ def _usage(usage: Usage, *, output: bool = True) -> dict[str, Any]:
     if output:
         out["output_tokens"] = usage.completion_tokens
         if usage.fill is not None:  # forced-token fill (MLXBUN_FILL=strict)
-            out["fill"] = dict(usage.fill)
+            out["fill"] = usage.fill_report()
     return out
 
 

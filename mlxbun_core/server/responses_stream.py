@@ -21,7 +21,7 @@ def usage(u: Usage) -> dict[str, Any]:
            "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
            "total_tokens": u.prompt_tokens + u.completion_tokens}
     if u.fill is not None:  # forced-token fill (MLXBUN_FILL=strict)
-        out["fill"] = dict(u.fill)
+        out["fill"] = u.fill_report()
     return out
 
 

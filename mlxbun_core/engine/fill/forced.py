@@ -28,13 +28,14 @@ if TYPE_CHECKING:
 
 class FillSession:
     """Per request: feeds each sampled token to the grammar and returns the forced run
-    after it (already fed too). ``counters`` is the request's ``usage.fill``."""
+    after it (already fed too). ``counters`` is the request's ``usage.fill`` (``decodeSteps`` is derived when
+    it is reported: the completion tokens not appended here)."""
 
     def __init__(self, policy: FillPolicy, grammar: GrammarProcessor, usage: Usage,
                  limit: int | None):
         self.policy, self.grammar, self.usage, self.limit = policy, grammar, usage, limit
         self.counters: dict[str, Any] = {"events": 0, "injected": 0, "strict": 0,
-                                         "spanLens": [], "decodeSteps": 0}
+                                         "spanLens": []}
         usage.fill = self.counters
         compiled = grammar.compiled
         self._bits = np.zeros((compiled.vocab_size + 31) // 32, dtype=np.int32)
@@ -44,8 +45,6 @@ class FillSession:
         """``token`` was just sampled and is about to be fed: the tokens the grammar
         forces after it (maybe none). Both are consumed by the grammar matcher here, so
         the processor only masks the position after the run."""
-        self.counters["decodeSteps"] += 1
-        self.policy.decode_steps += 1
         g = self.grammar
         if not self._ready():
             return []

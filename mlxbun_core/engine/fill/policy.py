@@ -49,7 +49,6 @@ class FillPolicy:
     requests: int = 0      # requests that ran with a fill session
     events: int = 0        # forced runs appended to a forward pass
     injected: int = 0      # tokens those runs carried
-    decode_steps: int = 0  # tokens sampled by fill-session requests
     refused: dict[str, int] = field(default_factory=dict)  # constrained but ineligible, why
 
     @classmethod
@@ -79,7 +78,7 @@ class FillPolicy:
     def stats(self) -> dict[str, Any]:
         return {"mode": self.mode, "max_span": self.max_span, "requests": self.requests,
                 "events": self.events, "injected": self.injected,
-                "decode_steps": self.decode_steps, "refused": dict(self.refused)}
+                "refused": dict(self.refused)}
 
 
 def refusal(job: GenerationJob) -> str | None:
