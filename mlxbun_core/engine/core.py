@@ -25,11 +25,12 @@ from ..errors import BadRequest, Unavailable
 from ..events import Done, Event, Finish, Usage
 from ..media import parts as media_parts
 from ..model import LoadedModel, LoadOptions
+from . import prefill_shapes
 from .admission import Admission, default_batch
 from .fill import FillPolicy
 from .job import EventSink, GenerationJob
 from .lanes.batch import BatchLane
-from .lanes.pace import PrefillPacer
+from .lanes.pace import MAX_CHUNK, PrefillPacer
 from .lanes.serial import SerialLane
 from .prepare import Prepared, media_pipeline, prepare
 from .prompt_cache import PrefixCache
@@ -142,6 +143,7 @@ class Engine:
                              if self.batch > 1 else [serial])
         if model.kind == "generate":
             self.worker.run_sync(lambda: self.pacer.calibrate(model.model))
+            self.worker.run_sync(lambda: prefill_shapes.warm(model.model, MAX_CHUNK))
         log.info("batch: %d rows (%s)", self.batch, self.batch_source if self.batch_plan is None
                  else f"auto: {self.batch_plan.reason}")
 

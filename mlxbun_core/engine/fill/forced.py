@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 
 class FillSession:
     """Per request: feeds each sampled token to the grammar and returns the forced run
-    after it (already fed too). ``counters`` is the request's ``usage.fill`` (``decodeSteps`` is derived when
-    it is reported: the completion tokens not appended here)."""
+    after it (already fed too). ``counters`` is the request's ``usage.fill``
+    (``decodeSteps`` is derived when reported: the completion tokens not appended)."""
 
     def __init__(self, policy: FillPolicy, grammar: GrammarProcessor, usage: Usage,
                  limit: int | None):

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from ... import kvquant
 from ...contract import DraftSource, LogitsProcessor
+from .. import prefill_shapes
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
 from .pace import PrefillPacer
@@ -192,8 +193,6 @@ class SerialLane:
         ``cache``, one paced chunk per step (the cancel flag is checked in between);
         returns where the decode starts. With ``publish``, caches that cannot rewind
         are snapshotted at the prompt boundary for the next turn."""
-        import mlx.core as mx
-
         req = job.request
         prompt, emb = req.prompt_tokens, req.input_embeddings
         end = (len(emb) if emb is not None else len(prompt)) - 1
@@ -201,13 +200,9 @@ class SerialLane:
         while i < end:
             size = self.pacer.chunk()
             j = min(i + size, end)
-            with self.pacer.timed(size) as timer:
-                if emb is None:
-                    self.model(mx.array(prompt[i:j])[None], cache=cache)
-                else:  # the prompt may be empty: the embeddings are the input
-                    self.model(mx.array(prompt[i:j] if prompt else [])[None], cache=cache,
-                               input_embeddings=emb[i:j][None])
-                mx.eval([c.state for c in cache])
+            with self.pacer.timed(size) as timer:  # (bucketed lengths on CUDA)
+                prefill_shapes.prefill(self.model, prompt[i:j], cache,
+                                       None if emb is None else emb[i:j])
                 timer.tokens = j - i
             i = j
             yield None

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from .. import prefill_shapes
 from ..job import GenerationJob
 from ..prompt_cache import trimmable
 from .pace import PrefillPacer
@@ -73,9 +74,8 @@ class Solo:
                 if self.prefilling:
                     start, size = len(self.fed), self.pacer.chunk()
                     chunk = self.prompt[start:min(start + size, len(self.prompt) - 1)]
-                    with self.pacer.timed(size) as timer:
-                        self.model(mx.array(chunk)[None], cache=self.cache)
-                        mx.eval([c.state for c in self.cache])
+                    with self.pacer.timed(size) as timer:  # (bucketed lengths on CUDA)
+                        prefill_shapes.prefill(self.model, chunk, self.cache)
                         timer.tokens = len(chunk)
                     self.fed += chunk
                     return None
