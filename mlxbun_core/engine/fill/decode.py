@@ -11,7 +11,7 @@ no pipelining that the plain loop had.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -24,7 +24,7 @@ Step = tuple[int, "mx.array", list[int]]
 
 
 def fill_steps(model: Any, tail: list[int], context: list[int], cache: list[Any],
-               sampler: Sampler, processors: list[LogitsProcessor],
+               sampler: Sampler | None, processors: list[LogitsProcessor],
                fill: FillSession) -> Iterator[Step]:
     """Decode from ``tail`` (the prompt tokens not yet in ``cache``; ``context`` is the
     whole prompt, what the logits processors see): ``(token, logprobs, run)`` per
@@ -33,6 +33,7 @@ def fill_steps(model: Any, tail: list[int], context: list[int], cache: list[Any]
     from mlx_lm.generate import generation_stream
 
     seen = mx.array(context[:len(context) - len(tail)], dtype=mx.uint32)
+    pick = sampler or (lambda x: mx.argmax(x, axis=-1))  # mlx-lm's default: greedy
 
     def forward(ids: list[int]) -> tuple[mx.array, mx.array]:
         nonlocal seen
@@ -44,12 +45,12 @@ def fill_steps(model: Any, tail: list[int], context: list[int], cache: list[Any]
                 for processor in processors:
                     logits = processor(seen, logits)
             logprobs = logits - mx.logsumexp(logits, keepdims=True)
-            return sampler(logprobs), logprobs.squeeze(0)
+            return pick(logprobs), logprobs.squeeze(0)
 
     y, logprobs = forward(tail)
     count = 0
     while True:
-        token = y.item()
+        token = cast("int", y.item())  # a token id array: .item() is an int
         run = fill.after(token)
         nxt = forward([token, *run])
         mx.async_eval(*nxt)

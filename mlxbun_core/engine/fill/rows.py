@@ -17,7 +17,7 @@ quantized KV) keep one token per step.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
@@ -41,15 +41,16 @@ class FillBatch(GenerationBatch):
         fills = [self.fills.get(uid) for uid in self.uids]
         if not any(fills) or not all(type(c) is BatchKVCache for c in self.prompt_cache):
             return super()._step()
-        ids: list[int] = self._next_tokens.tolist()  # the grammar reads them anyway
+        ids = cast("list[int]", self._next_tokens.tolist())  # the grammar reads them anyway
         runs = [f.after(t) if f is not None else [] for f, t in zip(fills, ids)]
         if not any(runs):  # the matchers have the tokens: the processors skip them
             return super()._step()
         return self._step_runs(ids, runs)
 
-    def _step_runs(self, ids: list[int], runs: list[list[int]]):
+    def _step_runs(self, ids: list[int],
+                   runs: list[list[int]]) -> tuple[list[int], list[mx.array]]:
         """The step with every row fed ``[token, *run]`` (right-padded) in one forward."""
-        self._current_tokens = self._next_tokens
+        self._current_tokens = self._next_tokens  # type: ignore[assignment]  # mlx-lm types it None
         self._current_logprobs = self._next_logprobs
         width = 1 + max(len(r) for r in runs)
         fed = [[t, *r] for t, r in zip(ids, runs)]
@@ -74,14 +75,16 @@ class FillBatch(GenerationBatch):
                 self.runs[uid] = row[1:]
         return ids, self._current_logprobs
 
-    def _processed(self, logits: mx.array, fed: list[list[int]]) -> tuple[mx.array, list]:
+    def _processed(self, logits: mx.array,
+                   fed: list[list[int]]) -> tuple[mx.array, list[mx.array]]:
         """Each row's logits processors over its context (which grows by its fed row)."""
-        if not any(self.logits_processors):
+        per_row = self.logits_processors or []
+        if not any(per_row):
             return logits, []
         out, context = [], []
         for e, row in enumerate(fed):
             sample = logits[e:e + 1]
-            processors = self.logits_processors[e] or ()
+            processors = per_row[e] or ()
             if processors:
                 seen = self._token_context[e].update_and_fetch(mx.array(row, dtype=mx.int32))
                 context.append(seen)
@@ -92,8 +95,7 @@ class FillBatch(GenerationBatch):
 
     def _sample(self, logprobs: mx.array) -> mx.array:
         """mlx-lm's sampling: one call when the rows share a sampler."""
-        samplers = [self.fallback_sampler if s is None else s
-                    for s in (self.samplers or [None] * len(self.uids))]
+        samplers = [self.fallback_sampler if s is None else s for s in self.samplers or []]
         if not samplers or all(s is samplers[0] for s in samplers):
             return (samplers[0] if samplers else self.fallback_sampler)(logprobs)
         return mx.concatenate([s(logprobs[e:e + 1]) for e, s in enumerate(samplers)], axis=0)
