@@ -115,6 +115,19 @@ def test_fill_equals_step_by_step(serial, batched, lane, body):
         assert fast.tool_calls and fast.tool_calls[0].name == "get_weather"
 
 
+@pytest.mark.parametrize("model_type", ["qwen3_5", "gemma4_text"])
+def test_fill_through_recurrent_and_sliding_caches(model_type):
+    """A run advances Qwen3.5's recurrent state and Gemma's sliding windows in one forward."""
+    eng = Engine.load(str(tiny_checkpoint(model_type, seed=3)), progress=False, batch=8,
+                      prompt_cache_bytes=0, fill="strict")
+    try:
+        (plain,), (fast,) = run(eng, [json_body()], "off"), run(eng, [json_body()], "strict")
+    finally:
+        eng.worker.close()
+    same(plain, fast)
+    filled(fast)
+
+
 def test_batch_rows_with_and_without_runs_share_a_step(batched, monkeypatch):
     shared = []
     step_runs = fill_rows.FillBatch._step_runs

@@ -109,7 +109,10 @@ class FillBatch(GenerationBatch):
 
 def install(gen: BatchGenerator) -> None:
     """Give ``gen`` (fresh: its generation batch still empty) the fill step."""
-    batch = FillBatch.empty(gen.model, gen.sampler)
+    try:
+        batch = FillBatch.empty(gen.model, gen.sampler)
+    except (AttributeError, TypeError):  # an mlx-lm whose internals differ: no batch fill
+        return
     batch.fills, batch.runs = {}, {}
     gen._generation_batch = batch
 
