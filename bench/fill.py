@@ -32,11 +32,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from serve_concurrency import SHAPES  # noqa: E402
-
-from mlxbun_core.engine import prefill_shapes  # noqa: E402
-from mlxbun_core.engine.core import Engine  # noqa: E402
-from mlxbun_core.engine.reply import Reply, gather  # noqa: E402
+from mlxbun_core.engine.core import Engine
+from mlxbun_core.engine.reply import Reply, gather
+from serve_concurrency import SHAPES
 
 FIELDS = {f"field_{i}": ({"type": "integer", "minimum": 0, "maximum": 99} if i % 4 == 0 else
                          {"type": "boolean"} if i % 4 == 1 else
@@ -89,6 +87,8 @@ def fill_part(eng: Engine, lane: str, kinds: list[str], rounds: int, clients: in
     for kind in kinds:
         times: dict[str, list[float]] = {"off": [], "strict": []}
         extra: dict[str, list[float]] = {"off": [], "strict": []}
+        constrained: dict[str, list[float]] = {"off": [], "strict": []}
+        plain_s: dict[str, list[float]] = {"off": [], "strict": []}
         seen: dict[str, tuple] = {}
         injected = tokens = 0
         for rnd in range(rounds + 1):  # round 0 warms both arms (not timed)
@@ -109,9 +109,12 @@ def fill_part(eng: Engine, lane: str, kinds: list[str], rounds: int, clients: in
                     continue
                 times[arm].append(dt)
                 if lane == "mixed":
-                    plain = replies[clients:]
                     extra[arm].append(statistics.mean(
-                        r.finish.timings.get("decode_tps", 0.0) for r in plain))
+                        r.finish.timings.get("decode_tps", 0.0) for r in replies[clients:]))
+                    constrained[arm].append(statistics.mean(
+                        r.finish.timings["total_s"] for r in replies[:clients]))
+                    plain_s[arm].append(statistics.mean(
+                        r.finish.timings["total_s"] for r in replies[clients:]))
                 if arm == "strict":
                     for r in replies[:clients if lane == "mixed" else 1]:
                         f = r.finish.usage.fill_report() if r.finish.usage.fill else {}
@@ -128,6 +131,9 @@ def fill_part(eng: Engine, lane: str, kinds: list[str], rounds: int, clients: in
         if lane == "mixed":
             row["plain_rows_tps_off"] = round(statistics.median(extra["off"]), 1)
             row["plain_rows_tps_strict"] = round(statistics.median(extra["strict"]), 1)
+            for arm in ("off", "strict"):
+                row[f"constrained_reply_s_{arm}"] = round(statistics.median(constrained[arm]), 4)
+                row[f"plain_reply_s_{arm}"] = round(statistics.median(plain_s[arm]), 4)
         print(json.dumps(row), flush=True)
         rows.append(row)
     eng.fill.mode = "off"

@@ -41,16 +41,16 @@ class FillSession:
         self._bits = np.zeros((compiled.vocab_size + 31) // 32, dtype=np.int32)
         self._eos = frozenset(compiled.eos_ids)
 
-    def after(self, token: int) -> list[int]:
+    def after(self, token: int, cap: int | None = None) -> list[int]:
         """``token`` was just sampled and is about to be fed: the tokens the grammar
-        forces after it (maybe none). Both are consumed by the grammar matcher here, so
-        the processor only masks the position after the run."""
+        forces after it (maybe none; at most ``cap``). Both are consumed by the grammar
+        matcher here, so the processor only masks the position after the run."""
         g = self.grammar
         if not self._ready():
             return []
         g._consume([token])
         g.consumed += 1
-        room = self.policy.max_span
+        room = self.policy.max_span if cap is None else min(cap, self.policy.max_span)
         if self.limit is not None:  # the run counts against the completion limit
             room = min(room, self.limit - self.usage.completion_tokens - 1)
         run: list[int] = []

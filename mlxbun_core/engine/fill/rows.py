@@ -17,6 +17,7 @@ quantized KV) keep one token per step.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any, cast
 
 import mlx.core as mx
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
     from mlx_lm.generate import BatchGenerator
 
     from .forced import FillSession
+
+
+DEFAULT_STEP_TOKENS = 1 << 30
 
 
 class FillBatch(GenerationBatch):
@@ -42,7 +46,8 @@ class FillBatch(GenerationBatch):
         if not any(fills) or not all(type(c) is BatchKVCache for c in self.prompt_cache):
             return super()._step()
         ids = cast("list[int]", self._next_tokens.tolist())  # the grammar reads them anyway
-        runs = [f.after(t) if f is not None else [] for f, t in zip(fills, ids)]
+        cap = step_tokens() // len(ids) - 1  # the longest run this step can carry
+        runs = [f.after(t, cap) if f is not None else [] for f, t in zip(fills, ids)]
         if not any(runs):  # the matchers have the tokens: the processors skip them
             return super()._step()
         return self._step_runs(ids, runs)
@@ -105,6 +110,12 @@ class FillBatch(GenerationBatch):
         super().filter(keep)
         for uid in gone:
             self.fills.pop(uid, None)
+
+
+def step_tokens() -> int:
+    """Query positions one shared fill step may run (rows x width), ``MLXBUN_FILL_BATCH_TOKENS``."""
+    raw = os.environ.get("MLXBUN_FILL_BATCH_TOKENS")
+    return int(raw) if raw else DEFAULT_STEP_TOKENS
 
 
 def install(gen: BatchGenerator) -> None:
