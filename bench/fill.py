@@ -201,7 +201,8 @@ def main() -> None:
     ap.add_argument("--workloads", nargs="*", default=["tool", "json10"])
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--clients", type=int, default=4, help="JSON (and plain) clients, mixed")
-    ap.add_argument("--history-words", type=int, default=3000, help="~4k tokens")
+    ap.add_argument("--history-words", type=int, default=1500,
+                    help="~4k tokens with the test tokenizer")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     path = checkpoint(args)

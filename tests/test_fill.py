@@ -128,7 +128,10 @@ def test_fill_through_recurrent_and_sliding_caches(model_type):
     filled(fast)
 
 
-def test_batch_rows_with_and_without_runs_share_a_step(batched, monkeypatch):
+@pytest.mark.parametrize("step_tokens", [None, "20"], ids=["default", "runs-cut"])
+def test_batch_rows_with_and_without_runs_share_a_step(batched, monkeypatch, step_tokens):
+    if step_tokens is not None:  # 5 rows x 4 positions: runs longer than 3 are cut
+        monkeypatch.setenv("MLXBUN_FILL_BATCH_TOKENS", step_tokens)
     shared = []
     step_runs = fill_rows.FillBatch._step_runs
 
