@@ -128,10 +128,10 @@ def test_fill_through_recurrent_and_sliding_caches(model_type):
     filled(fast)
 
 
-@pytest.mark.parametrize("step_tokens", [None, "20"], ids=["default", "runs-cut"])
+@pytest.mark.parametrize("step_tokens", ["512", "20"], ids=["gpu-default", "runs-cut"])
 def test_batch_rows_with_and_without_runs_share_a_step(batched, monkeypatch, step_tokens):
-    if step_tokens is not None:  # 5 rows x 4 positions: runs longer than 3 are cut
-        monkeypatch.setenv("MLXBUN_FILL_BATCH_TOKENS", step_tokens)
+    # (the CPU's default keeps one token per batch step; 20 = 5 rows x 4: runs cut to 3)
+    monkeypatch.setenv("MLXBUN_FILL_BATCH_TOKENS", step_tokens)
     shared = []
     step_runs = fill_rows.FillBatch._step_runs
 
@@ -153,9 +153,23 @@ def test_batch_rows_with_and_without_runs_share_a_step(batched, monkeypatch, ste
             assert b.finish.usage.fill is None
 
 
-def test_sampled_fill_keeps_the_grammar(batched):
+def test_cpu_batch_steps_carry_no_runs_by_default(batched, monkeypatch):
+    monkeypatch.delenv("MLXBUN_FILL_BATCH_TOKENS", raising=False)
+    assert fill_rows.step_tokens() == fill_rows.CPU_STEP_TOKENS == 0
+    step_runs = fill_rows.FillBatch._step_runs
+    calls = []
+    monkeypatch.setattr(fill_rows.FillBatch, "_step_runs",
+                        lambda self, ids, runs: calls.append(runs) or step_runs(self, ids, runs))
+    bodies = [json_body(), plain_body("Tell me a story"), tool_body()]
+    plain, fast = run(batched, bodies, "off"), run(batched, bodies, "strict")
+    assert not calls
+    for a, b in zip(plain, fast):
+        same(a, b)
+
+
+def test_sampled_fill_keeps_the_grammar(serial):
     bodies = [{**json_body(), "temperature": 1.0}, {**tool_body(), "temperature": 1.0}]
-    reply, call = run(batched, bodies, "strict")
+    reply, call = run(serial, bodies, "strict")
     assert set(json.loads(reply.content)) == set(FIELDS)
     filled(reply)
     args = json.loads(call.tool_calls[0].arguments)

@@ -30,11 +30,13 @@ if TYPE_CHECKING:
     from .forced import FillSession
 
 
-# A shared fill step computes every row at the full width. On a compute-bound CPU that
-# padding is paid for by the plain rows (bench/NOTES.md: 8 rows, 96 positions: the
-# constrained replies 2.2x faster, the plain ones 0.85x; unbounded widths made the plain
-# rows 0.56x); a GPU at decode batch sizes is bandwidth-bound, so wide steps are ~free.
-CPU_STEP_TOKENS = 96
+# A shared fill step computes every row at the full width. On a GPU at decode batch sizes a
+# step is bandwidth-bound, so a wider one costs about the same. On the CPU compute grows
+# with the width and the plain rows pay for the padding: measured (bench/NOTES.md, 8 rows,
+# tiny checkpoint) a mixed batch was 1.03x (JSON) and 0.63x (tool calls) with shared runs,
+# the plain rows at 0.4x their tok/s. So the CPU keeps one token per step in the batch
+# (fill still runs for a lone stream and on the serial lane, where it pays).
+CPU_STEP_TOKENS = 0
 GPU_STEP_TOKENS = 512
 
 
@@ -51,7 +53,7 @@ class FillBatch(GenerationBatch):
         if not any(fills) or not all(type(c) is BatchKVCache for c in self.prompt_cache):
             return super()._step()
         ids = cast("list[int]", self._next_tokens.tolist())  # the grammar reads them anyway
-        cap = step_tokens() // len(ids) - 1  # the longest run this step can carry
+        cap = max(0, step_tokens() // len(ids) - 1)  # the longest run this step can carry
         runs = [f.after(t, cap) if f is not None else [] for f, t in zip(fills, ids)]
         if not any(runs):  # the matchers have the tokens: the processors skip them
             return super()._step()
@@ -119,7 +121,7 @@ class FillBatch(GenerationBatch):
 
 def step_tokens() -> int:
     """Query positions one shared fill step may run (rows x width):
-    ``MLXBUN_FILL_BATCH_TOKENS``, else 96 on the CPU and 512 on a GPU."""
+    ``MLXBUN_FILL_BATCH_TOKENS``, else none on the CPU and 512 on a GPU."""
     raw = os.environ.get("MLXBUN_FILL_BATCH_TOKENS")
     if raw:
         return int(raw)
