@@ -214,8 +214,9 @@ class BatchLane:
 
     def _generator(self):
         if self._gen is None:
-            self._gen = make_generator(self.model, self.cap)
-            fill_rows.install(self._gen)  # rows with a fill session feed forced runs
+            gen = make_generator(self.model, self.cap)
+            fill_rows.install(gen)  # rows with a fill session feed forced runs
+            self._gen = gen
         return self._gen
 
     # -- tokens out ----------------------------------------------------------------
