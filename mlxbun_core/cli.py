@@ -127,6 +127,24 @@ def add_engine_flags(s: argparse.ArgumentParser) -> None:
                    help="memory the model, its KV and prefill may use, in GB (10^9 bytes); "
                         "sets max_safe_context and row admission (default: what MLX reports)")
     add_kv_quant_flag(s, default=os.environ.get("MLXBUN_KV_QUANT", "off"))
+    s.add_argument("--fill", choices=("off", "strict"),
+                   default=_fill_default(),
+                   help="forced-token fill: tokens a grammar leaves no choice about (JSON "
+                        "keys, tool-call markup) ride with the next forward instead of a "
+                        "decode step each; usage.fill reports them (MLXBUN_FILL, default off)")
+    s.add_argument("--prefill-buckets", choices=("auto", "on", "off"),
+                   default=os.environ.get("MLXBUN_PREFILL_BUCKETS", "auto"),
+                   help="split prefill chunks into power-of-two lengths so only known query "
+                        "shapes run (auto: on for CUDA; MLXBUN_PREFILL_BUCKETS)")
+
+
+def _fill_default() -> str:
+    from .engine.fill import parse_mode
+
+    try:
+        return parse_mode(os.environ.get("MLXBUN_FILL", os.environ.get("MLX_BUN_FILL")))
+    except ValueError:
+        return "off"
 
 
 def add_process_flags(s: argparse.ArgumentParser) -> None:

@@ -100,6 +100,8 @@ class Usage:
     lane: str = "serial"
     # {drafted, accepted, targetCalls} with a draft mounted
     speculation: dict[str, Any] | None = None
+    # forced-token fill counters (``usage.fill``) when the request ran with fill on
+    fill: dict[str, Any] | None = None
 
     def openai(self) -> dict[str, Any]:
         out = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
@@ -110,7 +112,16 @@ class Usage:
             out["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
         if self.speculation is not None:
             out["speculation"] = dict(self.speculation)
+        if self.fill is not None:
+            out["fill"] = self.fill_report()
         return out
+
+    def fill_report(self) -> dict[str, Any]:
+        """``usage.fill``: the fill counters, ``decodeSteps`` being the tokens that were
+        sampled (every completion token the engine did not append)."""
+        fill = dict(self.fill or {})
+        fill["decodeSteps"] = self.completion_tokens - fill.get("injected", 0)
+        return fill
 
 
 @dataclass

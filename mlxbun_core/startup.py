@@ -163,6 +163,8 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
 
     defaults = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
     defaults["hlg"] = server_default(args)
+    if getattr(args, "prefill_buckets", None):  # read per prefill chunk by engine.prefill_shapes
+        os.environ["MLXBUN_PREFILL_BUCKETS"] = args.prefill_buckets
     name = None
     try:
         name = chosen_model(args)
@@ -172,7 +174,8 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
                            batch=args.batch, prompt_cache_bytes=int(args.prompt_cache * (1 << 30)),
                            ssd=ssd,
                            memory_budget_bytes=int(args.memory_budget * 1e9)
-                           if args.memory_budget else None, kv_quant=args.kv_quant)
+                           if args.memory_budget else None, kv_quant=args.kv_quant,
+                           fill=getattr(args, "fill", None))
     except ModelNotFound as exc:
         raise StartFailed(report_selection_error(exc)) from None
     except (loader.NoPluginClaimed, KVQuantUnavailable) as exc:

@@ -26,10 +26,12 @@ from ..events import Done, Event, Finish, Usage
 from ..kvquant.probe import check_kernels, model_dtype
 from ..media import parts as media_parts
 from ..model import LoadedModel, LoadOptions
+from . import prefill_shapes
 from .admission import Admission, default_batch
+from .fill import FillPolicy
 from .job import EventSink, GenerationJob
 from .lanes.batch import BatchLane
-from .lanes.pace import PrefillPacer
+from .lanes.pace import MAX_CHUNK, PrefillPacer
 from .lanes.serial import SerialLane
 from .prepare import Prepared, media_pipeline, prepare
 from .prompt_cache import PrefixCache
@@ -96,8 +98,9 @@ class Engine:
                  draft: DraftSource | None = None, batch: int | None = None,
                  prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
                  memory_budget_bytes: int | None = None, kv_quant: object = "off",
-                 ssd: SsdConfig | None = None):
+                 ssd: SsdConfig | None = None, fill: str | None = None):
         self.model = model
+        self.fill = FillPolicy.resolve(fill)  # forced-token fill (MLXBUN_FILL / --fill)
         self.draft = draft  # every request then decodes speculatively
         self.worker = worker or ModelWorker()
         self.prefix = PrefixCache(prompt_cache_bytes, tier=self._ssd_tier(ssd, prompt_cache_bytes),
@@ -148,6 +151,7 @@ class Engine:
                              if self.batch > 1 else [serial])
         if model.kind == "generate":
             self.worker.run_sync(lambda: self.pacer.calibrate(model.model))
+            self.worker.run_sync(lambda: prefill_shapes.warm(model.model, MAX_CHUNK))
         log.info("batch: %d rows (%s)", self.batch, self.batch_source if self.batch_plan is None
                  else f"auto: {self.batch_plan.reason}")
 
@@ -233,6 +237,7 @@ class Engine:
                             EventSink(asyncio.get_running_loop()), limit, self.draft,
                             self.cache_namespace(req, adapters), adapters=adapters)
         job.session.on_finish = self.on_finish
+        job.fill = self.fill.open(job)
         self.worker.submit(job)
         self.requests += 1
         return Generation(self, job, prepared.warning)

@@ -11,7 +11,7 @@ import itertools
 import threading
 import time
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..adapters.sets import NO_ADAPTERS, AdapterSet
@@ -21,6 +21,8 @@ from .session import GenerationRequest, GenerationSession
 
 if TYPE_CHECKING:
     import mlx.core as mx
+
+    from .fill.forced import FillSession
 
 _ids = itertools.count(1)
 
@@ -143,6 +145,8 @@ class GenerationJob(Job):
         self.sink = sink
         self.started: float | None = None
         self.reserved_bytes = 0  # KV held against the memory budget while it runs
+        # forced-token fill (engine/fill/): set by the engine when the request may fill
+        self.fill: FillSession | None = None
 
     def mark_started(self, lane: str) -> None:
         """The job leaves the waiting queue and starts on ``lane``."""
@@ -163,10 +167,16 @@ class GenerationJob(Job):
     def emit(self, events: list[Event]) -> None:
         self.sink.post(events)
 
-    def deliver(self, token: int, logprobs: mx.array) -> None:
-        """One sampled token: through the text session, its events to the client. A
-        grammar that is complete ends the job here (only EOS could follow)."""
+    def deliver(self, token: int, logprobs: mx.array | None,
+                forced: Sequence[int] = ()) -> None:
+        """One sampled token, then the ``forced`` run the lane fed after it (fill):
+        through the text session, their events to the client. A grammar that is
+        complete after them ends the job here (only EOS could follow)."""
         events = self.session.step(token, logprobs)
+        for t in forced:
+            if self.finished:
+                break
+            events += self.session.step(t, None)
         grammar = self.request.grammar
         if not self.finished and grammar is not None and grammar.done:
             events += self.session.finish("stop")

@@ -78,14 +78,16 @@ class GenerationSession:
         self.on_finish: Callable[[Finish], None] | None = None
 
     # -- token side -------------------------------------------------------
-    def step(self, token: int, logprobs: mx.array) -> list[Event]:
-        """Consume one sampled token; return the events it produced."""
+    def step(self, token: int, logprobs: mx.array | None) -> list[Event]:
+        """Consume one sampled (or fill-forced: no ``logprobs``) token; return the
+        events it produced."""
         if self.t_first is None:
             self.t_first = time.perf_counter()
         self.usage.completion_tokens += 1
         if self.splitter.inside:
             self.usage.reasoning_tokens += 1
-        events = self._record_logprobs(token, logprobs) if self.logprobs is not None else []
+        events = (self._record_logprobs(token, logprobs)
+                  if self.logprobs is not None and logprobs is not None else [])
         if token in self.eos:
             return events + self.finish("stop")
         self.detok.add_token(token)

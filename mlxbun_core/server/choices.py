@@ -83,6 +83,10 @@ def combined_usage(usages: list[Usage]) -> Usage:
     specs = [u.speculation for u in usages if u.speculation]
     if specs:
         total.speculation = {k: sum(s.get(k, 0) for s in specs) for k in specs[0]}
+    fills = [u.fill for u in usages if u.fill]
+    if fills:
+        total.fill = {k: (sum((f[k] for f in fills), []) if isinstance(v, list)
+                          else sum(f[k] for f in fills)) for k, v in fills[0].items()}
     return total
 
 

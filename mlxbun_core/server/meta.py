@@ -72,6 +72,7 @@ def register(app: App, engine: Engine) -> None:
             "kv_quant": engine.kv_quant_stats(),
             "admission": {**engine.admission.stats(), "max_waiting": engine.worker.max_waiting},
             "grammar": grammars.stats(),
+            "fill": engine.fill.stats(),
             "speculation": ({"draft": engine.draft.name,
                              "num_draft_tokens": engine.draft.num_draft_tokens}
                             if engine.draft else None),

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ... import kvquant
 from ...adapters.sets import AdapterSet
+from ..fill import rows as fill_rows
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
 from .pace import FixedChunk, PrefillPacer
@@ -172,6 +173,7 @@ class BatchLane:
 
     def _forget(self, uid: int) -> BatchRow:
         row = self._rows.pop(uid)
+        fill_rows.forget(self._gen, uid)
         if self.admission is not None:
             self.admission.release(row.job)
         return row
@@ -209,6 +211,7 @@ class BatchLane:
             logits_processors=[job.request.processors])
         snapshot = self._uses_prefix(job) and len(segments) > 1 and not self._rewindable()
         self._rows[uid] = BatchRow(job, snapshot)
+        fill_rows.watch(self._generator(), uid, job.fill)
 
     def _solo_pacer(self) -> PrefillPacer:
         return self.pacer if self.solo_prefill is None else FixedChunk(self.solo_prefill)
@@ -222,9 +225,11 @@ class BatchLane:
 
     def _generator(self) -> BatchGenerator:
         if self._gen is None:
-            self._gen = make_generator(self.model, self.cap)
-            if self.adapters is not None:
-                self.adapters.attach(self._gen, self._rows_sets)
+            gen = make_generator(self.model, self.cap)
+            fill_rows.install(gen)  # rows with a fill session feed forced runs
+            self._gen = gen
+            if self.adapters is not None:  # after install: routes the fill step's passes too
+                self.adapters.attach(gen, self._rows_sets)
         return self._gen
 
     def _rows_sets(self, uids: list[int] | None = None) -> list[AdapterSet]:
@@ -241,7 +246,7 @@ class BatchLane:
             return
         job = row.job
         if not job.finished:
-            deliver(job, r.token, r.logprobs)
+            deliver(job, r.token, r.logprobs, fill_rows.run_of(self._generator(), r.uid))
         if r.finish_reason is not None:  # the generator already dropped the row
             self._forget(r.uid)
             if not job.finished:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from ... import kvquant
 from ...contract import DraftSource, LogitsProcessor
+from .. import prefill_shapes
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
 from .pace import PrefillPacer
@@ -38,8 +39,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mlxbun.engine")
 
-Steps: TypeAlias = "Generator[tuple[int, mx.array] | None, None, None]"
-"""A job's steps: None for a prefill chunk, else a sampled token and its log-probs."""
+Steps: TypeAlias = ("Generator[tuple[int, mx.array] | tuple[int, mx.array, list[int]] | None,"
+                    " None, None]")
+"""A job's steps: None for a prefill chunk, else a sampled token and its log-probs (and,
+with fill, the forced run fed after it)."""
 
 
 class SerialLane:
@@ -93,10 +96,11 @@ class SerialLane:
             out = next(steps)
             if out is None:  # a prefill chunk
                 return
-            token, logprobs = out
+            token, logprobs, *more = out
+            forced: list[int] = more[0] if more else []
             if self._kv is not None:
-                self._kv[1].append(token)
-            job.deliver(token, logprobs)
+                self._kv[1].extend([token, *forced])
+            job.deliver(token, logprobs, forced)
             if job.finished:
                 self._end(publish=True)
         except PrefillCancelled:
@@ -169,6 +173,12 @@ class SerialLane:
         n = yield from self._prefill(job, cache, n, publish=cacheable)
         if cacheable:
             self._kv = (cache, list(prompt))
+        if job.fill is not None:  # the grammar's forced runs ride with sampled tokens
+            from ..fill.decode import fill_steps
+
+            yield from fill_steps(self.model, prompt[n:], prompt, cache, req.sampler,
+                                  req.processors, job.fill)
+            return
         procs = _with_context(req.processors, prompt[:n])
         emb = req.input_embeddings[n:] if req.input_embeddings is not None else None
         # mlx-lm annotates its tokens as arrays; it yields them as ints (``y.item()``)
@@ -183,8 +193,6 @@ class SerialLane:
         ``cache``, one paced chunk per step (the cancel flag is checked in between);
         returns where the decode starts. With ``publish``, caches that cannot rewind
         are snapshotted at the prompt boundary for the next turn."""
-        import mlx.core as mx
-
         req = job.request
         prompt, emb = req.prompt_tokens, req.input_embeddings
         end = (len(emb) if emb is not None else len(prompt)) - 1
@@ -192,13 +200,9 @@ class SerialLane:
         while i < end:
             size = self.pacer.chunk()
             j = min(i + size, end)
-            with self.pacer.timed(size) as timer:
-                if emb is None:
-                    self.model(mx.array(prompt[i:j])[None], cache=cache)
-                else:  # the prompt may be empty: the embeddings are the input
-                    self.model(mx.array(prompt[i:j] if prompt else [])[None], cache=cache,
-                               input_embeddings=emb[i:j][None])
-                mx.eval([c.state for c in cache])
+            with self.pacer.timed(size) as timer:  # (bucketed lengths on CUDA)
+                prefill_shapes.prefill(self.model, prompt[i:j], cache,
+                                       None if emb is None else emb[i:j])
                 timer.tokens = j - i
             i = j
             yield None

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, cast
 
+from .. import prefill_shapes
 from ..job import GenerationJob
 from ..prompt_cache import trimmable
 from .pace import PrefillPacer
@@ -80,8 +81,9 @@ class Solo:
         published for the next turn); None when it can."""
         return None if trimmable(self.cache) else copy.deepcopy(self.cache)
 
-    def step(self) -> tuple[int, mx.array] | None:
-        """One prefill chunk (returns None) or one token: ``(token, logprobs)``."""
+    def step(self) -> tuple[int, mx.array, list[int]] | None:
+        """One prefill chunk (returns None) or one token: ``(token, logprobs, run)``,
+        ``run`` being the fill-forced tokens fed after it (usually none)."""
         import mlx.core as mx
         from mlx_lm.generate import generation_stream
 
@@ -90,9 +92,8 @@ class Solo:
                 if self.prefilling:
                     start, size = len(self.fed), self.pacer.chunk()
                     chunk = self.prompt[start:min(start + size, len(self.prompt) - 1)]
-                    with self.pacer.timed(size) as timer:
-                        self.model(mx.array(chunk)[None], cache=self.cache)
-                        mx.eval([c.state for c in self.cache])
+                    with self.pacer.timed(size) as timer:  # (bucketed lengths on CUDA)
+                        prefill_shapes.prefill(self.model, chunk, self.cache)
                         timer.tokens = len(chunk)
                     self.fed += chunk
                     return None
@@ -100,14 +101,21 @@ class Solo:
                 self.fed.append(self.prompt[-1])
                 mx.async_eval(*self._next)
             y, logprobs = self._next
-            self._next = self._forward(y)  # queued before we wait on y: the device never idles
-            mx.async_eval(*self._next)
-            token = cast(int, y.item())  # a token id
-        self.fed.append(token)
+            run: list[int] = []
+            if self.job.fill is not None:  # the grammar's forced run rides with y
+                token = cast(int, y.item())  # a token id
+                run = self.job.fill.after(token)
+                self._next = self._forward(mx.array([token, *run]))
+                mx.async_eval(*self._next)
+            else:
+                self._next = self._forward(y)  # queued before we wait on y: never idle
+                mx.async_eval(*self._next)
+                token = cast(int, y.item())
+        self.fed += [token, *run]
         self._count += 1
         if self._count % 256 == 0:
             mx.clear_cache()
-        return token, logprobs
+        return token, logprobs, run
 
     def handoff(self) -> tuple[tuple[int, mx.array] | None, list[list[int]]]:
         """``(pending, segments)`` for the batch: the sampled but unfed ``(token,
@@ -123,7 +131,8 @@ class Solo:
         return (cast(int, y.item()), logprobs), []
 
     def _forward(self, y: mx.array) -> Pending:
-        """Feed ``y`` (shape (1,)); the sampled next token and its log-probabilities."""
+        """Feed ``y`` (shape (1,), or a token and its forced run); the sampled next token
+        and its log-probabilities."""
         import mlx.core as mx
 
         req = self.job.request
@@ -140,11 +149,13 @@ class Solo:
         return req.sampler(logprobs), logprobs.squeeze(0)
 
 
-def deliver(job: GenerationJob, token: int, logprobs: mx.array) -> None:
-    """Hand ``job`` one token; the first one closes its prefill phase."""
+def deliver(job: GenerationJob, token: int, logprobs: mx.array,
+            forced: Sequence[int] = ()) -> None:
+    """Hand ``job`` one token (and the ``forced`` run fed after it); the first one
+    closes its prefill phase."""
     if job.session.t_first is None and job.started is not None:
         job.session.phases["prefill_s"] = time.perf_counter() - job.started
-    job.deliver(token, logprobs)
+    job.deliver(token, logprobs, forced)
 
 
 def last_row(gen: BatchGenerator) -> tuple[int, Pending] | None:

@@ -1,0 +1,97 @@
+"""Whether forced-token fill runs, for which requests, and the server-wide counters.
+
+``MLXBUN_FILL`` (or ``serve --fill``): ``off`` (default) or ``strict``. Under ``strict``
+a constrained request whose grammar allows exactly one next token appends that token
+(and the run of single-choice tokens after it) to the next forward pass instead of
+sampling it one step at a time. ``echo`` (the reference's session-copy tier) is not
+built; it is read as ``strict``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..job import GenerationJob
+    from .forced import FillSession
+
+MODES = ("off", "strict")
+DEFAULT_MAX_SPAN = 32
+
+
+def parse_mode(value: str | None) -> str:
+    """``off``/``strict`` from a flag or env value (``echo``, ``1``, ``on``: strict)."""
+    v = (value or "off").strip().lower()
+    if v in ("", "0", "off", "false", "no"):
+        return "off"
+    if v in ("strict", "echo", "1", "on", "true", "yes"):
+        return "strict"
+    raise ValueError(f"MLXBUN_FILL must be off or strict, not {value!r}")
+
+
+def env_mode() -> str:
+    return parse_mode(os.environ.get("MLXBUN_FILL", os.environ.get("MLX_BUN_FILL")))
+
+
+def env_max_span() -> int:
+    raw = os.environ.get("MLXBUN_FILL_MAX_SPAN", os.environ.get("MLX_BUN_FILL_MAX_SPAN"))
+    return max(2, int(raw)) if raw else DEFAULT_MAX_SPAN
+
+
+@dataclass
+class FillPolicy:
+    """The engine's fill setting and its ``/stats`` counters (updated on the worker)."""
+
+    mode: str = "off"
+    max_span: int = DEFAULT_MAX_SPAN
+    requests: int = 0      # requests that ran with a fill session
+    events: int = 0        # forced runs appended to a forward pass
+    injected: int = 0      # tokens those runs carried
+    refused: dict[str, int] = field(default_factory=dict)  # constrained but ineligible, why
+
+    @classmethod
+    def resolve(cls, mode: str | None = None) -> FillPolicy:
+        """``mode`` from the flag, else ``MLXBUN_FILL``."""
+        return cls(parse_mode(mode) if mode is not None else env_mode(), env_max_span())
+
+    @property
+    def on(self) -> bool:
+        return self.mode != "off"
+
+    def open(self, job: GenerationJob) -> FillSession | None:
+        """A fill session for ``job``, or None (fill off, no grammar, or a shape that
+        cannot skip its sampler: logprobs, a seed, a draft, media, embeddings)."""
+        req = job.request
+        if not self.on or req.grammar is None:
+            return None
+        why = refusal(job)
+        if why is not None:
+            self.refused[why] = self.refused.get(why, 0) + 1
+            return None
+        from .forced import FillSession
+
+        self.requests += 1
+        return FillSession(self, req.grammar, job.session.usage, job.limit)
+
+    def stats(self) -> dict[str, Any]:
+        return {"mode": self.mode, "max_span": self.max_span, "requests": self.requests,
+                "events": self.events, "injected": self.injected,
+                "refused": dict(self.refused)}
+
+
+def refusal(job: GenerationJob) -> str | None:
+    """Why ``job`` must sample every token (None: it may fill)."""
+    req = job.request
+    if req.sampling.wants_logprobs:
+        return "logprobs"  # every position needs its own distribution
+    if req.sampling.seed is not None:
+        return "seed"  # a skipped draw would shift the seeded random stream
+    if job.draft is not None:
+        return "draft"
+    if req.media is not None or req.input_embeddings is not None:
+        return "media"
+    if not hasattr(req.grammar, "matcher"):
+        return "grammar"
+    return None
