@@ -149,13 +149,14 @@ def test_not_a_json_object(http, route, sent, says):
 def test_isolate_parent_reads_bodies_with_the_same_parser():
     """The --isolate proxy peeks at bodies (the model to route by, Responses history);
     a deep body raised RecursionError there, outside any error handler."""
-    from mlxbun_core.isolate.parent import _model_field
+    from mlxbun_core.isolate.policy import PoolPolicy, routing_fields
     from mlxbun_core.isolate.responses import ParentResponses
 
     deep = b'{"model": "m", "input": ' + b"[" * 5000 + b"]" * 5000 + b"}"
-    assert _model_field(deep) is None  # routed to the default engine, which answers the 400
+    # routed to the default engine, which answers the 400
+    assert routing_fields(deep, PoolPolicy()).model is None
     assert ParentResponses().prepare(deep) == (deep, None, None)  # forwarded untouched
-    assert _model_field(b'{"model": "m", "input": "hi"}') == "m"
+    assert routing_fields(b'{"model": "m", "input": "hi"}', PoolPolicy()).model == "m"
 
 
 @pytest.mark.parametrize("name", ["a" * 5000, "\x00", "m\x00/x", "/" + "b" * 300 + "/c"])
