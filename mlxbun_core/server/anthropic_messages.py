@@ -75,12 +75,14 @@ def parser(engine: Engine, *,
 
 # ---------------------------------------------------------------- response side
 
-def _usage(usage: Usage, *, output: bool = True) -> dict[str, int]:
-    out = {"input_tokens": usage.prompt_tokens - usage.cached_tokens}
+def _usage(usage: Usage, *, output: bool = True) -> dict[str, Any]:
+    out: dict[str, Any] = {"input_tokens": usage.prompt_tokens - usage.cached_tokens}
     if usage.cached_tokens > 0:
         out["cache_read_input_tokens"] = usage.cached_tokens
     if output:
         out["output_tokens"] = usage.completion_tokens
+        if usage.speculation is not None:  # our extension, as on the OpenAI surfaces
+            out["speculation"] = dict(usage.speculation)
     return out
 
 

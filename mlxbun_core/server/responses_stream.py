@@ -15,11 +15,14 @@ from .generation import FrameWriter
 
 
 def usage(u: Usage) -> dict[str, Any]:
-    return {"input_tokens": u.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": u.cached_tokens},
-            "output_tokens": u.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
-            "total_tokens": u.prompt_tokens + u.completion_tokens}
+    out = {"input_tokens": u.prompt_tokens,
+           "input_tokens_details": {"cached_tokens": u.cached_tokens},
+           "output_tokens": u.completion_tokens,
+           "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
+           "total_tokens": u.prompt_tokens + u.completion_tokens}
+    if u.speculation is not None:  # our extension, as on the OpenAI surfaces
+        out["speculation"] = dict(u.speculation)
+    return out
 
 
 def reasoning_item(text: str, rid: str | None = None) -> dict[str, Any]:

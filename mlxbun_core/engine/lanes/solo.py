@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from ..job import GenerationJob
 from ..prompt_cache import trimmable
+from ..speculate import SpecStream, rewindable
 from .pace import PrefillPacer
 from .serial import fresh_random_state
 
@@ -43,6 +44,8 @@ class Solo:
         self._next = None  # (token, logprobs) being computed: sampled, not yet fed
         self._context = None  # what the logits processors see: every token fed so far
         self._count = 0
+        self.spec: SpecStream | None = None  # prompt-lookup speculation (job.spec), once begun
+        self._spec_ok = job.spec is not None
 
     @classmethod
     def resume(cls, model, job: GenerationJob, cache: list, fed: list, pending,
@@ -63,11 +66,17 @@ class Solo:
         return None if trimmable(self.cache) else copy.deepcopy(self.cache)
 
     def step(self):
-        """One prefill chunk (returns None) or one token: ``(token, logprobs)``."""
+        """One prefill chunk (returns None) or one token: ``(token, logprobs)`` (a list
+        of them when speculating)."""
         import mlx.core as mx
         from mlx_lm.generate import generation_stream
 
         with mx.stream(generation_stream):
+            if self.spec is not None and self.spec.running:
+                return self.spec.step()
+            if self._spec_ok and not self.prefilling and self._spec_begin():
+                assert self.spec is not None  # begun just now
+                return self.spec.step()
             if self._next is None:
                 if self.prefilling:
                     start, size = len(self.fed), self.pacer.chunk()
@@ -91,11 +100,39 @@ class Solo:
             mx.clear_cache()
         return token, logprobs
 
+    def _spec_begin(self) -> bool:
+        """Start the job's prompt-lookup stream where the cache can rewind."""
+        self._spec_ok = False
+        spec = self.job.spec
+        if spec is None or not rewindable(self.cache, 2):
+            return False
+        req, usage = self.job.request, self.job.session.usage
+        if usage.speculation is None:
+            usage.speculation = {"drafted": 0, "accepted": 0, "targetCalls": 0}
+        assert req.sampler is not None  # prepared
+        self.spec = SpecStream(self.model, self.cache, self.fed, spec, req.sampler,
+                               req.processors, usage.speculation, self.job.spec_tally)
+        if self._next is None:  # the prompt's last token starts it
+            self.spec.begin(self.prompt[-1])
+        else:  # a row back from the batch: its pending token starts it
+            y, logprobs = self._next
+            self._next = None
+            token = int(y.item())
+            self.spec.begin(token, (token, logprobs))
+        return True
+
+    def settle(self) -> None:
+        """Drop speculative drafts still in flight (the cache then holds ``fed``)."""
+        if self.spec is not None and self.spec.running:
+            self._next = self.spec.settle()
+
     def handoff(self):
         """``(pending, segments)`` for the batch: the sampled but unfed ``(token,
         logprobs)`` (None while the prompt is still being read) and the prompt
         segments still to feed (none once decoding)."""
         import mlx.core as mx
+
+        self.settle()
 
         if self._next is None:
             rest = self.prompt[len(self.fed):]
@@ -190,8 +227,12 @@ class SoloSlot:
                     self.publish(job, solo.fed, boundary, boundary=True)
             return
         self.steps.add(1)
-        deliver(job, *out)
+        for token, logprobs in out if isinstance(out, list) else [out]:
+            deliver(job, token, logprobs)
+            if job.finished:
+                break
         if job.finished:
+            solo.settle()
             self.publish(self.end(), solo.fed, solo.cache)
 
     def join(self) -> tuple | None:

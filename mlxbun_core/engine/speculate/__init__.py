@@ -6,7 +6,7 @@
 
 from .config import SpecConfig, SpecRequest, resolve, server_config, speculation_field
 from .lookup import PromptLookup
-from .stream import SpecStream, SpecTally, spec_steps, trim_to
+from .stream import SpecStream, SpecTally, rewindable, spec_steps, trim_to
 
-__all__ = ["PromptLookup", "SpecConfig", "SpecRequest", "SpecStream", "SpecTally", "resolve",
+__all__ = ["PromptLookup", "SpecConfig", "SpecRequest", "SpecStream", "SpecTally", "resolve", "rewindable",
            "server_config", "spec_steps", "speculation_field", "trim_to"]
