@@ -26,7 +26,7 @@ from mlxbun_core.testing.helpers import mlx_lm_greedy
 # an echo-heavy prompt: a block of text, then the start of it again
 BLOCK = "alpha beta gamma delta 12 34 56 epsilon zeta eta theta iota kappa lambda mu "
 PROMPT = BLOCK * 3 + BLOCK[:40]
-N = 40  # the prompt is 148 tokens: the sliding window below wraps at token 22
+N = 60  # the prompt is 148 tokens: the sliding window below wraps at token 42
 
 
 def brute_match(tokens: list[int], lo: int, hi: int) -> tuple[int, int]:
@@ -60,10 +60,11 @@ def _engine(path, batch: int) -> Engine:
                        speculation=SpecConfig())
 
 
+# seeds whose replies both accept and reject drafts (random weights loop, then break out)
 CASES = {
-    "llama": {},
-    "qwen3": {},
-    "gemma3_text": {"config_overrides": {"sliding_window": 170}},  # wraps mid-reply
+    "llama": {"seed": 3},
+    "qwen3": {"seed": 4},
+    "gemma3_text": {"seed": 3, "config_overrides": {"sliding_window": 190}},  # wraps mid-reply
     "qwen3_5": {},  # hybrid: recurrent layers cannot rewind
 }
 
@@ -84,8 +85,8 @@ def test_greedy_equals_mlx_lm_on_both_paths(model_type):
         if model_type == "qwen3_5":
             assert spec is None  # decoded plainly, and says so by leaving the field out
         else:
-            assert spec is not None and spec["drafted"] >= spec["accepted"] >= 0
-            assert spec["targetCalls"] >= 1
+            # drafts were accepted and rejected (so rejected ones were trimmed)
+            assert spec is not None and spec["drafted"] > spec["accepted"] > 0
 
 
 def test_echo_accepts_drafts_and_saves_forwards():
