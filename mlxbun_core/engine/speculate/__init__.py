@@ -8,5 +8,5 @@ from .config import SpecConfig, SpecRequest, resolve, server_config, speculation
 from .lookup import PromptLookup
 from .stream import SpecStream, SpecTally, rewindable, spec_steps, trim_to
 
-__all__ = ["PromptLookup", "SpecConfig", "SpecRequest", "SpecStream", "SpecTally", "resolve", "rewindable",
-           "server_config", "spec_steps", "speculation_field", "trim_to"]
+__all__ = ["PromptLookup", "SpecConfig", "SpecRequest", "SpecStream", "SpecTally", "resolve",
+           "rewindable", "server_config", "spec_steps", "speculation_field", "trim_to"]

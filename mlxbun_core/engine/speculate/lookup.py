@@ -78,4 +78,4 @@ class PromptLookup:
         end, k = self.match()
         if k == 0 or n <= 0:
             return []
-        return self._buf[end:min(end + n, self._n)].tolist()
+        return [int(t) for t in self._buf[end:min(end + n, self._n)]]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .config import SpecConfig
 from .lookup import PromptLookup
@@ -104,7 +104,7 @@ class SpecStream:
         guess = self.proposal
         drafts = guess[1:self.n + 1] if self.hot and len(guess) > 1 else []
         self.inflight = self._launch(window.samples, drafts)
-        token = int(window.samples.item())
+        token = _ints(window.samples)[0]
         self.hot = bool(guess) and guess[0] == token  # the free check of the last lookup
         self._feed([token])
         self.proposal = self.lookup.propose(self.n + 1)
@@ -124,7 +124,7 @@ class SpecStream:
 
     # -- internals -------------------------------------------------------------------
     def _verify(self, window: _Window) -> list[Emitted]:
-        samples = window.samples.tolist()
+        samples = _ints(window.samples)
         drafts = window.drafts
         accepted = 0
         while accepted < len(drafts) and samples[accepted] == drafts[accepted]:
@@ -198,6 +198,11 @@ class SpecStream:
             self.tally.drafted += drafted
             self.tally.accepted += accepted
             self.tally.rounds += 1
+
+
+def _ints(tokens: mx.array) -> list[int]:
+    """A 1-D token array read back to the host (the one sync of a step)."""
+    return cast("list[int]", tokens.tolist())
 
 
 def _trim(cache: list[Any], n: int) -> None:
