@@ -166,3 +166,24 @@ def test_sampled_output_keeps_the_target_distribution():
     # p < 0.001 rejects: the normal approximation of chi-square's upper tail
     limit = dof + 3.09 * math.sqrt(2 * dof)
     assert chi2 < limit, (chi2, limit)
+
+
+def test_batch_lane_rows_speculate_together_and_equal_mlx_lm():
+    """Five echo-heavy and plain prompts at once: rows propose their own drafts, rows
+    without decode normally in the same step; every reply equals mlx-lm's alone."""
+    code = "def add(a, b):\n    return a + b\n\nclass Foo:\n    pass\n"
+    prompts = [PROMPT, BLOCK * 2 + BLOCK[:30], code * 3 + code[:20], "hello world " * 10,
+               "one two three four five six"]
+    path = tiny_checkpoint("llama", seed=5)
+    model, tok = mlx_load(str(path))
+    want = [mlx_lm_greedy(model, tok.encode(p), 50, tok.eos_token_ids) for p in prompts]
+    engine = _engine(path, 8)
+    try:
+        replies = run_all(engine, [greedy(p, 50) for p in prompts])
+    finally:
+        close(engine)
+    assert [token_ids(r) for r in replies] == want
+    tally = engine.spec_tally
+    assert tally.requests == len(prompts) and tally.batch_steps > 0
+    specs = [r.finish.usage.speculation for r in replies]
+    assert sum(s["drafted"] - s["accepted"] for s in specs) > 0  # rollbacks happened

@@ -140,8 +140,10 @@ class EngineMetrics(Collector):
                     spec.drafted)
             yield c("mlxbun_speculation_accepted", "Prompt-lookup draft tokens accepted",
                     spec.accepted)
-            yield c("mlxbun_speculation_rounds", "Verify forwards that carried drafts",
+            yield c("mlxbun_speculation_rounds", "Draft rounds verified (per request)",
                     spec.rounds)
+            yield c("mlxbun_speculation_batch_steps", "Batch-lane steps that verified drafts",
+                    spec.batch_steps)
             yield c("mlxbun_speculation_requests", "Requests decoded with prompt lookup",
                     spec.requests)
         yield from self._prefix(e.prefix.stats())

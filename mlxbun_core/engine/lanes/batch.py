@@ -30,6 +30,7 @@ from ... import kvquant
 from ...adapters.manager import NO_ADAPTERS
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
+from ..speculate.batch import BatchSpeculator
 from .pace import FixedChunk, PrefillPacer
 from .prefill import PREFILL_TOKENS, make_generator, paced_turn, size_chunk
 from .solo import SoloSlot, deliver
@@ -72,6 +73,7 @@ class BatchLane:
                               self.steps)
         self.pacer = pacer or PrefillPacer()  # prompt tokens per chunk, from measured speed
         self.solo_prefill: int | None = None  # pins the lone job's chunk (tests)
+        self.spec = BatchSpeculator()  # rows' prompt lookup (speculate/batch.py)
 
     # -- the Lane protocol ---------------------------------------------------------
     def accepts(self, job: GenerationJob) -> bool:
@@ -116,18 +118,22 @@ class BatchLane:
             gen = self._generator()
             asked = size_chunk(gen, self.pacer, [row.job for row in self._rows.values()],
                                self.prefill_tokens)
-            prompt_responses, responses = paced_turn(gen, self.pacer, asked)
+            with self.spec.turn(gen):
+                prompt_responses, responses = paced_turn(gen, self.pacer, asked)
         except Exception as exc:  # a failed forward fails every row; the lane starts afresh
             log.exception("batch step failed")
             return self._fail_all(str(exc))
         for r in prompt_responses:
             if r.end_of_segment and not r.end_of_prompt and self._rows[r.uid].snapshot:
                 self._publish_boundary(r.uid)
-        self.steps.add(len(responses))
+        uids = {r.uid for r in responses}
+        self.steps.add(len(uids))
+        self.spec.stepped(uids)
         for r in responses:
             self._route(r)
         if len(self._rows) == 1 and not self._queue:  # the last row goes on alone
             self._solo.leave(self._gen, self._rows, self._solo_pacer())
+            self.spec.retain(self._rows)
 
     def close(self, error: str = "server shutting down", reason: str = "cancelled") -> None:
         self._solo.close(reason, error)
@@ -163,6 +169,7 @@ class BatchLane:
             self._insert(job)
 
     def _forget(self, uid: int) -> _Row:
+        self.spec.drop(uid)
         row = self._rows.pop(uid)
         if self.admission is not None:
             self.admission.release(row.job)
@@ -198,6 +205,10 @@ class BatchLane:
             logits_processors=[job.request.processors])
         snapshot = self._uses_prefix(job) and len(segments) > 1 and not self._rewindable()
         self._rows[uid] = _Row(job, snapshot)
+        if job.spec is not None:
+            self.spec.tally = job.spec_tally
+            self.spec.add(uid, job.spec, [*held, *(t for seg in segments for t in seg)],
+                          job.session.usage)
 
     def _solo_pacer(self) -> PrefillPacer:
         return self.pacer if self.solo_prefill is None else FixedChunk(self.solo_prefill)
@@ -220,6 +231,7 @@ class BatchLane:
         if row is None:
             return
         job = row.job
+        self.spec.observe(r.uid, r.token)
         if not job.finished:
             deliver(job, r.token, r.logprobs)
         if r.finish_reason is not None:  # the generator already dropped the row

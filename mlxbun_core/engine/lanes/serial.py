@@ -243,6 +243,8 @@ class SerialLane:
         req, usage = job.request, job.session.usage
         spec = usage.speculation = {"drafted": 0, "accepted": 0, "targetCalls": 0}
         assert job.spec is not None and req.sampler is not None  # checked, prepared
+        if job.spec_tally is not None:
+            job.spec_tally.requests += 1
         stream = SpecStream(self.model, cache, list(req.prompt_tokens[:n]), job.spec,
                             req.sampler, req.processors, spec, job.spec_tally)
         yield from spec_steps(stream, req.prompt_tokens[n])

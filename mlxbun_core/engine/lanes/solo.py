@@ -109,6 +109,8 @@ class Solo:
         req, usage = self.job.request, self.job.session.usage
         if usage.speculation is None:
             usage.speculation = {"drafted": 0, "accepted": 0, "targetCalls": 0}
+            if self.job.spec_tally is not None:
+                self.job.spec_tally.requests += 1
         assert req.sampler is not None  # prepared
         self.spec = SpecStream(self.model, self.cache, self.fed, spec, req.sampler,
                                req.processors, usage.speculation, self.job.spec_tally)

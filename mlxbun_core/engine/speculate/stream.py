@@ -43,15 +43,17 @@ Emitted = tuple[int, "mx.array"]
 class SpecTally:
     """Engine-wide counters (``/stats``, ``/metrics``): plain integers bumped per round."""
 
-    __slots__ = ("requests", "drafted", "accepted", "rounds", "target_calls")
+    __slots__ = ("requests", "drafted", "accepted", "rounds", "target_calls", "batch_steps")
 
     def __init__(self) -> None:
         self.requests = self.drafted = self.accepted = self.rounds = self.target_calls = 0
+        self.batch_steps = 0  # batch-lane steps that verified drafts (for several rows)
 
     def describe(self) -> dict[str, Any]:
         rate = self.accepted / self.drafted if self.drafted else None
         return {"requests": self.requests, "drafted": self.drafted, "accepted": self.accepted,
                 "rounds": self.rounds, "target_calls": self.target_calls,
+                "batch_steps": self.batch_steps,
                 "acceptance": None if rate is None else round(rate, 4)}
 
 
@@ -76,8 +78,6 @@ class SpecStream:
         self.proposal: list[int] = []  # what followed the last fed token, last time it occurred
         self.hot = False  # drafts are landing: send them with the next window
         self.inflight: _Window | None = None
-        if tally is not None:
-            tally.requests += 1
         self._carry: list[Emitted] = []  # a token to hand out with the next step
 
     @property
