@@ -187,3 +187,20 @@ def test_batch_lane_rows_speculate_together_and_equal_mlx_lm():
     assert tally.requests == len(prompts) and tally.batch_steps > 0
     specs = [r.finish.usage.speculation for r in replies]
     assert sum(s["drafted"] - s["accepted"] for s in specs) > 0  # rollbacks happened
+
+
+@pytest.mark.parametrize("batch", [8, 1])
+def test_prefix_cache_entries_hold_exactly_their_tokens(batch):
+    """A reply that ends inside a speculative burst publishes KV that matches its tokens:
+    the same request again starts from the cache and decodes the same reply."""
+    path = tiny_checkpoint("llama", seed=3)
+    model, tok = mlx_load(str(path))
+    want = mlx_lm_greedy(model, tok.encode(PROMPT), 50, tok.eos_token_ids)
+    engine = Engine.load(str(path), progress=False, batch=batch, speculation=SpecConfig())
+    try:
+        first, again = (run_all(engine, [greedy(PROMPT, 50)])[0] for _ in range(2))
+    finally:
+        close(engine)
+    assert token_ids(first) == token_ids(again) == want
+    assert again.finish.usage.cached_tokens > 0
+    assert first.finish.usage.speculation["accepted"] > 0
