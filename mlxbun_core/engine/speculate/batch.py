@@ -9,7 +9,7 @@ by the difference, which turns its dropped tail into left padding (the cache's o
 per-row padding, masked already). Positions and RoPE stay exact: a row's offset counts
 only its real tokens. The shift copies the rows' KV once per speculative step, which is
 why a step only carries drafts when some row's drafts are landing (the same free check
-as the lone stream's: the last lookup's first token matched the token actually sampled);
+as the lone stream's: its lookups guessed the tokens actually sampled, twice in a row);
 otherwise the batch takes mlx-lm's own pipelined step untouched.
 
 :class:`BatchSpeculator` is the lane's side: it keeps each row's lookup, decides per step,
@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from .config import SpecConfig
+from .config import HIT_STREAK, SpecConfig
 from .lookup import PromptLookup
 from .stream import SpecTally
 
@@ -39,7 +39,11 @@ class _Row:
     config: SpecConfig
     usage: dict[str, int]
     proposal: list[int] = field(default_factory=list)
-    hot: bool = False
+    streak: int = 0  # tokens in a row its lookup guessed right
+
+    @property
+    def hot(self) -> bool:
+        return self.streak >= HIT_STREAK
 
 
 class BatchSpeculator:
@@ -73,7 +77,8 @@ class BatchSpeculator:
         row = self.rows.get(uid)
         if row is None:
             return
-        row.hot = bool(row.proposal) and row.proposal[0] == token
+        hit = bool(row.proposal) and row.proposal[0] == token
+        row.streak = row.streak + 1 if hit else 0
         row.lookup.extend([token])
         row.proposal = row.lookup.propose(row.config.num_draft_tokens + 1)
 

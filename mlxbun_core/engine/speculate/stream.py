@@ -14,9 +14,10 @@ from the KV cache (mlx-lm cache ``trim``).
 Plain windows (``k == 0``) keep mlx-lm's pipelining: the next one is queued before the
 current token is read. A window with drafts needs its samples read before the next can be
 queued (the cache trim depends on them), so drafts are only sent when they are likely to
-land: right after a round that accepted something, or when the last lookup's first token
-matched what was actually sampled (a free check made on every plain step). On text with
-nothing to look up, the stream therefore decodes plainly, pipelined, almost always.
+land: right after a round that accepted something, or when the lookup's first token matched
+what was actually sampled on the last ``HIT_STREAK`` plain steps (a free check made on every
+plain step). On text with nothing to look up, the stream therefore decodes plainly,
+pipelined, almost always.
 
 Invariant between steps: ``inflight`` is queued; its input token is already in ``fed``
 (and was emitted); the cache holds ``fed`` plus the in-flight drafts.
@@ -28,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from .config import SpecConfig
+from .config import HIT_STREAK, SpecConfig
 from .lookup import PromptLookup
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ class SpecStream:
         self.lookup = PromptLookup(fed, config.ngram_max, config.ngram_min)
         self.proposal: list[int] = []  # what followed the last fed token, last time it occurred
         self.hot = False  # drafts are landing: send them with the next window
+        self.streak = 0  # plain steps in a row whose lookup guessed the sampled token
         self.inflight: _Window | None = None
         self._carry: list[Emitted] = []  # a token to hand out with the next step
 
@@ -105,7 +107,9 @@ class SpecStream:
         drafts = guess[1:self.n + 1] if self.hot and len(guess) > 1 else []
         self.inflight = self._launch(window.samples, drafts)
         token = _ints(window.samples)[0]
-        self.hot = bool(guess) and guess[0] == token  # the free check of the last lookup
+        hit = bool(guess) and guess[0] == token  # the free check of the last lookup
+        self.streak = self.streak + 1 if hit else 0
+        self.hot = self.streak >= HIT_STREAK
         self._feed([token])
         self.proposal = self.lookup.propose(self.n + 1)
         out.append((token, window.logprobs[0]))
@@ -136,6 +140,7 @@ class SpecStream:
         kept = drafts[:accepted] + [token]
         self._feed(kept)
         self.hot = accepted > 0
+        self.streak = HIT_STREAK if self.hot else 0
         # what followed ``token`` before: drafts now when they are landing, else the
         # first of them is checked against the next sample for free
         self.proposal = self.lookup.propose(self.n + 1)
