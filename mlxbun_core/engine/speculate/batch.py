@@ -49,9 +49,12 @@ class _Row:
 class BatchSpeculator:
     """Per-row prompt lookup for a batch lane's rows (by BatchGenerator uid)."""
 
-    def __init__(self, tally: SpecTally | None = None):
+    def __init__(self, tally: SpecTally | None = None, extra_positions: int | None = None):
         self.rows: dict[int, _Row] = {}
         self.tally = tally
+        # padded positions a speculative step may add over a plain one (all rows together)
+        self.extra_positions = (default_extra_positions() if extra_positions is None
+                                else extra_positions)
 
     def add(self, uid: int, config: SpecConfig, history: list[int], usage: Any) -> None:
         """Track row ``uid`` (``history``: every token before its pending one)."""
@@ -93,19 +96,18 @@ class BatchSpeculator:
 
     def drafts(self, batch: Any) -> list[list[int]] | None:
         """Each row's drafts for the next step of ``batch`` (a GenerationBatch), or None
-        when no row has any worth sending, or the batch cannot take them."""
-        out, any_drafts = [], False
-        for uid in batch.uids:
-            row = self.rows.get(uid)
-            if row is not None and row.hot and len(row.proposal) > 1:
-                out.append(row.proposal[1:row.config.num_draft_tokens + 1])
-                any_drafts = True
-            else:
-                out.append([])
-        if not any_drafts or not _plain_caches(batch.prompt_cache) \
-                or any(batch.logits_processors):
+        when no row has any worth sending, or the batch cannot take them. The window is as
+        wide as the longest hot row's drafts, within ``extra_positions`` padded positions
+        for the whole batch; other rows fill the width with whatever their lookup has
+        (those positions are computed anyway)."""
+        rows = [self.rows.get(uid) for uid in batch.uids]
+        hot = [len(r.proposal) - 1 for r in rows if r is not None and r.hot
+               and len(r.proposal) > 1]
+        if not hot or not _plain_caches(batch.prompt_cache) or any(batch.logits_processors):
             return None
-        return out
+        room = max(1, self.extra_positions // max(1, len(rows)))
+        width = min(max(hot), room, *(r.config.num_draft_tokens for r in rows if r))
+        return [r.proposal[1:1 + width] if r is not None else [] for r in rows]
 
     @contextmanager
     def turn(self, gen: Any) -> Iterator[None]:
@@ -133,6 +135,20 @@ class BatchSpeculator:
             self.tally.drafted += drafted
             self.tally.accepted += accepted
             self.tally.rounds += 1 if drafted else 0
+
+
+def default_extra_positions() -> int:
+    """``MLXBUN_SPEC_BATCH_POSITIONS``, else by backend: a GPU step is bound by reading the
+    weights, so a batch's extra draft positions are nearly free up to the compute roofline
+    (~100 tokens per step at 8B on an H200); a CPU step is compute-bound from the start."""
+    import os
+
+    import mlx.core as mx
+
+    env = os.environ.get("MLXBUN_SPEC_BATCH_POSITIONS")
+    if env:
+        return max(1, int(env))
+    return 96 if mx.default_device() == mx.gpu else 16
 
 
 def _plain_caches(cache: list[Any]) -> bool:
