@@ -37,8 +37,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mlxbun_core.engine.core import Engine  # noqa: E402
-from mlxbun_core.engine.reply import gather  # noqa: E402
+from mlxbun_core.engine.core import Engine
+from mlxbun_core.engine.reply import gather
 
 SHAPES = {  # llama bodies with the test tokenizer's vocabulary
     "tiny": {},

@@ -113,9 +113,9 @@ class BatchSpeculator:
     def turn(self, gen: Any) -> Iterator[None]:
         """Around one BatchGenerator turn: its decode step verifies drafts when some row
         has drafts worth sending (its prefill part runs as always)."""
-        batch = getattr(gen, "_generation_batch", None)
+        batch: Any = getattr(gen, "_generation_batch", None)
         drafts = self.drafts(batch) if batch is not None and len(batch) else None
-        if drafts is None:
+        if batch is None or drafts is None:
             yield
             return
         if self.tally is not None:
@@ -198,7 +198,8 @@ def _sample(batch: Any, logprobs: mx.array) -> mx.array:
     samplers = [batch.fallback_sampler if s is None else s
                 for s in (batch.samplers or [None] * rows)]
     if all(s is samplers[0] for s in samplers):
-        return samplers[0](logprobs.reshape(rows * width, vocab)).reshape(rows, width)
+        flat: mx.array = samplers[0](logprobs.reshape(rows * width, vocab))
+        return flat.reshape(rows, width)
     return mx.stack([s(logprobs[r]) for r, s in enumerate(samplers)])
 
 
