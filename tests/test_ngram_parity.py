@@ -205,3 +205,28 @@ def test_prefix_cache_entries_hold_exactly_their_tokens(batch):
     assert token_ids(first) == token_ids(again) == want
     assert again.finish.usage.cached_tokens > 0
     assert first.finish.usage.speculation["accepted"] > 0
+
+
+@pytest.mark.parametrize("batch", [8, 1])
+def test_penalties_see_every_position_of_a_window(batch):
+    """Logits processors (a repetition penalty) run at every verified position with the
+    history up to it, as in mlx-lm's own loop."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_logits_processors
+
+    path = tiny_checkpoint("llama", seed=3)
+    model, tok = mlx_load(str(path))
+    procs = make_logits_processors(repetition_penalty=1.5, repetition_context_size=2)
+    steps = generate_step(mx.array(tok.encode(PROMPT)), model, max_tokens=N,
+                          logits_processors=procs)
+    want = [int(t) for t, _ in steps]
+    engine = _engine(path, batch)
+    try:
+        (reply,) = run_all(engine, [greedy(PROMPT, N, repetition_penalty=1.5,
+                                           repetition_context_size=2)])
+    finally:
+        close(engine)
+    assert token_ids(reply) == want
+    spec = reply.finish.usage.speculation
+    assert spec["drafted"] > spec["accepted"] > 0

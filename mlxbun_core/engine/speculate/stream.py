@@ -105,7 +105,7 @@ class SpecStream:
         # plain: queue the next window before reading this one's token (pipelining)
         guess = self.proposal
         drafts = guess[1:self.n + 1] if self.hot and len(guess) > 1 else []
-        self.inflight = self._launch(window.samples, drafts)
+        self.inflight = self._launch(window.samples, drafts, fed=False)
         token = _ints(window.samples)[0]
         hit = bool(guess) and guess[0] == token  # the free check of the last lookup
         self.streak = self.streak + 1 if hit else 0
@@ -157,9 +157,10 @@ class SpecStream:
 
         return mx.array(tokens, dtype=mx.uint32)
 
-    def _launch(self, x: mx.array, drafts: list[int]) -> _Window:
+    def _launch(self, x: mx.array, drafts: list[int], fed: bool = True) -> _Window:
         """Queue the forward of ``[x, *drafts]`` and the samples of every position
-        (without drafts where the cache could not take them back)."""
+        (without drafts where the cache could not take them back); ``fed``: ``x`` is
+        already the last token of ``self.fed`` (else it follows it)."""
         import mlx.core as mx
 
         if drafts and not rewindable(self.cache, len(drafts) + 1):
@@ -170,7 +171,7 @@ class SpecStream:
             inputs = mx.concatenate([inputs, mx.array(drafts, dtype=mx.uint32)])
         logits = self.model(inputs[None], cache=self.cache)[0]  # (k+1, V)
         if self.processors:
-            logits = self._process(logits, inputs)
+            logits = self._process(logits, inputs, len(self.fed) - 1 if fed else len(self.fed))
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         samples = self.sampler(logprobs)
         mx.async_eval(samples, logprobs)
@@ -180,12 +181,11 @@ class SpecStream:
             self.tally.target_calls += 1
         return _Window(drafts, samples, logprobs)
 
-    def _process(self, logits: mx.array, inputs: mx.array) -> mx.array:
+    def _process(self, logits: mx.array, inputs: mx.array, done: int) -> mx.array:
         """The request's logits processors at every position, each seeing the tokens fed
         up to and including its own input (as the plain decode's would)."""
         import mlx.core as mx
 
-        done = len(self.fed) - 1  # ``inputs[0]`` is the last fed token
         head = mx.array(self.fed[:done], dtype=mx.uint32)
         context = mx.concatenate([head, inputs])
         rows = []
