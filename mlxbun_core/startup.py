@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from .engine.core import Engine
+    from .engine.speculate import SpecConfig
     from .kvstore.config import SsdConfig
 
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -166,11 +167,13 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
     if getattr(args, "prefill_buckets", None):  # read per prefill chunk by engine.prefill_shapes
         os.environ["MLXBUN_PREFILL_BUCKETS"] = args.prefill_buckets
     name = None
+    speculation = lookup_config(args)
     try:
         name = chosen_model(args)
         options = LoadOptions(embedding=args.embedding, library=scan, extra={
-            "draft_model": args.draft_model, "num_draft_tokens": args.num_draft_tokens})
+            "draft_model": args.draft_model, "num_draft_tokens": args.num_draft_tokens or 3})
         return Engine.load(name, options, defaults=defaults, max_tokens=args.max_tokens,
+                           speculation=speculation,
                            batch=args.batch, prompt_cache_bytes=int(args.prompt_cache * (1 << 30)),
                            ssd=ssd,
                            memory_budget_bytes=int(args.memory_budget * 1e9)
@@ -188,6 +191,25 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
         raise StartFailed(1) from None
 
 
+def lookup_config(args: argparse.Namespace) -> SpecConfig | None:
+    """``--draft-kind ngram`` and its knobs (None: off); a bad combination is said on
+    stderr and raised as :class:`StartFailed`."""
+    from .engine.speculate import server_config
+
+    if args.draft_kind is None:
+        return None
+    if args.draft_model:
+        print("mlxbun: --draft-kind ngram mounts no draft model: drop --draft-model",
+              file=sys.stderr)
+        raise StartFailed(2)
+    try:
+        return server_config(args.draft_kind, args.num_draft_tokens, args.ngram_max,
+                             args.ngram_min)
+    except ValueError as exc:
+        print(f"mlxbun: {exc}", file=sys.stderr)
+        raise StartFailed(2) from None
+
+
 def print_banner(args: argparse.Namespace, engine: Engine) -> str | None:
     """What is served, where, and on which BLAS; returns the web app's URL (None on a
     unix socket)."""
@@ -196,6 +218,8 @@ def print_banner(args: argparse.Namespace, engine: Engine) -> str | None:
     model = engine.model
     fallback = " (no family plugin claimed it)" if model.family == "generic" else ""
     spec = f" · speculative with draft {engine.draft.name}" if engine.draft else ""
+    if engine.speculation is not None:
+        spec = f" · prompt-lookup speculation ({engine.speculation.num_draft_tokens} drafts)"
     where = f"unix:{args.unix}" if args.unix else f"http://{args.host}:{args.port}/v1"
     page = None if args.unix else web.page_url(args.host, args.port)
     print(f"mlxbun: serving {model.id} [{model.kind}] via plugin '{model.plugin}'{fallback}{spec}\n"

@@ -37,6 +37,8 @@ from .prepare import Prepared, media_pipeline, prepare
 from .prompt_cache import PrefixCache
 from .request import ChatRequest, CompletionRequest, GenerationInput, parse_chat, parse_completion
 from .session import GenerationRequest
+from .speculate import SpecConfig, SpecTally
+from .speculate import resolve as resolve_spec
 from .worker import ModelWorker
 
 if TYPE_CHECKING:
@@ -98,10 +100,14 @@ class Engine:
                  draft: DraftSource | None = None, batch: int | None = None,
                  prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
                  memory_budget_bytes: int | None = None, kv_quant: object = "off",
-                 ssd: SsdConfig | None = None, fill: str | None = None):
+                 ssd: SsdConfig | None = None, fill: str | None = None,
+                 speculation: SpecConfig | None = None):
         self.model = model
         self.fill = FillPolicy.resolve(fill)  # forced-token fill (MLXBUN_FILL / --fill)
         self.draft = draft  # every request then decodes speculatively
+        # prompt-lookup speculation by default (--draft-kind ngram); requests may override
+        self.speculation = speculation
+        self.spec_tally = SpecTally()
         self.worker = worker or ModelWorker()
         self.prefix = PrefixCache(prompt_cache_bytes, tier=self._ssd_tier(ssd, prompt_cache_bytes),
                                   post=self.worker.post)
@@ -235,7 +241,9 @@ class Engine:
         limit = self.effective_limit(prepared.request)
         job = GenerationJob(prepared.request, self.model.tokenizer,
                             EventSink(asyncio.get_running_loop()), limit, self.draft,
-                            self.cache_namespace(req, adapters), adapters=adapters)
+                            self.cache_namespace(req, adapters), adapters=adapters,
+                            spec=resolve_spec(self.speculation, req.speculation),
+                            spec_tally=self.spec_tally)
         job.session.on_finish = self.on_finish
         job.fill = self.fill.open(job)
         self.worker.submit(job)
@@ -311,6 +319,12 @@ class Engine:
     def stats(self) -> dict[str, Any]:
         return {"total": self.requests, "completed": self.completed,
                 "active": self.worker.active, "waiting": self.worker.waiting}
+
+    def lookup_stats(self) -> dict[str, Any]:
+        """``/stats`` ``speculation`` without a draft model: the server's prompt-lookup
+        default (None: off unless a request asks) and what every request's lookup did."""
+        return {"ngram": self.speculation.describe() if self.speculation else None,
+                **self.spec_tally.describe()}
 
     def kv_quant_stats(self) -> dict[str, Any]:
         """``/stats`` ``kv_quant``: the scheme and what each layer's cache holds."""

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     import mlx.core as mx
 
     from .fill.forced import FillSession
+    from .speculate import SpecConfig, SpecTally
 
 _ids = itertools.count(1)
 
@@ -123,7 +124,9 @@ class GenerationJob(Job):
     """One request's generation: the prepared request, its text session, its sink.
 
     ``limit`` is the completion budget after admission (None: until EOS).
-    ``draft`` is a mounted draft source (speculative decoding) or None.
+    ``draft`` is a mounted draft source (speculative decoding) or None; ``spec`` the
+    prompt-lookup settings the request decodes with (None: plain decoding), ``spec_tally``
+    the engine's counters they add to.
     ``adapters`` is the resolved LoRA :class:`~mlxbun_core.adapters.AdapterSet` (empty:
     the base model); lanes activate it before stepping the job.
     Lanes set ``started`` when the job leaves the waiting queue.
@@ -131,7 +134,8 @@ class GenerationJob(Job):
 
     def __init__(self, request: GenerationRequest, tokenizer: Tokenizer, sink: EventSink,
                  limit: int | None, draft: DraftSource | None = None,
-                 cache_namespace: Hashable | None = None, adapters: AdapterSet | None = None):
+                 cache_namespace: Hashable | None = None, adapters: AdapterSet | None = None,
+                 spec: SpecConfig | None = None, spec_tally: SpecTally | None = None):
         super().__init__()
         self.adapters = adapters if adapters is not None else NO_ADAPTERS
         # prefix-cache key space (model, adapter, KV settings, media); None: never cached
@@ -141,6 +145,10 @@ class GenerationJob(Job):
         # a grammar matcher cannot rewind rejected drafts: constrained requests decode
         # plainly; media requests run their pipeline's own forward pass
         self.draft = draft if request.grammar is None and request.media is None else None
+        plain = (request.grammar is None and request.media is None
+                 and request.input_embeddings is None and self.draft is None)
+        self.spec = spec if plain else None
+        self.spec_tally = spec_tally
         self.session = GenerationSession(request, tokenizer, limit)
         self.sink = sink
         self.started: float | None = None

@@ -29,6 +29,7 @@ from .sampling import (
     stop_sequences,
     type_error,
 )
+from .speculate.config import SpecRequest, speculation_field
 
 MAX_CHOICES = 16  # ``n``: choices per request (each is its own job; OpenAI allows 128)
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # OpenAI's
@@ -45,6 +46,8 @@ class GenerateOptions:
     stream: bool = False
     n: int = 1  # choices to generate for the one prompt (see :func:`choice_requests`)
     adapter: str | None = None  # the request's ``adapter`` field, as given
+    # the request's ``draft_kind`` / ``num_draft_tokens`` (None: the server's choice)
+    speculation: SpecRequest | None = None
     # the surface's own; the engine ignores it
     surface_state: dict[str, Any] = field(default_factory=dict)
 
@@ -108,7 +111,8 @@ def _options(body: dict[str, Any], defaults: dict[str, Any],
     return GenerateOptions(sampling=SamplingParams.from_body(body, defaults),
                            max_tokens=max_tokens_from(body, server_max_tokens),
                            stop=stop_sequences(body), grammar=resolve_grammar_request(body),
-                           budget_close=budget_close(body), stream=stream, n=n, adapter=adapter)
+                           budget_close=budget_close(body), stream=stream, n=n, adapter=adapter,
+                           speculation=speculation_field(body))
 
 
 def boolean_field(value: object, name: str, default: bool = False) -> bool:

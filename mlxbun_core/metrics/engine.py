@@ -134,6 +134,18 @@ class EngineMetrics(Collector):
             yield c("mlxbun_batch_decode_steps", "Decode steps of the batch lane", tally.steps)
             yield c("mlxbun_batch_decode_rows", "Rows carried by the batch lane's decode steps "
                     "(divided by the steps: mean batch occupancy)", tally.rows)
+        spec = getattr(e, "spec_tally", None)
+        if spec is not None:
+            yield c("mlxbun_speculation_drafted", "Prompt-lookup draft tokens sent to verify",
+                    spec.drafted)
+            yield c("mlxbun_speculation_accepted", "Prompt-lookup draft tokens accepted",
+                    spec.accepted)
+            yield c("mlxbun_speculation_rounds", "Draft rounds verified (per request)",
+                    spec.rounds)
+            yield c("mlxbun_speculation_batch_steps", "Batch-lane steps that verified drafts",
+                    spec.batch_steps)
+            yield c("mlxbun_speculation_requests", "Requests decoded with prompt lookup",
+                    spec.requests)
         yield from self._prefix(e.prefix.stats())
         yield from self._memory(e.admission.stats())
 

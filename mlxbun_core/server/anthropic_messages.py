@@ -83,6 +83,8 @@ def _usage(usage: Usage, *, output: bool = True) -> dict[str, Any]:
         out["output_tokens"] = usage.completion_tokens
         if usage.fill is not None:  # forced-token fill (MLXBUN_FILL=strict)
             out["fill"] = usage.fill_report()
+        if usage.speculation is not None:  # our extension, as on the OpenAI surfaces
+            out["speculation"] = dict(usage.speculation)
     return out
 
 

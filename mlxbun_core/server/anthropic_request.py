@@ -24,6 +24,7 @@ from ..engine.request import (
     template_kwargs_field,
 )
 from ..engine.sampling import SamplingParams, max_tokens_field, stop_sequences
+from ..engine.speculate import speculation_field
 from ..errors import BadRequest
 from ..grammar.request import GrammarRequest, budget_close, json_schema, response_format_request
 from . import anthropic_system as system
@@ -202,7 +203,8 @@ def parse_request(body: dict[str, Any], defaults: dict[str, Any] | None = None,
         sampling=SamplingParams.from_body(body, defaults, accepted=SAMPLING),
         max_tokens=max_tokens_field(body.get("max_tokens"), "max_tokens", server_max_tokens),
         stop=stop_sequences(body, "stop_sequences"), grammar=_grammar(body, output),
-        budget_close=budget_close(body), stream=body.get("stream", False), adapter=adapter)
+        budget_close=budget_close(body), stream=body.get("stream", False), adapter=adapter,
+        speculation=speculation_field(body))
     return chat_request(options, history, tools=tools.chat_tools, choice=choice,
                         parallel=True if parallel is None else parallel,
                         template_kwargs=template_kwargs_field(kwargs),

@@ -75,7 +75,7 @@ def register(app: App, engine: Engine) -> None:
             "fill": engine.fill.stats(),
             "speculation": ({"draft": engine.draft.name,
                              "num_draft_tokens": engine.draft.num_draft_tokens}
-                            if engine.draft else None),
+                            if engine.draft else engine.lookup_stats()),
             "plugins": [r["name"] for r in plugins.describe() if not r["error"]],
             **extra})
 

@@ -22,6 +22,7 @@ from ..engine.request import (
     template_kwargs_field,
 )
 from ..engine.sampling import SamplingParams, max_tokens_field, stop_sequences
+from ..engine.speculate import speculation_field
 from ..errors import BadRequest
 from ..grammar.request import GrammarRequest, budget_close, json_schema, response_format_request
 from ..toolcalls.choice import ToolChoice, check_tools, parse_parallel
@@ -260,7 +261,7 @@ def parse_request(body: dict[str, Any], stored: dict[str, Any] | None = None,
         sampling=SamplingParams.from_body(body, defaults, accepted=SAMPLING),
         max_tokens=max_tokens_field(*_limit(body), server_max_tokens),
         stop=stop_sequences(body), grammar=_grammar(body, fmt), budget_close=budget_close(body),
-        stream=stream, adapter=adapter)
+        stream=stream, adapter=adapter, speculation=speculation_field(body))
     tools = check_tools(tools)
     parallel = parse_parallel(body.get("parallel_tool_calls"))
     kwargs = template_kwargs_field(body.get("chat_template_kwargs"))

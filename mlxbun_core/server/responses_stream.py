@@ -22,6 +22,8 @@ def usage(u: Usage) -> dict[str, Any]:
            "total_tokens": u.prompt_tokens + u.completion_tokens}
     if u.fill is not None:  # forced-token fill (MLXBUN_FILL=strict)
         out["fill"] = u.fill_report()
+    if u.speculation is not None:  # our extension, as on the OpenAI surfaces
+        out["speculation"] = dict(u.speculation)
     return out
 
 

@@ -35,6 +35,7 @@ from ...adapters.sets import AdapterSet
 from ..fill import rows as fill_rows
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
+from ..speculate.batch import BatchSpeculator
 from .pace import FixedChunk, PrefillPacer
 from .prefill import PREFILL_TOKENS, make_generator, paced_turn, size_chunk
 from .solo import BatchRow, SoloSlot, deliver
@@ -76,6 +77,7 @@ class BatchLane:
                               self.steps)
         self.pacer = pacer or PrefillPacer()  # prompt tokens per chunk, from measured speed
         self.solo_prefill: int | None = None  # pins the lone job's chunk (tests)
+        self.spec = BatchSpeculator()  # rows' prompt lookup (speculate/batch.py)
 
     # -- the Lane protocol ---------------------------------------------------------
     def accepts(self, job: GenerationJob) -> bool:
@@ -121,18 +123,22 @@ class BatchLane:
             gen = self._generator()
             asked = size_chunk(gen, self.pacer, [row.job for row in self._rows.values()],
                                self.prefill_tokens)
-            prompt_responses, responses = paced_turn(gen, self.pacer, asked)
+            with self.spec.turn(gen, None if self.adapters is None else self._route_rows):
+                prompt_responses, responses = paced_turn(gen, self.pacer, asked)
         except Exception as exc:  # a failed forward fails every row; the lane starts afresh
             log.exception("batch step failed")
             return self._fail_all(str(exc))
         for r in prompt_responses:
             if r.end_of_segment and not r.end_of_prompt and self._rows[r.uid].snapshot:
                 self._publish_boundary(r.uid)
-        self.steps.add(len(responses))
+        uids = {r.uid for r in responses}
+        self.steps.add(len(uids))
+        self.spec.stepped(uids)
         for r in responses:
             self._route(r)
         if len(self._rows) == 1 and not self._queue:  # the last row goes on alone
             self._solo.leave(gen, self._rows, self._solo_pacer())
+            self.spec.retain(self._rows)
 
     def close(self, error: str = "server shutting down", reason: str = "cancelled") -> None:
         self._solo.close(reason, error)
@@ -172,6 +178,7 @@ class BatchLane:
         return "" if self.adapters is None else self.adapters.group(job.adapters)
 
     def _forget(self, uid: int) -> BatchRow:
+        self.spec.drop(uid)
         row = self._rows.pop(uid)
         fill_rows.forget(self._gen, uid)
         if self.admission is not None:
@@ -212,6 +219,10 @@ class BatchLane:
         snapshot = self._uses_prefix(job) and len(segments) > 1 and not self._rewindable()
         self._rows[uid] = BatchRow(job, snapshot)
         fill_rows.watch(self._generator(), uid, job.fill)
+        if job.spec is not None:
+            self.spec.tally = job.spec_tally
+            self.spec.add(uid, job.spec, [*held, *(t for seg in segments for t in seg)],
+                          job.session.usage)
 
     def _solo_pacer(self) -> PrefillPacer:
         return self.pacer if self.solo_prefill is None else FixedChunk(self.solo_prefill)
@@ -232,6 +243,11 @@ class BatchLane:
                 self.adapters.attach(gen, self._rows_sets)
         return self._gen
 
+    def _route_rows(self, uids: list[int]) -> None:
+        """Route a pass the lane runs itself (a speculative verify) by its rows' sets."""
+        if self.adapters is not None:
+            self.adapters.route(self._rows_sets(uids), self._rows_sets)
+
     def _rows_sets(self, uids: list[int] | None = None) -> list[AdapterSet]:
         """The adapter sets of the rows ``uids`` (None: every row), for routing a pass."""
         rows = self._rows
@@ -245,6 +261,7 @@ class BatchLane:
         if row is None:
             return
         job = row.job
+        self.spec.observe(r.uid, r.token)
         if not job.finished:
             deliver(job, r.token, r.logprobs, fill_rows.run_of(self._generator(), r.uid))
         if r.finish_reason is not None:  # the generator already dropped the row

@@ -27,6 +27,7 @@ from ...contract import DraftSource, LogitsProcessor
 from .. import prefill_shapes
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
+from ..speculate import SpecStream, rewindable, spec_steps, trim_to
 from .pace import PrefillPacer
 
 if TYPE_CHECKING:
@@ -139,6 +140,8 @@ class SerialLane:
         if close is not None:
             close(*args)
         if publish and kv is not None and self.prefix is not None:
+            if job.spec is not None:  # a speculative burst may have fed past the end
+                trim_to(kv[0], len(kv[1]))
             self.prefix.store(job.cache_namespace, kv[1], kv[0])
         if job.request.sampling.seed is not None:
             fresh_random_state()  # a seeded request must not make later ones repeatable
@@ -178,6 +181,9 @@ class SerialLane:
 
             yield from fill_steps(self.model, prompt[n:], prompt, cache, req.sampler,
                                   req.processors, job.fill)
+            return
+        if job.spec is not None and len(prompt) - n == 1 and rewindable(cache, 2):
+            yield from self._lookup_decode(job, cache, n)
             return
         procs = _with_context(req.processors, prompt[:n])
         emb = req.input_embeddings[n:] if req.input_embeddings is not None else None
@@ -235,6 +241,17 @@ class SerialLane:
             return run(req.sampler, req.processors or None, prefill_step=size,
                        between_chunks=between_chunks)
         return run(req.sampler, req.processors or None)
+
+    def _lookup_decode(self, job: GenerationJob, cache: list[Any], n: int) -> Steps:
+        """Prompt-lookup speculation (``speculate/``) from the filled ``cache``."""
+        req, usage = job.request, job.session.usage
+        spec = usage.speculation = {"drafted": 0, "accepted": 0, "targetCalls": 0}
+        assert job.spec is not None and req.sampler is not None  # checked, prepared
+        if job.spec_tally is not None:
+            job.spec_tally.requests += 1
+        stream = SpecStream(self.model, cache, list(req.prompt_tokens[:n]), job.spec,
+                            req.sampler, req.processors, spec, job.spec_tally)
+        yield from spec_steps(stream, req.prompt_tokens[n])
 
     def _speculate(self, job: GenerationJob, source: DraftSource) -> Steps:
         """Speculative decoding with the mounted draft (the prefix cache is bypassed).

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, cast
 from .. import prefill_shapes
 from ..job import GenerationJob
 from ..prompt_cache import trimmable
+from ..speculate import SpecStream, rewindable
 from .pace import PrefillPacer
 from .serial import fresh_random_state
 
@@ -40,6 +41,8 @@ Pending: TypeAlias = "tuple[mx.array, mx.array]"
 """A token sampled but not yet fed, as the device holds it: (token array, log-probs)."""
 Moving: TypeAlias = "tuple[GenerationJob, list[Any] | None, list[int], list[list[int]]]"
 """A lone job joining the batch: ``(job, cache, held, segments)`` (see ``SoloSlot.join``)."""
+Step: TypeAlias = "tuple[int, mx.array, list[int]]"
+"""One token a step delivers: the token, its log-probs, the fill-forced run fed after it."""
 
 
 class Publish(Protocol):
@@ -62,6 +65,8 @@ class Solo:
         self._next: Pending | None = None  # (token, logprobs) being computed: sampled, not fed
         self._context: mx.array | None = None  # what the logits processors see: all fed tokens
         self._count = 0
+        self.spec: SpecStream | None = None  # prompt-lookup speculation (job.spec), once begun
+        self._spec_ok = job.spec is not None
 
     @classmethod
     def resume(cls, model: nn.Module, job: GenerationJob, cache: list[Any], fed: list[int],
@@ -81,13 +86,19 @@ class Solo:
         published for the next turn); None when it can."""
         return None if trimmable(self.cache) else copy.deepcopy(self.cache)
 
-    def step(self) -> tuple[int, mx.array, list[int]] | None:
-        """One prefill chunk (returns None) or one token: ``(token, logprobs, run)``,
-        ``run`` being the fill-forced tokens fed after it (usually none)."""
+    def step(self) -> list[Step] | None:
+        """One prefill chunk (returns None) or the tokens of one step, each ``(token,
+        logprobs, run)``: several when a speculative window was accepted, ``run`` being
+        the fill-forced tokens fed after a token (usually none)."""
         import mlx.core as mx
         from mlx_lm.generate import generation_stream
 
         with mx.stream(generation_stream):
+            if self.spec is not None and self.spec.running:
+                return _steps(self.spec.step())
+            if self._spec_ok and not self.prefilling and self._spec_begin():
+                assert self.spec is not None  # begun just now
+                return _steps(self.spec.step())
             if self._next is None:
                 if self.prefilling:
                     start, size = len(self.fed), self.pacer.chunk()
@@ -115,13 +126,43 @@ class Solo:
         self._count += 1
         if self._count % 256 == 0:
             mx.clear_cache()
-        return token, logprobs, run
+        return [(token, logprobs, run)]
+
+    def _spec_begin(self) -> bool:
+        """Start the job's prompt-lookup stream where the cache can rewind."""
+        self._spec_ok = False
+        spec = self.job.spec
+        if spec is None or not rewindable(self.cache, 2):
+            return False
+        req, usage = self.job.request, self.job.session.usage
+        if usage.speculation is None:
+            usage.speculation = {"drafted": 0, "accepted": 0, "targetCalls": 0}
+            if self.job.spec_tally is not None:
+                self.job.spec_tally.requests += 1
+        assert req.sampler is not None  # prepared
+        self.spec = SpecStream(self.model, self.cache, self.fed, spec, req.sampler,
+                               req.processors, usage.speculation, self.job.spec_tally)
+        if self._next is None:  # the prompt's last token starts it
+            self.spec.begin(self.prompt[-1])
+        else:  # a row back from the batch: its pending token starts it
+            y, logprobs = self._next
+            self._next = None
+            token = cast(int, y.item())  # a token id
+            self.spec.begin(token, (token, logprobs))
+        return True
+
+    def settle(self) -> None:
+        """Drop speculative drafts still in flight (the cache then holds ``fed``)."""
+        if self.spec is not None and self.spec.running:
+            self._next = self.spec.settle()
 
     def handoff(self) -> tuple[tuple[int, mx.array] | None, list[list[int]]]:
         """``(pending, segments)`` for the batch: the sampled but unfed ``(token,
         logprobs)`` (None while the prompt is still being read) and the prompt
         segments still to feed (none once decoding)."""
         import mlx.core as mx
+
+        self.settle()
 
         if self._next is None:
             rest = self.prompt[len(self.fed):]
@@ -147,6 +188,12 @@ class Solo:
         logprobs = logits - mx.logsumexp(logits, keepdims=True)
         assert req.sampler is not None  # prepare builds it before any lane runs the job
         return req.sampler(logprobs), logprobs.squeeze(0)
+
+
+def _steps(out: Any) -> list[Step]:
+    """A speculative stream's step, one ``(token, logprobs)`` or a list of them, as the
+    slot's ``(token, logprobs, run)`` entries (speculating rows never fill)."""
+    return [(t, lp, []) for t, lp in (out if isinstance(out, list) else [out])]
 
 
 def deliver(job: GenerationJob, token: int, logprobs: mx.array,
@@ -232,8 +279,12 @@ class SoloSlot:
                     self.publish(job, solo.fed, boundary, boundary=True)
             return
         self.steps.add(1)
-        deliver(job, *out)
+        for token, logprobs, run in out:
+            deliver(job, token, logprobs, run)
+            if job.finished:
+                break
         if job.finished:
+            solo.settle()
             self.publish(self.end(), solo.fed, solo.cache)
 
     def join(self) -> Moving | None:

@@ -1,0 +1,216 @@
+"""Prompt-lookup (n-gram) speculation against plain decoding, same engine, same run.
+
+One engine serves every request; each request picks its arm with the per-request field
+(``"draft_kind": "ngram"`` or ``"none"``), and arms alternate A B / B A for ``--rounds``
+rounds so background load hits both alike. Workloads (chat requests, real tokenizer):
+
+- ``code``: a Python source file plus "rename this function, give the whole file back";
+- ``json``: a JSON document plus "set one field, give the whole document back";
+- ``prose``: a short story request, sampled at ``--prose-temperature`` (default 1.0: nothing
+  to look up, the overhead case; random weights loop under greedy decoding, sampled they do
+  not);
+- ``batch8``: ``--clients`` requests at once (code and json alternating) on the batch lane.
+
+Single-stream rows report decode tok/s (tokens after the first / time after the first)
+as a median over the rounds; ``batch8`` reports aggregate tok/s (all completion tokens /
+wall time). Greedy arms must produce identical text; the bench counts mismatches.
+Acceptance comes from ``usage.speculation``. Whether a workload echoes depends on the
+model: the embedded SmolLM2-135M really copies code and JSON; random-weight shapes
+(``--shape``) only repeat themselves (their loops are what lookup catches), so there the
+no-lookup row is the informative one and the echo rows are an upper bound.
+
+    python bench/speculation.py                        # embedded SmolLM2-135M, CPU
+    python bench/speculation.py --shape tiny           # random tiny llama
+    python bench/speculation.py --model /path/to/ckpt  # any checkpoint
+    python bench/speculation.py --shape 8b --rounds 5 --max-tokens 256 \\
+        --out bench/results/speculation_h200.json      # H200, Llama-3-8B body, bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mlxbun_core.engine.core import Engine
+from mlxbun_core.engine.reply import gather
+
+SHAPES = {  # llama bodies with the test tokenizer's vocabulary
+    "tiny": {},
+    "1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64},
+    "8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128},
+}
+
+CODE = '''import json
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Order:
+    order_id: int
+    customer: str
+    items: list[str] = field(default_factory=list)
+    total: float = 0.0
+
+    def add_item(self, name: str, price: float) -> None:
+        self.items.append(name)
+        self.total += price
+
+    def to_json(self) -> str:
+        return json.dumps({"order_id": self.order_id, "customer": self.customer,
+                           "items": self.items, "total": round(self.total, 2)})
+
+
+def load_orders(path: str) -> list[Order]:
+    with open(path) as f:
+        rows = json.load(f)
+    orders = []
+    for row in rows:
+        order = Order(row["order_id"], row["customer"])
+        for item in row["items"]:
+            order.add_item(item["name"], item["price"])
+        orders.append(order)
+    return orders
+
+
+def total_revenue(orders: list[Order]) -> float:
+    return sum(order.total for order in orders)
+'''
+
+RECORDS = [{"id": i, "name": f"task {i}", "owner": ["ana", "ben", "chloe"][i % 3],
+            "status": "open", "priority": i % 4} for i in range(1, 13)]
+
+
+def workloads() -> dict[str, list[dict]]:
+    code = (f"Here is a Python file:\n\n```python\n{CODE}```\n\nRename the function "
+            "`load_orders` to `read_orders` everywhere. Reply with the complete updated "
+            "file only.")
+    doc = (f"Here is a JSON document:\n\n{json.dumps(RECORDS, indent=1)}\n\nSet the "
+           "\"status\" of the task with id 7 to \"done\". Reply with the complete updated "
+           "JSON document only.")
+    prose = "Write a short, original story about a lighthouse keeper and a storm."
+    return {"code": [{"role": "user", "content": code}],
+            "json": [{"role": "user", "content": doc}],
+            "prose": [{"role": "user", "content": prose}]}
+
+
+async def run(engine: Engine, messages: list[dict], kind: str, args,
+              temperature: float | None = None) -> dict:
+    body = {"messages": messages, "max_tokens": args.max_tokens, "draft_kind": kind,
+            "temperature": args.temperature if temperature is None else temperature}
+    t0 = time.perf_counter()
+    gen = await engine.start(engine.parse_chat(body))
+    reply = gather([ev async for ev in gen.events()])
+    usage, timings = reply.finish.usage, reply.finish.timings
+    return {"text": reply.content, "tokens": usage.completion_tokens,
+            "decode_tps": timings.get("decode_tps", 0.0), "ttft": timings.get("ttft_s", 0.0),
+            "wall": time.perf_counter() - t0, "speculation": usage.speculation}
+
+
+async def batch(engine: Engine, jobs: list[list[dict]], kind: str, args) -> dict:
+    t0 = time.perf_counter()
+    out = await asyncio.gather(*[run(engine, m, kind, args) for m in jobs])
+    wall = time.perf_counter() - t0
+    return {"text": [o["text"] for o in out], "tokens": sum(o["tokens"] for o in out),
+            "aggregate_tps": sum(o["tokens"] for o in out) / wall,
+            "speculation": [o["speculation"] for o in out]}
+
+
+def acceptance(specs: list) -> float | None:
+    drafted = sum(s["drafted"] for s in specs if s)
+    return sum(s["accepted"] for s in specs if s) / drafted if drafted else None
+
+
+async def bench(engine: Engine, args) -> dict:
+    loads = workloads()
+    names = [n for n in ("code", "json", "prose") if n in args.workloads]
+    results: dict[str, dict] = {}
+    await run(engine, loads["prose"], "none", args)  # warm-up (kernels, pacer)
+    await run(engine, loads["code"], "ngram", args)
+    for name in names:
+        rows = {"ngram": [], "none": []}
+        temp = args.prose_temperature if name == "prose" else None
+        for i in range(args.rounds):
+            for kind in (("ngram", "none") if i % 2 == 0 else ("none", "ngram")):
+                rows[kind].append(await run(engine, loads[name], kind, args, temp))
+        results[name] = summarize(rows, "decode_tps", sampled=bool(temp))
+    if "batch8" in args.workloads:
+        jobs = [loads["code" if i % 2 == 0 else "json"] for i in range(args.clients)]
+        rows = {"ngram": [], "none": []}
+        for i in range(args.rounds):
+            for kind in (("ngram", "none") if i % 2 == 0 else ("none", "ngram")):
+                rows[kind].append(await batch(engine, jobs, kind, args))
+        results["batch8"] = summarize(rows, "aggregate_tps")
+    return results
+
+
+def summarize(rows: dict, key: str, sampled: bool = False) -> dict:
+    on = statistics.median(r[key] for r in rows["ngram"])
+    off = statistics.median(r[key] for r in rows["none"])
+    specs = [s for r in rows["ngram"] for s in (r["speculation"] if isinstance(
+        r["speculation"], list) else [r["speculation"]])]
+    mismatches = None if sampled else sum(a["text"] != b["text"]
+                                          for a, b in zip(rows["ngram"], rows["none"]))
+    return {"ngram": round(on, 1), "plain": round(off, 1), "ratio": round(on / off, 3),
+            "acceptance": acceptance(specs), "tokens": rows["ngram"][0]["tokens"],
+            "ngram_all": [round(r[key], 1) for r in rows["ngram"]],
+            "plain_all": [round(r[key], 1) for r in rows["none"]],
+            "text_mismatches": mismatches}
+
+
+def model_path(args) -> str | None:
+    if args.model or args.shape is None:
+        return args.model
+    from mlxbun_core.testing.checkpoints import write_checkpoint
+
+    out = Path(tempfile.mkdtemp(prefix="spec-bench-")) / args.shape
+    dtype = "float32" if args.shape == "tiny" else "bfloat16"
+    return str(write_checkpoint(out, "llama", seed=args.seed, dtype=dtype,
+                                config_overrides=SHAPES[args.shape]))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", help="checkpoint path (default: the embedded SmolLM2-135M)")
+    p.add_argument("--shape", choices=list(SHAPES), help="random-weight llama body instead")
+    p.add_argument("--seed", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--max-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--prose-temperature", type=float, default=1.0)
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--batch", type=int, default=8, help="batch lane rows")
+    p.add_argument("--workloads", nargs="+", default=["code", "json", "prose", "batch8"])
+    p.add_argument("--out", help="write the results as JSON here")
+    args = p.parse_args()
+    path = model_path(args)
+    engine = Engine.load(path, progress=False, batch=args.batch, prompt_cache_bytes=0)
+    try:
+        results = asyncio.run(bench(engine, args))
+    finally:
+        engine.close()
+    report = {"model": path or "embedded SmolLM2-135M", "shape": args.shape,
+              "rounds": args.rounds, "max_tokens": args.max_tokens,
+              "temperature": args.temperature, "prose_temperature": args.prose_temperature,
+              "results": results}
+    for name, r in results.items():
+        unit = "aggregate tok/s" if name == "batch8" else "decode tok/s"
+        acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
+        print(f"{name:7s} ngram {r['ngram']:8.1f}  plain {r['plain']:8.1f}  "
+              f"ratio {r['ratio']:.3f}  acceptance {acc}  {unit}  "
+              f"mismatches {r['text_mismatches']}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
