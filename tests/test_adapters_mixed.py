@@ -254,3 +254,24 @@ def test_expert_lora_sets_keep_their_own_batch(tmp_path):
         assert {"l", "none"} in seen
     finally:
         engine.worker.close()
+
+
+def test_speculative_batch_steps_route_each_row_to_its_adapter(server):
+    """Prompt-lookup verify passes run outside the generator's own step; they must route
+    rows by their sets too: rows of different adapters speculating together equal each
+    request alone (random weights loop on their own output, so lookups land)."""
+    engine = server.engine
+    n = 48
+    code = "def add(a, b):\n    return a + b\n\nclass Foo:\n    pass\n"
+    echo = [code * 3 + code[:20], "hello world " * 10, "one two three four " * 4,
+            "red green blue " * 6]
+    specs = ["a", "b", "none", "c"]
+    bodies = [{**greedy(p, n, adapter=s), "draft_kind": "ngram"}
+              for p, s in zip(echo, specs)]
+    want = alone(engine, bodies)
+    before = engine.lookup_stats()["batch_steps"]
+    seen: list = []
+    got = drive_lane(engine, bodies, [0] * len(bodies), on_step=sets_seen(seen))
+    assert [token_ids(gather(ev)) for ev in got] == want
+    assert {"a", "b", "c", "none"} in seen
+    assert engine.lookup_stats()["batch_steps"] > before  # verify passes ran mixed

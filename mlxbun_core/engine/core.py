@@ -238,17 +238,24 @@ class Engine:
         prepared = await self.prepare(req)
         if self.aborted:  # stopped while this one was being prepared
             raise Unavailable()
-        limit = self.effective_limit(prepared.request)
+        job = self.new_job(req, prepared, adapters)
+        self.worker.submit(job)
+        self.requests += 1
+        return Generation(self, job, prepared.warning)
+
+    def new_job(self, req: GenerationInput, prepared: Prepared,
+                adapters: AdapterSet) -> GenerationJob:
+        """The job for a prepared request, as :meth:`start` queues it: its budget, draft,
+        prefix-cache namespace, adapters, speculation and fill (on the event loop)."""
         job = GenerationJob(prepared.request, self.model.tokenizer,
-                            EventSink(asyncio.get_running_loop()), limit, self.draft,
+                            EventSink(asyncio.get_running_loop()),
+                            self.effective_limit(prepared.request), self.draft,
                             self.cache_namespace(req, adapters), adapters=adapters,
                             spec=resolve_spec(self.speculation, req.speculation),
                             spec_tally=self.spec_tally)
         job.session.on_finish = self.on_finish
         job.fill = self.fill.open(job)
-        self.worker.submit(job)
-        self.requests += 1
-        return Generation(self, job, prepared.warning)
+        return job
 
     def cache_namespace(self, req: GenerationInput,
                         adapters: AdapterSet | None = None) -> tuple[str, ...] | None:

@@ -128,17 +128,11 @@ def drive_lane(engine: Engine, bodies: list, arrive: list, on_step=None) -> list
     lane = engine.worker.lanes[0]
 
     async def go():
-        from ..engine.job import EventSink, GenerationJob
-
-        loop = asyncio.get_running_loop()
         jobs = []
         for body in bodies:
             req = engine.parse_completion(body)
             prepared = await engine.prepare(req)
-            adapters = engine.adapters.resolve(req.adapter)
-            jobs.append(GenerationJob(prepared.request, engine.model.tokenizer, EventSink(loop),
-                                      engine.effective_limit(prepared.request), engine.draft,
-                                      engine.cache_namespace(req, adapters), adapters=adapters))
+            jobs.append(engine.new_job(req, prepared, engine.adapters.resolve(req.adapter)))
 
         def steps():
             n = 0
