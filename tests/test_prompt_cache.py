@@ -187,6 +187,8 @@ def test_a_stored_batch_row_holds_only_its_own_bytes():
             return before - mx.get_active_memory()
 
         freed = engine.worker.run_sync(freed_by_clearing)
-        assert freed <= 1.1 * held, (freed, held)
+        # the lazy slices freed 2.4x; MLX's allocator rounds buffers, which moved the ratio
+        # between 1.0 and 1.15 with unrelated changes
+        assert freed <= 1.5 * held, (freed, held)
     finally:
         close(engine)
