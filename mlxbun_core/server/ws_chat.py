@@ -128,7 +128,10 @@ def register(app: App, engine: Engine) -> None:
             return
         await ws.accept()
         outbox = Outbox(ws)
-        await serve_connection(ws, ChatAgent(engine, store, outbox, ready_frame(engine)), outbox)
+        # coding tools: loopback clients only, even with the key (guard.py checked the key)
+        coding = guard.is_loopback_client(ws.scope.get("client"))
+        agent = ChatAgent(engine, store, outbox, ready_frame(engine), coding_allowed=coding)
+        await serve_connection(ws, agent, outbox)
 
     app.router.add_get(PATH, upgrade_required)
     app.router.add_ws(PATH, chat)
