@@ -248,3 +248,22 @@ def test_coding_tools_are_never_offered_to_a_remote_client(tmp_path):
             assert err["status"] == 403 and "loopback" in err["message"]
     finally:
         srv.stop()
+
+
+def test_stop_denies_waiting_calls_and_kills_a_running_command(scripted, ws):
+    srv, plugin = scripted
+    with coding_client(srv, ws) as c:
+        script(plugin, call("bash", command="sleep 30") + call("write", path="z", content="z"))
+        c.send("prompt", text="slow")
+        asked = c.until("tool_approval_request")[-1]
+        c.until("tool_approval_request")
+        c.send("approval", callId=asked["callId"], decision="allow")
+        c.until("tool_update")  # the command line: it runs now
+        started = time.monotonic()
+        c.send("abort")
+        frames = finish(c)
+        assert time.monotonic() - started < 10
+        stopped, denied = ends(frames)
+        assert "stopped" in stopped["result"]["error"]
+        assert "the turn was stopped" in denied["result"]["error"]
+        assert not (ws / "z").exists()

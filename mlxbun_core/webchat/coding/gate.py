@@ -228,9 +228,8 @@ class CodingSession:
         try:
             return await self.command
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise  # this turn itself is being cancelled
+            if not self.command.cancelled():
+                raise  # this turn itself is being cancelled, not the command by stop()
             raise ToolFailed("the command was stopped") from None
         finally:
             self.command = None
