@@ -19,6 +19,8 @@ MAX_FILE_BYTES = 2 * 1024 * 1024  # files edit, write and grep will touch
 MAX_LIST = 500
 MAX_MATCHES = 200
 MAX_PATTERN = 500
+MAX_SCAN_FILES = 5000  # grep stops after this many files or bytes (its thread cannot be
+MAX_SCAN_BYTES = 64 * 1024 * 1024  # interrupted, so its work is bounded up front)
 MAX_DIFF_CHARS = 64 * 1024
 SKIP_DIRS = {".git", "node_modules", ".venv", "__pycache__"}
 
@@ -86,6 +88,7 @@ def grep(ws: Workspace, args: dict) -> dict:
     top = ws.resolve(args.get("path"), default=".")
     glob = args.get("glob")
     matches: list[str] = []
+    files = scanned = 0
     for path in _files_under(ws, top):
         if isinstance(glob, str) and glob and not path.match(glob):
             continue
@@ -93,6 +96,9 @@ def grep(ws: Workspace, args: dict) -> dict:
             text = _read_text(path)
         except (ToolFailed, OSError):
             continue
+        files, scanned = files + 1, scanned + len(text)
+        if files > MAX_SCAN_FILES or scanned > MAX_SCAN_BYTES:
+            return {"matches": matches, "truncated": True}
         for no, line in enumerate(text.splitlines(), 1):
             if regex.search(line):
                 matches.append(f"{ws.relative(path)}:{no}: {line[:300]}")

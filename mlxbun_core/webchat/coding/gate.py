@@ -94,15 +94,18 @@ class CodingSession:
     async def send_state(self) -> None:
         await self.send({"type": "coding_tools", "active": self.active,
                          "workspace": str(self.workspace.root) if self.workspace else None,
-                         "pending": list(self.waiting), "available": self.allowed,
+                         "pending": self._pending(), "available": self.allowed,
                          "gated": list(GATED)})
 
     async def send_approvals(self) -> None:
         await self.send({"type": "tool_approvals", "alwaysAllow": approvals.approvals(self.home)})
 
+    def _pending(self) -> list[str]:
+        """The calls whose card waits for an answer, in the model's order."""
+        return [k for k, w in self.waiting.items() if w.error is None and not w.decision.done()]
+
     async def send_queue(self) -> None:
-        pending = [{"callId": k, "tool": w.tool} for k, w in self.waiting.items()
-                   if w.error is None and not w.decision.done()]
+        pending = [{"callId": k, "tool": self.waiting[k].tool} for k in self._pending()]
         await self.send({"type": "queue_update", "steering": [], "followUp": [],
                          "approvals": pending})
 
