@@ -81,4 +81,19 @@ def test_the_approval_card_denies_allows_and_always_allows(page, scripted, tmp_p
     page.wait_for_selector("#coding-always >> text=edit")
     page.get_by_role("button", name="Stop always allowing edit").click()
     page.wait_for_selector("#coding-always >> text=none")
+    page.click("#settings-toggle")
+
+    page.set_viewport_size({"width": 390, "height": 800})  # a phone: the card fits
+    ask(page, plugin, "once more", call("bash", command="echo hi"))
+    card = page.locator(".approval-card").last
+    assert "echo hi" in card.locator(".approval-command").inner_text()
+    for name in ("Allow once", "Always allow bash", "Deny"):
+        box = card.get_by_role("button", name=name).bounding_box()
+        assert box and box["x"] >= 0 and box["x"] + box["width"] <= 390, name
+    box = card.bounding_box()
+    assert box and box["x"] + box["width"] <= 390
+    assert page.evaluate("(m => m.scrollWidth <= m.clientWidth)"
+                         "(document.getElementById('messages'))")
+    card.get_by_role("button", name="Deny").click()
+    settled(page, 4)
     assert page.console.errors == []
