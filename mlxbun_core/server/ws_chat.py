@@ -9,7 +9,8 @@ parent, which is no BlackSheep app, answers 501 itself). ``GET /v1`` carries
 
 Like the other routes that touch files, the chat answers loopback clients only
 unless an API key is configured (the guard middleware sees the handshake; browsers
-send the key as ``?api_key=``).
+send the key as ``?api_key=``). The chat's coding tools go further: loopback clients only,
+even with the key (the key lets a remote client chat, never run tools on this machine).
 """
 
 from __future__ import annotations
