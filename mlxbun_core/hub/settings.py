@@ -9,19 +9,15 @@ this module's :func:`grant` is for that code, and the routes only list and revok
 
 from __future__ import annotations
 
-import json
 import os
 import re
-from pathlib import Path
 
 from ..errors import BadRequest
-from ..models.paths import mlxbun_home
+from ..webchat import approvals as _approvals
 from . import remote
 
 TOKEN_MAX = 512
 _TOKEN = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no spaces
-_TOOL = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
-MAX_APPROVALS = 200
 
 
 def mask(token: str) -> str:
@@ -60,49 +56,7 @@ def forget_token() -> dict[str, object]:
     return token_state()
 
 
-# -- tool approvals ---------------------------------------------------------------------
-def approvals_path(home: Path | None = None) -> Path:
-    return mlxbun_home(home) / "tool-approvals.json"
-
-
-def approvals(home: Path | None = None) -> list[str]:
-    try:
-        data = json.loads(approvals_path(home).read_text())
-    except (OSError, ValueError):
-        return []
-    tools = data.get("alwaysAllow") if isinstance(data, dict) else None
-    return sorted({t for t in tools if isinstance(t, str) and _TOOL.match(t)}) if isinstance(
-        tools, list) else []
-
-
-def _write(tools: list[str], home: Path | None) -> list[str]:
-    path = approvals_path(home)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"alwaysAllow": sorted(set(tools))}))
-    os.replace(tmp, path)
-    return sorted(set(tools))
-
-
-def _tool(name: object) -> str:
-    if not isinstance(name, str) or not name:
-        raise BadRequest("tool required", param="tool")
-    if not _TOOL.match(name):
-        raise BadRequest("tool must be a tool name (letters, digits, _ . : -; at most 64)",
-                         param="tool")
-    return name
-
-
-def grant(tool: object, home: Path | None = None) -> list[str]:
-    """Always allow ``tool`` (the chat's approval card calls this)."""
-    name = _tool(tool)
-    current = approvals(home)
-    if name not in current and len(current) >= MAX_APPROVALS:
-        raise BadRequest(f"at most {MAX_APPROVALS} tools can be always allowed", param="tool")
-    return _write(current + [name], home)
-
-
-def revoke(tool: object, home: Path | None = None) -> list[str]:
-    """Forget ``tool``'s approval; idempotent."""
-    name = _tool(tool)
-    return _write([t for t in approvals(home) if t != name], home)
+# -- tool approvals: the store lives with the web chat, which grants; re-exported here for
+# the settings routes and their callers
+approvals_path, approvals, grant, revoke = (
+    _approvals.approvals_path, _approvals.approvals, _approvals.grant, _approvals.revoke)

@@ -9,7 +9,8 @@ parent, which is no BlackSheep app, answers 501 itself). ``GET /v1`` carries
 
 Like the other routes that touch files, the chat answers loopback clients only
 unless an API key is configured (the guard middleware sees the handshake; browsers
-send the key as ``?api_key=``).
+send the key as ``?api_key=``). The chat's coding tools go further: loopback clients only,
+even with the key (the key lets a remote client chat, never run tools on this machine).
 """
 
 from __future__ import annotations
@@ -128,7 +129,10 @@ def register(app: App, engine: Engine) -> None:
             return
         await ws.accept()
         outbox = Outbox(ws)
-        await serve_connection(ws, ChatAgent(engine, store, outbox, ready_frame(engine)), outbox)
+        # coding tools: loopback clients only, even with the key (guard.py checked the key)
+        coding = guard.is_loopback_client(ws.scope.get("client"))
+        agent = ChatAgent(engine, store, outbox, ready_frame(engine), coding_allowed=coding)
+        await serve_connection(ws, agent, outbox)
 
     app.router.add_get(PATH, upgrade_required)
     app.router.add_ws(PATH, chat)

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..errors import APIError, BadRequest
+from .coding.frames import CodingFrames
 from .conversation import Conversation, Send
 from .session_frames import SessionFrames
 from .settings_frames import SettingsFrames
@@ -30,10 +31,13 @@ Handler = Callable[[dict], Awaitable[None]]
 class ChatAgent:
     """The web chat's agent for one connection."""
 
-    def __init__(self, engine: Any, store: SessionStore, send: Send, ready: dict):
+    def __init__(self, engine: Any, store: SessionStore, send: Send, ready: dict,
+                 coding_allowed: bool = False):
         self.conversation = Conversation(engine, store, send, ready)
+        self.conversation.coding.allowed = coding_allowed  # loopback clients only
         self.turns = TurnFrames(self.conversation)
-        groups = (SettingsFrames(self.conversation), SessionFrames(self.conversation), self.turns)
+        groups = (SettingsFrames(self.conversation), SessionFrames(self.conversation), self.turns,
+                  CodingFrames(self.conversation))
         self.handlers: dict[str, Handler] = {
             name[len("on_"):]: getattr(group, name)
             for group in groups for name in dir(group) if name.startswith("on_")}
@@ -41,6 +45,8 @@ class ChatAgent:
     async def hello(self) -> None:
         conv = self.conversation
         await conv.send({"type": "ready", **conv.ready})
+        await conv.coding.send_state()
+        await conv.coding.send_approvals()
         await conv.send_state()
 
     async def close(self) -> None:

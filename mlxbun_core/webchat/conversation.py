@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import APIError, BadRequest
 from . import apptools, overflow
+from .coding.gate import CodingSession
 from .history import first_answer, history_item
 from .store import Session, SessionStore
 
@@ -31,6 +32,7 @@ class Conversation:
         self.next_turn: dict = {}  # sampling for the next turn only
         self.app_context: dict | None = None
         self.task: asyncio.Task | None = None  # the running turn
+        self.coding = CodingSession(send)  # off until the page names a workspace
 
     # -- state ----------------------------------------------------------------------------
     @property
@@ -68,10 +70,11 @@ class Conversation:
         """The OpenAI chat body of a turn: the settings, the page context, the app tools."""
         s = self.settings
         system = "\n\n".join(x for x in (s.get("systemPrompt"),
-                                         apptools.ambient_line(self.app_context)) if x)
+                                         apptools.ambient_line(self.app_context),
+                                         self.coding.system_line()) if x)
         if system:
             messages = [{"role": "system", "content": system}] + messages
-        body = {"messages": messages, "tools": apptools.TOOLS, "stream": True,
+        body = {"messages": messages, "tools": apptools.TOOLS + self.coding.tools(), "stream": True,
                 **(s.get("sampling") or {}), **self.next_turn}
         if s.get("thinking") is not None:
             body["chat_template_kwargs"] = {"enable_thinking": s["thinking"]}

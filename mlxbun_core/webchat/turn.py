@@ -86,6 +86,7 @@ class Turn:
 
     def abort(self) -> None:
         self.aborted = True
+        self.conv.coding.stop("the turn was stopped")
         if self.gen is not None:
             self.gen.cancel()
 
@@ -178,14 +179,18 @@ class Turn:
     async def _run_tools(self, calls: list, parent_id: str) -> str:
         """Run each app tool call, tell the browser, save the results; the new leaf's id."""
         conv = self.conv
+        await conv.coding.announce([c for c in calls if conv.coding.handles(c["function"]["name"])])
         for call in calls:
             fn = call["function"]
             await conv.send({"type": "tool_start", "callId": call["id"], "tool": fn["name"],
                               "args": fn["arguments"]})
             frame = None
             try:
-                args = apptools.parse_arguments(fn["arguments"])
-                result, frame = apptools.run_tool(fn["name"], args, conv.app_context)
+                if conv.coding.handles(fn["name"]):  # coding/gate.py: may wait for approval
+                    result = await conv.coding.run(call)
+                else:
+                    args = apptools.parse_arguments(fn["arguments"])
+                    result, frame = apptools.run_tool(fn["name"], args, conv.app_context)
                 ok = True
             except apptools.ToolFailed as exc:
                 result, ok = {"error": str(exc)}, False

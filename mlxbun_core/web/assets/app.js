@@ -3,6 +3,7 @@
 import { chatAvailability } from "./api.js";
 import { snapshot, spotlight } from "./appctx.js";
 import { ChatView } from "./chat.js";
+import { Coding } from "./coding.js";
 import { ChatSocket } from "./conn.js";
 import { Composer } from "./composer.js";
 import { ModelsView } from "./models.js";
@@ -33,6 +34,7 @@ const chat = new ChatView($("messages"), {
   switchTo: (entryId) => !state.busy && send({ type: "switch_sibling", entryId }),
 });
 const settings = new Settings(send);
+const coding = new Coding(send, chat);
 const sidebar = new Sidebar(send, () => setSidebar(false));
 const status = new StatusView();
 const models = new ModelsView();
@@ -81,6 +83,11 @@ function onFrame(frame) {
     case "thinking_delta": chat.appendThinking(frame.delta); break;
     case "tool_start": chat.toolStart(frame); break;
     case "tool_end": chat.toolEnd(frame); break;
+    case "tool_approval_request": coding.request(frame); break;
+    case "tool_update": coding.update(frame); break;
+    case "queue_update": coding.queue(frame); break;
+    case "coding_tools": coding.state(frame); break;
+    case "tool_approvals": coding.approvals(frame); break;
     case "turn_end":
       chat.endTurn(frame);
       setBusy(false);

@@ -1,0 +1,175 @@
+"""The file tools: read, grep and ls run at once; edit and write are planned first (a
+:class:`Change` with its unified diff, shown on the approval card) and applied only after
+the user allows them, and only if the file still reads as it did when planned."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..apptools import ToolFailed
+from .workspace import Workspace
+
+MAX_READ_BYTES = 256 * 1024  # what read returns of one file
+MAX_FILE_BYTES = 2 * 1024 * 1024  # files edit, write and grep will touch
+MAX_LIST = 500
+MAX_MATCHES = 200
+MAX_PATTERN = 500
+MAX_SCAN_FILES = 5000  # grep stops after this many files or bytes (its thread cannot be
+MAX_SCAN_BYTES = 64 * 1024 * 1024  # interrupted, so its work is bounded up front)
+MAX_DIFF_CHARS = 64 * 1024
+SKIP_DIRS = {".git", "node_modules", ".venv", "__pycache__"}
+
+
+def _text(args: dict, key: str, *, empty: bool = False) -> str:
+    value = args.get(key)
+    if not isinstance(value, str) or (not value and not empty):
+        raise ToolFailed(f"{key} must be a {'' if empty else 'non-empty '}string")
+    return value
+
+
+def _read_text(path: Path, cap: int = MAX_FILE_BYTES) -> str:
+    if not path.is_file():
+        raise ToolFailed(f"{path.name!r} is not a file")
+    if path.stat().st_size > cap:
+        raise ToolFailed(f"{path.name!r} is larger than {cap} bytes")
+    data = path.read_bytes()
+    if b"\x00" in data[:8192]:
+        raise ToolFailed(f"{path.name!r} is a binary file")
+    return data.decode("utf-8", "replace")
+
+
+def read(ws: Workspace, args: dict) -> dict:
+    path = ws.resolve(args.get("path"))
+    if not path.is_file():
+        raise ToolFailed(f"{args.get('path')!r} is not a file")
+    with path.open("rb") as f:
+        data = f.read(MAX_READ_BYTES + 1)
+    if b"\x00" in data[:8192]:
+        raise ToolFailed(f"{args.get('path')!r} is a binary file")
+    return {"path": ws.relative(path), "content": data[:MAX_READ_BYTES].decode("utf-8", "replace"),
+            "truncated": len(data) > MAX_READ_BYTES}
+
+
+def ls(ws: Workspace, args: dict) -> dict:
+    path = ws.resolve(args.get("path"), default=".")
+    if not path.is_dir():
+        raise ToolFailed(f"{args.get('path')!r} is not a folder")
+    names = sorted(os.listdir(path))
+    entries = [n + ("/" if (path / n).is_dir() else "") for n in names[:MAX_LIST]]
+    return {"path": ws.relative(path), "entries": entries, "truncated": len(names) > MAX_LIST}
+
+
+def _files_under(ws: Workspace, top: Path):
+    """Regular files under ``top`` whose real path stays in the workspace (no link escapes)."""
+    if top.is_file():
+        yield top
+        return
+    for folder, dirs, files in os.walk(top):  # followlinks=False: linked folders are skipped
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
+        for name in sorted(files):
+            real = Path(os.path.realpath(os.path.join(folder, name)))
+            if ws.inside(real) and real.is_file():
+                yield real
+
+
+def grep(ws: Workspace, args: dict) -> dict:
+    pattern = _text(args, "pattern")
+    if len(pattern) > MAX_PATTERN:
+        raise ToolFailed(f"pattern is longer than {MAX_PATTERN} characters")
+    try:
+        regex = re.compile(pattern)
+    except re.error as exc:
+        raise ToolFailed(f"pattern is not a valid regular expression: {exc}") from None
+    top = ws.resolve(args.get("path"), default=".")
+    glob = args.get("glob")
+    matches: list[str] = []
+    files = scanned = 0
+    for path in _files_under(ws, top):
+        if isinstance(glob, str) and glob and not path.match(glob):
+            continue
+        try:
+            text = _read_text(path)
+        except (ToolFailed, OSError):
+            continue
+        files, scanned = files + 1, scanned + len(text)
+        if files > MAX_SCAN_FILES or scanned > MAX_SCAN_BYTES:
+            return {"matches": matches, "truncated": True}
+        for no, line in enumerate(text.splitlines(), 1):
+            if regex.search(line):
+                matches.append(f"{ws.relative(path)}:{no}: {line[:300]}")
+                if len(matches) >= MAX_MATCHES:
+                    return {"matches": matches, "truncated": True}
+    return {"matches": matches, "truncated": False}
+
+
+@dataclass
+class Change:
+    """A planned edit or write: the file, what it holds now (None: absent), what it will."""
+
+    path: Path
+    label: str
+    before: str | None
+    after: str
+
+    def diff(self) -> str:
+        old = (self.before or "").splitlines(keepends=True)
+        new = self.after.splitlines(keepends=True)
+        lines = difflib.unified_diff(old, new, "/dev/null" if self.before is None
+                                     else f"a/{self.label}", f"b/{self.label}")
+        text = "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+                       for line in lines)
+        return text if len(text) <= MAX_DIFF_CHARS else text[:MAX_DIFF_CHARS] + "\n… (cut)\n"
+
+
+def plan_edit(ws: Workspace, args: dict) -> Change:
+    """Replace ``old_string`` by ``new_string``: it must occur exactly once, unless
+    ``replace_all`` is true."""
+    path = ws.resolve(args.get("path"))
+    old, new = _text(args, "old_string"), _text(args, "new_string", empty=True)
+    text = _read_text(path)
+    count = text.count(old)
+    if count == 0:
+        raise ToolFailed("old_string does not occur in the file")
+    if count > 1 and args.get("replace_all") is not True:
+        raise ToolFailed(f"old_string occurs {count} times; make it unique or set replace_all")
+    return Change(path, ws.relative(path), text, text.replace(old, new))
+
+
+def plan_write(ws: Workspace, args: dict) -> Change:
+    path = ws.resolve(args.get("path"))
+    content = _text(args, "content", empty=True)
+    if len(content.encode()) > MAX_FILE_BYTES:
+        raise ToolFailed(f"content is larger than {MAX_FILE_BYTES} bytes")
+    if path.is_dir():
+        raise ToolFailed(f"{args.get('path')!r} is a folder")
+    before = _read_text(path) if path.exists() else None
+    return Change(path, ws.relative(path), before, content)
+
+
+def apply(ws: Workspace, change: Change) -> dict:
+    """Write ``change`` if the file is as planned: a temporary file in the same folder,
+    then a rename (which replaces a link itself, never the file it points to)."""
+    path = ws.resolve(change.label)  # again: the folder may have changed while we waited
+    now = _read_text(path) if path.exists() else None
+    if path != change.path or now != change.before:
+        raise ToolFailed("the file changed after this call was planned; nothing was written")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not ws.inside(Path(os.path.realpath(path.parent))):
+        raise ToolFailed("the file's folder leaves the workspace")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(change.after)
+        if change.before is not None:
+            os.chmod(tmp, path.stat().st_mode & 0o7777)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return {"path": change.label, "bytes": len(change.after.encode()),
+            "created": change.before is None}
