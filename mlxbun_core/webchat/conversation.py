@@ -71,7 +71,7 @@ class Conversation:
                                          apptools.ambient_line(self.app_context)) if x)
         if system:
             messages = [{"role": "system", "content": system}] + messages
-        body = {"messages": messages, "tools": apptools.TOOLS, "stream": True,
+        body = {"messages": messages, "tools": apptools.AGENT_TOOLS, "stream": True,
                 **(s.get("sampling") or {}), **self.next_turn}
         if s.get("thinking") is not None:
             body["chat_template_kwargs"] = {"enable_thinking": s["thinking"]}

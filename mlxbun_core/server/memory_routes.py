@@ -1,0 +1,188 @@
+"""The memory vault over HTTP: ``/api/memory/*`` (init, status, list, search, article, links,
+history, diff) and ``GET /v1/memory/synthesize`` (SSE).
+
+Thin wrappers over :mod:`mlxbun_core.memory`. Every route touches the filesystem, so all are
+admin routes (loopback only unless an API key is configured; ``/api/`` already is one,
+``/v1/memory`` is marked here). Answers are ``{"ok": true, ...}`` or ``{"ok": false,
+"error": ...}`` with a 4xx for a client mistake; with no vault yet, ``{"ok": false,
+"enabled": false, "error": "no memory vault yet", "root": ...}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from blacksheep import Request, Response
+
+from ..errors import APIError, BadRequest
+from ..memory.synthesis import Synthesis
+from ..memory.vault import NoVault, Vault, default_root
+from ..webchat.memory import saved_conversations
+from .body import read_body
+from .common import json_response, sse_data, sse_response
+
+if TYPE_CHECKING:
+    from ..engine.core import Engine
+    from .state import App
+
+MAX_LIMIT = 200
+MAX_QUERY_CHARS = 500
+REV_RE = re.compile(r"^[0-9a-f]{4,40}$")
+SCOPES = ("all", "articles", "reference")
+FLAGS = {"1": True, "true": True, "0": False, "false": False, "": False}
+
+
+def _param(request: Request, name: str, required: bool = False) -> str | None:
+    values = request.query.get(name)
+    value = values[0] if values else None
+    if required and not (value and value.strip()):
+        raise BadRequest(f"{name} is required")
+    if value is not None and len(value) > MAX_QUERY_CHARS:
+        raise BadRequest(f"{name} is longer than {MAX_QUERY_CHARS} characters")
+    return value
+
+
+def _limit(request: Request, default: int = 50) -> int:
+    raw = _param(request, "limit")
+    if raw is None:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise BadRequest("limit must be a positive integer")
+    return min(int(raw), MAX_LIMIT)
+
+
+def _flag(request: Request, name: str) -> bool:
+    raw = (_param(request, name) or "").lower()
+    if raw not in FLAGS:
+        raise BadRequest(f"{name} must be 1 or 0")
+    return FLAGS[raw]
+
+
+def _failure(exc: APIError, root: Path) -> Response:
+    if isinstance(exc, NoVault):
+        return json_response({"ok": False, "enabled": False, "error": exc.message,
+                              "root": str(root)}, exc.status)
+    return json_response({"ok": False, "error": exc.message}, exc.status)
+
+
+def init_path(raw: Any, default: Path) -> Path:
+    """Where ``POST /api/memory/init`` may set up a vault: the default root, or a folder
+    under it or under the OS temp directory; anything else is a 400."""
+    if raw is None:
+        return default
+    if not isinstance(raw, str) or not raw or "\0" in raw:
+        raise BadRequest("path must be a non-empty string")
+    target = Path(raw).expanduser().resolve()
+    allowed = (default.resolve(), Path(tempfile.gettempdir()).resolve())
+    if not any(target == a or a in target.parents for a in allowed):
+        raise BadRequest("path must be inside the default vault root or the temp directory")
+    return target
+
+
+def register(app: App, engine: Engine) -> None:
+    vault = Vault(default_root())
+    app.state.guard.admin_route("/v1/memory")
+    running: list[Synthesis] = []  # at most one synthesis at a time
+
+    def route(path: str, work: Callable[[Request, dict], dict], method: str = "GET") -> None:
+        """``work(request, body)`` runs in a thread; its dict is the answer, an APIError
+        the 4xx. A POST's body is optional (``{}`` when none is sent)."""
+
+        async def handler(request: Request) -> Response:
+            try:
+                body = await read_body(request) if method == "POST" and request.has_body() \
+                    else {}
+                return json_response({"ok": True, **await asyncio.to_thread(work, request, body)})
+            except APIError as exc:
+                return _failure(exc, vault.root)
+
+        (app.router.add_post if method == "POST" else app.router.add_get)(path, handler)
+
+    def status(request: Request, body: dict) -> dict:
+        vault.require()
+        return {"enabled": True, "status": vault.status()}
+
+    def listing(request: Request, body: dict) -> dict:
+        vault.require()
+        return {"articles": vault.article_names(), "reference": vault.reference_ids()}
+
+    def search(request: Request, body: dict) -> dict:
+        query = _param(request, "q", required=True) or ""
+        scope = _param(request, "scope") or "all"
+        if scope not in SCOPES:
+            raise BadRequest(f"scope must be one of {', '.join(SCOPES)}")
+        limit = _limit(request)
+        vault.require()
+        return vault.search(query, scope, limit)
+
+    def article(request: Request, body: dict) -> dict:
+        name = _param(request, "name", required=True) or ""
+        vault.require()
+        return vault.article(name)
+
+    def links(request: Request, body: dict) -> dict:
+        name = _param(request, "name", required=True) or ""
+        vault.require()
+        return vault.links(name)
+
+    def history(request: Request, body: dict) -> dict:
+        name = _param(request, "name", required=True) or ""
+        limit = _limit(request)
+        vault.require()
+        return {"name": name, "isGitRepo": False, "entries": vault.log(name, limit)}
+
+    def diff(request: Request, body: dict) -> dict:
+        name = _param(request, "name", required=True) or ""
+        rev = _param(request, "rev", required=True) or ""
+        if not REV_RE.match(rev):
+            raise BadRequest("rev must be a revision id: 4 to 40 lower-case hex digits")
+        vault.require()
+        return {"name": name, "rev": rev, "diff": vault.diff(name, rev)}
+
+    def init(request: Request, body: dict) -> dict:
+        target = init_path(body.get("path"), vault.root)
+        chosen = vault if target == vault.root.resolve() or "path" not in body else Vault(target)
+        result = chosen.setup()
+        return {"result": vars(result), "status": chosen.status()}
+
+    for path, work in (("status", status), ("list", listing), ("search", search),
+                       ("article", article), ("links", links), ("history", history),
+                       ("diff", diff)):
+        route(f"/api/memory/{path}", work)
+    route("/api/memory/init", init, "POST")
+    app.router.add_get("/v1/memory/synthesize", _synthesize_handler(app, engine, vault, running))
+
+
+def _synthesize_handler(app: App, engine: Engine, vault: Vault,
+                        running: list[Synthesis]) -> Callable[[Request], Awaitable[Response]]:
+    async def synthesize(request: Request) -> Response:
+        try:
+            dry, force = _flag(request, "dry"), _flag(request, "force")
+            vault.require()
+        except APIError as exc:
+            return _failure(exc, vault.root)
+        if running:
+            return json_response({"ok": False, "error": "a synthesis is running"}, 409)
+        convs = await asyncio.to_thread(saved_conversations, app.state.sessions)
+        job = Synthesis(vault, engine, convs, dry=dry, force=force)
+        running.append(job)
+
+        async def frames() -> AsyncIterator[bytes]:
+            try:
+                async for event in job.run():
+                    yield sse_data(event)
+                if not job.cancelled:
+                    yield b"data: [DONE]\n\n"
+            except Exception as exc:  # reported on the stream, as the spec says
+                yield sse_data({"type": "error", "message": str(exc) or type(exc).__name__})
+            finally:
+                running.remove(job)
+
+        return sse_response(request, job, frames())
+
+    return synthesize
