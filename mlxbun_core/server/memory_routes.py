@@ -70,6 +70,14 @@ def _failure(exc: APIError, root: Path) -> Response:
     return json_response({"ok": False, "error": exc.message}, exc.status)
 
 
+async def _optional_body(request: Request) -> dict:
+    """A POST's JSON object, or ``{}`` when it sent no body at all."""
+    length = request.get_first_header(b"content-length")
+    if length in (None, b"0") and request.get_first_header(b"transfer-encoding") is None:
+        return {}
+    return await read_body(request)
+
+
 def init_path(raw: Any, default: Path) -> Path:
     """Where ``POST /api/memory/init`` may set up a vault: the default root, or a folder
     under it or under the OS temp directory; anything else is a 400."""
@@ -95,8 +103,7 @@ def register(app: App, engine: Engine) -> None:
 
         async def handler(request: Request) -> Response:
             try:
-                body = await read_body(request) if method == "POST" and request.has_body() \
-                    else {}
+                body = await _optional_body(request) if method == "POST" else {}
                 return json_response({"ok": True, **await asyncio.to_thread(work, request, body)})
             except APIError as exc:
                 return _failure(exc, vault.root)
