@@ -34,6 +34,7 @@ MAX_LIMIT = 200
 MAX_QUERY_CHARS = 500
 REV_RE = re.compile(r"^[0-9a-f]{4,40}$")
 SCOPES = ("all", "articles", "reference")
+Json = dict[str, Any]
 FLAGS = {"1": True, "true": True, "0": False, "false": False, "": False}
 
 
@@ -70,7 +71,7 @@ def _failure(exc: APIError, root: Path) -> Response:
     return json_response({"ok": False, "error": exc.message}, exc.status)
 
 
-async def _optional_body(request: Request) -> dict:
+async def _optional_body(request: Request) -> Json:
     """A POST's JSON object, or ``{}`` when it sent no body at all."""
     length = request.get_first_header(b"content-length")
     if length in (None, b"0") and request.get_first_header(b"transfer-encoding") is None:
@@ -97,7 +98,7 @@ def register(app: App, engine: Engine) -> None:
     app.state.guard.admin_route("/v1/memory")
     running: list[Synthesis] = []  # at most one synthesis at a time
 
-    def route(path: str, work: Callable[[Request, dict], dict], method: str = "GET") -> None:
+    def route(path: str, work: Callable[[Request, Json], Json], method: str = "GET") -> None:
         """``work(request, body)`` runs in a thread; its dict is the answer, an APIError
         the 4xx. A POST's body is optional (``{}`` when none is sent)."""
 
@@ -110,15 +111,15 @@ def register(app: App, engine: Engine) -> None:
 
         (app.router.add_post if method == "POST" else app.router.add_get)(path, handler)
 
-    def status(request: Request, body: dict) -> dict:
+    def status(request: Request, body: Json) -> Json:
         vault.require()
         return {"enabled": True, "status": vault.status()}
 
-    def listing(request: Request, body: dict) -> dict:
+    def listing(request: Request, body: Json) -> Json:
         vault.require()
         return {"articles": vault.article_names(), "reference": vault.reference_ids()}
 
-    def search(request: Request, body: dict) -> dict:
+    def search(request: Request, body: Json) -> Json:
         query = _param(request, "q", required=True) or ""
         scope = _param(request, "scope") or "all"
         if scope not in SCOPES:
@@ -127,23 +128,23 @@ def register(app: App, engine: Engine) -> None:
         vault.require()
         return vault.search(query, scope, limit)
 
-    def article(request: Request, body: dict) -> dict:
+    def article(request: Request, body: Json) -> Json:
         name = _param(request, "name", required=True) or ""
         vault.require()
         return vault.article(name)
 
-    def links(request: Request, body: dict) -> dict:
+    def links(request: Request, body: Json) -> Json:
         name = _param(request, "name", required=True) or ""
         vault.require()
         return vault.links(name)
 
-    def history(request: Request, body: dict) -> dict:
+    def history(request: Request, body: Json) -> Json:
         name = _param(request, "name", required=True) or ""
         limit = _limit(request)
         vault.require()
         return {"name": name, "isGitRepo": False, "entries": vault.log(name, limit)}
 
-    def diff(request: Request, body: dict) -> dict:
+    def diff(request: Request, body: Json) -> Json:
         name = _param(request, "name", required=True) or ""
         rev = _param(request, "rev", required=True) or ""
         if not REV_RE.match(rev):
@@ -151,7 +152,7 @@ def register(app: App, engine: Engine) -> None:
         vault.require()
         return {"name": name, "rev": rev, "diff": vault.diff(name, rev)}
 
-    def init(request: Request, body: dict) -> dict:
+    def init(request: Request, body: Json) -> Json:
         target = init_path(body.get("path"), vault.root)
         chosen = vault if target == vault.root.resolve() or "path" not in body else Vault(target)
         result = chosen.setup()

@@ -7,6 +7,8 @@ approval, like the app tools it sits beside (:mod:`.apptools` dispatches to it).
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..memory.synthesis import Conversation
 from ..memory.vault import Vault
 from .store import Session, SessionStore, read_entries
@@ -14,7 +16,7 @@ from .store import message_text as text_of
 
 MAX_HITS = 8
 MAX_QUERY_CHARS = 500
-TOOLS = [{"type": "function", "function": {
+TOOLS: list[dict[str, Any]] = [{"type": "function", "function": {
     "name": "memory_search",
     "description": "Search the user's memory vault (articles written from past chats) for "
                    "what was said before. Returns matching articles and lines.",
