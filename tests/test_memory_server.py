@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 
 import httpx
 import pytest
@@ -240,3 +241,27 @@ def test_8_remote_clients_are_refused(served):
                          ("POST", "/api/memory/init"), ("GET", "/v1/memory/synthesize?dry=1")):
         r = httpx.request(method, remote + path, timeout=30)
         assert (r.status_code, r.json()) == (403, forbidden), path
+
+
+def test_9_one_run_at_a_time_and_a_closed_stream_cancels_it(served):
+    srv, plugin, store, _ = served
+    plugin.reply, plugin.text, plugin.free_after = None, "", True
+    asked = len(plugin.prompts)
+    try:
+        with httpx.stream("GET", srv.base_url + "/v1/memory/synthesize",
+                          params={"force": "1"}, timeout=60) as r:
+            lines = r.iter_lines()
+            while "extract" not in next(lines):  # the first generation is under way
+                pass
+            busy = httpx.get(srv.base_url + "/v1/memory/synthesize", params={"dry": "1"})
+            assert (busy.status_code, busy.json()) == (
+                409, {"ok": False, "error": "a synthesis is running"})
+        deadline = time.monotonic() + 20
+        while srv.engine.stats()["active"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert srv.engine.stats()["active"] == 0
+        time.sleep(1.5)  # time for a second chunk's generation, were the run still going
+        assert len(store.files()) >= 4 and len(plugin.prompts) == asked + 1
+        assert synthesize(srv, dry="1")[-1] == "[DONE]"  # the next run is welcome
+    finally:
+        plugin.free_after = False

@@ -132,7 +132,13 @@ class Synthesis:
         self.dry, self.force = dry, force
         self.chunk_chars, self.max_tokens = chunk_chars, max_tokens
         self.cancelled = False
+        self.finished = False
         self.gen: Any = None
+
+    @property
+    def active(self) -> bool:
+        """Started, and neither finished nor cancelled."""
+        return not (self.finished or self.cancelled)
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -141,6 +147,13 @@ class Synthesis:
 
     async def run(self) -> AsyncIterator[dict]:
         """The events of the run, ``done`` and ``summary`` last."""
+        try:
+            async for event in self._run():
+                yield event
+        finally:
+            self.finished = True
+
+    async def _run(self) -> AsyncIterator[dict]:
         self.vault.require()
         todo = await asyncio.to_thread(self._ingest)
         skipped = len(self.conversations) - len(todo)

@@ -96,7 +96,7 @@ def init_path(raw: Any, default: Path) -> Path:
 def register(app: App, engine: Engine) -> None:
     vault = Vault(default_root())
     app.state.guard.admin_route("/v1/memory")
-    running: list[Synthesis] = []  # at most one synthesis at a time
+    running: list[Synthesis] = []  # the latest synthesis: one may be active at a time
 
     def route(path: str, work: Callable[[Request, Json], Json], method: str = "GET") -> None:
         """``work(request, body)`` runs in a thread; its dict is the answer, an APIError
@@ -174,11 +174,11 @@ def _synthesize_handler(app: App, engine: Engine, vault: Vault,
             vault.require()
         except APIError as exc:
             return _failure(exc, vault.root)
-        if running:
+        if any(j.active for j in running):
             return json_response({"ok": False, "error": "a synthesis is running"}, 409)
-        convs = await asyncio.to_thread(saved_conversations, app.state.sessions)
-        job = Synthesis(vault, engine, convs, dry=dry, force=force)
-        running.append(job)
+        job = Synthesis(vault, engine, [], dry=dry, force=force)
+        running[:] = [job]
+        job.conversations = await asyncio.to_thread(saved_conversations, app.state.sessions)
 
         async def frames() -> AsyncIterator[bytes]:
             try:
@@ -189,7 +189,7 @@ def _synthesize_handler(app: App, engine: Engine, vault: Vault,
             except Exception as exc:  # reported on the stream, as the spec says
                 yield sse_data({"type": "error", "message": str(exc) or type(exc).__name__})
             finally:
-                running.remove(job)
+                job.finished = True
 
         return sse_response(request, job, frames())
 
