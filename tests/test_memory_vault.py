@@ -16,6 +16,7 @@ from mlxbun_core.memory import articles
 from mlxbun_core.memory.history import History
 from mlxbun_core.memory.synthesis import Conversation, parse_topics
 from mlxbun_core.memory.vault import NoVault, Vault
+from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.webchat import apptools
 from mlxbun_core.webchat.memory import run_tool, saved_conversations
 from mlxbun_core.webchat.store import SessionStore
@@ -182,3 +183,9 @@ def test_the_memory_command(tmp_path):
     assert "1 conversations to read" in dry.stdout and "would extract 'tell me about kiwis'" \
         in dry.stdout and "nothing written" in dry.stdout
     assert Vault(tmp_path / "wiki").article_names() == ["Kiwi_fruit"]
+    run = _cli("synthesize", "--sessions", str(tmp_path / "sessions"),
+               "--model", str(tiny_checkpoint("qwen3")), env=env)
+    assert run.returncode == 0, run.stderr
+    assert "stage: [wikify]" in run.stdout and "done: synthesis done" in run.stdout
+    assert "did not parse" not in run.stdout
+    assert "1 conversations marked read" in run.stdout

@@ -86,7 +86,11 @@ def _synthesize(vault: Vault, args: argparse.Namespace, conversations: Conversat
     if not args.dry_run:
         from ..engine.core import Engine
 
-        engine = Engine.load(args.model, progress=False)
+        try:
+            engine = Engine.load(args.model, progress=False)
+        except Exception as exc:  # any load failure is the user's to read, not a traceback
+            print(f"mlxbun: cannot load the model: {exc}", file=sys.stderr)
+            return 2
     job = Synthesis(vault, engine, convs, dry=args.dry_run, force=args.force)
 
     async def run() -> int:
