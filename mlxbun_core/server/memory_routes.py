@@ -93,76 +93,87 @@ def init_path(raw: Any, default: Path) -> Path:
     return target
 
 
-def register(app: App, engine: Engine) -> None:
-    vault = Vault(default_root())
-    app.state.guard.admin_route("/v1/memory")
-    running: list[Synthesis] = []  # the latest synthesis: one may be active at a time
+class MemoryRoutes:
+    """The JSON routes' work, one method per route: ``(request, body) -> answer``, run in a
+    thread; an APIError is the client's 4xx."""
 
-    def route(path: str, work: Callable[[Request, Json], Json], method: str = "GET") -> None:
-        """``work(request, body)`` runs in a thread; its dict is the answer, an APIError
-        the 4xx. A POST's body is optional (``{}`` when none is sent)."""
+    def __init__(self, vault: Vault):
+        self.vault = vault
 
-        async def handler(request: Request) -> Response:
-            try:
-                body = await _optional_body(request) if method == "POST" else {}
-                return json_response({"ok": True, **await asyncio.to_thread(work, request, body)})
-            except APIError as exc:
-                return _failure(exc, vault.root)
+    def status(self, request: Request, body: Json) -> Json:
+        self.vault.require()
+        return {"enabled": True, "status": self.vault.status()}
 
-        (app.router.add_post if method == "POST" else app.router.add_get)(path, handler)
+    def listing(self, request: Request, body: Json) -> Json:
+        self.vault.require()
+        return {"articles": self.vault.article_names(), "reference": self.vault.reference_ids()}
 
-    def status(request: Request, body: Json) -> Json:
-        vault.require()
-        return {"enabled": True, "status": vault.status()}
-
-    def listing(request: Request, body: Json) -> Json:
-        vault.require()
-        return {"articles": vault.article_names(), "reference": vault.reference_ids()}
-
-    def search(request: Request, body: Json) -> Json:
+    def search(self, request: Request, body: Json) -> Json:
         query = _param(request, "q", required=True) or ""
         scope = _param(request, "scope") or "all"
         if scope not in SCOPES:
             raise BadRequest(f"scope must be one of {', '.join(SCOPES)}")
         limit = _limit(request)
-        vault.require()
-        return vault.search(query, scope, limit)
+        self.vault.require()
+        return self.vault.search(query, scope, limit)
 
-    def article(request: Request, body: Json) -> Json:
+    def article(self, request: Request, body: Json) -> Json:
         name = _param(request, "name", required=True) or ""
-        vault.require()
-        return vault.article(name)
+        self.vault.require()
+        return self.vault.article(name)
 
-    def links(request: Request, body: Json) -> Json:
+    def links(self, request: Request, body: Json) -> Json:
         name = _param(request, "name", required=True) or ""
-        vault.require()
-        return vault.links(name)
+        self.vault.require()
+        return self.vault.links(name)
 
-    def history(request: Request, body: Json) -> Json:
+    def history(self, request: Request, body: Json) -> Json:
         name = _param(request, "name", required=True) or ""
         limit = _limit(request)
-        vault.require()
-        return {"name": name, "isGitRepo": False, "entries": vault.log(name, limit)}
+        self.vault.require()
+        return {"name": name, "isGitRepo": False, "entries": self.vault.log(name, limit)}
 
-    def diff(request: Request, body: Json) -> Json:
+    def diff(self, request: Request, body: Json) -> Json:
         name = _param(request, "name", required=True) or ""
         rev = _param(request, "rev", required=True) or ""
         if not REV_RE.match(rev):
             raise BadRequest("rev must be a revision id: 4 to 40 lower-case hex digits")
-        vault.require()
-        return {"name": name, "rev": rev, "diff": vault.diff(name, rev)}
+        self.vault.require()
+        return {"name": name, "rev": rev, "diff": self.vault.diff(name, rev)}
 
-    def init(request: Request, body: Json) -> Json:
-        target = init_path(body.get("path"), vault.root)
-        chosen = vault if target == vault.root.resolve() or "path" not in body else Vault(target)
+    def init(self, request: Request, body: Json) -> Json:
+        """Set up the served vault, or (``path``) another one under an allowed folder."""
+        target = init_path(body.get("path"), self.vault.root)
+        chosen = self.vault if "path" not in body or target == self.vault.root.resolve() \
+            else Vault(target)
         result = chosen.setup()
         return {"result": vars(result), "status": chosen.status()}
 
-    for path, work in (("status", status), ("list", listing), ("search", search),
-                       ("article", article), ("links", links), ("history", history),
-                       ("diff", diff)):
-        route(f"/api/memory/{path}", work)
-    route("/api/memory/init", init, "POST")
+
+GETS = {"status": "status", "list": "listing", "search": "search", "article": "article",
+        "links": "links", "history": "history", "diff": "diff"}  # path -> MemoryRoutes method
+
+
+def register(app: App, engine: Engine) -> None:
+    vault = Vault(default_root())
+    routes = MemoryRoutes(vault)
+    app.state.guard.admin_route("/v1/memory")
+
+    def handler(work: Callable[[Request, Json], Json], post: bool = False
+                ) -> Callable[[Request], Awaitable[Response]]:
+        async def handle(request: Request) -> Response:
+            try:
+                body = await _optional_body(request) if post else {}
+                return json_response({"ok": True, **await asyncio.to_thread(work, request, body)})
+            except APIError as exc:
+                return _failure(exc, vault.root)
+
+        return handle
+
+    for path, method in GETS.items():
+        app.router.add_get(f"/api/memory/{path}", handler(getattr(routes, method)))
+    app.router.add_post("/api/memory/init", handler(routes.init, post=True))
+    running: list[Synthesis] = []  # the latest synthesis: one may be active at a time
     app.router.add_get("/v1/memory/synthesize", _synthesize_handler(app, engine, vault, running))
 
 
