@@ -39,6 +39,8 @@ class History:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(self.path, timeout=10)
         try:
+            db.execute("PRAGMA journal_mode = WAL")  # readers never wait for a synthesis
+            db.execute("PRAGMA synchronous = NORMAL")
             db.executescript(SCHEMA)
             with db:
                 yield db

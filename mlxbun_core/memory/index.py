@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,7 +24,9 @@ CREATE VIRTUAL TABLE IF NOT EXISTS lines USING fts5(
   doc UNINDEXED, scope UNINDEXED, anchor UNINDEXED, line UNINDEXED, text,
   tokenize = 'porter unicode61');
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS docs (id INTEGER PRIMARY KEY, doc TEXT UNIQUE NOT NULL);
 """
+LINE_BITS = 20  # a row's rowid is (document id << 20) | line: a document's rows are one range
 
 
 def query_terms(query: str) -> list[str]:
@@ -32,6 +34,22 @@ def query_terms(query: str) -> list[str]:
     only thing of the query that reaches FTS5, each as a quoted phrase."""
     words = dict.fromkeys(w.lower() for w in re.findall(r"\w+", query))
     return list(words)[:MAX_TERMS]
+
+
+def _doc_id(db: sqlite3.Connection, doc: str) -> int:
+    db.execute("INSERT OR IGNORE INTO docs(doc) VALUES (?)", (doc,))
+    return int(db.execute("SELECT id FROM docs WHERE doc=?", (doc,)).fetchone()[0])
+
+
+def _rows(base: int, doc: str, scope: str, text: str) -> list[tuple]:
+    """One row per non-empty line (at most 2**20 of them), with the anchor of its section."""
+    rows, anchor = [], ""
+    for n, line in enumerate(text.splitlines()[:(1 << LINE_BITS) - 1], 1):
+        if line.startswith("#"):
+            anchor = anchor_of(line.lstrip("#"))
+        if line.strip():
+            rows.append((base + n, doc, scope, anchor, n, line))
+    return rows
 
 
 class SearchIndex:
@@ -47,6 +65,7 @@ class SearchIndex:
         try:
             page = db.execute("PRAGMA page_size").fetchone()[0]
             db.execute(f"PRAGMA max_page_count = {max(16, self.max_bytes // page)}")
+            db.execute("PRAGMA synchronous = OFF")  # derived data: a crash means a reindex
             db.executescript(SCHEMA)
             with db:
                 yield db
@@ -55,32 +74,29 @@ class SearchIndex:
 
     def put(self, doc: str, scope: str, text: str) -> bool:
         """(Re)index one document; False when the byte cap stopped it part way."""
-        rows, anchor = [], ""
-        for n, line in enumerate(text.splitlines(), 1):
-            if line.startswith("#"):
-                anchor = anchor_of(line.lstrip("#"))
-            if line.strip():
-                rows.append((doc, scope, anchor, n, line))
+        return self.put_many([(doc, scope, text)])
+
+    def put_many(self, docs: Iterable[tuple[str, str, str]], clear: bool = False) -> bool:
+        """(Re)index ``(doc, scope, text)`` documents in one transaction (``clear``: after
+        dropping every row); False when the byte cap stopped it (nothing is written then)."""
         try:
             with self._db() as db:
-                db.execute("DELETE FROM lines WHERE doc=?", (doc,))
-                db.executemany("INSERT INTO lines(doc, scope, anchor, line, text) "
-                               "VALUES (?,?,?,?,?)", rows)
+                if clear:
+                    for table in ("lines", "meta", "docs"):
+                        db.execute(f"DELETE FROM {table}")
+                for doc, scope, text in docs:
+                    base = _doc_id(db, doc) << LINE_BITS
+                    if not clear:
+                        db.execute("DELETE FROM lines WHERE rowid BETWEEN ? AND ?",
+                                   (base, base + (1 << LINE_BITS) - 1))
+                    db.executemany("INSERT INTO lines(rowid, doc, scope, anchor, line, text) "
+                                   "VALUES (?,?,?,?,?,?)", _rows(base, doc, scope, text))
         except sqlite3.OperationalError as exc:
             if "full" not in str(exc):
                 raise
             self._set("incomplete", "1")
             return False
         return True
-
-    def drop(self, doc: str) -> None:
-        with self._db() as db:
-            db.execute("DELETE FROM lines WHERE doc=?", (doc,))
-
-    def clear(self) -> None:
-        with self._db() as db:
-            db.execute("DELETE FROM lines")
-            db.execute("DELETE FROM meta")
 
     def _set(self, key: str, value: str) -> None:
         with self._db() as db:

@@ -184,11 +184,10 @@ class Vault:
 
     def reindex(self) -> None:
         """Rebuild the index from the files (edits made outside mlxbun included)."""
-        self.index.clear()
-        for name in self.article_names():
-            self.index.put(name, "articles", self.read(name))
-        for ref in self.reference_ids():
-            self.index.put(ref, "reference", (self.root / f"{ref}.md").read_text(errors="replace"))
+        docs = [(name, "articles", self.read(name)) for name in self.article_names()]
+        docs += [(ref, "reference", (self.root / f"{ref}.md").read_text(errors="replace"))
+                 for ref in self.reference_ids()]
+        self.index.put_many(docs, clear=True)
 
 
 class NoVault(APIError):
