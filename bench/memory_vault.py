@@ -52,8 +52,9 @@ def main() -> None:
             times.append((time.perf_counter() - t0) * 1000)
         size = vault.index.path.stat().st_size + vault.history.path.stat().st_size
     times.sort()
-    print(f"articles {args.articles} x {args.facts} facts: write {write_s / args.articles * 1000:.2f}"
-          f" ms/article, full reindex {reindex_s:.2f} s, .vault {size / 2**20:.1f} MiB")
+    per_write_ms = write_s / args.articles * 1000
+    print(f"articles {args.articles} x {args.facts} facts: write {per_write_ms:.2f} ms/article"
+          f", full reindex {reindex_s:.2f} s, .vault {size / 2**20:.1f} MiB")
     print(f"search over {args.searches} queries: median {statistics.median(times):.2f} ms, "
           f"p95 {times[int(len(times) * 0.95)]:.2f} ms")
 
