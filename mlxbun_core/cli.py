@@ -48,10 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     from .config.show import add_parser as add_config_parser
     from .hub import cli as hub_cli
     from .jobs import cli as jobs_cli
+    from .memory import cli as memory_cli
 
     jobs_cli.add_parsers(sub)
     add_config_parser(sub)
     hub_cli.add_parsers(sub)
+    memory_cli.add_parsers(sub)
     return p
 
 
@@ -336,6 +338,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .config.show import cmd_config
 
         return cmd_config(args, build_serve_parser)
+    if args.command == "memory":
+        from .memory.cli import cmd_memory
+        from .webchat.memory import saved_conversations
+        from .webchat.store import SessionStore, sessions_dir
+
+        return cmd_memory(args, lambda d: saved_conversations(SessionStore(sessions_dir(d))))
     from .hub import cli as hub_cli
     from .jobs import cli as jobs_cli
 

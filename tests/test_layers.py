@@ -47,7 +47,7 @@ FLOORS = [
     {"plugins_builtin/"},
     # the local library, and choosing a model from it
     {"library/", "selection.py"},
-    {"engine/", "adapters/", "jobs/"},
+    {"engine/", "adapters/", "jobs/", "memory/"},
     # configuration read at start-up
     {"config/"},
     # what reads the engine: surfaces and their observers

@@ -111,7 +111,7 @@ def test_a_turn_body_carries_the_session_settings():
     assert body["chat_template_kwargs"] == {"enable_thinking": False}
     assert body["adapter"] == "pirate"
     assert [t["function"]["name"] for t in body["tools"]] == [
-        "get_current_app_context", "navigate_app", "spotlight_ui"]
+        "get_current_app_context", "navigate_app", "spotlight_ui", "memory_search"]
 
 
 def serve_in_a_terminal(tmp_path, *flags):

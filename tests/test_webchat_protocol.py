@@ -337,7 +337,7 @@ def test_images_reach_a_vision_model_as_image_url_parts(tmp_path):
 
     from mlxbun_core.testing import media
     from mlxbun_core.testing.vision import QWEN_VL_TEMPLATE
-    from mlxbun_core.webchat.apptools import TOOLS
+    from mlxbun_core.webchat.apptools import AGENT_TOOLS as TOOLS
 
     ckpt = tiny_checkpoint("qwen3_vl", seed=4, vision=True, chat_template=QWEN_VL_TEMPLATE)
     png = media.image_bytes("PNG", size=(64, 48), seed=3)
@@ -369,7 +369,7 @@ def test_set_adapter_answers_with_the_mounted_adapter(tmp_path, monkeypatch):
     import openai
 
     from mlxbun_core.testing.adapters import write_lora_adapter
-    from mlxbun_core.webchat.apptools import TOOLS
+    from mlxbun_core.webchat.apptools import AGENT_TOOLS as TOOLS
 
     monkeypatch.setenv("MLXBUN_HOME", str(tmp_path / "home"))
     ckpt = tiny_checkpoint("llama")

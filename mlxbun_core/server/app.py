@@ -40,6 +40,7 @@ SURFACES = (
     "mlxbun_core.server.hub_routes",
     "mlxbun_core.server.admin_routes",
     "mlxbun_core.server.sessions",
+    "mlxbun_core.server.memory_routes",
     "mlxbun_core.server.ws_chat",
     "mlxbun_core.server.curves",
     "mlxbun_core.server.web",

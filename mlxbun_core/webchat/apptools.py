@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from . import memory
+
 # The SPA's hash routes: the only places navigate_app may send the user.
 ROUTES = {"chat": "Chat", "status": "Status", "models": "Models", "quantize": "Quantize",
           "finetune": "Fine-tune", "dataset": "Dataset"}
@@ -36,6 +38,7 @@ TOOLS = [
                "route": {"type": "string"}, "message": {"type": "string"}}),
 ]
 TOOL_NAMES = frozenset(t["function"]["name"] for t in TOOLS)
+AGENT_TOOLS = TOOLS + memory.TOOLS  # what a turn offers: these and the memory vault's search
 
 
 class ToolFailed(Exception):
@@ -111,4 +114,9 @@ def run_tool(name: str, args: dict, context: dict | None) -> tuple[object, dict 
         if "route" in frame and frame["route"] not in ROUTES:
             raise ToolFailed(f"unknown route {frame['route']!r}")
         return {"highlighted": True}, {"type": "ui_spotlight", **frame}
+    if name in memory.TOOL_NAMES:
+        try:
+            return memory.run_tool(name, args), None
+        except ValueError as exc:
+            raise ToolFailed(str(exc)) from exc
     raise ToolFailed(f"unknown tool {name!r}")

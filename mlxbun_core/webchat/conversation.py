@@ -74,7 +74,8 @@ class Conversation:
                                          self.coding.system_line()) if x)
         if system:
             messages = [{"role": "system", "content": system}] + messages
-        body = {"messages": messages, "tools": apptools.TOOLS + self.coding.tools(), "stream": True,
+        tools = apptools.AGENT_TOOLS + self.coding.tools()
+        body = {"messages": messages, "tools": tools, "stream": True,
                 **(s.get("sampling") or {}), **self.next_turn}
         if s.get("thinking") is not None:
             body["chat_template_kwargs"] = {"enable_thinking": s["thinking"]}

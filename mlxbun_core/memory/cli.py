@@ -1,0 +1,110 @@
+"""``mlxbun memory``: init, status, list, search, read, links and synthesize from a terminal.
+
+The same vault and synthesis the server's routes use. ``synthesize`` loads the model itself
+(``--model``, default: the embedded one) unless ``--dry-run``, which needs none. The saved
+sessions come from the caller (``cli.py`` hands in the web chat's reader), so this room
+knows nothing of the web chat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import APIError
+from .synthesis import Conversation, Synthesis
+from .vault import Vault
+
+Conversations = Callable[[Path | None], list[Conversation]]
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    m = sub.add_parser("memory", help="the memory vault: articles written from saved chats")
+    m.add_argument("--root", type=Path, default=None,
+                   help="the vault folder (default: $MLXBUN_WIKI or <mlxbun home>/memory)")
+    msub = m.add_subparsers(dest="memory_command")
+    msub.add_parser("init", aliases=["setup"], help="create the vault (idempotent) and index it")
+    msub.add_parser("status", help="where it is, how many articles")
+    msub.add_parser("list", help="article names and reference documents")
+    s = msub.add_parser("search", help="search the vault")
+    s.add_argument("query", nargs="+")
+    s.add_argument("--limit", type=int, default=20)
+    for name, text in (("read", "print an article"), ("links", "an article's wikilinks")):
+        msub.add_parser(name, help=text).add_argument("article")
+    y = msub.add_parser("synthesize", aliases=["pipeline", "all"],
+                        help="saved chats -> articles, with the model")
+    y.add_argument("--dry-run", action="store_true", help="plan only: no model, no writes")
+    y.add_argument("--force", action="store_true", help="reread conversations already read")
+    y.add_argument("--model", default=None, help="model to synthesize with (default: embedded)")
+    y.add_argument("--sessions", type=Path, default=None,
+                   help="the sessions folder (default: the web chat's)")
+
+
+def cmd_memory(args: argparse.Namespace, conversations: Conversations) -> int:
+    vault = Vault(args.root)
+    command = {"setup": "init", "pipeline": "synthesize", "all": "synthesize"}.get(
+        args.memory_command, args.memory_command or "status")
+    try:
+        if command == "init":
+            _print(vars(vault.setup()))
+        elif command == "synthesize":
+            return _synthesize(vault, args, conversations)
+        else:
+            vault.require()
+            _print(_read_command(vault, command, args))
+    except APIError as exc:
+        print(f"mlxbun: {exc.message} ({vault.root})", file=sys.stderr)
+        return 1 if exc.status == 404 else 2
+    return 0
+
+
+def _read_command(vault: Vault, command: str, args: argparse.Namespace) -> Any:
+    if command == "status":
+        return vault.status()
+    if command == "list":
+        return {"articles": vault.article_names(), "reference": vault.reference_ids()}
+    if command == "search":
+        return vault.search(" ".join(args.query), "all", args.limit)
+    if command == "links":
+        return vault.links(args.article)
+    return vault.read(args.article)  # read
+
+
+def _print(value: Any) -> None:
+    print(value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def _synthesize(vault: Vault, args: argparse.Namespace, conversations: Conversations) -> int:
+    vault.require()
+    convs = conversations(args.sessions)
+    engine = None
+    if not args.dry_run:
+        from ..engine.core import Engine
+
+        try:
+            engine = Engine.load(args.model, progress=False)
+        except Exception as exc:  # any load failure is the user's to read, not a traceback
+            print(f"mlxbun: cannot load the model: {exc}", file=sys.stderr)
+            return 2
+    job = Synthesis(vault, engine, convs, dry=args.dry_run, force=args.force)
+
+    async def run() -> int:
+        async for event in job.run():
+            stage = f"[{event['stage']}] " if event["type"] == "stage" else ""
+            print(f"{event['type']}: {stage}{event.get('message') or event.get('note', '')}",
+                  flush=True)
+        return 0
+
+    try:
+        return asyncio.run(run())
+    except (APIError, RuntimeError) as exc:
+        print(f"mlxbun: synthesis failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if engine is not None:
+            engine.close()
