@@ -145,7 +145,7 @@ def add_engine_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--prefill-buckets", choices=("auto", "on", "off"),
                    default=os.environ.get("MLXBUN_PREFILL_BUCKETS", "auto"),
                    help="split prefill chunks into power-of-two lengths so only known query "
-                        "shapes run (auto: on for CUDA; MLXBUN_PREFILL_BUCKETS)")
+                        "shapes run (auto: off, as measured on an H200; MLXBUN_PREFILL_BUCKETS)")
 
 
 def _fill_default() -> str:

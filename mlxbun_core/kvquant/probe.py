@@ -6,8 +6,10 @@ after a 4,096-token prompt failed with ``No implementation for problem shape:
 1x4097x128x32``. Found at the first request, that is a 500 in the middle of a reply; found
 here, it is one clear start-up error. The probe runs mlx-lm's own quantized attention with
 the model's head counts at a few query and key lengths (decode and a prefill chunk, key
-lengths on and off the alignment boundaries), so it also pays the first-use kernel build
-while nobody waits.
+lengths on and off the alignment boundaries, as strided views of a grown buffer the way
+mlx-lm's cache hands them over: contiguous keys of the same shape ran), so it also pays the
+first-use kernel build while nobody waits. On the H200 it stops the start 19 s after the
+load began, with the shape (``1x65x128x32``) in the message.
 """
 
 from __future__ import annotations
@@ -58,8 +60,12 @@ def check_kernels(bits: int, group_size: int, config: dict[str, Any], dtype: Any
     heads, kv_heads, dim = shape
     dtype = dtype or mx.bfloat16
     for keys in KEY_LENGTHS:
-        k = mx.random.normal((1, kv_heads, keys, dim)).astype(dtype)
-        qk = mx.quantize(k, group_size=group_size, bits=bits)
+        # as mlx-lm's quantized cache hands them over: views of a buffer grown in steps of
+        # 256, not contiguous arrays (the strided case is the one a kernel may lack)
+        room = -(-keys // 256) * 256
+        k = mx.random.normal((1, kv_heads, room, dim)).astype(dtype)
+        w, scales, biases = mx.quantize(k, group_size=group_size, bits=bits)
+        qk = (w[..., :keys, :], scales[..., :keys, :], biases[..., :keys, :])
         for queries in QUERY_LENGTHS:
             q = mx.random.normal((1, heads, queries, dim)).astype(dtype)
             mask = (mx.arange(keys - queries, keys)[:, None] >= mx.arange(keys)[None]
@@ -68,11 +74,12 @@ def check_kernels(bits: int, group_size: int, config: dict[str, Any], dtype: Any
                 mx.eval(attention(q, qk, qk, scale=dim ** -0.5, mask=mask,
                                   group_size=group_size, bits=bits))
             except (RuntimeError, ValueError) as exc:
+                why = str(exc).rstrip(".")
                 raise KVQuantUnavailable(
                     f"--kv-quant {bits}: this MLX build ({_mlx_version()}, "
                     f"{'CUDA' if _cuda() else 'this backend'}) cannot attend over a quantized "
                     f"cache for this model ({heads} query heads, {kv_heads} KV heads, head dim "
-                    f"{dim}; {queries} queries over {keys} keys): {exc}. Serve without "
+                    f"{dim}; {queries} queries over {keys} keys): {why}. Serve without "
                     "--kv-quant, or with another MLX version.") from None
     log.debug("quantized attention checked for %d/%d heads × %d", heads, kv_heads, dim)
 
