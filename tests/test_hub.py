@@ -193,15 +193,20 @@ def test_tool_approvals_list_and_revoke(env):
     assert api(env, "GET", "/api/settings/tool-approvals").json()["alwaysAllow"] == []
     settings.grant("bash")
     settings.grant("edit")
-    assert api(env, "GET", "/api/settings/tool-approvals").json()["alwaysAllow"] == [
-        "bash", "edit"]
-    r = api(env, "DELETE", "/api/settings/tool-approvals", json={"tool": "bash"})
-    assert r.json() == {"ok": True, "alwaysAllow": ["edit"]}
-    again = api(env, "DELETE", "/api/settings/tool-approvals", json={"tool": "bash"})
-    assert again.json()["alwaysAllow"] == ["edit"]  # idempotent
-    missing = api(env, "DELETE", "/api/settings/tool-approvals")
-    assert missing.status_code == 400 and missing.json()["error"] == "tool required"
-    assert api(env, "POST", "/api/settings/tool-approvals", json={"tool": "x"}).status_code == 405
+    try:
+        assert api(env, "GET", "/api/settings/tool-approvals").json()["alwaysAllow"] == [
+            "bash", "edit"]
+        r = api(env, "DELETE", "/api/settings/tool-approvals", json={"tool": "bash"})
+        assert r.json() == {"ok": True, "alwaysAllow": ["edit"]}
+        again = api(env, "DELETE", "/api/settings/tool-approvals", json={"tool": "bash"})
+        assert again.json()["alwaysAllow"] == ["edit"]  # idempotent
+        missing = api(env, "DELETE", "/api/settings/tool-approvals")
+        assert missing.status_code == 400 and missing.json()["error"] == "tool required"
+        assert api(env, "POST", "/api/settings/tool-approvals",
+                   json={"tool": "x"}).status_code == 405
+    finally:  # the approvals live in the session's home: later tests expect none
+        settings.revoke("bash")
+        settings.revoke("edit")
 
 
 # -- push --------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -101,10 +102,13 @@ def _synthesize(vault: Vault, args: argparse.Namespace, conversations: Conversat
         return 0
 
     try:
-        return asyncio.run(run())
+        code = asyncio.run(run())
     except (APIError, RuntimeError) as exc:
         print(f"mlxbun: synthesis failed: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        if engine is not None:
-            engine.close()
+        code = 1
+    if engine is None:
+        return code
+    engine.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # no interpreter teardown under MLX's native threads (it aborts there)
