@@ -125,6 +125,25 @@ def add_process_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--no-open", action="store_true",
                    help="do not open the web app in a browser (it opens only on an interactive start)")
     add_ssd_cache_flags(s)
+    add_distributed_flags(s)
+
+
+def add_distributed_flags(s: argparse.ArgumentParser) -> None:
+    """``--distributed`` and its companions: one model across the ranks of an ``mlx.launch``
+    group (docs/distributed.md)."""
+    s.add_argument("--distributed", action="store_true",
+                   help="serve one model across every rank started by mlx.launch: rank 0 "
+                        "answers HTTP, each rank holds a shard (docs/distributed.md)")
+    s.add_argument("--pipeline", action="store_true",
+                   help="with --distributed: split the layers across ranks (pipeline "
+                        "parallel) instead of each layer's matrices (tensor parallel)")
+    s.add_argument("--distributed-backend", default="any",
+                   choices=("any", "ring", "jaccl", "mpi", "nccl"),
+                   help="with --distributed: the mx.distributed backend (default: the one "
+                        "mlx.launch set up)")
+    s.add_argument("--distributed-timeout", type=float, default=10.0, metavar="S",
+                   help="with --distributed: a rank silent this long means the group is "
+                        "broken: rank 0 answers 503 and exits (default 10)")
 
 
 def add_kv_quant_flag(p: argparse.ArgumentParser, default: str, alias: str = "") -> None:
