@@ -244,6 +244,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "serve" and args.distributed:  # every rank of an mlx.launch group
+        from .dist_serve import serve_distributed
+
+        return serve_distributed(args)
     if args.command == "serve":
         from .startup import cmd_serve
 

@@ -119,8 +119,13 @@ def run_leader(args: argparse.Namespace, group: DistributedGroup) -> int:
     from .engine.core import Engine
     from .engine.worker import ModelWorker
     from .selection import chosen_model
-    from .startup import SAMPLING_FLAGS, configure_media, configure_system_prompts, preflight
-    from .startup import serve_forever
+    from .startup import (
+        SAMPLING_FLAGS,
+        configure_media,
+        configure_system_prompts,
+        preflight,
+        serve_forever,
+    )
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")

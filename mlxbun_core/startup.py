@@ -116,10 +116,6 @@ def cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     engine children's flags from it)."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
-    if getattr(args, "distributed", False):  # every rank of an mlx.launch group
-        from .dist_serve import serve_distributed
-
-        return serve_distributed(args)
     from .kvstore.flags import config_from_args
 
     ssd, problem = config_from_args(args)

@@ -192,7 +192,7 @@ def _deepcopy(self: Any, memo: dict) -> Any:
     """``copy.deepcopy`` of a cache: the usual copy, recorded (the copy gets its own uid)."""
     rec = RECORDER
     outer = rec.on and rec.depth() == 0
-    cls = type(self)
+    cls: Any = type(self)
     new = cls.__new__(cls)
     memo[id(self)] = new
     rec.enter()
@@ -220,6 +220,7 @@ def _wrap_setter(prop: property, name: str) -> property:
 
 def _subclasses(cls: type) -> list[type]:
     out = [cls]
+    sub: type
     for sub in cls.__subclasses__():
         out.extend(_subclasses(sub))
     return out
