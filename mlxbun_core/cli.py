@@ -33,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_kv_quant_flag(f, default="off", alias="--kv-bits")
     f.add_argument("--memory-budget", type=float, default=None, metavar="GB",
                    help="assess against this budget instead of the machine's usable memory")
+    f.add_argument("--ranks", type=int, default=1, metavar="N",
+                   help="assess one rank's share of a --distributed serve over N ranks")
+    f.add_argument("--pipeline", action="store_true",
+                   help="with --ranks: pipeline parallel (layers split) instead of tensor")
     f.add_argument("--measure", action="store_true",
                    help="measure the decode bandwidth again (it is measured once and remembered)")
     f.add_argument("--json", action="store_true")
@@ -209,12 +213,26 @@ def cmd_fit(args: argparse.Namespace) -> int:
         forget()
     config = checkpoint.read_json(resolved.path / "config.json")
     budget = int(args.memory_budget * 1e9) if args.memory_budget else None
-    r = fit_report(config, checkpoint.weights(resolved.path), machine(), context=args.ctx,
-                   budget_bytes=budget, kv_bits=parse(args.kv_quant).bits)
+    weights, per_rank = checkpoint.weights(resolved.path), None
+    if args.ranks > 1:  # one rank's share of a --distributed serve
+        from .library.ranks import rank_config, rank_weight_bytes, replicated_bytes
+
+        mode = "pipeline" if args.pipeline else "tensor"
+        per_rank = rank_weight_bytes(weights.total_bytes,
+                                     replicated_bytes(config, weights.dtypes), args.ranks)
+        config = rank_config(config, args.ranks, mode)
+    r = fit_report(config, weights, machine(), context=args.ctx, budget_bytes=budget,
+                   kv_bits=parse(args.kv_quant).bits, weights_bytes=per_rank)
+    if args.ranks > 1:
+        r["ranks"] = {"count": args.ranks, "mode": "pipeline" if args.pipeline else "tensor",
+                      "weights_bytes_per_rank": per_rank}
     if args.json:
         print(json.dumps({"model": resolved.model_id, **r}))
         return 0
     print(fit_text(resolved.model_id, r))
+    if args.ranks > 1:
+        print(f"  per rank          1 of {args.ranks} ranks ({r['ranks']['mode']} parallel): "
+              "weights and KV above are one machine's share")
     return 0
 
 

@@ -143,8 +143,12 @@ def run_leader(args: argparse.Namespace, group: DistributedGroup) -> int:
         print(f"mlxbun: could not load {name or 'the default model'} across "
               f"{group.size} ranks: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    from .library.ranks import rank_config
+
     lockstep = LockstepModel(model.model, Channel(group.group))
     model.model = lockstep
+    # admission bills this rank's KV (its weights are already its shard's)
+    model.config = rank_config(model.config, group.size, group.mode)
     defaults = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
     engine = Engine(model, worker=worker, defaults=defaults, max_tokens=args.max_tokens,
                     batch=args.batch, prompt_cache_bytes=int(args.prompt_cache * (1 << 30)),
