@@ -88,9 +88,33 @@ def load_shard(name: str | None, options: LoadOptions, group: DistributedGroup) 
         plan.apply(model.model)
         mx.eval(model.model.parameters())
     group.mode = str(model.model._mlxbun_shard_mode)
-    mirror.install(recording=group.rank == 0)
+    mirror.install(recording=group.rank == 0, model=model.model)
+    check_same_caches(model.model, group)
     mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group.group, stream=mx.cpu))
     return model
+
+
+def check_same_caches(module: Any, group: DistributedGroup) -> None:
+    """Every rank must make the same number of per-layer caches, all rewindable or none
+    (rank 0 decides alone when to trim): pipeline stages of a hybrid model may not."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from .engine.prompt_cache import trimmable
+
+    with mirror_quiet():
+        caches = make_prompt_cache(module)
+    mine = mx.array([len(caches), int(trimmable(caches))])
+    every = mx.distributed.all_gather(mine[None], group=group.group, stream=mx.cpu)
+    if len({tuple(row) for row in every.tolist()}) > 1:
+        raise RuntimeError(f"the ranks' shards keep different caches (layers, rewindable): "
+                           f"{every.tolist()}; use another number of ranks or drop --pipeline")
+
+
+def mirror_quiet() -> Any:
+    from .distributed.mirror import RECORDER
+
+    return RECORDER.quiet()
 
 
 def run_follower(args: argparse.Namespace, group: DistributedGroup) -> int:

@@ -118,6 +118,7 @@ class _Quiet:
 
 
 RECORDER = Recorder()
+_model: Any = None  # a follower's own model, for replaying make_prompt_cache
 _installed: set[type] = set()
 _base: type | None = None
 
@@ -226,13 +227,42 @@ def _subclasses(cls: type) -> list[type]:
     return out
 
 
-def install(recording: bool) -> None:
+def _wrap_make_prompt_cache(fn: Any) -> Any:
+    """``make_prompt_cache(model)`` recorded as one operation: each rank makes its own,
+    since under pipeline parallelism each rank's layers (and so its cache kinds) differ."""
+    @functools.wraps(fn)
+    def make_prompt_cache(model: Any, *args: Any, **kwargs: Any) -> Any:
+        rec = RECORDER
+        outer = rec.on and rec.depth() == 0
+        if outer:
+            enc = (rec.encode(list(args)), rec.encode(kwargs))
+        rec.enter()
+        try:
+            out = fn(model, *args, **kwargs)
+        finally:
+            rec.leave()
+        if outer:
+            rec.add(("make", *enc, rec.encode(out)))
+        return out
+    make_prompt_cache._mlxbun_wrapped = True  # type: ignore[attr-defined]  # marks our wrapper
+    return make_prompt_cache
+
+
+def install(recording: bool, model: Any = None) -> None:
     """Wrap every mlx-lm cache class known now (load the model first: architectures may
     define their own); ``recording`` on rank 0."""
     global _base
     from mlx_lm.models import cache as mc
 
     _base = mc._BaseCache
+    global _model
+    _model = model
+    if not getattr(mc.make_prompt_cache, "_mlxbun_wrapped", False):
+        from mlx_lm import generate
+
+        wrapped = _wrap_make_prompt_cache(mc.make_prompt_cache)
+        mc.make_prompt_cache = wrapped
+        generate.make_prompt_cache = wrapped  # type: ignore[attr-defined]  # imported by name
     if "__deepcopy__" not in mc._BaseCache.__dict__:
         mc._BaseCache.__deepcopy__ = _deepcopy  # type: ignore[attr-defined]  # added on purpose
     for cls in _subclasses(mc._BaseCache):
@@ -307,10 +337,18 @@ class Replayer:
             _, uid, name, args, kwargs, out = op
             got = getattr(self.objects[uid], name)(*self.decode(args), **self.decode(kwargs))
             self.bind(out, got)
-        elif kind == "cls":
+        elif kind == "cls":  # on the class of this rank's own object where one is passed
             _, path, name, args, kwargs, out = op
-            got = getattr(_resolve(path), name)(*self.decode(args), **self.decode(kwargs))
-            self.bind(out, got)
+            args, kwargs = self.decode(args), self.decode(kwargs)
+            owner = _first_cache(args)
+            klass = type(owner) if owner is not None else _resolve(path)
+            self.bind(out, getattr(klass, name)(*args, **kwargs))
+        elif kind == "make":
+            from mlx_lm.models import cache as mc
+
+            _, args, kwargs, out = op
+            self.bind(out, mc.make_prompt_cache(_model, *self.decode(args),
+                                                **self.decode(kwargs)))
         elif kind == "unreplayable":
             raise RuntimeError(f"rank 0 did what a follower cannot mirror: {op[1]}")
         else:
@@ -318,6 +356,17 @@ class Replayer:
 
     def caches(self, enc: Any) -> Any:
         return None if enc is None else self.decode(enc)
+
+
+def _first_cache(value: Any) -> Any:
+    if _is_cache(value):
+        return value
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            found = _first_cache(item)
+            if found is not None:
+                return found
+    return None
 
 
 def _resolve(path: str) -> Any:
