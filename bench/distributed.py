@@ -130,15 +130,16 @@ def measure(base: str, clients: list[int]) -> dict:
 def run(kind: str, ckpt: Path, backend: str, clients: list[int]) -> dict:
     port = free_port()
     cmd, env = commands(kind, ckpt, port, backend)
-    log = tempfile.NamedTemporaryFile("w+", suffix=f"-{kind}.log", delete=False)
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    log = Path(tempfile.mkdtemp(prefix="mlxbun-bench-")) / f"{kind}.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_ready(base, proc)
         return {"server": kind, **measure(base, clients)}
     except Exception as exc:
-        return {"server": kind, "error": str(exc), "log": log.name}
+        return {"server": kind, "error": str(exc), "log": str(log)}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
