@@ -39,6 +39,7 @@ def follow(module: Any, channel: Channel) -> None:
                 continue
             _, _, cache_enc, specs, names, plain = desc
             arrays = channel.receive(specs)
+            mx.async_eval(arrays)  # in rank 0's order, whatever this stage's forward reads
             cache = replayer.caches(cache_enc)
             with RECORDER.quiet():
                 out = module(arrays[0], cache=cache, **plain,

@@ -57,6 +57,9 @@ class LockstepModel:
                     [(tuple(a.shape), dtype_name(a)) for a in arrays], names, plain)
             self._channel.send(desc)
             shared = self._channel.share(arrays)
+            # queued now: a pipeline stage's forward may not read its inputs at all (it
+            # receives hidden states instead) and must not run its own collectives first
+            mx.async_eval(shared)
             with RECORDER.quiet():
                 out = self._module(shared[0], cache=cache, **plain,
                                    **dict(zip(names, shared[1:], strict=True)))
