@@ -98,6 +98,7 @@ def check_same_caches(module: Any, group: DistributedGroup) -> None:
     """Every rank must make the same number of per-layer caches, all rewindable or none
     (rank 0 decides alone when to trim): pipeline stages of a hybrid model may not."""
     import mlx.core as mx
+    import numpy as np
     from mlx_lm.models.cache import make_prompt_cache
 
     from .engine.prompt_cache import trimmable
@@ -106,9 +107,10 @@ def check_same_caches(module: Any, group: DistributedGroup) -> None:
         caches = make_prompt_cache(module)
     mine = mx.array([len(caches), int(trimmable(caches))])
     every = mx.distributed.all_gather(mine[None], group=group.group, stream=mx.cpu)
-    if len({tuple(row) for row in every.tolist()}) > 1:
+    rows = [tuple(row) for row in np.array(every).tolist()]
+    if len(set(rows)) > 1:
         raise RuntimeError(f"the ranks' shards keep different caches (layers, rewindable): "
-                           f"{every.tolist()}; use another number of ranks or drop --pipeline")
+                           f"{rows}; use another number of ranks or drop --pipeline")
 
 
 def mirror_quiet() -> Any:
