@@ -89,7 +89,8 @@ def load_shard(name: str | None, options: LoadOptions, group: DistributedGroup) 
         mx.eval(model.model.parameters())
     group.mode = str(model.model._mlxbun_shard_mode)
     mirror.install(recording=group.rank == 0, model=model.model)
-    check_same_caches(model.model, group)
+    if group.mode == "pipeline":  # tensor parallel: every rank has every layer
+        check_same_caches(model.model, group)
     mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group.group, stream=mx.cpu))
     return model
 
@@ -106,7 +107,7 @@ def check_same_caches(module: Any, group: DistributedGroup) -> None:
     with mirror_quiet():
         caches = make_prompt_cache(module)
     mine = mx.array([len(caches), int(trimmable(caches))])
-    every = mx.distributed.all_gather(mine[None], group=group.group, stream=mx.cpu)
+    every = mx.distributed.all_gather(mine[None], group=group.group)
     rows = [tuple(row) for row in np.array(every).tolist()]
     if len(set(rows)) > 1:
         raise RuntimeError(f"the ranks' shards keep different caches (layers, rewindable): "
