@@ -198,8 +198,11 @@ def run_leader(args: argparse.Namespace, group: DistributedGroup) -> int:
         the worker stops."""
         if not watchdog.broken and not stopped:
             try:
-                watchdog.retire()
-                engine.worker.run_sync(lockstep.stop)
+                def stop() -> None:  # on the worker, after whatever is queued there
+                    lockstep.stop()
+                    watchdog.retire()  # only now: a stuck stop must still be timed out
+
+                engine.worker.run_sync(stop)
                 stopped.append(None)
             except Exception as exc:
                 print(f"mlxbun: stopping the other ranks: {exc}", file=sys.stderr)
