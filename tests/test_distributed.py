@@ -14,10 +14,12 @@ module (a launch costs ~30-60 s here).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -95,7 +97,21 @@ class Pair:
         raise AssertionError(f"no rank {rank} under the launcher")
 
     def stop(self) -> None:
+        """SIGTERM to rank 0 (a drain that stops every rank), then to the launcher: a
+        SIGTERM to mlx.launch alone would leave its ranks running."""
+        pids = []
+        if self.proc.proc.poll() is None:
+            for rank in (0, 1):
+                with contextlib.suppress(AssertionError):
+                    pids.append(self.rank_pid(rank))
+        if pids:
+            os.kill(pids[0], signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.proc.wait(30)
         self.proc.stop(timeout=30)
+        for pid in pids:  # whatever did not stop (a frozen rank): never leave one running
+            if Path(f"/proc/{pid}").exists():
+                os.kill(pid, signal.SIGKILL)
 
 
 def _completion(base: str, prompt: str, n: int = 16, stream: bool = False) -> str:
