@@ -35,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_kv_quant_flag(f, default="off", alias="--kv-bits")
     f.add_argument("--memory-budget", type=float, default=None, metavar="GB",
                    help="assess against this budget instead of the machine's usable memory")
+    f.add_argument("--ranks", type=int, default=1, metavar="N",
+                   help="assess one rank's share of a --distributed serve over N ranks")
+    f.add_argument("--pipeline", action="store_true",
+                   help="with --ranks: pipeline parallel (layers split) instead of tensor")
     f.add_argument("--measure", action="store_true",
                    help="measure the decode bandwidth again (it is measured once and remembered)")
     f.add_argument("--json", action="store_true")
@@ -193,6 +197,25 @@ def add_process_flags(s: argparse.ArgumentParser) -> None:
                    help="do not open the web app in a browser "
                         "(it opens only on an interactive start)")
     add_ssd_cache_flags(s)
+    add_distributed_flags(s)
+
+
+def add_distributed_flags(s: argparse.ArgumentParser) -> None:
+    """``--distributed`` and its companions: one model across the ranks of an ``mlx.launch``
+    group (docs/distributed.md)."""
+    s.add_argument("--distributed", action="store_true",
+                   help="serve one model across every rank started by mlx.launch: rank 0 "
+                        "answers HTTP, each rank holds a shard (docs/distributed.md)")
+    s.add_argument("--pipeline", action="store_true",
+                   help="with --distributed: split the layers across ranks (pipeline "
+                        "parallel) instead of each layer's matrices (tensor parallel)")
+    s.add_argument("--distributed-backend", default="any",
+                   choices=("any", "ring", "jaccl", "mpi", "nccl"),
+                   help="with --distributed: the mx.distributed backend (default: the one "
+                        "mlx.launch set up)")
+    s.add_argument("--distributed-timeout", type=float, default=10.0, metavar="S",
+                   help="with --distributed: a rank silent this long means the group is "
+                        "broken: rank 0 answers 503 and exits (default 10)")
 
 
 def add_pool_flags(s: argparse.ArgumentParser) -> None:
@@ -287,12 +310,26 @@ def cmd_fit(args: argparse.Namespace) -> int:
         forget()
     config = checkpoint.read_json(resolved.path / "config.json")
     budget = int(args.memory_budget * 1e9) if args.memory_budget else None
-    r = fit_report(config, checkpoint.weights(resolved.path), machine(), context=args.ctx,
-                   budget_bytes=budget, kv_bits=parse(args.kv_quant).bits)
+    weights, per_rank = checkpoint.weights(resolved.path), None
+    if args.ranks > 1:  # one rank's share of a --distributed serve
+        from .library.ranks import rank_config, rank_weight_bytes, replicated_bytes
+
+        mode = "pipeline" if args.pipeline else "tensor"
+        per_rank = rank_weight_bytes(weights.total_bytes,
+                                     replicated_bytes(config, weights.dtypes), args.ranks)
+        config = rank_config(config, args.ranks, mode)
+    r = fit_report(config, weights, machine(), context=args.ctx, budget_bytes=budget,
+                   kv_bits=parse(args.kv_quant).bits, weights_bytes=per_rank)
+    if args.ranks > 1:
+        r["ranks"] = {"count": args.ranks, "mode": "pipeline" if args.pipeline else "tensor",
+                      "weights_bytes_per_rank": per_rank}
     if args.json:
         print(json.dumps({"model": resolved.model_id, **r}))
         return 0
     print(fit_text(resolved.model_id, r))
+    if args.ranks > 1:
+        print(f"  per rank          1 of {args.ranks} ranks ({r['ranks']['mode']} parallel): "
+              "weights and KV above are one machine's share")
     return 0
 
 
@@ -326,13 +363,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         from .config import ConfigError, apply_config
-        from .startup import cmd_serve
 
         try:
             apply_config(args, argv, build_serve_parser)
         except ConfigError as exc:
             print(f"mlxbun: {exc}", file=sys.stderr)
             return 2
+        if args.distributed:  # every rank of an mlx.launch group
+            from .dist_serve import serve_distributed
+
+            return serve_distributed(args)
+        from .startup import cmd_serve
+
         return cmd_serve(args, parser)
     if args.command == "config":
         from .config.show import cmd_config

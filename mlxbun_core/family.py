@@ -70,8 +70,15 @@ def load_mlx_lm(path, config: dict, options, *, template: str | None = None,
     """
     from mlx_lm.utils import load
 
-    loaded = load(str(path))  # (model, tokenizer): mlx-lm types the 3-tuple of return_config too
+    plan = getattr(options, "shard", None)
+    # (model, tokenizer): mlx-lm types the 3-tuple of return_config too
+    loaded = load(str(path), lazy=plan is not None)
     model, tokenizer = loaded[0], loaded[1]
+    if plan is not None:  # --distributed: only this rank's shard is read from disk
+        import mlx.core as mx
+
+        plan.apply(model)
+        mx.eval(model.parameters())
     if template is not None:
         fallback = install_fallback_template(tokenizer, template)
         fields["extras"] = {**fields.get("extras", {}), "fallback_template": fallback}

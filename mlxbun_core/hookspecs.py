@@ -85,7 +85,13 @@ def load_model(path: Path, config: dict[str, Any], options: LoadOptions) -> Load
 
     :param path: The checkpoint directory :func:`claims` saw.
     :param config: Its parsed ``config.json``.
-    :param options: The operator's :class:`~mlxbun_core.model.LoadOptions`.
+    :param options: The operator's :class:`~mlxbun_core.model.LoadOptions`. Under
+        ``mlxbun serve --distributed`` every rank calls this with ``options.shard``
+        set (a :class:`~mlxbun_core.model.ShardPlan` holding the
+        ``mx.distributed`` group): load lazily, call ``options.shard.apply(module)``
+        before the weights are evaluated so each rank reads only its part, then
+        return as usual (``family.load_mlx_lm`` does this). A model returned whole
+        is sharded by the engine afterwards (correct, but every rank read it all).
     :returns: A :class:`~mlxbun_core.model.LoadedModel`. The loader fills in
         ``family`` and ``plugin`` from the claim, merges ``generation_config.json``
         over ``generation_defaults`` and fills ``context_window`` when unset.

@@ -14,6 +14,69 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 
+class ShardUnsupported(Exception):
+    """The architecture cannot be split across the group the way it was asked."""
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """This process's part of a distributed serve (``mlxbun serve --distributed``).
+
+    ``group`` is the ``mx.distributed.Group`` every rank joined; ``pipeline`` asks for
+    pipeline parallelism (layers split across ranks) instead of tensor parallelism (each
+    layer's matrices split across ranks). A family's ``load_model`` that sees a plan
+    loads lazily, calls :meth:`apply` on the ``nn.Module`` before evaluating its
+    weights (so each rank reads only its shard), and returns the model as usual; the
+    engine shards, after the fact, a model a plugin returned whole.
+    """
+
+    group: Any
+    pipeline: bool = False
+
+    @property
+    def rank(self) -> int:
+        return int(self.group.rank())
+
+    @property
+    def size(self) -> int:
+        return int(self.group.size())
+
+    def mode(self, module: Any) -> str:
+        """``"tensor"`` or ``"pipeline"``: what ``module`` gets (tensor parallel where the
+        architecture has ``shard()`` unless pipeline was asked; pipeline where it has
+        ``model.pipeline()``); :class:`ShardUnsupported` names the architecture otherwise."""
+        tensor = callable(getattr(module, "shard", None))
+        pipe = callable(getattr(getattr(module, "model", None), "pipeline", None))
+        arch = type(module).__module__.rpartition(".")[2] or type(module).__name__
+        if self.pipeline:
+            if pipe:
+                return "pipeline"
+            raise ShardUnsupported(f"architecture {arch!r} has no pipeline parallelism in "
+                                   "this mlx-lm" + ("; drop --pipeline (it has tensor "
+                                                    "parallelism)" if tensor else ""))
+        if tensor:
+            return "tensor"
+        if pipe:
+            return "pipeline"
+        raise ShardUnsupported(f"architecture {arch!r} can be split neither by tensor "
+                               "parallelism (no shard()) nor by pipeline (no pipeline()) "
+                               "in this mlx-lm: it cannot be served with --distributed")
+
+    def apply(self, module: Any) -> str:
+        """Keep only this rank's shard of ``module`` (lazy weights stay unread); the mode
+        used. Idempotent: a module already sharded is left alone."""
+        done = getattr(module, "_mlxbun_shard_mode", None)
+        if done:
+            return str(done)
+        mode = self.mode(module)
+        if mode == "pipeline":
+            module.model.pipeline(self.group)
+        else:
+            module.shard(self.group)
+        object.__setattr__(module, "_mlxbun_shard_mode", mode)
+        return mode
+
+
 @dataclass
 class LoadOptions:
     """What the operator asked for at start-up; plugins read what they need."""
@@ -24,6 +87,8 @@ class LoadOptions:
     # the local library a model name may be a query over (the CLI passes its scan; see
     # models.resolve.Library); None: names resolve as paths and hub ids only
     library: Callable[[], Iterable[Any]] | None = None
+    # serving across several processes (--distributed): load only this rank's shard
+    shard: ShardPlan | None = None
 
 
 @dataclass

@@ -13,7 +13,8 @@ import logging
 import os
 import socket
 import sys
-from typing import TYPE_CHECKING, NoReturn
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from .engine.core import Engine
@@ -229,9 +230,12 @@ def print_banner(args: argparse.Namespace, engine: Engine) -> str | None:
     return page
 
 
-def serve_forever(args: argparse.Namespace, engine: Engine,
-                  sock: socket.socket | None) -> NoReturn:
-    """Build the app, print the banner and serve until a drain; the process ends here."""
+def serve_forever(args: argparse.Namespace, engine: Engine, sock: socket.socket | None, *,
+                  on_app: Callable[[Any], None] | None = None,
+                  on_exit: Callable[[int], int] | None = None) -> NoReturn:
+    """Build the app, print the banner and serve until a drain; the process ends here.
+    ``on_app`` may add to the app before it serves; ``on_exit`` runs after the drain and
+    maps the exit status (a distributed serve stops its other ranks there)."""
     import uvicorn
 
     from .server import web
@@ -241,6 +245,8 @@ def serve_forever(args: argparse.Namespace, engine: Engine,
     app = build_app(engine, api_key=args.api_key)
     settings = getattr(args, "settings", None)
     app.state.model_aliases = settings.aliases if settings is not None else {}
+    if on_app is not None:
+        on_app(app)
     page = print_banner(args, engine)
     if args.unix:
         from .isolate.drain import DrainGate, exit_with_parent
@@ -261,9 +267,10 @@ def serve_forever(args: argparse.Namespace, engine: Engine,
     # Served and drained: nothing is left to save. Interpreter teardown takes seconds and can
     # abort inside MLX's native threads ("terminate called without an active exception"),
     # which would turn a clean shutdown into exit 134.
+    status = server.exit_code if on_exit is None else on_exit(server.exit_code)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(server.exit_code)  # 0 after a drain; 128 + signal after a second signal
+    os._exit(status)  # 0 after a drain; 128 + signal after a second signal
 
 
 def print_blas_line() -> None:

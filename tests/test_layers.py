@@ -47,13 +47,13 @@ FLOORS = [
     {"plugins_builtin/"},
     # the local library, and choosing a model from it
     {"library/", "selection.py"},
-    {"engine/", "adapters/", "jobs/", "memory/"},
+    {"engine/", "adapters/", "jobs/", "memory/", "distributed/"},
     # configuration read at start-up
     {"config/"},
     # what reads the engine: surfaces and their observers
     {"server/", "webchat/", "metrics/", "hub/"},
     # entry points
-    {"startup.py", "cli.py", "isolate/", "testing/"},
+    {"startup.py", "cli.py", "isolate/", "testing/", "dist_serve.py"},
 ]
 FLOOR = {room: n for n, rooms in enumerate(FLOORS) for room in rooms}
 # Loops among rooms that are known and being removed; none are left, keep it so.

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .. import kvquant
 from ..adapters import AdapterManager, AdapterSet
 from ..contract import DraftSource
-from ..errors import BadRequest, Unavailable
+from ..errors import APIError, BadRequest, Unavailable
 from ..events import Done, Event, Finish, Usage
 from ..kvquant.probe import check_kernels, model_dtype
 from ..media import parts as media_parts
@@ -142,6 +142,9 @@ class Engine:
         self.completed = 0
         self.draining = False  # set on SIGINT/SIGTERM: new work gets a 503
         self.aborted = False  # set by abort(): nothing more is queued
+        # why the engine can serve nothing more (a rank of a --distributed group was lost):
+        # new work gets a 503 engine_unavailable
+        self.unavailable: str | None = None
         # told every generation's Finish as it ends: the /metrics recorder (metrics.for_engine)
         self.on_finish: Callable[[Finish], None] | None = None
         self.starting = 0  # requests being prepared (not yet queued)
@@ -218,6 +221,9 @@ class Engine:
             self.starting -= 1
 
     def check_open(self) -> None:
+        if self.unavailable is not None:
+            raise APIError(self.unavailable, status=503, type="engine_unavailable",
+                           code="engine_unavailable")
         if self.draining:
             raise Unavailable()
 

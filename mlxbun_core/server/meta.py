@@ -55,9 +55,13 @@ def register(app: App, engine: Engine) -> None:
         return json_response(row)
 
     async def health(request: Request) -> Response:
+        extra = {name: provider() for name, provider in app.state.health_providers.items()}
+        if engine.unavailable is not None:  # e.g. a rank of a --distributed group was lost
+            return json_response({"status": "unavailable", "reason": engine.unavailable,
+                                  **extra}, 503)
         if engine.draining:  # load balancers stop sending; in-flight requests finish
-            return json_response({"status": "draining"}, 503)
-        return json_response({"status": "ok"})
+            return json_response({"status": "draining", **extra}, 503)
+        return json_response({"status": "ok", **extra})
 
     async def stats(request: Request) -> Response:
         extra: dict[str, dict[str, Any]] = {}

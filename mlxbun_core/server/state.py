@@ -77,6 +77,8 @@ class AppState:
     """Downloads, pushes and dataset builds: their own queue (``/api/hub/*``, ``/downloads``)."""
     stats_providers: dict[str, Callable[[], dict[str, Any]]] = field(default_factory=dict)
     """Extra ``/stats`` sections: name -> a callable returning a JSON-able dict."""
+    health_providers: dict[str, Callable[[], dict[str, Any]]] = field(default_factory=dict)
+    """Extra ``/health`` fields (cheap to compute): name -> a callable returning a dict."""
     trusts_injected_history: bool = False
     """An ``--isolate`` engine child: the parent sends Responses history in the body."""
     web_chat_unavailable: str | None = None
