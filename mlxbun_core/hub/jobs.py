@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import APIError
-from ..jobs.runner import JobManager
+from ..jobs.runner import Jobs
 from ..jobs.store import TERMINAL, JobStore
 from . import download
 
@@ -31,28 +31,14 @@ class Conflict(APIError):
     type = "conflict_error"
 
 
-class HubJobs:
+class HubJobs(Jobs):
     """The hub's job manager, made on first use (no ``jobs.sqlite`` before)."""
 
+    runners = RUNNERS
+
     def __init__(self, home: Path):
-        self.home = Path(home)
-        self._manager: JobManager | None = None
+        super().__init__(home)
         self._submit = threading.Lock()  # two clicks on Download: one job
-
-    @property
-    def manager(self) -> JobManager:
-        if self._manager is None:
-            self._manager = JobManager(JobStore(self.home / "jobs.sqlite"), self.home,
-                                       runners=RUNNERS)
-        return self._manager
-
-    @property
-    def store(self) -> JobStore:
-        return self.manager.store
-
-    def close(self) -> None:
-        if self._manager is not None:
-            self._manager.close()
 
     def active_download(self, repo: str) -> dict[str, Any] | None:
         for row in self.store.list(50, "download"):

@@ -220,3 +220,29 @@ def _pump_output(stream, log_path: Path, record) -> None:
 
 if __name__ == "__main__":
     sys.exit(child_main())
+
+
+class Jobs:
+    """A home's job manager, made (and stale jobs reaped) on first use: no ``jobs.sqlite``
+    until a job is asked for. ``runners`` adds job kinds (see :data:`RUNNERS`)."""
+
+    runners: dict[str, str] = {}
+
+    def __init__(self, home: Path):
+        self.home = Path(home)
+        self._manager: JobManager | None = None
+
+    @property
+    def manager(self) -> JobManager:
+        if self._manager is None:
+            self._manager = JobManager(JobStore(self.home / "jobs.sqlite"), self.home,
+                                       runners=self.runners)
+        return self._manager
+
+    @property
+    def store(self) -> JobStore:
+        return self.manager.store
+
+    def close(self) -> None:
+        if self._manager is not None:
+            self._manager.close()

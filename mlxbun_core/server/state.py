@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from blacksheep import Application
@@ -23,8 +22,7 @@ from blacksheep.server.routing import Router
 from prometheus_client import CollectorRegistry
 
 from ..hub.jobs import HubJobs
-from ..jobs.runner import JobManager
-from ..jobs.store import JobStore
+from ..jobs.runner import Jobs
 from ..library.cache import LibraryCache
 from ..models.paths import mlxbun_home
 from ..webchat.store import SessionStore, sessions_dir
@@ -33,29 +31,6 @@ from .response_store import ResponseStore
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
-
-
-class Jobs:
-    """The server's job manager, made (and stale jobs reaped) on first use: no
-    ``jobs.sqlite`` until a job route is used."""
-
-    def __init__(self, home: Path):
-        self.home = home
-        self._manager: JobManager | None = None
-
-    @property
-    def manager(self) -> JobManager:
-        if self._manager is None:
-            self._manager = JobManager(JobStore(self.home / "jobs.sqlite"), self.home)
-        return self._manager
-
-    @property
-    def store(self) -> JobStore:
-        return self.manager.store
-
-    def close(self) -> None:
-        if self._manager is not None:
-            self._manager.close()
 
 
 @dataclass
