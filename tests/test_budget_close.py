@@ -163,3 +163,50 @@ def test_session_drops_a_call_the_budget_closed(lm):
         events += sess.step(next(iter(tok.eos_token_ids)), None)
         assert [json.loads(e.call.arguments)["q"] for e in events if e.kind == "tool_call"] == names
         assert sess.finished.reason == ("tool_calls" if forced_from is None else "length")
+
+
+ITEMS = {"type": "object", "required": ["topics"], "additionalProperties": False,
+         "properties": {"topics": {"type": "array", "maxItems": 3, "items": {
+             "type": "object", "required": ["title", "summary", "facts", "related"],
+             "additionalProperties": False, "properties": {
+                 "title": {"type": "string", "minLength": 1, "maxLength": 60},
+                 "summary": {"type": "string", "maxLength": 240},
+                 "facts": {"type": "array", "maxItems": 4,
+                           "items": {"type": "string", "minLength": 1, "maxLength": 160}},
+                 "related": {"type": "array", "maxItems": 3,
+                             "items": {"type": "string", "minLength": 1, "maxLength": 60}}}}}}}
+
+
+@pytest.fixture(scope="module")
+def lists_eagerly(lm):
+    """A logits processor that makes the random model love ``,``, ``"`` and ``{``: it
+    ends strings early and opens item after item, the way a model listing things does."""
+    _, tok = lm
+    bias = np.zeros(lm[0].args.vocab_size, dtype=np.float32)
+    for i in range(len(tok.get_vocab())):
+        if any(c in tok.decode([i]) for c in ',"{'):
+            bias[i] = 4.0
+    boost = mx.array(bias)
+    return lambda tokens, logits: logits + boost
+
+
+@pytest.mark.parametrize("temp", [0.0, 1.0])
+def test_a_token_that_opens_an_object_of_required_keys_is_guarded(lm, lists_eagerly, temp):
+    """One ``,`` or ``{`` in an array of objects commits the reply to a whole object of
+    four required keys (~40 tokens of close at once). The budget guards while that jump
+    is in sight, so every reply still closes within its limit (before, these budgets cut
+    replies a few characters short of the end)."""
+    model, tok = lm
+    req = GrammarRequest("json_schema", ITEMS)
+    for budget in (46, 100, 127):
+        proc = registry.plan_request(req, tok).processor
+        proc.sampler = sampler = make_sampler(temp=temp)
+        proc.set_budget(budget)
+        mx.random.seed(budget)
+        ids = []
+        for (t, _), _ in zip(generate_step(mx.array(tok.encode("Topics:")), model, sampler=sampler,
+                                           logits_processors=[lists_eagerly, proc]), range(budget)):
+            if t in tok.eos_token_ids:
+                break
+            ids.append(t)
+        jsonschema.validate(json.loads(tok.decode(ids)), ITEMS)

@@ -57,6 +57,9 @@ shortest value, an empty string, separators, letters, digits, the rest of ASCII,
 whitespace (only where the layout requires it), UTF-8 continuation bytes (to finish a
 character a token split), then anything."""
 TRIED_ONE_BY_ONE = len(FIRST)
+OPENERS = b',{["'
+"""Bytes whose one token can open more structure than the close path shows
+(:meth:`CloseSearch.reach`)."""
 """Candidates tried one at a time before a step reads the whole mask instead."""
 
 
@@ -139,6 +142,22 @@ class CloseSearch:
                 return None
             walked.append(t)
         return self._shorter(matcher, walked)
+
+    def reach(self, matcher, path: list) -> int:
+        """The longest close one more token can commit the reply to: ``path`` itself, or
+        at any point along it a byte that opens another item, member or value (a comma
+        or brace after which an object of four required keys must be written whole).
+        The budget starts guarding while that is in sight, not only ``path``."""
+        openers = [t for b in OPENERS if (t := self.vocab.byte_ids.get(b)) is not None]
+        worst, m = len(path), matcher.fork()
+        for i, t in enumerate([*path, None]):
+            for opener in openers:
+                probe = m.fork()
+                if probe.try_token(opener) and (after := self.path(probe)) is not None:
+                    worst = max(worst, i + 1 + len(after))
+            if t is None or not m.try_token(t):
+                break
+        return worst
 
     def ends(self, matcher, path: list) -> bool:
         """Whether ``path`` takes ``matcher`` (left unchanged) to where the grammar may end."""
@@ -251,8 +270,12 @@ class Budget:
         if slack <= 0:
             return self.force(index, path)
         if slack > NEAR:
-            self.next_check = index + max(1, (slack - NEAR) // (1 + GROWTH))
-            return None
+            reach = self.search.reach(matcher, path)  # one token may commit to this much
+            far = left - reach - NEAR
+            if far > 0:
+                jump = reach - len(path)
+                self.next_check = index + max(1, far // (1 + GROWTH + jump))
+                return None
         return self._guard(matcher, index, left, masked, path)
 
     def force(self, index: int, path: list) -> int:

@@ -41,15 +41,15 @@ PROMPT = ("You keep a personal wiki. From the conversation excerpt, list the top
 SCHEMA: dict[str, Any] = {
     "type": "object", "required": ["topics"], "additionalProperties": False,
     "properties": {"topics": {"type": "array", "maxItems": 3, "items": {
-        "type": "object", "required": ["title"],
+        "type": "object", "required": ["title", "summary", "facts", "related"],
         "additionalProperties": False,
         "properties": {
-            "title": {"type": "string", "maxLength": 60},
+            "title": {"type": "string", "minLength": 1, "maxLength": 60},
             "summary": {"type": "string", "maxLength": 240},
             "facts": {"type": "array", "maxItems": 4,
-                      "items": {"type": "string", "maxLength": 160}},
+                      "items": {"type": "string", "minLength": 1, "maxLength": 160}},
             "related": {"type": "array", "maxItems": 3,
-                        "items": {"type": "string", "maxLength": 60}}}}}}}
+                        "items": {"type": "string", "minLength": 1, "maxLength": 60}}}}}}}
 
 
 @dataclass
