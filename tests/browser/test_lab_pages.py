@@ -70,12 +70,20 @@ def shots(tmp_path: Path) -> Path:
     return out
 
 
+def snap(page, tmp_path: Path, name: str, target: str) -> None:
+    """A screenshot for the docs: a tall window, ``target`` in the middle of it."""
+    page.set_viewport_size({"width": 1200, "height": 1300})
+    page.locator(target).evaluate("el => el.scrollIntoView({block: 'center'})")
+    page.screenshot(path=str(shots(tmp_path) / name))
+    page.set_viewport_size({"width": 1200, "height": 820})
+
+
 def open_page(page, server, route: str) -> None:
     page.goto(f"{server.base_url}/#{route}")
     page.wait_for_selector(f"#view-{route}:not([hidden])")
 
 
-def test_quantize_wizard_submits_follows_and_offers_to_serve(page, lab, tmp_path):
+def test_quantize_wizard_serves_its_result_screenshots(page, lab, tmp_path):
     page.goto(lab.base_url + "/quantize")  # the legacy path lands on the wizard
     page.wait_for_selector("#view-quantize:not([hidden])")
     assert page.url.endswith("/#quantize")
@@ -92,7 +100,7 @@ def test_quantize_wizard_submits_follows_and_offers_to_serve(page, lab, tmp_path
     assert page.inner_text("#view-quantize .lab-listed") == f"{name} is in your library."
     listed = httpx.get(lab.base_url + "/api/hub/local?refresh=1").json()["models"]
     assert [m["quant_bits"] for m in listed if m["repo_id"] == name] == [4]
-    page.screenshot(path=str(shots(tmp_path) / "webapp-quantize.png"), full_page=True)
+    snap(page, tmp_path, "webapp-quantize.png", "#view-quantize .job-panel")
     page.click(f"#view-quantize .job-result button >> text=Serve {name}")
     page.wait_for_selector("#view-quantize .serve-note code")
     assert page.inner_text("#view-quantize .serve-note code") == f"mlxbun serve {name}"
@@ -100,7 +108,7 @@ def test_quantize_wizard_submits_follows_and_offers_to_serve(page, lab, tmp_path
     assert page.console.errors == []
 
 
-def test_finetune_wizard_trains_charts_mounts_and_chats(page, lab, tmp_path):
+def test_finetune_wizard_charts_mounts_chats_screenshots(page, lab, tmp_path):
     open_page(page, lab, "finetune")
     page.wait_for_selector(f"#ft-model option[value='{MODEL}']", state="attached")
     page.wait_for_selector("#ft-data option", state="attached")
@@ -121,7 +129,7 @@ def test_finetune_wizard_trains_charts_mounts_and_chats(page, lab, tmp_path):
     assert int(figure.get_attribute("data-val-points")) >= 2
     assert page.locator("#view-finetune .series.train circle").count() == 6
     assert "train loss" in page.inner_text("#loss-caption")
-    page.screenshot(path=str(shots(tmp_path) / "webapp-finetune.png"), full_page=True)
+    snap(page, tmp_path, "webapp-finetune.png", "#view-finetune .loss-figure")
 
     page.fill("#ft-adapter-id", "greeter")
     page.click("#ft-mount")
@@ -164,7 +172,7 @@ def test_cancel_stops_a_running_job(page, lab):
     assert page.console.errors == []
 
 
-def test_dataset_page_counts_rows_flags_broken_ones_and_hands_off(page, lab, tmp_path):
+def test_dataset_page_flags_broken_rows_hands_off_screenshots(page, lab, tmp_path):
     broken = tmp_path / "broken.jsonl"
     broken.write_text(jsonl([*rows(3), "{not json", {"question": "no format"}, *rows(2)]))
     open_page(page, lab, "dataset")
@@ -178,6 +186,7 @@ def test_dataset_page_counts_rows_flags_broken_ones_and_hands_off(page, lab, tmp
     assert "no known format" in page.inner_text(
         "#view-dataset .inspect-problems li[data-line='5']")
     assert page.locator("#view-dataset .inspect-samples details").count() == 3
+    snap(page, tmp_path, "webapp-dataset.png", "#view-dataset .inspect-problems")
 
     upload = tmp_path / "my greetings.jsonl"
     upload.write_text(jsonl(rows(10, "hello")))
@@ -187,7 +196,6 @@ def test_dataset_page_counts_rows_flags_broken_ones_and_hands_off(page, lab, tmp
     page.click("#ds-form button[type=submit]")
     page.wait_for_selector("#view-dataset .inspect-verdict.ok")
     assert "9 training rows, 1 validation rows" in page.inner_text("#view-dataset .inspect-verdict")
-    page.screenshot(path=str(shots(tmp_path) / "webapp-dataset.png"), full_page=True)
     page.click("#view-dataset button >> text=Fine-tune on this")
     page.wait_for_selector("#view-finetune:not([hidden])")
     page.wait_for_selector("#ft-form .inspect-verdict.ok")

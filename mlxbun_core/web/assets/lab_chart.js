@@ -18,6 +18,16 @@ function ticks(lo, hi, n) {
   return Array.from({ length: n }, (_, i) => lo + i * step);
 }
 
+// Whole steps for the x axis, about six of them: 1, 2 or 5 times a power of ten apart.
+function stepTicks(maxStep) {
+  const raw = maxStep / 6;
+  const pow = 10 ** Math.floor(Math.log10(Math.max(raw, 1)));
+  const gap = [1, 2, 5, 10].map((m) => m * pow).find((g) => g >= raw) || 10 * pow;
+  const out = [];
+  for (let t = 0; t <= maxStep; t += gap) out.push(t);
+  return out;
+}
+
 const fmt = (v) => (Math.abs(v) >= 100 ? v.toFixed(0) : Math.abs(v) >= 1 ? v.toFixed(2) : v.toPrecision(2));
 
 export class LossChart {
@@ -70,7 +80,7 @@ export class LossChart {
       label.textContent = fmt(t);
       axes.append(label);
     }
-    for (const t of ticks(0, maxStep, Math.min(6, maxStep + 1))) {
+    for (const t of stepTicks(maxStep)) {
       const label = svg("text", { x: x(t), y: H - PAD.bottom + 16, "text-anchor": "middle" });
       label.textContent = String(Math.round(t));
       axes.append(label);

@@ -73,7 +73,8 @@ export function renderInspection(box, r) {
   if (r.tokens) row("tokens per row", `${r.tokens.min}–${r.tokens.max}, mean ${r.tokens.mean}, ${r.tokens.total.toLocaleString()} in all (${r.token_model})`);
   else row("tokens per row", "not counted");
   const verdict = el("p", { className: `inspect-verdict ${r.ok ? "ok" : "bad"}`, role: "status",
-    textContent: r.ok ? `Ready to train: ${r.n_train} training rows, ${r.n_valid} validation rows.` : `Not trainable: ${r.error}` });
+    textContent: r.ok ? `Ready to train: ${r.n_train} training rows, ${r.n_valid} validation rows${r.problem_count ? ` (${r.problem_count} problems below)` : ""}.`
+      : `Not trainable: ${r.error}` });
   const problems = el("div", { className: "inspect-problems" });
   if (r.problem_count) {
     problems.append(el("h3", { textContent: `Problems (${r.problem_count})` }),

@@ -4,7 +4,7 @@
 // cancel, and at the end mount the adapter (POST /v1/adapters), try it, or chat with it.
 import { LossChart } from "./lab_chart.js";
 import {
-  button, el, errorOf, field, handoff, JobPanel, labNav, ModelPicker, postJSON, recentJobs,
+  button, el, errorOf, field, handoff, JobPanel, labNav, ModelPicker, postJSON, recentJobs, size,
 } from "./lab_common.js";
 import { DatasetPicker, renderInspection } from "./lab_dataset.js";
 
@@ -139,7 +139,7 @@ export class FinetunePage {
     if (e.type === "metric" && e.kind === "train") {
       const bits = [`step ${e.step}`, `loss ${e.loss.toFixed(4)}`];
       if (e.tokens_per_sec) bits.push(`${Math.round(e.tokens_per_sec)} tokens/s`);
-      if (e.peak_memory_gb) bits.push(`peak ${e.peak_memory_gb.toFixed(2)} GB`);
+      if (e.peak_memory_gb) bits.push(`peak memory ${size(e.peak_memory_gb * 1e9)}`);
       this.stats.textContent = bits.join(" · ");
     }
   }
