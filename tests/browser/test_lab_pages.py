@@ -192,7 +192,8 @@ def test_dataset_page_flags_broken_rows_hands_off_screenshots(page, lab, tmp_pat
     upload.write_text(jsonl(rows(10, "hello")))
     page.fill("#ds-data-path", "")
     page.set_input_files("#ds-data-file", str(upload))
-    page.wait_for_selector("#view-dataset .dataset-picker p:has-text('Saved as upload-my-greetings')")
+    page.wait_for_selector(
+        "#view-dataset .dataset-picker p:has-text('Saved as upload-my-greetings')")
     page.click("#ds-form button[type=submit]")
     page.wait_for_selector("#view-dataset .inspect-verdict.ok")
     assert "9 training rows, 1 validation rows" in page.inner_text("#view-dataset .inspect-verdict")
