@@ -67,6 +67,11 @@ def row_format(line: str) -> str:
         row = json.loads(line)
     except ValueError:
         return "unknown"
+    return format_of(row)
+
+
+def format_of(row: object) -> str:
+    """The mlx-lm row format of one parsed row (``unknown`` when none fits)."""
     if not isinstance(row, dict):
         return "unknown"
     if {"prompt", "chosen", "rejected"} <= row.keys():
@@ -83,13 +88,18 @@ def row_format(line: str) -> str:
 def prepare(body: dict, default_out: Path) -> dict:
     """Check the paths of a submit record (400s) and fill defaults; the numbers are
     checked by the job itself (a bad value is its ``failed`` event)."""
-    if not body.get("model_dir") or not body.get("data_dir"):
+    if not (body.get("model_dir") or body.get("model_id")) or not body.get("data_dir"):
         raise BadRequest("model_dir and data_dir required")
-    model = fspaths.existing_dir(body["model_dir"], "model_dir", needs=[["config.json"]])
+    if body.get("model_dir"):
+        model = fspaths.existing_dir(body["model_dir"], "model_dir", needs=[["config.json"]])
+    else:  # a model of the local library by id (the web app's picker): never downloads
+        from .quantize import locate
+
+        model = locate(body["model_id"])
     data = fspaths.existing_dir(body["data_dir"], "data_dir", needs=[["train.jsonl"]])
     out = fspaths.output_dir(body.get("adapter_path") or default_out, "adapter_path",
                              reusable_if=("adapter_config.json",))
-    config = {**DEFAULTS, **{k: v for k, v in body.items() if v is not None}}
+    config = {**DEFAULTS, **{k: v for k, v in body.items() if v is not None and k != "model_id"}}
     config.update(model_dir=str(model), data_dir=str(data), adapter_path=str(out))
     warm = body.get("warm_start_adapter")
     if warm:

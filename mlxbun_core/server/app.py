@@ -39,6 +39,7 @@ SURFACES = (
     "mlxbun_core.server.jobs",
     "mlxbun_core.server.hub_routes",
     "mlxbun_core.server.admin_routes",
+    "mlxbun_core.server.lab_routes",
     "mlxbun_core.server.sessions",
     "mlxbun_core.server.memory_routes",
     "mlxbun_core.server.ws_chat",

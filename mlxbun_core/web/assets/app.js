@@ -228,6 +228,10 @@ document.addEventListener("keydown", (event) => {
   if (event.key === "Escape") setSidebar(false);
 });
 $("key-form").addEventListener("submit", () => setTimeout(() => location.reload(), 0));
+// the fine-tune page's "Chat with it": a new chat that uses the adapter it mounted
+window.addEventListener("mlxbun:chat-with-adapter", (event) => {
+  if (send({ type: "new_session" }) && send({ type: "set_adapter", id: event.detail })) navigate("chat");
+});
 window.addEventListener("hashchange", applyRoute);
 
 applyRoute();
