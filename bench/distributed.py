@@ -46,6 +46,7 @@ import httpx
 # hidden, layers, heads, kv heads, intermediate: llama layouts of the named size class
 SHAPES = {
     "tiny": (64, 2, 4, 2, 128),
+    "small": (512, 8, 8, 4, 1536),  # ~40M: a CPU-sized run (two ranks on this box's cores)
     "8b": (4096, 36, 32, 8, 12288),  # Qwen3-8B's layout
     "32b": (5120, 64, 64, 8, 25600),  # Qwen3-32B's layout
     "70b": (8192, 80, 64, 8, 28672),  # Llama-3-70B's layout (~141 GB bf16: two H200s)
