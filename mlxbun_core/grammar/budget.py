@@ -47,6 +47,8 @@ MAX_STEPS = 384
 needs no look at all until it is this many tokens (plus :data:`NEAR`) from its limit."""
 BACKOFF = 8
 """Tokens to wait after a search that found no end (doubling while none is found)."""
+REJUMP = 32
+"""Tokens after which the one-token jump (:meth:`CloseSearch.reach`) is measured again."""
 
 FIRST = b'}]0",:'
 REST = (string.ascii_lowercase + "123456789" + string.ascii_uppercase
@@ -247,6 +249,9 @@ class Budget:
     known_at: int = -1                    # the index whose state ``path`` was found for
     start_distance: int | None = None
     backoff: int = BACKOFF
+    jump: int | None = None               # the last measured jump (``_jump``)
+    jump_at: int = 0
+    jump_len: int = 0
 
     def __post_init__(self):
         self.next_check = max(0, self.limit - NEAR - MAX_STEPS)  # nothing to look at before
@@ -270,13 +275,22 @@ class Budget:
         if slack <= 0:
             return self.force(index, path)
         if slack > NEAR:
-            reach = self.search.reach(matcher, path)  # one token may commit to this much
-            far = left - reach - NEAR
+            far = slack - self._jump(matcher, index, path) - NEAR
             if far > 0:
-                jump = reach - len(path)
-                self.next_check = index + max(1, far // (1 + GROWTH + jump))
+                self.next_check = index + max(1, far // (1 + GROWTH))
                 return None
         return self._guard(matcher, index, left, masked, path)
+
+    def _jump(self, matcher, index: int, path: list) -> int:
+        """How far one token may push the close beyond ``path`` (see
+        :meth:`CloseSearch.reach`). Measured again once the path grew (the reply entered
+        new structure) or :data:`REJUMP` tokens on; in between the last measure stands."""
+        stale = (self.jump is None or len(path) > self.jump_len + GROWTH
+                 or index - self.jump_at >= REJUMP)
+        if stale:
+            self.jump = self.search.reach(matcher, path) - len(path)
+            self.jump_at, self.jump_len = index, len(path)
+        return self.jump or 0
 
     def force(self, index: int, path: list) -> int:
         """Start the close at ``index``: ``path``, then EOS. (Whether a forced token
