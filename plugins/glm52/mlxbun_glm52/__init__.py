@@ -7,7 +7,10 @@ this plugin adds what differs from the generic path:
   ``enable_thinking: true`` (or any ``reasoning_effort`` but ``"none"``) renders
   ``Reasoning Effort: Max`` in the system turn and leaves ``<think>`` open;
 * a GLM-5 chat template (``template.jinja``) for checkpoints that ship none;
-* the ``<tool_call>name<arg_key>…</arg_key><arg_value>…</arg_value></tool_call>`` parser.
+* the ``<tool_call>name<arg_key>…</arg_key><arg_value>…</arg_value></tool_call>`` parser;
+* routed experts streamed from the checkpoint under a byte budget (``--expert-budget``,
+  :mod:`.streaming`), for a model bigger than memory; ``/stats`` and ``/fit`` gain a
+  ``glm52`` block (:mod:`.report`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from mlxbun_core.chat_template import apply_template, thinking_switch
 from mlxbun_core.family import Family, load_mlx_lm, packaged_template
 from mlxbun_core.hookspecs import hookimpl
 
+from .streaming import expert_budget, load_streamed
 from .toolcalls import GlmDialect, make_parser
 
 __all__ = ["FAMILY", "GlmDialect", "claims", "load_model", "render_chat", "tool_call_parser"]
@@ -40,8 +44,12 @@ def claims(config):
 
 @hookimpl
 def load_model(path, config, options):
-    return load_mlx_lm(path, config, options, template=fallback_template(), reasoning=True,
-                       generation_defaults=dict(FAMILY_DEFAULTS))
+    kw = dict(template=fallback_template(), reasoning=True,
+              generation_defaults=dict(FAMILY_DEFAULTS))
+    budget = expert_budget(options)
+    if budget is not None:  # routed experts stay on disk, read on demand (streaming.py)
+        return load_streamed(path, config, options, budget, **kw)
+    return load_mlx_lm(path, config, options, **kw)
 
 
 @hookimpl

@@ -1,0 +1,145 @@
+"""Loading a GLM-5.x model with its routed experts streamed (see :mod:`.experts`).
+
+The operator's budget arrives as ``options.extra["expert_budget"]`` (bytes; the
+``serve --expert-budget`` flag or ``MLXBUN_EXPERT_BUDGET``). Without it the model
+loads whole, exactly as before.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from mlxbun_core.family import load_mlx_lm
+from mlxbun_core.model import LoadedModel
+
+from .experts import ExpertCache, ExpertIndex, ExpertReader
+
+PROJS = ("gate_proj", "up_proj", "down_proj")
+_EMPTY = mx.zeros((0,))
+
+
+def expert_budget(options: Any) -> int | None:
+    """The expert byte budget the operator asked for, or None (everything resident)."""
+    raw = (getattr(options, "extra", None) or {}).get("expert_budget")
+    return int(raw) if raw else None
+
+
+class _Hidden:
+    """Holds modules and state outside the parent's parameter tree (nn.Module keeps
+    plain objects as attributes, arrays/dicts/lists/modules as parameters)."""
+
+    def __init__(self, **kw: Any):
+        self.__dict__.update(kw)
+
+
+class StreamedSwitchGLU(nn.Module):
+    """Stands in for a MoE layer's ``switch_mlp``: same call, experts from the cache."""
+
+    def __init__(self, shell: nn.Module, layer: int, n_experts: int, cache: ExpertCache,
+                 parts: dict[str, list[str]], next_layer: int | None,
+                 next_gate: nn.Module | None):
+        super().__init__()
+        self.layer, self.n_experts = layer, n_experts
+        self._s = _Hidden(shell=shell, cache=cache, parts=parts, next_layer=next_layer,
+                          next_gate=next_gate)
+
+    def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
+        s = self._s
+        guess = s.next_gate(x)[0] if s.next_gate is not None else None
+        mx.eval(indices if guess is None else [indices, guess])
+        ids = np.array(indices)
+        needed = np.unique(ids)
+        weights = s.cache.fetch(self.layer, needed.tolist())
+        if guess is not None:  # read while this layer and the next one's attention compute
+            s.cache.prefetch(s.next_layer, np.unique(np.array(guess)).tolist())
+        lut = np.zeros(self.n_experts, dtype=np.uint32)
+        lut[needed] = np.arange(len(needed), dtype=np.uint32)
+        for proj, parts in s.parts.items():
+            mod = getattr(s.shell, proj)
+            for part in parts:
+                mod[part] = mx.stack([w[f"{proj}.{part}"] for w in weights])
+        out = s.shell(x, mx.array(lut[ids]))
+        for proj, parts in s.parts.items():  # the graph keeps what it needs; we keep nothing
+            for part in parts:
+                getattr(s.shell, proj)[part] = _EMPTY
+        return out
+
+
+def install(model: nn.Module, cache: ExpertCache, index: ExpertIndex,
+            prefetch: bool = True) -> list[int]:
+    """Swap every MoE layer's experts for a streamed stand-in; the MoE layer ids.
+
+    Runs on the lazily loaded model, so the dropped expert tensors are never read.
+    """
+    layers = model.model.layers
+    moe = [i for i, layer in enumerate(layers) if hasattr(layer.mlp, "switch_mlp")]
+    for pos, i in enumerate(moe):
+        mlp = layers[i].mlp
+        shell = mlp.switch_mlp
+        n_experts = mlp.gate.weight.shape[0]
+        parts = {p: sorted(getattr(shell, p).parameters()) for p in PROJS}
+        names = {f"{p}.{part}" for p, ps in parts.items() for part in ps}
+        for e in range(n_experts):
+            have = set(index.parts.get((i, e), {}))
+            if have != names:
+                raise ValueError(f"layer {i} expert {e}: the checkpoint has {sorted(have)}, "
+                                 f"the model needs {sorted(names)}")
+        for p, ps in parts.items():
+            for part in ps:
+                getattr(shell, p)[part] = _EMPTY
+        nxt = moe[pos + 1] if prefetch and pos + 1 < len(moe) else None
+        mlp.switch_mlp = StreamedSwitchGLU(
+            shell, i, n_experts, cache, parts, nxt,
+            layers[nxt].mlp.gate if nxt is not None else None)
+    return moe
+
+
+@dataclass
+class Streaming:
+    """What ``/stats`` and ``/fit`` report about a streamed model."""
+
+    cache: ExpertCache
+    index: ExpertIndex
+    moe_layers: list[int]
+    main_layers: int
+
+    def slab_bytes(self, mtp: bool = False) -> int:
+        """Routed-expert bytes on disk: main layers, or the MTP layers after them."""
+        layers = {k[0] for k in self.index.parts}
+        return self.index.layer_bytes(
+            {li for li in layers if (li >= self.main_layers) == mtp})
+
+
+def load_streamed(path: Path, config: dict, options: Any, budget: int,
+                  **kw: Any) -> LoadedModel:
+    """Load attention, shared and dense weights; leave routed experts on disk."""
+    if getattr(options, "shard", None) is not None:
+        raise ValueError("--expert-budget does not combine with --distributed")
+    index = ExpertIndex.scan(path)
+    main = int(config.get("num_hidden_layers", 0))
+    sizes = [index.expert_bytes(k) for k in index.parts if k[0] < main]
+    if not sizes:
+        raise ValueError(f"{path}: no routed expert tensors to stream")
+    if budget < max(sizes):
+        raise ValueError(f"expert budget {budget} bytes is below one expert "
+                         f"({max(sizes)} bytes)")
+    workers = int(os.environ.get("MLXBUN_EXPERT_READERS", "4"))
+    prefetch = os.environ.get("MLXBUN_EXPERT_PREFETCH", "1") not in ("0", "off", "false")
+    cache = ExpertCache(ExpertReader(index), budget, workers=workers)
+    found: list[int] = []
+
+    def drop_experts(model: nn.Module) -> None:
+        found.extend(install(model, cache, index, prefetch=prefetch))
+
+    loaded = load_mlx_lm(path, config, options, lazy_transform=drop_experts, **kw)
+    loaded.extras["expert_streaming"] = Streaming(cache, index, found, main)
+    # admission bills the budget as weights: the cache may fill it
+    loaded.extras["reserved_weight_bytes"] = budget
+    return loaded
