@@ -19,10 +19,10 @@ from mlxbun_core.chat_template import apply_template, thinking_switch
 from mlxbun_core.family import Family, load_mlx_lm, packaged_template
 from mlxbun_core.hookspecs import hookimpl
 
-from .streaming import expert_budget, load_streamed
 from .toolcalls import GlmDialect, make_parser
 
-__all__ = ["FAMILY", "GlmDialect", "claims", "load_model", "render_chat", "tool_call_parser"]
+__all__ = ["FAMILY", "GlmDialect", "claims", "load_model", "model_report", "render_chat",
+           "tool_call_parser"]
 
 FAMILY = "glm52"
 MODEL_TYPES = ("glm_moe_dsa",)
@@ -46,9 +46,11 @@ def claims(config):
 def load_model(path, config, options):
     kw = dict(template=fallback_template(), reasoning=True,
               generation_defaults=dict(FAMILY_DEFAULTS))
-    budget = expert_budget(options)
-    if budget is not None:  # routed experts stay on disk, read on demand (streaming.py)
-        return load_streamed(path, config, options, budget, **kw)
+    budget = (options.extra or {}).get("expert_budget")
+    if budget:  # routed experts stay on disk, read on demand (streaming.py)
+        from .streaming import load_streamed
+
+        return load_streamed(path, config, options, int(budget), **kw)
     return load_mlx_lm(path, config, options, **kw)
 
 
@@ -56,6 +58,14 @@ def load_model(path, config, options):
 def render_chat(model, messages, tools, template_kwargs, reasoning_effort):
     thinking = bool(thinking_switch(template_kwargs, reasoning_effort, False))  # no-think default
     return apply_template(model, messages, tools, dict(template_kwargs, enable_thinking=thinking))
+
+
+@hookimpl
+def model_report(model, section):
+    from .report import fit_block, stats_block
+
+    block = stats_block(model) if section == "stats" else fit_block(model)
+    return {FAMILY: block}
 
 
 @hookimpl

@@ -25,12 +25,6 @@ PROJS = ("gate_proj", "up_proj", "down_proj")
 _EMPTY = mx.zeros((0,))
 
 
-def expert_budget(options: Any) -> int | None:
-    """The expert byte budget the operator asked for, or None (everything resident)."""
-    raw = (getattr(options, "extra", None) or {}).get("expert_budget")
-    return int(raw) if raw else None
-
-
 class _Hidden:
     """Holds modules and state outside the parent's parameter tree (nn.Module keeps
     plain objects as attributes, arrays/dicts/lists/modules as parameters)."""
