@@ -210,8 +210,10 @@ class ExpertCache:
                 self.stats.prefetch_used += pending is not None
                 futures[key] = pending or self._read(key)
         for key in [k for k in self._pending if k[0] == layer]:  # guessed wrong
-            self._pending.pop(key).cancel()
+            wasted = self._pending.pop(key)
             self.stats.prefetch_wasted += 1
+            if not wasted.cancel():  # already read (or reading): its bytes still count
+                self.stats.bytes_read += wasted.result()[1]
         transient: dict[ExpertKey, Weights] = {}
         t0 = time.perf_counter()
         for key, fut in futures.items():
