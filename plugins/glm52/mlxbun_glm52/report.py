@@ -41,8 +41,9 @@ def _resident(model: LoadedModel) -> int:
 
 def stats_block(model: LoadedModel) -> dict[str, Any]:
     streaming = model.extras.get("expert_streaming")
-    runtime = None
+    runtime, budget = None, None
     if isinstance(streaming, Streaming):
+        budget = streaming.cache.budget_bytes
         snap = streaming.cache.snapshot()
         runtime = {"main_residency": {"resident": snap["resident_experts"], "pinned": 0,
                                       "working": snap["working_experts"],
@@ -50,7 +51,7 @@ def stats_block(model: LoadedModel) -> dict[str, Any]:
                                       "evictions": snap["evictions"]},
                    "mtp_residency": None, **snap}
     return {"expert_streaming": runtime is not None,
-            "expert_budget_bytes": streaming.cache.budget_bytes if runtime else None,
+            "expert_budget_bytes": budget,
             "resident_weight_bytes": _resident(model), **_slabs(model), "mtp": False,
             "dsa": True, "expert_runtime": runtime}
 

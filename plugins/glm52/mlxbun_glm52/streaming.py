@@ -25,12 +25,16 @@ PROJS = ("gate_proj", "up_proj", "down_proj")
 _EMPTY = mx.zeros((0,))
 
 
-class _Hidden:
-    """Holds modules and state outside the parent's parameter tree (nn.Module keeps
-    plain objects as attributes, arrays/dicts/lists/modules as parameters)."""
+@dataclass
+class _Wiring:
+    """What a streamed layer uses but must not own as parameters: nn.Module keeps plain
+    objects as attributes, but arrays, dicts, lists and modules in its parameter tree."""
 
-    def __init__(self, **kw: Any):
-        self.__dict__.update(kw)
+    shell: nn.Module  # mlx-lm's (Quantized)SwitchGLU, its expert tensors emptied
+    cache: ExpertCache
+    parts: dict[str, list[str]]  # projection -> its tensors ("weight", "scales", ...)
+    next_layer: int | None
+    next_gate: nn.Module | None
 
 
 class StreamedSwitchGLU(nn.Module):
@@ -41,8 +45,7 @@ class StreamedSwitchGLU(nn.Module):
                  next_gate: nn.Module | None):
         super().__init__()
         self.layer, self.n_experts = layer, n_experts
-        self._s = _Hidden(shell=shell, cache=cache, parts=parts, next_layer=next_layer,
-                          next_gate=next_gate)
+        self._s = _Wiring(shell, cache, parts, next_layer, next_gate)
 
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
         s = self._s
@@ -51,7 +54,8 @@ class StreamedSwitchGLU(nn.Module):
         ids = np.array(indices)
         needed = np.unique(ids)
         weights = s.cache.fetch(self.layer, needed.tolist())
-        if guess is not None:  # read while this layer and the next one's attention compute
+        if guess is not None and s.next_layer is not None:
+            # read while this layer's experts and the next layer's attention compute
             s.cache.prefetch(s.next_layer, np.unique(np.array(guess)).tolist())
         lut = np.zeros(self.n_experts, dtype=np.uint32)
         lut[needed] = np.arange(len(needed), dtype=np.uint32)

@@ -16,7 +16,6 @@ import httpx
 import mlx.core as mx
 import mlxbun_glm52
 import numpy as np
-import openai
 import pytest
 from mlx_lm import load as mlx_load
 from mlxbun_glm52.experts import ExpertCache, ExpertIndex, ExpertReader
