@@ -17,13 +17,22 @@ def _positive_int(text: str) -> int:
     return value
 
 
-_UNITS = {"": 10**9, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30,
-          "tib": 1 << 40}
+_UNITS = {"": 10**9, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
+          "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20,
+          "gib": 1 << 30, "tib": 1 << 40}
 
 
-def byte_size(text: str) -> int:
-    """``2GiB``, ``512MB``, ``1.5`` (a bare number is GB, 10^9, like --memory-budget)."""
+class ByteSize(int):
+    """A byte count that prints as ``<n>B``, so a flag handed on (``--isolate``'s engine
+    child) parses back to the same bytes rather than as GB."""
+
+    def __str__(self) -> str:
+        return f"{int(self)}B"
+
+
+def byte_size(text: str) -> ByteSize:
+    """``2GiB``, ``512MB``, ``123B``, ``1.5`` (a bare number is GB, 10^9, like
+    --memory-budget)."""
     raw = text.strip().lower().replace(" ", "")
     num = raw.rstrip("kmgtib")
     unit = raw[len(num):]
@@ -33,7 +42,7 @@ def byte_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 2GiB, 512MB)") from None
     if value < 1:
         raise argparse.ArgumentTypeError("must be positive")
-    return int(value)
+    return ByteSize(value)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -153,6 +153,9 @@ def test_serve_flag_parses_sizes(monkeypatch):
     assert build_parser().parse_args(["serve"]).expert_budget == 1_500_000_000
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--expert-budget", "lots"])
+    # handed on as text (--isolate's engine child), it parses back to the same bytes
+    again = build_parser().parse_args(["serve", "--expert-budget", str(args.expert_budget)])
+    assert again.expert_budget == 2 << 30
 
 
 # ---------------------------------------------------------------- the LRU alone
