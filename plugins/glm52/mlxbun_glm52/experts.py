@@ -17,10 +17,10 @@ then
 4. stacks them into compact ``[n, ...]`` tensors and runs mlx-lm's own SwitchGLU on
    remapped indices, so the math is the resident model's, token for token.
 
-The cache never holds more than its budget. An expert needed by the current layer
-that does not fit (the budget is smaller than one layer's working set) is used once
-and dropped (``uncached_reads``), so peak expert memory is the budget plus one
-layer's working set.
+The cache never holds more than its budget. A step whose layer needs more experts
+than the budget holds (a long prefill touches most of a layer) runs in budget-sized
+groups, each evaluated before the next is read (``split_steps``), so expert memory
+stays at the budget plus prefetches in flight (at most one layer's guesses).
 """
 
 from __future__ import annotations
@@ -155,6 +155,7 @@ class CacheStats:
     evictions: int = 0
     bytes_read: int = 0
     uncached_reads: int = 0  # misses used once because the budget could not hold them
+    split_steps: int = 0  # layer steps run in budget-sized groups (more experts than fit)
     read_seconds: float = 0.0  # wall time the forward waited on reads
     prefetch_issued: int = 0
     prefetch_used: int = 0  # misses whose read a prefetch had already started
@@ -194,6 +195,22 @@ class ExpertCache:
             if key not in self._lru and key not in self._pending:
                 self._pending[key] = self._read(key)
                 self.stats.prefetch_issued += 1
+
+    def plan(self, layer: int, experts: list[int]) -> list[list[int]]:
+        """``experts`` split into groups that each fit the budget, those already held
+        first (one group whenever the budget holds them all)."""
+        held = [e for e in experts if (layer, e) in self._lru]
+        groups: list[list[int]] = [[]]
+        size = 0
+        for e in held + [e for e in experts if (layer, e) not in self._lru]:
+            n = self.reader.index.expert_bytes((layer, e))
+            if groups[-1] and size + n > self.budget_bytes:
+                groups.append([])
+                size = 0
+            groups[-1].append(e)
+            size += n
+        self.stats.split_steps += len(groups) > 1
+        return groups
 
     def fetch(self, layer: int, experts: list[int]) -> list[Weights]:
         """The weights of ``experts`` of ``layer``, in order; misses read concurrently."""
@@ -254,6 +271,7 @@ class ExpertCache:
                 "hits": s.hits, "misses": s.misses, "evictions": s.evictions,
                 "hit_rate": round(s.hits / asked, 4) if asked else None,
                 "bytes_read": s.bytes_read, "uncached_reads": s.uncached_reads,
+                "split_steps": s.split_steps,
                 "read_wait_seconds": round(s.read_seconds, 4),
                 "prefetch": {"issued": s.prefetch_issued, "used": s.prefetch_used,
                              "wasted": s.prefetch_wasted}}

@@ -52,13 +52,21 @@ class StreamedSwitchGLU(nn.Module):
         guess = s.next_gate(x)[0] if s.next_gate is not None else None
         mx.eval(indices if guess is None else [indices, guess])
         ids = np.array(indices)
-        needed = np.unique(ids)
-        weights = s.cache.fetch(self.layer, needed.tolist())
+        groups = s.cache.plan(self.layer, np.unique(ids).tolist())
+        first = s.cache.fetch(self.layer, groups[0])
         if guess is not None and s.next_layer is not None:
             # read while this layer's experts and the next layer's attention compute
             s.cache.prefetch(s.next_layer, np.unique(np.array(guess)).tolist())
+        if len(groups) == 1:
+            return self._run(x, ids, groups[0], first)
+        return self._run_in_groups(x, ids, groups, first)
+
+    def _run(self, x: mx.array, ids: np.ndarray, experts: list[int],
+             weights: list) -> mx.array:
+        """mlx-lm's SwitchGLU over a compact stack of ``experts`` (ids remapped)."""
+        s = self._s
         lut = np.zeros(self.n_experts, dtype=np.uint32)
-        lut[needed] = np.arange(len(needed), dtype=np.uint32)
+        lut[experts] = np.arange(len(experts), dtype=np.uint32)
         for proj, parts in s.parts.items():
             mod = getattr(s.shell, proj)
             for part in parts:
@@ -68,6 +76,25 @@ class StreamedSwitchGLU(nn.Module):
             for part in parts:
                 getattr(s.shell, proj)[part] = _EMPTY
         return out
+
+    def _run_in_groups(self, x: mx.array, ids: np.ndarray, groups: list[list[int]],
+                       first: list) -> mx.array:
+        """A step needing more experts than the budget holds (a long prefill): one
+        budget-sized group at a time, each evaluated before the next is read, so expert
+        memory stays within the budget. Each (token, slot) row is computed once."""
+        k, dim = ids.shape[-1], x.shape[-1]
+        flat, xs = ids.reshape(-1), x.reshape(-1, dim)
+        out: mx.array | None = None
+        for n, group in enumerate(groups):
+            weights = first if n == 0 else self._s.cache.fetch(self.layer, group)
+            rows = np.nonzero(np.isin(flat, group))[0]
+            y = self._run(xs[mx.array(rows // k)], flat[rows][:, None], group, weights)
+            if out is None:
+                out = mx.zeros((flat.size, y.shape[-1]), dtype=y.dtype)
+            out[mx.array(rows)] = y[:, 0, :]
+            mx.eval(out)
+        assert out is not None
+        return out.reshape(*ids.shape, out.shape[-1])
 
 
 def install(model: nn.Module, cache: ExpertCache, index: ExpertIndex,

@@ -96,6 +96,8 @@ def test_stats_block_counts_the_cache(client, srv, ckpt):
     assert rt["misses"] > 0 and rt["hits"] + rt["misses"] > 0 and rt["evictions"] > 0
     assert rt["bytes_read"] >= rt["misses"] * EXPERT  # prefetches that missed also read
     assert rt["main_residency"]["misses"] == rt["misses"]
+    # prefill needs more experts than three: run in budget-sized groups, nothing over the cap
+    assert rt["split_steps"] > 0 and rt["uncached_reads"] == 0
     assert g["main_expert_slab_bytes"] == len(MOE_LAYERS) * 8 * EXPERT
     assert g["mtp_expert_slab_bytes"] == 0
     adm = httpx.get(srv.v1.removesuffix("/v1") + "/stats", timeout=30).json()["admission"]
@@ -185,6 +187,15 @@ def test_lru_hits_misses_evictions_and_cap(ckpt):
     assert cache.stats.uncached_reads == 1 and cache.resident_bytes == 2 * EXPERT
     assert (1, 0) in cache and (1, 2) in cache and (1, 3) not in cache
     assert cache.stats.bytes_read == cache.stats.misses * EXPERT
+    cache.close()
+
+
+def test_plan_splits_a_working_set_into_budget_sized_groups(ckpt):
+    cache = lru(ckpt, 3 * EXPERT)
+    cache.fetch(2, [5, 6])
+    assert cache.plan(2, [1, 2, 5]) == [[5, 1, 2]]  # fits: one group
+    assert cache.plan(2, [0, 1, 2, 3, 5, 6, 7]) == [[5, 6, 0], [1, 2, 3], [7]]  # held first
+    assert cache.stats.split_steps == 1
     cache.close()
 
 
