@@ -64,40 +64,74 @@ def decode(model, tokens: int) -> tuple[list[int], float, float]:
     return out, first - t0, (len(out) - 1) / (end - first)
 
 
-def run(ckpt: Path, budget: int | None, args: argparse.Namespace) -> dict:
-    """Greedy decodes on one load: the first fills the cache from disk (cold), then
-    ``--repeat`` more run on what the budget kept (warm: median tok/s, summed counters)."""
+COUNTERS = ("hits", "misses", "evictions", "bytes_read", "split_steps", "read_wait_seconds")
+
+
+def counters(m) -> dict:
+    streaming = m.extras.get("expert_streaming")
+    if streaming is None:
+        return {}
+    snap = streaming.cache.snapshot()
+    return {**{k: snap[k] for k in COUNTERS},
+            **{f"prefetch_{k}": v for k, v in snap["prefetch"].items()}}
+
+
+def delta(after: dict, before: dict, tokens: int) -> dict:
+    d = {k: round(v - before.get(k, 0), 4) for k, v in after.items()}
+    if d:
+        asked = d["hits"] + d["misses"]
+        d["hit_rate"] = round(d["hits"] / asked, 3) if asked else None
+        d["mib_read_per_token"] = round(d["bytes_read"] / 2**20 / tokens, 3)
+    return d
+
+
+def load(ckpt: Path, budget: int | None, prefetch: bool = True):
     from mlxbun_core import loader
     from mlxbun_core.model import LoadOptions
 
-    if args.cold:
-        drop_page_cache(ckpt)
-    m = loader.claim(ckpt, LoadOptions(model_id="bench", extra={"expert_budget": budget}))
-    streaming = m.extras.get("expert_streaming")
-    row: dict = {"budget_bytes": budget}
-    before: dict = {}
+    os.environ["MLXBUN_EXPERT_PREFETCH"] = "1" if prefetch else "0"  # read at load
+    return loader.claim(ckpt, LoadOptions(model_id="bench", extra={"expert_budget": budget}))
+
+
+def measure(configs: list[dict], ckpt: Path, args: argparse.Namespace) -> None:
+    """Each config loads and runs one pass that fills its cache from disk (cold); then
+    ``--repeat`` rounds run every config once in turn (warm), so all configs share the
+    machine's noise; warm tok/s is the median, counters are summed over the warm rounds."""
+    for c in configs:
+        if args.cold:
+            drop_page_cache(ckpt)
+        c["model"] = load(ckpt, c["budget_bytes"], c.get("prefetch", True))
+        tokens, prefill_s, tps = decode(c["model"].model, args.tokens)
+        c["tokens"], c["cold"] = tokens, {"prefill_s": round(prefill_s, 3),
+                                          "decode_tps": round(tps, 2),
+                                          **delta(counters(c["model"]), {}, len(tokens))}
+        c["_before"], c["_tps"] = counters(c["model"]), []
+    for _ in range(args.repeat):
+        for c in configs:
+            c["_tps"].append(decode(c["model"].model, args.tokens)[2])
+    for c in configs:
+        c["warm"] = {"decode_tps": round(statistics.median(c["_tps"]), 2),
+                     **delta(counters(c["model"]), c["_before"], args.repeat * args.tokens)}
+        if (streaming := c["model"].extras.get("expert_streaming")) is not None:
+            streaming.cache.close()
+        for k in ("model", "_before", "_tps"):
+            c.pop(k)
+
+
+def report(c: dict, base: dict) -> None:
     for phase in ("cold", "warm"):
-        runs = [decode(m.model, args.tokens) for _ in range(1 if phase == "cold" else args.repeat)]
-        tps = statistics.median(r[2] for r in runs)
-        row[phase] = {"prefill_s": round(runs[0][1], 3), "decode_tps": round(tps, 2)}
-        row["tokens"] = runs[0][0]
-        if streaming is not None:
-            snap = streaming.cache.snapshot()
-            now = {k: snap[k] for k in ("hits", "misses", "evictions", "bytes_read",
-                                        "uncached_reads", "read_wait_seconds")}
-            now.update({f"prefetch_{k}": v for k, v in snap["prefetch"].items()})
-            delta = {k: round(v - before.get(k, 0), 4) for k, v in now.items()}
-            asked = delta["hits"] + delta["misses"]
-            delta["hit_rate"] = round(delta["hits"] / asked, 3) if asked else None
-            row[phase].update(delta)
-            before = now
-    if streaming is not None:
-        streaming.cache.close()
-    return row
+        r = c[phase]
+        line = (f"{c['name']:<22} {phase}  {r['decode_tps']:7.2f} tok/s "
+                f"({r['decode_tps'] / base[phase]['decode_tps']:.2f}x)")
+        if "hit_rate" in r:
+            line += (f"  hit rate {r['hit_rate']:.3f}  {r['mib_read_per_token']:6.2f} MiB/token"
+                     f"  wait {r['read_wait_seconds']:.2f}s  prefetch used/wasted "
+                     f"{r['prefetch_used']}/{r['prefetch_wasted']}  split {r['split_steps']}")
+        print(line)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--moe", type=int, default=128, help="moe_intermediate_size")
     p.add_argument("--experts", type=int, default=32)
@@ -106,7 +140,7 @@ def main() -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--tokens", type=int, default=48)
     p.add_argument("--fractions", default="1.0,0.5,0.25,0.1")
-    p.add_argument("--repeat", type=int, default=3, help="warm passes (median tok/s)")
+    p.add_argument("--repeat", type=int, default=5, help="warm rounds (median tok/s)")
     p.add_argument("--cold", action="store_true")
     p.add_argument("--dir", default=None, help="reuse/keep the checkpoint here")
     p.add_argument("--json", default=None, help="write the rows here")
@@ -120,25 +154,22 @@ def main() -> None:
     one = max(index.expert_bytes(k) for k in index.parts)
     print(f"checkpoint {ckpt}: {len(index.parts)} routed experts, {total / 2**20:.1f} MiB "
           f"({one / 2**10:.0f} KiB each), {index.disk_bytes / 2**20:.1f} MiB on disk")
-    base = run(ckpt, None, args)
-    print(f"resident                    decode {base['warm']['decode_tps']:7.2f} tok/s")
-    rows = [base]
+    configs: list[dict] = [{"name": "resident", "budget_bytes": None}]
     for frac in (float(f) for f in args.fractions.split(",")):
-        row = run(ckpt, max(one, int(total * frac)), args)
-        row["fraction"] = frac
-        rows.append(row)
-        for phase in ("cold", "warm"):
-            r = row[phase]
-            print(f"budget {frac:5.2f} ({row['budget_bytes'] / 2**20:6.1f} MiB) {phase}  decode "
-                  f"{r['decode_tps']:7.2f} tok/s "
-                  f"({r['decode_tps'] / base[phase]['decode_tps']:.2f}x)  hit rate "
-                  f"{r['hit_rate']}  read {r['bytes_read'] / 2**20:7.1f} MiB  wait "
-                  f"{r['read_wait_seconds']:.2f}s  prefetch used/wasted "
-                  f"{r['prefetch_used']}/{r['prefetch_wasted']}")
-        if row["tokens"] != base["tokens"]:
-            raise SystemExit("streamed tokens differ from the resident model")
+        budget = max(one, int(total * frac))
+        configs.append({"name": f"budget {frac:.2f} ({budget / 2**20:.1f} MiB)",
+                        "fraction": frac, "budget_bytes": budget})
+        if frac == 0.25:
+            configs.append({**configs[-1], "name": configs[-1]["name"] + " no-pf",
+                            "prefetch": False})
+    measure(configs, ckpt, args)
+    for c in configs:
+        report(c, configs[0])
+        if c["tokens"] != configs[0]["tokens"]:
+            raise SystemExit(f"{c['name']}: streamed tokens differ from the resident model")
+    print("tokens equal to the resident model in every configuration")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(configs, indent=1) + "\n")
 
 
 if __name__ == "__main__":
