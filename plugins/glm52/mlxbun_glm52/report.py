@@ -15,22 +15,32 @@ from .experts import ExpertIndex
 from .streaming import Streaming
 
 
-def _index(model: LoadedModel) -> ExpertIndex:
-    """The checkpoint's expert byte ranges (headers only), kept on the model."""
+def _slabs(model: LoadedModel, may_scan: bool) -> dict[str, int | None]:
+    """Routed-expert bytes of the main layers and of the MTP layers after them, from the
+    safetensors headers (kept on the model once known). ``/stats`` runs on the event loop
+    and never scans: a resident model's main slab then comes from its loaded experts."""
+    known = model.extras.get("expert_slabs")
+    if isinstance(known, dict):
+        return known
     streaming = model.extras.get("expert_streaming")
-    if isinstance(streaming, Streaming):
-        return streaming.index
-    index = model.extras.get("expert_index")
-    if not isinstance(index, ExpertIndex):
-        index = model.extras["expert_index"] = ExpertIndex.scan(model.path)
-    return index
-
-
-def _slabs(model: LoadedModel) -> dict[str, int]:
-    index, main = _index(model), int(model.config.get("num_hidden_layers", 0))
+    index = streaming.index if isinstance(streaming, Streaming) else None
+    if index is None and not may_scan:
+        return {"main_expert_slab_bytes": _resident_expert_bytes(model),
+                "mtp_expert_slab_bytes": None}
+    index = index or ExpertIndex.scan(model.path)
+    main = int(model.config.get("num_hidden_layers", 0))
     layers = {k[0] for k in index.parts}
-    return {"main_expert_slab_bytes": index.layer_bytes(li for li in layers if li < main),
-            "mtp_expert_slab_bytes": index.layer_bytes(li for li in layers if li >= main)}
+    slabs: dict[str, int | None] = {
+        "main_expert_slab_bytes": index.layer_bytes(li for li in layers if li < main),
+        "mtp_expert_slab_bytes": index.layer_bytes(li for li in layers if li >= main),
+        "artifact_disk_bytes": index.disk_bytes}
+    model.extras["expert_slabs"] = slabs
+    return slabs
+
+
+def _resident_expert_bytes(model: LoadedModel) -> int:
+    return sum(weight_bytes(layer.mlp.switch_mlp) for layer in model.model.model.layers
+               if hasattr(layer.mlp, "switch_mlp"))
 
 
 def _resident(model: LoadedModel) -> int:
@@ -52,13 +62,14 @@ def stats_block(model: LoadedModel) -> dict[str, Any]:
                    "mtp_residency": None, **snap}
     return {"expert_streaming": runtime is not None,
             "expert_budget_bytes": budget,
-            "resident_weight_bytes": _resident(model), **_slabs(model), "mtp": False,
+            "resident_weight_bytes": _resident(model), "mtp": False,
+            **{k: v for k, v in _slabs(model, False).items() if k != "artifact_disk_bytes"},
             "dsa": True, "expert_runtime": runtime}
 
 
 def fit_block(model: LoadedModel) -> dict[str, Any]:
     streaming = model.extras.get("expert_streaming")
-    return {"artifact_disk_bytes": _index(model).disk_bytes, **_slabs(model),
+    return {**_slabs(model, True),
             "resident_weight_bytes": _resident(model),
             "expert_budget_bytes": (streaming.cache.budget_bytes
                                     if isinstance(streaming, Streaming) else None),

@@ -8,6 +8,7 @@ loads whole, exactly as before.
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,12 +136,6 @@ class Streaming:
     moe_layers: list[int]
     main_layers: int
 
-    def slab_bytes(self, mtp: bool = False) -> int:
-        """Routed-expert bytes on disk: main layers, or the MTP layers after them."""
-        layers = {k[0] for k in self.index.parts}
-        return self.index.layer_bytes(
-            {li for li in layers if (li >= self.main_layers) == mtp})
-
 
 def load_streamed(path: Path, config: dict, options: Any, budget: int,
                   **kw: Any) -> LoadedModel:
@@ -165,6 +160,7 @@ def load_streamed(path: Path, config: dict, options: Any, budget: int,
 
     loaded = load_mlx_lm(path, config, options, lazy_transform=drop_experts, **kw)
     loaded.extras["expert_streaming"] = Streaming(cache, index, found, main)
+    weakref.finalize(loaded, cache.close)  # the read threads and file descriptors
     # admission bills the budget as weights: the cache may fill it
     loaded.extras["reserved_weight_bytes"] = budget
     return loaded

@@ -128,6 +128,10 @@ def test_resident_model_reports_streaming_off(ckpt):
     block = m.hooks.model_report(model=m, section="stats")["glm52"]
     assert block["expert_streaming"] is False and block["expert_runtime"] is None
     assert block["main_expert_slab_bytes"] == len(MOE_LAYERS) * 8 * EXPERT
+    fit = m.hooks.model_report(model=m, section="fit")["glm52"]  # from the headers
+    assert fit["main_expert_slab_bytes"] == block["main_expert_slab_bytes"]
+    assert fit["mtp_expert_slab_bytes"] == 0 and fit["expert_budget_bytes"] is None
+    assert fit["artifact_disk_bytes"] == (Path(ckpt) / "model.safetensors").stat().st_size
 
 
 def test_budget_below_one_expert_is_refused(ckpt):
