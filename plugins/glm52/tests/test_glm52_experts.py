@@ -22,6 +22,7 @@ from mlxbun_glm52.experts import ExpertCache, ExpertIndex, ExpertReader
 
 from mlxbun_core import loader
 from mlxbun_core.cli import build_parser
+from mlxbun_core.engine.admission import weight_bytes
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import rendered_chat
@@ -115,8 +116,6 @@ def test_fit_block_and_weights(srv, ckpt):
 
 
 def test_experts_never_loaded_resident(srv, resident):
-    from mlxbun_core.engine.admission import weight_bytes
-
     streamed = weight_bytes(srv.engine.model.model)
     assert weight_bytes(resident) - streamed == len(MOE_LAYERS) * 8 * EXPERT
 
@@ -162,6 +161,18 @@ def test_serve_flag_parses_sizes(monkeypatch):
     # handed on as text (--isolate's engine child), it parses back to the same bytes
     again = build_parser().parse_args(["serve", "--expert-budget", str(args.expert_budget)])
     assert again.expert_budget == 2 << 30
+
+
+def test_serve_flag_reaches_the_plugin(ckpt):
+    from mlxbun_core.startup import load_engine
+
+    args = build_parser().parse_args(["serve", str(ckpt), "--expert-budget", f"{BUDGET}B"])
+    engine = load_engine(args, None)
+    try:
+        assert engine.model.extras["expert_streaming"].cache.budget_bytes == BUDGET
+        assert engine.admission.weights_bytes == weight_bytes(engine.model.model) + BUDGET
+    finally:
+        engine.close()
 
 
 # ---------------------------------------------------------------- the LRU alone
