@@ -169,7 +169,8 @@ def main() -> None:
             raise SystemExit(f"{c['name']}: streamed tokens differ from the resident model")
     print("tokens equal to the resident model in every configuration")
     if args.json:
-        Path(args.json).write_text(json.dumps(configs, indent=1) + "\n")
+        rows = [{k: v for k, v in c.items() if k != "tokens"} for c in configs]
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":
