@@ -17,6 +17,34 @@ def _positive_int(text: str) -> int:
     return value
 
 
+_UNITS = {"": 10**9, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
+          "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20,
+          "gib": 1 << 30, "tib": 1 << 40}
+
+
+class ByteSize(int):
+    """A byte count that prints as ``<n>B``, so a flag handed on (``--isolate``'s engine
+    child) parses back to the same bytes rather than as GB."""
+
+    def __str__(self) -> str:
+        return f"{int(self)}B"
+
+
+def byte_size(text: str) -> ByteSize:
+    """``2GiB``, ``512MB``, ``123B``, ``1.5`` (a bare number is GB, 10^9, like
+    --memory-budget)."""
+    raw = text.strip().lower().replace(" ", "")
+    num = raw.rstrip("kmgtib")
+    unit = raw[len(num):]
+    try:
+        value = float(num) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 2GiB, 512MB)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be positive")
+    return ByteSize(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mlxbun", description="LLM inference server on MLX")
     sub = p.add_subparsers(dest="command", required=True)
@@ -140,6 +168,11 @@ def add_engine_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--memory-budget", type=float, metavar="GB", default=None,
                    help="memory the model, its KV and prefill may use, in GB (10^9 bytes); "
                         "sets max_safe_context and row admission (default: what MLX reports)")
+    s.add_argument("--expert-budget", type=byte_size, metavar="SIZE",
+                   default=os.environ.get("MLXBUN_EXPERT_BUDGET") or None,
+                   help="MoE families that support it (glm52) keep routed experts on disk and "
+                        "hold at most SIZE of them in memory (2GiB, 800MB; a bare number is "
+                        "GB), for a model bigger than memory; MLXBUN_EXPERT_BUDGET")
     add_kv_quant_flag(s, default=os.environ.get("MLXBUN_KV_QUANT", "off"))
     s.add_argument("--fill", choices=("off", "strict"),
                    default=_fill_default(),

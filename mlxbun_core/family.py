@@ -19,9 +19,11 @@ Nothing here imports mlx-lm until a model is loaded, so claiming stays cheap.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 from .chat_template import install_fallback_template
 from .model import LoadedModel
@@ -58,7 +60,7 @@ def packaged_template(package: str, name: str = "template.jinja") -> str:
 
 def load_mlx_lm(path, config: dict, options, *, template: str | None = None,
                 stop_tokens: tuple[str, ...] = (), reasoning: bool | None = False,
-                **fields) -> LoadedModel:
+                lazy_transform: Callable[[Any], None] | None = None, **fields) -> LoadedModel:
     """Load the checkpoint at ``path`` with mlx-lm's own model and tokenizer.
 
     ``template``: the family's chat template, installed when the checkpoint ships none
@@ -66,18 +68,24 @@ def load_mlx_lm(path, config: dict, options, *, template: str | None = None,
     end a turn besides the checkpoint's EOS, where the vocabulary has them.
     ``reasoning``: whether the model has a switchable thinking channel (None: what the
     tokenizer says, mlx-lm's ``has_thinking``).
+    ``lazy_transform``: called with the lazily loaded module before any weight is read
+    (a plugin that streams some tensors later drops them here, so they are never loaded).
     ``fields``: any other :class:`LoadedModel` field (``generation_defaults``, ``kind``).
     """
     from mlx_lm.utils import load
 
     plan = getattr(options, "shard", None)
     # (model, tokenizer): mlx-lm types the 3-tuple of return_config too
-    loaded = load(str(path), lazy=plan is not None)
+    lazy = plan is not None or lazy_transform is not None
+    loaded = load(str(path), lazy=lazy)
     model, tokenizer = loaded[0], loaded[1]
+    if lazy_transform is not None:
+        lazy_transform(model)
     if plan is not None:  # --distributed: only this rank's shard is read from disk
+        plan.apply(model)
+    if lazy:
         import mlx.core as mx
 
-        plan.apply(model)
         mx.eval(model.parameters())
     if template is not None:
         fallback = install_fallback_template(tokenizer, template)

@@ -220,3 +220,21 @@ def register_grammar_backends(register: RegisterGrammarBackend) -> None:
     Every implementation is called (not firstresult); not routed (backends serve
     every model).
     """
+
+
+@hookspec(firstresult=True)
+def model_report(model: LoadedModel, section: str) -> dict[str, dict[str, Any]] | None:
+    """Blocks a family adds to ``GET /stats`` or ``GET /fit`` about its loaded model.
+
+    For state only the family knows (a streamed-expert cache's hits and misses, slab
+    sizes read from its checkpoint). Called per request, so keep ``"stats"`` cheap;
+    ``"fit"`` runs off the event loop and may read file headers (cache what you can).
+
+    :param model: The loaded model (one your plugin claimed).
+    :param section: ``"stats"`` or ``"fit"``: the route asking.
+    :returns: ``{block_name: JSON-able dict}``, merged at the top level of the route's
+        answer (a name the route already uses is ignored), or ``None`` for nothing.
+
+    Stops at the first non-``None`` result. Routed: asked of the claiming family,
+    then the generic plugin (which has nothing to add).
+    """

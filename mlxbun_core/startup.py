@@ -172,7 +172,8 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
     try:
         name = chosen_model(args)
         options = LoadOptions(embedding=args.embedding, library=scan, extra={
-            "draft_model": args.draft_model, "num_draft_tokens": args.num_draft_tokens or 3})
+            "draft_model": args.draft_model, "num_draft_tokens": args.num_draft_tokens or 3,
+            "expert_budget": getattr(args, "expert_budget", None)})
         return Engine.load(name, options, defaults=defaults, max_tokens=args.max_tokens,
                            speculation=speculation,
                            batch=args.batch, prompt_cache_bytes=int(args.prompt_cache * (1 << 30)),

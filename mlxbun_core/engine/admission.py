@@ -43,7 +43,10 @@ class Admission:
     def __init__(self, model: LoadedModel, budget_bytes: int | None = None,
                  kv_bits: int | None = None):
         """``kv_bits``: the server's KV quantization (``--kv-quant``), billed per token."""
-        self.weights_bytes = weight_bytes(model.model)
+        # a model that streams weights from disk (routed experts read on demand) names
+        # the bytes its cache may fill: billed as weights, beside what is resident
+        self.weights_bytes = (weight_bytes(model.model)
+                              + int(model.extras.get("reserved_weight_bytes", 0)))
         machine = fit.machine()
         self.budget_bytes = int(budget_bytes) if budget_bytes else machine.usable_bytes
         self.budget_source = "--memory-budget" if budget_bytes else f"{machine.device} (MLX)"

@@ -18,6 +18,7 @@ from ..library.cache import local_rows
 from ..library.fit import machine
 from ..library.report import fit_report, library_row
 from .common import guarded, json_response
+from .model_report import with_family_blocks
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
@@ -61,13 +62,15 @@ def register(app: App, engine: Engine) -> None:
         m = await asyncio.to_thread(machine)
         adm = getattr(engine, "admission", None)  # what this engine enforces, when it has one
         if adm is None:
-            return json_response(fit_report(engine.model.config, weights["w"], m, context=ctx))
-        out = fit_report(engine.model.config, weights["w"], m, context=ctx,
-                         budget_bytes=adm.budget_bytes, weights_bytes=adm.weights_bytes,
-                         ceiling=adm.enforced_context, kv_bits=adm.kv_bits)
-        out["report"]["memory_budget_bytes"] = (adm.budget_bytes if adm.budget_source
-                                                == "--memory-budget" else None)
-        return json_response(out)
+            out = fit_report(engine.model.config, weights["w"], m, context=ctx)
+        else:
+            out = fit_report(engine.model.config, weights["w"], m, context=ctx,
+                             budget_bytes=adm.budget_bytes, weights_bytes=adm.weights_bytes,
+                             ceiling=adm.enforced_context, kv_bits=adm.kv_bits)
+            out["report"]["memory_budget_bytes"] = (adm.budget_bytes if adm.budget_source
+                                                    == "--memory-budget" else None)
+        return json_response(await asyncio.to_thread(with_family_blocks, out, engine.model,
+                                                     "fit"))
 
     app.router.add_get("/library", get_library)
     app.router.add_get("/fit", get_fit)

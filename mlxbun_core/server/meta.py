@@ -16,6 +16,7 @@ from ..grammar_registry import registry as grammars
 from ..library.listing import with_states
 from .common import json_response
 from .library_routes import model_rows
+from .model_report import with_family_blocks
 from .served_model import model_row
 from .ws_chat import availability
 
@@ -67,7 +68,7 @@ def register(app: App, engine: Engine) -> None:
         extra: dict[str, dict[str, Any]] = {}
         for name, provider in app.state.stats_providers.items():
             extra[name] = provider()
-        return json_response({
+        body = {
             "server": {"owner": "serve", "model": engine.model.id, "family": engine.model.family,
                        "plugin": engine.model.plugin, "started_at": engine.started_at},
             "requests": engine.stats(),
@@ -81,7 +82,8 @@ def register(app: App, engine: Engine) -> None:
                              "num_draft_tokens": engine.draft.num_draft_tokens}
                             if engine.draft else engine.lookup_stats()),
             "plugins": [r["name"] for r in plugins.describe() if not r["error"]],
-            **extra})
+            **extra}
+        return json_response(with_family_blocks(body, engine.model, "stats"))
 
     app.router.add_get("/v1", index)
     app.router.add_get("/v1/models", models)

@@ -7,7 +7,10 @@ this plugin adds what differs from the generic path:
   ``enable_thinking: true`` (or any ``reasoning_effort`` but ``"none"``) renders
   ``Reasoning Effort: Max`` in the system turn and leaves ``<think>`` open;
 * a GLM-5 chat template (``template.jinja``) for checkpoints that ship none;
-* the ``<tool_call>name<arg_key>…</arg_key><arg_value>…</arg_value></tool_call>`` parser.
+* the ``<tool_call>name<arg_key>…</arg_key><arg_value>…</arg_value></tool_call>`` parser;
+* routed experts streamed from the checkpoint under a byte budget (``--expert-budget``,
+  :mod:`.streaming`), for a model bigger than memory; ``/stats`` and ``/fit`` gain a
+  ``glm52`` block (:mod:`.report`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from mlxbun_core.hookspecs import hookimpl
 
 from .toolcalls import GlmDialect, make_parser
 
-__all__ = ["FAMILY", "GlmDialect", "claims", "load_model", "render_chat", "tool_call_parser"]
+__all__ = ["FAMILY", "GlmDialect", "claims", "load_model", "model_report", "render_chat",
+           "tool_call_parser"]
 
 FAMILY = "glm52"
 MODEL_TYPES = ("glm_moe_dsa",)
@@ -40,14 +44,28 @@ def claims(config):
 
 @hookimpl
 def load_model(path, config, options):
-    return load_mlx_lm(path, config, options, template=fallback_template(), reasoning=True,
-                       generation_defaults=dict(FAMILY_DEFAULTS))
+    kw = dict(template=fallback_template(), reasoning=True,
+              generation_defaults=dict(FAMILY_DEFAULTS))
+    budget = (options.extra or {}).get("expert_budget")
+    if budget:  # routed experts stay on disk, read on demand (streaming.py)
+        from .streaming import load_streamed
+
+        return load_streamed(path, config, options, int(budget), **kw)
+    return load_mlx_lm(path, config, options, **kw)
 
 
 @hookimpl
 def render_chat(model, messages, tools, template_kwargs, reasoning_effort):
     thinking = bool(thinking_switch(template_kwargs, reasoning_effort, False))  # no-think default
     return apply_template(model, messages, tools, dict(template_kwargs, enable_thinking=thinking))
+
+
+@hookimpl
+def model_report(model, section):
+    from .report import fit_block, stats_block
+
+    block = stats_block(model) if section == "stats" else fit_block(model)
+    return {FAMILY: block}
 
 
 @hookimpl
