@@ -62,19 +62,15 @@ class MtpStream:
     def running(self) -> bool:
         return self._window is not None
 
-    def read(self, tokens: list[int], after: int | None) -> None:
-        """Feed prompt ``tokens`` (a prefill chunk) to the target and their states, paired
-        with the prompt's next tokens, to the head; ``after`` is the prompt token that
-        follows the chunk (None: unknown yet)."""
+    def read(self, tokens: list[int], after: int) -> None:
+        """Feed prompt ``tokens`` (a prefill chunk) to the target, and their states,
+        each paired with the prompt token after it (``after`` follows the chunk), to
+        the head."""
         import mlx.core as mx
 
         _, hidden = self.predictor.forward(mx.array(tokens)[None], self.cache)
         self.fed.extend(tokens)
-        nxt = tokens[1:] + ([] if after is None else [after])
-        if nxt:
-            self.predictor.predict(hidden[:, :len(nxt)], mx.array(nxt)[None], self.head_cache)
-        if after is None:
-            self.hidden = hidden[:, -1:]
+        self.predictor.predict(hidden, mx.array(tokens[1:] + [after])[None], self.head_cache)
         mx.eval([c.state for c in self.cache + self.head_cache])
 
     def begin(self, token: int) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from .config import HIT_STREAK, SpecConfig
 from .lookup import PromptLookup
@@ -241,7 +241,20 @@ def trim_to(cache: list[Any], tokens: int) -> None:
         _trim(cache, offset - tokens)
 
 
-def spec_steps(stream: SpecStream, first: int) -> Iterator[Emitted]:
+class Stepper(Protocol):
+    """A speculative stream as :func:`spec_steps` drives it (lookup or MTP)."""
+
+    @property
+    def running(self) -> bool: ...
+
+    def begin(self, token: int) -> None: ...
+
+    def step(self) -> list[Emitted]: ...
+
+    def settle(self) -> Any: ...
+
+
+def spec_steps(stream: Stepper, first: int) -> Iterator[Emitted]:
     """The stream as a token-at-a-time generator (the serial lane's decode loop); closing
     it drops the drafts still in flight."""
     stream.begin(first)
