@@ -36,8 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from pluggy import HookimplMarker, HookspecMarker
 
-from .contract import (DraftSource, MediaPipeline, RegisterGrammarBackend, TokenPredictor,
-                       ToolParser)
+from .contract import DraftSource, MediaPipeline, RegisterGrammarBackend, TokenPredictor, ToolParser
 
 if TYPE_CHECKING:
     from .model import LoadedModel, LoadOptions, Prompt

@@ -53,8 +53,8 @@ class SerialLane:
                  admission: Admission | None = None,
                  adapters: AdapterManager | None = None, pacer: PrefillPacer | None = None,
                  kv: kvquant.KVScheme = kvquant.OFF, predictor: TokenPredictor | None = None):
-        self.kv = kv
-        self.predictor = predictor  # the model's MTP head (jobs with draft_kind "mtp")  # the KV scheme: every forward pass quantizes its cache after it runs
+        self.predictor = predictor  # the model's MTP head (jobs with draft_kind "mtp")
+        self.kv = kv  # the KV scheme: every forward pass quantizes its cache after it runs
         self.model = kvquant.quantizing(model, kv)  # the mlx.nn.Module (or its wrapper)
         self.prefix = prefix
         self.admission = admission

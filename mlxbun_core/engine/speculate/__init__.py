@@ -6,10 +6,18 @@ multi-token-prediction head (``--draft-kind mtp``); per request ``draft_kind``.
 head's loop (serial lane); ``config``: the server flag and the request field.
 """
 
-from .config import (MTP, SpecConfig, SpecRequest, SpecUnavailable, check_mtp, resolve,
-                     server_config, speculation_field)
-from .mtp import MtpStream
+from .config import (
+           MTP,
+           SpecConfig,
+           SpecRequest,
+           SpecUnavailable,
+           check_mtp,
+           resolve,
+           server_config,
+           speculation_field,
+)
 from .lookup import PromptLookup
+from .mtp import MtpStream
 from .stream import SpecStream, SpecTally, rewindable, spec_steps, trim_to
 
 __all__ = ["MTP", "MtpStream", "PromptLookup", "SpecConfig", "SpecRequest", "SpecStream",
