@@ -1,0 +1,50 @@
+"""The Qwen3.5 plugin's MTP head (``mtp.py``): it loads the checkpoint's ``mtp.*`` tensors
+(HF layout: zero-centred norms) into mlx-lm's decoder layer, shares the target's
+embeddings and head, and answers ``token_predictor`` only for checkpoints that have it.
+Served behaviour (greedy parity, rollback, usage) is tests/test_mtp.py."""
+
+from types import SimpleNamespace
+
+import mlx.core as mx
+from mlx_lm import load as mlx_load
+from mlxbun_qwen35.mtp import load_predictor, mtp_weight_files
+
+from mlxbun_core import loader
+from mlxbun_core.contract import TokenPredictor
+from mlxbun_core.model import LoadOptions
+from mlxbun_core.testing.checkpoints import tiny_checkpoint
+
+
+def _predictor(path):
+    model, _ = mlx_load(str(path))
+    return load_predictor(SimpleNamespace(path=path, model=model, config={}, id="t")), model
+
+
+def test_the_copy_head_proposes_the_token_it_is_given():
+    """The testing builder's "copy" head: identity ``fc`` on the embedding, a layer that
+    adds nothing; with the norms' +1 applied the logits are E @ E[t] and t wins. Without
+    the +1 (zero norms) every logit would be 0."""
+    path = tiny_checkpoint("qwen3_5", mtp="copy", dtype="float32")
+    predictor, model = _predictor(path)
+    assert isinstance(predictor, TokenPredictor)
+    cache = model.make_cache()
+    tokens = mx.array([[5, 17, 99, 240, 7]])
+    logits, hidden = predictor.forward(tokens, cache)
+    plain = model(tokens, cache=model.make_cache())
+    assert mx.allclose(logits, plain, atol=1e-5).item()  # the target's own logits
+    head_logits, state = predictor.predict(hidden, tokens, predictor.make_cache())
+    assert head_logits.shape == plain.shape and state.shape == hidden.shape
+    assert mx.argmax(head_logits[0], axis=-1).tolist() == tokens[0].tolist()
+
+
+def test_only_checkpoints_with_the_head_offer_it():
+    headless = tiny_checkpoint("qwen3_5", dtype="float32")
+    assert mtp_weight_files(headless) == []
+    predictor, _ = _predictor(headless)
+    assert predictor is None
+    with_head = tiny_checkpoint("qwen3_5", mtp="random", dtype="float32")
+    loaded = loader.load(str(with_head), LoadOptions())
+    offered = loaded.hooks.token_predictor(model=loaded)
+    assert offered is not None and offered.num_draft_tokens == 2
+    plain = loader.load(str(headless), LoadOptions())
+    assert plain.hooks.token_predictor(model=plain) is None
