@@ -42,8 +42,14 @@ def mtp_weights(config: dict[str, Any], seed: int, dtype: mx.Dtype,
         eye = mx.eye(hidden, dtype=dtype)
         out["mtp.fc.weight"] = mx.concatenate([eye, mx.zeros_like(eye)], axis=1)
         for k in list(out):
-            if k.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight")):
+            if k.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight",
+                           "switch_mlp.down_proj.weight", "shared_expert.down_proj.weight")):
                 out[k] = mx.zeros_like(out[k])
+    for k in [k for k in out if k.endswith(".switch_mlp.gate_proj.weight")]:  # MoE: HF fuses
+        base = k.removesuffix(".switch_mlp.gate_proj.weight")
+        up = out.pop(f"{base}.switch_mlp.up_proj.weight")
+        out[f"{base}.experts.gate_up_proj"] = mx.concatenate([out.pop(k), up], axis=-2)
+        out[f"{base}.experts.down_proj"] = out.pop(f"{base}.switch_mlp.down_proj.weight")
     # HF stores RMSNorm weights zero-centred (mlx-lm adds the 1 back)
     return {k: (v - 1.0 if v.ndim == 1 and k.endswith("norm.weight") else v)
             for k, v in out.items()}

@@ -23,9 +23,12 @@ layer; it keeps its own KV cache (one row per target position).
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("mlxbun.qwen35")
 
 PREFIX = "mtp."
 DEFAULT_DRAFT_TOKENS = 2  # Qwen's recommended speculative depth for its MTP head
@@ -78,13 +81,31 @@ def _head_class() -> Any:
 
 def _sanitize(weights: dict[str, Any], raw_hf: bool) -> dict[str, Any]:
     """``mtp.X`` -> ``X``; HF's zero-centred RMSNorm weights get their ``+1`` (as mlx-lm's
-    sanitize does for the target) when the checkpoint is a raw HF one."""
+    sanitize does for the target) when the checkpoint is a raw HF one; MoE experts, fused
+    (``experts.gate_up_proj``) or one by one (``experts.N.gate_proj.weight``), become
+    mlx-lm's stacked ``switch_mlp``."""
+    import mlx.core as mx
+
     out = {}
     for k, v in weights.items():
         name = k[len(PREFIX):]
         if raw_hf and v.ndim == 1 and name.endswith("norm.weight"):
             v = v + 1.0
         out[name] = v
+    for key in [k for k in out if k.endswith(".experts.gate_up_proj")]:
+        base = key.removesuffix(".experts.gate_up_proj")
+        gate_up = out.pop(key)
+        mid = gate_up.shape[-2] // 2
+        out[f"{base}.switch_mlp.gate_proj.weight"] = gate_up[..., :mid, :]
+        out[f"{base}.switch_mlp.up_proj.weight"] = gate_up[..., mid:, :]
+        out[f"{base}.switch_mlp.down_proj.weight"] = out.pop(f"{base}.experts.down_proj")
+    for key in [k for k in out if k.endswith(".experts.0.gate_proj.weight")]:
+        base = key.removesuffix(".experts.0.gate_proj.weight")
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            names = sorted((k for k in out if k.startswith(f"{base}.experts.")
+                            and k.endswith(f".{proj}.weight")),
+                           key=lambda k: int(k.split(".experts.")[1].split(".")[0]))
+            out[f"{base}.switch_mlp.{proj}.weight"] = mx.stack([out.pop(k) for k in names])
     return out
 
 
@@ -125,13 +146,23 @@ class QwenMtp:
 
 
 def load_predictor(model: Any) -> QwenMtp | None:
-    """The MTP drafter of a loaded Qwen3.5 model (None when its files carry no head)."""
-    import mlx.core as mx
-    import mlx.nn as nn
-
+    """The MTP drafter of a loaded Qwen3.5 model (None when its files carry no head, or a
+    head this loader cannot read: logged, and the model serves without it)."""
     files = mtp_weight_files(Path(model.path))
     if not files:
         return None
+    try:
+        return _load(model, files)
+    except Exception:
+        log.warning("the checkpoint's mtp.* head could not be loaded; serving without it",
+                    exc_info=True)
+        return None
+
+
+def _load(model: Any, files: list[Path]) -> QwenMtp:
+    import mlx.core as mx
+    import mlx.nn as nn
+
     weights: dict[str, Any] = {}
     for f in files:
         weights.update((k, v) for k, v in mx.load(str(f)).items() if k.startswith(PREFIX))
