@@ -115,6 +115,8 @@ class Engine:
         self.speculation = speculation
         self.spec_tally = SpecTally()
         self.worker = worker or ModelWorker()
+        if predictor is not None and speculation is not None and speculation.kind == MTP:
+            self.worker.run_sync(predictor.make_cache)  # the head's weights now, not mid-reply
         self.prefix = PrefixCache(prompt_cache_bytes, tier=self._ssd_tier(ssd, prompt_cache_bytes),
                                   post=self.worker.post)
         self.kv = kvquant.parse(kv_quant)

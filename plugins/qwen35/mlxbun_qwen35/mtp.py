@@ -22,32 +22,17 @@ layer; it keeps its own KV cache (one row per target position).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from . import mtp_weights as W
+
 log = logging.getLogger("mlxbun.qwen35")
 
-PREFIX = "mtp."
 DEFAULT_DRAFT_TOKENS = 2  # Qwen's recommended speculative depth for its MTP head
-
-
-def mtp_weight_files(path: Path) -> list[Path]:
-    """The safetensors files holding ``mtp.*`` tensors (none: the checkpoint has no head)."""
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-        return sorted({path / f for k, f in weight_map.items() if k.startswith(PREFIX)})
-    from safetensors import safe_open  # header only
-
-    found = []
-    for f in sorted(path.glob("*.safetensors")):
-        with safe_open(str(f), framework="numpy") as st:
-            if any(k.startswith(PREFIX) for k in st.keys()):  # noqa: SIM118 (not a dict)
-                found.append(f)
-    return found
 
 
 def _head_class() -> Any:
@@ -79,46 +64,25 @@ def _head_class() -> Any:
     return MtpHead
 
 
-def _sanitize(weights: dict[str, Any], raw_hf: bool) -> dict[str, Any]:
-    """``mtp.X`` -> ``X``; HF's zero-centred RMSNorm weights get their ``+1`` (as mlx-lm's
-    sanitize does for the target) when the checkpoint is a raw HF one; MoE experts, fused
-    (``experts.gate_up_proj``) or one by one (``experts.N.gate_proj.weight``), become
-    mlx-lm's stacked ``switch_mlp``."""
-    import mlx.core as mx
-
-    out = {}
-    for k, v in weights.items():
-        name = k[len(PREFIX):]
-        if raw_hf and v.ndim == 1 and name.endswith("norm.weight"):
-            v = v + 1.0
-        out[name] = v
-    for key in [k for k in out if k.endswith(".experts.gate_up_proj")]:
-        base = key.removesuffix(".experts.gate_up_proj")
-        gate_up = out.pop(key)
-        mid = gate_up.shape[-2] // 2
-        out[f"{base}.switch_mlp.gate_proj.weight"] = gate_up[..., :mid, :]
-        out[f"{base}.switch_mlp.up_proj.weight"] = gate_up[..., mid:, :]
-        out[f"{base}.switch_mlp.down_proj.weight"] = out.pop(f"{base}.experts.down_proj")
-    for key in [k for k in out if k.endswith(".experts.0.gate_proj.weight")]:
-        base = key.removesuffix(".experts.0.gate_proj.weight")
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            names = sorted((k for k in out if k.startswith(f"{base}.experts.")
-                            and k.endswith(f".{proj}.weight")),
-                           key=lambda k: int(k.split(".experts.")[1].split(".")[0]))
-            out[f"{base}.switch_mlp.{proj}.weight"] = mx.stack([out.pop(k) for k in names])
-    return out
-
-
 class QwenMtp:
     """The target model plus its MTP head: satisfies
-    :class:`mlxbun_core.contract.TokenPredictor`."""
+    :class:`mlxbun_core.contract.TokenPredictor`. The head's weights are read on first
+    use (:meth:`make_cache`, once per request), so a server that never drafts with it
+    spends no memory on it."""
 
-    def __init__(self, model: Any, head: Any, num_draft_tokens: int, name: str,
-                 pre_norm: bool = True):
-        self.model, self.head = model, head
+    def __init__(self, model: Any, load_head: Callable[[], Any], num_draft_tokens: int,
+                 name: str, pre_norm: bool = True):
+        self.model, self._load_head = model, load_head
+        self._head: Any = None
         self.num_draft_tokens, self.name = num_draft_tokens, name
         self.text = model.language_model
         self.pre_norm = pre_norm
+
+    @property
+    def head(self) -> Any:
+        if self._head is None:
+            self._head = self._load_head()
+        return self._head
 
     def _logits(self, out: Any) -> Any:
         text = self.text
@@ -135,6 +99,7 @@ class QwenMtp:
     def make_cache(self) -> list[Any]:
         from mlx_lm.models.cache import KVCache
 
+        self.head  # noqa: B018 (reads the weights on first use)
         return [KVCache()]
 
     def predict(self, hidden: Any, tokens: Any, cache: list[Any]) -> tuple[Any, Any]:
@@ -145,48 +110,40 @@ class QwenMtp:
         return self._logits(out), out
 
 
+REQUIRED = ("mtp.fc.", "mtp.norm.weight", "mtp.pre_fc_norm_embedding.weight",
+            "mtp.pre_fc_norm_hidden.weight", "mtp.layers.0.")
+
+
 def load_predictor(model: Any) -> QwenMtp | None:
-    """The MTP drafter of a loaded Qwen3.5 model (None when its files carry no head, or a
-    head this loader cannot read: logged, and the model serves without it)."""
-    files = mtp_weight_files(Path(model.path))
+    """The MTP drafter of a loaded Qwen3.5 model (None when its files carry no head, or an
+    incomplete one: logged, and the model serves without it). Only file headers are read
+    here; the weights on first use."""
+    path = Path(model.path)
+    files = W.weight_files(path)
     if not files:
         return None
-    try:
-        return _load(model, files)
-    except Exception:
-        log.warning("the checkpoint's mtp.* head could not be loaded; serving without it",
-                    exc_info=True)
+    names = {k for f in files for k in W.header(f)[0]}
+    missing = [r for r in REQUIRED if not any(n.startswith(r) for n in names)]
+    if missing:
+        log.warning("the checkpoint's mtp head lacks %s; serving without it", missing)
         return None
+    pre = os.environ.get("MLXBUN_MTP_HIDDEN", "pre") != "post"
+    return QwenMtp(model.model, lambda: _load_head(model, files), DEFAULT_DRAFT_TOKENS,
+                   f"{model.id} (mtp head)", pre)
 
 
-def _load(model: Any, files: list[Path]) -> QwenMtp:
+def _load_head(model: Any, files: list[Path]) -> Any:
     import mlx.core as mx
     import mlx.nn as nn
 
-    weights: dict[str, Any] = {}
-    for f in files:
-        weights.update((k, v) for k, v in mx.load(str(f)).items() if k.startswith(PREFIX))
-    raw_hf = _raw_hf(Path(model.path))
-    args = model.model.language_model.args
-    head = _head_class()(args)
-    text_q = model.config.get("quantization") or model.config.get("quantization_config")
-    if any(k.endswith(".scales") for k in weights) and isinstance(text_q, dict):
-        nn.quantize(head, group_size=text_q.get("group_size", 64), bits=text_q.get("bits", 4),
-                    class_predicate=lambda p, m: f"{PREFIX}{p}.scales" in weights)
-    head.load_weights(list(_sanitize(weights, raw_hf).items()), strict=True)
+    weights = W.read(files)
+    head = _head_class()(model.model.language_model.args)
+    quant = model.config.get("quantization") or model.config.get("quantization_config")
+    if any(k.endswith(".scales") for k in weights) and isinstance(quant, dict):
+        nn.quantize(head, group_size=quant.get("group_size", 64), bits=quant.get("bits", 4),
+                    class_predicate=lambda p, m: f"{W.PREFIX}{p}.scales" in weights)
+    head.load_weights(list(W.sanitize(weights, W.raw_hf(Path(model.path))).items()),
+                      strict=True)
     head.eval()
-    pre = os.environ.get("MLXBUN_MTP_HIDDEN", "pre") != "post"
-    return QwenMtp(model.model, head, DEFAULT_DRAFT_TOKENS, f"{model.id} (mtp head)", pre)
-
-
-def _raw_hf(path: Path) -> bool:
-    """Whether the checkpoint is HF's own layout (its conv1d kernels not yet transposed by
-    mlx-lm), whose zero-centred norms need the ``+1``. ``mx.load`` is lazy: only shapes
-    are read here."""
-    import mlx.core as mx
-
-    for f in sorted(path.glob("*.safetensors")):
-        for k, v in mx.load(str(f)).items():
-            if "conv1d.weight" in k:
-                return bool(v.shape[-1] != 1)
-    return True
+    mx.eval(head.parameters())
+    return head

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import mlx.core as mx
 import pytest
 from mlx_lm import load as mlx_load
-from mlxbun_qwen35.mtp import load_predictor, mtp_weight_files
+from mlxbun_qwen35.mtp import load_predictor
+from mlxbun_qwen35.mtp_weights import read, weight_files
 
 from mlxbun_core import loader
 from mlxbun_core.contract import TokenPredictor
@@ -46,7 +47,7 @@ def test_the_copy_head_proposes_the_token_it_is_given(model_type):
 
 def test_only_checkpoints_with_the_head_offer_it():
     headless = tiny_checkpoint("qwen3_5", dtype="float32")
-    assert mtp_weight_files(headless) == []
+    assert weight_files(headless) == []
     predictor, _ = _predictor(headless)
     assert predictor is None
     with_head = tiny_checkpoint("qwen3_5", mtp="random", dtype="float32")
@@ -55,3 +56,14 @@ def test_only_checkpoints_with_the_head_offer_it():
     assert offered is not None and offered.num_draft_tokens == 2
     plain = loader.load(str(headless), LoadOptions())
     assert plain.hooks.token_predictor(model=plain) is None
+
+
+def test_the_head_is_read_from_its_byte_ranges_in_bfloat16():
+    """Only the ``mtp.*`` tensors are read, straight from the file; they must equal what
+    ``mx.load`` (which reads the whole file) gives, bfloat16 included."""
+    path = tiny_checkpoint("qwen3_5", mtp="random")  # bfloat16, like published weights
+    files = weight_files(path)
+    ours, whole = read(files), mx.load(str(files[0]))
+    assert set(ours) == {k for k in whole if k.startswith("mtp.")}
+    for k, v in ours.items():
+        assert v.dtype == whole[k].dtype == mx.bfloat16 and mx.array_equal(v, whole[k]).item()
