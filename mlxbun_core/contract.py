@@ -161,9 +161,10 @@ class TokenPredictor(Protocol):
     def predict(self, hidden: mx.array, tokens: mx.array,
                 cache: list[Any]) -> tuple[mx.array, mx.array]:
         """Append rows pairing ``hidden[:, i]`` with ``tokens[:, i]`` (the token after
-        that state) to the head's ``cache``; ``(logits (1, L, V), state (1, L, H))``:
-        per row, the logits of the token after ``tokens[:, i]`` and the state a chained
-        draft passes back in as ``hidden``. The caller trims rows it chained on drafts."""
+        that state) to the head's ``cache``; ``(logits (1, V), state (1, L, H))``: the
+        logits of the token after the LAST row's token (the only row a draft needs, so
+        the output head runs once) and, per row, the state a chained draft passes back in
+        as ``hidden``. The caller trims rows it chained on drafts."""
         ...
 
 

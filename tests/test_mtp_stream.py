@@ -38,7 +38,7 @@ class CopyHead:
         rows = mx.zeros((1, 1, tokens.shape[1], 1))
         cache[0].update_and_fetch(rows, rows)
         vocab = self.model.model.embed_tokens.weight.shape[0]
-        logits = mx.where(mx.arange(vocab) == tokens[..., None], 10.0, 0.0)
+        logits = mx.where(mx.arange(vocab) == tokens[:, -1:], 10.0, 0.0)  # (1, V)
         return logits, hidden
 
 

@@ -120,11 +120,11 @@ class MtpStream:
             return None
         logits, state = self.predictor.predict(self.hidden, after[None], self.head_cache)
         self.hidden = None
-        drafts = [self._sample_draft(logits[:, -1])]
+        drafts = [self._sample_draft(logits)]
         for _ in range(self.n - 1):
             logits, state = self.predictor.predict(state[:, -1:], drafts[-1][None],
                                                    self.head_cache)
-            drafts.append(self._sample_draft(logits[:, -1]))
+            drafts.append(self._sample_draft(logits))
         if self.n > 1:  # chained rows rest on drafts: the next round rebuilds them
             from mlx_lm.models.cache import trim_prompt_cache
 

@@ -104,10 +104,10 @@ class QwenMtp:
 
     def predict(self, hidden: Any, tokens: Any, cache: list[Any]) -> tuple[Any, Any]:
         """Rows pairing ``hidden[:, i]`` with the token after it, ``tokens[:, i]``, appended
-        to the head's ``cache``: each row's logits (for the token after that) and the
-        hidden state a chained draft reads."""
+        to the head's ``cache``: the last row's logits (for the token after its token) and
+        every row's state, which a chained draft reads."""
         out = self.head(hidden, self.text.model.embed_tokens(tokens), cache[0])
-        return self._logits(out), out
+        return self._logits(out[:, -1]), out
 
 
 REQUIRED = ("mtp.fc.", "mtp.norm.weight", "mtp.pre_fc_norm_embedding.weight",

@@ -39,10 +39,15 @@ def test_the_copy_head_proposes_the_token_it_is_given(model_type):
     logits, hidden = predictor.forward(tokens, cache)
     plain = model(tokens, cache=model.make_cache())
     assert mx.allclose(logits, plain, atol=1e-5).item()  # the target's own logits
-    head_logits, state = predictor.predict(hidden, tokens, predictor.make_cache())
-    assert head_logits.shape == plain.shape and state.shape == hidden.shape
+    head_cache = predictor.make_cache()
+    head_logits, state = predictor.predict(hidden, tokens, head_cache)
+    assert head_logits.shape == (1, plain.shape[-1]) and state.shape == hidden.shape
+    assert head_cache[0].offset == tokens.shape[1]  # a row per pair
     if model.language_model.args.tie_word_embeddings:  # (the tiny MoE's head is untied)
-        assert mx.argmax(head_logits[0], axis=-1).tolist() == tokens[0].tolist()
+        picks = [mx.argmax(predictor.predict(hidden[:, i:i + 1], tokens[:, i:i + 1],
+                                             predictor.make_cache())[0]).item()
+                 for i in range(tokens.shape[1])]
+        assert picks == tokens[0].tolist()
 
 
 def test_only_checkpoints_with_the_head_offer_it():
