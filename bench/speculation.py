@@ -1,8 +1,9 @@
-"""Prompt-lookup (n-gram) speculation against plain decoding, same engine, same run.
+"""Speculation (prompt lookup, or the checkpoint's MTP head with ``--kind mtp``) against
+plain decoding, same engine, same run.
 
 One engine serves every request; each request picks its arm with the per-request field
-(``"draft_kind": "ngram"`` or ``"none"``), and arms alternate A B / B A for ``--rounds``
-rounds so background load hits both alike. Workloads (chat requests, real tokenizer):
+(``"draft_kind": "ngram"`` / ``"mtp"`` or ``"none"``), and arms alternate A B / B A for
+``--rounds`` rounds so background load hits both alike. Workloads (chat requests, real tokenizer):
 
 - ``code``: a Python source file plus "rename this function, give the whole file back";
 - ``json``: a JSON document plus "set one field, give the whole document back";
@@ -24,6 +25,17 @@ no-lookup row is the informative one and the echo rows are an upper bound.
     python bench/speculation.py --model /path/to/ckpt  # any checkpoint
     python bench/speculation.py --shape 8b --rounds 5 --max-tokens 256 \\
         --out bench/results/speculation_h200.json      # H200, Llama-3-8B body, bf16
+
+MTP (``--kind mtp``) needs a checkpoint that ships ``mtp.*`` weights: Qwen's own HF
+release of a Qwen3.5 model (mlx-lm conversions drop the head). MTP requests run on the
+serial lane, so ``batch8`` compares that with the batch lane (left out by default):
+
+    python bench/speculation.py --kind mtp --model /path/to/Qwen3.5-9B --rounds 5 \\
+        --max-tokens 256 --out bench/results/mtp_h200.json
+    python bench/speculation.py --kind mtp --model /path/to/Qwen3.5-9B \\
+        --num-draft-tokens 1 --mtp-hidden post          # depth / hidden-state A/B
+    python bench/speculation.py --kind mtp --shape tiny  # plumbing only: tiny Qwen3.5
+                                                          # whose head repeats the last token
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -41,6 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.reply import gather
+
+SPEC = "spec"  # the speculative arm (its draft_kind is --kind)
 
 SHAPES = {  # llama bodies with the test tokenizer's vocabulary
     "tiny": {},
@@ -105,8 +120,11 @@ def workloads() -> dict[str, list[dict]]:
 
 async def run(engine: Engine, messages: list[dict], kind: str, args,
               temperature: float | None = None) -> dict:
-    body = {"messages": messages, "max_tokens": args.max_tokens, "draft_kind": kind,
+    body = {"messages": messages, "max_tokens": args.max_tokens,
+            "draft_kind": args.kind if kind == SPEC else kind,
             "temperature": args.temperature if temperature is None else temperature}
+    if kind == SPEC and args.num_draft_tokens:
+        body["num_draft_tokens"] = args.num_draft_tokens
     t0 = time.perf_counter()
     gen = await engine.start(engine.parse_chat(body))
     reply = gather([ev async for ev in gen.events()])
@@ -135,34 +153,34 @@ async def bench(engine: Engine, args) -> dict:
     names = [n for n in ("code", "json", "prose") if n in args.workloads]
     results: dict[str, dict] = {}
     await run(engine, loads["prose"], "none", args)  # warm-up (kernels, pacer)
-    await run(engine, loads["code"], "ngram", args)
+    await run(engine, loads["code"], SPEC, args)
     for name in names:
-        rows = {"ngram": [], "none": []}
+        rows: dict[str, list] = {SPEC: [], "none": []}
         temp = args.prose_temperature if name == "prose" else None
         for i in range(args.rounds):
-            for kind in (("ngram", "none") if i % 2 == 0 else ("none", "ngram")):
+            for kind in ((SPEC, "none") if i % 2 == 0 else ("none", SPEC)):
                 rows[kind].append(await run(engine, loads[name], kind, args, temp))
         results[name] = summarize(rows, "decode_tps", sampled=bool(temp))
     if "batch8" in args.workloads:
         jobs = [loads["code" if i % 2 == 0 else "json"] for i in range(args.clients)]
-        rows = {"ngram": [], "none": []}
+        rows = {SPEC: [], "none": []}
         for i in range(args.rounds):
-            for kind in (("ngram", "none") if i % 2 == 0 else ("none", "ngram")):
+            for kind in ((SPEC, "none") if i % 2 == 0 else ("none", SPEC)):
                 rows[kind].append(await batch(engine, jobs, kind, args))
         results["batch8"] = summarize(rows, "aggregate_tps")
     return results
 
 
 def summarize(rows: dict, key: str, sampled: bool = False) -> dict:
-    on = statistics.median(r[key] for r in rows["ngram"])
+    on = statistics.median(r[key] for r in rows[SPEC])
     off = statistics.median(r[key] for r in rows["none"])
-    specs = [s for r in rows["ngram"] for s in (r["speculation"] if isinstance(
+    specs = [s for r in rows[SPEC] for s in (r["speculation"] if isinstance(
         r["speculation"], list) else [r["speculation"]])]
     mismatches = None if sampled else sum(a["text"] != b["text"]
-                                          for a, b in zip(rows["ngram"], rows["none"]))
-    return {"ngram": round(on, 1), "plain": round(off, 1), "ratio": round(on / off, 3),
-            "acceptance": acceptance(specs), "tokens": rows["ngram"][0]["tokens"],
-            "ngram_all": [round(r[key], 1) for r in rows["ngram"]],
+                                          for a, b in zip(rows[SPEC], rows["none"]))
+    return {"spec": round(on, 1), "plain": round(off, 1), "ratio": round(on / off, 3),
+            "acceptance": acceptance(specs), "tokens": rows[SPEC][0]["tokens"],
+            "spec_all": [round(r[key], 1) for r in rows[SPEC]],
             "plain_all": [round(r[key], 1) for r in rows["none"]],
             "text_mismatches": mismatches}
 
@@ -174,6 +192,10 @@ def model_path(args) -> str | None:
 
     out = Path(tempfile.mkdtemp(prefix="spec-bench-")) / args.shape
     dtype = "float32" if args.shape == "tiny" else "bfloat16"
+    if args.kind == "mtp":  # a Qwen3.5 body with the "copy" head (testing/mtp.py)
+        if args.shape != "tiny":
+            raise SystemExit("--kind mtp: only --shape tiny (or --model with mtp weights)")
+        return str(write_checkpoint(out, "qwen3_5", seed=args.seed, dtype=dtype, mtp="copy"))
     return str(write_checkpoint(out, "llama", seed=args.seed, dtype=dtype,
                                 config_overrides=SHAPES[args.shape]))
 
@@ -189,9 +211,20 @@ def main() -> None:
     p.add_argument("--prose-temperature", type=float, default=1.0)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--batch", type=int, default=8, help="batch lane rows")
-    p.add_argument("--workloads", nargs="+", default=["code", "json", "prose", "batch8"])
+    p.add_argument("--workloads", nargs="+", default=None,
+                   help="default: code json prose batch8 (no batch8 under --kind mtp)")
+    p.add_argument("--kind", choices=["ngram", "mtp"], default="ngram",
+                   help="the speculative arm's draft_kind")
+    p.add_argument("--num-draft-tokens", type=int, default=None,
+                   help="the speculative arm's depth (default: the kind's own)")
+    p.add_argument("--mtp-hidden", choices=["pre", "post"], default=None,
+                   help="the target state the MTP head reads (MLXBUN_MTP_HIDDEN)")
     p.add_argument("--out", help="write the results as JSON here")
     args = p.parse_args()
+    if args.workloads is None:
+        args.workloads = ["code", "json", "prose"] + ([] if args.kind == "mtp" else ["batch8"])
+    if args.mtp_hidden:
+        os.environ["MLXBUN_MTP_HIDDEN"] = args.mtp_hidden
     path = model_path(args)
     engine = Engine.load(path, progress=False, batch=args.batch, prompt_cache_bytes=0)
     try:
@@ -199,13 +232,15 @@ def main() -> None:
     finally:
         engine.close()
     report = {"model": path or "embedded SmolLM2-135M", "shape": args.shape,
+              "kind": args.kind, "num_draft_tokens": args.num_draft_tokens,
+              "mtp_hidden": args.mtp_hidden,
               "rounds": args.rounds, "max_tokens": args.max_tokens,
               "temperature": args.temperature, "prose_temperature": args.prose_temperature,
               "results": results}
     for name, r in results.items():
         unit = "aggregate tok/s" if name == "batch8" else "decode tok/s"
         acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
-        print(f"{name:7s} ngram {r['ngram']:8.1f}  plain {r['plain']:8.1f}  "
+        print(f"{name:7s} {args.kind} {r['spec']:8.1f}  plain {r['plain']:8.1f}  "
               f"ratio {r['ratio']:.3f}  acceptance {acc}  {unit}  "
               f"mismatches {r['text_mismatches']}")
     if args.out:

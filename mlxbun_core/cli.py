@@ -147,12 +147,15 @@ def add_engine_flags(s: argparse.ArgumentParser) -> None:
                    help="serve a plain checkpoint as an embedding model")
     s.add_argument("--draft-model", default=None,
                    help="a small model with the same vocabulary for speculative decoding")
-    s.add_argument("--draft-kind", choices=["ngram"], default=None,
+    s.add_argument("--draft-kind", choices=["ngram", "mtp"], default=None,
                    help="ngram: prompt-lookup speculation, no draft model (drafts copied from the "
-                        "request's own prompt and output; requests may set draft_kind)")
+                        "request's own prompt and output); mtp: the checkpoint's own "
+                        "multi-token-prediction head drafts (Qwen3.5 mtp.* weights); "
+                        "requests may set draft_kind")
     s.add_argument("--num-draft-tokens", type=_positive_int, default=None,
                    help="draft tokens verified per target forward (default 3 with "
-                        "--draft-model, 10 with --draft-kind ngram)")
+                        "--draft-model, 10 with --draft-kind ngram, the head's own (2) with "
+                        "mtp)")
     s.add_argument("--ngram-max", type=_positive_int, default=3,
                    help="longest trailing n-gram prompt lookup matches (--draft-kind ngram)")
     s.add_argument("--ngram-min", type=_positive_int, default=1,

@@ -36,7 +36,8 @@ LogitsProcessor: TypeAlias = "Callable[[mx.array, mx.array], mx.array]"
 """mlx-lm's logits processor: ``(tokens so far, logits) -> logits``."""
 
 __all__ = ["DraftSource", "GrammarBackend", "GrammarBackendFactory", "LogitsProcessor",
-           "MediaPipeline", "RegisterGrammarBackend", "Sampler", "Tokenizer", "ToolParser"]
+           "MediaPipeline", "RegisterGrammarBackend", "Sampler", "TokenPredictor", "Tokenizer",
+           "ToolParser"]
 
 
 @runtime_checkable
@@ -128,6 +129,43 @@ class DraftSource(Protocol):
     """Proposals per verification step."""
     name: str
     """Shown in the start-up banner and logs."""
+
+
+@runtime_checkable
+class TokenPredictor(Protocol):
+    """A model's own multi-token-prediction head as a drafter (``token_predictor`` hook).
+
+    The head reads the target's hidden states, so the speculative loop runs the target
+    through :meth:`forward` (instead of calling the model) and keeps the head's own
+    cache in step with the accepted tokens: a row per target position ``p``, pairing the
+    target's state at ``p`` with the token at ``p + 1``; its logits propose the token
+    at ``p + 2``. Drafts beyond the first chain the head's own output state. The target
+    verifies every draft, so greedy output is the plain decode's whatever the head says.
+    """
+
+    name: str
+    """Shown in the start-up banner and logs."""
+    num_draft_tokens: int
+    """Drafts per verify round when the operator and the request leave it unset."""
+
+    def forward(self, tokens: mx.array, cache: list[Any]) -> tuple[mx.array, mx.array]:
+        """The target's forward over ``tokens`` ``(1, L)`` with its ``cache`` (as the
+        model call would): ``(logits (1, L, V), hidden (1, L, H))``, ``hidden`` being
+        what :meth:`predict` reads."""
+        ...
+
+    def make_cache(self) -> list[Any]:
+        """A fresh cache for the head (one per request)."""
+        ...
+
+    def predict(self, hidden: mx.array, tokens: mx.array,
+                cache: list[Any]) -> tuple[mx.array, mx.array]:
+        """Append rows pairing ``hidden[:, i]`` with ``tokens[:, i]`` (the token after
+        that state) to the head's ``cache``; ``(logits (1, V), state (1, L, H))``: the
+        logits of the token after the LAST row's token (the only row a draft needs, so
+        the output head runs once) and, per row, the state a chained draft passes back in
+        as ``hidden``. The caller trims rows it chained on drafts."""
+        ...
 
 
 @runtime_checkable

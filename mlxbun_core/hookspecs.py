@@ -25,7 +25,7 @@ non-``None`` answer wins. ``None`` always means "no answer from me".
 
 The types named in annotations: :mod:`mlxbun_core.model` (``LoadedModel``,
 ``Prompt``, ``LoadOptions``, ``DraftModel``), :mod:`mlxbun_core.contract` (the
-``ToolParser``, ``MediaPipeline``, ``DraftSource`` and ``GrammarBackend``
+``ToolParser``, ``MediaPipeline``, ``DraftSource``, ``TokenPredictor`` and ``GrammarBackend``
 Protocols), :mod:`mlxbun_core.events` (what a tool parser emits).
 """
 
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from pluggy import HookimplMarker, HookspecMarker
 
-from .contract import DraftSource, MediaPipeline, RegisterGrammarBackend, ToolParser
+from .contract import DraftSource, MediaPipeline, RegisterGrammarBackend, TokenPredictor, ToolParser
 
 if TYPE_CHECKING:
     from .model import LoadedModel, LoadOptions, Prompt
@@ -186,6 +186,23 @@ def draft_source(model: LoadedModel, options: LoadOptions) -> DraftSource | None
     Stops at the first non-``None`` result. Routed: asked of the claiming family
     (its own proposer, such as multi-token-prediction heads, comes first), then
     extensions; the built-in draft-model plugin answers last.
+    """
+
+
+@hookspec(firstresult=True)
+def token_predictor(model: LoadedModel) -> TokenPredictor | None:
+    """Give the checkpoint's own multi-token-prediction head as a drafter, asked once
+    at start-up for a generation model.
+
+    :param model: The loaded target model.
+    :returns: A :class:`~mlxbun_core.contract.TokenPredictor` when the checkpoint ships
+        such a head (for example Qwen3.5's ``mtp.*`` weights), else ``None``. Keep it
+        cheap when unused: read only headers here, the weights on first use. With
+        one, ``--draft-kind mtp`` and a request's ``draft_kind: "mtp"`` decode
+        speculatively with it; without, the flag fails start-up and the request gets a 400.
+
+    Stops at the first non-``None`` result. Routed: asked of the claiming family, then
+    the generic plugin (which has none).
     """
 
 

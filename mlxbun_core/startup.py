@@ -157,6 +157,7 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
     from . import loader
     from .engine.core import Engine
     from .engine.hlg import server_default
+    from .engine.speculate import SpecUnavailable
     from .kvquant.probe import KVQuantUnavailable
     from .library.scan import scan
     from .model import LoadOptions
@@ -183,7 +184,7 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
                            fill=getattr(args, "fill", None))
     except ModelNotFound as exc:
         raise StartFailed(report_selection_error(exc)) from None
-    except (loader.NoPluginClaimed, KVQuantUnavailable) as exc:
+    except (loader.NoPluginClaimed, KVQuantUnavailable, SpecUnavailable) as exc:
         print(f"mlxbun: {exc}", file=sys.stderr)
         raise StartFailed(2) from None
     except Exception as exc:  # a checkpoint mlx-lm cannot read, a plugin bug, …
@@ -194,15 +195,15 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
 
 
 def lookup_config(args: argparse.Namespace) -> SpecConfig | None:
-    """``--draft-kind ngram`` and its knobs (None: off); a bad combination is said on
+    """``--draft-kind ngram|mtp`` and its knobs (None: off); a bad combination is said on
     stderr and raised as :class:`StartFailed`."""
     from .engine.speculate import server_config
 
     if args.draft_kind is None:
         return None
     if args.draft_model:
-        print("mlxbun: --draft-kind ngram mounts no draft model: drop --draft-model",
-              file=sys.stderr)
+        print(f"mlxbun: --draft-kind {args.draft_kind} mounts no draft model: drop "
+              "--draft-model", file=sys.stderr)
         raise StartFailed(2)
     try:
         return server_config(args.draft_kind, args.num_draft_tokens, args.ngram_max,
@@ -220,7 +221,11 @@ def print_banner(args: argparse.Namespace, engine: Engine) -> str | None:
     model = engine.model
     fallback = " (no family plugin claimed it)" if model.family == "generic" else ""
     spec = f" · speculative with draft {engine.draft.name}" if engine.draft else ""
-    if engine.speculation is not None:
+    if engine.speculation is not None and engine.predictor is not None \
+            and engine.speculation.kind == "mtp":
+        n = engine.speculation.num_draft_tokens or engine.predictor.num_draft_tokens
+        spec = f" · MTP speculation ({n} drafts per round)"
+    elif engine.speculation is not None:
         spec = f" · prompt-lookup speculation ({engine.speculation.num_draft_tokens} drafts)"
     where = f"unix:{args.unix}" if args.unix else f"http://{args.host}:{args.port}/v1"
     page = None if args.unix else web.page_url(args.host, args.port)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import kvquant
 from ..adapters import AdapterManager, AdapterSet
-from ..contract import DraftSource
+from ..contract import DraftSource, TokenPredictor
 from ..errors import APIError, BadRequest, Unavailable
 from ..events import Done, Event, Finish, Usage
 from ..kvquant.probe import check_kernels, model_dtype
@@ -37,7 +37,7 @@ from .prepare import Prepared, media_pipeline, prepare
 from .prompt_cache import PrefixCache
 from .request import ChatRequest, CompletionRequest, GenerationInput, parse_chat, parse_completion
 from .session import GenerationRequest
-from .speculate import SpecConfig, SpecTally
+from .speculate import MTP, SpecConfig, SpecTally, SpecUnavailable, check_mtp
 from .speculate import resolve as resolve_spec
 from .worker import ModelWorker
 
@@ -101,14 +101,22 @@ class Engine:
                  prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
                  memory_budget_bytes: int | None = None, kv_quant: object = "off",
                  ssd: SsdConfig | None = None, fill: str | None = None,
-                 speculation: SpecConfig | None = None):
+                 speculation: SpecConfig | None = None,
+                 predictor: TokenPredictor | None = None):
         self.model = model
+        # the checkpoint's multi-token-prediction head (--draft-kind mtp / draft_kind "mtp")
+        self.predictor = predictor
+        if speculation is not None and speculation.kind == MTP and predictor is None:
+            raise SpecUnavailable(f"--draft-kind mtp: {model.id} has no multi-token-prediction "
+                                  "head (no plugin offered one for this checkpoint)")
         self.fill = FillPolicy.resolve(fill)  # forced-token fill (MLXBUN_FILL / --fill)
         self.draft = draft  # every request then decodes speculatively
         # prompt-lookup speculation by default (--draft-kind ngram); requests may override
         self.speculation = speculation
         self.spec_tally = SpecTally()
         self.worker = worker or ModelWorker()
+        if predictor is not None and speculation is not None and speculation.kind == MTP:
+            self.worker.run_sync(predictor.make_cache)  # the head's weights now, not mid-reply
         self.prefix = PrefixCache(prompt_cache_bytes, tier=self._ssd_tier(ssd, prompt_cache_bytes),
                                   post=self.worker.post)
         self.kv = kvquant.parse(kv_quant)
@@ -153,7 +161,7 @@ class Engine:
         """The worker's lanes, sharing one prefill pacer (calibrated now, on the worker)."""
         model = self.model
         serial = SerialLane(model.model, self.prefix, self.admission, adapters=self.adapters,
-                            pacer=self.pacer, kv=self.kv)
+                            pacer=self.pacer, kv=self.kv, predictor=self.predictor)
         self.worker.lanes = ([BatchLane(model.model, self.batch, self.prefix, self.admission,
                                         adapters=self.adapters, pacer=self.pacer, kv=self.kv),
                               serial]
@@ -174,7 +182,13 @@ class Engine:
         worker = ModelWorker()
         model = worker.run_sync(lambda: loader.load(name, opts, progress=progress))
         draft = worker.run_sync(lambda: model.hooks.draft_source(model=model, options=opts))
-        return cls(model, worker=worker, draft=draft, **kw)
+        if model.kind == "generate" and "predictor" not in kw:
+            kw["predictor"] = worker.run_sync(lambda: model.hooks.token_predictor(model=model))
+        try:
+            return cls(model, worker=worker, draft=draft, **kw)
+        except SpecUnavailable:
+            worker.close()
+            raise
 
     @property
     def hooks(self) -> ModelHooks:
@@ -253,12 +267,13 @@ class Engine:
                 adapters: AdapterSet) -> GenerationJob:
         """The job for a prepared request, as :meth:`start` queues it: its budget, draft,
         prefix-cache namespace, adapters, speculation and fill (on the event loop)."""
+        spec = resolve_spec(self.speculation, req.speculation)
+        check_mtp(spec, self.predictor is not None, self.model.id)  # a 400 before any work
         job = GenerationJob(prepared.request, self.model.tokenizer,
                             EventSink(asyncio.get_running_loop()),
                             self.effective_limit(prepared.request), self.draft,
                             self.cache_namespace(req, adapters), adapters=adapters,
-                            spec=resolve_spec(self.speculation, req.speculation),
-                            spec_tally=self.spec_tally)
+                            spec=spec, spec_tally=self.spec_tally)
         job.session.on_finish = self.on_finish
         job.fill = self.fill.open(job)
         return job
@@ -336,7 +351,10 @@ class Engine:
     def lookup_stats(self) -> dict[str, Any]:
         """``/stats`` ``speculation`` without a draft model: the server's prompt-lookup
         default (None: off unless a request asks) and what every request's lookup did."""
-        return {"ngram": self.speculation.describe() if self.speculation else None,
+        spec = self.speculation
+        return {"ngram": spec.describe() if spec and spec.kind != MTP else None,
+                "mtp": None if self.predictor is None else
+                {"head": self.predictor.name, "default": spec is not None and spec.kind == MTP},
                 **self.spec_tally.describe()}
 
     def kv_quant_stats(self) -> dict[str, Any]:

@@ -249,6 +249,7 @@ def write_checkpoint(
     dtype: str | None = None,
     vision: bool = False,
     audio: bool = False,
+    mtp: str | None = None,
 ) -> Path:
     """Write a tiny random checkpoint of ``model_type`` into ``path``; return it.
 
@@ -258,7 +259,9 @@ def write_checkpoint(
     published weights, but float32 for MoE families: MLX's CPU GatherMM
     (switch experts) only runs in float32. ``vision`` adds an image tower and
     processor configs (families in ``vision.MEDIA_TOKENS``), ``audio`` (Gemma 4)
-    an audio tower as well, both built with mlx-vlm (see :mod:`.vision`).
+    an audio tower as well, both built with mlx-vlm (see :mod:`.vision`). ``mtp``
+    (``qwen3_5``: ``"random"`` or ``"copy"``) adds the ``mtp.*`` multi-token-prediction
+    head Qwen3.5 checkpoints ship (see :mod:`.mtp`).
     """
     from . import vision as V
 
@@ -268,6 +271,10 @@ def write_checkpoint(
                   config_overrides=config_overrides)
     mx_dtype = getattr(mx, dtype or _default_dtype(model_type))
     weights = _build_weights(model_type, cfg, seed, mx_dtype)
+    if mtp is not None:
+        from .mtp import mtp_weights
+
+        weights.update(mtp_weights(cfg, seed, mx_dtype, mtp))
     files = dict(extra_files or {})
     if media:
         weights.update(V.tower_weights(model_type, cfg, seed, mx_dtype))

@@ -36,6 +36,7 @@ from ..fill import rows as fill_rows
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
 from ..speculate.batch import BatchSpeculator
+from ..speculate.config import MTP
 from .pace import FixedChunk, PrefillPacer
 from .prefill import PREFILL_TOKENS, make_generator, paced_turn, size_chunk
 from .solo import BatchRow, SoloSlot, deliver
@@ -82,10 +83,11 @@ class BatchLane:
     # -- the Lane protocol ---------------------------------------------------------
     def accepts(self, job: GenerationJob) -> bool:
         req = job.request
-        # a draft, prompt embeddings, media or a seed (reproducible only alone) take the
-        # serial lane
+        # a draft, prompt embeddings, media, a seed (reproducible only alone) or MTP
+        # speculation take the serial lane
         return (job.draft is None and req.input_embeddings is None and req.media is None
-                and req.sampling.seed is None)
+                and req.sampling.seed is None
+                and (job.spec is None or job.spec.kind != MTP))  # MTP heads run serially
 
     def add(self, job: GenerationJob) -> None:
         self._queue.append(job)

@@ -23,11 +23,11 @@ from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from ... import kvquant
-from ...contract import DraftSource, LogitsProcessor
+from ...contract import DraftSource, LogitsProcessor, TokenPredictor
 from .. import prefill_shapes
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
-from ..speculate import SpecStream, rewindable, spec_steps, trim_to
+from ..speculate import MTP, MtpStream, SpecStream, rewindable, spec_steps, trim_to
 from .pace import PrefillPacer
 
 if TYPE_CHECKING:
@@ -52,7 +52,8 @@ class SerialLane:
     def __init__(self, model: nn.Module, prefix: PrefixCache | None = None,
                  admission: Admission | None = None,
                  adapters: AdapterManager | None = None, pacer: PrefillPacer | None = None,
-                 kv: kvquant.KVScheme = kvquant.OFF):
+                 kv: kvquant.KVScheme = kvquant.OFF, predictor: TokenPredictor | None = None):
+        self.predictor = predictor  # the model's MTP head (jobs with draft_kind "mtp")
         self.kv = kv  # the KV scheme: every forward pass quantizes its cache after it runs
         self.model = kvquant.quantizing(model, kv)  # the mlx.nn.Module (or its wrapper)
         self.prefix = prefix
@@ -173,6 +174,9 @@ class SerialLane:
         if cache is None:
             cache = make_prompt_cache(self.model)
         job.admitted(n)
+        if self._mtp(job):
+            yield from self._mtp_decode(job, cache, n, cacheable)
+            return
         n = yield from self._prefill(job, cache, n, publish=cacheable)
         if cacheable:
             self._kv = (cache, list(prompt))
@@ -193,12 +197,14 @@ class SerialLane:
             sampler=req.sampler, logits_processors=procs,
             prompt_cache=cache, input_embeddings=emb))
 
-    def _prefill(self, job: GenerationJob, cache: list[Any], start: int,
-                 publish: bool) -> Generator[None, None, int]:
+    def _prefill(self, job: GenerationJob, cache: list[Any], start: int, publish: bool,
+                 read: Callable[[list[int], int], None] | None = None
+                 ) -> Generator[None, None, int]:
         """Read the prompt (or its embeddings) from ``start`` up to its last token into
         ``cache``, one paced chunk per step (the cancel flag is checked in between);
         returns where the decode starts. With ``publish``, caches that cannot rewind
-        are snapshotted at the prompt boundary for the next turn."""
+        are snapshotted at the prompt boundary for the next turn. ``read(chunk, next)``
+        replaces the model's forward (an MTP stream, which keeps the hidden states)."""
         req = job.request
         prompt, emb = req.prompt_tokens, req.input_embeddings
         end = (len(emb) if emb is not None else len(prompt)) - 1
@@ -207,8 +213,11 @@ class SerialLane:
             size = self.pacer.chunk()
             j = min(i + size, end)
             with self.pacer.timed(size) as timer:  # (bucketed lengths on CUDA)
-                prefill_shapes.prefill(self.model, prompt[i:j], cache,
-                                       None if emb is None else emb[i:j])
+                if read is not None:
+                    read(prompt[i:j], prompt[j])
+                else:
+                    prefill_shapes.prefill(self.model, prompt[i:j], cache,
+                                           None if emb is None else emb[i:j])
                 timer.tokens = j - i
             i = j
             yield None
@@ -252,6 +261,33 @@ class SerialLane:
         stream = SpecStream(self.model, cache, list(req.prompt_tokens[:n]), job.spec,
                             req.sampler, req.processors, spec, job.spec_tally)
         yield from spec_steps(stream, req.prompt_tokens[n])
+
+    def _mtp(self, job: GenerationJob) -> bool:
+        """Whether ``job`` drafts with the model's MTP head (not under a KV scheme: the
+        head's loop runs the model unwrapped)."""
+        return (job.spec is not None and job.spec.kind == MTP and self.predictor is not None
+                and self.kv is kvquant.OFF and job.request.input_embeddings is None)
+
+    def _mtp_decode(self, job: GenerationJob, cache: list[Any], n: int,
+                    cacheable: bool) -> Steps:
+        """MTP speculation (``speculate/mtp.py``): the prompt is read through the stream
+        (the head keeps each position's hidden state), then verify rounds. A cache that
+        cannot rewind is published only at the prompt boundary (a round may have fed
+        past the reply's end)."""
+        req, usage = job.request, job.session.usage
+        assert job.spec is not None and self.predictor is not None and req.sampler is not None
+        usage.lane = "serial+spec"
+        spec = usage.speculation = {"drafted": 0, "accepted": 0, "targetCalls": 0}
+        if job.spec_tally is not None:
+            job.spec_tally.requests += 1
+        prompt = req.prompt_tokens
+        stream = MtpStream(self.predictor, cache, list(prompt[:n]),
+                           job.spec.num_draft_tokens or self.predictor.num_draft_tokens,
+                           req.sampler, req.processors, spec, job.spec_tally)
+        yield from self._prefill(job, cache, n, publish=cacheable, read=stream.read)
+        if cacheable and trimmable(cache):
+            self._kv = (cache, list(prompt))
+        yield from spec_steps(stream, prompt[-1])
 
     def _speculate(self, job: GenerationJob, source: DraftSource) -> Steps:
         """Speculative decoding with the mounted draft (the prefix cache is bypassed).

@@ -1,12 +1,25 @@
-"""Speculative decoding by prompt lookup (``--draft-kind ngram``, per request ``draft_kind``).
+"""Speculative decoding by prompt lookup (``--draft-kind ngram``) or the model's own
+multi-token-prediction head (``--draft-kind mtp``); per request ``draft_kind``.
 
 ``lookup``: the n-gram index that proposes drafts; ``stream``: one stream's verify loop
-(lone-stream and serial paths); ``config``: the server flag and the request field.
+(lone-stream and serial paths); ``batch``: lookup on the batch lane; ``mtp``: the MTP
+head's loop (serial lane); ``config``: the server flag and the request field.
 """
 
-from .config import SpecConfig, SpecRequest, resolve, server_config, speculation_field
+from .config import (
+           MTP,
+           SpecConfig,
+           SpecRequest,
+           SpecUnavailable,
+           check_mtp,
+           resolve,
+           server_config,
+           speculation_field,
+)
 from .lookup import PromptLookup
+from .mtp import MtpStream
 from .stream import SpecStream, SpecTally, rewindable, spec_steps, trim_to
 
-__all__ = ["PromptLookup", "SpecConfig", "SpecRequest", "SpecStream", "SpecTally", "resolve",
-           "rewindable", "server_config", "spec_steps", "speculation_field", "trim_to"]
+__all__ = ["MTP", "MtpStream", "PromptLookup", "SpecConfig", "SpecRequest", "SpecStream",
+           "SpecTally", "SpecUnavailable", "check_mtp", "resolve", "rewindable",
+           "server_config", "spec_steps", "speculation_field", "trim_to"]

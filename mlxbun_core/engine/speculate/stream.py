@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from .config import HIT_STREAK, SpecConfig
 from .lookup import PromptLookup
@@ -171,7 +171,8 @@ class SpecStream:
             inputs = mx.concatenate([inputs, mx.array(drafts, dtype=mx.uint32)])
         logits = self.model(inputs[None], cache=self.cache)[0]  # (k+1, V)
         if self.processors:
-            logits = self._process(logits, inputs, len(self.fed) - 1 if fed else len(self.fed))
+            logits = process_window(self.processors, logits, self.fed, inputs,
+                                    len(self.fed) - 1 if fed else len(self.fed))
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         samples = self.sampler(logprobs)
         mx.async_eval(samples, logprobs)
@@ -181,21 +182,6 @@ class SpecStream:
             self.tally.target_calls += 1
         return _Window(drafts, samples, logprobs)
 
-    def _process(self, logits: mx.array, inputs: mx.array, done: int) -> mx.array:
-        """The request's logits processors at every position, each seeing the tokens fed
-        up to and including its own input (as the plain decode's would)."""
-        import mlx.core as mx
-
-        head = mx.array(self.fed[:done], dtype=mx.uint32)
-        context = mx.concatenate([head, inputs])
-        rows = []
-        for i in range(logits.shape[0]):
-            row = logits[i:i + 1]
-            for processor in self.processors:
-                row = processor(context[:done + i + 1], row)
-            rows.append(row)
-        return mx.concatenate(rows, axis=0)
-
     def _count(self, drafted: int, accepted: int) -> None:
         self.usage["drafted"] += drafted
         self.usage["accepted"] += accepted
@@ -203,6 +189,24 @@ class SpecStream:
             self.tally.drafted += drafted
             self.tally.accepted += accepted
             self.tally.rounds += 1
+
+
+def process_window(processors: list[LogitsProcessor], logits: mx.array, fed: list[int],
+                   inputs: mx.array, done: int) -> mx.array:
+    """The request's logits processors at every position of a window, each seeing the
+    tokens fed up to and including its own input (as the plain decode's would); ``done``
+    of ``fed`` precede the window's ``inputs``."""
+    import mlx.core as mx
+
+    head = mx.array(fed[:done], dtype=mx.uint32)
+    context = mx.concatenate([head, inputs.astype(mx.uint32)])
+    rows = []
+    for i in range(logits.shape[0]):
+        row = logits[i:i + 1]
+        for processor in processors:
+            row = processor(context[:done + i + 1], row)
+        rows.append(row)
+    return mx.concatenate(rows, axis=0)
 
 
 def _ints(tokens: mx.array) -> list[int]:
@@ -237,7 +241,20 @@ def trim_to(cache: list[Any], tokens: int) -> None:
         _trim(cache, offset - tokens)
 
 
-def spec_steps(stream: SpecStream, first: int) -> Iterator[Emitted]:
+class Stepper(Protocol):
+    """A speculative stream as :func:`spec_steps` drives it (lookup or MTP)."""
+
+    @property
+    def running(self) -> bool: ...
+
+    def begin(self, token: int) -> None: ...
+
+    def step(self) -> list[Emitted]: ...
+
+    def settle(self) -> Any: ...
+
+
+def spec_steps(stream: Stepper, first: int) -> Iterator[Emitted]:
     """The stream as a token-at-a-time generator (the serial lane's decode loop); closing
     it drops the drafts still in flight."""
     stream.begin(first)

@@ -64,3 +64,11 @@ def media_pipeline(model, kind):
     from mlxbun_core.plugins_builtin.vlm import pipeline_for
 
     return pipeline_for(model, kind, allowed=("image", "video"))
+
+
+@hookimpl
+def token_predictor(model):
+    """The checkpoint's ``mtp.*`` head, when it ships one (``mtp.py``)."""
+    from .mtp import load_predictor
+
+    return load_predictor(model)

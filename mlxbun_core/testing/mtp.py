@@ -1,0 +1,55 @@
+"""``mtp.*`` weights for a tiny Qwen3.5 checkpoint (the multi-token-prediction head
+published Qwen3.5 / Qwen3-Next checkpoints carry, in their HF layout).
+
+``"random"``: random weights like the rest of the checkpoint (drafts rarely land).
+``"copy"``: a head built to propose "the token just given again": ``fc`` passes the
+token's embedding through and drops the hidden state, the decoder layer adds nothing
+(zero ``o_proj`` and ``down_proj``), so with tied embeddings the logits are
+``E @ E[t]`` and random embeddings make ``t`` itself the argmax. A tiny random model
+that falls into repeating a token then sees most drafts accepted, which exercises the
+accept path, not only rejections.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import mlx.core as mx
+
+from .weights import random_params
+
+MODES = ("random", "copy")
+
+
+def mtp_weights(config: dict[str, Any], seed: int, dtype: mx.Dtype,
+                mode: str) -> dict[str, mx.array]:
+    """The head's tensors under HF names (zero-centred norms, as HF stores them)."""
+    from mlx_lm.models.qwen3_5 import DecoderLayer, TextModelArgs
+
+    if mode not in MODES:
+        raise ValueError(f"mtp must be one of {MODES}")
+    args = TextModelArgs.from_dict(copy.deepcopy(config.get("text_config", config)))
+    hidden = args.hidden_size
+    layer = DecoderLayer(args, args.full_attention_interval - 1)
+    out = {f"mtp.layers.0.{k}": v for k, v in random_params(layer, seed + 7, dtype).items()}
+    key = mx.random.key(seed + 11)
+    out["mtp.fc.weight"] = (mx.random.normal((hidden, 2 * hidden), key=key)
+                            * (2 * hidden) ** -0.5).astype(dtype)
+    for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        out[f"mtp.{name}.weight"] = mx.ones((hidden,), dtype=dtype)
+    if mode == "copy":
+        eye = mx.eye(hidden, dtype=dtype)
+        out["mtp.fc.weight"] = mx.concatenate([eye, mx.zeros_like(eye)], axis=1)
+        for k in list(out):
+            if k.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight",
+                           "switch_mlp.down_proj.weight", "shared_expert.down_proj.weight")):
+                out[k] = mx.zeros_like(out[k])
+    for k in [k for k in out if k.endswith(".switch_mlp.gate_proj.weight")]:  # MoE: HF fuses
+        base = k.removesuffix(".switch_mlp.gate_proj.weight")
+        up = out.pop(f"{base}.switch_mlp.up_proj.weight")
+        out[f"{base}.experts.gate_up_proj"] = mx.concatenate([out.pop(k), up], axis=-2)
+        out[f"{base}.experts.down_proj"] = out.pop(f"{base}.switch_mlp.down_proj.weight")
+    # HF stores RMSNorm weights zero-centred (mlx-lm adds the 1 back)
+    return {k: (v - 1.0 if v.ndim == 1 and k.endswith("norm.weight") else v)
+            for k, v in out.items()}

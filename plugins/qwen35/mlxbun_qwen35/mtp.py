@@ -1,0 +1,149 @@
+"""The checkpoint's multi-token-prediction head as a speculative drafter
+(``token_predictor`` hook; ``--draft-kind mtp``, request ``draft_kind: "mtp"``).
+
+Qwen3.5 / Qwen3-Next checkpoints ship ``mtp.*`` weights that mlx-lm's ``sanitize``
+drops: ``pre_fc_norm_embedding`` and ``pre_fc_norm_hidden`` (RMSNorms), ``fc`` (2H -> H),
+one full-attention decoder layer ``layers.0`` and a final ``norm``; the embeddings and
+the output head are the target's. Given the target's hidden state at position ``p`` and
+the token at ``p + 1`` the head predicts the token at ``p + 2``:
+
+    x = fc([pre_fc_norm_embedding(embed(t[p+1])), pre_fc_norm_hidden(h[p])])
+    out = norm(layer(x))            logits = lm_head(out)
+
+Further drafts chain the head's own ``out`` in place of ``h``. Which ``h``: the last
+layer's output before the target's final norm (the reference MLX drafter; the head's
+first op is an RMSNorm, so that is the normed state divided by the final norm's weight,
+recovered here without forking mlx-lm's model). ``MLXBUN_MTP_HIDDEN=post`` feeds the
+normed state instead (what vLLM hands its Qwen3-Next MTP), for A/B on real weights.
+
+The decoder layer is mlx-lm's own ``qwen3_5`` ``DecoderLayer`` built as a full-attention
+layer; it keeps its own KV cache (one row per target position).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import mtp_weights as W
+
+log = logging.getLogger("mlxbun.qwen35")
+
+DEFAULT_DRAFT_TOKENS = 2  # Qwen's recommended speculative depth for its MTP head
+
+
+def _head_class() -> Any:
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx_lm.models.base import create_attention_mask
+    from mlx_lm.models.qwen3_5 import DecoderLayer
+
+    class MtpHead(nn.Module):
+        """``mtp.*``: the fusion of embedding and hidden state, one decoder layer, a norm."""
+
+        def __init__(self, args: Any):
+            super().__init__()
+            hidden, eps = args.hidden_size, args.rms_norm_eps
+            self.pre_fc_norm_embedding = nn.RMSNorm(hidden, eps=eps)
+            self.pre_fc_norm_hidden = nn.RMSNorm(hidden, eps=eps)
+            self.fc = nn.Linear(2 * hidden, hidden, bias=False)
+            # a layer index whose (i + 1) % interval == 0 is a full-attention layer
+            self.layers = [DecoderLayer(args, args.full_attention_interval - 1)]
+            self.norm = nn.RMSNorm(hidden, eps=eps)
+
+        def __call__(self, hidden: mx.array, embeds: mx.array, cache: Any) -> mx.array:
+            x = self.fc(mx.concatenate([self.pre_fc_norm_embedding(embeds),
+                                        self.pre_fc_norm_hidden(hidden)], axis=-1))
+            x = self.layers[0](x, create_attention_mask(x, cache), cache)
+            out: mx.array = self.norm(x)
+            return out
+
+    return MtpHead
+
+
+class QwenMtp:
+    """The target model plus its MTP head: satisfies
+    :class:`mlxbun_core.contract.TokenPredictor`. The head's weights are read on first
+    use (:meth:`make_cache`, once per request), so a server that never drafts with it
+    spends no memory on it."""
+
+    def __init__(self, model: Any, load_head: Callable[[], Any], num_draft_tokens: int,
+                 name: str, pre_norm: bool = True):
+        self.model, self._load_head = model, load_head
+        self._head: Any = None
+        self.num_draft_tokens, self.name = num_draft_tokens, name
+        self.text = model.language_model
+        self.pre_norm = pre_norm
+
+    @property
+    def head(self) -> Any:
+        if self._head is None:
+            self._head = self._load_head()
+        return self._head
+
+    def _logits(self, out: Any) -> Any:
+        text = self.text
+        if text.args.tie_word_embeddings:
+            return text.model.embed_tokens.as_linear(out)
+        return text.lm_head(out)
+
+    def forward(self, tokens: Any, cache: list[Any]) -> tuple[Any, Any]:
+        """The target's forward: its logits and the hidden states the head reads."""
+        normed = self.text.model(tokens, cache)
+        hidden = normed / self.text.model.norm.weight if self.pre_norm else normed
+        return self._logits(normed), hidden
+
+    def make_cache(self) -> list[Any]:
+        from mlx_lm.models.cache import KVCache
+
+        self.head  # noqa: B018 (reads the weights on first use)
+        return [KVCache()]
+
+    def predict(self, hidden: Any, tokens: Any, cache: list[Any]) -> tuple[Any, Any]:
+        """Rows pairing ``hidden[:, i]`` with the token after it, ``tokens[:, i]``, appended
+        to the head's ``cache``: the last row's logits (for the token after its token) and
+        every row's state, which a chained draft reads."""
+        out = self.head(hidden, self.text.model.embed_tokens(tokens), cache[0])
+        return self._logits(out[:, -1]), out
+
+
+REQUIRED = ("mtp.fc.", "mtp.norm.weight", "mtp.pre_fc_norm_embedding.weight",
+            "mtp.pre_fc_norm_hidden.weight", "mtp.layers.0.")
+
+
+def load_predictor(model: Any) -> QwenMtp | None:
+    """The MTP drafter of a loaded Qwen3.5 model (None when its files carry no head, or an
+    incomplete one: logged, and the model serves without it). Only file headers are read
+    here; the weights on first use."""
+    path = Path(model.path)
+    files = W.weight_files(path)
+    if not files:
+        return None
+    names = {k for f in files for k in W.header(f)[0]}
+    missing = [r for r in REQUIRED if not any(n.startswith(r) for n in names)]
+    if missing:
+        log.warning("the checkpoint's mtp head lacks %s; serving without it", missing)
+        return None
+    pre = os.environ.get("MLXBUN_MTP_HIDDEN", "pre") != "post"
+    return QwenMtp(model.model, lambda: _load_head(model, files), DEFAULT_DRAFT_TOKENS,
+                   f"{model.id} (mtp head)", pre)
+
+
+def _load_head(model: Any, files: list[Path]) -> Any:
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    weights = W.read(files)
+    head = _head_class()(model.model.language_model.args)
+    quant = model.config.get("quantization") or model.config.get("quantization_config")
+    if any(k.endswith(".scales") for k in weights) and isinstance(quant, dict):
+        nn.quantize(head, group_size=quant.get("group_size", 64), bits=quant.get("bits", 4),
+                    class_predicate=lambda p, m: f"{W.PREFIX}{p}.scales" in weights)
+    head.load_weights(list(W.sanitize(weights, W.raw_hf(Path(model.path))).items()),
+                      strict=True)
+    head.eval()
+    mx.eval(head.parameters())
+    return head

@@ -1,0 +1,74 @@
+"""The Qwen3.5 plugin's MTP head (``mtp.py``): it loads the checkpoint's ``mtp.*`` tensors
+(HF layout: zero-centred norms) into mlx-lm's decoder layer, shares the target's
+embeddings and head, and answers ``token_predictor`` only for checkpoints that have it.
+Served behaviour (greedy parity, rollback, usage) is tests/test_mtp.py."""
+
+from types import SimpleNamespace
+
+import mlx.core as mx
+import pytest
+from mlx_lm import load as mlx_load
+from mlxbun_qwen35.mtp import load_predictor
+from mlxbun_qwen35.mtp_weights import read, weight_files
+
+from mlxbun_core import loader
+from mlxbun_core.contract import TokenPredictor
+from mlxbun_core.model import LoadOptions
+from mlxbun_core.testing.checkpoints import tiny_checkpoint
+
+
+def _predictor(path):
+    model, _ = mlx_load(str(path))
+    return load_predictor(SimpleNamespace(path=path, model=model, config={}, id="t")), model
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
+def test_the_copy_head_proposes_the_token_it_is_given(model_type):
+    """The testing builder's "copy" head: identity ``fc`` on the embedding, a layer that
+    adds nothing; with tied embeddings and the norms' +1 applied the logits are E @ E[t] and
+    t wins. Without
+    the +1 (zero norms) every logit would be 0. The MoE head's experts arrive fused, as
+    HF stores them, and load into mlx-lm's stacked ``switch_mlp``."""
+    path = tiny_checkpoint(model_type, mtp="copy", dtype="float32")
+    predictor, model = _predictor(path)
+    assert isinstance(predictor, TokenPredictor)
+    assert (type(predictor.head.layers[0].mlp).__name__ == "Qwen3NextSparseMoeBlock") \
+        == (model_type == "qwen3_5_moe")
+    cache = model.make_cache()
+    tokens = mx.array([[5, 17, 99, 240, 7]])
+    logits, hidden = predictor.forward(tokens, cache)
+    plain = model(tokens, cache=model.make_cache())
+    assert mx.allclose(logits, plain, atol=1e-5).item()  # the target's own logits
+    head_cache = predictor.make_cache()
+    head_logits, state = predictor.predict(hidden, tokens, head_cache)
+    assert head_logits.shape == (1, plain.shape[-1]) and state.shape == hidden.shape
+    assert head_cache[0].offset == tokens.shape[1]  # a row per pair
+    if model.language_model.args.tie_word_embeddings:  # (the tiny MoE's head is untied)
+        picks = [mx.argmax(predictor.predict(hidden[:, i:i + 1], tokens[:, i:i + 1],
+                                             predictor.make_cache())[0]).item()
+                 for i in range(tokens.shape[1])]
+        assert picks == tokens[0].tolist()
+
+
+def test_only_checkpoints_with_the_head_offer_it():
+    headless = tiny_checkpoint("qwen3_5", dtype="float32")
+    assert weight_files(headless) == []
+    predictor, _ = _predictor(headless)
+    assert predictor is None
+    with_head = tiny_checkpoint("qwen3_5", mtp="random", dtype="float32")
+    loaded = loader.load(str(with_head), LoadOptions())
+    offered = loaded.hooks.token_predictor(model=loaded)
+    assert offered is not None and offered.num_draft_tokens == 2
+    plain = loader.load(str(headless), LoadOptions())
+    assert plain.hooks.token_predictor(model=plain) is None
+
+
+def test_the_head_is_read_from_its_byte_ranges_in_bfloat16():
+    """Only the ``mtp.*`` tensors are read, straight from the file; they must equal what
+    ``mx.load`` (which reads the whole file) gives, bfloat16 included."""
+    path = tiny_checkpoint("qwen3_5", mtp="random")  # bfloat16, like published weights
+    files = weight_files(path)
+    ours, whole = read(files), mx.load(str(files[0]))
+    assert set(ours) == {k for k in whole if k.startswith("mtp.")}
+    for k, v in ours.items():
+        assert v.dtype == whole[k].dtype == mx.bfloat16 and mx.array_equal(v, whole[k]).item()
