@@ -70,16 +70,16 @@ export class ChatCurve {
 
   // The server's settings frame: the curve the chat has now.
   show(frame) {
-    this.pending = false;
     this.curve = frame.curve || null;
     this.chip.hidden = !this.curve;
     this.chipName.textContent = this.curve ? this.curve.name : "";
     this.options();
   }
 
-  // An error frame: if it answers our set_curve, say so beside the picker too.
+  // An error frame: if it answers our set_curve (the server's messages about it name the
+  // curve field; the greeting's settings frame may come between), say so by the picker too.
   refused(message) {
-    if (!this.pending) return;
+    if (!this.pending || !/^curve\b/.test(message)) return;
     this.pending = false;
     this.note.textContent = `Refused: ${message}`;
     this.note.dataset.bad = "1";
