@@ -161,7 +161,8 @@ def test_set_up_synthesize_search_read_and_diff(page, served):
     assert page.evaluate("document.activeElement.id") == "memory-diff"
 
     page.click("#memory-article a >> text=Rust language")  # a wikilink in the article body
-    page.wait_for_function("document.getElementById('h-mem-article').textContent === 'Rust language'")
+    page.wait_for_function(
+        "document.getElementById('h-mem-article').textContent === 'Rust language'")
     assert page.locator("#memory-inbound a").all_inner_texts() == ["Kiwi fruit"]
     page.go_back()  # the hash route is history: Back is the article before
     page.wait_for_function("document.getElementById('h-mem-article').textContent === 'Kiwi fruit'")

@@ -201,9 +201,13 @@ export class MemoryView {
     body.innerHTML = renderMarkdown(page.body.content.replace(WIKILINK, (_, target, label) =>
       `[${(label || target.replace(/_/g, " ")).trim()}](${articleHref(stemOf(target))})`));
     body.querySelectorAll("a[href]").forEach((a) => {
-      if (!a.getAttribute("href").startsWith("#memory/")) {
+      const href = a.getAttribute("href");
+      if (!href.startsWith("#memory/")) {
         a.target = "_blank";
         a.rel = "noopener noreferrer";
+      } else if (this.names.size && !this.names.has(decodeURIComponent(href.slice(8)))) {
+        a.classList.add("missing");
+        a.title = "No article yet";
       }
     });
     const list = (id, names, empty) => this.$(id).replaceChildren(...(names.length
