@@ -184,6 +184,14 @@ def test_the_chat_refuses_a_curve_that_goes_down(page, tiny):
     page.click("#settings-toggle")
     assert page.inner_text("#chat-curve-note").startswith("Refused: curve.points is not monotone")
     assert page.is_hidden("#curve-chip") and page.input_value("#chat-curve") == ""
+    page.set_viewport_size({"width": 390, "height": 844})  # the picker and chip on a phone
+    page.select_option("#chat-curve", "plateau")
+    page.wait_for_selector("#curve-chip:not([hidden])")
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    assert page.evaluate("document.getElementById('chat-curve').labels.length") == 1
+    page.focus("#curve-chip button")  # the chip's ✕ by keyboard
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#curve-chip", state="hidden")
 
 
 def test_curves_screenshots(page, smollm2_path, tmp_path):
