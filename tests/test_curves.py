@@ -80,7 +80,7 @@ def test_options_preflight_and_pages(srv):
         assert r.status_code == 200 and r.headers["cache-control"] == "no-store"
         assert r.headers["content-type"].startswith("text/html")
     assert "/assets/curves.js" in httpx.get(srv.base_url + "/curves").text
-    for route in ("quantize", "finetune", "dataset"):
+    for route in ("quantize", "finetune", "dataset", "memory"):
         r = httpx.get(f"{srv.base_url}/{route}")
         assert r.status_code == 302 and r.headers["location"] == f"/#{route}"
 

@@ -126,6 +126,7 @@ def test_2_init_creates_the_vault_once(served, tmp_path):
     assert (tmp_path / "other" / "articles").is_dir()
     status, body = get(srv, "/api/memory/status")
     assert status == 200 and body["enabled"] and body["status"]["root"] == str(vault.root)
+    assert body["status"]["sessionsCovered"] == 0 and body["status"]["lastSynthesisMs"] is None
 
 
 def test_3_a_dry_run_plans_without_writing(served):
@@ -154,6 +155,9 @@ def test_4_a_run_writes_articles_the_index_finds(served):
     assert sorted(done["created"]) == ["Kiwi_fruit", "Rust_language"]
     status, listing = get(srv, "/api/memory/list")
     assert listing["articles"] == ["Kiwi_fruit", "Rust_language"]
+    state = get(srv, "/api/memory/status")[1]["status"]  # what the Memory page shows
+    assert state["sessionsCovered"] == 2 and state["indexBytes"] > 0
+    assert abs(state["lastSynthesisMs"] / 1000 - time.time()) < 60
     _, found = get(srv, "/api/memory/search", q="vitamin", scope="articles")
     assert found["summaries"][0]["article"] == "Kiwi_fruit"
     hit = found["hits"][0]

@@ -62,13 +62,13 @@ def test_navigate_app_drives_the_page_and_tool_rounds_are_capped(scripted):
 
 def test_unknown_routes_are_tool_errors_never_sent_to_the_page(scripted):
     srv, plugin = scripted
-    plugin.text = call("navigate_app", route="memory")
+    plugin.text = call("navigate_app", route="wiki")
     with ChatClient(srv.base_url) as c:
         c.hello()
         frames = c.turn(text="Quantize something")
     assert not [f for f in frames if f["type"] == "ui_navigate"]
     end = next(f for f in frames if f["type"] == "tool_end")
-    assert end["ok"] is False and "unknown route 'memory'" in end["result"]["error"]
+    assert end["ok"] is False and "unknown route 'wiki'" in end["result"]["error"]
 
 
 def test_the_assistant_reads_the_context_the_page_pushed(scripted):

@@ -112,3 +112,12 @@ class History:
         with self._db() as db:
             db.execute("INSERT OR REPLACE INTO sources(id, digest, ts) VALUES (?,?,?)",
                        (source_id, digest, time.time()))
+
+    def sources_read(self) -> tuple[int, float | None]:
+        """How many conversations synthesis has read, and when it last marked one (None:
+        never): what the Memory panel shows as coverage and the last run."""
+        if not self.path.exists():
+            return 0, None
+        with self._db() as db:
+            count, last = db.execute("SELECT COUNT(*), MAX(ts) FROM sources").fetchone()
+        return int(count), last

@@ -128,7 +128,17 @@ class Vault:
         return {"root": str(self.root), "exists": self.exists, "articleCount": len(names),
                 "referenceCount": len(self.reference_ids()), "isGitRepo": False,
                 "history": "sqlite", "indexIncomplete": self.exists and self.index.incomplete(),
-                "recentArticles": [{"article": n, "mtimeMs": int(t * 1000)} for n, t in recent]}
+                "recentArticles": [{"article": n, "mtimeMs": int(t * 1000)} for n, t in recent],
+                **self._coverage()}
+
+    def _coverage(self) -> dict:
+        """Sessions synthesis has read, its last run and the index's size on disk."""
+        covered, last = self.history.sources_read()
+        index_bytes = sum(p.stat().st_size for p in self.index.path.parent.glob(
+            self.index.path.name + "*") if p.is_file())
+        return {"sessionsCovered": covered,
+                "lastSynthesisMs": int(last * 1000) if last is not None else None,
+                "indexBytes": index_bytes}
 
     def article(self, name: str) -> dict:
         """The article's source and what a panel shows beside it."""

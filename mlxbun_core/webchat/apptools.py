@@ -15,7 +15,7 @@ from . import memory
 
 # The SPA's hash routes: the only places navigate_app may send the user.
 ROUTES = {"chat": "Chat", "status": "Status", "models": "Models", "quantize": "Quantize",
-          "finetune": "Fine-tune", "dataset": "Dataset"}
+          "finetune": "Fine-tune", "dataset": "Dataset", "memory": "Memory"}
 MAX_ELEMENTS = 120
 MAX_FIELD_CHARS = 200
 SPOTLIGHT_FIELDS = ("ref", "label", "selector", "target")

@@ -81,6 +81,8 @@ class Conversation:
             body["chat_template_kwargs"] = {"enable_thinking": s["thinking"]}
         if s.get("adapter"):
             body["adapter"] = s["adapter"]
+        if s.get("curve"):  # a drawn curve replaces the temperature sampler (engine/hlg.py)
+            body["hlg"] = {"points": s["curve"]["points"]}
         return body
 
     @staticmethod
@@ -110,7 +112,7 @@ class Conversation:
         await self.send({"type": "settings", "systemPrompt": s.get("systemPrompt"),
                          "thinking": s.get("thinking"), "sampling": s.get("sampling") or {},
                          "nextTurn": self.next_turn, "adapter": s.get("adapter"),
-                         "overflow": overflow.policy_of(s)})
+                         "overflow": overflow.policy_of(s), "curve": s.get("curve")})
 
     async def send_history(self) -> None:
         session = self.session

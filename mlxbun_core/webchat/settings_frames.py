@@ -1,9 +1,13 @@
 """Client frames that change how the next turns run: thinking, the system prompt, the
-adapter, sampling (for the session or the next turn only), and the page's context that
-the app tools read. Each answers with the settings as they now stand."""
+adapter, sampling (for the session or the next turn only), the session's drawn HLG curve,
+and the page's context that the app tools read. Each answers with the settings as they
+now stand."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from ..engine.hlg import parse_points
 from ..engine.sampling import SamplingParams, max_tokens_from
 from ..errors import BadRequest
 from . import apptools
@@ -11,6 +15,7 @@ from .conversation import Conversation
 from .fields import text_arg
 from .overflow import check_policy
 
+MAX_CURVE_NAME = 60
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "xtc_probability", "xtc_threshold",
                  "repetition_penalty", "repetition_context_size", "presence_penalty",
                  "frequency_penalty", "seed", "max_tokens", "logit_bias")
@@ -18,7 +23,7 @@ SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "xtc_probability", "x
 
 class SettingsFrames:
     """``set_thinking``, ``set_system_prompt``, ``set_adapter``, ``set_sampling``,
-    ``set_overflow``, ``context``."""
+    ``set_overflow``, ``set_curve``, ``context``."""
 
     def __init__(self, conversation: Conversation):
         self.conv = conversation
@@ -67,5 +72,25 @@ class SettingsFrames:
         self.conv.update_settings({"overflow": check_policy(frame.get("policy"))})
         await self.conv.send_settings()
 
+    async def on_set_curve(self, frame: dict) -> None:
+        """The session's drawn curve (sent as ``hlg.points`` with each turn), or null for
+        none. A curve that goes down is refused here, before any turn, with the engine's
+        own message."""
+        self.conv.update_settings({"curve": session_curve(frame.get("curve"))})
+        await self.conv.send_settings()
+
     async def on_context(self, frame: dict) -> None:
         self.conv.app_context = apptools.clean_context(frame.get("context"))
+
+
+def session_curve(value: Any) -> dict | None:
+    """``{name, points}`` checked (points monotone, as ``hlg.points`` must be), or None."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise BadRequest("curve must be an object {name, points} or null")
+    name = value.get("name") or "drawn curve"
+    if not isinstance(name, str) or len(name) > MAX_CURVE_NAME:
+        raise BadRequest(f"curve.name must be a string of at most {MAX_CURVE_NAME} characters")
+    points = parse_points(value.get("points"), "curve.points")
+    return {"name": name.strip() or "drawn curve", "points": [list(p) for p in points]}

@@ -120,6 +120,80 @@ def test_lab_paths_and_the_overflow_setting(page, tiny):
     assert page.console.errors == []
 
 
+def last_answer(page, count: int) -> str:
+    page.wait_for_function(
+        "n => !document.querySelector('.msg.assistant.streaming')"
+        " && document.querySelectorAll('.msg.assistant').length >= n", arg=count, timeout=30_000)
+    return page.locator(".msg.assistant .msg-body").last.inner_text()
+
+
+def answer_again(page, versions: int) -> str:
+    """Regenerate the last answer (same prompt, same seed) and read the new one, which is
+    version ``versions`` of ``versions`` once the history is drawn again."""
+    page.locator(".msg.assistant button", has_text="Regenerate").last.click()
+    page.wait_for_function(
+        "n => !document.querySelector('.msg.assistant.streaming') && [...document.querySelectorAll("
+        "'.msg.assistant .siblings span')].some(s => s.textContent === `${n}/${n}`)",
+        arg=versions, timeout=30_000)
+    return page.locator(".msg.assistant .msg-body").last.inner_text()
+
+
+def test_a_chat_samples_with_the_curve_from_the_designer(page, tiny):
+    open_designer(page, tiny)
+    page.fill("#curve-name", "steep")
+    page.click("[data-preset=sharpen]")
+    page.click("#curve-use")  # to the chat, which keeps the curve with the session
+    page.wait_for_url("**/#chat")
+    page.wait_for_selector("#curve-chip:not([hidden])")
+    assert page.text_content("#curve-chip") == "Curve: steep✕"
+    page.click("#settings-toggle")
+    assert page.input_value("#chat-curve") == "steep"
+    page.fill("[name=temperature]", "1")
+    page.fill("[name=seed]", "5")
+    page.fill("[name=max_tokens]", "10")
+    page.click("#apply-session")
+    page.fill("#composer-input", "Hello there")
+    page.keyboard.press("Enter")
+    last_answer(page, 1)  # warms the prompt cache: every answer compared below reuses it
+    curved = answer_again(page, 2)
+    page.click("#curve-chip button")  # removed: the same seed now samples with temperature
+    page.wait_for_selector("#curve-chip", state="hidden")
+    assert page.input_value("#chat-curve") == ""
+    plain = answer_again(page, 3)
+    assert plain != curved
+    assert answer_again(page, 4) == plain  # the seed decides, so the curve made the difference
+    page.select_option("#chat-curve", "steep")  # back on from the settings
+    page.wait_for_selector("#curve-chip:not([hidden])")
+    assert answer_again(page, 5) == curved
+    page.reload()  # the chat reopens with its curve
+    page.wait_for_selector("#curve-chip:not([hidden])")
+    assert page.is_hidden("#error")
+    assert page.console.errors == []
+
+
+def test_the_chat_refuses_a_curve_that_goes_down(page, tiny):
+    open_designer(page, tiny)
+    page.click("#curve-add")
+    for _ in range(6):
+        page.keyboard.press("Shift+ArrowUp")
+    assert "Not monotone" in page.inner_text("#curve-monotone")
+    page.click("#curve-use")
+    page.wait_for_url("**/#chat")
+    page.wait_for_selector("#error:not([hidden])")
+    assert "curve.points is not monotone at point 2" in page.inner_text("#error")
+    page.click("#settings-toggle")
+    assert page.inner_text("#chat-curve-note").startswith("Refused: curve.points is not monotone")
+    assert page.is_hidden("#curve-chip") and page.input_value("#chat-curve") == ""
+    page.set_viewport_size({"width": 390, "height": 844})  # the picker and chip on a phone
+    page.select_option("#chat-curve", "plateau")
+    page.wait_for_selector("#curve-chip:not([hidden])")
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    assert page.evaluate("document.getElementById('chat-curve').labels.length") == 1
+    page.focus("#curve-chip button")  # the chip's ✕ by keyboard
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#curve-chip", state="hidden")
+
+
 def test_curves_screenshots(page, smollm2_path, tmp_path):
     out = Path(os.environ.get("MLXBUN_SCREENSHOT_DIR") or tmp_path)
     out.mkdir(parents=True, exist_ok=True)
@@ -131,6 +205,16 @@ def test_curves_screenshots(page, smollm2_path, tmp_path):
         page.click("[data-preset=sharpen]")
         assert len(generate(page, timeout=240_000)) == 2
         page.screenshot(path=str(out / "webapp-curves.png"), full_page=True)
+        page.fill("#curve-name", "sharpen")
+        page.click("#curve-use")  # and the chat that samples with it
+        page.wait_for_selector("#curve-chip:not([hidden])")
+        page.click("#settings-toggle")
+        page.fill("[name=max_tokens]", "40")
+        page.click("#apply-session")
+        page.fill("#composer-input", "Write one sentence about the sea.")
+        page.keyboard.press("Enter")
+        assert last_answer(page, 1)
+        page.screenshot(path=str(out / "webapp-chat-curve.png"))
     finally:
         s.stop()
 

@@ -3,16 +3,18 @@
 import { chatAvailability } from "./api.js";
 import { snapshot, spotlight } from "./appctx.js";
 import { ChatView } from "./chat.js";
+import { ChatCurve } from "./chatcurve.js";
 import { Coding } from "./coding.js";
 import { ChatSocket } from "./conn.js";
 import { Composer } from "./composer.js";
 import { ModelsView } from "./models.js";
 import { LAB_ROUTES, LabViews } from "./lab.js";
+import { MemoryView } from "./memory.js";
 import { Settings } from "./settings.js";
 import { Sidebar } from "./sidebar.js";
 import { StatusView } from "./status.js";
 
-const ROUTES = ["chat", "status", "models", ...LAB_ROUTES];
+const ROUTES = ["chat", "status", "models", "memory", ...LAB_ROUTES];
 const $ = (id) => document.getElementById(id);
 const lab = new LabViews($("main"));
 
@@ -34,10 +36,12 @@ const chat = new ChatView($("messages"), {
   switchTo: (entryId) => !state.busy && send({ type: "switch_sibling", entryId }),
 });
 const settings = new Settings(send);
+const curve = new ChatCurve(send);
 const coding = new Coding(send, chat);
 const sidebar = new Sidebar(send, () => setSidebar(false));
 const status = new StatusView();
 const models = new ModelsView();
+const memory = new MemoryView($("main"));
 const composer = new Composer((text, images) => {
   if (state.busy || !send({ type: "prompt", text, images: images.map(({ data, mimeType }) => ({ data, mimeType })) })) {
     return false;
@@ -61,9 +65,10 @@ function onFrame(frame) {
         state.restoring = true; // a session that is gone since is forgotten quietly
         send({ type: "open_session", path: state.activePath });
       }
+      curve.ready(); // a curve from the Curves page ("use in chat") goes to this chat
       pushContext();
       break;
-    case "settings": settings.show(frame); break;
+    case "settings": settings.show(frame); curve.show(frame); break;
     case "history":
       state.restoring = false;
       chat.renderHistory(frame.items);
@@ -112,6 +117,7 @@ function onError(frame) {
     return;
   }
   showError(frame.message);
+  curve.refused(frame.message);
   if (state.awaiting) { // the prompt was refused: nothing was saved, give the text back
     composer.restore(state.awaiting.text, state.awaiting.images);
     state.awaiting = null;
@@ -189,7 +195,7 @@ function navigate(route) {
 }
 
 function applyRoute() {
-  const wanted = location.hash.replace(/^#\/?/, "") || "chat";
+  const wanted = (location.hash.replace(/^#\/?/, "") || "chat").split("/")[0]; // #memory/<article>
   state.route = ROUTES.includes(wanted) ? wanted : "chat";
   for (const r of ROUTES) $(`view-${r}`).hidden = r !== state.route;
   document.querySelectorAll(".views a").forEach((a) => {
@@ -199,13 +205,14 @@ function applyRoute() {
   document.title = state.route === "chat" ? "mlxbun" : `mlxbun · ${state.route}`;
   status.show(state.route === "status");
   models.show(state.route === "models");
+  memory.show(state.route === "memory");
   lab.show(state.route);
   pushContext();
 }
 
 function pushContext() {
   if (!state.ready) return;
-  const view = { chat: "conversation", status: "server status", models: "model library" }[state.route] || `${state.route} jobs`;
+  const view = { chat: "conversation", status: "server status", models: "model library", memory: "memory vault" }[state.route] || `${state.route} jobs`;
   socket.send({ type: "context", context: { route: state.route, view, snapshot: snapshot(state.route) } });
 }
 

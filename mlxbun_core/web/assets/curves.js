@@ -1,8 +1,10 @@
 // The curve designer (/curves): draw a log-prob transfer curve, see the prompt's
 // next-token distribution under it (POST /signal), and compare samples drawn with the curve
-// against the model's default recipe (POST /generate). Mouse, touch and keyboard all edit
+// against the model's default recipe (POST /generate), save it in this browser and hand it
+// to the chat ("use in chat": the chat session keeps it and samples its turns with it). Mouse, touch and keyboard all edit
 // the same list of points; the server refuses a curve that goes down, and says why.
 import { apiKey, askForKey } from "./api.js";
+import { PRESETS, handOff, saveCurve } from "./curvestore.js";
 
 const $ = (id) => document.getElementById(id);
 const SVGNS = "http://www.w3.org/2000/svg";
@@ -10,12 +12,6 @@ const X = [-20, 0];
 const Y = [-20, 0];
 const PLOT = { left: 40, right: 390, top: 10, bottom: 270 };
 const STEP = 0.5;
-const PRESETS = {
-  identity: [[-20, -20], [0, 0]],
-  sharpen: [[-20, -20], [-10, -19], [-3, -14], [0, 0]],
-  soften: [[-20, -20], [-10, -5], [0, 0]],
-  plateau: [[-20, -20], [-6, -12], [-2, -11], [0, -10]],
-};
 
 let points = PRESETS.identity.map((p) => [...p]);
 let bins = null;
@@ -266,5 +262,15 @@ document.querySelectorAll("[data-preset]").forEach((b) => b.addEventListener("cl
   render();
 }));
 $("curve-signal").addEventListener("click", readSignal);
+const named = () => ({ name: $("curve-name").value.trim() || "my curve", points: points.map((p) => [...p]) });
+$("curve-save").addEventListener("click", () => {
+  saveCurve(named());
+  $("curve-note").textContent = `Saved “${named().name}” in this browser: the chat settings list it.`;
+});
+$("curve-use").addEventListener("click", () => { // the chat checks it (and says if it is refused)
+  saveCurve(named());
+  handOff(named());
+  location.href = "/#chat";
+});
 $("curve-form").addEventListener("submit", generate);
 $("key-form").addEventListener("submit", () => setTimeout(() => location.reload(), 0));
