@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .stream import Emitted, SpecTally, process_window
+from .stream import Emitted, SpecTally, count_round, process_window
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -190,12 +190,7 @@ class MtpStream:
         del self.fed[len(self.fed) - refed - 1:]
 
     def _count(self, drafted: int, accepted: int) -> None:
-        self.usage["drafted"] += drafted
-        self.usage["accepted"] += accepted
-        if self.tally is not None:
-            self.tally.drafted += drafted
-            self.tally.accepted += accepted
-            self.tally.rounds += 1
+        count_round(self.usage, self.tally, drafted, accepted)
 
 
 def mx_tokens(tokens: list[int]) -> mx.array:

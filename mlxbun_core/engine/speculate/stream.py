@@ -183,12 +183,18 @@ class SpecStream:
         return _Window(drafts, samples, logprobs)
 
     def _count(self, drafted: int, accepted: int) -> None:
-        self.usage["drafted"] += drafted
-        self.usage["accepted"] += accepted
-        if self.tally is not None:
-            self.tally.drafted += drafted
-            self.tally.accepted += accepted
-            self.tally.rounds += 1
+        count_round(self.usage, self.tally, drafted, accepted)
+
+
+def count_round(usage: dict[str, int], tally: SpecTally | None, drafted: int,
+                accepted: int) -> None:
+    """One verify round: the request's ``usage.speculation`` and the engine's tally."""
+    usage["drafted"] += drafted
+    usage["accepted"] += accepted
+    if tally is not None:
+        tally.drafted += drafted
+        tally.accepted += accepted
+        tally.rounds += 1
 
 
 def process_window(processors: list[LogitsProcessor], logits: mx.array, fed: list[int],

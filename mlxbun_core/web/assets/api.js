@@ -16,6 +16,24 @@ export async function getJSON(path) {
   return { status: response.status, ok: response.ok, body };
 }
 
+// A JSON request with a body; on 401 the key dialog opens once and, given a key, the call
+// is tried again with it.
+export async function sendJSON(method, path, body) {
+  const call = () => {
+    const headers = { "Content-Type": "application/json" };
+    if (apiKey()) headers.Authorization = `Bearer ${apiKey()}`;
+    return fetch(path, { method, headers, body: body == null ? undefined : JSON.stringify(body) });
+  };
+  let response = await call();
+  if (response.status === 401) {
+    await askForKey();
+    if (apiKey()) response = await call();
+  }
+  return { status: response.status, ok: response.ok, body: await response.json().catch(() => null) };
+}
+
+export const postJSON = (path, body, method = "POST") => sendJSON(method, path, body);
+
 let asking = null;
 
 // Show the key dialog once; resolves when the user saved a key.

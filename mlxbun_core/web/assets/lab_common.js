@@ -1,9 +1,9 @@
 // What the lab pages share: DOM helpers, JSON calls with the API key, a job's event
 // stream (SSE read through fetch, so the key travels as a header), the job panel
 // (progress, stage, cancel) and the model picker (the local library, a path, the hub).
-import { apiKey, askForKey, getJSON } from "./api.js";
+import { apiKey, getJSON, postJSON } from "./api.js";
 
-export { getJSON };
+export { getJSON, postJSON };
 
 export function el(tag, props = {}, ...children) {
   const node = document.createElement(tag);
@@ -37,19 +37,6 @@ export function select(name, options, value) {
   return s;
 }
 
-export async function postJSON(path, body, method = "POST") {
-  const headers = { "Content-Type": "application/json" };
-  if (apiKey()) headers.Authorization = `Bearer ${apiKey()}`;
-  const response = await fetch(path, { method, headers, body: body ? JSON.stringify(body) : undefined });
-  if (response.status === 401) await askForKey();
-  let data = null;
-  try {
-    data = await response.json();
-  } catch {
-    data = null;
-  }
-  return { status: response.status, ok: response.ok, body: data };
-}
 
 export const errorOf = (r) => r.body?.error?.message || r.body?.error || `HTTP ${r.status}`;
 

@@ -2,7 +2,7 @@
 // an article with its links and backlinks, its revisions and what each changed, and
 // synthesis over the saved chats (a dry-run preview first, live progress, cancel).
 // Everything is /api/memory/* and the SSE stream of /v1/memory/synthesize.
-import { apiKey, askForKey, getJSON } from "./api.js";
+import { getJSON, postJSON } from "./api.js";
 import { renderMarkdown } from "./markdown.js";
 import { SynthesisPanel } from "./memory_synth.js";
 
@@ -23,17 +23,6 @@ export function stemOf(title) {
 const articleHref = (name) => `#memory/${q(name)}`;
 const fmtBytes = (n) => (n >= 1048576 ? `${(n / 1048576).toFixed(1)} MiB`
   : n >= 1024 ? `${(n / 1024).toFixed(1)} KiB` : `${n} B`);
-
-async function postJSON(path, body) {
-  const headers = { "content-type": "application/json" };
-  if (apiKey()) headers.Authorization = `Bearer ${apiKey()}`;
-  const response = await fetch(path, { method: "POST", headers, body: JSON.stringify(body) });
-  if (response.status === 401) {
-    await askForKey();
-    return postJSON(path, body);
-  }
-  return { ok: response.ok, status: response.status, body: await response.json().catch(() => null) };
-}
 
 function section() {
   const el = h("section", { id: "view-memory", className: "view status-view memory-view", hidden: true });

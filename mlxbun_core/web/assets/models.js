@@ -1,22 +1,10 @@
 // The Models page: search the hub for MLX-ready models, download them (progress from
 // GET /downloads, cancel), and serve or delete what is on this machine.
-import { apiKey, askForKey, getJSON } from "./api.js";
+import { getJSON, sendJSON } from "./api.js";
 
 const $ = (id) => document.getElementById(id);
 
-async function send(method, path, body) {
-  const headers = { "Content-Type": "application/json" };
-  if (apiKey()) headers.Authorization = `Bearer ${apiKey()}`;
-  const response = await fetch(path, { method, headers, body: body ? JSON.stringify(body) : undefined });
-  if (response.status === 401) await askForKey();
-  let data = null;
-  try {
-    data = await response.json();
-  } catch {
-    data = null;
-  }
-  return { status: response.status, ok: response.ok, body: data };
-}
+const send = sendJSON;
 
 const size = (bytes) => {
   if (!bytes) return "—";
