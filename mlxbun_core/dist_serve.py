@@ -176,6 +176,7 @@ def run_leader(args: argparse.Namespace, group: DistributedGroup) -> int:
     model.model = lockstep
     # admission bills this rank's KV (its weights are already its shard's)
     model.config = rank_config(model.config, group.size, group.mode)
+    model.extras["ranks"] = group.size  # the default batch widens (fit.batch_plan)
     defaults = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
     engine = Engine(model, worker=worker, defaults=defaults, max_tokens=args.max_tokens,
                     batch=args.batch, prompt_cache_bytes=int(args.prompt_cache * (1 << 30)),

@@ -41,16 +41,18 @@ GIB = 1 << 30
 LAYOUT = fit.KVLayout(full_bytes_per_token=147_456.0)  # Qwen3-8B: 36 layers x 8 KV heads x 128
 
 
-@pytest.mark.parametrize("backend,quantized,room,rows", [
-    ("cuda", False, 120 * GIB, 64),  # an H200 with an 8B bf16 model: 200 rows fit, cap 64
-    ("metal", False, 6 * GIB, 10),  # a 16 GB Mac: what the KV room holds at 4,096 tokens
-    ("cuda", True, 120 * GIB, 8),  # quantized weights batch poorly on CUDA
-    ("metal", True, 120 * GIB, 64),  # ... not on Metal
-    ("cpu", False, 20 * GIB, 4),  # a CPU decode step is compute-bound
-    ("metal", False, GIB // 2, 4),  # not even one row's typical KV fits: the floor
+@pytest.mark.parametrize("backend,quantized,room,rows,ranks", [
+    ("cuda", False, 120 * GIB, 64, 1),  # an H200 with an 8B bf16 model: 200 rows fit, cap 64
+    ("metal", False, 6 * GIB, 10, 1),  # a 16 GB Mac: what the KV room holds at 4,096 tokens
+    ("cuda", True, 120 * GIB, 8, 1),  # quantized weights batch poorly on CUDA
+    ("metal", True, 120 * GIB, 64, 1),  # ... not on Metal
+    ("cpu", False, 20 * GIB, 4, 1),  # a CPU decode step is compute-bound
+    ("metal", False, GIB // 2, 4, 1),  # not even one row's typical KV fits: the floor
+    ("cpu", False, 20 * GIB, 32, 2),  # two ranks: a step waits on their round trips
+    ("cpu", False, 2 * GIB, 4, 2),  # ... within what the KV room holds (here the floor)
 ])
-def test_the_default_batch(backend, quantized, room, rows):
-    plan = fit.batch_plan(LAYOUT, room, backend=backend, quantized=quantized)
+def test_the_default_batch(backend, quantized, room, rows, ranks):
+    plan = fit.batch_plan(LAYOUT, room, backend=backend, quantized=quantized, ranks=ranks)
     assert plan.rows == rows
     assert plan.row_bytes == 147_456 * fit.TYPICAL_CONTEXT
     assert plan.memory_rows == room // plan.row_bytes and plan.reason

@@ -124,4 +124,5 @@ def default_batch(model: LoadedModel, admission: Admission) -> fit.BatchPlan:
         backend = "cuda" if cuda is not None and cuda.is_available() else "metal"
     return fit.batch_plan(admission.layout, admission.kv_room, backend=backend,
                           quantized=quantization(model.config or {})[0] is not None,
-                          context=min(fit.TYPICAL_CONTEXT, admission.enforced_context))
+                          context=min(fit.TYPICAL_CONTEXT, admission.enforced_context),
+                          ranks=int(model.extras.get("ranks", 1)))

@@ -262,6 +262,7 @@ def plan(config: dict, weights_bytes: int, budget_bytes: int, *, context: int | 
 BATCH_MIN, BATCH_MAX = 4, 64
 TYPICAL_CONTEXT = 4096  # tokens of KV a row is assumed to hold when sizing the default
 CPU_BATCH = 4  # a CPU decode step is compute-bound: more rows split the same tok/s
+DISTRIBUTED_BATCH = 32  # as mlx_lm.server's decode concurrency: ranks' round trips bound a step
 CUDA_QUANTIZED_BATCH = 8  # batched quantized matmul on CUDA: 32 rows ran at 0.16x of bf16
 
 
@@ -283,11 +284,15 @@ class BatchPlan:
 
 
 def batch_plan(kv: KVLayout, kv_room_bytes: int, *, backend: str, quantized: bool,
-               context: int = TYPICAL_CONTEXT) -> BatchPlan:
-    """``backend``: "cpu", "cuda" or "metal"; ``quantized``: the weights are."""
+               context: int = TYPICAL_CONTEXT, ranks: int = 1) -> BatchPlan:
+    """``backend``: "cpu", "cuda" or "metal"; ``quantized``: the weights are; ``ranks``: the
+    processes of a distributed serve (each step then waits on collectives between them, so
+    a wider batch costs little even where one process's decode is compute-bound)."""
     row = max(1, kv.bytes_at(max(1, context)))
     memory_rows = max(0, int(kv_room_bytes // row))
-    if backend == "cpu":
+    if ranks > 1 and backend == "cpu":
+        device_rows, why = DISTRIBUTED_BATCH, f"{ranks} ranks: each step waits on collectives"
+    elif backend == "cpu":
         device_rows, why = CPU_BATCH, "CPU backend: decode is compute-bound"
     elif backend == "cuda" and quantized:
         device_rows, why = CUDA_QUANTIZED_BATCH, "quantized weights on CUDA batch poorly"
