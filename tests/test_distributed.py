@@ -34,9 +34,9 @@ from mlxbun_core.testing.process import ServerProcess
 from mlxbun_core.testing.server import free_port, start_server
 
 BIN = Path(sys.executable).parent
-BATCH = 4
+BATCH = 8  # eight rows: a step's descriptor outgrows one frame (channel.FRAME)
 PROMPTS = ["hello there", "the quick brown fox jumps over", "one two three four five six",
-           "a"]
+           "a", "seven eight", "what is the time", "zebras and lions", "b c d e f g"]
 
 
 def _launcher() -> Path:

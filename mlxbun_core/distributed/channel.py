@@ -48,15 +48,22 @@ class Channel:
         head = struct.pack("<I", len(data)) + data[:FRAME - 4]
         frame = np.zeros(FRAME, dtype=np.uint8)
         frame[:len(head)] = np.frombuffer(head, dtype=np.uint8)
-        sent = [self._all_sum(mx.array(frame))]
+        # one evaluation each: MLX does not promise the order of independent arrays
+        # evaluated together, and the other ranks take the second frame second
+        mx.async_eval(self._all_sum(mx.array(frame)))
         if len(data) > FRAME - 4:
-            sent.append(self._all_sum(mx.array(np.frombuffer(data[FRAME - 4:], np.uint8))))
-        mx.async_eval(sent)
+            mx.async_eval(self._all_sum(mx.array(np.frombuffer(data[FRAME - 4:], np.uint8))))
 
     def share(self, arrays: list[Any]) -> list[Any]:
-        """``arrays`` as every rank receives them (lazy: their all_sum is part of the graph
-        of whatever consumes them)."""
-        return [self._all_sum(a) for a in arrays]
+        """``arrays`` as every rank receives them, each all_sum queued in list order (one
+        evaluation each, as :meth:`send` does) whatever reads them later."""
+        import mlx.core as mx
+
+        shared = []
+        for a in arrays:
+            shared.append(self._all_sum(a))
+            mx.async_eval(shared[-1])
+        return shared
 
     # -- the other ranks -------------------------------------------------------------
     def recv(self) -> Any:
