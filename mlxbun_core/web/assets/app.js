@@ -207,7 +207,20 @@ function applyRoute() {
   models.show(state.route === "models");
   memory.show(state.route === "memory");
   lab.show(state.route);
+  revealCurrentLink();
   pushContext();
+}
+
+// On a narrow screen the page links scroll sideways: keep the current one in view.
+function revealCurrentLink() {
+  const nav = document.querySelector(".views");
+  const current = nav.querySelector("a[aria-current=page]");
+  if (!current || nav.scrollWidth <= nav.clientWidth) return;
+  const box = current.getBoundingClientRect();
+  const edge = nav.getBoundingClientRect();
+  if (box.left < edge.left || box.right > edge.right) {
+    nav.scrollLeft += box.left - edge.left - (edge.width - box.width) / 2;
+  }
 }
 
 function pushContext() {
