@@ -221,7 +221,7 @@ def test_admin_routes_refuse_remote_clients_and_wrong_keys(server, ckpt):
     for method, route in (("POST", "/api/finetune/submit"), ("POST", "/api/quantize/submit"),
                           ("POST", "/api/finetune/merge"), ("GET", "/api/jobs"),
                           ("POST", "/v1/adapters"), ("DELETE", "/v1/adapters/a"),
-                          ("GET", "/v1/adapters/available")):
+                          ("GET", "/v1/adapters/available"), ("GET", "/api/jobs/x/stream")):
         assert httpx.request(method, remote + route, json={}).status_code == 403, route
     keyed = start_server(ckpt, host="0.0.0.0", api_key="k")
     try:

@@ -34,8 +34,9 @@ def test_a_curve_rides_with_the_session_and_changes_sampling(server):
         c.hello()
         c.send("set_sampling", max_tokens=12, temperature=1.5, seed=7)
         c.until("settings")
-        answer(c, "Say something")  # warms the prompt cache: every answer compared reuses it
+        first = answer(c, "Say something")  # a cold prompt cache: its first answer
         plain = str(c.turn("regenerate")[-1]["items"][-1]["content"])
+        assert plain == first  # a regeneration (warm cache, same seed) gives it again
         c.send("new_session")
         assert c.until("settings")[-1]["curve"] is None
         c.send("set_curve", curve=STEEP)

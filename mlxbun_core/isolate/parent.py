@@ -102,8 +102,9 @@ class ParentApp:
             return await send_json(send, 413, {"error": {
                 "message": f"request body over {MAX_BODY_BYTES} bytes",
                 "type": "invalid_request_error"}})
-        if path == "/api/hub/serve" and method == "POST" and (spec := _pool_target(
-                self.pool, body)) is not None:  # the pool is the parent's: add the model
+        # the pool is the parent's: it adds the model itself
+        if path == "/api/hub/serve" and method == "POST" and (spec := await _pool_target(
+                self.pool, self.library, body)) is not None:
             return await send_json(send, 200, hub_serve.serve(self.pool, spec))
         await self._proxy(scope, body, receive, send)
 
@@ -384,12 +385,12 @@ async def _never_disconnects():
     await asyncio.Event().wait()
 
 
-def _pool_target(pool: EnginePool, body: bytes):
+async def _pool_target(pool: EnginePool, library: LibraryCache, body: bytes):
     try:
         parsed = parse_body(body)
     except APIError:
         return None  # the engine's own parser answers the 400
-    return hub_serve.wanted(pool, parsed)
+    return await hub_serve.wanted_fresh(pool, library, parsed)
 
 
 def _ctx(query: bytes) -> int | None:

@@ -207,8 +207,11 @@ def test_dataset_page_flags_broken_rows_hands_off_screenshots(page, lab, tmp_pat
 
 @pytest.mark.parametrize("route", ["quantize", "finetune", "dataset"])
 def test_lab_page_at_phone_width_with_the_keyboard(page, lab, route):
+    sent: list = []  # the chat socket's frames: the context follows the form's steps
+    page.on("websocket", lambda ws: ws.on("framesent", lambda f: sent.append(f)))
     page.set_viewport_size({"width": 390, "height": 844})
     open_page(page, lab, route)
+    page.wait_for_selector("#conn[data-state=open]")
     page.wait_for_timeout(300)  # the lists load
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     section = page.locator(f"#view-{route}")
@@ -225,4 +228,16 @@ def test_lab_page_at_phone_width_with_the_keyboard(page, lab, route):
         if submit.evaluate("b => b === document.activeElement || b.disabled"):
             break
     assert submit.evaluate("b => b === document.activeElement || b.disabled")
+    # each step of the form that takes the focus goes to the chat as the context's step
+    legends = section.locator("form.lab-form > fieldset > legend").all_inner_texts()
+    assert len(legends) >= 2
+    sent.clear()
+    for i in range(len(legends)):
+        section.locator("form.lab-form > fieldset").nth(i).locator(
+            "input:not([type=file]), select").first.focus()
+    page.wait_for_timeout(200)  # the frames go out
+    steps = [c["context"].get("step") for c in map(json.loads, sent)
+             if c.get("type") == "context" and c["context"]["route"] == route]
+    assert steps == [{"index": i, "count": len(legends), "label": text}
+                     for i, text in enumerate(legends)]
     assert page.console.errors == []

@@ -213,6 +213,48 @@ def test_phone_width_keyboard_and_labels(page, quick):
     assert unnamed == []
 
 
+PAGES = ["Chat", "Status", "Models", "Lab", "Memory", "Curves"]
+TOP_BAR = """() => { const nav = document.querySelector('.views').getBoundingClientRect();
+    return {fits: document.documentElement.scrollWidth <= window.innerWidth,
+            links: [...document.querySelectorAll('.views a')].map(a => {
+                const r = a.getBoundingClientRect();
+                return [a.textContent, r.left >= nav.left && r.right <= nav.right + 0.5,
+                        a.getAttribute('aria-current')]; })}; }"""
+
+
+@pytest.mark.parametrize("width", [390, 320])
+def test_the_top_bar_fits_a_phone_and_marks_the_page(page, quick, width):
+    """Six page links on a phone: all on screen, in Tab order, the current one marked
+    (Lab on each lab page, Memory on an article); narrower still, the current one is
+    scrolled into view."""
+    page.set_viewport_size({"width": width, "height": 700})
+    for route, current in (("chat", "Chat"), ("quantize", "Lab"), ("dataset", "Lab"),
+                           ("memory/Kiwi%20fruit", "Memory"), ("status", "Status")):
+        page.goto(f"{quick.base_url}/#{route}")
+        page.wait_for_selector(f"#view-{route.split('/')[0]}:not([hidden])")
+        bar = page.evaluate(TOP_BAR)
+        assert bar["fits"], route
+        assert [(name, shown) for name, shown, _ in bar["links"]] == [(p, True) for p in PAGES]
+        assert [name for name, _, mark in bar["links"] if mark == "page"] == [current], route
+    page.focus("#sidebar-toggle")  # Tab walks the links in order, Enter follows one
+    for name in PAGES:
+        page.keyboard.press("Tab")
+        assert page.evaluate("document.activeElement.textContent") == name
+    page.keyboard.press("Shift+Tab")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#view-memory:not([hidden])")
+    page.goto(quick.base_url + "/curves")  # the designer's bar has the same six
+    bar = page.evaluate(TOP_BAR)
+    assert bar["fits"] and [(n, s, m) for n, s, m in bar["links"]] == [
+        (p, True, "page" if p == "Curves" else None) for p in PAGES]
+    page.set_viewport_size({"width": 260, "height": 700})  # too narrow: the links scroll
+    page.goto(quick.base_url + "/#memory")
+    page.wait_for_selector("#view-memory:not([hidden])")
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    assert dict((n, s) for n, s, _ in page.evaluate(TOP_BAR)["links"])["Memory"] is True
+    assert page.console.errors == [] or all("404" in e for e in page.console.errors)
+
+
 def test_status_view_and_screenshots(page, smol, tmp_path):
     out = shots(tmp_path)
     open_app(page, smol)

@@ -1,14 +1,18 @@
-"""The web page under ``serve --isolate``: a real parent process with a real engine child,
-and headless Chromium. Chat needs an in-process engine, so the page must say so once,
-disable what needs the chat, and never open (or retry) a socket bound to be refused."""
+"""The web page under ``serve --isolate --model-pool 2``: a real parent process with a real
+engine child, and headless Chromium. Chat needs an in-process engine, so the page must say
+so once, disable what needs the chat, and never open (or retry) a socket bound to be
+refused. The Quantize page's Serve puts its result in the pool (the parent never scanned
+it before), says when it is loaded, and a chat that names it is answered by it."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 
 import httpx
+import openai
 import pytest
 
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
@@ -17,15 +21,19 @@ from mlxbun_core.testing.server import free_port
 
 pytestmark = pytest.mark.browser
 
+MODEL = "Tiny-Llama"
+
 
 @pytest.fixture(scope="module")
 def isolated(tmp_path_factory):
     root = tmp_path_factory.mktemp("isolated")
+    model = root / "home" / "models" / MODEL  # in the library: the Quantize page lists it
+    shutil.copytree(tiny_checkpoint("llama"), model)
     port = free_port()
     env = {**os.environ, "MLXBUN_HOME": str(root / "home"), "HF_HOME": str(root / "hf"),
-           "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "mlxbun_core.cli", "serve", "--isolate", "--port", str(port),
-           "--model", str(tiny_checkpoint("qwen3"))]
+           "HF_HUB_OFFLINE": "1", "MLX_DISABLE_COMPILE": "1"}
+    cmd = [sys.executable, "-m", "mlxbun_core.cli", "serve", "--isolate", "--model-pool", "2",
+           "--port", str(port), "--model", str(model)]
     with ServerProcess(cmd, env=env) as proc:
         base = f"http://127.0.0.1:{port}"
         proc.wait_for_http(base + "/engine", 60)
@@ -55,3 +63,35 @@ def test_the_page_says_once_that_chat_needs_a_non_isolated_server(page, isolated
     page.wait_for_selector("#status-model table")
     assert page.console.errors == []
     assert not [line for line in proc.lines if "handshake" in line or "ERROR" in line]
+
+
+def test_quantize_then_serve_loads_the_result_in_the_pool_and_it_chats(page, isolated):
+    proc, base = isolated
+    page.goto(base + "/#quantize")
+    page.wait_for_selector(f"#q-model option[value='{MODEL}']", state="attached")
+    page.wait_for_selector("#q-check[data-ok='1']")
+    page.click("#q-form button[type=submit]")
+    page.wait_for_selector("#view-quantize .job-panel[data-state=running]", timeout=60_000)
+    # the parent scans its library now (as a Status page polling /v1/models would), before
+    # the result exists: Serve must find the model all the same
+    assert "4bit" not in httpx.get(base + "/v1/models").text  # fresh for 30 s (ttl_s)
+    page.wait_for_selector("#view-quantize .job-panel[data-state=done]", timeout=120_000)
+    name = f"{MODEL}-4bit"
+    page.wait_for_selector("#view-quantize .lab-listed")
+    assert page.inner_text("#view-quantize .lab-listed") == f"{name} is in your library."
+    page.click(f"#view-quantize .job-result button >> text=Serve {name}")
+    said = page.wait_for_selector("#view-quantize .serve-note:not(:empty)")
+    assert said.get_attribute("data-state") in ("loading", "resident"), said.inner_text()
+    note = page.wait_for_selector("#view-quantize .serve-note[data-state=resident]",
+                                  timeout=120_000)
+    assert note.inner_text() == (f"{name} is loaded in this server's model pool: requests that"
+                                 f' name it ("model": "{name}") are answered by it.')
+    row = httpx.get(f"{base}/v1/models/{name}").json()
+    assert row["state"] == "resident"
+    resident = {e["model"] for e in httpx.get(base + "/engine").json()["pool"]["resident"]}
+    assert name in resident and len(resident) == 2  # next to the default, no restart
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=60)
+    answer = client.chat.completions.create(model=name, max_tokens=4, temperature=0,
+                                            messages=[{"role": "user", "content": "Hello"}])
+    assert answer.model == name and answer.usage.completion_tokens > 0
+    assert page.console.errors == []

@@ -196,7 +196,9 @@ function navigate(route) {
 
 function applyRoute() {
   const wanted = (location.hash.replace(/^#\/?/, "") || "chat").split("/")[0]; // #memory/<article>
-  state.route = ROUTES.includes(wanted) ? wanted : "chat";
+  const route = ROUTES.includes(wanted) ? wanted : "chat";
+  if (route !== state.route) state.step = null;
+  state.route = route;
   for (const r of ROUTES) $(`view-${r}`).hidden = r !== state.route;
   document.querySelectorAll(".views a").forEach((a) => {
     if (a.dataset.route === state.route) a.setAttribute("aria-current", "page");
@@ -207,14 +209,45 @@ function applyRoute() {
   models.show(state.route === "models");
   memory.show(state.route === "memory");
   lab.show(state.route);
+  revealCurrentLink();
   pushContext();
+}
+
+// On a narrow screen the page links scroll sideways: keep the current one in view.
+function revealCurrentLink() {
+  const nav = document.querySelector(".views");
+  const current = nav.querySelector("a[aria-current=page]");
+  if (!current || nav.scrollWidth <= nav.clientWidth) return;
+  const box = current.getBoundingClientRect();
+  const edge = nav.getBoundingClientRect();
+  if (box.left < edge.left || box.right > edge.right) {
+    nav.scrollLeft += box.left - edge.left - (edge.width - box.width) / 2;
+  }
 }
 
 function pushContext() {
   if (!state.ready) return;
   const view = { chat: "conversation", status: "server status", models: "model library", memory: "memory vault" }[state.route] || `${state.route} jobs`;
-  socket.send({ type: "context", context: { route: state.route, view, snapshot: snapshot(state.route) } });
+  const context = { route: state.route, view, snapshot: snapshot(state.route) };
+  if (state.step && state.step.route === state.route) {
+    const { index, count, label } = state.step;
+    context.step = { index, count, label };
+  }
+  socket.send({ type: "context", context });
 }
+
+// A lab form's numbered steps (its fieldsets, "1 · Model", "2 · Recipe"): the step that
+// takes the focus is pushed with the context, so the assistant knows where the user is.
+$("main").addEventListener("focusin", (event) => {
+  const fieldset = event.target.closest(".lab-form > fieldset");
+  if (!fieldset) return;
+  const steps = [...fieldset.parentElement.querySelectorAll(":scope > fieldset")];
+  const index = steps.indexOf(fieldset);
+  if (state.step?.route === state.route && state.step.index === index) return;
+  const label = fieldset.querySelector("legend")?.textContent || "";
+  state.step = { route: state.route, index, count: steps.length, label };
+  pushContext();
+});
 
 // On a phone the chats list is a drawer over the page: its own close button and a tap on
 // the dimmed page close it, and focus goes back to the ☰ button that opened it.

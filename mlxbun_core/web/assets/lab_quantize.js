@@ -135,7 +135,29 @@ export class QuantizePage {
     if (r.body?.restart_required) {
       this.serveNote.replaceChildren("This server serves one model. To serve it, restart the server with ",
         el("code", { textContent: r.body.command }), ".");
-    } else if (r.ok && r.body?.ok) this.serveNote.textContent = `${name} is ${r.body.serving ? "being served" : "loading"}.`;
+    } else if (r.ok && r.body?.pool) this.poolState(name, r.body.state === "ready" ? "resident" : "loading");
+    else if (r.ok && r.body?.ok) this.serveNote.textContent = `${name} is ${r.body.serving ? "being served" : "loading"}.`;
     else this.serveNote.textContent = errorOf(r);
+  }
+
+  // Under --isolate --model-pool the server starts the model next to the default one:
+  // follow its /v1/models state until it is loaded (or failed).
+  async poolState(name, state, tries = 0) {
+    const note = this.serveNote;
+    note.dataset.state = state;
+    if (state === "resident") {
+      note.replaceChildren(`${name} is loaded in this server's model pool: requests that name it (`,
+        el("code", { textContent: `"model": "${name}"` }), ") are answered by it.");
+      return;
+    }
+    if (state === "failed" || tries > 300) {
+      note.textContent = `${name} did not start in the model pool (see the server's log).`;
+      return;
+    }
+    note.textContent = `${name} is starting in this server's model pool…`;
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+    if (!note.isConnected) return;
+    const r = await getJSON(`/v1/models/${encodeURIComponent(name)}`).catch(() => null);
+    this.poolState(name, r?.ok ? r.body.state : "loading", tries + 1);
   }
 }
