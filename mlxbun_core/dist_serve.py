@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -203,8 +204,14 @@ def run_leader(args: argparse.Namespace, group: DistributedGroup) -> int:
                     lockstep.stop()
                     watchdog.retire()  # only now: a stuck stop must still be timed out
 
-                engine.worker.run_sync(stop)
+                engine.worker.run_sync(stop, timeout=args.distributed_timeout + 5)
                 stopped.append(None)
+            except TimeoutError:  # the worker is stuck in a collective: a rank is gone
+                from .distributed.watchdog import EXIT_STATUS
+
+                print("mlxbun: the other ranks did not stop; exiting", file=sys.stderr,
+                      flush=True)
+                os._exit(EXIT_STATUS)
             except Exception as exc:
                 print(f"mlxbun: stopping the other ranks: {exc}", file=sys.stderr)
                 stopped.append(exc)

@@ -18,6 +18,7 @@ moment to write that error, and exits with status 3.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -85,10 +86,13 @@ class Watchdog:
         if self._dead.is_set() or self._retired:
             return
         self._dead.set()
+        # the exit first: nothing below (a closed stderr, a stuck job) may keep it from us
+        threading.Timer(GRACE_S + 0.3, self._exit, args=(EXIT_STATUS,)).start()
         self.group.alive, self.group.problem = False, reason
         message = f"engine unavailable: {reason}"
-        print(f"mlxbun: {reason}; ending open requests and exiting", file=sys.stderr,
-              flush=True)
+        with contextlib.suppress(OSError):  # the launcher is gone (a broken pipe)
+            print(f"mlxbun: {reason}; ending open requests and exiting", file=sys.stderr,
+                  flush=True)
         self.engine.unavailable = message
         self.engine.abort(message)  # the worker ends them, if it still runs
         time.sleep(0.3)
@@ -97,7 +101,6 @@ class Watchdog:
                 job.close("error", message)
             except Exception:  # the exit must happen whatever a job does
                 log.exception("closing a job after the group broke")
-        threading.Timer(GRACE_S, self._exit, args=(EXIT_STATUS,)).start()
 
 
 def open_jobs(engine: Any) -> Iterator[Any]:

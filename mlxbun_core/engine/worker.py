@@ -74,15 +74,17 @@ class ModelWorker:
 
         self._inbox.put(CallJob(None, run))
 
-    def run_sync(self, fn: Callable[[], Any]) -> Any:
+    def run_sync(self, fn: Callable[[], Any], timeout: float | None = None) -> Any:
         """Run ``fn`` on the worker thread from a non-async caller (start-up).
 
         Models must be loaded here: MLX streams are per thread, and weights
-        loaded on another thread cannot be evaluated on this one.
+        loaded on another thread cannot be evaluated on this one. ``timeout``: seconds
+        to wait before ``TimeoutError`` (the call stays queued).
         """
         job = CallJob(None, fn)
         self._inbox.put(job)
-        job.done.wait()
+        if not job.done.wait(timeout):
+            raise TimeoutError(f"the worker did not run the call within {timeout} s")
         if job.error is not None:
             raise job.error
         return job.result
