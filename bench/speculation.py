@@ -27,11 +27,14 @@ no-lookup row is the informative one and the echo rows are an upper bound.
         --out bench/results/speculation_h200.json      # H200, Llama-3-8B body, bf16
 
 MTP (``--kind mtp``) needs a checkpoint that ships ``mtp.*`` weights: Qwen's own HF
-release of a Qwen3.5 model (mlx-lm conversions drop the head). MTP requests run on the
-serial lane, so ``batch8`` compares that with the batch lane (left out by default):
+release of a Qwen3.5 model (mlx-lm conversions drop the head). MTP rows decode on the
+batch lane with the others (``speculate/mtp_batch.py``), so ``batch8`` is ``--clients``
+concurrent MTP requests against the same clients decoding plainly in the batch:
 
     python bench/speculation.py --kind mtp --model /path/to/Qwen3.5-9B --rounds 5 \\
         --max-tokens 256 --out bench/results/mtp_h200.json
+    python bench/speculation.py --kind mtp --model /path/to/Qwen3.5-9B --rounds 6 \\
+        --workloads batch8 --clients 8 --max-tokens 256   # N MTP clients vs plain batched
     python bench/speculation.py --kind mtp --model /path/to/Qwen3.5-9B \\
         --num-draft-tokens 1 --mtp-hidden post          # depth / hidden-state A/B
     python bench/speculation.py --kind mtp --shape tiny  # plumbing only: tiny Qwen3.5
@@ -212,7 +215,7 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--batch", type=int, default=8, help="batch lane rows")
     p.add_argument("--workloads", nargs="+", default=None,
-                   help="default: code json prose batch8 (no batch8 under --kind mtp)")
+                   help="default: code json prose batch8")
     p.add_argument("--kind", choices=["ngram", "mtp"], default="ngram",
                    help="the speculative arm's draft_kind")
     p.add_argument("--num-draft-tokens", type=int, default=None,
@@ -222,7 +225,7 @@ def main() -> None:
     p.add_argument("--out", help="write the results as JSON here")
     args = p.parse_args()
     if args.workloads is None:
-        args.workloads = ["code", "json", "prose"] + ([] if args.kind == "mtp" else ["batch8"])
+        args.workloads = ["code", "json", "prose", "batch8"]
     if args.mtp_hidden:
         os.environ["MLXBUN_MTP_HIDDEN"] = args.mtp_hidden
     path = model_path(args)

@@ -21,7 +21,7 @@ import pytest
 from mlx_lm import load as mlx_load
 from mlx_lm.generate import BatchGenerator
 
-from mlxbun_core.engine.speculate import server_config
+from mlxbun_core.engine.speculate import mtp_prompt, server_config
 from mlxbun_core.engine.speculate.mtp_batch import MtpBatch
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.helpers import mlx_lm_greedy
@@ -187,11 +187,13 @@ def test_rows_verify_together_on_a_trimmable_cache(depth):
     gen = BatchGenerator(model, completion_batch_size=4, prefill_batch_size=4)
     uids = gen.insert(prompts, max_tokens=[40] * 3)
     mtp = MtpBatch(CopyPredictor(model))
+    mtp_prompt.install(gen, mtp)
     usage = [SimpleNamespace(speculation=None) for _ in uids[:2]]
-    for uid, u in zip(uids[:2], usage, strict=True):
-        mtp.add(uid, depth, u)
+    for uid, u, prompt in zip(uids[:2], usage, prompts[:2], strict=True):
+        mtp.add(uid, depth, u, prompt, 0)
     out: dict[int, list[int]] = {uid: [] for uid in uids}
     ended: set[int] = set()
+    read_to: dict[int, int] = {}  # prompt positions each head had read at its row's end
     steps = 0
     while len(ended) < len(uids):
         if mtp.wants(gen):
@@ -204,10 +206,14 @@ def test_rows_verify_together_on_a_trimmable_cache(depth):
             out[r.uid].append(r.token)
             if r.finish_reason is not None:
                 ended.add(r.uid)
+                if r.uid in mtp.rows:
+                    read_to[r.uid] = mtp.rows[r.uid].pos
                 mtp.drop(r.uid)
     for uid, prompt in zip(uids, prompts, strict=True):
         assert out[uid] == mlx_lm_greedy(model, prompt, 40, ()), uid
     assert sum(u.speculation["accepted"] for u in usage) > 0
     assert all(u.speculation["drafted"] > u.speculation["accepted"] for u in usage)
     assert steps < 40  # accepted drafts saved steps
+    # the heads read every prompt position (the last one with the first step)
+    assert read_to == {uid: len(p) - 1 for uid, p in zip(uids[:2], prompts, strict=False)}
     gen.close()

@@ -35,6 +35,7 @@ from ...adapters.sets import AdapterSet
 from ..fill import rows as fill_rows
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
+from ..speculate import mtp_prompt
 from ..speculate.batch import BatchSpeculator
 from ..speculate.config import MTP
 from ..speculate.mtp_batch import MtpBatch, supported
@@ -255,7 +256,7 @@ class BatchLane:
             assert job.spec is not None  # (wants_mtp)
             self.mtp.tally = job.spec_tally
             self.mtp.add(uid, job.spec.num_draft_tokens or self.mtp.predictor.num_draft_tokens,
-                         job.session.usage)
+                         job.session.usage, job.request.prompt_tokens, len(held))
         elif job.spec is not None:
             self.spec.add(uid, job.spec, [*held, *(t for seg in segments for t in seg)],
                           job.session.usage)
@@ -277,6 +278,8 @@ class BatchLane:
         if self._gen is None:
             gen = make_generator(self.model, self.cap)
             fill_rows.install(gen)  # rows with a fill session feed forced runs
+            if self.mtp is not None:  # MTP rows' heads read their prompts' hidden states
+                mtp_prompt.install(gen, self.mtp)
             self._gen = gen
             if self.adapters is not None:  # after install: routes the fill step's passes too
                 self.adapters.attach(gen, self._rows_sets)

@@ -24,9 +24,9 @@ predictor's forward hands back the hidden states the head reads. One step:
    next window (``refeed``), as the serial loop does.
 
 The head's cache is per row (its own ``KVCache``, one row per target position whose next
-token is known). Positions read by mlx-lm's batched prefill or taken by a plain step have
-no hidden state here, so they get no head row: drafts still verify, they see less
-context.
+token is known). The prompt's rows come from mlx-lm's batched prefill (``mtp_prompt``);
+positions a prefix-cache hit skipped, or a plain step took (a fill step), have no hidden
+state, so they get no head row: drafts still verify, they see less context.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
     from ...contract import Sampler, TokenPredictor
 
-MAX_REFEED = 8
+MAX_REFEED = 4
 """A row carrying this many refed tokens sends no drafts until they are fed (a window
 without drafts cannot be rejected). Lower than the serial loop's: every row of the step
 pays for the widest window."""
@@ -55,8 +55,12 @@ class _Row:
     head_cache: list[Any]
     n: int  # drafts per step
     usage: dict[str, int]
-    hidden: mx.array | None = None  # (1, k, H) target states not yet given to the head
-    after: list[int] = field(default_factory=list)  # the token after each of those states
+    prompt: list[int]  # the row's prompt (its states reach the head as it is read)
+    pos: int  # the prompt position read next
+    # (1, k, H) target states not yet given to the head; ``after``: the tokens after the
+    # first k - 1 (the last one's is the row's pending token)
+    hidden: mx.array | None = None
+    after: list[int] = field(default_factory=list)
     refeed: list[int] = field(default_factory=list)  # emitted, taken back out of the cache
 
 
@@ -68,13 +72,37 @@ class MtpBatch:
         self.rows: dict[int, _Row] = {}
         self.tally = tally
 
-    def add(self, uid: int, n: int, usage: Any) -> None:
-        """Track row ``uid`` drafting ``n`` tokens a step (``usage``: its session's)."""
+    def add(self, uid: int, n: int, usage: Any, prompt: list[int], start: int) -> None:
+        """Track row ``uid`` drafting ``n`` tokens a step (``usage``: its session's), whose
+        ``prompt`` is read from ``start`` (the tokens before came from the prefix cache)."""
         if usage.speculation is None:
             usage.speculation = {"drafted": 0, "accepted": 0, "targetCalls": 0}
             if self.tally is not None:
                 self.tally.requests += 1
-        self.rows[uid] = _Row(self.predictor.make_cache(), n, usage.speculation)
+        self.rows[uid] = _Row(self.predictor.make_cache(), n, usage.speculation, prompt, start)
+
+    def read(self, states: dict[int, mx.array]) -> None:
+        """Prompt chunks just read: each row's states ``(1, m, H)`` of its next ``m``
+        prompt positions, paired with the prompt tokens after them, join its head cache."""
+        import mlx.core as mx
+
+        caches = []
+        for uid, hidden in states.items():
+            row = self.rows[uid]
+            m = int(hidden.shape[1])
+            after = row.prompt[row.pos + 1:row.pos + m + 1]
+            assert len(after) == m  # (the last prompt token is read by the first step)
+            self.predictor.predict(hidden, mx.array(after, dtype=mx.uint32)[None],
+                                   row.head_cache)
+            row.pos += m
+            caches += row.head_cache
+        mx.eval([c.state for c in caches])
+
+    def last_prompt_states(self, states: dict[int, mx.array]) -> None:
+        """Each row's state at its last prompt token (its pending token follows it)."""
+        for uid, hidden in states.items():
+            row = self.rows[uid]
+            row.hidden, row.after = hidden, []
 
     def drop(self, uid: int) -> None:
         self.rows.pop(uid, None)
@@ -129,10 +157,10 @@ class MtpBatch:
             batch.runs = {}  # no forced runs ride this step (fill/rows.py)
         uids, rows = list(batch.uids), [self.rows.get(u) for u in batch.uids]
         samplers = _samplers(batch)
-        drafts = [self._draft(row, samplers[r]) if row is not None else None
+        x = batch._next_tokens.astype(mx.uint32)
+        drafts = [self._draft(row, samplers[r], x[r:r + 1]) if row is not None else None
                   for r, row in enumerate(rows)]
         refeeds = [row.refeed if row is not None else [] for row in rows]
-        x = batch._next_tokens.astype(mx.uint32)
         window, lengths = _window(x, refeeds, drafts)
         width = window.shape[1]
         recurrent = [c for c in batch.prompt_cache if _is_recurrent(c)]
@@ -179,7 +207,7 @@ class MtpBatch:
             if row is not None:
                 self._count(row, len(d), a)
                 row.hidden = hidden[r:r + 1, k:k + 1 + a]
-                row.after = d[:a] + [token]
+                row.after = d[:a]
                 row.refeed = [*refeed, xs[r], *d[:a]] if back else []
         if any(restore):
             _restore_rows(recurrent, snapshot, restore)
@@ -194,15 +222,17 @@ class MtpBatch:
         return _responses(batch, xs, emitted_drafts, accepted, previous, logprobs,
                           offsets=offsets, cached=cached)
 
-    def _draft(self, row: _Row, sampler: Sampler) -> mx.array | None:
+    def _draft(self, row: _Row, sampler: Sampler, x: mx.array) -> mx.array | None:
         """The row's drafts from its pending states (None: nothing to draft from); the
-        states join the head's cache either way."""
+        states join the head's cache either way (``x``: the row's pending token, the one
+        after the last state)."""
         import mlx.core as mx
         from mlx_lm.models.cache import trim_prompt_cache
 
         if row.hidden is None:
             return None
-        after = mx.array(row.after, dtype=mx.uint32)[None]
+        after = x[None] if not row.after else mx.concatenate(
+            [mx.array(row.after, dtype=mx.uint32), x])[None]
         logits, state = self.predictor.predict(row.hidden, after, row.head_cache)
         row.hidden = None
         n = row.n if len(row.refeed) < MAX_REFEED else 0
