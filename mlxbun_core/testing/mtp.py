@@ -77,8 +77,8 @@ class CopyPredictor:
 
     def predict(self, hidden: mx.array, tokens: mx.array,
                 cache: list[Any]) -> tuple[mx.array, mx.array]:
-        rows = mx.zeros((1, 1, tokens.shape[1], 1))
+        rows = mx.zeros((tokens.shape[0], 1, tokens.shape[1], 1))
         cache[0].update_and_fetch(rows, rows)
         vocab = self.model.model.embed_tokens.weight.shape[0]
-        logits = mx.where(mx.arange(vocab) == tokens[:, -1:], 10.0, 0.0)  # (1, V)
+        logits = mx.where(mx.arange(vocab) == tokens[:, -1:], 10.0, 0.0)  # (B, V)
         return logits, hidden

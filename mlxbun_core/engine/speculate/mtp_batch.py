@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from .batch import _responses, _rollback, _sample
+from .mtp_head import HeadBatch
 from .stream import SpecTally
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ class MtpBatch:
     def __init__(self, predictor: TokenPredictor, tally: SpecTally | None = None):
         self.predictor = predictor
         self.rows: dict[int, _Row] = {}
+        self.head = HeadBatch(predictor)  # the rows' heads, batched once they draft
         self.tally = tally
 
     def add(self, uid: int, n: int, usage: Any, prompt: list[int], start: int) -> None:
@@ -158,8 +160,7 @@ class MtpBatch:
         uids, rows = list(batch.uids), [self.rows.get(u) for u in batch.uids]
         samplers = _samplers(batch)
         x = batch._next_tokens.astype(mx.uint32)
-        drafts = [self._draft(row, samplers[r], x[r:r + 1]) if row is not None else None
-                  for r, row in enumerate(rows)]
+        drafts = self._drafts(uids, samplers, x)
         refeeds = [row.refeed if row is not None else [] for row in rows]
         window, lengths = _window(x, refeeds, drafts)
         width = window.shape[1]
@@ -222,30 +223,26 @@ class MtpBatch:
         return _responses(batch, xs, emitted_drafts, accepted, previous, logprobs,
                           offsets=offsets, cached=cached)
 
-    def _draft(self, row: _Row, sampler: Sampler, x: mx.array) -> mx.array | None:
-        """The row's drafts from its pending states (None: nothing to draft from); the
-        states join the head's cache either way (``x``: the row's pending token, the one
-        after the last state)."""
-        import mlx.core as mx
-        from mlx_lm.models.cache import trim_prompt_cache
-
-        if row.hidden is None:
-            return None
-        after = x[None] if not row.after else mx.concatenate(
-            [mx.array(row.after, dtype=mx.uint32), x])[None]
-        logits, state = self.predictor.predict(row.hidden, after, row.head_cache)
-        row.hidden = None
-        n = row.n if len(row.refeed) < MAX_REFEED else 0
-        if n < 1:
-            return None
-        drafts = [_sample_draft(sampler, logits)]
-        for _ in range(n - 1):
-            logits, state = self.predictor.predict(state[:, -1:], drafts[-1][None],
-                                                   row.head_cache)
-            drafts.append(_sample_draft(sampler, logits))
-        if n > 1:  # chained rows rest on drafts: the next step rebuilds them
-            trim_prompt_cache(row.head_cache, n - 1)
-        return mx.concatenate(drafts)
+    def _drafts(self, uids: list[int], samplers: list[Sampler],
+                x: mx.array) -> list[mx.array | None]:
+        """Every MTP row's drafts (by batch position), from the heads' batched calls
+        (``mtp_head``): None for rows without a head or with nothing pending to draft
+        from. Pending states join the head's cache either way."""
+        at = {uid: r for r, uid in enumerate(uids) if uid in self.rows}
+        out: list[mx.array | None] = [None] * len(uids)
+        if not at or all(self.rows[uid].hidden is None for uid in at):
+            return out
+        self.head.sync(list(at), {uid: self.rows[uid].head_cache for uid in at})
+        rows = [self.rows[uid] for uid in self.head.uids]
+        depths = [row.n if len(row.refeed) < MAX_REFEED else 0 for row in rows]
+        drafts = self.head.draft([row.hidden for row in rows], [row.after for row in rows],
+                                 [x[at[uid]:at[uid] + 1] for uid in self.head.uids],
+                                 max(1, *depths), [samplers[at[uid]] for uid in self.head.uids])
+        for j, (row, uid) in enumerate(zip(rows, self.head.uids, strict=True)):
+            if row.hidden is not None and depths[j]:
+                out[at[uid]] = drafts[j, :depths[j]]
+            row.hidden, row.head_cache = None, []  # (its own cache is in the batch's now)
+        return out
 
     def _count(self, row: _Row, drafted: int, accepted: int) -> None:
         row.usage["drafted"] += drafted
@@ -279,12 +276,6 @@ def _samplers(batch: Any) -> list[Sampler]:
     rows = len(batch.uids)
     return [batch.fallback_sampler if s is None else s
             for s in (batch.samplers or [None] * rows)]
-
-
-def _sample_draft(sampler: Sampler, logits: mx.array) -> mx.array:
-    import mlx.core as mx
-
-    return sampler(_normalized(logits)).astype(mx.uint32).reshape(1)
 
 
 def _normalized(logits: mx.array) -> mx.array:
