@@ -135,6 +135,39 @@ def test_a_lone_mtp_request_and_a_deeper_one(oai, lane, reference):
     assert spec_of(deep.usage)["drafted"] % 4 == 0 and spec_of(deep.usage)["drafted"] > 0
 
 
+def test_a_lone_mtp_stream_joins_the_batch_mid_reply(srv, oai, lane, reference):
+    """A lone MTP request decodes outside the batch (the serial loop's rounds); when two
+    more arrive it joins them, its round in flight settled and its head with it: every
+    reply is still its own greedy decode."""
+    first = len(lane.recorded)
+    started = threading.Event()
+
+    def lone():
+        stream = oai.completions.create(model="m", prompt=PROMPTS[2], max_tokens=TOKENS,
+                                        temperature=0, stream=True,
+                                        stream_options={"include_usage": True},
+                                        extra_body={"logprobs": True, **MTP})
+        ids, usage = [], None
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].logprobs:
+                ids += [e["id"] for e in chunk.choices[0].logprobs.content]
+                if len(ids) >= 4:
+                    started.set()
+            usage = chunk.usage or usage
+        return ids, usage
+
+    def later(prompt):
+        assert started.wait(60)
+        return complete(oai, prompt, MTP)
+
+    (ids, usage), *rest = together(lone, lambda: later(PROMPTS[0]), lambda: later(PROMPTS[1]))
+    assert ids == reference[PROMPTS[2]]
+    assert usage.model_extra["lane"] == "batched+spec" and spec_of(usage)["accepted"] > 0
+    for prompt, r in zip(PROMPTS[:2], rest, strict=True):
+        assert ids_of(r) == reference[prompt]
+    assert shared_steps(lane, first, 3) > 0  # the lone one joined the others
+
+
 def test_a_disconnect_mid_stream_leaves_the_other_rows_correct(srv, oai, lane, reference):
     engine = srv.engine
     done_before = engine.completed

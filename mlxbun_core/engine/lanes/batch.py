@@ -85,6 +85,7 @@ class BatchLane:
         self.spec = BatchSpeculator()  # rows' prompt lookup (speculate/batch.py)
         # rows drafting with the model's MTP head (speculate/mtp_batch.py)
         self.mtp = MtpBatch(predictor) if predictor is not None else None
+        self._solo.predictor = predictor  # a lone MTP job drafts there too (solo_mtp.py)
 
     # -- the Lane protocol ---------------------------------------------------------
     def accepts(self, job: GenerationJob) -> bool:
@@ -131,9 +132,12 @@ class BatchLane:
     def step(self) -> None:
         self._drop_cancelled()
         if self.alone and any(self._group_of(j) == self._group for j in self._queue):
+            head = self._solo.head_cache()  # a lone MTP job's head goes with it
             moving = self._solo.join()  # company arrived: the lone job moves into the batch
             if moving is not None:  # (None: the token it had sampled already ended it)
-                self._add_row(*moving)
+                uid = self._add_row(*moving)
+                if head is not None and self.mtp is not None and uid in self.mtp.rows:
+                    self.mtp.rows[uid].head_cache = head
         self._admit()
         if not self._rows and not self.alone:
             return
@@ -182,8 +186,7 @@ class BatchLane:
         fresh = not self._rows
         if fresh and self._queue:
             self._group = self._group_of(self._queue[0])
-            if (sum(self._group_of(j) == self._group for j in self._queue) == 1
-                    and not self._wants_mtp(self._queue[0])):  # MTP rows stay in the batch
+            if sum(self._group_of(j) == self._group for j in self._queue) == 1:
                 job = self._queue.popleft()  # alone it must run: bounded to the budget at start
                 return self._solo.start(job, *self._take(job), self._solo_pacer())
         i = 0
@@ -237,11 +240,12 @@ class BatchLane:
                       [rest[:-1], rest[-1:]] if len(rest) > 1 else [rest])
 
     def _add_row(self, job: GenerationJob, cache: list[Any] | None, held: list[int],
-                 segments: list[list[int]]) -> None:
+                 segments: list[list[int]]) -> int:
         """Start a row whose KV ``cache`` holds the tokens ``held``; ``segments`` are fed
-        next (a row snapshots its prompt boundary when the last segment is its own)."""
+        next (a row snapshots its prompt boundary when the last segment is its own); its uid."""
         left = job.limit - job.session.usage.completion_tokens if job.limit else NO_LIMIT
         cache = kvquant.for_batch(cache, self.kv, self.model)
+        uid: int
         (uid,) = self._generator().insert_segments(
             [segments], max_tokens=[left], caches=[cache] if cache is not None else None,
             all_tokens=[held],
@@ -256,10 +260,12 @@ class BatchLane:
             assert job.spec is not None  # (wants_mtp)
             self.mtp.tally = job.spec_tally
             self.mtp.add(uid, job.spec.num_draft_tokens or self.mtp.predictor.num_draft_tokens,
-                         job.session.usage, job.request.prompt_tokens, len(held))
+                         job.session.usage, [*held, *(t for seg in segments for t in seg)],
+                         len(held))
         elif job.spec is not None:
             self.spec.add(uid, job.spec, [*held, *(t for seg in segments for t in seg)],
                           job.session.usage)
+        return uid
 
     def _mtp_rows(self) -> bool:
         return self.mtp is not None and any(uid in self.mtp.rows for uid in self._rows)

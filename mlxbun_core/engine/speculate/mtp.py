@@ -81,6 +81,22 @@ class MtpStream:
     def step(self) -> list[Emitted]:
         """Read the round in flight, settle the caches, queue the next; the tokens it
         produced, in order."""
+        out, kept = self._read()
+        self._launch(kept[-1], mx_tokens(kept))
+        return out
+
+    def handoff(self) -> tuple[list[Emitted], list[int]]:
+        """Stop without queueing another round (the cache then holds ``fed``): the tokens
+        the round in flight produced, and those the cache still lacks, to be fed next
+        (kept tokens a rollback took out, then the last token)."""
+        out, kept = self._read()
+        self._window = None
+        refeed, self._refeed = self._refeed, []
+        return out, [*refeed, kept[-1]]
+
+    def _read(self) -> tuple[list[Emitted], list[int]]:
+        """Read the round in flight and settle the caches: its tokens, and the kept ones
+        (the accepted drafts and the target's last sample)."""
         assert self._window is not None  # begun
         hidden, samples_arr, logprobs, drafts_arr = self._window
         samples = _ints(samples_arr)
@@ -97,9 +113,7 @@ class MtpStream:
             self.fed.extend(kept[:-1])
         # states at the kept positions; each is followed by the next kept token
         self.hidden = hidden[:, :accepted + 1]
-        out = [(t, logprobs[i]) for i, t in enumerate(kept)]
-        self._launch(kept[-1], mx_tokens(kept))
-        return out
+        return [(t, logprobs[i]) for i, t in enumerate(kept)], kept
 
     def settle(self) -> None:
         """Stop: drop the drafts in flight from a trimmable cache (a recurrent one is left
