@@ -2,7 +2,8 @@
 ones (continuous batching), each row drafting from its own hidden states with the tiny
 Qwen3.5 checkpoint's ``"copy"`` head, all rows verified in one forward per step, the
 gated-DeltaNet state put back per row on a rejection. Every greedy reply equals the same
-prompt decoded alone by mlx-lm; a client walking away mid-stream leaves the others
+prompt decoded alone by mlx-lm (prefix-cache hits included: the prompts repeat); a lone
+MTP stream joins the batch mid-reply; a client walking away mid-stream leaves the others
 correct; a sampled row runs the same verify. float32 weights keep the batched windows
 off bfloat16 knife-edges. The trimmable path (full attention only, rejected drafts cut
 per row) runs on mlx-lm's own BatchGenerator with a tiny llama and a stand-in head.
@@ -41,7 +42,7 @@ def ckpt():
 
 @pytest.fixture(scope="module")
 def srv(ckpt):
-    s = start_server(ckpt, speculation=server_config("mtp"), batch=8, prompt_cache_bytes=0)
+    s = start_server(ckpt, speculation=server_config("mtp"), batch=8)
     yield s
     s.stop()
 
@@ -129,6 +130,7 @@ def test_a_lone_mtp_request_and_a_deeper_one(oai, lane, reference):
     alone = complete(oai, prompt, MTP)
     assert ids_of(alone) == reference[prompt]
     assert alone.usage.model_extra["lane"] == "batched+spec"
+    assert alone.usage.prompt_tokens_details.cached_tokens > 0  # the first test's prefix
     deep, other = together(lambda: complete(oai, prompt, {**MTP, "num_draft_tokens": 4}),
                            lambda: complete(oai, PROMPTS[0], MTP))
     assert ids_of(deep) == reference[prompt] and ids_of(other) == reference[PROMPTS[0]]
