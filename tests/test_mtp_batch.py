@@ -88,7 +88,8 @@ def ids_of(r) -> list[int]:
 
 def complete(oai, prompt: str, body: dict, **kw):
     kw.setdefault("temperature", 0)
-    return oai.completions.create(model="m", prompt=prompt, max_tokens=TOKENS,
+    kw.setdefault("max_tokens", TOKENS)
+    return oai.completions.create(model="m", prompt=prompt,
                                   extra_body={"logprobs": True, **body}, **kw)
 
 
@@ -127,10 +128,11 @@ def test_concurrent_mtp_rows_and_a_plain_one_equal_their_solo_decodes(oai, lane,
 
 def test_a_lone_mtp_request_and_a_deeper_one(oai, lane, reference):
     prompt = PROMPTS[2]
-    alone = complete(oai, prompt, MTP)
-    assert ids_of(alone) == reference[prompt]
-    assert alone.usage.model_extra["lane"] == "batched+spec"
-    assert alone.usage.prompt_tokens_details.cached_tokens > 0  # the first test's prefix
+    for _turn in range(2):  # the second one starts from the first one's cached prefix
+        alone = complete(oai, prompt, MTP)
+        assert ids_of(alone) == reference[prompt]
+        assert alone.usage.model_extra["lane"] == "batched+spec"
+    assert alone.usage.prompt_tokens_details.cached_tokens > 0
     deep, other = together(lambda: complete(oai, prompt, {**MTP, "num_draft_tokens": 4}),
                            lambda: complete(oai, PROMPTS[0], MTP))
     assert ids_of(deep) == reference[prompt] and ids_of(other) == reference[PROMPTS[0]]
@@ -168,6 +170,26 @@ def test_a_lone_mtp_stream_joins_the_batch_mid_reply(srv, oai, lane, reference):
     for prompt, r in zip(PROMPTS[:2], rest, strict=True):
         assert ids_of(r) == reference[prompt]
     assert shared_steps(lane, first, 3) > 0  # the lone one joined the others
+
+
+def test_the_last_mtp_row_goes_on_alone(oai, lane, reference, monkeypatch):
+    """A batch that drains to one MTP row hands it out to the lone-stream path (its
+    pending token, head cache, pending states and refeed with it): still its own greedy
+    decode."""
+    left = []
+    state_of = lane._mtp_state
+
+    def leaving(uid):
+        state = state_of(uid)
+        left.append(state is not None)
+        return state
+
+    monkeypatch.setattr(lane, "_mtp_state", leaving)
+    short, long = together(lambda: complete(oai, PROMPTS[0], MTP, max_tokens=6),
+                           lambda: complete(oai, PROMPTS[1], MTP))
+    assert ids_of(short) == reference[PROMPTS[0]][:6]
+    assert ids_of(long) == reference[PROMPTS[1]]
+    assert any(left)  # the long one left the batch as an MTP row
 
 
 def test_a_disconnect_mid_stream_leaves_the_other_rows_correct(srv, oai, lane, reference):

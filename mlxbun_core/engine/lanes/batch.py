@@ -166,9 +166,11 @@ class BatchLane:
             self.mtp.stepped(uids)
         for r in responses:
             self._route(r)
-        if len(self._rows) == 1 and not self._queue and not self._mtp_rows():
-            self._solo.leave(gen, self._rows, self._solo_pacer())  # the last row goes on alone
+        if len(self._rows) == 1 and not self._queue:  # the last row goes on alone
+            self._solo.leave(gen, self._rows, self._solo_pacer(), self._mtp_state)
             self.spec.retain(self._rows)
+            if self.mtp is not None:
+                self.mtp.retain(self._rows)
 
     def close(self, error: str = "server shutting down", reason: str = "cancelled") -> None:
         self._solo.close(reason, error)
@@ -267,8 +269,9 @@ class BatchLane:
                           job.session.usage)
         return uid
 
-    def _mtp_rows(self) -> bool:
-        return self.mtp is not None and any(uid in self.mtp.rows for uid in self._rows)
+    def _mtp_state(self, uid: int) -> Any:
+        """An MTP row's state for the lone-stream path (None: not an MTP row)."""
+        return self.mtp.leaving(uid) if self.mtp is not None and uid in self.mtp.rows else None
 
     def _solo_pacer(self) -> PrefillPacer:
         return self.pacer if self.solo_prefill is None else FixedChunk(self.solo_prefill)

@@ -320,15 +320,24 @@ class SoloSlot:
         self.solo = None  # the row keeps the admission reservation
         return job, solo.cache if solo.fed else None, solo.fed, segments
 
-    def leave(self, gen: BatchGenerator, rows: dict[int, BatchRow], pacer: PrefillPacer) -> None:
+    def leave(self, gen: BatchGenerator, rows: dict[int, BatchRow], pacer: PrefillPacer,
+              mtp: Callable[[int], Any] | None = None) -> None:
         """The batch's last decoding row (``rows``: uid -> row with a ``job``) goes on
-        alone, with the token the batch already sampled for it."""
+        alone, with the token the batch already sampled for it (``mtp(uid)``: an MTP
+        row's state, ``MtpBatch.leaving``; None for other rows)."""
         last = last_row(gen)
         if last is None:
             return
         uid, pending = last
+        state = mtp(uid) if mtp is not None else None
         cache, fed = gen.remove([uid], return_prompt_caches=True)[uid]
         job = rows.pop(uid).job  # it keeps its admission reservation
+        if state is not None and self.predictor is not None:
+            from .solo_mtp import MtpSolo
+
+            self.solo = MtpSolo.resume_mtp(self.model, job, cache, fed, pending, pacer,
+                                           self.predictor, state)
+            return
         self.solo = Solo.resume(self.model, job, cache, fed, pending, pacer)
 
     def end(self) -> GenerationJob:

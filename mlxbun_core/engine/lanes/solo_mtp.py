@@ -6,13 +6,14 @@ Its prompt is read through the head (``MtpStream.read``). Joining the batch, the
 in flight is read and settled without queueing another (``MtpStream.handoff``): its
 tokens are delivered, the cache holds exactly the tokens fed, and the tokens it still
 lacks (kept tokens a recurrent rollback took out, then the last one) are the row's
-segments; the head's cache goes with the row (``MtpBatch.adopt``). An MTP row never
-leaves the batch again (its head is batched there).
+segments; the head's cache goes with the row. A batch that drains to one MTP row hands
+it back out here (``resume_mtp``): the pending token (handed out with the next step), the
+row's head cache taken out of the batched one, its pending states and its refeed.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..speculate import MtpStream
 from .solo import Solo, Step, _steps
@@ -42,6 +43,26 @@ class MtpSolo(Solo):
         self.mtp = MtpStream(predictor, cache, self.fed,
                              job.spec.num_draft_tokens or predictor.num_draft_tokens,
                              req.sampler, req.processors, usage.speculation, job.spec_tally)
+
+    @classmethod
+    def resume_mtp(cls, model: nn.Module, job: GenerationJob, cache: list[Any],
+                   fed: list[int], pending: tuple[mx.array, mx.array], pacer: PrefillPacer,
+                   predictor: TokenPredictor,
+                   state: tuple[list[Any], mx.array | None, list[int], list[int]]) -> MtpSolo:
+        """A batch's last MTP row going on alone: ``cache`` holds ``fed``; ``pending`` the
+        ``(token array, logprobs)`` sampled and not fed; ``state`` its MTP state
+        (``MtpBatch.leaving``)."""
+        import mlx.core as mx
+
+        solo = cls(model, job, cache, 0, pacer, predictor)
+        solo.fed[:] = fed
+        head, hidden, after, refeed = state
+        solo.mtp.head_cache = head
+        y, logprobs = pending
+        mx.eval(y, logprobs)
+        token = cast(int, y.reshape(-1)[0].item())  # a token id
+        solo.mtp.resume(token, (token, logprobs), hidden, after, refeed)
+        return solo
 
     def step(self) -> list[Step] | None:
         import mlx.core as mx

@@ -109,6 +109,13 @@ class MtpBatch:
     def drop(self, uid: int) -> None:
         self.rows.pop(uid, None)
 
+    def leaving(self, uid: int) -> tuple[list[Any], mx.array | None, list[int], list[int]]:
+        """Row ``uid`` goes on outside the batch: its head cache, pending states, the
+        tokens after them (but the last) and the tokens its cache still lacks."""
+        row = self.rows[uid]
+        head = self.head.extract(uid) or row.head_cache
+        return head, row.hidden, list(row.after), list(row.refeed)
+
     def retain(self, uids: Any) -> None:
         for uid in [u for u in self.rows if u not in uids]:
             del self.rows[uid]

@@ -61,6 +61,13 @@ class HeadBatch:
                     c.extend(m)
         self.uids = kept + new
 
+    def extract(self, uid: int) -> list[Any] | None:
+        """Row ``uid``'s head cache on its own (None: it is not batched here)."""
+        if self.cache is None or uid not in self.uids:
+            return None
+        i = self.uids.index(uid)
+        return [c.extract(i) for c in self.cache]
+
     def draft(self, states: list[mx.array | None], after: list[list[int]],
               pending: list[mx.array], depth: int, samplers: list[Sampler]) -> mx.array:
         """Append every row's pending ``states`` (``(1, k, H)``, None: nothing pending)
