@@ -289,6 +289,7 @@ class BatchLane:
             fill_rows.install(gen)  # rows with a fill session feed forced runs
             if self.mtp is not None:  # MTP rows' heads read their prompts' hidden states
                 mtp_prompt.install(gen, self.mtp)
+                self.mtp.fresh()  # (a new generator numbers its rows from 0 again)
             self._gen = gen
             if self.adapters is not None:  # after install: routes the fill step's passes too
                 self.adapters.attach(gen, self._rows_sets)

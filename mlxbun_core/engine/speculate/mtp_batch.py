@@ -109,6 +109,11 @@ class MtpBatch:
     def drop(self, uid: int) -> None:
         self.rows.pop(uid, None)
 
+    def fresh(self) -> None:
+        """A new generator (after a failed step): forget every row and the heads' cache."""
+        self.rows.clear()
+        self.head = HeadBatch(self.predictor)
+
     def leaving(self, uid: int) -> tuple[list[Any], mx.array | None, list[int], list[int]]:
         """Row ``uid`` goes on outside the batch: its head cache, pending states, the
         tokens after them (but the last) and the tokens its cache still lacks."""
