@@ -121,3 +121,38 @@ def test_the_batched_heads_draft_what_each_head_drafts_alone():
             if k:
                 assert drafts[r].tolist() == alone(ref[r], pending[r], after[r], xs[r], 3)
     assert heads.cache[0].offset.tolist() == [c[0].offset for c in ref]
+
+
+def test_the_heads_read_prompts_from_the_batched_prefill():
+    """On the batch lane the heads read their rows' prompts from mlx-lm's batched
+    prefill (``engine/speculate/mtp_prompt.py``): prompts of different lengths, read in
+    several chunks with right padding, leave each head the rows the serial loop's own read
+    gives it (the target's state at each position paired with the next prompt token), and
+    the last prompt token's state pending."""
+    from mlx_lm.generate import BatchGenerator
+
+    from mlxbun_core.engine.speculate import mtp_prompt
+    from mlxbun_core.engine.speculate.mtp_batch import MtpBatch
+
+    predictor, model = _predictor(tiny_checkpoint("qwen3_5", mtp="random", dtype="float32"))
+    prompts = [[5, 17, 99, 240, 7, 31, 8, 64, 12], [3, 44, 250, 6]]
+    gen = BatchGenerator(model, completion_batch_size=4, prefill_batch_size=4,
+                         prefill_step_size=3)
+    uids = gen.insert(prompts, max_tokens=[4, 4])
+    mtp = MtpBatch(predictor)
+    mtp_prompt.install(gen, mtp)
+    for uid, prompt in zip(uids, prompts, strict=True):
+        mtp.add(uid, 2, SimpleNamespace(speculation=None), prompt, 0)
+    while len(gen._generation_batch) < len(uids):
+        gen.next()
+    for uid, prompt in zip(uids, prompts, strict=True):
+        row = mtp.rows[uid]
+        _, hidden = predictor.forward(mx.array([prompt]), model.make_cache())
+        alone = predictor.make_cache()
+        predictor.predict(hidden[:, :-1], mx.array([prompt[1:]]), alone)
+        assert row.pos == len(prompt) - 1
+        keys, want = row.head_cache[0].state[0], alone[0].state[0]
+        assert keys.shape == want.shape
+        assert mx.allclose(keys, want, atol=1e-4).item()
+        assert mx.allclose(row.hidden, hidden[:, -1:], atol=1e-4).item()
+    gen.close()
