@@ -27,11 +27,17 @@ no-lookup row is the informative one and the echo rows are an upper bound.
         --out bench/results/speculation_h200.json      # H200, Llama-3-8B body, bf16
 
 MTP (``--kind mtp``) needs a checkpoint that ships ``mtp.*`` weights: Qwen's own HF
-release of a Qwen3.5 model (mlx-lm conversions drop the head). MTP requests run on the
-serial lane, so ``batch8`` compares that with the batch lane (left out by default):
+release of a Qwen3.5 model (mlx-lm conversions drop the head). MTP rows decode on the
+batch lane with the others (``speculate/mtp_batch.py``), so ``batch8`` is ``--clients``
+concurrent MTP requests against the same clients decoding plainly in the batch:
 
     python bench/speculation.py --kind mtp --model /path/to/Qwen3.5-9B --rounds 5 \\
         --max-tokens 256 --out bench/results/mtp_h200.json
+    python bench/speculation.py --kind mtp --model /path/to/Qwen3.5-9B --rounds 6 \\
+        --workloads batch8 --clients 8 --max-tokens 256 --vs-serial
+        # N MTP clients on the batch lane vs plain batched, and (--vs-serial) vs the same
+        # MTP clients on a second engine with --batch 1 (the serial lane: what MTP did
+        # before it ran on the batch lane); rounds rotate the three arms' order
     python bench/speculation.py --kind mtp --model /path/to/Qwen3.5-9B \\
         --num-draft-tokens 1 --mtp-hidden post          # depth / hidden-state A/B
     python bench/speculation.py --kind mtp --shape tiny  # plumbing only: tiny Qwen3.5
@@ -56,6 +62,7 @@ from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.reply import gather
 
 SPEC = "spec"  # the speculative arm (its draft_kind is --kind)
+SERIAL = "serial"  # --vs-serial: the speculative arm on a --batch 1 engine
 
 SHAPES = {  # llama bodies with the test tokenizer's vocabulary
     "tiny": {},
@@ -148,7 +155,7 @@ def acceptance(specs: list) -> float | None:
     return sum(s["accepted"] for s in specs if s) / drafted if drafted else None
 
 
-async def bench(engine: Engine, args) -> dict:
+async def bench(engine: Engine, args, serial: Engine | None = None) -> dict:
     loads = workloads()
     names = [n for n in ("code", "json", "prose") if n in args.workloads]
     results: dict[str, dict] = {}
@@ -163,11 +170,24 @@ async def bench(engine: Engine, args) -> dict:
         results[name] = summarize(rows, "decode_tps", sampled=bool(temp))
     if "batch8" in args.workloads:
         jobs = [loads["code" if i % 2 == 0 else "json"] for i in range(args.clients)]
-        rows = {SPEC: [], "none": []}
+        rows = {SPEC: [], "none": [], SERIAL: []}
+        arms = [SPEC, "none"] + ([SERIAL] if serial is not None else [])
+        if serial is not None:
+            await batch(serial, jobs[:1], SPEC, args)  # warm-up
         for i in range(args.rounds):
-            for kind in ((SPEC, "none") if i % 2 == 0 else ("none", SPEC)):
-                rows[kind].append(await batch(engine, jobs, kind, args))
+            for kind in arms[i % len(arms):] + arms[:i % len(arms)]:
+                on = serial if kind == SERIAL else engine
+                assert on is not None
+                rows[kind].append(await batch(on, jobs, SPEC if kind == SERIAL else kind, args))
         results["batch8"] = summarize(rows, "aggregate_tps")
+        if serial is not None:
+            off = statistics.median(r["aggregate_tps"] for r in rows[SERIAL])
+            results["batch8"].update(
+                serial=round(off, 1), serial_all=[round(r["aggregate_tps"], 1)
+                                                  for r in rows[SERIAL]],
+                vs_serial=round(results["batch8"]["spec"] / off, 3),
+                serial_mismatches=sum(a["text"] != b["text"]
+                                      for a, b in zip(rows[SPEC], rows[SERIAL])))
     return results
 
 
@@ -212,25 +232,32 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--batch", type=int, default=8, help="batch lane rows")
     p.add_argument("--workloads", nargs="+", default=None,
-                   help="default: code json prose batch8 (no batch8 under --kind mtp)")
+                   help="default: code json prose batch8")
     p.add_argument("--kind", choices=["ngram", "mtp"], default="ngram",
                    help="the speculative arm's draft_kind")
     p.add_argument("--num-draft-tokens", type=int, default=None,
                    help="the speculative arm's depth (default: the kind's own)")
     p.add_argument("--mtp-hidden", choices=["pre", "post"], default=None,
                    help="the target state the MTP head reads (MLXBUN_MTP_HIDDEN)")
+    p.add_argument("--vs-serial", action="store_true",
+                   help="batch8: also run the speculative arm on a second engine with "
+                        "--batch 1 (the serial lane)")
     p.add_argument("--out", help="write the results as JSON here")
     args = p.parse_args()
     if args.workloads is None:
-        args.workloads = ["code", "json", "prose"] + ([] if args.kind == "mtp" else ["batch8"])
+        args.workloads = ["code", "json", "prose", "batch8"]
     if args.mtp_hidden:
         os.environ["MLXBUN_MTP_HIDDEN"] = args.mtp_hidden
     path = model_path(args)
     engine = Engine.load(path, progress=False, batch=args.batch, prompt_cache_bytes=0)
+    serial = (Engine.load(path, progress=False, batch=1, prompt_cache_bytes=0)
+              if args.vs_serial else None)
     try:
-        results = asyncio.run(bench(engine, args))
+        results = asyncio.run(bench(engine, args, serial))
     finally:
         engine.close()
+        if serial is not None:
+            serial.close()
     report = {"model": path or "embedded SmolLM2-135M", "shape": args.shape,
               "kind": args.kind, "num_draft_tokens": args.num_draft_tokens,
               "mtp_hidden": args.mtp_hidden,
@@ -243,6 +270,10 @@ def main() -> None:
         print(f"{name:7s} {args.kind} {r['spec']:8.1f}  plain {r['plain']:8.1f}  "
               f"ratio {r['ratio']:.3f}  acceptance {acc}  {unit}  "
               f"mismatches {r['text_mismatches']}")
+        if "serial" in r:
+            print(f"{name:7s} {args.kind} on the serial lane {r['serial']:8.1f}  "
+                  f"batch lane / serial {r['vs_serial']:.3f}  "
+                  f"mismatches {r['serial_mismatches']}")
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
 

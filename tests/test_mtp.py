@@ -61,7 +61,7 @@ def complete(oai, body: dict, **kw):
                                   extra_body={"logprobs": True, **body}, **kw)
 
 
-def test_greedy_equals_plain_decoding_and_mlx_lm(oai, ckpt):
+def test_greedy_equals_plain_decoding_and_mlx_lm(srv, oai, ckpt):
     mtp, plain = complete(oai, MTP), complete(oai, PLAIN)
     model, tok = mlx_load(str(ckpt))
     assert ids_of(mtp) == ids_of(plain) == mlx_lm_greedy(model, tok.encode(PROMPT), 40,
@@ -71,7 +71,9 @@ def test_greedy_equals_plain_decoding_and_mlx_lm(oai, ckpt):
     assert spec["accepted"] > 0 and spec["drafted"] > spec["accepted"]  # both paths ran
     # every round is one target forward; the first (the prompt's last token) drafts nothing
     assert spec["targetCalls"] + spec["accepted"] >= mtp.usage.completion_tokens
-    assert mtp.usage.model_extra["lane"] == "serial+spec"
+    # MTP rows decode on the batch lane where there is one (tests/test_mtp_batch.py)
+    assert mtp.usage.model_extra["lane"] == ("batched+spec" if srv.engine.batch > 1
+                                             else "serial+spec")
 
 
 def test_server_default_per_request_depth_and_processors(oai):

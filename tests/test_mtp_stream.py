@@ -6,40 +6,16 @@ paths: tests/test_mtp.py.)"""
 
 from __future__ import annotations
 
-import mlx.core as mx
 import pytest
 from mlx_lm import load as mlx_load
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
 from mlxbun_core.contract import TokenPredictor
 from mlxbun_core.engine.speculate import MtpStream
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.helpers import mlx_lm_greedy
-
-
-class CopyHead:
-    """A :class:`TokenPredictor` over a llama model whose "head" repeats its input token
-    (its cache only counts rows, so the loop's trims are checked against it)."""
-
-    name, num_draft_tokens = "copy", 2
-
-    def __init__(self, model):
-        self.model = model
-
-    def forward(self, tokens, cache):
-        hidden = self.model.model(tokens, cache=cache)
-        return self.model.model.embed_tokens.as_linear(hidden), hidden  # tied embeddings
-
-    def make_cache(self):
-        return [KVCache()]
-
-    def predict(self, hidden, tokens, cache):
-        rows = mx.zeros((1, 1, tokens.shape[1], 1))
-        cache[0].update_and_fetch(rows, rows)
-        vocab = self.model.model.embed_tokens.weight.shape[0]
-        logits = mx.where(mx.arange(vocab) == tokens[:, -1:], 10.0, 0.0)  # (1, V)
-        return logits, hidden
+from mlxbun_core.testing.mtp import CopyPredictor as CopyHead
 
 
 @pytest.fixture(scope="module")

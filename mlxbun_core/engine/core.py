@@ -163,7 +163,8 @@ class Engine:
         serial = SerialLane(model.model, self.prefix, self.admission, adapters=self.adapters,
                             pacer=self.pacer, kv=self.kv, predictor=self.predictor)
         self.worker.lanes = ([BatchLane(model.model, self.batch, self.prefix, self.admission,
-                                        adapters=self.adapters, pacer=self.pacer, kv=self.kv),
+                                        adapters=self.adapters, pacer=self.pacer, kv=self.kv,
+                                        predictor=self.predictor),
                               serial]
                              if self.batch > 1 else [serial])
         if model.kind == "generate":

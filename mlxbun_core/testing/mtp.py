@@ -53,3 +53,32 @@ def mtp_weights(config: dict[str, Any], seed: int, dtype: mx.Dtype,
     # HF stores RMSNorm weights zero-centred (mlx-lm adds the 1 back)
     return {k: (v - 1.0 if v.ndim == 1 and k.endswith("norm.weight") else v)
             for k, v in out.items()}
+
+
+class CopyPredictor:
+    """A :class:`~mlxbun_core.contract.TokenPredictor` over a tied-embedding model (a tiny
+    llama) whose "head" proposes the token it was given again; its cache only counts
+    rows, so a loop's trims can be checked against it. Drives the MTP loops on caches
+    that trim (full attention only)."""
+
+    name, num_draft_tokens = "copy", 2
+
+    def __init__(self, model: Any):
+        self.model = model
+
+    def forward(self, tokens: mx.array, cache: list[Any]) -> tuple[mx.array, mx.array]:
+        hidden = self.model.model(tokens, cache=cache)
+        return self.model.model.embed_tokens.as_linear(hidden), hidden  # tied embeddings
+
+    def make_cache(self) -> list[Any]:
+        from mlx_lm.models.cache import KVCache
+
+        return [KVCache()]
+
+    def predict(self, hidden: mx.array, tokens: mx.array,
+                cache: list[Any]) -> tuple[mx.array, mx.array]:
+        rows = mx.zeros((tokens.shape[0], 1, tokens.shape[1], 1))
+        cache[0].update_and_fetch(rows, rows)
+        vocab = self.model.model.embed_tokens.weight.shape[0]
+        logits = mx.where(mx.arange(vocab) == tokens[:, -1:], 10.0, 0.0)  # (B, V)
+        return logits, hidden

@@ -35,8 +35,10 @@ from ...adapters.sets import AdapterSet
 from ..fill import rows as fill_rows
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
+from ..speculate import mtp_prompt
 from ..speculate.batch import BatchSpeculator
 from ..speculate.config import MTP
+from ..speculate.mtp_batch import MtpBatch, supported
 from .pace import FixedChunk, PrefillPacer
 from .prefill import PREFILL_TOKENS, make_generator, paced_turn, size_chunk
 from .solo import BatchRow, SoloSlot, deliver
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
     from mlx_lm.generate import BatchGenerator, GenerationBatch
 
     from ...adapters import AdapterManager
+    from ...contract import TokenPredictor
     from ..admission import Admission
 
 log = logging.getLogger("mlxbun.engine")
@@ -60,7 +63,8 @@ class BatchLane:
     def __init__(self, model: nn.Module, cap: int, prefix: PrefixCache | None = None,
                  admission: Admission | None = None, prefill_tokens: int = PREFILL_TOKENS,
                  adapters: AdapterManager | None = None, pacer: PrefillPacer | None = None,
-                 kv: kvquant.KVScheme = kvquant.OFF) -> None:
+                 kv: kvquant.KVScheme = kvquant.OFF,
+                 predictor: TokenPredictor | None = None) -> None:
         self.kv = kv  # the KV scheme: every forward pass quantizes its cache after it runs
         self.model = kvquant.quantizing(model, kv)
         self.adapters = adapters  # the engine's AdapterManager (None: no LoRA support)
@@ -79,15 +83,33 @@ class BatchLane:
         self.pacer = pacer or PrefillPacer()  # prompt tokens per chunk, from measured speed
         self.solo_prefill: int | None = None  # pins the lone job's chunk (tests)
         self.spec = BatchSpeculator()  # rows' prompt lookup (speculate/batch.py)
+        # rows drafting with the model's MTP head (speculate/mtp_batch.py)
+        self.mtp = MtpBatch(predictor) if predictor is not None else None
+        self._solo.predictor = predictor  # a lone MTP job drafts there too (solo_mtp.py)
 
     # -- the Lane protocol ---------------------------------------------------------
     def accepts(self, job: GenerationJob) -> bool:
         req = job.request
         # a draft, prompt embeddings, media, a seed (reproducible only alone) or MTP
-        # speculation take the serial lane
+        # speculation the batch cannot run take the serial lane
         return (job.draft is None and req.input_embeddings is None and req.media is None
                 and req.sampling.seed is None
-                and (job.spec is None or job.spec.kind != MTP))  # MTP heads run serially
+                and (not self._wants_mtp(job) or self._runs_mtp(job)))
+
+    def _wants_mtp(self, job: GenerationJob) -> bool:
+        return job.spec is not None and job.spec.kind == MTP
+
+    def _runs_mtp(self, job: GenerationJob) -> bool:
+        """Whether ``job``'s MTP speculation runs here: the head's loop calls the model
+        unwrapped (no KV scheme); logits processors see a window per row only on the
+        serial lane; the cache must be plain KV or recurrent state (``supported``)."""
+        if self.mtp is None or self.kv is not kvquant.OFF or job.request.processors:
+            return False
+        if not hasattr(self, "_mtp_caches"):
+            from mlx_lm.models.cache import make_prompt_cache
+
+            self._mtp_caches = supported(make_prompt_cache(self.model))
+        return self._mtp_caches
 
     def add(self, job: GenerationJob) -> None:
         self._queue.append(job)
@@ -110,9 +132,12 @@ class BatchLane:
     def step(self) -> None:
         self._drop_cancelled()
         if self.alone and any(self._group_of(j) == self._group for j in self._queue):
+            head = self._solo.head_cache()  # a lone MTP job's head goes with it
             moving = self._solo.join()  # company arrived: the lone job moves into the batch
             if moving is not None:  # (None: the token it had sampled already ended it)
-                self._add_row(*moving)
+                uid = self._add_row(*moving)
+                if head is not None and self.mtp is not None and uid in self.mtp.rows:
+                    self.mtp.rows[uid].head_cache = head
         self._admit()
         if not self._rows and not self.alone:
             return
@@ -125,7 +150,8 @@ class BatchLane:
             gen = self._generator()
             asked = size_chunk(gen, self.pacer, [row.job for row in self._rows.values()],
                                self.prefill_tokens)
-            with self.spec.turn(gen, None if self.adapters is None else self._route_rows):
+            spec = self.mtp if self.mtp is not None and self.mtp.wants(gen) else self.spec
+            with spec.turn(gen, None if self.adapters is None else self._route_rows):
                 prompt_responses, responses = paced_turn(gen, self.pacer, asked)
         except Exception as exc:  # a failed forward fails every row; the lane starts afresh
             log.exception("batch step failed")
@@ -136,11 +162,15 @@ class BatchLane:
         uids = {r.uid for r in responses}
         self.steps.add(len(uids))
         self.spec.stepped(uids)
+        if self.mtp is not None:
+            self.mtp.stepped(uids)
         for r in responses:
             self._route(r)
         if len(self._rows) == 1 and not self._queue:  # the last row goes on alone
-            self._solo.leave(gen, self._rows, self._solo_pacer())
+            self._solo.leave(gen, self._rows, self._solo_pacer(), self._mtp_state)
             self.spec.retain(self._rows)
+            if self.mtp is not None:
+                self.mtp.retain(self._rows)
 
     def close(self, error: str = "server shutting down", reason: str = "cancelled") -> None:
         self._solo.close(reason, error)
@@ -181,6 +211,8 @@ class BatchLane:
 
     def _forget(self, uid: int) -> BatchRow:
         self.spec.drop(uid)
+        if self.mtp is not None:
+            self.mtp.drop(uid)
         row = self._rows.pop(uid)
         fill_rows.forget(self._gen, uid)
         if self.admission is not None:
@@ -193,6 +225,8 @@ class BatchLane:
         if self.admission is not None:
             self.admission.reserve(job)
         job.mark_started(self.name)
+        if self._wants_mtp(job):
+            job.session.usage.lane = f"{self.name}+spec"
         cache: list[Any] | None = None
         n, t0 = 0, time.perf_counter()
         if self._uses_prefix(job) and self.prefix is not None:
@@ -208,11 +242,12 @@ class BatchLane:
                       [rest[:-1], rest[-1:]] if len(rest) > 1 else [rest])
 
     def _add_row(self, job: GenerationJob, cache: list[Any] | None, held: list[int],
-                 segments: list[list[int]]) -> None:
+                 segments: list[list[int]]) -> int:
         """Start a row whose KV ``cache`` holds the tokens ``held``; ``segments`` are fed
-        next (a row snapshots its prompt boundary when the last segment is its own)."""
+        next (a row snapshots its prompt boundary when the last segment is its own); its uid."""
         left = job.limit - job.session.usage.completion_tokens if job.limit else NO_LIMIT
         cache = kvquant.for_batch(cache, self.kv, self.model)
+        uid: int
         (uid,) = self._generator().insert_segments(
             [segments], max_tokens=[left], caches=[cache] if cache is not None else None,
             all_tokens=[held],
@@ -223,8 +258,20 @@ class BatchLane:
         fill_rows.watch(self._generator(), uid, job.fill)
         if job.spec is not None:
             self.spec.tally = job.spec_tally
+        if self._wants_mtp(job) and self.mtp is not None:
+            assert job.spec is not None  # (wants_mtp)
+            self.mtp.tally = job.spec_tally
+            self.mtp.add(uid, job.spec.num_draft_tokens or self.mtp.predictor.num_draft_tokens,
+                         job.session.usage, [*held, *(t for seg in segments for t in seg)],
+                         len(held))
+        elif job.spec is not None:
             self.spec.add(uid, job.spec, [*held, *(t for seg in segments for t in seg)],
                           job.session.usage)
+        return uid
+
+    def _mtp_state(self, uid: int) -> Any:
+        """An MTP row's state for the lone-stream path (None: not an MTP row)."""
+        return self.mtp.leaving(uid) if self.mtp is not None and uid in self.mtp.rows else None
 
     def _solo_pacer(self) -> PrefillPacer:
         return self.pacer if self.solo_prefill is None else FixedChunk(self.solo_prefill)
@@ -240,6 +287,9 @@ class BatchLane:
         if self._gen is None:
             gen = make_generator(self.model, self.cap)
             fill_rows.install(gen)  # rows with a fill session feed forced runs
+            if self.mtp is not None:  # MTP rows' heads read their prompts' hidden states
+                mtp_prompt.install(gen, self.mtp)
+                self.mtp.fresh()  # (a new generator numbers its rows from 0 again)
             self._gen = gen
             if self.adapters is not None:  # after install: routes the fill step's passes too
                 self.adapters.attach(gen, self._rows_sets)

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     import mlx.nn as nn
     from mlx_lm.generate import BatchGenerator
 
+    from ...contract import TokenPredictor
     from ..admission import Admission
     from .tally import StepTally
 
@@ -156,20 +157,21 @@ class Solo:
         if self.spec is not None and self.spec.running:
             self._next = self.spec.settle()
 
-    def handoff(self) -> tuple[tuple[int, mx.array] | None, list[list[int]]]:
-        """``(pending, segments)`` for the batch: the sampled but unfed ``(token,
-        logprobs)`` (None while the prompt is still being read) and the prompt
-        segments still to feed (none once decoding)."""
+    def handoff(self) -> tuple[list[tuple[int, mx.array]], list[list[int]]]:
+        """``(tokens, segments)`` for the batch: the ``(token, logprobs)`` computed but
+        not yet handed out (the sampled, unfed one; none while the prompt is still being
+        read) and the segments to feed next (the rest of the prompt, or that token)."""
         import mlx.core as mx
 
         self.settle()
 
         if self._next is None:
             rest = self.prompt[len(self.fed):]
-            return None, ([rest[:-1], rest[-1:]] if len(rest) > 1 else [rest])
+            return [], ([rest[:-1], rest[-1:]] if len(rest) > 1 else [rest])
         y, logprobs = self._next
         mx.eval(y, logprobs)
-        return (cast(int, y.item()), logprobs), []
+        token = cast(int, y.item())  # a token id
+        return [(token, logprobs)], [[token]]
 
     def _forward(self, y: mx.array) -> Pending:
         """Feed ``y`` (shape (1,), or a token and its forced run); the sampled next token
@@ -244,6 +246,7 @@ class SoloSlot:
         self.publish, self.publishes = publish, publishes
         self.steps = steps
         self.solo: Solo | None = None
+        self.predictor: TokenPredictor | None = None  # the MTP head of the lane's model
 
     @property
     def job(self) -> GenerationJob | None:
@@ -257,6 +260,11 @@ class SoloSlot:
             from mlx_lm.models.cache import make_prompt_cache
 
             cache = make_prompt_cache(self.model)
+        if job.spec is not None and job.spec.kind == "mtp" and self.predictor is not None:
+            from .solo_mtp import MtpSolo  # (it builds on Solo)
+
+            self.solo = MtpSolo(self.model, job, cache, cached, pacer, self.predictor)
+            return
         self.solo = Solo(self.model, job, cache, cached, pacer)
 
     def step(self) -> None:
@@ -287,33 +295,49 @@ class SoloSlot:
             solo.settle()
             self.publish(self.end(), solo.fed, solo.cache)
 
+    def head_cache(self) -> list[Any] | None:
+        """The lone job's MTP head cache (None: it does not draft with a head)."""
+        head = getattr(self.solo, "head_cache", None)
+        return head() if callable(head) else None
+
     def join(self) -> Moving | None:
         """Hand the lone job to the batch: ``(job, cache, held, segments)`` for the row
         that goes on from here (``cache`` holds ``held``; ``segments`` are fed next), or
         None when the token it had already sampled ended it."""
         solo = self.solo
         assert solo is not None  # joins only while it holds a job
-        pending, segments = solo.handoff()
+        tokens, segments = solo.handoff()
         job = solo.job
-        if pending is not None:
-            self.steps.add(1)  # the token its last lone step computed
-            deliver(job, *pending)
+        if tokens:
+            self.steps.add(1)  # the tokens its last lone step computed
+            for token, logprobs in tokens:
+                deliver(job, token, logprobs)
+                if job.finished:
+                    break
             if job.finished:
                 self.publish(self.end(), solo.fed, solo.cache)
                 return None
-            segments = [[pending[0]]]
         self.solo = None  # the row keeps the admission reservation
         return job, solo.cache if solo.fed else None, solo.fed, segments
 
-    def leave(self, gen: BatchGenerator, rows: dict[int, BatchRow], pacer: PrefillPacer) -> None:
+    def leave(self, gen: BatchGenerator, rows: dict[int, BatchRow], pacer: PrefillPacer,
+              mtp: Callable[[int], Any] | None = None) -> None:
         """The batch's last decoding row (``rows``: uid -> row with a ``job``) goes on
-        alone, with the token the batch already sampled for it."""
+        alone, with the token the batch already sampled for it (``mtp(uid)``: an MTP
+        row's state, ``MtpBatch.leaving``; None for other rows)."""
         last = last_row(gen)
         if last is None:
             return
         uid, pending = last
+        state = mtp(uid) if mtp is not None else None
         cache, fed = gen.remove([uid], return_prompt_caches=True)[uid]
         job = rows.pop(uid).job  # it keeps its admission reservation
+        if state is not None and self.predictor is not None:
+            from .solo_mtp import MtpSolo
+
+            self.solo = MtpSolo.resume_mtp(self.model, job, cache, fed, pending, pacer,
+                                           self.predictor, state)
+            return
         self.solo = Solo.resume(self.model, job, cache, fed, pending, pacer)
 
     def end(self) -> GenerationJob:

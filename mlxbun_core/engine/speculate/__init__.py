@@ -3,7 +3,9 @@ multi-token-prediction head (``--draft-kind mtp``); per request ``draft_kind``.
 
 ``lookup``: the n-gram index that proposes drafts; ``stream``: one stream's verify loop
 (lone-stream and serial paths); ``batch``: lookup on the batch lane; ``mtp``: the MTP
-head's loop (serial lane); ``config``: the server flag and the request field.
+head's loop (serial lane, a lone request); ``mtp_batch``: MTP rows on the batch lane, with
+``mtp_head`` (their heads, batched) and ``mtp_prompt`` (the heads read the batched
+prefill); ``config``: the server flag and the request field.
 """
 
 from .config import (

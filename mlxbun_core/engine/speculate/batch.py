@@ -237,15 +237,19 @@ def _rollback(cache: list[Any], drop: list[int]) -> None:
 
 
 def _responses(batch: Any, xs: list[int], drafts: list[list[int]], accepted: list[int],
-               previous: list[Any], logprobs: mx.array) -> list[Any]:
+               previous: list[Any], logprobs: mx.array, offsets: list[int] | None = None,
+               cached: list[list[int]] | None = None) -> list[Any]:
     """GenerationBatch.next's bookkeeping for several tokens per row: the tokens in the
-    cache, the token budgets, stop sequences, finished rows' caches, the filter."""
+    cache, the token budgets, stop sequences, finished rows' caches, the filter.
+    ``offsets``: where each row's pending token sits in its window (after tokens fed
+    again); ``cached``: the tokens each row's cache took (default: those emitted)."""
     responses, keep = [], []
     response = type(batch).Response
     for r in range(len(batch.uids)):
+        at = offsets[r] if offsets is not None else 0
         emitted = [(xs[r], previous[r])]
-        emitted += [(drafts[r][j], logprobs[r, j]) for j in range(accepted[r])]
-        batch.tokens[r].extend(t for t, _ in emitted)
+        emitted += [(drafts[r][j], logprobs[r, at + j]) for j in range(accepted[r])]
+        batch.tokens[r].extend([t for t, _ in emitted] if cached is None else cached[r])
         finish = None
         for token, lp in emitted:
             batch._num_tokens[r] += 1

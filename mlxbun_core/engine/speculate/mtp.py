@@ -57,6 +57,7 @@ class MtpStream:
         self._snapshot: list[Any] | None = None
         self._snapshot_refeed = 0  # refed tokens the window in flight starts with
         self._refeed: list[int] = []  # accepted tokens a rollback took out, to feed again
+        self._carry: list[Emitted] = []  # a token to hand out with the next step (resume)
 
     @property
     def running(self) -> bool:
@@ -78,9 +79,35 @@ class MtpStream:
         (no hidden state to draft from yet)."""
         self._launch(token, None)
 
+    def resume(self, token: int, emit: Emitted, hidden: mx.array | None, after: list[int],
+               refeed: list[int]) -> None:
+        """Go on from a batch row (``batch_lane``'s MTP state): ``token`` was sampled and
+        not fed (``emit``: handed out with the next step); ``hidden``: states the head
+        has not seen, followed by ``after`` and then ``token``; ``refeed``: tokens the
+        cache still lacks, fed ahead of ``token``."""
+        self._carry = [emit]
+        self.hidden, self._refeed = hidden, list(refeed)
+        self._launch(token, mx_tokens([*after, token]) if hidden is not None else None)
+
     def step(self) -> list[Emitted]:
         """Read the round in flight, settle the caches, queue the next; the tokens it
         produced, in order."""
+        out, kept = self._read()
+        self._launch(kept[-1], mx_tokens(kept))
+        return out
+
+    def handoff(self) -> tuple[list[Emitted], list[int]]:
+        """Stop without queueing another round (the cache then holds ``fed``): the tokens
+        the round in flight produced, and those the cache still lacks, to be fed next
+        (kept tokens a rollback took out, then the last token)."""
+        out, kept = self._read()
+        self._window = None
+        refeed, self._refeed = self._refeed, []
+        return out, [*refeed, kept[-1]]
+
+    def _read(self) -> tuple[list[Emitted], list[int]]:
+        """Read the round in flight and settle the caches: its tokens (after any carried
+        one), and the kept ones (the accepted drafts and the target's last sample)."""
         assert self._window is not None  # begun
         hidden, samples_arr, logprobs, drafts_arr = self._window
         samples = _ints(samples_arr)
@@ -97,9 +124,8 @@ class MtpStream:
             self.fed.extend(kept[:-1])
         # states at the kept positions; each is followed by the next kept token
         self.hidden = hidden[:, :accepted + 1]
-        out = [(t, logprobs[i]) for i, t in enumerate(kept)]
-        self._launch(kept[-1], mx_tokens(kept))
-        return out
+        carry, self._carry = self._carry, []
+        return carry + [(t, logprobs[i]) for i, t in enumerate(kept)], kept
 
     def settle(self) -> None:
         """Stop: drop the drafts in flight from a trimmable cache (a recurrent one is left

@@ -72,3 +72,87 @@ def test_the_head_is_read_from_its_byte_ranges_in_bfloat16():
     assert set(ours) == {k for k in whole if k.startswith("mtp.")}
     for k, v in ours.items():
         assert v.dtype == whole[k].dtype == mx.bfloat16 and mx.array_equal(v, whole[k]).item()
+
+
+def test_the_batched_heads_draft_what_each_head_drafts_alone():
+    """The batch lane's heads (``engine/speculate/mtp_head.py``): rows of different
+    history lengths, each appending a different number of states a step (none, for one
+    row, in the second), draft in batched calls exactly what each row's own head drafts,
+    over two steps (the chained rows trimmed in between)."""
+    from mlx_lm.models.cache import trim_prompt_cache
+    from mlx_lm.sample_utils import make_sampler
+
+    from mlxbun_core.engine.speculate.mtp_head import HeadBatch
+
+    predictor, _ = _predictor(tiny_checkpoint("qwen3_5", mtp="random", dtype="float32"))
+    size = predictor.text.args.hidden_size
+    mx.random.seed(5)
+
+    def states(k):
+        return None if k == 0 else mx.random.normal((1, k, size))
+
+    def alone(cache, hidden, after, x, depth):
+        logits, state = predictor.predict(hidden, mx.array([after + [x]]), cache)
+        drafts = [mx.argmax(logits, axis=-1).item()]
+        for _ in range(depth - 1):
+            logits, state = predictor.predict(state[:, -1:], mx.array([[drafts[-1]]]), cache)
+            drafts.append(mx.argmax(logits, axis=-1).item())
+        trim_prompt_cache(cache, depth - 1)
+        return drafts
+
+    histories = [3, 7, 1]
+    own, ref = [], []
+    for n in histories:  # each row's head reads its "prompt" on its own cache
+        pair = predictor.make_cache(), predictor.make_cache()
+        hidden, tokens = states(n), mx.array([list(range(10, 10 + n))])
+        for cache in pair:
+            predictor.predict(hidden, tokens, cache)
+        own.append(pair[0])
+        ref.append(pair[1])
+    heads = HeadBatch(predictor)
+    heads.sync([0, 1, 2], dict(enumerate(own)))
+    greedy = [make_sampler(0.0)] * 3
+    for step, ks in enumerate([[1, 3, 2], [2, 0, 1]]):
+        pending = [states(k) for k in ks]
+        after = [list(range(20 + step, 20 + step + k - 1)) if k else [] for k in ks]
+        xs = [40 + r for r in range(3)]
+        drafts = heads.draft(pending, after, [mx.array([x]) for x in xs], 3, greedy)
+        for r, k in enumerate(ks):
+            if k:
+                assert drafts[r].tolist() == alone(ref[r], pending[r], after[r], xs[r], 3)
+    assert heads.cache[0].offset.tolist() == [c[0].offset for c in ref]
+
+
+def test_the_heads_read_prompts_from_the_batched_prefill():
+    """On the batch lane the heads read their rows' prompts from mlx-lm's batched
+    prefill (``engine/speculate/mtp_prompt.py``): prompts of different lengths, read in
+    several chunks with right padding, leave each head the rows the serial loop's own read
+    gives it (the target's state at each position paired with the next prompt token), and
+    the last prompt token's state pending."""
+    from mlx_lm.generate import BatchGenerator
+
+    from mlxbun_core.engine.speculate import mtp_prompt
+    from mlxbun_core.engine.speculate.mtp_batch import MtpBatch
+
+    predictor, model = _predictor(tiny_checkpoint("qwen3_5", mtp="random", dtype="float32"))
+    prompts = [[5, 17, 99, 240, 7, 31, 8, 64, 12], [3, 44, 250, 6]]
+    gen = BatchGenerator(model, completion_batch_size=4, prefill_batch_size=4,
+                         prefill_step_size=3)
+    uids = gen.insert(prompts, max_tokens=[4, 4])
+    mtp = MtpBatch(predictor)
+    mtp_prompt.install(gen, mtp)
+    for uid, prompt in zip(uids, prompts, strict=True):
+        mtp.add(uid, 2, SimpleNamespace(speculation=None), prompt, 0)
+    while len(gen._generation_batch) < len(uids):
+        gen.next()
+    for uid, prompt in zip(uids, prompts, strict=True):
+        row = mtp.rows[uid]
+        _, hidden = predictor.forward(mx.array([prompt]), model.make_cache())
+        alone = predictor.make_cache()
+        predictor.predict(hidden[:, :-1], mx.array([prompt[1:]]), alone)
+        assert row.pos == len(prompt) - 1
+        keys, want = row.head_cache[0].state[0], alone[0].state[0]
+        assert keys.shape == want.shape
+        assert mx.allclose(keys, want, atol=1e-4).item()
+        assert mx.allclose(row.hidden, hidden[:, -1:], atol=1e-4).item()
+    gen.close()
