@@ -41,7 +41,7 @@ from ..speculate.config import MTP
 from ..speculate.mtp_batch import MtpBatch, supported
 from .pace import FixedChunk, PrefillPacer
 from .prefill import PREFILL_TOKENS, make_generator, paced_turn, size_chunk
-from .solo import BatchRow, SoloSlot, deliver
+from .slot import BatchRow, SoloSlot, deliver
 from .tally import StepTally
 
 if TYPE_CHECKING:

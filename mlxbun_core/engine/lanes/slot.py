@@ -1,0 +1,196 @@
+"""The batch lane's lone-job slot: :class:`SoloSlot` starts a lone job as a
+:class:`~.solo.Solo` (or, for a request drafting with the model's MTP head, a
+:class:`~.solo_mtp.MtpSolo`), steps it, hands it into the batch when company arrives and
+takes the batch's last row back out; with the helpers the lane shares (``deliver``,
+``last_row``, ``BatchRow``). Kept apart from the solo loops so both build on ``Solo``
+without importing each other's users.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+
+from ..job import GenerationJob
+from .pace import PrefillPacer
+from .serial import fresh_random_state
+from .solo import Pending, Solo
+from .solo_mtp import MtpSolo
+
+if TYPE_CHECKING:
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx_lm.generate import BatchGenerator
+
+    from ...contract import TokenPredictor
+    from ..admission import Admission
+    from .tally import StepTally
+
+log = logging.getLogger("mlxbun.engine")
+
+Moving: TypeAlias = "tuple[GenerationJob, list[Any] | None, list[int], list[list[int]]]"
+"""A lone job joining the batch: ``(job, cache, held, segments)`` (see ``SoloSlot.join``)."""
+
+
+class Publish(Protocol):
+    """The lane's prefix publishing: store ``job``'s KV ``cache`` of ``tokens``."""
+
+    def __call__(self, job: GenerationJob, tokens: Sequence[int] | None,
+                 cache: list[Any] | None, boundary: bool = False) -> None: ...
+
+
+def deliver(job: GenerationJob, token: int, logprobs: mx.array,
+            forced: Sequence[int] = ()) -> None:
+    """Hand ``job`` one token (and the ``forced`` run fed after it); the first one
+    closes its prefill phase."""
+    if job.session.t_first is None and job.started is not None:
+        job.session.phases["prefill_s"] = time.perf_counter() - job.started
+    job.deliver(token, logprobs, forced)
+
+
+def last_row(gen: BatchGenerator) -> tuple[int, Pending] | None:
+    """``(uid, pending)`` when a BatchGenerator holds one row, decoding, whose next token
+    is already sampled (``pending``: the token array and its logprobs, not yet fed);
+    None otherwise, and None on an mlx-lm whose internals differ (the row stays batched)."""
+    try:
+        batch = gen._generation_batch
+        if len(batch) != 1 or len(gen._prompt_batch) or gen._unprocessed_sequences \
+                or batch._next_tokens is None:
+            return None
+        return batch.uids[0], (batch._next_tokens, batch._next_logprobs[0])
+    except (AttributeError, IndexError, TypeError):
+        return None
+
+
+class BatchRow:
+    """A batch lane's row: its job, its prompt, and whether to publish the prompt-boundary KV."""
+
+    __slots__ = ("job", "prompt", "snapshot")
+
+    def __init__(self, job: GenerationJob, snapshot: bool):
+        self.job = job
+        self.prompt = job.request.prompt_tokens
+        self.snapshot = snapshot  # publish the prompt-boundary KV (caches that cannot rewind)
+
+
+class SoloSlot:
+    """The batch lane's lone job, if any: started alone, stepped here, handed into the
+    batch when company arrives (``join``) and back out when the batch drains to it
+    (``leave``). The job's admission reservation, made by the lane, stays with it across
+    both moves and is released when it ends here. ``publish(job, tokens, cache,
+    boundary=False)`` and ``publishes(job)`` are the lane's prefix publishing; ``steps``
+    counts its decode steps with the lane's (/metrics)."""
+
+    def __init__(self, model: nn.Module, admission: Admission | None, publish: Publish,
+                 publishes: Callable[[GenerationJob], bool], steps: StepTally) -> None:
+        self.model, self.admission = model, admission
+        self.publish, self.publishes = publish, publishes
+        self.steps = steps
+        self.solo: Solo | None = None
+        self.predictor: TokenPredictor | None = None  # the MTP head of the lane's model
+
+    @property
+    def job(self) -> GenerationJob | None:
+        return None if self.solo is None else self.solo.job
+
+    def start(self, job: GenerationJob, cache: list[Any] | None, cached: int,
+              pacer: PrefillPacer) -> None:
+        """Run ``job`` alone; ``cache`` holds its first ``cached`` prompt tokens (None:
+        nothing cached, a fresh cache)."""
+        if cache is None:
+            from mlx_lm.models.cache import make_prompt_cache
+
+            cache = make_prompt_cache(self.model)
+        if job.spec is not None and job.spec.kind == "mtp" and self.predictor is not None:
+            self.solo = MtpSolo(self.model, job, cache, cached, pacer, self.predictor)
+            return
+        self.solo = Solo(self.model, job, cache, cached, pacer)
+
+    def step(self) -> None:
+        """One prefill chunk or one token of the lone job."""
+        solo = self.solo
+        assert solo is not None  # the lane steps the slot only while it holds a job
+        job = solo.job
+        try:
+            out = solo.step()
+        except Exception as exc:  # report to the request, keep serving others
+            log.exception("generation failed")
+            fresh_random_state()  # a failure inside a compiled sampler can leave it unusable
+            self.end()
+            job.close("error", str(exc))
+            return
+        if out is None:  # a prefill chunk
+            if not solo.prefilling and self.publishes(job):
+                boundary = solo.boundary()
+                if boundary is not None:
+                    self.publish(job, solo.fed, boundary, boundary=True)
+            return
+        self.steps.add(1)
+        for token, logprobs, run in out:
+            deliver(job, token, logprobs, run)
+            if job.finished:
+                break
+        if job.finished:
+            solo.settle()
+            self.publish(self.end(), solo.fed, solo.cache)
+
+    def head_cache(self) -> list[Any] | None:
+        """The lone job's MTP head cache (None: it does not draft with a head)."""
+        head = getattr(self.solo, "head_cache", None)
+        return head() if callable(head) else None
+
+    def join(self) -> Moving | None:
+        """Hand the lone job to the batch: ``(job, cache, held, segments)`` for the row
+        that goes on from here (``cache`` holds ``held``; ``segments`` are fed next), or
+        None when the token it had already sampled ended it."""
+        solo = self.solo
+        assert solo is not None  # joins only while it holds a job
+        tokens, segments = solo.handoff()
+        job = solo.job
+        if tokens:
+            self.steps.add(1)  # the tokens its last lone step computed
+            for token, logprobs in tokens:
+                deliver(job, token, logprobs)
+                if job.finished:
+                    break
+            if job.finished:
+                self.publish(self.end(), solo.fed, solo.cache)
+                return None
+        self.solo = None  # the row keeps the admission reservation
+        return job, solo.cache if solo.fed else None, solo.fed, segments
+
+    def leave(self, gen: BatchGenerator, rows: dict[int, BatchRow], pacer: PrefillPacer,
+              mtp: Callable[[int], Any] | None = None) -> None:
+        """The batch's last decoding row (``rows``: uid -> row with a ``job``) goes on
+        alone, with the token the batch already sampled for it (``mtp(uid)``: an MTP
+        row's state, ``MtpBatch.leaving``; None for other rows)."""
+        last = last_row(gen)
+        if last is None:
+            return
+        uid, pending = last
+        state = mtp(uid) if mtp is not None else None
+        cache, fed = gen.remove([uid], return_prompt_caches=True)[uid]
+        job = rows.pop(uid).job  # it keeps its admission reservation
+        if state is not None and self.predictor is not None:
+            self.solo = MtpSolo.resume_mtp(self.model, job, cache, fed, pending, pacer,
+                                           self.predictor, state)
+            return
+        self.solo = Solo.resume(self.model, job, cache, fed, pending, pacer)
+
+    def end(self) -> GenerationJob:
+        """Empty the slot and release the job's reservation; the job."""
+        assert self.solo is not None
+        job, self.solo = self.solo.job, None
+        if self.admission is not None:
+            self.admission.release(job)
+        return job
+
+    def drop_cancelled(self) -> None:
+        if self.solo is not None and self.solo.job.cancelled.is_set():
+            self.end().close("cancelled")
+
+    def close(self, reason: str, error: str) -> None:
+        if self.solo is not None:
+            self.end().close(reason, error)
