@@ -363,12 +363,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         from .config import ConfigError, apply_config
+        from .startup import keep_torch_out
 
         try:
             apply_config(args, argv, build_serve_parser)
         except ConfigError as exc:
             print(f"mlxbun: {exc}", file=sys.stderr)
             return 2
+        keep_torch_out(args)  # seconds of start-up that transformers spends on it
         if args.distributed:  # every rank of an mlx.launch group
             from .dist_serve import serve_distributed
 
