@@ -48,26 +48,6 @@ def configure_system_prompts(args: argparse.Namespace) -> None:
 
 # optional grammar backends and the extra that installs each
 GRAMMAR_EXTRAS = {"xgrammar": "mlxbun[xgrammar]"}
-# the optional parts that import torch themselves
-NEEDS_TORCH = {"xgrammar"}
-
-
-def keep_torch_out(args: argparse.Namespace) -> bool:
-    """Hide an installed torch from this serve process unless something it runs needs it.
-
-    mlxbun serves on MLX; transformers (tokenizers, configs) imports a torch it finds for
-    its own torch models, which costs every start-up and engine child 2-4 s of CPU and
-    never runs. The xgrammar backend imports torch itself; ``MLXBUN_TORCH=1`` keeps it
-    for a third-party plugin that does. True when torch is hidden.
-    """
-    wanted = {args.grammar_backend, os.environ.get("MLXBUN_GRAMMAR_BACKEND")}
-    if (wanted & NEEDS_TORCH or os.environ.get("MLXBUN_TORCH", "") == "1"
-            or "torch" in sys.modules or "transformers" in sys.modules):
-        return False
-    sys.modules["torch"] = None  # type: ignore[assignment]  # importlib's "no such module"
-    return True
-
-
 def bind_port(host: str, port: int) -> socket.socket | str:
     """Bind the listening address before the model loads, as uvicorn would.
 

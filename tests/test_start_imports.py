@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 PROBE = """
-import argparse, sys
-from mlxbun_core.startup import keep_torch_out
-hidden = keep_torch_out(argparse.Namespace(grammar_backend={backend!r}))
+import sys
+from mlxbun_core.torchless import keep_torch_out
+hidden = keep_torch_out({backend!r})
 if hidden:
     from mlxbun_core.engine.core import Engine
 import transformers
