@@ -395,6 +395,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    own_process = argv is None  # the command line, not a caller's argv (tests run main in-process)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if args.command == "serve":
@@ -405,6 +406,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as exc:
             print(f"mlxbun: {exc}", file=sys.stderr)
             return 2
+    if own_process:
+        from .torchless import keep_torch_out
+
+        keep_torch_out(getattr(args, "grammar_backend", None))  # seconds that nothing uses
+    if args.command == "serve":
         if args.distributed:  # every rank of an mlx.launch group
             from .dist_serve import serve_distributed
 

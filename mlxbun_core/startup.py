@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .engine.core import Engine
     from .engine.speculate import SpecConfig
     from .kvstore.config import SsdConfig
+    from .models.resolve import ResolvedModel
 
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
@@ -47,8 +48,6 @@ def configure_system_prompts(args: argparse.Namespace) -> None:
 
 # optional grammar backends and the extra that installs each
 GRAMMAR_EXTRAS = {"xgrammar": "mlxbun[xgrammar]"}
-
-
 def bind_port(host: str, port: int) -> socket.socket | str:
     """Bind the listening address before the model loads, as uvicorn would.
 
@@ -154,28 +153,30 @@ def cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
     """The chosen model loaded into an engine with the serve flags; a failure is said on
     stderr and raised as :class:`StartFailed`."""
+    from .library.scan import scan
+    from .models.resolve import ModelNotFound
+    from .selection import report_selection_error
+
+    resolved = resolve_chosen(args)  # before the engine's imports: a wrong name fails at once
     from . import loader
     from .engine.core import Engine
     from .engine.hlg import server_default
     from .engine.speculate import SpecUnavailable
     from .kvquant.probe import KVQuantUnavailable
-    from .library.scan import scan
     from .model import LoadOptions
-    from .models.resolve import ModelNotFound
-    from .selection import chosen_model, report_selection_error
 
     defaults = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
     defaults["hlg"] = server_default(args)
     if getattr(args, "prefill_buckets", None):  # read per prefill chunk by engine.prefill_shapes
         os.environ["MLXBUN_PREFILL_BUCKETS"] = args.prefill_buckets
-    name = None
     speculation = lookup_config(args)
     try:
-        name = chosen_model(args)
-        options = LoadOptions(embedding=args.embedding, library=scan, extra={
+        options = LoadOptions(embedding=args.embedding, library=scan,
+                              model_id=resolved.model_id, extra={
             "draft_model": args.draft_model, "num_draft_tokens": args.num_draft_tokens or 3,
             "expert_budget": getattr(args, "expert_budget", None)})
-        return Engine.load(name, options, defaults=defaults, max_tokens=args.max_tokens,
+        return Engine.load(str(resolved.path), options, defaults=defaults,
+                           max_tokens=args.max_tokens,
                            speculation=speculation,
                            batch=args.batch, prompt_cache_bytes=int(args.prompt_cache * (1 << 30)),
                            ssd=ssd,
@@ -189,6 +190,27 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
         raise StartFailed(2) from None
     except Exception as exc:  # a checkpoint mlx-lm cannot read, a plugin bug, …
         logging.getLogger("mlxbun").debug("load failed", exc_info=True)
+        print(f"mlxbun: could not load {resolved.model_id}: "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        raise StartFailed(1) from None
+
+
+def resolve_chosen(args: argparse.Namespace) -> ResolvedModel:
+    """The chosen model found (a hub download or a GGUF conversion included) before the
+    engine's imports (seconds of MLX and mlx-lm), so a wrong name, an offline hub or a
+    file that is no GGUF is said at once; a failure is raised as :class:`StartFailed`."""
+    from .library.scan import scan
+    from .models.resolve import ModelNotFound, resolve_model
+    from .selection import chosen_model, report_selection_error
+
+    name = None
+    try:
+        name = chosen_model(args)
+        return resolve_model(name, library=scan, progress=True)
+    except ModelNotFound as exc:
+        raise StartFailed(report_selection_error(exc)) from None
+    except Exception as exc:  # a GGUF the converter cannot read, a full disk, …
+        logging.getLogger("mlxbun").debug("resolve failed", exc_info=True)
         print(f"mlxbun: could not load {name or 'the default model'}: "
               f"{type(exc).__name__}: {exc}", file=sys.stderr)
         raise StartFailed(1) from None

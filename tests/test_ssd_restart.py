@@ -112,9 +112,12 @@ def test_sigterm_flushes_and_a_sigkill_after_a_reply_is_survived(tmp_path):
 
 
 # A writer process that stores 16 MB entries back to back until it is killed; the parent
-# regenerates each entry's content from its first token to check what was restored.
+# regenerates each entry's content from its first token to check what was restored. It
+# imports, says "ready" and waits for "go": the next round's writer imports (mlx-lm: seconds)
+# while this round runs.
 WRITER = r"""
 import sys
+sys.modules["torch"] = None  # as serve keeps it out (startup.keep_torch_out): seconds less
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 from mlxbun_core.kvstore.config import SsdConfig
@@ -131,8 +134,9 @@ def tokens(i):
 
 if __name__ == "__main__":
     d, i = sys.argv[1], int(sys.argv[2])
+    print("ready", flush=True)  # imported (seconds): the store opens once told to go
+    assert sys.stdin.readline().strip() == "go"
     store = SsdStore(SsdConfig(dir=d, demote_idle_s=0), "fp", namespace_parts=lambda ns: [ns])
-    print("ready", flush=True)
     while True:
         job = store.prepare(store.key("ns"), tokens(i), entry(i), "assistant")
         job.urgent = True
@@ -154,33 +158,48 @@ def test_sigkill_at_random_points_mid_write_never_serves_a_torn_entry(tmp_path):
     rng = random.Random(7)
     mid_write = written = 0
     write_s = 0.2  # a write's duration, measured as the rounds go
-    for round_ in range(6):
-        child = subprocess.Popen([sys.executable, str(script), str(d), str(1000 * round_)],
-                                 stdout=subprocess.PIPE, text=True)
-        assert child.stdout.readline().strip() == "ready"
-        goal, seen, started = rng.randint(1, 3), 0, time.monotonic()
-        while seen < goal:  # into the first, second or third write...
-            line = child.stdout.readline()
-            assert line, "the writer died"
-            if line.startswith("writing"):
-                seen, started = seen + 1, time.monotonic()
-            elif line.startswith("wrote"):  # (timing the writes as they go)
-                written += 1
-                write_s = 0.5 * write_s + 0.5 * (time.monotonic() - started)
-        time.sleep(rng.uniform(0, 1.5 * write_s))  # ...then a random point of it
-        child.send_signal(signal.SIGKILL)
-        out = child.communicate(timeout=30)[0]
-        written += out.count("wrote")
-        mid_write += bool(list(d.rglob(TMP_PREFIX + "*")))  # a kill that hit a write
-        store = SsdStore(SsdConfig(dir=d, demote_idle_s=0), "fp", namespace_parts=lambda ns: [ns])
-        assert not list(d.rglob(TMP_PREFIX + "*"))  # the dead writer's temp file is reaped
-        assert store.index.corrupt_removed == 0
-        entries = list(store.index.entries())
-        assert len(entries) >= written
-        for e in [e for e in entries if int(e.tokens[0]) - 100000 >= 1000 * round_]:
-            got = store.restore(e)  # every named file restores whole, with its own content
-            assert got is not None, e.path
-            i = int(e.tokens[0]) - 100000
-            assert mx.array_equal(got[0][0].keys, helpers["entry"](i)[0].keys[..., :4096, :]).item()
-        store.close()
+
+    def writer(round_: int) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, str(script), str(d), str(1000 * round_)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    spare: subprocess.Popen | None = writer(0)
+    try:
+        for round_ in range(6):
+            assert spare is not None
+            child, spare = spare, (writer(round_ + 1) if round_ < 5 else None)
+            assert child.stdout.readline().strip() == "ready"
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            goal, seen, started = rng.randint(1, 3), 0, time.monotonic()
+            while seen < goal:  # into the first, second or third write...
+                line = child.stdout.readline()
+                assert line, "the writer died"
+                if line.startswith("writing"):
+                    seen, started = seen + 1, time.monotonic()
+                elif line.startswith("wrote"):  # (timing the writes as they go)
+                    written += 1
+                    write_s = 0.5 * write_s + 0.5 * (time.monotonic() - started)
+            time.sleep(rng.uniform(0, 1.5 * write_s))  # ...then a random point of it
+            child.send_signal(signal.SIGKILL)
+            out = child.communicate(timeout=30)[0]
+            written += out.count("wrote")
+            mid_write += bool(list(d.rglob(TMP_PREFIX + "*")))  # a kill that hit a write
+            store = SsdStore(SsdConfig(dir=d, demote_idle_s=0), "fp",
+                             namespace_parts=lambda ns: [ns])
+            assert not list(d.rglob(TMP_PREFIX + "*"))  # the dead writer's temp file is reaped
+            assert store.index.corrupt_removed == 0
+            entries = list(store.index.entries())
+            assert len(entries) >= written
+            for e in [e for e in entries if int(e.tokens[0]) - 100000 >= 1000 * round_]:
+                got = store.restore(e)  # every named file restores whole, with its own content
+                assert got is not None, e.path
+                i = int(e.tokens[0]) - 100000
+                want = helpers["entry"](i)[0].keys[..., :4096, :]
+                assert mx.array_equal(got[0][0].keys, want).item()
+            store.close()
+    finally:
+        if spare is not None:
+            spare.kill()
+            spare.wait()
     assert mid_write >= 1, "no kill landed inside a write; the test proved nothing"

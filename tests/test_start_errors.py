@@ -57,6 +57,21 @@ def test_a_text_file_named_gguf_is_not_a_gguf_file(tmp_path):
     assert "Traceback" not in r.stderr and "larger dtype" not in r.stderr
 
 
+def test_a_wrong_model_is_said_before_the_engine_is_imported(tmp_path):
+    """The model is found before seconds of MLX and mlx-lm imports (they made every wrong
+    name, offline hub or non-GGUF file wait 5-15 s under load)."""
+    fake = tmp_path / "model.gguf"
+    fake.write_text("hello, I am a text file\n")
+    code = ("import sys; from mlxbun_core.cli import main; "
+            f"rc = main(['serve', {str(fake)!r}, '--port', '{free_port()}']); "
+            "print('imported', sorted(m for m in ('mlx_lm', 'mlxbun_core.engine.core') "
+            "if m in sys.modules)); sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "is not a GGUF file" in r.stderr, r.stdout + r.stderr
+    assert "imported []" in r.stdout, r.stdout
+
+
 def busy_pair() -> tuple[socket.socket, socket.socket, int]:
     """Two listening sockets on consecutive ports ``port`` and ``port + 1``."""
     for _ in range(50):

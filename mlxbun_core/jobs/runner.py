@@ -219,6 +219,9 @@ def _pump_output(stream, log_path: Path, record) -> None:
 
 
 if __name__ == "__main__":
+    from mlxbun_core.torchless import keep_torch_out
+
+    keep_torch_out()  # seconds of every job's start that transformers spends on it
     sys.exit(child_main())
 
 
