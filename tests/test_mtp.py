@@ -116,7 +116,8 @@ def test_sampled_requests_run_the_verify_and_anthropic_carries_usage(srv, oai):
                                top_p=0.9, extra_body={**MTP, "logprobs": True})
     spec = spec_of(r.usage)
     assert spec is not None and spec["drafted"] > 0
-    assert len(ids_of(r)) == r.usage.completion_tokens == 30
+    n = r.usage.completion_tokens  # sampled: the random model may draw EOS before 30
+    assert len(ids_of(r)) == n and (n == 30) == (r.choices[0].finish_reason == "length")
     assert all(lp["logprob"] <= 0 for lp in r.choices[0].logprobs.content)
     claude = anthropic.Anthropic(base_url=srv.base_url, api_key="x", max_retries=0)
     msg = claude.messages.create(model="m", max_tokens=12,
