@@ -108,3 +108,16 @@ def test_help_shows_the_host_and_port_defaults():
     r, _ = run(["serve", "--help"], MLXBUN_HOST="", MLXBUN_PORT="")
     text = " ".join(r.stdout.split())
     assert "default: 127.0.0.1" in text and "default: 8080" in text
+
+
+def test_isolate_with_a_model_that_does_not_exist_exits(tmp_path):
+    """``--isolate``: the default engine refuses its first start (exit 2, the reason on
+    stderr); the parent stops too, with that status, instead of restarting it and
+    serving 503s for good."""
+    env = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(tmp_path / "hf" / "hub"),
+           "HF_HUB_OFFLINE": "1", "MLXBUN_HOME": str(tmp_path / "home")}
+    r, _ = run(["serve", "--isolate", "acme/nothing-here", "--port", str(free_port())],
+                  **env)
+    assert r.returncode == 2, r.stderr
+    assert "HF_HUB_OFFLINE is set" in r.stderr and "refused to start" in r.stderr
+    assert r.stderr.count("HF_HUB_OFFLINE is set") == 1  # started once, not restarted

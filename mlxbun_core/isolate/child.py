@@ -24,6 +24,7 @@ import httpx
 log = logging.getLogger("mlxbun.isolate")
 
 MAX_RESTARTS = 3
+REFUSED = 2  # ``mlxbun serve``'s exit status for a start it refuses (no such model, bad flags)
 RESTART_WINDOW_S = 60.0
 EARLY_DEATH_BACKOFF_S = 5.0
 READY_TIMEOUT_S = 15 * 60.0
@@ -70,6 +71,8 @@ class EngineProcess:
         self._ready = asyncio.Event()
         self._changed = asyncio.Event()  # set on every state change, for waiters
         self._crashes: collections.deque = collections.deque()
+        self.was_ready = False  # it answered /health once
+        self.refused = False  # its first start exited REFUSED: not restarted
         self._watch: asyncio.Task | None = None
 
     # ---------------------------------------------------------------- life
@@ -101,6 +104,11 @@ class EngineProcess:
             log.info("engine %s (pid %d) exited with %s during shutdown", self.model_id,
                      proc.pid, rc)
             self._set("stopped")
+            return
+        if rc == REFUSED and not self.was_ready:  # a bad model or flag: the same next time
+            log.error("engine %s refused to start (exit %d); not restarted", self.model_id, rc)
+            self.refused = True
+            self._set("failed")
             return
         log.warning("engine %s (pid %d) exited with %s", self.model_id, proc.pid, rc)
         now = time.monotonic()
@@ -148,6 +156,7 @@ class EngineProcess:
     def _set(self, state: str) -> None:
         self.state = state
         if state == "ready":
+            self.was_ready = True
             self._ready.set()
         else:
             self._ready.clear()

@@ -153,4 +153,4 @@ def run_parent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                             lifespan="on")
     ParentServer(config, app).run()
-    return 0
+    return app.exit_status

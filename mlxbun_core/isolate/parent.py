@@ -17,6 +17,9 @@ import enum
 import hmac
 import json
 import logging
+import os
+import signal
+import sys
 import time
 from pathlib import Path
 
@@ -34,7 +37,7 @@ from ..server import guard
 from ..server.body import parse_body
 from ..server.web import open_paths
 from . import hub_serve
-from .child import EngineUnavailable
+from .child import REFUSED, EngineUnavailable
 from .drain import send_json
 from .policy import PoolPolicy, route, routing_fields
 from .pool import EnginePool, background
@@ -68,6 +71,7 @@ class ParentApp:
         self._fit_weights: dict = {}
         self.metrics = ParentMetrics(pool)
         self.draining = False  # set by the first SIGINT/SIGTERM (ParentServer)
+        self.exit_status = 0  # REFUSED once the default engine refused its first start
         # the children's downloads, from the shared job store: /v1/models says "downloading"
         add_provider(downloading_provider(mlxbun_home()))
 
@@ -321,6 +325,16 @@ class ParentApp:
                 retry = False
                 log.info("retrying %s %s once the engine is back", method, path)
 
+    async def _exit_if_refused(self) -> None:
+        """The default engine refused its first start (a model that does not exist, a bad
+        flag: it said why on stderr): the parent stops too, with the same status, instead
+        of serving 503s."""
+        if await self.pool.first_refused():
+            print("mlxbun: the default engine refused to start (see above); exiting",
+                  file=sys.stderr, flush=True)
+            self.exit_status = REFUSED
+            os.kill(os.getpid(), signal.SIGTERM)  # the usual drain, then the exit
+
     # ---------------------------------------------------------------- lifespan
     async def _lifespan(self, receive, send):
         while True:
@@ -328,6 +342,7 @@ class ParentApp:
             if msg["type"] == "lifespan.startup":
                 await self.pool.start()
                 background(asyncio.to_thread(self.library.entries))  # warm the scan
+                background(self._exit_if_refused())
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
                 await self.pool.close()

@@ -58,6 +58,7 @@ class EnginePool:
                  model_keep_alive: Callable[[str], float | None] = lambda _id: None):
         self.default = default
         self.api_key = api_key
+        self.first: EngineProcess | None = None  # the default engine as first started
         self.engine_argv = engine_argv
         self.cap = max(1, int(cap))
         self.lookup = lookup  # exact /v1/models id -> how to start it (None: not a local model)
@@ -194,11 +195,20 @@ class EnginePool:
     async def start(self):
         """Start the default engine, then the pinned ones in the background (one load at
         a time); requests wait for readiness, start-up does not."""
-        await self._new(self.default).start()
+        self.first = self._new(self.default)
+        await self.first.start()
         for spec in self.pins.values():
             if spec.id != self.default.id:
                 background(self._preload(spec))
         self._reaper = background(self._reap_forever())  # any request may ask for a TTL
+
+    async def first_refused(self) -> bool:
+        """Whether the default engine refused its first start (waits for the outcome)."""
+        engine = self.first
+        assert engine is not None  # start() made it
+        while engine.state not in ("ready", "failed", "stopping", "stopped"):
+            await asyncio.sleep(0.1)
+        return engine.refused
 
     def stop_respawning(self) -> None:
         """The parent is draining: engines that exit from now on stay down."""
