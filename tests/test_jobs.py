@@ -18,6 +18,7 @@ import pytest
 from mlxbun_core.jobs.runner import JobManager
 from mlxbun_core.jobs.store import JobStore
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.helpers import environ
 from mlxbun_core.testing.server import start_server
 
 
@@ -44,17 +45,11 @@ def data(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(home, ckpt):
-    saved = {k: os.environ.get(k) for k in ("MLXBUN_HOME", "MLX_DISABLE_COMPILE")}
-    os.environ["MLXBUN_HOME"] = str(home)
-    os.environ["MLX_DISABLE_COMPILE"] = "1"  # CPU: skip the one-time JIT of the train step
-    srv = start_server(ckpt, host="0.0.0.0")
-    yield srv
-    srv.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    # MLX_DISABLE_COMPILE: on the CPU, skip the one-time JIT of the train step
+    with environ(MLXBUN_HOME=str(home), MLX_DISABLE_COMPILE="1"):
+        srv = start_server(ckpt, host="0.0.0.0")
+        yield srv
+        srv.stop()
 
 
 def stream(server, job_id, timeout=240):

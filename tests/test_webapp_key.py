@@ -9,12 +9,12 @@ OpenAI error shape, loopback included."""
 from __future__ import annotations
 
 import json
-import os
 
 import httpx
 import pytest
 
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.helpers import environ
 from mlxbun_core.testing.server import start_server
 from tests.test_guard import UNAUTHORIZED, outward_ip
 
@@ -26,24 +26,18 @@ ROW = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "co
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory):
     root = tmp_path_factory.mktemp("webapp-key")
-    saved = {k: os.environ.get(k) for k in ("MLXBUN_HOME", "MLXBUN_WIKI", "MLX_DISABLE_COMPILE")}
-    os.environ.update(MLXBUN_HOME=str(root / "home"), MLXBUN_WIKI=str(root / "wiki"),
-                      MLX_DISABLE_COMPILE="1")
     data = root / "data"
     data.mkdir()
     (data / "train.jsonl").write_text(json.dumps(ROW) + "\n")
-    srv = start_server(tiny_checkpoint("llama"), host="0.0.0.0", api_key=KEY,
-                       sessions_dir=root / "sessions")
-    srv.data = data
-    try:
-        yield srv
-    finally:
-        srv.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with environ(MLXBUN_HOME=str(root / "home"), MLXBUN_WIKI=str(root / "wiki"),
+                 MLX_DISABLE_COMPILE="1"):
+        srv = start_server(tiny_checkpoint("llama"), host="0.0.0.0", api_key=KEY,
+                           sessions_dir=root / "sessions")
+        srv.data = data
+        try:
+            yield srv
+        finally:
+            srv.stop()
 
 
 def page_calls(srv) -> list[tuple[str, str, dict | None]]:

@@ -1,6 +1,7 @@
 """Small helpers the core's and the plugins' test suites share: mlx-lm's own greedy
 tokens (the parity reference), one chat asked streamed and not, a plugin taken out for a
-block, the ``mlxbun plugins`` listing, and whether a text is JSON."""
+block, environment variables set for a block, the ``mlxbun plugins`` listing, and whether
+a text is JSON."""
 
 from __future__ import annotations
 
@@ -78,3 +79,19 @@ def parses_json(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+@contextmanager
+def environ(**values: str) -> Iterator[None]:
+    """``os.environ`` with ``values`` set for the block and put back after (a server
+    fixture whose jobs and subprocesses read the home from the environment)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

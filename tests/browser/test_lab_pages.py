@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.helpers import environ
 from mlxbun_core.testing.server import start_server
 
 pytestmark = pytest.mark.browser
@@ -49,19 +50,13 @@ def lab(tmp_path_factory):
     data.mkdir(parents=True)
     (data / "train.jsonl").write_text(jsonl(rows(8)))
     (data / "valid.jsonl").write_text(jsonl(rows(2)))
-    saved = {k: os.environ.get(k) for k in ("MLXBUN_HOME", "MLX_DISABLE_COMPILE")}
-    os.environ["MLXBUN_HOME"] = str(home)
-    os.environ["MLX_DISABLE_COMPILE"] = "1"  # CPU: skip the one-time JIT of the train step
     sessions = tmp_path_factory.mktemp("lab-sessions")
-    server = start_server(home / "models" / MODEL, max_tokens=8, sessions_dir=sessions)
-    server.home, server.sessions = home, sessions
-    yield server
-    server.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    # MLX_DISABLE_COMPILE: on the CPU, skip the one-time JIT of the train step
+    with environ(MLXBUN_HOME=str(home), MLX_DISABLE_COMPILE="1"):
+        server = start_server(home / "models" / MODEL, max_tokens=8, sessions_dir=sessions)
+        server.home, server.sessions = home, sessions
+        yield server
+        server.stop()
 
 
 def shots(tmp_path: Path) -> Path:

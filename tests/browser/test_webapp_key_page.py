@@ -7,11 +7,11 @@ The refusals themselves are checked at the HTTP level (tests/test_webapp_key.py)
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.helpers import environ
 from mlxbun_core.testing.server import start_server
 
 pytestmark = pytest.mark.browser
@@ -23,21 +23,15 @@ ROW = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "co
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory):
     root = tmp_path_factory.mktemp("page-key")
-    saved = {k: os.environ.get(k) for k in ("MLXBUN_HOME", "MLXBUN_WIKI")}
-    os.environ.update(MLXBUN_HOME=str(root / "home"), MLXBUN_WIKI=str(root / "wiki"))
     (root / "data.jsonl").write_text(json.dumps(ROW) + "\n")
-    srv = start_server(tiny_checkpoint("llama"), api_key=KEY, max_tokens=4,
-                       sessions_dir=root / "sessions")
-    srv.data = root / "data.jsonl"
-    try:
-        yield srv
-    finally:
-        srv.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with environ(MLXBUN_HOME=str(root / "home"), MLXBUN_WIKI=str(root / "wiki")):
+        srv = start_server(tiny_checkpoint("llama"), api_key=KEY, max_tokens=4,
+                           sessions_dir=root / "sessions")
+        srv.data = root / "data.jsonl"
+        try:
+            yield srv
+        finally:
+            srv.stop()
 
 
 def test_the_page_asks_for_the_key_then_lab_and_memory_work_with_it(page, keyed):
