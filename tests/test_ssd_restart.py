@@ -117,7 +117,8 @@ def test_sigterm_flushes_and_a_sigkill_after_a_reply_is_survived(tmp_path):
 # while this round runs.
 WRITER = r"""
 import sys
-sys.modules["torch"] = None  # as serve keeps it out (startup.keep_torch_out): seconds less
+if __name__ == "__main__":  # the writer process (the test also execs this for its helpers)
+    sys.modules["torch"] = None  # as serve keeps it out (torchless): seconds less
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 from mlxbun_core.kvstore.config import SsdConfig
