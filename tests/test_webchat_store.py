@@ -159,7 +159,7 @@ def test_app_tools_validate_against_the_route_catalog():
     _, frame = apptools.run_tool("navigate_app", {"route": "quantize"}, None)  # a lab page
     assert frame == {"type": "ui_navigate", "route": "quantize"}
     with pytest.raises(apptools.ToolFailed, match="unknown route"):
-        apptools.run_tool("navigate_app", {"route": "memory"}, None)
+        apptools.run_tool("navigate_app", {"route": "wiki"}, None)
     _, frame = apptools.run_tool("spotlight_ui", {"target": "send", "message": "here"}, None)
     assert frame == {"type": "ui_spotlight", "target": "send", "message": "here"}
     with pytest.raises(apptools.ToolFailed):
