@@ -159,6 +159,7 @@ async def bench(engine: Engine, args, serial: Engine | None = None) -> dict:
     loads = workloads()
     names = [n for n in ("code", "json", "prose") if n in args.workloads]
     results: dict[str, dict] = {}
+    print("warming up", flush=True)
     await run(engine, loads["prose"], "none", args)  # warm-up (kernels, pacer)
     await run(engine, loads["code"], SPEC, args)
     for name in names:
@@ -168,6 +169,7 @@ async def bench(engine: Engine, args, serial: Engine | None = None) -> dict:
             for kind in ((SPEC, "none") if i % 2 == 0 else ("none", SPEC)):
                 rows[kind].append(await run(engine, loads[name], kind, args, temp))
         results[name] = summarize(rows, "decode_tps", sampled=bool(temp))
+        print(f"{name}: {results[name]['spec']} vs {results[name]['plain']} tok/s", flush=True)
     if "batch8" in args.workloads:
         jobs = [loads["code" if i % 2 == 0 else "json"] for i in range(args.clients)]
         rows = {SPEC: [], "none": [], SERIAL: []}
@@ -250,6 +252,7 @@ def main() -> None:
         os.environ["MLXBUN_MTP_HIDDEN"] = args.mtp_hidden
     path = model_path(args)
     engine = Engine.load(path, progress=False, batch=args.batch, prompt_cache_bytes=0)
+    print(f"loaded {path or 'the embedded model'}", flush=True)
     serial = (Engine.load(path, progress=False, batch=1, prompt_cache_bytes=0)
               if args.vs_serial else None)
     try:

@@ -26,7 +26,7 @@ from ..events import Done, Event, Finish, Usage
 from ..kvquant.probe import check_kernels, model_dtype
 from ..media import parts as media_parts
 from ..model import LoadedModel, LoadOptions
-from . import prefill_shapes
+from . import attention_route, prefill_shapes
 from .admission import Admission, default_batch
 from .fill import FillPolicy
 from .job import EventSink, GenerationJob
@@ -168,6 +168,7 @@ class Engine:
                               serial]
                              if self.batch > 1 else [serial])
         if model.kind == "generate":
+            attention_route.install()  # CUDA: no cuDNN graph per short query's shape
             self.worker.run_sync(lambda: self.pacer.calibrate(model.model))
             self.worker.run_sync(lambda: prefill_shapes.warm(model.model, MAX_CHUNK))
         log.info("batch: %d rows (%s)", self.batch, self.batch_source if self.batch_plan is None

@@ -16,10 +16,12 @@ where new lengths are cheap (CPU, Metal): there ``--batch 1`` stays bit-exact wi
 mlx-lm's own chunking. ``MLXBUN_PREFILL_BUCKETS`` (``serve --prefill-buckets``):
 ``auto`` (the default), ``on``, ``off``.
 
-``auto`` is off on every backend for now: measured on an H200 (8B, a second turn over a
-4,046-token cached history, 4 rounds each), buckets made the second turn slower, 223 ms
-median against 122 ms without (the extra short forwards cost more than the first use of
-one new length saves). ``on`` stays for backends and shapes where that turns around.
+``auto`` is off on every backend: measured on an H200 (8B, a second turn over a 4,046-token
+cached history), buckets made the second turn slower, 223 ms median against 122 ms without.
+The reason came later (``bench/cuda_attention.py``): most of that first-use cost is cuDNN
+building an attention graph per (query length, key length), and the key length changes with
+every turn, so fixed query lengths cannot make it repeat. :mod:`.attention_route` removes
+the cost instead. ``on`` stays for measuring.
 """
 
 from __future__ import annotations
