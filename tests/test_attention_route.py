@@ -40,6 +40,14 @@ def test_matches_the_fused_function_for_every_mask_form(b, hq, hk, n, s):
             None if mask is None else mask if isinstance(mask, str) else mask.shape)
 
 
+def test_values_narrower_than_keys():  # multi-head latent attention (GLM, DeepSeek)
+    q, k, _ = qkv(1, 8, 8, 4, 30, d=48)
+    v = mx.random.normal((1, 8, 30, 16))
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.2, mask="causal")
+    got = route.attention(q, k, v, scale=0.2, mask="causal")
+    assert got.shape == (1, 8, 4, 16) and mx.allclose(got, want, atol=1e-5).item()
+
+
 def test_bfloat16_stays_close():
     q, k, v = qkv(1, 8, 2, 6, 500, d=64, dtype=mx.bfloat16)
     want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal")

@@ -129,7 +129,7 @@ def attention(q: mx.array, k: mx.array, v: mx.array, *, scale: float,
     elif mask is not None:
         scores = _masked(scores, mask, b, hq, hk, g, n)
     weights = mx.softmax(scores, axis=-1, precise=True)
-    return (weights @ v).reshape(b, hq, n, d)
+    return (weights @ v).reshape(b, hq, n, v.shape[-1])  # value heads may be narrower
 
 
 def _masked(scores: mx.array, mask: mx.array, b: int, hq: int, hk: int, g: int,
