@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..engine import attention_route
 from .channel import Channel
 from .mirror import RECORDER, Replayer
 
@@ -23,6 +24,7 @@ def follow(module: Any, channel: Channel) -> None:
     (raises)."""
     import mlx.core as mx
 
+    attention_route.install()  # the same attention kernels as rank 0's engine
     replayer = Replayer()
     steps = 0
     with mx.stream(channel.stream):
