@@ -10,6 +10,10 @@ PLUGINS = $(wildcard plugins/*/pyproject.toml)
 EDITABLE_PLUGINS = $(foreach p,$(dir $(PLUGINS)),-e $(p))
 MODEL ?=
 ARGS ?=
+# the suite on JOBS pytest-xdist workers, each test file whole on one worker (a module's
+# server starts once); JOBS=0 runs it in one process (`make test JOBS=0 ARGS="-x -s"`)
+JOBS ?= 2
+PYTEST = $(BIN)/python -m pytest -n $(JOBS) --dist loadfile
 
 # the runtime: mlxbun, every family plugin and the embedded default model; no torch
 $(BIN)/mlxbun: pyproject.toml $(PLUGINS)
@@ -42,7 +46,7 @@ serve: install
 	$(BIN)/mlxbun serve $(MODEL) $(ARGS)
 
 test: install-test
-	$(BIN)/python -m pytest $(ARGS)
+	$(PYTEST) $(ARGS)
 
 # ruff on the whole repo; mypy on mlxbun_core and the family plugins (docs/development.md)
 PLUGIN_PACKAGES = $(patsubst %/__init__.py,%,$(wildcard plugins/*/mlxbun_*/__init__.py))
@@ -60,7 +64,7 @@ $(VENV)/.browser: $(VENV)/.test-extra
 
 # the web app in headless Chromium from the OS (Debian: apt-get install chromium)
 test-browser: $(VENV)/.browser
-	$(BIN)/python -m pytest -m browser tests/browser $(ARGS)
+	$(PYTEST) -m browser tests/browser $(ARGS)
 
 # docs/webapp-*.png, as shown in the README
 screenshots: $(VENV)/.browser

@@ -9,10 +9,11 @@ def smollm2_path():
 
     The returned dir lives at <home>/converted/<name>; tests may call
     `resolve_model(None, cache_dir=smollm2_path.parent.parent)` to hit the same cache.
+    Under pytest-xdist the workers share one conversion (hard links; testing.home).
     """
-    from mlxbun_core.models.resolve import resolve_model
+    from mlxbun_core.testing.home import default_conversion
 
-    return resolve_model(None, progress=False).path
+    return default_conversion()
 
 
 @pytest.fixture(scope="session")

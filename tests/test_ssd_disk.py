@@ -174,6 +174,10 @@ def test_a_read_only_directory_still_restores_and_keeps_answering(ckpt, plain, t
         assert stats["prompt_cache"]["ssd_hits"] == 1 and stats["ssd_cache"]["degraded"]
 
 
+def ssd_hits(base: str) -> int:
+    return httpx.get(base + "/stats", timeout=30).json()["prompt_cache"]["ssd_hits"]
+
+
 async def _chat_engine(engine, messages) -> str:
     gen = await engine.start(engine.parse_chat(body(messages)))
     return gather([ev async for ev in gen.events()]).content
@@ -204,14 +208,18 @@ def test_two_servers_share_one_directory(ckpt, plain, tmp_path):
         # a conversation the other server started is restored from its file
         follow = next_turn(convo("hills"), replies["hills"])
         served_by = a if topics.index("hills") % 2 else b
-        r = turn(b if served_by == a else a, follow)
+        restorer = b if served_by == a else a
+        # a topic asked while the other server's entries were already on disk may have
+        # restored the system prompt they share (timing): count the follow-up's own hit
+        before = ssd_hits(restorer)
+        r = turn(restorer, follow)
         assert r["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        assert ssd_hits(restorer) == before + 1
         stats = [httpx.get(x + "/stats", timeout=30).json() for x in (a, b)]
         fingerprint = here.engine.prefix.tier.fingerprint
     assert ids(r) == cold(plain, follow)
     for t in topics:
         assert ids(replies[t]) == cold(plain, convo(t))
-    assert sum(s["prompt_cache"]["ssd_hits"] for s in stats) == 1
     assert all(s["ssd_cache"]["corrupt_removed"] == 0 for s in stats)
     check = SsdStore(SsdConfig(dir=d, demote_idle_s=0), fingerprint)
     assert len(check.index) >= len(topics) and not list(d.rglob(TMP_PREFIX + "*"))

@@ -6,10 +6,16 @@ inherit it, so a spawned ``mlxbun serve`` or job child writes there too; the emb
 default is converted there once and shared), and snapshots the user's real home(s):
 ``$MLXBUN_HOME`` as it was and ``~/.cache/mlxbun``. When the session ends the snapshot is
 taken again; any file added, removed or rewritten fails the run with the list.
+
+Under pytest-xdist every worker is a session of its own, with its own home; the
+controller's home (``MLXBUN_TEST_RUN_HOME``) is where :func:`default_conversion` converts
+the embedded default once for all of them (a file lock), and each worker's home gets
+hard links to it: one conversion per run, not one per worker.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
@@ -18,6 +24,7 @@ from pathlib import Path
 import pytest
 
 MAX_ENTRIES = 50_000  # a listing, not a backup: enough to notice a stray chat or model
+RUN_HOME = "MLXBUN_TEST_RUN_HOME"  # the home of the run's first process (xdist: the controller)
 
 _guarded: dict[Path, dict] = {}
 _session_home: list[Path] = []
@@ -71,6 +78,27 @@ def pytest_configure(config) -> None:
     home = Path(tempfile.mkdtemp(prefix="mlxbun-test-home-"))
     _session_home.append(home)
     os.environ["MLXBUN_HOME"] = str(home)
+    if not hasattr(config, "workerinput"):  # not an xdist worker: the workers inherit this
+        os.environ[RUN_HOME] = str(home)
+
+
+def default_conversion() -> Path:
+    """The embedded default converted into this session's home. An xdist worker takes hard
+    links to the conversion in the run's home (made there once, under a lock) instead of
+    converting it again: 7 s of CPU and 500 MB per worker."""
+    from ..models.resolve import mlxbun_home, resolve_model
+
+    run_home = Path(os.environ.get(RUN_HOME) or mlxbun_home())
+    if run_home.is_dir() and run_home.resolve() != mlxbun_home().resolve():
+        with open(run_home / ".default-conversion.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            shared = resolve_model(None, cache_dir=run_home, progress=False).path
+        own = mlxbun_home() / "converted" / shared.name
+        if not own.exists():
+            part = own.with_name(own.name + f".part-{os.getpid()}")
+            shutil.copytree(shared, part, copy_function=os.link)
+            part.rename(own)
+    return resolve_model(None, progress=False).path
 
 
 @pytest.hookimpl(trylast=True)

@@ -200,7 +200,8 @@ def test_curves_screenshots(page, smollm2_path, tmp_path):
     out.mkdir(parents=True, exist_ok=True)
     s = start_server(smollm2_path, sessions_dir=tmp_path / "sessions")
     try:
-        open_designer(page, s, samples=2, max_tokens=20)
+        for_docs = bool(os.environ.get("MLXBUN_SCREENSHOT_DIR"))  # long samples to show
+        open_designer(page, s, samples=2, max_tokens=20 if for_docs else 8)
         page.click("#curve-signal")
         page.wait_for_function("document.querySelectorAll('#curve-bins rect').length === 80")
         page.click("[data-preset=sharpen]")
@@ -210,7 +211,7 @@ def test_curves_screenshots(page, smollm2_path, tmp_path):
         page.click("#curve-use")  # and the chat that samples with it
         page.wait_for_selector("#curve-chip:not([hidden])")
         page.click("#settings-toggle")
-        page.fill("[name=max_tokens]", "40")
+        page.fill("[name=max_tokens]", "40" if for_docs else "12")
         page.click("#apply-session")
         page.fill("#composer-input", "Write one sentence about the sea.")
         page.keyboard.press("Enter")
