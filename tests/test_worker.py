@@ -33,3 +33,15 @@ def test_a_lane_step_that_fails_outside_any_job_harms_no_later_request(monkeypat
         assert token_ids(got) == token_ids(run_all(serial, [body])[0])
     finally:
         close(batched, serial)
+
+
+def test_close_returns_once_the_worker_has_stopped():
+    """``Engine.close()`` waits for the worker thread: a script (a bench, a library user)
+    that generated, closed and exited while the thread was still inside MLX aborted at
+    exit ("terminate called without an active exception", exit 134)."""
+    from mlxbun_core.engine.core import Engine
+
+    engine = Engine.load(str(tiny_checkpoint("llama")), progress=False, batch=4)
+    assert len(run_all(engine, [greedy("Hello there", 24), greedy("And you", 24)])) == 2
+    engine.close()
+    assert not engine.worker._thread.is_alive()

@@ -89,8 +89,13 @@ class ModelWorker:
             raise job.error
         return job.result
 
-    def close(self) -> None:
+    def close(self, wait: float = 10.0) -> None:
+        """Stop the worker after its current step and wait up to ``wait`` seconds for it:
+        a process that exits while the thread is still inside MLX aborts ("terminate
+        called without an active exception") instead of exiting."""
         self._inbox.put(_STOP)
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(wait)
 
     def abort(self, message: str) -> None:
         """End every running and waiting job with ``message`` (an error) at the next step
@@ -146,3 +151,6 @@ class ModelWorker:
     def _shutdown(self) -> None:
         for lane in self.lanes:
             lane.close()
+        import mlx.core as mx
+
+        mx.synchronize()  # no step still queued on MLX's streams when the process exits
