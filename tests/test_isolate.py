@@ -20,6 +20,7 @@ from mlx_lm import load as mlx_load
 from mlx_lm.generate import generate_step
 from prometheus_client.parser import text_string_to_metric_families
 
+from mlxbun_core.isolate import access
 from mlxbun_core.testing.hub_cache import library_env, library_hub
 from mlxbun_core.testing.server import free_port
 
@@ -358,9 +359,10 @@ def test_parent_applies_the_serve_guard(key, tmp_path, monkeypatch):
             assert 'mlxbun_http_requests_total{method="GET",route="/v1/models",status="401"} 1.0' \
                 in lines and "mlxbun_pool_engines_max 1.0" in lines
             # the page's static shell loads without the key (it then asks for it)
-            assert app._guard({"path": "/", "client": remote, "headers": []}) is None
-            assert app._guard({"path": "/assets/app.js", "client": remote, "headers": []}) is None
-            assert app._guard({"path": "/v1/models", "client": remote, "headers": []})[0] == 401
+            shell = [{"path": p, "client": remote, "headers": []} for p in ("/", "/assets/app.js")]
+            assert [access.check(scope, app.api_key) for scope in shell] == [None, None]
+            api = {"path": "/v1/models", "client": remote, "headers": []}
+            assert access.check(api, app.api_key)[0] == 401
 
     asyncio.run(main())
 

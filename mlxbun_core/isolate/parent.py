@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import hmac
 import json
 import logging
 import os
@@ -33,18 +32,14 @@ from ..library.listing import with_states
 from ..library.report import fit_report, library_row
 from ..metrics.isolate import ParentMetrics, route_of
 from ..models.paths import mlxbun_home
-from ..server import guard
 from ..server.body import parse_body
-from ..server.web import open_paths
-from . import hub_serve
+from . import access, hub_serve
 from .child import REFUSED, EngineUnavailable
 from .drain import send_json
 from .policy import PoolPolicy, route, routing_fields
 from .pool import EnginePool, background
 from .proxy import EngineGone, forward, send_unavailable
 from .responses import ParentResponses
-
-OPEN_PATHS = guard.OPEN_PATHS + open_paths()  # answer without the API key
 
 log = logging.getLogger("mlxbun.isolate")
 
@@ -92,7 +87,7 @@ class ParentApp:
                                    status.code)
 
     async def _http(self, scope, receive, send):
-        denied = self._guard(scope)
+        denied = access.check(scope, self.api_key)
         if denied is not None:
             return await send_json(send, *denied)
         path, method = scope["path"], scope["method"]
@@ -111,25 +106,6 @@ class ParentApp:
                 self.pool, self.library, body)) is not None:
             return await send_json(send, 200, hub_serve.serve(self.pool, spec))
         await self._proxy(scope, body, receive, send)
-
-    def _guard(self, scope) -> tuple | None:
-        """The serve guard's rules, on the parent's TCP side (the engines behind the
-        socket see only the parent): the API key on every route but /health and the
-        web page's static shell; admin routes for loopback clients only when there is
-        no key."""
-        path = scope["path"]
-        anthropic = path.startswith("/v1/messages")
-        if self.api_key is not None and not guard.is_open(path, OPEN_PATHS):
-            got = _presented_key(scope)
-            if got is None or not hmac.compare_digest(got.encode(), self.api_key.encode()):
-                return 401, _guard_error("authentication_error", "invalid or missing API key "
-                                         "(send Authorization: Bearer <key>)", anthropic)
-        elif path.startswith(guard.ADMIN_PREFIXES) and not guard.is_loopback_client(
-                scope.get("client")):
-            return 403, _guard_error("permission_error", "this route answers loopback clients "
-                                     "only; start the server with --api-key to allow remote "
-                                     "clients", anthropic)
-        return None
 
     async def _refuse_websocket(self, scope, send):
         """501 where the server can answer an upgrade with HTTP; else close the socket."""
@@ -379,21 +355,6 @@ def _shaped(body: dict, path: str) -> dict:
     if path.startswith("/v1/messages"):
         return {"type": "error", "error": body["error"]}
     return body
-
-
-def _presented_key(scope) -> str | None:
-    headers = dict(scope["headers"])
-    auth = headers.get(b"authorization")
-    if auth and auth[:7].lower() == b"bearer ":
-        return auth[7:].decode("latin-1").strip()
-    key = headers.get(b"x-api-key")
-    return key.decode("latin-1").strip() if key else None
-
-
-def _guard_error(kind: str, message: str, anthropic: bool) -> dict:
-    if anthropic:
-        return {"type": "error", "error": {"type": kind, "message": message}}
-    return {"error": {"message": message, "type": kind}}
 
 
 async def _never_disconnects():
