@@ -18,7 +18,6 @@ import base64
 import contextlib
 import hashlib
 import json
-import os
 import re
 import threading
 import time
@@ -28,6 +27,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from .helpers import environ
 
 CHUNK = 64 << 10
 _REPO = r"(?P<repo>[^/]+/[^/]+)"
@@ -310,19 +311,9 @@ def hub_environment(root: Path, hub: FakeHub) -> Iterator[Path]:
     """Point every HF setting of this process (and the job subprocesses it starts) at
     ``root`` and ``hub``: cache and token under ``root/hf``, online, no token; restore
     the environment afterwards. Yields the hub cache directory."""
-    saved = {k: os.environ.get(k) for k in HUB_ENV}
-    for k in HUB_ENV:
-        os.environ.pop(k, None)
-    os.environ.update({"HF_HOME": str(root / "hf"), "HF_HUB_CACHE": str(root / "hf" / "hub"),
-                       "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_TELEMETRY": "1"})
-    try:
+    with environ(unset=HUB_ENV, HF_HOME=str(root / "hf"), HF_HUB_CACHE=str(root / "hf" / "hub"),
+                 HF_ENDPOINT=hub.url, HF_HUB_DISABLE_TELEMETRY="1"):
         yield root / "hf" / "hub"
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def padding_safetensors(n: int) -> bytes:

@@ -82,10 +82,13 @@ def parses_json(text: str) -> bool:
 
 
 @contextmanager
-def environ(**values: str) -> Iterator[None]:
-    """``os.environ`` with ``values`` set for the block and put back after (a server
-    fixture whose jobs and subprocesses read the home from the environment)."""
-    saved = {k: os.environ.get(k) for k in values}
+def environ(unset: Iterable[str] = (), **values: str) -> Iterator[None]:
+    """``os.environ`` with ``values`` set and the names in ``unset`` removed for the block,
+    all put back after (a server fixture whose jobs and subprocesses read the home, or
+    the hub settings, from the environment)."""
+    saved = {k: os.environ.get(k) for k in {*unset, *values}}
+    for k in unset:
+        os.environ.pop(k, None)
     os.environ.update(values)
     try:
         yield
