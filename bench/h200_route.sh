@@ -19,7 +19,8 @@ runw() {  # like run, but a run that outlives its limit gets a py-spy dump first
   "$@" > "$R/$name.txt" 2>&1 & local pid=$!
   for _ in $(seq "$secs"); do sleep 1; kill -0 $pid 2>/dev/null || break; done
   if kill -0 $pid 2>/dev/null; then
-    py-spy dump --pid $pid > "$R/$name.pyspy.txt" 2>&1; kill -9 $pid; echo "   killed, dumped"
+    local spy; spy=$(command -v py-spy || find /tmp/site / -xdev -name py-spy -type f 2>/dev/null | head -1)
+    "${spy:-py-spy}" dump --pid $pid > "$R/$name.pyspy.txt" 2>&1; kill -9 $pid; echo "   killed, dumped"
   fi
   wait $pid; echo "   rc=$? ($(date +%T))"; tail -6 "$R/$name.txt"
 }
