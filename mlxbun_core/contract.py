@@ -147,6 +147,12 @@ class TokenPredictor(Protocol):
     """Shown in the start-up banner and logs."""
     num_draft_tokens: int
     """Drafts per verify round when the operator and the request leave it unset."""
+    kv_bytes_per_token: int
+    """Bytes the head's cache (:meth:`make_cache`) adds per token of a request: it holds a
+    row per target position, so memory admission bills this times the request's prompt
+    plus completion budget beside the target's KV. Added after the first release: the
+    engine reads it with a default of 0, so a predictor without it still loads (its
+    head's KV then goes unbilled)."""
 
     def forward(self, tokens: mx.array, cache: list[Any]) -> tuple[mx.array, mx.array]:
         """The target's forward over ``tokens`` ``(1, L)`` with its ``cache`` (as the

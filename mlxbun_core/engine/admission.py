@@ -12,6 +12,10 @@ of the system RAM on the CPU backend).
   left, never rejected.
 - In the batch lane: a row is admitted only when its worst-case KV (prompt plus its
   completion budget) fits beside the rows already running; otherwise it waits.
+- A row that speculates with the model's MTP head (``draft_kind: "mtp"``) also bills
+  the head's own cache: the predictor's ``kv_bytes_per_token`` per token of that same
+  worst case (the head keeps a row per target position). Every lane reserves through
+  :meth:`Admission.reserve`, so the serial lane and a lone stream count it too.
 - Without ``--batch``, the row cap comes from the same room (``default_batch``).
 """
 
@@ -23,6 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ..errors import APIError
 from ..library import fit
 from ..model import LoadedModel
+from .speculate.config import MTP
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -41,8 +46,10 @@ def weight_bytes(module: nn.Module) -> int:
 
 class Admission:
     def __init__(self, model: LoadedModel, budget_bytes: int | None = None,
-                 kv_bits: int | None = None):
-        """``kv_bits``: the server's KV quantization (``--kv-quant``), billed per token."""
+                 kv_bits: int | None = None, head_bytes_per_token: int = 0):
+        """``kv_bits``: the server's KV quantization (``--kv-quant``), billed per token;
+        ``head_bytes_per_token``: what the MTP head's cache adds per token of a row that
+        drafts with it (0: no head, or one that never runs here)."""
         # a model that streams weights from disk (routed experts read on demand) names
         # the bytes its cache may fill: billed as weights, beside what is resident
         self.weights_bytes = (weight_bytes(model.model)
@@ -51,6 +58,7 @@ class Admission:
         self.budget_bytes = int(budget_bytes) if budget_bytes else machine.usable_bytes
         self.budget_source = "--memory-budget" if budget_bytes else f"{machine.device} (MLX)"
         self.kv_bits = kv_bits
+        self.head_bytes_per_token = max(0, int(head_bytes_per_token))
         self.plan = fit.plan(model.config, self.weights_bytes, self.budget_bytes, kv_bits=kv_bits)
         self.layout = self.plan.kv
         window = model.context_window or fit.NO_LIMIT_CONTEXT
@@ -78,7 +86,11 @@ class Admission:
         return room if max_tokens is None else min(max_tokens, room)
 
     def row_bytes(self, job: GenerationJob) -> int:
-        return self.layout.bytes_at(len(job.request.prompt_tokens) + (job.limit or 0))
+        """``job``'s worst-case KV: its prompt plus completion budget, the MTP head's
+        cache included when it drafts with the head."""
+        tokens = len(job.request.prompt_tokens) + (job.limit or 0)
+        head = self.head_bytes_per_token if job.spec is not None and job.spec.kind == MTP else 0
+        return self.layout.bytes_at(tokens) + head * tokens
 
     def fits(self, job: GenerationJob) -> bool:
         """Whether ``job`` fits beside every row already reserved."""
@@ -105,6 +117,7 @@ class Admission:
         return {"budget_bytes": self.budget_bytes, "budget_source": self.budget_source,
                 "weights_bytes": self.weights_bytes,
                 "kv_bytes_per_token": self.layout.bytes_per_token,
+                "mtp_head_kv_bytes_per_token": self.head_bytes_per_token,
                 "max_safe_context": self.max_safe_context,
                 "enforced_context_tokens": self.enforced_context,
                 "kv_room_bytes": self.kv_room, "reserved_kv_bytes": self.reserved_bytes,

@@ -120,7 +120,8 @@ class Engine:
         self.prefix = PrefixCache(prompt_cache_bytes, tier=self._ssd_tier(ssd, prompt_cache_bytes),
                                   post=self.worker.post)
         self.kv = kvquant.parse(kv_quant)
-        self.admission = Admission(model, memory_budget_bytes, kv_bits=self.kv.bits)
+        self.admission = Admission(model, memory_budget_bytes, kv_bits=self.kv.bits,
+                                   head_bytes_per_token=self._head_kv_bytes())
         if warning := kvquant.startup_warning(self.kv, self.admission.layout):
             log.warning(warning)
         if self.kv.bits and model.kind == "generate":  # a missing kernel fails here, not mid-reply
@@ -156,6 +157,14 @@ class Engine:
         # told every generation's Finish as it ends: the /metrics recorder (metrics.for_engine)
         self.on_finish: Callable[[Finish], None] | None = None
         self.starting = 0  # requests being prepared (not yet queued)
+
+    def _head_kv_bytes(self) -> int:
+        """What the MTP head's cache adds per token of a row drafting with it: 0 without a
+        head, or under a KV scheme (both lanes then decode MTP rows plainly). Read with a
+        default: predictors written before the contract named it still load."""
+        if self.predictor is None or self.kv.enabled:
+            return 0
+        return int(getattr(self.predictor, "kv_bytes_per_token", 0))
 
     def _start_lanes(self) -> None:
         """The worker's lanes, sharing one prefill pacer (calibrated now, on the worker)."""

@@ -62,6 +62,7 @@ class CopyPredictor:
     that trim (full attention only)."""
 
     name, num_draft_tokens = "copy", 2
+    kv_bytes_per_token = 8  # a float32 K and V row of one element each (predict)
 
     def __init__(self, model: Any):
         self.model = model

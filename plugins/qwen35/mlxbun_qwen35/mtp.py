@@ -28,6 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mlxbun_core.library import fit
+
 from . import mtp_weights as W
 
 log = logging.getLogger("mlxbun.qwen35")
@@ -71,12 +73,14 @@ class QwenMtp:
     spends no memory on it."""
 
     def __init__(self, model: Any, load_head: Callable[[], Any], num_draft_tokens: int,
-                 name: str, pre_norm: bool = True):
+                 name: str, pre_norm: bool = True, dtype_bytes: int = 2):
+        """``dtype_bytes``: the activation dtype's size, which the head's K/V are kept in."""
         self.model, self._load_head = model, load_head
         self._head: Any = None
         self.num_draft_tokens, self.name = num_draft_tokens, name
         self.text = model.language_model
         self.pre_norm = pre_norm
+        self.kv_bytes_per_token = head_kv_bytes_per_token(self.text.args, dtype_bytes)
 
     @property
     def head(self) -> Any:
@@ -110,6 +114,12 @@ class QwenMtp:
         return self._logits(out[:, -1]), out
 
 
+def head_kv_bytes_per_token(args: Any, dtype_bytes: int) -> int:
+    """What the head's one full-attention layer caches per token: K and V, each
+    ``num_key_value_heads x head_dim`` elements (memory admission bills it)."""
+    return int(args.num_key_value_heads * args.head_dim * 2 * dtype_bytes)
+
+
 REQUIRED = ("mtp.fc.", "mtp.norm.weight", "mtp.pre_fc_norm_embedding.weight",
             "mtp.pre_fc_norm_hidden.weight", "mtp.layers.0.")
 
@@ -129,7 +139,7 @@ def load_predictor(model: Any) -> QwenMtp | None:
         return None
     pre = os.environ.get("MLXBUN_MTP_HIDDEN", "pre") != "post"
     return QwenMtp(model.model, lambda: _load_head(model, files), DEFAULT_DRAFT_TOKENS,
-                   f"{model.id} (mtp head)", pre)
+                   f"{model.id} (mtp head)", pre, fit.activation_bytes(model.config or {}))
 
 
 def _load_head(model: Any, files: list[Path]) -> Any:

@@ -156,3 +156,23 @@ def test_the_heads_read_prompts_from_the_batched_prefill():
         assert mx.allclose(keys, want, atol=1e-4).item()
         assert mx.allclose(row.hidden, hidden[:, -1:], atol=1e-4).item()
     gen.close()
+
+
+@pytest.mark.parametrize("dtype,size", [("float32", 4), (None, 2)])  # None: bfloat16
+def test_the_head_names_the_kv_it_adds_per_token(dtype, size):
+    """``kv_bytes_per_token`` (what memory admission bills per token of an MTP row) is the
+    config's arithmetic for one full-attention layer, K and V in the activation dtype, and
+    what the head's cache really holds after reading rows."""
+    path = tiny_checkpoint("qwen3_5", mtp="random", dtype=dtype)
+    loaded = loader.load(str(path), LoadOptions())
+    predictor = loaded.hooks.token_predictor(model=loaded)
+    text = loaded.config.get("text_config", loaded.config)
+    assert predictor.kv_bytes_per_token == (text["num_key_value_heads"] * text["head_dim"]
+                                            * 2 * size)
+    tokens = mx.array([[5, 17, 99, 240, 7, 3, 11]])
+    _, hidden = predictor.forward(tokens, loaded.model.make_cache())
+    head_cache = predictor.make_cache()
+    predictor.predict(hidden, tokens, head_cache)
+    kv = head_cache[0]  # its buffers grow in steps: count the rows it holds
+    held = sum(a[..., :kv.offset, :].nbytes for a in (kv.keys, kv.values))
+    assert held == tokens.shape[1] * predictor.kv_bytes_per_token
