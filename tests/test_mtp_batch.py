@@ -222,7 +222,11 @@ def test_a_sampled_row_runs_beside_greedy_ones(oai, lane, reference):
     sampled, *greedy = together(
         lambda: complete(oai, PROMPTS[0], MTP, temperature=1.0, top_p=0.9),
         *[lambda p=p: complete(oai, p, MTP) for p in PROMPTS[1:3]])
-    assert len(ids_of(sampled)) == sampled.usage.completion_tokens == TOKENS
+    assert len(ids_of(sampled)) == sampled.usage.completion_tokens
+    # unseeded at temperature 1 (a seed would send it to the serial lane): a sampled EOS
+    # may end it early, and then only as a stop
+    assert (sampled.usage.completion_tokens == TOKENS
+            or sampled.choices[0].finish_reason == "stop")
     assert spec_of(sampled.usage)["drafted"] > 0
     assert all(lp["logprob"] <= 0 for lp in sampled.choices[0].logprobs.content)
     for prompt, r in zip(PROMPTS[1:3], greedy, strict=True):
