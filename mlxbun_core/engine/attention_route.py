@@ -2,7 +2,7 @@
 
 MLX's CUDA backend runs attention for a query of more than one token through cuDNN, and
 cuDNN builds an execution graph for every new (query length, key length, strides) it
-sees: 40-75 ms on an H200, against 1-3 ms for the attention itself. Long prefills amortise
+sees: 51-77 ms on an H200, against under 2 ms for the attention itself. Long prefills amortise
 that, but the short forwards a server runs all day never meet the same shape twice,
 because the key length grows with every one of them:
 
