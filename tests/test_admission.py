@@ -12,6 +12,7 @@ import pytest
 from mlxbun_core.engine.admission import weight_bytes
 from mlxbun_core.library import fit
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.helpers import prompt_of
 from mlxbun_core.testing.server import start_server
 
 CONTEXT = 300
@@ -33,13 +34,6 @@ def srv():
     yield s
     s.stop()
 
-
-def prompt_of(tok, n: int) -> str:
-    """Text that encodes to exactly ``n`` tokens."""
-    ids = [tok.encode(" a", add_special_tokens=False)[-1]] * n
-    text = tok.decode(ids)
-    assert len(tok.encode(text)) == n
-    return text
 
 
 def no_eos(tok) -> dict:

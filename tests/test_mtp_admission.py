@@ -11,8 +11,6 @@ exactly ``CONTEXT`` tokens of target KV (as in test_admission.py).
 from __future__ import annotations
 
 import json
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -21,6 +19,7 @@ from mlx_lm import load as mlx_load
 from mlxbun_core.engine.admission import weight_bytes
 from mlxbun_core.library import fit
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.helpers import prompt_of, together
 from mlxbun_core.testing.server import start_server
 
 CONTEXT = 300
@@ -49,13 +48,6 @@ def srv():
     s.stop()
 
 
-def prompt_of(tok, n: int) -> str:
-    """Text that encodes to exactly ``n`` tokens."""
-    ids = [tok.encode(" a", add_special_tokens=False)[-1]] * n
-    text = tok.decode(ids)
-    assert len(tok.encode(text)) == n
-    return text
-
 
 def complete(srv, prompt: str, max_tokens: int, extra: dict) -> dict:
     """A greedy completion (no logits processors: an MTP row of them runs serially)."""
@@ -64,17 +56,6 @@ def complete(srv, prompt: str, max_tokens: int, extra: dict) -> dict:
     assert r.status_code == 200, r.text
     return r.json()
 
-
-def together(*calls):
-    """Run the calls at once (one thread each, released together); their results."""
-    start = threading.Barrier(len(calls))
-
-    def run(call):
-        start.wait()
-        return call()
-
-    with ThreadPoolExecutor(len(calls)) as pool:
-        return [f.result() for f in [pool.submit(run, c) for c in calls]]
 
 
 def admission(srv) -> dict:

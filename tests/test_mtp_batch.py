@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import httpx
@@ -25,7 +24,7 @@ from mlx_lm.generate import BatchGenerator
 from mlxbun_core.engine.speculate import mtp_prompt, server_config
 from mlxbun_core.engine.speculate.mtp_batch import MtpBatch
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.helpers import mlx_lm_greedy
+from mlxbun_core.testing.helpers import mlx_lm_greedy, together
 from mlxbun_core.testing.mtp import CopyPredictor
 from mlxbun_core.testing.server import start_server
 
@@ -92,17 +91,6 @@ def complete(oai, prompt: str, body: dict, **kw):
     return oai.completions.create(model="m", prompt=prompt,
                                   extra_body={"logprobs": True, **body}, **kw)
 
-
-def together(*calls):
-    """Run the calls at once (one thread each, released together); their results."""
-    start = threading.Barrier(len(calls))
-
-    def run(call):
-        start.wait()
-        return call()
-
-    with ThreadPoolExecutor(len(calls)) as pool:
-        return [f.result() for f in [pool.submit(run, c) for c in calls]]
 
 
 def shared_steps(lane, first: int, rows: int) -> int:

@@ -1,7 +1,7 @@
 """Small helpers the core's and the plugins' test suites share: mlx-lm's own greedy
 tokens (the parity reference), one chat asked streamed and not, a plugin taken out for a
-block, environment variables set for a block, the ``mlxbun plugins`` listing, and whether
-a text is JSON."""
+block, environment variables set for a block, the ``mlxbun plugins`` listing, whether
+a text is JSON, calls released at once, and a prompt of an exact token count."""
 
 from __future__ import annotations
 
@@ -9,8 +9,11 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from typing import Any
 
 
 def mlx_lm_greedy(model, prompt: list, n: int, stops: Iterable[int]) -> list[int]:
@@ -98,3 +101,23 @@ def environ(unset: Iterable[str] = (), **values: str) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def together(*calls: Callable[[], Any]) -> list[Any]:
+    """Run the calls at once (one thread each, released together); their results."""
+    start = threading.Barrier(len(calls))
+
+    def run(call: Callable[[], Any]) -> Any:
+        start.wait()
+        return call()
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return [f.result() for f in [pool.submit(run, c) for c in calls]]
+
+
+def prompt_of(tok: Any, n: int) -> str:
+    """Text that encodes to exactly ``n`` tokens with ``tok``."""
+    ids = [tok.encode(" a", add_special_tokens=False)[-1]] * n
+    text = tok.decode(ids)
+    assert len(tok.encode(text)) == n
+    return text
