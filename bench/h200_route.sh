@@ -50,16 +50,15 @@ case "$1" in
     done ;;
   y)
     ckpt
-    MLXBUN_SHORT_ATTENTION=on run spec_8b_on 200 python3 bench/speculation.py --model $CK \
+    MLXBUN_SHORT_ATTENTION=on run spec_8b_on 240 python3 bench/speculation.py --model $CK \
       --rounds 3 --max-tokens 256 --out $R/speculation_h200_8b_on.json
-    for a in on off; do
-      MLXBUN_SHORT_ATTENTION=$a run fill_$a 170 python3 bench/fill.py --shape 8b --model $CK \
-        --lanes solo --rounds 3 --out $R/fill_h200_$a.json
+    for p in 32 256; do
+      MLXBUN_SHORT_ATTENTION=on MLXBUN_SPEC_BATCH_POSITIONS=$p run spec_8b_batch_$p 120 \
+        python3 bench/speculation.py --model $CK --rounds 3 --max-tokens 256 \
+        --workloads batch8 --out $R/speculation_h200_8b_batch_$p.json
     done ;;
   z)
+    runw route_probe 150 python3 bench/route_probe.py --watchdog 20
     MLXBUN_SHORT_ATTENTION=on runw spec_smollm2_on 170 python3 bench/speculation.py --rounds 3 \
-      --max-tokens 256 --out $R/speculation_h200_smollm2_on.json
-    ckpt
-    MLXBUN_SHORT_ATTENTION=on runw fill_on 120 python3 bench/fill.py --shape 8b --model $CK \
-      --lanes solo --rounds 2 --out $R/fill_h200_on.json ;;
+      --max-tokens 256 --out $R/speculation_h200_smollm2_on.json ;;
 esac
