@@ -5,7 +5,7 @@
 # into a package folder on the path, where the model resolver finds it). Each bench runs
 # under its own time limit; results land in $OUT.
 set -u
-export PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 PATH=/tmp/site/bin:$PATH
 R=${OUT:-/tmp/out}; mkdir -p "$R"
 CK=/tmp/bench-qwen3-8b-bfloat16
 run() {  # run NAME SECONDS CMD...: stdout+stderr to NAME.txt
@@ -18,9 +18,8 @@ runw() {  # like run, but a run that outlives its limit gets a py-spy dump first
   echo "== $name ($(date +%T), limit ${secs}s)"
   "$@" > "$R/$name.txt" 2>&1 & local pid=$!
   for _ in $(seq "$secs"); do sleep 1; kill -0 $pid 2>/dev/null || break; done
-  if kill -0 $pid 2>/dev/null; then
-    local spy; spy=$(command -v py-spy || find /tmp/site / -xdev -name py-spy -type f 2>/dev/null | head -1)
-    "${spy:-py-spy}" dump --pid $pid > "$R/$name.pyspy.txt" 2>&1; kill -9 $pid; echo "   killed, dumped"
+  if kill -0 $pid 2>/dev/null; then  # PYTHONFAULTHANDLER: SIGABRT prints every thread's stack
+    kill -ABRT $pid; sleep 3; kill -9 $pid 2>/dev/null; echo "   stalled: stacks in $name.txt"
   fi
   wait $pid; echo "   rc=$? ($(date +%T))"; tail -6 "$R/$name.txt"
 }
@@ -61,4 +60,11 @@ case "$1" in
     runw route_probe 150 python3 bench/route_probe.py --watchdog 20
     MLXBUN_SHORT_ATTENTION=on runw spec_smollm2_on 170 python3 bench/speculation.py --rounds 3 \
       --max-tokens 256 --out $R/speculation_h200_smollm2_on.json ;;
+  w)  # the closing measurement: 5 paired rounds, today's defaults (batch positions 32)
+    ckpt
+    run spec_8b 330 python3 bench/speculation.py --model $CK --rounds 5 --max-tokens 256 \
+      --out $R/speculation_h200_8b_final.json ;;
+  s)  # SmolLM2 (after g1, g2, gguf), float16 routed
+    MLXBUN_SHORT_ATTENTION=on runw spec_smollm2 240 python3 bench/speculation.py --rounds 5 \
+      --max-tokens 256 --out $R/speculation_h200_smollm2_final.json ;;
 esac

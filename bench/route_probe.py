@@ -14,6 +14,7 @@ its step:
     python bench/route_probe.py            # the embedded SmolLM2-135M
 """
 
+# ruff: noqa: B023  (each lambda runs at once, inside step(), within its own iteration)
 from __future__ import annotations
 
 import argparse

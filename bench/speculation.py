@@ -14,7 +14,10 @@ One engine serves every request; each request picks its arm with the per-request
 
 Single-stream rows report decode tok/s (tokens after the first / time after the first)
 as a median over the rounds; ``batch8`` reports aggregate tok/s (all completion tokens /
-wall time). Greedy arms must produce identical text; the bench counts mismatches.
+wall time). ``ratio`` is the ratio of the two medians, ``ratio_paired`` the median of each
+round's own ratio (the steadier one on a lent machine whose speed drifts between rounds);
+``calls_per_token`` the speculative arm's forward passes per token. Greedy arms must
+produce identical text; the bench counts mismatches.
 Acceptance comes from ``usage.speculation``. Whether a workload echoes depends on the
 model: the embedded SmolLM2-135M really copies code and JSON; random-weight shapes
 (``--shape``) only repeat themselves (their loops are what lookup catches), so there the
@@ -176,6 +179,8 @@ async def bench(engine: Engine, args, serial: Engine | None = None) -> dict:
         arms = [SPEC, "none"] + ([SERIAL] if serial is not None else [])
         if serial is not None:
             await batch(serial, jobs[:1], SPEC, args)  # warm-up
+        for kind in (SPEC, "none"):  # warm-up: the batched shapes of either arm
+            await batch(engine, jobs, kind, args)
         for i in range(args.rounds):
             for kind in arms[i % len(arms):] + arms[:i % len(arms)]:
                 on = serial if kind == SERIAL else engine
@@ -200,7 +205,14 @@ def summarize(rows: dict, key: str, sampled: bool = False) -> dict:
         r["speculation"], list) else [r["speculation"]])]
     mismatches = None if sampled else sum(a["text"] != b["text"]
                                           for a, b in zip(rows[SPEC], rows["none"]))
+    # rounds alternate the arms' order, so a round's own ratio cancels the lent machine's
+    # drift (its clocks and neighbours swing single arms by 2x between rounds)
+    paired = statistics.median(a[key] / b[key] for a, b in zip(rows[SPEC], rows["none"]))
+    calls = sum(s["targetCalls"] for s in specs if s)
+    emitted = sum(r["tokens"] for r in rows[SPEC])
     return {"spec": round(on, 1), "plain": round(off, 1), "ratio": round(on / off, 3),
+            "ratio_paired": round(paired, 3),
+            "calls_per_token": round(calls / emitted, 3) if emitted and calls else None,
             "acceptance": acceptance(specs), "tokens": rows[SPEC][0]["tokens"],
             "spec_all": [round(r[key], 1) for r in rows[SPEC]],
             "plain_all": [round(r[key], 1) for r in rows["none"]],
@@ -271,7 +283,8 @@ def main() -> None:
         unit = "aggregate tok/s" if name == "batch8" else "decode tok/s"
         acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
         print(f"{name:7s} {args.kind} {r['spec']:8.1f}  plain {r['plain']:8.1f}  "
-              f"ratio {r['ratio']:.3f}  acceptance {acc}  {unit}  "
+              f"ratio {r['ratio']:.3f} (paired {r['ratio_paired']:.3f})  acceptance {acc}  "
+              f"calls/token {r['calls_per_token']}  {unit}  "
               f"mismatches {r['text_mismatches']}")
         if "serial" in r:
             print(f"{name:7s} {args.kind} on the serial lane {r['serial']:8.1f}  "
