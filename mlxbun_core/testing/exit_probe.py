@@ -2,8 +2,8 @@
 
 MLX keeps per-thread state (the thread's random key, streams, compile cache) whose
 native destructors run when the OS thread ends, which is after ``Thread.join()`` has
-returned. If one of them needs the GIL while the main thread is finalizing the
-interpreter, CPython ends that thread with ``pthread_exit`` from inside a ``noexcept``
+returned. The random key's takes the GIL: if the main thread is finalizing the
+interpreter by then, CPython ends that thread with ``pthread_exit`` from inside a ``noexcept``
 destructor and the process aborts ("terminate called without an active exception",
 status 134). How often that happens depends on the race, so ``slow_thread_exit`` makes
 it certain: the worker's OS thread waits before reaching MLX's destructors (a native
@@ -21,6 +21,7 @@ import ctypes
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -51,9 +52,10 @@ def linger_at_thread_exit(seconds: float) -> None:
 
 
 def can_linger() -> bool:
-    """Whether :func:`linger_at_thread_exit` works here (glibc)."""
+    """Whether ``slow_thread_exit`` works here (glibc's thread-exit hooks, Linux's /proc)."""
     try:
-        return hasattr(ctypes.CDLL(None), "__cxa_thread_atexit_impl")
+        return (os.path.isdir("/proc/self/task")
+                and hasattr(ctypes.CDLL(None), "__cxa_thread_atexit_impl"))
     except OSError:
         return False
 
@@ -79,6 +81,12 @@ class _WaitForThreadAtTeardown:
 _held: list[_WaitForThreadAtTeardown] = []
 
 
+def _linger_here() -> int:
+    """On the worker: make its exit slow; its OS thread id."""
+    linger_at_thread_exit(SLOW_EXIT_S)
+    return threading.get_native_id()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("checkpoint")
@@ -95,8 +103,7 @@ def main() -> None:
                                 "seed": 7}])
     print("generated", [r.finish.reason for r in replies], flush=True)
     if args.slow_thread_exit:
-        tid = engine.worker.run_sync(lambda: (linger_at_thread_exit(SLOW_EXIT_S),
-                                              __import__("threading").get_native_id())[1])
+        tid = engine.worker.run_sync(_linger_here)
         _held.append(_WaitForThreadAtTeardown(tid))
     engine.close()
     print("closed", flush=True)
