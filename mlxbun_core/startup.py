@@ -146,7 +146,8 @@ def cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     apply_model_settings(engine, args)
     if args.adapter and not mount_startup_adapter(engine, args.adapter):
-        os._exit(2)  # no interpreter teardown under the live MLX worker thread
+        engine.close()  # the worker lets go of MLX before the interpreter's teardown
+        return 2
     serve_forever(args, engine, sock)
 
 
@@ -292,9 +293,10 @@ def serve_forever(args: argparse.Namespace, engine: Engine, sock: socket.socket 
     if page and engine.model.kind == "generate" and web.interactive_start(args.no_open):
         web.open_when_started(server, page)
     server.run(sockets=[sock] if sock else None)  # the address bound before the load
-    # Served and drained: nothing is left to save. Interpreter teardown takes seconds and can
-    # abort inside MLX's native threads ("terminate called without an active exception"),
-    # which would turn a clean shutdown into exit 134.
+    # Served and drained (the worker has stopped and let go of MLX's per-thread state, so a
+    # normal exit is clean too): nothing is left to save, so skip the interpreter's teardown
+    # (module and native-library destructors) and keep any library's exit-time fault from
+    # changing the status chosen here.
     status = server.exit_code if on_exit is None else on_exit(server.exit_code)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -9,9 +9,11 @@ never which lane ran them.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -36,8 +38,9 @@ class ModelWorker:
         self.max_waiting = max_waiting
         self.lanes: list[Lane] = []  # set by the engine once the model is loaded (on this thread)
         self._inbox: queue.Queue[Any] = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name="mlxbun-worker", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="mlxbun-worker", daemon=True)
         self._thread.start()
+        _open_workers.add(self)
 
     # -- the event-loop side ---------------------------------------------------
     @property
@@ -90,9 +93,9 @@ class ModelWorker:
         return job.result
 
     def close(self, wait: float = 10.0) -> None:
-        """Stop the worker after its current step and wait up to ``wait`` seconds for it:
-        a process that exits while the thread is still inside MLX aborts ("terminate
-        called without an active exception") instead of exiting."""
+        """Stop the worker after its current step and wait up to ``wait`` seconds for it
+        to let go of MLX (idempotent; an open worker is closed at interpreter exit)."""
+        _open_workers.discard(self)
         self._inbox.put(_STOP)
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(wait)
@@ -103,6 +106,12 @@ class ModelWorker:
         self._inbox.put(_Abort(message))
 
     # -- the worker thread -------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            release_thread_mlx()
+
     def _loop(self) -> None:
         while True:
             busy = any(lane.active or lane.waiting for lane in self.lanes)
@@ -151,6 +160,36 @@ class ModelWorker:
     def _shutdown(self) -> None:
         for lane in self.lanes:
             lane.close()
-        import mlx.core as mx
 
-        mx.synchronize()  # no step still queued on MLX's streams when the process exits
+
+def release_thread_mlx() -> None:
+    """Let go of what MLX keeps for the calling thread, before that thread ends.
+
+    MLX's Python binding keeps each thread's random key (what ``mx.random`` draws from and
+    ``mx.random.seed`` sets) in a native thread-local that holds a Python object. Its
+    destructor runs when the OS thread ends, after ``Thread.join()`` has returned, and
+    takes the GIL; if the main thread is finalizing the interpreter by then, CPython ends
+    the thread inside that destructor and the process aborts ("terminate called without
+    an active exception", exit 134), at random. ``mx.clear_streams()``, MLX's end-of-thread
+    call, drops that key (and the thread's streams and compile cache) while the GIL is
+    ours, so the thread's exit runs no Python. ``mx.synchronize()`` first: no queued work
+    is lost. Call it last on any non-main thread that ran MLX work."""
+    import mlx.core as mx
+
+    try:
+        mx.synchronize()
+    finally:
+        clear = getattr(mx, "clear_streams", None)  # older MLX: no per-thread state
+        if clear is not None:
+            clear()
+
+
+_open_workers: weakref.WeakSet[ModelWorker] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_workers() -> None:
+    """A script that never called ``close()``: stop its workers while the interpreter is
+    whole (atexit runs before finalization), so their threads end as ``close()`` ends them."""
+    for worker in list(_open_workers):
+        worker.close(wait=5.0)
