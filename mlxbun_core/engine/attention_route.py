@@ -18,9 +18,10 @@ per-shape graph. Single-token decode and long prefills keep MLX's fused kernels.
 
 ``MLXBUN_SHORT_ATTENTION``: ``auto`` (the default: on with CUDA for bfloat16 attention, off
 elsewhere; Metal and the CPU build nothing per shape), ``on`` (every dtype), ``off``.
-``auto`` leaves float16 alone because one float16 model (SmolLM2-135M converted to 4-bit,
-float16 activations) stalled in its first request on the H200 with the route on, for a
-cause not found yet; every bfloat16 run measured was fine. Installing wraps
+``auto`` leaves float16 alone: with one float16 model (SmolLM2-135M converted to 4-bit)
+the route made short forwards 6x faster on the H200, but 4 of 16 runs hung inside
+MLX's evaluation (at different ops, only with the route on), for a cause not found yet;
+every bfloat16 run measured was fine. Installing wraps
 ``mx.fast.scaled_dot_product_attention`` once per process, which every mlx-lm model
 reaches through ``mlx_lm.models.base``.
 """
