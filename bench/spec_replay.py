@@ -30,22 +30,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from mlxbun_core.testing.helpers import OffsetCache  # (after the path above)
+
 RECORDED = Path(__file__).resolve().parent / "results" / "spec_replay_smollm2.json"
 COSTS = {"small": (5.0, 3.0, 0.05), "8b": (6.6, 2.0, 0.1)}
-
-
-class _Cache:
-    """Just an offset that forwards advance and drafts' trims take back."""
-
-    def __init__(self, offset: int):
-        self.offset = offset
-
-    def is_trimmable(self) -> bool:
-        return True
-
-    def trim(self, n: int) -> int:
-        self.offset -= n
-        return n
 
 
 class _Recorded:
@@ -55,7 +43,7 @@ class _Recorded:
         self.seq, self.vocab = seq, vocab
         self.calls = 0
 
-    def __call__(self, inputs: Any, cache: list[_Cache]) -> Any:
+    def __call__(self, inputs: Any, cache: list[OffsetCache]) -> Any:
         import mlx.core as mx
 
         width = inputs.shape[1]
@@ -79,7 +67,7 @@ def replay(prompt: list[int], reply: list[int], n_draft: int) -> dict[str, int]:
     seq = prompt + reply
     vocab = max(seq) + 1
     model = _Recorded(seq, vocab)
-    cache = [_Cache(len(prompt) - 1)]
+    cache = [OffsetCache(len(prompt) - 1)]
     usage = {"drafted": 0, "accepted": 0, "targetCalls": 0}
     stream = SpecStream(model, cache, list(prompt[:-1]), SpecConfig(num_draft_tokens=n_draft),
                         lambda lp: mx.argmax(lp, axis=-1), [], usage)

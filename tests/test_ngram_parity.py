@@ -21,7 +21,7 @@ from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.speculate import PromptLookup, SpecConfig, SpecStream
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import close, greedy, run_all, token_ids
-from mlxbun_core.testing.helpers import mlx_lm_greedy
+from mlxbun_core.testing.helpers import OffsetCache, mlx_lm_greedy
 
 # an echo-heavy prompt: a block of text, then the start of it again
 BLOCK = "alpha beta gamma delta 12 34 56 epsilon zeta eta theta iota kappa lambda mu "
@@ -104,20 +104,6 @@ def test_echo_accepts_drafts_and_saves_forwards():
 
 # -- sampled: the target distribution, exactly -------------------------------------------
 
-class _Cache:
-    """A trimmable stand-in for a KV cache (the bigram model needs no state)."""
-
-    def __init__(self) -> None:
-        self.offset = 0
-
-    def is_trimmable(self) -> bool:
-        return True
-
-    def trim(self, n: int) -> int:
-        self.offset -= n
-        return n
-
-
 class _Bigram:
     """Next-token logits that depend on the input token only."""
 
@@ -146,7 +132,7 @@ def test_sampled_output_keeps_the_target_distribution():
     drafted = accepted = 0
     for _ in range(runs):
         usage = {"drafted": 0, "accepted": 0, "targetCalls": 0}
-        stream = SpecStream(_Bigram(table), [_Cache()], list(history[:-1]),
+        stream = SpecStream(_Bigram(table), [OffsetCache()], list(history[:-1]),
                             SpecConfig(num_draft_tokens=3), sampler, [], usage)
         stream.begin(history[-1])
         stream.hot = True  # send drafts from the first step (3 tokens are too few to warm up)

@@ -121,3 +121,18 @@ def prompt_of(tok: Any, n: int) -> str:
     text = tok.decode(ids)
     assert len(tok.encode(text)) == n
     return text
+
+
+class OffsetCache:
+    """A KV cache reduced to its offset: forwards advance it, speculation's trims take it
+    back (stand-in models that need no real state: a bigram table, a recorded reply)."""
+
+    def __init__(self, offset: int = 0) -> None:
+        self.offset = offset
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int) -> int:
+        self.offset -= n
+        return n
