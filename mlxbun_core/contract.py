@@ -153,6 +153,14 @@ class TokenPredictor(Protocol):
     plus completion budget beside the target's KV. Added after the first release: the
     engine reads it with a default of 0, so a predictor without it still loads (its
     head's KV then goes unbilled)."""
+    weight_bytes: int
+    """Bytes of the head's own weights (not the target's it shares) once loaded, known
+    before they are (from the checkpoint's file headers, say): memory admission counts them
+    as weights once :attr:`loaded`, and holds a request drafting with the head to what fits
+    with them. Added after the first release: read with a default of 0."""
+    loaded: bool
+    """Whether the head's weights are resident now (a head may read them on first use, in
+    :meth:`make_cache`). Added after the first release: read with a default of True."""
 
     def forward(self, tokens: mx.array, cache: list[Any]) -> tuple[mx.array, mx.array]:
         """The target's forward over ``tokens`` ``(1, L)`` with its ``cache`` (as the

@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from unittest.mock import PropertyMock, patch
 
 import httpx
 import mlx.core as mx
 import openai
 import pytest
 
+from mlxbun_core.engine.admission import Admission
 from mlxbun_core.engine.reply import gather
 from mlxbun_core.testing.adapters import write_lora_adapter, write_peft_copy
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
@@ -140,14 +142,12 @@ def test_stacks_are_counted_in_admission_and_stats(server, made):
                              EventSink(asyncio.get_running_loop()), N)
 
     job, adm = asyncio.run(a_job()), engine.admission
-    room, saved = adm.reserved_bytes + adm.adapter_bytes + adm.row_bytes(job), adm.kv_room
-    try:
-        adm.kv_room = room
+    room = adm.reserved_bytes + adm.adapter_bytes + adm.row_bytes(job)
+    with patch.object(Admission, "kv_room", new_callable=PropertyMock) as kv_room:
+        kv_room.return_value = room
         assert adm.fits(job)
-        adm.kv_room = room - 1  # what the adapters hold is what tips it over
+        kv_room.return_value = room - 1  # what the adapters hold is what tips it over
         assert not adm.fits(job)
-    finally:
-        adm.kv_room = saved
 
 
 def test_an_adapter_unmounted_under_a_running_row_stays_with_it(server, made):

@@ -27,9 +27,9 @@ from ..kvquant.probe import check_kernels, model_dtype
 from ..media import parts as media_parts
 from ..model import LoadedModel, LoadOptions
 from . import attention_route, prefill_shapes
-from .admission import Admission, default_batch
+from .admission import Admission, default_batch, drafts_with_head, head_cost
 from .fill import FillPolicy
-from .job import EventSink, GenerationJob
+from .job import EventSink, GenerationJob, may_speculate
 from .lanes.batch import BatchLane
 from .lanes.pace import MAX_CHUNK, PrefillPacer
 from .lanes.serial import SerialLane
@@ -121,7 +121,7 @@ class Engine:
                                   post=self.worker.post)
         self.kv = kvquant.parse(kv_quant)
         self.admission = Admission(model, memory_budget_bytes, kv_bits=self.kv.bits,
-                                   head_bytes_per_token=self._head_kv_bytes())
+                                   head=head_cost(predictor, self.kv.enabled))
         if warning := kvquant.startup_warning(self.kv, self.admission.layout):
             log.warning(warning)
         if self.kv.bits and model.kind == "generate":  # a missing kernel fails here, not mid-reply
@@ -157,14 +157,6 @@ class Engine:
         # told every generation's Finish as it ends: the /metrics recorder (metrics.for_engine)
         self.on_finish: Callable[[Finish], None] | None = None
         self.starting = 0  # requests being prepared (not yet queued)
-
-    def _head_kv_bytes(self) -> int:
-        """What the MTP head's cache adds per token of a row drafting with it: 0 without a
-        head, or under a KV scheme (both lanes then decode MTP rows plainly). Read with a
-        default: predictors written before the contract named it still load."""
-        if self.predictor is None or self.kv.enabled:
-            return 0
-        return int(getattr(self.predictor, "kv_bytes_per_token", 0))
 
     def _start_lanes(self) -> None:
         """The worker's lanes, sharing one prefill pacer (calibrated now, on the worker)."""
@@ -280,9 +272,10 @@ class Engine:
         prefix-cache namespace, adapters, speculation and fill (on the event loop)."""
         spec = resolve_spec(self.speculation, req.speculation)
         check_mtp(spec, self.predictor is not None, self.model.id)  # a 400 before any work
+        mtp = drafts_with_head(spec) and may_speculate(prepared.request, self.draft)
         job = GenerationJob(prepared.request, self.model.tokenizer,
                             EventSink(asyncio.get_running_loop()),
-                            self.effective_limit(prepared.request), self.draft,
+                            self.effective_limit(prepared.request, mtp), self.draft,
                             self.cache_namespace(req, adapters), adapters=adapters,
                             spec=spec, spec_tally=self.spec_tally)
         job.session.on_finish = self.on_finish
@@ -327,9 +320,10 @@ class Engine:
             adapters.append([m.id, str(m.info.path), m.info.scale, file_identity(m.info.path)])
         return [*head, adapters, kv, media]
 
-    def effective_limit(self, req: GenerationRequest) -> int:
-        """The completion budget after admission (400 when the prompt leaves no room)."""
-        return self.admission.limit(len(req.prompt_tokens), req.max_tokens)
+    def effective_limit(self, req: GenerationRequest, mtp: bool = False) -> int:
+        """The completion budget after admission (400 when the prompt leaves no room;
+        ``mtp``: it drafts with the model's head, whose weights and cache then count)."""
+        return self.admission.limit(len(req.prompt_tokens), req.max_tokens, mtp)
 
     def _finished(self, fin: Finish) -> None:
         self.completed += 1

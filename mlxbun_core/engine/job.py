@@ -120,6 +120,14 @@ def _settle(fut: asyncio.Future[Any], value: object, error: BaseException | None
         fut.set_result(value)
 
 
+def may_speculate(request: GenerationRequest, draft: DraftSource | None) -> bool:
+    """Whether a request's speculation runs: a grammar matcher cannot rewind rejected
+    drafts, media and prompt embeddings take their own forward, and a draft model decides
+    alone (admission bills an MTP row's head only then)."""
+    return (request.grammar is None and request.media is None
+            and request.input_embeddings is None and draft is None)
+
+
 class GenerationJob(Job):
     """One request's generation: the prepared request, its text session, its sink.
 
@@ -145,14 +153,13 @@ class GenerationJob(Job):
         # a grammar matcher cannot rewind rejected drafts: constrained requests decode
         # plainly; media requests run their pipeline's own forward pass
         self.draft = draft if request.grammar is None and request.media is None else None
-        plain = (request.grammar is None and request.media is None
-                 and request.input_embeddings is None and self.draft is None)
-        self.spec = spec if plain else None
+        self.spec = spec if may_speculate(request, self.draft) else None
         self.spec_tally = spec_tally
         self.session = GenerationSession(request, tokenizer, limit)
         self.sink = sink
         self.started: float | None = None
         self.reserved_bytes = 0  # KV held against the memory budget while it runs
+        self.reserved_head = False  # and the MTP head's weights with it (it drafts with the head)
         # forced-token fill (engine/fill/): set by the engine when the request may fill
         self.fill: FillSession | None = None
 

@@ -25,6 +25,16 @@ latent (MLA) layers and recurrent state keep the activation dtype. The memory pl
 the prefill transient (one prefill chunk of fp32 logits and MLP activations) to the
 weights and the KV at a context length;
 ``max_safe_context`` is the longest context whose plan stays within the budget.
+
+A multi-token-prediction head (Qwen3.5's ``mtp.*`` tensors) is planned in two ways. From
+files alone (``mlxbun fit``, ``/library``, the model picker) the weights are every tensor in
+the safetensors headers, so a head shipped in them is already counted: an upper bound, as
+mlx-lm drops those tensors on load and a server holds them only once something drafts with
+the head. Its cache is not billed there: the head's layer shape is its family's knowledge
+(the plugin's ``TokenPredictor.kv_bytes_per_token``), and drafting with it is opt-in per
+request. A serving engine's admission is exact instead: the loaded target's parameters, the
+head's weights added once they are resident, and its cache through
+``plan(extra_bytes_per_token=...)`` for rows that draft with it.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from .checkpoint import context_window, text_config
 
@@ -229,16 +239,20 @@ def _need(config, kv: KVLayout, weights: int, tokens: int) -> int:
 
 
 def plan(config: dict, weights_bytes: int, budget_bytes: int, *, context: int | None = None,
-         element_bytes: float | None = None, kv_bits: int | None = None) -> MemoryPlan:
+         element_bytes: float | None = None, kv_bits: int | None = None,
+         extra_bytes_per_token: float = 0) -> MemoryPlan:
     """The memory plan of ``config`` with ``weights_bytes`` of weights under ``budget_bytes``.
 
     ``max_safe_context`` is the largest context (capped at the config's trained
     length) with weights + KV + prefill transient within the budget; 0 when not even
     one token fits. ``context`` (default: that maximum, or the trained length when
     nothing fits) is the length the totals are reported at; ``fits`` says whether it fits.
-    ``kv_bits`` bills a quantized KV cache (``--kv-quant``).
+    ``kv_bits`` bills a quantized KV cache (``--kv-quant``); ``extra_bytes_per_token`` a
+    cache kept beside the model's at every position (an MTP head's), in the plan's ``kv``.
     """
     kv = kv_layout(config, element_bytes, kv_bits=kv_bits)
+    if extra_bytes_per_token:
+        kv = replace(kv, full_bytes_per_token=kv.full_bytes_per_token + extra_bytes_per_token)
     window = context_window(config)
     hi = window or NO_LIMIT_CONTEXT
     lo = 0

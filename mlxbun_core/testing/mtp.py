@@ -63,6 +63,7 @@ class CopyPredictor:
 
     name, num_draft_tokens = "copy", 2
     kv_bytes_per_token = 8  # a float32 K and V row of one element each (predict)
+    weight_bytes, loaded = 0, True  # no weights of its own
 
     def __init__(self, model: Any):
         self.model = model

@@ -73,14 +73,22 @@ class QwenMtp:
     spends no memory on it."""
 
     def __init__(self, model: Any, load_head: Callable[[], Any], num_draft_tokens: int,
-                 name: str, pre_norm: bool = True, dtype_bytes: int = 2):
-        """``dtype_bytes``: the activation dtype's size, which the head's K/V are kept in."""
+                 name: str, pre_norm: bool = True, dtype_bytes: int = 2, weight_bytes: int = 0):
+        """``dtype_bytes``: the activation dtype's size, which the head's K/V are kept in;
+        ``weight_bytes``: the head's tensors' bytes as the files store them (the head
+        loads them as stored, so that is what it holds: memory admission bills it)."""
         self.model, self._load_head = model, load_head
         self._head: Any = None
         self.num_draft_tokens, self.name = num_draft_tokens, name
         self.text = model.language_model
         self.pre_norm = pre_norm
         self.kv_bytes_per_token = head_kv_bytes_per_token(self.text.args, dtype_bytes)
+        self.weight_bytes = weight_bytes
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the head's weights are resident (read on first use)."""
+        return self._head is not None
 
     @property
     def head(self) -> Any:
@@ -132,14 +140,16 @@ def load_predictor(model: Any) -> QwenMtp | None:
     files = W.weight_files(path)
     if not files:
         return None
-    names = {k for f in files for k in W.header(f)[0]}
-    missing = [r for r in REQUIRED if not any(n.startswith(r) for n in names)]
+    tensors = {k: v for f in files for k, v in W.header(f)[0].items()
+               if k.startswith(W.PREFIX)}
+    missing = [r for r in REQUIRED if not any(n.startswith(r) for n in tensors)]
     if missing:
         log.warning("the checkpoint's mtp head lacks %s; serving without it", missing)
         return None
     pre = os.environ.get("MLXBUN_MTP_HIDDEN", "pre") != "post"
     return QwenMtp(model.model, lambda: _load_head(model, files), DEFAULT_DRAFT_TOKENS,
-                   f"{model.id} (mtp head)", pre, fit.activation_bytes(model.config or {}))
+                   f"{model.id} (mtp head)", pre, fit.activation_bytes(model.config or {}),
+                   W.tensor_bytes(tensors))
 
 
 def _load_head(model: Any, files: list[Path]) -> Any:

@@ -37,6 +37,11 @@ def weight_files(path: Path) -> list[Path]:
             if any(k.startswith(PREFIX) for k in header(f)[0])]
 
 
+def tensor_bytes(table: dict[str, Any]) -> int:
+    """The bytes of a tensor table's entries (their byte ranges in the file)."""
+    return sum(int(e["data_offsets"][1]) - int(e["data_offsets"][0]) for e in table.values())
+
+
 def read(files: list[Path]) -> dict[str, Any]:
     """Every ``mtp.*`` tensor of ``files`` as an MLX array (only those bytes are read)."""
     import mlx.core as mx

@@ -176,3 +176,20 @@ def test_the_head_names_the_kv_it_adds_per_token(dtype, size):
     kv = head_cache[0]  # its buffers grow in steps: count the rows it holds
     held = sum(a[..., :kv.offset, :].nbytes for a in (kv.keys, kv.values))
     assert held == tokens.shape[1] * predictor.kv_bytes_per_token
+
+
+@pytest.mark.parametrize("model_type,dtype", [("qwen3_5", "float32"), ("qwen3_5", None),
+                                              ("qwen3_5_moe", "float32")])
+def test_the_head_names_its_weight_bytes_before_loading_them(model_type, dtype):
+    """``weight_bytes`` (what memory admission bills once ``loaded``) comes from the file
+    headers before anything is read, and is what the loaded head's parameters hold:
+    bfloat16 kept as stored, the MoE head's fused experts split into mlx-lm's stacks."""
+    from mlxbun_core.engine.admission import weight_bytes
+
+    path = tiny_checkpoint(model_type, mtp="random", dtype=dtype)
+    loaded = loader.load(str(path), LoadOptions())
+    predictor = loaded.hooks.token_predictor(model=loaded)
+    assert not predictor.loaded and predictor.weight_bytes > 0
+    predictor.make_cache()
+    assert predictor.loaded
+    assert weight_bytes(predictor.head) == predictor.weight_bytes
