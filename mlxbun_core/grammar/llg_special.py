@@ -198,6 +198,8 @@ class SpecialRewriter:
             return None
 
     def _lark(self, text):
+        """Converted terminals renamed into rules, and the special texts in every rule's
+        strings and regexes made tokens; None when nothing changes."""
         toks = lark_tokens(text)
         defs = _definitions(toks)
         convert = self._terminals_to_convert(toks, defs)
@@ -261,6 +263,8 @@ class SpecialRewriter:
             return None
         return self.regex(tok[1:-1], use_ascii="")
 
+
+# ---------------------------------------------------------------- rewriting: pieces
 
 def _definitions(toks) -> list:
     """The Lark tokens' definitions, in order: ``[kind, name, header index, body token
