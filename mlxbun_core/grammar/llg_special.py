@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from copy import copy
+from typing import Any
 
 from .grammar_text import RegexParser, Unsupported, lark_tokens, unescape_guess
 
@@ -296,21 +298,25 @@ def _new_names(toks, defs, convert: set[str]) -> dict[str, str]:
     return rename
 
 
+_Item = tuple[str, Any, int, int, str]  # RegexParser's (kind, data, start, end, quant)
+
+
 class _RegexRewrite:
     """Lark text for a parsed regex (:class:`RegexParser` items) in which each special
     token's literal text is that token; the rest stays regex text, in ``/.../`` pieces."""
 
-    def __init__(self, pat, specials: dict[str, int], pattern: str, rx):
+    def __init__(self, pat: re.Pattern[str], specials: dict[str, int], pattern: str,
+                 rx: Callable[[str], str]) -> None:
         self.pat, self.specials, self.pattern, self.rx = pat, specials, pattern, rx
 
-    def alt(self, branches):
+    def alt(self, branches: list[list[_Item]]) -> str | None:
         """Alternatives joined by ``|``; None when no branch changed."""
         outs = [self.seq(b) for b in branches]
         if not any(changed for _, changed in outs):
             return None
         return " | ".join(e for e, _ in outs)
 
-    def seq(self, seq):
+    def seq(self, seq: list[_Item]) -> tuple[str, bool]:
         """``(Lark text, changed)`` for one branch's items."""
         out = _Pieces(self.rx)
         k = 0
@@ -331,10 +337,10 @@ class _RegexRewrite:
             k += 1
         return out.close()
 
-    def _literal_run(self, seq, k, out) -> int:
+    def _literal_run(self, seq: list[_Item], k: int, out: _Pieces) -> int:
         """The unquantified literals from ``seq[k]`` on, special texts among them as
         token references; the index after the run."""
-        run = []
+        run: list[_Item] = []
         while k < len(seq) and seq[k][0] == "lit" and not seq[k][4]:
             run.append(seq[k])
             k += 1
@@ -351,7 +357,7 @@ class _RegexRewrite:
 class _Pieces:
     """One sequence's Lark pieces: consecutive regex text gathers into one ``/.../``."""
 
-    def __init__(self, rx):
+    def __init__(self, rx: Callable[[str], str]) -> None:
         self.rx = rx
         self.parts: list[str] = []
         self.pending: list[str] = []
