@@ -18,7 +18,13 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .distributed import DistributedGroup
+    from .distributed.lockstep import LockstepModel
+    from .distributed.watchdog import Watchdog
+    from .engine.core import Engine
+    from .engine.worker import ModelWorker
     from .model import LoadedModel, LoadOptions
 
 log = logging.getLogger("mlxbun.distributed")
@@ -144,16 +150,9 @@ def run_leader(args: argparse.Namespace, group: DistributedGroup) -> int:
     from .distributed.channel import Channel
     from .distributed.lockstep import LockstepModel
     from .distributed.watchdog import Watchdog
-    from .engine.core import Engine
     from .engine.worker import ModelWorker
     from .selection import chosen_model
-    from .startup import (
-        SAMPLING_FLAGS,
-        configure_media,
-        configure_system_prompts,
-        preflight,
-        serve_forever,
-    )
+    from .startup import configure_media, configure_system_prompts, preflight, serve_forever
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
@@ -171,9 +170,28 @@ def run_leader(args: argparse.Namespace, group: DistributedGroup) -> int:
         print(f"mlxbun: could not load {name or 'the default model'} across "
               f"{group.size} ranks: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    from .library.ranks import rank_config
-
     lockstep = LockstepModel(model.model, Channel(group.group))
+    engine = leader_engine(args, group, model, lockstep, worker)
+    watchdog = Watchdog(group, lockstep.ping, engine, timeout=args.distributed_timeout).start()
+    print(f"mlxbun: distributed over {group.size} ranks ({group.backend}, {group.mode} "
+          "parallel)", flush=True)
+
+    def on_app(app: Any) -> None:
+        app.state.stats_providers["distributed"] = group.describe
+        app.state.health_providers["distributed"] = group.describe
+
+    on_exit = stop_group_on_close(engine, lockstep, watchdog, args.distributed_timeout)
+    serve_forever(args, engine, sock, on_app=on_app, on_exit=on_exit)
+
+
+def leader_engine(args: argparse.Namespace, group: DistributedGroup, model: LoadedModel,
+                  lockstep: LockstepModel, worker: ModelWorker) -> Engine:
+    """The serve flags' engine around ``lockstep`` (it replaces the loaded shard in
+    ``model``), billed for this rank's share; mounting an adapter is refused."""
+    from .engine.core import Engine
+    from .library.ranks import rank_config
+    from .startup import SAMPLING_FLAGS
+
     model.model = lockstep
     # admission bills this rank's KV (its weights are already its shard's)
     model.config = rank_config(model.config, group.size, group.mode)
@@ -184,14 +202,13 @@ def run_leader(args: argparse.Namespace, group: DistributedGroup) -> int:
                     memory_budget_bytes=int(args.memory_budget * 1e9)
                     if args.memory_budget else None)
     refuse_adapters(engine)
-    watchdog = Watchdog(group, lockstep.ping, engine, timeout=args.distributed_timeout).start()
-    print(f"mlxbun: distributed over {group.size} ranks ({group.backend}, {group.mode} "
-          "parallel)", flush=True)
+    return engine
 
-    def on_app(app: Any) -> None:
-        app.state.stats_providers["distributed"] = group.describe
-        app.state.health_providers["distributed"] = group.describe
 
+def stop_group_on_close(engine: Engine, lockstep: LockstepModel, watchdog: Watchdog,
+                        timeout: float) -> Callable[[int], int]:
+    """Make ``engine.close`` stop every follower first; return the serve's ``on_exit``
+    (the exit status: the watchdog's when a rank was lost, 1 when the stop failed)."""
     close = engine.close
     stopped: list[Exception | None] = []
 
@@ -204,7 +221,7 @@ def run_leader(args: argparse.Namespace, group: DistributedGroup) -> int:
                     lockstep.stop()
                     watchdog.retire()  # only now: a stuck stop must still be timed out
 
-                engine.worker.run_sync(stop, timeout=args.distributed_timeout + 5)
+                engine.worker.run_sync(stop, timeout=timeout + 5)
                 stopped.append(None)
             except TimeoutError:  # the worker is stuck in a collective: a rank is gone
                 from .distributed.watchdog import EXIT_STATUS
@@ -228,7 +245,7 @@ def run_leader(args: argparse.Namespace, group: DistributedGroup) -> int:
             close_all()
         return status or (1 if stopped and stopped[0] is not None else 0)
 
-    serve_forever(args, engine, sock, on_app=on_app, on_exit=on_exit)
+    return on_exit
 
 
 def refuse_adapters(engine: Any) -> None:

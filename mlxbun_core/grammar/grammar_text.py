@@ -222,62 +222,74 @@ def lark_tokens(text: str):
     i, n = 0, len(text)
     line_start = True
     while i < n:
-        c = text[i]
         if line_start:
             line_start = False
-            m = _HEADER.match(text, i)
-            if m:
-                toks.append(("header", (m.group(0), m.group(1))))
-                i = m.end()
+            j = _line_head(text, i, toks)
+            if j is not None:
+                i = j
                 continue
-            m = _DIRECTIVE.match(text, i)
-            if m:
-                toks.append(("directive", m.group(0)))
-                i = _directive_body(text, m.end(), toks)
-                continue
-        if c == "\n":
-            toks.append(("other", c))
+        if text[i] == "\n":
+            toks.append(("other", "\n"))
             line_start = True
             i += 1
-        elif text.startswith("//", i):
-            j = text.find("\n", i)
-            j = n if j < 0 else j
-            toks.append(("other", text[i:j]))
-            i = j
-        elif c == '"':
-            m = _STRING.match(text, i)
-            if not m:
-                raise Unsupported("bad string")
-            toks.append(("string", m.group(0)))
-            i = m.end()
-        elif c == "/":
-            m = _REGEX.match(text, i)
-            if not m:
-                raise Unsupported("bad regex")
-            toks.append(("regex", m.group(0)))
-            i = m.end()
-        elif c == "<":
-            j = text.find(">", i)
-            if j < 0:
-                raise Unsupported("bad special token")
-            toks.append(("other", text[i:j + 1]))
-            i = j + 1
-        elif c == "%":
-            m = _DIRECTIVE.match(text, i)
-            if not m:
-                raise Unsupported("bad directive")
-            toks.append(("other", m.group(0)))     # e.g. inline %json {...}
-            i = _directive_body(text, m.end(), toks)
-        elif c == "@":
-            m = _GRAMMAR_REF.match(text, i)
-            toks.append(("other", m.group(0) if m else c))
-            i += len(m.group(0)) if m else 1
         else:
-            m = _IDENT.match(text, i)
-            if m:
-                toks.append(("ident", m.group(0)))
-                i = m.end()
-            else:
-                toks.append(("other", c))
-                i += 1
+            i = _token(text, i, toks)
     return toks
+
+
+def _line_head(text: str, i: int, toks: list) -> int | None:
+    """At a line's start: a rule/terminal header or a ``%directive`` (appended to ``toks``;
+    the index after it), or None when the line starts with neither."""
+    m = _HEADER.match(text, i)
+    if m:
+        toks.append(("header", (m.group(0), m.group(1))))
+        return m.end()
+    m = _DIRECTIVE.match(text, i)
+    if m:
+        toks.append(("directive", m.group(0)))
+        return _directive_body(text, m.end(), toks)
+    return None
+
+
+def _token(text: str, i: int, toks: list) -> int:
+    """The one token at ``text[i]`` (not a newline) appended to ``toks``; the index after it."""
+    c = text[i]
+    if text.startswith("//", i):
+        j = text.find("\n", i)
+        j = len(text) if j < 0 else j
+        toks.append(("other", text[i:j]))
+        return j
+    if c == '"':
+        m = _STRING.match(text, i)
+        if not m:
+            raise Unsupported("bad string")
+        toks.append(("string", m.group(0)))
+        return m.end()
+    if c == "/":
+        m = _REGEX.match(text, i)
+        if not m:
+            raise Unsupported("bad regex")
+        toks.append(("regex", m.group(0)))
+        return m.end()
+    if c == "<":
+        j = text.find(">", i)
+        if j < 0:
+            raise Unsupported("bad special token")
+        toks.append(("other", text[i:j + 1]))
+        return j + 1
+    if c == "%":
+        m = _DIRECTIVE.match(text, i)
+        if not m:
+            raise Unsupported("bad directive")
+        toks.append(("other", m.group(0)))     # e.g. inline %json {...}
+        return _directive_body(text, m.end(), toks)
+    if c == "@":
+        m = _GRAMMAR_REF.match(text, i)
+        toks.append(("other", m.group(0) if m else c))
+        return i + (len(m.group(0)) if m else 1)
+    m = _IDENT.match(text, i)
+    if m:
+        toks.append(("ident", m.group(0)))
+        return m.end()
+    toks.append(("other", c))
+    return i + 1

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from copy import copy
+from typing import Any
 
 from .grammar_text import RegexParser, Unsupported, lark_tokens, unescape_guess
 
@@ -183,55 +185,7 @@ class SpecialRewriter:
         def rx(src):
             return "/" + regex_to_lark(src, use_ascii) + "/"
 
-        def emit_alt(branches):
-            outs = [emit_seq(b) for b in branches]
-            if not any(changed for _, changed in outs):
-                return None
-            return " | ".join(e for e, _ in outs)
-
-        def emit_seq(seq):
-            parts, pending, changed = [], [], False
-
-            def flush():
-                if pending:
-                    parts.append(rx("".join(pending)))
-                    pending.clear()
-
-            k = 0
-            while k < len(seq):
-                kind, data, start, end, quant = seq[k]
-                if kind == "lit" and not quant:
-                    run = []
-                    while k < len(seq) and seq[k][0] == "lit" and not seq[k][4]:
-                        run.append(seq[k])
-                        k += 1
-                    text = "".join(r[1] for r in run)
-                    matches = list(self._pat.finditer(text))
-                    pos = 0
-                    for m in matches:
-                        pending.extend(pattern[r[2]:r[3]] for r in run[pos:m.start()])
-                        flush()
-                        parts.append(f"<[{self.specials[m.group(0)]}]>")
-                        pos = m.end()
-                        changed = True
-                    pending.extend(pattern[r[2]:r[3]] for r in run[pos:])
-                    continue
-                if kind == "group":
-                    inner = emit_alt(data)
-                    if inner is not None:
-                        flush()
-                        # a lazy quantifier: the same language
-                        q = quant[:-1] if len(quant) > 1 and quant.endswith("?") else quant
-                        parts.append("(" + inner + ")" + q)
-                        changed = True
-                        k += 1
-                        continue
-                pending.append(pattern[start:end])
-                k += 1
-            flush()
-            return (" ".join(parts) if parts else '""'), changed
-
-        out = emit_alt(alt)
+        out = _RegexRewrite(self._pat, self.specials, pattern, rx).alt(alt)
         return None if out is None else "(" + out + ")"
 
     # -- lark
@@ -246,49 +200,12 @@ class SpecialRewriter:
             return None
 
     def _lark(self, text):
+        """Converted terminals renamed into rules, and the special texts in every rule's
+        strings and regexes made tokens; None when nothing changes."""
         toks = lark_tokens(text)
-        # Definitions: [kind, name, header index, body token indices].
-        defs, cur = [], None
-        for idx, (kind, val) in enumerate(toks):
-            if kind == "header":
-                name = val[1]
-                cur = ["terminal" if name.lstrip("?!_")[:1].isupper() else "rule", name, idx, []]
-                defs.append(cur)
-            elif kind == "directive":
-                cur = ["directive", val, idx, []]
-                defs.append(cur)
-            elif cur is not None:
-                cur[3].append(idx)
-
-        def has_special(idx):
-            kind, val = toks[idx]
-            if kind == "string":
-                return self._string_rewrite(val) is not None
-            if kind == "regex":
-                return self._regex_tok_rewrite(val) is not None
-            return False
-
-        convert = {d[1] for d in defs if d[0] == "terminal" and any(has_special(i) for i in d[3])}
-        grew = True
-        while grew:                       # terminals using converted ones become rules too
-            grew = False
-            for d in defs:
-                if d[0] == "terminal" and d[1] not in convert and any(
-                        toks[i][0] == "ident" and toks[i][1] in convert for i in d[3]):
-                    convert.add(d[1])
-                    grew = True
-        if convert and any(toks[i][0] == "ident" and toks[i][1] in convert
-                           for d in defs if d[0] == "directive" for i in d[3]):
-            raise Unsupported("converted terminal used by a directive")
-        used = {v for k, v in toks if k == "ident"} | {d[1] for d in defs}
-        rename = {}
-        for name in sorted(convert):
-            new = "llg_special_" + name.lower()
-            while new in used:
-                new += "_"
-            used.add(new)
-            rename[name] = new
-
+        defs = _definitions(toks)
+        convert = self._terminals_to_convert(toks, defs)
+        rename = _new_names(toks, defs, convert)
         out = [v if k != "header" else v[0] for k, v in toks]
         changed = False
         for d in defs:
@@ -309,6 +226,31 @@ class SpecialRewriter:
                         changed = True
         return "".join(out) if changed else None
 
+    def _terminals_to_convert(self, toks, defs) -> set[str]:
+        """The terminals that must become rules: those with a special text in a string or
+        regex, then those using one of them (a directive may not use one: Unsupported)."""
+        def has_special(idx):
+            kind, val = toks[idx]
+            if kind == "string":
+                return self._string_rewrite(val) is not None
+            if kind == "regex":
+                return self._regex_tok_rewrite(val) is not None
+            return False
+
+        convert = {d[1] for d in defs if d[0] == "terminal" and any(has_special(i) for i in d[3])}
+        grew = True
+        while grew:                       # terminals using converted ones become rules too
+            grew = False
+            for d in defs:
+                if d[0] == "terminal" and d[1] not in convert and any(
+                        toks[i][0] == "ident" and toks[i][1] in convert for i in d[3]):
+                    convert.add(d[1])
+                    grew = True
+        if convert and any(toks[i][0] == "ident" and toks[i][1] in convert
+                           for d in defs if d[0] == "directive" for i in d[3]):
+            raise Unsupported("converted terminal used by a directive")
+        return convert
+
     def _string_rewrite(self, tok: str) -> str | None:
         if not tok.endswith('"'):         # "..."i: case-insensitive, leave as text
             return None
@@ -322,3 +264,119 @@ class SpecialRewriter:
         if not tok.endswith("/"):         # /.../flags: leave as text
             return None
         return self.regex(tok[1:-1], use_ascii="")
+
+
+# ---------------------------------------------------------------- rewriting: pieces
+
+def _definitions(toks) -> list:
+    """The Lark tokens' definitions, in order: ``[kind, name, header index, body token
+    indices]`` with kind terminal, rule or directive (name: the directive's text)."""
+    defs, cur = [], None
+    for idx, (kind, val) in enumerate(toks):
+        if kind == "header":
+            name = val[1]
+            cur = ["terminal" if name.lstrip("?!_")[:1].isupper() else "rule", name, idx, []]
+            defs.append(cur)
+        elif kind == "directive":
+            cur = ["directive", val, idx, []]
+            defs.append(cur)
+        elif cur is not None:
+            cur[3].append(idx)
+    return defs
+
+
+def _new_names(toks, defs, convert: set[str]) -> dict[str, str]:
+    """A rule name for each terminal in ``convert``, unused in the grammar."""
+    used = {v for k, v in toks if k == "ident"} | {d[1] for d in defs}
+    rename = {}
+    for name in sorted(convert):
+        new = "llg_special_" + name.lower()
+        while new in used:
+            new += "_"
+        used.add(new)
+        rename[name] = new
+    return rename
+
+
+_Item = tuple[str, Any, int, int, str]  # RegexParser's (kind, data, start, end, quant)
+
+
+class _RegexRewrite:
+    """Lark text for a parsed regex (:class:`RegexParser` items) in which each special
+    token's literal text is that token; the rest stays regex text, in ``/.../`` pieces."""
+
+    def __init__(self, pat: re.Pattern[str], specials: dict[str, int], pattern: str,
+                 rx: Callable[[str], str]) -> None:
+        self.pat, self.specials, self.pattern, self.rx = pat, specials, pattern, rx
+
+    def alt(self, branches: list[list[_Item]]) -> str | None:
+        """Alternatives joined by ``|``; None when no branch changed."""
+        outs = [self.seq(b) for b in branches]
+        if not any(changed for _, changed in outs):
+            return None
+        return " | ".join(e for e, _ in outs)
+
+    def seq(self, seq: list[_Item]) -> tuple[str, bool]:
+        """``(Lark text, changed)`` for one branch's items."""
+        out = _Pieces(self.rx)
+        k = 0
+        while k < len(seq):
+            kind, data, start, end, quant = seq[k]
+            if kind == "lit" and not quant:
+                k = self._literal_run(seq, k, out)
+                continue
+            if kind == "group":
+                inner = self.alt(data)
+                if inner is not None:
+                    # a lazy quantifier: the same language
+                    q = quant[:-1] if len(quant) > 1 and quant.endswith("?") else quant
+                    out.expr("(" + inner + ")" + q)
+                    k += 1
+                    continue
+            out.text(self.pattern[start:end])
+            k += 1
+        return out.close()
+
+    def _literal_run(self, seq: list[_Item], k: int, out: _Pieces) -> int:
+        """The unquantified literals from ``seq[k]`` on, special texts among them as
+        token references; the index after the run."""
+        run: list[_Item] = []
+        while k < len(seq) and seq[k][0] == "lit" and not seq[k][4]:
+            run.append(seq[k])
+            k += 1
+        text = "".join(r[1] for r in run)
+        pos = 0
+        for m in self.pat.finditer(text):
+            out.text(*(self.pattern[r[2]:r[3]] for r in run[pos:m.start()]))
+            out.expr(f"<[{self.specials[m.group(0)]}]>")
+            pos = m.end()
+        out.text(*(self.pattern[r[2]:r[3]] for r in run[pos:]))
+        return k
+
+
+class _Pieces:
+    """One sequence's Lark pieces: consecutive regex text gathers into one ``/.../``."""
+
+    def __init__(self, rx: Callable[[str], str]) -> None:
+        self.rx = rx
+        self.parts: list[str] = []
+        self.pending: list[str] = []
+        self.changed = False
+
+    def text(self, *srcs: str) -> None:
+        self.pending.extend(srcs)
+
+    def expr(self, lark: str) -> None:
+        """A rewritten piece (a token reference, a changed group)."""
+        self._flush()
+        self.parts.append(lark)
+        self.changed = True
+
+    def close(self) -> tuple[str, bool]:
+        self._flush()
+        return (" ".join(self.parts) if self.parts else '""'), self.changed
+
+    def _flush(self) -> None:
+        if self.pending:
+            self.parts.append(self.rx("".join(self.pending)))
+            self.pending.clear()

@@ -134,18 +134,7 @@ def write_entry(directory: Path, header: dict, tokens: np.ndarray,
     live one. ``cancelled`` is polled between tensors (then ``(None, 0)``).
     """
     tokens = np.ascontiguousarray(tokens, dtype="<i4")
-    table = {"tokens": {"dtype": "I32", "shape": [int(tokens.size)],
-                        "data_offsets": [0, int(tokens.nbytes)]}}
-    specs, off = [], int(tokens.nbytes)
-    for i, (t, mx_dtype) in enumerate(zip(tensors, mx_dtypes)):
-        if mx_dtype not in ST_DTYPES:
-            raise ValueError(f"dtype {mx_dtype} cannot be stored")
-        n = int(t.nbytes)
-        table[f"t{i}"] = {"dtype": ST_DTYPES[mx_dtype], "shape": [int(x) for x in t.shape],
-                          "data_offsets": [off, off + n]}
-        specs.append({"mx_dtype": mx_dtype, "shape": [int(x) for x in t.shape], "offset": off,
-                      "nbytes": n})
-        off += n
+    table, specs, off = _layout(tokens, tensors, mx_dtypes)
     body = {**header, "format": FORMAT, "version": VERSION, "n_tokens": int(tokens.size),
             "tokens_hash": token_hash(tokens), "tensors": specs, "data_bytes": off,
             "hash": {"xxh3_128": _ZERO_FAST, **({"blake2b": _ZERO_STRONG} if strong else {})}}
@@ -155,21 +144,11 @@ def write_entry(directory: Path, header: dict, tokens: np.ndarray,
     ok = False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        fast = xxhash.xxh3_128()
-        slow = hashlib.blake2b(digest_size=32) if strong else None
         os.lseek(fd, _LEN.size + len(raw), os.SEEK_SET)
-        _write_all(fd, tokens)
-        for t in tensors:
-            if cancelled():
-                return None, 0
-            for chunk in byte_chunks(t):
-                fast.update(chunk)
-                if slow is not None:
-                    slow.update(chunk)
-                _write_all(fd, chunk)
-        body["hash"]["xxh3_128"] = fast.hexdigest()
-        if slow is not None:
-            body["hash"]["blake2b"] = slow.hexdigest()
+        hashes = _write_data(fd, tokens, tensors, strong, cancelled)
+        if hashes is None:
+            return None, 0
+        body["hash"].update(hashes)
         final = _header_bytes(body, table)
         assert len(final) == len(raw)
         os.lseek(fd, 0, os.SEEK_SET)
@@ -185,6 +164,46 @@ def write_entry(directory: Path, header: dict, tokens: np.ndarray,
         if not ok:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+def _layout(tokens: np.ndarray, tensors: list,
+            mx_dtypes: list) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
+    """Where the token ids and each tensor lie: the safetensors table, our tensor specs and
+    the data bytes in all. A dtype safetensors cannot name is a ValueError."""
+    table: dict[str, Any] = {"tokens": {"dtype": "I32", "shape": [int(tokens.size)],
+                                        "data_offsets": [0, int(tokens.nbytes)]}}
+    specs, off = [], int(tokens.nbytes)
+    for i, (t, mx_dtype) in enumerate(zip(tensors, mx_dtypes)):
+        if mx_dtype not in ST_DTYPES:
+            raise ValueError(f"dtype {mx_dtype} cannot be stored")
+        n = int(t.nbytes)
+        table[f"t{i}"] = {"dtype": ST_DTYPES[mx_dtype], "shape": [int(x) for x in t.shape],
+                          "data_offsets": [off, off + n]}
+        specs.append({"mx_dtype": mx_dtype, "shape": [int(x) for x in t.shape], "offset": off,
+                      "nbytes": n})
+        off += n
+    return table, specs, off
+
+
+def _write_data(fd: int, tokens: np.ndarray, tensors: list, strong: bool,
+                cancelled: Callable[[], bool]) -> dict[str, str] | None:
+    """The token ids, then every tensor's bytes hashed as they are written; the content
+    hashes for the header, or None when ``cancelled`` (polled between tensors)."""
+    fast = xxhash.xxh3_128()
+    slow = hashlib.blake2b(digest_size=32) if strong else None
+    _write_all(fd, tokens)
+    for t in tensors:
+        if cancelled():
+            return None
+        for chunk in byte_chunks(t):
+            fast.update(chunk)
+            if slow is not None:
+                slow.update(chunk)
+            _write_all(fd, chunk)
+    hashes = {"xxh3_128": fast.hexdigest()}
+    if slow is not None:
+        hashes["blake2b"] = slow.hexdigest()
+    return hashes
 
 
 @dataclass

@@ -250,8 +250,6 @@ def convert_gguf(gguf_path, out_dir, *, precision: str = "float32", progress: bo
     """
     import gguf
     import mlx.core as mx
-    from gguf.quants import dequantize
-    from tqdm import tqdm
 
     from .gguf_cache import check_magic
 
@@ -259,10 +257,7 @@ def convert_gguf(gguf_path, out_dir, *, precision: str = "float32", progress: bo
     check_magic(gguf_path)
     reader = gguf.GGUFReader(str(gguf_path))
     md = _fields(reader)
-    arch_name = md.get("general.architecture")
-    if not isinstance(arch_name, str) or arch_name not in ARCHS:
-        raise UnsupportedGGUF(f"{gguf_path.name}: GGUF architecture {arch_name!r} is not supported "
-                              f"(supported: {', '.join(sorted(ARCHS))})")
+    arch_name = _arch_name(md, gguf_path)
     arch = ARCHS[arch_name]
     cfg = arch.config(md, arch_name)
     bits = int(precision[1:]) if precision.startswith("q") else None
@@ -273,27 +268,10 @@ def convert_gguf(gguf_path, out_dir, *, precision: str = "float32", progress: bo
     tmp.chmod(0o755)  # mkdtemp is 0700; the final checkpoint should look like any other dir
     try:
         ids = _tokenizer_files(md, tmp)  # fail fast on tokenizer before the slow tensor pass
-        weights = {}
-        for t in tqdm(reader.tensors, desc=f"converting {gguf_path.name}", unit="tensor",
-                      disable=not progress, leave=False):
-            name = _hf_name(t.name, arch.layer_map)
-            if name is None:
-                continue
-            w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-            w = w.reshape([int(d) for d in reversed(t.shape)])  # gguf lists dims innermost-first
-            weights.update(_stored(name, mx.array(arch.fix(name, w, cfg)), mx_dtype, bits))
-        embed_rows = weights["model.embed_tokens.weight"].shape[0]
-        cfg["vocab_size"] = int(md.get(f"{arch_name}.vocab_size", embed_rows))
-        cfg["tie_word_embeddings"] = "lm_head.weight" not in weights
-        cfg["torch_dtype"] = "float16" if bits else precision
-        if bits:
-            cfg["quantization"] = {"group_size": QUANT_GROUP, "bits": bits}
-        cfg.update({f"{k}_token_id": ids[k] for k in ("bos", "eos", "pad") if ids[k] is not None})
-        mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-        gen = {k: v for k, v in (("bos_token_id", ids["bos"]), ("eos_token_id", ids["eos"]),
-                                 ("pad_token_id", ids["pad"])) if v is not None}
-        (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
+        weights = _convert_tensors(reader, arch, cfg, mx_dtype, bits, progress=progress,
+                                   desc=f"converting {gguf_path.name}")
+        _finish_config(cfg, md, arch_name, weights, ids, precision, bits)
+        _write_model(tmp, cfg, weights, ids)
         (tmp / "mlxbun_source.json").write_text(json.dumps(
             {"gguf": str(gguf_path.resolve()), "name": md.get("general.name"),
              "precision": precision, **(source or {})}))
@@ -302,6 +280,57 @@ def convert_gguf(gguf_path, out_dir, *, precision: str = "float32", progress: bo
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def _arch_name(md: dict, gguf_path: Path) -> str:
+    """The file's ``general.architecture``, which must be one of :data:`ARCHS`."""
+    arch_name = md.get("general.architecture")
+    if not isinstance(arch_name, str) or arch_name not in ARCHS:
+        raise UnsupportedGGUF(f"{gguf_path.name}: GGUF architecture {arch_name!r} is not supported "
+                              f"(supported: {', '.join(sorted(ARCHS))})")
+    return arch_name
+
+
+def _convert_tensors(reader, arch: Arch, cfg: dict, dtype, bits: int | None, *, progress: bool,
+                     desc: str) -> dict:
+    """Every tensor the architecture keeps, dequantized, under its HF name, fixed up and
+    stored in ``dtype`` (or quantized to ``bits``)."""
+    import mlx.core as mx
+    from gguf.quants import dequantize
+    from tqdm import tqdm
+
+    weights = {}
+    for t in tqdm(reader.tensors, desc=desc, unit="tensor", disable=not progress, leave=False):
+        name = _hf_name(t.name, arch.layer_map)
+        if name is None:
+            continue
+        w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        w = w.reshape([int(d) for d in reversed(t.shape)])  # gguf lists dims innermost-first
+        weights.update(_stored(name, mx.array(arch.fix(name, w, cfg)), dtype, bits))
+    return weights
+
+
+def _finish_config(cfg: dict, md: dict, arch_name: str, weights: dict, ids: dict,
+                   precision: str, bits: int | None) -> None:
+    """What config.json learns from the converted weights, the precision and the tokenizer."""
+    embed_rows = weights["model.embed_tokens.weight"].shape[0]
+    cfg["vocab_size"] = int(md.get(f"{arch_name}.vocab_size", embed_rows))
+    cfg["tie_word_embeddings"] = "lm_head.weight" not in weights
+    cfg["torch_dtype"] = "float16" if bits else precision
+    if bits:
+        cfg["quantization"] = {"group_size": QUANT_GROUP, "bits": bits}
+    cfg.update({f"{k}_token_id": ids[k] for k in ("bos", "eos", "pad") if ids[k] is not None})
+
+
+def _write_model(out: Path, cfg: dict, weights: dict, ids: dict) -> None:
+    """model.safetensors, config.json and generation_config.json into ``out``."""
+    import mlx.core as mx
+
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    gen = {k: v for k, v in (("bos_token_id", ids["bos"]), ("eos_token_id", ids["eos"]),
+                             ("pad_token_id", ids["pad"])) if v is not None}
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
 
 
 def _stored(name: str, w, dtype, bits: int | None) -> dict:

@@ -270,14 +270,9 @@ def write_checkpoint(
     cfg = _config(model_type, vocab_size, tokens, media=media, audio=audio, dtype=dtype,
                   config_overrides=config_overrides)
     mx_dtype = getattr(mx, dtype or _default_dtype(model_type))
-    weights = _build_weights(model_type, cfg, seed, mx_dtype)
-    if mtp is not None:
-        from .mtp import mtp_weights
-
-        weights.update(mtp_weights(cfg, seed, mx_dtype, mtp))
+    weights = _weights(model_type, cfg, seed, mx_dtype, mtp=mtp, media=media)
     files = dict(extra_files or {})
     if media:
-        weights.update(V.tower_weights(model_type, cfg, seed, mx_dtype))
         media_files = V.media_files(model_type, audio)
         tokenizer_config_extra = {**media_files.pop("_tokenizer", {}),
                                   **(tokenizer_config_extra or {})}
@@ -288,7 +283,34 @@ def write_checkpoint(
     _dump(path / "config.json", cfg)
     _save_safetensors(path / "model.safetensors", weights)
     (path / "tokenizer.json").write_text(tokens.json_text, encoding="utf-8")
-    tcfg = {
+    _dump(path / "tokenizer_config.json",
+          {**_tokenizer_config(tokens, chat_template), **(tokenizer_config_extra or {})})
+    gen = {k: v for k, v in tokens.config_ids.items() if v is not None}
+    _dump(path / "generation_config.json",
+          {**gen, **(generation_config or {}), "transformers_version": _TF4})
+    _write_files(path, files)
+    return path
+
+
+def _weights(model_type: str, cfg: dict, seed: int, dtype: mx.Dtype, *, mtp: str | None,
+             media: bool) -> dict[str, mx.array]:
+    """The language model's random weights under HF names, with Qwen3.5's MTP head and
+    the media towers when asked for."""
+    from . import vision as V
+
+    weights = _build_weights(model_type, cfg, seed, dtype)
+    if mtp is not None:
+        from .mtp import mtp_weights
+
+        weights.update(mtp_weights(cfg, seed, dtype, mtp))
+    if media:
+        weights.update(V.tower_weights(model_type, cfg, seed, dtype))
+    return weights
+
+
+def _tokenizer_config(tokens: _Tokenizer, chat_template: str | None) -> dict:
+    """tokenizer_config.json as published checkpoints write it (ChatML by default)."""
+    return {
         "added_tokens_decoder": {
             str(t["id"]): {k: t[k] for k in ("content", "lstrip", "normalized", "rstrip",
                                               "single_word", "special")}
@@ -299,12 +321,6 @@ def write_checkpoint(
         "clean_up_tokenization_spaces": False, "model_max_length": 131072,
         "tokenizer_class": "PreTrainedTokenizerFast",
     }
-    _dump(path / "tokenizer_config.json", {**tcfg, **(tokenizer_config_extra or {})})
-    gen = {k: v for k, v in tokens.config_ids.items() if v is not None}
-    _dump(path / "generation_config.json",
-          {**gen, **(generation_config or {}), "transformers_version": _TF4})
-    _write_files(path, files)
-    return path
 
 
 # ---------------------------------------------------------------- cache

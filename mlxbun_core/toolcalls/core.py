@@ -164,18 +164,9 @@ def _scan(s: str) -> tuple[str, list[str], list[tuple[int, list[str]]]]:
     while i < n:
         c = s[i]
         if q:
-            if esc:
-                esc = False
-                emit("'" if c == "'" else "\\" + c)
-            elif c == "\\":
-                esc = True
-            elif c == q:
-                emit('"')
-                q = None
-            elif c == '"':
-                emit('\\"')  # inside a single-quoted string
-            else:
-                emit(c)
+            text, q, esc = _string_char(c, q, esc)
+            if text:
+                emit(text)
             i += 1
             continue
         if c in "\"'":
@@ -186,16 +177,7 @@ def _scan(s: str) -> tuple[str, list[str], list[tuple[int, list[str]]]]:
             emit(c)
             cuts.append((size, list(stack)))
         elif c in "}]":
-            ws = []
-            while out and not out[-1].strip():
-                ws.append(out.pop())
-            if out and out[-1] == ",":  # trailing comma
-                out.pop()
-                size -= 1
-            else:
-                out.extend(reversed(ws))
-                ws = []
-            size -= sum(map(len, ws))
+            size -= _drop_trailing_comma(out)
             if not stack:
                 break
             emit(stack.pop())
@@ -207,14 +189,7 @@ def _scan(s: str) -> tuple[str, list[str], list[tuple[int, list[str]]]]:
         elif c.isalpha() or c in "_$":
             m = _IDENT.match(s, i)
             assert m is not None  # a letter, _ or $ starts an identifier
-            w = m.group(0)
-            keyish = _COLON.match(s, m.end()) is not None
-            if w in _LITERALS and not keyish:
-                emit(_LITERALS[w])
-            elif stack and stack[-1] == "}" and keyish:
-                emit(json.dumps(w))  # bare key
-            else:
-                emit(w)
+            emit(_bare_word(s, m, in_object=stack[-1:] == ["}"]))
             i = m.end()
             continue
         else:
@@ -223,6 +198,47 @@ def _scan(s: str) -> tuple[str, list[str], list[tuple[int, list[str]]]]:
     if q:
         emit('"')
     return "".join(out), stack, cuts
+
+
+def _string_char(c: str, q: str, esc: bool) -> tuple[str, str | None, bool]:
+    """One character inside a string opened by quote ``q`` (``esc``: after a backslash):
+    ``(text to emit, the open quote or None once closed, esc)``. The string comes out
+    double-quoted: its closing quote becomes ``"``, a bare ``"`` in it is escaped, and an
+    escaped ``'`` needs no backslash."""
+    if esc:
+        return ("'" if c == "'" else "\\" + c), q, False
+    if c == "\\":
+        return "", q, True
+    if c == q:
+        return '"', None, False
+    if c == '"':
+        return '\\"', q, False  # inside a single-quoted string
+    return c, q, False
+
+
+def _drop_trailing_comma(out: list[str]) -> int:
+    """Before a closer: drop the ``,`` that ends ``out`` (and the blanks after it, which
+    go with it); the number of characters dropped (0: no trailing comma)."""
+    ws = []
+    while out and not out[-1].strip():
+        ws.append(out.pop())
+    if out and out[-1] == ",":
+        out.pop()
+        return 1 + sum(map(len, ws))
+    out.extend(reversed(ws))
+    return 0
+
+
+def _bare_word(s: str, m: re.Match[str], *, in_object: bool) -> str:
+    """The identifier ``m`` as JSON: a Python/JSON literal as JSON's, a key (a word before
+    ``:``) in an object quoted, anything else as it is."""
+    w = m.group(0)
+    keyish = _COLON.match(s, m.end()) is not None
+    if w in _LITERALS and not keyish:
+        return _LITERALS[w]
+    if in_object and keyish:
+        return json.dumps(w)  # bare key
+    return w
 
 
 def _close(body: str, stack: list[str]) -> str:
