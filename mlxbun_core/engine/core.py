@@ -122,18 +122,8 @@ class Engine:
         self.kv = kvquant.parse(kv_quant)
         self.admission = Admission(model, memory_budget_bytes, kv_bits=self.kv.bits,
                                    head=head_cost(predictor, self.kv.enabled))
-        if warning := kvquant.startup_warning(self.kv, self.admission.layout):
-            log.warning(warning)
-        if self.kv.bits and model.kind == "generate":  # a missing kernel fails here, not mid-reply
-            kv = self.kv
-            self.worker.run_sync(lambda: check_kernels(kv.bits or 8, kv.group_size,
-                                                       model.config, model_dtype(model.model)))
-        self.batch_plan = None if batch or draft is not None else default_batch(model,
-                                                                               self.admission)
-        self.batch_source = ("draft model" if draft is not None else
-                             "--batch" if batch else "auto")
-        plan_rows = self.batch_plan.rows if self.batch_plan is not None else 1
-        self.batch = 1 if draft is not None else max(1, batch or plan_rows)
+        self._check_kv()
+        self._size_batch(batch, draft)
         self.adapters = AdapterManager(model, call=self.worker.call,
                                        on_bytes=self.admission.set_adapter_bytes)
         self.pacer = PrefillPacer()  # prompt tokens per prefill chunk, every lane
@@ -157,6 +147,26 @@ class Engine:
         # told every generation's Finish as it ends: the /metrics recorder (metrics.for_engine)
         self.on_finish: Callable[[Finish], None] | None = None
         self.starting = 0  # requests being prepared (not yet queued)
+
+    def _check_kv(self) -> None:
+        """Warn about a KV scheme the layout makes pointless; a quantized KV cache whose
+        kernel this build lacks fails here, not mid-reply."""
+        model, kv = self.model, self.kv
+        if warning := kvquant.startup_warning(kv, self.admission.layout):
+            log.warning(warning)
+        if kv.bits and model.kind == "generate":
+            self.worker.run_sync(lambda: check_kernels(kv.bits or 8, kv.group_size,
+                                                       model.config, model_dtype(model.model)))
+
+    def _size_batch(self, batch: int | None, draft: DraftSource | None) -> None:
+        """The batch lane's row cap: ``--batch``, else planned from the memory room; one
+        row with a draft model (it runs on the serial lane)."""
+        self.batch_plan = (None if batch or draft is not None
+                           else default_batch(self.model, self.admission))
+        self.batch_source = ("draft model" if draft is not None else
+                             "--batch" if batch else "auto")
+        plan_rows = self.batch_plan.rows if self.batch_plan is not None else 1
+        self.batch = 1 if draft is not None else max(1, batch or plan_rows)
 
     def _start_lanes(self) -> None:
         """The worker's lanes, sharing one prefill pacer (calibrated now, on the worker)."""
