@@ -98,7 +98,10 @@ def test_idle_entries_are_demoted_to_disk_and_restored(tmp_path):
     plain = Engine.load(str(path), progress=False, prompt_cache_bytes=0)
     try:
         turn1 = chat(e, body(e, history(12)))
-        assert e.prefix.stats()["entries"] == 1 and e.prefix.tier.stats()["entries"] == 0
+        # stored in RAM, not on disk; under load the 0.3 s may already have run out, and
+        # then it reached the disk by demotion (never written straight there)
+        ram, disk = e.prefix.stats()["entries"], e.prefix.tier.stats()
+        assert (ram, disk["entries"]) == (1, 0) or disk["demotions"] == 1
         deadline = time.monotonic() + 20
         while e.prefix.stats()["entries"] and time.monotonic() < deadline:
             time.sleep(0.05)
