@@ -221,19 +221,25 @@ def _rollback(cache: list[Any], drop: list[int]) -> None:
     common = min(drop)
     shifts = [d - common for d in drop]
     shift = mx.array(shifts, dtype=mx.int32)
+    # the gather indices depend only on the write index and the KV shape, which every
+    # layer of a plain model shares: built once a step, not once a layer
+    indices: dict[tuple[int, ...], mx.array] = {}
+
+    def moved(a: mx.array, idx: int) -> mx.array:
+        shape = (a.shape[0], a.shape[1], idx, a.shape[3])
+        if shape not in indices:
+            pos = mx.maximum(mx.arange(idx, dtype=mx.int32)[None, :] - shift[:, None], 0)
+            indices[shape] = mx.broadcast_to(pos[:, None, :, None], shape)
+        return mx.take_along_axis(a[..., :idx, :], indices[shape], axis=2)
+
     for c in cache:
         if common:
             c.trim(common)
         if not any(shifts):
             continue
         idx = c._idx
-        pos = mx.maximum(mx.arange(idx, dtype=mx.int32)[None, :] - shift[:, None], 0)
-        gather = mx.broadcast_to(pos[:, None, :, None],
-                                 (pos.shape[0], c.keys.shape[1], idx, c.keys.shape[3]))
-        c.keys[..., :idx, :] = mx.take_along_axis(c.keys[..., :idx, :], gather, axis=2)
-        gather_v = mx.broadcast_to(pos[:, None, :, None],
-                                   (pos.shape[0], c.values.shape[1], idx, c.values.shape[3]))
-        c.values[..., :idx, :] = mx.take_along_axis(c.values[..., :idx, :], gather_v, axis=2)
+        c.keys[..., :idx, :] = moved(c.keys, idx)
+        c.values[..., :idx, :] = moved(c.values, idx)
         c.left_padding = c.left_padding + shift
         c.offset = c.offset - shift
 
