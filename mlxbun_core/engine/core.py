@@ -128,8 +128,10 @@ class Engine:
                                        on_bytes=self.admission.set_adapter_bytes)
         self.pacer = PrefillPacer()  # prompt tokens per prefill chunk, every lane
         self.prefix.prefill_rate = lambda: self.pacer.rate  # an SSD restore must beat it
+        self.prefix.prefill_measured = lambda: self.pacer.rate if self.pacer.measured else None
         if not self.worker.lanes:
             self._start_lanes()
+        self._seed_ssd_rates()
         # generation_config.json values, then operator flags on top; requests win over both
         self.defaults = {**model.generation_defaults, **(defaults or {})}
         # chat_template_kwargs a request gets unless it sends its own (mlxbun.yaml's models:)
@@ -304,6 +306,20 @@ class Engine:
         if isinstance(req, ChatRequest) and req.media_items:
             media = "media:" + media_parts.digest(req.media_items)
         return (self.model.id, str(self.model.path), adapters.key, self.kv.name, media)
+
+    def _seed_ssd_rates(self) -> None:
+        """Both rates the SSD tier's restore-vs-recompute check weighs, before the first
+        request: the restore rate (kept, or probed now on the worker) and a prefill
+        rate kept from real prompts of an earlier run, over the calibration."""
+        tier = self.prefix.tier
+        if tier is None or self.model.kind != "generate":
+            return
+        self.worker.run_sync(tier.seed_rates)
+        if tier.prefill.tps:
+            self.pacer.seed(tier.prefill.tps)
+        log.info("ssd cache: restore %s (%s), prefill %s tok/s",
+                 f"{tier.restore_bps / 1e9:.2f} GB/s" if tier.restore_bps else "rate unknown",
+                 tier.restore_source, f"{self.pacer.rate:.0f}" if self.pacer.rate else "?")
 
     def _ssd_tier(self, config: SsdConfig | None, ram_bytes: int) -> SsdStore | None:
         """The SSD tier under the prefix cache (``--ssd-cache``), or None."""

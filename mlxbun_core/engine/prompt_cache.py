@@ -69,6 +69,9 @@ class PrefixCache:
         self.ssd_skipped = 0  # disk entries left alone: recomputing them was faster
         # prompt tokens a second this device prefills (the engine's pacer); None: unknown
         self.prefill_rate: Callable[[], float | None] = lambda: None
+        # the same, once real prompts (not the start-up calibration) measured it: kept
+        # beside the SSD entries for the next start
+        self.prefill_measured: Callable[[], float | None] = lambda: None
         if self.tier is not None and post is not None and self.tier.config.demote_idle_s > 0:
             age = self.tier.config.demote_idle_s
             self.tier.queue.on_tick(lambda: self._idle_sweep(post), min(30.0, max(0.05, age / 4)))
@@ -191,8 +194,9 @@ class PrefixCache:
         """A restore must beat recomputing what it saves: the file at the restore speed
         seen so far against ``tokens`` at the measured prefill rate. (An H200 prefills
         24k tokens of an 8B model in 2.3 s; their 3.6 GB of KV took 4.7 s to restore from
-        a 1.9 GB/s disk. A CPU or a Mac prefills 10-100x slower.) Either rate unknown:
-        restore, and so measure it."""
+        a 1.9 GB/s disk. A CPU or a Mac prefills 10-100x slower.) Both rates are seeded
+        before the first request (``kvstore/rates.py``, the engine's calibration); either
+        still unknown: restore, and so measure it."""
         rate, bps = self.prefill_rate(), self._ssd().restore_bps
         if not rate or not bps:
             return True
@@ -224,6 +228,7 @@ class PrefixCache:
             evicted = self._evict(self.max_bytes)
         if self.tier is None:
             return
+        self.tier.prefill.note(self.prefill_measured())
         for ns, toks, old in evicted:
             self._persist(ns, toks, old, urgent=True)
         if not durable and self.tier.config.write_behind:

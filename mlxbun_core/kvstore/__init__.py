@@ -34,7 +34,10 @@ def open_store(config: SsdConfig, model: LoadedModel, *,
     from .identity import serving_fingerprint
     from .store import SsdStore
 
-    fingerprint = serving_fingerprint(model.path, {"id": model.id, "family": model.family})
+    extra: dict[str, Any] = {"id": model.id, "family": model.family}
+    if model.extras.get("rope_scaling"):  # --context-length stretched RoPE: other KV
+        extra["rope_scaling"] = model.extras["rope_scaling"]
+    fingerprint = serving_fingerprint(model.path, extra)
     # where host reads of a GPU buffer move it (CUDA), the writer gets its own copies
     private = mx.default_device() == mx.gpu and not mx.metal.is_available()
     return SsdStore(config, fingerprint, namespace_parts=namespace_parts, busy=busy,

@@ -23,9 +23,10 @@ import numpy as np
 
 from . import codec
 from .config import DEFAULT_FREE_SHARE, DEFAULT_MAX_BYTES, SsdConfig
-from .fileformat import CorruptEntry, drop_pages, read_header, write_entry
+from .fileformat import CorruptEntry, EntryHeader, drop_pages, read_header, write_entry
 from .identity import namespace_key
 from .index import Index, IndexEntry
+from .rates import PrefillRecord, seed_restore_rate
 from .writer import WriteJob, WriteQueue
 
 log = logging.getLogger("mlxbun.kvstore")
@@ -58,11 +59,14 @@ class SsdStore:
         self._retry_at = 0.0
         self.restores = self.spills = self.demotions = self.restore_failures = 0
         self.restore_ms_last = 0.0
-        self.restore_bps: float | None = None  # bytes a second restores ran at (the best seen)
+        # bytes a second restores run at (the best seen; seeded by seed_rates)
+        self.restore_bps: float | None = None
+        self.restore_source = "unknown"
         self.restore_bytes_last = 0
         self.evicted = 0
         self._lock = threading.Lock()
         self.index = Index(self.root, fingerprint)
+        self.prefill = PrefillRecord(self.index.home)  # this model's measured prefill rate
         try:
             self.index.home.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -113,8 +117,7 @@ class SsdStore:
                         or h.header.get("namespace") != entry.ns
                         or not np.array_equal(h.tokens, entry.tokens)):
                     raise CorruptEntry("header does not match the index")
-                arrays = codec.load_arrays(h, strong=self.config.verify)
-                cache = codec.decode(h.header["caches"], arrays)
+                cache = self.load(entry.path, h)
                 drop_pages(f)
         except (CorruptEntry, codec.Unsupported) as exc:
             log.warning("ssd cache: removing %s (%s)", entry.path, exc)
@@ -135,6 +138,18 @@ class SsdStore:
             self.restore_bytes_last = h.size
         self.index.touch(entry, time.time())
         return cache, str(h.header.get("cache_type", "assistant"))
+
+    def load(self, path: Path, h: EntryHeader) -> list:
+        """The cache objects of a checked file (every byte hashed; CorruptEntry else)."""
+        arrays = codec.load_arrays(h, strong=self.config.verify)
+        return codec.decode(h.header["caches"], arrays)
+
+    def seed_rates(self) -> None:
+        """The restore rate before any restore (``rates.seed_restore_rate``: a setting,
+        a kept measurement, or a probe now); on the MLX owner thread, at start-up."""
+        bps, self.restore_source = seed_restore_rate(self)
+        if bps is not None:
+            self.restore_bps = max(self.restore_bps or 0.0, bps)
 
     # -- any thread ------------------------------------------------------------------
     def submit(self, job: WriteJob) -> bool:
@@ -210,6 +225,9 @@ class SsdStore:
                     "bytes": self.index.nbytes(), "max_bytes": self.max_bytes,
                     "restores": self.restores, "spills": self.spills,
                     "restore_ms_last": round(self.restore_ms_last, 1),
+                    "restore_gbs": round(self.restore_bps / 1e9, 3) if self.restore_bps
+                    else None, "restore_rate_source": self.restore_source,
+                    "kept_prefill_tps": self.prefill.tps,
                     "restore_bytes_last": self.restore_bytes_last,
                     "demotions": self.demotions, "pending_spills": q.pending,
                     "pending_spill_bytes": q.pending_bytes, "dropped_spills": q.dropped,

@@ -10,12 +10,16 @@ own limit when that fits ``TARGET_S``, else the largest power of two that does (
 chunk then takes between half of it and all of it; powers of two keep the set of
 query lengths small, and MLX's first forward pass at a new length costs extra on CUDA).
 
-The engine calibrates it at start-up with one short forward pass (``calibrate``), so
-the very first request is paced too. That pass (and any short chunk) understates a
-fast device's rate (fixed per-pass costs, first-use kernel compilation), so a faster
-reading replaces the rate at once while a slower one is smoothed in; a chunk under
-half the size asked for (a prompt's tail, a cache hit's few new tokens) is not
-measured at all.
+The engine calibrates it at start-up (``calibrate``), so the very first request is
+paced too and the SSD tier's restore-vs-recompute check has a rate in a fresh process:
+forward passes of 8, 32, 128 then 512 tokens on a scratch cache, stopping at the first
+that takes ``CALIBRATION_S`` (a slow CPU stops after one or two; a GPU reaches 512 tokens
+in milliseconds, where the fixed per-pass costs no longer hide its rate). Short passes
+(and any short chunk) understate a fast device (fixed per-pass costs, first-use kernel
+compilation), so a faster reading replaces the rate at once while a slower one is
+smoothed in; a chunk under half the size asked for (a prompt's tail, a cache hit's few
+new tokens) is not measured at all. A rate remembered from an earlier run (``seed``)
+counts as one more reading.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ FIRST_CHUNK = 16  # before anything is measured
 MIN_CHUNK = 1  # a backend at a few tok/s (reference BLAS) still answers a cancel in time
 MAX_CHUNK = PREFILL_CHUNK  # what the memory plan bills one prompt's prefill scratch for
 CALIBRATION_TOKENS = 8  # a 135M model on a reference-BLAS CPU reads ~2-10 tok/s
+CALIBRATION_MAX = 512  # the longest calibration pass (x4 from CALIBRATION_TOKENS)
+CALIBRATION_S = 0.1  # a pass this long measures the rate well enough: stop there
 SMOOTHING = 0.5  # weight of the newest measurement
 
 
@@ -47,6 +53,7 @@ class PrefillPacer:
         self.target_s, self.lo = target_s, lo
         self.rate: float | None = None  # prompt tokens per second, smoothed
         self.chunks = 0  # chunks measured
+        self.calibration_passes = 0  # of them, start-up calibration and seeds
 
     def chunk(self, limit: int = MAX_CHUNK) -> int:
         """Prompt tokens to read in the next chunk (every row of the chunk together),
@@ -76,18 +83,37 @@ class PrefillPacer:
         return _Timer(self, asked)
 
     def calibrate(self, model: nn.Module) -> None:
-        """One short forward pass on a scratch cache (the worker thread, at start-up)."""
+        """Forward passes of growing length on scratch caches until one takes
+        ``CALIBRATION_S`` (the worker thread, at start-up)."""
         import mlx.core as mx
         from mlx_lm.models.cache import make_prompt_cache
 
+        tokens = CALIBRATION_TOKENS
         try:
-            cache = make_prompt_cache(model)
-            with self.timed() as t:
-                model(mx.arange(CALIBRATION_TOKENS)[None], cache=cache)
-                mx.eval([c.state for c in cache])
-                t.tokens = CALIBRATION_TOKENS
+            while tokens <= CALIBRATION_MAX:
+                cache = make_prompt_cache(model)
+                t0 = time.perf_counter()
+                with self.timed() as t:
+                    model(mx.arange(tokens)[None], cache=cache)
+                    mx.eval([c.state for c in cache])
+                    t.tokens = tokens
+                if time.perf_counter() - t0 >= CALIBRATION_S:
+                    break
+                tokens *= 4
         except Exception as exc:  # not a causal LM we can call plainly: stay at FIRST_CHUNK
             log.debug("prefill calibration skipped: %s", exc)
+        self.calibration_passes = self.chunks
+
+    def seed(self, rate: float) -> None:
+        """A prefill rate measured in an earlier run on this device (a reading like any
+        other: it replaces a slower calibration, and is smoothed under a faster one)."""
+        if rate > 0:
+            self.rate = max(self.rate or 0.0, rate)
+
+    @property
+    def measured(self) -> bool:
+        """Whether real prompt chunks (not calibration) have been read since start."""
+        return self.chunks > self.calibration_passes
 
     def stats(self) -> dict[str, Any]:
         return {"target_s": self.target_s, "chunk_tokens": self.chunk(),
