@@ -75,9 +75,11 @@ def load_mlx_lm(path, config: dict, options, *, template: str | None = None,
     from mlx_lm.utils import load
 
     plan = getattr(options, "shard", None)
+    window = getattr(options, "extra", {}).get("window")  # --context-length (models.window)
+    overrides = window.overrides if window is not None and window.extended else None
     # (model, tokenizer): mlx-lm types the 3-tuple of return_config too
     lazy = plan is not None or lazy_transform is not None
-    loaded = load(str(path), lazy=lazy)
+    loaded = load(str(path), lazy=lazy, model_config=overrides)
     model, tokenizer = loaded[0], loaded[1]
     if lazy_transform is not None:
         lazy_transform(model)
@@ -97,5 +99,7 @@ def load_mlx_lm(path, config: dict, options, *, template: str | None = None,
                 tokenizer.add_eos_token(tok)
     if reasoning is None:
         reasoning = bool(getattr(tokenizer, "has_thinking", False))
+    if overrides is not None:  # the loader checks that the stretch was built
+        fields["extras"] = {**fields.get("extras", {}), "rope_scaling": window.rope}
     return LoadedModel(id=options.model_id, path=Path(path), config=config, model=model,
                        tokenizer=tokenizer, reasoning=reasoning, **fields)

@@ -92,6 +92,10 @@ def load_model(path: Path, config: dict[str, Any], options: LoadOptions) -> Load
         before the weights are evaluated so each rank reads only its part, then
         return as usual (``family.load_mlx_lm`` does this). A model returned whole
         is sharded by the engine afterwards (correct, but every rank read it all).
+        Under ``--context-length`` past the trained window, ``options.extra["window"]``
+        holds the plan: build the model from its ``overrides`` (mlx-lm's
+        ``load(..., model_config=...)``) and set ``extras["rope_scaling"]`` to its
+        ``rope``, as ``family.load_mlx_lm`` does; a model loaded without it is refused.
     :returns: A :class:`~mlxbun_core.model.LoadedModel`. The loader fills in
         ``family`` and ``plugin`` from the claim, merges ``generation_config.json``
         over ``generation_defaults`` and fills ``context_window`` when unset.

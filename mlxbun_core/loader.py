@@ -10,6 +10,8 @@ from pathlib import Path
 
 from . import plugins
 from .model import LoadedModel, LoadOptions
+from .models import window
+from .models.window import WindowPlan
 
 log = logging.getLogger("mlxbun.loader")
 
@@ -62,6 +64,9 @@ def claim(path: Path, options: LoadOptions) -> LoadedModel:
         raise NoPluginClaimed(
             f"no installed plugin can load {path} (model_type={config.get('model_type')!r}); "
             "`mlxbun plugins` lists what is installed")
+    window = plan_window(config, options.context_length)  # refused before the weights load
+    if window is not None:
+        options.extra["window"] = window
     relay = plugins.relay_for(who.plugin)
     model = relay.load_model(path=path, config=config, options=options)
     if model is None:
@@ -69,7 +74,34 @@ def claim(path: Path, options: LoadOptions) -> LoadedModel:
                                   "but its load_model returned None")
     model.family, model.plugin = who.family, who.plugin
     model._hooks = relay
+    if window is not None:
+        apply_window(model, window)
     return finish(model)
+
+
+def plan_window(config: dict, asked: int | None) -> WindowPlan | None:
+    """``--context-length`` for this checkpoint; :class:`WindowUnsupported` names the
+    checkpoint and says why it cannot be served so."""
+    try:
+        return window.plan_window(config, asked)
+    except window.WindowUnsupported as exc:
+        raise window.WindowUnsupported(f"--context-length {asked}: cannot serve "
+                                       f"{config.get('model_type', 'this model')!s} so: "
+                                       f"{exc}") from None
+
+
+def apply_window(model: LoadedModel, plan: WindowPlan) -> None:
+    """The served window on a loaded model; a stretch its plugin did not build is refused
+    (the RoPE would be the trained one, and long prompts would read as noise)."""
+    if plan.extended:
+        if model.extras.get("rope_scaling") != plan.rope:
+            raise window.WindowUnsupported(
+                f"--context-length {plan.window}: plugin {model.plugin!r} loads "
+                f"{model.family!r} models itself and did not apply the RoPE scaling; "
+                f"the window stays {plan.native} (serve without --context-length)")
+        model.config = plan.config(model.config)
+    model.context_window = plan.window
+    model.extras["window"] = plan.report()
 
 
 def finish(model: LoadedModel) -> LoadedModel:

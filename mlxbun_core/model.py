@@ -89,6 +89,10 @@ class LoadOptions:
     library: Callable[[], Iterable[Any]] | None = None
     # serving across several processes (--distributed): load only this rank's shard
     shard: ShardPlan | None = None
+    # --context-length: the window to serve (None: the checkpoint's own). The loader
+    # turns it into ``extra["window"]`` (a ``models.window.WindowPlan``) before the
+    # claimant loads; ``family.load_mlx_lm`` builds the model with its config overrides
+    context_length: int | None = None
 
 
 @dataclass

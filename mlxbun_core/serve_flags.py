@@ -57,6 +57,13 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="TCP port (default: %(default)s; env MLXBUN_PORT)")
     s.add_argument("--max-tokens", type=int, default=None,
                    help="server default completion cap (default: until EOS or context end)")
+    s.add_argument("--context-length", type=_positive_int, metavar="N",
+                   default=os.environ.get("MLXBUN_CONTEXT_LENGTH") or None,
+                   help="the window to serve, in tokens: below the model's trained window it "
+                        "caps, above it stretches RoPE (YaRN, linear or llama3, as the "
+                        "architecture supports; quality degrades with the stretch) "
+                        "(default: the model's own; 32768 for the embedded SmolLM2; env "
+                        "MLXBUN_CONTEXT_LENGTH)")
     s.add_argument("--temperature", type=float)
     s.add_argument("--top-p", type=float)
     s.add_argument("--top-k", type=int)

@@ -171,8 +171,12 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
     if getattr(args, "prefill_buckets", None):  # read per prefill chunk by engine.prefill_shapes
         os.environ["MLXBUN_PREFILL_BUCKETS"] = args.prefill_buckets
     speculation = lookup_config(args)
+    from .config.permodel import context_length
+    from .models.window import WindowUnsupported
+
     try:
         options = LoadOptions(embedding=args.embedding, library=scan,
+                              context_length=context_length(args, resolved.model_id),
                               model_id=resolved.model_id, extra={
             "draft_model": args.draft_model, "num_draft_tokens": args.num_draft_tokens or 3,
             "expert_budget": getattr(args, "expert_budget", None)})
@@ -186,7 +190,8 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
                            fill=getattr(args, "fill", None))
     except ModelNotFound as exc:
         raise StartFailed(report_selection_error(exc)) from None
-    except (loader.NoPluginClaimed, KVQuantUnavailable, SpecUnavailable) as exc:
+    except (loader.NoPluginClaimed, KVQuantUnavailable, SpecUnavailable,
+            WindowUnsupported) as exc:
         print(f"mlxbun: {exc}", file=sys.stderr)
         raise StartFailed(2) from None
     except Exception as exc:  # a checkpoint mlx-lm cannot read, a plugin bug, …
@@ -239,6 +244,7 @@ def lookup_config(args: argparse.Namespace) -> SpecConfig | None:
 def print_banner(args: argparse.Namespace, engine: Engine) -> str | None:
     """What is served, where, and on which BLAS; returns the web app's URL (None on a
     unix socket)."""
+    from .models.window import note as window_note
     from .server import web
 
     model = engine.model
@@ -252,8 +258,9 @@ def print_banner(args: argparse.Namespace, engine: Engine) -> str | None:
         spec = f" · prompt-lookup speculation ({engine.speculation.num_draft_tokens} drafts)"
     where = f"unix:{args.unix}" if args.unix else f"http://{args.host}:{args.port}/v1"
     page = None if args.unix else web.page_url(args.host, args.port)
+    how = window_note(model.extras.get("window"))
     print(f"mlxbun: serving {model.id} [{model.kind}] via plugin '{model.plugin}'{fallback}{spec}\n"
-          f"        context {model.context_window} tokens · {where}"
+          f"        context {model.context_window} tokens{how} · {where}"
           + (f" · web app {page}" if page else ""), flush=True)
     print_blas_line()
     return page

@@ -16,6 +16,27 @@ if TYPE_CHECKING:
 log = logging.getLogger("mlxbun.config")
 
 
+def context_length(args: argparse.Namespace, model_id: str) -> int | None:
+    """The window to serve ``model_id`` with: ``--context-length`` (or its variable), else
+    the model's ``context_length`` entry, else the file's ``serve:`` value, else the
+    embedded default's own (it needs 32k for a coding agent's prompt); None: the
+    checkpoint's trained window. Needed before the load, unlike the settings below."""
+    from ..models.paths import DEFAULT_CONTEXT_LENGTH, DEFAULT_MODEL_ID
+    from .effective import Settings
+
+    asked: int | None = getattr(args, "context_length", None)
+    settings = getattr(args, "settings", None)
+    if isinstance(settings, Settings):
+        typed = settings.sources.get("context_length", "default").split(" ")[0]
+        entry = settings.model(model_id)
+        if typed not in ("flag", "env") and entry is not None \
+                and entry.context_length is not None:
+            asked = entry.context_length
+    if asked is None and model_id == DEFAULT_MODEL_ID:
+        asked = DEFAULT_CONTEXT_LENGTH
+    return asked
+
+
 def apply_model_settings(engine: Engine, args: argparse.Namespace) -> dict[str, Any]:
     """Put the served model's ``models:`` entry on ``engine``; returns what was applied."""
     from .effective import Settings

