@@ -46,10 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     from .config.show import add_parser as add_config_parser
     from .hub import cli as hub_cli
     from .jobs import cli as jobs_cli
+    from .launch import add_parser as add_launch_parser
     from .memory import cli as memory_cli
 
     jobs_cli.add_parsers(sub)
     add_config_parser(sub)
+    add_launch_parser(sub)
     hub_cli.add_parsers(sub)
     memory_cli.add_parsers(sub)
     return p
@@ -182,6 +184,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .startup import cmd_serve
 
         return cmd_serve(args, parser)
+    if args.command == "launch":
+        from .launch import cmd_launch
+
+        return cmd_launch(args, argv)
     if args.command == "config":
         from .config.show import cmd_config
 
