@@ -21,6 +21,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 import pytest
 
 from mlxbun_core import plugins
@@ -100,12 +101,78 @@ class ScriptedModel(nn.Module):
         return mx.broadcast_to(forced, logits.shape)
 
 
-class ScriptedPlugin:
-    """Claims exactly one checkpoint directory and serves it as a ScriptedModel."""
+class BatchedScriptedModel(ScriptedModel):
+    """A ScriptedModel for the batch lane, where one forward carries several rows that
+    join, leave and move between a batch and single-sequence caches. Each row's token
+    history rides along as one more cache layer (a "tape": the ids stored as keys), so
+    every path the engine moves KV on (mlx-lm's batch merge, filter and extend, prefix
+    cache copies and trims, the solo hand-off) moves the history with it. A row's script
+    is the plugin's ``reply`` (or ``text``) for the prompt it ended with: looked up per
+    row, never shared."""
 
-    def __init__(self, path, text: str = "", *, anchor: str = CHATML_ANCHOR, eos_id=None):
+    def make_cache(self):
+        from mlx_lm.models.cache import KVCache
+
+        return [*super().make_cache(), KVCache()]
+
+    def _histories(self, inputs, tape) -> list[np.ndarray]:
+        """Every row's tokens so far (its left padding cut off)."""
+        ids = inputs.astype(mx.float32)[:, None, :, None]
+        keys, _ = tape.update_and_fetch(ids, ids)
+        rows = np.array(keys[:, 0, :, 0].astype(mx.int32))
+        pad = getattr(tape, "left_padding", None)
+        pads = pad.tolist() if pad is not None else [0] * rows.shape[0]
+        return [rows[b, pads[b]:] for b in range(rows.shape[0])]
+
+    def _row_script(self, history: np.ndarray, pos: int) -> list:
+        """The script of the row whose prompt is ``history[:len - pos]``."""
+        prompt = history[:history.size - pos]
+        key = hash(prompt.tobytes())
+        if key not in self._scripts:
+            text = self._tok.decode(prompt.tolist())
+            if pos == 0:
+                self._plugin.prompts.append(text)
+            reply = self._plugin.reply(text) if self._plugin.reply else self._plugin.text
+            eos = sorted(self._tok.eos_token_ids)[0]
+            self._scripts[key] = self._tok.encode(reply, add_special_tokens=False) + [eos]
+        return self._scripts[key]
+
+    def _last_anchor(self, history: np.ndarray) -> int | None:
+        """Tokens since the end of the row's last generation prompt (None: none yet)."""
+        n, anchor = len(self._anchor), np.array(self._anchor)
+        if history.size < n:
+            return None
+        for i in reversed(np.flatnonzero(history[:history.size - n + 1] == anchor[0])):
+            if np.array_equal(history[i:i + n], anchor):
+                return int(history.size - (i + n))
+        return None
+
+    def __call__(self, inputs, cache=None, **kw):
+        if cache is None:
+            return self.inner(inputs, **kw)
+        logits = self.inner(inputs, cache=cache[:-1], **kw)
+        vocab, forced = logits.shape[-1], []
+        for b, history in enumerate(self._histories(inputs, cache[-1])):
+            pos = self._last_anchor(history)
+            if pos is None:
+                forced.append(logits[b])
+                continue
+            script = self._row_script(history, pos)
+            token = script[min(pos, len(script) - 1)]
+            row = mx.where(mx.arange(vocab) == token, 0.0, -1e9).astype(logits.dtype)
+            forced.append(mx.broadcast_to(row, logits.shape[1:]))
+        return mx.stack(forced)
+
+
+class ScriptedPlugin:
+    """Claims exactly one checkpoint directory and serves it as a ScriptedModel
+    (``batched``: a BatchedScriptedModel, for a server with several rows)."""
+
+    def __init__(self, path, text: str = "", *, anchor: str = CHATML_ANCHOR, eos_id=None,
+                 batched: bool = False):
         self.path = Path(path).resolve()
         self.text, self.anchor, self.eos_id = text, anchor, eos_id
+        self.batched = batched
         self.fail_at = None  # set to N: the forward raises from script position N on
         self.prompts: list[str] = []  # every prompt the model ran, decoded (specials kept)
         self.free_after = False  # True: after the script, the random model (not EOS) goes on
@@ -122,24 +189,27 @@ class ScriptedPlugin:
     @hookimpl
     def load_model(self, path, config, options):
         loaded = load_mlx_lm(path, config, options, reasoning=None)  # as the generic plugin
-        loaded.model = ScriptedModel(loaded.model, loaded.tokenizer, self)
+        kind = BatchedScriptedModel if self.batched else ScriptedModel
+        loaded.model = kind(loaded.model, loaded.tokenizer, self)
         return loaded
 
 
 def scripted_checkpoint_plugin(text: str = "", model_type: str = "qwen3", seed: int = 4242,
-                               **kw) -> ScriptedPlugin:
+                               batched: bool = False, **kw) -> ScriptedPlugin:
     """A plugin bound to its own tiny checkpoint (a seed other tests do not use,
     so the memoized directory is not shared with unscripted tests)."""
-    return ScriptedPlugin(tiny_checkpoint(model_type=model_type, seed=seed, **kw), text)
+    return ScriptedPlugin(tiny_checkpoint(model_type=model_type, seed=seed, **kw), text,
+                          batched=batched)
 
 
 @contextmanager
-def scripted_server(text: str = "", *, name: str = "scripted-test", **kw):
-    """Register a ScriptedPlugin, serve its checkpoint, clean both up after."""
-    plugin = scripted_checkpoint_plugin(text, **kw)
+def scripted_server(text: str = "", *, name: str = "scripted-test", batch: int = 1, **kw):
+    """Register a ScriptedPlugin, serve its checkpoint, clean both up after. With
+    ``batch`` > 1 the batch lane runs it (a BatchedScriptedModel: a script per row)."""
+    plugin = scripted_checkpoint_plugin(text, batched=batch > 1, **kw)
     plugins.register(plugin, name)
     try:
-        srv = start_server(plugin.path, batch=1)  # the script follows one sequence
+        srv = start_server(plugin.path, batch=batch)
         try:
             yield srv, plugin
         finally:

@@ -16,7 +16,9 @@ the prompt it was shown (tests/scripted_model.py), so what the client prints is 
 from __future__ import annotations
 
 import json
+import logging
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -123,3 +125,65 @@ def test_codex_runs_a_command(server, npm_clients, work, tmp_path):
     # its developer messages lead the prompt as the system turn, before the user turns
     system = first[:first.index("<|im_start|>user")]
     assert system.startswith("<|im_start|>system\n") and "Codex CLI" in system
+
+
+@pytest.fixture(scope="module")
+def batch_server():
+    """The same tiny model on the batch lane (four rows; a script per row)."""
+    with scripted_server("", name="scripted-clients-batch", seed=4546, batch=4,
+                         **long_context_options()) as (srv, plugin):
+        yield srv, plugin
+
+
+def test_two_claude_code_sessions_and_codex_at_once_on_the_batch_lane(
+        batch_server, npm_clients, tmp_path, caplog):
+    """Three agents in their own directories, each with its own file: every one gets its
+    tool call, its own file's content back and an answer quoting it, while their requests
+    share decode steps of one batch."""
+    srv, plugin = batch_server
+    sessions = []
+    for i, kind in enumerate(("claude", "claude", "codex")):
+        cwd = tmp_path / f"agent{i}"
+        cwd.mkdir()
+        token = f"mlxbun-{uuid.uuid4().hex[:12]}"
+        (cwd / "hello.txt").write_text(token + "\n", encoding="utf-8")
+        call = ({"name": "Read", "arguments": {"file_path": str(cwd / "hello.txt")}}
+                if kind == "claude" else
+                {"name": "exec_command", "arguments": {"cmd": "cat hello.txt"}})
+        sessions.append((kind, cwd, token, json.dumps(call)))
+
+    def reply(prompt: str) -> str:  # which session's prompt: its file's token, else its cwd
+        for _, _, token, _ in sessions:
+            if token in prompt:
+                return f"The file says {token}."
+        for _, cwd, _, call in sessions:
+            if f"{cwd}\n" in prompt or f"{cwd}<" in prompt or f"{cwd} " in prompt:
+                return "<tool_call>" + call + "</tool_call>"
+        return "Which session is this?"
+
+    plugin.reply = reply
+    lane = srv.engine.worker.lanes[0]
+    steps, rows = lane.steps.steps, lane.steps.rows
+    caplog.set_level(logging.INFO, logger="mlxbun.engine")
+
+    def run(session):
+        kind, cwd, token, _ = session
+        home = tmp_path / f"home-{cwd.name}"
+        if kind == "claude":
+            done = run_claude(npm_clients["claude"], srv.base_url, QUESTION, cwd=cwd,
+                              home=home, args=("--max-turns", "3"))
+            return done, json.loads(done.stdout)["result"] if done.returncode == 0 else None
+        done, events = run_codex(npm_clients["codex"], srv.v1, QUESTION, cwd=cwd, home=home,
+                                 args=("--sandbox", "danger-full-access"))
+        said = [e["item"]["text"] for e in events if e.get("type") == "item.completed"
+                and e["item"]["type"] == "agent_message"]
+        return done, said[-1] if said else None
+
+    with ThreadPoolExecutor(len(sessions)) as pool:
+        results = list(pool.map(run, sessions))
+    for (kind, _, token, _), (done, answer) in zip(sessions, results):
+        assert done.returncode == 0, kind + done.stdout[-2000:] + done.stderr[-2000:]
+        assert answer == f"The file says {token}.", kind
+    finished = [r.getMessage() for r in caplog.records if "tok out" in r.getMessage()]
+    assert len(finished) == 6 and all(m.endswith("batched lane") for m in finished), finished
+    assert lane.steps.rows - rows > lane.steps.steps - steps  # some steps carried 2+ rows
