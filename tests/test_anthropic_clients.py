@@ -210,8 +210,9 @@ def test_prompt_over_the_context_is_said_as_anthropic_says_it(client, plugin):
         create(client, body)
     message = err.value.body["error"]["message"]
     assert err.value.body["error"]["type"] == "invalid_request_error"
-    tokens, limit = re.fullmatch(r"prompt is too long: (\d+) tokens > (\d+) maximum",
-                                 message).groups()
+    tokens, limit = re.fullmatch(r"prompt is too long: (\d+) tokens > (\d+) maximum "
+                                 r"\(the model's context window; serve with --context-length "
+                                 r"N for a longer one\)", message).groups()
     assert int(tokens) > int(limit) == 40960  # the tiny qwen3 checkpoint's window
 
 

@@ -13,6 +13,8 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..models.window import native_window
+
 MAX_HEADER_BYTES = 64 << 20  # a header bigger than this is not a safetensors file we trust
 _EXPERT = re.compile(r"(?<!shared_)experts?\.|switch_mlp\.")
 
@@ -25,11 +27,7 @@ def text_config(config: dict) -> dict:
 
 def context_window(config: dict) -> int | None:
     """The trained context length the config states, or None."""
-    for c in (text_config(config), config):
-        v = c.get("max_position_embeddings")
-        if isinstance(v, int) and v > 0:
-            return v
-    return None
+    return native_window(config)
 
 
 def read_json(path: Path) -> dict:

@@ -42,14 +42,16 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                403: "permission_error", 404: "not_found_error", 413: "request_too_large",
                429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
-TOO_LONG = re.compile(r"prompt has (\d+) tokens; this server admits at most (\d+)")
+TOO_LONG = re.compile(r"prompt has (\d+) tokens; this server admits at most (\d+) tokens of "
+                      r"context( \(.*\))?$")
 
 
 def anthropic_error(exc: APIError) -> Response:
     """Anthropic's error shape has no ``param``: a known one leads the message instead.
     A prompt over the context is said in Anthropic's words (``prompt is too long: N
     tokens > M maximum``), the form Claude Code parses for the token counts and answers
-    with its compaction advice."""
+    with its compaction advice, then what sets the limit (the flag that changes it) in
+    parentheses, as on the other surfaces (Claude Code's parse ignores what follows)."""
     fallback = "api_error" if exc.status >= 500 else "invalid_request_error"
     kind = ERROR_TYPES.get(exc.status, fallback)
     message = exc.message
@@ -57,7 +59,8 @@ def anthropic_error(exc: APIError) -> Response:
         message = f"{exc.param}: {message}"
     too_long = TOO_LONG.search(message) if exc.code == "context_over_budget" else None
     if too_long:
-        message = f"prompt is too long: {too_long[1]} tokens > {too_long[2]} maximum"
+        message = (f"prompt is too long: {too_long[1]} tokens > {too_long[2]} maximum"
+                   f"{too_long[3] or ''}")
     return json_response({"type": "error", "error": {"type": kind, "message": message}},
                          exc.status)
 
