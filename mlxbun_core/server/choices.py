@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 from blacksheep import Request, Response
 
 from ..engine.reply import Reply, gather
-from ..events import Admitted, Done, Event, Finish, KeepAlive, Usage
+from ..events import KEEPALIVE, Admitted, Done, Event, Finish, KeepAlive, Usage
+from . import generation
 from . import trace as tracing
 from .common import json_response, sse_response
-from .generation import FrameWriter, Run, collect
+from .generation import FrameWriter, Run, collect, with_keepalive
 
 if TYPE_CHECKING:
     from ..engine.core import Generation
@@ -47,7 +48,7 @@ class Choices:
         """Every choice's events as they come (each choice's own order kept); leaving
         early cancels them all."""
         if len(self.gens) == 1:
-            async for ev in self.gens[0].events():
+            async for ev in with_keepalive(self.gens[0].events(), generation.KEEPALIVE_S):
                 yield 0, ev
             return
         queue: asyncio.Queue[tuple[int, Event | None]] = asyncio.Queue()
@@ -63,7 +64,10 @@ class Choices:
         try:
             live = len(pumps)
             while live:
-                index, got = await queue.get()
+                try:  # Queue.get is safe to cancel: nothing is lost on a timeout
+                    index, got = await asyncio.wait_for(queue.get(), generation.KEEPALIVE_S)
+                except asyncio.TimeoutError:
+                    index, got = 0, KEEPALIVE
                 if got is None:
                     live -= 1
                 else:

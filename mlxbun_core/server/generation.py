@@ -8,6 +8,7 @@ failure frames live here once.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from blacksheep import Request, Response
 
 from ..engine.reply import Reply, gather
 from ..engine.request import GenerationInput, choice_requests
+from ..events import KEEPALIVE as KEEPALIVE_EVENT
 from ..events import Admitted, Done, Event, Finish, KeepAlive
 from . import trace as tracing
 from .common import KEEPALIVE, json_response, new_id, now, read_body, sse_response, watch_disconnect
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
+KEEPALIVE_S = 10.0  # a stream with nothing to send (a long prompt being read) says so this often
 
 
 @dataclass
@@ -113,7 +116,7 @@ class FrameWriter:
 async def frames(gen: Generation, writer: FrameWriter) -> AsyncIterator[bytes]:
     for frame in writer.opening():
         yield frame
-    async for ev in gen.events():
+    async for ev in with_keepalive(gen.events(), KEEPALIVE_S):
         if isinstance(ev, Done):
             fin = ev.finish
             if fin.failed:
@@ -128,6 +131,31 @@ async def frames(gen: Generation, writer: FrameWriter) -> AsyncIterator[bytes]:
             out = writer.event(ev)
         for frame in out:
             yield frame
+
+
+async def with_keepalive(events: AsyncIterator[Event], every: float) -> AsyncIterator[Event]:
+    """``events``, with a KeepAlive whenever none came for ``every`` seconds. A CPU
+    reads a coding agent's prompt for minutes before the first token, and clients give
+    up on a silent stream (Claude Code after 5 minutes, then retries from scratch)."""
+    it = events.__aiter__()
+    pending: asyncio.Future[Event] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(it.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=every)
+            if not done:
+                yield KEEPALIVE_EVENT
+                continue
+            ready, pending = pending, None
+            try:
+                ev = ready.result()
+            except StopAsyncIteration:
+                return
+            yield ev
+    finally:
+        if pending is not None:
+            pending.cancel()
 
 
 async def respond(request: Request, run: Run, writer: Callable[[Run], FrameWriter],

@@ -1,0 +1,61 @@
+"""A stream with nothing to send yet (a long prompt being read: minutes on a CPU) sends
+keep-alive frames, so clients that give up on a silent stream (Claude Code and Codex after
+5 minutes) wait for the first token instead: Anthropic's ``ping`` event on /v1/messages,
+an SSE comment on the OpenAI routes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from mlxbun_core.events import KEEPALIVE, Content
+from mlxbun_core.server import generation
+from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.server import start_server
+
+
+def test_silence_longer_than_the_interval_becomes_keepalives():
+    async def slow():
+        await asyncio.sleep(0.35)
+        yield Content("a")
+        yield Content("b")
+
+    async def run():
+        return [ev async for ev in generation.with_keepalive(slow(), 0.1)]
+
+    out = asyncio.run(run())
+    assert out[-2:] == [Content("a"), Content("b")]
+    assert 2 <= len(out) - 2 <= 4 and set(out[:-2]) == {KEEPALIVE}
+
+
+@pytest.fixture(scope="module")
+def srv():
+    s = start_server(tiny_checkpoint("qwen3", seed=8))
+    yield s
+    s.stop()
+
+
+def test_streams_keep_alive_on_every_surface(srv, monkeypatch):
+    monkeypatch.setattr(generation, "KEEPALIVE_S", 0.0005)  # every wait outlasts it
+    body = {"model": "m", "max_tokens": 8, "stream": True,
+            "messages": [{"role": "user", "content": "hello " * 2000}]}
+    with httpx.stream("POST", srv.base_url + "/v1/messages", json=body, timeout=120) as r:
+        text = "".join(r.iter_text())
+    assert "event: ping" in text and text.index("event: ping") < text.index("message_stop")
+    body["messages"] = [{"role": "user", "content": "world " * 2000}]  # no cached prefix
+    with httpx.stream("POST", srv.v1 + "/chat/completions", json=body, timeout=120) as r:
+        text = "".join(r.iter_text())
+    assert ": keep-alive" in text and text.rstrip().endswith("data: [DONE]")
+    # the SDKs read through them
+    claude = anthropic.Anthropic(base_url=srv.base_url, api_key="x", max_retries=0)
+    with claude.messages.stream(model="m", max_tokens=8, messages=body["messages"]) as s:
+        message = s.get_final_message()
+    assert message.usage.output_tokens > 0
+    oai = openai.OpenAI(base_url=srv.v1, api_key="x", max_retries=0)
+    chunks = list(oai.chat.completions.create(model="m", max_tokens=8, stream=True,
+                                              messages=body["messages"]))
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
