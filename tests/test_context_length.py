@@ -43,9 +43,9 @@ def test_below_the_trained_window_it_caps_without_touching_the_model():
     assert (plan.native, plan.window, plan.rope, plan.overrides) == (NATIVE, 300, None, {})
 
 
-def test_past_it_a_config_without_scaling_gets_yarn_over_its_window():
+def test_past_it_a_config_without_scaling_gets_ntk_by_parts_over_its_window():
     plan = plan_window(config_of("qwen2", max_position_embeddings=NATIVE), WINDOW)
-    assert plan.rope["rope_type"] == "yarn" and plan.rope["factor"] == 4.0
+    assert plan.rope["rope_type"] == "llama3" and plan.rope["factor"] == 4.0
     assert plan.rope["original_max_position_embeddings"] == NATIVE
     assert plan.overrides["max_position_embeddings"] == WINDOW
 
@@ -58,7 +58,8 @@ def test_a_config_that_scales_already_keeps_its_kind_with_a_bigger_factor():
 
 
 @pytest.mark.parametrize("config,words", [
-    (config_of("gemma4_text"), "code ignores rope_scaling 'yarn' and rope_scaling 'linear'"),
+    (config_of("gemma4_text"),
+     r"code ignores rope_scaling \(tried 'llama3', 'yarn', 'linear'\)"),
     (config_of("gemma3_text", num_hidden_layers=2, sliding_window_pattern=6),
      "every attention layer of 'gemma3_text' is a sliding window"),
     ({"model_type": "mamba", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
@@ -129,17 +130,18 @@ def text_of(tok, n: int, seed: int = 0) -> str:
     return text
 
 
-def greedy_ids(srv, prompt: str, n: int = 12) -> list[int]:
+def greedy(srv, prompt: str, n: int = 12) -> list[tuple[int, float]]:
+    """The served greedy tokens and their log-probs."""
     r = httpx.post(srv.v1 + "/completions", timeout=300, json={
         "prompt": prompt, "max_tokens": n, "temperature": 0, "logprobs": True})
     assert r.status_code == 200, r.text
-    return [e["id"] for e in r.json()["choices"][0]["logprobs"]["content"]]
+    return [(e["id"], e["logprob"]) for e in r.json()["choices"][0]["logprobs"]["content"]]
 
 
-def mlx_lm_ids(model, tok, prompt: str, n: int = 12) -> list[int]:
+def mlx_lm_greedy(model, tok, prompt: str, n: int = 12) -> list[tuple[int, float]]:
     out = []
-    for t, _ in generate_step(mx.array(tok.encode(prompt)), model, max_tokens=n):
-        out.append(int(t))
+    for t, lp in generate_step(mx.array(tok.encode(prompt)), model, max_tokens=n):
+        out.append((int(t), float(lp[t])))
         if t in tok.eos_token_ids:
             break
     return out
@@ -148,7 +150,7 @@ def mlx_lm_ids(model, tok, prompt: str, n: int = 12) -> list[int]:
 def test_every_report_says_the_served_window(srv):
     row = httpx.get(srv.v1 + "/models").json()["data"][0]
     assert (row["context_window"], row["native_context_window"]) == (WINDOW, NATIVE)
-    assert row["rope_scaling"]["rope_type"] == "yarn" and row["rope_scaling"]["factor"] == 4.0
+    assert row["rope_scaling"]["rope_type"] == "llama3" and row["rope_scaling"]["factor"] == 4.0
     admission = httpx.get(srv.base_url + "/stats").json()["admission"]
     assert admission["enforced_context_tokens"] == WINDOW == admission["max_safe_context"]
     fit = httpx.get(srv.base_url + "/fit").json()
@@ -157,16 +159,20 @@ def test_every_report_says_the_served_window(srv):
 
 def test_a_prompt_past_the_trained_window_is_served_as_mlx_lm_serves_the_same_config(srv, ckpt):
     """Parity: mlx-lm's own generate_step on the config the flag writes gives the same
-    greedy tokens; on the unstretched config it gives others (so the stretch is real)."""
+    greedy tokens and log-probs; on the unstretched config, other log-probs (the
+    stretch is real)."""
     tok = srv.engine.model.tokenizer
     prompt = text_of(tok, 3 * NATIVE // 2)
-    ours = greedy_ids(srv, prompt)
+    ours = greedy(srv, prompt)
     rope = httpx.get(srv.v1 + "/models").json()["data"][0]["rope_scaling"]
     model, ref_tok = mlx_load(str(ckpt), model_config={"rope_scaling": rope,
                                                        "max_position_embeddings": WINDOW})
-    assert ours == mlx_lm_ids(model, ref_tok, prompt)
+    ref = mlx_lm_greedy(model, ref_tok, prompt)
+    assert [t for t, _ in ours] == [t for t, _ in ref]
+    assert [lp for _, lp in ours] == pytest.approx([lp for _, lp in ref], abs=1e-3)
     native, _ = mlx_load(str(ckpt))
-    assert ours != mlx_lm_ids(native, ref_tok, prompt)
+    plain = mlx_lm_greedy(native, ref_tok, prompt)
+    assert [lp for _, lp in plain] != pytest.approx([lp for _, lp in ours], abs=1e-3)
 
 
 def test_a_prompt_over_the_window_is_a_400_naming_both_numbers_on_every_surface(srv, caplog):
@@ -194,7 +200,7 @@ def test_a_prompt_over_the_window_is_a_400_naming_both_numbers_on_every_surface(
     assert int(tokens) > WINDOW and int(limit) == WINDOW and "--context-length" in said
     refusals = [r.getMessage() for r in caplog.records if r.name == "mlxbun.admission"]
     assert len(refusals) == 3 and f"prompt of {n} tokens: over the {WINDOW}" in refusals[0]
-    assert greedy_ids(srv, "still serving after the refusals", 2)
+    assert greedy(srv, "still serving after the refusals", 2)
 
 
 def test_serve_refuses_at_start_what_the_architecture_cannot_stretch(tmp_path):

@@ -6,10 +6,14 @@ before mlx-lm builds the model (``load(..., model_config=...)``; mlx-lm's own
 ``rope_utils.initialize_rope`` then builds the scaled rotary embedding), so nothing of
 mlx-lm is patched:
 
-- a config without scaling gets YaRN (``factor`` = asked / native, the native window as
-  ``original_max_position_embeddings``): it keeps the short-range frequencies as trained,
-  so a short prompt reads as before; where an architecture's code ignores YaRN, linear
-  interpolation is tried next;
+- a config without scaling gets mlx-lm's ``llama3`` scaling (NTK-by-parts: ``factor`` =
+  asked / native over the native window): rotary frequencies that turn more than four
+  times within the trained window stay as trained, those that turn less than once are
+  divided by the factor, the ones between are blended. A short prompt reads exactly as
+  before, and no attention temperature is added: YaRN's (0.1 ln s + 1 on queries and keys)
+  turned SmolLM2-135M's "The capital of France is Paris." into French noise. Where an
+  architecture's code ignores ``llama3``, YaRN without that temperature, then linear
+  interpolation, are tried;
 - a config that already scales with ``yarn``, ``linear`` or ``llama3`` keeps its kind and
   multiplies its ``factor``.
 
@@ -28,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SCALED_KINDS = ("yarn", "linear", "llama3")  # mlx-lm rope types whose factor stretches
-FRESH_KINDS = ("yarn", "linear")  # tried in this order on a config with no scaling
+FRESH_KINDS = ("llama3", "yarn", "linear")  # tried in this order on a config with no scaling
 KIND_NAMES = {"yarn": "YaRN", "linear": "linear", "llama3": "llama3"}
 
 
@@ -119,14 +123,20 @@ def plan_window(config: dict[str, Any], asked: int | None, *,
 
 
 def _summary(refusals: list[str]) -> str:
-    """One sentence for every candidate refused: "code ignores" ones are merged."""
-    ignored = [r.split(" code ignores ", 1) for r in refusals if " code ignores " in r]
-    rest = [r for r in refusals if " code ignores " not in r]
-    if ignored:
-        what = " and ".join(dict.fromkeys(w.split(":", 1)[0] for _, w in ignored))
-        rest.insert(0, f"{ignored[0][0]} code ignores {what}: its rotary embedding stays "
-                       "as trained")
-    return "; ".join(dict.fromkeys(rest))
+    """One sentence for every candidate refused: the "code ignores" ones merged
+    (``... code ignores rope_scaling (tried 'llama3', 'yarn', 'linear'): ...``)."""
+    ignored: dict[tuple[str, str], list[str]] = {}
+    rest = []
+    for r in refusals:
+        head, sep, tail = r.partition(" code ignores ")
+        if not sep:
+            rest.append(r)
+            continue
+        key, _, kind = tail.split(":", 1)[0].partition(" ")
+        ignored.setdefault((head, key), []).append(kind)
+    said = [f"{head} code ignores {key} (tried {', '.join(kinds)}): its rotary embedding "
+            "stays as trained" for (head, key), kinds in ignored.items()]
+    return "; ".join(dict.fromkeys(said + rest))
 
 
 def _holder(config: dict[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -183,8 +193,11 @@ def _scaled(holder: dict[str, Any], kind: str, stretch: float, native: int,
             rope["original_max_position_embeddings"] = max(1, math.floor(native / old))
         return rope
     rope = {**base, "type": kind, "rope_type": kind, "factor": float(stretch)}
-    if kind == "yarn":
-        rope["original_max_position_embeddings"] = native
+    if kind == "llama3":
+        rope.update(low_freq_factor=1.0, high_freq_factor=4.0,
+                    original_max_position_embeddings=native)
+    elif kind == "yarn":  # no attention temperature (mscale 0: a factor of 1 everywhere)
+        rope.update(original_max_position_embeddings=native, mscale=0.0, mscale_all_dim=0.0)
     return rope
 
 
