@@ -17,12 +17,17 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 
 from mlxbun_core.testing.clients import long_context_options, run_claude, run_codex
+from mlxbun_core.testing.process import ServerProcess
+from mlxbun_core.testing.server import free_port
 from scripted_model import scripted_server
 
 QUESTION = "What does hello.txt say?"
@@ -187,3 +192,27 @@ def test_two_claude_code_sessions_and_codex_at_once_on_the_batch_lane(
     finished = [r.getMessage() for r in caplog.records if "tok out" in r.getMessage()]
     assert len(finished) == 6 and all(m.endswith("batched lane") for m in finished), finished
     assert lane.steps.rows - rows > lane.steps.steps - steps  # some steps carried 2+ rows
+
+
+def test_claude_code_on_the_embedded_default_with_its_stretched_window(smollm2_path,
+                                                                      npm_clients, tmp_path):
+    """`mlxbun serve` with nothing named, as `make serve` runs it: SmolLM2-135M with its
+    trained 8,192-token window stretched to 32,768. One short exchange through Claude
+    Code, bare (its own system prompt, environment block and tools are 12k tokens, minutes
+    to read on a CPU: bench/NOTES.md has that run): the real model, its RoPE stretched,
+    answers through the real client."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "mlxbun_core.cli", "serve", "--port", str(port), "--no-open"]
+    with ServerProcess(cmd, env={**os.environ, "MLXBUN_CONTEXT_LENGTH": ""}) as proc:
+        proc.wait_for_http(f"http://127.0.0.1:{port}/health", timeout=240)
+        assert "context 32768 tokens (8192 native, llama3 x4)" in proc.output
+        row = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()["data"][0]
+        assert (row["id"], row["context_window"]) == ("SmolLM2-135M-Instruct", 32768)
+        done = run_claude(npm_clients["claude"], f"http://127.0.0.1:{port}",
+                          "What is the capital of France?", cwd=tmp_path,
+                          home=tmp_path / "home", max_output_tokens=24,
+                          args=("--bare", "--max-turns", "1", "--tools", "",
+                                "--system-prompt", "You are a helpful assistant."))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["is_error"] is False and "Paris" in result["result"]
