@@ -99,7 +99,7 @@ def load_mlx_lm(path, config: dict, options, *, template: str | None = None,
                 tokenizer.add_eos_token(tok)
     if reasoning is None:
         reasoning = bool(getattr(tokenizer, "has_thinking", False))
-    if overrides is not None:  # the loader checks that the stretch was built
+    if window is not None and overrides is not None:  # the loader checks it was built
         fields["extras"] = {**fields.get("extras", {}), "rope_scaling": window.rope}
     return LoadedModel(id=options.model_id, path=Path(path), config=config, model=model,
                        tokenizer=tokenizer, reasoning=reasoning, **fields)

@@ -312,14 +312,9 @@ class Engine:
         request: the restore rate (kept, or probed now on the worker) and a prefill
         rate kept from real prompts of an earlier run, over the calibration."""
         tier = self.prefix.tier
-        if tier is None or self.model.kind != "generate":
-            return
-        self.worker.run_sync(tier.seed_rates)
-        if tier.prefill.tps:
-            self.pacer.seed(tier.prefill.tps)
-        log.info("ssd cache: restore %s (%s), prefill %s tok/s",
-                 f"{tier.restore_bps / 1e9:.2f} GB/s" if tier.restore_bps else "rate unknown",
-                 tier.restore_source, f"{self.pacer.rate:.0f}" if self.pacer.rate else "?")
+        if tier is not None and self.model.kind == "generate":
+            self.worker.run_sync(tier.seed_rates)
+            self.pacer.seed(tier.prefill.tps or 0.0)
 
     def _ssd_tier(self, config: SsdConfig | None, ram_bytes: int) -> SsdStore | None:
         """The SSD tier under the prefix cache (``--ssd-cache``), or None."""

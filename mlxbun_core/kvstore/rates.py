@@ -91,8 +91,6 @@ def seed_restore_rate(store: Any) -> tuple[float | None, str]:
         return None, "unknown"
     write_json(path, {**read_json(path), key: {"bps": bps,
                                                  "measured_at": time.strftime("%Y-%m-%d")}})
-    log.info("ssd cache: restores run at %.2f GB/s here (measured with a %d MB probe)",
-             bps / 1e9, PROBE_BYTES >> 20)
     return bps, "measured now"
 
 

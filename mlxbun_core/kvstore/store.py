@@ -150,6 +150,10 @@ class SsdStore:
         bps, self.restore_source = seed_restore_rate(self)
         if bps is not None:
             self.restore_bps = max(self.restore_bps or 0.0, bps)
+        log.info("ssd cache: restores at %s (%s); prefill kept from real prompts: %s",
+                 f"{self.restore_bps / 1e9:.2f} GB/s" if self.restore_bps else "a rate unknown",
+                 self.restore_source, f"{self.prefill.tps:.0f} tok/s" if self.prefill.tps
+                 else "none yet")
 
     # -- any thread ------------------------------------------------------------------
     def submit(self, job: WriteJob) -> bool:
