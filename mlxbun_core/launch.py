@@ -36,7 +36,7 @@ CLIENTS = {  # what to run, and the npm package that provides it
 }
 START_TIMEOUT_S = 900.0  # a first start may convert the embedded GGUF and calibrate
 STOP_TIMEOUT_S = 30.0
-REQUEST_TIMEOUT_MS = 3_600_000  # Claude Code's own default (10 min) is less than a CPU prefill
+REQUEST_TIMEOUT_MS = 3_600_000  # the clients' own defaults (5-10 min) are less than a CPU prefill
 NO_PHONING_HOME = {"DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1",
                    "DISABLE_ERROR_REPORTING": "1", "DISABLE_BUG_COMMAND": "1",
                    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
@@ -123,7 +123,10 @@ def probe(url: str, api_key: str | None, wanted: str | None) -> Server | None:
         models = httpx.get(f"{url}/v1/models", headers=headers, timeout=10)
         rows = models.json()["data"] if models.status_code == 200 else None
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
-        rows = None
+        models, rows = None, None
+    if health.status_code == 401 or (models is not None and models.status_code == 401):
+        raise LaunchFailed(f"the server at {url} wants an API key: pass --api-key KEY (or set "
+                           "MLXBUN_API_KEY)", 2)
     if health.status_code != 200 or not rows:
         raise LaunchFailed(f"{url} answers, but not as an mlxbun server (HTTP "
                            f"{health.status_code}); stop it or pick another --port", 2)
@@ -234,7 +237,9 @@ def codex_home(server: Server, root: Path) -> dict[str, str]:
     if server.context_window:
         lines.append(f"model_context_window = {int(server.context_window)}")
     lines += ["", "[model_providers.mlxbun]", 'name = "mlxbun"',
-              f"base_url = {toml_string(server.url + '/v1')}", 'wire_api = "responses"']
+              f"base_url = {toml_string(server.url + '/v1')}", 'wire_api = "responses"',
+              # its 5-minute default gives up while a CPU still reads the first prompt
+              f"stream_idle_timeout_ms = {REQUEST_TIMEOUT_MS}"]
     env = {"CODEX_HOME": str(home)}
     if server.api_key:
         lines.append('env_key = "MLXBUN_API_KEY"')

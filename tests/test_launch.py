@@ -109,6 +109,16 @@ def test_a_server_that_does_not_serve_the_named_model_is_not_used(ckpt, npm_clie
         srv.stop()
 
 
+def test_a_server_that_wants_a_key_says_so(ckpt, npm_clients, tmp_path):
+    srv = start_server(ckpt, api_key="sk-launch")
+    try:
+        done = run_launch(["claude", "--port", str(srv.port)], home=tmp_path / "home",
+                          npm_bin=npm_clients["claude"].parent, cwd=tmp_path)
+        assert done.returncode == 2 and "wants an API key: pass --api-key" in done.stderr
+    finally:
+        srv.stop()
+
+
 def test_the_clients_are_pointed_at_the_served_model(tmp_path):
     server = launch.Server("http://127.0.0.1:9999", "acme/Coder-7B", 32768, None)
     env = launch.claude_env(server)
@@ -122,7 +132,7 @@ def test_the_clients_are_pointed_at_the_served_model(tmp_path):
                  "model_context_window = 32768"):
         assert line in top.splitlines()
     for line in (f'base_url = "{server.url}/v1"', 'wire_api = "responses"',
-                 'env_key = "MLXBUN_API_KEY"'):
+                 'env_key = "MLXBUN_API_KEY"', "stream_idle_timeout_ms = 3600000"):
         assert line in provider.splitlines()
     assert codex["MLXBUN_API_KEY"] == "sk-1"
     assert launch.split_args(["--port", "1", "--", "-p", "--", "x"]) == (
