@@ -27,7 +27,7 @@ case "$1" in
     run agent_session_h200 230 python3 bench/agent_session.py --shape 8b --model $CK --restore-tokens 0 --out $R/agent_session_h200.json
     ;;
   b)
-    run agent_restore_h200 140 python3 bench/agent_session.py --shape 8b --model $CK --arms --restore-tokens 24000 --out $R/agent_restore_h200.json
+    run agent_restore_h200 240 python3 bench/agent_session.py --shape 8b --model $CK --arms --restore-tokens 24000 --out $R/agent_restore_h200.json
     run batch_default_h200 190 python3 bench/batch_default.py --shape 8b --model $CK --clients 32 --pin 8 32 --with-mlx-lm --rounds 1 --out $R/batch_default_h200.json
     run prefix_stall_h200 200 python3 bench/prefix_stall.py --shape 8b --bits 4 --rounds 1 --concurrency 8 32 --chats 2 --out $R/prefix_stall_h200.json
     ;;
