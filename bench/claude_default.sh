@@ -23,7 +23,7 @@ ask() {  # a fresh Claude Code home each time: only the server's caches carry ov
   local t0=$(date +%s.%N)
   env -i PATH="$PATH" HOME="$home" ANTHROPIC_BASE_URL="http://127.0.0.1:$PORT" \
     ANTHROPIC_AUTH_TOKEN=x DISABLE_AUTOUPDATER=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 \
-    API_TIMEOUT_MS=3600000 CLAUDE_CODE_MAX_OUTPUT_TOKENS=64 \
+    API_TIMEOUT_MS=3600000 CLAUDE_STREAM_IDLE_TIMEOUT_MS=3600000 CLAUDE_CODE_MAX_OUTPUT_TOKENS=64 \
     ANTHROPIC_MODEL=SmolLM2-135M-Instruct ANTHROPIC_SMALL_FAST_MODEL=SmolLM2-135M-Instruct \
     "$CLAUDE" -p "say hi" --output-format json --max-turns 1 > "$OUT/$1.json" 2> "$OUT/$1.err"
   echo "$1 $(echo "$(date +%s.%N) - $t0" | bc) s rc=$?" | tee -a "$OUT/times.txt"
