@@ -10,9 +10,9 @@ to restore where prefilling it took 1.59 s. So both are seeded before the first 
   ``PROBE_BYTES`` written through the writer's own code, its pages dropped from the OS
   cache, read back through the restore path (MLX's loader, every byte hashed, the cache
   objects rebuilt), then removed. The result is kept in ``<dir>/read-rate.json``.
-- **prefill rate** (tokens a second): the engine calibrates at start (``PrefillPacer``);
-  a rate measured on real prompts is kept beside this model's entries
-  (``<dir>/<fingerprint>/prefill-rate.json``) and seeds the next start.
+- **prefill rate** (tokens a second): a rate measured on real prompts is kept beside
+  this model's entries (``<dir>/<fingerprint>/prefill-rate.json``) and replaces the
+  engine's start-up calibration (``PrefillPacer``) at the next start.
 
 Real restores and real prompt chunks then take over.
 """

@@ -18,8 +18,8 @@ in milliseconds, where the fixed per-pass costs no longer hide its rate). Short 
 (and any short chunk) understate a fast device (fixed per-pass costs, first-use kernel
 compilation), so a faster reading replaces the rate at once while a slower one is
 smoothed in; a chunk under half the size asked for (a prompt's tail, a cache hit's few
-new tokens) is not measured at all. A rate remembered from an earlier run (``seed``)
-counts as one more reading.
+new tokens) is not measured at all. A rate kept from real prompts of an earlier run
+(``seed``) replaces the calibration's.
 """
 
 from __future__ import annotations
@@ -105,10 +105,11 @@ class PrefillPacer:
         self.calibration_passes = self.chunks
 
     def seed(self, rate: float) -> None:
-        """A prefill rate measured in an earlier run on this device (a reading like any
-        other: it replaces a slower calibration, and is smoothed under a faster one)."""
+        """A prefill rate measured on real prompts of this model in an earlier run on this
+        device: it replaces the calibration's (short passes on an empty cache overstate a
+        GPU's rate at long contexts, and understate a CPU's), until real chunks come."""
         if rate > 0:
-            self.rate = max(self.rate or 0.0, rate)
+            self.rate = rate
 
     @property
     def measured(self) -> bool:
