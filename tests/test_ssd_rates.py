@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import mlx.core as mx
+import pytest
 from mlx_lm.models.cache import KVCache
 
 from mlxbun_core.engine.core import Engine
@@ -95,6 +96,18 @@ def test_a_prefill_rate_measured_on_real_prompts_is_kept_for_the_next_start(tmp_
     assert store_at(tmp_path).prefill.tps == 1000.0
     store.prefill.note(5000.0)
     assert store_at(tmp_path).prefill.tps == 5000.0
+
+
+def test_the_kept_rate_replaces_the_calibration_until_real_chunks_come():
+    from mlxbun_core.engine.lanes.pace import PrefillPacer
+
+    pacer = PrefillPacer()
+    pacer.record(512, 0.01)  # a calibration pass on an empty cache: 51k tok/s
+    pacer.calibration_passes = pacer.chunks
+    pacer.seed(9000.0)  # what real long prompts reached last time
+    assert pacer.rate == 9000.0 and not pacer.measured
+    pacer.record(2048, 0.4, asked=2048)  # a real chunk: 5.1k tok/s, smoothed in
+    assert pacer.measured and pacer.rate == pytest.approx(0.5 * 5120 + 0.5 * 9000)
 
 
 def serve(ckpt, d: Path, env: dict) -> tuple[ServerProcess, str]:
