@@ -222,8 +222,8 @@ def claude_env(server: Server) -> dict[str, str]:
     key, none with a token), the real model name in every slot, no phoning home."""
     env = {"ANTHROPIC_BASE_URL": server.url, "ANTHROPIC_AUTH_TOKEN": server.api_key or "mlxbun",
            "ANTHROPIC_API_KEY": "", "API_TIMEOUT_MS": str(REQUEST_TIMEOUT_MS),
-           # its stream watchdog counts no pings: after 5 silent minutes it sends the whole
-           # request again, unstreamed, beside the first
+           # its stream watchdog: a silent stream is dropped after 5 minutes; with pings, it
+           # still sends the whole request again, unstreamed, after 10 without a token
            "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(REQUEST_TIMEOUT_MS), **NO_PHONING_HOME}
     env.update(dict.fromkeys(CLAUDE_MODEL_SLOTS, server.model))
     return env
