@@ -212,3 +212,24 @@ def test_serve_refuses_at_start_what_the_architecture_cannot_stretch(tmp_path):
     assert done.returncode == 2, done.stderr[-2000:]
     assert "--context-length 1000000: cannot serve gemma4_text so" in done.stderr
     assert "code ignores rope_scaling" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_embedded_default_stretched_to_32k_answers_as_mlx_lm_does(smollm2_path):
+    """The real SmolLM2-135M with the window it is served with by default: greedy tokens
+    and log-probs equal mlx-lm's on the same overridden config, and the answer is right."""
+    s = start_server(smollm2_path, options=LoadOptions(context_length=DEFAULT_CONTEXT_LENGTH))
+    try:
+        tok = s.engine.model.tokenizer
+        prompt = tok.apply_chat_template([{"role": "user", "content":
+                                           "What is the capital of France?"}],
+                                         add_generation_prompt=True, tokenize=False)
+        ours = greedy(s, prompt, 10)
+        rope = s.engine.model.extras["rope_scaling"]
+    finally:
+        s.stop()
+    assert tok.decode([t for t, _ in ours]).startswith("The capital of France is Paris")
+    model, ref_tok = mlx_load(str(smollm2_path), model_config={
+        "rope_scaling": rope, "max_position_embeddings": DEFAULT_CONTEXT_LENGTH})
+    ref = mlx_lm_greedy(model, ref_tok, prompt, 10)
+    assert [t for t, _ in ours] == [t for t, _ in ref]
+    assert [lp for _, lp in ours] == pytest.approx([lp for _, lp in ref], abs=1e-3)
