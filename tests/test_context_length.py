@@ -43,9 +43,10 @@ def test_below_the_trained_window_it_caps_without_touching_the_model():
     assert (plan.native, plan.window, plan.rope, plan.overrides) == (NATIVE, 300, None, {})
 
 
-def test_past_it_a_config_without_scaling_gets_ntk_by_parts_over_its_window():
+def test_past_it_a_config_without_scaling_gets_yarn_without_temperature():
     plan = plan_window(config_of("qwen2", max_position_embeddings=NATIVE), WINDOW)
-    assert plan.rope["rope_type"] == "llama3" and plan.rope["factor"] == 4.0
+    assert plan.rope["rope_type"] == "yarn" and plan.rope["factor"] == 4.0
+    assert plan.rope["mscale"] == plan.rope["mscale_all_dim"] == 0.0
     assert plan.rope["original_max_position_embeddings"] == NATIVE
     assert plan.overrides["max_position_embeddings"] == WINDOW
 
@@ -59,7 +60,7 @@ def test_a_config_that_scales_already_keeps_its_kind_with_a_bigger_factor():
 
 @pytest.mark.parametrize("config,words", [
     (config_of("gemma4_text"),
-     r"code ignores rope_scaling \(tried 'llama3', 'yarn', 'linear'\)"),
+     r"code ignores rope_scaling \(tried 'yarn', 'llama3', 'linear'\)"),
     (config_of("gemma3_text", num_hidden_layers=2, sliding_window_pattern=6),
      "every attention layer of 'gemma3_text' is a sliding window"),
     ({"model_type": "mamba", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
@@ -150,7 +151,7 @@ def mlx_lm_greedy(model, tok, prompt: str, n: int = 12) -> list[tuple[int, float
 def test_every_report_says_the_served_window(srv):
     row = httpx.get(srv.v1 + "/models").json()["data"][0]
     assert (row["context_window"], row["native_context_window"]) == (WINDOW, NATIVE)
-    assert row["rope_scaling"]["rope_type"] == "llama3" and row["rope_scaling"]["factor"] == 4.0
+    assert row["rope_scaling"]["rope_type"] == "yarn" and row["rope_scaling"]["factor"] == 4.0
     admission = httpx.get(srv.base_url + "/stats").json()["admission"]
     assert admission["enforced_context_tokens"] == WINDOW == admission["max_safe_context"]
     fit = httpx.get(srv.base_url + "/fit").json()

@@ -205,7 +205,7 @@ def test_claude_code_on_the_embedded_default_with_its_stretched_window(smollm2_p
     cmd = [sys.executable, "-m", "mlxbun_core.cli", "serve", "--port", str(port), "--no-open"]
     with ServerProcess(cmd, env={**os.environ, "MLXBUN_CONTEXT_LENGTH": ""}) as proc:
         proc.wait_for_http(f"http://127.0.0.1:{port}/health", timeout=240)
-        assert "context 32768 tokens (8192 native, llama3 x4)" in proc.output
+        assert "context 32768 tokens (8192 native, YaRN x4)" in proc.output
         row = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()["data"][0]
         assert (row["id"], row["context_window"]) == ("SmolLM2-135M-Instruct", 32768)
         done = run_claude(npm_clients["claude"], f"http://127.0.0.1:{port}",

@@ -6,14 +6,15 @@ before mlx-lm builds the model (``load(..., model_config=...)``; mlx-lm's own
 ``rope_utils.initialize_rope`` then builds the scaled rotary embedding), so nothing of
 mlx-lm is patched:
 
-- a config without scaling gets mlx-lm's ``llama3`` scaling (NTK-by-parts: ``factor`` =
-  asked / native over the native window): rotary frequencies that turn more than four
-  times within the trained window stay as trained, those that turn less than once are
-  divided by the factor, the ones between are blended. A short prompt reads exactly as
-  before, and no attention temperature is added: YaRN's (0.1 ln s + 1 on queries and keys)
-  turned SmolLM2-135M's "The capital of France is Paris." into French noise. Where an
-  architecture's code ignores ``llama3``, YaRN without that temperature, then linear
-  interpolation, are tried;
+- a config without scaling gets YaRN (``factor`` = asked / native over the native
+  window) without its attention temperature (``mscale`` 0): rotary frequencies that turn
+  more than 32 times within the trained window stay as trained, those that turn less than
+  once are divided by the factor, the ones between are blended. YaRN's temperature (0.1 ln
+  s + 1 on queries and keys) turned SmolLM2-135M's "The capital of France is Paris." into
+  French noise; without it the answer is word for word the native one, and on a long text
+  it predicted better than mlx-lm's ``llama3`` scaling at every range (bench/NOTES.md).
+  Where an architecture's code ignores YaRN, ``llama3``, then linear interpolation, are
+  tried;
 - a config that already scales with ``yarn``, ``linear`` or ``llama3`` keeps its kind and
   multiplies its ``factor``.
 
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SCALED_KINDS = ("yarn", "linear", "llama3")  # mlx-lm rope types whose factor stretches
-FRESH_KINDS = ("llama3", "yarn", "linear")  # tried in this order on a config with no scaling
+FRESH_KINDS = ("yarn", "llama3", "linear")  # tried in this order on a config with no scaling
 KIND_NAMES = {"yarn": "YaRN", "linear": "linear", "llama3": "llama3"}
 
 
