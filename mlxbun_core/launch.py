@@ -306,5 +306,6 @@ def _stop_on(signum: int, frame: Any) -> None:
 
 def cold_start_note(client: str) -> str:
     what = "Claude Code's ~12k-token" if client == "claude" else "Codex's ~6k-token"
-    return (f"mlxbun: on a CPU the first request reads {what} prompt in minutes; later "
-            "turns reuse its KV (prefix cache), and --ssd-cache DIR keeps it across restarts")
+    return (f"mlxbun: on a CPU the first request reads {what} prompt for minutes (13 on a "
+            "busy 2-core box); later turns reuse its KV (prefix cache), and --ssd-cache DIR "
+            "keeps it across restarts")
