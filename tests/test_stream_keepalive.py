@@ -1,7 +1,8 @@
 """A stream with nothing to send yet (a long prompt being read: minutes on a CPU) sends
 keep-alive frames, so clients that give up on a silent stream (Claude Code and Codex after
 5 minutes) wait for the first token instead: Anthropic's ``ping`` event on /v1/messages,
-an SSE comment on the OpenAI routes."""
+``response.in_progress`` again on /v1/responses before any output, an SSE comment
+otherwise."""
 
 from __future__ import annotations
 
@@ -50,6 +51,15 @@ def test_streams_keep_alive_on_every_surface(srv, monkeypatch):
     with httpx.stream("POST", srv.v1 + "/chat/completions", json=body, timeout=120) as r:
         text = "".join(r.iter_text())
     assert ": keep-alive" in text and text.rstrip().endswith("data: [DONE]")
+    body["messages"] = [{"role": "user", "content": "sky " * 2000}]
+    with httpx.stream("POST", srv.v1 + "/responses", timeout=120, json={
+            "model": "m", "max_output_tokens": 8, "stream": True,
+            "input": body["messages"][0]["content"]}) as r:
+        kinds = [line.removeprefix("event: ") for line in r.iter_lines()
+                 if line.startswith("event: ")]
+    # Codex times a stream by its events: before any output the keep-alive is one
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds.count(
+        "response.in_progress") > 1 and kinds[-1] in ("response.completed", "response.incomplete")
     # the SDKs read through them
     claude = anthropic.Anthropic(base_url=srv.base_url, api_key="x", max_retries=0)
     with claude.messages.stream(model="m", max_tokens=8, messages=body["messages"]) as s:
@@ -59,3 +69,5 @@ def test_streams_keep_alive_on_every_surface(srv, monkeypatch):
     chunks = list(oai.chat.completions.create(model="m", max_tokens=8, stream=True,
                                               messages=body["messages"]))
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    with oai.responses.stream(model="m", max_output_tokens=8, input="sea " * 2000) as stream:
+        assert stream.get_final_response().status in ("completed", "incomplete")

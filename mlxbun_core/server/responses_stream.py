@@ -151,6 +151,14 @@ class ResponseFrames(FrameWriter):
         return [self.ev("response.created", response=self.make_envelope("in_progress", [])),
                 self.ev("response.in_progress", response=self.make_envelope("in_progress", []))]
 
+    def keepalive(self) -> list[bytes]:
+        """Before any output, ``response.in_progress`` again: Codex times a stream by its
+        events (an SSE comment does not count) and gives up after 5 minutes, while a CPU
+        may read its prompt for longer."""
+        if self.output or self.cur is not None:
+            return super().keepalive()
+        return [self.ev("response.in_progress", response=self.make_envelope("in_progress", []))]
+
     def event(self, e: Event) -> list[bytes]:
         frames: list[bytes] = []
         if isinstance(e, Reasoning) and e.text:
