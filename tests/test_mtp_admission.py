@@ -221,8 +221,8 @@ def test_an_mtp_request_that_cannot_fit_is_a_400_on_every_surface(srv, ckpt):
         claude.messages.create(model="m", max_tokens=2, messages=messages, extra_body=MTP)
     assert a_err.value.body["error"]["type"] == "invalid_request_error"
     assert a_err.value.body["error"]["message"].startswith(
-        f"prompt is too long: {n} tokens > {ceiling} maximum (for a request drafting with "
-        "the MTP head")
+        f"prompt is too long: {n} tokens > {ceiling} maximum for a request drafting with "
+        "the MTP head (")
     with pytest.raises(openai.BadRequestError) as o_err:
         gpt.chat.completions.create(model="m", max_tokens=2, messages=messages, extra_body=MTP)
     assert o_err.value.code == "context_over_budget"

@@ -188,19 +188,19 @@ class Admission:
     def _too_long(self, prompt_tokens: int, ceiling: int, mtp: bool) -> APIError:
         """The 400 for a prompt that leaves no room: both numbers and what sets the
         ceiling (the window: ``--context-length``; memory: the budget), logged too."""
-        plain = self.now.enforced_context
+        plain, where = self.now.enforced_context, ""
         if mtp and self._drafting is not None and plain > ceiling:
-            why = (f"for a request drafting with the MTP head (its weights and KV cache "
-                   f"count; draft_kind \"none\" admits {plain})")
+            where = " for a request drafting with the MTP head"
+            why = f"its weights and KV cache count; draft_kind \"none\" admits {plain}"
         elif ceiling >= self._window:
             why = "the model's context window; serve with --context-length N for a longer one"
         else:
             why = (f"what fits a memory budget of {self.budget_bytes / 1e9:.1f} GB beside "
                    f"the weights; --memory-budget or --kv-quant 8 changes it")
-        log.info("refused a prompt of %d tokens: over the %d admitted (%s)", prompt_tokens,
-                 ceiling, why)
+        log.info("refused a prompt of %d tokens: over the %d admitted%s (%s)", prompt_tokens,
+                 ceiling, where, why)
         return APIError(f"prompt has {prompt_tokens} tokens; this server admits at most "
-                        f"{ceiling} tokens of context ({why})", status=400,
+                        f"{ceiling} tokens of context{where} ({why})", status=400,
                         type="memory_admission", code="context_over_budget")
 
     def _drafts(self, job: GenerationJob) -> bool:

@@ -43,7 +43,7 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 TOO_LONG = re.compile(r"prompt has (\d+) tokens; this server admits at most (\d+) tokens of "
-                      r"context( \(.*\))?$")
+                      r"context(.*)$")
 
 
 def anthropic_error(exc: APIError) -> Response:
