@@ -234,3 +234,34 @@ def test_the_embedded_default_stretched_to_32k_answers_as_mlx_lm_does(smollm2_pa
     ref = mlx_lm_greedy(model, ref_tok, prompt, 10)
     assert [t for t, _ in ours] == [t for t, _ in ref]
     assert [lp for _, lp in ours] == pytest.approx([lp for _, lp in ref], abs=1e-3)
+
+
+def test_a_plugin_that_loads_the_model_itself_without_the_stretch_is_refused(ckpt):
+    """A family whose load_model ignores ``options.extra["window"]`` would serve the
+    trained RoPE under a stretched window: the loader refuses it, naming the plugin."""
+    from pathlib import Path
+
+    from mlxbun_core import loader, plugins
+    from mlxbun_core.hookspecs import hookimpl
+    from mlxbun_core.model import LoadedModel
+
+    class OwnLoader:
+        @hookimpl(tryfirst=True)
+        def claims(self, path):
+            return "own-loader" if Path(path) == ckpt else None
+
+        @hookimpl
+        def load_model(self, path, config, options):
+            model, tok = mlx_load(str(path))
+            return LoadedModel(id="own", path=Path(path), config=config, model=model,
+                               tokenizer=tok)
+
+    plugins.register(OwnLoader(), "own-loader")
+    try:
+        with pytest.raises(WindowUnsupported, match="plugin 'own-loader' loads 'own-loader' "
+                                                    "models itself and did not apply"):
+            loader.claim(ckpt, LoadOptions(model_id="own", context_length=WINDOW))
+        capped = loader.claim(ckpt, LoadOptions(model_id="own", context_length=NATIVE // 2))
+        assert capped.context_window == NATIVE // 2  # a cap needs nothing of the plugin
+    finally:
+        plugins.unregister("own-loader")
