@@ -211,12 +211,7 @@ def _entries(engine) -> list:
     """(tokens, cache) of every entry in the engine's prefix cache, once the worker has
     finished the step that ended the last request (a lane publishes after its Done)."""
     engine.worker.run_sync(lambda: None)
-    lru = engine.prefix._lru
-    out = []
-    for lane in lru._lru._lrus.values():
-        for ns, tokens in lane:
-            out.append((tokens, lru._trie.get(ns, tokens).prompt_cache))
-    return out
+    return [(tokens, cache) for _, tokens, cache in engine.prefix.entries()]
 
 
 def _held_bytes(cache) -> int:

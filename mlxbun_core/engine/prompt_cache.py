@@ -1,8 +1,8 @@
 """The prefix KV cache: reuse the KV of the longest cached prefix of a prompt.
 
-A byte-capped LRU over mlx-lm's own ``LRUPromptCache`` (a token trie per
-namespace). The namespace keeps apart what must never share KV: different
-models, adapters, KV settings and media. Works for every cache kind mlx-lm uses:
+A byte-capped cache over a token trie per namespace (``prefix_index.py``). The
+namespace keeps apart what must never share KV: different models, adapters, KV
+settings and media. Works for every cache kind mlx-lm uses:
 
 - trimmable caches (full attention; sliding windows that have not wrapped) are
   stored after generation and trimmed back to the common prefix on a hit;
@@ -31,6 +31,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .prefix_index import Entry, PrefixIndex
+
 if TYPE_CHECKING:
     from ..kvstore.store import SsdStore
 
@@ -58,10 +60,8 @@ class PrefixCache:
                  post: Callable[[Callable[[], None]], None] | None = None):
         """``tier``: an SSD store (or None); ``post(fn)`` runs ``fn`` on the MLX owner
         thread (the idle-demotion sweep is timed on the tier's writer thread)."""
-        from mlx_lm.models.cache import LRUPromptCache
-
         self.max_bytes = max_bytes
-        self._lru = LRUPromptCache(max_size=1 << 20, max_bytes=1 << 62)  # we evict: to spill
+        self._index = PrefixIndex()
         self._lock = threading.Lock()  # /stats reads from the event loop
         self.tier = tier if max_bytes > 0 else None
         self.lookups = self.hits = self.hit_tokens = self.stores = 0
@@ -78,8 +78,7 @@ class PrefixCache:
         return self.max_bytes > 0
 
     def _ssd(self) -> SsdStore:
-        """The SSD tier, in the paths only a cache with one takes. (The RAM entries are
-        mlx-lm's, typed ``Any``: ``last_used``, ``durable``, ``job``, ``volatile`` are ours.)"""
+        """The SSD tier, in the paths only a cache with one takes."""
         assert self.tier is not None
         return self.tier
 
@@ -108,19 +107,20 @@ class PrefixCache:
         return cache, plan.n
 
     def _plan(self, namespace: Hashable, tokens: list[int], need_tail: bool = True) -> _Plan | None:
-        """Which RAM entry serves ``tokens`` and how (mlx-lm's ``fetch_nearest_cache``
-        rule, without copying anything yet)."""
-        trie = self._lru._trie
-        found = trie.search(namespace, tokens)
+        """Which RAM entry serves ``tokens`` and how (without copying anything yet): the
+        exact entry, else the entry extending the longest shared path when it shares more
+        than any shorter entry (and can be trimmed back), else the longest shorter one."""
+        index = self._index
+        found = index.search(namespace, tokens)
         if found.exact is not None:
             if not need_tail:
                 return _Plan(list(tokens), 0, len(tokens))
-            if trimmable(trie.get(namespace, tokens).prompt_cache):
+            if trimmable(self._cache_at(namespace, tokens)):
                 return _Plan(list(tokens), 1, len(tokens) - 1)
             return self._plan(namespace, tokens[:-1], need_tail=False)
         short = len(found.shorter) if found.shorter is not None else 0
         if (found.longer is not None and found.common_prefix > short
-                and trimmable(trie.get(namespace, found.longer).prompt_cache)):
+                and trimmable(self._cache_at(namespace, found.longer))):
             n = min(len(tokens) - 1, found.common_prefix)
             return _Plan(found.longer, len(found.longer) - n, n)
         if found.shorter is not None and short > 0:
@@ -129,11 +129,11 @@ class PrefixCache:
 
     def _take(self, namespace: Hashable, plan: _Plan) -> list[Any]:
         """A private copy of the planned entry, trimmed; the entry counts as used (for
-        idle demotion; eviction order stays mlx-lm's, by insertion)."""
+        idle demotion; eviction order stays by insertion)."""
         from mlx_lm.models.cache import trim_prompt_cache
 
-        entry = self._lru._trie.get(namespace, plan.key)
-        cache: list[Any] = copy.deepcopy(entry.prompt_cache)
+        entry = self._entry(namespace, plan.key)
+        cache: list[Any] = copy.deepcopy(entry.cache)
         if plan.trim:
             trim_prompt_cache(cache, plan.trim)
         entry.last_used = time.monotonic()
@@ -141,15 +141,8 @@ class PrefixCache:
 
     def _shared(self, namespace: Hashable, tokens: list[int]) -> tuple[int, bool]:
         """How many leading ``tokens`` some entry shares, and whether a whole entry lies
-        within them (a walk down mlx-lm's trie)."""
-        node = self._lru._trie._trie.get(namespace)
-        n, whole = 0, False
-        while node is not None and n < len(tokens):
-            node = node.get(tokens[n])
-            if node is not None:
-                n += 1
-                whole = whole or "__value__" in node
-        return n, whole
+        within them."""
+        return self._index.shared(namespace, tokens)
 
     def _restore(self, namespace: Hashable, tokens: list[int],
                  ram_n: int) -> tuple[list[Any], int] | None:
@@ -216,9 +209,9 @@ class PrefixCache:
     def _insert(self, namespace: Hashable, tokens: list[int], cache: list[Any], cache_type: str,
                 durable: bool) -> None:
         with self._lock:
-            self._lru.insert_cache(namespace, tokens, cache, cache_type=cache_type)
-            entry = self._lru._trie.get(namespace, tokens)
-            entry.last_used, entry.durable, entry.job = time.monotonic(), durable, None
+            entry = _Entry(cache, cache_type, durable)
+            self._index.add(namespace, tokens, Entry(entry, _nbytes(cache), cache_type),
+                            drop_prefixes=trimmable(cache))
             if not durable:
                 self.stores += 1
             evicted = self._evict(self.max_bytes)
@@ -230,38 +223,50 @@ class PrefixCache:
             self._persist(namespace, tokens, entry, urgent=False)
 
     def _evict(self, limit: int) -> list[tuple[Hashable, list[int], Any]]:
-        """Pop least recently used entries until the bytes fit ``limit``."""
-        lru = self._lru
+        """Pop the oldest entries until the bytes fit ``limit``."""
+        index = self._index
         out: list[tuple[Hashable, list[int], Any]] = []
-        while lru.nbytes > limit and len(lru):
-            ns, tokens = lru._lru.pop()
+        while index.nbytes > limit:
+            key = index.oldest()
+            if key is None:
+                break
+            ns, tokens = key
             out.append((ns, tokens, self._pop(ns, tokens)))
         return out
 
-    def _pop(self, namespace: Hashable, tokens: list[int]) -> Any:
-        lru = self._lru
-        entry = lru._trie.pop(namespace, tokens)
-        lru._n_bytes -= entry.nbytes
-        lru._n_bytes_by_type[entry.cache_type] -= entry.nbytes
+    def _pop(self, namespace: Hashable, tokens: list[int]) -> _Entry:
+        got = self._index.pop(namespace, tokens)
+        assert got is not None
+        entry: _Entry = got.value
         return entry
 
+    def _entry(self, namespace: Hashable, tokens: list[int]) -> _Entry:
+        got = self._index.get(namespace, tokens)
+        assert got is not None
+        entry: _Entry = got.value
+        return entry
+
+    def _cache_at(self, namespace: Hashable, tokens: list[int]) -> list[Any]:
+        return self._entry(namespace, tokens).cache
+
     # -- the SSD tier ----------------------------------------------------------------
-    def _persist(self, namespace: Hashable, tokens: list[int], entry: Any, urgent: bool) -> bool:
+    def _persist(self, namespace: Hashable, tokens: list[int], entry: _Entry,
+                 urgent: bool) -> bool:
         """Queue ``entry`` for the disk unless it is there or on its way; True when it
         is durable or queued."""
-        if getattr(entry, "durable", True):
+        if entry.durable:
             return True
-        job = getattr(entry, "job", None)
+        job = entry.job
         if job is not None:  # queued behind; now it is leaving RAM or being flushed
             if urgent and not job.urgent:
                 job.urgent = True
                 self._ssd().queue.poke()
             return True
-        if getattr(entry, "volatile", False):
+        if entry.volatile:
             return False
         tier = self._ssd()
         key = tier.key(namespace)
-        job = tier.prepare(key, tokens, entry.prompt_cache, entry.cache_type) \
+        job = tier.prepare(key, tokens, entry.cache, entry.cache_type) \
             if key is not None else None
         if job is None:  # an adapter no longer mounted, or a cache we cannot store
             entry.volatile = True
@@ -272,10 +277,19 @@ class PrefixCache:
         entry.job = job
         return tier.submit(job)
 
-    def _entries(self) -> list[tuple[Hashable, list[int], Any]]:
+    def _entries(self) -> list[tuple[Hashable, list[int], _Entry]]:
         with self._lock:
-            return [(ns, tokens, self._lru._trie.get(ns, tokens))
-                    for lru in self._lru._lru._lrus.values() for ns, tokens in lru]
+            return [(ns, tokens, self._entry(ns, tokens)) for ns, tokens in self._index.stored()]
+
+    def entries(self) -> list[tuple[Hashable, list[int], list[Any]]]:
+        """Every RAM entry as ``(namespace, tokens, cache)`` (for tests and tools: the
+        caches are the stored objects, not copies)."""
+        return [(ns, tokens, e.cache) for ns, tokens, e in self._entries()]
+
+    def holds(self, namespace: Hashable, tokens: list[int]) -> bool:
+        """Whether RAM holds an entry of exactly ``tokens``."""
+        with self._lock:
+            return self._index.get(namespace, tokens) is not None
 
     def persist_all(self) -> int:
         """Queue every RAM entry not yet on disk (a flush or a drain); how many are
@@ -286,16 +300,14 @@ class PrefixCache:
 
     def dirty(self) -> int:
         """RAM entries that could go to disk but are not there yet."""
-        return sum(1 for _, _, e in self._entries()
-                   if not getattr(e, "durable", True) and not getattr(e, "volatile", False))
+        return sum(1 for _, _, e in self._entries() if not e.durable and not e.volatile)
 
     def drop_durable(self, idle_s: float = 0.0) -> int:
         """Free the RAM of entries already on disk (unused for ``idle_s``); the count."""
         now, n = time.monotonic(), 0
         for ns, tokens, e in self._entries():
-            if getattr(e, "durable", False) and now - e.last_used >= idle_s:
+            if e.durable and now - e.last_used >= idle_s:
                 with self._lock:
-                    self._lru._lru.remove(ns, tokens)
                     self._pop(ns, tokens)
                 n += 1
         if n and self.tier is not None:
@@ -319,17 +331,35 @@ class PrefixCache:
 
     def clear(self) -> None:
         with self._lock:
-            self._lru.trim_to(n_sequences=0)
+            self._index.clear()
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
             misses = self.lookups - self.hits - self.ssd_hits
             return {"enabled": self.enabled, "max_bytes": self.max_bytes,
-                    "bytes": self._lru.nbytes, "entries": len(self._lru),
+                    "bytes": self._index.nbytes, "entries": len(self._index),
                     "lookups": self.lookups, "hits": self.hits, "ssd_hits": self.ssd_hits,
                     "misses": misses, "hit_tokens": self.hit_tokens,
                     "ssd_hit_tokens": self.ssd_hit_tokens, "ssd_skipped": self.ssd_skipped,
                     "stores": self.stores}
+
+
+class _Entry:
+    """A RAM entry: the cache, its kind (``prefix_index.KINDS``), and its disk state:
+    ``durable`` (on disk), ``job`` (a write queued), ``volatile`` (cannot be written)."""
+
+    __slots__ = ("cache", "cache_type", "durable", "job", "volatile", "last_used",
+                 "__weakref__")
+
+    def __init__(self, cache: list[Any], cache_type: str, durable: bool):
+        self.cache, self.cache_type, self.durable = cache, cache_type, durable
+        self.job: Any = None
+        self.volatile = False
+        self.last_used = time.monotonic()
+
+
+def _nbytes(cache: list[Any]) -> int:
+    return sum(c.nbytes for c in cache)
 
 
 def _written(ref: weakref.ref[Any], ok: bool) -> None:

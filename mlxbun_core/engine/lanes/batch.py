@@ -148,8 +148,8 @@ class BatchLane:
             log.exception("batch step failed")
             return self._fail_all(str(exc))
         uids = {e.uid for e in emits}
-        if plan.decode:
-            self.steps.add(len(batch.decoding))
+        if uids:  # a decode step that handed out tokens, and the rows it carried
+            self.steps.add(len(uids))
             self.spec.stepped(uids)
         for e in emits:
             self._route(e)

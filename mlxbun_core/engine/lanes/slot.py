@@ -22,6 +22,7 @@ from .solo_mtp import MtpSolo
 if TYPE_CHECKING:
     import mlx.core as mx
     import mlx.nn as nn
+
     from ...contract import TokenPredictor
     from ..admission import Admission
     from .tally import StepTally
