@@ -1,8 +1,9 @@
 """A cancel, or a client that leaves, while the prompt is being read ends the job at the
 next prefill chunk on every lane: a lone job (solo), rows reading their prompts
 together in the batch, the serial lane with and without the prefix cache, speculative
-decoding and the media pipeline. Chunks are pinned to a few tokens and the worker thread is held at a
-chunk boundary (``GatedChunks``), so the tests count chunks instead of timing them."""
+decoding and the media pipeline. Chunks are pinned to a few tokens and the worker thread
+is held at a chunk boundary (``GatedChunks``), so the tests count chunks instead of
+timing them."""
 
 from __future__ import annotations
 
