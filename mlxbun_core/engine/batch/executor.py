@@ -84,6 +84,7 @@ class Batch:
         self._next: mx.array | None = None
         self._next_logprobs: list[mx.array | None] = []
         self.forward: Forward = self._model_forward
+        self.direct = False  # short passes hand attention the stores (``direct.py``)
 
     # -- rows in and out -------------------------------------------------------------
     def add(self, uid: int, todo: list[int], *, cache: list[Any] | None = None,
@@ -195,7 +196,7 @@ class Batch:
         assert self._next is not None
         inputs, fed_logprobs = self._next, self._next_logprobs
         self._reserve(rows, [1] * len(rows))
-        view = Window([r.table for r in rows], [1] * len(rows), 1)
+        view = self.window([r.table for r in rows], [1] * len(rows), 1)
         logits = self.forward(inputs[:, None],
                               self._caches(view, self.states.caches, self.decoding))[:, -1, :]
         logits = self._processed(rows, inputs, logits)
@@ -216,6 +217,12 @@ class Batch:
         return out
 
     # -- pieces ----------------------------------------------------------------------
+    def window(self, tables: list[BlockTable], valid: list[int], width: int) -> Window:
+        """The tables of a pass (direct attention when the batch runs it)."""
+        view = Window(tables, valid, width)
+        view.direct = self.direct
+        return view
+
     def _model_forward(self, inputs: mx.array, caches: list[Any]) -> mx.array:
         return cast(mx.array, self.model(inputs, cache=caches))
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from ... import kvquant
 from ...adapters.sets import AdapterSet
-from ..batch import Batch, Emit, pool_for
+from ..batch import Batch, Emit, direct, pool_for
 from ..batch.layout import layout
 from ..fill.rows import forcing
 from ..job import GenerationJob
@@ -266,6 +266,7 @@ class BatchLane:
             route = None if self.adapters is None else self._route_rows
             self._batch = Batch(self.model, self._slots, pool_for(self._slots, self.admission),
                                 before=route)
+            direct.probe(self._batch)  # attention straight over blocks, where the model allows
         return self._batch
 
     def _route_rows(self, uids: list[int]) -> None:
