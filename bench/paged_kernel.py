@@ -36,8 +36,7 @@ def setup(rows, lengths, hq, hkv, dim, width, dtype, seed=0):
         t.length = n
         tables.append(t)
     # fill every row's positions [0, n + width) with random keys/values
-    view_all = Window(tables, [width] * rows, width)
-    for t, n in zip(tables, lengths):
+    for t in tables:
         t.length = 0
     fill = Window(tables, [n + width for n in lengths], max(lengths) + width)
     k = mx.array(rng.standard_normal((rows, hkv, max(lengths) + width, dim)), dtype=dtype)
@@ -48,7 +47,6 @@ def setup(rows, lengths, hq, hkv, dim, width, dtype, seed=0):
     view = Window(tables, [width] * rows, width)
     q = mx.array(rng.standard_normal((rows, hq, width, dim)), dtype=dtype)
     mx.eval(store.keys, store.values, q)
-    del view_all
     return q, store, view
 
 

@@ -145,7 +145,10 @@ _SOURCE = """
     float qv[R][PER], acc[R][PER], m[R], l[R];
     for (int r = 0; r < R; ++r) {
         const T* qp = q + (((size_t)(b * HQ + hkv * R + r) * W + wi) * D) + lane * PER;
-        for (int i = 0; i < PER; ++i) { qv[r][i] = static_cast<float>(qp[i]) * sc; acc[r][i] = 0.f; }
+        for (int i = 0; i < PER; ++i) {
+            qv[r][i] = static_cast<float>(qp[i]) * sc;
+            acc[r][i] = 0.f;
+        }
         m[r] = -INFINITY; l[r] = 0.f;
     }
     for (int j = lo + warp; j <= hi; j += WARPS) {
@@ -153,7 +156,10 @@ _SOURCE = """
         const T* kp = k + (slot * HKV + hkv) * D + lane * PER;
         const T* vp = v + (slot * HKV + hkv) * D + lane * PER;
         float kk[PER], vv[PER];
-        for (int i = 0; i < PER; ++i) { kk[i] = static_cast<float>(kp[i]); vv[i] = static_cast<float>(vp[i]); }
+        for (int i = 0; i < PER; ++i) {
+            kk[i] = static_cast<float>(kp[i]);
+            vv[i] = static_cast<float>(vp[i]);
+        }
         for (int r = 0; r < R; ++r) {
             float s = 0.f;
             for (int i = 0; i < PER; ++i) s += qv[r][i] * kk[i];

@@ -11,6 +11,7 @@ gathered path, with a log line saying so.
 from __future__ import annotations
 
 import logging
+
 import mlx.core as mx
 
 from . import attention
