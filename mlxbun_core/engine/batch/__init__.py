@@ -25,15 +25,15 @@ FIRST_BLOCKS = 64  # the pool's first size; it doubles as rows need more, up to 
 NO_LIMIT = 1 << 40
 
 
-def pool_for(slots: list[Slot], admission: Admission | None) -> BlockPool:
+def pool_for(slots: list[Slot], admission: Admission | None, cached_bytes: int = 0) -> BlockPool:
     """A block pool for a model with layers ``slots``: bounded by the KV room admission
-    plans with (unbounded without admission: tests)."""
+    plans with, plus ``cached_bytes`` the prefix cache may keep in blocks (unbounded
+    without admission: tests)."""
     limit = NO_LIMIT
     if admission is not None:
         per_block = max(1, admission.layout.bytes_per_token * BLOCK_SIZE)
-        # every paged layer keeps every position here, sliding ones too: a rough bound,
-        # refined by the executor once the first write tells the real bytes per block
-        limit = max(FIRST_BLOCKS, admission.kv_room // per_block + 64)
+        # every paged layer keeps every position here, sliding ones too: a rough bound
+        limit = max(FIRST_BLOCKS, (admission.kv_room + cached_bytes) // per_block + 64)
     return BlockPool(BLOCK_SIZE, FIRST_BLOCKS, limit)
 
 

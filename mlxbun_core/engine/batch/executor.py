@@ -25,7 +25,8 @@ from typing import Any, cast
 import mlx.core as mx
 
 from . import states as recurrent
-from .layout import Layout, Slot
+from .entry import BlockEntry, Shared
+from .layout import Layout, Slot, copy_state
 from .pool import BlockPool, BlockTable, OutOfBlocks
 from .view import PagedLayer, Window
 
@@ -72,11 +73,14 @@ class Batch:
     pass with the rows it carries, in order (per-row adapter routing)."""
 
     def __init__(self, model: Any, slots: list[Slot], pool: BlockPool,
-                 before: Callable[[list[int]], None] | None = None):
+                 before: Callable[[list[int]], None] | None = None,
+                 reclaim: Callable[[int], int] | None = None):
         self.model = model
         self.layout = Layout(slots, pool)
         self.pool = pool
         self.before = before
+        # frees blocks others hold (the prefix cache's entries) when the pool runs short
+        self.reclaim = reclaim
         self.rows: dict[int, Row] = {}
         self.decoding: list[int] = []  # uids, in the decode batch's order
         self.states = recurrent.StateBatch(len(self.layout.recurrent))
@@ -88,15 +92,20 @@ class Batch:
 
     # -- rows in and out -------------------------------------------------------------
     def add(self, uid: int, todo: list[int], *, cache: list[Any] | None = None,
-            held: Sequence[int] = (), sampler: Any = None, processors: Sequence[Any] = (),
-            budget: int = 1 << 30) -> None:
-        """Start row ``uid``: ``cache`` (a single-sequence mlx-lm cache, or None) holds
-        ``held``; ``todo`` (at least one token) is fed next."""
+            shared: Shared | None = None, held: Sequence[int] = (), sampler: Any = None,
+            processors: Sequence[Any] = (), budget: int = 1 << 30) -> None:
+        """Start row ``uid`` holding ``held``: in ``shared`` (a table over cached blocks,
+        taken over by the row), or in ``cache`` (a single-sequence mlx-lm cache, copied
+        into the row's blocks), or nowhere (None of them: ``held`` is empty); ``todo``
+        (at least one token) is fed next."""
         if not todo:
             raise ValueError("a row needs at least one token to feed")
-        table = BlockTable(self.pool)
-        states = (self._load(table, cache, len(held)) if cache is not None and held
-                  else self.layout.fresh_states())
+        if shared is not None:
+            table, states = shared.table, shared.states
+        else:
+            table = BlockTable(self.pool)
+            states = (self._load(table, cache, len(held)) if cache is not None and held
+                      else self.layout.fresh_states())
         self.rows[uid] = Row(uid, table, list(held), list(todo), sampler, processors, budget,
                              states)
         if processors and held:  # they see every token fed, those cached before too
@@ -128,7 +137,25 @@ class Batch:
         holds (the row goes on)."""
         row = self.rows[uid]
         states = self.states.take(uid) if uid in self.decoding else row.states
-        return self.layout.export(row.table, states), list(row.tokens)
+        out = self.layout.export(row.table, states)
+        mx.eval([c.state for c in out])  # holds no lazy read of the pool past now
+        return out, list(row.tokens)
+
+    def snapshot(self, uid: int) -> tuple[BlockEntry, list[int]]:
+        """Row ``uid``'s KV as a block entry sharing its blocks (the row goes on, and
+        copies a shared block before it writes into it), and the tokens it holds."""
+        row = self.rows[uid]
+        states = self.states.take(uid) if uid in self.decoding else \
+            [copy_state(s) for s in row.states]
+        return BlockEntry(self.layout, row.table.share(row.table.length), states), \
+            list(row.tokens)
+
+    def detach(self, uid: int) -> tuple[BlockEntry, list[int]]:
+        """Remove row ``uid``, handing its blocks over as a block entry (nothing freed,
+        nothing copied), and the tokens it holds."""
+        entry, tokens = self.snapshot(uid)
+        self.remove(uid)
+        return entry, tokens
 
     def pending(self, uid: int) -> tuple[mx.array, mx.array] | None:
         """The token sampled for decoding row ``uid`` and not yet fed (as a device
@@ -239,7 +266,7 @@ class Batch:
 
     def _reserve(self, rows: list[Row], widths: list[int]) -> None:
         """Blocks for every row's next ``widths`` positions, growing the pool if it must."""
-        need = sum(max(0, self.pool.blocks_for(r.table.length + w) - len(r.table.blocks))
+        need = sum(r.table.cost(r.table.length, r.table.length + w)
                    for r, w in zip(rows, widths))
         if need > self.pool.free:
             self._grow(need)
@@ -248,11 +275,16 @@ class Batch:
             self.layout.copy_blocks(r.table.writable(r.table.length, r.table.length + w))
 
     def _grow(self, need: int) -> None:
-        """Make room for ``need`` more blocks (doubling, up to the pool's limit)."""
+        """Make room for ``need`` more blocks: grow (doubling, up to the pool's limit),
+        else take blocks back from the prefix cache (``reclaim``)."""
         pool = self.pool
-        want = pool.capacity + max(need - pool.free, pool.capacity)
         if pool.limit - pool.capacity < need - pool.free:
+            if self.reclaim is not None:
+                self.reclaim(need)
+            if pool.free >= need:
+                return
             raise OutOfBlocks(need, pool.room)
+        want = pool.capacity + max(need - pool.free, pool.capacity)
         self.layout.grow(min(pool.limit, want))
 
     def _caches(self, view: Window, states: list[Any], uids: list[int]) -> list[Any]:

@@ -135,6 +135,14 @@ class BlockTable:
         self.blocks.extend(got)
         return got
 
+    def cost(self, start: int, end: int) -> int:
+        """Blocks that writing positions ``[start, end)`` takes from the pool: the new
+        ones past the table's end and a private copy of each shared one it writes."""
+        bs = self.pool.block_size
+        shared = sum(1 for i in range(start // bs, min(len(self.blocks), -(-end // bs)))
+                     if self.pool.refs(self.blocks[i]) > 1)
+        return max(0, self.pool.blocks_for(end) - len(self.blocks)) + shared
+
     def writable(self, start: int, end: int) -> list[tuple[int, int]]:
         """Make the blocks under positions ``[start, end)`` this table's alone: every
         shared one is swapped for a fresh block. The ``(old, new)`` pairs whose contents

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ... import kvquant
 from ...adapters.sets import AdapterSet
 from ..batch import Batch, Emit, direct, pool_for
+from ..batch.entry import BlockEntry, Shared
 from ..batch.layout import layout
 from ..fill.rows import forcing
 from ..job import GenerationJob
@@ -188,7 +189,9 @@ class BatchLane:
             self._group = self._group_of(self._queue[0])
             if sum(self._group_of(j) == self._group for j in self._queue) == 1:
                 job = self._queue.popleft()  # alone it must run: bounded to the budget at start
-                return self._solo.start(job, *self._take(job), self._solo_pacer())
+                cache, n = self._take(job, dense=True)
+                assert not isinstance(cache, Shared)  # (dense)
+                return self._solo.start(job, cache, n, self._solo_pacer())
         i = 0
         while i < len(self._queue) and len(self._rows) < self.cap:
             job = self._queue[i]
@@ -214,16 +217,20 @@ class BatchLane:
             self.admission.release(row.job)
         return row
 
-    def _take(self, job: GenerationJob) -> tuple[list[Any] | None, int]:
+    def _take(self, job: GenerationJob, dense: bool = False
+              ) -> tuple[list[Any] | Shared | None, int]:
         """Admit ``job``: reserve its KV, then ``(cache, n)``, the longest cached prefix
-        of its prompt."""
+        of its prompt: blocks shared from the batch's pool, or (``dense``, or an entry
+        the serial lane left) mlx-lm caches."""
         if self.admission is not None:
             self.admission.reserve(job)
         job.mark_started(self.name)
         cache: list[Any] | None = None
         n, t0 = 0, time.perf_counter()
         if self._uses_prefix(job) and self.prefix is not None:
-            cache, n = self.prefix.lookup(job.cache_namespace, job.request.prompt_tokens)
+            layout = None if dense else self._get_batch().layout
+            cache, n = self.prefix.lookup(job.cache_namespace, job.request.prompt_tokens,
+                                          layout)
         job.session.phases["cache_lookup_s"] = time.perf_counter() - t0
         job.admitted(n)
         return cache, n
@@ -233,14 +240,17 @@ class BatchLane:
         prompt = job.request.prompt_tokens
         self._add_row(job, cache, prompt[:n], prompt[n:])
 
-    def _add_row(self, job: GenerationJob, cache: list[Any] | None, held: list[int],
-                 todo: list[int]) -> int:
-        """Start a row whose KV ``cache`` holds the tokens ``held``; ``todo`` is fed next
-        (a row snapshots its prompt boundary when it reads more than one token and its
-        cache cannot rewind); its uid."""
+    def _add_row(self, job: GenerationJob, cache: list[Any] | Shared | None,
+                 held: list[int], todo: list[int]) -> int:
+        """Start a row whose KV ``cache`` (shared blocks, or mlx-lm caches) holds the
+        tokens ``held``; ``todo`` is fed next (a row snapshots its prompt boundary when it
+        reads more than one token and its cache cannot rewind); its uid."""
         left = job.limit - job.session.usage.completion_tokens if job.limit else NO_LIMIT
         uid = next(self._uids)
-        self._get_batch().add(uid, todo, cache=cache, held=held,
+        shared = cache if isinstance(cache, Shared) else None
+        dense = None if shared is not None else cache
+        assert not isinstance(dense, Shared)
+        self._get_batch().add(uid, todo, cache=dense, shared=shared, held=held,
                               sampler=job.request.sampler, processors=job.request.processors,
                               budget=left)
         snapshot = self._uses_prefix(job) and len(todo) > 1 and not self._rewindable()
@@ -264,10 +274,18 @@ class BatchLane:
         if self._batch is None:
             assert self._slots is not None  # (accepts)
             route = None if self.adapters is None else self._route_rows
-            self._batch = Batch(self.model, self._slots, pool_for(self._slots, self.admission),
-                                before=route)
+            cached = self.prefix.max_bytes if self.prefix is not None else 0
+            self._batch = Batch(self.model, self._slots,
+                                pool_for(self._slots, self.admission, cached),
+                                before=route, reclaim=self._reclaim)
             direct.probe(self._batch)  # attention straight over blocks, where the model allows
         return self._batch
+
+    def _reclaim(self, blocks: int) -> int:
+        """The pool ran short: give it the prefix cache's blocks, oldest entries first."""
+        if self.prefix is None or self._batch is None:
+            return 0
+        return self.prefix.reclaim(self._batch.layout, blocks)
 
     def _route_rows(self, uids: list[int]) -> None:
         """Route a forward pass by the adapter sets of the rows it carries."""
@@ -301,12 +319,14 @@ class BatchLane:
             self._remove(e.uid, publish=True)
 
     def _remove(self, uid: int, publish: bool) -> None:
+        """Drop row ``uid``; with ``publish`` its blocks go to the prefix cache as they are."""
         row = self._forget(uid)
         batch = self._get_batch()
         if publish and self._uses_prefix(row.job):
-            cache, tokens = batch.export(uid)
-            self._publish(row.job, tokens, cache)
-        batch.remove(uid)
+            entry, tokens = batch.detach(uid)
+            self._publish(row.job, tokens, entry)
+        else:
+            batch.remove(uid)
 
     def _leave(self, batch: Batch) -> None:
         """The batch's one row, decoding with its next token sampled, goes on alone."""
@@ -326,15 +346,17 @@ class BatchLane:
         return job.cache_namespace is not None and self.prefix is not None
 
     def _publish(self, job: GenerationJob, tokens: Sequence[int] | None,
-                 cache: list[Any] | None, boundary: bool = False) -> None:
+                 cache: list[Any] | BlockEntry | None, boundary: bool = False) -> None:
         """Store ``job``'s KV ``cache`` of ``tokens`` (``boundary``: a snapshot at the
         prompt's end, for caches that cannot rewind)."""
         if self._uses_prefix(job) and self.prefix is not None and tokens and cache:
             self.prefix.store(job.cache_namespace, list(tokens), cache, boundary=boundary)
+        elif isinstance(cache, BlockEntry):
+            cache.release()
 
     def _publish_boundary(self, uid: int) -> None:
-        cache, tokens = self._get_batch().export(uid)
-        self._publish(self._rows[uid].job, tokens, cache, boundary=True)
+        entry, tokens = self._get_batch().snapshot(uid)
+        self._publish(self._rows[uid].job, tokens, entry, boundary=True)
 
     def _drop_cancelled(self) -> None:
         self._solo.drop_cancelled()
@@ -352,5 +374,7 @@ class BatchLane:
             self._forget(uid).job.close(reason, error)
         if self._batch is not None:
             self._batch.close()
-        if reason == "error":
-            self._batch = None  # a failed pass may have left the pool half written
+            if reason == "error":  # a failed pass may have left the pool unusable
+                if self.prefix is not None:
+                    self.prefix.drop_layout(self._batch.layout)
+                self._batch = None
