@@ -31,14 +31,8 @@ import statistics
 import sys
 import time
 
-from serve_concurrency import (  # this folder
-    SHAPES,
-    free_port,
-    load_phase,
-    random_prompt,
-    second_turn,
-    start,
-)
+import serve_concurrency  # this folder
+from serve_concurrency import SHAPES, free_port, load_phase, random_prompt, second_turn, start
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -81,10 +75,37 @@ async def measure(base: str, args, prompts, history: str, rng) -> dict:
     return out
 
 
+async def one_request(c, base: str, body: dict) -> dict:
+    """``serve_concurrency.one_request``, keeping what a failed stream said."""
+    t0, first, usage, last = time.perf_counter(), None, None, ""
+    try:
+        async with c.stream("POST", base + "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                return {"ok": False, "status": f"{r.status_code} {(await r.aread())[:200]!r}"}
+            async for line in r.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                last = line[:300]
+                obj = json.loads(line[6:])
+                ch = (obj.get("choices") or [{}])[0]
+                if ch.get("text") and first is None:
+                    first = time.perf_counter()
+                usage = obj.get("usage") or usage
+    except Exception as exc:
+        return {"ok": False, "status": type(exc).__name__}
+    end = time.perf_counter()
+    n = (usage or {}).get("completion_tokens", 0)
+    if first is None or n == 0:
+        return {"ok": False, "status": f"no tokens: {last}"}
+    return {"ok": True, "ttft": first - t0, "tokens": n, "start": t0, "end": end,
+            "decode_tps": (n - 1) / max(end - first, 1e-9)}
+
+
 def run_arm(arm: str, args, ckpt: str, prompts, history: str, rng) -> dict:
     port = free_port()
     t0 = time.perf_counter()
-    proc = start(arm_command(arm, args, ckpt, port), port, f"/tmp/engine_ab_{arm}.log")
+    log = os.path.join(os.environ.get("OUT", "/tmp"), f"engine_ab_{arm}.log")
+    proc = start(arm_command(arm, args, ckpt, port), port, log)
     try:
         res = asyncio.run(measure(f"http://127.0.0.1:{port}", args, prompts, history, rng))
         res["start_s"] = time.perf_counter() - t0
@@ -92,9 +113,14 @@ def run_arm(arm: str, args, ckpt: str, prompts, history: str, rng) -> dict:
     finally:
         proc.terminate()
         try:
-            proc.wait(30)
+            proc.wait(60)
         except Exception:
             proc.kill()
+            proc.wait(30)
+        time.sleep(2)  # the device's memory back before the next arm starts
+
+
+serve_concurrency.one_request = one_request  # load_phase's requests keep their errors
 
 
 def main() -> None:
@@ -154,7 +180,9 @@ def report(rounds: list, arms: list, baseline: str, args) -> dict:
                         "ttft_s": statistics.median(r[arm][key]["ttft_median_s"] or 0
                                                     for r in rounds),
                         "failed": sum(r[arm][key]["failed"] for r in rounds)}
-            if baseline and baseline in rounds[0] and arm != baseline:
+            base = [r[baseline][key]["aggregate_tps"] for r in rounds] if baseline in \
+                rounds[0] else []
+            if base and all(base) and arm != baseline:
                 row[key]["ratio"] = statistics.median(
                     r[arm][key]["aggregate_tps"] / r[baseline][key]["aggregate_tps"]
                     for r in rounds)
