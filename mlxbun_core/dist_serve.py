@@ -104,21 +104,27 @@ def load_shard(name: str | None, options: LoadOptions, group: DistributedGroup) 
 
 def check_same_caches(module: Any, group: DistributedGroup) -> None:
     """Every rank must make the same number of per-layer caches, all rewindable or none
-    (rank 0 decides alone when to trim): pipeline stages of a hybrid model may not."""
+    (rank 0 decides alone when to trim), each layer paged or recurrent alike (followers
+    replay rank 0's batch layer by layer): pipeline stages of a hybrid model may not."""
+    import zlib
+
     import mlx.core as mx
     import numpy as np
     from mlx_lm.models.cache import make_prompt_cache
 
+    from .engine.batch.layout import layout
     from .engine.prompt_cache import trimmable
 
     with mirror_quiet():
         caches = make_prompt_cache(module)
-    mine = mx.array([len(caches), int(trimmable(caches))])
+        slots = layout(module)
+    kinds = repr(None if slots is None else [(s.kind, s.parts) for s in slots])
+    mine = mx.array([len(caches), int(trimmable(caches)), zlib.crc32(kinds.encode()) >> 1])
     every = mx.distributed.all_gather(mine[None], group=group.group)
     rows = [tuple(row) for row in np.array(every).tolist()]
     if len(set(rows)) > 1:
-        raise RuntimeError(f"the ranks' shards keep different caches (layers, rewindable): "
-                           f"{rows}; use another number of ranks or drop --pipeline")
+        raise RuntimeError(f"the ranks' shards keep different caches (layers, rewindable, "
+                           f"kinds): {rows}; use another number of ranks or drop --pipeline")
 
 
 def mirror_quiet() -> Any:

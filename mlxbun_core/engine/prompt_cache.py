@@ -18,6 +18,10 @@ the demotion age, or demoted by a drain) are written to disk in the background,
 published entries are written behind when the engine is idle, and a lookup that
 misses RAM (or finds far less there) restores the best SSD entry into RAM first.
 Everything here runs on the MLX owner thread, except :meth:`stats`.
+
+With ``kinds_apart`` (a distributed serve: moving KV between the block pool and mlx-lm
+caches would carry rank 0's shard alone) the batch's block entries and the serial
+lane's mlx-lm caches live in separate namespaces: each lane finds only its own kind.
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ class PrefixCache:
         self.lookups = self.hits = self.hit_tokens = self.stores = 0
         self.ssd_hits = self.ssd_hit_tokens = 0
         self.ssd_skipped = 0  # disk entries left alone: recomputing them was faster
+        self.kinds_apart = False  # block entries only for the batch, caches for the rest
         # prompt tokens a second this device prefills (the engine's pacer); None: unknown
         self.prefill_rate: Callable[[], float | None] = lambda: None
         if self.tier is not None and post is not None and self.tier.config.demote_idle_s > 0:
@@ -92,6 +97,7 @@ class PrefixCache:
         a :class:`Shared` table over its blocks (nothing copied)."""
         if not self.enabled or len(tokens) < 2:
             return None, 0
+        namespace = self._space(namespace, blocks=layout is not None)
         with self._lock:
             self.lookups += 1
             shared, whole_entry = self._shared(namespace, tokens)
@@ -150,6 +156,10 @@ class PrefixCache:
         if plan.trim:
             trim_prompt_cache(cache, plan.trim)
         return cache
+
+    def _space(self, namespace: Hashable, blocks: bool) -> Hashable:
+        """Where entries of one kind live (``kinds_apart``: apart from the other kind)."""
+        return (namespace, "blocks" if blocks else "caches") if self.kinds_apart else namespace
 
     def _shared(self, namespace: Hashable, tokens: list[int]) -> tuple[int, bool]:
         """How many leading ``tokens`` some entry shares, and whether a whole entry lies
@@ -212,6 +222,7 @@ class PrefixCache:
             if isinstance(cache, BlockEntry):
                 cache.release()
             return
+        namespace = self._space(namespace, blocks=isinstance(cache, BlockEntry))
         if not isinstance(cache, BlockEntry):
             import mlx.core as mx
 

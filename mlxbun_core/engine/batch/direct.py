@@ -32,6 +32,8 @@ def probe(batch: Batch) -> bool:
     batch.direct = False
     if not attention.wanted() or not any(s is not None for s in batch.layout.stores):
         return False
+    if batch.layout.journal is not None:  # a distributed batch: the scratch pool is ours alone
+        return False
     attention.install()
     scratch = Batch(batch.model, batch.layout.slots, BlockPool(batch.pool.block_size, 16))
     try:

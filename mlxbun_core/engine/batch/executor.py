@@ -20,15 +20,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import mlx.core as mx
 
 from . import states as recurrent
 from .entry import BlockEntry, Shared
-from .layout import Layout, Slot, copy_state
+from .layout import Layout, Slot
 from .pool import BlockPool, BlockTable, OutOfBlocks
-from .view import PagedLayer, Window
+from .view import Window
+
+if TYPE_CHECKING:
+    from .replay import Journal
 
 Forward = Callable[[mx.array, list[Any]], mx.array]
 """A forward pass: ``(inputs (rows, width), caches) -> logits (rows, width, vocab)``."""
@@ -70,20 +73,22 @@ class Row:
 
 class Batch:
     """Rows of one model over ``pool``. ``before(uids)`` runs ahead of every forward
-    pass with the rows it carries, in order (per-row adapter routing)."""
+    pass with the rows it carries, in order (per-row adapter routing); ``journal``
+    records what the passes change, for distributed followers (``replay.py``)."""
 
     def __init__(self, model: Any, slots: list[Slot], pool: BlockPool,
                  before: Callable[[list[int]], None] | None = None,
-                 reclaim: Callable[[int], int] | None = None):
+                 reclaim: Callable[[int], int] | None = None,
+                 journal: Journal | None = None):
         self.model = model
-        self.layout = Layout(slots, pool)
+        self.layout = Layout(slots, pool, journal)
         self.pool = pool
         self.before = before
         # frees blocks others hold (the prefix cache's entries) when the pool runs short
         self.reclaim = reclaim
         self.rows: dict[int, Row] = {}
         self.decoding: list[int] = []  # uids, in the decode batch's order
-        self.states = recurrent.StateBatch(len(self.layout.recurrent))
+        self.states = recurrent.StateBatch(self.layout.state_ops)
         # the next decode input per decoding row: device tokens, and which were sampled
         self._next: mx.array | None = None
         self._next_logprobs: list[mx.array | None] = []
@@ -146,7 +151,7 @@ class Batch:
         copies a shared block before it writes into it), and the tokens it holds."""
         row = self.rows[uid]
         states = self.states.take(uid) if uid in self.decoding else \
-            [copy_state(s) for s in row.states]
+            [self.layout.state_ops.copy(s) for s in row.states]
         return BlockEntry(self.layout, row.table.share(row.table.length), states), \
             list(row.tokens)
 
@@ -188,13 +193,13 @@ class Batch:
         inputs = mx.array([f + [0] * (width - len(f)) for f in feed], dtype=mx.uint32)
         self._reserve(rows, sizes)
         view = Window([r.table for r in rows], sizes, width)
-        merged = (recurrent.merged([r.states for r in rows], sizes)
+        merged = (recurrent.merged(self.layout.state_ops, [r.states for r in rows], sizes)
                   if self.layout.recurrent else [])
         self.forward(inputs, self._caches(view, merged, [r.uid for r in rows]))
         if merged:
-            for r, s in zip(rows, recurrent.split(merged, len(rows))):
+            for r, s in zip(rows, recurrent.split(self.layout.state_ops, merged, len(rows))):
                 r.states = s
-        mx.eval(self._arrays(merged))
+        mx.eval(self.layout.arrays(merged))
         done = []
         for r, f in zip(rows, feed):
             r.tokens += f
@@ -231,7 +236,7 @@ class Batch:
         sampled = _sample(logprobs, [r.sampler for r in rows])
         self._next = sampled
         self._next_logprobs = [logprobs[i] for i in range(len(rows))]
-        mx.async_eval(sampled, logprobs, *self._arrays(self.states.caches))
+        mx.async_eval(sampled, logprobs, *self.layout.arrays(self.states.caches))
         fed = cast("list[int]", inputs.tolist())
         out = []
         for r, token, lp in zip(rows, fed, fed_logprobs):
@@ -291,21 +296,7 @@ class Batch:
         """The per-layer cache objects of one pass (and the rows' adapter routing)."""
         if self.before is not None:
             self.before(uids)
-        from mlx_lm.models.cache import CacheList
-
-        rec = iter(states)
-        return [next(rec) if store is None else
-                CacheList(*(PagedLayer(s, view) for s in store)) if isinstance(store, list)
-                else PagedLayer(store, view, slot.window)
-                for slot, store in zip(self.layout.slots, self.layout.stores)]
-
-    def _arrays(self, states: list[Any]) -> list[Any]:
-        """What a pass leaves to evaluate: the pool's arrays and the recurrent states."""
-        out: list[Any] = [a for s in self.layout.all_stores()
-                          for a in (s.keys, s.values) if a is not None]
-        for c in states:
-            out += [a for a in c.cache if a is not None]
-        return out
+        return self.layout.caches(view, states)
 
     def _processed(self, rows: list[Row], inputs: mx.array, logits: mx.array) -> mx.array:
         """Each row's logits processors over every token it was fed (its context)."""

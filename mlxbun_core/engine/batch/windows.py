@@ -56,11 +56,11 @@ def window_step(b: Batch, drafts: dict[int, list[int]], forcing: Forcing | None
     padded = any(v < width for v in valid)
     if padded:
         for c in states:
-            c.prepare(lengths=valid)
+            b.layout.state_ops.prepare(c, valid)
     logits = b.forward(inputs, b._caches(view, states, uids))
     if padded:
         for c in states:
-            c.finalize()
+            b.layout.state_ops.finalize(c)
     # the positions each row samples at: after its forced run, one per draft and one more
     at = [[len(f) + j for j in range(len(d) + 1)] for f, d in plans]
     picked = logits[mx.array([r for r, a in enumerate(at) for _ in a]),

@@ -12,6 +12,12 @@ mlx-lm's single-sequence speed, kept in the lane's ``SoloSlot``) and joins the b
 KV and all, as soon as another job of its adapter set arrives; a batch that drains to
 one decoding row hands that row back out the same way.
 
+Under ``--distributed`` the model carries a journal (``batch/replay.py``) that the batch
+writes what it does into, for the other ranks to replay. KV that crosses between the
+pool and mlx-lm's caches would be rank 0's alone, so there every job is a batch row
+(no lone stream) and the prefix cache keeps the batch's block entries and the serial
+lane's caches apart (``PrefixCache.kinds_apart``).
+
 LoRA adapter sets mix in one batch: each forward pass routes its rows to their own
 sets (``adapters/rows.py``; the base model is the empty set). Sets that cannot run
 per row (``AdapterManager.group``) run one per batch: a fresh batch takes the oldest
@@ -34,6 +40,7 @@ from ...adapters.sets import AdapterSet
 from ..batch import Batch, Emit, direct, pool_for
 from ..batch.entry import BlockEntry, Shared
 from ..batch.layout import layout
+from ..batch.replay import Journal
 from ..fill.rows import forcing
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
@@ -71,6 +78,12 @@ class BatchLane:
         self.prefix = prefix
         self.admission = admission
         self._batch: Batch | None = None  # made on the worker thread at first use
+        # a distributed serve's record of the batch (the lockstep model's): rows never
+        # leave the batch, nothing crosses to or from mlx-lm caches
+        journal = getattr(model, "journal", None)
+        self.journal = journal if isinstance(journal, Journal) else None
+        if self.journal is not None and prefix is not None:
+            prefix.kinds_apart = True
         self._slots = layout(model)  # None: some layer's cache cannot be paged
         self._uids = itertools.count()
         self._queue: collections.deque[GenerationJob] = collections.deque()
@@ -154,8 +167,8 @@ class BatchLane:
             self.spec.stepped(uids)
         for e in emits:
             self._route(e)
-        if len(self._rows) == 1 and not self._queue:  # the last row goes on alone
-            self._leave(batch)
+        if len(self._rows) == 1 and not self._queue and self.journal is None:
+            self._leave(batch)  # the last row goes on alone
 
     def _run(self, batch: Batch, plan: StepPlan) -> list[Emit]:
         """Run ``plan``: the decode step first (rows keep streaming), then the chunk."""
@@ -187,7 +200,8 @@ class BatchLane:
         fresh = not self._rows
         if fresh and self._queue:
             self._group = self._group_of(self._queue[0])
-            if sum(self._group_of(j) == self._group for j in self._queue) == 1:
+            if sum(self._group_of(j) == self._group for j in self._queue) == 1 \
+                    and self.journal is None:
                 job = self._queue.popleft()  # alone it must run: bounded to the budget at start
                 cache, n = self._take(job, dense=True)
                 assert not isinstance(cache, Shared)  # (dense)
@@ -277,7 +291,7 @@ class BatchLane:
             cached = self.prefix.max_bytes if self.prefix is not None else 0
             self._batch = Batch(self.model, self._slots,
                                 pool_for(self._slots, self.admission, cached),
-                                before=route, reclaim=self._reclaim)
+                                before=route, reclaim=self._reclaim, journal=self.journal)
             direct.probe(self._batch)  # attention straight over blocks, where the model allows
         return self._batch
 

@@ -1,0 +1,189 @@
+"""A distributed follower replays rank 0's batch from plain data, in one process.
+
+Rank 0's engine runs as under ``--distributed``: its model is the real ``LockstepModel``
+and the batch lane writes its journal there. The channel between the ranks is the one
+thing stood in for: each descriptor goes through pickle (it must be plain data) to a
+real :class:`~mlxbun_core.distributed.follower.Follower` holding a second copy of the
+model, which applies the record to block pools and recurrent states of its own and runs
+the same forward pass. With the whole model on both sides every pass's logits must be
+equal to the bit, and so must the follower's pool; greedy output equals an engine
+without any of this. ``tests/test_distributed.py`` runs real ranks over MLX's ring.
+"""
+
+from __future__ import annotations
+
+import gc
+import pickle
+
+import mlx.core as mx
+import pytest
+
+from mlxbun_core import loader
+from mlxbun_core.distributed import mirror
+from mlxbun_core.distributed.follower import Follower
+from mlxbun_core.distributed.lockstep import LockstepModel
+from mlxbun_core.engine import batch as batch_package
+from mlxbun_core.engine.batch.pool import BlockPool, BlockTable
+from mlxbun_core.engine.batch.replay import Journal
+from mlxbun_core.engine.core import Engine
+from mlxbun_core.engine.worker import ModelWorker
+from mlxbun_core.model import LoadOptions
+from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.engine import close, greedy, run_all, token_ids
+
+PROMPTS = ["hello there", "the quick brown fox jumps over the lazy dog", "one two three",
+           "a", "seven eight nine ten eleven twelve", "zebras and lions"]
+
+
+class Group:
+    def size(self) -> int:
+        return 2
+
+
+class LocalChannel:
+    """The channel, in one process: what rank 0 sends reaches ``follower`` as pickled
+    bytes, and each forward pass's follower logits are kept for the comparison."""
+
+    def __init__(self, follower: Follower):
+        self.follower, self.group = follower, Group()
+        self.pending: tuple | None = None
+        self.outputs: list[mx.array] = []
+        self.kinds: list[str] = []  # what each forward pass ran on: "pass" or "caches"
+        self._stream = None
+
+    @property
+    def stream(self):
+        if self._stream is None:
+            self._stream = mx.new_stream(mx.default_device())
+        return self._stream
+
+    def send(self, desc: tuple) -> None:
+        self.pending = pickle.loads(pickle.dumps(desc))
+
+    def share(self, arrays: list) -> list:
+        desc, self.pending = self.pending, None
+        assert desc is not None
+        if desc[0] in ("ping", "stop"):  # every rank adds its one
+            if desc[0] == "ping":
+                self.follower.apply(desc)
+            return [a * 2 for a in arrays]
+        self.follower.apply(desc)
+        self.kinds.append(desc[3][0])
+        self.outputs.append(self.follower.forward(desc, [mx.array(a) for a in arrays]))
+        return arrays
+
+
+class Checked(LockstepModel):
+    """Rank 0's lockstep model, comparing each pass's logits with the follower's."""
+
+    def __call__(self, inputs, cache=None, **kwargs):
+        out = super().__call__(inputs, cache=cache, **kwargs)
+        theirs = self._channel.outputs[-1]
+        self.same.append(bool(mx.array_equal(out, theirs)))
+        return out
+
+
+def _pair(family: str, batch: int = 8, **kw):
+    """(rank 0's engine, its channel, the follower): a checkpoint loaded twice."""
+    path = str(tiny_checkpoint(family, seed=3, dtype="float32"))
+    worker = ModelWorker()
+    model = worker.run_sync(lambda: loader.load(path, LoadOptions(), progress=False))
+    theirs = worker.run_sync(lambda: loader.load(path, LoadOptions(), progress=False)).model
+    mirror.install(recording=True, model=theirs)  # rank 0 records, the follower replays
+    with mirror.RECORDER.quiet():
+        follower = Follower(theirs)
+    channel = LocalChannel(follower)
+    lockstep = Checked(model.model, channel)
+    object.__setattr__(lockstep, "same", [])
+    model.model = lockstep
+    engine = Engine(model, worker=worker, batch=batch, **kw)
+    return engine, channel, follower
+
+
+@pytest.fixture
+def recording():
+    yield
+    mirror.RECORDER.on = False  # the wrappers stay, quiet, for the rest of the session
+    mirror.RECORDER.take()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_followers_replay_the_batch_pass_for_pass(family, recording, monkeypatch):
+    """Concurrent requests batch together (prefill chunks, decode steps, rows joining
+    and leaving, the pool growing, the recurrent states of Qwen3.5's linear attention):
+    every pass's logits on the follower equal rank 0's, its pool ends equal to rank
+    0's, and the tokens equal a plain engine's."""
+    monkeypatch.setattr(batch_package, "FIRST_BLOCKS", 2)  # the pool grows as rows come
+    engine, channel, follower = _pair(family)
+    plain = Engine.load(str(tiny_checkpoint(family, seed=3, dtype="float32")), progress=False,
+                        batch=8, prompt_cache_bytes=0)
+    bodies = [greedy(p, 10) for p in PROMPTS]
+    try:
+        start = len(channel.kinds)
+        got = run_all(engine, bodies)
+        assert [token_ids(r) for r in got] == [token_ids(r) for r in run_all(plain, bodies)]
+        assert channel.kinds[start:] and set(channel.kinds[start:]) == {"pass"}
+        assert engine.model.model.same and all(engine.model.model.same)
+        lane = engine.worker.lanes[0]
+        ours = lane._batch.layout
+        engine.worker.run_sync(engine.model.model.ping)  # the record so far reaches it
+        theirs = follower.replica.layouts[ours.name]
+        assert ours.pool.capacity > 2 and theirs.pool.capacity == ours.pool.capacity
+        for a, b in zip(ours.all_stores(), theirs.all_stores()):
+            assert a.keys is not None and mx.array_equal(a.keys, b.keys)
+            assert mx.array_equal(a.values, b.values)
+        engine.worker.run_sync(engine.prefix.clear)
+        assert lane._batch.pool.used == 0
+        gc.collect()
+        engine.worker.run_sync(engine.model.model.ping)
+        assert not follower.replica.states  # every state rank 0 let go, the follower did
+    finally:
+        close(engine, plain)
+
+
+def test_a_lone_request_stays_a_batch_row_and_cache_kinds_stay_apart(recording):
+    """Under a journal a lone request decodes in the batch (no hand-off of its KV to
+    mlx-lm caches); its next turn hits the batch's block entry. A seeded request (the
+    serial lane, mlx-lm caches mirrored) misses that entry and makes its own, which its
+    own next turn hits; the follower keeps up with both kinds."""
+    engine, channel, _ = _pair("llama")
+    cold = Engine.load(str(tiny_checkpoint("llama", seed=3, dtype="float32")), progress=False,
+                       batch=8, prompt_cache_bytes=0)
+    text = "The sea and the sky meet at the edge of the world. " * 8
+    try:
+        start = len(channel.kinds)
+        (first,) = run_all(engine, [greedy(text + "Why?", 6)])
+        assert set(channel.kinds[start:]) == {"pass"}  # never the lone stream's caches
+        (again,) = run_all(engine, [greedy(text + "Why? Where?", 6)])
+        assert again.finish.usage.cached_tokens > 100
+        start = len(channel.kinds)
+        seeded = [greedy(text + "Why? Where?", 6, seed=7), greedy(text + "Why? When?", 6, seed=7)]
+        serial = [run_all(engine, [b])[0] for b in seeded]
+        assert set(channel.kinds[start:]) == {"caches"}
+        assert serial[0].finish.usage.cached_tokens == 0  # the block entry is not its kind
+        assert serial[1].finish.usage.cached_tokens > 100  # its own entry, copied and trimmed
+        want = run_all(cold, [greedy(text + "Why? Where?", 6)] + seeded)
+        assert [token_ids(r) for r in [again, *serial]] == [token_ids(r) for r in want]
+        assert all(engine.model.model.same)
+        kinds = {ns[1] for ns, _, _ in engine.prefix._entries()}
+        assert kinds == {"blocks", "caches"}
+    finally:
+        close(engine, cold)
+
+
+def test_a_journaled_layout_refuses_to_move_kv_in_or_out():
+    """Loading an mlx-lm cache into blocks, or exporting blocks, would carry this
+    rank's KV alone: with a journal both are refused, before anything changes."""
+    from mlx_lm.models.cache import KVCache
+
+    from mlxbun_core.engine.batch.layout import PAGED, Layout, Slot
+
+    journal = Journal()
+    made = Layout([Slot(PAGED)], BlockPool(4, 8), journal)
+    table = BlockTable(made.pool)
+    with pytest.raises(RuntimeError, match="cannot be replayed"):
+        made.load(table, [KVCache()], 3)
+    with pytest.raises(RuntimeError, match="cannot be replayed"):
+        made.export(table, [])
+    assert made.pool.used == 0
+    assert [op[0] for op in journal.take()] == ["layout"]
