@@ -23,8 +23,8 @@ from mlxbun_core.distributed import mirror
 from mlxbun_core.distributed.follower import Follower
 from mlxbun_core.distributed.lockstep import LockstepModel
 from mlxbun_core.engine import batch as batch_package
+from mlxbun_core.engine.batch.journal import Journal
 from mlxbun_core.engine.batch.pool import BlockPool, BlockTable
-from mlxbun_core.engine.batch.replay import Journal
 from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.worker import ModelWorker
 from mlxbun_core.model import LoadOptions

@@ -4,7 +4,7 @@
 through to it, so ``make_cache``, ``layers``, ``parameters`` and the rest are the
 model's own). Each call, before the forward pass itself, sends every other rank a
 descriptor (what changed the caches since the last one: the serial lane's mlx-lm cache
-operations (``mirror.py``) and the batch's journal (``engine/batch/replay.py``); then
+operations (``mirror.py``) and the batch's journal (``engine/batch/journal.py``); then
 what this call runs on: a batch pass's plan, or the serial lane's cache objects; and
 the shapes and dtypes of its array arguments), then shares the arrays
 (lazily: the tokens of a decode step are usually still being sampled), then runs the
@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any
 
-from ..engine.batch.replay import Journal
+from ..engine.batch.journal import Journal
 from .channel import Channel
 from .mirror import RECORDER
 
@@ -57,7 +57,7 @@ class LockstepModel:
         names = [k for k, v in kwargs.items() if isinstance(v, mx.array)]
         plain = {k: v for k, v in kwargs.items() if k not in names}
         arrays = [inputs, *(kwargs[k] for k in names)]
-        plan = getattr(cache, "plan", None)  # a batch pass (replay.Pass)
+        plan = getattr(cache, "plan", None)  # a batch pass (journal.Pass)
         with self._lock, mx.stream(self._channel.stream):
             target = (("pass", plan) if plan is not None else
                       ("caches", None if cache is None else RECORDER.encode(cache)))

@@ -4,7 +4,7 @@ Under tensor parallelism each rank's cache holds only its own attention heads (u
 pipeline parallelism, only its own layers), so no rank can hand another its KV: each
 keeps its own, and the followers' cache objects must go through exactly what rank 0's
 go through. The batch lane's KV lives in the engine's block pool and is replayed from
-its journal (``engine/batch/replay.py``); what is left here is the serial lane (a
+its journal (``engine/batch/journal.py``); what is left here is the serial lane (a
 seeded request, ``--batch 1``), which runs mlx-lm's single-sequence caches. Between
 forward passes it changes them in three ways only: ``make_prompt_cache``,
 ``copy.deepcopy`` (the prefix cache's private copies) and ``trim`` (a prefix hit cut

@@ -31,7 +31,7 @@ from .pool import BlockPool, BlockTable, OutOfBlocks
 from .view import Window
 
 if TYPE_CHECKING:
-    from .replay import Journal
+    from .journal import Journal
 
 Forward = Callable[[mx.array, list[Any]], mx.array]
 """A forward pass: ``(inputs (rows, width), caches) -> logits (rows, width, vocab)``."""
@@ -74,7 +74,7 @@ class Row:
 class Batch:
     """Rows of one model over ``pool``. ``before(uids)`` runs ahead of every forward
     pass with the rows it carries, in order (per-row adapter routing); ``journal``
-    records what the passes change, for distributed followers (``replay.py``)."""
+    records what the passes change, for distributed followers (``journal.py``)."""
 
     def __init__(self, model: Any, slots: list[Slot], pool: BlockPool,
                  before: Callable[[list[int]], None] | None = None,

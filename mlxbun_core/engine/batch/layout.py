@@ -13,7 +13,7 @@ The prefix cache, the SSD tier and the lone stream hold mlx-lm caches; :meth:`La
 writes one into a row's blocks and :meth:`Layout.export` reads a row's blocks back into
 fresh ones, through the cache classes' public constructors and attributes only.
 
-With a journal (``replay.py``: a distributed serve's rank 0) a layout writes down every
+With a journal (``journal.py``: a distributed serve's rank 0) a layout writes down every
 change it makes between forward passes (growth, copy-on-write block copies, recurrent
 state operations) and every pass's cache objects carry the pass as plain data, so that
 a follower's own layout goes through the same. Loads and exports carry this process's
@@ -32,8 +32,8 @@ from .storage import LayerStore
 from .view import PagedLayer
 
 if TYPE_CHECKING:
+    from .journal import Journal
     from .pool import BlockPool, BlockTable
-    from .replay import Journal
     from .view import Window
 
 PAGED, RECURRENT = "paged", "recurrent"
@@ -126,7 +126,7 @@ class Layout:
     def caches(self, view: Window, states: list[Any]) -> list[Any]:
         """The per-layer cache objects of one pass over ``view``: the paged layers'
         over their stores, the recurrent layers' ``states`` in order. With a journal
-        the list also carries the pass as plain data (``replay.Pass``)."""
+        the list also carries the pass as plain data (``journal.Pass``)."""
         from mlx_lm.models.cache import CacheList
 
         rec = iter(states)
@@ -134,7 +134,9 @@ class Layout:
                CacheList(*(PagedLayer(s, view) for s in store)) if isinstance(store, list)
                else PagedLayer(store, view, slot.window)
                for slot, store in zip(self.slots, self.stores)]
-        return out if self.journal is None else self.journal.pass_of(self, out, view, states)
+        if self.journal is None:
+            return out
+        return self.journal.pass_of(self.name, out, view.plan(), states)
 
     def arrays(self, states: list[Any]) -> list[Any]:
         """What a pass leaves to evaluate: the stores' arrays and the recurrent

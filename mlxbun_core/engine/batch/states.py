@@ -8,7 +8,7 @@ a decode step does not. A prefill pass merges its rows' states for the pass and 
 them back after (``prepare(lengths=...)`` keeps each row's padding out of its state).
 
 Every such operation goes through :class:`StateOps`, so that with a journal
-(``replay.py``) each is also written down as plain data: a distributed follower
+(``journal.py``) each is also written down as plain data: a distributed follower
 applies the same operations to its own states.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .replay import Journal
+    from .journal import Journal
 
 
 def copy_state(c: Any) -> Any:

@@ -12,7 +12,7 @@ mlx-lm's single-sequence speed, kept in the lane's ``SoloSlot``) and joins the b
 KV and all, as soon as another job of its adapter set arrives; a batch that drains to
 one decoding row hands that row back out the same way.
 
-Under ``--distributed`` the model carries a journal (``batch/replay.py``) that the batch
+Under ``--distributed`` the model carries a journal (``batch/journal.py``) that the batch
 writes what it does into, for the other ranks to replay. KV that crosses between the
 pool and mlx-lm's caches would be rank 0's alone, so there every job is a batch row
 (no lone stream) and the prefix cache keeps the batch's block entries and the serial
@@ -39,8 +39,8 @@ from ... import kvquant
 from ...adapters.sets import AdapterSet
 from ..batch import Batch, Emit, direct, pool_for
 from ..batch.entry import BlockEntry, Shared
+from ..batch.journal import Journal
 from ..batch.layout import layout
-from ..batch.replay import Journal
 from ..fill.rows import forcing
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
