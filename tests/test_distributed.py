@@ -34,9 +34,12 @@ from mlxbun_core.testing.process import ServerProcess
 from mlxbun_core.testing.server import free_port, start_server
 
 BIN = Path(sys.executable).parent
-BATCH = 8  # eight rows: a step's descriptor outgrows one frame (channel.FRAME)
+BATCH = 32
 PROMPTS = ["hello there", "the quick brown fox jumps over", "one two three four five six",
            "a", "seven eight", "what is the time", "zebras and lions", "b c d e f g"]
+# 32 rows of 18-360 tokens: a decode step's descriptor (their block tables) outgrows one
+# frame (channel.FRAME), up to about 1.2 KB
+MANY = [f"{i}: " + " ".join([p] * 16) for i, p in enumerate(PROMPTS * 4)]
 
 
 def _launcher() -> Path:
@@ -151,6 +154,15 @@ def _chat(base: str, messages: list, n: int = 16, stream: bool = False) -> tuple
     return "".join(text), usage
 
 
+def _decoded(base: str) -> tuple[float, float]:
+    """The batch lane's decode steps and the rows they carried so far (``/metrics``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    got = {s.name: s.value for f in text_string_to_metric_families(
+        httpx.get(base + "/metrics").text) for s in f.samples}
+    return got["mlxbun_batch_decode_steps_total"], got["mlxbun_batch_decode_rows_total"]
+
+
 # Qwen3.5 (the qwen35 family plugin) with four layers, so that both pipeline stages keep one
 # linear-attention and one full-attention cache each
 QWEN35 = {"text_config": {"num_hidden_layers": 4, "full_attention_interval": 2,
@@ -192,10 +204,13 @@ def test_greedy_chat_equals_single_process(served):
 
 def test_concurrent_requests_batch_together_and_match(served):
     pair, ref = served
-    with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
-        want = list(pool.map(lambda p: _completion(ref, p, 24), PROMPTS))
-        got = list(pool.map(lambda p: _completion(pair.base, p, 24), PROMPTS))
+    with cf.ThreadPoolExecutor(len(MANY)) as pool:
+        want = list(pool.map(lambda p: _completion(ref, p, 24), MANY))
+        steps, rows = _decoded(pair.base)
+        got = list(pool.map(lambda p: _completion(pair.base, p, 24), MANY))
     assert got == want
+    steps_after, rows_after = _decoded(pair.base)
+    assert rows_after - rows >= 4 * (steps_after - steps) > 0  # rows shared the steps
     lanes = httpx.get(pair.base + "/stats").json()["batch"]
     assert lanes["cap"] == BATCH
 

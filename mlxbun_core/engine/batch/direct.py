@@ -16,8 +16,8 @@ import mlx.core as mx
 
 from . import attention
 from .executor import Batch
-from .layout import copy_state
 from .pool import BlockPool
+from .states import copy_state
 from .view import PagedLayer
 
 log = logging.getLogger("mlxbun.engine")

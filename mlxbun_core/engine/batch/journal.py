@@ -31,7 +31,7 @@ class Ref(NamedTuple):
     uid: int
 
 
-class Pass(list):  # type: ignore[type-arg]
+class Pass(list[Any]):
     """One pass's per-layer cache objects (what the model is called with) and ``plan``:
     ``(layout number, Window.plan(), [Ref of each recurrent layer's state])``."""
 

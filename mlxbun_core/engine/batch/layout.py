@@ -139,8 +139,8 @@ class Layout:
         return self.journal.pass_of(self.name, out, view.plan(), states)
 
     def arrays(self, states: list[Any]) -> list[Any]:
-        """What a pass leaves to evaluate: the stores' arrays and the recurrent
-        ``states``'."""
+        """What a pass leaves to evaluate: the stores' arrays and those of the
+        recurrent ``states``."""
         out: list[Any] = [a for s in self.all_stores()
                           for a in (s.keys, s.values) if a is not None]
         for c in states:
