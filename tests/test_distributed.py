@@ -34,12 +34,12 @@ from mlxbun_core.testing.process import ServerProcess
 from mlxbun_core.testing.server import free_port, start_server
 
 BIN = Path(sys.executable).parent
-BATCH = 32
+BATCH = 64
 PROMPTS = ["hello there", "the quick brown fox jumps over", "one two three four five six",
            "a", "seven eight", "what is the time", "zebras and lions", "b c d e f g"]
-# 32 rows of 18-360 tokens: a decode step's descriptor (their block tables) outgrows one
-# frame (channel.FRAME), up to about 1.2 KB
-MANY = [f"{i}: " + " ".join([p] * 16) for i, p in enumerate(PROMPTS * 4)]
+# 64 short rows decoding together: a decode step's descriptor (their block tables) outgrows
+# one frame (channel.FRAME) by the end, up to about 1.2 KB
+MANY = [f"{i}: {p} {p} {p}" for i, p in enumerate(PROMPTS * 8)]
 
 
 def _launcher() -> Path:
@@ -205,9 +205,9 @@ def test_greedy_chat_equals_single_process(served):
 def test_concurrent_requests_batch_together_and_match(served):
     pair, ref = served
     with cf.ThreadPoolExecutor(len(MANY)) as pool:
-        want = list(pool.map(lambda p: _completion(ref, p, 24), MANY))
+        want = list(pool.map(lambda p: _completion(ref, p, 32), MANY))
         steps, rows = _decoded(pair.base)
-        got = list(pool.map(lambda p: _completion(pair.base, p, 24), MANY))
+        got = list(pool.map(lambda p: _completion(pair.base, p, 32), MANY))
     assert got == want
     steps_after, rows_after = _decoded(pair.base)
     assert rows_after - rows >= 4 * (steps_after - steps) > 0  # rows shared the steps
