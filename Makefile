@@ -57,6 +57,16 @@ lint: install-test
 typecheck: install-test
 	$(BIN)/python -m mypy mlxbun_core $(PLUGIN_PACKAGES)
 
+# the engine tests again on the lowest MLX and mlx-lm that pyproject.toml admits (the
+# suite itself runs on the highest): installed beside the venv, ahead of it on the path
+PINS_LOW = mlx==0.32.3 mlx-cpu==0.32.3 mlx-lm==0.32.0
+PINS_TESTS = tests/test_engine_batch.py tests/test_lane_parity.py tests/test_public_api.py
+
+test-pins: install-test
+	@rm -rf $(VENV)/pins-low
+	@$(PIP) install -qq --no-deps --target $(VENV)/pins-low $(PINS_LOW)
+	PYTHONPATH=$(VENV)/pins-low $(PYTEST) $(PINS_TESTS) $(ARGS)
+
 $(VENV)/.browser: $(VENV)/.test-extra
 	@echo "mlxbun: installing Playwright (drives the OS's Chromium)"
 	@$(PIP) install -qq -e ".[test,browser]"
@@ -70,4 +80,4 @@ test-browser: $(VENV)/.browser
 screenshots: $(VENV)/.browser
 	MLXBUN_SCREENSHOT_DIR=docs $(BIN)/python -m pytest -m browser tests/browser -k screenshots $(ARGS)
 
-.PHONY: install install-test serve test lint typecheck test-browser screenshots
+.PHONY: install install-test serve test test-pins lint typecheck test-browser screenshots
