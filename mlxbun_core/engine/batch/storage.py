@@ -91,9 +91,11 @@ class LayerStore:
 
 
 def _gather(store: mx.array, blocks: mx.array, block_size: int) -> mx.array:
+    """Whole blocks taken as rows of ``block_size * heads * dim`` (one contiguous copy per
+    block: fancy indexing of the 5-d view ran ~10x slower on CUDA)."""
     rows, n = blocks.shape
-    by_block = store.reshape(-1, block_size, *store.shape[1:])
-    picked = by_block[blocks]  # (rows, n, block_size, heads, dim)
+    by_block = store.reshape(-1, block_size * store.shape[1] * store.shape[2])
+    picked = mx.take(by_block, blocks.reshape(-1), axis=0)
     return picked.reshape(rows, n * block_size, *store.shape[1:]).transpose(0, 2, 1, 3)
 
 
