@@ -21,13 +21,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this tree
 
-import mlx.core as mx  # noqa: E402
-from mlx_lm import load  # noqa: E402
-from mlx_lm.generate import BatchGenerator  # noqa: E402
+import mlx.core as mx
+from mlx_lm import load
+from mlx_lm.generate import BatchGenerator
 
-from mlxbun_core.engine.batch import pool_for  # noqa: E402
-from mlxbun_core.engine.batch.executor import Batch  # noqa: E402
-from mlxbun_core.engine.batch.layout import layout  # noqa: E402
+from mlxbun_core.engine.batch import pool_for
+from mlxbun_core.engine.batch.executor import Batch
+from mlxbun_core.engine.batch.layout import layout
 
 
 def ours(model, prompts, tokens) -> dict:
