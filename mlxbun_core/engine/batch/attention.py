@@ -229,7 +229,7 @@ def _kernel_attention(q: mx.array, store: LayerStore, view: Window, window: int 
     params = mx.array([width, view.blocks.shape[1], window or 0, hkv, splits, CHUNK],
                       dtype=mx.int32)
     part = (rows, heads, width, splits)
-    acc, m, l = kernel(
+    acc, m, total = kernel(
         inputs=[q.astype(keys.dtype), keys, values, view.blocks, view.offset, params,
                 mx.array([scale], dtype=mx.float32)],
         template=[("T", keys.dtype), ("D", dim), ("R", rep),
@@ -237,13 +237,13 @@ def _kernel_attention(q: mx.array, store: LayerStore, view: Window, window: int 
         grid=(rows * hkv * width * splits * warps * 32, 1, 1), threadgroup=(warps * 32, 1, 1),
         output_shapes=[(*part, dim), part, part],
         output_dtypes=[mx.float32, mx.float32, mx.float32])
-    return combine(acc, m, l).astype(q.dtype)
+    return combine(acc, m, total).astype(q.dtype)
 
 
-def combine(acc: mx.array, m: mx.array, l: mx.array) -> mx.array:
+def combine(acc: mx.array, m: mx.array, total: mx.array) -> mx.array:
     """Attention from per-split partials: ``acc`` (``(..., splits, dim)``, the split's
-    softmax-weighted values before normalising), ``m`` and ``l`` (``(..., splits)``, its
-    max score and sum of exponentials; an empty split has ``m = -inf``)."""
+    softmax-weighted values before normalising), ``m`` and ``total`` (``(..., splits)``,
+    its max score and sum of exponentials; an empty split has ``m = -inf``)."""
     top = mx.max(m, axis=-1, keepdims=True)
     w = mx.where(m == -mx.inf, 0.0, mx.exp(m - top))
-    return (acc * w[..., None]).sum(axis=-2) / (l * w).sum(axis=-1)[..., None]
+    return (acc * w[..., None]).sum(axis=-2) / (total * w).sum(axis=-1)[..., None]
