@@ -30,8 +30,10 @@ from mlxbun_core.engine.batch.executor import Batch
 from mlxbun_core.engine.batch.layout import layout
 
 
-def ours(model, prompts, tokens) -> dict:
+def ours(model, prompts, tokens, direct_on: bool = False) -> dict:
     b = Batch(model, layout(model), pool_for(layout(model), None))
+    if direct_on:
+        direct.probe(b)
     for i, p in enumerate(prompts):
         b.add(i, p, budget=tokens + 1)
     while b.prefilling:
@@ -80,6 +82,8 @@ def main() -> None:
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--direct", action="store_true",
+                   help="also ours with direct attention over blocks (the CUDA kernel)")
     p.add_argument("--out")
     args = p.parse_args()
     if args.model is None:
@@ -91,15 +95,20 @@ def main() -> None:
     for rows in args.rows:
         prompts = [[5 + (i * 31 + j * 7) % 997 for j in range(args.prompt_tokens)]
                    for i in range(rows)]
-        got: dict[str, list] = {"ours": [], "theirs": []}
+        arms = {"ours": ours, "theirs": theirs}
+        if args.direct:
+            arms["direct"] = lambda m, p, t: ours(m, p, t, direct_on=True)
+        got: dict[str, list] = {name: [] for name in arms}
         for r in range(args.rounds):
-            order = [("ours", ours), ("theirs", theirs)]
+            order = list(arms.items())
             for name, fn in (order if r % 2 == 0 else order[::-1]):
                 got[name].append(fn(model, prompts, args.tokens)["tps"])
-        ratio = statistics.median(a / b for a, b in zip(got["ours"], got["theirs"]))
-        out[f"rows{rows}"] = {"ours_tps": statistics.median(got["ours"]),
-                              "theirs_tps": statistics.median(got["theirs"]),
-                              "ratio_paired": ratio, "rounds": got}
+        res = {f"{name}_tps": statistics.median(v) for name, v in got.items()}
+        for name in arms:
+            if name != "theirs":
+                res[f"{name}_ratio_paired"] = statistics.median(
+                    a / b for a, b in zip(got[name], got["theirs"]))
+        out[f"rows{rows}"] = {**res, "rounds": got}
         print(rows, json.dumps({k: v for k, v in out[f"rows{rows}"].items() if k != "rounds"}),
               flush=True)
     if args.out:
