@@ -25,7 +25,7 @@ import mlx.core as mx
 from mlx_lm import load
 from mlx_lm.generate import BatchGenerator
 
-from mlxbun_core.engine.batch import pool_for
+from mlxbun_core.engine.batch import direct, pool_for
 from mlxbun_core.engine.batch.executor import Batch
 from mlxbun_core.engine.batch.layout import layout
 
