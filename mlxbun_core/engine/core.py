@@ -379,7 +379,10 @@ class Engine:
     def batch_stats(self) -> dict[str, Any]:
         lanes = {lane.name: {"active": lane.active, "waiting": lane.waiting}
                  for lane in self.worker.lanes}
+        pools = [p for lane in self.worker.lanes
+                 if (p := getattr(lane, "pool_stats", lambda: None)()) is not None]
         return {"cap": self.batch, "cap_source": self.batch_source,
                 "auto": self.batch_plan.describe() if self.batch_plan else None,
                 "active_rows": self.worker.active, "waiting": self.worker.waiting,
-                "lanes": lanes, "prefill": self.pacer.stats(), "adapters": self.adapters.stats()}
+                "lanes": lanes, "prefill": self.pacer.stats(), "adapters": self.adapters.stats(),
+                "kv_blocks": pools[0] if pools else None}

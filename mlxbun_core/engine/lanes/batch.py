@@ -102,6 +102,13 @@ class BatchLane:
     def add(self, job: GenerationJob) -> None:
         self._queue.append(job)
 
+    def pool_stats(self) -> dict[str, Any] | None:
+        """The block pool's numbers (None before the batch's first row)."""
+        b = self._batch
+        if b is None:
+            return None
+        return {**b.pool.stats(b.layout.bytes_per_block()), "direct_attention": b.direct}
+
     @property
     def pacer(self) -> PrefillPacer:
         return self.scheduler.pacer
