@@ -322,3 +322,50 @@ def test_rows_roll_back_per_row_on_a_hybrid_model():
         assert len(run.rows[uid][1]) <= rows < len(tokens), uid
         got, ref = head[0].keys[..., :rows, :], want[0].keys[..., :rows, :]
         assert got.shape == ref.shape and mx.allclose(got, ref, atol=1e-4).item(), uid
+
+
+def test_host_drafts_take_the_same_rollback_on_a_hybrid_model():
+    """Prompt lookup's drafts (host lists) ride the same windows on the hybrid model:
+    rows get guesses of their own next tokens, some of them wrong, beside rows with
+    none; rejected rows get their recurrent state back and feed their kept tokens
+    again. Every row's tokens are mlx-lm's and the pool ends empty."""
+    import random
+
+    from mlxbun_core.engine.batch import Batch, BlockPool
+    from mlxbun_core.engine.batch.layout import layout
+
+    model, tok = mlx_load(str(tiny_checkpoint("qwen3_5", dtype="float32")))
+    rows = arrivals(tok, [None] * 4)
+    want = [mlx_lm_greedy(model, p, budget, ()) for _, p, budget, _ in rows]
+    rng = random.Random(0)
+    batch = Batch(model, layout(model), BlockPool(4, 8, 1 << 20))
+    got: list[list[int]] = [[] for _ in rows]
+    rejected = 0
+
+    def guesses() -> dict[int, list[int]]:
+        out = {}
+        for u in batch.decoding:
+            if batch.pending(u) is None or u % 2:  # odd rows never draft
+                continue
+            at = len(got[u]) + 1  # (the pending token is want[u][at - 1])
+            d = want[u][at:at + rng.randint(1, 3)]
+            if d and rng.random() < 0.5:
+                d[rng.randrange(len(d))] ^= 1
+            out[u] = d
+        return out
+
+    tick = 0
+    while any(len(g) < len(w) for g, w in zip(got, want)):
+        for i, (at, prompt, budget, _) in enumerate(rows):
+            if at == tick:
+                batch.add(i, prompt, budget=budget)
+        if batch.prefilling:
+            batch.prefill({u: 5 for u in batch.prefilling})
+        rejected += sum(bool(batch.refeeding(u)) for u in batch.decoding)
+        for e in batch.decode(drafts=guesses()):
+            got[e.uid].append(e.token)
+            if e.finish:
+                batch.remove(e.uid)
+        tick += 1
+    assert got == want
+    assert rejected > 0 and batch.pool.used == 0
