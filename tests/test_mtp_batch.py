@@ -313,6 +313,10 @@ def test_rows_roll_back_per_row_on_a_hybrid_model():
     assert_equals_mlx_lm(model, run)
     spec = [u.speculation for u in run.usage if u.speculation is not None]
     assert sum(s["drafted"] - s["accepted"] for s in spec) > 0  # rollbacks happened
+    # a head position costs what admission bills for it
+    pages = run.mtp.pages
+    assert pages.layout.bytes_per_block() == pages.pool.block_size \
+        * predictor.kv_bytes_per_token
     for uid, head in run.ends.items():
         tokens = run.rows[uid][1] + run.out[uid]  # its prompt and every token it gave
         _, hidden = predictor.forward(mx.array([tokens]), model.make_cache())
@@ -369,3 +373,70 @@ def test_host_drafts_take_the_same_rollback_on_a_hybrid_model():
         tick += 1
     assert got == want
     assert rejected > 0 and batch.pool.used == 0
+
+
+def test_a_lone_stream_hands_its_head_and_refeed_to_the_batch_and_back():
+    """The hand-offs of a lone MTP stream (``lanes/solo_mtp.py``), on the hybrid model
+    with a random head so that the stream stops right after a rejected round: its KV, its
+    head, the states the head has not read and the kept tokens its recurrent layers still
+    lack move into a batch row, which decodes on beside another; later the row moves back
+    out to a fresh stream the same way. The tokens of all three legs are mlx-lm's."""
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.sample_utils import make_sampler
+    from mlxbun_qwen35.mtp import load_predictor
+
+    from mlxbun_core.engine.speculate import MtpStream
+
+    path = tiny_checkpoint("qwen3_5", mtp="random", dtype="float32")
+    model, tok = mlx_load(str(path))
+    predictor = load_predictor(SimpleNamespace(path=path, model=model, config={}, id="t"))
+    prompt, other = tok.encode(PROMPTS[2]), tok.encode(PROMPTS[0])
+    total = 36
+    want = mlx_lm_greedy(model, prompt, total, ())
+    greedy = make_sampler(0.0)
+    usage = {"drafted": 0, "accepted": 0, "targetCalls": 0}
+    stream = MtpStream(predictor, make_prompt_cache(model), [], 2, greedy, [], usage)
+    stream.read(prompt[:-1], prompt[-1])
+    stream.begin(prompt[-1])
+    got: list[int] = []
+    while len(got) < 8:
+        got += [t for t, _ in stream.step()]
+    out, token, head = stream.handoff()
+    got += [t for t, _ in out]
+    assert head.refeed and head.hidden is not None  # (a rejected round: kept tokens wait)
+    assert got[-1] == token and stream.fed + head.refeed == [*prompt, *got[:-1]]
+
+    run = BatchRun(model, predictor, [(0, other, 20, None)])
+    batch, mtp = run.batch, run.mtp
+    batch.add(1, [token], cache=stream.cache, held=stream.fed, budget=total - len(got),
+              tapped=True, refeed=head.refeed)
+    mtp.add(1, 2, None, SimpleNamespace(speculation=None), head)
+    batch.add(0, other, budget=20)
+    while len(got) < 24:
+        if batch.prefilling:
+            batch.prefill({u: 7 for u in batch.prefilling})
+        got += [e.token for e in batch.decode(drafts=mtp.drafts(batch)) if e.uid == 1]
+    pending = batch.pending(1)
+    assert pending is not None
+    back = mtp.leaving(1, batch.refeeding(1))
+    cache, fed = batch.export(1)
+    batch.close()
+    mtp.drop(1)
+    assert batch.pool.used == 0 and mtp.pages.pool.used == 0
+
+    again = MtpStream(predictor, cache, fed, 2, greedy, [], usage)
+    y, lp = pending
+    again.resume(int(y.item()), (int(y.item()), lp), back)
+    while len(got) < total:
+        got += [t for t, _ in again.step()]
+    assert got[:total] == want
+    assert usage["drafted"] > usage["accepted"]
+    # the head read every state it was handed, in order, across both moves
+    tokens = [*prompt, *got]
+    _, hidden = predictor.forward(mx.array([tokens]), model.make_cache())
+    ref = predictor.make_cache()
+    predictor.predict(hidden[:, :-1], mx.array([tokens[1:]]), ref)
+    rows = again.head_cache[0].offset
+    assert len(prompt) + 24 <= rows < len(tokens)
+    assert mx.allclose(again.head_cache[0].keys[..., :rows, :], ref[0].keys[..., :rows, :],
+                       atol=1e-4).item()
