@@ -304,12 +304,13 @@ def test_rows_roll_back_per_row_on_a_hybrid_model():
     again, beside a plain row; every row's tokens are still mlx-lm's, and every MTP row's
     head holds exactly the pairs the target's own states give it (the state at ``p``
     with the token at ``p + 1``), whatever the windows, restores and refeeds."""
-    from mlxbun_qwen35.mtp import load_predictor
+    from mlxbun_core import loader
+    from mlxbun_core.model import LoadOptions
 
-    path = tiny_checkpoint("qwen3_5", mtp="random", dtype="float32")
-    model, tok = mlx_load(str(path))
-    predictor = load_predictor(SimpleNamespace(path=path, model=model, config={}, id="t"))
-    run = BatchRun(model, predictor, arrivals(tok, [2, None, 3, 1])).run()
+    loaded = loader.load(str(tiny_checkpoint("qwen3_5", mtp="random", dtype="float32")),
+                         LoadOptions())
+    model, predictor = loaded.model, loaded.hooks.token_predictor(model=loaded)
+    run = BatchRun(model, predictor, arrivals(loaded.tokenizer, [2, None, 3, 1])).run()
     assert_equals_mlx_lm(model, run)
     spec = [u.speculation for u in run.usage if u.speculation is not None]
     assert sum(s["drafted"] - s["accepted"] for s in spec) > 0  # rollbacks happened
