@@ -51,29 +51,17 @@ Plan = tuple[list[int], "Sequence[int] | mx.array"]
 
 def window_step(b: Batch, drafts: Drafts, forcing: Forcing | None) -> list[Emit]:
     assert b._next is not None
-    uids = list(b.decoding)
-    rows = [b.rows[u] for u in uids]
-    fed_logprobs = b._next_logprobs
-    forced = _forced(b, uids, forcing) if forcing is not None else {}
+    rows = [b.rows[u] for u in b.decoding]
+    forced = _forced(b, forcing) if forcing is not None else {}
     plans = [_bounded(r, forced.get(r.uid, []), drafts.get(r.uid, ())) for r in rows]
     if not any(f or len(d) or r.refeed for r, (f, d) in zip(rows, plans)):
         return b.decode()  # nothing rides along: the ordinary step
     lead = [len(r.refeed) for r in rows]  # each row's x sits after its refed tokens
     valid = [n + 1 + len(f) + len(d) for n, (f, d) in zip(lead, plans)]
-    width = max(valid)
-    inputs = _inputs(b._next, rows, plans, width)
-    b._reserve(rows, valid)
-    view = Window([r.table for r in rows], valid, width)
-    states = b.states.caches
-    held = [list(c.cache) for c in states] if any(len(d) for _, d in plans) else []
-    padded = any(v < width for v in valid)
-    if padded:
-        for c in states:
-            c.prepare(lengths=valid)
-    logits, hidden = b._pass(inputs, view, states, rows)
-    if padded:
-        for c in states:
-            c.finalize()
+    inputs = _inputs(b._next, rows, plans, max(valid))
+    # recurrent states before the window (arrays are immutable: references are a copy)
+    held = [list(c.cache) for c in b.states.caches] if any(len(d) for _, d in plans) else []
+    logits, hidden = _run(b, rows, inputs, valid)
     # the positions each row samples at: after its forced run, one per draft and one more
     at = [[n + len(f) + j for j in range(len(d) + 1)] for n, (f, d) in zip(lead, plans)]
     picked = logits[mx.array([r for r, a in enumerate(at) for _ in a]),
@@ -82,19 +70,18 @@ def window_step(b: Batch, drafts: Drafts, forcing: Forcing | None) -> list[Emit]
     logprobs = picked - mx.logsumexp(picked, axis=-1, keepdims=True)
     samples = _sample(logprobs, rows, at)
     mx.eval(samples, logprobs, inputs, *([] if b.tap is None else b.tap.arrays()))
-    drawn = cast("list[int]", samples.tolist())
     fed = cast("list[list[int]]", inputs.tolist())
+    drawn = cast("list[int]", samples.tolist())
     out: list[Emit] = []
     nxt, nxt_lp, back, k = [], [], [], 0
-    for i, (r, lp, (f, d), a) in enumerate(zip(rows, fed_logprobs, plans, at)):
-        x, n = fed[i][lead[i]], len(d)
-        guesses = fed[i][lead[i] + 1 + len(f):valid[i]]
+    for i, (r, lp, (f, d), a) in enumerate(zip(rows, b._next_logprobs, plans, at)):
+        x, guesses = fed[i][lead[i]], fed[i][lead[i] + 1 + len(f):valid[i]]
         mine = drawn[k:k + len(a)]
         accepted = 0
-        while accepted < n and mine[accepted] == guesses[accepted]:
+        while accepted < len(d) and mine[accepted] == guesses[accepted]:
             accepted += 1
         kept = [x, *f, *guesses[:accepted]]
-        back.append(bool(held) and bool(b.layout.recurrent) and accepted < n)
+        back.append(bool(held) and accepted < len(d))  # (held: recurrent layers, drafts)
         _keep(r, kept, back[-1])
         if r.tapped and hidden is not None and b.tap is not None:
             b.tap.kept(r.uid, hidden[i:i + 1, lead[i]:lead[i] + len(kept)], kept)
@@ -104,16 +91,36 @@ def window_step(b: Batch, drafts: Drafts, forcing: Forcing | None) -> list[Emit]
             out += _emits(r, x, lp, f, guesses, accepted, logprobs[k:k + accepted])
         k += len(a)
     if any(back):
-        _restore(states, held, back)
+        _restore(b.states.caches, held, back)
     b._next = mx.array(nxt, dtype=mx.uint32)
     b._next_logprobs = list(nxt_lp)
     return out
 
 
-def _forced(b: Batch, uids: list[int], forcing: Forcing) -> dict[int, list[int]]:
+def _run(b: Batch, rows: list[Row], inputs: mx.array, valid: list[int]
+         ) -> tuple[mx.array, mx.array | None]:
+    """The window's forward: logits (and hidden states when a row is tapped); padding
+    is written to the trash block and kept out of the recurrent states."""
+    width = int(inputs.shape[1])
+    b._reserve(rows, valid)
+    view = Window([r.table for r in rows], valid, width)
+    states = b.states.caches
+    padded = any(v < width for v in valid)
+    if padded:
+        for c in states:
+            c.prepare(lengths=valid)
+    logits, hidden = b._pass(inputs, view, states, rows)
+    if padded:
+        for c in states:
+            c.finalize()
+    return logits, hidden
+
+
+def _forced(b: Batch, forcing: Forcing) -> dict[int, list[int]]:
     """The forced runs of rows whose next token was sampled (read on the host here)."""
     assert b._next is not None
     tokens = cast("list[int]", b._next.tolist())
+    uids = b.decoding
     asked = [i for i, lp in enumerate(b._next_logprobs) if lp is not None]
     return forcing([uids[i] for i in asked], [tokens[i] for i in asked]) if asked else {}
 
