@@ -303,12 +303,18 @@ def test_rows_verify_together_on_a_trimmable_cache(depth):
     assert run.read == {i: len(p) - 1 for i, (_, p, _, d) in enumerate(run.rows) if d}
 
 
-def test_rows_roll_back_per_row_on_a_hybrid_model():
+REFEED = pytest.mark.parametrize("refeed", ["1", "4"])  # the CPU's and the GPU's default
+
+
+@REFEED
+def test_rows_roll_back_per_row_on_a_hybrid_model(refeed, monkeypatch):
     """On Qwen3.5 (gated DeltaNet beside attention) with a random head most drafts are
     rejected: the rows' recurrent state is put back per row and their kept tokens fed
-    again, beside a plain row; every row's tokens are still mlx-lm's, and every MTP row's
-    head holds exactly the pairs the target's own states give it (the state at ``p``
-    with the token at ``p + 1``), whatever the windows, restores and refeeds."""
+    again (alone, or ahead of the next drafts), beside a plain row; every row's tokens
+    are still mlx-lm's, and every MTP row's head holds exactly the pairs the target's own
+    states give it (the state at ``p`` with the token at ``p + 1``), whatever the
+    windows, restores and refeeds."""
+    monkeypatch.setenv("MLXBUN_SPEC_BATCH_REFEED", refeed)
     from mlxbun_core import loader
     from mlxbun_core.model import LoadOptions
 
@@ -334,13 +340,15 @@ def test_rows_roll_back_per_row_on_a_hybrid_model():
         assert got.shape == ref.shape and mx.allclose(got, ref, atol=1e-4).item(), uid
 
 
-def test_host_drafts_take_the_same_rollback_on_a_hybrid_model():
+@REFEED
+def test_host_drafts_take_the_same_rollback_on_a_hybrid_model(refeed, monkeypatch):
     """Prompt lookup's drafts (host lists) ride the same windows on the hybrid model:
     rows get guesses of their own next tokens, some of them wrong, beside rows with
     none; rejected rows get their recurrent state back and feed their kept tokens
     again. Every row's tokens are mlx-lm's and the pool ends empty."""
     import random
 
+    monkeypatch.setenv("MLXBUN_SPEC_BATCH_REFEED", refeed)
     from mlxbun_core.engine.batch import Batch, BlockPool
     from mlxbun_core.engine.batch.layout import layout
 
@@ -381,12 +389,14 @@ def test_host_drafts_take_the_same_rollback_on_a_hybrid_model():
     assert rejected > 0 and batch.pool.used == 0
 
 
-def test_a_lone_stream_hands_its_head_and_refeed_to_the_batch_and_back():
+@REFEED
+def test_a_lone_stream_hands_its_head_and_refeed_to_the_batch_and_back(refeed, monkeypatch):
     """The hand-offs of a lone MTP stream (``lanes/solo_mtp.py``), on the hybrid model
     with a random head so that the stream stops right after a rejected round: its KV, its
     head, the states the head has not read and the kept tokens its recurrent layers still
     lack move into a batch row, which decodes on beside another; later the row moves back
     out to a fresh stream the same way. The tokens of all three legs are mlx-lm's."""
+    monkeypatch.setenv("MLXBUN_SPEC_BATCH_REFEED", refeed)
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.sample_utils import make_sampler
     from mlxbun_qwen35.mtp import load_predictor

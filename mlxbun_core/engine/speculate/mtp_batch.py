@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..batch.windows import MAX_REFEED
+from ..batch.windows import refeed_cap
 from .mtp import HeadState
 from .mtp_head import HeadPages, pageable
 
@@ -166,8 +166,8 @@ class MtpBatch:
         logits, state = self.pages.append(uids, last, xs, [1] * len(uids))
         for r in rows:
             r.hidden, r.after = None, []
-        depth = {u: 0 if len(batch.refeeding(u)) >= MAX_REFEED else r.n
-                 for u, r in zip(uids, rows)}
+        cap = refeed_cap()
+        depth = {u: 0 if len(batch.refeeding(u)) >= cap else r.n for u, r in zip(uids, rows)}
         going = [j for j, u in enumerate(uids) if depth[u] > 0]
         if not going:
             return {}
