@@ -130,19 +130,46 @@ def test_concurrent_mtp_rows_a_plain_and_a_lookup_one_equal_their_solo_decodes(
     assert out[4].usage.model_extra["lane"] == "batched"  # (prompt lookup: no "+spec")
 
 
+def streamed(oai, prompt: str, body: dict, started: threading.Event, after: int = 4,
+             max_tokens: int = TOKENS) -> tuple[list[int], object]:
+    """A greedy streamed completion: its token ids and usage; ``started`` is set once
+    ``after`` tokens have arrived."""
+    stream = oai.completions.create(model="m", prompt=prompt, max_tokens=max_tokens,
+                                    temperature=0, stream=True,
+                                    stream_options={"include_usage": True},
+                                    extra_body={"logprobs": True, **body})
+    ids, usage = [], None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].logprobs:
+            ids += [e["id"] for e in chunk.choices[0].logprobs.content]
+            if len(ids) >= after:
+                started.set()
+        usage = chunk.usage or usage
+    return ids, usage
+
+
 def test_a_lone_mtp_request_and_a_deeper_one(oai, lane, reference):
+    """A lone MTP request (twice: the second from the first one's cached prefix), then a
+    deeper one (``num_draft_tokens: 4``) joining a longer one mid-reply: each row drafts
+    its own depth in the same steps."""
     prompt = PROMPTS[2]
-    for _turn in range(2):  # the second one starts from the first one's cached prefix
+    for _turn in range(2):
         alone = complete(oai, prompt, MTP)
         assert ids_of(alone) == reference[prompt]
         assert alone.usage.model_extra["lane"] == "batched+spec"
     assert alone.usage.prompt_tokens_details.cached_tokens > 0
-    first = len(lane.recorded)
-    deep, other = together(lambda: complete(oai, prompt, {**MTP, "num_draft_tokens": 4}),
-                           lambda: complete(oai, PROMPTS[0], MTP))
-    assert ids_of(deep) == reference[prompt] and ids_of(other) == reference[PROMPTS[0]]
-    assert spec_of(deep.usage)["drafted"] > 0 and spec_of(other.usage)["drafted"] > 0
-    # each row drafts its own depth in the same steps (the head's 2 for the other)
+    first, started = len(lane.recorded), threading.Event()
+
+    def deeper():
+        assert started.wait(60)
+        return complete(oai, prompt, {**MTP, "num_draft_tokens": 4})
+
+    (ids, usage), deep = together(
+        lambda: streamed(oai, PROMPTS[0], MTP, started, after=2, max_tokens=4 * TOKENS),
+        deeper)
+    assert ids[:TOKENS] == reference[PROMPTS[0]] and ids_of(deep) == reference[prompt]
+    assert spec_of(deep.usage)["drafted"] > 0 and spec_of(usage)["drafted"] > 0
+    # (the head's own depth, 2, for the longer one)
     depths = {n for _, drafted in lane.recorded[first:] for n in drafted.values()}
     assert {2, 4} <= depths and max(depths) == 4
 
@@ -154,28 +181,16 @@ def test_a_lone_mtp_stream_joins_the_batch_mid_reply(srv, oai, lane, reference):
     first = len(lane.recorded)
     started = threading.Event()
 
-    def lone():
-        stream = oai.completions.create(model="m", prompt=PROMPTS[2], max_tokens=TOKENS,
-                                        temperature=0, stream=True,
-                                        stream_options={"include_usage": True},
-                                        extra_body={"logprobs": True, **MTP})
-        ids, usage = [], None
-        for chunk in stream:
-            if chunk.choices and chunk.choices[0].logprobs:
-                ids += [e["id"] for e in chunk.choices[0].logprobs.content]
-                if len(ids) >= 4:
-                    started.set()
-            usage = chunk.usage or usage
-        return ids, usage
-
     def later(prompt):
         assert started.wait(60)
         return complete(oai, prompt, MTP)
 
-    (ids, usage), *rest = together(lone, lambda: later(PROMPTS[0]), lambda: later(PROMPTS[1]))
-    assert ids == reference[PROMPTS[2]]
+    # (its reply repeats a token twice in a row: a draft lands whichever step drafts it)
+    (ids, usage), *rest = together(lambda: streamed(oai, PROMPTS[0], MTP, started),
+                                   lambda: later(PROMPTS[1]), lambda: later(PROMPTS[2]))
+    assert ids == reference[PROMPTS[0]]
     assert usage.model_extra["lane"] == "batched+spec" and spec_of(usage)["accepted"] > 0
-    for prompt, r in zip(PROMPTS[:2], rest, strict=True):
+    for prompt, r in zip(PROMPTS[1:3], rest, strict=True):
         assert ids_of(r) == reference[prompt]
     assert shared_steps(lane, first, 3) > 0  # the lone one joined the others
 
@@ -299,7 +314,9 @@ def test_rows_verify_together_on_a_trimmable_cache(depth):
     spec = [u.speculation for u in run.usage if u.speculation is not None]
     assert len(spec) == 3 and sum(s["accepted"] for s in spec) > 0
     assert all(s["drafted"] > s["accepted"] for s in spec)
-    assert run.steps < sum(budget for _, _, budget, _ in run.rows)  # drafts saved steps
+    for i, (_, _, budget, d) in enumerate(run.rows):  # each accepted draft saves a step
+        accepted = run.usage[i].speculation["accepted"] if d else 0
+        assert run.calls[i] == 1 + budget - accepted, i  # (1: the prompt's last token)
     assert run.read == {i: len(p) - 1 for i, (_, p, _, d) in enumerate(run.rows) if d}
 
 

@@ -113,6 +113,7 @@ class BatchRun:
         self.out: list[list[int]] = [[] for _ in rows]
         self.usage = [SimpleNamespace(speculation=None) for _ in rows]
         self.steps = 0  # decode steps
+        self.calls = [0] * len(rows)  # decode steps each row took part in
         self.read: dict[int, int] = {}  # head positions each MTP row held at its first step
         self.ends: dict[int, list[Any]] = {}  # each MTP row's head at its end (mlx-lm caches)
 
@@ -135,6 +136,8 @@ class BatchRun:
             if not b.decoding:
                 continue
             self.steps += 1
+            for u in b.decoding:
+                self.calls[u] += 1
             emits = b.decode(drafts=mtp.drafts(b))
             for e in emits:
                 self.out[e.uid].append(e.token)
