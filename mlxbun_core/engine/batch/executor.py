@@ -14,13 +14,18 @@ the device never waits for the host between steps.
 A row's prompt is read in chunks except its last token, which its first decode step
 feeds (the KV of the prompt minus its last token is what the prefix cache keeps for
 caches that cannot rewind).
+
+Rows added with ``tapped=True`` draft with the model's own multi-token-prediction head,
+which reads the target's hidden states: a pass carrying one runs through the batch's
+:class:`Tap` (the head's ``forward``: logits and states) and hands each such row its
+states (``speculate/mtp_batch.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import mlx.core as mx
 
@@ -54,6 +59,33 @@ Forcing = Callable[[list[int], list[int]], dict[int, list[int]]]
 """``forcing(uids, tokens)``: the grammar-forced run each row feeds after its next
 input ``tokens[i]`` (sampled, about to be handed out, now read on the host)."""
 
+Drafts = Mapping[int, "Sequence[int] | mx.array"]
+"""A step's drafts by row: host tokens (prompt lookup) or a device array (an MTP
+head's, never read on the host before the verify pass)."""
+
+
+class Tap(Protocol):
+    """What reads the target's hidden states for the rows added with ``tapped=True``."""
+
+    def forward(self, inputs: mx.array, caches: list[Any]) -> tuple[mx.array, mx.array]:
+        """The target's pass: logits and hidden states, ``(rows, width, ...)`` each."""
+        ...
+
+    def prompt(self, uids: list[int], hidden: mx.array, after: list[list[int]]) -> None:
+        """A prefill pass read ``len(after[i])`` prompt tokens of row ``uids[i]``:
+        ``hidden[i, j]`` is the state at the j-th, and ``after[i][j]`` the token after it."""
+        ...
+
+    def kept(self, uid: int, hidden: mx.array, fed: list[int]) -> None:
+        """A decode step kept ``k`` positions of row ``uid``: their states ``hidden``
+        ``(1, k, H)`` and the tokens ``fed`` there; the last state is followed by the
+        row's next input (still on the device)."""
+        ...
+
+    def arrays(self) -> list[mx.array]:
+        """Its own arrays to evaluate with a pass."""
+        ...
+
 
 @dataclass
 class Row:
@@ -66,16 +98,22 @@ class Row:
     budget: int  # tokens it may still generate
     states: list[Any] = field(default_factory=list)  # recurrent state while not decoding
     context: mx.array | None = None  # what its logits processors see: every fed token
+    tapped: bool = False  # its passes hand it the target's hidden states (Tap)
+    # kept tokens a recurrent rollback took back out of its KV, fed again before its next
+    # input (windows.py); already handed out
+    refeed: list[int] = field(default_factory=list)
 
 
 class Batch:
     """Rows of one model over ``pool``. ``before(uids)`` runs ahead of every forward
-    pass with the rows it carries, in order (per-row adapter routing)."""
+    pass with the rows it carries, in order (per-row adapter routing); ``tap`` reads the
+    hidden states of rows added with ``tapped=True``."""
 
     def __init__(self, model: Any, slots: list[Slot], pool: BlockPool,
                  before: Callable[[list[int]], None] | None = None,
-                 reclaim: Callable[[int], int] | None = None):
+                 reclaim: Callable[[int], int] | None = None, tap: Tap | None = None):
         self.model = model
+        self.tap = tap
         self.layout = Layout(slots, pool)
         self.pool = pool
         self.before = before
@@ -93,13 +131,20 @@ class Batch:
     # -- rows in and out -------------------------------------------------------------
     def add(self, uid: int, todo: list[int], *, cache: list[Any] | None = None,
             shared: Shared | None = None, held: Sequence[int] = (), sampler: Any = None,
-            processors: Sequence[Any] = (), budget: int = 1 << 30) -> None:
+            processors: Sequence[Any] = (), budget: int = 1 << 30, tapped: bool = False,
+            refeed: Sequence[int] = ()) -> None:
         """Start row ``uid`` holding ``held``: in ``shared`` (a table over cached blocks,
         taken over by the row), or in ``cache`` (a single-sequence mlx-lm cache, copied
         into the row's blocks), or nowhere (None of them: ``held`` is empty); ``todo``
-        (at least one token) is fed next."""
+        (at least one token) is fed next; ``tapped``: the tap reads its states;
+        ``refeed``: tokens the cache lacks (a rollback took them out), fed again ahead of a
+        one-token ``todo`` without being handed out."""
         if not todo:
             raise ValueError("a row needs at least one token to feed")
+        if refeed and len(todo) > 1:
+            raise ValueError("tokens to feed again come before a row's next token only")
+        if tapped and self.tap is None:
+            raise ValueError("a tapped row needs a batch with a tap")
         if shared is not None:
             table, states = shared.table, shared.states
         else:
@@ -107,7 +152,7 @@ class Batch:
             states = (self._load(table, cache, len(held)) if cache is not None and held
                       else self.layout.fresh_states())
         self.rows[uid] = Row(uid, table, list(held), list(todo), sampler, processors, budget,
-                             states)
+                             states, tapped=tapped, refeed=list(refeed))
         if processors and held:  # they see every token fed, those cached before too
             self.rows[uid].context = mx.array(list(held), dtype=mx.uint32)
         if len(todo) == 1:
@@ -167,6 +212,16 @@ class Batch:
         lp = self._next_logprobs[i]
         return (self._next[i:i + 1], lp) if lp is not None else None
 
+    @property
+    def next_tokens(self) -> mx.array | None:
+        """The decoding rows' next inputs, ``(rows,)`` in ``decoding`` order, on the device
+        (what a drafter reads to guess the tokens after them)."""
+        return self._next
+
+    def refeeding(self, uid: int) -> list[int]:
+        """Row ``uid``'s tokens to feed again before its next input (see ``add``)."""
+        return list(self.rows[uid].refeed)
+
     def close(self) -> None:
         for uid in list(self.rows):
             self.remove(uid)
@@ -190,10 +245,12 @@ class Batch:
         view = Window([r.table for r in rows], sizes, width)
         merged = (recurrent.merged([r.states for r in rows], sizes)
                   if self.layout.recurrent else [])
-        self.forward(inputs, self._caches(view, merged, [r.uid for r in rows]))
+        _, hidden = self._pass(inputs, view, merged, rows)
         if merged:
             for r, s in zip(rows, recurrent.split(merged, len(rows))):
                 r.states = s
+        if hidden is not None:
+            self._tap_prompt(rows, sizes, hidden)
         mx.eval(self._arrays(merged))
         done = []
         for r, f in zip(rows, feed):
@@ -207,26 +264,26 @@ class Batch:
                 done.append(r.uid)
         return done
 
-    def decode(self, drafts: dict[int, list[int]] | None = None,
+    def decode(self, drafts: Drafts | None = None,
                forcing: Forcing | None = None) -> list[Emit]:
         """One step for every decoding row: feed each its next input, queue the pass
         and the sampling after it, then hand out the fed tokens that were sampled.
         Rows may feed a window instead (``windows.py``): ``drafts[uid]``, guesses of
-        the tokens after the row's next one, and forced runs from ``forcing``."""
+        the tokens after the row's next one, forced runs from ``forcing``, and the
+        tokens a rollback left to feed again."""
         if not self.decoding:
             return []
-        if drafts or forcing is not None:
+        rows = [self.rows[u] for u in self.decoding]
+        if drafts or forcing is not None or any(r.refeed for r in rows):
             from .windows import window_step
 
             return window_step(self, drafts or {}, forcing)
-        rows = [self.rows[u] for u in self.decoding]
         assert self._next is not None
         inputs, fed_logprobs = self._next, self._next_logprobs
         self._reserve(rows, [1] * len(rows))
         view = self.window([r.table for r in rows], [1] * len(rows), 1)
-        logits = self.forward(inputs[:, None],
-                              self._caches(view, self.states.caches, self.decoding))[:, -1, :]
-        logits = self._processed(rows, inputs, logits)
+        logits, hidden = self._pass(inputs[:, None], view, self.states.caches, rows)
+        logits = self._processed(rows, inputs, logits[:, -1, :])
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         sampled = _sample(logprobs, [r.sampler for r in rows])
         self._next = sampled
@@ -234,7 +291,9 @@ class Batch:
         mx.async_eval(sampled, logprobs, *self._arrays(self.states.caches))
         fed = cast("list[int]", inputs.tolist())
         out = []
-        for r, token, lp in zip(rows, fed, fed_logprobs):
+        for i, (r, token, lp) in enumerate(zip(rows, fed, fed_logprobs)):
+            if r.tapped and hidden is not None and self.tap is not None:
+                self.tap.kept(r.uid, hidden[i:i + 1], [token])
             r.tokens.append(token)
             r.table.length += 1
             if lp is None:  # the prompt's last token: nothing to hand out
@@ -252,6 +311,23 @@ class Batch:
 
     def _model_forward(self, inputs: mx.array, caches: list[Any]) -> mx.array:
         return cast(mx.array, self.model(inputs, cache=caches))
+
+    def _pass(self, inputs: mx.array, view: Window, states: list[Any],
+              rows: list[Row]) -> tuple[mx.array, mx.array | None]:
+        """One forward over ``rows``: logits, and hidden states when a row is tapped."""
+        caches = self._caches(view, states, [r.uid for r in rows])
+        if self.tap is not None and any(r.tapped for r in rows):
+            return self.tap.forward(inputs, caches)
+        return self.forward(inputs, caches), None
+
+    def _tap_prompt(self, rows: list[Row], sizes: list[int], hidden: mx.array) -> None:
+        """Hand the tapped rows of a prefill pass their chunk's states, each with the
+        prompt token after it (the chunk never holds the prompt's last token)."""
+        assert self.tap is not None
+        at = [i for i, r in enumerate(rows) if r.tapped]
+        picked = hidden if len(at) == len(rows) else hidden[mx.array(at)]
+        self.tap.prompt([rows[i].uid for i in at], picked,
+                        [rows[i].todo[1:sizes[i] + 1] for i in at])
 
     def _start_decoding(self, row: Row) -> None:
         """Row ``row`` has only its prompt's last token left: it joins the decode batch
@@ -305,6 +381,8 @@ class Batch:
                           for a in (s.keys, s.values) if a is not None]
         for c in states:
             out += [a for a in c.cache if a is not None]
+        if self.tap is not None:
+            out += self.tap.arrays()
         return out
 
     def _processed(self, rows: list[Row], inputs: mx.array, logits: mx.array) -> mx.array:

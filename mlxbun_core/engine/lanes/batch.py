@@ -12,6 +12,11 @@ mlx-lm's single-sequence speed, kept in the lane's ``SoloSlot``) and joins the b
 KV and all, as soon as another job of its adapter set arrives; a batch that drains to
 one decoding row hands that row back out the same way.
 
+Speculation rides in the batch's decode step: prompt lookup's drafts
+(``speculate/batch.py``) and the model's MTP head's (``speculate/mtp_batch.py``: the
+batch's tap, drafting on the device from each MTP row's hidden states; a lone MTP job
+decodes in ``solo_mtp.py`` and moves in and out with its head).
+
 LoRA adapter sets mix in one batch: each forward pass routes its rows to their own
 sets (``adapters/rows.py``; the base model is the empty set). Sets that cannot run
 per row (``AdapterManager.group``) run one per batch: a fresh batch takes the oldest
@@ -38,7 +43,9 @@ from ..fill.rows import forcing
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
 from ..scheduler import PREFILL_TOKENS, Scheduler, StepPlan
+from ..speculate import MTP, HeadState
 from ..speculate.batch import BatchSpeculator
+from ..speculate.mtp_batch import MtpBatch
 from .pace import FixedChunk, PrefillPacer
 from .slot import BatchRow, SoloSlot, deliver
 from .tally import StepTally
@@ -84,20 +91,28 @@ class BatchLane:
         self.solo_prefill: int | None = None  # pins the lone job's chunk (tests)
         self.spec = BatchSpeculator()  # rows' prompt lookup (speculate/batch.py)
         self.predictor = predictor
+        # rows drafting with the model's MTP head (speculate/mtp_batch.py)
+        self.mtp = MtpBatch(predictor) if predictor is not None else None
         self._solo.predictor = predictor  # a lone MTP job drafts there (solo_mtp.py)
 
     # -- the Lane protocol ---------------------------------------------------------
     def accepts(self, job: GenerationJob) -> bool:
         req = job.request
         # a draft, prompt embeddings, media, a seed (reproducible only alone), MTP
-        # speculation, a KV scheme or a model whose caches cannot be paged take the
-        # serial lane
+        # speculation the batch cannot run, a KV scheme or a model whose caches cannot be
+        # paged take the serial lane
         return (job.draft is None and req.input_embeddings is None and req.media is None
                 and req.sampling.seed is None and self._slots is not None
-                and self.kv is kvquant.OFF and not self._wants_mtp(job))
+                and self.kv is kvquant.OFF
+                and (not self._wants_mtp(job) or self._runs_mtp(job)))
 
     def _wants_mtp(self, job: GenerationJob) -> bool:
-        return job.spec is not None and job.spec.kind == "mtp"
+        return job.spec is not None and job.spec.kind == MTP
+
+    def _runs_mtp(self, job: GenerationJob) -> bool:
+        """Whether ``job``'s MTP speculation runs here: logits processors see a window
+        per position only on the serial lane; the head's cache must page."""
+        return self.mtp is not None and not job.request.processors and self.mtp.supported()
 
     def add(self, job: GenerationJob) -> None:
         self._queue.append(job)
@@ -137,8 +152,8 @@ class BatchLane:
         if self.alone and any(self._group_of(j) == self._group for j in self._queue):
             moving = self._solo.join()  # company arrived: the lone job moves into the batch
             if moving is not None:  # (None: the token it had sampled already ended it)
-                job, cache, held, segments = moving
-                self._add_row(job, cache, held, [t for seg in segments for t in seg])
+                job, cache, held, segments, head = moving
+                self._add_row(job, cache, held, [t for seg in segments for t in seg], head)
         self._admit()
         if not self._rows and not self.alone:
             return
@@ -159,6 +174,8 @@ class BatchLane:
         if uids:  # a decode step that handed out tokens, and the rows it carried
             self.steps.add(len(uids))
             self.spec.stepped(uids)
+            if self.mtp is not None:
+                self.mtp.stepped(uids)
         for e in emits:
             self._route(e)
         if len(self._rows) == 1 and not self._queue:  # the last row goes on alone
@@ -170,7 +187,10 @@ class BatchLane:
         if plan.decode:
             rows = [self._rows[u].job for u in batch.decoding]
             fills = any(j.fill is not None for j in rows)
-            emits = batch.decode(drafts=self.spec.drafts(batch.decoding),
+            drafts: dict[int, Any] = self.spec.drafts(batch.decoding)
+            if self.mtp is not None and self.mtp.rows:
+                drafts.update(self.mtp.drafts(batch))
+            emits = batch.decode(drafts=drafts,
                                  forcing=forcing(self._fills()) if fills else None)
         if plan.prefill:
             with self.pacer.timed(plan.asked) as timer:
@@ -219,6 +239,8 @@ class BatchLane:
 
     def _forget(self, uid: int) -> BatchRow:
         self.spec.drop(uid)
+        if self.mtp is not None:
+            self.mtp.drop(uid)
         row = self._rows.pop(uid)
         if self.admission is not None:
             self.admission.release(row.job)
@@ -232,6 +254,8 @@ class BatchLane:
         if self.admission is not None:
             self.admission.reserve(job)
         job.mark_started(self.name)
+        if self._wants_mtp(job):
+            job.session.usage.lane = f"{self.name}+spec"
         cache: list[Any] | None = None
         n, t0 = 0, time.perf_counter()
         if self._uses_prefix(job) and self.prefix is not None:
@@ -248,22 +272,30 @@ class BatchLane:
         self._add_row(job, cache, prompt[:n], prompt[n:])
 
     def _add_row(self, job: GenerationJob, cache: list[Any] | Shared | None,
-                 held: list[int], todo: list[int]) -> int:
+                 held: list[int], todo: list[int], head: HeadState | None = None) -> int:
         """Start a row whose KV ``cache`` (shared blocks, or mlx-lm caches) holds the
         tokens ``held``; ``todo`` is fed next (a row snapshots its prompt boundary when it
-        reads more than one token and its cache cannot rewind); its uid."""
+        reads more than one token and its cache cannot rewind; ``head``: a lone MTP job's
+        head); its uid."""
         left = job.limit - job.session.usage.completion_tokens if job.limit else NO_LIMIT
         uid = next(self._uids)
+        mtp = self.mtp if self._wants_mtp(job) else None
         shared = cache if isinstance(cache, Shared) else None
         dense = None if shared is not None else cache
         assert not isinstance(dense, Shared)
         self._get_batch().add(uid, todo, cache=dense, shared=shared, held=held,
                               sampler=job.request.sampler, processors=job.request.processors,
-                              budget=left)
+                              budget=left, tapped=mtp is not None,
+                              refeed=head.refeed if head is not None else ())
         snapshot = self._uses_prefix(job) and len(todo) > 1 and not self._rewindable()
         self._rows[uid] = BatchRow(job, snapshot)
         if job.spec is not None:
             self.spec.tally = job.spec_tally
+        if mtp is not None and job.spec is not None:
+            mtp.tally = job.spec_tally
+            mtp.add(uid, job.spec.num_draft_tokens or mtp.predictor.num_draft_tokens,
+                    job.request.sampler, job.session.usage, head)
+        elif job.spec is not None:
             self.spec.add(uid, job.spec, [*held, *todo], job.session.usage)
         return uid
 
@@ -284,7 +316,7 @@ class BatchLane:
             cached = self.prefix.max_bytes if self.prefix is not None else 0
             self._batch = Batch(self.model, self._slots,
                                 pool_for(self._slots, self.admission, cached),
-                                before=route, reclaim=self._reclaim)
+                                before=route, reclaim=self._reclaim, tap=self.mtp)
             direct.probe(self._batch)  # attention straight over blocks, where the model allows
         return self._batch
 
@@ -316,7 +348,8 @@ class BatchLane:
             return
         job = row.job
         if e.drafted:
-            self.spec.count(e.uid, e.drafted, e.accepted)
+            counts = self.mtp if self.mtp is not None and e.uid in self.mtp.rows else self.spec
+            counts.count(e.uid, e.drafted, e.accepted)
         self.spec.observe(e.uid, e.token)
         if not job.finished:
             deliver(job, e.token, e.logprobs, e.forced)
@@ -339,13 +372,17 @@ class BatchLane:
         """The batch's one row, decoding with its next token sampled, goes on alone."""
         (uid,) = self._rows
         pending = batch.pending(uid)
-        if pending is None or batch.prefilling:
-            return
+        mtp = self.mtp if self.mtp is not None and uid in self.mtp.rows else None
+        if pending is None or batch.prefilling or (batch.refeeding(uid) and mtp is None):
+            return  # (a lone stream feeds nothing again: prompt lookup's row waits a step)
         cache, fed = batch.export(uid)
+        head = None if mtp is None else mtp.leaving(uid, batch.refeeding(uid))
         batch.remove(uid)
         job = self._rows.pop(uid).job  # it keeps its admission reservation
         self.spec.drop(uid)
-        self._solo.resume(job, cache, fed, pending, self._solo_pacer())
+        if mtp is not None:
+            mtp.drop(uid)
+        self._solo.resume(job, cache, fed, pending, self._solo_pacer(), head)
 
     # -- prefix publishing ----------------------------------------------------------
     def _uses_prefix(self, job: GenerationJob) -> bool:
@@ -381,7 +418,10 @@ class BatchLane:
             self._forget(uid).job.close(reason, error)
         if self._batch is not None:
             self._batch.close()
-            if reason == "error":  # a failed pass may have left the pool unusable
-                if self.prefix is not None:
-                    self.prefix.drop_layout(self._batch.layout)
-                self._batch = None
+        if self.mtp is not None:
+            self.mtp.reset()  # (a failed pass may have left the heads' pool half written too)
+        if reason == "error" and self._batch is not None:
+            # a failed pass may have left the pool unusable
+            if self.prefix is not None:
+                self.prefix.drop_layout(self._batch.layout)
+            self._batch = None
