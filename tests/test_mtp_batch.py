@@ -73,6 +73,8 @@ def lane(srv):
     batch_lane.recorded = steps
     yield batch_lane
     mtp.drafts = drafts
+    if srv.engine.prefix is not None:  # finished rows leave their blocks to the prefix cache
+        srv.engine.worker.run_sync(srv.engine.prefix.clear)
     assert batch_lane._get_batch().pool.used == 0 and mtp.pages.pool.used == 0
 
 
