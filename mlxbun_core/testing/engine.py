@@ -5,6 +5,7 @@ token for token."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 
 from ..engine.core import Engine
@@ -54,7 +55,7 @@ def close(*engs: Engine) -> None:
     """Close ``engs``, checking first that the batch's block pool holds nothing but the
     prefix cache's entries (no row's blocks leaked)."""
     for e in engs:
-        leaked = e.worker.run_sync(lambda e=e: _blocks_left(e))
+        leaked = e.worker.run_sync(functools.partial(_blocks_left, e))
         e.worker.close()
         assert not leaked, f"the block pool still holds {leaked} blocks after every row ended"
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .executor import Batch, Emit, Forcing
+from .executor import Batch
 from .pool import BlockPool, BlockTable, OutOfBlocks
+from .rows import Emit, Forcing
 
 if TYPE_CHECKING:
     from ..admission import Admission
@@ -31,9 +32,9 @@ def pool_for(slots: list[Slot], admission: Admission | None, cached_bytes: int =
     without admission: tests)."""
     limit = NO_LIMIT
     if admission is not None:
-        per_block = max(1, admission.layout.bytes_per_token * BLOCK_SIZE)
+        per_block = max(1, int(admission.layout.bytes_per_token * BLOCK_SIZE))
         # every paged layer keeps every position here, sliding ones too: a rough bound
-        limit = max(FIRST_BLOCKS, (admission.kv_room + cached_bytes) // per_block + 64)
+        limit = max(FIRST_BLOCKS, int(admission.kv_room + cached_bytes) // per_block + 64)
     return BlockPool(BLOCK_SIZE, FIRST_BLOCKS, limit)
 
 

@@ -25,13 +25,26 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import mlx.core as mx
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from .storage import LayerStore
-    from .view import Window
+
+
+class Window(Protocol):
+    """What attention reads of a pass's tables (``view.Window``, which imports this
+    module: so a protocol here, not an import)."""
+
+    blocks: mx.array  # (rows, n) block tables
+    offset: mx.array  # (rows,) each row's first query position
+    starts: np.ndarray  # the same on the host
+    width: int
+
+    def mask(self, window: int | None = None) -> mx.array: ...
 
 log = logging.getLogger("mlxbun.engine")
 
@@ -42,7 +55,7 @@ MAX_QUERY = 16  # window positions the kernel takes; longer passes gather (prefi
 SHARED_FLOATS = 8192  # the kernel's per-warp partial results fit 32 KB of shared memory
 
 _local = threading.local()  # the pass's noted stores: id(keys array) -> (store, view, window)
-_kernels: dict[tuple[Any, ...], Any] = {}
+_kernels: dict[tuple[Any, ...], Any] = {}  # the compiled kernels, by dtype and shape
 
 
 def note(keys: mx.array, store: LayerStore, view: Window, window: int | None) -> None:
@@ -220,7 +233,7 @@ def _kernel_attention(q: mx.array, store: LayerStore, view: Window, window: int 
     warps = max(1, min(WARPS, SHARED_FLOATS // (rep * dim)))
     splits = max(1, -(-(int(view.starts.max()) + width) // CHUNK))
     key = (keys.dtype, dim, rep, store.pool.block_size, warps)
-    kernel = _kernels.get(key)
+    kernel: Any = _kernels.get(key)
     if kernel is None:
         kernel = _kernels[key] = mx.fast.cuda_kernel(
             name="mlxbun_paged_attention",

@@ -11,6 +11,7 @@ gathered path, with a log line saying so.
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import mlx.core as mx
 
@@ -71,8 +72,8 @@ def _same_both_ways(scratch: Batch) -> bool:
         logits = scratch.forward(inputs, caches)
         mx.eval(logits)
         out.append(logits.astype(mx.float32))
-    diff = float(mx.max(mx.abs(out[0] - out[1])).item())
-    scale = float(mx.max(mx.abs(out[0])).item()) or 1.0
+    diff = float(cast(float, mx.max(mx.abs(out[0] - out[1])).item()))
+    scale = float(cast(float, mx.max(mx.abs(out[0])).item())) or 1.0
     if diff > TOLERANCE * max(1.0, scale):
         log.info("direct paged attention off for this model: logits differ by %.3g", diff)
         return False

@@ -35,10 +35,13 @@ from typing import TYPE_CHECKING, Any, cast
 import mlx.core as mx
 import numpy as np
 
+from .rows import Drafts, Emit, Forcing, Row
+
+Batch = Any  # the executor's ``Batch``: it imports this module, so this one cannot import it
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from .executor import Batch, Drafts, Emit, Forcing, Row
 
 GPU_REFEED, CPU_REFEED = 4, 1
 
@@ -67,7 +70,7 @@ def window_step(b: Batch, drafts: Drafts, forcing: Forcing | None) -> list[Emit]
     cap = refeed_cap()
     plans = [_bounded(r, forced.get(r.uid, []), drafts.get(r.uid, ()), cap) for r in rows]
     if not any(f or len(d) or r.refeed for r, (f, d) in zip(rows, plans)):
-        return b.decode()  # nothing rides along: the ordinary step
+        return cast("list[Emit]", b.decode())  # nothing rides along: the ordinary step
     lead = [len(r.refeed) for r in rows]  # each row's x sits after its refed tokens
     valid = [n + 1 + len(f) + len(d) for n, (f, d) in zip(lead, plans)]
     inputs = _inputs(b._next, rows, plans, max(valid))
@@ -240,7 +243,6 @@ def _emits(row: Row, token: int, logprobs: mx.array, forced: list[int], drafts: 
            accepted: int, draft_logprobs: mx.array) -> list[Emit]:
     """What the step hands out for ``row``: its token with the forced run, then each
     accepted draft (the row's budget already bounded them)."""
-    from .executor import Emit
 
     out = [Emit(row.uid, token, logprobs, forced=list(forced), drafted=len(drafts),
                 accepted=accepted)]

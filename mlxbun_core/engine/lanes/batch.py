@@ -256,7 +256,7 @@ class BatchLane:
         job.mark_started(self.name)
         if self._wants_mtp(job):
             job.session.usage.lane = f"{self.name}+spec"
-        cache: list[Any] | None = None
+        cache: list[Any] | Shared | None = None
         n, t0 = 0, time.perf_counter()
         if self._uses_prefix(job) and self.prefix is not None:
             layout = None if dense else self._get_batch().layout
