@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import httpx
 import pytest
 
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
@@ -15,7 +16,7 @@ from mlxbun_core.testing.fake_hub import (
     padding_safetensors,
     repo_from_dir,
 )
-from mlxbun_core.testing.server import start_server
+from mlxbun_core.testing.server import free_port, start_server
 
 pytestmark = pytest.mark.browser
 
@@ -89,3 +90,63 @@ def test_models_view_shows_progress_and_cancels(page, served):
     finally:
         hub.throttle_s = 0.0
     assert page.console.errors == []
+
+
+@pytest.mark.parametrize("offline", ["HF_HUB_OFFLINE", "unreachable"])
+def test_an_offline_search_says_offline_once(page, served, monkeypatch, offline):
+    """The server's reason already starts "offline: …" and says cached models still work:
+    the page shows it as one sentence, not "Offline: offline: …" with the hint twice."""
+    server, _ = served
+    if offline == "HF_HUB_OFFLINE":
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    else:
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")  # nothing there
+    page.goto(server.base_url + "/#models")
+    page.fill("#hub-search-input", "tiny")
+    page.click("#hub-search-form button[type=submit]")
+    text = page.wait_for_selector("#hub-results .offline").inner_text()
+    assert text.startswith("Offline: "), text
+    assert text.lower().count("offline:") == 1, text
+    assert text.lower().count("still work") == 1, text
+    assert ("HF_HUB_OFFLINE is set" if offline == "HF_HUB_OFFLINE"
+            else "cannot be reached") in text
+    assert page.console.errors == []
+
+
+def test_a_failed_download_can_be_dismissed_for_good(page, served):
+    """A download that failed stays listed with its reason and a Dismiss control; Dismiss
+    removes it on the server too, so neither a reload nor GET /downloads brings it back."""
+    server, _ = served
+    started = httpx.post(server.base_url + "/api/hub/download", json={"repo": "acme/No-Such"})
+    job_id = started.json()["job_id"]
+    page.goto(server.base_url + "/#models")
+    item = f".download[data-job='{job_id}']"
+    page.wait_for_selector(f"{item}[data-state=error]", timeout=60_000)
+    assert "not found on the hub" in page.inner_text(f"{item} .download-detail")
+    dismiss = page.locator(f"{item} button", has_text="Dismiss")
+    assert dismiss.get_attribute("aria-label") == "Dismiss the failed download of acme/No-Such"
+    dismiss.click()
+    page.wait_for_selector(item, state="detached")
+    listed = [d["job_id"] for d in httpx.get(server.base_url + "/downloads").json()["downloads"]]
+    assert job_id not in listed
+    page.reload()
+    page.wait_for_selector("#hub-downloads :is(ul, p)")
+    assert page.locator(item).count() == 0
+    again = httpx.delete(f"{server.base_url}/api/hub/downloads/{job_id}")
+    assert again.status_code == 404 and again.json()["ok"] is False
+    assert page.console.errors == []
+
+
+def test_an_active_download_is_not_dismissed(served):
+    server, hub = served
+    hub.throttle_s = 0.05
+    try:
+        job_id = httpx.post(server.base_url + "/api/hub/download",
+                            json={"repo": "acme/Tiny-Slow-8bit"}).json()["job_id"]
+        refused = httpx.delete(f"{server.base_url}/api/hub/downloads/{job_id}")
+        assert refused.status_code == 409 and "cancel it first" in refused.json()["error"]
+        assert job_id in [d["job_id"] for d in
+                          httpx.get(server.base_url + "/downloads").json()["downloads"]]
+    finally:
+        httpx.post(f"{server.base_url}/api/jobs/{job_id}/cancel")
+        hub.throttle_s = 0.0

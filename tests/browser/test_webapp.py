@@ -219,6 +219,30 @@ def test_phone_width_keyboard_and_labels(page, quick):
     assert unnamed == []
 
 
+SYSTEM_BOX = """() => { const box = document.getElementById('system-prompt');
+    return {height: box.getBoundingClientRect().height, client: box.clientHeight,
+            content: box.scrollHeight, line: parseFloat(getComputedStyle(box).lineHeight),
+            placeholder: box.placeholder, value: box.value}; }"""
+
+
+@pytest.mark.parametrize("width,height", [(1440, 900), (1280, 800), (390, 844)])
+def test_the_system_prompt_box_shows_its_placeholder_whole(page, quick, width, height):
+    """Settings' system-prompt box keeps its three rows at desktop, laptop and phone sizes
+    (the panel scrolls instead of squeezing it), and its placeholder fits inside it."""
+    page.set_viewport_size({"width": width, "height": height})
+    open_app(page, quick)
+    page.click("#settings-toggle")
+    page.wait_for_selector("#settings:not([hidden])")
+    box = page.evaluate(SYSTEM_BOX)
+    assert box["value"] == "" and box["placeholder"] == "You are a helpful assistant."
+    assert box["height"] >= 3 * box["line"], box  # rows="3", not a sliver
+    assert box["content"] <= box["client"], box  # the placeholder is not cut
+    page.fill("#system-prompt", "Answer in French.\nKeep it short.")  # two lines fit too
+    assert page.evaluate(SYSTEM_BOX)["content"] <= page.evaluate(SYSTEM_BOX)["client"]
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    assert page.console.errors == []
+
+
 PAGES = ["Chat", "Status", "Models", "Lab", "Memory", "Curves"]
 TOP_BAR = """() => { const nav = document.querySelector('.views').getBoundingClientRect();
     return {fits: document.documentElement.scrollWidth <= window.innerWidth,
