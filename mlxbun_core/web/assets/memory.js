@@ -69,6 +69,7 @@ export class MemoryView {
     this.$ = (id) => this.el.querySelector(`#${id}`);
     this.names = new Set();
     this.current = null;
+    this.hasVault = false; // what /api/memory/status said last
     this.synth = new SynthesisPanel(this.$("memory-synth"), () => this.refresh());
     this.$("memory-refresh").addEventListener("click", () => this.refresh());
     this.$("memory-search-form").addEventListener("submit", (e) => {
@@ -82,12 +83,13 @@ export class MemoryView {
     if (!visible) return;
     await this.refresh(); // first: the article names mark links to articles not written yet
     const name = decodeURIComponent(location.hash.replace(/^#\/?memory\/?/, ""));
-    if (name && name !== this.current) this.open(name);
+    if (name && name !== this.current && this.hasVault) this.open(name); // none yet: set-up first
   }
 
   async refresh() {
     const r = await getJSON("/api/memory/status").catch(() => null);
     const box = this.$("memory-status");
+    this.hasVault = r?.body?.enabled === true;
     if (r?.body?.enabled === false) {
       this.synth.enable(false);
       const button = h("button", { type: "button", className: "primary", id: "memory-init",
@@ -133,6 +135,8 @@ export class MemoryView {
     }
     await this.refresh();
     this.$("memory-q").focus();
+    const name = decodeURIComponent(location.hash.replace(/^#\/?memory\/?/, ""));
+    if (name && this.hasVault) this.open(name); // the article the link asked for
   }
 
   link(name) {
@@ -151,6 +155,10 @@ export class MemoryView {
     const r = await getJSON(`/api/memory/search?q=${q(text)}&scope=${this.$("memory-scope").value}&limit=50`);
     if (!r.ok) {
       box.replaceChildren(h("p", { className: "muted", textContent: r.body?.error || `HTTP ${r.status}` }));
+      return;
+    }
+    if (r.body.enabled === false) {
+      box.replaceChildren(h("p", { className: "muted", textContent: "No memory vault yet: set it up above, then search it." }));
       return;
     }
     const { summaries = [], hits = [] } = r.body;
