@@ -103,6 +103,44 @@ def test_phone_width_keyboard_and_labels(page, tiny):
     assert page.console.errors == []
 
 
+TERRAIN = """() => { const svg = document.getElementById('terrain');
+    const view = svg.getBoundingClientRect();
+    const inside = [...svg.querySelectorAll('text')].every(t => { const b = t.getBoundingClientRect();
+        return b.left >= view.left && b.top >= view.top && b.right <= view.right
+            && b.bottom <= view.bottom; });
+    return {axes: [...svg.querySelectorAll('.axis-title')].map(t => t.textContent),
+            x: [...svg.querySelectorAll('.tick-x')].map(t => t.textContent),
+            y: [...svg.querySelectorAll('.tick-y')].map(t => t.textContent),
+            curves: [...svg.querySelectorAll('polyline.pivot')].map(l => l.getAttribute('stroke')),
+            legend: [...document.querySelectorAll('#terrain-legend li')].map(li => [li.textContent.trim(),
+                li.querySelector('.swatch')?.dataset.color ?? null]),
+            inside}; }"""
+
+
+@pytest.mark.parametrize("width", [1200, 390])
+def test_the_terrain_says_what_its_axes_and_lines_are(page, tiny, width):
+    """/curve-terrain: both axes titled and ticked, and a legend that names each line's
+    pivot in the line's own colour and says what the dashed diagonal is; all inside the
+    picture, on a phone too, and still there after a knob redraws the lines."""
+    page.set_viewport_size({"width": width, "height": 900})
+    page.goto(tiny.base_url + "/curve-terrain")
+    page.wait_for_selector("#terrain polyline")
+    for _ in range(2):
+        t = page.evaluate(TERRAIN)
+        assert t["axes"] == ["token log-prob, relative to the top token (nats)",
+                             "logit it is drawn with"]
+        assert t["x"] == ["-24", "-20", "-16", "-12", "-8", "-4", "0"]
+        assert t["y"] == ["-30", "-20", "-10", "0", "10"]
+        assert len(t["curves"]) == 7
+        assert t["legend"][:7] == [[f"pivot {p} nats", color]
+                                   for p, color in zip(range(0, 13, 2), t["curves"])]
+        assert t["legend"][7] == ["no change (y = x)", None]
+        assert t["inside"]
+        page.fill("#terrain-form [name=temperature]", "0.7")  # a redraw keeps all of it
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    assert page.console.errors == []
+
+
 def test_lab_paths_and_the_overflow_setting(page, tiny):
     page.goto(tiny.base_url + "/quantize")
     page.wait_for_selector("#view-quantize:not([hidden])")
