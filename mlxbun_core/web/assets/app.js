@@ -144,8 +144,8 @@ function chatUnavailable(reason) {
   const conn = $("conn");
   conn.textContent = "chat unavailable";
   conn.dataset.state = "refused";
-  composer.disable(reason);
-  sidebar.disable(reason);
+  composer.disable();
+  sidebar.disable();
   showError(reason, true);
 }
 
