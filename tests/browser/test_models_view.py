@@ -4,6 +4,7 @@ a download with live progress, a cancelled download, serve and delete."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import httpx
@@ -150,3 +151,43 @@ def test_an_active_download_is_not_dismissed(served):
     finally:
         httpx.post(f"{server.base_url}/api/jobs/{job_id}/cancel")
         hub.throttle_s = 0.0
+
+
+FITS = """() => { const card = el => el.closest('.card').getBoundingClientRect();
+    const lines = el => Math.round(el.getBoundingClientRect().height
+                                   / parseFloat(getComputedStyle(el).lineHeight));
+    const names = [...document.querySelectorAll(
+        '#view-models .hub-id, #hub-local tbody td:first-child')];
+    const controls = [...document.querySelectorAll('#view-models .card button')];
+    return {page: document.documentElement.scrollWidth <= window.innerWidth,
+            names: names.map(el => [el.textContent, lines(el)]),
+            outside: controls.filter(b => b.getBoundingClientRect().right > card(b).right
+                                          || b.getBoundingClientRect().left < card(b).left)
+                             .map(b => b.textContent)}; }"""
+
+
+def test_the_models_page_fits_a_phone(page, served):
+    """At 390 px a search hit, a download and a local model each show their repo id on a
+    line or two (not a letter per line) and every button inside its card."""
+    server, _ = served
+    repo = "acme/Tiny-Chat-4bit"
+    httpx.post(server.base_url + "/api/hub/download", json={"repo": repo})
+    deadline = time.monotonic() + 60
+    while not any(d["repo_id"] == repo and d["state"] == "done" for d in
+                  httpx.get(server.base_url + "/downloads").json()["downloads"]):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(server.base_url + "/#models")
+    page.fill("#hub-search-input", "tiny")
+    page.click("#hub-search-form button[type=submit]")
+    page.wait_for_selector(f".hub-result[data-repo='{repo}']")
+    page.wait_for_selector(f"#hub-local tr[data-repo='{repo}']")
+    page.wait_for_selector(f".download[data-repo='{repo}']")
+    fits = page.evaluate(FITS)
+    assert fits["page"] and fits["outside"] == []
+    assert len(fits["names"]) >= 3 and all(n <= 2 for _, n in fits["names"]), fits["names"]
+    labels = page.evaluate("""r => [...document.querySelector(`#hub-local tr[data-repo='${r}']`)
+        .cells].map(td => getComputedStyle(td, '::before').content)""", repo)
+    assert labels[1:4] == ['"size "', '"precision "', '"fits "']  # no header: each says
+    assert page.console.errors == []

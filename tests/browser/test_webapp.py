@@ -243,6 +243,24 @@ def test_the_system_prompt_box_shows_its_placeholder_whole(page, quick, width, h
     assert page.console.errors == []
 
 
+def test_the_status_models_table_fits_a_phone(page, quick):
+    """At 390 px each /v1/models row is a block: its id on a line of its own, each value
+    labelled on one line ("generic" was broken as "generi / c", "serving" as "servi / ng")."""
+    page.set_viewport_size({"width": 390, "height": 844})
+    open_app(page, quick, "#status")
+    page.wait_for_selector("#status-models tbody td")
+    cells = page.evaluate("""() => [...document.querySelectorAll('#status-models tbody td')]
+        .map(td => [td.textContent, getComputedStyle(td, '::before').content,
+                    Math.round(td.getBoundingClientRect().height
+                               / parseFloat(getComputedStyle(td).lineHeight))])""")
+    assert [c[0] for c in cells[:5]] == [quick.engine.model.id, "generic", "generic",
+                                         str(quick.engine.model.context_window), "serving"]
+    assert [c[1] for c in cells[1:5]] == ['"family "', '"plugin "', '"context "', '"state "']
+    assert all(lines == 1 for _, _, lines in cells), cells
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    assert page.console.errors == []
+
+
 PAGES = ["Chat", "Status", "Models", "Lab", "Memory", "Curves"]
 TOP_BAR = """() => { const nav = document.querySelector('.views').getBoundingClientRect();
     return {fits: document.documentElement.scrollWidth <= window.innerWidth,

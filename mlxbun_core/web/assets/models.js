@@ -155,7 +155,7 @@ export class ModelsView {
     const r = await getJSON("/api/hub/local?refresh=1");
     if (!r.ok) return box.replaceChildren(el("p", { className: "muted", textContent: r.body?.error || `HTTP ${r.status}` }));
     if (!r.body.models.length) return box.replaceChildren(el("p", { className: "muted", textContent: "No models on this machine yet." }));
-    const t = el("table", { className: "grid" });
+    const t = el("table", { className: "grid stack" });
     const head = t.createTHead().insertRow();
     for (const h of ["model", "size", "precision", "fits", ""]) head.append(el("th", { scope: "col", textContent: h }));
     const body = t.createTBody();
@@ -163,8 +163,12 @@ export class ModelsView {
       const tr = body.insertRow();
       tr.dataset.repo = m.repo_id;
       const fits = m.assessment ? (m.assessment.fits ? "yes" : "no") : "—";
-      for (const v of [m.repo_id + (m.serving ? " (serving)" : ""), size(m.size_bytes), m.precision || "—", fits]) {
-        tr.insertCell().textContent = v;
+      const cells = [[null, m.repo_id + (m.serving ? " (serving)" : "")], ["size", size(m.size_bytes)],
+        ["precision", m.precision || "—"], ["fits", fits]];
+      for (const [label, v] of cells) {
+        const td = tr.insertCell();
+        td.textContent = v;
+        if (label) td.dataset.label = label; // shown on a phone, where the header is not
       }
       const actions = tr.insertCell();
       actions.className = "actions";
