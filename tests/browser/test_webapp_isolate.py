@@ -65,6 +65,7 @@ def test_the_page_says_once_that_chat_needs_a_non_isolated_server(page, isolated
     assert page.evaluate(SAID) == 1  # the banner alone gives the reason, not three places
     assert page.inner_text("#session-list") == "No chats on this server."  # not a bare list
     assert page.get_attribute("#composer-input", "placeholder") == "Chat unavailable"
+    assert page.locator(".empty-hint").count() == 0  # no "Ask anything" over a dead chat
     page.set_viewport_size({"width": 390, "height": 844})  # on a phone, with the drawer open
     page.click("#sidebar-toggle")
     assert page.evaluate(SAID) == 1

@@ -146,6 +146,7 @@ function chatUnavailable(reason) {
   conn.dataset.state = "refused";
   composer.disable();
   sidebar.disable();
+  document.querySelector("#messages .empty-hint")?.remove(); // "Ask anything" would mislead
   showError(reason, true);
 }
 
