@@ -242,19 +242,21 @@ async function generate(event) {
   $("recipe").textContent = "";
   $("curve-generate").disabled = true;
   const started = performance.now();
+  let done = 0;
   try {
     for (let i = 0; i < n; i += 1) {
       for (const [name, mode] of COLUMNS) {
-        $("curve-note").textContent = `Sampling ${2 * i + (name === "curve" ? 1 : 2)} of ${2 * n}…`;
+        $("curve-note").textContent = `Sampling ${done + 1} of ${2 * n}…`;
         $(`status-${name}`).textContent = `Sampling ${i + 1} of ${n}…`;
         const data = await post("/generate", { ...base, seed: (seed + i) % 2 ** 32, ...mode(drawn) });
         addSample(`samples-${name}`, data.samples[0]);
+        done += 1;
         $(`status-${name}`).textContent = i + 1 < n ? `Next: ${i + 2} of ${n}` : "";
         const r = data.recipe;
         if (r) $("recipe").textContent = `temperature ${r.temperature}, top-p ${r.topP}, top-k ${r.topK}`;
       }
     }
-    $("curve-note").textContent = `Done: ${2 * n} samples in ${((performance.now() - started) / 1000).toFixed(1)} s.`;
+    $("curve-note").textContent = `Done: ${done} samples in ${((performance.now() - started) / 1000).toFixed(1)} s.`;
   } catch (err) {
     showError(err.message);
     $("curve-note").textContent = "";

@@ -21,6 +21,7 @@ export function stemOf(title) {
 }
 
 const articleHref = (name) => `#memory/${q(name)}`;
+const routedArticle = () => decodeURIComponent(location.hash.replace(/^#\/?memory\/?/, ""));
 const fmtBytes = (n) => (n >= 1048576 ? `${(n / 1048576).toFixed(1)} MiB`
   : n >= 1024 ? `${(n / 1024).toFixed(1)} KiB` : `${n} B`);
 
@@ -82,7 +83,7 @@ export class MemoryView {
   async show(visible) {
     if (!visible) return;
     await this.refresh(); // first: the article names mark links to articles not written yet
-    const name = decodeURIComponent(location.hash.replace(/^#\/?memory\/?/, ""));
+    const name = routedArticle();
     if (name && name !== this.current && this.hasVault) this.open(name); // none yet: set-up first
   }
 
@@ -135,7 +136,7 @@ export class MemoryView {
     }
     await this.refresh();
     this.$("memory-q").focus();
-    const name = decodeURIComponent(location.hash.replace(/^#\/?memory\/?/, ""));
+    const name = routedArticle();
     if (name && this.hasVault) this.open(name); // the article the link asked for
   }
 
