@@ -169,6 +169,18 @@ class JobStore:
                         "finished (server restart or crash)")
         return gone
 
+    def delete(self, job_id: str) -> bool:
+        """Forget a job that has ended (its row and events); False when there is no such
+        job or it has not ended: a running job is cancelled, never deleted."""
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            cur = db.execute(f"DELETE FROM jobs WHERE id = ? AND status IN {TERMINAL}",
+                             (job_id,))
+            if cur.rowcount:
+                db.execute("DELETE FROM events WHERE job_id = ?", (job_id,))
+            db.execute("COMMIT")
+        return cur.rowcount > 0
+
     def prune(self) -> None:
         with self._db() as db:
             old = db.execute(f"SELECT id FROM jobs WHERE status IN {TERMINAL} "
