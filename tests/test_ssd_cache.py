@@ -19,6 +19,7 @@ from mlxbun_core.engine.reply import gather
 from mlxbun_core.kvstore import durability
 from mlxbun_core.kvstore.config import SsdConfig
 from mlxbun_core.kvstore.store import SsdStore
+from mlxbun_core.testing.adapters import write_lora_adapter
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import close, token_ids
 from mlxbun_core.testing.server import running_server
@@ -43,6 +44,10 @@ def chat(engine, b):
         return gather([ev async for ev in gen.events()])
 
     return asyncio.run(go())
+
+
+def mount(engine, id: str, adapter) -> None:
+    engine.worker.run_sync(lambda: engine.adapters.mount(id, adapter))
 
 
 def flush(engine) -> dict:
@@ -169,6 +174,52 @@ def test_namespaces_and_models_never_share_entries(tmp_path):
         assert a.prefix.tier.fingerprint != b.prefix.tier.fingerprint
     finally:
         close(b, plain_b)
+
+
+def test_kv_schemes_and_adapters_sharing_a_directory_never_restore_each_others_kv(tmp_path):
+    """Engines of one model on one ``--ssd-cache`` directory: what native KV wrote is never
+    restored under ``--kv-quant 8`` nor for an adapter, nor one adapter's entry for another
+    adapter mounted under the same id; each answers as a cold engine would. The native
+    engine that comes back last does restore its entry (it was there to find)."""
+    path = tiny_checkpoint("llama")
+    d = tmp_path / "ssd"
+    loras = [write_lora_adapter(path, tmp_path / f"lora{seed}", seed=seed) for seed in (1, 2)]
+    cold = {"off": Engine.load(str(path), progress=False, prompt_cache_bytes=0),
+            "8": Engine.load(str(path), progress=False, prompt_cache_bytes=0, kv_quant="8")}
+    for i, lora in enumerate(loras):
+        mount(cold["off"], f"a{i}", lora)
+    first = load(path, d, demote_idle_s=0)
+    try:
+        turn1 = chat(first, body(first, history(12)))
+        assert flush(first)["durable"]
+    finally:
+        close(first)
+    msgs = history(12) + [{"role": "assistant", "content": turn1.content},
+                          {"role": "user", "content": "And the mountains?"}]
+    try:
+        for kv, lora, cold_id in (("8", None, None), ("off", 0, "a0"), ("off", 1, "a1")):
+            e = Engine.load(str(path), progress=False, kv_quant=kv,
+                            ssd=SsdConfig(dir=d, demote_idle_s=0))
+            try:
+                b = body(e, msgs)
+                if lora is not None:  # the same id each time: only the files differ
+                    mount(e, "a", loras[lora])
+                got = chat(e, {**b, **({} if lora is None else {"adapter": "a"})})
+                assert flush(e)["durable"]  # its own entry, for the next engine to refuse
+                hits = e.prefix.stats()["ssd_hits"]
+            finally:
+                close(e)
+            want = chat(cold[kv], {**b, **({} if cold_id is None else {"adapter": cold_id})})
+            assert (hits, got.finish.usage.cached_tokens) == (0, 0), (kv, lora)
+            assert token_ids(got) == token_ids(want), (kv, lora)
+        again = load(path, d, demote_idle_s=0)
+        try:
+            got = chat(again, body(again, msgs))
+            assert again.prefix.stats()["ssd_hits"] == 1 and got.finish.usage.cached_tokens > 0
+        finally:
+            close(again)
+    finally:
+        close(*cold.values())
 
 
 def test_flush_route_and_stats_fields(tmp_path):
