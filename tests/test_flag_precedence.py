@@ -70,7 +70,8 @@ def two_values(action: argparse.Action) -> tuple[str, str]:
         if value not in read.values():
             read[text] = value
         if len(read) == 2:
-            return tuple(read)  # type: ignore[return-value]
+            env_text, flag_text = read
+            return env_text, flag_text
     raise AssertionError(f"no two values for {action.option_strings[0]} among {pool}")
 
 
