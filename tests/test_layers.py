@@ -10,6 +10,7 @@ and no two modules either, not even inside one room.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -204,6 +205,19 @@ def test_family_plugins_import_only_their_floor_and_below(package):
     above = {room: sorted(users) for room, users in used.items()
              if FLOOR.get(room, len(FLOORS)) > PLUGIN_FLOOR}
     assert above == {}, f"{package} imports what stands above the plugins' floor"
+
+
+def test_the_architecture_doc_shows_these_floors():
+    """docs/architecture.md's floors table names the same rooms on the same floors."""
+    doc = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    table = re.findall(r"^\| (\d+) [^|]+\| ([^|]+) \|", doc, re.M)
+    floors = []
+    for number, cell in table:
+        while re.search(r"\([^()]*\)", cell):  # what stands in parentheses explains a room
+            cell = re.sub(r"\([^()]*\)", "", cell)
+        floors.append((int(number), {r for r in re.findall(r"`([^`<]+)`", cell)}))
+    assert [n for n, _ in floors] == list(range(len(FLOORS)))
+    assert [rooms for _, rooms in floors] == FLOORS
 
 
 def test_no_two_modules_import_each_other():
