@@ -5,7 +5,6 @@ server answers as a cold one would."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 import signal
@@ -18,16 +17,15 @@ import httpx
 import mlx.core as mx
 
 from mlxbun_core.engine.core import Engine
-from mlxbun_core.engine.reply import gather
 from mlxbun_core.kvstore.config import SsdConfig
 from mlxbun_core.kvstore.fileformat import SUFFIX, TMP_PREFIX, CorruptEntry, read_header
 from mlxbun_core.kvstore.store import SsdStore
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.engine import close, token_ids
+from mlxbun_core.testing.engine import close
 from mlxbun_core.testing.process import ServerProcess
 from mlxbun_core.testing.server import free_port
+from mlxbun_core.testing.turns import SYSTEM, cold, ids, next_turn, turn
 
-SYSTEM = {"role": "system", "content": "You are terse. " * 8}
 USER = {"role": "user", "content": "Tell me about the sea and the sky. " * 12}
 
 
@@ -39,33 +37,6 @@ def serve(ckpt, d: Path, *extra, env=None) -> tuple[ServerProcess, str]:
     base = f"http://127.0.0.1:{port}"
     proc.wait_for_http(base + "/health", 240)
     return proc, base
-
-
-def chat_body(messages: list) -> dict:
-    return {"messages": messages, "max_tokens": 6, "temperature": 0, "logprobs": True}
-
-
-def turn(base: str, messages: list) -> dict:
-    r = httpx.post(base + "/v1/chat/completions", timeout=120, json=chat_body(messages))
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def ids(reply: dict) -> list:
-    return [e["id"] for e in reply["choices"][0]["logprobs"]["content"]]
-
-
-def cold(engine: Engine, messages: list) -> list:
-    async def go():
-        gen = await engine.start(engine.parse_chat(chat_body(messages)))
-        return gather([ev async for ev in gen.events()])
-
-    return token_ids(asyncio.run(go()))
-
-
-def next_turn(messages: list, reply: dict, question: str) -> list:
-    return messages + [{"role": "assistant", "content": reply["choices"][0]["message"]["content"]},
-                       {"role": "user", "content": question}]
 
 
 def test_sigterm_flushes_and_a_sigkill_after_a_reply_is_survived(tmp_path):
