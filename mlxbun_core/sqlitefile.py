@@ -20,7 +20,8 @@ def opened(path: Path, *, timeout: float = 10.0, pragmas: Sequence[str] = (),
     ``rows``: rows as :class:`sqlite3.Row`. The connection is closed either way
     (``sqlite3``'s own context manager only commits)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(path, timeout=timeout, isolation_level=None if autocommit else "")
+    db = sqlite3.connect(path, timeout=timeout,
+                         isolation_level=None if autocommit else "DEFERRED")
     try:
         if rows:
             db.row_factory = sqlite3.Row
