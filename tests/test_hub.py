@@ -4,6 +4,7 @@ with a local fake of the hub's HTTP API (the one boundary tests may fake): real
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -40,6 +41,9 @@ def env(tmp_path_factory):
     flaky = repo_from_dir(ckpt)
     flaky.files["padding.safetensors"] = padding_safetensors(PAD_BYTES - 4096)
     repos["acme/Tiny-Flaky"] = flaky
+    stale = repo_from_dir(ckpt)
+    stale.files["padding.safetensors"] = padding_safetensors(1 << 20)
+    repos["acme/Tiny-Stale"] = stale
     with FakeHub(repos, tokens=(TOKEN,)) as hub, hub_environment(root, hub):
         # every interface, so a test can call it from a non-loopback address too
         server = start_server(ckpt, max_tokens=4, sessions_dir=root / "sessions", host="0.0.0.0")
@@ -147,6 +151,31 @@ def test_dropped_connections_resume_where_they_stopped(env):
     snap = Path(row["output_path"])
     assert (snap / "padding.safetensors").read_bytes() == hub.repos[repo].files[
         "padding.safetensors"]
+
+
+def test_a_resumed_blob_that_fails_its_etag_check_fails_the_download(env):
+    """A partial blob that is no prefix of the file (left by another revision, or
+    damaged): the resumed whole fails its sha256, the job fails and nothing is kept; the
+    next download starts over and succeeds."""
+    hub, repo = env["hub"], "acme/Tiny-Stale"
+    content = hub.repos[repo].files["padding.safetensors"]
+    etag = hashlib.sha256(content).hexdigest()
+    blobs = env["root"] / "hf" / "hub" / "models--acme--Tiny-Stale" / "blobs"
+    blobs.mkdir(parents=True)
+    part = blobs / f"{etag}.incomplete"
+    part.write_bytes(bytes(len(content) // 2))  # zeros: not this file's first half
+    failed = wait_job(env, api(env, "POST", "/api/hub/download",
+                               json={"repo": repo}).json()["job_id"])
+    assert f"bytes={len(content) // 2}-" in hub.ranges()  # it did resume
+    assert failed["status"] == "failed", failed
+    assert "padding.safetensors failed verification" in failed["error"]
+    assert not part.exists() and not (blobs / etag).exists()
+    assert repo not in local_ids(env)
+    done = wait_job(env, api(env, "POST", "/api/hub/download",
+                             json={"repo": repo}).json()["job_id"])
+    assert done["status"] == "done", done["error"]
+    assert (Path(done["output_path"]) / "padding.safetensors").read_bytes() == content
+    assert repo in local_ids(env)
 
 
 def test_download_of_an_unknown_repo_says_404(env):

@@ -49,6 +49,38 @@ def coding_client(srv, root) -> ChatClient:
     return c
 
 
+STALL_S = 20.0  # the scripted model answers in well under a second; silence is a hang
+
+
+def frames_until(c: ChatClient, kind: str, *fail_on: str) -> list:
+    """Frames up to the next ``kind``. A frame of a ``fail_on`` type first (a call that
+    should have waited ran, one that should have been refused waits for a card) or
+    ``STALL_S`` of silence (the turn died) fails at once, naming what came, where
+    waiting for ``kind`` would only time out."""
+    out: list = []
+    while True:
+        try:
+            frame = c.recv(STALL_S)
+        except TimeoutError:
+            raise AssertionError(f"no {kind} frame and nothing else for {STALL_S:.0f} s; "
+                                 f"the last frames: {out[-3:]}") from None
+        out.append(frame)
+        if frame["type"] == kind:
+            return out
+        ran = [f for f in out if f["type"] == "tool_end"]
+        assert frame["type"] not in fail_on, f"{frame} came before any {kind}; ran: {ran}"
+
+
+def approval_request(c: ChatClient) -> dict:
+    """The next approval card; the turn ending first fails (the call ran unasked)."""
+    return frames_until(c, "tool_approval_request", "turn_end")[-1]
+
+
+def refused(c: ChatClient) -> dict:
+    """The error frame answering a setting; the tools' new state first fails (taken)."""
+    return frames_until(c, "error", "coding_tools")[-1]
+
+
 def finish(c: ChatClient) -> list:
     return c.until("turn_end") + c.until("history")
 
@@ -82,12 +114,11 @@ def test_coding_tools_are_off_by_default_and_need_a_folder(scripted, ws):
         end = ends(frames)[0]
         assert not end["ok"] and "coding tools are off" in end["result"]["error"]
         assert "secret" not in json.dumps(frames)
-        c.send("set_coding_tools", enabled=True)
-        assert "workspace required" in c.until("error")[-1]["message"]
-        c.send("set_coding_tools", enabled=True, workspace="relative/dir")
-        assert "absolute" in c.until("error")[-1]["message"]
-        c.send("set_coding_tools", enabled=True, workspace="/")
-        assert "root" in c.until("error")[-1]["message"]
+        for workspace, why in ((None, "workspace required"), ("relative/dir", "absolute"),
+                               ("/", "root")):
+            c.send("set_coding_tools", enabled=True,
+                   **({} if workspace is None else {"workspace": workspace}))
+            assert why in refused(c)["message"]
 
 
 def test_a_write_waits_deny_keeps_the_file_allow_writes_it(scripted, ws):
@@ -97,7 +128,7 @@ def test_a_write_waits_deny_keeps_the_file_allow_writes_it(scripted, ws):
     with coding_client(srv, ws) as c:
         script(plugin, call("write", path="a.txt", content="bye\n"))
         c.send("prompt", text="change it")
-        asked = c.until("tool_approval_request")[-1]
+        asked = approval_request(c)
         assert asked["tool"] == "write" and asked["args"] == {"path": "a.txt", "content": "bye\n"}
         assert "-hello\n+bye\n" in asked["preview"]["diff"]
         queue = c.until("queue_update")[-1]
@@ -111,7 +142,7 @@ def test_a_write_waits_deny_keeps_the_file_allow_writes_it(scripted, ws):
 
         script(plugin, call("write", path="a.txt", content="bye\n"))
         c.send("prompt", text="change it, really")
-        asked = c.until("tool_approval_request")[-1]
+        asked = approval_request(c)
         c.send("approval", callId=asked["callId"], decision="allow")
         frames = finish(c)
         assert ends(frames)[0]["ok"] and target.read_text() == "bye\n"
@@ -128,7 +159,7 @@ def test_always_allow_skips_the_card_until_revoked(scripted, ws):
     with coding_client(srv, ws) as c:
         script(plugin, call("edit", path="b.txt", old_string="one", new_string="two"))
         c.send("prompt", text="edit")
-        asked = c.until("tool_approval_request")[-1]
+        asked = approval_request(c)
         assert "-one\n+two\n" in asked["preview"]["diff"]
         c.send("approval", callId=asked["callId"], decision="allow", alwaysAllow=True)
         assert c.until("tool_approvals")[-1]["alwaysAllow"] == ["edit"]
@@ -145,7 +176,7 @@ def test_always_allow_skips_the_card_until_revoked(scripted, ws):
         assert r.json()["alwaysAllow"] == []
         script(plugin, call("edit", path="b.txt", old_string="three", new_string="four"))
         c.send("prompt", text="once more")
-        asked = c.until("tool_approval_request")[-1]
+        asked = approval_request(c)
         c.send("approval", callId=asked["callId"], decision="deny")
         finish(c)
         assert target.read_text() == "three\n"
@@ -157,8 +188,8 @@ def test_several_waiting_calls_form_a_queue(scripted, ws):
         script(plugin, call("write", path="x.txt", content="x") + "\n"
                + call("bash", command="echo made > y.txt; pwd"))
         c.send("prompt", text="two things")
-        first = c.until("tool_approval_request")[-1]
-        second = c.until("tool_approval_request")[-1]
+        first = approval_request(c)
+        second = approval_request(c)
         assert second["preview"]["shell"] == "bash -c"
         queue = c.until("queue_update")[-1]
         assert [q["callId"] for q in queue["approvals"]] == [first["callId"], second["callId"]]
@@ -191,8 +222,8 @@ def test_paths_that_leave_the_workspace_are_refused(scripted, ws, tmp_path):
                call("bash", command="pwd", cwd="dirlink")]
     with coding_client(srv, ws) as c:
         script(plugin, "\n".join(attacks))
-        frames = c.turn(text="escape")
-        assert not [f for f in frames if f["type"] == "tool_approval_request"]
+        c.send("prompt", text="escape")  # refused outright: never an approval card
+        frames = frames_until(c, "turn_end", "tool_approval_request") + c.until("history")
         results = ends(frames)
         assert len(results) == len(attacks)
         assert all(not e["ok"] and "workspace" in e["result"]["error"] for e in results)
@@ -215,10 +246,10 @@ def test_a_command_runs_in_the_workspace_scrubbed_and_is_killed_on_timeout(scrip
             script(plugin, call("bash", command="sleep 60 & echo $! > pid; env; wait",
                                 timeout=1) + call("bash", command="yes | head -c 200000"))
             c.send("prompt", text="run")
-            asked = c.until("tool_approval_request")[-1]
+            asked = approval_request(c)
             started = time.monotonic()
             c.send("approval", callId=asked["callId"], decision="allow")
-            asked2 = c.until("tool_approval_request")[-1]
+            asked2 = approval_request(c)
             c.send("approval", callId=asked2["callId"], decision="allow")
             frames = finish(c)
             timed, capped = (e["result"] for e in ends(frames))
@@ -244,7 +275,7 @@ def test_coding_tools_are_never_offered_to_a_remote_client(tmp_path):
         with ChatClient(f"http://{host}:{srv.port}", api_key="k") as c:
             assert c.hello()["coding_tools"]["available"] is False
             c.send("set_coding_tools", enabled=True, workspace=str(tmp_path))
-            err = c.until("error")[-1]
+            err = refused(c)
             assert err["status"] == 403 and "loopback" in err["message"]
     finally:
         srv.stop()
@@ -255,8 +286,8 @@ def test_stop_denies_waiting_calls_and_kills_a_running_command(scripted, ws):
     with coding_client(srv, ws) as c:
         script(plugin, call("bash", command="sleep 30") + call("write", path="z", content="z"))
         c.send("prompt", text="slow")
-        asked = c.until("tool_approval_request")[-1]
-        c.until("tool_approval_request")
+        asked = approval_request(c)
+        approval_request(c)
         c.send("approval", callId=asked["callId"], decision="allow")
         c.until("tool_update")  # the command line: it runs now
         started = time.monotonic()
