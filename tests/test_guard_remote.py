@@ -196,6 +196,32 @@ def test_an_upgrade_to_a_path_without_a_socket_is_a_404(server):
 
 
 # -------------------------------------------------------------------------- --isolate
+def test_the_isolate_parent_classifies_every_route_as_the_server_does(server):
+    """The parent has no router: for every route of the in-process app (and its spellings),
+    its rules refuse a keyless remote client exactly where the server's guard does, and
+    ask a key exactly where the server's does."""
+    from mlxbun_core.isolate import access
+
+    app = app_of(server)
+    rules = app.state.guard
+    keyless, keyed = access.rules(None), access.rules("k")
+    for method, routes in app.router.routes.items():
+        if method == b"GET_WS":
+            continue
+        for route in routes:
+            pattern = route.pattern.decode()
+            for path in (sample(pattern), sample(pattern).upper(), sample(pattern) + "/"):
+                scope = {"type": "http", "method": method.decode(), "path": path,
+                         "client": ("192.0.2.7", 5000), "headers": [(b"host", b"h")]}
+                answer = access.check(scope, access.prepare(dict(scope)), keyless)
+                assert (answer is not None) == rules.is_admin(pattern), (method, path, answer)
+                answer = access.check(scope, access.prepare(dict(scope)), keyed)
+                open_here = any(pattern == p or (p.endswith("/*") and pattern.startswith(p[:-1]))
+                                for p in rules.open_paths)
+                assert (answer is None) == open_here, (method, path, answer)
+
+
+
 @pytest.fixture(scope="module")
 def parent(tmp_path_factory):
     root = tmp_path_factory.mktemp("iso")

@@ -149,10 +149,11 @@ def run_parent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     print(f"mlxbun: isolated serving of {spec.id} · engine pool of {pool.cap} · "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     kv_bits = parse_kv_quant(getattr(args, "kv_quant", None)).bits
-    from ..startup import cors_rules
+    from ..server.origin import CorsRules
 
+    cors = CorsRules.from_values(args.cors or ())  # checked by startup.preflight already
     app = ParentApp(pool, library, api_key=args.api_key, kv_bits=kv_bits, policy=policy,
-                    cors=cors_rules(args))
+                    cors=cors)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                             lifespan="on")
     ParentServer(config, app).run()
