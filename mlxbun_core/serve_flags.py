@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from collections.abc import Sequence
+from typing import Any
 
 
 def _positive_int(text: str) -> int:
@@ -194,7 +196,8 @@ class ReplacingAppend(argparse._AppendAction):
     list) instead of adding to it: flags win over ``MLXBUN_*``."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: object, option_string: str | None = None) -> None:
+                 values: str | Sequence[Any] | None, option_string: str | None = None
+                 ) -> None:
         if getattr(namespace, self.dest, None) is self.default:
             setattr(namespace, self.dest, None)
         super().__call__(parser, namespace, values, option_string)

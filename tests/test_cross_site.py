@@ -253,6 +253,45 @@ def test_cors_values_are_checked():
             CorsRules.from_values([bad])
 
 
+def test_the_isolate_parent_checks_origin_host_and_cors(tmp_path, monkeypatch):
+    """The parent answers for its engines (they trust its socket): the same refusals and the
+    same CORS headers, on what it answers itself and before it forwards anything."""
+    import asyncio
+
+    from mlxbun_core.isolate.parent import ParentApp
+    from mlxbun_core.isolate.pool import EnginePool, ModelSpec
+    from mlxbun_core.library.cache import LibraryCache
+    from mlxbun_core.server.origin import CorsRules
+    from mlxbun_core.testing.hub_cache import library_env
+
+    for k, v in library_env(tmp_path).items():
+        monkeypatch.setenv(k, v)
+    app = "http://app.example"
+    parent = ParentApp(EnginePool(ModelSpec("m", None), []), LibraryCache(),
+                       cors=CorsRules.from_values([app]))
+
+    async def call(method, path, host="localhost", **headers):
+        transport = httpx.ASGITransport(app=parent, client=("127.0.0.1", 5000))
+        async with httpx.AsyncClient(transport=transport, base_url=f"http://{host}") as c:
+            return await c.request(method, path, headers=headers,
+                                   json=CHAT if method == "POST" else None)
+
+    async def main():
+        ok = await call("GET", "/health", origin=app)
+        assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == app
+        evil = await call("POST", "/v1/chat/completions", origin=EVIL)
+        assert evil.status_code == 403 and "evil.example" in evil.json()["error"]["message"]
+        rebound = await call("GET", "/v1/models", host="attacker.example")
+        assert rebound.status_code == 403 and "attacker.example" in rebound.text
+        pre = await call("OPTIONS", "/v1/chat/completions", origin=app,
+                         **{"access-control-request-method": "POST"})
+        assert pre.status_code == 204 and pre.headers["access-control-allow-origin"] == app
+        admin = await call("GET", "/API/jobs", origin=EVIL)
+        assert admin.status_code == 403
+
+    asyncio.run(main())
+
+
 # ------------------------------------------------------------------ approvals
 def call(name: str, **arguments) -> str:
     return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"

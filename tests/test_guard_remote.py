@@ -242,6 +242,10 @@ def test_an_isolate_parent_refuses_every_spelling_from_a_remote_client(parent, r
     assert not wrong, wrong
     status, body = remote.call(ws_status, remote.url(parent, "ws") + "/WS/chat")
     assert status == 403 and body == FORBIDDEN
+    # from loopback: the chat needs an in-process engine (501); no other path has a socket
+    assert ws_status(f"ws://127.0.0.1:{parent}/Ws/Chat/")[0] == 501
+    status, body = ws_status(f"ws://127.0.0.1:{parent}/health")
+    assert status == 404 and "no WebSocket at /health" in body["error"]["message"]
     # the API stays open to the network, in any letter case the engine's router takes
     r = remote.call(httpx.post, remote.url(parent) + "/V1/completions",
                     json={"prompt": "hi", "max_tokens": 2}, timeout=60)

@@ -78,6 +78,22 @@ def with_cors(send, scope, key: str, parent_rules: GuardRules):
     return sending
 
 
-def presented_key(scope) -> str | None:
-    """The key a request sent: ``Authorization: Bearer`` or ``x-api-key``."""
-    return guard.presented_key(dict(scope["headers"]))
+async def refuse_websocket(scope, send, parent_rules: GuardRules, no_chat: str) -> None:
+    """A WebSocket handshake at the parent, which hosts no socket: the guard's refusal, else
+    501 on the chat's path (the chat needs an in-process engine) and 404 elsewhere, as
+    HTTP where the server can answer an upgrade so; else the socket is closed."""
+    key = prepare(scope)
+    answer = check(scope, key, parent_rules)
+    if answer is not None:
+        log_refusal(scope, answer)
+        status, body = answer.status, answer.body
+    elif key == "/ws/chat":
+        status, body = 501, {"error": {"message": no_chat, "type": "not_implemented"}}
+    else:
+        status, body = 404, {"error": {"message": f"no WebSocket at {scope['path']}",
+                                       "type": "not_found_error"}}
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        return await send({"type": "websocket.close", "code": 1008})
+    await send({"type": "websocket.http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "websocket.http.response.body", "body": json.dumps(body or {}).encode()})

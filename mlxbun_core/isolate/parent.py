@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import json
 import logging
 import os
 import signal
@@ -77,7 +76,7 @@ class ParentApp:
         if scope["type"] == "lifespan":
             return await self._lifespan(receive, send)
         if scope["type"] == "websocket":  # web chat needs a non-isolated server
-            return await self._refuse_websocket(scope, send)
+            return await access.refuse_websocket(scope, send, self.rules, NO_CHAT)
         status = _StatusOf(send)
         try:
             await self._http(scope, receive, status)
@@ -111,26 +110,6 @@ class ParentApp:
                 self.pool, self.library, scope, body)) is not None:
             return await send_json(send, 200, hub_serve.serve(self.pool, spec))
         await self._proxy(scope, key, body, receive, send)
-
-    async def _refuse_websocket(self, scope, send):
-        """The guard's refusal, else 501 on the chat's path (it needs an in-process engine)
-        and 404 elsewhere, where the server can answer an upgrade with HTTP; else close."""
-        key = access.prepare(scope)
-        answer = access.check(scope, key, self.rules)
-        if answer is not None:
-            access.log_refusal(scope, answer)
-            status, body = answer.status, answer.body
-        elif key == "/ws/chat":
-            status, body = 501, {"error": {"message": NO_CHAT, "type": "not_implemented"}}
-        else:
-            status, body = 404, {"error": {"message": f"no WebSocket at {scope['path']}",
-                                           "type": "not_found_error"}}
-        if "websocket.http.response" not in scope.get("extensions", {}):
-            return await send({"type": "websocket.close", "code": 1008})
-        await send({"type": "websocket.http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "websocket.http.response.body",
-                    "body": json.dumps(body or {}).encode()})
 
     # ---------------------------------------------------------------- local routes
     def _local(self, key: str, method: str):

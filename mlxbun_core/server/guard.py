@@ -23,7 +23,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import parse_qs
@@ -42,7 +42,7 @@ OPEN_PATHS = ("/health",)
 LOOPBACK_ONLY = ("this route answers loopback clients only; start the server with --api-key "
                  "to allow remote clients")
 UNAUTHORIZED = "invalid or missing API key (send Authorization: Bearer <key>)"
-Scope = MutableMapping[str, Any]
+Scope = Mapping[str, Any]  # an ASGI scope, read only
 
 
 @dataclass

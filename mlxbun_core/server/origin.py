@@ -20,6 +20,7 @@ parent share them.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
 from collections.abc import Iterable
@@ -123,10 +124,8 @@ def cors_value(text: str) -> str:
 def _machine_names() -> frozenset[str]:
     """This machine's own names: some systems map the host name to 127.0.1.1."""
     names = {socket.gethostname().lower()}
-    try:
+    with contextlib.suppress(OSError):
         names.add(socket.getfqdn().lower())
-    except OSError:
-        pass
     return frozenset(n for n in names if n)
 
 

@@ -61,7 +61,7 @@ def _free_subnet() -> ipaddress.IPv4Network:
     pool = ipaddress.ip_network("10.64.0.0/10")
     for _ in range(100):
         base = int(pool.network_address) + random.randrange(pool.num_addresses // 4) * 4
-        net = ipaddress.ip_network(f"{ipaddress.ip_address(base)}/30")
+        net = ipaddress.IPv4Network(f"{ipaddress.IPv4Address(base)}/30")
         if not any(net.overlaps(u) for u in used):
             return net
     raise RuntimeError("no free /30 in 10.64.0.0/10 for a test namespace")
