@@ -231,6 +231,13 @@ def test_cors_opens_exactly_the_named_sites(server):
         pre = raw(server, "OPTIONS", "/v1/chat/completions", Origin=EVIL,
                   Access_Control_Request_Method="POST")
         assert pre[0] == 403 and "access-control-allow-origin" not in pre[1]
+        # the site's page can read a refusal too (here: a key it did not send)
+        server.server.config.app.state.guard.api_key = "k"
+        try:
+            status, headers, body = json_post(server, "/v1/chat/completions", CHAT, Origin=app)
+        finally:
+            server.server.config.app.state.guard.api_key = None
+        assert status == 401 and headers["access-control-allow-origin"] == app
         # the site's own name may reach this machine through a proxy (Host)
         assert raw(server, "GET", "/v1/models", host="app.example")[0] == 200
     with cors(server, "*"):  # every site, the API routes only
@@ -287,7 +294,9 @@ def test_the_isolate_parent_checks_origin_host_and_cors(tmp_path, monkeypatch):
                          **{"access-control-request-method": "POST"})
         assert pre.status_code == 204 and pre.headers["access-control-allow-origin"] == app
         admin = await call("GET", "/API/jobs", origin=EVIL)
-        assert admin.status_code == 403
+        assert admin.status_code == 403 and "access-control-allow-origin" not in admin.headers
+        refused = await call("POST", "/API/jobs", origin=app, host="attacker.example")
+        assert refused.status_code == 403 and refused.headers["access-control-allow-origin"] == app
 
     asyncio.run(main())
 

@@ -53,10 +53,14 @@ def check(scope, key: str, parent_rules: GuardRules) -> Answer | None:
 log_refusal = guard.log_refusal
 
 
-async def send_answer(send, scope, answer: Answer) -> None:
-    guard.log_refusal(scope, answer)
+async def send_answer(send, scope, key: str, answer: Answer, parent_rules: GuardRules) -> None:
+    """The guard's answer as ASGI messages (a refusal read by a ``--cors`` site's page
+    carries its CORS headers, as any answer does)."""
+    log_refusal(scope, answer)
     body = b"" if answer.body is None else json.dumps(answer.body).encode()
     headers = list(answer.headers)
+    if answer.status >= 400:
+        headers += guard.cors_headers(scope, key, parent_rules)
     if answer.body is not None:
         headers.append((b"content-type", b"application/json"))
     headers.append((b"content-length", str(len(body)).encode()))

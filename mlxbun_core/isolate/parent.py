@@ -92,7 +92,7 @@ class ParentApp:
         key = access.prepare(scope)  # the path as forwarded, read as the engine's router reads it
         answer = access.check(scope, key, self.rules)
         if answer is not None:
-            return await access.send_answer(send, scope, answer)
+            return await access.send_answer(send, scope, key, answer, self.rules)
         send = access.with_cors(send, scope, key, self.rules)
         method = scope["method"]
         local = self._local(key, method)

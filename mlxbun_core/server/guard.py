@@ -263,8 +263,9 @@ def install(app: Application, rules: GuardRules) -> None:
     async def guard(request: Request, handler: Handler) -> Response | None:
         scope = request.scope
         route = matched_route(app, request)
-        answer = decide(scope, route if route is not None else route_key(
-            scope["raw_path"] if scope["type"] == "http" else scope["path"]), rules)
+        key = route if route is not None else route_key(
+            scope["raw_path"] if scope["type"] == "http" else scope["path"])
+        answer = decide(scope, key, rules)
         if scope["type"] == "websocket":  # BlackSheep hands its middlewares the WebSocket
             if answer is not None:
                 log_refusal(scope, answer)
@@ -276,10 +277,12 @@ def install(app: Application, rules: GuardRules) -> None:
             return await handler(request)
         if answer is not None:
             log_refusal(scope, answer)
-            return response_of(answer)
-        response = await handler(request)
-        for name, value in cors_headers(scope, route or "", rules):
-            response.add_header(name, value)
+            response = response_of(answer)
+        else:
+            response = await handler(request)
+        if answer is None or answer.status >= 400:  # a --cors site's page reads its 401 too
+            for name, value in cors_headers(scope, key, rules):
+                response.add_header(name, value)
         return response
 
     # BlackSheep types a middleware as returning a Response; for a WebSocket this one has
