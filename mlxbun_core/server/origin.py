@@ -192,7 +192,8 @@ def host_refusal(host_header: str | None, scheme: str, cors: CorsRules) -> str |
         return None
     return (f"Host {host!r} is not this machine's name: a loopback client must use localhost "
             "or 127.0.0.1 (a page that points its own name at this machine is refused); "
-            "a reverse proxy's name is allowed with --cors https://NAME")
+            "for another name of yours (a reverse proxy, an /etc/hosts alias) start the "
+            "server with --cors http://NAME:PORT")
 
 
 def cross_site(origin: str | None, fetch_site: str | None, own: bool, *, unsafe: bool,
