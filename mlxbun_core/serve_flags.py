@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+from collections.abc import Sequence
+from typing import Any
 
 
 def _positive_int(text: str) -> int:
@@ -148,6 +151,12 @@ def add_process_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--api-key", default=os.environ.get("MLXBUN_API_KEY") or None,
                    help="require 'Authorization: Bearer KEY' on every route; admin routes "
                         "then also answer remote clients (default: no key, admin loopback-only)")
+    s.add_argument("--cors", action=ReplacingAppend, default=_env_list("MLXBUN_CORS"),
+                   metavar="ORIGIN",
+                   help="let web pages of ORIGIN (https://app.example.com) use this server "
+                        "and read its answers (repeatable; env MLXBUN_CORS, comma-separated); "
+                        "'*' opens the API routes to every site, never the admin routes or "
+                        "the web chat (docs/security.md)")
     s.add_argument("--adapter", "--adapter-path", dest="adapter", default=None, metavar="DIR",
                    help="mount a LoRA adapter (mlx-lm or PEFT directory) at start-up and use it "
                         "for requests that name none (id: the directory name)")
@@ -180,6 +189,24 @@ def add_process_flags(s: argparse.ArgumentParser) -> None:
                         "(it opens only on an interactive start)")
     add_ssd_cache_flags(s)
     add_distributed_flags(s)
+
+
+class ReplacingAppend(argparse._AppendAction):
+    """``append``, where the first typed value replaces the default (the environment's
+    list) instead of adding to it: flags win over ``MLXBUN_*``."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: str | Sequence[Any] | None, option_string: str | None = None
+                 ) -> None:
+        if getattr(namespace, self.dest, None) is self.default:
+            setattr(namespace, self.dest, None)
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _env_list(var: str) -> list[str] | None:
+    """A comma- or space-separated ``var`` as a list (None when unset or empty)."""
+    items = [v for v in re.split(r"[,\s]+", os.environ.get(var, "")) if v]
+    return items or None
 
 
 def add_distributed_flags(s: argparse.ArgumentParser) -> None:

@@ -64,6 +64,20 @@ def test_precedence_flag_over_env_over_file_over_default(home, monkeypatch):
     assert (args.top_p, s.sources["top_p"]) == (None, "default")
 
 
+def test_cors_comes_from_flags_env_or_file_and_flags_replace_the_env(home, monkeypatch):
+    path = home / "mlxbun.yaml"
+    path.write_text("serve:\n  cors:\n    - https://a.example\n    - http://localhost:5173\n")
+    args, s = serve()
+    assert (args.cors, s.sources["cors"]) == (
+        ["https://a.example", "http://localhost:5173"], f"file:{path}:3")
+    monkeypatch.setenv("MLXBUN_CORS", "https://b.example, https://c.example")
+    args, s = serve()
+    assert (args.cors, s.sources["cors"]) == (["https://b.example", "https://c.example"],
+                                              "env MLXBUN_CORS")
+    args, s = serve("--cors", "https://d.example", "--cors", "*")
+    assert (args.cors, s.sources["cors"]) == (["https://d.example", "*"], "flag")
+
+
 def test_every_serve_flag_is_a_key_and_unknown_keys_are_refused(home):
     from mlxbun_core.config.schema import serve_options
 

@@ -20,6 +20,7 @@ from mlxbun_core.testing.fake_hub import (
     hub_environment,
     padding_safetensors,
     repo_from_dir,
+    silent_hub,
 )
 from mlxbun_core.testing.server import free_port, start_server
 
@@ -352,6 +353,26 @@ def test_cli_download_shows_a_bar_and_ls_lists_every_revision(env):
     assert [(r["repo_id"], r["canonical"], r["refs"]) for r in rows] == [
         ("acme/Tiny-Small-mlx", True, ["main"])]
     assert "acme/Tiny-Small-mlx" in local_ids(env)
+
+
+def test_cli_download_from_a_hub_that_never_answers_ends_with_a_message(tmp_path):
+    """The hub accepts the connection and says nothing: the download ends within the
+    deadline (MLXBUN_HUB_TIMEOUT, 2 s here) and says why."""
+    import subprocess
+    import sys
+
+    with silent_hub() as url:
+        env = {**os.environ, "HF_ENDPOINT": url, "MLXBUN_HUB_TIMEOUT": "2",
+               "HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(tmp_path / "hf" / "hub")}
+        env.pop("HF_HUB_OFFLINE", None)
+        started = time.monotonic()
+        run = subprocess.run([sys.executable, "-m", "mlxbun_core.cli", "download",
+                              "acme/Tiny-Small-mlx"], capture_output=True, text=True,
+                             timeout=120, env=env)
+        took = time.monotonic() - started
+    assert run.returncode == 2, run.stderr
+    assert f"the hub {url} did not answer within 2 s" in run.stderr, run.stderr
+    assert took < 60, took  # the deadline, job start-up and one retry at most
 
 
 def test_cli_upload_pushes_a_dataset_with_a_card(env, tmp_path):

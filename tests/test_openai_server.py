@@ -25,7 +25,8 @@ def ckpt():
 
 def post(srv, path, body, **kw):
     data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    return httpx.post(srv.base_url + path, content=data, timeout=60, **kw)
+    headers = {"content-type": "application/json", **kw.pop("headers", {})}
+    return httpx.post(srv.base_url + path, content=data, timeout=60, headers=headers, **kw)
 
 
 def test_chat_non_stream_shape(client, srv):

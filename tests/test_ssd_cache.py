@@ -233,7 +233,8 @@ def test_flush_route_and_stats_fields(tmp_path):
         again = httpx.post(srv.base_url + "/admin/cache/flush", timeout=60).json()
         assert again["durable"] and again["flushedSnapshots"] == 0  # nothing left to write
         for bad in (b"[1]", b"{", b'{"timeout_s": -1}', b'{"timeout_s": "5"}'):
-            r = httpx.post(srv.base_url + "/admin/cache/flush", content=bad, timeout=30)
+            r = httpx.post(srv.base_url + "/admin/cache/flush", content=bad, timeout=30,
+                           headers={"content-type": "application/json"})
             assert r.status_code == 400, bad
     with running_server(path) as srv:  # no tier: nothing to flush
         r = httpx.post(srv.base_url + "/admin/cache/flush", timeout=30)

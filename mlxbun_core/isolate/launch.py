@@ -31,7 +31,7 @@ log = logging.getLogger("mlxbun.isolate")
 # parent-only flags, plus the API key: children get it in their environment, where other
 # local users cannot read it (a command line is visible to everyone in ps)
 PARENT_ONLY = {"isolate", "model_pool", "host", "port", "unix", "model", "query", "positional",
-               "help", "api_key", "keep_alive", "pins", "allow_models"}
+               "help", "api_key", "keep_alive", "pins", "allow_models", "cors"}
 
 
 def engine_argv(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
@@ -149,7 +149,11 @@ def run_parent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     print(f"mlxbun: isolated serving of {spec.id} · engine pool of {pool.cap} · "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     kv_bits = parse_kv_quant(getattr(args, "kv_quant", None)).bits
-    app = ParentApp(pool, library, api_key=args.api_key, kv_bits=kv_bits, policy=policy)
+    from ..server.origin import CorsRules
+
+    cors = CorsRules.from_values(args.cors or ())  # checked by startup.preflight already
+    app = ParentApp(pool, library, api_key=args.api_key, kv_bits=kv_bits, policy=policy,
+                    cors=cors)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                             lifespan="on")
     ParentServer(config, app).run()

@@ -150,6 +150,9 @@ def _hub(repo_id: str, home: Path, progress: bool) -> tuple[ResolvedModel | None
     if unreachable:  # offline: say so now, not after the client's retries
         return None, (f"not in the HF cache {cache}, and the hub {endpoint} cannot be reached "
                       f"({unreachable}; offline?)")
+    from . import hub_timeout
+
+    hub_timeout.install()  # a hub that accepts and never answers ends in an error, not a hang
     try:
         files = hf.list_repo_files(repo_id)
         if "config.json" in files:

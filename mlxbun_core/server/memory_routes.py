@@ -165,8 +165,7 @@ GETS = {"status": "status", "list": "listing", "search": "search", "article": "a
 
 def register(app: App, engine: Engine) -> None:
     vault = Vault(default_root())
-    routes = MemoryRoutes(vault)
-    app.state.guard.admin_route("/v1/memory")
+    routes = MemoryRoutes(vault)  # /api/memory and /v1/memory: admin routes (guard.py)
 
     def handler(work: Callable[[Request, Json], Json], post: bool = False
                 ) -> Callable[[Request], Awaitable[Response]]:

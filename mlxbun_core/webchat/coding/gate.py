@@ -6,11 +6,16 @@ are gated: when a model message asks for them, every gated call is planned and a
 first (``tool_approval_request`` with its diff or command, then ``queue_update`` listing
 all that wait), and each then waits for its ``approval`` frame, in the model's order. A
 tool the user always allows (the store in :mod:`..approvals`) skips the card.
+
+Each card carries a secret (``approvalToken``) that its answer must echo: only the page
+that was shown the card can answer it, never a frame written blind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +65,7 @@ class Waiting:
     args: dict
     plan: Any = None  # files.Change for edit/write; (command, cwd, timeout) for bash
     error: str | None = None  # planning failed: the call ends with this, unasked
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(18))  # the card's secret
     decision: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop()
                                      .create_future())
 
@@ -155,18 +161,24 @@ class CodingSession:
                 continue
             await self.send({"type": "tool_approval_request", "callId": call["id"],
                              "tool": waiting.tool, "args": waiting.args,
-                             "preview": self._preview(waiting.tool, waiting.plan)})
+                             "preview": self._preview(waiting.tool, waiting.plan),
+                             "approvalToken": waiting.token})
         if self.waiting:
             await self.send_queue()
             await self.send_state()
 
     async def decide(self, call_id: object, decision: object, always: object,
-                     edited: object) -> None:
+                     edited: object, token: object = None) -> None:
         """The user's answer on a card: ``allow`` (once, or always with ``always``) or
-        ``deny``; ``edited`` replaces the call's arguments."""
+        ``deny``; ``edited`` replaces the call's arguments. ``token`` must be the card's
+        secret (:class:`PermissionError` otherwise)."""
         waiting = self.waiting.get(call_id) if isinstance(call_id, str) else None
         if waiting is None or waiting.decision.done():
             raise ValueError(f"no call {call_id!r} waits for approval")
+        if not isinstance(token, str) or not hmac.compare_digest(token.encode(),
+                                                                  waiting.token.encode()):
+            raise PermissionError("an approval must echo its card's approvalToken: only the "
+                                  "page that showed the card may answer it")
         if decision not in ("allow", "deny", "always"):
             raise ValueError("decision must be 'allow', 'always' or 'deny'")
         if edited is not None and not isinstance(edited, dict):
