@@ -56,18 +56,29 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
                "float64": 8, "int8": 1, "uint8": 1}
 
 __all__ = ["KVLayout", "MemoryPlan", "Machine", "text_config", "activation_bytes",
+           "activation_dtype",
            "kv_element_bytes", "kv_layout", "quantizable", "kv_bytes_per_token", "plan",
            "machine", "predicted_decode_tps", "context_window", "BatchPlan", "batch_plan"]
 
 
-def activation_bytes(config: dict) -> int:
-    """Bytes per activation element, from the config's ``torch_dtype``/``dtype`` (default 2)."""
+DTYPE_ALIASES = {"float": "float32", "half": "float16"}
+
+
+def activation_dtype(config: dict) -> str:
+    """The activation dtype's name, from the config's ``torch_dtype``/``dtype`` (default
+    bfloat16): what an unquantized KV cache holds, so reports name what they bill."""
     for c in (text_config(config), config):
         for key in ("torch_dtype", "dtype"):
             v = c.get(key)
             if isinstance(v, str) and v.replace("torch.", "") in DTYPE_BYTES:
-                return DTYPE_BYTES[v.replace("torch.", "")]
-    return 2
+                name = v.replace("torch.", "")
+                return DTYPE_ALIASES.get(name, name)
+    return "bfloat16"
+
+
+def activation_bytes(config: dict) -> int:
+    """Bytes per activation element, from the config's ``torch_dtype``/``dtype`` (default 2)."""
+    return DTYPE_BYTES[activation_dtype(config)]
 
 
 def kv_element_bytes(dtype_bytes: int = 2, bits: int | None = None, group_size: int = 64) -> float:
