@@ -50,16 +50,17 @@ test: install-test
 
 # the wheels pip installs from until mlxbun is on PyPI: mlxbun and the five family plugins
 # (docs/examples' plugin stays out) into $(DIST)/; `pip install --find-links dist mlxbun
-# mlxbun-qwen35` then takes ours from there and the rest from the index. Stale build/ trees
-# are removed first (setuptools would reuse their files).
+# mlxbun-qwen35` then takes ours from there and the rest from the index. setuptools' build/
+# and *.egg-info trees are removed before (it would reuse their files) and after.
 DIST ?= dist
 DIST_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY))
 WHEEL_FLAGS ?=
+BUILD_LEFTOVERS = build *.egg-info $(foreach p,$(dir $(PLUGINS)),$(p)build $(p)*.egg-info)
 dist:
-	@rm -rf $(DIST) build $(addsuffix build,$(dir $(PLUGINS)))
+	@rm -rf $(DIST) $(BUILD_LEFTOVERS)
 	@echo "mlxbun: building the wheels of mlxbun and its $(words $(PLUGINS)) family plugins into $(DIST)/"
 	@PYTHONWARNINGS=ignore $(DIST_PY) -m pip wheel -q --no-deps $(WHEEL_FLAGS) -w $(DIST) . $(dir $(PLUGINS))
-	@rm -rf build $(addsuffix build,$(dir $(PLUGINS)))
+	@rm -rf $(BUILD_LEFTOVERS)
 	@ls $(DIST)
 
 # ruff on the whole repo; mypy on mlxbun_core and the family plugins (docs/development.md)
