@@ -116,8 +116,10 @@ class Chat:
         usage: dict[str, Any] = {}
         try:
             for chunk in self.chunks():
-                if "error" in chunk:
-                    return self.failed(chunk)
+                if "error" in chunk:  # an error event mid-stream: the reply is not kept
+                    print(f"\nmlxbun: {error_text(json.dumps(chunk).encode(), 200)}",
+                          file=sys.stderr)
+                    return None
                 usage = chunk.get("usage") or usage
                 for choice in chunk.get("choices") or ():
                     delta = choice.get("delta") or {}
@@ -155,10 +157,6 @@ class Chat:
                     return
                 with contextlib.suppress(ValueError):
                     yield json.loads(data)
-
-    def failed(self, chunk: dict[str, Any]) -> None:
-        print(f"\nmlxbun: {error_text(json.dumps(chunk).encode(), 200)}", file=sys.stderr)
-        return None
 
     def write(self, text: str) -> None:
         sys.stdout.write(text)
