@@ -374,7 +374,8 @@ def test_a_mixed_merge_quantizes_the_plain_rows():
 
 def test_parse_and_names():
     assert kvquant.parse("off") is kvquant.OFF and kvquant.parse(None) is kvquant.OFF
-    assert kvquant.parse("8") == kvquant.KVScheme(8) and kvquant.parse(4).mode == "uniform-kv4"
+    assert kvquant.parse("8") == kvquant.KVScheme(8) and kvquant.parse(4).mode() == "uniform-kv4"
+    assert kvquant.OFF.mode("float32") == "float32"  # off: the dtype the cache holds
     with pytest.raises(ValueError, match="--kv-quant"):
         kvquant.parse("3")
 
