@@ -17,6 +17,22 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _cap(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be a token count, or 0 for no cap")
+    return value
+
+
+DEFAULT_MAX_TOKENS = 4096
+"""The completion cap of a request that names none (``--max-tokens``; 0: none). Clients
+such as aider send no ``max_tokens`` and expect the model to stop by itself; a small model
+that loops instead would run to the end of its window (minutes on a CPU). 4,096 is the
+output limit those clients' edit formats were tuned against (GPT-4 Turbo, Claude 3), enough
+for a whole-file edit of a few hundred lines, and aider reports a cut reply (``length``)
+rather than failing. A request's own ``max_tokens`` is never changed."""
+
+
 _UNITS = {"": 10**9, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
           "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20,
           "gib": 1 << 30, "tib": 1 << 40}
@@ -58,8 +74,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                         "0.0.0.0 for every interface)")
     s.add_argument("--port", type=int, default=int(os.environ.get("MLXBUN_PORT") or "8080"),
                    help="TCP port (default: %(default)s; env MLXBUN_PORT)")
-    s.add_argument("--max-tokens", type=int, default=None,
-                   help="server default completion cap (default: until EOS or context end)")
+    s.add_argument("--max-tokens", type=_cap, default=DEFAULT_MAX_TOKENS, metavar="N",
+                   help="completion cap for requests that name none (default: %(default)s; "
+                        "0: until EOS or the context's end); a request's own wins")
     s.add_argument("--temperature", type=float)
     s.add_argument("--top-p", type=float)
     s.add_argument("--top-k", type=int)

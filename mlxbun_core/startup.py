@@ -203,7 +203,7 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
             "draft_model": args.draft_model, "num_draft_tokens": args.num_draft_tokens or 3,
             "expert_budget": getattr(args, "expert_budget", None)})
         return Engine.load(str(resolved.path), options, defaults=defaults,
-                           max_tokens=args.max_tokens,
+                           max_tokens=args.max_tokens or None,  # 0: no cap
                            speculation=speculation,
                            batch=args.batch, prompt_cache_bytes=int(args.prompt_cache * (1 << 30)),
                            ssd=ssd,

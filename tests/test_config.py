@@ -310,6 +310,7 @@ def test_in_process_server_lists_aliases_and_applies_model_settings(home, tmp_pa
                     ).prompt_tokens < usage.prompt_tokens
         rows = httpx.get(s.v1 + "/models", timeout=30).json()["data"]
         assert rows[0]["state"] == "resident"
+        assert rows[0]["gen_defaults"]["max_tokens"] == 1  # the cap a request gets by default
         alias = next(r for r in rows if r["id"] == "fast")
         assert alias["alias_of"] == s.engine.model.id and alias["state"] == "resident"
         assert httpx.get(s.v1 + "/models/fast", timeout=30).json()["alias_of"] == (

@@ -55,7 +55,8 @@ FLOORS = [
     # what reads the engine: surfaces and their observers
     {"server/", "webchat/", "metrics/", "hub/"},
     # entry points
-    {"startup.py", "cli.py", "serve_flags.py", "isolate/", "testing/", "dist_serve.py"},
+    {"startup.py", "cli.py", "serve_flags.py", "isolate/", "testing/", "dist_serve.py",
+     "console/"},
 ]
 FLOOR = {room: n for n, rooms in enumerate(FLOORS) for room in rooms}
 # Loops among rooms that are known and being removed; none are left, keep it so.

@@ -309,7 +309,8 @@ def test_generation_config_defaults_apply_and_requests_win(tmp_path):
     s = start_server(ckpt, defaults={"top_k": 5})
     try:
         row = httpx.get(s.v1 + "/models").json()["data"][0]
-        assert row["gen_defaults"] == {"temperature": 0.6, "top_p": 0.8, "top_k": 5}
+        assert row["gen_defaults"] == {"temperature": 0.6, "top_p": 0.8, "top_k": 5,
+                                       "max_tokens": None}  # an engine without a cap
         assert s.engine.parse_chat({"messages": MSG, "temperature": 0}).sampling.temperature == 0
         assert s.engine.parse_chat({"messages": MSG}).sampling.temperature == 0.6
     finally:

@@ -16,6 +16,7 @@ from urllib.parse import unquote
 import httpx
 
 from ..server import guard, web
+from ..server.access_log import log_answer
 from ..server.guard import Answer, GuardRules
 from ..server.origin import CorsRules
 
@@ -96,6 +97,8 @@ async def refuse_websocket(scope, send, parent_rules: GuardRules, no_chat: str) 
     else:
         status, body = 404, {"error": {"message": f"no WebSocket at {scope['path']}",
                                        "type": "not_found_error"}}
+    if answer is None:  # (the guard's refusals are logged by log_refusal)
+        log_answer("GET", scope["path"], status, json.dumps(body).encode())
     if "websocket.http.response" not in scope.get("extensions", {}):
         return await send({"type": "websocket.close", "code": 1008})
     await send({"type": "websocket.http.response.start", "status": status,

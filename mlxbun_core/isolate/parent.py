@@ -31,6 +31,7 @@ from ..library.listing import with_states
 from ..library.report import fit_report, library_row
 from ..metrics.isolate import ParentMetrics, route_of
 from ..models.paths import mlxbun_home
+from ..server.access_log import RecordingSend, log_answer
 from ..server.body import JsonContentTypeError, check_content_type, parse_body
 from ..server.origin import CorsRules
 from . import access, hub_serve
@@ -77,16 +78,17 @@ class ParentApp:
             return await self._lifespan(receive, send)
         if scope["type"] == "websocket":  # web chat needs a non-isolated server
             return await access.refuse_websocket(scope, send, self.rules, NO_CHAT)
-        status = _StatusOf(send)
+        status, started = RecordingSend(send), time.perf_counter()
         try:
             await self._http(scope, receive, status)
         except BaseException:
             status.failed()
             raise
         finally:
-            if not scope.get(PROXIED):  # an engine counts what it answered itself
+            if not scope.get(PROXIED):  # an engine counts (and logs) what it answered itself
                 self.metrics.count(route_of(scope["path"], LOCAL_ROUTES), scope["method"],
                                    status.code)
+                log_answer(scope["method"], scope["path"], status.code, status.body, started)
 
     async def _http(self, scope, receive, send):
         key = access.prepare(scope)  # the path as forwarded, read as the engine's router reads it
@@ -134,6 +136,13 @@ class ParentApp:
     async def health(self, scope, send):
         if self.draining:  # as the in-process server: load balancers stop sending
             return await send_json(send, 503, {"status": "draining"})
+        first = self.pool.first
+        if first is None or not first.was_ready:  # the default engine has not answered yet
+            state = first.state if first is not None else "new"
+            if state != "failed":
+                return await send_json(send, 503, {"status": "loading"})
+            return await send_json(send, 503, {"status": "unavailable", "reason":
+                                               f"engine {first.model_id} failed to start"})
         await send_json(send, 200, {"status": "ok"})
 
     async def get_metrics(self, scope, send):
@@ -327,23 +336,6 @@ class _Gone(enum.Enum):
 
 
 _GONE = _Gone.GONE
-
-
-class _StatusOf:
-    """An ASGI ``send`` that remembers the status it started the response with (499: the
-    client left before any answer; 500: the app failed before one)."""
-
-    def __init__(self, send):
-        self.send, self.code, self.started = send, 499, False
-
-    async def __call__(self, message):
-        if message["type"] == "http.response.start":
-            self.code, self.started = message["status"], True
-        await self.send(message)
-
-    def failed(self) -> None:
-        if not self.started:
-            self.code = 500
 
 
 def _shaped(body: dict, path: str) -> dict:

@@ -44,7 +44,7 @@ import logging
 import os
 from dataclasses import asdict, dataclass, field, replace
 
-from ..models.facts import activation_bytes, text_config
+from ..models.facts import activation_bytes, activation_dtype, text_config
 from .checkpoint import context_window
 
 log = logging.getLogger("mlxbun.fit")
@@ -54,6 +54,7 @@ DECODE_EFFICIENCY = 0.8  # share of peak bandwidth a decode step achieves (peak 
 NO_LIMIT_CONTEXT = 1 << 24  # search ceiling when the config names no context length
 
 __all__ = ["KVLayout", "MemoryPlan", "Machine", "text_config", "activation_bytes",
+           "activation_dtype",
            "kv_element_bytes", "kv_layout", "quantizable", "kv_bytes_per_token", "plan",
            "machine", "predicted_decode_tps", "context_window", "BatchPlan", "batch_plan"]
 

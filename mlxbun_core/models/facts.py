@@ -22,14 +22,24 @@ def text_config(config: dict) -> dict:
     return inner if isinstance(inner, dict) and inner else config
 
 
-def activation_bytes(config: dict) -> int:
-    """Bytes per activation element, from the config's ``torch_dtype``/``dtype`` (default 2)."""
+DTYPE_ALIASES = {"float": "float32", "half": "float16"}
+
+
+def activation_dtype(config: dict) -> str:
+    """The activation dtype's name, from the config's ``torch_dtype``/``dtype`` (default
+    bfloat16): what an unquantized KV cache holds, so reports name what they bill."""
     for c in (text_config(config), config):
         for key in ("torch_dtype", "dtype"):
             v = c.get(key)
             if isinstance(v, str) and v.replace("torch.", "") in DTYPE_BYTES:
-                return DTYPE_BYTES[v.replace("torch.", "")]
-    return 2
+                name = v.replace("torch.", "")
+                return DTYPE_ALIASES.get(name, name)
+    return "bfloat16"
+
+
+def activation_bytes(config: dict) -> int:
+    """Bytes per activation element, from the config's ``torch_dtype``/``dtype`` (default 2)."""
+    return DTYPE_BYTES[activation_dtype(config)]
 
 
 def weight_bytes(module: nn.Module) -> int:

@@ -243,7 +243,7 @@ def resolve_model(name: str | None, *, library: Library | None = None,
             f"model {name!r} not found: no local path {p.resolve()} exists, "
             "no local model matches, "
             f"and hub repo {name!r} is {why}. "
-            f"Fix: check the spelling, download it (`hf download {name}` while online), "
+            f"Fix: check the spelling, download it (`mlxbun download {name}` while online), "
             "or pass a local directory / .gguf path.")
     raise ModelNotFound(
         f"model {name!r} not found: no path {p.resolve()} exists and no local model id contains "

@@ -14,7 +14,7 @@ from .. import blas, metrics
 from ..errors import APIError
 from ..webchat.store import SessionStore
 from ..webchat.store import sessions_dir as default_sessions_dir
-from . import guard
+from . import access_log, guard
 from .common import allowed_methods, json_response, method_not_allowed, openai_error
 from .guard import GuardRules
 from .origin import CorsRules
@@ -67,6 +67,7 @@ def build_app(engine: Engine, *, api_key: str | None = None,
                      sessions=SessionStore(default_sessions_dir(sessions_dir)))
     app = App(state)
     guard.install(app, state.guard)
+    access_log.install(app)  # after every middleware: the outermost, so it sees refusals
     metrics.install(app, engine)  # GET /metrics; counts every route's answers
     state.stats_providers["blas"] = lambda: blas.state().describe()
     for modname in SURFACES:
