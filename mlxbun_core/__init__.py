@@ -15,3 +15,7 @@ __all__ = ["hookimpl", "__version__"]
 from . import blas as _blas
 
 _blas.install()  # MLX's CPU matrix products on OpenBLAS, from the moment mlx.core loads
+
+from . import fdlimit as _fdlimit
+
+_fdlimit.install()  # the open-file limit up to the hard one, and mlx_lm.utils kept from lowering it
