@@ -267,3 +267,23 @@ def test_stop_denies_waiting_calls_and_kills_a_running_command(scripted, ws):
         assert "stopped" in stopped["result"]["error"]
         assert "the turn was stopped" in denied["result"]["error"]
         assert not (ws / "z").exists()
+
+
+def test_a_catastrophic_grep_pattern_neither_freezes_the_server_nor_hangs(scripted, ws):
+    """``(a+)+$`` over 27 a's and a '!' took Python's re 23 s, with the GIL held: every
+    other request waited. The grep must answer at once and /health stay fast meanwhile."""
+    srv, plugin = scripted
+    (ws / "a.txt").write_text("a" * 27 + "!\n")
+    with coding_client(srv, ws) as c:
+        script(plugin, call("grep", pattern="(a+)+$"))
+        started = time.monotonic()
+        c.send("prompt", text="search")
+        worst = 0.0
+        while time.monotonic() - started < 3:  # the turn and its grep run meanwhile
+            asked = time.monotonic()
+            assert httpx.get(srv.base_url + "/health", timeout=30).status_code == 200
+            worst = max(worst, time.monotonic() - asked)
+        end = ends(finish(c))[0]
+    assert worst < 1.0, f"/health took {worst:.1f} s while the grep ran"
+    assert end["ok"] and end["result"] == {"matches": [], "truncated": False}
+    assert time.monotonic() - started < 15

@@ -1,12 +1,12 @@
-"""The file tools: read, grep and ls run at once; edit and write are planned first (a
-:class:`Change` with its unified diff, shown on the approval card) and applied only after
-the user allows them, and only if the file still reads as it did when planned."""
+"""The file tools: read and ls run at once (grep is :mod:`.search`); edit and write are
+planned first (a :class:`Change` with its unified diff, shown on the approval card) and
+applied only after the user allows them, and only if the file still reads as it did when
+planned."""
 
 from __future__ import annotations
 
 import difflib
 import os
-import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,12 +17,7 @@ from .workspace import Workspace
 MAX_READ_BYTES = 256 * 1024  # what read returns of one file
 MAX_FILE_BYTES = 2 * 1024 * 1024  # files edit, write and grep will touch
 MAX_LIST = 500
-MAX_MATCHES = 200
-MAX_PATTERN = 500
-MAX_SCAN_FILES = 5000  # grep stops after this many files or bytes (its thread cannot be
-MAX_SCAN_BYTES = 64 * 1024 * 1024  # interrupted, so its work is bounded up front)
 MAX_DIFF_CHARS = 64 * 1024
-SKIP_DIRS = {".git", "node_modules", ".venv", "__pycache__"}
 
 
 def _text(args: dict, key: str, *, empty: bool = False) -> str:
@@ -62,49 +57,6 @@ def ls(ws: Workspace, args: dict) -> dict:
     names = sorted(os.listdir(path))
     entries = [n + ("/" if (path / n).is_dir() else "") for n in names[:MAX_LIST]]
     return {"path": ws.relative(path), "entries": entries, "truncated": len(names) > MAX_LIST}
-
-
-def _files_under(ws: Workspace, top: Path):
-    """Regular files under ``top`` whose real path stays in the workspace (no link escapes)."""
-    if top.is_file():
-        yield top
-        return
-    for folder, dirs, files in os.walk(top):  # followlinks=False: linked folders are skipped
-        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
-        for name in sorted(files):
-            real = Path(os.path.realpath(os.path.join(folder, name)))
-            if ws.inside(real) and real.is_file():
-                yield real
-
-
-def grep(ws: Workspace, args: dict) -> dict:
-    pattern = _text(args, "pattern")
-    if len(pattern) > MAX_PATTERN:
-        raise ToolFailed(f"pattern is longer than {MAX_PATTERN} characters")
-    try:
-        regex = re.compile(pattern)
-    except re.error as exc:
-        raise ToolFailed(f"pattern is not a valid regular expression: {exc}") from None
-    top = ws.resolve(args.get("path"), default=".")
-    glob = args.get("glob")
-    matches: list[str] = []
-    files = scanned = 0
-    for path in _files_under(ws, top):
-        if isinstance(glob, str) and glob and not path.match(glob):
-            continue
-        try:
-            text = _read_text(path)
-        except (ToolFailed, OSError):
-            continue
-        files, scanned = files + 1, scanned + len(text)
-        if files > MAX_SCAN_FILES or scanned > MAX_SCAN_BYTES:
-            return {"matches": matches, "truncated": True}
-        for no, line in enumerate(text.splitlines(), 1):
-            if regex.search(line):
-                matches.append(f"{ws.relative(path)}:{no}: {line[:300]}")
-                if len(matches) >= MAX_MATCHES:
-                    return {"matches": matches, "truncated": True}
-    return {"matches": matches, "truncated": False}
 
 
 @dataclass

@@ -11,6 +11,7 @@ tool the user always allows (the store in :mod:`..approvals`) skips the card.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 
 from .. import approvals
 from ..apptools import ToolFailed, parse_arguments
-from . import files, shell
+from . import files, search, shell
 from .workspace import Workspace
 
 Send = Callable[[dict], Awaitable[None]]
@@ -26,6 +27,7 @@ READ_ONLY = ("read", "grep", "ls")
 GATED = ("edit", "write", "bash")
 NAMES = frozenset(READ_ONLY + GATED)
 LOOPBACK_ONLY = "coding tools answer loopback clients only"
+READ_DEADLINE_S = search.DEADLINE_S + 5  # grep stops itself at its deadline; this is the bound
 
 
 def _fn(name: str, description: str, properties: dict, required: tuple = ()) -> dict:
@@ -38,7 +40,8 @@ _S, _B, _N = {"type": "string"}, {"type": "boolean"}, {"type": "number"}
 TOOLS = [
     _fn("read", "Read a text file of the workspace.", {"path": _S}, ("path",)),
     _fn("ls", "List a folder of the workspace (default: its top).", {"path": _S}),
-    _fn("grep", "Search the workspace's text files for a regular expression.",
+    _fn("grep", "Search the workspace's text files for a regular expression (RE2 syntax: "
+        "no lookarounds or backreferences); glob filters the file paths.",
         {"pattern": _S, "path": _S, "glob": _S}, ("pattern",)),
     _fn("edit", "Replace an exact string in a file (once; replace_all for every one). "
         "The user approves the diff first.",
@@ -190,7 +193,7 @@ class CodingSession:
                 return await self._after_approval(call_id, waiting)
             args = parse_arguments(fn["arguments"])
             if fn["name"] in READ_ONLY:
-                result = await asyncio.to_thread(getattr(files, fn["name"]), self.workspace, args)
+                result = await self._read_only(fn["name"], args)
                 await self.send({"type": "tool_update", "callId": call_id, "kind": "text",
                                  "chunk": _summary(result)})
                 return result
@@ -199,6 +202,23 @@ class CodingSession:
             if self.waiting.pop(call_id, None) is not None:
                 await self.send_queue()
                 await self.send_state()
+
+    async def _read_only(self, name: str, args: dict) -> dict:
+        """``read``, ``ls`` or ``grep`` on a worker thread (never on the event loop), within
+        :data:`READ_DEADLINE_S`; a stopped turn or the deadline tells grep to stop at once
+        (a thread cannot be killed: read and ls are bounded up front instead)."""
+        assert self.workspace is not None
+        budget = search.Budget(search.DEADLINE_S)
+        work = functools.partial(search.grep, self.workspace, args, budget) if name == "grep" \
+            else functools.partial(files.read if name == "read" else files.ls, self.workspace,
+                                   args)
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(work), READ_DEADLINE_S)
+        except asyncio.TimeoutError:
+            raise ToolFailed(f"{name} did not finish within {READ_DEADLINE_S:g} s "
+                             "(a slow or stuck disk?)") from None
+        finally:
+            budget.cancel()
 
     async def _after_approval(self, call_id: str, waiting: Waiting) -> object:
         if waiting.error is not None:
@@ -247,4 +267,5 @@ def _summary(result: dict) -> str:
         return result["content"][:4096]
     if "entries" in result:
         return "\n".join(result["entries"])
-    return "\n".join(result.get("matches") or []) or "(no matches)"
+    found = "\n".join(result.get("matches") or []) or "(no matches)"
+    return found + (f"\n({result['note']})" if result.get("note") else "")
