@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 
 import httpx
@@ -287,3 +289,90 @@ def test_a_catastrophic_grep_pattern_neither_freezes_the_server_nor_hangs(script
     assert worst < 1.0, f"/health took {worst:.1f} s while the grep ran"
     assert end["ok"] and end["result"] == {"matches": [], "truncated": False}
     assert time.monotonic() - started < 15
+
+
+def test_every_descendant_ends_with_its_command_even_outside_its_group(scripted, ws):
+    """``setsid`` and a double fork leave the command's process group; they must end
+    with the command all the same, whether it exits on its own or times out."""
+    srv, plugin = scripted
+    daemons = ("setsid sleep 120 & echo $! > a.pid; "
+               "(setsid sh -c 'sleep 120 & echo $! > b.pid' &); "  # the middle shell exits
+               "setsid sleep 120 >/dev/null 2>&1 </dev/null & echo $! > c.pid; "
+               "sleep 0.5; echo started")
+    with coding_client(srv, ws) as c:
+        script(plugin, call("bash", command=daemons, timeout=20)
+               + call("bash", command="setsid sleep 120 & echo $! > d.pid; sleep 60",
+                      timeout=2))
+        c.send("prompt", text="start daemons")
+        first = c.until("tool_approval_request")[-1]
+        second = c.until("tool_approval_request")[-1]
+        started = time.monotonic()
+        c.send("approval", callId=first["callId"], decision="allow")
+        c.send("approval", callId=second["callId"], decision="allow")
+        exited, timed = (e["result"] for e in ends(finish(c)))
+    assert time.monotonic() - started < 12  # the first did not wait for its 20 s timeout
+    assert exited["exitCode"] == 0 and exited["output"] == "started\n" and not exited["timedOut"]
+    assert timed["timedOut"]
+    time.sleep(0.2)
+    for name in ("a", "b", "c", "d"):
+        pid = int((ws / f"{name}.pid").read_text())
+        assert not alive(pid), f"{name}: {pid} outlived its command"
+
+
+SHELL_IN_A_PROCESS_WITH_SECRETS = """
+import asyncio, json, sys
+from pathlib import Path
+from mlxbun_core.webchat.coding import shell
+from mlxbun_core.webchat.coding.workspace import Workspace
+
+async def main():
+    async def chunk(text):
+        pass
+    command = "tr '\\\\0' '\\\\n' < /proc/$PPID/environ; echo ---; env"
+    return await shell.run(Workspace(Path(sys.argv[1])), {"command": command}, chunk)
+
+print(json.dumps(asyncio.run(main())))
+"""
+
+
+def test_a_command_and_its_parent_process_hold_no_secrets(tmp_path):
+    """``cat /proc/$PPID/environ`` printed the server's MLXBUN_API_KEY: the command's
+    parent must be a process started without the server's environment."""
+    secrets = {"MLXBUN_API_KEY": "sk-mlxbun-key", "HF_TOKEN": "hf_token_value",
+               "AWS_SECRET_ACCESS_KEY": "aws-secret-value"}
+    r = subprocess.run([sys.executable, "-c", SHELL_IN_A_PROCESS_WITH_SECRETS, str(tmp_path)],
+                       env={**os.environ, **secrets}, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    parent, _, own = result["output"].partition("---\n")
+    assert f"HOME={os.path.realpath(tmp_path)}" in parent  # the parent's environment was read
+    assert f"HOME={os.path.realpath(tmp_path)}" in own
+    for value in secrets.values():
+        assert value not in result["output"]
+    assert "MLXBUN_" not in result["output"]  # MLXBUN_HOME and the rest stay out too
+
+
+def test_names_and_control_characters_cannot_forge_the_approval_card(scripted, ws):
+    """A file name with a newline wrote a fake ``+++ b/harmless.txt`` line into the card's
+    diff; names are quoted as git quotes them, and control characters shown escaped."""
+    srv, plugin = scripted
+    name = "notes.txt\n+++ b/harmless.txt"
+    (ws / "sub\ndir").mkdir()
+    with coding_client(srv, ws) as c:
+        script(plugin, call("write", path=name, content="one\x1b[2K\rtwo \u202etxt.exe\n")
+               + call("bash", command="echo safe\rrm -rf ~", cwd="sub\ndir"))
+        c.send("prompt", text="write it")
+        write = c.until("tool_approval_request")[-1]
+        bash = c.until("tool_approval_request")[-1]
+        for asked in (write, bash):
+            c.send("approval", callId=asked["callId"], decision="deny")
+        finish(c)
+    diff = write["preview"]["diff"].split("\n")
+    assert write["preview"]["path"] == '"notes.txt\\n+++ b/harmless.txt"'
+    assert [line for line in diff if line.startswith(("---", "+++"))] == [
+        "--- /dev/null", '+++ "b/notes.txt\\n+++ b/harmless.txt"']
+    assert "+one\\x1b[2K\\rtwo \\u202etxt.exe" in diff
+    assert bash["preview"]["command"] == "echo safe\\rrm -rf ~"
+    assert bash["preview"]["cwd"] == '"sub\\ndir"'
+    assert not (ws / name).exists()

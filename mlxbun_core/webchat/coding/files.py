@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..apptools import ToolFailed
+from . import shown
 from .workspace import Workspace
 
 MAX_READ_BYTES = 256 * 1024  # what read returns of one file
@@ -69,13 +70,23 @@ class Change:
     after: str
 
     def diff(self) -> str:
-        old = (self.before or "").splitlines(keepends=True)
-        new = self.after.splitlines(keepends=True)
-        lines = difflib.unified_diff(old, new, "/dev/null" if self.before is None
-                                     else f"a/{self.label}", f"b/{self.label}")
-        text = "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+        """The unified diff the card shows: names quoted and control characters escaped
+        (:mod:`.shown`), lines split at newlines only, as the card splits them."""
+        lines = difflib.unified_diff(
+            _lines(self.before or ""), _lines(self.after),
+            "/dev/null" if self.before is None else shown.name(f"a/{self.label}"),
+            shown.name(f"b/{self.label}"))
+        text = "".join(shown.line(line[:-1]) + "\n" if line.endswith("\n")
+                       else shown.line(line) + "\n\\ No newline at end of file\n"
                        for line in lines)
         return text if len(text) <= MAX_DIFF_CHARS else text[:MAX_DIFF_CHARS] + "\n… (cut)\n"
+
+
+def _lines(text: str) -> list[str]:
+    """``text``'s lines with their newlines; only ``\\n`` ends a line (``splitlines`` would
+    also split at a form feed or U+2028, which the card shows inside a line)."""
+    parts = text.split("\n")
+    return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
 def plan_edit(ws: Workspace, args: dict) -> Change:

@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import approvals
 from ..apptools import ToolFailed, parse_arguments
-from . import files, search, shell
+from . import files, search, shell, shown
 from .workspace import Workspace
 
 Send = Callable[[dict], Awaitable[None]]
@@ -135,9 +135,10 @@ class CodingSession:
     @staticmethod
     def _preview(tool: str, plan: Any) -> dict:
         if isinstance(plan, files.Change):
-            return {"diff": plan.diff(), "path": plan.label, "created": plan.before is None}
+            return {"diff": plan.diff(), "path": shown.name(plan.label),
+                    "created": plan.before is None}
         command, cwd, timeout = plan
-        return {"command": command, "cwd": cwd, "timeout": timeout,
+        return {"command": shown.text(command), "cwd": shown.name(cwd), "timeout": timeout,
                 "shell": " ".join(shell.SHELL)}
 
     async def announce(self, calls: list[dict]) -> None:
@@ -245,7 +246,7 @@ class CodingSession:
                              "chunk": text})
 
         await self.send({"type": "tool_update", "callId": call_id, "kind": "command",
-                         "chunk": f"{cwd}$ bash -c {command!r}\n"})
+                         "chunk": f"{shown.name(cwd)}$ bash -c {command!r}\n"})
         self.command = asyncio.create_task(shell.run(
             self.workspace, {"command": command, "cwd": cwd, "timeout": timeout}, chunk))
         try:
@@ -263,9 +264,11 @@ def _because(reason: object) -> str:
 
 
 def _summary(result: dict) -> str:
+    """What the tool's card shows (the model gets ``result`` itself): a name or a match
+    with a newline in it cannot fake a line there."""
     if "content" in result:
-        return result["content"][:4096]
+        return shown.text(result["content"][:4096])
     if "entries" in result:
-        return "\n".join(result["entries"])
-    found = "\n".join(result.get("matches") or []) or "(no matches)"
+        return "\n".join(shown.line(entry) for entry in result["entries"])
+    found = "\n".join(shown.line(m) for m in result.get("matches") or []) or "(no matches)"
     return found + (f"\n({result['note']})" if result.get("note") else "")
