@@ -13,9 +13,7 @@ from .hookspecs import hookimpl  # re-exported for plugin authors
 __all__ = ["hookimpl", "__version__"]
 
 from . import blas as _blas
-
-_blas.install()  # MLX's CPU matrix products on OpenBLAS, from the moment mlx.core loads
-
 from . import fdlimit as _fdlimit
 
-_fdlimit.install()  # the open-file limit up to the hard one, and mlx_lm.utils kept from lowering it
+_blas.install()  # MLX's CPU matrix products on OpenBLAS, from the moment mlx.core loads
+_fdlimit.install()  # the open-file limit up to the hard one; mlx_lm.utils may not lower it
