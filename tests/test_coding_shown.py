@@ -3,6 +3,11 @@ escaped, nothing else changed."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from mlxbun_core.webchat.coding import files, shown
 
 
@@ -31,3 +36,50 @@ def test_a_diff_splits_lines_at_newlines_only_and_escapes_inside_them(tmp_path):
     assert change.diff().split("\n")[2:] == [
         "@@ -1,2 +1,2 @@", " keep", "-page\\x0cbreak", "+new\\u2028line",
         "\\ No newline at end of file", ""]
+
+
+def apply(before: str, diff: str) -> str:
+    """``diff`` (a unified diff of the card's format) applied to ``before``."""
+    old = files._lines(before)
+    out: list[str] = []
+    at, last = 0, ""  # lines of old used; the kind of the line before
+    for line in diff.split("\n")[2:]:
+        if line.startswith("@@ "):
+            first = int(line.split()[1][1:].split(",")[0])
+            count = line.split()[1].split(",")
+            begin = first - 1 if len(count) == 1 or count[1] != "0" else first
+            out += old[at:begin]
+            at = begin
+        elif line.startswith("\\ No newline"):
+            if last in " +":  # a removed line's missing newline changes nothing new
+                out[-1] = out[-1].removesuffix("\n")
+        elif line.startswith(" "):
+            assert old[at] == line[1:] + "\n" or old[at] == line[1:]
+            out.append(old[at])
+            at += 1
+        elif line.startswith("-"):
+            at += 1
+        elif line.startswith("+"):
+            out.append(line[1:] + "\n")
+        last = line[:1]
+    return "".join(out + old[at:])
+
+
+@settings(max_examples=300, deadline=None)
+@given(before=st.lists(st.sampled_from(["a", "b", "c", "", "d e"]), max_size=30),
+       after=st.lists(st.sampled_from(["a", "b", "c", "", "d e"]), max_size=30),
+       ends=st.booleans(), ends_after=st.booleans())
+def test_the_card_diff_turns_the_old_text_into_the_new(before, after, ends, ends_after):
+    old = "\n".join(before) + ("\n" if ends and before else "")
+    new = "\n".join(after) + ("\n" if ends_after and after else "")
+    assert apply(old, files.Change(Path("f"), "f", old, new).diff()) == new
+
+
+def test_a_change_deep_in_a_long_file_is_numbered_from_the_top(monkeypatch):
+    old = "".join(f"{i}\n" for i in range(1, 101))
+    new = old.replace("60\n", "sixty\n")
+    diff = files.Change(Path("f"), "f", old, new).diff().split("\n")
+    assert diff[2] == "@@ -57,7 +57,7 @@" and "-60" in diff and "+sixty" in diff
+    monkeypatch.setattr(files, "DIFF_LINES", 5)  # a rewrite larger than difflib is given
+    rewrite = files.Change(Path("f"), "f", old, old.upper() + "x\n" * 50).diff()
+    assert rewrite.endswith("… (cut)\n") and rewrite.count("\n+") <= 8

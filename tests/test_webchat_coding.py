@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -286,7 +287,7 @@ def test_a_catastrophic_grep_pattern_neither_freezes_the_server_nor_hangs(script
             assert httpx.get(srv.base_url + "/health", timeout=30).status_code == 200
             worst = max(worst, time.monotonic() - asked)
         end = ends(finish(c))[0]
-    assert worst < 1.0, f"/health took {worst:.1f} s while the grep ran"
+    assert worst < 2.0, f"/health took {worst:.1f} s while the grep ran"
     assert end["ok"] and end["result"] == {"matches": [], "truncated": False}
     assert time.monotonic() - started < 15
 
@@ -376,3 +377,27 @@ def test_names_and_control_characters_cannot_forge_the_approval_card(scripted, w
     assert bash["preview"]["command"] == "echo safe\\rrm -rf ~"
     assert bash["preview"]["cwd"] == '"sub\\ndir"'
     assert not (ws / name).exists()
+
+
+def test_a_large_diff_is_made_off_the_event_loop(scripted, ws):
+    """Planning an edit diffs the file: on the event loop, difflib over 75,000 changed lines
+    held /health 3.8 s. The diff is made on a worker thread, and only the changed region's
+    first 5,000 lines go to difflib (the card shows 64 KiB)."""
+    srv, plugin = scripted
+    rng = random.Random(0)
+    (ws / "big.txt").write_text("".join(f"line {rng.random():.16f}\n" for _ in range(75000)))
+    with coding_client(srv, ws) as c:  # every line changes: 75,000 lines (2 MB) for difflib
+        script(plugin, call("edit", path="big.txt", old_string="line", new_string="LINE",
+                            replace_all=True))
+        started = time.monotonic()
+        c.send("prompt", text="rewrite it")
+        worst = 0.0
+        while time.monotonic() - started < 6:
+            asked = time.monotonic()
+            assert httpx.get(srv.base_url + "/health", timeout=30).status_code == 200
+            worst = max(worst, time.monotonic() - asked)
+        asked = c.until("tool_approval_request")[-1]
+        c.send("approval", callId=asked["callId"], decision="deny")
+        finish(c)
+    assert asked["preview"]["diff"].endswith("… (cut)\n")
+    assert worst < 2.0, f"/health took {worst:.1f} s while the diff was made"

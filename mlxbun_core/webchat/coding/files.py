@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..apptools import ToolFailed
@@ -19,6 +20,8 @@ MAX_READ_BYTES = 256 * 1024  # what read returns of one file
 MAX_FILE_BYTES = 2 * 1024 * 1024  # files edit, write and grep will touch
 MAX_LIST = 500
 MAX_DIFF_CHARS = 64 * 1024
+DIFF_LINES = 5000  # of each side's changed region given to difflib
+CONTEXT = 3
 
 
 def _text(args: dict, key: str, *, empty: bool = False) -> str:
@@ -68,18 +71,56 @@ class Change:
     label: str
     before: str | None
     after: str
+    shown: str | None = field(default=None, repr=False, compare=False)  # the diff, once made
 
     def diff(self) -> str:
         """The unified diff the card shows: names quoted and control characters escaped
-        (:mod:`.shown`), lines split at newlines only, as the card splits them."""
+        (:mod:`.shown`), lines split at newlines only, as the card splits them. Made once
+        (seconds for a large file: callers run it off the event loop)."""
+        if self.shown is None:
+            self.shown = self._diff()
+        return self.shown
+
+    def _diff(self) -> str:
+        old, new = _lines(self.before or ""), _lines(self.after)
+        # only the changed region (and its context) goes to difflib, at most DIFF_LINES of
+        # each side: its matching is quadratic-ish, and the card shows 64 KiB anyway
+        same = _common(old, new)
+        tail = _common(old[same:][::-1], new[same:][::-1])
+        start = max(0, same - CONTEXT)
+        stops = [min(len(lines) - tail + CONTEXT, same + DIFF_LINES) for lines in (old, new)]
+        cut = any(len(lines) - tail - same > DIFF_LINES for lines in (old, new))
         lines = difflib.unified_diff(
-            _lines(self.before or ""), _lines(self.after),
+            old[start:stops[0]], new[start:stops[1]],
             "/dev/null" if self.before is None else shown.name(f"a/{self.label}"),
-            shown.name(f"b/{self.label}"))
-        text = "".join(shown.line(line[:-1]) + "\n" if line.endswith("\n")
+            shown.name(f"b/{self.label}"), n=CONTEXT)
+        text = "".join(_hunk_from(line, start) if line.startswith("@@ ")
+                       else shown.line(line[:-1]) + "\n" if line.endswith("\n")
                        else shown.line(line) + "\n\\ No newline at end of file\n"
                        for line in lines)
-        return text if len(text) <= MAX_DIFF_CHARS else text[:MAX_DIFF_CHARS] + "\n… (cut)\n"
+        if cut or len(text) > MAX_DIFF_CHARS:
+            return text[:MAX_DIFF_CHARS] + "\n… (cut)\n"
+        return text
+
+
+def _common(a: list[str], b: list[str]) -> int:
+    """How many leading lines ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+_HUNK = re.compile(r"@@ -(\d+)(,\d+)? \+(\d+)(,\d+)? @@")
+
+
+def _hunk_from(line: str, start: int) -> str:
+    """A hunk header of a diff of lines from ``start`` on, numbered from the file's top."""
+    def shift(m: re.Match) -> str:
+        return (f"@@ -{int(m[1]) + start}{m[2] or ''} +{int(m[3]) + start}{m[4] or ''} @@")
+    return _HUNK.sub(shift, line, count=1)
 
 
 def _lines(text: str) -> list[str]:

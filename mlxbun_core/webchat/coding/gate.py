@@ -153,13 +153,15 @@ class CodingSession:
             self.waiting[call["id"]] = waiting
             try:
                 waiting.args = parse_arguments(fn["arguments"])
-                waiting.plan = self._plan(waiting.tool, waiting.args)
+                # off the event loop: reading a 2 MiB file and diffing it takes seconds
+                waiting.plan = await asyncio.to_thread(self._plan, waiting.tool, waiting.args)
+                preview = await asyncio.to_thread(self._preview, waiting.tool, waiting.plan)
             except (ToolFailed, OSError) as exc:
                 waiting.error = str(exc)
                 continue
             await self.send({"type": "tool_approval_request", "callId": call["id"],
                              "tool": waiting.tool, "args": waiting.args,
-                             "preview": self._preview(waiting.tool, waiting.plan)})
+                             "preview": preview})
         if self.waiting:
             await self.send_queue()
             await self.send_state()
@@ -198,7 +200,8 @@ class CodingSession:
                 await self.send({"type": "tool_update", "callId": call_id, "kind": "text",
                                  "chunk": _summary(result)})
                 return result
-            return await self._execute(call_id, self._plan(fn["name"], args))  # always allowed
+            plan = await asyncio.to_thread(self._plan, fn["name"], args)
+            return await self._execute(call_id, plan)  # always allowed
         finally:
             if self.waiting.pop(call_id, None) is not None:
                 await self.send_queue()
@@ -229,7 +232,7 @@ class CodingSession:
             raise ToolFailed(f"the user denied this call{_because(answer.get('reason'))}")
         plan = waiting.plan
         if answer.get("edited") is not None:  # the user changed the arguments on the card
-            plan = self._plan(waiting.tool, answer["edited"])
+            plan = await asyncio.to_thread(self._plan, waiting.tool, answer["edited"])
         return await self._execute(call_id, plan)
 
     async def _execute(self, call_id: str, plan: Any) -> object:
@@ -237,7 +240,7 @@ class CodingSession:
         if isinstance(plan, files.Change):
             result = await asyncio.to_thread(files.apply, self.workspace, plan)
             await self.send({"type": "tool_update", "callId": call_id, "kind": "diff",
-                             "chunk": plan.diff()})
+                             "chunk": await asyncio.to_thread(plan.diff)})
             return result
         command, cwd, timeout = plan
 
