@@ -185,6 +185,9 @@ def test_past_the_cap_an_idle_connection_makes_room_else_a_clean_503(small):
     assert httpx.get(small.base_url + "/health", timeout=5).status_code == 200
     for s in busy[1:]:
         s.close()
+    stats = httpx.get(small.base_url + "/stats", timeout=5).json()["connections"]
+    assert stats["max"] == 4 and 1 <= stats["open"] <= 4
+    assert stats["closed"]["evicted"] >= 1 and stats["closed"]["refused"] >= 1
 
 
 def _post_slowly(port: int, rate: float, size: int) -> bytes:

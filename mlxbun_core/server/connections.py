@@ -84,10 +84,15 @@ def limits_from_args(args: argparse.Namespace) -> ConnectionLimits:
         body_min_rate=float(getattr(args, "body_min_rate", DEFAULT_BODY_MIN_RATE)))
 
 
-def uvicorn_settings(limits: ConnectionLimits) -> dict[str, Any]:
-    """``uvicorn.Config`` keyword arguments that put ``limits`` in force."""
+def uvicorn_settings(limits: ConnectionLimits, app: Any = None) -> dict[str, Any]:
+    """``uvicorn.Config`` keyword arguments that put ``limits`` in force; an ``app`` with
+    ``/stats`` providers (``app.state.stats_providers``) gets a ``connections`` section."""
     install_accept_error_filter()
-    return {"http": guarded_protocol(limits), "timeout_keep_alive": limits.idle_timeout}
+    protocol = guarded_protocol(limits)
+    providers = getattr(getattr(app, "state", None), "stats_providers", None)
+    if isinstance(providers, dict):
+        providers["connections"] = protocol.tally.stats
+    return {"http": protocol, "timeout_keep_alive": limits.idle_timeout}
 
 
 def guarded_protocol(limits: ConnectionLimits) -> type[GuardedHttp]:
@@ -110,6 +115,14 @@ class Tally:
         self.total: Counter[str] = Counter()
         self.last = -NOTE_EVERY_S
         self.handle: asyncio.TimerHandle | None = None
+        self.open: set[Any] = set()  # uvicorn's set of open connections, once one came
+
+    def stats(self) -> dict[str, Any]:
+        """``/stats.connections``: open now, the limits, and what the guard closed."""
+        lim = self.limits
+        return {"open": len(self.open), "max": lim.max_connections,
+                "idle_timeout_s": lim.idle_timeout, "header_timeout_s": lim.header_timeout,
+                "body_min_rate": lim.body_min_rate, "closed": {k: self.total[k] for k, _ in _NOTES}}
 
     def note(self, loop: asyncio.AbstractEventLoop, what: str, open_now: set[Any]) -> None:
         self.pending[what] += 1
@@ -145,6 +158,7 @@ class GuardedHttp(HttpToolsProtocol):
 
     # -- accept ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.tally.open = self.connections
         if len(self.connections) >= self.limits.max_connections and not self._make_room():
             self.transport = transport
             self._note("refused")

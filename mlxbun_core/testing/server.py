@@ -52,9 +52,9 @@ def start_server(model: str | Path | None = None, *, options: LoadOptions | None
                          progress=False, defaults=defaults, max_tokens=max_tokens,
                          **engine_options)
     port = free_port()
-    config = uvicorn.Config(build_app(engine, api_key=api_key, sessions_dir=sessions_dir),
-                            host=host, port=port, log_level="warning", lifespan="on",
-                            **uvicorn_settings(limits or ConnectionLimits()))  # as `mlxbun serve`
+    app = build_app(engine, api_key=api_key, sessions_dir=sessions_dir)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
+                            **uvicorn_settings(limits or ConnectionLimits(), app))  # as `serve`
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
