@@ -96,12 +96,16 @@ async def measure(port: int, args: argparse.Namespace) -> dict:
             await asyncio.sleep(0)  # connect as fast as the server accepts
     latencies: list[float] = []
     failures = 0
-    end = time.monotonic() + args.seconds
+    began = time.monotonic()
+    end, worst_at = began + args.seconds, 0.0
     while time.monotonic() < end:
+        asked = time.monotonic() - began
         took = await health(port)
         if took is None:
             failures += 1
         else:
+            if not latencies or took > max(latencies):
+                worst_at = asked
             latencies.append(took)
         await asyncio.sleep(0.5)
     held = dict(flood.open)
@@ -112,6 +116,7 @@ async def measure(port: int, args: argparse.Namespace) -> dict:
             "health_ms_median": round(statistics.median(lat) * 1e3, 1) if lat else None,
             "health_ms_p99": round(lat[int(len(lat) * 0.99) - 1] * 1e3, 1) if lat else None,
             "health_ms_max": round(lat[-1] * 1e3, 1) if lat else None,
+            "health_worst_at_s": round(worst_at, 1),  # after the flood's sockets were opened
             "flood_held_at_end": held, "flood_connect_failures": flood.failed_connects}
 
 

@@ -30,7 +30,7 @@ import asyncio
 import json
 import logging
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -116,6 +116,8 @@ class Tally:
         self.last = -NOTE_EVERY_S
         self.handle: asyncio.TimerHandle | None = None
         self.open: set[Any] = set()  # uvicorn's set of open connections, once one came
+        # this server's HTTP connections, the one quiet longest first (the eviction order)
+        self.quiet: OrderedDict[GuardedHttp, None] = OrderedDict()
 
     def stats(self) -> dict[str, Any]:
         """``/stats.connections``: open now, the limits, and what the guard closed."""
@@ -150,7 +152,6 @@ class GuardedHttp(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self.deadline: asyncio.TimerHandle | None = None
         self.phase = "idle"  # idle, head, body, app (the request read, its answer pending)
-        self.quiet_since = 0.0  # loop time of the last byte (or the accept)
         self.head_bytes = 0
         self.body_bytes = 0
         self.body_since = 0.0
@@ -166,17 +167,17 @@ class GuardedHttp(HttpToolsProtocol):
                          "(--max-connections); try again shortly", retry=True)
             return
         super().connection_made(transport)
-        self.quiet_since = self.loop.time()
+        self.tally.quiet[self] = None
         self._arm(self.limits.idle_timeout, self._idle_expired)
 
     def _make_room(self) -> bool:
         """Close the connection quiet longest among those running no request."""
-        idle = [c for c in self.connections if isinstance(c, GuardedHttp) and c.evictable()]
-        if not idle:
+        victim = next((c for c in self.tally.quiet if c.evictable()), None)
+        if victim is None:
             return False
-        victim = min(idle, key=lambda c: c.quiet_since)
         self._note("evicted")
         victim._cancel()
+        del self.tally.quiet[victim]
         victim.connections.discard(victim)  # its slot is free now, not when the close lands
         victim.transport.close()
         return True
@@ -191,7 +192,8 @@ class GuardedHttp(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self.hanging_up:
             return
-        self.quiet_since = self.loop.time()
+        if self in self.tally.quiet:
+            self.tally.quiet.move_to_end(self)
         super().data_received(data)
 
     def on_message_begin(self) -> None:
@@ -257,10 +259,12 @@ class GuardedHttp(HttpToolsProtocol):
 
     def handle_websocket_upgrade(self) -> None:
         self._cancel()
+        self.tally.quiet.pop(self, None)  # the WebSocket protocol has the connection now
         super().handle_websocket_upgrade()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel()
+        self.tally.quiet.pop(self, None)
         if self.hanging_up and self.flow is None:  # refused at accept: uvicorn never saw it
             return
         super().connection_lost(exc)
