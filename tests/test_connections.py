@@ -213,6 +213,8 @@ def test_a_slow_upload_at_the_minimum_rate_passes_a_trickle_is_cut(small):
     cut = _post_slowly(small.port, rate=300, size=14000)
     assert cut.startswith(b"HTTP/1.1 408"), cut[:300]
     assert b"bytes/s" in cut and time.monotonic() - started < 6
+    error = json.loads(cut.partition(b"\r\n\r\n")[2])["error"]
+    assert error["code"] == "request_timeout" and error["type"] == "invalid_request_error"
 
 
 def test_slowloris_heads_and_huge_heads_are_refused(small):
@@ -232,7 +234,16 @@ def test_slowloris_heads_and_huge_heads_are_refused(small):
     s = socket.create_connection(("127.0.0.1", small.port))
     with contextlib.suppress(OSError):  # the server may hang up before it has read it all
         s.sendall(b"GET /health HTTP/1.1\r\n" + b"X-Big: " + b"a" * 70000 + b"\r\n\r\n")
-    assert _read_all(s).startswith(b"HTTP/1.1 431")
+    answer = _read_all(s)
+    assert answer.startswith(b"HTTP/1.1 431")
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["code"] == \
+        "request_header_fields_too_large"
+
+    s = socket.create_connection(("127.0.0.1", small.port))  # Anthropic's shape there
+    s.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\n")
+    answer = _read_all(s)
+    assert answer.startswith(b"HTTP/1.1 408")
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["type"] == "error"
     assert httpx.get(small.base_url + "/health", timeout=5).status_code == 200
 
 

@@ -49,8 +49,13 @@ MAX_HEAD_BYTES = 64 * 1024
 LINGER_S = 1.0  # a refused client's time to read its 503 before the socket closes
 NOTE_EVERY_S = 10.0
 
-_REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large",
-            503: "Service Unavailable"}
+# status: (reason phrase, OpenAI type, code, Anthropic type)
+_ANSWERS = {408: ("Request Timeout", "invalid_request_error", "request_timeout",
+                  "invalid_request_error"),
+            431: ("Request Header Fields Too Large", "invalid_request_error",
+                  "request_header_fields_too_large", "invalid_request_error"),
+            503: ("Service Unavailable", "unavailable_error", "too_many_connections",
+                  "overloaded_error")}
 _NOTES = (("idle", "idle closed"), ("head", "heads too slow (408)"),
           ("body", "bodies too slow (408)"), ("large", "heads too large (431)"),
           ("evicted", "quiet ones closed for newcomers"),
@@ -321,9 +326,13 @@ class GuardedHttp(HttpToolsProtocol):
         (closing at once, with its bytes unread, would reset the connection)."""
         self._cancel()
         self.hanging_up = True
-        body = json.dumps({"error": {"message": message, "type": "connection_error",
-                                     "code": status}}).encode()
-        head = (f"HTTP/1.1 {status} {_REASONS[status]}\r\ncontent-type: application/json\r\n"
+        reason, kind, code, anthropic = _ANSWERS[status]
+        url = getattr(self, "url", b"") or b""  # as far as it came (none before a request)
+        shape = {"type": "error", "error": {"type": anthropic, "message": message}} \
+            if url.lower().startswith(b"/v1/messages") else \
+            {"error": {"message": message, "type": kind, "code": code}}
+        body = json.dumps(shape).encode()
+        head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
                 f"content-length: {len(body)}\r\nconnection: close\r\n"
                 + ("retry-after: 1\r\n" if retry else "") + "\r\n")
         transport = self.transport
