@@ -204,6 +204,7 @@ def add_process_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--no-open", action="store_true",
                    help="do not open the web app in a browser "
                         "(it opens only on an interactive start)")
+    add_connection_flags(s)
     add_ssd_cache_flags(s)
     add_distributed_flags(s)
 
@@ -224,6 +225,39 @@ def _env_list(var: str) -> list[str] | None:
     """A comma- or space-separated ``var`` as a list (None when unset or empty)."""
     items = [v for v in re.split(r"[,\s]+", os.environ.get(var, "")) if v]
     return items or None
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be a positive number of seconds")
+    return value
+
+
+def _rate(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError("must be bytes per second, 0 or more")
+    return value
+
+
+def add_connection_flags(s: argparse.ArgumentParser) -> None:
+    """How many connections the listening socket keeps, and how long each may dawdle
+    (server/connections.py; docs/server.md, "Connections")."""
+    s.add_argument("--max-connections", type=_positive_int, default=None, metavar="N",
+                   help="open connections at most (default 1024, fewer when the open-file "
+                        "limit is low); a newcomer past it closes the longest-idle one, or "
+                        "gets a 503 when every connection runs a request")
+    s.add_argument("--idle-timeout", type=_seconds, default=5.0, metavar="S",
+                   help="close a connection that sends nothing for S seconds, before its "
+                        "first request or between requests (default %(default)s)")
+    s.add_argument("--header-timeout", type=_seconds, default=20.0, metavar="S",
+                   help="a request's line and headers must arrive within S seconds of its "
+                        "first byte, else 408; also the grace before --body-min-rate "
+                        "applies (default %(default)s)")
+    s.add_argument("--body-min-rate", type=_rate, default=1024.0, metavar="BYTES_PER_S",
+                   help="after that grace, a request body must arrive at this average rate "
+                        "or more, else 408 (default %(default)s; 0: no rate)")
 
 
 def add_distributed_flags(s: argparse.ArgumentParser) -> None:

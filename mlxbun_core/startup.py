@@ -314,7 +314,10 @@ def serve_forever(args: argparse.Namespace, engine: Engine, sock: socket.socket 
         config = uvicorn.Config(DrainGate(app, engine), uds=args.unix, log_level="warning",
                                 timeout_graceful_shutdown=10)
     else:
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10)
+        from .server.connections import limits_from_args, uvicorn_settings
+
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10,
+                                **uvicorn_settings(limits_from_args(args), app))
     server = DrainingServer(config, engine)
     if page and engine.model.kind == "generate" and web.interactive_start(args.no_open):
         web.open_when_started(server, page)
