@@ -19,7 +19,7 @@ import sys
 try:
     import resource
 except ImportError:  # not a POSIX system: nothing to raise
-    resource = None  # type: ignore[assignment]
+    resource = None  # type: ignore[assignment]  # the module's absence, checked below
 
 __all__ = ["install", "raise_soft_limit", "open_file_limit"]
 

@@ -284,8 +284,9 @@ def test_the_isolate_parent_checks_origin_host_and_cors(tmp_path, monkeypatch):
                                    json=CHAT if method == "POST" else None)
 
     async def main():
-        ok = await call("GET", "/health", origin=app)
-        assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == app
+        ok = await call("GET", "/health", origin=app)  # no engine has answered: loading
+        assert (ok.status_code, ok.json()) == (503, {"status": "loading"})
+        assert ok.headers["access-control-allow-origin"] == app
         evil = await call("POST", "/v1/chat/completions", origin=EVIL)
         assert evil.status_code == 403 and "evil.example" in evil.json()["error"]["message"]
         rebound = await call("GET", "/v1/models", host="attacker.example")

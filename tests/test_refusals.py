@@ -103,9 +103,9 @@ def test_isolate_health_says_loading_until_the_engine_answers():
         first = proc.wait_for_http(base + "/health", timeout=60)
         assert (first.status_code, first.json()) == (503, {"status": "loading"}), proc.output
         deadline = time.monotonic() + 180
-        while httpx.get(base + "/health").status_code != 200:
+        while (health := httpx.get(base + "/health")).status_code != 200:
             assert time.monotonic() < deadline, proc.output
-            assert httpx.get(base + "/health").json() == {"status": "loading"}
+            assert health.json() == {"status": "loading"}
             time.sleep(0.2)
         assert httpx.get(base + "/engine").json()["state"] == "ready"
         assert httpx.get(base + "/health").json() == {"status": "ok"}

@@ -29,4 +29,4 @@ def quiet_on_closed_pipe(main: F) -> F:
             os.dup2(devnull, sys.stdout.fileno())
             return SIGPIPE_STATUS
 
-    return run  # type: ignore[return-value]
+    return run  # type: ignore[return-value]  # the verb's own signature, wrapped

@@ -163,6 +163,7 @@ class GuardedHttp(HttpToolsProtocol):
         self.hanging_up = False  # answered and closing: what the client sends is dropped
 
     # -- accept ------------------------------------------------------------------------
+    # uvicorn narrows asyncio's BaseTransport to Transport in its own signature
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.tally.open = self.connections
         if len(self.connections) >= self.limits.max_connections and not self._make_room():
