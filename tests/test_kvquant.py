@@ -185,10 +185,11 @@ def test_every_cache_kind_equals_mlx_lm(family, lenient_mlx_lm, caplog):
     try:
         layers = engine.kv_quant_stats()["layers"]
         warnings = [r.getMessage() for r in caplog.records if "--kv-quant" in r.getMessage()]
-        expect = {"gemma3_text": ({"kv8": 1, "bf16": 1}, "1 sliding-window"),
-                  "gemma4": ({"kv8": 1, "bf16": 1}, "1 sliding-window"),
-                  "qwen3_5": ({"kv8": 1, "bf16": 0, "recurrent": 1}, None),
-                  "glm_moe_dsa": ({"kv8": 0, "bf16": 2}, "2 full-attention")}[family]
+        native = fit.activation_dtype(engine.model.config)  # what unquantized layers hold
+        expect = {"gemma3_text": ({"kv8": 1, native: 1}, "1 sliding-window"),
+                  "gemma4": ({"kv8": 1, native: 1}, "1 sliding-window"),
+                  "qwen3_5": ({"kv8": 1, native: 0, "recurrent": 1}, None),
+                  "glm_moe_dsa": ({"kv8": 0, native: 2}, "2 full-attention")}[family]
         assert layers == expect[0]
         assert (len(warnings), expect[1] is None or expect[1] in warnings[0]) == \
             (0 if expect[1] is None else 1, True)
@@ -368,7 +369,8 @@ def test_a_mixed_merge_quantizes_the_plain_rows():
 
 def test_parse_and_names():
     assert kvquant.parse("off") is kvquant.OFF and kvquant.parse(None) is kvquant.OFF
-    assert kvquant.parse("8") == kvquant.KVScheme(8) and kvquant.parse(4).mode == "uniform-kv4"
+    assert kvquant.parse("8") == kvquant.KVScheme(8) and kvquant.parse(4).mode() == "uniform-kv4"
+    assert kvquant.OFF.mode("float32") == "float32"  # off: the dtype the cache holds
     with pytest.raises(ValueError, match="--kv-quant"):
         kvquant.parse("3")
 
@@ -393,7 +395,7 @@ def test_server_reports_and_bills_the_quantized_cache(llama):
         stats = httpx.get(srv.base_url + "/stats", timeout=30).json()
         assert stats["kv_quant"] == {
             "mode": "uniform-kv8", "bits": 8, "group_size": 64, "quantized_kv_start": 0,
-            "layers": {"kv8": 2, "bf16": 0}, "attention": {"global": 2, "sliding_window": 0}}
+            "layers": {"kv8": 2, "bfloat16": 0}, "attention": {"global": 2, "sliding_window": 0}}
         per_token = 2 * 2 * 64 * 2 * (1 + 4 / 64)
         fit_ = httpx.get(srv.base_url + "/fit", timeout=30).json()
         assert fit_["kv_quant"] == "uniform-kv8"
@@ -425,7 +427,7 @@ def test_fit_command_bills_the_scheme(llama, capsys):
     per = {k: (r["kv_quant"], r["report"]["kv_bytes_per_token"]) for k, r in reports.items()}
     assert per == {("--kv-quant", "8"): ("uniform-kv8", 544),
                    ("--kv-bits", "4"): ("uniform-kv4", 2 * 2 * 64 * 2 * (0.5 + 4 / 64)),
-                   (): ("bf16", 1024)}
+                   (): ("bfloat16", 1024)}
 
 
 # ---------------------------------------------------------------- the start-up kernel check

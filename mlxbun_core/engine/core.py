@@ -24,6 +24,7 @@ from ..contract import DraftSource, TokenPredictor
 from ..errors import APIError, BadRequest, Unavailable
 from ..events import Done, Event, Finish, Usage
 from ..kvquant.probe import check_kernels, model_dtype
+from ..library import fit
 from ..media import parts as media_parts
 from ..model import LoadedModel, LoadOptions
 from . import attention_route, prefill_shapes
@@ -374,7 +375,8 @@ class Engine:
 
     def kv_quant_stats(self) -> dict[str, Any]:
         """``/stats`` ``kv_quant``: the scheme and what each layer's cache holds."""
-        return kvquant.describe(self.kv, self.admission.layout)
+        return kvquant.describe(self.kv, self.admission.layout,
+                                fit.activation_dtype(self.model.config or {}))
 
     def batch_stats(self) -> dict[str, Any]:
         lanes = {lane.name: {"active": lane.active, "waiting": lane.waiting}
