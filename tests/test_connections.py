@@ -152,7 +152,7 @@ def small():
 def _hold_a_request(port: int) -> socket.socket:
     """A connection whose request runs: its head is in, its body is still coming."""
     s = socket.create_connection(("127.0.0.1", port))
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Content-Length: 100000\r\n\r\n" + b" " * 5000)
     return s
 
@@ -194,7 +194,7 @@ def _post_slowly(port: int, rate: float, size: int) -> bytes:
     """POST a completion whose body (padded with JSON whitespace) goes at ``rate`` B/s."""
     body = json.dumps({"prompt": "Hi", "max_tokens": 1}).encode().ljust(size)
     s = socket.create_connection(("127.0.0.1", port))
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body))
     step = max(1, int(rate / 10))
     try:
@@ -240,7 +240,7 @@ def test_slowloris_heads_and_huge_heads_are_refused(small):
         "request_header_fields_too_large"
 
     s = socket.create_connection(("127.0.0.1", small.port))  # Anthropic's shape there
-    s.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\n")
+    s.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\n")
     answer = _read_all(s)
     assert answer.startswith(b"HTTP/1.1 408")
     assert json.loads(answer.partition(b"\r\n\r\n")[2])["type"] == "error"

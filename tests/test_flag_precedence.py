@@ -118,8 +118,10 @@ def test_a_flag_beats_its_variable(home, monkeypatch, capsys, action, var):
     argv = ["serve", *flag]
     args = cli.build_parser().parse_args(argv)
     settings = apply_config(args, argv, cli.build_serve_parser)
-    want = True if action.nargs == 0 else (
+    want: object = True if action.nargs == 0 else (
         action.type(flag_text) if callable(action.type) else flag_text)
+    if isinstance(action, argparse._AppendAction):  # a repeatable flag gathers a list
+        want = [want]
     assert getattr(args, action.dest) == want
     assert settings.sources[action.dest] == "flag"
     assert cli.main(["config", "show", "--json", *flag]) == 0

@@ -21,6 +21,7 @@ from typing import Any
 
 from blacksheep import Application, Request, Response
 
+from .body import CLIENT_GONE
 from .common import Handler
 
 log = logging.getLogger("mlxbun.access")
@@ -60,12 +61,14 @@ def log_answer(method: str, path: str, status: int, body: bytes | None,
     """The access line for one answer (see the module docstring)."""
     level = logging.WARNING if status >= 500 else logging.INFO if status >= 400 \
         else logging.DEBUG
+    why = reason_of(body) if status >= 400 else ""
     if path in QUIET_PATHS:  # probes poll it: its 503s (loading, draining) are no refusals
+        level = logging.DEBUG
+    if why == CLIENT_GONE:  # nobody reads this answer (a flood of them would fill the log)
         level = logging.DEBUG
     if not log.isEnabledFor(level):
         return
     took = f" · {1e3 * (time.perf_counter() - started):.0f} ms" if started else ""
-    why = reason_of(body) if status >= 400 else ""
     log.log(level, "%s %s %d%s%s", method, path, status, f" · {why}" if why else "", took)
 
 

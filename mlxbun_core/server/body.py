@@ -65,8 +65,13 @@ async def _read_capped(request: Request, limit: int) -> bytes:
             if len(data) > limit:  # chunked bodies declare no length
                 raise BodyTooLarge(limit)
     except MessageAborted:
-        raise BadRequest("the client disconnected while sending the body") from None
+        raise BadRequest(CLIENT_GONE) from None
     return bytes(data)
+
+
+CLIENT_GONE = "the client disconnected while sending the body"
+"""The 400 nobody receives: a body cut off (a client that left, or the connection guard
+closing a slow upload, which logs its own summary line)."""
 
 
 class JsonContentTypeError(APIError):
