@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 
+from mlxbun_core.engine.batch.entry import BlockEntry
 from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.reply import gather
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
@@ -76,7 +77,9 @@ def test_published_entries_hold_their_tokens_and_hits_answer_as_cold(batch, monk
     store = warm.prefix.store
 
     def spy(namespace, tokens, cache, **kw):
-        published.append((len(tokens), [c.offset for c in cache]))
+        # mlx-lm caches say their positions per layer; the batch's block entries, once
+        published.append((len(tokens), [cache.length] if isinstance(cache, BlockEntry)
+                          else [c.offset for c in cache]))
         return store(namespace, tokens, cache, **kw)
 
     monkeypatch.setattr(warm.prefix, "store", spy)
