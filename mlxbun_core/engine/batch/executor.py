@@ -24,9 +24,11 @@ from typing import Any, cast
 
 import mlx.core as mx
 
+from ...kvquant import OFF, KVScheme
 from . import states as recurrent
 from .layout import Layout, Slot
 from .pool import BlockPool, BlockTable, OutOfBlocks
+from .quantized import QuantizedStore, layer_for
 from .view import PagedLayer, Window
 
 Forward = Callable[[mx.array, list[Any]], mx.array]
@@ -69,12 +71,13 @@ class Row:
 
 class Batch:
     """Rows of one model over ``pool``. ``before(uids)`` runs ahead of every forward
-    pass with the rows it carries, in order (per-row adapter routing)."""
+    pass with the rows it carries, in order (per-row adapter routing); ``kv``: the KV
+    scheme the blocks keep (``--kv-quant``)."""
 
     def __init__(self, model: Any, slots: list[Slot], pool: BlockPool,
-                 before: Callable[[list[int]], None] | None = None):
+                 before: Callable[[list[int]], None] | None = None, kv: KVScheme = OFF):
         self.model = model
-        self.layout = Layout(slots, pool)
+        self.layout = Layout(slots, pool, kv)
         self.pool = pool
         self.before = before
         self.rows: dict[int, Row] = {}
@@ -159,10 +162,9 @@ class Batch:
         feed = [r.todo[:n] for r, n in zip(rows, sizes)]
         inputs = mx.array([f + [0] * (width - len(f)) for f in feed], dtype=mx.uint32)
         self._reserve(rows, sizes)
-        view = Window([r.table for r in rows], sizes, width)
         merged = (recurrent.merged([r.states for r in rows], sizes)
                   if self.layout.recurrent else [])
-        self.forward(inputs, self._caches(view, merged, [r.uid for r in rows]))
+        self._pass(rows, inputs, sizes, width, merged)
         if merged:
             for r, s in zip(rows, recurrent.split(merged, len(rows))):
                 r.states = s
@@ -195,9 +197,8 @@ class Batch:
         assert self._next is not None
         inputs, fed_logprobs = self._next, self._next_logprobs
         self._reserve(rows, [1] * len(rows))
-        view = Window([r.table for r in rows], [1] * len(rows), 1)
-        logits = self.forward(inputs[:, None],
-                              self._caches(view, self.states.caches, self.decoding))[:, -1, :]
+        logits = self._pass(rows, inputs[:, None], [1] * len(rows), 1,
+                            self.states.caches)[:, -1, :]
         logits = self._processed(rows, inputs, logits)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         sampled = _sample(logprobs, [r.sampler for r in rows])
@@ -248,6 +249,36 @@ class Batch:
             raise OutOfBlocks(need, pool.room)
         self.layout.grow(min(pool.limit, want))
 
+    def _pass(self, rows: list[Row], inputs: mx.array, valid: list[int], width: int,
+              states: list[Any]) -> mx.array:
+        """The model over ``rows`` fed ``inputs`` (``(rows, width)``; row ``r``'s first
+        ``valid[r]`` real), ``states`` their merged recurrent caches; the logits.
+
+        Under a KV scheme, rows holding no KV yet run apart from rows holding some (two
+        passes): mlx-lm attends over a fresh cache's first keys in full precision and
+        over quantized ones after that, and all rows of a pass attend one way."""
+        groups = self._fresh_apart(rows)
+        if groups is None:
+            view = Window([r.table for r in rows], valid, width)
+            return self.forward(inputs, self._caches(view, states, [r.uid for r in rows]))
+        parts = [recurrent.pick(states, g) for g in groups]
+        out = []
+        for g, part in zip(groups, parts):
+            view = Window([rows[i].table for i in g], [valid[i] for i in g], width)
+            out.append(self.forward(inputs[mx.array(g)],
+                                    self._caches(view, part, [rows[i].uid for i in g])))
+        recurrent.put(states, groups, parts)
+        return mx.concatenate(out)[mx.array(recurrent.inverse(groups))]
+
+    def _fresh_apart(self, rows: list[Row]) -> list[list[int]] | None:
+        """``[fresh, holding]`` row indices when a pass must split (see ``_pass``)."""
+        if not self.layout.quantized:
+            return None
+        fresh = [i for i, r in enumerate(rows) if not r.table.length]
+        if not fresh or len(fresh) == len(rows):
+            return None
+        return [fresh, [i for i, r in enumerate(rows) if r.table.length]]
+
     def _caches(self, view: Window, states: list[Any], uids: list[int]) -> list[Any]:
         """The per-layer cache objects of one pass (and the rows' adapter routing)."""
         if self.before is not None:
@@ -257,13 +288,13 @@ class Batch:
         rec = iter(states)
         return [next(rec) if store is None else
                 CacheList(*(PagedLayer(s, view) for s in store)) if isinstance(store, list)
+                else layer_for(store, view, slot.window) if isinstance(store, QuantizedStore)
                 else PagedLayer(store, view, slot.window)
                 for slot, store in zip(self.layout.slots, self.layout.stores)]
 
     def _arrays(self, states: list[Any]) -> list[Any]:
         """What a pass leaves to evaluate: the pool's arrays and the recurrent states."""
-        out: list[Any] = [a for s in self.layout.all_stores()
-                          for a in (s.keys, s.values) if a is not None]
+        out: list[Any] = [a for s in self.layout.all_stores() for a in s.arrays()]
         for c in states:
             out += [a for a in c.cache if a is not None]
         return out

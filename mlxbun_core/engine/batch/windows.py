@@ -24,8 +24,6 @@ from typing import TYPE_CHECKING, cast
 
 import mlx.core as mx
 
-from .view import Window
-
 if TYPE_CHECKING:
     from .executor import Batch, Emit, Forcing, Row
 
@@ -53,13 +51,12 @@ def window_step(b: Batch, drafts: dict[int, list[int]], forcing: Forcing | None
     tail = mx.array([e + [0] * (width - 1 - len(e)) for e in extra], dtype=mx.uint32)
     inputs = mx.concatenate([b._next[:, None].astype(mx.uint32), tail], axis=1)
     b._reserve(rows, valid)
-    view = Window([r.table for r in rows], valid, width)
     states = b.states.caches
     padded = any(v < width for v in valid)
     if padded:
         for c in states:
             c.prepare(lengths=valid)
-    logits = b.forward(inputs, b._caches(view, states, uids))
+    logits = b._pass(rows, inputs, valid, width, states)
     if padded:
         for c in states:
             c.finalize()

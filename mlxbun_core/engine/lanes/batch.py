@@ -62,8 +62,9 @@ class BatchLane:
                  adapters: AdapterManager | None = None, pacer: PrefillPacer | None = None,
                  kv: kvquant.KVScheme = kvquant.OFF,
                  predictor: TokenPredictor | None = None) -> None:
-        self.kv = kv  # the KV scheme: every forward pass quantizes its cache after it runs
-        self.model = kvquant.quantizing(model, kv)
+        self.kv = kv  # the KV scheme: quantized blocks in the batch, a lone stream's
+        self.model = kvquant.quantizing(model, kv)  # cache quantized after every call
+        self._net = model  # the batch's own blocks quantize themselves
         self.adapters = adapters  # the engine's AdapterManager (None: no LoRA support)
         self._group = ""  # the adapter group of the running rows (AdapterManager.group)
         self.cap = cap
@@ -89,11 +90,10 @@ class BatchLane:
     def accepts(self, job: GenerationJob) -> bool:
         req = job.request
         # a draft, prompt embeddings, media, a seed (reproducible only alone), MTP
-        # speculation, a KV scheme or a model whose caches cannot be paged take the
-        # serial lane
+        # speculation or a model whose caches cannot be paged take the serial lane
         return (job.draft is None and req.input_embeddings is None and req.media is None
                 and req.sampling.seed is None and self._slots is not None
-                and self.kv is kvquant.OFF and not self._wants_mtp(job))
+                and not self._wants_mtp(job))
 
     def _wants_mtp(self, job: GenerationJob) -> bool:
         return job.spec is not None and job.spec.kind == "mtp"
@@ -264,8 +264,8 @@ class BatchLane:
         if self._batch is None:
             assert self._slots is not None  # (accepts)
             route = None if self.adapters is None else self._route_rows
-            self._batch = Batch(self.model, self._slots, pool_for(self._slots, self.admission),
-                                before=route)
+            self._batch = Batch(self._net, self._slots, pool_for(self._slots, self.admission),
+                                before=route, kv=self.kv)
         return self._batch
 
     def _route_rows(self, uids: list[int]) -> None:
