@@ -28,7 +28,7 @@ from ...kvquant import OFF, KVScheme
 from . import states as recurrent
 from .layout import Layout, Slot
 from .pool import BlockPool, BlockTable, OutOfBlocks
-from .quantized import QuantizedStore, layer_for
+from .quantized import layer_for
 from .view import PagedLayer, Window
 
 Forward = Callable[[mx.array, list[Any]], mx.array]
@@ -286,9 +286,14 @@ class Batch:
         from mlx_lm.models.cache import CacheList
 
         rec = iter(states)
+        if self.layout.schemed:  # (see quantized.py)
+            first = self.layout.quantized and not view.starts.any()
+            return [next(rec) if store is None else
+                    CacheList(*(layer_for(s, view, None, first) for s in store))
+                    if isinstance(store, list) else layer_for(store, view, slot.window, first)
+                    for slot, store in zip(self.layout.slots, self.layout.stores)]
         return [next(rec) if store is None else
                 CacheList(*(PagedLayer(s, view) for s in store)) if isinstance(store, list)
-                else layer_for(store, view, slot.window) if isinstance(store, QuantizedStore)
                 else PagedLayer(store, view, slot.window)
                 for slot, store in zip(self.layout.slots, self.layout.stores)]
 

@@ -87,6 +87,11 @@ class Layout:
         self.recurrent = [i for i, s in enumerate(slots) if s.kind == RECURRENT]
 
     @property
+    def schemed(self) -> bool:
+        """Whether the layout was made under a KV scheme (some store may quantize)."""
+        return any(isinstance(s, QuantizedStore) for s in self.stores)
+
+    @property
     def quantized(self) -> bool:
         """Whether some layer keeps quantized blocks (or may: before its first write)."""
         return any(isinstance(s, QuantizedStore) and s.quantized is not False

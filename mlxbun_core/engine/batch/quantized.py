@@ -11,8 +11,9 @@ rows' blocks gathered as triples.
 
 mlx-lm quantizes a cache after each forward pass, so a fresh sequence's first pass
 attends over its own keys in full precision. A pass whose rows all start empty does the
-same here (:class:`FirstPassLayer`); the executor gives fresh rows a pass of their own
-rather than mix them with rows that already hold quantized KV (``Batch.prefill``).
+same here, every paged layer with mlx-lm's own first-pass masks
+(:class:`FirstPassLayer`); the executor gives fresh rows a pass of their own rather than
+mix them with rows that already hold quantized KV (``Batch._pass``).
 
 A layer whose head dimension does not divide into groups keeps its dtype (as the serial
 lane leaves it): the store finds out at its first write and from then on is a plain
@@ -129,10 +130,10 @@ class QuantizedStore:
         return cut(keys), cut(values)
 
 
-class _QuantizedView:
-    """What both quantized layer objects share: the pass's offsets and masks."""
+class _PassLayer:
+    """What both layer objects here share: the pass's offsets, the store's arrays."""
 
-    def __init__(self, store: QuantizedStore, view: Window):
+    def __init__(self, store: LayerStore | QuantizedStore, view: Window):
         self.store, self.view = store, view
 
     @property
@@ -141,24 +142,22 @@ class _QuantizedView:
 
     # (see ``PagedLayer.keys``: model code may read the arrays; assignments are ignored)
     @property
-    def keys(self) -> Triple | None:
-        return _triple(self.store.parts[:3])
+    def keys(self) -> Any:
+        s = self.store
+        return _triple(s.parts[:3]) if isinstance(s, QuantizedStore) else s.keys
 
     @keys.setter
     def keys(self, _: Any) -> None:
         pass
 
     @property
-    def values(self) -> Triple | None:
-        return _triple(self.store.parts[3:])
+    def values(self) -> Any:
+        s = self.store
+        return _triple(s.parts[3:]) if isinstance(s, QuantizedStore) else s.values
 
     @values.setter
     def values(self, _: Any) -> None:
         pass
-
-    def make_mask(self, n: int, return_array: bool = False,
-                  window_size: int | None = None, **_: Any) -> mx.array:
-        return self.view.mask(window_size)
 
     def is_trimmable(self) -> bool:
         return True
@@ -167,29 +166,52 @@ class _QuantizedView:
         return False
 
 
-class QuantizedLayer(_QuantizedView):
+class QuantizedLayer(_PassLayer):
     """A quantized layer's cache for a pass over rows that hold KV already: new keys
     are quantized into their slots and attention runs over the rows' triples."""
 
     def __init__(self, store: QuantizedStore, view: Window):
         super().__init__(store, view)
+        self.quantized = store
         self.bits, self.group_size = store.bits, store.group_size
 
+    def make_mask(self, n: int, return_array: bool = False,
+                  window_size: int | None = None, **_: Any) -> mx.array:
+        return self.view.mask(window_size)
+
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[Triple, Triple]:
-        self.store.write(self.view.write_slots, keys, values)
-        return self.store.gather(self.view.blocks)
+        self.quantized.write(self.view.write_slots, keys, values)
+        return self.quantized.gather(self.view.blocks)
 
 
-class FirstPassLayer(_QuantizedView):
-    """A quantized layer's cache for a pass whose rows all start empty: their keys are
-    quantized into their slots, but this pass attends over them as computed (no
-    ``bits``: mlx-lm's plain attention), as mlx-lm's first pass over a fresh cache does.
-    The keys are padded to the pass's key length so every layer shares one mask."""
+class FirstPassLayer(_PassLayer):
+    """Any paged layer's cache for a pass whose rows all start empty, under a KV scheme:
+    the keys go to their slots (quantized where the store quantizes), and the pass
+    attends over them as computed with mlx-lm's own first-pass masks, exactly as
+    mlx-lm's first pass over fresh caches (``KVCache``, or ``RotatingKVCache`` for a
+    sliding ``window``) attends. Padding sits at the end of a row's window, so the
+    causal mask keeps every real query off it."""
+
+    def __init__(self, store: LayerStore | QuantizedStore, view: Window, window: int | None):
+        super().__init__(store, view)
+        self.window = window
+
+    def make_mask(self, n: int, return_array: bool = False,
+                  window_size: int | None = None, **_: Any) -> Any:
+        from mlx_lm.models.base import create_causal_mask
+        from mlx_lm.models.cache import create_attention_mask
+
+        if self.window is None:  # KVCache.make_mask at offset 0
+            return create_attention_mask(n, 0, return_array, window_size)
+        if n == 1:  # RotatingKVCache.make_mask at offset 0
+            return None
+        window = window_size or self.window
+        return (create_causal_mask(n, 0, window_size=window) if n > window or return_array
+                else "causal")
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         self.store.write(self.view.write_slots, keys, values)
-        pad = [(0, 0), (0, 0), (0, self.view.key_length - keys.shape[2]), (0, 0)]
-        return mx.pad(keys, pad), mx.pad(values, pad)
+        return keys, values
 
 
 def _triple(parts: list[mx.array]) -> Triple | None:
@@ -199,11 +221,15 @@ def _triple(parts: list[mx.array]) -> Triple | None:
     return a, b, c
 
 
-def layer_for(store: QuantizedStore, view: Window, window: int | None) -> Any:
-    """The cache object of a quantized layer for the pass ``view``."""
+def layer_for(store: LayerStore | QuantizedStore, view: Window, window: int | None,
+              first: bool) -> Any:
+    """A paged layer's cache object for the pass ``view`` under a KV scheme (``first``:
+    the pass's rows all start empty)."""
+    if first:
+        return FirstPassLayer(store, view, window)
+    if not isinstance(store, QuantizedStore):
+        return PagedLayer(store, view, window)
     if store.quantized is False:
         return PagedLayer(store.plain, view, window)
-    if not view.starts.any():
-        return FirstPassLayer(store, view)
     assert store.quantized, "rows hold KV that was never written"
     return QuantizedLayer(store, view)
