@@ -10,8 +10,9 @@ a small test tokenizer's). For each scheme:
   - single-stream decode tok/s at each ``--contexts`` length: the serial lane's loop
     (mlx-lm's ``generate_step`` over our quantizing model wrapper, the same pass the solo
     path runs), greedy, ``--tokens`` tokens after a prompt of that length;
-  - batched decode tok/s: ``--rows`` rows of ``--batch-context`` tokens through mlx-lm's
-    ``BatchGenerator`` with our quantizing wrapper (a ``BatchQuantizedKVCache`` per layer).
+  - batched decode: ``--rows`` rows of ``--batch-context`` tokens on the engine's own batch
+    (``engine/batch/``: quantized blocks in the block pool under a scheme): aggregate tok/s,
+    the median decode step in ms, and the bytes a token takes in the pool's blocks.
 
 Caches are prefilled once per scheme and length, then every round decodes ``--tokens``
 tokens from each (schemes alternate within a round) and trims them off again, so all
@@ -72,22 +73,34 @@ def decode_tps(model, cache: list, first: int, n: int, ban: list) -> float:
     return count / elapsed
 
 
-def batched_tps(model, prompts: list, n: int, step: int) -> float:
-    """Aggregate decode tok/s of ``len(prompts)`` rows in mlx-lm's BatchGenerator."""
-    from mlx_lm.generate import BatchGenerator
+def batch_decode(model, scheme, prompts: list, n: int, step: int) -> dict:
+    """``len(prompts)`` rows decoding ``n`` tokens each on the engine's own batch under
+    ``scheme``: aggregate tok/s, the median step (ms) and the pool's bytes per token."""
+    from mlxbun_core.engine.batch import BLOCK_SIZE, FIRST_BLOCKS, NO_LIMIT, BlockPool
+    from mlxbun_core.engine.batch.executor import Batch
+    from mlxbun_core.engine.batch.layout import layout
 
-    gen = BatchGenerator(model, completion_batch_size=len(prompts),
-                         prefill_batch_size=len(prompts), prefill_step_size=step)
-    gen.insert(prompts, max_tokens=[n] * len(prompts))
-    done = t0 = 0
-    while done < n * len(prompts):
-        _, responses = gen.next()
-        if responses and not t0:
-            t0, start = time.perf_counter(), done + len(responses)
-        done += len(responses)
+    b = Batch(model, layout(model), BlockPool(BLOCK_SIZE, FIRST_BLOCKS, NO_LIMIT), kv=scheme)
+    for i, p in enumerate(prompts):
+        b.add(i, p, budget=n)
+    while b.prefilling:
+        b.prefill({u: step for u in b.prefilling})
+    b.decode()  # feeds the prompts' last tokens: nothing to hand out yet
+    steps, tokens, t0 = [], 0, time.perf_counter()
+    while b.decoding:
+        t = time.perf_counter()
+        out = b.decode()
+        steps.append(time.perf_counter() - t)
+        tokens += len(out)
+        for e in out:
+            if e.finish:
+                b.remove(e.uid)
     elapsed = time.perf_counter() - t0
-    gen.close()
-    return (done - start) / elapsed
+    per_token = b.layout.bytes_per_block() / BLOCK_SIZE
+    b.close()
+    mx.clear_cache()
+    return {"tps": tokens / elapsed, "step_ms": 1000 * statistics.median(steps),
+            "pool_bytes_per_token": per_token}
 
 
 def main() -> None:
@@ -147,7 +160,7 @@ def main() -> None:
         print(s, json.dumps(row), flush=True)
 
     tps = {(s, ctx): [] for s in SCHEMES for ctx in args.contexts}
-    batched = {s: [] for s in SCHEMES}
+    batched: dict = {s: [] for s in SCHEMES}
     prompts = [mx.random.randint(10, vocab - 10, (args.batch_context,), key=mx.random.key(i + 1))
                .tolist() for i in range(args.rows)]
     for r in range(args.rounds):
@@ -157,10 +170,11 @@ def main() -> None:
                                               ban))
         if args.rows:
             for s in SCHEMES:
-                batched[s].append(batched_tps(wrapped[s], prompts, args.tokens,
-                                              args.prefill_step))
+                batched[s].append(batch_decode(model, schemes[s], prompts, args.tokens,
+                                          args.prefill_step))
         print(f"round {r}: " + "  ".join(f"{s}@{ctx}={v[-1]:.1f}" for (s, ctx), v in tps.items())
-              + ("  batched " + " ".join(f"{s}={v[-1]:.1f}" for s, v in batched.items())
+              + ("  batched " + " ".join(f"{s}={v[-1]['tps']:.1f} ({v[-1]['step_ms']:.1f} ms)"
+                                         for s, v in batched.items())
                  if args.rows else ""), flush=True)
 
     def med(values):
@@ -173,8 +187,13 @@ def main() -> None:
             row[f"decode_tps_{ctx}"] = med(tps[s, ctx])
             row[f"vs_off_{ctx}"] = round(med(tps[s, ctx]) / med(tps["off", ctx]), 3)
         if args.rows:
-            row[f"batched_tps_{args.rows}x{args.batch_context}"] = med(batched[s])
-            row["batched_vs_off"] = round(med(batched[s]) / med(batched["off"]), 3)
+            def of(key, s=s):
+                return med([m[key] for m in batched[s]])
+
+            row[f"batched_tps_{args.rows}x{args.batch_context}"] = of("tps")
+            row["batched_vs_off"] = round(of("tps") / med([m["tps"] for m in batched["off"]]), 3)
+            row["batched_step_ms"] = of("step_ms")
+            row["pool_bytes_per_token"] = of("pool_bytes_per_token")
         table.append(row)
     meta = {"device": str(mx.default_device()), "chip": machine.name, "shape": args.shape,
             "dtype": dtype, "weights_bytes": weights, "usable_bytes": machine.usable_bytes,
@@ -184,8 +203,8 @@ def main() -> None:
     cols = ["bytes_per_token", "max_safe_context_machine",
             *[f"max_safe_context_{gb:g}GB" for gb in args.budget_gb],
             *[f"decode_tps_{c}" for c in args.contexts], *[f"vs_off_{c}" for c in args.contexts],
-            *([f"batched_tps_{args.rows}x{args.batch_context}", "batched_vs_off"]
-              if args.rows else [])]
+            *([f"batched_tps_{args.rows}x{args.batch_context}", "batched_vs_off",
+               "batched_step_ms", "pool_bytes_per_token"] if args.rows else [])]
     print("kv_quant " + " ".join(cols))
     for row in table:
         print(f"{row['kv_quant']:8} " + " ".join(str(row[c]) for c in cols))

@@ -365,6 +365,28 @@ def test_server_reports_and_bills_the_quantized_cache(llama):
         srv.stop()
 
 
+@pytest.mark.parametrize("kv,per_token", [("8", 544), ("4", 2 * 2 * 64 * 2 * (0.5 + 4 / 64)),
+                                           ("off", 1024)])
+def test_the_batch_pool_reports_what_its_blocks_take(llama, kv, per_token):
+    """``/stats`` ``batch.kv_pool``: after two rows ran batched, the pool's blocks take
+    what admission and ``/fit`` bill per token (quantized blocks under a scheme), and
+    every block is free again once the rows have ended."""
+    path, _ = llama
+    engine = Engine.load(path, progress=False, batch=8, prompt_cache_bytes=0, kv_quant=kv)
+    try:
+        assert engine.batch_stats()["kv_pool"] is None  # no batch yet
+        rows = drive(engine, [greedy(p, N) for p in PROMPTS[:2]])
+        assert {r.finish.usage.lane for r in rows} == {"batched"}
+        engine.worker.run_sync(lambda: None)
+        pool = engine.batch_stats()["kv_pool"]
+        assert pool["bytes_per_token"] == per_token
+        assert pool["bytes_per_token"] == engine.admission.stats()["kv_bytes_per_token"]
+        assert pool["bytes"] == per_token * (pool["blocks"] + 1) * pool["block_size"]
+        assert pool["used_blocks"] == 0 and pool["kv_quant"] == engine.kv.mode
+    finally:
+        close(engine)
+
+
 def test_fit_command_bills_the_scheme(llama, capsys):
     from mlxbun_core.cli import main
 

@@ -382,4 +382,6 @@ class Engine:
         return {"cap": self.batch, "cap_source": self.batch_source,
                 "auto": self.batch_plan.describe() if self.batch_plan else None,
                 "active_rows": self.worker.active, "waiting": self.worker.waiting,
-                "lanes": lanes, "prefill": self.pacer.stats(), "adapters": self.adapters.stats()}
+                "lanes": lanes, "prefill": self.pacer.stats(), "adapters": self.adapters.stats(),
+                "kv_pool": next((lane.pool_stats() for lane in self.worker.lanes
+                                 if isinstance(lane, BatchLane)), None)}

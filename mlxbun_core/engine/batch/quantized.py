@@ -172,7 +172,7 @@ class QuantizedLayer(_PassLayer):
 
     def __init__(self, store: QuantizedStore, view: Window):
         super().__init__(store, view)
-        self.quantized = store
+        self.blocks = store  # (typed as what it is)
         self.bits, self.group_size = store.bits, store.group_size
 
     def make_mask(self, n: int, return_array: bool = False,
@@ -180,8 +180,8 @@ class QuantizedLayer(_PassLayer):
         return self.view.mask(window_size)
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[Triple, Triple]:
-        self.quantized.write(self.view.write_slots, keys, values)
-        return self.quantized.gather(self.view.blocks)
+        self.blocks.write(self.view.write_slots, keys, values)
+        return self.blocks.gather(self.view.blocks)
 
 
 class FirstPassLayer(_PassLayer):

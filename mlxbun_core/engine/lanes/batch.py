@@ -119,6 +119,19 @@ class BatchLane:
 
     exclusive = False
 
+    def pool_stats(self) -> dict[str, Any] | None:
+        """``/stats`` ``batch.kv_pool``: the KV block pool's blocks and the bytes its
+        blocks really take per token (quantized ones under ``--kv-quant``); None before
+        the first batch."""
+        batch = self._batch
+        if batch is None:
+            return None
+        pool = batch.pool
+        return {"block_size": pool.block_size, "blocks": pool.capacity - 1,
+                "used_blocks": pool.used, "bytes": batch.layout.nbytes,
+                "bytes_per_token": batch.layout.bytes_per_block() / pool.block_size,
+                "kv_quant": self.kv.mode}
+
     @property
     def alone(self) -> bool:
         """Whether a lone job is decoding outside the batch."""
