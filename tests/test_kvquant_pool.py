@@ -244,6 +244,22 @@ def test_the_pool_bills_what_fit_bills(bits):
     assert b.pool.used == 0
 
 
+def test_the_pools_limit_under_admission_is_whole_blocks():
+    """Admission bills fractional bytes per token (a quantized scale per group); the
+    pool's limit is still a whole number of blocks, and the pool grows up to it."""
+    from types import SimpleNamespace
+
+    from mlxbun_core.engine.batch import pool_for
+
+    per_token = 2 * 2 * 64 * 2 * (0.5 + 4 / 64)  # kv4 on the tiny llama: 288.0
+    admission = SimpleNamespace(layout=SimpleNamespace(bytes_per_token=per_token + 0.5),
+                                kv_room=1_000_000)
+    pool = pool_for(layout(model_of("llama")), admission)
+    assert pool.limit == 1_000_000 // (289 * 16) + 64 and isinstance(pool.limit, int)
+    pool.grow(pool.limit + 1)
+    assert pool.capacity == pool.limit and pool.free == pool.limit - 1
+
+
 def test_head_dims_the_group_cannot_split_stay_plain():
     """The family's own tiny head dims (16) do not divide into groups of 64: those
     layers keep their dtype, as the serial lane leaves them, so rows equal mlx-lm's

@@ -11,6 +11,7 @@ model, and the passes that run them (``executor.py``), on mlx-lm's public API on
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from .executor import Batch, Emit, Forcing
@@ -30,7 +31,7 @@ def pool_for(slots: list[Slot], admission: Admission | None) -> BlockPool:
     plans with (unbounded without admission: tests)."""
     limit = NO_LIMIT
     if admission is not None:
-        per_block = max(1, admission.layout.bytes_per_token * BLOCK_SIZE)
+        per_block = max(1, math.ceil(admission.layout.bytes_per_token * BLOCK_SIZE))
         # every paged layer keeps every position here, sliding ones too: a rough bound,
         # refined by the executor once the first write tells the real bytes per block
         limit = max(FIRST_BLOCKS, admission.kv_room // per_block + 64)

@@ -29,6 +29,7 @@ from . import states as recurrent
 from .layout import Layout, Slot
 from .pool import BlockPool, BlockTable, OutOfBlocks
 from .quantized import layer_for
+from .storage import LayerStore
 from .view import PagedLayer, Window
 
 Forward = Callable[[mx.array, list[Any]], mx.array]
@@ -294,7 +295,7 @@ class Batch:
                     for slot, store in zip(self.layout.slots, self.layout.stores)]
         return [next(rec) if store is None else
                 CacheList(*(PagedLayer(s, view) for s in store)) if isinstance(store, list)
-                else PagedLayer(store, view, slot.window)
+                else PagedLayer(cast(LayerStore, store), view, slot.window)
                 for slot, store in zip(self.layout.slots, self.layout.stores)]
 
     def _arrays(self, states: list[Any]) -> list[Any]:
