@@ -128,8 +128,8 @@ def main() -> None:
     from mlx_lm import load
 
     from mlxbun_core import kvquant
-    from mlxbun_core.engine.admission import weight_bytes
     from mlxbun_core.library import fit
+    from mlxbun_core.models.facts import weight_bytes
     from mlxbun_core.testing.checkpoints import tiny_checkpoint
 
     dtype = args.dtype or ("float32" if mx.default_device() == mx.cpu else "bfloat16")

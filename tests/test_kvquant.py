@@ -180,10 +180,11 @@ def test_every_cache_kind_equals_mlx_lm(family, lenient_mlx_lm, caplog):
     try:
         layers = engine.kv_quant_stats()["layers"]
         warnings = [r.getMessage() for r in caplog.records if "--kv-quant" in r.getMessage()]
-        expect = {"gemma3_text": ({"kv8": 1, "bf16": 1}, "1 sliding-window"),
-                  "gemma4": ({"kv8": 1, "bf16": 1}, "1 sliding-window"),
-                  "qwen3_5": ({"kv8": 1, "bf16": 0, "recurrent": 1}, None),
-                  "glm_moe_dsa": ({"kv8": 0, "bf16": 2}, "2 full-attention")}[family]
+        native = fit.activation_dtype(engine.model.config)  # what unquantized layers hold
+        expect = {"gemma3_text": ({"kv8": 1, native: 1}, "1 sliding-window"),
+                  "gemma4": ({"kv8": 1, native: 1}, "1 sliding-window"),
+                  "qwen3_5": ({"kv8": 1, native: 0, "recurrent": 1}, None),
+                  "glm_moe_dsa": ({"kv8": 0, native: 2}, "2 full-attention")}[family]
         assert layers == expect[0]
         assert (len(warnings), expect[1] is None or expect[1] in warnings[0]) == \
             (0 if expect[1] is None else 1, True)
@@ -204,9 +205,10 @@ def test_every_cache_kind_equals_mlx_lm(family, lenient_mlx_lm, caplog):
 
 def _entries(engine) -> list:
     """(tokens, cache) of every entry in the engine's prefix cache, once the worker has
-    finished the step that ended the last request (a lane publishes after its Done)."""
-    engine.worker.run_sync(lambda: None)
-    return [(tokens, cache) for _, tokens, cache in engine.prefix.entries()]
+    finished the step that ended the last request (a lane publishes after its Done); read
+    on the worker, the MLX thread (block entries are read out of the batch's pool)."""
+    return engine.worker.run_sync(
+        lambda: [(tokens, cache) for _, tokens, cache in engine.prefix.entries()])
 
 
 def _held_bytes(cache) -> int:
@@ -234,7 +236,8 @@ def test_a_prefix_hit_continues_from_the_quantized_entry(family, lenient_mlx_lm)
         req = engine.parse_completion(body)
         prompt = tok.encode(body["prompt"])
         longest = max(len(tokens) for tokens, _ in _entries(engine))
-        cache, n = engine.prefix.lookup(engine.cache_namespace(req), prompt)
+        cache, n = engine.worker.run_sync(
+            lambda: engine.prefix.lookup(engine.cache_namespace(req), prompt))
         if family == "qwen3_5":  # recurrent state: the first prompt's boundary snapshot
             assert n == len(tok.encode(head)) - 1
         else:  # the entry of prompt and reply, trimmed back to the shared prefix
@@ -319,7 +322,8 @@ def test_quantized_bytes_per_token_by_hand():
 
 def test_parse_and_names():
     assert kvquant.parse("off") is kvquant.OFF and kvquant.parse(None) is kvquant.OFF
-    assert kvquant.parse("8") == kvquant.KVScheme(8) and kvquant.parse(4).mode == "uniform-kv4"
+    assert kvquant.parse("8") == kvquant.KVScheme(8) and kvquant.parse(4).mode() == "uniform-kv4"
+    assert kvquant.OFF.mode("float32") == "float32"  # off: the dtype the cache holds
     with pytest.raises(ValueError, match="--kv-quant"):
         kvquant.parse("3")
 
@@ -344,7 +348,7 @@ def test_server_reports_and_bills_the_quantized_cache(llama):
         stats = httpx.get(srv.base_url + "/stats", timeout=30).json()
         assert stats["kv_quant"] == {
             "mode": "uniform-kv8", "bits": 8, "group_size": 64, "quantized_kv_start": 0,
-            "layers": {"kv8": 2, "bf16": 0}, "attention": {"global": 2, "sliding_window": 0}}
+            "layers": {"kv8": 2, "bfloat16": 0}, "attention": {"global": 2, "sliding_window": 0}}
         per_token = 2 * 2 * 64 * 2 * (1 + 4 / 64)
         fit_ = httpx.get(srv.base_url + "/fit", timeout=30).json()
         assert fit_["kv_quant"] == "uniform-kv8"
@@ -368,21 +372,22 @@ def test_server_reports_and_bills_the_quantized_cache(llama):
 @pytest.mark.parametrize("kv,per_token", [("8", 544), ("4", 2 * 2 * 64 * 2 * (0.5 + 4 / 64)),
                                            ("off", 1024)])
 def test_the_batch_pool_reports_what_its_blocks_take(llama, kv, per_token):
-    """``/stats`` ``batch.kv_pool``: after two rows ran batched, the pool's blocks take
+    """``/stats`` ``batch.kv_blocks``: after two rows ran batched, the pool's blocks take
     what admission and ``/fit`` bill per token (quantized blocks under a scheme), and
     every block is free again once the rows have ended."""
     path, _ = llama
     engine = Engine.load(path, progress=False, batch=8, prompt_cache_bytes=0, kv_quant=kv)
     try:
-        assert engine.batch_stats()["kv_pool"] is None  # no batch yet
+        assert engine.batch_stats()["kv_blocks"] is None  # no batch yet
         rows = drive(engine, [greedy(p, N) for p in PROMPTS[:2]])
         assert {r.finish.usage.lane for r in rows} == {"batched"}
         engine.worker.run_sync(lambda: None)
-        pool = engine.batch_stats()["kv_pool"]
+        pool = engine.batch_stats()["kv_blocks"]
         assert pool["bytes_per_token"] == per_token
         assert pool["bytes_per_token"] == engine.admission.stats()["kv_bytes_per_token"]
-        assert pool["bytes"] == per_token * (pool["blocks"] + 1) * pool["block_size"]
-        assert pool["used_blocks"] == 0 and pool["kv_quant"] == engine.kv.mode
+        assert pool["bytes_per_block"] == per_token * pool["block_size"]
+        assert pool["bytes"] == pool["bytes_per_block"] * pool["capacity"]
+        assert pool["used"] == 0 and pool["kv_quant"] == kv
     finally:
         close(engine)
 
@@ -398,7 +403,7 @@ def test_fit_command_bills_the_scheme(llama, capsys):
     per = {k: (r["kv_quant"], r["report"]["kv_bytes_per_token"]) for k, r in reports.items()}
     assert per == {("--kv-quant", "8"): ("uniform-kv8", 544),
                    ("--kv-bits", "4"): ("uniform-kv4", 2 * 2 * 64 * 2 * (0.5 + 4 / 64)),
-                   (): ("bf16", 1024)}
+                   (): ("bfloat16", 1024)}
 
 
 # ---------------------------------------------------------------- the start-up kernel check

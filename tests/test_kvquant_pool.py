@@ -180,6 +180,86 @@ def test_drafts_and_forced_runs_over_quantized_blocks(family):
     assert b.pool.used == 0
 
 
+def test_direct_attention_beside_quantized_blocks(monkeypatch):
+    """Direct mode (the kernel's contract in plain ops on the CPU) under a scheme: the
+    sliding layers, which stay plain, reach attention through the blocks while the full
+    ones attend over their quantized triples, in the same passes; rows still equal
+    mlx-lm's quantized loop."""
+    from mlxbun_core.engine.batch import attention, direct
+
+    monkeypatch.setattr(attention, "MODE", "reference")
+    model = model_of("gemma3_text")
+    want = [reference(model, p, n, 4) for p, n in zip(PROMPTS, BUDGETS)]
+    b = batch_of(model, 4)
+    assert direct.probe(b)
+    calls: list = []
+    real = attention.paged_reference
+    monkeypatch.setattr(attention, "paged_reference",
+                        lambda *a, **k: calls.append(a[3]) or real(*a, **k))
+    got = staggered(b, PROMPTS, BUDGETS)
+    for i, w in enumerate(want):
+        assert_same(got[i], w)
+    assert calls and set(calls) == {8}  # the sliding layers' window: only they went direct
+    assert b.pool.used == 0
+
+
+def test_mtp_rows_over_quantized_blocks():
+    """MTP rows (the tap hands each its hidden states) beside plain rows, arriving while
+    others read their prompts: fresh rows run apart from rows holding quantized KV, every
+    row still equals mlx-lm's quantized loop, and each MTP row's head was handed the
+    states of its own positions (those of mlx-lm's quantized loop), whichever pass of a
+    split step computed them."""
+    from mlxbun_core.testing.mtp import BatchRun, CopyPredictor
+
+    model = model_of("llama")
+    rows = [(3 * i, p, n, 2 if i % 2 == 0 else None)
+            for i, (p, n) in enumerate(zip(PROMPTS, BUDGETS))]
+    run = BatchRun(model, CopyPredictor(model), rows, chunk=CHUNK, kv_bits=4)
+    seen = _states_seen(run.mtp)
+    run.run()
+    for i, (_, p, n, depth) in enumerate(rows):
+        assert run.out[i] == [t for t, _ in reference(model, p, n, 4)], i
+        if depth:
+            got, want = mx.concatenate(seen[i]), quantized_states(model, p + run.out[i], 4)
+            assert got.shape == want.shape and mx.allclose(got, want, atol=1e-4).item(), i
+    spec = [u.speculation for u in run.usage if u.speculation is not None]
+    assert len(spec) == 3 and sum(s["drafted"] for s in spec) > 0
+    assert run.batch.pool.used == 0 and run.mtp.pages.pool.used == 0
+
+
+def _states_seen(tap) -> dict:
+    """Record, per row, the hidden states ``tap`` is handed (``(positions, hidden)``
+    arrays in position order)."""
+    seen: dict = {}
+    prompt, kept = tap.prompt, tap.kept
+
+    def on_prompt(uids, hidden, after):
+        for j, (u, a) in enumerate(zip(uids, after)):
+            seen.setdefault(u, []).append(hidden[j, :len(a)])
+        prompt(uids, hidden, after)
+
+    def on_kept(uid, hidden, fed):
+        seen.setdefault(uid, []).append(hidden[0])
+        kept(uid, hidden, fed)
+
+    tap.prompt, tap.kept = on_prompt, on_kept
+    return seen
+
+
+def quantized_states(model, tokens: list, bits: int) -> mx.array:
+    """The target's hidden states at ``tokens`` as mlx-lm's ``kv_bits`` loop computes
+    them: a first pass of ``CHUNK`` tokens over a fresh cache (full precision), then every
+    position over the cache quantized after each call (a token a call: after the first
+    pass, how positions are grouped into calls changes only the order of sums)."""
+    from mlxbun_core.kvquant import quantize
+
+    cache, scheme, out = make_prompt_cache(model), KVScheme(bits), []
+    for part in [tokens[:CHUNK], *([t] for t in tokens[CHUNK:])]:
+        out.append(model.model(mx.array([part]), cache=cache)[0])
+        quantize(cache, scheme)
+    return mx.concatenate(out)
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen3_5"])
 def test_a_row_crosses_to_and_from_mlx_lms_quantized_cache(family):
     """A row exported mid-decode is mlx-lm's own cache kinds (``QuantizedKVCache`` for

@@ -31,10 +31,12 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .batch.entry import BlockEntry, Shared
 from .prefix_index import Entry, PrefixIndex
 
 if TYPE_CHECKING:
     from ..kvstore.store import SsdStore
+    from .batch.layout import Layout
 
 log = logging.getLogger("mlxbun.cache")
 
@@ -83,8 +85,18 @@ class PrefixCache:
         return self.tier
 
     # -- lookups ---------------------------------------------------------------------
-    def lookup(self, namespace: Hashable, tokens: list[int]) -> tuple[list[Any] | None, int]:
-        """``(cache, n)``: a private cache holding ``tokens[:n]``, or ``(None, 0)``."""
+    def lookup_dense(self, namespace: Hashable, tokens: list[int]
+                     ) -> tuple[list[Any] | None, int]:
+        """:meth:`lookup` for a caller whose KV is mlx-lm caches (never a block share)."""
+        cache, n = self.lookup(namespace, tokens)
+        assert not isinstance(cache, Shared)  # (no layout asked for: always mlx-lm caches)
+        return cache, n
+
+    def lookup(self, namespace: Hashable, tokens: list[int],
+               layout: Layout | None = None) -> tuple[list[Any] | Shared | None, int]:
+        """``(cache, n)``: a private cache holding ``tokens[:n]``, or ``(None, 0)``. A
+        caller whose KV lives in ``layout``'s block pool gets an entry of that pool as
+        a :class:`Shared` table over its blocks (nothing copied)."""
         if not self.enabled or len(tokens) < 2:
             return None, 0
         with self._lock:
@@ -101,7 +113,7 @@ class PrefixCache:
         if plan is None or plan.n <= 0:
             return None, 0
         with self._lock:
-            cache = self._take(namespace, plan)
+            cache = self._take(namespace, plan, layout)
             self.hits += 1
             self.hit_tokens += plan.n
         return cache, plan.n
@@ -115,28 +127,35 @@ class PrefixCache:
         if found.exact is not None:
             if not need_tail:
                 return _Plan(list(tokens), 0, len(tokens))
-            if trimmable(self._cache_at(namespace, tokens)):
+            if _trimmable(self._cache_at(namespace, tokens)):
                 return _Plan(list(tokens), 1, len(tokens) - 1)
             return self._plan(namespace, tokens[:-1], need_tail=False)
         short = len(found.shorter) if found.shorter is not None else 0
         if (found.longer is not None and found.common_prefix > short
-                and trimmable(self._cache_at(namespace, found.longer))):
+                and _trimmable(self._cache_at(namespace, found.longer))):
             n = min(len(tokens) - 1, found.common_prefix)
             return _Plan(found.longer, len(found.longer) - n, n)
         if found.shorter is not None and short > 0:
             return _Plan(found.shorter, 0, short)
         return None
 
-    def _take(self, namespace: Hashable, plan: _Plan) -> list[Any]:
-        """A private copy of the planned entry, trimmed; the entry counts as used (for
-        idle demotion; eviction order stays by insertion)."""
+    def _take(self, namespace: Hashable, plan: _Plan,
+              layout: Layout | None = None) -> list[Any] | Shared:
+        """A private copy of the planned entry, trimmed (a block entry of ``layout``'s
+        pool: its blocks, shared); the entry counts as used (for idle demotion; eviction
+        order stays by insertion)."""
         from mlx_lm.models.cache import trim_prompt_cache
 
         entry = self._entry(namespace, plan.key)
-        cache: list[Any] = copy.deepcopy(entry.cache)
+        entry.last_used = time.monotonic()
+        value = entry.cache
+        if isinstance(value, BlockEntry):
+            if value.layout is layout:
+                return Shared(*value.share(plan.n))
+            return value.dense(plan.n)
+        cache: list[Any] = copy.deepcopy(value)
         if plan.trim:
             trim_prompt_cache(cache, plan.trim)
-        entry.last_used = time.monotonic()
         return cache
 
     def _shared(self, namespace: Hashable, tokens: list[int]) -> tuple[int, bool]:
@@ -192,35 +211,73 @@ class PrefixCache:
         return size / bps < tokens / rate
 
     # -- stores ----------------------------------------------------------------------
-    def store(self, namespace: Hashable, tokens: list[int], cache: list[Any], *,
+    def store(self, namespace: Hashable, tokens: list[int], cache: list[Any] | BlockEntry, *,
               boundary: bool = False) -> None:
-        """Keep ``cache`` (which holds exactly ``tokens``); evicts least recently used."""
+        """Keep ``cache`` (which holds exactly ``tokens``; a :class:`BlockEntry` is kept
+        as it is, its blocks then held by the cache); evicts least recently used."""
         if not self.enabled or not tokens or not cache:
+            if isinstance(cache, BlockEntry):
+                cache.release()
             return
-        import mlx.core as mx
+        if not isinstance(cache, BlockEntry):
+            import mlx.core as mx
 
-        # a row taken out of a batch is a lazy slice of the whole batch's KV: evaluated
-        # here it owns its bytes, unevaluated it would pin every row's (and its byte
-        # count would not say so)
-        mx.eval([c.state for c in cache])
+            # a lazy slice of a bigger array would pin it (and its byte count would not
+            # say so): evaluated here, the cache owns its bytes
+            mx.eval([c.state for c in cache])
         self._insert(namespace, list(tokens), cache, "user" if boundary else "assistant",
                      durable=False)
 
-    def _insert(self, namespace: Hashable, tokens: list[int], cache: list[Any], cache_type: str,
-                durable: bool) -> None:
+    def _insert(self, namespace: Hashable, tokens: list[int], cache: list[Any] | BlockEntry,
+                cache_type: str, durable: bool) -> None:
         with self._lock:
             entry = _Entry(cache, cache_type, durable)
-            self._index.add(namespace, tokens, Entry(entry, _nbytes(cache), cache_type),
-                            drop_prefixes=trimmable(cache))
+            removed = self._index.add(namespace, tokens,
+                                      Entry(entry, _nbytes(cache), cache_type),
+                                      drop_prefixes=_trimmable(cache))
             if not durable:
                 self.stores += 1
             evicted = self._evict(self.max_bytes)
-        if self.tier is None:
-            return
-        for ns, toks, old in evicted:
-            self._persist(ns, toks, old, urgent=True)
-        if not durable and self.tier.config.write_behind:
+        for old in removed:
+            _release(old.value)
+        for ns, toks, gone in evicted:
+            if self.tier is not None:
+                self._persist(ns, toks, gone, urgent=True)
+            _release(gone)
+        if self.tier is not None and not durable and self.tier.config.write_behind:
             self._persist(namespace, tokens, entry, urgent=False)
+
+    def drop_layout(self, layout: Layout) -> int:
+        """Forget every block entry of ``layout``'s pool (the pool is being dropped after
+        a failed pass); how many."""
+        with self._lock:
+            gone = [(ns, t) for ns, t in self._index.stored()
+                    if self._of_layout(ns, t, layout)]
+            for ns, t in gone:
+                self._pop(ns, t)
+        return len(gone)
+
+    def _of_layout(self, namespace: Hashable, tokens: list[int], layout: Layout) -> bool:
+        """Whether the entry at ``tokens`` is blocks of ``layout``'s pool."""
+        value = self._entry(namespace, tokens).cache
+        return isinstance(value, BlockEntry) and value.layout is layout
+
+    def reclaim(self, layout: Layout, blocks: int) -> int:
+        """Evict block entries of ``layout``'s pool, oldest first, until ``blocks`` are
+        free in it (the pool ran short); the entries evicted."""
+        n = 0
+        while layout.pool.free < blocks:
+            with self._lock:
+                victim = next(((ns, t) for ns, t in self._index.stored()
+                               if self._of_layout(ns, t, layout)), None)
+                if victim is None:
+                    return n
+                gone = self._pop(*victim)
+            if self.tier is not None:
+                self._persist(victim[0], victim[1], gone, urgent=True)
+            _release(gone)
+            n += 1
+        return n
 
     def _evict(self, limit: int) -> list[tuple[Hashable, list[int], Any]]:
         """Pop the oldest entries until the bytes fit ``limit``."""
@@ -246,7 +303,7 @@ class PrefixCache:
         entry: _Entry = got.value
         return entry
 
-    def _cache_at(self, namespace: Hashable, tokens: list[int]) -> list[Any]:
+    def _cache_at(self, namespace: Hashable, tokens: list[int]) -> list[Any] | BlockEntry:
         return self._entry(namespace, tokens).cache
 
     # -- the SSD tier ----------------------------------------------------------------
@@ -266,7 +323,9 @@ class PrefixCache:
             return False
         tier = self._ssd()
         key = tier.key(namespace)
-        job = tier.prepare(key, tokens, entry.cache, entry.cache_type) \
+        value = entry.cache
+        dense = value.dense() if isinstance(value, BlockEntry) else value
+        job = tier.prepare(key, tokens, dense, entry.cache_type) \
             if key is not None else None
         if job is None:  # an adapter no longer mounted, or a cache we cannot store
             entry.volatile = True
@@ -283,8 +342,9 @@ class PrefixCache:
 
     def entries(self) -> list[tuple[Hashable, list[int], list[Any]]]:
         """Every RAM entry as ``(namespace, tokens, cache)`` (for tests and tools: the
-        caches are the stored objects, not copies)."""
-        return [(ns, tokens, e.cache) for ns, tokens, e in self._entries()]
+        stored caches, block entries read into fresh mlx-lm caches)."""
+        return [(ns, tokens, e.cache.dense() if isinstance(e.cache, BlockEntry) else e.cache)
+                for ns, tokens, e in self._entries()]
 
     def holds(self, namespace: Hashable, tokens: list[int]) -> bool:
         """Whether RAM holds an entry of exactly ``tokens``."""
@@ -308,7 +368,8 @@ class PrefixCache:
         for ns, tokens, e in self._entries():
             if e.durable and now - e.last_used >= idle_s:
                 with self._lock:
-                    self._pop(ns, tokens)
+                    gone = self._pop(ns, tokens)
+                _release(gone)
                 n += 1
         if n and self.tier is not None:
             self.tier.demotions += n
@@ -331,7 +392,10 @@ class PrefixCache:
 
     def clear(self) -> None:
         with self._lock:
+            gone = [self._entry(ns, t) for ns, t in self._index.stored()]
             self._index.clear()
+        for e in gone:
+            _release(e)
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -351,15 +415,28 @@ class _Entry:
     __slots__ = ("cache", "cache_type", "durable", "job", "volatile", "last_used",
                  "__weakref__")
 
-    def __init__(self, cache: list[Any], cache_type: str, durable: bool):
+    def __init__(self, cache: list[Any] | BlockEntry, cache_type: str, durable: bool):
         self.cache, self.cache_type, self.durable = cache, cache_type, durable
         self.job: Any = None
         self.volatile = False
         self.last_used = time.monotonic()
 
 
-def _nbytes(cache: list[Any]) -> int:
+def _nbytes(cache: list[Any] | BlockEntry) -> int:
+    if isinstance(cache, BlockEntry):
+        return cache.nbytes
     return sum(c.nbytes for c in cache)
+
+
+def _trimmable(cache: list[Any] | BlockEntry) -> bool:
+    return cache.trimmable if isinstance(cache, BlockEntry) else trimmable(cache)
+
+
+def _release(value: Any) -> None:
+    """Give back the blocks of an entry leaving the cache (``_Entry`` or its value)."""
+    cache = getattr(value, "cache", value)
+    if isinstance(cache, BlockEntry):
+        cache.release()
 
 
 def _written(ref: weakref.ref[Any], ok: bool) -> None:

@@ -52,10 +52,10 @@ class KVScheme:
         """The prefix-cache namespace part: quantized and unquantized KV never mix."""
         return f"kv:affine{self.bits}:g{self.group_size}" if self.bits else "kv:native"
 
-    @property
-    def mode(self) -> str:
-        """``/stats`` ``kv_quant.mode``."""
-        return f"uniform-kv{self.bits}" if self.bits else "bf16"
+    def mode(self, dtype: str = "bfloat16") -> str:
+        """``/stats`` ``kv_quant.mode`` and ``/fit`` ``kv_quant``: the scheme, or for an
+        unquantized cache ``dtype``, the activation dtype it holds (float32 on a CPU)."""
+        return f"uniform-kv{self.bits}" if self.bits else dtype
 
     @property
     def flag(self) -> str:
@@ -78,25 +78,26 @@ def parse(value: Any) -> KVScheme:
     if value is None or isinstance(value, KVScheme):
         return value or OFF
     text = str(value).strip().lower()
-    if text in ("off", "none", "bf16", "0", ""):
+    if text in ("off", "none", "bf16", "0", ""):  # "bf16": the older name of off
         return OFF
     if text in ("4", "8"):
         return KVScheme(int(text))
     raise ValueError(f"--kv-quant must be one of {', '.join(CHOICES)} (got {value!r})")
 
 
-def describe(scheme: KVScheme, layout) -> dict:
+def describe(scheme: KVScheme, layout, dtype: str = "bfloat16") -> dict:
     """``/stats`` ``kv_quant``: the scheme and what each layer holds, from the fit layout
-    (a :class:`~mlxbun_core.library.fit.KVLayout` billed under ``scheme``)."""
+    (a :class:`~mlxbun_core.library.fit.KVLayout` billed under ``scheme``); layers left
+    unquantized are counted under their ``dtype``."""
     kinds = layout.layers
     full, sliding = kinds.get("full", 0), kinds.get("sliding", 0)
     quantized = layout.quantized_layers if scheme.bits else 0
     layers = {f"kv{scheme.bits}": quantized} if scheme.bits else {}
-    layers["bf16"] = full + sliding - quantized
+    layers[dtype] = full + sliding - quantized
     for kind, label in (("linear", "recurrent"), ("shared", "kv_shared")):
         if kinds.get(kind):
             layers[label] = kinds[kind]
-    return {"mode": scheme.mode, "bits": scheme.bits,
+    return {"mode": scheme.mode(dtype), "bits": scheme.bits,
             "group_size": scheme.group_size if scheme.bits else None,
             "quantized_kv_start": 0 if scheme.bits else None,
             "layers": layers, "attention": {"global": full, "sliding_window": sliding}}

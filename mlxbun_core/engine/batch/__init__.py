@@ -3,6 +3,7 @@ model, and the passes that run them (``executor.py``), on mlx-lm's public API on
 
 - ``pool.py``: block bookkeeping (free list, reference counts, block tables).
 - ``storage.py``: the blocks' keys and values per attention layer.
+- ``quantized.py``: quantized blocks under a KV scheme (``--kv-quant``).
 - ``view.py``: one forward pass as the layers see it (the cache protocol over blocks).
 - ``layout.py``: which layers page, and moving KV to and from mlx-lm's own caches.
 - ``states.py``: recurrent layers' state, batched by mlx-lm's own ``ArraysCache``.
@@ -14,8 +15,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from .executor import Batch, Emit, Forcing
+from .executor import Batch
 from .pool import BlockPool, BlockTable, OutOfBlocks
+from .rows import Emit, Forcing
 
 if TYPE_CHECKING:
     from ..admission import Admission
@@ -26,15 +28,15 @@ FIRST_BLOCKS = 64  # the pool's first size; it doubles as rows need more, up to 
 NO_LIMIT = 1 << 40
 
 
-def pool_for(slots: list[Slot], admission: Admission | None) -> BlockPool:
+def pool_for(slots: list[Slot], admission: Admission | None, cached_bytes: int = 0) -> BlockPool:
     """A block pool for a model with layers ``slots``: bounded by the KV room admission
-    plans with (unbounded without admission: tests)."""
+    plans with, plus ``cached_bytes`` the prefix cache may keep in blocks (unbounded
+    without admission: tests)."""
     limit = NO_LIMIT
     if admission is not None:
         per_block = max(1, math.ceil(admission.layout.bytes_per_token * BLOCK_SIZE))
-        # every paged layer keeps every position here, sliding ones too: a rough bound,
-        # refined by the executor once the first write tells the real bytes per block
-        limit = max(FIRST_BLOCKS, admission.kv_room // per_block + 64)
+        # every paged layer keeps every position here, sliding ones too: a rough bound
+        limit = max(FIRST_BLOCKS, int(admission.kv_room + cached_bytes) // per_block + 64)
     return BlockPool(BLOCK_SIZE, FIRST_BLOCKS, limit)
 
 

@@ -138,7 +138,7 @@ class Layout:
         states = []
         for slot, store, c in zip(self.slots, self.stores, cache):
             if store is None:
-                states.append(_copy_state(c))
+                states.append(copy_state(c))
             elif slots is None:
                 continue
             elif isinstance(store, list):
@@ -158,7 +158,7 @@ class Layout:
         rec = iter(states)
         for slot, store in zip(self.slots, self.stores):
             if store is None:
-                out.append(_copy_state(next(rec)))
+                out.append(copy_state(next(rec)))
             elif isinstance(store, list):
                 out.append(CacheList(*(_export_kv(s, Slot(PAGED), table) for s in store)))
             else:
@@ -240,7 +240,7 @@ def _temporal_kv(c: Any, slot: Slot) -> tuple[mx.array, mx.array]:
     return ordered(keys), ordered(values)
 
 
-def _copy_state(c: Any) -> Any:
+def copy_state(c: Any) -> Any:
     """A copy of a single sequence's recurrent cache (``ArraysCache``). Its arrays are
     shared: model code replaces a state's arrays, it never writes into them."""
     from mlx_lm.models.cache import ArraysCache

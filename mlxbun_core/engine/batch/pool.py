@@ -66,6 +66,13 @@ class BlockPool:
         """Blocks held by more than one table (or table and prefix cache)."""
         return sum(1 for r in self._refs[1:] if r > 1)
 
+    def stats(self, bytes_per_block: int = 0) -> dict[str, int]:
+        """What ``/stats`` shows of the pool (``bytes_per_block``: 0 before the first write)."""
+        return {"block_size": self.block_size, "capacity": self.capacity - 1,
+                "limit": self.limit - 1, "used": self.used, "free": self.free,
+                "shared": self.shared, "bytes_per_block": bytes_per_block,
+                "bytes": (self.capacity - 1) * bytes_per_block}
+
     def refs(self, block: int) -> int:
         return self._refs[block]
 
@@ -134,6 +141,14 @@ class BlockTable:
         got = self.pool.allocate(need)
         self.blocks.extend(got)
         return got
+
+    def cost(self, start: int, end: int) -> int:
+        """Blocks that writing positions ``[start, end)`` takes from the pool: the new
+        ones past the table's end and a private copy of each shared one it writes."""
+        bs = self.pool.block_size
+        shared = sum(1 for i in range(start // bs, min(len(self.blocks), -(-end // bs)))
+                     if self.pool.refs(self.blocks[i]) > 1)
+        return max(0, self.pool.blocks_for(end) - len(self.blocks)) + shared
 
     def writable(self, start: int, end: int) -> list[tuple[int, int]]:
         """Make the blocks under positions ``[start, end)`` this table's alone: every

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 import numpy as np
 
+from . import attention
 from .pool import TRASH
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ class Window:
         self.key_length = nb * bs
         self.offset = mx.array(starts.astype(np.int32))
         self._masks: dict[int | None, mx.array] = {}
+        self.direct = False  # layers hand attention their stores (``attention.py``)
 
     def mask(self, window: int | None = None) -> mx.array:
         """``(rows, 1, width, keys)``: query ``i`` of row ``r`` (at position
@@ -103,8 +105,13 @@ class PagedLayer:
         pass
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        self.store.write(self.view.write_slots, keys, values)
-        return self.store.gather(self.view.blocks)
+        store = self.store
+        store.write(self.view.write_slots, keys, values)
+        if self.view.direct and attention.direct_fits(store, self.view.width):
+            assert store.keys is not None and store.values is not None
+            attention.note(store.keys, store, self.view, self.window)
+            return store.keys, store.values
+        return store.gather(self.view.blocks)
 
     def make_mask(self, n: int, return_array: bool = False,
                   window_size: int | None = None, **_: Any) -> mx.array:

@@ -12,6 +12,11 @@ mlx-lm's single-sequence speed, kept in the lane's ``SoloSlot``) and joins the b
 KV and all, as soon as another job of its adapter set arrives; a batch that drains to
 one decoding row hands that row back out the same way.
 
+Speculation rides in the batch's decode step: prompt lookup's drafts
+(``speculate/batch.py``) and the model's MTP head's (``speculate/mtp_batch.py``: the
+batch's tap, drafting on the device from each MTP row's hidden states; a lone MTP job
+decodes in ``solo_mtp.py`` and moves in and out with its head).
+
 LoRA adapter sets mix in one batch: each forward pass routes its rows to their own
 sets (``adapters/rows.py``; the base model is the empty set). Sets that cannot run
 per row (``AdapterManager.group``) run one per batch: a fresh batch takes the oldest
@@ -31,13 +36,16 @@ from typing import TYPE_CHECKING, Any
 
 from ... import kvquant
 from ...adapters.sets import AdapterSet
-from ..batch import Batch, Emit, pool_for
+from ..batch import Batch, Emit, direct, pool_for
+from ..batch.entry import BlockEntry, Shared
 from ..batch.layout import layout
 from ..fill.rows import forcing
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
 from ..scheduler import PREFILL_TOKENS, Scheduler, StepPlan
+from ..speculate import MTP, HeadState
 from ..speculate.batch import BatchSpeculator
+from ..speculate.mtp_batch import MtpBatch
 from .pace import FixedChunk, PrefillPacer
 from .slot import BatchRow, SoloSlot, deliver
 from .tally import StepTally
@@ -83,23 +91,43 @@ class BatchLane:
         self.scheduler = Scheduler(pacer or PrefillPacer(), prefill_tokens)
         self.solo_prefill: int | None = None  # pins the lone job's chunk (tests)
         self.spec = BatchSpeculator()  # rows' prompt lookup (speculate/batch.py)
-        self.predictor = predictor
-        self._solo.predictor = predictor  # a lone MTP job drafts there (solo_mtp.py)
+        # rows drafting with the model's MTP head (speculate/mtp_batch.py); none under a KV
+        # scheme (the engine has such requests decode plainly, admission bills no head)
+        self.predictor = predictor if not kv.bits else None
+        self.mtp = MtpBatch(self.predictor) if self.predictor is not None else None
+        self._solo.predictor = self.predictor  # a lone MTP job drafts there (solo_mtp.py)
 
     # -- the Lane protocol ---------------------------------------------------------
     def accepts(self, job: GenerationJob) -> bool:
         req = job.request
         # a draft, prompt embeddings, media, a seed (reproducible only alone), MTP
-        # speculation or a model whose caches cannot be paged take the serial lane
+        # speculation the batch cannot run or a model whose caches cannot be paged take the
+        # serial lane
         return (job.draft is None and req.input_embeddings is None and req.media is None
                 and req.sampling.seed is None and self._slots is not None
-                and not self._wants_mtp(job))
+                and (not self._wants_mtp(job) or self._runs_mtp(job)))
 
     def _wants_mtp(self, job: GenerationJob) -> bool:
-        return job.spec is not None and job.spec.kind == "mtp"
+        return job.spec is not None and job.spec.kind == MTP
+
+    def _runs_mtp(self, job: GenerationJob) -> bool:
+        """Whether ``job``'s MTP speculation runs here: logits processors see a window
+        per position only on the serial lane; the head's cache must page."""
+        return self.mtp is not None and not job.request.processors and self.mtp.supported()
 
     def add(self, job: GenerationJob) -> None:
         self._queue.append(job)
+
+    def pool_stats(self) -> dict[str, Any] | None:
+        """``/stats`` ``batch.kv_blocks``: the block pool's numbers, the bytes its blocks
+        really take per token (quantized ones under ``--kv-quant``) and that flag's value;
+        None before the batch's first row."""
+        b = self._batch
+        if b is None:
+            return None
+        per_block = b.layout.bytes_per_block()
+        return {**b.pool.stats(per_block), "bytes_per_token": per_block / b.pool.block_size,
+                "kv_quant": self.kv.flag, "direct_attention": b.direct}
 
     @property
     def pacer(self) -> PrefillPacer:
@@ -119,19 +147,6 @@ class BatchLane:
 
     exclusive = False
 
-    def pool_stats(self) -> dict[str, Any] | None:
-        """``/stats`` ``batch.kv_pool``: the KV block pool's blocks and the bytes its
-        blocks really take per token (quantized ones under ``--kv-quant``); None before
-        the first batch."""
-        batch = self._batch
-        if batch is None:
-            return None
-        pool = batch.pool
-        return {"block_size": pool.block_size, "blocks": pool.capacity - 1,
-                "used_blocks": pool.used, "bytes": batch.layout.nbytes,
-                "bytes_per_token": batch.layout.bytes_per_block() / pool.block_size,
-                "kv_quant": self.kv.mode}
-
     @property
     def alone(self) -> bool:
         """Whether a lone job is decoding outside the batch."""
@@ -142,8 +157,8 @@ class BatchLane:
         if self.alone and any(self._group_of(j) == self._group for j in self._queue):
             moving = self._solo.join()  # company arrived: the lone job moves into the batch
             if moving is not None:  # (None: the token it had sampled already ended it)
-                job, cache, held, segments = moving
-                self._add_row(job, cache, held, [t for seg in segments for t in seg])
+                job, cache, held, segments, head = moving
+                self._add_row(job, cache, held, [t for seg in segments for t in seg], head)
         self._admit()
         if not self._rows and not self.alone:
             return
@@ -164,6 +179,8 @@ class BatchLane:
         if uids:  # a decode step that handed out tokens, and the rows it carried
             self.steps.add(len(uids))
             self.spec.stepped(uids)
+            if self.mtp is not None:
+                self.mtp.stepped(uids)
         for e in emits:
             self._route(e)
         if len(self._rows) == 1 and not self._queue:  # the last row goes on alone
@@ -175,7 +192,10 @@ class BatchLane:
         if plan.decode:
             rows = [self._rows[u].job for u in batch.decoding]
             fills = any(j.fill is not None for j in rows)
-            emits = batch.decode(drafts=self.spec.drafts(batch.decoding),
+            drafts: dict[int, Any] = self.spec.drafts(batch.decoding)
+            if self.mtp is not None and self.mtp.rows:
+                drafts.update(self.mtp.drafts(batch))
+            emits = batch.decode(drafts=drafts,
                                  forcing=forcing(self._fills()) if fills else None)
         if plan.prefill:
             with self.pacer.timed(plan.asked) as timer:
@@ -201,7 +221,9 @@ class BatchLane:
             self._group = self._group_of(self._queue[0])
             if sum(self._group_of(j) == self._group for j in self._queue) == 1:
                 job = self._queue.popleft()  # alone it must run: bounded to the budget at start
-                return self._solo.start(job, *self._take(job), self._solo_pacer())
+                cache, n = self._take(job, dense=True)
+                assert not isinstance(cache, Shared)  # (dense)
+                return self._solo.start(job, cache, n, self._solo_pacer())
         i = 0
         while i < len(self._queue) and len(self._rows) < self.cap:
             job = self._queue[i]
@@ -222,21 +244,29 @@ class BatchLane:
 
     def _forget(self, uid: int) -> BatchRow:
         self.spec.drop(uid)
+        if self.mtp is not None:
+            self.mtp.drop(uid)
         row = self._rows.pop(uid)
         if self.admission is not None:
             self.admission.release(row.job)
         return row
 
-    def _take(self, job: GenerationJob) -> tuple[list[Any] | None, int]:
+    def _take(self, job: GenerationJob, dense: bool = False
+              ) -> tuple[list[Any] | Shared | None, int]:
         """Admit ``job``: reserve its KV, then ``(cache, n)``, the longest cached prefix
-        of its prompt."""
+        of its prompt: blocks shared from the batch's pool, or (``dense``, or an entry
+        the serial lane left) mlx-lm caches."""
         if self.admission is not None:
             self.admission.reserve(job)
         job.mark_started(self.name)
-        cache: list[Any] | None = None
+        if self._wants_mtp(job):
+            job.session.usage.lane = f"{self.name}+spec"
+        cache: list[Any] | Shared | None = None
         n, t0 = 0, time.perf_counter()
         if self._uses_prefix(job) and self.prefix is not None:
-            cache, n = self.prefix.lookup(job.cache_namespace, job.request.prompt_tokens)
+            layout = None if dense else self._get_batch().layout
+            cache, n = self.prefix.lookup(job.cache_namespace, job.request.prompt_tokens,
+                                          layout)
         job.session.phases["cache_lookup_s"] = time.perf_counter() - t0
         job.admitted(n)
         return cache, n
@@ -246,20 +276,31 @@ class BatchLane:
         prompt = job.request.prompt_tokens
         self._add_row(job, cache, prompt[:n], prompt[n:])
 
-    def _add_row(self, job: GenerationJob, cache: list[Any] | None, held: list[int],
-                 todo: list[int]) -> int:
-        """Start a row whose KV ``cache`` holds the tokens ``held``; ``todo`` is fed next
-        (a row snapshots its prompt boundary when it reads more than one token and its
-        cache cannot rewind); its uid."""
+    def _add_row(self, job: GenerationJob, cache: list[Any] | Shared | None,
+                 held: list[int], todo: list[int], head: HeadState | None = None) -> int:
+        """Start a row whose KV ``cache`` (shared blocks, or mlx-lm caches) holds the
+        tokens ``held``; ``todo`` is fed next (a row snapshots its prompt boundary when it
+        reads more than one token and its cache cannot rewind; ``head``: a lone MTP job's
+        head); its uid."""
         left = job.limit - job.session.usage.completion_tokens if job.limit else NO_LIMIT
         uid = next(self._uids)
-        self._get_batch().add(uid, todo, cache=cache, held=held,
+        mtp = self.mtp if self._wants_mtp(job) else None
+        shared = cache if isinstance(cache, Shared) else None
+        dense = None if shared is not None else cache
+        assert not isinstance(dense, Shared)
+        self._get_batch().add(uid, todo, cache=dense, shared=shared, held=held,
                               sampler=job.request.sampler, processors=job.request.processors,
-                              budget=left)
+                              budget=left, tapped=mtp is not None,
+                              refeed=head.refeed if head is not None else ())
         snapshot = self._uses_prefix(job) and len(todo) > 1 and not self._rewindable()
         self._rows[uid] = BatchRow(job, snapshot)
         if job.spec is not None:
             self.spec.tally = job.spec_tally
+        if mtp is not None and job.spec is not None:
+            mtp.tally = job.spec_tally
+            mtp.add(uid, job.spec.num_draft_tokens or mtp.predictor.num_draft_tokens,
+                    job.request.sampler, job.session.usage, head)
+        elif job.spec is not None:
             self.spec.add(uid, job.spec, [*held, *todo], job.session.usage)
         return uid
 
@@ -277,9 +318,18 @@ class BatchLane:
         if self._batch is None:
             assert self._slots is not None  # (accepts)
             route = None if self.adapters is None else self._route_rows
-            self._batch = Batch(self._net, self._slots, pool_for(self._slots, self.admission),
-                                before=route, kv=self.kv)
+            cached = self.prefix.max_bytes if self.prefix is not None else 0
+            self._batch = Batch(self._net, self._slots,
+                                pool_for(self._slots, self.admission, cached),
+                                before=route, reclaim=self._reclaim, tap=self.mtp, kv=self.kv)
+            direct.probe(self._batch)  # attention straight over blocks, where the model allows
         return self._batch
+
+    def _reclaim(self, blocks: int) -> int:
+        """The pool ran short: give it the prefix cache's blocks, oldest entries first."""
+        if self.prefix is None or self._batch is None:
+            return 0
+        return self.prefix.reclaim(self._batch.layout, blocks)
 
     def _route_rows(self, uids: list[int]) -> None:
         """Route a forward pass by the adapter sets of the rows it carries."""
@@ -303,7 +353,8 @@ class BatchLane:
             return
         job = row.job
         if e.drafted:
-            self.spec.count(e.uid, e.drafted, e.accepted)
+            counts = self.mtp if self.mtp is not None and e.uid in self.mtp.rows else self.spec
+            counts.count(e.uid, e.drafted, e.accepted)
         self.spec.observe(e.uid, e.token)
         if not job.finished:
             deliver(job, e.token, e.logprobs, e.forced)
@@ -313,24 +364,30 @@ class BatchLane:
             self._remove(e.uid, publish=True)
 
     def _remove(self, uid: int, publish: bool) -> None:
+        """Drop row ``uid``; with ``publish`` its blocks go to the prefix cache as they are."""
         row = self._forget(uid)
         batch = self._get_batch()
         if publish and self._uses_prefix(row.job):
-            cache, tokens = batch.export(uid)
-            self._publish(row.job, tokens, cache)
-        batch.remove(uid)
+            entry, tokens = batch.detach(uid)
+            self._publish(row.job, tokens, entry)
+        else:
+            batch.remove(uid)
 
     def _leave(self, batch: Batch) -> None:
         """The batch's one row, decoding with its next token sampled, goes on alone."""
         (uid,) = self._rows
         pending = batch.pending(uid)
-        if pending is None or batch.prefilling:
-            return
+        mtp = self.mtp if self.mtp is not None and uid in self.mtp.rows else None
+        if pending is None or batch.prefilling or (batch.refeeding(uid) and mtp is None):
+            return  # (a lone stream feeds nothing again: prompt lookup's row waits a step)
         cache, fed = batch.export(uid)
+        head = None if mtp is None else mtp.leaving(uid, batch.refeeding(uid))
         batch.remove(uid)
         job = self._rows.pop(uid).job  # it keeps its admission reservation
         self.spec.drop(uid)
-        self._solo.resume(job, cache, fed, pending, self._solo_pacer())
+        if mtp is not None:
+            mtp.drop(uid)
+        self._solo.resume(job, cache, fed, pending, self._solo_pacer(), head)
 
     # -- prefix publishing ----------------------------------------------------------
     def _uses_prefix(self, job: GenerationJob) -> bool:
@@ -338,15 +395,17 @@ class BatchLane:
         return job.cache_namespace is not None and self.prefix is not None
 
     def _publish(self, job: GenerationJob, tokens: Sequence[int] | None,
-                 cache: list[Any] | None, boundary: bool = False) -> None:
+                 cache: list[Any] | BlockEntry | None, boundary: bool = False) -> None:
         """Store ``job``'s KV ``cache`` of ``tokens`` (``boundary``: a snapshot at the
         prompt's end, for caches that cannot rewind)."""
         if self._uses_prefix(job) and self.prefix is not None and tokens and cache:
             self.prefix.store(job.cache_namespace, list(tokens), cache, boundary=boundary)
+        elif isinstance(cache, BlockEntry):
+            cache.release()
 
     def _publish_boundary(self, uid: int) -> None:
-        cache, tokens = self._get_batch().export(uid)
-        self._publish(self._rows[uid].job, tokens, cache, boundary=True)
+        entry, tokens = self._get_batch().snapshot(uid)
+        self._publish(self._rows[uid].job, tokens, entry, boundary=True)
 
     def _drop_cancelled(self) -> None:
         self._solo.drop_cancelled()
@@ -364,5 +423,10 @@ class BatchLane:
             self._forget(uid).job.close(reason, error)
         if self._batch is not None:
             self._batch.close()
-        if reason == "error":
-            self._batch = None  # a failed pass may have left the pool half written
+        if self.mtp is not None:
+            self.mtp.reset()  # (a failed pass may have left the heads' pool half written too)
+        if reason == "error" and self._batch is not None:
+            # a failed pass may have left the pool unusable
+            if self.prefix is not None:
+                self.prefix.drop_layout(self._batch.layout)
+            self._batch = None
