@@ -283,6 +283,8 @@ class Engine:
         prefix-cache namespace, adapters, speculation and fill (on the event loop)."""
         spec = resolve_spec(self.speculation, req.speculation)
         check_mtp(spec, self.predictor is not None, self.model.id)  # a 400 before any work
+        if drafts_with_head(spec) and self.kv.bits:
+            spec = None  # the head's loops run the model unwrapped: decode plainly, batched
         mtp = drafts_with_head(spec) and may_speculate(prepared.request, self.draft)
         job = GenerationJob(prepared.request, self.model.tokenizer,
                             EventSink(asyncio.get_running_loop()),
