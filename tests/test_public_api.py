@@ -23,21 +23,19 @@ ROOT = Path(__file__).resolve().parent.parent
 TREES = [ROOT / "mlxbun_core", *sorted((ROOT / "plugins").glob("*/mlxbun_*"))]
 PRIVATE = re.compile(r"^_[A-Za-z0-9][A-Za-z0-9_]*$")  # one underscore: not a dunder
 ACCESSORS = {"getattr", "hasattr", "setattr", "delattr"}
-# Underscored names of other libraries we read on purpose: the standard library's that are
-# documented (or that argparse's own documentation points subcommand code at), and the hook
-# of uvicorn's protocol our connection guard extends. None is MLX's or mlx-lm's.
+# The standard library's underscored names that are documented, or that argparse's own
+# documentation points subcommand code at; not MLX's or mlx-lm's business either way.
 STDLIB = {
     "_replace",  # namedtuple's documented copy-with-changes
     "_actions", "_SubParsersAction", "_StoreTrueAction", "_StoreFalseAction",
     "_AppendAction",  # argparse: walking a parser's options (config show, isolate launch)
-    # uvicorn's HTTP protocol, which the connection guard (server/connections.py) extends
-    # and calls back into; uvicorn is held to the minor version the suite runs on
-    "_should_upgrade",
 }
 # Other libraries' underscored names that a subclass of theirs calls on itself; not MLX's
 # or mlx-lm's either.
 OTHERS = {
-    "_should_upgrade",  # uvicorn's HttpToolsProtocol (server/connections.py subclasses it)
+    # uvicorn's HttpToolsProtocol, which the connection guard (server/connections.py)
+    # extends; uvicorn is held to the minor version the suite runs on
+    "_should_upgrade",
 }
 
 
