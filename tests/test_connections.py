@@ -152,7 +152,8 @@ def small():
 def _hold_a_request(port: int) -> socket.socket:
     """A connection whose request runs: its head is in, its body is still coming."""
     s = socket.create_connection(("127.0.0.1", port))
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+              b"Content-Type: application/json\r\n"
               b"Content-Length: 100000\r\n\r\n" + b" " * 5000)
     return s
 
@@ -194,7 +195,8 @@ def _post_slowly(port: int, rate: float, size: int) -> bytes:
     """POST a completion whose body (padded with JSON whitespace) goes at ``rate`` B/s."""
     body = json.dumps({"prompt": "Hi", "max_tokens": 1}).encode().ljust(size)
     s = socket.create_connection(("127.0.0.1", port))
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+              b"Content-Type: application/json\r\n"
               b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body))
     step = max(1, int(rate / 10))
     try:
