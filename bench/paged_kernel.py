@@ -91,8 +91,16 @@ def speed(out: dict, rows: int, length: int) -> None:
     kd = mx.random.normal((rows, hkv, longest, dim)).astype(mx.bfloat16)
     vd = mx.random.normal((rows, hkv, longest, dim)).astype(mx.bfloat16)
     mx.eval(kd, vd)
+    bs = store.pool.block_size
+
+    def fancy():  # the old gather: fancy indexing of the 5-d view
+        k = store.keys.reshape(-1, bs, hkv, dim)[view.blocks]
+        return k.reshape(rows, -1, hkv, dim).transpose(0, 2, 1, 3)
+
     res = {
         "kernel_us": timed(lambda: paged_attention(q, store, view, None, dim ** -0.5, True)),
+        "gather_only_us": timed(lambda: store.gather(view.blocks)[0]),
+        "gather_fancy_us": timed(fancy),
         "gathered_us": timed(lambda: mx.fast.scaled_dot_product_attention(
             q, *store.gather(view.blocks), scale=dim ** -0.5, mask=view.mask())),
         "dense_us": timed(lambda: mx.fast.scaled_dot_product_attention(

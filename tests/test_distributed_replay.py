@@ -141,6 +141,85 @@ def test_followers_replay_the_batch_pass_for_pass(family, recording, monkeypatch
         close(engine, plain)
 
 
+def test_rejected_drafts_roll_the_followers_recurrent_states_back_too(recording):
+    """Drafts (some right, some wrong) on Qwen3.5, rows arriving apart: a row that
+    rejects one gets its linear-attention state from before the window back (a copy
+    taken before it, then a per-row select) and feeds its kept tokens again. The
+    follower's states go through the same from the journal, so every pass's logits
+    equal rank 0's to the bit, its pool ends equal, the tokens equal mlx-lm's, and every
+    state rank 0 let go (the copies too) is gone on the follower."""
+    from mlx_lm import load
+    from mlx_lm.generate import generate_step
+
+    from mlxbun_core.engine.batch.executor import Batch
+    from mlxbun_core.engine.batch.layout import layout
+
+    path = str(tiny_checkpoint("qwen3_5", seed=3, dtype="float32"))
+    ours, theirs = load(path)[0], load(path)[0]
+    prompts = [[5 + (i * 7 + j * 3) % 200 for j in range(n)]
+               for i, n in enumerate([37, 5, 21, 1, 13])]
+    ref = [[int(t) for t, _ in generate_step(mx.array(p), ours, max_tokens=12,
+                                              sampler=lambda x: mx.argmax(x, axis=-1))]
+           for p in prompts]
+    with mirror.RECORDER.quiet():
+        follower = Follower(theirs)
+    channel = LocalChannel(follower)
+    lockstep = Checked(ours, channel)
+    object.__setattr__(lockstep, "same", [])
+    b = Batch(lockstep, layout(lockstep), BlockPool(4, 8, 4096), journal=lockstep.journal)
+    got, counts = _drafting(b, prompts, ref)
+    assert [got[i][:12] for i in range(len(prompts))] == ref
+    assert 0 < counts["accepted"] < counts["drafted"]
+    assert counts["mixed"] > 0  # a window where some rows rolled back and others did not
+    assert lockstep.same and all(lockstep.same)
+    lockstep.ping()  # the record so far reaches the follower
+    mine, copy = b.layout, follower.replica.layouts[b.layout.name]
+    for x, y in zip(mine.all_stores(), copy.all_stores()):
+        assert mx.array_equal(x.keys, y.keys) and mx.array_equal(x.values, y.values)
+    assert b.pool.used == 0 and copy.pool.used == 0  # (the follower's tables are rank 0's)
+    del b, mine
+    gc.collect()
+    lockstep.ping()
+    assert not follower.replica.states and not follower.replica.layouts
+
+
+def _drafting(b, prompts: list[list[int]], ref: list[list[int]]):
+    """Rows ``prompts`` added a step apart, each decode step drafting up to four of the
+    reference's next tokens per row, one of them spoiled 40% of the time; the tokens
+    handed out per row and the draft counts."""
+    import random
+
+    rng = random.Random(1)
+    got: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+    counts = {"drafted": 0, "accepted": 0, "mixed": 0}
+    added = 0
+    while any(len(g) < len(r) for g, r in zip(got.values(), ref)):
+        if added < len(prompts):
+            b.add(added, prompts[added], budget=len(ref[added]))
+            added += 1
+        if b.prefilling:
+            b.prefill({u: 7 for u in b.prefilling[:3]})
+        drafts = {}
+        for u in b.decoding:
+            if b.pending(u) is not None:
+                at = len(got[u]) + 1  # the pending token is ref[u][at - 1]
+                d = list(ref[u][at:at + rng.randint(0, 4)])
+                if d and rng.random() < 0.4:
+                    d[rng.randrange(len(d))] ^= 1
+                drafts[u] = d
+        out = b.decode(drafts=drafts)
+        firsts = [e for e in out if e.drafted]
+        if len({e.accepted < e.drafted for e in firsts}) == 2:
+            counts["mixed"] += 1
+        for e in out:
+            got[e.uid].append(e.token)
+            counts["drafted"] += e.drafted
+            counts["accepted"] += e.accepted
+            if e.finish:
+                b.remove(e.uid)
+    return got, counts
+
+
 def test_a_lone_request_stays_a_batch_row_and_cache_kinds_stay_apart(recording):
     """Under a journal a lone request decodes in the batch (no hand-off of its KV to
     mlx-lm caches); its next turn hits the batch's block entry. A seeded request (the
@@ -179,7 +258,7 @@ def test_a_journaled_layout_refuses_to_move_kv_in_or_out():
     from mlxbun_core.engine.batch.layout import PAGED, Layout, Slot
 
     journal = Journal()
-    made = Layout([Slot(PAGED)], BlockPool(4, 8), journal)
+    made = Layout([Slot(PAGED)], BlockPool(4, 8), journal=journal)
     table = BlockTable(made.pool)
     with pytest.raises(RuntimeError, match="cannot be replayed"):
         made.load(table, [KVCache()], 3)

@@ -290,3 +290,24 @@ def test_the_prefix_cache_keeps_rows_blocks_and_serves_them_back(family):
         assert lane._batch.pool.used == 0
     finally:
         close(cached, cold)
+
+
+def test_the_kernels_split_partials_combine_to_softmax_attention():
+    """The CUDA kernel leaves per-split partials (max, sum, weighted values); the plain-ops
+    combine must give the softmax over all keys, an empty split included."""
+    mx.random.seed(0)
+    length, dim, chunk = 700, 16, 256
+    scores = mx.random.normal((length,)) * 3
+    values = mx.random.normal((length, dim))
+    want = (mx.softmax(scores)[:, None] * values).sum(axis=0)
+    ms, ls, accs = [], [], []
+    for s in range(4):  # 700 keys in splits of 256: the fourth is empty
+        part, vals = scores[s * chunk:(s + 1) * chunk], values[s * chunk:(s + 1) * chunk]
+        if part.size == 0:
+            ms.append(mx.array(-mx.inf)), ls.append(mx.array(0.0)), accs.append(mx.zeros(dim))
+            continue
+        top = mx.max(part)
+        e = mx.exp(part - top)
+        ms.append(top), ls.append(e.sum()), accs.append((e[:, None] * vals).sum(axis=0))
+    got = attention.combine(mx.stack(accs), mx.stack(ms), mx.stack(ls))
+    assert float(mx.max(mx.abs(got - want))) < 1e-5

@@ -31,6 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 UID = "_mlxbun_uid"
+# the wrappers made here: install() never wraps a wrapper again
+WRAPPERS: weakref.WeakSet[Callable[..., Any]] = weakref.WeakSet()
 PLAIN = (bool, int, float, str, type(None))
 
 
@@ -151,7 +153,7 @@ def _recorded(fn: Callable[..., Any], kind: str, name: str = "") -> Any:
         if outer:
             rec.add((kind, target, name, *enc, rec.encode(out)))
         return out
-    call.mlxbun_mirrored = True  # type: ignore[attr-defined]  # marks our wrapper
+    WRAPPERS.add(call)
     return call
 
 
@@ -179,7 +181,7 @@ def _wrap_setter(prop: property, name: str) -> property:
         if RECORDER.outermost():
             RECORDER.add(("unreplayable", f"{type(self).__name__}.{name} set from outside"))
         fset(self, value)
-    setter.mlxbun_mirrored = True  # type: ignore[attr-defined]  # marks our wrapper
+    WRAPPERS.add(setter)
     return property(prop.fget, setter, prop.fdel, prop.__doc__)
 
 
@@ -199,7 +201,7 @@ def install(recording: bool, model: Any = None) -> None:
 
     _base = mc._BaseCache
     _model = model
-    if not getattr(mc.make_prompt_cache, "mlxbun_mirrored", False):
+    if mc.make_prompt_cache not in WRAPPERS:
         from mlx_lm import generate
 
         wrapped = _recorded(mc.make_prompt_cache, "make")
@@ -210,12 +212,12 @@ def install(recording: bool, model: Any = None) -> None:
     for cls in _subclasses(mc._BaseCache):
         own = cls.__dict__
         trim = own.get("trim")
-        if callable(trim) and not getattr(trim, "mlxbun_mirrored", False):
+        if callable(trim) and trim not in WRAPPERS:
             type.__setattr__(cls, "trim", _recorded(trim, "call", "trim"))
         for name in ("state", "meta_state"):
             member = own.get(name)
             if isinstance(member, property) and member.fset is not None \
-                    and not getattr(member.fset, "mlxbun_mirrored", False):
+                    and member.fset not in WRAPPERS:
                 type.__setattr__(cls, name, _wrap_setter(member, name))
     RECORDER.on = recording
 

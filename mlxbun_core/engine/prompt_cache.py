@@ -90,6 +90,13 @@ class PrefixCache:
         return self.tier
 
     # -- lookups ---------------------------------------------------------------------
+    def lookup_dense(self, namespace: Hashable, tokens: list[int]
+                     ) -> tuple[list[Any] | None, int]:
+        """:meth:`lookup` for a caller whose KV is mlx-lm caches (never a block share)."""
+        cache, n = self.lookup(namespace, tokens)
+        assert not isinstance(cache, Shared)  # (no layout asked for: always mlx-lm caches)
+        return cache, n
+
     def lookup(self, namespace: Hashable, tokens: list[int],
                layout: Layout | None = None) -> tuple[list[Any] | Shared | None, int]:
         """``(cache, n)``: a private cache holding ``tokens[:n]``, or ``(None, 0)``. A
@@ -256,11 +263,15 @@ class PrefixCache:
         a failed pass); how many."""
         with self._lock:
             gone = [(ns, t) for ns, t in self._index.stored()
-                    if isinstance(self._entry(ns, t).cache, BlockEntry)
-                    and self._entry(ns, t).cache.layout is layout]
+                    if self._of_layout(ns, t, layout)]
             for ns, t in gone:
                 self._pop(ns, t)
         return len(gone)
+
+    def _of_layout(self, namespace: Hashable, tokens: list[int], layout: Layout) -> bool:
+        """Whether the entry at ``tokens`` is blocks of ``layout``'s pool."""
+        value = self._entry(namespace, tokens).cache
+        return isinstance(value, BlockEntry) and value.layout is layout
 
     def reclaim(self, layout: Layout, blocks: int) -> int:
         """Evict block entries of ``layout``'s pool, oldest first, until ``blocks`` are
@@ -269,8 +280,7 @@ class PrefixCache:
         while layout.pool.free < blocks:
             with self._lock:
                 victim = next(((ns, t) for ns, t in self._index.stored()
-                               if isinstance(self._entry(ns, t).cache, BlockEntry)
-                               and self._entry(ns, t).cache.layout is layout), None)
+                               if self._of_layout(ns, t, layout)), None)
                 if victim is None:
                     return n
                 gone = self._pop(*victim)
@@ -416,7 +426,7 @@ class _Entry:
     __slots__ = ("cache", "cache_type", "durable", "job", "volatile", "last_used",
                  "__weakref__")
 
-    def __init__(self, cache: list[Any], cache_type: str, durable: bool):
+    def __init__(self, cache: list[Any] | BlockEntry, cache_type: str, durable: bool):
         self.cache, self.cache_type, self.durable = cache, cache_type, durable
         self.job: Any = None
         self.volatile = False

@@ -25,13 +25,26 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import mlx.core as mx
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from .storage import LayerStore
-    from .view import Window
+
+
+class Window(Protocol):
+    """What attention reads of a pass's tables (``view.Window``, which imports this
+    module: so a protocol here, not an import)."""
+
+    blocks: mx.array  # (rows, n) block tables
+    offset: mx.array  # (rows,) each row's first query position
+    starts: np.ndarray  # the same on the host
+    width: int
+
+    def mask(self, window: int | None = None) -> mx.array: ...
 
 log = logging.getLogger("mlxbun.engine")
 
@@ -42,7 +55,7 @@ MAX_QUERY = 16  # window positions the kernel takes; longer passes gather (prefi
 SHARED_FLOATS = 8192  # the kernel's per-warp partial results fit 32 KB of shared memory
 
 _local = threading.local()  # the pass's noted stores: id(keys array) -> (store, view, window)
-_kernels: dict[tuple[Any, ...], Any] = {}
+_kernels: dict[tuple[Any, ...], Any] = {}  # the compiled kernels, by dtype and shape
 
 
 def note(keys: mx.array, store: LayerStore, view: Window, window: int | None) -> None:
@@ -76,7 +89,7 @@ def install() -> None:
         scale = kw.get("scale", args[0] if args else 1.0)
         return paged_attention(q, store, view, window, float(scale), use_kernel())
 
-    attention.mlxbun_paged = True  # type: ignore[attr-defined]
+    attention.mlxbun_paged = True  # type: ignore[attr-defined]  # marks our wrapper
     mx.fast.scaled_dot_product_attention = attention
 
 
@@ -130,17 +143,26 @@ def paged_reference(q: mx.array, store: LayerStore, view: Window, window: int | 
     return out.reshape(rows, heads, width, -1).astype(q.dtype)
 
 
+# One thread block per (row, KV head, query position, split of the keys): its warps walk
+# the split's keys (a key per warp at a time, each lane holding D/32 of the head dims for
+# every query head sharing the KV head), keep an online softmax, and leave the split's
+# (max, sum, weighted values); plain ops combine the splits. Splitting the keys keeps the
+# device busy when there are few rows (a lone long stream) as well as many.
 _SOURCE = """
     constexpr int PER = D / 32;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int W = params[0], NB = params[1], window = params[2], HKV = params[3];
-    const int blk = blockIdx.x;
-    const int wi = blk % W, hkv = (blk / W) % HKV, b = blk / W / HKV;
+    const int S = params[4], CHUNK = params[5];
+    int blk = blockIdx.x;
+    const int split = blk % S; blk /= S;
+    const int wi = blk % W; blk /= W;
+    const int hkv = blk % HKV; const int b = blk / HKV;
     const int HQ = HKV * R;
     const int pos = starts[b] + wi;
-    int hi = pos;
-    if (hi > NB * BS - 1) hi = NB * BS - 1;
-    const int lo = window > 0 ? max(0, pos - window + 1) : 0;
+    int hi = min(pos, NB * BS - 1);
+    int lo = window > 0 ? max(0, pos - window + 1) : 0;
+    lo = max(lo, split * CHUNK);
+    hi = min(hi, split * CHUNK + CHUNK - 1);
     const float sc = scale[0];
     float qv[R][PER], acc[R][PER], m[R], l[R];
     for (int r = 0; r < R; ++r) {
@@ -191,9 +213,14 @@ _SOURCE = """
             L += sm_l[w * R + r] * c;
             A += sm_acc[(w * R + r) * D + d] * c;
         }
-        out[((size_t)(b * HQ + hkv * R + r) * W + wi) * D + d] = static_cast<T>(A / L);
+        const size_t row = ((size_t)(b * HQ + hkv * R + r) * W + wi) * S + split;
+        acc_out[row * D + d] = A;
+        if (d == 0) { m_out[row] = M; l_out[row] = L; }
     }
 """
+
+CHUNK = 256  # keys per split
+WARPS = 4
 
 
 def _kernel_attention(q: mx.array, store: LayerStore, view: Window, window: int | None,
@@ -203,20 +230,33 @@ def _kernel_attention(q: mx.array, store: LayerStore, view: Window, window: int 
     rows, heads, width, dim = q.shape
     hkv = keys.shape[1]
     rep = heads // hkv
-    warps = max(1, min(16, SHARED_FLOATS // (rep * dim)))
-    key = (q.dtype, dim, rep, store.pool.block_size, warps)
-    kernel = _kernels.get(key)
+    warps = max(1, min(WARPS, SHARED_FLOATS // (rep * dim)))
+    splits = max(1, -(-(int(view.starts.max()) + width) // CHUNK))
+    key = (keys.dtype, dim, rep, store.pool.block_size, warps)
+    kernel: Any = _kernels.get(key)
     if kernel is None:
         kernel = _kernels[key] = mx.fast.cuda_kernel(
             name="mlxbun_paged_attention",
             input_names=["q", "k", "v", "blocks", "starts", "params", "scale"],
-            output_names=["out"], source=_SOURCE)
-    params = mx.array([width, view.blocks.shape[1], window or 0, hkv], dtype=mx.int32)
-    (out,) = kernel(
+            output_names=["acc_out", "m_out", "l_out"], source=_SOURCE)
+    params = mx.array([width, view.blocks.shape[1], window or 0, hkv, splits, CHUNK],
+                      dtype=mx.int32)
+    part = (rows, heads, width, splits)
+    acc, m, total = kernel(
         inputs=[q.astype(keys.dtype), keys, values, view.blocks, view.offset, params,
                 mx.array([scale], dtype=mx.float32)],
         template=[("T", keys.dtype), ("D", dim), ("R", rep),
                   ("BS", store.pool.block_size), ("WARPS", warps)],
-        grid=(rows * hkv * width * warps * 32, 1, 1), threadgroup=(warps * 32, 1, 1),
-        output_shapes=[(rows, heads, width, dim)], output_dtypes=[keys.dtype])
-    return out.astype(q.dtype)
+        grid=(rows * hkv * width * splits * warps * 32, 1, 1), threadgroup=(warps * 32, 1, 1),
+        output_shapes=[(*part, dim), part, part],
+        output_dtypes=[mx.float32, mx.float32, mx.float32])
+    return combine(acc, m, total).astype(q.dtype)
+
+
+def combine(acc: mx.array, m: mx.array, total: mx.array) -> mx.array:
+    """Attention from per-split partials: ``acc`` (``(..., splits, dim)``, the split's
+    softmax-weighted values before normalising), ``m`` and ``total`` (``(..., splits)``,
+    its max score and sum of exponentials; an empty split has ``m = -inf``)."""
+    top = mx.max(m, axis=-1, keepdims=True)
+    w = mx.where(m == -mx.inf, 0.0, mx.exp(m - top))
+    return (acc * w[..., None]).sum(axis=-2) / (total * w).sum(axis=-1)[..., None]

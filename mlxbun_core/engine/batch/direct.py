@@ -11,6 +11,7 @@ gathered path, with a log line saying so.
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import mlx.core as mx
 
@@ -18,6 +19,7 @@ from . import attention
 from .executor import Batch
 from .pool import BlockPool
 from .states import copy_state
+from .storage import LayerStore
 from .view import PagedLayer
 
 log = logging.getLogger("mlxbun.engine")
@@ -65,7 +67,8 @@ def _same_both_ways(scratch: Batch) -> bool:
         view.direct = direct
         states = [copy_state(c) for c in scratch.states.caches]  # both passes start alike
         rec = iter(states)
-        caches = [next(rec) if store is None else PagedLayer(store, view, slot.window)
+        caches = [next(rec) if store is None else  # (no KV scheme here: plain stores)
+                  PagedLayer(cast(LayerStore, store), view, slot.window)
                   for slot, store in zip(scratch.layout.slots, scratch.layout.stores)
                   if not isinstance(store, list)]
         if len(caches) != len(scratch.layout.slots):
@@ -73,8 +76,8 @@ def _same_both_ways(scratch: Batch) -> bool:
         logits = scratch.forward(inputs, caches)
         mx.eval(logits)
         out.append(logits.astype(mx.float32))
-    diff = float(mx.max(mx.abs(out[0] - out[1])).item())
-    scale = float(mx.max(mx.abs(out[0])).item()) or 1.0
+    diff = float(cast(float, mx.max(mx.abs(out[0] - out[1])).item()))
+    scale = float(cast(float, mx.max(mx.abs(out[0])).item())) or 1.0
     if diff > TOLERANCE * max(1.0, scale):
         log.info("direct paged attention off for this model: logits differ by %.3g", diff)
         return False

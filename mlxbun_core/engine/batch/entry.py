@@ -45,7 +45,7 @@ class BlockEntry:
     def nbytes(self) -> int:
         """The bytes of the blocks it holds (shared ones counted in every holder)."""
         return len(self.table.blocks) * self.layout.bytes_per_block() + sum(
-            a.nbytes for s in self.states for a in s.cache if a is not None)
+            int(a.nbytes) for s in self.states for a in s.cache if a is not None)
 
     @property
     def trimmable(self) -> bool:

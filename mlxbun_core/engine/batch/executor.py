@@ -14,21 +14,32 @@ the device never waits for the host between steps.
 A row's prompt is read in chunks except its last token, which its first decode step
 feeds (the KV of the prompt minus its last token is what the prefix cache keeps for
 caches that cannot rewind).
+
+Rows added with ``tapped=True`` draft with the model's own multi-token-prediction head,
+which reads the target's hidden states: a pass carrying one runs through the batch's
+:class:`Tap` (the head's ``forward``: logits and states) and hands each such row its
+states (``speculate/mtp_batch.py``).
+
+Under a KV scheme (``--kv-quant``) full-attention layers keep quantized blocks
+(``quantized.py``); rows holding no KV yet attend as mlx-lm's first pass does, in a pass
+apart from rows holding some.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import mlx.core as mx
 
+from ...kvquant import OFF, KVScheme
 from . import states as recurrent
 from .entry import BlockEntry, Shared
 from .layout import Layout, Slot
 from .pool import BlockPool, BlockTable, OutOfBlocks
+from .rows import Drafts, Emit, Forcing, Row, Tap
 from .view import Window
+from .windows import window_step
 
 if TYPE_CHECKING:
     from .journal import Journal
@@ -37,51 +48,22 @@ Forward = Callable[[mx.array, list[Any]], mx.array]
 """A forward pass: ``(inputs (rows, width), caches) -> logits (rows, width, vocab)``."""
 
 
-@dataclass
-class Emit:
-    """A token handed out: row ``uid``'s ``token`` with its ``logprobs`` and the
-    grammar-forced run fed after it (``forced``); ``finish`` is ``"length"`` when it
-    used up the row's budget. The first token a row hands out in a step that carried
-    its drafts says how many it fed (``drafted``) and kept (``accepted``)."""
-
-    uid: int
-    token: int
-    logprobs: mx.array
-    finish: str | None = None
-    forced: list[int] = field(default_factory=list)
-    drafted: int = 0
-    accepted: int = 0
-
-
-Forcing = Callable[[list[int], list[int]], dict[int, list[int]]]
-"""``forcing(uids, tokens)``: the grammar-forced run each row feeds after its next
-input ``tokens[i]`` (sampled, about to be handed out, now read on the host)."""
-
-
-@dataclass
-class Row:
-    uid: int
-    table: BlockTable
-    tokens: list[int]  # tokens whose KV is written, in order
-    todo: list[int]  # prompt tokens not yet fed (the last one is the first decode input)
-    sampler: Any
-    processors: Sequence[Any]
-    budget: int  # tokens it may still generate
-    states: list[Any] = field(default_factory=list)  # recurrent state while not decoding
-    context: mx.array | None = None  # what its logits processors see: every fed token
-
-
 class Batch:
     """Rows of one model over ``pool``. ``before(uids)`` runs ahead of every forward
-    pass with the rows it carries, in order (per-row adapter routing); ``journal``
-    records what the passes change, for distributed followers (``journal.py``)."""
+    pass with the rows it carries, in order (per-row adapter routing); ``tap`` reads the
+    hidden states of rows added with ``tapped=True``; ``kv``: the KV scheme the blocks
+    keep (``--kv-quant``); ``journal`` records what the passes change, for distributed
+    followers (``journal.py``)."""
 
     def __init__(self, model: Any, slots: list[Slot], pool: BlockPool,
                  before: Callable[[list[int]], None] | None = None,
-                 reclaim: Callable[[int], int] | None = None,
-                 journal: Journal | None = None):
+                 reclaim: Callable[[int], int] | None = None, tap: Tap | None = None,
+                 kv: KVScheme = OFF, journal: Journal | None = None):
+        if tap is not None and journal is not None:  # its forward is not the model's call
+            raise ValueError("an MTP tap's passes cannot be replayed by the other ranks")
         self.model = model
-        self.layout = Layout(slots, pool, journal)
+        self.tap = tap
+        self.layout = Layout(slots, pool, kv, journal)
         self.pool = pool
         self.before = before
         # frees blocks others hold (the prefix cache's entries) when the pool runs short
@@ -98,13 +80,20 @@ class Batch:
     # -- rows in and out -------------------------------------------------------------
     def add(self, uid: int, todo: list[int], *, cache: list[Any] | None = None,
             shared: Shared | None = None, held: Sequence[int] = (), sampler: Any = None,
-            processors: Sequence[Any] = (), budget: int = 1 << 30) -> None:
+            processors: Sequence[Any] = (), budget: int = 1 << 30, tapped: bool = False,
+            refeed: Sequence[int] = ()) -> None:
         """Start row ``uid`` holding ``held``: in ``shared`` (a table over cached blocks,
         taken over by the row), or in ``cache`` (a single-sequence mlx-lm cache, copied
         into the row's blocks), or nowhere (None of them: ``held`` is empty); ``todo``
-        (at least one token) is fed next."""
+        (at least one token) is fed next; ``tapped``: the tap reads its states;
+        ``refeed``: tokens the cache lacks (a rollback took them out), fed again ahead of a
+        one-token ``todo`` without being handed out."""
         if not todo:
             raise ValueError("a row needs at least one token to feed")
+        if refeed and len(todo) > 1:
+            raise ValueError("tokens to feed again come before a row's next token only")
+        if tapped and self.tap is None:
+            raise ValueError("a tapped row needs a batch with a tap")
         if shared is not None:
             table, states = shared.table, shared.states
         else:
@@ -112,7 +101,7 @@ class Batch:
             states = (self._load(table, cache, len(held)) if cache is not None and held
                       else self.layout.fresh_states())
         self.rows[uid] = Row(uid, table, list(held), list(todo), sampler, processors, budget,
-                             states)
+                             states, tapped=tapped, refeed=list(refeed))
         if processors and held:  # they see every token fed, those cached before too
             self.rows[uid].context = mx.array(list(held), dtype=mx.uint32)
         if len(todo) == 1:
@@ -172,6 +161,16 @@ class Batch:
         lp = self._next_logprobs[i]
         return (self._next[i:i + 1], lp) if lp is not None else None
 
+    @property
+    def next_tokens(self) -> mx.array | None:
+        """The decoding rows' next inputs, ``(rows,)`` in ``decoding`` order, on the device
+        (what a drafter reads to guess the tokens after them)."""
+        return self._next
+
+    def refeeding(self, uid: int) -> list[int]:
+        """Row ``uid``'s tokens to feed again before its next input (see ``add``)."""
+        return list(self.rows[uid].refeed)
+
     def close(self) -> None:
         for uid in list(self.rows):
             self.remove(uid)
@@ -192,14 +191,15 @@ class Batch:
         feed = [r.todo[:n] for r, n in zip(rows, sizes)]
         inputs = mx.array([f + [0] * (width - len(f)) for f in feed], dtype=mx.uint32)
         self._reserve(rows, sizes)
-        view = Window([r.table for r in rows], sizes, width)
         merged = (recurrent.merged(self.layout.state_ops, [r.states for r in rows], sizes)
                   if self.layout.recurrent else [])
-        self.forward(inputs, self._caches(view, merged, [r.uid for r in rows]))
+        _, hidden = self._pass(inputs, rows, sizes, merged, direct=False)
         if merged:
             for r, s in zip(rows, recurrent.split(self.layout.state_ops, merged, len(rows))):
                 r.states = s
-        mx.eval(self.layout.arrays(merged))
+        if hidden is not None:
+            self._tap_prompt(rows, sizes, hidden)
+        mx.eval(self._arrays(merged))
         done = []
         for r, f in zip(rows, feed):
             r.tokens += f
@@ -212,34 +212,33 @@ class Batch:
                 done.append(r.uid)
         return done
 
-    def decode(self, drafts: dict[int, list[int]] | None = None,
+    def decode(self, drafts: Drafts | None = None,
                forcing: Forcing | None = None) -> list[Emit]:
         """One step for every decoding row: feed each its next input, queue the pass
         and the sampling after it, then hand out the fed tokens that were sampled.
         Rows may feed a window instead (``windows.py``): ``drafts[uid]``, guesses of
-        the tokens after the row's next one, and forced runs from ``forcing``."""
+        the tokens after the row's next one, forced runs from ``forcing``, and the
+        tokens a rollback left to feed again."""
         if not self.decoding:
             return []
-        if drafts or forcing is not None:
-            from .windows import window_step
-
-            return window_step(self, drafts or {}, forcing)
         rows = [self.rows[u] for u in self.decoding]
+        if drafts or forcing is not None or any(r.refeed for r in rows):
+            return window_step(self, drafts or {}, forcing)
         assert self._next is not None
         inputs, fed_logprobs = self._next, self._next_logprobs
         self._reserve(rows, [1] * len(rows))
-        view = self.window([r.table for r in rows], [1] * len(rows), 1)
-        logits = self.forward(inputs[:, None],
-                              self._caches(view, self.states.caches, self.decoding))[:, -1, :]
-        logits = self._processed(rows, inputs, logits)
+        logits, hidden = self._pass(inputs[:, None], rows, [1] * len(rows), self.states.caches)
+        logits = self._processed(rows, inputs, logits[:, -1, :])
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         sampled = _sample(logprobs, [r.sampler for r in rows])
         self._next = sampled
         self._next_logprobs = [logprobs[i] for i in range(len(rows))]
-        mx.async_eval(sampled, logprobs, *self.layout.arrays(self.states.caches))
+        mx.async_eval(sampled, logprobs, *self._arrays(self.states.caches))
         fed = cast("list[int]", inputs.tolist())
         out = []
-        for r, token, lp in zip(rows, fed, fed_logprobs):
+        for i, (r, token, lp) in enumerate(zip(rows, fed, fed_logprobs)):
+            if r.tapped and hidden is not None and self.tap is not None:
+                self.tap.kept(r.uid, hidden[i:i + 1], [token])
             r.tokens.append(token)
             r.table.length += 1
             if lp is None:  # the prompt's last token: nothing to hand out
@@ -257,6 +256,61 @@ class Batch:
 
     def _model_forward(self, inputs: mx.array, caches: list[Any]) -> mx.array:
         return cast(mx.array, self.model(inputs, cache=caches))
+
+    def _pass(self, inputs: mx.array, rows: list[Row], valid: list[int], states: list[Any],
+              direct: bool = True) -> tuple[mx.array, mx.array | None]:
+        """One forward over ``rows`` fed ``inputs`` (``(rows, width)``, row ``r``'s first
+        ``valid[r]`` positions real; ``states`` their merged recurrent caches): logits,
+        and hidden states when a row is tapped (the tap then runs every row).
+        ``direct``: attention may read the blocks directly (when the batch runs it).
+
+        Under a KV scheme, rows holding no KV yet run apart from rows holding some (two
+        passes): mlx-lm attends over a fresh cache's first keys in full precision and
+        over quantized ones after that, and all rows of a pass attend one way."""
+        tapped = self.tap is not None and any(r.tapped for r in rows)
+        groups = self._fresh_apart(rows)
+        if groups is None:
+            return self._forward(inputs, rows, valid, states, direct, tapped)
+        ops = self.layout.state_ops
+        parts = [recurrent.pick(ops, states, g) for g in groups]
+        outs = [self._forward(inputs[mx.array(g)], [rows[i] for i in g],
+                              [valid[i] for i in g], part, direct, tapped)
+                for g, part in zip(groups, parts)]
+        recurrent.put(ops, states, groups, parts)
+        order = mx.array(recurrent.inverse(groups))
+        logits = mx.concatenate([o[0] for o in outs])[order]
+        hidden = [o[1] for o in outs if o[1] is not None]
+        return logits, mx.concatenate(hidden)[order] if hidden else None
+
+    def _forward(self, inputs: mx.array, rows: list[Row], valid: list[int],
+                 states: list[Any], direct: bool, tapped: bool
+                 ) -> tuple[mx.array, mx.array | None]:
+        """The model (or the tap, ``tapped``) over ``rows`` in one pass."""
+        tables, width = [r.table for r in rows], int(inputs.shape[1])
+        view = self.window(tables, valid, width) if direct else Window(tables, valid, width)
+        caches = self._caches(view, states, [r.uid for r in rows])
+        if tapped:
+            assert self.tap is not None
+            return self.tap.forward(inputs, caches)
+        return self.forward(inputs, caches), None
+
+    def _fresh_apart(self, rows: list[Row]) -> list[list[int]] | None:
+        """``[fresh, holding]`` row indices when a pass must split (see ``_pass``)."""
+        if not self.layout.quantized:
+            return None
+        fresh = [i for i, r in enumerate(rows) if not r.table.length]
+        if not fresh or len(fresh) == len(rows):
+            return None
+        return [fresh, [i for i, r in enumerate(rows) if r.table.length]]
+
+    def _tap_prompt(self, rows: list[Row], sizes: list[int], hidden: mx.array) -> None:
+        """Hand the tapped rows of a prefill pass their chunk's states, each with the
+        prompt token after it (the chunk never holds the prompt's last token)."""
+        assert self.tap is not None
+        at = [i for i, r in enumerate(rows) if r.tapped]
+        picked = hidden if len(at) == len(rows) else hidden[mx.array(at)]
+        self.tap.prompt([rows[i].uid for i in at], picked,
+                        [rows[i].todo[1:sizes[i] + 1] for i in at])
 
     def _start_decoding(self, row: Row) -> None:
         """Row ``row`` has only its prompt's last token left: it joins the decode batch
@@ -297,6 +351,14 @@ class Batch:
         if self.before is not None:
             self.before(uids)
         return self.layout.caches(view, states)
+
+    def _arrays(self, states: list[Any]) -> list[Any]:
+        """What a pass leaves to evaluate: the pool's arrays, the recurrent states and
+        the tap's."""
+        out = self.layout.arrays(states)
+        if self.tap is not None:
+            out += self.tap.arrays()
+        return out
 
     def _processed(self, rows: list[Row], inputs: mx.array, logits: mx.array) -> mx.array:
         """Each row's logits processors over every token it was fed (its context)."""

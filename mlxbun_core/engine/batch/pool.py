@@ -66,6 +66,13 @@ class BlockPool:
         """Blocks held by more than one table (or table and prefix cache)."""
         return sum(1 for r in self._refs[1:] if r > 1)
 
+    def stats(self, bytes_per_block: int = 0) -> dict[str, int]:
+        """What ``/stats`` shows of the pool (``bytes_per_block``: 0 before the first write)."""
+        return {"block_size": self.block_size, "capacity": self.capacity - 1,
+                "limit": self.limit - 1, "used": self.used, "free": self.free,
+                "shared": self.shared, "bytes_per_block": bytes_per_block,
+                "bytes": (self.capacity - 1) * bytes_per_block}
+
     def refs(self, block: int) -> int:
         return self._refs[block]
 

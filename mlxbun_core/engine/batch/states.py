@@ -6,6 +6,9 @@ sequence. The decoding rows' states stay merged along the batch axis in one
 (``merge``, ``extend``, ``filter``, ``extract``); rows joining or leaving change it,
 a decode step does not. A prefill pass merges its rows' states for the pass and splits
 them back after (``prepare(lengths=...)`` keeps each row's padding out of its state).
+A pass over some of the decoding rows takes their part (``pick``) and writes it back
+(``put``); a window that rejected drafts puts the state from before it back in those
+rows (``copy`` before the window, ``restore`` after it).
 
 Every such operation goes through :class:`StateOps`, so that with a journal
 (``journal.py``) each is also written down as plain data: a distributed follower
@@ -14,6 +17,7 @@ applies the same operations to its own states.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -62,6 +66,15 @@ class StateOps:
     def finalize(self, c: Any) -> None:
         self._run("finalize", c)
 
+    def pick(self, c: Any, rows: list[int]) -> Any:
+        return self._run("pick", c, list(rows))
+
+    def put(self, c: Any, parts: list[Any], groups: list[list[int]]) -> None:
+        self._run("put", c, list(parts), [list(g) for g in groups])
+
+    def restore(self, c: Any, saved: Any, rows: list[bool]) -> None:
+        self._run("restore", c, saved, list(rows))
+
     def _run(self, name: str, *args: Any) -> Any:
         out = self.apply(name, args)
         if self.journal is not None:
@@ -71,30 +84,14 @@ class StateOps:
     def apply(self, name: str, args: tuple[Any, ...] | list[Any]) -> Any:
         """Operation ``name`` on ``args`` (what a follower runs for a recorded one); the
         new cache it makes, or None."""
-        from mlx_lm.models.cache import ArraysCache
-
         if name == "new":
-            return ArraysCache(self.sizes[args[0]])
-        if name == "copy":
-            return copy_state(args[0])
-        if name == "merge":
-            return ArraysCache.merge(args[0])
-        if name == "extract":
-            return args[0].extract(args[1])
-        c = args[0]
-        if name == "extend":
-            c.extend(args[1])
-        elif name == "filter":
-            import mlx.core as mx
+            from mlx_lm.models.cache import ArraysCache
 
-            c.filter(mx.array(args[1]))
-        elif name == "prepare":
-            c.prepare(lengths=args[1])
-        elif name == "finalize":
-            c.finalize()
-        else:
+            return ArraysCache(self.sizes[args[0]])
+        op = _OPS.get(name)
+        if op is None:
             raise ValueError(f"unknown recurrent state operation {name!r}")
-        return None
+        return op(*args)
 
 
 class StateBatch:
@@ -156,3 +153,101 @@ def split(ops: StateOps, caches: list[Any], rows: int) -> list[list[Any]]:
     for c in caches:
         ops.finalize(c)
     return [[ops.extract(c, r) for c in caches] for r in range(rows)]
+
+
+def pick(ops: StateOps, caches: list[Any], rows: list[int]) -> list[Any]:
+    """The part of merged ``caches`` holding ``rows`` (indices), as caches of its own:
+    a pass over some of the rows (see ``Batch._pass``)."""
+    return [ops.pick(c, rows) for c in caches]
+
+
+def put(ops: StateOps, caches: list[Any], groups: list[list[int]],
+        parts: list[list[Any]]) -> None:
+    """Write the states of ``parts`` (from :func:`pick` of each of ``groups``, after a
+    pass) back into the merged ``caches``, in row order."""
+    for j, c in enumerate(caches):
+        ops.put(c, [p[j] for p in parts], groups)
+
+
+def inverse(groups: list[list[int]]) -> list[int]:
+    """Where each row lands in the groups laid end to end (undoes the grouping)."""
+    flat = [i for g in groups for i in g]
+    out = [0] * len(flat)
+    for at, i in enumerate(flat):
+        out[i] = at
+    return out
+
+
+# -- the operations themselves (mlx-lm's public ArraysCache API) ------------------------
+def _merge(caches: list[Any]) -> Any:
+    from mlx_lm.models.cache import ArraysCache
+
+    return ArraysCache.merge(caches)
+
+
+def _extend(c: Any, other: Any) -> None:
+    c.extend(other)
+
+
+def _filter(c: Any, keep: list[int]) -> None:
+    import mlx.core as mx
+
+    c.filter(mx.array(keep))
+
+
+def _extract(c: Any, i: int) -> Any:
+    return c.extract(i)
+
+
+def _prepare(c: Any, lengths: list[int]) -> None:
+    c.prepare(lengths=lengths)
+
+
+def _finalize(c: Any) -> None:
+    c.finalize()
+
+
+def _pick(c: Any, rows: list[int]) -> Any:
+    """Rows ``rows`` of merged cache ``c`` as a cache of their own."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import ArraysCache
+
+    idx = mx.array(rows)
+
+    def part(a: Any) -> Any:
+        return None if a is None else a[idx]
+
+    out = ArraysCache(len(c.cache))
+    arrays, left_padding, lengths = c.state
+    out.state = ([part(a) for a in arrays], part(left_padding), part(lengths))
+    return out
+
+
+def _put(c: Any, parts: list[Any], groups: list[list[int]]) -> None:
+    """``parts`` (one :func:`_pick` of ``c`` per group, after a pass) back into ``c``."""
+    import mlx.core as mx
+
+    order = mx.array(inverse(groups))
+    _, left_padding, lengths = c.state
+    arrays = [mx.concatenate([p.cache[e] for p in parts])[order] for e in range(len(c.cache))]
+    c.state = (arrays, left_padding, lengths)
+
+
+def _restore(c: Any, saved: Any, rows: list[bool]) -> None:
+    """Merged cache ``c``'s state from ``saved`` (a copy taken before a pass) in the
+    ``rows`` marked; the others keep the pass's. Arrays are immutable, so the copy's
+    references are the state as it was."""
+    import mlx.core as mx
+
+    mask = mx.array(rows)
+    for i, (old, new) in enumerate(zip(saved.cache, c.cache, strict=True)):
+        if new is None:
+            continue
+        before = mx.zeros_like(new) if old is None else old
+        c.cache[i] = mx.where(mask.reshape((-1,) + (1,) * (new.ndim - 1)), before, new)
+
+
+_OPS: dict[str, Callable[..., Any]] = {
+    "copy": copy_state, "merge": _merge, "extend": _extend, "filter": _filter,
+    "extract": _extract, "prepare": _prepare, "finalize": _finalize, "pick": _pick,
+    "put": _put, "restore": _restore}

@@ -12,11 +12,17 @@ mlx-lm's single-sequence speed, kept in the lane's ``SoloSlot``) and joins the b
 KV and all, as soon as another job of its adapter set arrives; a batch that drains to
 one decoding row hands that row back out the same way.
 
+Speculation rides in the batch's decode step: prompt lookup's drafts
+(``speculate/batch.py``) and the model's MTP head's (``speculate/mtp_batch.py``: the
+batch's tap, drafting on the device from each MTP row's hidden states; a lone MTP job
+decodes in ``solo_mtp.py`` and moves in and out with its head).
+
 Under ``--distributed`` the model carries a journal (``batch/journal.py``) that the batch
 writes what it does into, for the other ranks to replay. KV that crosses between the
 pool and mlx-lm's caches would be rank 0's alone, so there every job is a batch row
 (no lone stream) and the prefix cache keeps the batch's block entries and the serial
-lane's caches apart (``PrefixCache.kinds_apart``).
+lane's caches apart (``PrefixCache.kinds_apart``); no row drafts with the MTP head (its
+passes run the model's layers outside the model's call, where no other rank sees them).
 
 LoRA adapter sets mix in one batch: each forward pass routes its rows to their own
 sets (``adapters/rows.py``; the base model is the empty set). Sets that cannot run
@@ -45,7 +51,9 @@ from ..fill.rows import forcing
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
 from ..scheduler import PREFILL_TOKENS, Scheduler, StepPlan
+from ..speculate import MTP, HeadState
 from ..speculate.batch import BatchSpeculator
+from ..speculate.mtp_batch import MtpBatch
 from .pace import FixedChunk, PrefillPacer
 from .slot import BatchRow, SoloSlot, deliver
 from .tally import StepTally
@@ -70,8 +78,9 @@ class BatchLane:
                  adapters: AdapterManager | None = None, pacer: PrefillPacer | None = None,
                  kv: kvquant.KVScheme = kvquant.OFF,
                  predictor: TokenPredictor | None = None) -> None:
-        self.kv = kv  # the KV scheme: every forward pass quantizes its cache after it runs
-        self.model = kvquant.quantizing(model, kv)
+        self.kv = kv  # the KV scheme: quantized blocks in the batch, a lone stream's
+        self.model = kvquant.quantizing(model, kv)  # cache quantized after every call
+        self._net = model  # the batch's own blocks quantize themselves
         self.adapters = adapters  # the engine's AdapterManager (None: no LoRA support)
         self._group = ""  # the adapter group of the running rows (AdapterManager.group)
         self.cap = cap
@@ -96,24 +105,44 @@ class BatchLane:
         self.scheduler = Scheduler(pacer or PrefillPacer(), prefill_tokens)
         self.solo_prefill: int | None = None  # pins the lone job's chunk (tests)
         self.spec = BatchSpeculator()  # rows' prompt lookup (speculate/batch.py)
-        self.predictor = predictor
-        self._solo.predictor = predictor  # a lone MTP job drafts there (solo_mtp.py)
+        # rows drafting with the model's MTP head (speculate/mtp_batch.py); none under a KV
+        # scheme (the engine has such requests decode plainly, admission bills no head) or
+        # a journal (the distributed engine has no head)
+        self.predictor = predictor if not kv.bits and self.journal is None else None
+        self.mtp = MtpBatch(self.predictor) if self.predictor is not None else None
+        self._solo.predictor = self.predictor  # a lone MTP job drafts there (solo_mtp.py)
 
     # -- the Lane protocol ---------------------------------------------------------
     def accepts(self, job: GenerationJob) -> bool:
         req = job.request
         # a draft, prompt embeddings, media, a seed (reproducible only alone), MTP
-        # speculation, a KV scheme or a model whose caches cannot be paged take the
+        # speculation the batch cannot run or a model whose caches cannot be paged take the
         # serial lane
         return (job.draft is None and req.input_embeddings is None and req.media is None
                 and req.sampling.seed is None and self._slots is not None
-                and self.kv is kvquant.OFF and not self._wants_mtp(job))
+                and (not self._wants_mtp(job) or self._runs_mtp(job)))
 
     def _wants_mtp(self, job: GenerationJob) -> bool:
-        return job.spec is not None and job.spec.kind == "mtp"
+        return job.spec is not None and job.spec.kind == MTP
+
+    def _runs_mtp(self, job: GenerationJob) -> bool:
+        """Whether ``job``'s MTP speculation runs here: logits processors see a window
+        per position only on the serial lane; the head's cache must page."""
+        return self.mtp is not None and not job.request.processors and self.mtp.supported()
 
     def add(self, job: GenerationJob) -> None:
         self._queue.append(job)
+
+    def pool_stats(self) -> dict[str, Any] | None:
+        """``/stats`` ``batch.kv_blocks``: the block pool's numbers, the bytes its blocks
+        really take per token (quantized ones under ``--kv-quant``) and that flag's value;
+        None before the batch's first row."""
+        b = self._batch
+        if b is None:
+            return None
+        per_block = b.layout.bytes_per_block()
+        return {**b.pool.stats(per_block), "bytes_per_token": per_block / b.pool.block_size,
+                "kv_quant": self.kv.flag, "direct_attention": b.direct}
 
     @property
     def pacer(self) -> PrefillPacer:
@@ -143,8 +172,8 @@ class BatchLane:
         if self.alone and any(self._group_of(j) == self._group for j in self._queue):
             moving = self._solo.join()  # company arrived: the lone job moves into the batch
             if moving is not None:  # (None: the token it had sampled already ended it)
-                job, cache, held, segments = moving
-                self._add_row(job, cache, held, [t for seg in segments for t in seg])
+                job, cache, held, segments, head = moving
+                self._add_row(job, cache, held, [t for seg in segments for t in seg], head)
         self._admit()
         if not self._rows and not self.alone:
             return
@@ -165,6 +194,8 @@ class BatchLane:
         if uids:  # a decode step that handed out tokens, and the rows it carried
             self.steps.add(len(uids))
             self.spec.stepped(uids)
+            if self.mtp is not None:
+                self.mtp.stepped(uids)
         for e in emits:
             self._route(e)
         if len(self._rows) == 1 and not self._queue and self.journal is None:
@@ -176,7 +207,10 @@ class BatchLane:
         if plan.decode:
             rows = [self._rows[u].job for u in batch.decoding]
             fills = any(j.fill is not None for j in rows)
-            emits = batch.decode(drafts=self.spec.drafts(batch.decoding),
+            drafts: dict[int, Any] = self.spec.drafts(batch.decoding)
+            if self.mtp is not None and self.mtp.rows:
+                drafts.update(self.mtp.drafts(batch))
+            emits = batch.decode(drafts=drafts,
                                  forcing=forcing(self._fills()) if fills else None)
         if plan.prefill:
             with self.pacer.timed(plan.asked) as timer:
@@ -226,6 +260,8 @@ class BatchLane:
 
     def _forget(self, uid: int) -> BatchRow:
         self.spec.drop(uid)
+        if self.mtp is not None:
+            self.mtp.drop(uid)
         row = self._rows.pop(uid)
         if self.admission is not None:
             self.admission.release(row.job)
@@ -239,7 +275,9 @@ class BatchLane:
         if self.admission is not None:
             self.admission.reserve(job)
         job.mark_started(self.name)
-        cache: list[Any] | None = None
+        if self._wants_mtp(job):
+            job.session.usage.lane = f"{self.name}+spec"
+        cache: list[Any] | Shared | None = None
         n, t0 = 0, time.perf_counter()
         if self._uses_prefix(job) and self.prefix is not None:
             layout = None if dense else self._get_batch().layout
@@ -255,22 +293,30 @@ class BatchLane:
         self._add_row(job, cache, prompt[:n], prompt[n:])
 
     def _add_row(self, job: GenerationJob, cache: list[Any] | Shared | None,
-                 held: list[int], todo: list[int]) -> int:
+                 held: list[int], todo: list[int], head: HeadState | None = None) -> int:
         """Start a row whose KV ``cache`` (shared blocks, or mlx-lm caches) holds the
         tokens ``held``; ``todo`` is fed next (a row snapshots its prompt boundary when it
-        reads more than one token and its cache cannot rewind); its uid."""
+        reads more than one token and its cache cannot rewind; ``head``: a lone MTP job's
+        head); its uid."""
         left = job.limit - job.session.usage.completion_tokens if job.limit else NO_LIMIT
         uid = next(self._uids)
+        mtp = self.mtp if self._wants_mtp(job) else None
         shared = cache if isinstance(cache, Shared) else None
         dense = None if shared is not None else cache
         assert not isinstance(dense, Shared)
         self._get_batch().add(uid, todo, cache=dense, shared=shared, held=held,
                               sampler=job.request.sampler, processors=job.request.processors,
-                              budget=left)
+                              budget=left, tapped=mtp is not None,
+                              refeed=head.refeed if head is not None else ())
         snapshot = self._uses_prefix(job) and len(todo) > 1 and not self._rewindable()
         self._rows[uid] = BatchRow(job, snapshot)
         if job.spec is not None:
             self.spec.tally = job.spec_tally
+        if mtp is not None and job.spec is not None:
+            mtp.tally = job.spec_tally
+            mtp.add(uid, job.spec.num_draft_tokens or mtp.predictor.num_draft_tokens,
+                    job.request.sampler, job.session.usage, head)
+        elif job.spec is not None:
             self.spec.add(uid, job.spec, [*held, *todo], job.session.usage)
         return uid
 
@@ -289,9 +335,10 @@ class BatchLane:
             assert self._slots is not None  # (accepts)
             route = None if self.adapters is None else self._route_rows
             cached = self.prefix.max_bytes if self.prefix is not None else 0
-            self._batch = Batch(self.model, self._slots,
+            self._batch = Batch(self._net, self._slots,
                                 pool_for(self._slots, self.admission, cached),
-                                before=route, reclaim=self._reclaim, journal=self.journal)
+                                before=route, reclaim=self._reclaim, tap=self.mtp, kv=self.kv,
+                                journal=self.journal)
             direct.probe(self._batch)  # attention straight over blocks, where the model allows
         return self._batch
 
@@ -323,7 +370,8 @@ class BatchLane:
             return
         job = row.job
         if e.drafted:
-            self.spec.count(e.uid, e.drafted, e.accepted)
+            counts = self.mtp if self.mtp is not None and e.uid in self.mtp.rows else self.spec
+            counts.count(e.uid, e.drafted, e.accepted)
         self.spec.observe(e.uid, e.token)
         if not job.finished:
             deliver(job, e.token, e.logprobs, e.forced)
@@ -346,13 +394,17 @@ class BatchLane:
         """The batch's one row, decoding with its next token sampled, goes on alone."""
         (uid,) = self._rows
         pending = batch.pending(uid)
-        if pending is None or batch.prefilling:
-            return
+        mtp = self.mtp if self.mtp is not None and uid in self.mtp.rows else None
+        if pending is None or batch.prefilling or (batch.refeeding(uid) and mtp is None):
+            return  # (a lone stream feeds nothing again: prompt lookup's row waits a step)
         cache, fed = batch.export(uid)
+        head = None if mtp is None else mtp.leaving(uid, batch.refeeding(uid))
         batch.remove(uid)
         job = self._rows.pop(uid).job  # it keeps its admission reservation
         self.spec.drop(uid)
-        self._solo.resume(job, cache, fed, pending, self._solo_pacer())
+        if mtp is not None:
+            mtp.drop(uid)
+        self._solo.resume(job, cache, fed, pending, self._solo_pacer(), head)
 
     # -- prefix publishing ----------------------------------------------------------
     def _uses_prefix(self, job: GenerationJob) -> bool:
@@ -388,7 +440,10 @@ class BatchLane:
             self._forget(uid).job.close(reason, error)
         if self._batch is not None:
             self._batch.close()
-            if reason == "error":  # a failed pass may have left the pool unusable
-                if self.prefix is not None:
-                    self.prefix.drop_layout(self._batch.layout)
-                self._batch = None
+        if self.mtp is not None:
+            self.mtp.reset()  # (a failed pass may have left the heads' pool half written too)
+        if reason == "error" and self._batch is not None:
+            # a failed pass may have left the pool unusable
+            if self.prefix is not None:
+                self.prefix.drop_layout(self._batch.layout)
+            self._batch = None

@@ -25,12 +25,15 @@ if TYPE_CHECKING:
 
     from ...contract import TokenPredictor
     from ..admission import Admission
+    from ..speculate import HeadState
     from .tally import StepTally
 
 log = logging.getLogger("mlxbun.engine")
 
-Moving: TypeAlias = "tuple[GenerationJob, list[Any] | None, list[int], list[list[int]]]"
-"""A lone job joining the batch: ``(job, cache, held, segments)`` (see ``SoloSlot.join``)."""
+Moving: TypeAlias = ("tuple[GenerationJob, list[Any] | None, list[int], list[list[int]], "
+                      "HeadState | None]")
+"""A lone job joining the batch: ``(job, cache, held, segments, head)`` (see
+``SoloSlot.join``)."""
 
 
 class Publish(Protocol):
@@ -121,15 +124,11 @@ class SoloSlot:
             solo.settle()
             self.publish(self.end(), solo.fed, solo.cache)
 
-    def head_cache(self) -> list[Any] | None:
-        """The lone job's MTP head cache (None: it does not draft with a head)."""
-        head = getattr(self.solo, "head_cache", None)
-        return head() if callable(head) else None
-
     def join(self) -> Moving | None:
-        """Hand the lone job to the batch: ``(job, cache, held, segments)`` for the row
-        that goes on from here (``cache`` holds ``held``; ``segments`` are fed next), or
-        None when the token it had already sampled ended it."""
+        """Hand the lone job to the batch: ``(job, cache, held, segments, head)`` for the
+        row that goes on from here (``cache`` holds ``held``; ``segments`` are fed next;
+        ``head``: an MTP job's head, None for others), or None when the token it had
+        already sampled ended it."""
         solo = self.solo
         assert solo is not None  # joins only while it holds a job
         tokens, segments = solo.handoff()
@@ -144,12 +143,18 @@ class SoloSlot:
                 self.publish(self.end(), solo.fed, solo.cache)
                 return None
         self.solo = None  # the row keeps the admission reservation
-        return job, solo.cache if solo.fed else None, solo.fed, segments
+        head = solo.head_state() if isinstance(solo, MtpSolo) else None
+        return job, solo.cache if solo.fed else None, solo.fed, segments, head
 
     def resume(self, job: GenerationJob, cache: list[Any], fed: list[int],
-               pending: Pending, pacer: PrefillPacer) -> None:
+               pending: Pending, pacer: PrefillPacer, head: HeadState | None = None) -> None:
         """The batch's last decoding row goes on alone: ``cache`` holds ``fed``;
-        ``pending`` is the token the batch sampled from it and has not fed."""
+        ``pending`` is the token the batch sampled from it and has not fed; ``head``: an
+        MTP row's head (it drafts on alone)."""
+        if head is not None and self.predictor is not None:
+            self.solo = MtpSolo.resume_mtp(self.model, job, cache, fed, pending, pacer,
+                                           self.predictor, head)
+            return
         self.solo = Solo.resume(self.model, job, cache, fed, pending, pacer)
 
     def end(self) -> GenerationJob:
