@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .distributed.lockstep import LockstepModel
     from .distributed.watchdog import Watchdog
     from .engine.core import Engine
+    from .engine.speculate import SpecConfig
     from .engine.worker import ModelWorker
     from .model import LoadedModel, LoadOptions
 
@@ -47,6 +48,9 @@ def refusal(args: argparse.Namespace) -> str | None:
             return f"{what} cannot be used with --distributed"
     if getattr(args, "kv_quant", "off") not in ("off", None):
         return "--kv-quant cannot be used with --distributed (the KV scheme swap is not mirrored)"
+    if getattr(args, "draft_kind", None) == "mtp":
+        return ("--draft-kind mtp cannot be used with --distributed (the MTP head runs the "
+                "model's layers outside its call, where the other ranks cannot follow)")
     if getattr(args, "model_pool", 1) != 1:
         return "--model-pool cannot be used with --distributed"
     return None
@@ -158,7 +162,14 @@ def run_leader(args: argparse.Namespace, group: DistributedGroup) -> int:
     from .distributed.watchdog import Watchdog
     from .engine.worker import ModelWorker
     from .selection import chosen_model
-    from .startup import configure_media, configure_system_prompts, preflight, serve_forever
+    from .startup import (
+        StartFailed,
+        configure_media,
+        configure_system_prompts,
+        lookup_config,
+        preflight,
+        serve_forever,
+    )
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
@@ -166,6 +177,10 @@ def run_leader(args: argparse.Namespace, group: DistributedGroup) -> int:
     if problem:
         print(f"mlxbun: {problem}", file=sys.stderr)
         return 2
+    try:
+        speculation = lookup_config(args)  # --draft-kind ngram: drafts ride in the batch
+    except StartFailed as exc:
+        return exc.status
     configure_media(args)
     configure_system_prompts(args)
     worker = ModelWorker()
@@ -177,7 +192,7 @@ def run_leader(args: argparse.Namespace, group: DistributedGroup) -> int:
               f"{group.size} ranks: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     lockstep = LockstepModel(model.model, Channel(group.group))
-    engine = leader_engine(args, group, model, lockstep, worker)
+    engine = leader_engine(args, group, model, lockstep, worker, speculation)
     watchdog = Watchdog(group, lockstep.ping, engine, timeout=args.distributed_timeout).start()
     print(f"mlxbun: distributed over {group.size} ranks ({group.backend}, {group.mode} "
           "parallel)", flush=True)
@@ -191,9 +206,11 @@ def run_leader(args: argparse.Namespace, group: DistributedGroup) -> int:
 
 
 def leader_engine(args: argparse.Namespace, group: DistributedGroup, model: LoadedModel,
-                  lockstep: LockstepModel, worker: ModelWorker) -> Engine:
+                  lockstep: LockstepModel, worker: ModelWorker,
+                  speculation: SpecConfig | None = None) -> Engine:
     """The serve flags' engine around ``lockstep`` (it replaces the loaded shard in
-    ``model``), billed for this rank's share; mounting an adapter is refused."""
+    ``model``), billed for this rank's share, with prompt-lookup ``speculation`` (no MTP
+    head: it is refused); mounting an adapter is refused."""
     from .engine.core import Engine
     from .library.ranks import rank_config
     from .startup import SAMPLING_FLAGS
@@ -204,7 +221,8 @@ def leader_engine(args: argparse.Namespace, group: DistributedGroup, model: Load
     model.extras["ranks"] = group.size  # the default batch widens (fit.batch_plan)
     defaults = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
     engine = Engine(model, worker=worker, defaults=defaults, max_tokens=args.max_tokens or None,
-                    batch=args.batch, prompt_cache_bytes=int(args.prompt_cache * (1 << 30)),
+                    speculation=speculation, batch=args.batch,
+                    prompt_cache_bytes=int(args.prompt_cache * (1 << 30)),
                     memory_budget_bytes=int(args.memory_budget * 1e9)
                     if args.memory_budget else None)
     refuse_adapters(engine)

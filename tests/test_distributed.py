@@ -259,6 +259,22 @@ def test_draft_model_is_refused_at_startup():
     assert "a draft model (--draft-model) cannot be used with --distributed" in pair.proc.output
 
 
+def test_mtp_drafts_are_refused_and_prompt_lookup_is_not():
+    """The MTP head runs the model's layers outside its call, where the other ranks cannot
+    follow: ``--draft-kind mtp`` stops every rank at start-up (exit 2, as
+    ``--draft-model`` above). Prompt lookup's drafts ride in the batch's windows, which the
+    followers replay: ``--draft-kind ngram`` serves."""
+    from mlxbun_core.cli import build_parser
+    from mlxbun_core.dist_serve import refusal
+
+    def why(*flags: str) -> str | None:
+        return refusal(build_parser().parse_args(["serve", "m", "--distributed", *flags]))
+
+    assert "--draft-kind mtp cannot be used with --distributed" in (why("--draft-kind", "mtp")
+                                                                   or "")
+    assert why("--draft-kind", "ngram") is None and why() is None
+
+
 def test_stopping(served, request):
     """Each pair ends differently, last: qwen3's by a follower killed mid-stream (the client's
     stream fails, rank 0 exits non-zero within seconds), the others' by SIGTERM on rank 0

@@ -85,6 +85,15 @@ class Checked(LockstepModel):
 
 def _pair(family: str, batch: int = 8, **kw):
     """(rank 0's engine, its channel, the follower): a checkpoint loaded twice."""
+    worker, model, lockstep, channel, follower = _ranks(family)
+    model.model = lockstep
+    engine = Engine(model, worker=worker, batch=batch, **kw)
+    return engine, channel, follower
+
+
+def _ranks(family: str):
+    """(rank 0's worker, its loaded model, its lockstep model, the channel, the
+    follower): a checkpoint loaded twice, the follower's copy behind the channel."""
     path = str(tiny_checkpoint(family, seed=3, dtype="float32"))
     worker = ModelWorker()
     model = worker.run_sync(lambda: loader.load(path, LoadOptions(), progress=False))
@@ -95,9 +104,7 @@ def _pair(family: str, batch: int = 8, **kw):
     channel = LocalChannel(follower)
     lockstep = Checked(model.model, channel)
     object.__setattr__(lockstep, "same", [])
-    model.model = lockstep
-    engine = Engine(model, worker=worker, batch=batch, **kw)
-    return engine, channel, follower
+    return worker, model, lockstep, channel, follower
 
 
 @pytest.fixture
@@ -220,6 +227,30 @@ def _drafting(b, prompts: list[list[int]], ref: list[list[int]]):
     return got, counts
 
 
+def test_the_leader_engine_takes_draft_kind_ngram(recording):
+    """``serve --distributed --draft-kind ngram``: rank 0's engine speculates with prompt
+    lookup by default (the flag was dropped before), its passes still replayed."""
+    from types import SimpleNamespace
+
+    from mlxbun_core.cli import build_parser
+    from mlxbun_core.dist_serve import leader_engine
+    from mlxbun_core.startup import lookup_config
+
+    worker, model, lockstep, _, _ = _ranks("llama")
+    args = build_parser().parse_args(["serve", "m", "--distributed", "--batch", "8",
+                                      "--draft-kind", "ngram", "--num-draft-tokens", "3"])
+    leader = leader_engine(args, SimpleNamespace(size=2, mode="tensor"), model, lockstep,
+                           worker, lookup_config(args))
+    try:
+        assert leader.speculation is not None and leader.speculation.kind == "ngram"
+        assert leader.speculation.num_draft_tokens == 3
+        (reply,) = run_all(leader, [greedy("one two three one two three one two", 8)])
+        assert reply.finish.usage.speculation is not None  # the row was a lookup's
+        assert lockstep.same and all(lockstep.same)
+    finally:
+        close(leader)
+
+
 def test_a_lone_request_stays_a_batch_row_and_cache_kinds_stay_apart(recording):
     """Under a journal a lone request decodes in the batch (no hand-off of its KV to
     mlx-lm caches); its next turn hits the batch's block entry. A seeded request (the
@@ -266,3 +297,18 @@ def test_a_journaled_layout_refuses_to_move_kv_in_or_out():
         made.export(table, [])
     assert made.pool.used == 0
     assert [op[0] for op in journal.take()] == ["layout"]
+
+
+def test_a_journal_takes_no_kv_scheme_and_no_mtp_tap():
+    """Quantized blocks are not replayed, and an MTP tap runs the model's layers outside
+    its call: a journaled batch refuses both outright, recording nothing."""
+    from mlxbun_core import kvquant
+    from mlxbun_core.engine.batch.executor import Batch
+    from mlxbun_core.engine.batch.layout import PAGED, Slot
+
+    journal = Journal()
+    with pytest.raises(ValueError, match="cannot be replayed"):
+        Batch(None, [Slot(PAGED)], BlockPool(4, 8), kv=kvquant.parse("8"), journal=journal)
+    with pytest.raises(ValueError, match="cannot be replayed"):
+        Batch(None, [Slot(PAGED)], BlockPool(4, 8), tap=object(), journal=journal)
+    assert journal.take() == []
