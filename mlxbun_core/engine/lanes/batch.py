@@ -17,12 +17,9 @@ Speculation rides in the batch's decode step: prompt lookup's drafts
 batch's tap, drafting on the device from each MTP row's hidden states; a lone MTP job
 decodes in ``solo_mtp.py`` and moves in and out with its head).
 
-Under ``--distributed`` the model carries a journal (``batch/journal.py``) that the batch
-writes what it does into, for the other ranks to replay. KV that crosses between the
-pool and mlx-lm's caches would be rank 0's alone, so there every job is a batch row
-(no lone stream) and the prefix cache keeps the batch's block entries and the serial
-lane's caches apart (``PrefixCache.kinds_apart``); no row drafts with the MTP head (its
-passes run the model's layers outside the model's call, where no other rank sees them).
+Under ``--distributed`` the batch keeps a journal for the other ranks to replay
+(``batch/journal.py``): every job stays a batch row, the prefix cache keeps block entries
+and mlx-lm caches apart (``PrefixCache.kinds_apart``) and no row drafts with the MTP head.
 
 LoRA adapter sets mix in one batch: each forward pass routes its rows to their own
 sets (``adapters/rows.py``; the base model is the empty set). Sets that cannot run
@@ -87,8 +84,7 @@ class BatchLane:
         self.prefix = prefix
         self.admission = admission
         self._batch: Batch | None = None  # made on the worker thread at first use
-        # a distributed serve's record of the batch (the lockstep model's): rows never
-        # leave the batch, nothing crosses to or from mlx-lm caches
+        # a distributed serve's record of the batch (the lockstep model's)
         journal = getattr(model, "journal", None)
         self.journal = journal if isinstance(journal, Journal) else None
         if self.journal is not None and prefix is not None:
