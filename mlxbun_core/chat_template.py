@@ -91,12 +91,9 @@ def install_fallback_template(tokenizer, text: str) -> bool:
     """
     if getattr(tokenizer, "chat_template", None):
         return False
-    hf = getattr(tokenizer, "_tokenizer", None)
-    if hf is None:  # a bare HF tokenizer
-        tokenizer.chat_template = text
-        return True
-    if getattr(tokenizer, "_chat_template", None) is not None:
+    if getattr(tokenizer, "has_chat_template", False):  # a wrapper-level renderer
         return False
-    hf.chat_template = text
-    tokenizer.has_chat_template = True
+    tokenizer.chat_template = text  # (the wrapper hands it to its HF tokenizer)
+    if hasattr(tokenizer, "has_chat_template"):
+        tokenizer.has_chat_template = True
     return True

@@ -1,8 +1,9 @@
 """A cancel, or a client that leaves, while the prompt is being read ends the job at the
-next prefill chunk on every lane: a lone job (solo), rows in BatchGenerator's prompt
-batch, the serial lane with and without the prefix cache, speculative decoding and the
-media pipeline. Chunks are pinned to a few tokens and the worker thread is held at a
-chunk boundary (``GatedChunks``), so the tests count chunks instead of timing them."""
+next prefill chunk on every lane: a lone job (solo), rows reading their prompts
+together in the batch, the serial lane with and without the prefix cache, speculative
+decoding and the media pipeline. Chunks are pinned to a few tokens and the worker thread
+is held at a chunk boundary (``GatedChunks``), so the tests count chunks instead of
+timing them."""
 
 from __future__ import annotations
 
@@ -106,7 +107,7 @@ def test_cancel_during_a_media_prefill():
 
 
 def test_cancelling_a_row_in_the_prompt_batch_leaves_its_neighbour_exact():
-    """Two prompts read together in BatchGenerator's prompt batch; one is cancelled
+    """Two prompts read together in one of the batch's prefill chunks; one is cancelled
     between chunks: it leaves the batch at the next step, the other reads on and
     answers exactly what it answers alone."""
     engine = Engine.load(str(tiny_checkpoint("llama")), progress=False, batch=8,
@@ -120,12 +121,12 @@ def test_cancelling_a_row_in_the_prompt_batch_leaves_its_neighbour_exact():
 
         def on_step(n, jobs, lane):
             if gate.count == 2 and "cancelled" not in seen:
-                assert not lane.alone and len(lane._gen._prompt_batch) == 2
+                assert not lane.alone and len(lane._batch.prefilling) == 2
                 jobs[0].cancel()
                 seen["cancelled"] = n
             elif seen.get("cancelled") == n - 1:
                 seen["ended"] = jobs[0].finished
-                seen["prompt_rows"] = len(lane._gen._prompt_batch)
+                seen["prompt_rows"] = len(lane._batch.prefilling)
 
         cut, other = step_lane(engine, bodies, [0, 0], on_step)
         assert seen["ended"] and seen["prompt_rows"] <= 1

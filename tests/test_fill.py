@@ -16,6 +16,7 @@ import pytest
 
 from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.fill import rows as fill_rows
+from mlxbun_core.engine.lanes import batch as batch_lane
 from mlxbun_core.engine.reply import Reply, gather
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.server import start_server
@@ -128,18 +129,31 @@ def test_fill_through_recurrent_and_sliding_caches(model_type):
     filled(fast)
 
 
+def spying(seen: list):
+    """The batch lane's ``forcing`` with every step that fed a forced run recorded in
+    ``seen`` (how many decoding rows of that step fed none)."""
+    real = fill_rows.forcing
+
+    def forcing(fills):
+        runs = real(fills)
+
+        def spy(uids, tokens):
+            got = runs(uids, tokens)
+            if any(got.values()):
+                seen.append(sum(1 for u in uids if not got.get(u)))
+            return got
+
+        return spy
+
+    return forcing
+
+
 @pytest.mark.parametrize("step_tokens", ["512", "20"], ids=["gpu-default", "runs-cut"])
 def test_batch_rows_with_and_without_runs_share_a_step(batched, monkeypatch, step_tokens):
     # (the CPU's default keeps one token per batch step; 20 = 5 rows x 4: runs cut to 3)
     monkeypatch.setenv("MLXBUN_FILL_BATCH_TOKENS", step_tokens)
     shared = []
-    step_runs = fill_rows.FillBatch._step_runs
-
-    def spy(self, ids, runs):
-        shared.append(sum(1 for r in runs if not r))  # rows without a run in this step
-        return step_runs(self, ids, runs)
-
-    monkeypatch.setattr(fill_rows.FillBatch, "_step_runs", spy)
+    monkeypatch.setattr(batch_lane, "forcing", spying(shared))
     bodies = [json_body(), plain_body("Tell me a story"), tool_body(),
               json_body("Another record, please"), plain_body("Hello there, how are you?")]
     plain, fast = run(batched, bodies, "off"), run(batched, bodies, "strict")
@@ -156,10 +170,8 @@ def test_batch_rows_with_and_without_runs_share_a_step(batched, monkeypatch, ste
 def test_cpu_batch_steps_carry_no_runs_by_default(batched, monkeypatch):
     monkeypatch.delenv("MLXBUN_FILL_BATCH_TOKENS", raising=False)
     assert fill_rows.step_tokens() == fill_rows.CPU_STEP_TOKENS == 0
-    step_runs = fill_rows.FillBatch._step_runs
-    calls = []
-    monkeypatch.setattr(fill_rows.FillBatch, "_step_runs",
-                        lambda self, ids, runs: calls.append(runs) or step_runs(self, ids, runs))
+    calls: list = []
+    monkeypatch.setattr(batch_lane, "forcing", spying(calls))
     bodies = [json_body(), plain_body("Tell me a story"), tool_body()]
     plain, fast = run(batched, bodies, "off"), run(batched, bodies, "strict")
     assert not calls

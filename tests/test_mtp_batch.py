@@ -1,12 +1,19 @@
 """MTP speculation on the batch lane: concurrent MTP requests decode together with plain
-ones (continuous batching), each row drafting from its own hidden states with the tiny
-Qwen3.5 checkpoint's ``"copy"`` head, all rows verified in one forward per step, the
-gated-DeltaNet state put back per row on a rejection. Every greedy reply equals the same
-prompt decoded alone by mlx-lm (prefix-cache hits included: the prompts repeat); a lone
-MTP stream joins the batch mid-reply; a client walking away mid-stream leaves the others
-correct; a sampled row runs the same verify. float32 weights keep the batched windows
-off bfloat16 knife-edges. The trimmable path (full attention only, rejected drafts cut
-per row) runs on mlx-lm's own BatchGenerator with a tiny llama and a stand-in head.
+and prompt-lookup ones in the engine's own batch, each MTP row drafting on the device
+from its own hidden states with the tiny Qwen3.5 checkpoint's ``"copy"`` head, all rows
+verified in one forward per step, the gated-DeltaNet state put back per row on a
+rejection and the kept tokens fed again. Every greedy reply equals the same prompt
+decoded alone by mlx-lm (prefix-cache hits included: the prompts repeat); a lone MTP
+stream joins the batch mid-reply and the last row leaves it, head and all; a client
+walking away mid-stream leaves the others correct; a sampled row runs the same verify;
+the block pools (the target's and the heads') are empty afterwards. float32 weights keep
+the batched windows off bfloat16 knife-edges.
+
+Without a server, the executor itself (``engine/batch`` with ``MtpBatch`` as its tap)
+runs rows that arrive and leave at different times, on a model whose KV only needs a
+shorter block table to take drafts back (a tiny llama with a stand-in head) and on the
+hybrid one with a random head (rejections, restores and refeeds): tokens equal
+mlx-lm's, and each head holds exactly the rows the target's states give it.
 """
 
 from __future__ import annotations
@@ -16,21 +23,21 @@ import time
 from types import SimpleNamespace
 
 import httpx
+import mlx.core as mx
 import openai
 import pytest
 from mlx_lm import load as mlx_load
-from mlx_lm.generate import BatchGenerator
 
-from mlxbun_core.engine.speculate import mtp_prompt, server_config
-from mlxbun_core.engine.speculate.mtp_batch import MtpBatch
+from mlxbun_core.engine.speculate import server_config
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.helpers import mlx_lm_greedy, together
-from mlxbun_core.testing.mtp import CopyPredictor
+from mlxbun_core.testing.mtp import BatchRun, CopyPredictor
 from mlxbun_core.testing.server import start_server
 
 PROMPTS = ["hello there how are you", "the sea", "one two three four five six seven",
            "Tell me about the mountains and rivers"]
 MTP, PLAIN = {"draft_kind": "mtp"}, {"draft_kind": "none"}
+NGRAM = {"draft_kind": "ngram"}
 TOKENS = 32
 
 
@@ -48,21 +55,27 @@ def srv(ckpt):
 
 @pytest.fixture(scope="module")
 def lane(srv):
-    """The batch lane, its MTP steps recorded: the uids of every step's rows."""
+    """The batch lane, its MTP draft calls recorded: each decode step's rows (``uids``)
+    and how many tokens each MTP row drafted in it. Its block pools are empty when the
+    module ends."""
     batch_lane = srv.engine.worker.lanes[0]
     mtp = batch_lane.mtp
     assert mtp is not None
-    steps: list[list[int]] = []
-    step = mtp.step
+    steps: list[tuple[list[int], dict[int, int]]] = []
+    drafts = mtp.drafts
 
     def recorded(batch):
-        steps.append(list(batch.uids))
-        return step(batch)
+        out = drafts(batch)
+        steps.append((list(batch.decoding), {u: int(d.shape[0]) for u, d in out.items()}))
+        return out
 
-    mtp.step = recorded
+    mtp.drafts = recorded
     batch_lane.recorded = steps
     yield batch_lane
-    mtp.step = step
+    mtp.drafts = drafts
+    if srv.engine.prefix is not None:  # finished rows leave their blocks to the prefix cache
+        srv.engine.worker.run_sync(srv.engine.prefix.clear)
+    assert batch_lane._get_batch().pool.used == 0 and mtp.pages.pool.used == 0
 
 
 @pytest.fixture(scope="module")
@@ -94,37 +107,73 @@ def complete(oai, prompt: str, body: dict, **kw):
 
 
 def shared_steps(lane, first: int, rows: int) -> int:
-    """MTP steps since ``first`` that carried at least ``rows`` rows."""
-    return sum(len(uids) >= rows for uids in lane.recorded[first:])
+    """Decode steps since ``first`` that carried at least ``rows`` rows, MTP drafts among
+    them."""
+    return sum(len(uids) >= rows and bool(drafted)
+               for uids, drafted in lane.recorded[first:])
 
 
-def test_concurrent_mtp_rows_and_a_plain_one_equal_their_solo_decodes(oai, lane, reference):
+def test_concurrent_mtp_rows_a_plain_and_a_lookup_one_equal_their_solo_decodes(
+        oai, lane, reference):
     first = len(lane.recorded)
-    mtp_prompts, plain_prompt = PROMPTS[:3], PROMPTS[3]
+    mtp_prompts, plain_prompt, lookup_prompt = PROMPTS[:3], PROMPTS[3], PROMPTS[0]
     out = together(*[lambda p=p: complete(oai, p, MTP) for p in mtp_prompts],
-                   lambda: complete(oai, plain_prompt, PLAIN))
-    for prompt, r in zip([*mtp_prompts, plain_prompt], out, strict=True):
+                   lambda: complete(oai, plain_prompt, PLAIN),
+                   lambda: complete(oai, lookup_prompt, NGRAM))
+    for prompt, r in zip([*mtp_prompts, plain_prompt, lookup_prompt], out, strict=True):
         assert ids_of(r) == reference[prompt], prompt
-    assert shared_steps(lane, first, 4) > 0  # all four rows verified in one forward
+    assert shared_steps(lane, first, 5) > 0  # all five rows verified in one forward
     for r in out[:3]:
         spec = spec_of(r.usage)
         assert spec is not None and spec["drafted"] > 0
         assert r.usage.model_extra["lane"] == "batched+spec"
     assert sum(spec_of(r.usage)["accepted"] for r in out[:3]) > 0
     assert spec_of(out[3].usage) is None and out[3].usage.model_extra["lane"] == "batched"
+    assert out[4].usage.model_extra["lane"] == "batched"  # (prompt lookup: no "+spec")
+
+
+def streamed(oai, prompt: str, body: dict, started: threading.Event, after: int = 4,
+             max_tokens: int = TOKENS) -> tuple[list[int], object]:
+    """A greedy streamed completion: its token ids and usage; ``started`` is set once
+    ``after`` tokens have arrived."""
+    stream = oai.completions.create(model="m", prompt=prompt, max_tokens=max_tokens,
+                                    temperature=0, stream=True,
+                                    stream_options={"include_usage": True},
+                                    extra_body={"logprobs": True, **body})
+    ids, usage = [], None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].logprobs:
+            ids += [e["id"] for e in chunk.choices[0].logprobs.content]
+            if len(ids) >= after:
+                started.set()
+        usage = chunk.usage or usage
+    return ids, usage
 
 
 def test_a_lone_mtp_request_and_a_deeper_one(oai, lane, reference):
+    """A lone MTP request (twice: the second from the first one's cached prefix), then a
+    deeper one (``num_draft_tokens: 4``) joining a longer one mid-reply: each row drafts
+    its own depth in the same steps."""
     prompt = PROMPTS[2]
-    for _turn in range(2):  # the second one starts from the first one's cached prefix
+    for _turn in range(2):
         alone = complete(oai, prompt, MTP)
         assert ids_of(alone) == reference[prompt]
         assert alone.usage.model_extra["lane"] == "batched+spec"
     assert alone.usage.prompt_tokens_details.cached_tokens > 0
-    deep, other = together(lambda: complete(oai, prompt, {**MTP, "num_draft_tokens": 4}),
-                           lambda: complete(oai, PROMPTS[0], MTP))
-    assert ids_of(deep) == reference[prompt] and ids_of(other) == reference[PROMPTS[0]]
-    assert spec_of(deep.usage)["drafted"] % 4 == 0 and spec_of(deep.usage)["drafted"] > 0
+    first, started = len(lane.recorded), threading.Event()
+
+    def deeper():
+        assert started.wait(60)
+        return complete(oai, prompt, {**MTP, "num_draft_tokens": 4})
+
+    (ids, usage), deep = together(
+        lambda: streamed(oai, PROMPTS[0], MTP, started, after=2, max_tokens=4 * TOKENS),
+        deeper)
+    assert ids[:TOKENS] == reference[PROMPTS[0]] and ids_of(deep) == reference[prompt]
+    assert spec_of(deep.usage)["drafted"] > 0 and spec_of(usage)["drafted"] > 0
+    # (the head's own depth, 2, for the longer one)
+    depths = {n for _, drafted in lane.recorded[first:] for n in drafted.values()}
+    assert {2, 4} <= depths and max(depths) == 4
 
 
 def test_a_lone_mtp_stream_joins_the_batch_mid_reply(srv, oai, lane, reference):
@@ -134,50 +183,39 @@ def test_a_lone_mtp_stream_joins_the_batch_mid_reply(srv, oai, lane, reference):
     first = len(lane.recorded)
     started = threading.Event()
 
-    def lone():
-        stream = oai.completions.create(model="m", prompt=PROMPTS[2], max_tokens=TOKENS,
-                                        temperature=0, stream=True,
-                                        stream_options={"include_usage": True},
-                                        extra_body={"logprobs": True, **MTP})
-        ids, usage = [], None
-        for chunk in stream:
-            if chunk.choices and chunk.choices[0].logprobs:
-                ids += [e["id"] for e in chunk.choices[0].logprobs.content]
-                if len(ids) >= 4:
-                    started.set()
-            usage = chunk.usage or usage
-        return ids, usage
-
     def later(prompt):
         assert started.wait(60)
         return complete(oai, prompt, MTP)
 
-    (ids, usage), *rest = together(lone, lambda: later(PROMPTS[0]), lambda: later(PROMPTS[1]))
-    assert ids == reference[PROMPTS[2]]
+    # (its reply repeats a token twice in a row: a draft lands whichever step drafts it)
+    (ids, usage), *rest = together(lambda: streamed(oai, PROMPTS[0], MTP, started),
+                                   lambda: later(PROMPTS[1]), lambda: later(PROMPTS[2]))
+    assert ids == reference[PROMPTS[0]]
     assert usage.model_extra["lane"] == "batched+spec" and spec_of(usage)["accepted"] > 0
-    for prompt, r in zip(PROMPTS[:2], rest, strict=True):
+    for prompt, r in zip(PROMPTS[1:3], rest, strict=True):
         assert ids_of(r) == reference[prompt]
     assert shared_steps(lane, first, 3) > 0  # the lone one joined the others
 
 
 def test_the_last_mtp_row_goes_on_alone(oai, lane, reference, monkeypatch):
     """A batch that drains to one MTP row hands it out to the lone-stream path (its
-    pending token, head cache, pending states and refeed with it): still its own greedy
-    decode."""
+    pending token, head, pending states and tokens to feed again with it): still its
+    own greedy decode."""
     left = []
-    state_of = lane._mtp_state
+    leaving = lane.mtp.leaving
 
-    def leaving(uid):
-        state = state_of(uid)
-        left.append(state is not None)
+    def recorded(uid, refeed):
+        state = leaving(uid, refeed)
+        left.append(state)
         return state
 
-    monkeypatch.setattr(lane, "_mtp_state", leaving)
+    monkeypatch.setattr(lane.mtp, "leaving", recorded)
     short, long = together(lambda: complete(oai, PROMPTS[0], MTP, max_tokens=6),
                            lambda: complete(oai, PROMPTS[1], MTP))
     assert ids_of(short) == reference[PROMPTS[0]][:6]
     assert ids_of(long) == reference[PROMPTS[1]]
-    assert any(left)  # the long one left the batch as an MTP row
+    assert left and left[0].cache[0].offset > 0  # the long one left with its head's rows
+    assert spec_of(long.usage)["drafted"] > 0
 
 
 def test_a_disconnect_mid_stream_leaves_the_other_rows_correct(srv, oai, lane, reference):
@@ -249,42 +287,191 @@ def test_stats_count_batch_steps(srv):
     assert stats["batch_steps"] > 0 and stats["accepted"] > 0
 
 
+# -- the executor and its tap, without a server -------------------------------------------
+
+def arrivals(tok, depths: list[int | None]) -> list[tuple[int, list[int], int, int | None]]:
+    """Rows of different prompt lengths and budgets arriving at different steps."""
+    prompts = ["Once upon a time there was a", "hi", "one two three four five six seven",
+               "the sea the sea the sea", "Tell me about the mountains and rivers"]
+    return [(3 * i, tok.encode(prompts[i % len(prompts)]), 24 + 6 * (i % 3), d)
+            for i, d in enumerate(depths)]
+
+
+def assert_equals_mlx_lm(model, run: BatchRun) -> None:
+    for i, (_, prompt, budget, _) in enumerate(run.rows):
+        assert run.out[i] == mlx_lm_greedy(model, prompt, budget, ()), i
+    assert run.batch.pool.used == 0 and run.mtp.pages.pool.used == 0
+
+
 @pytest.mark.parametrize("depth", [1, 3])
 def test_rows_verify_together_on_a_trimmable_cache(depth):
-    """Two MTP rows and a plain one, of different prompt lengths, in mlx-lm's batch:
-    each row's tokens are its own greedy decode; drafts land and are cut back per row."""
+    """MTP rows and plain ones of different prompt lengths, arriving and leaving at
+    different times: each row's tokens are its own greedy decode; drafts land and are
+    cut back per row; each head read every prompt position before its row's first step
+    (the last one's state waits for the token after it)."""
     model, tok = mlx_load(str(tiny_checkpoint("llama", seed=3, dtype="float32")))
-    prompts = [tok.encode(p) for p in ("Once upon a time", "hi", "one two three four five")]
-    gen = BatchGenerator(model, completion_batch_size=4, prefill_batch_size=4)
-    uids = gen.insert(prompts, max_tokens=[40] * 3)
-    mtp = MtpBatch(CopyPredictor(model))
-    mtp_prompt.install(gen, mtp)
-    usage = [SimpleNamespace(speculation=None) for _ in uids[:2]]
-    for uid, u, prompt in zip(uids[:2], usage, prompts[:2], strict=True):
-        mtp.add(uid, depth, u, prompt, 0)
-    out: dict[int, list[int]] = {uid: [] for uid in uids}
-    ended: set[int] = set()
-    read_to: dict[int, int] = {}  # prompt positions each head had read at its row's end
-    steps = 0
-    while len(ended) < len(uids):
-        if mtp.wants(gen):
-            steps += 1
-            with mtp.turn(gen):
-                _, responses = gen.next()
-        else:
-            _, responses = gen.next()
-        for r in responses:
-            out[r.uid].append(r.token)
-            if r.finish_reason is not None:
-                ended.add(r.uid)
-                if r.uid in mtp.rows:
-                    read_to[r.uid] = mtp.rows[r.uid].pos
-                mtp.drop(r.uid)
-    for uid, prompt in zip(uids, prompts, strict=True):
-        assert out[uid] == mlx_lm_greedy(model, prompt, 40, ()), uid
-    assert sum(u.speculation["accepted"] for u in usage) > 0
-    assert all(u.speculation["drafted"] > u.speculation["accepted"] for u in usage)
-    assert steps < 40  # accepted drafts saved steps
-    # the heads read every prompt position (the last one with the first step)
-    assert read_to == {uid: len(p) - 1 for uid, p in zip(uids[:2], prompts, strict=False)}
-    gen.close()
+    run = BatchRun(model, CopyPredictor(model),
+                   arrivals(tok, [depth, None, depth, depth, None])).run()
+    assert_equals_mlx_lm(model, run)
+    spec = [u.speculation for u in run.usage if u.speculation is not None]
+    assert len(spec) == 3 and sum(s["accepted"] for s in spec) > 0
+    assert all(s["drafted"] > s["accepted"] for s in spec)
+    for i, (_, _, budget, d) in enumerate(run.rows):  # each accepted draft saves a step
+        accepted = run.usage[i].speculation["accepted"] if d else 0
+        assert run.calls[i] == 1 + budget - accepted, i  # (1: the prompt's last token)
+    assert run.read == {i: len(p) - 1 for i, (_, p, _, d) in enumerate(run.rows) if d}
+
+
+REFEED = pytest.mark.parametrize("refeed", ["1", "4"])  # the CPU's and the GPU's default
+
+
+@REFEED
+def test_rows_roll_back_per_row_on_a_hybrid_model(refeed, monkeypatch):
+    """On Qwen3.5 (gated DeltaNet beside attention) with a random head most drafts are
+    rejected: the rows' recurrent state is put back per row and their kept tokens fed
+    again (alone, or ahead of the next drafts), beside a plain row; every row's tokens
+    are still mlx-lm's, and every MTP row's head holds exactly the pairs the target's own
+    states give it (the state at ``p`` with the token at ``p + 1``), whatever the
+    windows, restores and refeeds."""
+    monkeypatch.setenv("MLXBUN_SPEC_BATCH_REFEED", refeed)
+    from mlxbun_core import loader
+    from mlxbun_core.model import LoadOptions
+
+    loaded = loader.load(str(tiny_checkpoint("qwen3_5", mtp="random", dtype="float32")),
+                         LoadOptions())
+    model, predictor = loaded.model, loaded.hooks.token_predictor(model=loaded)
+    run = BatchRun(model, predictor, arrivals(loaded.tokenizer, [2, None, 3, 1])).run()
+    assert_equals_mlx_lm(model, run)
+    spec = [u.speculation for u in run.usage if u.speculation is not None]
+    assert sum(s["drafted"] - s["accepted"] for s in spec) > 0  # rollbacks happened
+    # a head position costs what admission bills for it
+    pages = run.mtp.pages
+    assert pages.layout.bytes_per_block() == pages.pool.block_size \
+        * predictor.kv_bytes_per_token
+    for uid, head in run.ends.items():
+        tokens = run.rows[uid][1] + run.out[uid]  # its prompt and every token it gave
+        _, hidden = predictor.forward(mx.array([tokens]), model.make_cache())
+        want = predictor.make_cache()
+        predictor.predict(hidden[:, :-1], mx.array([tokens[1:]]), want)
+        rows = head[0].offset
+        assert len(run.rows[uid][1]) <= rows < len(tokens), uid
+        got, ref = head[0].keys[..., :rows, :], want[0].keys[..., :rows, :]
+        assert got.shape == ref.shape and mx.allclose(got, ref, atol=1e-4).item(), uid
+
+
+@REFEED
+def test_host_drafts_take_the_same_rollback_on_a_hybrid_model(refeed, monkeypatch):
+    """Prompt lookup's drafts (host lists) ride the same windows on the hybrid model:
+    rows get guesses of their own next tokens, some of them wrong, beside rows with
+    none; rejected rows get their recurrent state back and feed their kept tokens
+    again. Every row's tokens are mlx-lm's and the pool ends empty."""
+    import random
+
+    monkeypatch.setenv("MLXBUN_SPEC_BATCH_REFEED", refeed)
+    from mlxbun_core.engine.batch import Batch, BlockPool
+    from mlxbun_core.engine.batch.layout import layout
+
+    model, tok = mlx_load(str(tiny_checkpoint("qwen3_5", dtype="float32")))
+    rows = arrivals(tok, [None] * 4)
+    want = [mlx_lm_greedy(model, p, budget, ()) for _, p, budget, _ in rows]
+    rng = random.Random(0)
+    batch = Batch(model, layout(model), BlockPool(4, 8, 1 << 20))
+    got: list[list[int]] = [[] for _ in rows]
+    rejected = 0
+
+    def guesses() -> dict[int, list[int]]:
+        out = {}
+        for u in batch.decoding:
+            if batch.pending(u) is None or u % 2:  # odd rows never draft
+                continue
+            at = len(got[u]) + 1  # (the pending token is want[u][at - 1])
+            d = want[u][at:at + rng.randint(1, 3)]
+            if d and rng.random() < 0.5:
+                d[rng.randrange(len(d))] ^= 1
+            out[u] = d
+        return out
+
+    tick = 0
+    while any(len(g) < len(w) for g, w in zip(got, want)):
+        for i, (at, prompt, budget, _) in enumerate(rows):
+            if at == tick:
+                batch.add(i, prompt, budget=budget)
+        if batch.prefilling:
+            batch.prefill({u: 5 for u in batch.prefilling})
+        rejected += sum(bool(batch.refeeding(u)) for u in batch.decoding)
+        for e in batch.decode(drafts=guesses()):
+            got[e.uid].append(e.token)
+            if e.finish:
+                batch.remove(e.uid)
+        tick += 1
+    assert got == want
+    assert rejected > 0 and batch.pool.used == 0
+
+
+@REFEED
+def test_a_lone_stream_hands_its_head_and_refeed_to_the_batch_and_back(refeed, monkeypatch):
+    """The hand-offs of a lone MTP stream (``lanes/solo_mtp.py``), on the hybrid model
+    with a random head so that the stream stops right after a rejected round: its KV, its
+    head, the states the head has not read and the kept tokens its recurrent layers still
+    lack move into a batch row, which decodes on beside another; later the row moves back
+    out to a fresh stream the same way. The tokens of all three legs are mlx-lm's."""
+    monkeypatch.setenv("MLXBUN_SPEC_BATCH_REFEED", refeed)
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.sample_utils import make_sampler
+    from mlxbun_qwen35.mtp import load_predictor
+
+    from mlxbun_core.engine.speculate import MtpStream
+
+    path = tiny_checkpoint("qwen3_5", mtp="random", dtype="float32")
+    model, tok = mlx_load(str(path))
+    predictor = load_predictor(SimpleNamespace(path=path, model=model, config={}, id="t"))
+    prompt, other = tok.encode(PROMPTS[2]), tok.encode(PROMPTS[0])
+    total = 36
+    want = mlx_lm_greedy(model, prompt, total, ())
+    greedy = make_sampler(0.0)
+    usage = {"drafted": 0, "accepted": 0, "targetCalls": 0}
+    stream = MtpStream(predictor, make_prompt_cache(model), [], 2, greedy, [], usage)
+    stream.read(prompt[:-1], prompt[-1])
+    stream.begin(prompt[-1])
+    got: list[int] = []
+    while len(got) < 8:
+        got += [t for t, _ in stream.step()]
+    out, token, head = stream.handoff()
+    got += [t for t, _ in out]
+    assert head.refeed and head.hidden is not None  # (a rejected round: kept tokens wait)
+    assert got[-1] == token and stream.fed + head.refeed == [*prompt, *got[:-1]]
+
+    run = BatchRun(model, predictor, [(0, other, 20, None)])
+    batch, mtp = run.batch, run.mtp
+    batch.add(1, [token], cache=stream.cache, held=stream.fed, budget=total - len(got),
+              tapped=True, refeed=head.refeed)
+    mtp.add(1, 2, None, SimpleNamespace(speculation=None), head)
+    batch.add(0, other, budget=20)
+    while len(got) < 24:
+        if batch.prefilling:
+            batch.prefill({u: 7 for u in batch.prefilling})
+        got += [e.token for e in batch.decode(drafts=mtp.drafts(batch)) if e.uid == 1]
+    pending = batch.pending(1)
+    assert pending is not None
+    back = mtp.leaving(1, batch.refeeding(1))
+    cache, fed = batch.export(1)
+    batch.close()
+    mtp.drop(1)
+    assert batch.pool.used == 0 and mtp.pages.pool.used == 0
+
+    again = MtpStream(predictor, cache, fed, 2, greedy, [], usage)
+    y, lp = pending
+    again.resume(int(y.item()), (int(y.item()), lp), back)
+    while len(got) < total:
+        got += [t for t, _ in again.step()]
+    assert got[:total] == want
+    assert usage["drafted"] > usage["accepted"]
+    # the head read every state it was handed, in order, across both moves
+    tokens = [*prompt, *got]
+    _, hidden = predictor.forward(mx.array([tokens]), model.make_cache())
+    ref = predictor.make_cache()
+    predictor.predict(hidden[:, :-1], mx.array([tokens[1:]]), ref)
+    rows = again.head_cache[0].offset
+    assert len(prompt) + 24 <= rows < len(tokens)
+    assert mx.allclose(again.head_cache[0].keys[..., :rows, :], ref[0].keys[..., :rows, :],
+                       atol=1e-4).item()

@@ -42,7 +42,7 @@ def test_an_exact_hit_feeds_the_last_token_once(model_type, batch):
             cached.prefix.store(namespace, tokens[:-1], kv_of(tokens[:-1]), boundary=True)
 
         cached.worker.run_sync(seed)
-        assert cached.prefix._lru._trie.search(namespace, tokens).exact is not None
+        assert cached.prefix.holds(namespace, tokens)
         hit, cold = run_all(cached, [body])[0], run_all(plain, [body])[0]
         assert hit.finish.usage.cached_tokens == len(tokens) - 1
         assert token_ids(hit) == token_ids(cold)

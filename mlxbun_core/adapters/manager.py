@@ -285,13 +285,6 @@ class AdapterManager:
         self._routed = keys
         self._sets_last = len(set(keys))
 
-    def attach(self, gen: Any, sets_of: Callable[[list[int] | None], list]) -> None:
-        """Route every forward pass of the batch lane's ``BatchGenerator`` by its rows'
-        sets: ``sets_of(uids)`` in row order, ``sets_of(None)`` every row's."""
-        from .rows import attach
-
-        attach(gen, lambda uids: self.route(sets_of(uids), lambda: sets_of(None)))
-
     def _count(self, sets: int, kind: str) -> None:
         self._passes[kind] += 1
         if kind != "mixed":

@@ -143,37 +143,3 @@ def _stack(path: str, adapters: Sequence[Mounted]) -> tuple[mx.array, mx.array,
         b_slots.append(b.astype(dtype))
         scales.append(float(scale))
     return mx.stack(a_slots), mx.stack(b_slots), tuple(scales)
-
-
-# -- which rows a BatchGenerator forward pass carries ----------------------------------
-
-def attach(gen: Any, route: Callable[[list[int]], None]) -> None:
-    """Make mlx-lm's ``BatchGenerator`` call ``route(uids)`` before each forward pass,
-    with the uids of the rows that pass carries, in their order. Its passes run in
-    three places: the decode step of the generation batch, a prefill chunk of the
-    prompt batch, and the first decode step of rows leaving the prompt batch (a batch
-    split off and turned into a generation batch). Instance attributes wrap each; both
-    batches live as long as the generator. (The lane reads these internals elsewhere
-    too: an mlx-lm that renamed them fails loudly here rather than mixing rows wrong.)"""
-    decode, prompt = gen._generation_batch, gen._prompt_batch
-    _before(decode, "_step", route)
-    _before(prompt, "prompt", route)
-    split = prompt.split
-
-    def routed_split(indices: list[int]) -> Any:
-        part = split(indices)
-        _before(part, "generate", route)
-        return part
-
-    prompt.split = routed_split
-
-
-def _before(batch: Any, method: str, route: Callable[[list[int]], None]) -> None:
-    original = getattr(batch, method)
-
-    def routed(*args: Any, **kw: Any) -> Any:
-        if batch.uids:
-            route(batch.uids)
-        return original(*args, **kw)
-
-    setattr(batch, method, routed)

@@ -193,10 +193,14 @@ class _Reader:
             if not isinstance(value, dict):
                 raise self.fail(node, f"{where} must be a mapping")
             s.template_kwargs = dict(value)
-        elif key in ("max_tokens", "context_length"):
+        elif key == "max_tokens":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise self.fail(node, f"{where} must be a token count (0: no cap)")
+            s.max_tokens = value
+        elif key == "context_length":
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise self.fail(node, f"{where} must be a positive integer")
-            setattr(s, key, value)
+            s.context_length = value
         else:  # the request's own checks, so a default can never be a value a request can't
             try:
                 SamplingParams.from_body({key: value})

@@ -24,6 +24,7 @@ from ..contract import DraftSource, TokenPredictor
 from ..errors import APIError, BadRequest, Unavailable
 from ..events import Done, Event, Finish, Usage
 from ..kvquant.probe import check_kernels, model_dtype
+from ..library import fit
 from ..media import parts as media_parts
 from ..model import LoadedModel, LoadOptions
 from . import attention_route, prefill_shapes
@@ -284,6 +285,8 @@ class Engine:
         prefix-cache namespace, adapters, speculation and fill (on the event loop)."""
         spec = resolve_spec(self.speculation, req.speculation)
         check_mtp(spec, self.predictor is not None, self.model.id)  # a 400 before any work
+        if drafts_with_head(spec) and self.kv.bits:
+            spec = None  # the head's loops run the model unwrapped: decode plainly, batched
         mtp = drafts_with_head(spec) and may_speculate(prepared.request, self.draft)
         job = GenerationJob(prepared.request, self.model.tokenizer,
                             EventSink(asyncio.get_running_loop()),
@@ -385,12 +388,16 @@ class Engine:
 
     def kv_quant_stats(self) -> dict[str, Any]:
         """``/stats`` ``kv_quant``: the scheme and what each layer's cache holds."""
-        return kvquant.describe(self.kv, self.admission.layout)
+        return kvquant.describe(self.kv, self.admission.layout,
+                                fit.activation_dtype(self.model.config or {}))
 
     def batch_stats(self) -> dict[str, Any]:
         lanes = {lane.name: {"active": lane.active, "waiting": lane.waiting}
                  for lane in self.worker.lanes}
+        pools = [p for lane in self.worker.lanes
+                 if (p := getattr(lane, "pool_stats", lambda: None)()) is not None]
         return {"cap": self.batch, "cap_source": self.batch_source,
                 "auto": self.batch_plan.describe() if self.batch_plan else None,
                 "active_rows": self.worker.active, "waiting": self.worker.waiting,
-                "lanes": lanes, "prefill": self.pacer.stats(), "adapters": self.adapters.stats()}
+                "lanes": lanes, "prefill": self.pacer.stats(), "adapters": self.adapters.stats(),
+                "kv_blocks": pools[0] if pools else None}

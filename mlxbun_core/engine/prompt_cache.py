@@ -1,8 +1,8 @@
 """The prefix KV cache: reuse the KV of the longest cached prefix of a prompt.
 
-A byte-capped LRU over mlx-lm's own ``LRUPromptCache`` (a token trie per
-namespace). The namespace keeps apart what must never share KV: different
-models, adapters, KV settings and media. Works for every cache kind mlx-lm uses:
+A byte-capped cache over a token trie per namespace (``prefix_index.py``). The
+namespace keeps apart what must never share KV: different models, adapters, KV
+settings and media. Works for every cache kind mlx-lm uses:
 
 - trimmable caches (full attention; sliding windows that have not wrapped) are
   stored after generation and trimmed back to the common prefix on a hit;
@@ -13,11 +13,13 @@ models, adapters, KV settings and media. Works for every cache kind mlx-lm uses:
 Lookups always leave at least the prompt's last token to feed the model, so a
 hit still yields the logits of the first new token.
 
-With an SSD tier (``kvstore.SsdStore``), entries leaving RAM (evicted, idle past
-the demotion age, or demoted by a drain) are written to disk in the background,
-published entries are written behind when the engine is idle, and a lookup that
-misses RAM (or finds far less there) restores the best SSD entry into RAM first.
+With an SSD tier (``kvstore.SsdStore``), entries leaving RAM go to disk and a lookup
+that misses RAM may restore one from there (``prompt_tier.py``, this cache's base).
 Everything here runs on the MLX owner thread, except :meth:`stats`.
+
+With ``kinds_apart`` (a distributed serve: moving KV between the block pool and mlx-lm
+caches would carry rank 0's shard alone) the batch's block entries and the serial
+lane's mlx-lm caches live in separate namespaces: each lane finds only its own kind.
 """
 
 from __future__ import annotations
@@ -26,25 +28,20 @@ import copy
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .batch.entry import BlockEntry, Shared
+from .prefix_index import Entry, PrefixIndex
+from .prompt_tier import MIN_HIT, SSD_GAIN, RamEntry, SsdTier, release
+from .prompt_tier import trimmable as trimmable  # (the lanes import it from here)
+
 if TYPE_CHECKING:
     from ..kvstore.store import SsdStore
+    from .batch.layout import Layout
 
 log = logging.getLogger("mlxbun.cache")
-
-# A prompt that shares fewer tokens than this with the cache (and not all but its last),
-# and holds no whole cached entry, starts cold: mlx-lm's search for the entry extending a
-# short common prefix walks that entry's whole tail (30-120 ms for a 5k-token
-# conversation, measured on an H200 host and on this CPU) to save a few tokens of prefill.
-MIN_HIT = 64
-# An SSD entry is restored over a RAM hit only when it covers this share more of the prompt
-# (re-reading a whole entry to save a few tokens of prefill loses).
-SSD_GAIN = 0.25
-
 
 @dataclass
 class _Plan:
@@ -53,44 +50,38 @@ class _Plan:
     n: int  # prompt tokens it then holds
 
 
-class PrefixCache:
+class PrefixCache(SsdTier):
     def __init__(self, max_bytes: int, tier: SsdStore | None = None,
                  post: Callable[[Callable[[], None]], None] | None = None):
         """``tier``: an SSD store (or None); ``post(fn)`` runs ``fn`` on the MLX owner
         thread (the idle-demotion sweep is timed on the tier's writer thread)."""
-        from mlx_lm.models.cache import LRUPromptCache
-
         self.max_bytes = max_bytes
-        self._lru = LRUPromptCache(max_size=1 << 20, max_bytes=1 << 62)  # we evict: to spill
+        self._index = PrefixIndex()
         self._lock = threading.Lock()  # /stats reads from the event loop
-        self.tier = tier if max_bytes > 0 else None
+        super().__init__(tier if max_bytes > 0 else None, post)
         self.lookups = self.hits = self.hit_tokens = self.stores = 0
-        self.ssd_hits = self.ssd_hit_tokens = 0
-        self.ssd_skipped = 0  # disk entries left alone: recomputing them was faster
-        # prompt tokens a second this device prefills (the engine's pacer); None: unknown
-        self.prefill_rate: Callable[[], float | None] = lambda: None
-        # the same, once real prompts (not the start-up calibration) measured it: kept
-        # beside the SSD entries for the next start
-        self.prefill_measured: Callable[[], float | None] = lambda: None
-        if self.tier is not None and post is not None and self.tier.config.demote_idle_s > 0:
-            age = self.tier.config.demote_idle_s
-            self.tier.queue.on_tick(lambda: self._idle_sweep(post), min(30.0, max(0.05, age / 4)))
+        self.kinds_apart = False  # block entries only for the batch, caches for the rest
 
     @property
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
-    def _ssd(self) -> SsdStore:
-        """The SSD tier, in the paths only a cache with one takes. (The RAM entries are
-        mlx-lm's, typed ``Any``: ``last_used``, ``durable``, ``job``, ``volatile`` are ours.)"""
-        assert self.tier is not None
-        return self.tier
-
     # -- lookups ---------------------------------------------------------------------
-    def lookup(self, namespace: Hashable, tokens: list[int]) -> tuple[list[Any] | None, int]:
-        """``(cache, n)``: a private cache holding ``tokens[:n]``, or ``(None, 0)``."""
+    def lookup_dense(self, namespace: Hashable, tokens: list[int]
+                     ) -> tuple[list[Any] | None, int]:
+        """:meth:`lookup` for a caller whose KV is mlx-lm caches (never a block share)."""
+        cache, n = self.lookup(namespace, tokens)
+        assert not isinstance(cache, Shared)  # (no layout asked for: always mlx-lm caches)
+        return cache, n
+
+    def lookup(self, namespace: Hashable, tokens: list[int],
+               layout: Layout | None = None) -> tuple[list[Any] | Shared | None, int]:
+        """``(cache, n)``: a private cache holding ``tokens[:n]``, or ``(None, 0)``. A
+        caller whose KV lives in ``layout``'s block pool gets an entry of that pool as
+        a :class:`Shared` table over its blocks (nothing copied)."""
         if not self.enabled or len(tokens) < 2:
             return None, 0
+        namespace = self._space(namespace, blocks=layout is not None)
         with self._lock:
             self.lookups += 1
             shared, whole_entry = self._shared(namespace, tokens)
@@ -105,247 +96,197 @@ class PrefixCache:
         if plan is None or plan.n <= 0:
             return None, 0
         with self._lock:
-            cache = self._take(namespace, plan)
+            cache = self._take(namespace, plan, layout)
             self.hits += 1
             self.hit_tokens += plan.n
         return cache, plan.n
 
     def _plan(self, namespace: Hashable, tokens: list[int], need_tail: bool = True) -> _Plan | None:
-        """Which RAM entry serves ``tokens`` and how (mlx-lm's ``fetch_nearest_cache``
-        rule, without copying anything yet)."""
-        trie = self._lru._trie
-        found = trie.search(namespace, tokens)
+        """Which RAM entry serves ``tokens`` and how (without copying anything yet): the
+        exact entry, else the entry extending the longest shared path when it shares more
+        than any shorter entry (and can be trimmed back), else the longest shorter one."""
+        index = self._index
+        found = index.search(namespace, tokens)
         if found.exact is not None:
             if not need_tail:
                 return _Plan(list(tokens), 0, len(tokens))
-            if trimmable(trie.get(namespace, tokens).prompt_cache):
+            if _trimmable(self._cache_at(namespace, tokens)):
                 return _Plan(list(tokens), 1, len(tokens) - 1)
             return self._plan(namespace, tokens[:-1], need_tail=False)
         short = len(found.shorter) if found.shorter is not None else 0
         if (found.longer is not None and found.common_prefix > short
-                and trimmable(trie.get(namespace, found.longer).prompt_cache)):
+                and _trimmable(self._cache_at(namespace, found.longer))):
             n = min(len(tokens) - 1, found.common_prefix)
             return _Plan(found.longer, len(found.longer) - n, n)
         if found.shorter is not None and short > 0:
             return _Plan(found.shorter, 0, short)
         return None
 
-    def _take(self, namespace: Hashable, plan: _Plan) -> list[Any]:
-        """A private copy of the planned entry, trimmed; the entry counts as used (for
-        idle demotion; eviction order stays mlx-lm's, by insertion)."""
+    def _take(self, namespace: Hashable, plan: _Plan,
+              layout: Layout | None = None) -> list[Any] | Shared:
+        """A private copy of the planned entry, trimmed (a block entry of ``layout``'s
+        pool: its blocks, shared); the entry counts as used (for idle demotion; eviction
+        order stays by insertion)."""
         from mlx_lm.models.cache import trim_prompt_cache
 
-        entry = self._lru._trie.get(namespace, plan.key)
-        cache: list[Any] = copy.deepcopy(entry.prompt_cache)
+        entry = self._entry(namespace, plan.key)
+        entry.last_used = time.monotonic()
+        value = entry.cache
+        if isinstance(value, BlockEntry):
+            if value.layout is layout:
+                return Shared(*value.share(plan.n))
+            return value.dense(plan.n)
+        cache: list[Any] = copy.deepcopy(value)
         if plan.trim:
             trim_prompt_cache(cache, plan.trim)
-        entry.last_used = time.monotonic()
         return cache
+
+    def _space(self, namespace: Hashable, blocks: bool) -> Hashable:
+        """Where entries of one kind live (``kinds_apart``: apart from the other kind)."""
+        return (namespace, "blocks" if blocks else "caches") if self.kinds_apart else namespace
 
     def _shared(self, namespace: Hashable, tokens: list[int]) -> tuple[int, bool]:
         """How many leading ``tokens`` some entry shares, and whether a whole entry lies
-        within them (a walk down mlx-lm's trie)."""
-        node = self._lru._trie._trie.get(namespace)
-        n, whole = 0, False
-        while node is not None and n < len(tokens):
-            node = node.get(tokens[n])
-            if node is not None:
-                n += 1
-                whole = whole or "__value__" in node
-        return n, whole
-
-    def _restore(self, namespace: Hashable, tokens: list[int],
-                 ram_n: int) -> tuple[list[Any], int] | None:
-        """``(cache, n)`` from the best SSD entry when it beats the RAM hit clearly; the
-        restored entry also joins RAM (already durable)."""
-        from mlx_lm.models.cache import trim_prompt_cache
-
-        tier = self._ssd()
-        key = tier.key(namespace)
-        found = tier.find(key, tokens) if key is not None else None
-        if found is None:
-            return None
-        entry, usable = found
-        if usable < min(MIN_HIT, len(tokens) - 1) and usable != entry.n:
-            return None
-        if usable <= ram_n + max(1, int(SSD_GAIN * usable)):
-            return None
-        if not self._worth_restoring(entry.nbytes, usable - ram_n):
-            with self._lock:
-                self.ssd_skipped += 1
-            return None
-        got = tier.restore(entry)
-        if got is None:
-            return None
-        restored, cache_type = got
-        cut = entry.n - usable
-        if cut and not trimmable(restored):
-            return None  # the header said trimmable; the objects disagree: not usable
-        cache = copy.deepcopy(restored)
-        if cut:
-            trim_prompt_cache(cache, cut)
-        self._insert(namespace, entry.tokens.tolist(), restored, cache_type, durable=True)
-        with self._lock:
-            self.ssd_hits += 1
-            self.ssd_hit_tokens += usable
-        return cache, usable
-
-    def _worth_restoring(self, size: int, tokens: int) -> bool:
-        """A restore must beat recomputing what it saves: the file at the restore speed
-        seen so far against ``tokens`` at the measured prefill rate. (An H200 prefills
-        24k tokens of an 8B model in 2.3 s; their 3.6 GB of KV took 4.7 s to restore from
-        a 1.9 GB/s disk. A CPU or a Mac prefills 10-100x slower.) Both rates are seeded
-        before the first request (``kvstore/rates.py``, the engine's calibration); either
-        still unknown: restore, and so measure it."""
-        rate, bps = self.prefill_rate(), self._ssd().restore_bps
-        if not rate or not bps:
-            return True
-        return size / bps < tokens / rate
+        within them."""
+        return self._index.shared(namespace, tokens)
 
     # -- stores ----------------------------------------------------------------------
-    def store(self, namespace: Hashable, tokens: list[int], cache: list[Any], *,
+    def store(self, namespace: Hashable, tokens: list[int], cache: list[Any] | BlockEntry, *,
               boundary: bool = False) -> None:
-        """Keep ``cache`` (which holds exactly ``tokens``); evicts least recently used."""
+        """Keep ``cache`` (which holds exactly ``tokens``; a :class:`BlockEntry` is kept
+        as it is, its blocks then held by the cache); evicts least recently used."""
         if not self.enabled or not tokens or not cache:
+            if isinstance(cache, BlockEntry):
+                cache.release()
             return
-        import mlx.core as mx
+        namespace = self._space(namespace, blocks=isinstance(cache, BlockEntry))
+        if not isinstance(cache, BlockEntry):
+            import mlx.core as mx
 
-        # a row taken out of a batch is a lazy slice of the whole batch's KV: evaluated
-        # here it owns its bytes, unevaluated it would pin every row's (and its byte
-        # count would not say so)
-        mx.eval([c.state for c in cache])
+            # a lazy slice of a bigger array would pin it (and its byte count would not
+            # say so): evaluated here, the cache owns its bytes
+            mx.eval([c.state for c in cache])
         self._insert(namespace, list(tokens), cache, "user" if boundary else "assistant",
                      durable=False)
 
-    def _insert(self, namespace: Hashable, tokens: list[int], cache: list[Any], cache_type: str,
-                durable: bool) -> None:
+    def _insert(self, namespace: Hashable, tokens: list[int], cache: list[Any] | BlockEntry,
+                cache_type: str, durable: bool) -> None:
         with self._lock:
-            self._lru.insert_cache(namespace, tokens, cache, cache_type=cache_type)
-            entry = self._lru._trie.get(namespace, tokens)
-            entry.last_used, entry.durable, entry.job = time.monotonic(), durable, None
+            entry = RamEntry(cache, cache_type, durable)
+            removed = self._index.add(namespace, tokens,
+                                      Entry(entry, _nbytes(cache), cache_type),
+                                      drop_prefixes=_trimmable(cache))
             if not durable:
                 self.stores += 1
             evicted = self._evict(self.max_bytes)
-        if self.tier is None:
-            return
-        self.tier.prefill.note(self.prefill_measured())
-        for ns, toks, old in evicted:
-            self._persist(ns, toks, old, urgent=True)
-        if not durable and self.tier.config.write_behind:
+        for old in removed:
+            release(old.value)
+        self._keep_prefill_rate()
+        for ns, toks, gone in evicted:
+            if self.tier is not None:
+                self._persist(ns, toks, gone, urgent=True)
+            release(gone)
+        if self.tier is not None and not durable and self.tier.config.write_behind:
             self._persist(namespace, tokens, entry, urgent=False)
 
+    def drop_layout(self, layout: Layout) -> int:
+        """Forget every block entry of ``layout``'s pool (the pool is being dropped after
+        a failed pass); how many."""
+        with self._lock:
+            gone = [(ns, t) for ns, t in self._index.stored()
+                    if self._of_layout(ns, t, layout)]
+            for ns, t in gone:
+                self._pop(ns, t)
+        return len(gone)
+
+    def _of_layout(self, namespace: Hashable, tokens: list[int], layout: Layout) -> bool:
+        """Whether the entry at ``tokens`` is blocks of ``layout``'s pool."""
+        value = self._entry(namespace, tokens).cache
+        return isinstance(value, BlockEntry) and value.layout is layout
+
+    def reclaim(self, layout: Layout, blocks: int) -> int:
+        """Evict block entries of ``layout``'s pool, oldest first, until ``blocks`` are
+        free in it (the pool ran short); the entries evicted."""
+        n = 0
+        while layout.pool.free < blocks:
+            with self._lock:
+                victim = next(((ns, t) for ns, t in self._index.stored()
+                               if self._of_layout(ns, t, layout)), None)
+                if victim is None:
+                    return n
+                gone = self._pop(*victim)
+            if self.tier is not None:
+                self._persist(victim[0], victim[1], gone, urgent=True)
+            release(gone)
+            n += 1
+        return n
+
     def _evict(self, limit: int) -> list[tuple[Hashable, list[int], Any]]:
-        """Pop least recently used entries until the bytes fit ``limit``."""
-        lru = self._lru
+        """Pop the oldest entries until the bytes fit ``limit``."""
+        index = self._index
         out: list[tuple[Hashable, list[int], Any]] = []
-        while lru.nbytes > limit and len(lru):
-            ns, tokens = lru._lru.pop()
+        while index.nbytes > limit:
+            key = index.oldest()
+            if key is None:
+                break
+            ns, tokens = key
             out.append((ns, tokens, self._pop(ns, tokens)))
         return out
 
-    def _pop(self, namespace: Hashable, tokens: list[int]) -> Any:
-        lru = self._lru
-        entry = lru._trie.pop(namespace, tokens)
-        lru._n_bytes -= entry.nbytes
-        lru._n_bytes_by_type[entry.cache_type] -= entry.nbytes
+    def _pop(self, namespace: Hashable, tokens: list[int]) -> RamEntry:
+        got = self._index.pop(namespace, tokens)
+        assert got is not None
+        entry: RamEntry = got.value
         return entry
 
-    # -- the SSD tier ----------------------------------------------------------------
-    def _persist(self, namespace: Hashable, tokens: list[int], entry: Any, urgent: bool) -> bool:
-        """Queue ``entry`` for the disk unless it is there or on its way; True when it
-        is durable or queued."""
-        if getattr(entry, "durable", True):
-            return True
-        job = getattr(entry, "job", None)
-        if job is not None:  # queued behind; now it is leaving RAM or being flushed
-            if urgent and not job.urgent:
-                job.urgent = True
-                self._ssd().queue.poke()
-            return True
-        if getattr(entry, "volatile", False):
-            return False
-        tier = self._ssd()
-        key = tier.key(namespace)
-        job = tier.prepare(key, tokens, entry.prompt_cache, entry.cache_type) \
-            if key is not None else None
-        if job is None:  # an adapter no longer mounted, or a cache we cannot store
-            entry.volatile = True
-            return False
-        job.urgent = urgent
-        ref = weakref.ref(entry)
-        job.done.append(lambda ok: _written(ref, ok))
-        entry.job = job
-        return tier.submit(job)
+    def _entry(self, namespace: Hashable, tokens: list[int]) -> RamEntry:
+        got = self._index.get(namespace, tokens)
+        assert got is not None
+        entry: RamEntry = got.value
+        return entry
 
-    def _entries(self) -> list[tuple[Hashable, list[int], Any]]:
+    def _cache_at(self, namespace: Hashable, tokens: list[int]) -> list[Any] | BlockEntry:
+        return self._entry(namespace, tokens).cache
+
+    # -- every entry -----------------------------------------------------------------
+    def _entries(self) -> list[tuple[Hashable, list[int], RamEntry]]:
         with self._lock:
-            return [(ns, tokens, self._lru._trie.get(ns, tokens))
-                    for lru in self._lru._lru._lrus.values() for ns, tokens in lru]
+            return [(ns, tokens, self._entry(ns, tokens)) for ns, tokens in self._index.stored()]
 
-    def persist_all(self) -> int:
-        """Queue every RAM entry not yet on disk (a flush or a drain); how many are
-        durable or queued now."""
-        if self.tier is None:
-            return 0
-        return sum(self._persist(ns, tokens, e, urgent=True) for ns, tokens, e in self._entries())
+    def entries(self) -> list[tuple[Hashable, list[int], list[Any]]]:
+        """Every RAM entry as ``(namespace, tokens, cache)`` (for tests and tools: the
+        stored caches, block entries read into fresh mlx-lm caches)."""
+        return [(ns, tokens, e.cache.dense() if isinstance(e.cache, BlockEntry) else e.cache)
+                for ns, tokens, e in self._entries()]
 
-    def dirty(self) -> int:
-        """RAM entries that could go to disk but are not there yet."""
-        return sum(1 for _, _, e in self._entries()
-                   if not getattr(e, "durable", True) and not getattr(e, "volatile", False))
-
-    def drop_durable(self, idle_s: float = 0.0) -> int:
-        """Free the RAM of entries already on disk (unused for ``idle_s``); the count."""
-        now, n = time.monotonic(), 0
-        for ns, tokens, e in self._entries():
-            if getattr(e, "durable", False) and now - e.last_used >= idle_s:
-                with self._lock:
-                    self._lru._lru.remove(ns, tokens)
-                    self._pop(ns, tokens)
-                n += 1
-        if n and self.tier is not None:
-            self.tier.demotions += n
-        return n
-
-    def demote_idle(self) -> None:
-        """Entries unused past the demotion age: free the durable ones, queue the rest."""
-        age = self._ssd().config.demote_idle_s
-        now = time.monotonic()
-        for ns, tokens, e in self._entries():
-            if now - e.last_used >= age:
-                self._persist(ns, tokens, e, urgent=True)
-        self.drop_durable(age)
-
-    def _idle_sweep(self, post: Callable[[Callable[[], None]], None]) -> None:
-        """On the writer thread: ask the owner thread to demote when something is idle."""
-        age, now = self._ssd().config.demote_idle_s, time.monotonic()
-        if any(now - e.last_used >= age for _, _, e in self._entries()):
-            post(self.demote_idle)
+    def holds(self, namespace: Hashable, tokens: list[int]) -> bool:
+        """Whether RAM holds an entry of exactly ``tokens``."""
+        with self._lock:
+            return self._index.get(namespace, tokens) is not None
 
     def clear(self) -> None:
         with self._lock:
-            self._lru.trim_to(n_sequences=0)
+            gone = [self._entry(ns, t) for ns, t in self._index.stored()]
+            self._index.clear()
+        for e in gone:
+            release(e)
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
             misses = self.lookups - self.hits - self.ssd_hits
             return {"enabled": self.enabled, "max_bytes": self.max_bytes,
-                    "bytes": self._lru.nbytes, "entries": len(self._lru),
+                    "bytes": self._index.nbytes, "entries": len(self._index),
                     "lookups": self.lookups, "hits": self.hits, "ssd_hits": self.ssd_hits,
                     "misses": misses, "hit_tokens": self.hit_tokens,
                     "ssd_hit_tokens": self.ssd_hit_tokens, "ssd_skipped": self.ssd_skipped,
                     "stores": self.stores}
 
 
-def _written(ref: weakref.ref[Any], ok: bool) -> None:
-    """A write finished (on the writer thread): the entry is durable, or dirty again."""
-    entry = ref()
-    if entry is not None:
-        entry.job = None
-        entry.durable = entry.durable or ok
+def _nbytes(cache: list[Any] | BlockEntry) -> int:
+    if isinstance(cache, BlockEntry):
+        return cache.nbytes
+    return sum(c.nbytes for c in cache)
 
 
-def trimmable(cache: list[Any]) -> bool:
-    from mlx_lm.models.cache import can_trim_prompt_cache
-
-    return bool(can_trim_prompt_cache(cache))
+def _trimmable(cache: list[Any] | BlockEntry) -> bool:
+    return cache.trimmable if isinstance(cache, BlockEntry) else trimmable(cache)

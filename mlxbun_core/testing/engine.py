@@ -5,6 +5,7 @@ token for token."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 
 from ..engine.core import Engine
@@ -51,8 +52,22 @@ def engines(path, **kw) -> tuple[Engine, Engine]:
 
 
 def close(*engs: Engine) -> None:
+    """Close ``engs``, checking first that the batch's block pool holds nothing but the
+    prefix cache's entries (no row's blocks leaked)."""
     for e in engs:
+        leaked = 0
+        if e.worker.running:  # (a test may have closed it already)
+            leaked = e.worker.run_sync(functools.partial(_blocks_left, e), timeout=60)
         e.worker.close()
+        assert not leaked, f"the block pool still holds {leaked} blocks after every row ended"
+
+
+def _blocks_left(engine: Engine) -> int:
+    """Blocks the batch lane's pool holds once the prefix cache let go of its entries."""
+    if engine.prefix is not None:
+        engine.prefix.clear()
+    stats = engine.batch_stats().get("kv_blocks")
+    return int(stats["used"]) if stats else 0
 
 
 def greedy(prompt: str, n: int = 12, **extra) -> dict:

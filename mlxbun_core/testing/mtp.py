@@ -84,3 +84,70 @@ class CopyPredictor:
         vocab = self.model.model.embed_tokens.weight.shape[0]
         logits = mx.where(mx.arange(vocab) == tokens[:, -1:], 10.0, 0.0)  # (B, V)
         return logits, hidden
+
+
+class BatchRun:
+    """Rows decoded together on the engine's own batch (``engine/batch``) with an MTP tap
+    (``engine/speculate/mtp_batch.py``), as the batch lane runs them, without a server.
+
+    ``rows``: ``(tick, prompt, budget, depth)`` each; the row arrives at the lane step
+    ``tick`` (a prefill pass and a decode step each), generates ``budget`` tokens
+    greedily and drafts ``depth`` tokens a step with the head (None: a plain row).
+    Prompts are read ``chunk`` tokens a pass; ``kv_bits``: the blocks' KV scheme."""
+
+    def __init__(self, model: Any, predictor: Any, rows: list[tuple[int, list[int], int,
+                                                                    int | None]],
+                 chunk: int = 7, block_size: int = 4, kv_bits: int | None = None):
+        from types import SimpleNamespace
+
+        from ..engine.batch import Batch, BlockPool
+        from ..engine.batch.layout import layout
+        from ..engine.speculate.mtp_batch import MtpBatch
+        from ..kvquant import KVScheme
+
+        self.rows, self.chunk = rows, chunk
+        self.mtp = MtpBatch(predictor)
+        assert self.mtp.supported()
+        slots = layout(model)
+        assert slots is not None
+        self.batch = Batch(model, slots, BlockPool(block_size, 8, 1 << 20), tap=self.mtp,
+                           kv=KVScheme(kv_bits))
+        self.out: list[list[int]] = [[] for _ in rows]
+        self.usage = [SimpleNamespace(speculation=None) for _ in rows]
+        self.steps = 0  # decode steps
+        self.calls = [0] * len(rows)  # decode steps each row took part in
+        self.read: dict[int, int] = {}  # head positions each MTP row held at its first step
+        self.ends: dict[int, list[Any]] = {}  # each MTP row's head at its end (mlx-lm caches)
+
+    def run(self) -> BatchRun:
+        b, mtp = self.batch, self.mtp
+        waiting, tick = list(range(len(self.rows))), 0
+        while waiting or b.rows:
+            for i in [i for i in waiting if self.rows[i][0] <= tick]:
+                waiting.remove(i)
+                _, prompt, budget, depth = self.rows[i]
+                b.add(i, prompt, budget=budget, tapped=depth is not None)
+                if depth is not None:
+                    mtp.add(i, depth, None, self.usage[i])
+            if b.prefilling:
+                b.prefill({u: self.chunk for u in b.prefilling})
+            for u in b.decoding:
+                if u in mtp.rows and u not in self.read:
+                    self.read[u] = mtp.pages.length(u)
+            tick += 1
+            if not b.decoding:
+                continue
+            self.steps += 1
+            for u in b.decoding:
+                self.calls[u] += 1
+            emits = b.decode(drafts=mtp.drafts(b))
+            for e in emits:
+                self.out[e.uid].append(e.token)
+                if e.drafted:
+                    mtp.count(e.uid, e.drafted, e.accepted)
+                if e.finish:
+                    if e.uid in mtp.rows:
+                        self.ends[e.uid] = mtp.pages.export(e.uid)
+                    b.remove(e.uid)
+                    mtp.drop(e.uid)
+        return self

@@ -1,18 +1,25 @@
-"""The batch lane: continuous batching on mlx-lm's ``BatchGenerator``.
+"""The batch lane: continuous batching on the engine's own batch (``engine/batch/``).
 
-Each ``step`` admits waiting jobs that fit (row cap, memory), runs one
-BatchGenerator turn (a decode step for every generating row, then one prefill
-chunk for rows still reading their prompt, sized in ``prefill.py`` so a long prompt
-never freezes the running streams and a cancel, checked at the start of every step,
-lands within about a second), routes each row's token to its session, and removes
-finished or cancelled rows. Per-row samplers, logits processors (penalties, logit_bias,
-grammar masks) and logprobs are BatchGenerator's own. Rows start from the
-longest cached prefix and publish their KV to the prefix cache when they end.
+Each ``step`` admits waiting jobs that fit (row cap, memory), asks the scheduler for a
+plan (which prompts read how much, whether rows decode), has the batch run it, routes
+each row's tokens to its session and removes finished or cancelled rows. KV lives in
+the block pool; per-row samplers, logits processors (penalties, logit_bias, grammar
+masks) and logprobs ride with each row. Rows start from the longest cached prefix and
+publish their KV to the prefix cache when they end.
 
-A job alone in the lane decodes outside the BatchGenerator (``solo.py``: a lone
-stream at mlx-lm's single-sequence speed, kept in the lane's ``SoloSlot``) and joins
-the batch, KV and all, as soon as another job of its adapter set arrives; a batch that
-drains to one decoding row hands that row back out the same way.
+A job alone in the lane decodes outside the batch (``solo.py``: a lone stream at
+mlx-lm's single-sequence speed, kept in the lane's ``SoloSlot``) and joins the batch,
+KV and all, as soon as another job of its adapter set arrives; a batch that drains to
+one decoding row hands that row back out the same way.
+
+Speculation rides in the batch's decode step: prompt lookup's drafts
+(``speculate/batch.py``) and the model's MTP head's (``speculate/mtp_batch.py``: the
+batch's tap, drafting on the device from each MTP row's hidden states; a lone MTP job
+decodes in ``solo_mtp.py`` and moves in and out with its head).
+
+Under ``--distributed`` the batch keeps a journal for the other ranks to replay
+(``batch/journal.py``): every job stays a batch row, the prefix cache keeps block entries
+and mlx-lm caches apart (``PrefixCache.kinds_apart``) and no row drafts with the MTP head.
 
 LoRA adapter sets mix in one batch: each forward pass routes its rows to their own
 sets (``adapters/rows.py``; the base model is the empty set). Sets that cannot run
@@ -25,6 +32,7 @@ and that group goes next (bounded waiting).
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import time
 from collections.abc import Sequence
@@ -32,21 +40,23 @@ from typing import TYPE_CHECKING, Any
 
 from ... import kvquant
 from ...adapters.sets import AdapterSet
-from ..fill import rows as fill_rows
+from ..batch import Batch, Emit, direct, pool_for
+from ..batch.entry import BlockEntry, Shared
+from ..batch.journal import Journal
+from ..batch.layout import layout
+from ..fill.rows import forcing
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
-from ..speculate import mtp_prompt
+from ..scheduler import PREFILL_TOKENS, Scheduler, StepPlan
+from ..speculate import MTP, HeadState
 from ..speculate.batch import BatchSpeculator
-from ..speculate.config import MTP
-from ..speculate.mtp_batch import MtpBatch, supported
+from ..speculate.mtp_batch import MtpBatch
 from .pace import FixedChunk, PrefillPacer
-from .prefill import PREFILL_TOKENS, make_generator, paced_turn, size_chunk
 from .slot import BatchRow, SoloSlot, deliver
 from .tally import StepTally
 
 if TYPE_CHECKING:
     import mlx.nn as nn
-    from mlx_lm.generate import BatchGenerator, GenerationBatch
 
     from ...adapters import AdapterManager
     from ...contract import TokenPredictor
@@ -65,54 +75,78 @@ class BatchLane:
                  adapters: AdapterManager | None = None, pacer: PrefillPacer | None = None,
                  kv: kvquant.KVScheme = kvquant.OFF,
                  predictor: TokenPredictor | None = None) -> None:
-        self.kv = kv  # the KV scheme: every forward pass quantizes its cache after it runs
-        self.model = kvquant.quantizing(model, kv)
+        self.kv = kv  # the KV scheme: quantized blocks in the batch, a lone stream's
+        self.model = kvquant.quantizing(model, kv)  # cache quantized after every call
+        self._net = model  # the batch's own blocks quantize themselves
         self.adapters = adapters  # the engine's AdapterManager (None: no LoRA support)
         self._group = ""  # the adapter group of the running rows (AdapterManager.group)
         self.cap = cap
         self.prefix = prefix
         self.admission = admission
-        self.prefill_tokens = prefill_tokens  # per prefill chunk while other rows decode
-        self._gen: BatchGenerator | None = None  # made on the worker thread at first use
+        self._batch: Batch | None = None  # made on the worker thread at first use
+        # a distributed serve's record of the batch (the lockstep model's)
+        journal = getattr(model, "journal", None)
+        self.journal = journal if isinstance(journal, Journal) else None
+        if self.journal is not None and prefix is not None:
+            prefix.kinds_apart = True
+        self._slots = layout(model)  # None: some layer's cache cannot be paged
+        self._uids = itertools.count()
         self._queue: collections.deque[GenerationJob] = collections.deque()
         self._rows: dict[int, BatchRow] = {}
         self.steps = StepTally()  # decode steps and the rows they carried (/metrics)
         # a lone job decoding outside the batch
         self._solo = SoloSlot(self.model, admission, self._publish, self._uses_prefix,
                               self.steps)
-        self.pacer = pacer or PrefillPacer()  # prompt tokens per chunk, from measured speed
+        # prompt tokens per chunk, from measured speed (the scheduler's, see ``pacer``)
+        self.scheduler = Scheduler(pacer or PrefillPacer(), prefill_tokens)
         self.solo_prefill: int | None = None  # pins the lone job's chunk (tests)
         self.spec = BatchSpeculator()  # rows' prompt lookup (speculate/batch.py)
-        # rows drafting with the model's MTP head (speculate/mtp_batch.py)
-        self.mtp = MtpBatch(predictor) if predictor is not None else None
-        self._solo.predictor = predictor  # a lone MTP job drafts there too (solo_mtp.py)
+        # rows drafting with the model's MTP head (speculate/mtp_batch.py); none under a KV
+        # scheme (the engine has such requests decode plainly, admission bills no head) or
+        # a journal (the distributed engine has no head)
+        self.predictor = predictor if not kv.bits and self.journal is None else None
+        self.mtp = MtpBatch(self.predictor) if self.predictor is not None else None
+        self._solo.predictor = self.predictor  # a lone MTP job drafts there (solo_mtp.py)
 
     # -- the Lane protocol ---------------------------------------------------------
     def accepts(self, job: GenerationJob) -> bool:
         req = job.request
-        # a draft, prompt embeddings, media, a seed (reproducible only alone) or MTP
-        # speculation the batch cannot run take the serial lane
+        # a draft, prompt embeddings, media, a seed (reproducible only alone), MTP
+        # speculation the batch cannot run or a model whose caches cannot be paged take the
+        # serial lane
         return (job.draft is None and req.input_embeddings is None and req.media is None
-                and req.sampling.seed is None
+                and req.sampling.seed is None and self._slots is not None
                 and (not self._wants_mtp(job) or self._runs_mtp(job)))
 
     def _wants_mtp(self, job: GenerationJob) -> bool:
         return job.spec is not None and job.spec.kind == MTP
 
     def _runs_mtp(self, job: GenerationJob) -> bool:
-        """Whether ``job``'s MTP speculation runs here: the head's loop calls the model
-        unwrapped (no KV scheme); logits processors see a window per row only on the
-        serial lane; the cache must be plain KV or recurrent state (``supported``)."""
-        if self.mtp is None or self.kv is not kvquant.OFF or job.request.processors:
-            return False
-        if not hasattr(self, "_mtp_caches"):
-            from mlx_lm.models.cache import make_prompt_cache
-
-            self._mtp_caches = supported(make_prompt_cache(self.model))
-        return self._mtp_caches
+        """Whether ``job``'s MTP speculation runs here: logits processors see a window
+        per position only on the serial lane; the head's cache must page."""
+        return self.mtp is not None and not job.request.processors and self.mtp.supported()
 
     def add(self, job: GenerationJob) -> None:
         self._queue.append(job)
+
+    def pool_stats(self) -> dict[str, Any] | None:
+        """``/stats`` ``batch.kv_blocks``: the block pool's numbers, the bytes its blocks
+        really take per token (quantized ones under ``--kv-quant``) and that flag's value;
+        None before the batch's first row."""
+        b = self._batch
+        if b is None:
+            return None
+        per_block = b.layout.bytes_per_block()
+        return {**b.pool.stats(per_block), "bytes_per_token": per_block / b.pool.block_size,
+                "kv_quant": self.kv.flag, "direct_attention": b.direct}
+
+    @property
+    def pacer(self) -> PrefillPacer:
+        return self.scheduler.pacer
+
+    @pacer.setter
+    def pacer(self, pacer: PrefillPacer) -> None:
+        self.scheduler.pacer = pacer
 
     @property
     def active(self) -> int:
@@ -126,18 +160,16 @@ class BatchLane:
 
     @property
     def alone(self) -> bool:
-        """Whether a lone job is decoding outside the BatchGenerator."""
+        """Whether a lone job is decoding outside the batch."""
         return self._solo.job is not None
 
     def step(self) -> None:
         self._drop_cancelled()
         if self.alone and any(self._group_of(j) == self._group for j in self._queue):
-            head = self._solo.head_cache()  # a lone MTP job's head goes with it
             moving = self._solo.join()  # company arrived: the lone job moves into the batch
             if moving is not None:  # (None: the token it had sampled already ended it)
-                uid = self._add_row(*moving)
-                if head is not None and self.mtp is not None and uid in self.mtp.rows:
-                    self.mtp.rows[uid].head_cache = head
+                job, cache, held, segments, head = moving
+                self._add_row(job, cache, held, [t for seg in segments for t in seg], head)
         self._admit()
         if not self._rows and not self.alone:
             return
@@ -146,40 +178,50 @@ class BatchLane:
             if self.adapters is not None:  # the serial lane may have run another set meanwhile
                 self.adapters.activate(lone.adapters)
             return self._solo.step()
+        batch = self._get_batch()
+        plan = self.scheduler.plan([(u, len(batch.rows[u].todo) - 1) for u in batch.prefilling],
+                                   len(batch.decoding))
         try:
-            gen = self._generator()
-            asked = size_chunk(gen, self.pacer, [row.job for row in self._rows.values()],
-                               self.prefill_tokens)
-            spec = self.mtp if self.mtp is not None and self.mtp.wants(gen) else self.spec
-            with spec.turn(gen, None if self.adapters is None else self._route_rows):
-                prompt_responses, responses = paced_turn(gen, self.pacer, asked)
+            emits = self._run(batch, plan)
         except Exception as exc:  # a failed forward fails every row; the lane starts afresh
             log.exception("batch step failed")
             return self._fail_all(str(exc))
-        for r in prompt_responses:
-            if r.end_of_segment and not r.end_of_prompt and self._rows[r.uid].snapshot:
-                self._publish_boundary(r.uid)
-        uids = {r.uid for r in responses}
-        self.steps.add(len(uids))
-        self.spec.stepped(uids)
-        if self.mtp is not None:
-            self.mtp.stepped(uids)
-        for r in responses:
-            self._route(r)
-        if len(self._rows) == 1 and not self._queue:  # the last row goes on alone
-            self._solo.leave(gen, self._rows, self._solo_pacer(), self._mtp_state)
-            self.spec.retain(self._rows)
+        uids = {e.uid for e in emits}
+        if uids:  # a decode step that handed out tokens, and the rows it carried
+            self.steps.add(len(uids))
+            self.spec.stepped(uids)
             if self.mtp is not None:
-                self.mtp.retain(self._rows)
+                self.mtp.stepped(uids)
+        for e in emits:
+            self._route(e)
+        if len(self._rows) == 1 and not self._queue and self.journal is None:
+            self._leave(batch)  # the last row goes on alone
+
+    def _run(self, batch: Batch, plan: StepPlan) -> list[Emit]:
+        """Run ``plan``: the decode step first (rows keep streaming), then the chunk."""
+        emits: list[Emit] = []
+        if plan.decode:
+            rows = [self._rows[u].job for u in batch.decoding]
+            fills = any(j.fill is not None for j in rows)
+            drafts: dict[int, Any] = self.spec.drafts(batch.decoding)
+            if self.mtp is not None and self.mtp.rows:
+                drafts.update(self.mtp.drafts(batch))
+            emits = batch.decode(drafts=drafts,
+                                 forcing=forcing(self._fills()) if fills else None)
+        if plan.prefill:
+            with self.pacer.timed(plan.asked) as timer:
+                done = batch.prefill(plan.prefill)
+                timer.tokens = sum(plan.prefill.values())
+            for uid in done:
+                if self._rows[uid].snapshot:
+                    self._publish_boundary(uid)
+        return emits
 
     def close(self, error: str = "server shutting down", reason: str = "cancelled") -> None:
         self._solo.close(reason, error)
         self._fail_all(error, reason=reason)
         while self._queue:
             self._queue.popleft().close(reason, error)
-        if self._gen is not None:
-            self._gen.close()
-            self._gen = None
 
     # -- admission -----------------------------------------------------------------
     def _admit(self) -> None:
@@ -188,9 +230,12 @@ class BatchLane:
         fresh = not self._rows
         if fresh and self._queue:
             self._group = self._group_of(self._queue[0])
-            if sum(self._group_of(j) == self._group for j in self._queue) == 1:
+            if sum(self._group_of(j) == self._group for j in self._queue) == 1 \
+                    and self.journal is None:
                 job = self._queue.popleft()  # alone it must run: bounded to the budget at start
-                return self._solo.start(job, *self._take(job), self._solo_pacer())
+                cache, n = self._take(job, dense=True)
+                assert not isinstance(cache, Shared)  # (dense)
+                return self._solo.start(job, cache, n, self._solo_pacer())
         i = 0
         while i < len(self._queue) and len(self._rows) < self.cap:
             job = self._queue[i]
@@ -214,64 +259,62 @@ class BatchLane:
         if self.mtp is not None:
             self.mtp.drop(uid)
         row = self._rows.pop(uid)
-        fill_rows.forget(self._gen, uid)
         if self.admission is not None:
             self.admission.release(row.job)
         return row
 
-    def _take(self, job: GenerationJob) -> tuple[list[Any] | None, int]:
+    def _take(self, job: GenerationJob, dense: bool = False
+              ) -> tuple[list[Any] | Shared | None, int]:
         """Admit ``job``: reserve its KV, then ``(cache, n)``, the longest cached prefix
-        of its prompt."""
+        of its prompt: blocks shared from the batch's pool, or (``dense``, or an entry
+        the serial lane left) mlx-lm caches."""
         if self.admission is not None:
             self.admission.reserve(job)
         job.mark_started(self.name)
         if self._wants_mtp(job):
             job.session.usage.lane = f"{self.name}+spec"
-        cache: list[Any] | None = None
+        cache: list[Any] | Shared | None = None
         n, t0 = 0, time.perf_counter()
         if self._uses_prefix(job) and self.prefix is not None:
-            cache, n = self.prefix.lookup(job.cache_namespace, job.request.prompt_tokens)
+            layout = None if dense else self._get_batch().layout
+            cache, n = self.prefix.lookup(job.cache_namespace, job.request.prompt_tokens,
+                                          layout)
         job.session.phases["cache_lookup_s"] = time.perf_counter() - t0
         job.admitted(n)
         return cache, n
 
     def _insert(self, job: GenerationJob) -> None:
         cache, n = self._take(job)
-        rest = job.request.prompt_tokens[n:]
-        self._add_row(job, cache, job.request.prompt_tokens[:n],
-                      [rest[:-1], rest[-1:]] if len(rest) > 1 else [rest])
+        prompt = job.request.prompt_tokens
+        self._add_row(job, cache, prompt[:n], prompt[n:])
 
-    def _add_row(self, job: GenerationJob, cache: list[Any] | None, held: list[int],
-                 segments: list[list[int]]) -> int:
-        """Start a row whose KV ``cache`` holds the tokens ``held``; ``segments`` are fed
-        next (a row snapshots its prompt boundary when the last segment is its own); its uid."""
+    def _add_row(self, job: GenerationJob, cache: list[Any] | Shared | None,
+                 held: list[int], todo: list[int], head: HeadState | None = None) -> int:
+        """Start a row whose KV ``cache`` (shared blocks, or mlx-lm caches) holds the
+        tokens ``held``; ``todo`` is fed next (a row snapshots its prompt boundary when it
+        reads more than one token and its cache cannot rewind; ``head``: a lone MTP job's
+        head); its uid."""
         left = job.limit - job.session.usage.completion_tokens if job.limit else NO_LIMIT
-        cache = kvquant.for_batch(cache, self.kv, self.model)
-        uid: int
-        (uid,) = self._generator().insert_segments(
-            [segments], max_tokens=[left], caches=[cache] if cache is not None else None,
-            all_tokens=[held],
-            samplers=[job.request.sampler],  # type: ignore[list-item]  # mlx-lm: None is greedy
-            logits_processors=[job.request.processors])
-        snapshot = self._uses_prefix(job) and len(segments) > 1 and not self._rewindable()
+        uid = next(self._uids)
+        mtp = self.mtp if self._wants_mtp(job) else None
+        shared = cache if isinstance(cache, Shared) else None
+        dense = None if shared is not None else cache
+        assert not isinstance(dense, Shared)
+        self._get_batch().add(uid, todo, cache=dense, shared=shared, held=held,
+                              sampler=job.request.sampler, processors=job.request.processors,
+                              budget=left, tapped=mtp is not None,
+                              refeed=head.refeed if head is not None else ())
+        snapshot = self._uses_prefix(job) and len(todo) > 1 and not self._rewindable()
         self._rows[uid] = BatchRow(job, snapshot)
-        fill_rows.watch(self._generator(), uid, job.fill)
         if job.spec is not None:
             self.spec.tally = job.spec_tally
-        if self._wants_mtp(job) and self.mtp is not None:
-            assert job.spec is not None  # (wants_mtp)
-            self.mtp.tally = job.spec_tally
-            self.mtp.add(uid, job.spec.num_draft_tokens or self.mtp.predictor.num_draft_tokens,
-                         job.session.usage, [*held, *(t for seg in segments for t in seg)],
-                         len(held))
+        if mtp is not None and job.spec is not None:
+            mtp.tally = job.spec_tally
+            mtp.add(uid, job.spec.num_draft_tokens or mtp.predictor.num_draft_tokens,
+                    job.request.sampler, job.session.usage, head)
         elif job.spec is not None:
-            self.spec.add(uid, job.spec, [*held, *(t for seg in segments for t in seg)],
-                          job.session.usage)
+            self.spec.add(uid, job.spec, [*held, *todo], job.session.usage)
         return uid
-
-    def _mtp_state(self, uid: int) -> Any:
-        """An MTP row's state for the lone-stream path (None: not an MTP row)."""
-        return self.mtp.leaving(uid) if self.mtp is not None and uid in self.mtp.rows else None
 
     def _solo_pacer(self) -> PrefillPacer:
         return self.pacer if self.solo_prefill is None else FixedChunk(self.solo_prefill)
@@ -283,20 +326,26 @@ class BatchLane:
             self._can_trim = trimmable(make_prompt_cache(self.model))
         return self._can_trim
 
-    def _generator(self) -> BatchGenerator:
-        if self._gen is None:
-            gen = make_generator(self.model, self.cap)
-            fill_rows.install(gen)  # rows with a fill session feed forced runs
-            if self.mtp is not None:  # MTP rows' heads read their prompts' hidden states
-                mtp_prompt.install(gen, self.mtp)
-                self.mtp.fresh()  # (a new generator numbers its rows from 0 again)
-            self._gen = gen
-            if self.adapters is not None:  # after install: routes the fill step's passes too
-                self.adapters.attach(gen, self._rows_sets)
-        return self._gen
+    def _get_batch(self) -> Batch:
+        if self._batch is None:
+            assert self._slots is not None  # (accepts)
+            route = None if self.adapters is None else self._route_rows
+            cached = self.prefix.max_bytes if self.prefix is not None else 0
+            self._batch = Batch(self._net, self._slots,
+                                pool_for(self._slots, self.admission, cached),
+                                before=route, reclaim=self._reclaim, tap=self.mtp, kv=self.kv,
+                                journal=self.journal)
+            direct.probe(self._batch)  # attention straight over blocks, where the model allows
+        return self._batch
+
+    def _reclaim(self, blocks: int) -> int:
+        """The pool ran short: give it the prefix cache's blocks, oldest entries first."""
+        if self.prefix is None or self._batch is None:
+            return 0
+        return self.prefix.reclaim(self._batch.layout, blocks)
 
     def _route_rows(self, uids: list[int]) -> None:
-        """Route a pass the lane runs itself (a speculative verify) by its rows' sets."""
+        """Route a forward pass by the adapter sets of the rows it carries."""
         if self.adapters is not None:
             self.adapters.route(self._rows_sets(uids), self._rows_sets)
 
@@ -307,30 +356,51 @@ class BatchLane:
             return [row.job.adapters for row in rows.values()]
         return [rows[uid].job.adapters for uid in uids]
 
+    def _fills(self) -> dict[int, Any]:
+        return {u: r.job.fill for u, r in self._rows.items() if r.job.fill is not None}
+
     # -- tokens out ----------------------------------------------------------------
-    def _route(self, r: GenerationBatch.Response) -> None:
-        row = self._rows.get(r.uid)
+    def _route(self, e: Emit) -> None:
+        row = self._rows.get(e.uid)
         if row is None:
             return
         job = row.job
-        self.spec.observe(r.uid, r.token)
+        if e.drafted:
+            counts = self.mtp if self.mtp is not None and e.uid in self.mtp.rows else self.spec
+            counts.count(e.uid, e.drafted, e.accepted)
+        self.spec.observe(e.uid, e.token)
         if not job.finished:
-            deliver(job, r.token, r.logprobs, fill_rows.run_of(self._generator(), r.uid))
-        if r.finish_reason is not None:  # the generator already dropped the row
-            self._forget(r.uid)
-            if not job.finished:
-                job.close("length")
-            self._publish(job, r.all_tokens, r.prompt_cache)
-        elif job.finished:
-            self._remove(r.uid, publish=True)
+            deliver(job, e.token, e.logprobs, e.forced)
+        if e.finish is not None and not job.finished:
+            job.close("length")
+        if job.finished:
+            self._remove(e.uid, publish=True)
 
     def _remove(self, uid: int, publish: bool) -> None:
+        """Drop row ``uid``; with ``publish`` its blocks go to the prefix cache as they are."""
         row = self._forget(uid)
-        want = publish and self._uses_prefix(row.job)
-        caches = self._generator().remove([uid], return_prompt_caches=want)
-        if want and uid in caches:
-            cache, tokens = caches[uid]
-            self._publish(row.job, tokens, cache)
+        batch = self._get_batch()
+        if publish and self._uses_prefix(row.job):
+            entry, tokens = batch.detach(uid)
+            self._publish(row.job, tokens, entry)
+        else:
+            batch.remove(uid)
+
+    def _leave(self, batch: Batch) -> None:
+        """The batch's one row, decoding with its next token sampled, goes on alone."""
+        (uid,) = self._rows
+        pending = batch.pending(uid)
+        mtp = self.mtp if self.mtp is not None and uid in self.mtp.rows else None
+        if pending is None or batch.prefilling or (batch.refeeding(uid) and mtp is None):
+            return  # (a lone stream feeds nothing again: prompt lookup's row waits a step)
+        cache, fed = batch.export(uid)
+        head = None if mtp is None else mtp.leaving(uid, batch.refeeding(uid))
+        batch.remove(uid)
+        job = self._rows.pop(uid).job  # it keeps its admission reservation
+        self.spec.drop(uid)
+        if mtp is not None:
+            mtp.drop(uid)
+        self._solo.resume(job, cache, fed, pending, self._solo_pacer(), head)
 
     # -- prefix publishing ----------------------------------------------------------
     def _uses_prefix(self, job: GenerationJob) -> bool:
@@ -338,17 +408,17 @@ class BatchLane:
         return job.cache_namespace is not None and self.prefix is not None
 
     def _publish(self, job: GenerationJob, tokens: Sequence[int] | None,
-                 cache: list[Any] | None, boundary: bool = False) -> None:
+                 cache: list[Any] | BlockEntry | None, boundary: bool = False) -> None:
         """Store ``job``'s KV ``cache`` of ``tokens`` (``boundary``: a snapshot at the
         prompt's end, for caches that cannot rewind)."""
         if self._uses_prefix(job) and self.prefix is not None and tokens and cache:
             self.prefix.store(job.cache_namespace, list(tokens), cache, boundary=boundary)
+        elif isinstance(cache, BlockEntry):
+            cache.release()
 
     def _publish_boundary(self, uid: int) -> None:
-        got = self._generator().extract_cache([uid]).get(uid)
-        if got is not None:
-            cache, tokens = got
-            self._publish(self._rows[uid].job, tokens, cache, boundary=True)
+        entry, tokens = self._get_batch().snapshot(uid)
+        self._publish(self._rows[uid].job, tokens, entry, boundary=True)
 
     def _drop_cancelled(self) -> None:
         self._solo.drop_cancelled()
@@ -364,6 +434,12 @@ class BatchLane:
     def _fail_all(self, error: str, reason: str = "error") -> None:
         for uid in list(self._rows):
             self._forget(uid).job.close(reason, error)
-        if self._gen is not None and reason == "error":
-            self._gen.close()
-            self._gen = None
+        if self._batch is not None:
+            self._batch.close()
+        if self.mtp is not None:
+            self.mtp.reset()  # (a failed pass may have left the heads' pool half written too)
+        if reason == "error" and self._batch is not None:
+            # a failed pass may have left the pool unusable
+            if self.prefix is not None:
+                self.prefix.drop_layout(self._batch.layout)
+            self._batch = None

@@ -169,7 +169,7 @@ class SerialLane:
                      and req.input_embeddings is None)
         if cacheable and prefix is not None:
             t0 = time.perf_counter()
-            cache, n = prefix.lookup(job.cache_namespace, prompt)
+            cache, n = prefix.lookup_dense(job.cache_namespace, prompt)
             job.session.phases["cache_lookup_s"] = time.perf_counter() - t0
         if cache is None:
             cache = make_prompt_cache(self.model)

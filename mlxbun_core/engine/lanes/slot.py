@@ -2,7 +2,7 @@
 :class:`~.solo.Solo` (or, for a request drafting with the model's MTP head, a
 :class:`~.solo_mtp.MtpSolo`), steps it, hands it into the batch when company arrives and
 takes the batch's last row back out; with the helpers the lane shares (``deliver``,
-``last_row``, ``BatchRow``). Kept apart from the solo loops so both build on ``Solo``
+``BatchRow``). Kept apart from the solo loops so both build on ``Solo``
 without importing each other's users.
 """
 
@@ -22,16 +22,18 @@ from .solo_mtp import MtpSolo
 if TYPE_CHECKING:
     import mlx.core as mx
     import mlx.nn as nn
-    from mlx_lm.generate import BatchGenerator
 
     from ...contract import TokenPredictor
     from ..admission import Admission
+    from ..speculate import HeadState
     from .tally import StepTally
 
 log = logging.getLogger("mlxbun.engine")
 
-Moving: TypeAlias = "tuple[GenerationJob, list[Any] | None, list[int], list[list[int]]]"
-"""A lone job joining the batch: ``(job, cache, held, segments)`` (see ``SoloSlot.join``)."""
+Moving: TypeAlias = ("tuple[GenerationJob, list[Any] | None, list[int], list[list[int]], "
+                      "HeadState | None]")
+"""A lone job joining the batch: ``(job, cache, held, segments, head)`` (see
+``SoloSlot.join``)."""
 
 
 class Publish(Protocol):
@@ -50,20 +52,6 @@ def deliver(job: GenerationJob, token: int, logprobs: mx.array,
     job.deliver(token, logprobs, forced)
 
 
-def last_row(gen: BatchGenerator) -> tuple[int, Pending] | None:
-    """``(uid, pending)`` when a BatchGenerator holds one row, decoding, whose next token
-    is already sampled (``pending``: the token array and its logprobs, not yet fed);
-    None otherwise, and None on an mlx-lm whose internals differ (the row stays batched)."""
-    try:
-        batch = gen._generation_batch
-        if len(batch) != 1 or len(gen._prompt_batch) or gen._unprocessed_sequences \
-                or batch._next_tokens is None:
-            return None
-        return batch.uids[0], (batch._next_tokens, batch._next_logprobs[0])
-    except (AttributeError, IndexError, TypeError):
-        return None
-
-
 class BatchRow:
     """A batch lane's row: its job, its prompt, and whether to publish the prompt-boundary KV."""
 
@@ -78,7 +66,7 @@ class BatchRow:
 class SoloSlot:
     """The batch lane's lone job, if any: started alone, stepped here, handed into the
     batch when company arrives (``join``) and back out when the batch drains to it
-    (``leave``). The job's admission reservation, made by the lane, stays with it across
+    (``resume``). The job's admission reservation, made by the lane, stays with it across
     both moves and is released when it ends here. ``publish(job, tokens, cache,
     boundary=False)`` and ``publishes(job)`` are the lane's prefix publishing; ``steps``
     counts its decode steps with the lane's (/metrics)."""
@@ -136,15 +124,11 @@ class SoloSlot:
             solo.settle()
             self.publish(self.end(), solo.fed, solo.cache)
 
-    def head_cache(self) -> list[Any] | None:
-        """The lone job's MTP head cache (None: it does not draft with a head)."""
-        head = getattr(self.solo, "head_cache", None)
-        return head() if callable(head) else None
-
     def join(self) -> Moving | None:
-        """Hand the lone job to the batch: ``(job, cache, held, segments)`` for the row
-        that goes on from here (``cache`` holds ``held``; ``segments`` are fed next), or
-        None when the token it had already sampled ended it."""
+        """Hand the lone job to the batch: ``(job, cache, held, segments, head)`` for the
+        row that goes on from here (``cache`` holds ``held``; ``segments`` are fed next;
+        ``head``: an MTP job's head, None for others), or None when the token it had
+        already sampled ended it."""
         solo = self.solo
         assert solo is not None  # joins only while it holds a job
         tokens, segments = solo.handoff()
@@ -159,23 +143,17 @@ class SoloSlot:
                 self.publish(self.end(), solo.fed, solo.cache)
                 return None
         self.solo = None  # the row keeps the admission reservation
-        return job, solo.cache if solo.fed else None, solo.fed, segments
+        head = solo.head_state() if isinstance(solo, MtpSolo) else None
+        return job, solo.cache if solo.fed else None, solo.fed, segments, head
 
-    def leave(self, gen: BatchGenerator, rows: dict[int, BatchRow], pacer: PrefillPacer,
-              mtp: Callable[[int], Any] | None = None) -> None:
-        """The batch's last decoding row (``rows``: uid -> row with a ``job``) goes on
-        alone, with the token the batch already sampled for it (``mtp(uid)``: an MTP
-        row's state, ``MtpBatch.leaving``; None for other rows)."""
-        last = last_row(gen)
-        if last is None:
-            return
-        uid, pending = last
-        state = mtp(uid) if mtp is not None else None
-        cache, fed = gen.remove([uid], return_prompt_caches=True)[uid]
-        job = rows.pop(uid).job  # it keeps its admission reservation
-        if state is not None and self.predictor is not None:
+    def resume(self, job: GenerationJob, cache: list[Any], fed: list[int],
+               pending: Pending, pacer: PrefillPacer, head: HeadState | None = None) -> None:
+        """The batch's last decoding row goes on alone: ``cache`` holds ``fed``;
+        ``pending`` is the token the batch sampled from it and has not fed; ``head``: an
+        MTP row's head (it drafts on alone)."""
+        if head is not None and self.predictor is not None:
             self.solo = MtpSolo.resume_mtp(self.model, job, cache, fed, pending, pacer,
-                                           self.predictor, state)
+                                           self.predictor, head)
             return
         self.solo = Solo.resume(self.model, job, cache, fed, pending, pacer)
 

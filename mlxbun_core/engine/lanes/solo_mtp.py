@@ -4,18 +4,18 @@ company arrives.
 
 Its prompt is read through the head (``MtpStream.read``). Joining the batch, the round
 in flight is read and settled without queueing another (``MtpStream.handoff``): its
-tokens are delivered, the cache holds exactly the tokens fed, and the tokens it still
-lacks (kept tokens a recurrent rollback took out, then the last one) are the row's
-segments; the head's cache goes with the row. A batch that drains to one MTP row hands
-it back out here (``resume_mtp``): the pending token (handed out with the next step), the
-row's head cache taken out of the batched one, its pending states and its refeed.
+tokens are delivered, the cache holds exactly the tokens fed, the last token is the
+row's next input and the head goes with the row (:meth:`MtpSolo.head_state`: its cache,
+the states it has not read, and the kept tokens a recurrent rollback took out, which
+the row feeds again first). A batch that drains to one MTP row hands it back out here
+(``resume_mtp``) with the same state, the pending token handed out with the next step.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
-from ..speculate import MtpStream
+from ..speculate import HeadState, MtpStream
 from .solo import Solo, Step, _steps
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ class MtpSolo(Solo):
                  pacer: PrefillPacer, predictor: TokenPredictor):
         super().__init__(model, job, cache, cached, pacer)
         self._spec_ok = False  # (not prompt lookup)
+        self._head: HeadState | None = None  # set by a hand-off mid-reply
         req, usage = job.request, job.session.usage
         assert job.spec is not None and req.sampler is not None  # an MTP job, prepared
         if usage.speculation is None:
@@ -47,21 +48,18 @@ class MtpSolo(Solo):
     @classmethod
     def resume_mtp(cls, model: nn.Module, job: GenerationJob, cache: list[Any],
                    fed: list[int], pending: tuple[mx.array, mx.array], pacer: PrefillPacer,
-                   predictor: TokenPredictor,
-                   state: tuple[list[Any], mx.array | None, list[int], list[int]]) -> MtpSolo:
+                   predictor: TokenPredictor, head: HeadState) -> MtpSolo:
         """A batch's last MTP row going on alone: ``cache`` holds ``fed``; ``pending`` the
-        ``(token array, logprobs)`` sampled and not fed; ``state`` its MTP state
+        ``(token array, logprobs)`` sampled and not fed; ``head`` its head
         (``MtpBatch.leaving``)."""
         import mlx.core as mx
 
         solo = cls(model, job, cache, 0, pacer, predictor)
         solo.fed[:] = fed
-        head, hidden, after, refeed = state
-        solo.mtp.head_cache = head
         y, logprobs = pending
         mx.eval(y, logprobs)
         token = cast(int, y.reshape(-1)[0].item())  # a token id
-        solo.mtp.resume(token, (token, logprobs), hidden, after, refeed)
+        solo.mtp.resume(token, (token, logprobs), head)
         return solo
 
     def step(self) -> list[Step] | None:
@@ -89,8 +87,9 @@ class MtpSolo(Solo):
     def handoff(self) -> tuple[list[tuple[int, mx.array]], list[list[int]]]:
         if not self.mtp.running:
             return super().handoff()  # still reading the prompt
-        out, feed = self.mtp.handoff()
-        return out, [feed]
+        out, token, self._head = self.mtp.handoff()
+        return out, [[token]]
 
-    def head_cache(self) -> list[Any]:
-        return self.mtp.head_cache
+    def head_state(self) -> HeadState:
+        """The head going into the batch with the job (after :meth:`handoff`)."""
+        return self._head or HeadState(self.mtp.head_cache)

@@ -3,9 +3,10 @@ multi-token-prediction head (``--draft-kind mtp``); per request ``draft_kind``.
 
 ``lookup``: the n-gram index that proposes drafts; ``stream``: one stream's verify loop
 (lone-stream and serial paths); ``batch``: lookup on the batch lane; ``mtp``: the MTP
-head's loop (serial lane, a lone request); ``mtp_batch``: MTP rows on the batch lane, with
-``mtp_head`` (their heads, batched) and ``mtp_prompt`` (the heads read the batched
-prefill); ``config``: the server flag and the request field.
+head's loop (serial lane, a lone request); ``mtp_batch``: MTP rows on the batch lane
+(the executor's tap: their heads read the batch's hidden states and draft on the
+device), with ``mtp_head`` (the heads' KV, paged); ``config``: the server flag and the
+request field.
 """
 
 from .config import (
@@ -19,9 +20,9 @@ from .config import (
            speculation_field,
 )
 from .lookup import PromptLookup
-from .mtp import MtpStream
+from .mtp import HeadState, MtpStream
 from .stream import SpecStream, SpecTally, rewindable, spec_steps, trim_to
 
-__all__ = ["MTP", "MtpStream", "PromptLookup", "SpecConfig", "SpecRequest", "SpecStream",
-           "SpecTally", "SpecUnavailable", "check_mtp", "resolve", "rewindable",
+__all__ = ["MTP", "HeadState", "MtpStream", "PromptLookup", "SpecConfig", "SpecRequest",
+           "SpecStream", "SpecTally", "SpecUnavailable", "check_mtp", "resolve", "rewindable",
            "server_config", "spec_steps", "speculation_field", "trim_to"]

@@ -24,6 +24,7 @@ still verify; they only see less context).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .stream import Emitted, SpecTally, count_round, process_window
@@ -37,6 +38,20 @@ if TYPE_CHECKING:
 MAX_REFEED = 32
 """Kept tokens carried into the next window after rollbacks before they get a forward
 of their own (each rollback of a window re-feeds what it carried)."""
+
+
+@dataclass
+class HeadState:
+    """An MTP request's head moving between the lone stream and the batch: the head's
+    ``cache`` (mlx-lm caches), the target's ``hidden`` states ``(1, k, H)`` it has not
+    read yet (None: none), the tokens ``after`` the first ``k - 1`` of them (the last
+    one's is the request's next input), and the tokens the target's cache still lacks
+    (``refeed``: kept tokens a recurrent rollback took out, fed ahead of the next input)."""
+
+    cache: list[Any]
+    hidden: mx.array | None = None
+    after: list[int] = field(default_factory=list)
+    refeed: list[int] = field(default_factory=list)
 
 
 class MtpStream:
@@ -79,15 +94,15 @@ class MtpStream:
         (no hidden state to draft from yet)."""
         self._launch(token, None)
 
-    def resume(self, token: int, emit: Emitted, hidden: mx.array | None, after: list[int],
-               refeed: list[int]) -> None:
-        """Go on from a batch row (``batch_lane``'s MTP state): ``token`` was sampled and
-        not fed (``emit``: handed out with the next step); ``hidden``: states the head
-        has not seen, followed by ``after`` and then ``token``; ``refeed``: tokens the
-        cache still lacks, fed ahead of ``token``."""
+    def resume(self, token: int, emit: Emitted, head: HeadState) -> None:
+        """Go on from a batch row: ``token`` was sampled and not fed (``emit``: handed out
+        with the next step); ``head``: the row's head, its pending states followed by
+        ``head.after`` and then ``token``, and the tokens to feed ahead of ``token``."""
         self._carry = [emit]
-        self.hidden, self._refeed = hidden, list(refeed)
-        self._launch(token, mx_tokens([*after, token]) if hidden is not None else None)
+        self.head_cache = head.cache
+        self.hidden, self._refeed = head.hidden, list(head.refeed)
+        after = head.after
+        self._launch(token, mx_tokens([*after, token]) if head.hidden is not None else None)
 
     def step(self) -> list[Emitted]:
         """Read the round in flight, settle the caches, queue the next; the tokens it
@@ -96,14 +111,15 @@ class MtpStream:
         self._launch(kept[-1], mx_tokens(kept))
         return out
 
-    def handoff(self) -> tuple[list[Emitted], list[int]]:
+    def handoff(self) -> tuple[list[Emitted], int, HeadState]:
         """Stop without queueing another round (the cache then holds ``fed``): the tokens
-        the round in flight produced, and those the cache still lacks, to be fed next
-        (kept tokens a rollback took out, then the last token)."""
+        the round in flight produced, the next input (its last token, not fed), and the
+        head's state (with the tokens the cache still lacks, fed ahead of that input)."""
         out, kept = self._read()
         self._window = None
         refeed, self._refeed = self._refeed, []
-        return out, [*refeed, kept[-1]]
+        hidden, self.hidden = self.hidden, None
+        return out, kept[-1], HeadState(self.head_cache, hidden, kept[:-1], refeed)
 
     def _read(self) -> tuple[list[Emitted], list[int]]:
         """Read the round in flight and settle the caches: its tokens (after any carried

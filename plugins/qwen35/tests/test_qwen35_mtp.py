@@ -74,22 +74,22 @@ def test_the_head_is_read_from_its_byte_ranges_in_bfloat16():
         assert v.dtype == whole[k].dtype == mx.bfloat16 and mx.array_equal(v, whole[k]).item()
 
 
-def test_the_batched_heads_draft_what_each_head_drafts_alone():
-    """The batch lane's heads (``engine/speculate/mtp_head.py``): rows of different
-    history lengths, each appending a different number of states a step (none, for one
-    row, in the second), draft in batched calls exactly what each row's own head drafts,
-    over two steps (the chained rows trimmed in between)."""
+def test_the_paged_heads_draft_what_each_head_drafts_alone():
+    """The batch lane's heads (``engine/speculate/mtp_head.py``: every row's head KV in
+    blocks of one pool): rows of different history lengths, each appending a different
+    number of states a step (none, for one row, in the second), draft in shared calls
+    exactly what each row's own head drafts, over two steps (the chained positions
+    dropped in between), and hold what each own head holds."""
     from mlx_lm.models.cache import trim_prompt_cache
-    from mlx_lm.sample_utils import make_sampler
 
-    from mlxbun_core.engine.speculate.mtp_head import HeadBatch
+    from mlxbun_core.engine.speculate.mtp_head import HeadPages
 
     predictor, _ = _predictor(tiny_checkpoint("qwen3_5", mtp="random", dtype="float32"))
     size = predictor.text.args.hidden_size
     mx.random.seed(5)
 
     def states(k):
-        return None if k == 0 else mx.random.normal((1, k, size))
+        return mx.random.normal((1, k, size))
 
     def alone(cache, hidden, after, x, depth):
         logits, state = predictor.predict(hidden, mx.array([after + [x]]), cache)
@@ -101,61 +101,85 @@ def test_the_batched_heads_draft_what_each_head_drafts_alone():
         return drafts
 
     histories = [3, 7, 1]
-    own, ref = [], []
-    for n in histories:  # each row's head reads its "prompt" on its own cache
-        pair = predictor.make_cache(), predictor.make_cache()
+    pages = HeadPages(predictor, len(predictor.make_cache()))
+    ref = []
+    for uid, n in enumerate(histories):  # each row's head reads its "prompt" on its own
+        own, mine = predictor.make_cache(), predictor.make_cache()
         hidden, tokens = states(n), mx.array([list(range(10, 10 + n))])
-        for cache in pair:
+        for cache in (own, mine):
             predictor.predict(hidden, tokens, cache)
-        own.append(pair[0])
-        ref.append(pair[1])
-    heads = HeadBatch(predictor)
-    heads.sync([0, 1, 2], dict(enumerate(own)))
-    greedy = [make_sampler(0.0)] * 3
+        pages.add(uid, own)  # (moved in as the lone stream hands it over)
+        ref.append(mine)
     for step, ks in enumerate([[1, 3, 2], [2, 0, 1]]):
-        pending = [states(k) for k in ks]
-        after = [list(range(20 + step, 20 + step + k - 1)) if k else [] for k in ks]
-        xs = [40 + r for r in range(3)]
-        drafts = heads.draft(pending, after, [mx.array([x]) for x in xs], 3, greedy)
-        for r, k in enumerate(ks):
-            if k:
-                assert drafts[r].tolist() == alone(ref[r], pending[r], after[r], xs[r], 3)
-    assert heads.cache[0].offset.tolist() == [c[0].offset for c in ref]
+        rows = [r for r, k in enumerate(ks) if k]
+        pending = {r: states(ks[r]) for r in rows}
+        after = {r: list(range(20 + step, 20 + step + ks[r] - 1)) for r in rows}
+        xs = {r: 40 + r for r in rows}
+        more = [r for r in rows if ks[r] > 1]
+        width = max(ks[r] - 1 for r in more)
+        grid = mx.concatenate([mx.concatenate([pending[r][:, :-1], mx.zeros(
+            (1, width - ks[r] + 1, size))], axis=1) for r in more])
+        pages.append(more, grid, mx.array([after[r] + [0] * (width - len(after[r]))
+                                           for r in more]), [ks[r] - 1 for r in more])
+        logits, state = pages.append(rows, mx.concatenate([pending[r][:, -1:] for r in rows]),
+                                     mx.array([[xs[r]] for r in rows]), [1] * len(rows))
+        drafts = [mx.argmax(logits, axis=-1)]
+        lengths = [pages.length(r) for r in rows]
+        for _ in range(2):
+            logits, state = pages.append(rows, state[:, -1:], drafts[-1][:, None],
+                                         [1] * len(rows))
+            drafts.append(mx.argmax(logits, axis=-1))
+        pages.rewind(rows, lengths)
+        got = mx.stack(drafts, axis=1).tolist()
+        for j, r in enumerate(rows):
+            assert got[j] == alone(ref[r], pending[r], after[r], xs[r], 3), (step, r)
+    for r, cache in enumerate(ref):
+        (exported,) = pages.export(r)
+        n = cache[0].offset
+        assert exported.offset == n
+        assert mx.allclose(exported.keys[..., :n, :], cache[0].keys[..., :n, :],
+                           atol=1e-5).item()
+        pages.drop(r)
+    assert pages.pool.used == 0
 
 
 def test_the_heads_read_prompts_from_the_batched_prefill():
-    """On the batch lane the heads read their rows' prompts from mlx-lm's batched
-    prefill (``engine/speculate/mtp_prompt.py``): prompts of different lengths, read in
-    several chunks with right padding, leave each head the rows the serial loop's own read
-    gives it (the target's state at each position paired with the next prompt token), and
-    the last prompt token's state pending."""
-    from mlx_lm.generate import BatchGenerator
-
-    from mlxbun_core.engine.speculate import mtp_prompt
+    """On the batch lane the heads read their rows' prompts from the batch's prefill
+    passes (the executor's tap): prompts of different lengths, read in several chunks
+    with right padding beside a plain row, leave each head the rows the serial loop's own
+    read gives it (the target's state at each position paired with the next prompt
+    token), and the last prompt token's state pending after the first decode step."""
+    from mlxbun_core.engine.batch import Batch, BlockPool
+    from mlxbun_core.engine.batch.layout import layout
     from mlxbun_core.engine.speculate.mtp_batch import MtpBatch
 
     predictor, model = _predictor(tiny_checkpoint("qwen3_5", mtp="random", dtype="float32"))
-    prompts = [[5, 17, 99, 240, 7, 31, 8, 64, 12], [3, 44, 250, 6]]
-    gen = BatchGenerator(model, completion_batch_size=4, prefill_batch_size=4,
-                         prefill_step_size=3)
-    uids = gen.insert(prompts, max_tokens=[4, 4])
+    prompts = [[5, 17, 99, 240, 7, 31, 8, 64, 12], [3, 44, 250, 6], [9, 9, 81, 2, 77, 5]]
     mtp = MtpBatch(predictor)
-    mtp_prompt.install(gen, mtp)
-    for uid, prompt in zip(uids, prompts, strict=True):
-        mtp.add(uid, 2, SimpleNamespace(speculation=None), prompt, 0)
-    while len(gen._generation_batch) < len(uids):
-        gen.next()
-    for uid, prompt in zip(uids, prompts, strict=True):
-        row = mtp.rows[uid]
+    batch = Batch(model, layout(model), BlockPool(4, 8, 1000), tap=mtp)
+    for uid, prompt in enumerate(prompts):
+        batch.add(uid, prompt, budget=4, tapped=uid != 2)
+        if uid != 2:
+            mtp.add(uid, 2, None, SimpleNamespace(speculation=None))
+    while batch.prefilling:
+        batch.prefill({u: 3 for u in batch.prefilling})
+    batch.decode()  # the prompts' last tokens
+    for uid, prompt in enumerate(prompts[:2]):
         _, hidden = predictor.forward(mx.array([prompt]), model.make_cache())
         alone = predictor.make_cache()
         predictor.predict(hidden[:, :-1], mx.array([prompt[1:]]), alone)
-        assert row.pos == len(prompt) - 1
-        keys, want = row.head_cache[0].state[0], alone[0].state[0]
-        assert keys.shape == want.shape
-        assert mx.allclose(keys, want, atol=1e-4).item()
-        assert mx.allclose(row.hidden, hidden[:, -1:], atol=1e-4).item()
-    gen.close()
+        (head,) = mtp.pages.export(uid)
+        n = len(prompt) - 1
+        assert head.offset == n
+        assert mx.allclose(head.keys[..., :n, :], alone[0].keys[..., :n, :],
+                           atol=1e-4).item()
+        pending = mtp.rows[uid].hidden
+        assert pending.shape[1] == 1
+        assert mx.allclose(pending, hidden[:, -1:], atol=1e-4).item()
+    batch.close()
+    for uid in (0, 1):
+        mtp.drop(uid)
+    assert batch.pool.used == 0 and mtp.pages.pool.used == 0
 
 
 @pytest.mark.parametrize("dtype,size", [("float32", 4), (None, 2)])  # None: bfloat16
@@ -184,7 +208,7 @@ def test_the_head_names_its_weight_bytes_before_loading_them(model_type, dtype):
     """``weight_bytes`` (what memory admission bills once ``loaded``) comes from the file
     headers before anything is read, and is what the loaded head's parameters hold:
     bfloat16 kept as stored, the MoE head's fused experts split into mlx-lm's stacks."""
-    from mlxbun_core.engine.admission import weight_bytes
+    from mlxbun_core.models.facts import weight_bytes
 
     path = tiny_checkpoint(model_type, mtp="random", dtype=dtype)
     loaded = loader.load(str(path), LoadOptions())

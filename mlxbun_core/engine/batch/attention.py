@@ -1,0 +1,262 @@
+"""Attention that reads a row's KV straight from its blocks (short queries on CUDA).
+
+The portable path (``view.PagedLayer`` by default) gathers every row's blocks into a
+dense ``(rows, heads, keys, dim)`` array and hands it to the model's attention: plain
+MLX ops on every backend, but each pass copies the batch's KV once more and reads
+past each row's end up to the longest row. For decode steps and short windows (a
+speculative verify, a forced run) on CUDA, :func:`paged_attention` runs a kernel of our
+own (``mx.fast.cuda_kernel``) that walks each row's block table and reads only that
+row's keys and values, once per KV head for all the query heads that share it: no
+gather, no padded positions, and no cuDNN graph built per new shape.
+
+It reaches the model the only way mlx-lm leaves open: the model calls
+``mx.fast.scaled_dot_product_attention`` (through ``mlx_lm.models.base``) with the keys
+and values its cache object returned. In direct mode the cache object returns its
+store's own arrays and notes the pass; :func:`install` wraps MLX's attention function
+once per process, and the wrapper sends a call carrying a noted store to
+:func:`paged_attention`, every other call to MLX. Whether a model may run direct is
+decided by a probe at the batch's start (``probe``): one small pass both ways, compared.
+
+``paged_reference`` is the same contract in plain MLX ops: the CPU tests check the
+dispatch with it, and the GPU benchmark checks the kernel against it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Any, Protocol
+
+import mlx.core as mx
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .storage import LayerStore
+
+
+class Window(Protocol):
+    """What attention reads of a pass's tables (``view.Window``, which imports this
+    module: so a protocol here, not an import)."""
+
+    blocks: mx.array  # (rows, n) block tables
+    offset: mx.array  # (rows,) each row's first query position
+    starts: np.ndarray  # the same on the host
+    width: int
+
+    def mask(self, window: int | None = None) -> mx.array: ...
+
+log = logging.getLogger("mlxbun.engine")
+
+# "auto": the kernel on CUDA, the gathered path elsewhere; "kernel" / "reference": direct
+# mode with the kernel or with plain ops (tests and benchmarks); "gather": never direct
+MODE = "auto"
+MAX_QUERY = 16  # window positions the kernel takes; longer passes gather (prefill chunks)
+SHARED_FLOATS = 8192  # the kernel's per-warp partial results fit 32 KB of shared memory
+
+_local = threading.local()  # the pass's noted stores: id(keys array) -> (store, view, window)
+_kernels: dict[tuple[Any, ...], Any] = {}  # the compiled kernels, by dtype and shape
+
+
+def note(keys: mx.array, store: LayerStore, view: Window, window: int | None) -> None:
+    """Mark ``keys`` (a store's own array, returned by a cache object in direct mode)."""
+    noted = getattr(_local, "noted", None)
+    if noted is None:
+        noted = _local.noted = {}
+    noted[id(keys)] = (keys, store, view, window)
+
+
+def _take(keys: mx.array) -> tuple[LayerStore, Window, int | None] | None:
+    noted = getattr(_local, "noted", None)
+    got = noted.pop(id(keys), None) if noted else None
+    if got is None or got[0] is not keys:
+        return None
+    return got[1], got[2], got[3]
+
+
+def install() -> None:
+    """Make MLX's attention function ours, outermost (idempotent: another wrapper
+    installed since, such as ``engine/attention_route.py``, is wrapped in turn)."""
+    current = mx.fast.scaled_dot_product_attention
+    if getattr(current, "mlxbun_paged", False):
+        return
+
+    def attention(q: mx.array, k: mx.array, v: mx.array, *args: Any, **kw: Any) -> mx.array:
+        noted = _take(k)
+        if noted is None:
+            return current(q, k, v, *args, **kw)
+        store, view, window = noted
+        scale = kw.get("scale", args[0] if args else 1.0)
+        return paged_attention(q, store, view, window, float(scale), use_kernel())
+
+    attention.mlxbun_paged = True  # type: ignore[attr-defined]  # marks our wrapper
+    mx.fast.scaled_dot_product_attention = attention
+
+
+def wanted() -> bool:
+    """Whether batches should try direct mode in this process."""
+    return MODE in ("kernel", "reference") or (MODE == "auto" and cuda_ready())
+
+
+def cuda_ready() -> bool:
+    """Whether this process runs MLX on a CUDA device."""
+    cuda = getattr(mx, "cuda", None)
+    return bool(cuda is not None and cuda.is_available() and mx.default_device() == mx.gpu)
+
+
+def use_kernel() -> bool:
+    return MODE == "kernel" or (MODE == "auto" and cuda_ready())
+
+
+def direct_fits(store: LayerStore, width: int) -> bool:
+    """Whether a pass of ``width`` over ``store``'s layer runs direct (the kernel takes
+    head dims in multiples of 32, the same for keys and values)."""
+    k, v = store.keys, store.values
+    if k is None or v is None or width > MAX_QUERY:
+        return False
+    return not use_kernel() or (k.shape[-1] == v.shape[-1] and k.shape[-1] % 32 == 0
+                                and k.dtype in (mx.float16, mx.bfloat16, mx.float32))
+
+
+def paged_attention(q: mx.array, store: LayerStore, view: Window, window: int | None,
+                    scale: float, use_kernel: bool) -> mx.array:
+    """Attention of queries ``q`` (``(rows, q_heads, width, dim)``) over the rows' blocks
+    of ``store``: query ``i`` of row ``r`` sees positions ``<= start[r] + i`` (and,
+    with ``window``, the last ``window`` of them)."""
+    if use_kernel:
+        return _kernel_attention(q, store, view, window, scale)
+    return paged_reference(q, store, view, window, scale)
+
+
+def paged_reference(q: mx.array, store: LayerStore, view: Window, window: int | None,
+                    scale: float) -> mx.array:
+    """:func:`paged_attention` in plain MLX ops: gather, mask, softmax in float32."""
+    keys, values = store.gather(view.blocks)
+    rows, heads, width, dim = q.shape
+    rep = heads // keys.shape[1]
+    qf = (q.astype(mx.float32) * scale).reshape(rows, keys.shape[1], rep, width, dim)
+    scores = qf @ keys.astype(mx.float32)[:, :, None].swapaxes(-1, -2)
+    mask = view.mask(window)[:, :, None]  # (rows, 1, 1, width, keys)
+    scores = mx.where(mask, scores, -mx.inf)
+    probs = mx.softmax(scores, axis=-1)
+    out = probs @ values.astype(mx.float32)[:, :, None]
+    return out.reshape(rows, heads, width, -1).astype(q.dtype)
+
+
+# One thread block per (row, KV head, query position, split of the keys): its warps walk
+# the split's keys (a key per warp at a time, each lane holding D/32 of the head dims for
+# every query head sharing the KV head), keep an online softmax, and leave the split's
+# (max, sum, weighted values); plain ops combine the splits. Splitting the keys keeps the
+# device busy when there are few rows (a lone long stream) as well as many.
+_SOURCE = """
+    constexpr int PER = D / 32;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int W = params[0], NB = params[1], window = params[2], HKV = params[3];
+    const int S = params[4], CHUNK = params[5];
+    int blk = blockIdx.x;
+    const int split = blk % S; blk /= S;
+    const int wi = blk % W; blk /= W;
+    const int hkv = blk % HKV; const int b = blk / HKV;
+    const int HQ = HKV * R;
+    const int pos = starts[b] + wi;
+    int hi = min(pos, NB * BS - 1);
+    int lo = window > 0 ? max(0, pos - window + 1) : 0;
+    lo = max(lo, split * CHUNK);
+    hi = min(hi, split * CHUNK + CHUNK - 1);
+    const float sc = scale[0];
+    float qv[R][PER], acc[R][PER], m[R], l[R];
+    for (int r = 0; r < R; ++r) {
+        const T* qp = q + (((size_t)(b * HQ + hkv * R + r) * W + wi) * D) + lane * PER;
+        for (int i = 0; i < PER; ++i) {
+            qv[r][i] = static_cast<float>(qp[i]) * sc;
+            acc[r][i] = 0.f;
+        }
+        m[r] = -INFINITY; l[r] = 0.f;
+    }
+    for (int j = lo + warp; j <= hi; j += WARPS) {
+        const size_t slot = (size_t)blocks[b * NB + j / BS] * BS + (j % BS);
+        const T* kp = k + (slot * HKV + hkv) * D + lane * PER;
+        const T* vp = v + (slot * HKV + hkv) * D + lane * PER;
+        float kk[PER], vv[PER];
+        for (int i = 0; i < PER; ++i) {
+            kk[i] = static_cast<float>(kp[i]);
+            vv[i] = static_cast<float>(vp[i]);
+        }
+        for (int r = 0; r < R; ++r) {
+            float s = 0.f;
+            for (int i = 0; i < PER; ++i) s += qv[r][i] * kk[i];
+            for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+            const float mn = fmaxf(m[r], s);
+            const float corr = __expf(m[r] - mn);
+            const float p = __expf(s - mn);
+            l[r] = l[r] * corr + p;
+            for (int i = 0; i < PER; ++i) acc[r][i] = acc[r][i] * corr + p * vv[i];
+            m[r] = mn;
+        }
+    }
+    __shared__ float sm_m[WARPS * R];
+    __shared__ float sm_l[WARPS * R];
+    __shared__ float sm_acc[WARPS * R * D];
+    for (int r = 0; r < R; ++r) {
+        if (lane == 0) { sm_m[warp * R + r] = m[r]; sm_l[warp * R + r] = l[r]; }
+        for (int i = 0; i < PER; ++i) sm_acc[(warp * R + r) * D + lane * PER + i] = acc[r][i];
+    }
+    __syncthreads();
+    for (int e = tid; e < R * D; e += WARPS * 32) {
+        const int r = e / D, d = e % D;
+        float M = -INFINITY;
+        for (int w = 0; w < WARPS; ++w) M = fmaxf(M, sm_m[w * R + r]);
+        float L = 0.f, A = 0.f;
+        for (int w = 0; w < WARPS; ++w) {
+            const float mw = sm_m[w * R + r];
+            const float c = mw == -INFINITY ? 0.f : __expf(mw - M);
+            L += sm_l[w * R + r] * c;
+            A += sm_acc[(w * R + r) * D + d] * c;
+        }
+        const size_t row = ((size_t)(b * HQ + hkv * R + r) * W + wi) * S + split;
+        acc_out[row * D + d] = A;
+        if (d == 0) { m_out[row] = M; l_out[row] = L; }
+    }
+"""
+
+CHUNK = 256  # keys per split
+WARPS = 4
+
+
+def _kernel_attention(q: mx.array, store: LayerStore, view: Window, window: int | None,
+                      scale: float) -> mx.array:
+    keys, values = store.keys, store.values
+    assert keys is not None and values is not None
+    rows, heads, width, dim = q.shape
+    hkv = keys.shape[1]
+    rep = heads // hkv
+    warps = max(1, min(WARPS, SHARED_FLOATS // (rep * dim)))
+    splits = max(1, -(-(int(view.starts.max()) + width) // CHUNK))
+    key = (keys.dtype, dim, rep, store.pool.block_size, warps)
+    kernel: Any = _kernels.get(key)
+    if kernel is None:
+        kernel = _kernels[key] = mx.fast.cuda_kernel(
+            name="mlxbun_paged_attention",
+            input_names=["q", "k", "v", "blocks", "starts", "params", "scale"],
+            output_names=["acc_out", "m_out", "l_out"], source=_SOURCE)
+    params = mx.array([width, view.blocks.shape[1], window or 0, hkv, splits, CHUNK],
+                      dtype=mx.int32)
+    part = (rows, heads, width, splits)
+    acc, m, total = kernel(
+        inputs=[q.astype(keys.dtype), keys, values, view.blocks, view.offset, params,
+                mx.array([scale], dtype=mx.float32)],
+        template=[("T", keys.dtype), ("D", dim), ("R", rep),
+                  ("BS", store.pool.block_size), ("WARPS", warps)],
+        grid=(rows * hkv * width * splits * warps * 32, 1, 1), threadgroup=(warps * 32, 1, 1),
+        output_shapes=[(*part, dim), part, part],
+        output_dtypes=[mx.float32, mx.float32, mx.float32])
+    return combine(acc, m, total).astype(q.dtype)
+
+
+def combine(acc: mx.array, m: mx.array, total: mx.array) -> mx.array:
+    """Attention from per-split partials: ``acc`` (``(..., splits, dim)``, the split's
+    softmax-weighted values before normalising), ``m`` and ``total`` (``(..., splits)``,
+    its max score and sum of exponentials; an empty split has ``m = -inf``)."""
+    top = mx.max(m, axis=-1, keepdims=True)
+    w = mx.where(m == -mx.inf, 0.0, mx.exp(m - top))
+    return (acc * w[..., None]).sum(axis=-2) / (total * w).sum(axis=-1)[..., None]

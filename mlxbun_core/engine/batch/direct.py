@@ -1,0 +1,84 @@
+"""Whether a model may run direct attention over blocks (``attention.py``).
+
+Direct mode relies on the model handing the keys and values its cache returned to
+``mx.fast.scaled_dot_product_attention`` untouched. Most mlx-lm models do; a model that
+reshapes, repeats or slices them would read the pool wrong. So before a batch turns it
+on, :func:`probe` runs one decode pass of two short synthetic rows both ways, gathered
+and direct, and compares the logits: any difference (or error) keeps the model on the
+gathered path, with a log line saying so.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import cast
+
+import mlx.core as mx
+
+from . import attention
+from .executor import Batch
+from .pool import BlockPool
+from .states import copy_state
+from .storage import LayerStore
+from .view import PagedLayer
+
+log = logging.getLogger("mlxbun.engine")
+
+PROBE_ROWS = (11, 4)  # prompt lengths of the two synthetic rows
+TOLERANCE = 2e-2  # on logits, in the model's dtype (bfloat16 rounding of two summation orders)
+
+
+def probe(batch: Batch) -> bool:
+    """Run the probe on a scratch batch over ``batch``'s model and layers; set
+    ``batch.direct`` to its verdict and return it."""
+    batch.direct = False
+    if not attention.wanted() or not any(s is not None for s in batch.layout.stores):
+        return False
+    if batch.layout.journal is not None:  # a distributed batch: the scratch pool is ours alone
+        return False
+    attention.install()
+    scratch = Batch(batch.model, batch.layout.slots, BlockPool(batch.pool.block_size, 16))
+    try:
+        ok = _same_both_ways(scratch)
+    except Exception as exc:  # a model the direct path cannot drive: stay gathered
+        log.info("direct paged attention off for this model (%s)", exc)
+        ok = False
+    finally:
+        scratch.close()
+    if ok:
+        log.info("paged attention: direct (%s)", "kernel" if attention.cuda_ready()
+                 else attention.MODE)
+    batch.direct = ok
+    return ok
+
+
+def _same_both_ways(scratch: Batch) -> bool:
+    for uid, n in enumerate(PROBE_ROWS):
+        scratch.add(uid, [1 + (7 * i) % 97 for i in range(n)], budget=2)
+    while scratch.prefilling:
+        scratch.prefill({u: 16 for u in scratch.prefilling})
+    rows = [scratch.rows[u] for u in scratch.decoding]
+    assert scratch._next is not None
+    inputs = scratch._next[:, None]
+    scratch._reserve(rows, [1] * len(rows))
+    out = []
+    for direct in (False, True):
+        view = scratch.window([r.table for r in rows], [1] * len(rows), 1)
+        view.direct = direct
+        states = [copy_state(c) for c in scratch.states.caches]  # both passes start alike
+        rec = iter(states)
+        caches = [next(rec) if store is None else  # (no KV scheme here: plain stores)
+                  PagedLayer(cast(LayerStore, store), view, slot.window)
+                  for slot, store in zip(scratch.layout.slots, scratch.layout.stores)
+                  if not isinstance(store, list)]
+        if len(caches) != len(scratch.layout.slots):
+            return False  # a CacheList layer: such models keep the gathered path
+        logits = scratch.forward(inputs, caches)
+        mx.eval(logits)
+        out.append(logits.astype(mx.float32))
+    diff = float(cast(float, mx.max(mx.abs(out[0] - out[1])).item()))
+    scale = float(cast(float, mx.max(mx.abs(out[0])).item())) or 1.0
+    if diff > TOLERANCE * max(1.0, scale):
+        log.info("direct paged attention off for this model: logits differ by %.3g", diff)
+        return False
+    return True

@@ -1,0 +1,149 @@
+"""One forward pass over the batch's rows, as the model's layers see it.
+
+mlx-lm's model code talks to a cache object per layer: ``offset`` (where the new tokens
+start, for RoPE), ``make_mask`` and ``update_and_fetch``. :class:`PagedLayer` is that
+object over the block pool. The tables every layer needs (each row's slots for its new
+tokens, its block table, its offset, the mask) are built once per pass in
+:class:`Window` and shared by all layers, so a pass costs one table build, not one per
+layer.
+
+A pass feeds every row a window of the same width ``W``; row ``r`` keeps its first
+``n[r]`` positions. Positions past that are padding: their keys and values go to the
+trash block, and causal masking keeps every real query off them. Keys past a row's
+length are masked the same way, so rows of any lengths share a pass with no padding of
+their KV (the portable attention still gathers up to the longest row; a kernel over
+block tables reads only each row's own).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+import numpy as np
+
+from . import attention
+from .pool import TRASH
+
+if TYPE_CHECKING:
+    from .pool import BlockTable
+    from .storage import LayerStore
+
+
+class Window:
+    """The tables of one pass: ``tables`` (the rows' block tables, their ``length``
+    being where this pass writes), ``valid[r]`` real positions of row ``r`` in a pass
+    of width ``width``. :meth:`plan` is the same as plain data, :meth:`replay` makes
+    it again from that (a distributed follower's pass over its own stores)."""
+
+    def __init__(self, tables: list[BlockTable], valid: list[int], width: int):
+        bs = tables[0].pool.block_size
+        starts = [t.length for t in tables]
+        nb = _blocks_seen(starts, width, bs)
+        self._build(bs, starts, list(valid), width, [t.blocks[:nb] for t in tables])
+
+    @classmethod
+    def replay(cls, plan: tuple[Any, ...], block_size: int) -> Window:
+        """The window :meth:`plan` describes, over a pool of ``block_size``."""
+        starts, valid, width, blocks, direct = plan
+        view = cls.__new__(cls)
+        view._build(block_size, starts, valid, width, blocks)
+        view.direct = direct
+        return view
+
+    def plan(self) -> tuple[Any, ...]:
+        """``(starts, valid, width, blocks, direct)``: each row's first position, real
+        positions and block ids (those the pass reads), the width, direct attention."""
+        return (*self._plan, self.direct)
+
+    def _build(self, bs: int, starts: list[int], valid: list[int], width: int,
+               row_blocks: list[list[int]]) -> None:
+        self._plan = (starts, valid, width, row_blocks)
+        self.rows, self.width = len(starts), width
+        self.starts = np.array(starts, dtype=np.int64)
+        # write slots: (rows, width); padding goes to the trash block's slots
+        pos = self.starts[:, None] + np.arange(width)[None, :]
+        keep = np.arange(width)[None, :] < np.array(valid)[:, None]
+        nb = _blocks_seen(starts, width, bs)
+        blocks = np.full((self.rows, nb), TRASH, dtype=np.int64)
+        for r, ids in enumerate(row_blocks):
+            blocks[r, :len(ids)] = ids
+        row_blocks_at = np.take_along_axis(blocks, np.minimum(pos // bs, nb - 1), axis=1)
+        slots = np.where(keep, row_blocks_at * bs + pos % bs, pos % bs)
+        self.write_slots = mx.array(slots.reshape(-1).astype(np.int32))
+        self.blocks = mx.array(blocks.astype(np.int32))
+        self.key_length = nb * bs
+        self.offset = mx.array(self.starts.astype(np.int32))
+        self._masks: dict[int | None, mx.array] = {}
+        self.direct = False  # layers hand attention their stores (``attention.py``)
+
+    def mask(self, window: int | None = None) -> mx.array:
+        """``(rows, 1, width, keys)``: query ``i`` of row ``r`` (at position
+        ``start[r] + i``) sees key ``j`` when ``j <= start[r] + i`` (and, for a sliding
+        layer, ``j > start[r] + i - window``)."""
+        got = self._masks.get(window)
+        if got is None:
+            q = self.offset[:, None, None, None] + mx.arange(self.width)[None, None, :, None]
+            k = mx.arange(self.key_length)[None, None, None, :]
+            got = k <= q
+            if window is not None:
+                got = got & (k > q - window)
+            self._masks[window] = got
+        return got
+
+
+def _blocks_seen(starts: list[int], width: int, block_size: int) -> int:
+    """How many blocks of each row's table a pass of ``width`` from ``starts`` reads."""
+    return max(1, max(-(-(s + width) // block_size) for s in starts))
+
+
+class PagedLayer:
+    """A layer's cache for one pass (mlx-lm's cache protocol, the parts a forward
+    pass uses): writes go to ``store`` at the window's slots, reads gather the rows'
+    blocks. ``window``: the layer's sliding window (None: full attention)."""
+
+    def __init__(self, store: LayerStore, view: Window, window: int | None = None):
+        self.store, self.view, self.window = store, view, window
+
+    @property
+    def offset(self) -> mx.array:
+        return self.view.offset
+
+    # Some model code reaches for a cache's arrays between calls: to hang its graph
+    # on them (``keys = mx.depends(keys, ...)``) or to drop what it does not need
+    # (``values = zeros``). The pool's arrays are the whole pool's and are evaluated
+    # after every pass anyway, so reads get them and assignments are ignored.
+    @property
+    def keys(self) -> mx.array | None:
+        return self.store.keys
+
+    @keys.setter
+    def keys(self, _: Any) -> None:
+        pass
+
+    @property
+    def values(self) -> mx.array | None:
+        return self.store.values
+
+    @values.setter
+    def values(self, _: Any) -> None:
+        pass
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        store = self.store
+        store.write(self.view.write_slots, keys, values)
+        if self.view.direct and attention.direct_fits(store, self.view.width):
+            assert store.keys is not None and store.values is not None
+            attention.note(store.keys, store, self.view, self.window)
+            return store.keys, store.values
+        return store.gather(self.view.blocks)
+
+    def make_mask(self, n: int, return_array: bool = False,
+                  window_size: int | None = None, **_: Any) -> mx.array:
+        return self.view.mask(window_size if window_size is not None else self.window)
+
+    def is_trimmable(self) -> bool:  # asked by some model code before a pass
+        return True
+
+    def empty(self) -> bool:
+        return False
