@@ -103,26 +103,32 @@ class ScriptedModel(nn.Module):
 
 class BatchedScriptedModel(ScriptedModel):
     """A ScriptedModel for the batch lane, where one forward carries several rows that
-    join, leave and move between a batch and single-sequence caches. Each row's token
-    history rides along as one more cache layer (a "tape": the ids stored as keys), so
-    every path the engine moves KV on (mlx-lm's batch merge, filter and extend, prefix
-    cache copies and trims, the solo hand-off) moves the history with it. A row's script
-    is the plugin's ``reply`` (or ``text``) for the prompt it ended with: looked up per
-    row, never shared."""
+    join, leave and move between the block pool and single-sequence caches. Each row's
+    token history rides along as one more cache layer (a "tape": the ids stored as
+    keys), so every path the engine moves KV on (the pool's blocks, prefix cache shares
+    and copies, the solo hand-offs) moves the history with it. A row's script is the
+    plugin's ``reply`` (or ``text``) for the prompt it ended with: looked up per row,
+    never shared.
+
+    Only a one-token pass is scripted: the engine samples from those alone (a prompt's
+    last token is fed by the first decode step, on the batch and alone), while the
+    prefill passes before it may pad rows to a common width."""
 
     def make_cache(self):
         from mlx_lm.models.cache import KVCache
 
         return [*super().make_cache(), KVCache()]
 
-    def _histories(self, inputs, tape) -> list[np.ndarray]:
-        """Every row's tokens so far (its left padding cut off)."""
+    @staticmethod
+    def _histories(inputs, tape) -> list[np.ndarray]:
+        """Every row's tokens so far, this pass's included (a pool layer's ``offset``
+        is per row, a plain cache's one number)."""
         ids = inputs.astype(mx.float32)[:, None, :, None]
+        starts = np.broadcast_to(np.array(tape.offset), (inputs.shape[0],)).tolist()
         keys, _ = tape.update_and_fetch(ids, ids)
         rows = np.array(keys[:, 0, :, 0].astype(mx.int32))
-        pad = getattr(tape, "left_padding", None)
-        pads = pad.tolist() if pad is not None else [0] * rows.shape[0]
-        return [rows[b, pads[b]:] for b in range(rows.shape[0])]
+        width = inputs.shape[1]
+        return [rows[b, :starts[b] + width] for b in range(rows.shape[0])]
 
     def _row_script(self, history: np.ndarray, pos: int) -> list:
         """The script of the row whose prompt is ``history[:len - pos]``."""
@@ -151,8 +157,11 @@ class BatchedScriptedModel(ScriptedModel):
         if cache is None:
             return self.inner(inputs, **kw)
         logits = self.inner(inputs, cache=cache[:-1], **kw)
+        histories = self._histories(inputs, cache[-1])
+        if inputs.shape[1] != 1:
+            return logits
         vocab, forced = logits.shape[-1], []
-        for b, history in enumerate(self._histories(inputs, cache[-1])):
+        for b, history in enumerate(histories):
             pos = self._last_anchor(history)
             if pos is None:
                 forced.append(logits[b])
