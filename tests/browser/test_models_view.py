@@ -59,12 +59,14 @@ def test_models_view_search_download_serve_delete(page, served, tmp_path):
     page.screenshot(path=str(shots(tmp_path) / "webapp-models.png"))
 
     page.click(f"{row} >> text=Serve")
-    page.wait_for_selector("#models-note:not([hidden])")
+    # The note already says "Downloaded …"; wait for the serve answer to replace it.
+    page.wait_for_selector("#models-note:has-text('restart it')")
     assert "mlxbun serve acme/Tiny-Chat-4bit" in page.inner_text("#models-note")
 
     page.once("dialog", lambda d: d.accept())
     page.click(f"{row} >> text=Delete")
     page.wait_for_selector(row, state="detached")
+    page.wait_for_selector("#models-note:has-text('Deleted')")
     assert "Deleted acme/Tiny-Chat-4bit" in page.inner_text("#models-note")
     assert page.console.errors == []
 
