@@ -35,6 +35,7 @@ from typing import Any
 SCALED_KINDS = ("yarn", "linear", "llama3")  # mlx-lm rope types whose factor stretches
 FRESH_KINDS = ("yarn", "llama3", "linear")  # tried in this order on a config with no scaling
 KIND_NAMES = {"yarn": "YaRN", "linear": "linear", "llama3": "llama3"}
+PROBE_AT = 4096  # the position a rotary module is probed at (any change of angle shows there)
 
 
 class WindowUnsupported(Exception):
@@ -233,7 +234,11 @@ def arch_refusal(config: dict[str, Any], scaled: dict[str, Any], what: str) -> s
 
 
 def _rotary(module: Any) -> list[tuple[str, str, tuple[float, ...]]]:
-    """Every rotary module of ``module``: (path, class, what sets its angles)."""
+    """Every rotary module of ``module``: (path, class, what it makes of a probe). The
+    probe is a vector of ones rotated at a far position, so any change to the angles
+    (base, factor, per-frequency scaling) or to the magnitude (YaRN's mscale) shows,
+    read through the module's public call only."""
+    import mlx.core as mx
     import mlx.nn as nn
     import numpy as np
 
@@ -242,13 +247,22 @@ def _rotary(module: Any) -> list[tuple[str, str, tuple[float, ...]]]:
         cls = type(m).__name__
         if not (isinstance(m, nn.RoPE) or "rope" in cls.lower() or "rotary" in cls.lower()):
             continue
-        numbers = [float(getattr(m, a)) for a in ("scale", "_scale", "mscale", "base")
-                   if isinstance(getattr(m, a, None), (int, float))]
-        freqs = getattr(m, "_freqs", None)
-        if freqs is not None:
-            numbers += np.asarray(freqs, dtype=np.float64).round(9).tolist()
-        out.append((name, cls, tuple(numbers)))
+        out.append((name, cls, _probe(m, mx, np)))
     return out
+
+
+def _probe(rope: Any, mx: Any, np: Any) -> tuple[float, ...]:
+    """``rope`` applied to ones of its width at position ``PROBE_AT`` (empty when it
+    states no width or does not take the call)."""
+    dims = next((v for a in ("dims", "dim", "head_dim")
+                 if isinstance(v := getattr(rope, a, None), int) and v > 0), None)
+    if dims is None:
+        return ()
+    try:
+        got = rope(mx.ones((1, 1, 1, dims), dtype=mx.float32), offset=PROBE_AT)
+        return tuple(np.asarray(got.astype(mx.float32)).reshape(-1).round(6).tolist())
+    except Exception:
+        return ()
 
 
 def _sliding_only(module: Any) -> bool:
