@@ -57,6 +57,22 @@ class Generation:
         self._engine, self._job = engine, job
         self.warning = warning
         self.prompt_tokens = len(job.request.prompt_tokens)
+        self._held: list[Event] = []  # read by :meth:`admitted`, not yet by :meth:`events`
+        self._ended = False
+
+    @property
+    def cache_note(self) -> str | None:
+        """The ``X-Mlxbun-Cache`` header's value (None until a lane admitted it)."""
+        return self._job.cache_note
+
+    async def admitted(self) -> str | None:
+        """Wait until a lane takes the request (or it ends first); its :attr:`cache_note`.
+        The events read meanwhile are kept for :meth:`events`."""
+        while self._job.cache_note is None and not self._ended:
+            batch = await self._job.sink.queue.get()
+            self._held += batch
+            self._ended = any(isinstance(ev, Done) for ev in batch)
+        return self._job.cache_note
 
     @property
     def usage(self) -> Usage:
@@ -74,10 +90,11 @@ class Generation:
         """The generation's events, ending with ``Done``; leaving early cancels it."""
         try:
             while True:
-                for ev in await self._job.sink.queue.get():
+                batch, self._held = self._held or await self._job.sink.queue.get(), []
+                for ev in batch:
                     yield ev
                     if isinstance(ev, Done):
-                        self._engine._finished(ev.finish)
+                        self._engine._finished(ev.finish, self._job.cache_note)
                         return
         finally:
             self._job.cancel()
@@ -338,12 +355,13 @@ class Engine:
         ``mtp``: it drafts with the model's head, whose weights and cache then count)."""
         return self.admission.limit(len(req.prompt_tokens), req.max_tokens, mtp)
 
-    def _finished(self, fin: Finish) -> None:
+    def _finished(self, fin: Finish, cache_note: str | None = None) -> None:
         self.completed += 1
         u, t = fin.usage, fin.timings
-        log.info("%s · prompt %d tok · %d tok out · ttft %.0f ms · %.1f tok/s · %s lane",
-                 fin.reason, u.prompt_tokens, u.completion_tokens, 1e3 * t.get("ttft_s", 0),
-                 t.get("decode_tps", 0.0), u.lane)
+        log.info("%s · prompt %d tok · %d tok out · ttft %.0f ms · %.1f tok/s · %s lane"
+                 " · cache %s", fin.reason, u.prompt_tokens, u.completion_tokens,
+                 1e3 * t.get("ttft_s", 0), t.get("decode_tps", 0.0), u.lane,
+                 cache_note or "-")
 
     # -- other work on the model ---------------------------------------------------
     async def embed(self, texts: list[str],

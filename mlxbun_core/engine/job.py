@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..adapters.sets import NO_ADAPTERS, AdapterSet
 from ..contract import DraftSource, Tokenizer
 from ..events import Admitted, Event
+from .cache_explain import OFF
 from .session import GenerationRequest, GenerationSession
 
 if TYPE_CHECKING:
@@ -162,6 +163,8 @@ class GenerationJob(Job):
         self.reserved_head = False  # and the MTP head's weights with it (it drafts with the head)
         # forced-token fill (engine/fill/): set by the engine when the request may fill
         self.fill: FillSession | None = None
+        # the X-Mlxbun-Cache header's value, set at admission (None: not admitted yet)
+        self.cache_note: str | None = None
 
     def mark_started(self, lane: str) -> None:
         """The job leaves the waiting queue and starts on ``lane``."""
@@ -169,8 +172,10 @@ class GenerationJob(Job):
         self.session.phases["admission_wait_s"] = self.started - self.submitted
         self.session.usage.lane = lane
 
-    def admitted(self, cached_tokens: int = 0) -> None:
-        """Report the prompt's cache hit (known once the lane has looked it up)."""
+    def admitted(self, cached_tokens: int = 0, cache_note: str | None = None) -> None:
+        """Report the prompt's cache hit (known once the lane has looked it up) and
+        ``cache_note``, why it is that long (None: the cache was not looked up)."""
+        self.cache_note = cache_note or OFF
         usage = self.session.usage
         usage.cached_tokens = cached_tokens
         self.emit([Admitted(cached_tokens, usage.lane)])

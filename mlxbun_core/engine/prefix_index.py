@@ -99,6 +99,29 @@ class PrefixIndex:
                 whole = whole or _VALUE in node
         return n, whole
 
+    # -- for explanations (never on the lookup path) ----------------------------------
+    def namespaces(self) -> list[Hashable]:
+        return list(self._roots)
+
+    def has_namespace(self, namespace: Hashable) -> bool:
+        return namespace in self._roots
+
+    def branches_at(self, namespace: Hashable, tokens: list[int]) -> bool:
+        """Whether some entry goes on past ``tokens`` (all on one path)."""
+        node = self._node(namespace, tokens)
+        return node is not None and any(t is not _VALUE for t in node)
+
+    def continuation(self, namespace: Hashable, tokens: list[int], limit: int) -> list[int]:
+        """Up to ``limit`` tokens an entry holds after ``tokens`` (one path of many)."""
+        node, out = self._node(namespace, tokens), []
+        while node is not None and len(out) < limit:
+            t = next((t for t in node if t is not _VALUE), None)
+            if t is None:
+                break
+            out.append(t)
+            node = node[t]
+        return out
+
     # -- entries ---------------------------------------------------------------------
     def add(self, namespace: Hashable, tokens: list[int], entry: Entry,
             drop_prefixes: bool = False) -> list[Entry]:
