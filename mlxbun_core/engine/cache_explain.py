@@ -204,7 +204,7 @@ class Explainer:
                 arr.append(np.asarray(tokens, dtype=np.int32))
             return arr[0]
 
-        best = max(probe.shared, hit)
+        best = max(probe.shared, hit, min(MIN_HIT, n - 1) - 1)  # (less would not hit)
         ghost = self.evictions.best(ns, prompt)
         if ghost is not None and ghost[1] > best:
             g, at = ghost
@@ -237,7 +237,8 @@ class Explainer:
             reason = "diverged"
         else:
             reason = "extends"
-        got = Explanation(n, hit, reason, at=min(k, n), entry=probe.entry or None)
+        got = Explanation(n, hit, reason, at=k if reason == "diverged" else None,
+                          entry=probe.entry or None)
         if hit < min(k, n - 1):
             got.note = "below-min" if k < MIN_HIT else "no-rewind"
         return got
@@ -245,8 +246,8 @@ class Explainer:
 
 def _other_namespace(index: PrefixIndex, namespace: Hashable, tokens: list[int], best: int
                      ) -> tuple[Hashable, int, list[str]] | None:
-    """Another namespace of the same model whose entries share more than ``best`` of the
-    prompt: ``(namespace, shared, the parts that differ)``."""
+    """Another namespace of the same model whose entries share more than ``best`` tokens
+    of the prompt: ``(namespace, shared, the parts that differ)``."""
     found = None
     for other in index.namespaces():
         parts = _differing(namespace, other)
