@@ -175,3 +175,23 @@ def test_an_entry_evicted_under_the_byte_cap_reports_its_eviction(ckpt):
     finally:
         server.stop()
         close(server.engine)
+
+
+def test_the_serial_lane_explains_too(ckpt):
+    server = start_server(ckpt, batch=1)
+    try:
+        before = PREAMBLE + "Step 1 of 9 is done."
+        after = PREAMBLE + "Step 2 of 9 is done."
+        a, b = tokens(server, before), tokens(server, after)
+        k = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+        complete(server, before)
+        with httpx.stream("POST", server.v1 + "/completions", timeout=120, json={
+                "prompt": after, "max_tokens": 2, "stream": True}) as r:
+            value = r.headers[HEADER]
+            assert any(line.startswith("data:") for line in r.iter_lines())
+        assert fields(value)["reason"] == "diverged" and fields(value)["at"] == str(k)
+        row = recent(server)[-1]
+        assert row["lane"] == "serial" and "2" in row["text"]["prompt"]
+    finally:
+        server.stop()
+        close(server.engine)

@@ -44,6 +44,7 @@ class Probe:
 
     namespace: Hashable | None = None  # the namespace searched (None: not looked up)
     shared: int = 0  # prompt tokens along the trie's deepest path
+    node: dict[Any, Any] | None = None  # the trie node there
     entry: int = 0  # tokens of the entry the hit came from
     exact: bool = False  # an entry equal to the prompt
     ssd: bool = False  # restored from the SSD tier
@@ -213,12 +214,12 @@ class Explainer:
             best = at
             cached = g.tokens[at:at + CONTEXT].tolist()
         else:
-            cached = index.continuation(ns, tokens[:probe.shared], CONTEXT)
+            cached = index.continuation(probe.node, CONTEXT)
         other = _other_namespace(index, ns, tokens, best)
         if other is not None:
-            o_ns, at, parts = other
+            node, at, parts = other
             got = Explanation(n, hit, "namespace", at=at, namespace=parts)
-            cached = index.continuation(o_ns, tokens[:at], CONTEXT)
+            cached = index.continuation(node, CONTEXT)
         if got.at is not None and got.at < n and cached:
             got.text = _around(tokens, got.at, cached, decode)
         return got
@@ -226,14 +227,14 @@ class Explainer:
     def _own(self, index: PrefixIndex, probe: Probe, tokens: list[int], hit: int
              ) -> Explanation:
         """The outcome within the request's own namespace, from the probe alone."""
-        n, k, ns = len(tokens), probe.shared, probe.namespace
+        n, k = len(tokens), probe.shared
         if probe.exact:
             reason = "exact"
         elif k >= n:
             reason = "within"
-        elif k == 0 and not index.has_namespace(ns):
+        elif probe.node is None:  # the namespace holds nothing
             return Explanation(n, hit, "empty")
-        elif index.branches_at(ns, tokens[:k]):
+        elif index.branches(probe.node):
             reason = "diverged"
         else:
             reason = "extends"
@@ -245,17 +246,17 @@ class Explainer:
 
 
 def _other_namespace(index: PrefixIndex, namespace: Hashable, tokens: list[int], best: int
-                     ) -> tuple[Hashable, int, list[str]] | None:
+                     ) -> tuple[dict[Any, Any] | None, int, list[str]] | None:
     """Another namespace of the same model whose entries share more than ``best`` tokens
-    of the prompt: ``(namespace, shared, the parts that differ)``."""
+    of the prompt: ``(its trie node there, shared, the parts that differ)``."""
     found = None
     for other in index.namespaces():
         parts = _differing(namespace, other)
         if not parts:
             continue
-        shared, _ = index.shared(other, tokens)
+        shared, _, node = index.walk(other, tokens)
         if shared > best:
-            found, best = (other, shared, parts), shared
+            found, best = (node, shared, parts), shared
     return found
 
 

@@ -88,7 +88,7 @@ class PrefixCache(SsdTier):
         probe = probe if probe is not None else Probe()
         with self._lock:
             self.lookups += 1
-            shared, whole_entry = self._shared(namespace, tokens)
+            shared, whole_entry, probe.node = self._index.walk(namespace, tokens)
             probe.namespace, probe.shared = namespace, shared
             plan = None
             if shared >= min(MIN_HIT, len(tokens) - 1) or whole_entry:
@@ -163,11 +163,6 @@ class PrefixCache(SsdTier):
     def _space(self, namespace: Hashable, blocks: bool) -> Hashable:
         """Where entries of one kind live (``kinds_apart``: apart from the other kind)."""
         return (namespace, "blocks" if blocks else "caches") if self.kinds_apart else namespace
-
-    def _shared(self, namespace: Hashable, tokens: list[int]) -> tuple[int, bool]:
-        """How many leading ``tokens`` some entry shares, and whether a whole entry lies
-        within them."""
-        return self._index.shared(namespace, tokens)
 
     # -- stores ----------------------------------------------------------------------
     def store(self, namespace: Hashable, tokens: list[int], cache: list[Any] | BlockEntry, *,
