@@ -195,3 +195,23 @@ def test_the_serial_lane_explains_too(ckpt):
     finally:
         server.stop()
         close(server.engine)
+
+
+def test_an_entry_restored_from_the_ssd_tier_says_so(ckpt, tmp_path):
+    import asyncio
+
+    from mlxbun_core.kvstore import durability
+    from mlxbun_core.kvstore.config import SsdConfig
+
+    server = start_server(ckpt, batch=8, ssd=SsdConfig(dir=tmp_path / "ssd", demote_idle_s=0))
+    try:
+        prompt = PREAMBLE + "Put this on the disk."
+        complete(server, prompt)
+        assert asyncio.run(durability.demote(server.engine, 60)) == 1  # out of RAM, on disk
+        value = complete(server, prompt)
+        assert fields(value)["reason"] == "ssd" and hit(value)[0] > 64, value
+        stats = httpx.get(server.base_url + "/stats", timeout=30).json()["prompt_cache"]
+        assert stats["ssd_hits"] == 1 and stats["evicted"] == {"demoted": 1}
+    finally:
+        server.stop()
+        close(server.engine)
