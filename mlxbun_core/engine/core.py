@@ -57,22 +57,16 @@ class Generation:
         self._engine, self._job = engine, job
         self.warning = warning
         self.prompt_tokens = len(job.request.prompt_tokens)
-        self._held: list[Event] = []  # read by :meth:`admitted`, not yet by :meth:`events`
-        self._ended = False
 
     @property
     def cache_note(self) -> str | None:
         """The ``X-Mlxbun-Cache`` header's value (None until a lane admitted it)."""
         return self._job.cache_note
 
-    async def admitted(self) -> str | None:
-        """Wait until a lane takes the request (or it ends first); its :attr:`cache_note`.
-        The events read meanwhile are kept for :meth:`events`."""
-        while self._job.cache_note is None and not self._ended:
-            batch = await self._job.sink.queue.get()
-            self._held += batch
-            self._ended = any(isinstance(ev, Done) for ev in batch)
-        return self._job.cache_note
+    async def admitted(self) -> None:
+        """Wait until a lane takes the request, or it ends first (a stream's headers)."""
+        if self._job.cache_note is None:
+            await self._job.sink.read_ahead()
 
     @property
     def usage(self) -> Usage:
@@ -90,8 +84,7 @@ class Generation:
         """The generation's events, ending with ``Done``; leaving early cancels it."""
         try:
             while True:
-                batch, self._held = self._held or await self._job.sink.queue.get(), []
-                for ev in batch:
+                for ev in await self._job.sink.get():
                     yield ev
                     if isinstance(ev, Done):
                         self._engine._finished(ev.finish, self._job.cache_note)
@@ -358,10 +351,9 @@ class Engine:
     def _finished(self, fin: Finish, cache_note: str | None = None) -> None:
         self.completed += 1
         u, t = fin.usage, fin.timings
-        log.info("%s · prompt %d tok · %d tok out · ttft %.0f ms · %.1f tok/s · %s lane"
-                 " · cache %s", fin.reason, u.prompt_tokens, u.completion_tokens,
-                 1e3 * t.get("ttft_s", 0), t.get("decode_tps", 0.0), u.lane,
-                 cache_note or "-")
+        log.info("%s · prompt %d tok · %d tok out · ttft %.0f ms · %.1f tok/s · %s lane · "
+                 "cache %s", fin.reason, u.prompt_tokens, u.completion_tokens,
+                 1e3 * t.get("ttft_s", 0), t.get("decode_tps", 0.0), u.lane, cache_note)
 
     # -- other work on the model ---------------------------------------------------
     async def embed(self, texts: list[str],

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..adapters.sets import NO_ADAPTERS, AdapterSet
 from ..contract import DraftSource, Tokenizer
-from ..events import Admitted, Event
+from ..events import Admitted, Done, Event
 from .cache_explain import OFF
 from .session import GenerationRequest, GenerationSession
 
@@ -68,6 +68,7 @@ class EventSink:
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.queue: asyncio.Queue[list[Event]] = asyncio.Queue()
+        self._held: list[Event] = []  # read ahead, not yet taken by :meth:`get`
         courier = _couriers.get(loop)
         if courier is None:
             courier = _couriers[loop] = _Courier(loop)
@@ -76,6 +77,18 @@ class EventSink:
     def post(self, events: list[Event]) -> None:
         if events:
             self._courier.post(self.queue, events)
+
+    async def get(self) -> list[Event]:
+        """The next batch of events (on the loop): those read ahead first."""
+        if self._held:
+            batch, self._held = self._held, []
+            return batch
+        return await self.queue.get()
+
+    async def read_ahead(self) -> None:
+        """Read (and keep for :meth:`get`) until the job is admitted or has ended."""
+        while not any(isinstance(ev, (Admitted, Done)) for ev in self._held):
+            self._held += await self.queue.get()
 
 
 class Job:
