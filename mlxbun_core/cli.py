@@ -8,6 +8,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from .console import cache_verb
 from .console import verbs as console_verbs
 from .console.pipes import quiet_on_closed_pipe
 from .serve_flags import add_kv_quant_flag, add_selection_flags, add_serve_parser
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     hub_cli.add_parsers(sub)
     memory_cli.add_parsers(sub)
     console_verbs.add_parsers(sub)
+    cache_verb.add_parsers(sub)
     return p
 
 
@@ -214,7 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return {"plugins": cmd_plugins, "convert": cmd_convert, "ls": cmd_ls, "fit": cmd_fit,
             "train": jobs_cli.cmd_train, "quantize": jobs_cli.cmd_quantize,
             "download": hub_cli.cmd_download, "get": hub_cli.cmd_download,
-            "upload": hub_cli.cmd_upload, "gc": hub_cli.cmd_gc}[args.command](args)
+            "upload": hub_cli.cmd_upload, "gc": hub_cli.cmd_gc,
+            "cache": cache_verb.cmd_cache}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,16 @@ class Generation:
         self.prompt_tokens = len(job.request.prompt_tokens)
 
     @property
+    def cache_note(self) -> str | None:
+        """The ``X-Mlxbun-Cache`` header's value (None until a lane admitted it)."""
+        return self._job.cache_note
+
+    async def admitted(self) -> None:
+        """Wait until a lane takes the request, or it ends first (a stream's headers)."""
+        if self._job.cache_note is None:
+            await self._job.sink.read_ahead()
+
+    @property
     def usage(self) -> Usage:
         """Live token accounting (final once ``finish`` is set)."""
         return self._job.session.usage
@@ -74,10 +84,10 @@ class Generation:
         """The generation's events, ending with ``Done``; leaving early cancels it."""
         try:
             while True:
-                for ev in await self._job.sink.queue.get():
+                for ev in await self._job.sink.get():
                     yield ev
                     if isinstance(ev, Done):
-                        self._engine._finished(ev.finish)
+                        self._engine._finished(ev.finish, self._job.cache_note)
                         return
         finally:
             self._job.cancel()
@@ -349,12 +359,12 @@ class Engine:
         ``mtp``: it drafts with the model's head, whose weights and cache then count)."""
         return self.admission.limit(len(req.prompt_tokens), req.max_tokens, mtp)
 
-    def _finished(self, fin: Finish) -> None:
+    def _finished(self, fin: Finish, cache_note: str | None = None) -> None:
         self.completed += 1
         u, t = fin.usage, fin.timings
-        log.info("%s · prompt %d tok · %d tok out · ttft %.0f ms · %.1f tok/s · %s lane",
-                 fin.reason, u.prompt_tokens, u.completion_tokens, 1e3 * t.get("ttft_s", 0),
-                 t.get("decode_tps", 0.0), u.lane)
+        log.info("%s · prompt %d tok · %d tok out · ttft %.0f ms · %.1f tok/s · %s lane · "
+                 "cache %s", fin.reason, u.prompt_tokens, u.completion_tokens,
+                 1e3 * t.get("ttft_s", 0), t.get("decode_tps", 0.0), u.lane, cache_note)
 
     # -- other work on the model ---------------------------------------------------
     async def embed(self, texts: list[str],

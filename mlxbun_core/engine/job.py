@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..adapters.sets import NO_ADAPTERS, AdapterSet
 from ..contract import DraftSource, Tokenizer
-from ..events import Admitted, Event
+from ..events import Admitted, Done, Event
+from .cache_explain import OFF
 from .session import GenerationRequest, GenerationSession
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ class EventSink:
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.queue: asyncio.Queue[list[Event]] = asyncio.Queue()
+        self._held: list[Event] = []  # read ahead, not yet taken by :meth:`get`
         courier = _couriers.get(loop)
         if courier is None:
             courier = _couriers[loop] = _Courier(loop)
@@ -75,6 +77,18 @@ class EventSink:
     def post(self, events: list[Event]) -> None:
         if events:
             self._courier.post(self.queue, events)
+
+    async def get(self) -> list[Event]:
+        """The next batch of events (on the loop): those read ahead first."""
+        if self._held:
+            batch, self._held = self._held, []
+            return batch
+        return await self.queue.get()
+
+    async def read_ahead(self) -> None:
+        """Read (and keep for :meth:`get`) until the job is admitted or has ended."""
+        while not any(isinstance(ev, (Admitted, Done)) for ev in self._held):
+            self._held += await self.queue.get()
 
 
 class Job:
@@ -162,6 +176,8 @@ class GenerationJob(Job):
         self.reserved_head = False  # and the MTP head's weights with it (it drafts with the head)
         # forced-token fill (engine/fill/): set by the engine when the request may fill
         self.fill: FillSession | None = None
+        # the X-Mlxbun-Cache header's value, set at admission (None: not admitted yet)
+        self.cache_note: str | None = None
 
     def mark_started(self, lane: str) -> None:
         """The job leaves the waiting queue and starts on ``lane``."""
@@ -169,8 +185,10 @@ class GenerationJob(Job):
         self.session.phases["admission_wait_s"] = self.started - self.submitted
         self.session.usage.lane = lane
 
-    def admitted(self, cached_tokens: int = 0) -> None:
-        """Report the prompt's cache hit (known once the lane has looked it up)."""
+    def admitted(self, cached_tokens: int = 0, cache_note: str | None = None) -> None:
+        """Report the prompt's cache hit (known once the lane has looked it up) and
+        ``cache_note``, why it is that long (None: the cache was not looked up)."""
+        self.cache_note = cache_note or OFF
         usage = self.session.usage
         usage.cached_tokens = cached_tokens
         self.emit([Admitted(cached_tokens, usage.lane)])

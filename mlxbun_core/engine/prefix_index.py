@@ -90,14 +90,43 @@ class PrefixIndex:
     def shared(self, namespace: Hashable, tokens: list[int]) -> tuple[int, bool]:
         """How many leading ``tokens`` some entry shares, and whether a whole entry lies
         within them."""
+        n, whole, _ = self.walk(namespace, tokens)
+        return n, whole
+
+    def walk(self, namespace: Hashable, tokens: list[int]
+             ) -> tuple[int, bool, dict[Any, Any] | None]:
+        """:meth:`shared`, and the trie node where the prompt leaves the cache (None:
+        the namespace holds nothing)."""
         node = self._roots.get(namespace)
         n, whole = 0, False
         while node is not None and n < len(tokens):
-            node = node.get(tokens[n])
-            if node is not None:
-                n += 1
-                whole = whole or _VALUE in node
-        return n, whole
+            child = node.get(tokens[n])
+            if child is None:
+                break
+            node, n = child, n + 1
+            whole = whole or _VALUE in node
+        return n, whole, node
+
+    # -- for explanations (never on the lookup path) ----------------------------------
+    def namespaces(self) -> list[Hashable]:
+        return list(self._roots)
+
+    @staticmethod
+    def branches(node: dict[Any, Any] | None) -> bool:
+        """Whether some entry goes on past ``node`` (a node :meth:`walk` returned)."""
+        return node is not None and any(t is not _VALUE for t in node)
+
+    @staticmethod
+    def continuation(node: dict[Any, Any] | None, limit: int) -> list[int]:
+        """Up to ``limit`` tokens an entry holds past ``node`` (one path of many)."""
+        out: list[int] = []
+        while node is not None and len(out) < limit:
+            t = next((t for t in node if t is not _VALUE), None)
+            if t is None:
+                break
+            out.append(t)
+            node = node[t]
+        return out
 
     # -- entries ---------------------------------------------------------------------
     def add(self, namespace: Hashable, tokens: list[int], entry: Entry,

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .batch.entry import BlockEntry, Shared
+from .cache_explain import Explainer, Probe
 from .prefix_index import Entry, PrefixIndex
 from .prompt_tier import MIN_HIT, SSD_GAIN, RamEntry, SsdTier, release
 from .prompt_tier import trimmable as trimmable  # (the lanes import it from here)
@@ -61,52 +62,61 @@ class PrefixCache(SsdTier):
         super().__init__(tier if max_bytes > 0 else None, post)
         self.lookups = self.hits = self.hit_tokens = self.stores = 0
         self.kinds_apart = False  # block entries only for the batch, caches for the rest
+        self.explainer = Explainer()  # why hits stop short: the header and the recent log
 
     @property
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
     # -- lookups ---------------------------------------------------------------------
-    def lookup_dense(self, namespace: Hashable, tokens: list[int]
+    def lookup_dense(self, namespace: Hashable, tokens: list[int], probe: Probe | None = None
                      ) -> tuple[list[Any] | None, int]:
         """:meth:`lookup` for a caller whose KV is mlx-lm caches (never a block share)."""
-        cache, n = self.lookup(namespace, tokens)
+        cache, n = self.lookup(namespace, tokens, probe=probe)
         assert not isinstance(cache, Shared)  # (no layout asked for: always mlx-lm caches)
         return cache, n
 
-    def lookup(self, namespace: Hashable, tokens: list[int],
-               layout: Layout | None = None) -> tuple[list[Any] | Shared | None, int]:
+    def lookup(self, namespace: Hashable, tokens: list[int], layout: Layout | None = None,
+               probe: Probe | None = None) -> tuple[list[Any] | Shared | None, int]:
         """``(cache, n)``: a private cache holding ``tokens[:n]``, or ``(None, 0)``. A
         caller whose KV lives in ``layout``'s block pool gets an entry of that pool as
-        a :class:`Shared` table over its blocks (nothing copied)."""
+        a :class:`Shared` table over its blocks (nothing copied). ``probe`` keeps what
+        the search found, for :meth:`explain`."""
         if not self.enabled or len(tokens) < 2:
             return None, 0
         namespace = self._space(namespace, blocks=layout is not None)
+        probe = probe if probe is not None else Probe()
         with self._lock:
             self.lookups += 1
-            shared, whole_entry = self._shared(namespace, tokens)
+            shared, whole_entry, probe.node = self._index.walk(namespace, tokens)
+            probe.namespace, probe.shared = namespace, shared
             plan = None
             if shared >= min(MIN_HIT, len(tokens) - 1) or whole_entry:
-                plan = self._plan(namespace, tokens)
+                plan = self._plan(namespace, tokens, probe=probe)
         ram_n = plan.n if plan is not None else 0
         if self.tier is not None and ram_n < (1 - SSD_GAIN) * (len(tokens) - 1):
             restored = self._restore(namespace, tokens, ram_n)
             if restored is not None:
+                probe.ssd = True
                 return restored
         if plan is None or plan.n <= 0:
             return None, 0
+        probe.entry = len(plan.key)
         with self._lock:
             cache = self._take(namespace, plan, layout)
             self.hits += 1
             self.hit_tokens += plan.n
         return cache, plan.n
 
-    def _plan(self, namespace: Hashable, tokens: list[int], need_tail: bool = True) -> _Plan | None:
+    def _plan(self, namespace: Hashable, tokens: list[int], need_tail: bool = True,
+              probe: Probe | None = None) -> _Plan | None:
         """Which RAM entry serves ``tokens`` and how (without copying anything yet): the
         exact entry, else the entry extending the longest shared path when it shares more
         than any shorter entry (and can be trimmed back), else the longest shorter one."""
         index = self._index
         found = index.search(namespace, tokens)
+        if probe is not None:
+            probe.exact = found.exact is not None
         if found.exact is not None:
             if not need_tail:
                 return _Plan(list(tokens), 0, len(tokens))
@@ -141,14 +151,18 @@ class PrefixCache(SsdTier):
             trim_prompt_cache(cache, plan.trim)
         return cache
 
+    def explain(self, probe: Probe, tokens: list[int], hit: int,
+                decode: Callable[[list[int]], str], lane: str) -> str:
+        """Why ``tokens`` hit ``hit`` tokens (``probe``: what the lookup found): the
+        ``X-Mlxbun-Cache`` header's value; the request's row joins the recent log."""
+        with self._lock:
+            got = self.explainer.explain(self._index, probe, tokens, hit, decode)
+        self.explainer.recent.add(got.record(lane))
+        return got.header()
+
     def _space(self, namespace: Hashable, blocks: bool) -> Hashable:
         """Where entries of one kind live (``kinds_apart``: apart from the other kind)."""
         return (namespace, "blocks" if blocks else "caches") if self.kinds_apart else namespace
-
-    def _shared(self, namespace: Hashable, tokens: list[int]) -> tuple[int, bool]:
-        """How many leading ``tokens`` some entry shares, and whether a whole entry lies
-        within them."""
-        return self._index.shared(namespace, tokens)
 
     # -- stores ----------------------------------------------------------------------
     def store(self, namespace: Hashable, tokens: list[int], cache: list[Any] | BlockEntry, *,
@@ -196,7 +210,7 @@ class PrefixCache(SsdTier):
             gone = [(ns, t) for ns, t in self._index.stored()
                     if self._of_layout(ns, t, layout)]
             for ns, t in gone:
-                self._pop(ns, t)
+                self._pop(ns, t, by="reset")
         return len(gone)
 
     def _of_layout(self, namespace: Hashable, tokens: list[int], layout: Layout) -> bool:
@@ -214,7 +228,7 @@ class PrefixCache(SsdTier):
                                if self._of_layout(ns, t, layout)), None)
                 if victim is None:
                     return n
-                gone = self._pop(*victim)
+                gone = self._pop(*victim, by="pressure")
             if self.tier is not None:
                 self._persist(victim[0], victim[1], gone, urgent=True)
             release(gone)
@@ -230,12 +244,14 @@ class PrefixCache(SsdTier):
             if key is None:
                 break
             ns, tokens = key
-            out.append((ns, tokens, self._pop(ns, tokens)))
+            out.append((ns, tokens, self._pop(ns, tokens, by="lru")))
         return out
 
-    def _pop(self, namespace: Hashable, tokens: list[int]) -> RamEntry:
+    def _pop(self, namespace: Hashable, tokens: list[int], by: str | None = None) -> RamEntry:
         got = self._index.pop(namespace, tokens)
         assert got is not None
+        if by is not None:  # evicted: its tokens explain a later miss
+            self.explainer.evictions.add(namespace, tokens, by)
         entry: RamEntry = got.value
         return entry
 
@@ -266,7 +282,10 @@ class PrefixCache(SsdTier):
 
     def clear(self) -> None:
         with self._lock:
-            gone = [self._entry(ns, t) for ns, t in self._index.stored()]
+            stored = list(self._index.stored())
+            gone = [self._entry(ns, t) for ns, t in stored]
+            for ns, t in stored:
+                self.explainer.evictions.add(ns, t, "cleared")
             self._index.clear()
         for e in gone:
             release(e)
@@ -279,7 +298,9 @@ class PrefixCache(SsdTier):
                     "lookups": self.lookups, "hits": self.hits, "ssd_hits": self.ssd_hits,
                     "misses": misses, "hit_tokens": self.hit_tokens,
                     "ssd_hit_tokens": self.ssd_hit_tokens, "ssd_skipped": self.ssd_skipped,
-                    "stores": self.stores}
+                    "stores": self.stores,
+                    "evicted": dict(self.explainer.evictions.counts),
+                    "recent": self.explainer.recent.rows()}
 
 
 def _nbytes(cache: list[Any] | BlockEntry) -> int:

@@ -67,8 +67,9 @@ class SsdTier(ABC):
         """Keep ``cache`` in RAM (evicting what no longer fits)."""
 
     @abstractmethod
-    def _pop(self, namespace: Hashable, tokens: list[int]) -> RamEntry:
-        """Take the entry at ``tokens`` out of RAM (the caller holds the lock)."""
+    def _pop(self, namespace: Hashable, tokens: list[int], by: str | None = None) -> RamEntry:
+        """Take the entry at ``tokens`` out of RAM (the caller holds the lock); ``by``:
+        what evicted it (None: it is replaced or moved, not lost)."""
 
     # -- restores --------------------------------------------------------------------------
     def _ssd(self) -> SsdStore:
@@ -177,7 +178,7 @@ class SsdTier(ABC):
         for ns, tokens, e in self._entries():
             if e.durable and now - e.last_used >= idle_s:
                 with self._lock:
-                    gone = self._pop(ns, tokens)
+                    gone = self._pop(ns, tokens, by="demoted")
                 release(gone)
                 n += 1
         if n and self.tier is not None:

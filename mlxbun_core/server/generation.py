@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from blacksheep import Request, Response
 
+from ..engine.cache_explain import HEADER as CACHE_HEADER
 from ..engine.reply import Reply, gather
 from ..engine.request import GenerationInput, choice_requests
 from ..events import KEEPALIVE as KEEPALIVE_EVENT
@@ -46,7 +47,10 @@ class Run:
 
     @property
     def headers(self) -> dict[str, str] | None:
-        return {"Warning": self.gen.warning} if self.gen.warning else None
+        out = {"Warning": self.gen.warning} if self.gen.warning else {}
+        if self.gen.cache_note is not None:  # (None: it ended before a lane took it)
+            out[CACHE_HEADER] = self.gen.cache_note
+        return out or None
 
     @property
     def stream(self) -> bool:
@@ -163,6 +167,7 @@ async def respond(request: Request, run: Run, writer: Callable[[Run], FrameWrite
                   answer: Callable[[Run, Reply], dict[str, Any]]) -> Response:
     """Stream with ``writer(run)``, or gather the whole reply and shape it with ``answer``."""
     if run.stream:
+        await admission(request, run.gen)
         out = tracing.traced(frames(run.gen, writer(run)), run.trace, run.gen, run.started)
         return sse_response(request, run.gen, out, run.headers)
     try:
@@ -178,6 +183,16 @@ class EventSource(Protocol[T_co]):
     def cancel(self) -> None: ...
 
     def events(self) -> AsyncIterator[T_co]: ...
+
+
+async def admission(request: Request, gen: Generation) -> None:
+    """Wait for a lane to take ``gen`` before a stream's headers go out (they carry its
+    prefix-cache outcome); a client that leaves meanwhile cancels it."""
+    watcher = watch_disconnect(request, gen.cancel)
+    try:
+        await gen.admitted()
+    finally:
+        watcher.cancel()
 
 
 async def collect(request: Request, gen: EventSource[T]) -> list[T]:

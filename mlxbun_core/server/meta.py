@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Any
 from blacksheep import Request, Response
 
 from .. import __version__, plugins
+from ..engine.cache_explain import without_text
 from ..grammar_registry import registry as grammars
 from ..library.listing import with_states
 from .common import json_response
+from .guard import is_loopback
 from .library_routes import model_rows
 from .model_report import with_family_blocks
 from .served_model import model_row
@@ -30,6 +32,15 @@ ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "POST /v1/mess
              "GET /health", "GET /stats", "GET /metrics", "GET /fit", "GET /library",
              "GET/POST /v1/adapters", "GET /v1/adapters/available", "DELETE /v1/adapters/<id>",
              "GET /api/jobs", "POST /api/finetune/*", "POST /api/quantize/*"]
+
+
+def prompt_cache_stats(request: Request, app: App, engine: Engine) -> dict[str, Any]:
+    """``/stats.prompt_cache``; its recent log's decoded prompt text only for a client
+    the admin routes would answer (loopback, or any client once an API key is set)."""
+    out = engine.prefix.stats()
+    if app.state.guard.api_key is None and not is_loopback(request):
+        out["recent"] = without_text(out["recent"])
+    return out
 
 
 def register(app: App, engine: Engine) -> None:
@@ -73,7 +84,7 @@ def register(app: App, engine: Engine) -> None:
                        "plugin": engine.model.plugin, "started_at": engine.started_at},
             "requests": engine.stats(),
             "batch": engine.batch_stats(),
-            "prompt_cache": engine.prefix.stats(),
+            "prompt_cache": prompt_cache_stats(request, app, engine),
             "kv_quant": engine.kv_quant_stats(),
             "admission": {**engine.admission.stats(), "max_waiting": engine.worker.max_waiting},
             "grammar": grammars.stats(),

@@ -44,6 +44,7 @@ from ..batch import Batch, Emit, direct, pool_for
 from ..batch.entry import BlockEntry, Shared
 from ..batch.journal import Journal
 from ..batch.layout import layout
+from ..cache_explain import Probe, explain_job
 from ..fill.rows import forcing
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
@@ -274,13 +275,15 @@ class BatchLane:
         if self._wants_mtp(job):
             job.session.usage.lane = f"{self.name}+spec"
         cache: list[Any] | Shared | None = None
-        n, t0 = 0, time.perf_counter()
+        n, t0, note = 0, time.perf_counter(), None
         if self._uses_prefix(job) and self.prefix is not None:
             layout = None if dense else self._get_batch().layout
+            probe = Probe()
             cache, n = self.prefix.lookup(job.cache_namespace, job.request.prompt_tokens,
-                                          layout)
+                                          layout, probe)
+            note = explain_job(self.prefix, job, probe, n)
         job.session.phases["cache_lookup_s"] = time.perf_counter() - t0
-        job.admitted(n)
+        job.admitted(n, note)
         return cache, n
 
     def _insert(self, job: GenerationJob) -> None:

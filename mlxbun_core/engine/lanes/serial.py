@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, cast
 from ... import kvquant
 from ...contract import DraftSource, LogitsProcessor, TokenPredictor
 from .. import prefill_shapes
+from ..cache_explain import Probe, explain_job
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
 from ..speculate import MTP, MtpStream, SpecStream, rewindable, spec_steps, trim_to
@@ -162,18 +163,19 @@ class SerialLane:
             job.admitted(0)
             yield from self._media(job, req.media)
             return
-        prompt, n = req.prompt_tokens, 0
+        prompt, n, note = req.prompt_tokens, 0, None
         cache: list[Any] | None = None
         prefix = self.prefix
         cacheable = (job.cache_namespace is not None and prefix is not None
                      and req.input_embeddings is None)
         if cacheable and prefix is not None:
-            t0 = time.perf_counter()
-            cache, n = prefix.lookup_dense(job.cache_namespace, prompt)
+            t0, probe = time.perf_counter(), Probe()
+            cache, n = prefix.lookup_dense(job.cache_namespace, prompt, probe)
+            note = explain_job(prefix, job, probe, n)
             job.session.phases["cache_lookup_s"] = time.perf_counter() - t0
         if cache is None:
             cache = make_prompt_cache(self.model)
-        job.admitted(n)
+        job.admitted(n, note)
         if self._mtp(job):
             yield from self._mtp_decode(job, cache, n, cacheable)
             return
