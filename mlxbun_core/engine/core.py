@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -21,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 from .. import kvquant
 from ..adapters import AdapterManager, AdapterSet
 from ..contract import DraftSource, TokenPredictor
-from ..errors import APIError, BadRequest, Unavailable
-from ..events import Done, Event, Finish, Usage
+from ..errors import APIError, BadRequest, Overloaded, Unavailable
+from ..events import Done, Event, Finish, Retry, Usage
 from ..kvquant.probe import check_kernels, model_dtype
 from ..media import parts as media_parts
 from ..model import LoadedModel, LoadOptions
@@ -33,6 +34,7 @@ from .job import EventSink, GenerationJob, may_speculate
 from .lanes.batch import BatchLane
 from .lanes.pace import MAX_CHUNK, PrefillPacer
 from .lanes.serial import SerialLane
+from .memory import DEVICE_FAULT, Governor, MemoryConfig
 from .prepare import Prepared, media_pipeline, prepare
 from .prompt_cache import PrefixCache
 from .request import ChatRequest, CompletionRequest, GenerationInput, parse_chat, parse_completion
@@ -56,6 +58,7 @@ class Generation:
         self._engine, self._job = engine, job
         self.warning = warning
         self.prompt_tokens = len(job.request.prompt_tokens)
+        self._head: list[Event] | None = None  # first events, read by ``started``
 
     @property
     def usage(self) -> Usage:
@@ -69,11 +72,19 @@ class Generation:
     def cancel(self) -> None:
         self._job.cancel()
 
+    async def started(self) -> Finish | None:
+        """Wait until a lane takes the request (its first events, kept for ``events``);
+        its ``Finish`` if it ended before that (refused for memory, the engine lost)."""
+        if self._head is None:
+            self._head = await self._job.sink.queue.get()
+        return next((ev.finish for ev in self._head if isinstance(ev, Done)), None)
+
     async def events(self) -> AsyncIterator[Event]:
         """The generation's events, ending with ``Done``; leaving early cancels it."""
         try:
             while True:
-                for ev in await self._job.sink.queue.get():
+                head, self._head = self._head, None
+                for ev in head if head is not None else await self._job.sink.queue.get():
                     yield ev
                     if isinstance(ev, Done):
                         self._engine._finished(ev.finish)
@@ -102,8 +113,12 @@ class Engine:
                  memory_budget_bytes: int | None = None, kv_quant: object = "off",
                  ssd: SsdConfig | None = None, fill: str | None = None,
                  speculation: SpecConfig | None = None,
-                 predictor: TokenPredictor | None = None):
+                 predictor: TokenPredictor | None = None, memory: MemoryConfig | None = None):
         self.model = model
+        # memory measured, pressure met, faults injected (tests): the environment's
+        # MLXBUN_FAULT_* are read here, once, unless ``memory`` says
+        self.memory = Governor(memory or MemoryConfig.from_env())
+        self.memory.on_lost = self._device_lost
         # the checkpoint's multi-token-prediction head (--draft-kind mtp / draft_kind "mtp")
         self.predictor = predictor
         if speculation is not None and speculation.kind == MTP and predictor is None:
@@ -141,9 +156,12 @@ class Engine:
         self.completed = 0
         self.draining = False  # set on SIGINT/SIGTERM: new work gets a 503
         self.aborted = False  # set by abort(): nothing more is queued
-        # why the engine can serve nothing more (a rank of a --distributed group was lost):
-        # new work gets a 503 engine_unavailable
+        # why the engine can serve nothing more (a rank of a --distributed group was lost,
+        # the device failed): new work gets a 503 engine_unavailable
         self.unavailable: str | None = None
+        self.unavailable_retry: Retry | None = None  # (the device: it restarts)
+        # told once the device failed for good (serve: drain what it can, exit non-zero)
+        self.on_fatal: Callable[[str], None] | None = None
         # told every generation's Finish as it ends: the /metrics recorder (metrics.for_engine)
         self.on_finish: Callable[[Finish], None] | None = None
         self.starting = 0  # requests being prepared (not yet queued)
@@ -172,10 +190,11 @@ class Engine:
         """The worker's lanes, sharing one prefill pacer (calibrated now, on the worker)."""
         model = self.model
         serial = SerialLane(model.model, self.prefix, self.admission, adapters=self.adapters,
-                            pacer=self.pacer, kv=self.kv, predictor=self.predictor)
+                            pacer=self.pacer, kv=self.kv, predictor=self.predictor,
+                            governor=self.memory)
         self.worker.lanes = ([BatchLane(model.model, self.batch, self.prefix, self.admission,
                                         adapters=self.adapters, pacer=self.pacer, kv=self.kv,
-                                        predictor=self.predictor),
+                                        predictor=self.predictor, governor=self.memory),
                               serial]
                              if self.batch > 1 else [serial])
         if model.kind == "generate":
@@ -192,16 +211,20 @@ class Engine:
         from .. import loader
 
         opts = options or LoadOptions()
+        t0 = time.monotonic()
         worker = ModelWorker()
         model = worker.run_sync(lambda: loader.load(name, opts, progress=progress))
         draft = worker.run_sync(lambda: model.hooks.draft_source(model=model, options=opts))
         if model.kind == "generate" and "predictor" not in kw:
             kw["predictor"] = worker.run_sync(lambda: model.hooks.token_predictor(model=model))
         try:
-            return cls(model, worker=worker, draft=draft, **kw)
+            engine = cls(model, worker=worker, draft=draft, **kw)
         except SpecUnavailable:
             worker.close()
             raise
+        # a restart takes about as long as this load: the Retry-After of a lost device
+        engine.memory.restart_after = max(2, math.ceil(1.5 * (time.monotonic() - t0)) + 1)
+        return engine
 
     @property
     def hooks(self) -> ModelHooks:
@@ -249,6 +272,9 @@ class Engine:
 
     def check_open(self) -> None:
         if self.unavailable is not None:
+            retry = self.unavailable_retry
+            if retry is not None:
+                raise Overloaded(self.unavailable, retry.after, retry.code, restarting=True)
             raise APIError(self.unavailable, status=503, type="engine_unavailable",
                            code="engine_unavailable")
         if self.draining:
@@ -260,6 +286,19 @@ class Engine:
         refused with a 503 (a forced shutdown)."""
         self.draining = self.aborted = True
         self.worker.abort(message)
+
+    def _device_lost(self, reason: str) -> None:
+        """The device failed for good (on the worker thread): refuse new work with a 503
+        (``/health`` too), end every request with one to send again, and tell
+        ``on_fatal`` (serve drains and exits non-zero for a supervisor to restart it)."""
+        retry = Retry(self.memory.restart_after, DEVICE_FAULT)
+        self.unavailable = f"engine unavailable: the device failed ({reason}); restarting"
+        self.unavailable_retry = retry
+        self.worker.broken = True  # its thread must not touch MLX as it ends
+        self.worker.abort(self.unavailable, retry)
+        log.error("device fault: %s", reason)
+        if self.on_fatal is not None:
+            self.on_fatal(reason)
 
     @property
     def idle(self) -> bool:
@@ -386,3 +425,7 @@ class Engine:
                 "active_rows": self.worker.active, "waiting": self.worker.waiting,
                 "lanes": lanes, "prefill": self.pacer.stats(), "adapters": self.adapters.stats(),
                 "kv_blocks": pools[0] if pools else None}
+
+    def memory_stats(self) -> dict[str, Any]:
+        """``/stats`` ``memory``: the measured budget and what pressure did."""
+        return self.memory.stats()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..adapters.sets import NO_ADAPTERS, AdapterSet
 from ..contract import DraftSource, Tokenizer
-from ..events import Admitted, Event
+from ..events import Admitted, Event, Retry
 from .session import GenerationRequest, GenerationSession
 
 if TYPE_CHECKING:
@@ -162,6 +162,14 @@ class GenerationJob(Job):
         self.reserved_head = False  # and the MTP head's weights with it (it drafts with the head)
         # forced-token fill (engine/fill/): set by the engine when the request may fill
         self.fill: FillSession | None = None
+        # every token handed to the session (sampled and forced), in order: a preempted
+        # job is recomputed from its prompt and these (lanes/pressure.py)
+        self.output: list[int] = []
+        self.preempted = False  # its KV was dropped; it waits in its lane to be recomputed
+        # since when it waits for memory (None: it does not), and how much output it had
+        # when first preempted: a job preempted again without progress keeps its clock
+        self.waiting_since: float | None = None
+        self.progress_mark = 0
 
     def mark_started(self, lane: str) -> None:
         """The job leaves the waiting queue and starts on ``lane``."""
@@ -188,15 +196,18 @@ class GenerationJob(Job):
         through the text session, their events to the client. A grammar that is
         complete after them ends the job here (only EOS could follow)."""
         events = self.session.step(token, logprobs)
+        self.output.append(token)
         for t in forced:
             if self.finished:
                 break
             events += self.session.step(t, None)
+            self.output.append(t)
         grammar = self.request.grammar
         if not self.finished and grammar is not None and grammar.done:
             events += self.session.finish("stop")
         self.emit(events)
 
-    def close(self, reason: str, error: str | None = None) -> None:
-        """End the job now (cancelled, failed): flush and post ``Done``; idempotent."""
-        self.emit(self.session.finish(reason, error=error))
+    def close(self, reason: str, error: str | None = None, retry: Retry | None = None) -> None:
+        """End the job now (cancelled, failed): flush and post ``Done``; idempotent
+        (``retry``: the client may send it again later, see :class:`Retry`)."""
+        self.emit(self.session.finish(reason, error=error, retry=retry))

@@ -23,7 +23,7 @@ from ..engine.reply import Reply, gather
 from ..events import Admitted, Done, Event, Finish, KeepAlive, Usage
 from . import trace as tracing
 from .common import json_response, sse_response
-from .generation import FrameWriter, Run, collect
+from .generation import FrameWriter, Run, admitted, collect
 
 if TYPE_CHECKING:
     from ..engine.core import Generation
@@ -140,6 +140,7 @@ async def respond(request: Request, run: Run, writer: Callable[[Run, int, int], 
     reply and shape them all with ``answer(run, replies, usage)``."""
     choices, n = Choices(run.gens), len(run.gens)
     if run.stream:
+        await admitted(request, run)
         frames = choice_frames(choices, [writer(run, i, n) for i in range(n)])
         out = tracing.traced(frames, run.trace, choices, run.started)
         return sse_response(request, choices, out, run.headers)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from blacksheep import Request, Response
 
-from ..engine.reply import Reply, gather
+from ..engine.reply import Reply, failure, gather
 from ..engine.request import GenerationInput, choice_requests
 from ..events import Admitted, Done, Event, Finish, KeepAlive
 from . import trace as tracing
@@ -130,10 +130,33 @@ async def frames(gen: Generation, writer: FrameWriter) -> AsyncIterator[bytes]:
             yield frame
 
 
+async def admitted(request: Request, run: Run) -> None:
+    """A stream's status waits for a lane to take every choice: one refused before that
+    (no memory for it within its wait, the engine restarting) is a 503 with
+    ``Retry-After`` in the surface's shape, not a 200 stream that only says so."""
+    gens = run.gens or [run.gen]
+
+    def cancel() -> None:
+        for g in gens:
+            g.cancel()
+
+    watcher = watch_disconnect(request, cancel)
+    try:
+        for g in gens:
+            fin = await g.started()
+            if fin is not None and fin.retry is not None:
+                cancel()
+                run.trace.finish("error", stage="admission", error=fin.error or "")
+                raise failure(fin)
+    finally:
+        watcher.cancel()
+
+
 async def respond(request: Request, run: Run, writer: Callable[[Run], FrameWriter],
                   answer: Callable[[Run, Reply], dict[str, Any]]) -> Response:
     """Stream with ``writer(run)``, or gather the whole reply and shape it with ``answer``."""
     if run.stream:
+        await admitted(request, run)
         out = tracing.traced(frames(run.gen, writer(run)), run.trace, run.gen, run.started)
         return sse_response(request, run.gen, out, run.headers)
     try:

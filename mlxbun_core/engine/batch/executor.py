@@ -63,6 +63,9 @@ class Batch:
         self._next_logprobs: list[mx.array | None] = []
         self.forward: Forward = self._model_forward
         self.direct = False  # short passes hand attention the stores (``direct.py``)
+        # called once a pass's graph is built, where MLX allocates when it runs it: a
+        # test's injected out-of-memory or device fault (``engine/memory.py``)
+        self.fault: Callable[[], None] | None = None
 
     # -- rows in and out -------------------------------------------------------------
     def add(self, uid: int, todo: list[int], *, cache: list[Any] | None = None,
@@ -251,8 +254,12 @@ class Batch:
         """One forward over ``rows``: logits, and hidden states when a row is tapped."""
         caches = self._caches(view, states, [r.uid for r in rows])
         if self.tap is not None and any(r.tapped for r in rows):
-            return self.tap.forward(inputs, caches)
-        return self.forward(inputs, caches), None
+            out = self.tap.forward(inputs, caches)
+        else:
+            out = self.forward(inputs, caches), None
+        if self.fault is not None:
+            self.fault()
+        return out
 
     def _tap_prompt(self, rows: list[Row], sizes: list[int], hidden: mx.array) -> None:
         """Hand the tapped rows of a prefill pass their chunk's states, each with the

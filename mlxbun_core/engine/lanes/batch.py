@@ -36,17 +36,19 @@ from typing import TYPE_CHECKING, Any
 
 from ... import kvquant
 from ...adapters.sets import AdapterSet
-from ..batch import Batch, Emit, direct, pool_for
+from ...events import Retry
+from ..batch import Batch, Emit, OutOfBlocks, direct, pool_for
 from ..batch.entry import BlockEntry, Shared
 from ..batch.layout import layout
-from ..fill.rows import forcing
 from ..job import GenerationJob
+from ..memory import Governor
 from ..prompt_cache import PrefixCache, trimmable
 from ..scheduler import PREFILL_TOKENS, Scheduler, StepPlan
 from ..speculate import MTP, HeadState
 from ..speculate.batch import BatchSpeculator
 from ..speculate.mtp_batch import MtpBatch
 from .pace import FixedChunk, PrefillPacer
+from .pressure import Relief, memory_failure
 from .slot import BatchRow, SoloSlot, deliver
 from .tally import StepTally
 
@@ -62,14 +64,15 @@ log = logging.getLogger("mlxbun.engine")
 NO_LIMIT = 1 << 30
 
 
-class BatchLane:
+class BatchLane(Relief):
     name = "batched"
 
     def __init__(self, model: nn.Module, cap: int, prefix: PrefixCache | None = None,
                  admission: Admission | None = None, prefill_tokens: int = PREFILL_TOKENS,
                  adapters: AdapterManager | None = None, pacer: PrefillPacer | None = None,
                  kv: kvquant.KVScheme = kvquant.OFF,
-                 predictor: TokenPredictor | None = None) -> None:
+                 predictor: TokenPredictor | None = None,
+                 governor: Governor | None = None) -> None:
         self.kv = kv  # the KV scheme: every forward pass quantizes its cache after it runs
         self.model = kvquant.quantizing(model, kv)
         self.adapters = adapters  # the engine's AdapterManager (None: no LoRA support)
@@ -94,6 +97,9 @@ class BatchLane:
         # rows drafting with the model's MTP head (speculate/mtp_batch.py)
         self.mtp = MtpBatch(predictor) if predictor is not None else None
         self._solo.predictor = predictor  # a lone MTP job drafts there (solo_mtp.py)
+        # memory: the measured budget, preemption, waits and faults (pressure.py)
+        self._init_relief(governor or Governor())
+        self._solo.fault = self.governor.inject
 
     # -- the Lane protocol ---------------------------------------------------------
     def accepts(self, job: GenerationJob) -> bool:
@@ -122,7 +128,8 @@ class BatchLane:
         b = self._batch
         if b is None:
             return None
-        return {**b.pool.stats(b.layout.bytes_per_block()), "direct_attention": b.direct}
+        return {**b.pool.stats(b.layout.bytes_per_block()), "swapped": 0,
+                "direct_attention": b.direct}
 
     @property
     def pacer(self) -> PrefillPacer:
@@ -149,6 +156,16 @@ class BatchLane:
 
     def step(self) -> None:
         self._drop_cancelled()
+        if self.governor.broken is not None:  # the device is lost: end what came since
+            return self._broken(self.governor.broken)
+        try:
+            self._step()
+        except Exception as exc:  # memory and the device are met here (pressure.py)
+            if not self._relieve(exc):
+                raise  # the worker ends this lane's jobs with the error
+
+    def _step(self) -> None:
+        self._refuse_overdue()
         if self.alone and any(self._group_of(j) == self._group for j in self._queue):
             moving = self._solo.join()  # company arrived: the lone job moves into the batch
             if moving is not None:  # (None: the token it had sampled already ended it)
@@ -156,20 +173,32 @@ class BatchLane:
                 self._add_row(job, cache, held, [t for seg in segments for t in seg], head)
         self._admit()
         if not self._rows and not self.alone:
-            return
+            return self._idle()
         lone = self._solo.job
         if lone is not None:
             if self.adapters is not None:  # the serial lane may have run another set meanwhile
                 self.adapters.activate(lone.adapters)
-            return self._solo.step()
+            self._solo.step()
+            if lone.finished:
+                self.governor.row_ended()
+            return self._stepped(grow=True)
         batch = self._get_batch()
+        self._limit(batch)
         plan = self.scheduler.plan([(u, len(batch.rows[u].todo) - 1) for u in batch.prefilling],
                                    len(batch.decoding))
         try:
             emits = self._run(batch, plan)
         except Exception as exc:  # a failed forward fails every row; the lane starts afresh
+            if memory_failure(exc):
+                raise
             log.exception("batch step failed")
             return self._fail_all(str(exc))
+        self._stepped(grow=bool(emits) and not batch.prefilling)
+        if len(self._rows) == 1 and not self._queue:  # the last row goes on alone
+            self._leave(batch)
+
+    def _emitted(self, emits: list[Emit]) -> None:
+        """A decode step's tokens, to their sessions."""
         uids = {e.uid for e in emits}
         if uids:  # a decode step that handed out tokens, and the rows it carried
             self.steps.add(len(uids))
@@ -178,20 +207,23 @@ class BatchLane:
                 self.mtp.stepped(uids)
         for e in emits:
             self._route(e)
-        if len(self._rows) == 1 and not self._queue:  # the last row goes on alone
-            self._leave(batch)
 
     def _run(self, batch: Batch, plan: StepPlan) -> list[Emit]:
-        """Run ``plan``: the decode step first (rows keep streaming), then the chunk."""
+        """Run ``plan``: the decode step first (its tokens go out at once, so a chunk that
+        fails after it loses none), then the chunk; the tokens handed out."""
+        self._deciding, self._consumed = False, {}
         emits: list[Emit] = []
         if plan.decode:
             rows = [self._rows[u].job for u in batch.decoding]
-            fills = any(j.fill is not None for j in rows)
+            fills = self._fills() if any(j.fill is not None for j in rows) else None
             drafts: dict[int, Any] = self.spec.drafts(batch.decoding)
+            self._deciding = True
             if self.mtp is not None and self.mtp.rows:
                 drafts.update(self.mtp.drafts(batch))
-            emits = batch.decode(drafts=drafts,
-                                 forcing=forcing(self._fills()) if fills else None)
+            emits = batch.decode(drafts=drafts, forcing=self._forcing(batch, fills)
+                                 if fills else None)
+            self._deciding, self._consumed = False, {}
+            self._emitted(emits)
         if plan.prefill:
             with self.pacer.timed(plan.asked) as timer:
                 done = batch.prefill(plan.prefill)
@@ -201,37 +233,56 @@ class BatchLane:
                     self._publish_boundary(uid)
         return emits
 
-    def close(self, error: str = "server shutting down", reason: str = "cancelled") -> None:
-        self._solo.close(reason, error)
-        self._fail_all(error, reason=reason)
+    def close(self, error: str = "server shutting down", reason: str = "cancelled",
+              retry: Retry | None = None) -> None:
+        self._solo.close(reason, error, retry)
+        self._fail_all(error, reason=reason, retry=retry)
         while self._queue:
-            self._queue.popleft().close(reason, error)
+            job = self._queue.popleft()
+            self._release(job)  # (a preempted job still holds its reservation)
+            job.close(reason, error, retry)
 
     # -- admission -----------------------------------------------------------------
     def _admit(self) -> None:
         if self.alone:
             return  # it joins the batch first (step), or runs on alone
+        self._clock(self._admit_jobs())
+
+    def _admit_jobs(self) -> bool:
+        """Admit what fits; whether memory held a job back (pressure.py)."""
         fresh = not self._rows
         if fresh and self._queue:
             self._group = self._group_of(self._queue[0])
-            if sum(self._group_of(j) == self._group for j in self._queue) == 1:
+            head = self._queue[0]
+            if not head.preempted and sum(self._group_of(j) == self._group
+                                          for j in self._queue) == 1:
+                if not self._fits_now(head):
+                    return True
                 job = self._queue.popleft()  # alone it must run: bounded to the budget at start
                 cache, n = self._take(job, dense=True)
                 assert not isinstance(cache, Shared)  # (dense)
-                return self._solo.start(job, cache, n, self._solo_pacer())
+                self._solo.start(job, cache, n, self._solo_pacer())
+                return False
         i = 0
-        while i < len(self._queue) and len(self._rows) < self.cap:
+        while i < len(self._queue) and len(self._rows) < min(self.cap, self._row_cap):
             job = self._queue[i]
             if self._group_of(job) != self._group:
                 if not fresh:
-                    return  # another adapter group waits: let this batch drain
+                    return False  # another adapter group waits: let this batch drain
                 i += 1  # a fresh batch gathers every waiting job of its set
                 continue
-            if self.admission is not None and not self.admission.fits(job) and self._rows:
-                return  # wait for a row to finish and free its KV
+            if not job.preempted and self.admission is not None and self._rows \
+                    and not self.admission.fits(job):
+                return True  # wait for a row to finish and free its KV
             # (with no rows it must run: its limit was bounded to the budget at start)
+            if not self._fits_now(job):
+                return True  # the memory free now cannot hold it (or a preempted one)
             del self._queue[i]
             self._insert(job)
+            if job.preempted:
+                return True  # no room after all: it waits first in line
+        # the row cap an out-of-memory lowered holds the rest back
+        return bool(self._queue) and len(self._rows) >= self._row_cap < self.cap
 
     def _group_of(self, job: GenerationJob) -> str:
         """The batch ``job`` may join (its adapter set's group)."""
@@ -244,6 +295,7 @@ class BatchLane:
         row = self._rows.pop(uid)
         if self.admission is not None:
             self.admission.release(row.job)
+        self.governor.row_ended()
         return row
 
     def _take(self, job: GenerationJob, dense: bool = False
@@ -267,26 +319,42 @@ class BatchLane:
         return cache, n
 
     def _insert(self, job: GenerationJob) -> None:
-        cache, n = self._take(job)
-        prompt = job.request.prompt_tokens
-        self._add_row(job, cache, prompt[:n], prompt[n:])
+        """Start ``job``'s row; a preempted job's again, from its prompt and output."""
+        resumed = job.preempted
+        tokens = [*job.request.prompt_tokens, *job.output]
+        try:
+            cache, n = self._lookup(job, tokens) if resumed else self._take(job)
+        except Exception as exc:
+            self._not_added(job, exc)  # waits for memory, or ends with the failure
+            raise
+        job.preempted = False
+        uid = self._add_row(job, cache, tokens[:n], tokens[n:])
+        if resumed and uid is not None:
+            self._rows[uid].snapshot = False  # (not at its prompt's boundary)
 
     def _add_row(self, job: GenerationJob, cache: list[Any] | Shared | None,
-                 held: list[int], todo: list[int], head: HeadState | None = None) -> int:
+                 held: list[int], todo: list[int], head: HeadState | None = None) -> int | None:
         """Start a row whose KV ``cache`` (shared blocks, or mlx-lm caches) holds the
         tokens ``held``; ``todo`` is fed next (a row snapshots its prompt boundary when it
         reads more than one token and its cache cannot rewind; ``head``: a lone MTP job's
-        head); its uid."""
+        head); its uid (None: no room, the job waits first in line)."""
         left = job.limit - job.session.usage.completion_tokens if job.limit else NO_LIMIT
         uid = next(self._uids)
         mtp = self.mtp if self._wants_mtp(job) else None
         shared = cache if isinstance(cache, Shared) else None
         dense = None if shared is not None else cache
         assert not isinstance(dense, Shared)
-        self._get_batch().add(uid, todo, cache=dense, shared=shared, held=held,
-                              sampler=job.request.sampler, processors=job.request.processors,
-                              budget=left, tapped=mtp is not None,
-                              refeed=head.refeed if head is not None else ())
+        try:
+            self._get_batch().add(uid, todo, cache=dense, shared=shared, held=held,
+                                  sampler=job.request.sampler,
+                                  processors=job.request.processors, budget=left,
+                                  tapped=mtp is not None,
+                                  refeed=head.refeed if head is not None else ())
+        except Exception as exc:
+            self._not_added(job, exc)  # waits for memory, or ends with the failure
+            if isinstance(exc, OutOfBlocks):
+                return None
+            raise
         snapshot = self._uses_prefix(job) and len(todo) > 1 and not self._rewindable()
         self._rows[uid] = BatchRow(job, snapshot)
         if job.spec is not None:
@@ -318,6 +386,8 @@ class BatchLane:
                                 pool_for(self._slots, self.admission, cached),
                                 before=route, reclaim=self._reclaim, tap=self.mtp)
             direct.probe(self._batch)  # attention straight over blocks, where the model allows
+            self._batch.fault = self.governor.inject
+            self._planned = self._batch.pool.limit
         return self._batch
 
     def _reclaim(self, blocks: int) -> int:
@@ -411,11 +481,12 @@ class BatchLane:
         if any(j.cancelled.is_set() for j in self._queue):
             for job in [j for j in self._queue if j.cancelled.is_set()]:
                 self._queue.remove(job)
+                self._release(job)  # (a preempted job still holds its reservation)
                 job.close("cancelled")
 
-    def _fail_all(self, error: str, reason: str = "error") -> None:
+    def _fail_all(self, error: str, reason: str = "error", retry: Retry | None = None) -> None:
         for uid in list(self._rows):
-            self._forget(uid).job.close(reason, error)
+            self._forget(uid).job.close(reason, error, retry)
         if self._batch is not None:
             self._batch.close()
         if self.mtp is not None:
