@@ -89,6 +89,8 @@ class EngineProcess:
             os.unlink(self.socket)
         self._set("starting")
         env = {**os.environ, **({"MLXBUN_API_KEY": self.api_key} if self.api_key else {})}
+        if self.restarts:  # a test's injected faults are the first engine's only
+            env = {k: v for k, v in env.items() if not k.startswith("MLXBUN_FAULT_")}
         self.proc = await asyncio.create_subprocess_exec(*self.argv(), env=env,
                                                          stdin=asyncio.subprocess.DEVNULL)
         log.info("engine %s starting, pid %d", self.model_id, self.proc.pid)
@@ -152,6 +154,37 @@ class EngineProcess:
             self.machine = (await self.client.get("/fit", timeout=30.0)).json().get("machine")
         except (httpx.HTTPError, ValueError):
             log.debug("engine %s: could not read its model row", self.model_id, exc_info=True)
+
+    def restarting(self, pid: int | None) -> None:
+        """Engine ``pid`` said its device failed and it is exiting: until its successor
+        answers, requests wait for that one (a later engine is left alone)."""
+        if pid is not None and self.proc is not None and self.proc.pid == pid \
+                and self.state == "ready":
+            self._set("dead")
+
+    async def problem(self) -> tuple[str, str] | None:
+        """Why this engine, once ready, cannot serve now: ``("restarting", why)`` while it
+        is down and coming back, ``("unavailable", why)`` when it gave up, or its own
+        ``/health`` saying its device failed; None when it serves (or still loads)."""
+        if self.state == "failed" and self.was_ready:
+            return "unavailable", f"engine {self.model_id} stopped restarting"
+        if self.state in ("dead", "starting") and self.was_ready:
+            return "restarting", f"engine {self.model_id} is restarting"
+        if self.state != "ready":
+            return None
+        try:
+            r = await self.client.get("/health", timeout=2.0)
+        except httpx.TimeoutException:
+            return None  # busy, not broken
+        except httpx.TransportError:
+            return "restarting", f"engine {self.model_id} is not answering"
+        try:
+            said = r.json() if r.status_code == 503 else {}
+        except ValueError:
+            said = {}
+        if said.get("status") == "unavailable":
+            return "restarting", str(said.get("reason") or "engine unavailable")
+        return None
 
     def _set(self, state: str) -> None:
         self.state = state

@@ -30,6 +30,11 @@ log = logging.getLogger("mlxbun.server")
 
 DEFAULT_TIMEOUT_S = 120.0
 ABORT_GRACE_S = 5.0  # after a second signal: time for open responses to write their error
+# the device failed for good: ``sysexits.h``'s EX_TEMPFAIL, "try again later": a supervisor
+# (systemd's Restart=on-failure, launchd's KeepAlive, a container's restart policy, the
+# ``--isolate`` parent) starts the server again
+DEVICE_FAULT_EXIT = 75
+FAULT_EXIT_AFTER_S = 15.0  # the exit happens by then, whatever is still open
 
 
 def shutdown_timeout() -> float:
@@ -70,6 +75,20 @@ class DrainingServer(uvicorn.Server):
         log.info("shutting down: draining %d active and %d waiting requests (up to %.0f s)",
                  self.engine.worker.active, self.engine.worker.waiting, self.timeout)
         threading.Thread(target=self._drain, name="mlxbun-drain", daemon=True).start()
+
+    def fault(self, reason: str) -> None:
+        """The device failed for good (the engine already ended every request with a 503
+        to send again): let the responses write it, then exit ``DEVICE_FAULT_EXIT``."""
+        if self.exit_code == DEVICE_FAULT_EXIT:
+            return
+        self.exit_code = DEVICE_FAULT_EXIT
+        print(f"mlxbun: device fault ({reason}); /health says 503, open requests end, and "
+              f"the server exits with status {DEVICE_FAULT_EXIT} for its supervisor to "
+              "restart it", file=sys.stderr, flush=True)
+        # nothing may keep the exit from us: no teardown touches the failed device
+        threading.Timer(FAULT_EXIT_AFTER_S, os._exit, args=(DEVICE_FAULT_EXIT,)).start()
+        self.config.timeout_graceful_shutdown = ABORT_GRACE_S  # type: ignore[assignment]
+        self.should_exit = True
 
     def _stop(self, message: str) -> None:
         """End every request with ``message`` and let the responses write it."""

@@ -253,6 +253,7 @@ class Batch:
               rows: list[Row]) -> tuple[mx.array, mx.array | None]:
         """One forward over ``rows``: logits, and hidden states when a row is tapped."""
         caches = self._caches(view, states, [r.uid for r in rows])
+        out: tuple[mx.array, mx.array | None]
         if self.tap is not None and any(r.tapped for r in rows):
             out = self.tap.forward(inputs, caches)
         else:

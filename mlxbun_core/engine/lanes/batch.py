@@ -30,25 +30,25 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ... import kvquant
 from ...adapters.sets import AdapterSet
 from ...events import Retry
-from ..batch import Batch, Emit, OutOfBlocks, direct, pool_for
-from ..batch.entry import BlockEntry, Shared
+from ..batch import Batch, Emit, direct, pool_for
+from ..batch.entry import BlockEntry
 from ..batch.layout import layout
 from ..job import GenerationJob
 from ..memory import Governor
 from ..prompt_cache import PrefixCache, trimmable
 from ..scheduler import PREFILL_TOKENS, Scheduler, StepPlan
-from ..speculate import MTP, HeadState
+from ..speculate import MTP
 from ..speculate.batch import BatchSpeculator
 from ..speculate.mtp_batch import MtpBatch
-from .pace import FixedChunk, PrefillPacer
-from .pressure import Relief, memory_failure
+from .admit import Admitting
+from .pace import PrefillPacer
+from .pressure import memory_failure
 from .slot import BatchRow, SoloSlot, deliver
 from .tally import StepTally
 
@@ -64,7 +64,7 @@ log = logging.getLogger("mlxbun.engine")
 NO_LIMIT = 1 << 30
 
 
-class BatchLane(Relief):
+class BatchLane(Admitting):
     name = "batched"
 
     def __init__(self, model: nn.Module, cap: int, prefix: PrefixCache | None = None,
@@ -242,134 +242,6 @@ class BatchLane(Relief):
             self._release(job)  # (a preempted job still holds its reservation)
             job.close(reason, error, retry)
 
-    # -- admission -----------------------------------------------------------------
-    def _admit(self) -> None:
-        if self.alone:
-            return  # it joins the batch first (step), or runs on alone
-        self._clock(self._admit_jobs())
-
-    def _admit_jobs(self) -> bool:
-        """Admit what fits; whether memory held a job back (pressure.py)."""
-        fresh = not self._rows
-        if fresh and self._queue:
-            self._group = self._group_of(self._queue[0])
-            head = self._queue[0]
-            if not head.preempted and sum(self._group_of(j) == self._group
-                                          for j in self._queue) == 1:
-                if not self._fits_now(head):
-                    return True
-                job = self._queue.popleft()  # alone it must run: bounded to the budget at start
-                cache, n = self._take(job, dense=True)
-                assert not isinstance(cache, Shared)  # (dense)
-                self._solo.start(job, cache, n, self._solo_pacer())
-                return False
-        i = 0
-        while i < len(self._queue) and len(self._rows) < min(self.cap, self._row_cap):
-            job = self._queue[i]
-            if self._group_of(job) != self._group:
-                if not fresh:
-                    return False  # another adapter group waits: let this batch drain
-                i += 1  # a fresh batch gathers every waiting job of its set
-                continue
-            if not job.preempted and self.admission is not None and self._rows \
-                    and not self.admission.fits(job):
-                return True  # wait for a row to finish and free its KV
-            # (with no rows it must run: its limit was bounded to the budget at start)
-            if not self._fits_now(job):
-                return True  # the memory free now cannot hold it (or a preempted one)
-            del self._queue[i]
-            self._insert(job)
-            if job.preempted:
-                return True  # no room after all: it waits first in line
-        # the row cap an out-of-memory lowered holds the rest back
-        return bool(self._queue) and len(self._rows) >= self._row_cap < self.cap
-
-    def _group_of(self, job: GenerationJob) -> str:
-        """The batch ``job`` may join (its adapter set's group)."""
-        return "" if self.adapters is None else self.adapters.group(job.adapters)
-
-    def _forget(self, uid: int) -> BatchRow:
-        self.spec.drop(uid)
-        if self.mtp is not None:
-            self.mtp.drop(uid)
-        row = self._rows.pop(uid)
-        if self.admission is not None:
-            self.admission.release(row.job)
-        self.governor.row_ended()
-        return row
-
-    def _take(self, job: GenerationJob, dense: bool = False
-              ) -> tuple[list[Any] | Shared | None, int]:
-        """Admit ``job``: reserve its KV, then ``(cache, n)``, the longest cached prefix
-        of its prompt: blocks shared from the batch's pool, or (``dense``, or an entry
-        the serial lane left) mlx-lm caches."""
-        if self.admission is not None:
-            self.admission.reserve(job)
-        job.mark_started(self.name)
-        if self._wants_mtp(job):
-            job.session.usage.lane = f"{self.name}+spec"
-        cache: list[Any] | Shared | None = None
-        n, t0 = 0, time.perf_counter()
-        if self._uses_prefix(job) and self.prefix is not None:
-            layout = None if dense else self._get_batch().layout
-            cache, n = self.prefix.lookup(job.cache_namespace, job.request.prompt_tokens,
-                                          layout)
-        job.session.phases["cache_lookup_s"] = time.perf_counter() - t0
-        job.admitted(n)
-        return cache, n
-
-    def _insert(self, job: GenerationJob) -> None:
-        """Start ``job``'s row; a preempted job's again, from its prompt and output."""
-        resumed = job.preempted
-        tokens = [*job.request.prompt_tokens, *job.output]
-        try:
-            cache, n = self._lookup(job, tokens) if resumed else self._take(job)
-        except Exception as exc:
-            self._not_added(job, exc)  # waits for memory, or ends with the failure
-            raise
-        job.preempted = False
-        uid = self._add_row(job, cache, tokens[:n], tokens[n:])
-        if resumed and uid is not None:
-            self._rows[uid].snapshot = False  # (not at its prompt's boundary)
-
-    def _add_row(self, job: GenerationJob, cache: list[Any] | Shared | None,
-                 held: list[int], todo: list[int], head: HeadState | None = None) -> int | None:
-        """Start a row whose KV ``cache`` (shared blocks, or mlx-lm caches) holds the
-        tokens ``held``; ``todo`` is fed next (a row snapshots its prompt boundary when it
-        reads more than one token and its cache cannot rewind; ``head``: a lone MTP job's
-        head); its uid (None: no room, the job waits first in line)."""
-        left = job.limit - job.session.usage.completion_tokens if job.limit else NO_LIMIT
-        uid = next(self._uids)
-        mtp = self.mtp if self._wants_mtp(job) else None
-        shared = cache if isinstance(cache, Shared) else None
-        dense = None if shared is not None else cache
-        assert not isinstance(dense, Shared)
-        try:
-            self._get_batch().add(uid, todo, cache=dense, shared=shared, held=held,
-                                  sampler=job.request.sampler,
-                                  processors=job.request.processors, budget=left,
-                                  tapped=mtp is not None,
-                                  refeed=head.refeed if head is not None else ())
-        except Exception as exc:
-            self._not_added(job, exc)  # waits for memory, or ends with the failure
-            if isinstance(exc, OutOfBlocks):
-                return None
-            raise
-        snapshot = self._uses_prefix(job) and len(todo) > 1 and not self._rewindable()
-        self._rows[uid] = BatchRow(job, snapshot)
-        if job.spec is not None:
-            self.spec.tally = job.spec_tally
-        if mtp is not None and job.spec is not None:
-            mtp.tally = job.spec_tally
-            mtp.add(uid, job.spec.num_draft_tokens or mtp.predictor.num_draft_tokens,
-                    job.request.sampler, job.session.usage, head)
-        elif job.spec is not None:
-            self.spec.add(uid, job.spec, [*held, *todo], job.session.usage)
-        return uid
-
-    def _solo_pacer(self) -> PrefillPacer:
-        return self.pacer if self.solo_prefill is None else FixedChunk(self.solo_prefill)
-
     def _rewindable(self) -> bool:
         if not hasattr(self, "_can_trim"):
             from mlx_lm.models.cache import make_prompt_cache
@@ -412,6 +284,16 @@ class BatchLane(Relief):
         return {u: r.job.fill for u, r in self._rows.items() if r.job.fill is not None}
 
     # -- tokens out ----------------------------------------------------------------
+    def _forget(self, uid: int) -> BatchRow:
+        self.spec.drop(uid)
+        if self.mtp is not None:
+            self.mtp.drop(uid)
+        row = self._rows.pop(uid)
+        if self.admission is not None:
+            self.admission.release(row.job)
+        self.governor.row_ended()
+        return row
+
     def _route(self, e: Emit) -> None:
         row = self._rows.get(e.uid)
         if row is None:

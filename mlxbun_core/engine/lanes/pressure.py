@@ -112,14 +112,24 @@ class Relief:
         pool.limit = self.governor.pool_limit(self._planned, pool.capacity,
                                               self._block_bytes(), fresh)
 
+    def _outstanding(self) -> int:
+        """Blocks the running rows still take: the rest of each prompt, and the next
+        position of each."""
+        batch = self._batch
+        if batch is None:
+            return 0
+        bs = batch.pool.block_size
+        return sum(max(0, -(-(r.table.length + len(r.todo) + len(r.refeed) + 1) // bs)
+                       - len(r.table.blocks)) for r in batch.rows.values())
+
     def _fits_now(self, job: GenerationJob) -> bool:
-        """Whether ``job``'s tokens fit in the room memory leaves now (beside a block for
-        every running row), the prefix cache's blocks taken back if they must."""
+        """Whether ``job``'s tokens fit in the room memory leaves now, beside what the
+        running rows still take, the prefix cache's blocks taken back if they must."""
         per_block = self._block_bytes()
         if per_block <= 0:
             return True
         tokens = len(job.request.prompt_tokens) + len(job.output) + 1
-        need = -(-tokens // BLOCK_SIZE) + len(self._rows)
+        need = -(-tokens // BLOCK_SIZE) + self._outstanding()
         batch = self._batch
         if batch is None:
             return need * per_block <= self.governor.available()
@@ -245,7 +255,7 @@ class Relief:
         n = self._preempt(sorted(moved), keep_pool=True)
         if batch is not None:
             self._limit(batch, fresh=True)
-            while self._rows and batch.pool.room < exc.wanted:
+            while self._rows and batch.pool.room < self._outstanding():
                 n += self._preempt([max(self._rows)], keep_pool=True)  # the youngest
         log.warning("out of KV blocks (%s): %d requests preempted, recomputed when "
                     "memory allows", exc, n)
