@@ -163,13 +163,12 @@ class EngineProcess:
             self._set("dead")
 
     async def problem(self) -> tuple[str, str] | None:
-        """Why this engine, once ready, cannot serve now: ``("restarting", why)`` while it
-        is down and coming back, ``("unavailable", why)`` when it gave up, or its own
-        ``/health`` saying its device failed; None when it serves (or still loads)."""
+        """Why this engine cannot serve: ``("unavailable", why)`` once it gave up
+        restarting, ``("restarting", why)`` while its own ``/health`` says its device
+        failed (it is about to exit); None when it serves, loads, or is being respawned
+        (requests wait for it then)."""
         if self.state == "failed" and self.was_ready:
             return "unavailable", f"engine {self.model_id} stopped restarting"
-        if self.state in ("dead", "starting") and self.was_ready:
-            return "restarting", f"engine {self.model_id} is restarting"
         if self.state != "ready":
             return None
         try:
@@ -177,7 +176,7 @@ class EngineProcess:
         except httpx.TimeoutException:
             return None  # busy, not broken
         except httpx.TransportError:
-            return "restarting", f"engine {self.model_id} is not answering"
+            return None  # gone: the supervisor respawns it, requests wait meanwhile
         try:
             said = r.json() if r.status_code == 503 else {}
         except ValueError:

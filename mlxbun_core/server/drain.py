@@ -34,6 +34,7 @@ ABORT_GRACE_S = 5.0  # after a second signal: time for open responses to write t
 # (systemd's Restart=on-failure, launchd's KeepAlive, a container's restart policy, the
 # ``--isolate`` parent) starts the server again
 DEVICE_FAULT_EXIT = 75
+FAULT_LINGER_S = 1.0  # once every request was answered, /health keeps saying 503 this long
 FAULT_EXIT_AFTER_S = 15.0  # the exit happens by then, whatever is still open
 
 
@@ -87,6 +88,15 @@ class DrainingServer(uvicorn.Server):
               "restart it", file=sys.stderr, flush=True)
         # nothing may keep the exit from us: no teardown touches the failed device
         threading.Timer(FAULT_EXIT_AFTER_S, os._exit, args=(DEVICE_FAULT_EXIT,)).start()
+        threading.Thread(target=self._after_fault, name="mlxbun-fault", daemon=True).start()
+
+    def _after_fault(self) -> None:
+        """Answer what is open (each request a 503 to send again, or its stream's error
+        event) and say 503 on ``/health`` a moment longer, then stop serving."""
+        deadline = time.monotonic() + ABORT_GRACE_S
+        while not self.engine.idle and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(FAULT_LINGER_S)
         self.config.timeout_graceful_shutdown = ABORT_GRACE_S  # type: ignore[assignment]
         self.should_exit = True
 

@@ -223,10 +223,11 @@ class Batch:
         logits = self._processed(rows, inputs, logits[:, -1, :])
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         sampled = _sample(logprobs, [r.sampler for r in rows])
-        self._next = sampled
-        self._next_logprobs = [logprobs[i] for i in range(len(rows))]
         mx.async_eval(sampled, logprobs, *self._arrays(self.states.caches))
         fed = cast("list[int]", inputs.tolist())
+        # only now: a step that fails before here leaves every row's next input as it was
+        self._next = sampled
+        self._next_logprobs = [logprobs[i] for i in range(len(rows))]
         out = []
         for i, (r, token, lp) in enumerate(zip(rows, fed, fed_logprobs)):
             if r.tapped and hidden is not None and self.tap is not None:

@@ -213,22 +213,32 @@ class Relief:
 
         return record
 
-    def _settle_consumed(self) -> list[int]:
-        """Hand out what the failed step's grammars already consumed (the token sampled
-        and the forced run: the matcher has moved past them); those rows, to preempt."""
-        done = []
-        for uid, (token, logprobs, run) in self._consumed.items():
+    def _settle(self, uids: list[int]) -> None:
+        """Before rows ``uids`` are preempted, hand out what their grammar may already
+        have consumed: a fill's token and forced run (the matcher moved past them), or a
+        constrained row's next token (its processor reads it as the step's input). A row
+        recomputed from its output then meets its grammar where the grammar is."""
+        batch = self._batch
+        for uid in uids:
             row = self._rows.get(uid)
             if row is None or row.job.finished:
                 continue
             job = row.job
-            deliver(job, token, logprobs, run)
+            if uid in self._consumed:
+                deliver(job, *self._consumed[uid])
+            elif job.request.processors and batch is not None:
+                pending = batch.pending(uid)
+                try:  # (a token whose step failed is never handed out)
+                    token = int(pending[0].item()) if pending is not None else None
+                except Exception:
+                    token = None
+                if token is None or pending is None:
+                    continue
+                deliver(job, token, pending[1])
             if not job.finished and job.limit and \
                     job.session.usage.completion_tokens >= job.limit:
                 job.close("length")
-            done.append(uid)
         self._consumed = {}
-        return done
 
     # -- failures ----------------------------------------------------------------------
     def _relieve(self, exc: Exception) -> bool:
@@ -248,15 +258,18 @@ class Relief:
         gov.counts["out_of_blocks"] += 1
         gov.failed()
         batch = self._batch
-        moved = set(self._settle_consumed())
+        moved = set(self._consumed) & set(self._rows)  # their fill consumed a run
         if self._deciding and self.mtp is not None:  # their heads drafted for this step
             moved |= set(self.mtp.rows) & set(self._rows)
         self._deciding = False
+        self._settle(sorted(moved))
         n = self._preempt(sorted(moved), keep_pool=True)
         if batch is not None:
             self._limit(batch, fresh=True)
             while self._rows and batch.pool.room < self._outstanding():
-                n += self._preempt([max(self._rows)], keep_pool=True)  # the youngest
+                young = [max(self._rows)]
+                self._settle(young)
+                n += self._preempt(young, keep_pool=True)
         log.warning("out of KV blocks (%s): %d requests preempted, recomputed when "
                     "memory allows", exc, n)
 
@@ -268,7 +281,7 @@ class Relief:
         held = len(self._rows) + (self._solo.job is not None)
         if gov.failed() >= GIVE_UP and held <= 1:
             return self._broken(f"allocations keep failing with one request left: {exc}")
-        self._settle_consumed()
+        self._settle(sorted(self._rows))
         self._deciding = False
         n = self._preempt(sorted(self._rows), keep_pool=False) + self._preempt_solo()
         batch, self._batch = self._batch, None  # its storage may hold the failed writes
