@@ -209,6 +209,7 @@ def test_a_wait_past_the_limit_is_a_503_with_retry_after_and_the_next_request_ru
         assert err.headers() == {"Retry-After": str(err.retry_after)}
         assert e.memory.counts["refused"] == 2
         e.memory.probe = lambda: Reading(1 << 30, 0, "test")
+        e.memory.available(fresh=True)  # (read now, not within the second)
         (reply,) = run_all(e, [greedy("Hello there", 8)])
         assert reply.finish.reason == "length"
     finally:

@@ -73,6 +73,7 @@ class EngineProcess:
         self._crashes: collections.deque = collections.deque()
         self.was_ready = False  # it answered /health once
         self.refused = False  # its first start exited REFUSED: not restarted
+        self.faulted = False  # its device failed: down until a successor is ready
         self._watch: asyncio.Task | None = None
 
     # ---------------------------------------------------------------- life
@@ -160,15 +161,18 @@ class EngineProcess:
         answers, requests wait for that one (a later engine is left alone)."""
         if pid is not None and self.proc is not None and self.proc.pid == pid \
                 and self.state == "ready":
+            self.faulted = True  # /health says 503 until the successor is ready
             self._set("dead")
 
     async def problem(self) -> tuple[str, str] | None:
         """Why this engine cannot serve: ``("unavailable", why)`` once it gave up
-        restarting, ``("restarting", why)`` while its own ``/health`` says its device
-        failed (it is about to exit); None when it serves, loads, or is being respawned
-        (requests wait for it then)."""
+        restarting, ``("restarting", why)`` from when its device failed (its own
+        ``/health`` says so) until its successor is ready; None when it serves, loads,
+        or is respawned after a plain exit (requests wait for it then)."""
         if self.state == "failed" and self.was_ready:
             return "unavailable", f"engine {self.model_id} stopped restarting"
+        if self.faulted and self.state != "ready":
+            return "restarting", f"engine {self.model_id} is restarting after a device fault"
         if self.state != "ready":
             return None
         try:
@@ -188,7 +192,7 @@ class EngineProcess:
     def _set(self, state: str) -> None:
         self.state = state
         if state == "ready":
-            self.was_ready = True
+            self.was_ready, self.faulted = True, False
             self._ready.set()
         else:
             self._ready.clear()
