@@ -193,7 +193,7 @@ class BatchLane(Admitting):
                 raise
             log.exception("batch step failed")
             return self._fail_all(str(exc))
-        self._stepped(grow=bool(emits) and not batch.prefilling)
+        self._stepped(grow=self._row_cap < self.cap and bool(emits) and not batch.prefilling)
         if len(self._rows) == 1 and not self._queue:  # the last row goes on alone
             self._leave(batch)
 

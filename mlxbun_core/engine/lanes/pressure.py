@@ -270,8 +270,8 @@ class Relief:
                 young = [max(self._rows)]
                 self._settle(young)
                 n += self._preempt(young, keep_pool=True)
-        log.warning("out of KV blocks (%s): %d requests preempted, recomputed when "
-                    "memory allows", exc, n)
+        log.warning("out of KV blocks (%s): preempted %d, recomputed when memory allows",
+                    exc, n)
 
     def _out_of_memory(self, exc: Exception) -> None:
         import mlx.core as mx
@@ -294,8 +294,8 @@ class Relief:
         mx.clear_cache()
         gov.available(fresh=True)
         self._row_cap = max(1, held // 2)
-        log.warning("out of memory (%s): MLX's cache and the KV pool freed, %d requests "
-                    "preempted, recomputed when memory allows", str(exc).splitlines()[0], n)
+        log.warning("out of memory (%s): MLX's cache and the KV pool freed, preempted %d, "
+                    "recomputed when memory allows", str(exc).splitlines()[0], n)
 
     def _broken(self, reason: str) -> None:
         """The device is lost: every request ends with a 503 to send again to the
