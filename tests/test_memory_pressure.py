@@ -234,3 +234,19 @@ def test_a_sticky_device_fault_ends_every_request_with_a_503_to_send_again():
         assert refused.value.headers()["X-Mlxbun-Restarting"] == "1"
     finally:
         e.worker.close()
+
+
+def test_an_out_of_memory_that_persists_with_one_request_left_is_a_lost_device():
+    """Every step fails (``MLXBUN_FAULT_ALLOC=1``): freeing the cache and the pool and
+    preempting do not help, so after three failures in a row with one request held the
+    device counts as lost, not as memory pressure to wait out."""
+    e = engine(checkpoint("llama"), fault_alloc=1)
+    try:
+        (done,) = finishes(e, [greedy("Hello there", 8)])
+        assert done.reason == "error" and done.retry is not None
+        assert done.retry.code == DEVICE_FAULT and "keep failing" in (done.error or "")
+        counts = e.memory.counts
+        assert counts["out_of_memory"] == 3 and counts["device_faults"] == 1, counts
+        assert e.unavailable is not None
+    finally:
+        e.worker.close()

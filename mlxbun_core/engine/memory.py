@@ -214,7 +214,6 @@ class Governor:
         self.broken: str | None = None  # why the device cannot go on (None: it can)
         self.on_lost: Callable[[str], None] | None = None
         self.restart_after = 10  # seconds a restart takes (the engine sets its load time)
-        self.failures = 0  # failed steps in a row (none succeeded since)
         self._ends: collections.deque[float] = collections.deque(maxlen=16)
         self.counts = {"preemptions": 0, "retries": 0, "refused": 0, "out_of_memory": 0,
                        "out_of_blocks": 0, "injected": 0, "device_faults": 0}
@@ -266,14 +265,9 @@ class Governor:
             self.counts["injected"] += 1
             raise RuntimeError(INJECTED_OOM)
 
-    def failed(self) -> int:
-        """A step failed for memory; how many have in a row."""
-        self.failures += 1
+    def failed(self) -> None:
+        """A step failed for memory (the lane runs it again)."""
         self.counts["retries"] += 1
-        return self.failures
-
-    def succeeded(self) -> None:
-        self.failures = 0
 
     def lost(self, reason: str) -> None:
         """The device cannot go on: remember why and tell the engine (once)."""

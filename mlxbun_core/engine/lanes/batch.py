@@ -1,11 +1,13 @@
 """The batch lane: continuous batching on the engine's own batch (``engine/batch/``).
 
-Each ``step`` admits waiting jobs that fit (row cap, memory), asks the scheduler for a
-plan (which prompts read how much, whether rows decode), has the batch run it, routes
-each row's tokens to its session and removes finished or cancelled rows. KV lives in
-the block pool; per-row samplers, logits processors (penalties, logit_bias, grammar
-masks) and logprobs ride with each row. Rows start from the longest cached prefix and
-publish their KV to the prefix cache when they end.
+Each ``step`` admits waiting jobs that fit (row cap, memory: ``admit.py``), asks the
+scheduler for a plan (which prompts read how much, whether rows decode), has the batch
+run it, routes each row's tokens to its session and removes finished or cancelled rows.
+KV lives in the block pool; per-row samplers, logits processors (penalties, logit_bias,
+grammar masks) and logprobs ride with each row. Rows start from the longest cached
+prefix and publish their KV to the prefix cache when they end. Memory pressure (a pool
+out of blocks, an out-of-memory from MLX, a device that fails) is met in
+``pressure.py``: rows are preempted and recomputed, waits end in a 503.
 
 A job alone in the lane decodes outside the batch (``solo.py``: a lone stream at
 mlx-lm's single-sequence speed, kept in the lane's ``SoloSlot``) and joins the batch,
@@ -39,6 +41,7 @@ from ...events import Retry
 from ..batch import Batch, Emit, direct, pool_for
 from ..batch.entry import BlockEntry
 from ..batch.layout import layout
+from ..fill.rows import forcing
 from ..job import GenerationJob
 from ..memory import Governor
 from ..prompt_cache import PrefixCache, trimmable
@@ -60,8 +63,6 @@ if TYPE_CHECKING:
     from ..admission import Admission
 
 log = logging.getLogger("mlxbun.engine")
-
-NO_LIMIT = 1 << 30
 
 
 class BatchLane(Admitting):
@@ -220,7 +221,8 @@ class BatchLane(Admitting):
             self._deciding = True
             if self.mtp is not None and self.mtp.rows:
                 drafts.update(self.mtp.drafts(batch))
-            emits = batch.decode(drafts=drafts, forcing=self._forcing(batch, fills)
+            emits = batch.decode(drafts=drafts, forcing=self._recorded(batch, fills,
+                                                                       forcing(fills))
                                  if fills else None)
             self._deciding, self._consumed = False, {}
             self._emitted(emits)

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 
 from ...events import Retry
 from ..batch import BLOCK_SIZE, OutOfBlocks
-from ..fill.rows import forcing
 from ..memory import DEVICE, DEVICE_FAULT, MEMORY_PRESSURE, OOM, Governor, classify
 from .slot import BatchRow, SoloSlot, deliver
 
@@ -95,6 +94,7 @@ class Relief:
         # grammar-forced runs the running decode step consumed: (token, logprobs, run)
         self._consumed: dict[int, tuple[int, mx.array, list[int]]] = {}
         self._deciding = False  # a decode step is running (MTP heads have drafted)
+        self._ooms = 0  # out-of-memory failures since the last step that ran
 
     # -- the measured room -------------------------------------------------------------
     def _block_bytes(self) -> int:
@@ -199,9 +199,9 @@ class Relief:
             self.admission.release(job)
 
     # -- fill rows: what a failed step had consumed --------------------------------------
-    def _forcing(self, batch: Batch, fills: dict[int, FillSession]) -> Forcing:
-        """The fill callback, remembering each run it consumes until the step is done."""
-        runs = forcing(fills)
+    def _recorded(self, batch: Batch, fills: dict[int, FillSession], runs: Forcing) -> Forcing:
+        """The fill callback ``runs``, remembering each run it consumes until the step is
+        done."""
 
         def record(uids: list[int], tokens: list[int]) -> dict[int, list[int]]:
             out = runs(uids, tokens)
@@ -278,8 +278,10 @@ class Relief:
 
         gov = self.governor
         gov.counts["out_of_memory"] += 1
+        gov.failed()
+        self._ooms += 1
         held = len(self._rows) + (self._solo.job is not None)
-        if gov.failed() >= GIVE_UP and held <= 1:
+        if self._ooms >= GIVE_UP and held <= 1:
             return self._broken(f"allocations keep failing with one request left: {exc}")
         self._settle(sorted(self._rows))
         self._deciding = False
@@ -289,7 +291,7 @@ class Relief:
             self.prefix.drop_layout(batch.layout)
         if self.mtp is not None:
             self.mtp.reset()
-        if gov.failures >= 2 and self.prefix is not None:
+        if self._ooms >= 2 and self.prefix is not None:
             self.prefix.clear()
         mx.clear_cache()
         gov.available(fresh=True)
@@ -318,7 +320,7 @@ class Relief:
         """A step ran: failures in a row are over; the row cap an out-of-memory lowered
         grows back by one once the rows it let in all hand out tokens (``grow``), so a
         prefill of newcomers never keeps them from getting anywhere."""
-        self.governor.succeeded()
+        self._ooms = 0
         if grow and self._row_cap < self.cap:
             self._row_cap += 1
 
