@@ -377,6 +377,10 @@ class Engine:
     def _finished(self, fin: Finish) -> None:
         self.completed += 1
         u, t = fin.usage, fin.timings
+        if fin.retry is not None:  # told 503: its error says why and how long it waited
+            log.warning("503 %s · prompt %d tok · %d tok out · %s", fin.retry.code,
+                        u.prompt_tokens, u.completion_tokens, fin.error)
+            return
         log.info("%s · prompt %d tok · %d tok out · ttft %.0f ms · %.1f tok/s · %s lane",
                  fin.reason, u.prompt_tokens, u.completion_tokens, 1e3 * t.get("ttft_s", 0),
                  t.get("decode_tps", 0.0), u.lane)

@@ -146,6 +146,8 @@ async def admitted(request: Request, run: Run) -> None:
             fin = await g.started()
             if fin is not None and fin.retry is not None:
                 cancel()
+                async for _ in g.events():  # (its Done: counted and logged as it ends)
+                    pass
                 run.trace.finish("error", stage="admission", error=fin.error or "")
                 raise failure(fin)
     finally:

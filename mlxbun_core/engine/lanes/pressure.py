@@ -28,7 +28,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ...events import Retry
 from ..batch import BLOCK_SIZE, OutOfBlocks
@@ -227,14 +227,10 @@ class Relief:
             if uid in self._consumed:
                 deliver(job, *self._consumed[uid])
             elif job.request.processors and batch is not None:
-                pending = batch.pending(uid)
-                try:  # (a token whose step failed is never handed out)
-                    token = int(pending[0].item()) if pending is not None else None
-                except Exception:
-                    token = None
-                if token is None or pending is None:
+                pending = _pending(batch, uid)
+                if pending is None:
                     continue
-                deliver(job, token, pending[1])
+                deliver(job, *pending)
             if not job.finished and job.limit and \
                     job.session.usage.completion_tokens >= job.limit:
                 job.close("length")
@@ -349,14 +345,23 @@ class Relief:
             gov = self.governor
             gov.counts["refused"] += 1
             retry = Retry(gov.retry_after(), MEMORY_PRESSURE)
-            waited = now - (job.waiting_since or now)
-            log.warning("503: waited %.1f s for memory (prompt %d tok, %d tok out); retry "
-                        "after %d s", waited, len(job.request.prompt_tokens),
-                        len(job.output), retry.after)
+            waited = now - (job.waiting_since or now)  # (its 503 is the request's log line)
             job.close("error", f"not enough memory to run this request now (waited "
-                      f"{waited:.0f} s); retry after {retry.after} s", retry)
+                      f"{waited:.1f} s); retry after {retry.after} s", retry)
 
     def _idle(self) -> None:
         """Nothing runs and requests wait for memory: pause instead of spinning."""
         if self._queue:
             time.sleep(IDLE_S)
+
+
+def _pending(batch: Batch, uid: int) -> tuple[int, mx.array] | None:
+    """Row ``uid``'s sampled next token and its log-probs, read on the host; None when it
+    has none, or when the step that sampled it failed (never handed out then)."""
+    pending = batch.pending(uid)
+    if pending is None:
+        return None
+    try:
+        return cast(int, pending[0].item()), pending[1]
+    except Exception:
+        return None
