@@ -16,20 +16,21 @@ import logging
 import math
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import kvquant
 from ..adapters import AdapterManager, AdapterSet
 from ..contract import DraftSource, TokenPredictor
 from ..errors import APIError, BadRequest, Overloaded, Unavailable
-from ..events import Done, Event, Finish, Retry, Usage
+from ..events import Finish, Retry
 from ..kvquant.probe import check_kernels, model_dtype
 from ..media import parts as media_parts
 from ..model import LoadedModel, LoadOptions
 from . import attention_route, prefill_shapes
 from .admission import Admission, default_batch, drafts_with_head, head_cost
 from .fill import FillPolicy
+from .generation import Generation as Generation  # (surfaces import it from here)
 from .job import EventSink, GenerationJob, may_speculate
 from .lanes.batch import BatchLane
 from .lanes.pace import MAX_CHUNK, PrefillPacer
@@ -49,48 +50,6 @@ if TYPE_CHECKING:
     from ..plugins import ModelHooks
 
 log = logging.getLogger("mlxbun.engine")
-
-
-class Generation:
-    """A started request, as its surface sees it."""
-
-    def __init__(self, engine: Engine, job: GenerationJob, warning: str | None):
-        self._engine, self._job = engine, job
-        self.warning = warning
-        self.prompt_tokens = len(job.request.prompt_tokens)
-        self._head: list[Event] | None = None  # first events, read by ``started``
-
-    @property
-    def usage(self) -> Usage:
-        """Live token accounting (final once ``finish`` is set)."""
-        return self._job.session.usage
-
-    @property
-    def finish(self) -> Finish | None:
-        return self._job.session.finished
-
-    def cancel(self) -> None:
-        self._job.cancel()
-
-    async def started(self) -> Finish | None:
-        """Wait until a lane takes the request (its first events, kept for ``events``);
-        its ``Finish`` if it ended before that (refused for memory, the engine lost)."""
-        if self._head is None:
-            self._head = await self._job.sink.queue.get()
-        return next((ev.finish for ev in self._head if isinstance(ev, Done)), None)
-
-    async def events(self) -> AsyncIterator[Event]:
-        """The generation's events, ending with ``Done``; leaving early cancels it."""
-        try:
-            while True:
-                head, self._head = self._head, None
-                for ev in head if head is not None else await self._job.sink.queue.get():
-                    yield ev
-                    if isinstance(ev, Done):
-                        self._engine._finished(ev.finish)
-                        return
-        finally:
-            self._job.cancel()
 
 
 DEFAULT_PROMPT_CACHE_BYTES = 8 << 30
@@ -313,7 +272,7 @@ class Engine:
         job = self.new_job(req, prepared, adapters)
         self.worker.submit(job)
         self.requests += 1
-        return Generation(self, job, prepared.warning)
+        return Generation(job, prepared.warning, self._finished)
 
     def new_job(self, req: GenerationInput, prepared: Prepared,
                 adapters: AdapterSet) -> GenerationJob:
