@@ -95,13 +95,16 @@ class Relief:
         self._consumed: dict[int, tuple[int, mx.array, list[int]]] = {}
         self._deciding = False  # a decode step is running (MTP heads have drafted)
         self._ooms = 0  # out-of-memory failures since the last step that ran
+        self._per_block = 0  # bytes of one of the pool's blocks, once known
 
     # -- the measured room -------------------------------------------------------------
     def _block_bytes(self) -> int:
-        """Bytes of one block: the pool's own, else admission's estimate (0: no limit)."""
-        batch = self._batch
-        if batch is not None and batch.layout.bytes_per_block() > 0:
-            return batch.layout.bytes_per_block()
+        """Bytes of one block: the pool's own once it holds KV, else admission's estimate
+        (0: no limit)."""
+        if not self._per_block and self._batch is not None:
+            self._per_block = self._batch.layout.bytes_per_block()  # (fixed once written)
+        if self._per_block:
+            return self._per_block
         if self.admission is None:
             return 0
         return int(self.admission.layout.bytes_per_token * BLOCK_SIZE)
@@ -158,8 +161,9 @@ class Relief:
                 self.mtp.drop(uid)
             if keep_pool and batch is not None:
                 batch.remove(uid)
-            if row.job.finished:  # its settled forced run ended it
+            if row.job.finished:  # what was settled ended it
                 self._release(row.job)
+                self.governor.row_ended()
                 continue
             self._hold(row.job)
             held.append(row.job)
@@ -168,6 +172,7 @@ class Relief:
         return len(held)
 
     def _preempt_solo(self) -> int:
+        """Drop the lone job's KV and queue it first; 1 when there was one."""
         if self._solo.job is None:
             return 0
         job = self._solo.take()
