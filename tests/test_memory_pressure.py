@@ -250,3 +250,27 @@ def test_an_out_of_memory_that_persists_with_one_request_left_is_a_lost_device()
         assert e.unavailable is not None
     finally:
         e.worker.close()
+
+
+def test_the_pool_limit_follows_the_reading_between_requests():
+    """Another process takes memory: the next step's reading lowers the pool's limit (not
+    below what the pool holds); it leaves: the limit grows back, without a restart."""
+    e = engine(checkpoint("llama"), margin_bytes=0)
+    free = {"blocks": 10_000}
+    try:
+        two = [greedy("Hello there", 4), greedy("a b c", 4)]  # (a lone one runs outside)
+        run_all(e, two)
+        per_block = e.batch_stats()["kv_blocks"]["bytes_per_block"]
+        assert per_block > 0
+        e.memory.probe = lambda: Reading(free["blocks"] * per_block, 0, "test")
+        seen = []
+        for blocks in (500, 100, 10, 5000):
+            free["blocks"] = blocks
+            e.memory.available(fresh=True)
+            run_all(e, two)
+            seen.append(e.batch_stats()["kv_blocks"])
+        capacity = seen[2]["capacity"] + 1  # (the stats leave out the trash block)
+        assert [s["limit"] + 1 for s in seen] == [500, 100, capacity, 5000], seen
+        assert e.memory.stats()["available_bytes"] == 5000 * per_block
+    finally:
+        close(e)
