@@ -48,6 +48,21 @@ serve: install
 test: install-test
 	$(PYTEST) $(ARGS)
 
+# the wheels pip installs from until mlxbun is on PyPI: mlxbun and the five family plugins
+# (docs/examples' plugin stays out) into $(DIST)/; `pip install --find-links dist mlxbun
+# mlxbun-qwen35` then takes ours from there and the rest from the index. setuptools' build/
+# and *.egg-info trees are removed before (it would reuse their files) and after.
+DIST ?= dist
+DIST_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY))
+WHEEL_FLAGS ?=
+BUILD_LEFTOVERS = build *.egg-info $(foreach p,$(dir $(PLUGINS)),$(p)build $(p)*.egg-info)
+dist:
+	@rm -rf $(DIST) $(BUILD_LEFTOVERS)
+	@echo "mlxbun: building the wheels of mlxbun and its $(words $(PLUGINS)) family plugins into $(DIST)/"
+	@PYTHONWARNINGS=ignore $(DIST_PY) -m pip wheel -q --no-deps $(WHEEL_FLAGS) -w $(DIST) . $(dir $(PLUGINS))
+	@rm -rf $(BUILD_LEFTOVERS)
+	@ls $(DIST)
+
 # ruff on the whole repo; mypy on mlxbun_core and the family plugins (docs/development.md)
 PLUGIN_PACKAGES = $(patsubst %/__init__.py,%,$(wildcard plugins/*/mlxbun_*/__init__.py))
 
@@ -80,4 +95,4 @@ test-browser: $(VENV)/.browser
 screenshots: $(VENV)/.browser
 	MLXBUN_SCREENSHOT_DIR=docs $(BIN)/python -m pytest -m browser tests/browser -k screenshots $(ARGS)
 
-.PHONY: install install-test serve test test-pins lint typecheck test-browser screenshots
+.PHONY: install install-test serve test test-pins lint typecheck test-browser screenshots dist

@@ -10,8 +10,11 @@ a small test tokenizer's). For each scheme:
   - single-stream decode tok/s at each ``--contexts`` length: the serial lane's loop
     (mlx-lm's ``generate_step`` over our quantizing model wrapper, the same pass the solo
     path runs), greedy, ``--tokens`` tokens after a prompt of that length;
-  - batched decode tok/s: ``--rows`` rows of ``--batch-context`` tokens through mlx-lm's
-    ``BatchGenerator`` with our quantizing wrapper (a ``BatchQuantizedKVCache`` per layer).
+  - batched decode: ``--rows`` rows of ``--batch-context`` tokens on the engine's own batch
+    (``engine/batch/``: quantized blocks in the block pool under a scheme), one batch per
+    scheme, their decode steps interleaved (off, 8, 4, off, ...) so every scheme sees the
+    same machine load: each step timed to its sampled tokens (median and quartiles, ms),
+    and the bytes a token takes in the pool's blocks.
 
 Caches are prefilled once per scheme and length, then every round decodes ``--tokens``
 tokens from each (schemes alternate within a round) and trims them off again, so all
@@ -72,22 +75,37 @@ def decode_tps(model, cache: list, first: int, n: int, ban: list) -> float:
     return count / elapsed
 
 
-def batched_tps(model, prompts: list, n: int, step: int) -> float:
-    """Aggregate decode tok/s of ``len(prompts)`` rows in mlx-lm's BatchGenerator."""
-    from mlx_lm.generate import BatchGenerator
+def pool_steps(model, schemes: dict, prompts: list, steps: int, chunk: int) -> dict:
+    """Per scheme: ``steps`` decode steps of ``len(prompts)`` rows on the engine's own
+    batch, interleaved across schemes, each timed until its tokens are sampled; the step
+    times (ms) and the pool's bytes per token."""
+    from mlxbun_core.engine.batch import BLOCK_SIZE, FIRST_BLOCKS, NO_LIMIT, BlockPool
+    from mlxbun_core.engine.batch.executor import Batch
+    from mlxbun_core.engine.batch.layout import layout
 
-    gen = BatchGenerator(model, completion_batch_size=len(prompts),
-                         prefill_batch_size=len(prompts), prefill_step_size=step)
-    gen.insert(prompts, max_tokens=[n] * len(prompts))
-    done = t0 = 0
-    while done < n * len(prompts):
-        _, responses = gen.next()
-        if responses and not t0:
-            t0, start = time.perf_counter(), done + len(responses)
-        done += len(responses)
-    elapsed = time.perf_counter() - t0
-    gen.close()
-    return (done - start) / elapsed
+    batches = {}
+    for s, scheme in schemes.items():
+        b = Batch(model, layout(model), BlockPool(BLOCK_SIZE, FIRST_BLOCKS, NO_LIMIT),
+                  kv=scheme)
+        for i, p in enumerate(prompts):
+            b.add(i, p, budget=steps + 2)
+        while b.prefilling:
+            b.prefill({u: chunk for u in b.prefilling})
+        b.decode()  # feeds the prompts' last tokens: nothing to hand out yet
+        batches[s] = b
+    times: dict = {s: [] for s in schemes}
+    for _ in range(steps):
+        for s, b in batches.items():
+            t = time.perf_counter()
+            b.decode()
+            mx.eval([b.pending(u)[0] for u in b.decoding])  # this step's samples
+            times[s].append(1000 * (time.perf_counter() - t))
+    out = {s: {"step_ms": times[s],
+               "pool_bytes_per_token": b.layout.bytes_per_block() / BLOCK_SIZE}
+           for s, b in batches.items()}
+    for b in batches.values():
+        b.close()
+    return out
 
 
 def main() -> None:
@@ -99,6 +117,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4, help="including one warm-up round")
     ap.add_argument("--rows", type=int, default=8, help="rows of the batched measurement (0: skip)")
     ap.add_argument("--batch-context", type=int, default=4096)
+    ap.add_argument("--steps", type=int, default=40, help="batched decode steps per scheme")
     ap.add_argument("--prefill-step", type=int, default=2048)
     ap.add_argument("--budget-gb", type=float, nargs="*", default=[24.0, 48.0],
                     help="memory budgets (GB, 10^9) to report max_safe_context under")
@@ -109,8 +128,8 @@ def main() -> None:
     from mlx_lm import load
 
     from mlxbun_core import kvquant
-    from mlxbun_core.engine.admission import weight_bytes
     from mlxbun_core.library import fit
+    from mlxbun_core.models.facts import weight_bytes
     from mlxbun_core.testing.checkpoints import tiny_checkpoint
 
     dtype = args.dtype or ("float32" if mx.default_device() == mx.cpu else "bfloat16")
@@ -147,7 +166,7 @@ def main() -> None:
         print(s, json.dumps(row), flush=True)
 
     tps = {(s, ctx): [] for s in SCHEMES for ctx in args.contexts}
-    batched = {s: [] for s in SCHEMES}
+    batched: dict = {}
     prompts = [mx.random.randint(10, vocab - 10, (args.batch_context,), key=mx.random.key(i + 1))
                .tolist() for i in range(args.rows)]
     for r in range(args.rounds):
@@ -155,13 +174,10 @@ def main() -> None:
             for s in SCHEMES:
                 tps[s, ctx].append(decode_tps(wrapped[s], caches[s, ctx], prompt[ctx], args.tokens,
                                               ban))
-        if args.rows:
-            for s in SCHEMES:
-                batched[s].append(batched_tps(wrapped[s], prompts, args.tokens,
-                                              args.prefill_step))
-        print(f"round {r}: " + "  ".join(f"{s}@{ctx}={v[-1]:.1f}" for (s, ctx), v in tps.items())
-              + ("  batched " + " ".join(f"{s}={v[-1]:.1f}" for s, v in batched.items())
-                 if args.rows else ""), flush=True)
+        print(f"round {r}: " + "  ".join(f"{s}@{ctx}={v[-1]:.1f}" for (s, ctx), v in tps.items()),
+              flush=True)
+    if args.rows:
+        batched = pool_steps(model, schemes, prompts, args.steps, args.prefill_step)
 
     def med(values):
         return round(statistics.median(values[1:] if len(values) > 1 else values), 2)
@@ -173,19 +189,23 @@ def main() -> None:
             row[f"decode_tps_{ctx}"] = med(tps[s, ctx])
             row[f"vs_off_{ctx}"] = round(med(tps[s, ctx]) / med(tps["off", ctx]), 3)
         if args.rows:
-            row[f"batched_tps_{args.rows}x{args.batch_context}"] = med(batched[s])
-            row["batched_vs_off"] = round(med(batched[s]) / med(batched["off"]), 3)
+            q1, q2, q3 = statistics.quantiles(batched[s]["step_ms"], n=4)
+            off = statistics.median(batched["off"]["step_ms"])
+            row[f"step_ms_{args.rows}x{args.batch_context}"] = round(q2, 2)
+            row["step_ms_quartiles"] = [round(q1, 2), round(q3, 2)]
+            row["step_vs_off"] = round(q2 / off, 3)
+            row["pool_bytes_per_token"] = batched[s]["pool_bytes_per_token"]
         table.append(row)
     meta = {"device": str(mx.default_device()), "chip": machine.name, "shape": args.shape,
             "dtype": dtype, "weights_bytes": weights, "usable_bytes": machine.usable_bytes,
             "tokens": args.tokens, "rounds": args.rounds, "rows": args.rows,
-            "batch_context": args.batch_context, "mlx": mx.__version__}
+            "batch_context": args.batch_context, "steps": args.steps, "mlx": mx.__version__}
     print(json.dumps(meta))
     cols = ["bytes_per_token", "max_safe_context_machine",
             *[f"max_safe_context_{gb:g}GB" for gb in args.budget_gb],
             *[f"decode_tps_{c}" for c in args.contexts], *[f"vs_off_{c}" for c in args.contexts],
-            *([f"batched_tps_{args.rows}x{args.batch_context}", "batched_vs_off"]
-              if args.rows else [])]
+            *([f"step_ms_{args.rows}x{args.batch_context}", "step_vs_off",
+               "pool_bytes_per_token"] if args.rows else [])]
     print("kv_quant " + " ".join(cols))
     for row in table:
         print(f"{row['kv_quant']:8} " + " ".join(str(row[c]) for c in cols))

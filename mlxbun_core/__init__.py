@@ -13,5 +13,7 @@ from .hookspecs import hookimpl  # re-exported for plugin authors
 __all__ = ["hookimpl", "__version__"]
 
 from . import blas as _blas
+from . import fdlimit as _fdlimit
 
 _blas.install()  # MLX's CPU matrix products on OpenBLAS, from the moment mlx.core loads
+_fdlimit.install()  # the open-file limit up to the hard one; mlx_lm.utils may not lower it

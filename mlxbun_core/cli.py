@@ -1,6 +1,6 @@
-"""The ``mlxbun`` command: serve a model, list local models, assess fit, list plugins, convert
-GGUF files, fine-tune and quantize (``train`` / ``quantize``: the server's job runners in the
-foreground)."""
+"""The ``mlxbun`` command: serve a model (also bare ``mlxbun``), list local models, assess
+fit, list plugins, convert GGUF files, fine-tune and quantize (``train`` / ``quantize``: the
+server's job runners in the foreground), chat in the terminal (``console/``)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,15 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from .console import verbs as console_verbs
+from .console.pipes import quiet_on_closed_pipe
 from .serve_flags import add_kv_quant_flag, add_selection_flags, add_serve_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mlxbun", description="LLM inference server on MLX")
+    p = argparse.ArgumentParser(prog="mlxbun", description="LLM inference server on MLX "
+                                "(no verb, or only serve's options: serve)")
+    console_verbs.add_version_flag(p)
     sub = p.add_subparsers(dest="command", required=True)
     add_serve_parser(sub)
 
@@ -52,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_parser(sub)
     hub_cli.add_parsers(sub)
     memory_cli.add_parsers(sub)
+    console_verbs.add_parsers(sub)
     return p
 
 
@@ -157,10 +162,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+@quiet_on_closed_pipe
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     own_process = argv is None  # the command line, not a caller's argv (tests run main in-process)
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = console_verbs.with_default_verb(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if args.command == "serve":
         from .config import ConfigError, apply_config
@@ -192,6 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .webchat.store import SessionStore, sessions_dir
 
         return cmd_memory(args, lambda d: saved_conversations(SessionStore(sessions_dir(d))))
+    if args.command in ("chat", "help"):
+        from .console.chat import cmd_chat
+
+        return cmd_chat(args) if args.command == "chat" else console_verbs.cmd_help(args, parser)
     from .hub import cli as hub_cli
     from .jobs import cli as jobs_cli
 

@@ -197,7 +197,7 @@ def leader_engine(args: argparse.Namespace, group: DistributedGroup, model: Load
     model.config = rank_config(model.config, group.size, group.mode)
     model.extras["ranks"] = group.size  # the default batch widens (fit.batch_plan)
     defaults = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
-    engine = Engine(model, worker=worker, defaults=defaults, max_tokens=args.max_tokens,
+    engine = Engine(model, worker=worker, defaults=defaults, max_tokens=args.max_tokens or None,
                     batch=args.batch, prompt_cache_bytes=int(args.prompt_cache * (1 << 30)),
                     memory_budget_bytes=int(args.memory_budget * 1e9)
                     if args.memory_budget else None)

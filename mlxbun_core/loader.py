@@ -20,6 +20,11 @@ class NoPluginClaimed(Exception):
     pass
 
 
+class CannotEmbed(NoPluginClaimed):
+    """``--embedding`` on a checkpoint whose family cannot embed (said at start, not
+    served as a chat model instead)."""
+
+
 @dataclass(frozen=True)
 class Claim:
     """Who answered ``claims`` for a checkpoint: the family, and the registered
@@ -62,14 +67,41 @@ def claim(path: Path, options: LoadOptions) -> LoadedModel:
         raise NoPluginClaimed(
             f"no installed plugin can load {path} (model_type={config.get('model_type')!r}); "
             "`mlxbun plugins` lists what is installed")
+    if options.embedding and who.family not in embedding_families():
+        raise cannot_embed(path, config, who.family)
     relay = plugins.relay_for(who.plugin)
     model = relay.load_model(path=path, config=config, options=options)
     if model is None:
         raise plugins.PluginError(f"plugin {who.plugin!r} claimed {path} as {who.family!r} "
                                   "but its load_model returned None")
+    if options.embedding and model.kind != "embedding":
+        raise cannot_embed(path, config, who.family)
     model.family, model.plugin = who.family, who.plugin
     model._hooks = relay
     return finish(model)
+
+
+def embedding_families() -> dict[str, tuple[str, ...]]:
+    """The installed families that embed (their plugin implements ``embed``), each with
+    the model types it names (``MODEL_TYPES``, when the plugin has one)."""
+    found = {}
+    for impl in plugins.pm.hook.embed.get_hookimpls():
+        if plugins.is_family(impl.plugin):
+            found[plugins.family_name(impl.plugin)] = tuple(
+                getattr(impl.plugin, "MODEL_TYPES", ()))
+    return found
+
+
+def cannot_embed(path: Path, config: dict, family: str) -> CannotEmbed:
+    """What ``--embedding`` says about a checkpoint its family cannot embed."""
+    can = embedding_families()
+    what = "; ".join(f"{name} ({', '.join(types)} checkpoints)" if types else name
+                     for name, types in sorted(can.items()))
+    return CannotEmbed(
+        f"--embedding: {path.name} (model_type {config.get('model_type')!r}) is claimed by "
+        f"family {family!r}, which cannot embed. "
+        + (f"Families that embed: {what}." if can else
+           "No installed plugin embeds: pip install mlxbun-qwen3-embed (Qwen3-Embedding)."))
 
 
 def finish(model: LoadedModel) -> LoadedModel:

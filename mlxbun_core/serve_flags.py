@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+from collections.abc import Sequence
+from typing import Any
 
 
 def _positive_int(text: str) -> int:
@@ -12,6 +15,22 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
+
+
+def _cap(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be a token count, or 0 for no cap")
+    return value
+
+
+DEFAULT_MAX_TOKENS = 4096
+"""The completion cap of a request that names none (``--max-tokens``; 0: none). Clients
+such as aider send no ``max_tokens`` and expect the model to stop by itself; a small model
+that loops instead would run to the end of its window (minutes on a CPU). 4,096 is the
+output limit those clients' edit formats were tuned against (GPT-4 Turbo, Claude 3), enough
+for a whole-file edit of a few hundred lines, and aider reports a cut reply (``length``)
+rather than failing. A request's own ``max_tokens`` is never changed."""
 
 
 _UNITS = {"": 10**9, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
@@ -55,8 +74,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                         "0.0.0.0 for every interface)")
     s.add_argument("--port", type=int, default=int(os.environ.get("MLXBUN_PORT") or "8080"),
                    help="TCP port (default: %(default)s; env MLXBUN_PORT)")
-    s.add_argument("--max-tokens", type=int, default=None,
-                   help="server default completion cap (default: until EOS or context end)")
+    s.add_argument("--max-tokens", type=_cap, default=DEFAULT_MAX_TOKENS, metavar="N",
+                   help="completion cap for requests that name none (default: %(default)s; "
+                        "0: until EOS or the context's end); a request's own wins")
     s.add_argument("--temperature", type=float)
     s.add_argument("--top-p", type=float)
     s.add_argument("--top-k", type=int)
@@ -152,6 +172,12 @@ def add_process_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--api-key", default=os.environ.get("MLXBUN_API_KEY") or None,
                    help="require 'Authorization: Bearer KEY' on every route; admin routes "
                         "then also answer remote clients (default: no key, admin loopback-only)")
+    s.add_argument("--cors", action=ReplacingAppend, default=_env_list("MLXBUN_CORS"),
+                   metavar="ORIGIN",
+                   help="let web pages of ORIGIN (https://app.example.com) use this server "
+                        "and read its answers (repeatable; env MLXBUN_CORS, comma-separated); "
+                        "'*' opens the API routes to every site, never the admin routes or "
+                        "the web chat (docs/security.md)")
     s.add_argument("--adapter", "--adapter-path", dest="adapter", default=None, metavar="DIR",
                    help="mount a LoRA adapter (mlx-lm or PEFT directory) at start-up and use it "
                         "for requests that name none (id: the directory name)")
@@ -182,8 +208,60 @@ def add_process_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--no-open", action="store_true",
                    help="do not open the web app in a browser "
                         "(it opens only on an interactive start)")
+    add_connection_flags(s)
     add_ssd_cache_flags(s)
     add_distributed_flags(s)
+
+
+class ReplacingAppend(argparse._AppendAction):
+    """``append``, where the first typed value replaces the default (the environment's
+    list) instead of adding to it: flags win over ``MLXBUN_*``."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: str | Sequence[Any] | None, option_string: str | None = None
+                 ) -> None:
+        if getattr(namespace, self.dest, None) is self.default:
+            setattr(namespace, self.dest, None)
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _env_list(var: str) -> list[str] | None:
+    """A comma- or space-separated ``var`` as a list (None when unset or empty)."""
+    items = [v for v in re.split(r"[,\s]+", os.environ.get(var, "")) if v]
+    return items or None
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be a positive number of seconds")
+    return value
+
+
+def _rate(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError("must be bytes per second, 0 or more")
+    return value
+
+
+def add_connection_flags(s: argparse.ArgumentParser) -> None:
+    """How many connections the listening socket keeps, and how long each may dawdle
+    (server/connections.py; docs/server.md, "Connections")."""
+    s.add_argument("--max-connections", type=_positive_int, default=None, metavar="N",
+                   help="open connections at most (default 1024, fewer when the open-file "
+                        "limit is low); a newcomer past it closes the longest-idle one, or "
+                        "gets a 503 when every connection runs a request")
+    s.add_argument("--idle-timeout", type=_seconds, default=5.0, metavar="S",
+                   help="close a connection that sends nothing for S seconds, before its "
+                        "first request or between requests (default %(default)s)")
+    s.add_argument("--header-timeout", type=_seconds, default=20.0, metavar="S",
+                   help="a request's line and headers must arrive within S seconds of its "
+                        "first byte, else 408; also the grace before --body-min-rate "
+                        "applies (default %(default)s)")
+    s.add_argument("--body-min-rate", type=_rate, default=1024.0, metavar="BYTES_PER_S",
+                   help="after that grace, a request body must arrive at this average rate "
+                        "or more, else 408 (default %(default)s; 0: no rate)")
 
 
 def add_distributed_flags(s: argparse.ArgumentParser) -> None:

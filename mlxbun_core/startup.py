@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .engine.speculate import SpecConfig
     from .kvstore.config import SsdConfig
     from .models.resolve import ResolvedModel
+    from .server.origin import CorsRules
 
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
@@ -100,10 +101,35 @@ def select_grammar_backend(name: str) -> str | None:
     return None
 
 
+def cors_rules(args: argparse.Namespace) -> CorsRules:
+    """The sites ``--cors`` (or ``MLXBUN_CORS``) trusts; ValueError for a value that is no
+    origin (:func:`preflight` says so before anything loads)."""
+    from .server.origin import CorsRules
+
+    return CorsRules.from_values(getattr(args, "cors", None) or ())
+
+
+def check_cors(args: argparse.Namespace) -> str | None:
+    """What is wrong with ``--cors``, if anything; a wildcard is said out loud."""
+    try:
+        rules = cors_rules(args)
+    except ValueError as exc:
+        return str(exc)
+    if rules.wildcard and not args.unix:
+        who = ("every web page you visit" if rules.any_site
+               else "any page opened from a file, or framed sandboxed by any site,")
+        logging.getLogger("mlxbun.guard").warning(
+            "--cors %s: %s may call this server's API routes and read the answers (admin "
+            "routes and the web chat stay closed to other sites); name the sites you trust "
+            "instead when you can", "*" if rules.any_site else "null", who)
+    return None
+
+
 def preflight(args: argparse.Namespace) -> tuple[socket.socket | None, str | None]:
     """(bound socket or None, problem or None): what would fail is found before minutes
     of model loading, not after."""
-    problem = args.grammar_backend and select_grammar_backend(args.grammar_backend)
+    problem = (args.grammar_backend and select_grammar_backend(args.grammar_backend)) \
+        or check_cors(args)
     if problem or args.unix:
         return None, problem or None
     sock = bind_port(args.host, args.port)
@@ -178,7 +204,7 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
             "draft_model": args.draft_model, "num_draft_tokens": args.num_draft_tokens or 3,
             "expert_budget": getattr(args, "expert_budget", None)})
         return Engine.load(str(resolved.path), options, defaults=defaults,
-                           max_tokens=args.max_tokens,
+                           max_tokens=args.max_tokens or None,  # 0: no cap
                            speculation=speculation,
                            batch=args.batch, prompt_cache_bytes=int(args.prompt_cache * (1 << 30)),
                            ssd=ssd,
@@ -274,7 +300,7 @@ def serve_forever(args: argparse.Namespace, engine: Engine, sock: socket.socket 
     from .server.app import build_app
     from .server.drain import DrainingServer
 
-    app = build_app(engine, api_key=args.api_key)
+    app = build_app(engine, api_key=args.api_key, cors=cors_rules(args))
     settings = getattr(args, "settings", None)
     app.state.model_aliases = settings.aliases if settings is not None else {}
     if on_app is not None:
@@ -291,7 +317,10 @@ def serve_forever(args: argparse.Namespace, engine: Engine, sock: socket.socket 
         config = uvicorn.Config(DrainGate(app, engine), uds=args.unix, log_level="warning",
                                 timeout_graceful_shutdown=10)
     else:
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10)
+        from .server.connections import limits_from_args, uvicorn_settings
+
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10,
+                                **uvicorn_settings(limits_from_args(args), app))
     server = DrainingServer(config, engine)
     engine.on_fatal = server.fault  # a lost device: drain what it can, exit for a restart
     if page and engine.model.kind == "generate" and web.interactive_start(args.no_open):

@@ -9,8 +9,8 @@ import asyncio
 import httpx
 import pytest
 
-from mlxbun_core.engine.admission import weight_bytes
 from mlxbun_core.library import fit
+from mlxbun_core.models.facts import weight_bytes
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.helpers import prompt_of
 from mlxbun_core.testing.server import start_server

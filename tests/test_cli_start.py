@@ -41,6 +41,13 @@ def test_unusable_host_or_port_exits_2():
     assert r.returncode == 2 and "cannot listen on 127.0.0.1:70000" in r.stderr
 
 
+def test_a_cors_value_that_is_no_origin_exits_2_before_loading():
+    r = run_cli(["serve", "--cors", "app.example/path", "--port", str(free_port())])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--cors 'app.example/path': expected an origin" in r.stderr
+    assert "serving" not in r.stdout and "loading" not in r.stderr
+
+
 def test_missing_grammar_extra_names_the_extra():
     # sys.modules[name] = None is how Python spells "not installed" for find_spec and import
     r = run_cli(["serve", "--grammar-backend", "xgrammar", "--port", str(free_port())],

@@ -64,6 +64,20 @@ def test_precedence_flag_over_env_over_file_over_default(home, monkeypatch):
     assert (args.top_p, s.sources["top_p"]) == (None, "default")
 
 
+def test_cors_comes_from_flags_env_or_file_and_flags_replace_the_env(home, monkeypatch):
+    path = home / "mlxbun.yaml"
+    path.write_text("serve:\n  cors:\n    - https://a.example\n    - http://localhost:5173\n")
+    args, s = serve()
+    assert (args.cors, s.sources["cors"]) == (
+        ["https://a.example", "http://localhost:5173"], f"file:{path}:3")
+    monkeypatch.setenv("MLXBUN_CORS", "https://b.example, https://c.example")
+    args, s = serve()
+    assert (args.cors, s.sources["cors"]) == (["https://b.example", "https://c.example"],
+                                              "env MLXBUN_CORS")
+    args, s = serve("--cors", "https://d.example", "--cors", "*")
+    assert (args.cors, s.sources["cors"]) == (["https://d.example", "*"], "flag")
+
+
 def test_every_serve_flag_is_a_key_and_unknown_keys_are_refused(home):
     from mlxbun_core.config.schema import serve_options
 
@@ -296,6 +310,7 @@ def test_in_process_server_lists_aliases_and_applies_model_settings(home, tmp_pa
                     ).prompt_tokens < usage.prompt_tokens
         rows = httpx.get(s.v1 + "/models", timeout=30).json()["data"]
         assert rows[0]["state"] == "resident"
+        assert rows[0]["gen_defaults"]["max_tokens"] == 1  # the cap a request gets by default
         alias = next(r for r in rows if r["id"] == "fast")
         assert alias["alias_of"] == s.engine.model.id and alias["state"] == "resident"
         assert httpx.get(s.v1 + "/models/fast", timeout=30).json()["alias_of"] == (

@@ -182,3 +182,26 @@ def test_explicit_memory_budget_reaches_fit(hub):
     hand = (budget - weights) // (256 + (1024 + 4 * 128) * 4)
     assert rep["max_safe_context"] == adm["max_safe_context"] == hand
     assert rep["memory_budget_bytes"] == budget and rep["total_bytes"] <= budget
+
+
+def test_a_float32_kv_cache_is_named_float32_not_bf16():
+    """A float32 checkpoint's cache (the embedded default on a CPU) is billed 4 bytes an
+    element; `fit`, /fit and /stats name that dtype (they used to say "bf16")."""
+    from mlxbun_core.library import checkpoint
+    from mlxbun_core.library.report import fit_report, fit_text
+
+    path = tiny_checkpoint("llama", seed=4, dtype="float32")
+    config = checkpoint.read_json(path / "config.json")
+    r = fit_report(config, checkpoint.weights(path), fit.machine(probe_mlx=False), context=100)
+    assert r["report"]["kv_bytes_per_token"] == 2 * 2 * 16 * 2 * 4  # float32: 4 bytes
+    assert r["kv_quant"] == "float32" and "(float32)" in fit_text("m", r)
+    s = start_server(path)
+    try:
+        stats = httpx.get(s.base_url + "/stats", timeout=30).json()["kv_quant"]
+        assert stats["mode"] == "float32" and stats["layers"] == {"float32": 2}
+        assert httpx.get(s.base_url + "/fit", timeout=30).json()["kv_quant"] == "float32"
+    finally:
+        s.stop()
+    bf16 = checkpoint.read_json(tiny_checkpoint("llama", seed=4) / "config.json")
+    assert fit_report(bf16, checkpoint.weights(path), fit.machine(probe_mlx=False),
+                      context=100)["kv_quant"] == "bfloat16"

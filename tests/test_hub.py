@@ -4,6 +4,7 @@ with a local fake of the hub's HTTP API (the one boundary tests may fake): real
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -19,6 +20,7 @@ from mlxbun_core.testing.fake_hub import (
     hub_environment,
     padding_safetensors,
     repo_from_dir,
+    silent_hub,
 )
 from mlxbun_core.testing.server import free_port, start_server
 
@@ -40,6 +42,9 @@ def env(tmp_path_factory):
     flaky = repo_from_dir(ckpt)
     flaky.files["padding.safetensors"] = padding_safetensors(PAD_BYTES - 4096)
     repos["acme/Tiny-Flaky"] = flaky
+    stale = repo_from_dir(ckpt)
+    stale.files["padding.safetensors"] = padding_safetensors(1 << 20)
+    repos["acme/Tiny-Stale"] = stale
     with FakeHub(repos, tokens=(TOKEN,)) as hub, hub_environment(root, hub):
         # every interface, so a test can call it from a non-loopback address too
         server = start_server(ckpt, max_tokens=4, sessions_dir=root / "sessions", host="0.0.0.0")
@@ -147,6 +152,31 @@ def test_dropped_connections_resume_where_they_stopped(env):
     snap = Path(row["output_path"])
     assert (snap / "padding.safetensors").read_bytes() == hub.repos[repo].files[
         "padding.safetensors"]
+
+
+def test_a_resumed_blob_that_fails_its_etag_check_fails_the_download(env):
+    """A partial blob that is no prefix of the file (left by another revision, or
+    damaged): the resumed whole fails its sha256, the job fails and nothing is kept; the
+    next download starts over and succeeds."""
+    hub, repo = env["hub"], "acme/Tiny-Stale"
+    content = hub.repos[repo].files["padding.safetensors"]
+    etag = hashlib.sha256(content).hexdigest()
+    blobs = env["root"] / "hf" / "hub" / "models--acme--Tiny-Stale" / "blobs"
+    blobs.mkdir(parents=True)
+    part = blobs / f"{etag}.incomplete"
+    part.write_bytes(bytes(len(content) // 2))  # zeros: not this file's first half
+    failed = wait_job(env, api(env, "POST", "/api/hub/download",
+                               json={"repo": repo}).json()["job_id"])
+    assert f"bytes={len(content) // 2}-" in hub.ranges()  # it did resume
+    assert failed["status"] == "failed", failed
+    assert "padding.safetensors failed verification" in failed["error"]
+    assert not part.exists() and not (blobs / etag).exists()
+    assert repo not in local_ids(env)
+    done = wait_job(env, api(env, "POST", "/api/hub/download",
+                             json={"repo": repo}).json()["job_id"])
+    assert done["status"] == "done", done["error"]
+    assert (Path(done["output_path"]) / "padding.safetensors").read_bytes() == content
+    assert repo in local_ids(env)
 
 
 def test_download_of_an_unknown_repo_says_404(env):
@@ -323,6 +353,26 @@ def test_cli_download_shows_a_bar_and_ls_lists_every_revision(env):
     assert [(r["repo_id"], r["canonical"], r["refs"]) for r in rows] == [
         ("acme/Tiny-Small-mlx", True, ["main"])]
     assert "acme/Tiny-Small-mlx" in local_ids(env)
+
+
+def test_cli_download_from_a_hub_that_never_answers_ends_with_a_message(tmp_path):
+    """The hub accepts the connection and says nothing: the download ends within the
+    deadline (MLXBUN_HUB_TIMEOUT, 2 s here) and says why."""
+    import subprocess
+    import sys
+
+    with silent_hub() as url:
+        env = {**os.environ, "HF_ENDPOINT": url, "MLXBUN_HUB_TIMEOUT": "2",
+               "HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(tmp_path / "hf" / "hub")}
+        env.pop("HF_HUB_OFFLINE", None)
+        started = time.monotonic()
+        run = subprocess.run([sys.executable, "-m", "mlxbun_core.cli", "download",
+                              "acme/Tiny-Small-mlx"], capture_output=True, text=True,
+                             timeout=120, env=env)
+        took = time.monotonic() - started
+    assert run.returncode == 2, run.stderr
+    assert f"the hub {url} did not answer within 2 s" in run.stderr, run.stderr
+    assert took < 60, took  # the deadline, job start-up and one retry at most
 
 
 def test_cli_upload_pushes_a_dataset_with_a_card(env, tmp_path):

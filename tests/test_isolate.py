@@ -305,9 +305,11 @@ def test_engine_children_get_every_flag_but_the_parent_only_ones():
     parser = build_parser()
     args = parser.parse_args(["serve", "--isolate", "--model-pool", "3", "--port", "9001",
                               "--host", "0.0.0.0", "--query", "llama", "--model", "x",
-                              "--temperature", "0.5", "--batch", "2", "--embedding"])
+                              "--temperature", "0.5", "--batch", "2", "--embedding",
+                              "--cors", "https://app.example"])
     argv = engine_argv(args, parser)
-    for parent_only in ("--isolate", "--model-pool", "--port", "--host", "--query", "--model"):
+    for parent_only in ("--isolate", "--model-pool", "--port", "--host", "--query", "--model",
+                        "--cors"):
         assert parent_only not in argv
     child = parser.parse_args(["serve", *argv])
     assert (child.temperature, child.batch, child.embedding) == (0.5, 2, True)
@@ -330,11 +332,12 @@ def test_parent_applies_the_serve_guard(key, tmp_path, monkeypatch):
 
     async def call(path, client=("127.0.0.1", 5000), method="GET", **headers):
         transport = httpx.ASGITransport(app=app, client=client)
-        async with httpx.AsyncClient(transport=transport, base_url="http://p") as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
             return await c.request(method, path, headers=headers)
 
     async def main():
-        assert (await call("/health")).status_code == 200
+        health = await call("/health")  # open without the key; no engine has answered yet
+        assert (health.status_code, health.json()) == (503, {"status": "loading"})
         remote = ("192.0.2.7", 5000)
         if key is None:
             assert (await call("/v1/models", client=remote)).status_code == 200
@@ -359,10 +362,12 @@ def test_parent_applies_the_serve_guard(key, tmp_path, monkeypatch):
             assert 'mlxbun_http_requests_total{method="GET",route="/v1/models",status="401"} 1.0' \
                 in lines and "mlxbun_pool_engines_max 1.0" in lines
             # the page's static shell loads without the key (it then asks for it)
-            shell = [{"path": p, "client": remote, "headers": []} for p in ("/", "/assets/app.js")]
-            assert [access.check(scope, app.api_key) for scope in shell] == [None, None]
-            api = {"path": "/v1/models", "client": remote, "headers": []}
-            assert access.check(api, app.api_key)[0] == 401
+            shell = [{"type": "http", "method": "GET", "path": p, "client": remote,
+                      "headers": []} for p in ("/", "/assets/app.js", "/curves")]
+            assert [access.check(s, access.prepare(s), app.rules) for s in shell] == [None] * 3
+            api = {"type": "http", "method": "GET", "path": "/v1/models", "client": remote,
+                   "headers": []}
+            assert access.check(api, access.prepare(api), app.rules).status == 401
 
     asyncio.run(main())
 

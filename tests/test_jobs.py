@@ -209,6 +209,19 @@ def test_event_log_is_byte_capped(tmp_path):
     assert sum(e.get("line", "").startswith("[log capped") for e in events) == 1
 
 
+def test_only_an_ended_job_is_deleted(tmp_path):
+    """JobStore.delete (a dismissed download): a running job stays; an ended one goes with
+    its events, and a second delete finds nothing."""
+    store = JobStore(tmp_path / "jobs.sqlite")
+    job_id = store.create("download", {"repo": "a/b"})
+    store.append(job_id, {"type": "started"})
+    assert store.delete(job_id) is False and store.get(job_id)["status"] == "running"
+    store.append(job_id, {"type": "failed", "error": "gone"})
+    assert store.events(job_id) and store.delete(job_id) is True
+    assert store.get(job_id) is None and store.events(job_id) == []
+    assert store.delete(job_id) is False
+
+
 def test_admin_routes_refuse_remote_clients_and_wrong_keys(server, ckpt):
     from tests.test_guard import outward_ip
 

@@ -1,9 +1,9 @@
 """KV quantization (``--kv-quant 4|8``): greedy tokens and log-probs equal mlx-lm's
 ``generate_step(..., kv_bits=b, quantized_kv_start=0)`` on every lane (a lone stream,
 batched rows, the serial lane) and on every cache kind (full attention, Gemma's sliding
-windows, Qwen3.5's recurrent state, GLM's latent cache); the batched quantized cache's
-row surgery; fit's bytes against what the caches hold; the prefix cache with quantized
-entries."""
+windows, Qwen3.5's recurrent state, GLM's latent cache); fit's bytes against what the
+caches hold; the prefix cache with quantized entries. The batch's quantized block pool
+itself is tested against mlx-lm in ``test_kvquant_pool.py``."""
 
 from __future__ import annotations
 
@@ -14,17 +14,10 @@ import mlx.core as mx
 import pytest
 from mlx_lm import load as mlx_load
 from mlx_lm.generate import generate_step
-from mlx_lm.models.cache import (
-    BatchKVCache,
-    KVCache,
-    QuantizedKVCache,
-    RotatingKVCache,
-    make_prompt_cache,
-)
+from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
 from mlxbun_core import kvquant
 from mlxbun_core.engine.core import Engine
-from mlxbun_core.kvquant.batch import BatchQuantizedKVCache
 from mlxbun_core.library import fit
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import close, greedy, lane_replies, token_ids
@@ -128,19 +121,21 @@ def test_every_lane_equals_mlx_lm_kv_bits(llama, bits):
 
 
 def test_a_lone_stream_joins_the_batch_with_its_quantized_kv(llama):
-    """The lone stream's quantized KV moves into the batch unchanged: its tokens stay
-    mlx-lm's. The newcomer's first pass runs beside already quantized rows, so its KV is
-    quantized from its first token: it equals mlx-lm's loop started on an empty
-    QuantizedKVCache (the one way batching departs from the single-sequence start)."""
+    """The lone stream's quantized KV moves into the batch's blocks unchanged: its tokens
+    stay mlx-lm's. The newcomer's first chunk runs in a pass of its own, in full
+    precision as mlx-lm's first pass over a fresh cache, so it equals mlx-lm's loop from
+    the start too (not mlx-lm's loop started on an empty quantized cache)."""
     path, ref = llama
     engine = Engine.load(path, progress=False, batch=8, prompt_cache_bytes=0, kv_quant="8")
     try:
         first, second = drive(engine, [greedy(PROMPTS[0], N), greedy(PROMPTS[1], N)],
                               join_after=4)
+        assert first.finish.usage.lane == second.finish.usage.lane == "batched"
         assert_same(first, reference(ref, PROMPTS[0], 8))
-        model = ref[0]
-        empty = [c.to_quantized(group_size=64, bits=8) for c in make_prompt_cache(model)]
-        assert_same(second, reference(ref, PROMPTS[1], 8, prompt_cache=empty))
+        assert_same(second, reference(ref, PROMPTS[1], 8))
+        empty = [c.to_quantized(group_size=64, bits=8) for c in make_prompt_cache(ref[0])]
+        assert reference(ref, PROMPTS[1], 8, prompt_cache=empty) != \
+            reference(ref, PROMPTS[1], 8), "the first pass's precision must show"
     finally:
         close(engine)
 
@@ -185,10 +180,11 @@ def test_every_cache_kind_equals_mlx_lm(family, lenient_mlx_lm, caplog):
     try:
         layers = engine.kv_quant_stats()["layers"]
         warnings = [r.getMessage() for r in caplog.records if "--kv-quant" in r.getMessage()]
-        expect = {"gemma3_text": ({"kv8": 1, "bf16": 1}, "1 sliding-window"),
-                  "gemma4": ({"kv8": 1, "bf16": 1}, "1 sliding-window"),
-                  "qwen3_5": ({"kv8": 1, "bf16": 0, "recurrent": 1}, None),
-                  "glm_moe_dsa": ({"kv8": 0, "bf16": 2}, "2 full-attention")}[family]
+        native = fit.activation_dtype(engine.model.config)  # what unquantized layers hold
+        expect = {"gemma3_text": ({"kv8": 1, native: 1}, "1 sliding-window"),
+                  "gemma4": ({"kv8": 1, native: 1}, "1 sliding-window"),
+                  "qwen3_5": ({"kv8": 1, native: 0, "recurrent": 1}, None),
+                  "glm_moe_dsa": ({"kv8": 0, native: 2}, "2 full-attention")}[family]
         assert layers == expect[0]
         assert (len(warnings), expect[1] is None or expect[1] in warnings[0]) == \
             (0 if expect[1] is None else 1, True)
@@ -209,9 +205,10 @@ def test_every_cache_kind_equals_mlx_lm(family, lenient_mlx_lm, caplog):
 
 def _entries(engine) -> list:
     """(tokens, cache) of every entry in the engine's prefix cache, once the worker has
-    finished the step that ended the last request (a lane publishes after its Done)."""
-    engine.worker.run_sync(lambda: None)
-    return [(tokens, cache) for _, tokens, cache in engine.prefix.entries()]
+    finished the step that ended the last request (a lane publishes after its Done); read
+    on the worker, the MLX thread (block entries are read out of the batch's pool)."""
+    return engine.worker.run_sync(
+        lambda: [(tokens, cache) for _, tokens, cache in engine.prefix.entries()])
 
 
 def _held_bytes(cache) -> int:
@@ -239,7 +236,8 @@ def test_a_prefix_hit_continues_from_the_quantized_entry(family, lenient_mlx_lm)
         req = engine.parse_completion(body)
         prompt = tok.encode(body["prompt"])
         longest = max(len(tokens) for tokens, _ in _entries(engine))
-        cache, n = engine.prefix.lookup(engine.cache_namespace(req), prompt)
+        cache, n = engine.worker.run_sync(
+            lambda: engine.prefix.lookup(engine.cache_namespace(req), prompt))
         if family == "qwen3_5":  # recurrent state: the first prompt's boundary snapshot
             assert n == len(tok.encode(head)) - 1
         else:  # the entry of prompt and reply, trimmed back to the shared prefix
@@ -320,55 +318,12 @@ def test_quantized_bytes_per_token_by_hand():
     assert kv8.max_safe_context > 1.8 * plain.max_safe_context
 
 
-# ---------------------------------------------------------------- the batched cache
-
-def _row(n: int, seed: int, bits: int = 8) -> QuantizedKVCache:
-    c = KVCache()
-    k = mx.random.normal((1, 2, n, 64), key=mx.random.key(seed)).astype(mx.bfloat16)
-    c.update_and_fetch(k, k * 2)
-    return c.to_quantized(group_size=64, bits=bits)
-
-
-def _same(a: QuantizedKVCache, b: QuantizedKVCache) -> bool:
-    n = a.offset
-    return n == b.offset and all(
-        mx.array_equal(x[..., :n, :], y[..., :n, :]).item()
-        for x, y in zip(a.keys + a.values, b.keys + b.values))
-
-
-def test_rows_merge_extend_filter_and_extract_unchanged():
-    rows = [_row(5, 1), _row(300, 2), _row(17, 3)]
-    batch = BatchQuantizedKVCache.merge(rows[:2])
-    assert batch.left_padding.tolist() == [295, 0] and batch.size() == 300
-    plain = BatchKVCache.merge([KVCache()])  # a fresh row joining: quantized on the way in
-    batch.extend(plain)
-    batch.extend(BatchQuantizedKVCache.merge(rows[2:]))
-    assert batch.offset.shape[0] == 4
-    assert _same(batch.extract(0), rows[0]) and _same(batch.extract(1), rows[1])
-    assert _same(batch.extract(3), rows[2])
-    batch.filter([0, 3])  # the long row leaves: padding shrinks to the longest left
-    assert batch.size() == 17 and _same(batch.extract(0), rows[0])
-    assert _same(batch.extract(1), rows[2])
-    assert batch.trim(2) == 2 and batch.extract(1).offset == 15
-    assert type(batch.extract(0)) is QuantizedKVCache  # rows leave as mlx-lm's own class
-    assert batch.nbytes == sum(x.nbytes for x in batch.keys + batch.values)
-
-
-def test_a_mixed_merge_quantizes_the_plain_rows():
-    q, plain = _row(8, 4), KVCache()
-    k = mx.ones((1, 2, 3, 64), dtype=mx.bfloat16)
-    plain.update_and_fetch(k, k)
-    rows = kvquant.for_batch([plain, q], kvquant.KVScheme(8))
-    merged = type(rows[0]).merge(rows)
-    assert isinstance(merged, BatchQuantizedKVCache) and merged.bits == 8
-    assert _same(merged.extract(0), plain.to_quantized(group_size=64, bits=8))
-    assert _same(merged.extract(1), q)
-    assert kvquant.for_batch([plain], kvquant.OFF)[0] is plain
-
+# ---------------------------------------------------------------- the scheme
 
 def test_parse_and_names():
     assert kvquant.parse("off") is kvquant.OFF and kvquant.parse(None) is kvquant.OFF
-    assert kvquant.parse("8") == kvquant.KVScheme(8) and kvquant.parse(4).mode == "uniform-kv4"
+    assert kvquant.parse("8") == kvquant.KVScheme(8) and kvquant.parse(4).mode() == "uniform-kv4"
+    assert kvquant.OFF.mode("float32") == "float32"  # off: the dtype the cache holds
     with pytest.raises(ValueError, match="--kv-quant"):
         kvquant.parse("3")
 
@@ -393,7 +348,7 @@ def test_server_reports_and_bills_the_quantized_cache(llama):
         stats = httpx.get(srv.base_url + "/stats", timeout=30).json()
         assert stats["kv_quant"] == {
             "mode": "uniform-kv8", "bits": 8, "group_size": 64, "quantized_kv_start": 0,
-            "layers": {"kv8": 2, "bf16": 0}, "attention": {"global": 2, "sliding_window": 0}}
+            "layers": {"kv8": 2, "bfloat16": 0}, "attention": {"global": 2, "sliding_window": 0}}
         per_token = 2 * 2 * 64 * 2 * (1 + 4 / 64)
         fit_ = httpx.get(srv.base_url + "/fit", timeout=30).json()
         assert fit_["kv_quant"] == "uniform-kv8"
@@ -414,6 +369,29 @@ def test_server_reports_and_bills_the_quantized_cache(llama):
         srv.stop()
 
 
+@pytest.mark.parametrize("kv,per_token", [("8", 544), ("4", 2 * 2 * 64 * 2 * (0.5 + 4 / 64)),
+                                           ("off", 1024)])
+def test_the_batch_pool_reports_what_its_blocks_take(llama, kv, per_token):
+    """``/stats`` ``batch.kv_blocks``: after two rows ran batched, the pool's blocks take
+    what admission and ``/fit`` bill per token (quantized blocks under a scheme), and
+    every block is free again once the rows have ended."""
+    path, _ = llama
+    engine = Engine.load(path, progress=False, batch=8, prompt_cache_bytes=0, kv_quant=kv)
+    try:
+        assert engine.batch_stats()["kv_blocks"] is None  # no batch yet
+        rows = drive(engine, [greedy(p, N) for p in PROMPTS[:2]])
+        assert {r.finish.usage.lane for r in rows} == {"batched"}
+        engine.worker.run_sync(lambda: None)
+        pool = engine.batch_stats()["kv_blocks"]
+        assert pool["bytes_per_token"] == per_token
+        assert pool["bytes_per_token"] == engine.admission.stats()["kv_bytes_per_token"]
+        assert pool["bytes_per_block"] == per_token * pool["block_size"]
+        assert pool["bytes"] == pool["bytes_per_block"] * pool["capacity"]
+        assert pool["used"] == 0 and pool["kv_quant"] == kv
+    finally:
+        close(engine)
+
+
 def test_fit_command_bills_the_scheme(llama, capsys):
     from mlxbun_core.cli import main
 
@@ -425,7 +403,7 @@ def test_fit_command_bills_the_scheme(llama, capsys):
     per = {k: (r["kv_quant"], r["report"]["kv_bytes_per_token"]) for k, r in reports.items()}
     assert per == {("--kv-quant", "8"): ("uniform-kv8", 544),
                    ("--kv-bits", "4"): ("uniform-kv4", 2 * 2 * 64 * 2 * (0.5 + 4 / 64)),
-                   (): ("bf16", 1024)}
+                   (): ("bfloat16", 1024)}
 
 
 # ---------------------------------------------------------------- the start-up kernel check

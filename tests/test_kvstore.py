@@ -113,6 +113,18 @@ def test_spare_capacity_is_not_written(d):
     assert entry.nbytes < 256 * 2 * 64 * 4  # 10 positions of K and V, not 256
 
 
+def test_an_unwrapped_window_is_cut_to_its_positions(d):
+    """A sliding window that has not wrapped yet is stored up to its offset (read from
+    the cache's public ``state``); a wrapped one whole, ring order and all."""
+    s = store_at(d)
+    short, wrapped = _rotating(5, window=64), _rotating(70, window=64)
+    put(s, "a", list(range(5)), [short])
+    put(s, "b", list(range(200, 270)), [wrapped])
+    held = {int(e.tokens[0]): [t.shape[2] for t in read_header(e.path).tensors]
+            for e in s.index.entries()}
+    assert held == {0: [5, 5], 200: [64, 64]}  # keys and values: positions held
+
+
 @pytest.mark.parametrize("damage", ["flip_tensor_byte", "flip_header_byte", "truncate",
                                     "foreign", "empty", "other_fingerprint"])
 def test_a_damaged_file_is_removed_and_never_served(d, damage):

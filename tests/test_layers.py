@@ -1,4 +1,5 @@
-"""Imports run one way: the floors of docs/architecture.md, checked on the source.
+"""Imports run one way: the floors of docs/architecture.md, checked on the source of
+the core and of the family plugins under ``plugins/``.
 
 A room is a top-level module of ``mlxbun_core`` or a top-level package of it (``engine/``,
 ``server/`` ...). Every import counts, also those under ``TYPE_CHECKING`` and inside
@@ -9,6 +10,7 @@ and no two modules either, not even inside one room.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -35,7 +37,7 @@ NEVER = [("engine/", "server/"), ("toolcalls/", "engine/"), ("toolcalls/", "serv
 FLOORS = [
     # records: plain data and self-contained helpers; nothing of ours (fspaths -> errors)
     {"errors.py", "events.py", "model.py", "holdback.py", "system_turns.py", "fspaths.py",
-     "kvquant/", "blas/", "torchless.py"},
+     "kvquant/", "blas/", "torchless.py", "sqlitefile.py", "fdlimit.py"},
     # formats and files: grammar requests, media parts, model files, the SSD cache's files
     {"grammar/", "media/", "models/", "kvstore/"},
     # the contract plugins implement
@@ -53,7 +55,8 @@ FLOORS = [
     # what reads the engine: surfaces and their observers
     {"server/", "webchat/", "metrics/", "hub/"},
     # entry points
-    {"startup.py", "cli.py", "serve_flags.py", "isolate/", "testing/", "dist_serve.py"},
+    {"startup.py", "cli.py", "serve_flags.py", "isolate/", "testing/", "dist_serve.py",
+     "console/"},
 ]
 FLOOR = {room: n for n, rooms in enumerate(FLOORS) for room in rooms}
 # Loops among rooms that are known and being removed; none are left, keep it so.
@@ -66,13 +69,18 @@ def room_of(module: str) -> str:
     return parts[1] + "/" if len(parts) > 2 or path.is_dir() else parts[1] + ".py"
 
 
-def module_imports() -> dict[str, set[str]]:
-    """Module -> the modules of ours it imports (``from pkg import sub``: the submodule)."""
+def modules_of(package: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of ``package`` (a directory)."""
     modules = {}
-    for path in PACKAGE.rglob("*.py"):
-        rel = path.relative_to(PACKAGE.parent).with_suffix("")
-        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
-        modules[name] = path
+    for path in package.rglob("*.py"):
+        rel = path.relative_to(package.parent).with_suffix("")
+        modules[".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)] = path
+    return modules
+
+
+def module_imports(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the modules of ours (``mlxbun_*``) it imports (``from pkg import sub``:
+    the submodule)."""
     edges: dict[str, set[str]] = {}
     for name, path in modules.items():
         base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
@@ -89,7 +97,7 @@ def module_imports() -> dict[str, set[str]]:
             for t in found:
                 while t and t not in modules:  # a name imported from a module: the module
                     t = t.rpartition(".")[0]
-                if t.startswith("mlxbun_core") and t != name:
+                if t.startswith("mlxbun_") and t != name:
                     edges.setdefault(name, set()).add(t)
     return edges
 
@@ -106,8 +114,15 @@ def room_imports(modules: dict[str, set[str]]) -> dict[str, set[str]]:
     return edges
 
 
-MODULE_EDGES = module_imports()
+# the family plugins' packages (plugins/<name>/mlxbun_<name>/), read with the core
+PLUGIN_PACKAGES = sorted(p for p in (PACKAGE.parent / "plugins").glob("*/mlxbun_*")
+                         if (p / "__init__.py").is_file())
+ALL_EDGES = module_imports({name: path for package in [PACKAGE, *PLUGIN_PACKAGES]
+                            for name, path in modules_of(package).items()})
+MODULE_EDGES = {name: {t for t in targets if t.startswith("mlxbun_core")}
+                for name, targets in ALL_EDGES.items() if name.startswith("mlxbun_core")}
 EDGES = room_imports(MODULE_EDGES)
+PLUGIN_FLOOR = FLOOR["plugins_builtin/"]  # where docs/architecture.md puts every family
 
 
 def loops_in(edges: dict[str, set[str]]) -> list[set[str]]:
@@ -169,7 +184,44 @@ def test_no_new_import_loops():
     assert [loop for loop in loops if not any(loop <= known for known in KNOWN_LOOPS)] == []
 
 
+def test_the_core_never_imports_a_family_plugin():
+    reach = {name: sorted(t for t in targets if not t.startswith("mlxbun_core"))
+             for name, targets in ALL_EDGES.items() if name.startswith("mlxbun_core")}
+    assert {name: found for name, found in reach.items() if found} == {}
+
+
+@pytest.mark.parametrize("package", [p.name for p in PLUGIN_PACKAGES])
+def test_family_plugins_import_only_their_floor_and_below(package):
+    """A family plugin stands on the plugins' floor: the contract, the shared helpers,
+    the formats below them; never the library, the engine or a surface, nor another
+    family."""
+    assert len(PLUGIN_PACKAGES) >= 5  # the five families: the scan found their code
+    used: dict[str, set[str]] = {}
+    for name, targets in ALL_EDGES.items():
+        if name.split(".")[0] == package:
+            for t in targets:
+                if t.split(".")[0] != package:
+                    used.setdefault(room_of(t) if t.startswith("mlxbun_core.") else t,
+                                    set()).add(name)
+    above = {room: sorted(users) for room, users in used.items()
+             if FLOOR.get(room, len(FLOORS)) > PLUGIN_FLOOR}
+    assert above == {}, f"{package} imports what stands above the plugins' floor"
+
+
+def test_the_architecture_doc_shows_these_floors():
+    """docs/architecture.md's floors table names the same rooms on the same floors."""
+    doc = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    table = re.findall(r"^\| (\d+) [^|]+\| ([^|]+) \|", doc, re.M)
+    floors = []
+    for number, cell in table:
+        while re.search(r"\([^()]*\)", cell):  # what stands in parentheses explains a room
+            cell = re.sub(r"\([^()]*\)", "", cell)
+        floors.append((int(number), {r for r in re.findall(r"`([^`<]+)`", cell)}))
+    assert [n for n, _ in floors] == list(range(len(FLOORS)))
+    assert [rooms for _, rooms in floors] == FLOORS
+
+
 def test_no_two_modules_import_each_other():
     """Not even inside one room: the turn that reaches back into its agent, the module
     that needs a name from the one importing it. Move the shared part below both."""
-    assert loops_in(MODULE_EDGES) == []
+    assert loops_in(ALL_EDGES) == []

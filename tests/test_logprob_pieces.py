@@ -113,3 +113,40 @@ def test_recorder_entry_is_the_sampled_token_with_a_sorted_top(bpe):
 
 def test_ids_past_the_vocabulary_are_empty(bpe):
     assert TokenPieces(bpe).get(len(bpe) + 5) == ("", b"")
+
+
+def test_a_recorded_byte_token_reports_its_raw_byte(spm):
+    """``<0xE2>`` (a third of "☃") is the byte 226, not the UTF-8 of its lossy text."""
+    byte_tok = spm.convert_tokens_to_ids("<0xE2>")
+    logits = mx.zeros((len(spm),)).at[byte_tok].add(10.0)
+    entry = LogprobRecorder(spm, 2).entry(byte_tok, logits - mx.logsumexp(logits))
+    assert (entry["token"], entry["bytes"]) == ("\ufffd", [0xE2])
+    assert entry["top_logprobs"][0]["id"] == byte_tok
+    assert entry["top_logprobs"][0]["bytes"] == [0xE2]
+
+
+def test_served_bytes_of_a_split_character_join_to_it(bpe):
+    """Over HTTP, each token of "☃" (three byte-level tokens here), sampled by a logit
+    bias: the entries' ``bytes`` join to the character's UTF-8 on both surfaces."""
+    import openai
+
+    from mlxbun_core.testing.server import running_server
+
+    ids = bpe.encode("☃", add_special_tokens=False)
+    assert len(ids) > 1, "needs a character split over tokens"
+    with running_server(tiny_checkpoint("llama", seed=3)) as srv:
+        client = openai.OpenAI(base_url=srv.v1, api_key="x", max_retries=0)
+        chat, text = b"", b""
+        for i in ids:
+            bias = {str(i): 100}
+            r = client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "Draw a snowman"}],
+                max_tokens=1, temperature=0, logprobs=True, top_logprobs=2, logit_bias=bias)
+            entry = r.choices[0].logprobs.content[0]
+            assert entry.top_logprobs[0].bytes == entry.bytes
+            chat += bytes(entry.bytes)
+            c = client.completions.create(  # logprobs as mlx-lm takes it: a boolean
+                model="m", prompt="A snowman:", max_tokens=1, temperature=0, logit_bias=bias,
+                extra_body={"logprobs": True})
+            text += bytes(c.choices[0].logprobs.model_extra["content"][0]["bytes"])
+    assert chat == text == "☃".encode()

@@ -101,11 +101,17 @@ def chat(store: SessionStore, *turns: str) -> None:
 
 
 def test_1_every_route_says_there_is_no_vault_yet(served):
+    """The routes over the whole vault answer 200 with empty results (the Memory page
+    shows that state); those about one article, and synthesis, a 404."""
     srv, _, _, vault = served
-    status, body = get(srv, "/api/memory/status")
-    assert (status, body) == (404, {"ok": False, "enabled": False, "error": "no memory vault yet",
-                                    "root": str(vault.root)})
-    assert get(srv, "/api/memory/search", q="x")[0] == 404
+    absent = {"ok": True, "enabled": False, "root": str(vault.root),
+              "message": "no memory vault yet"}
+    assert get(srv, "/api/memory/status") == (200, {**absent, "status": None})
+    assert get(srv, "/api/memory/list") == (200, {**absent, "articles": [], "reference": []})
+    assert get(srv, "/api/memory/search", q="x") == (200, {**absent, "summaries": [], "hits": []})
+    assert get(srv, "/api/memory/search")[0] == 400  # bad input is still a 400
+    assert get(srv, "/api/memory/article", name="Kiwi_fruit") == (404, {
+        "ok": False, "enabled": False, "error": "no memory vault yet", "root": str(vault.root)})
     assert get(srv, "/v1/memory/synthesize")[1]["enabled"] is False
     assert not vault.root.exists()
 

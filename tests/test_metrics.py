@@ -214,3 +214,37 @@ def test_queue_depth_and_per_app_registries(srv, serial):
     assert after("mlxbun_requests_finished_total", reason="cancelled", lane="serial", **model) == 2
     assert after("mlxbun_http_requests_total", route="/v1/completions", method="POST",
                  status="200", **model) == 2
+
+
+def test_a_handler_that_fails_is_counted_as_a_500(srv, client, monkeypatch):
+    """A route whose handler raises (``/stats`` with a broken section) and a surface whose
+    engine fails (turned into its error body) are both counted under status 500; the
+    next requests are answered and counted as usual."""
+    model = {"model": srv.engine.model.id}
+
+    def broken_section():
+        raise RuntimeError("a stats section failed")
+
+    async def failing_start(req):
+        raise RuntimeError("the engine failed")
+
+    before = scrape(srv)
+    with monkeypatch.context() as m:
+        m.setitem(srv.server.config.app.state.stats_providers, "broken", broken_section)
+        m.setattr(srv.engine, "start", failing_start)
+        assert httpx.get(srv.base_url + "/stats", timeout=30).status_code == 500
+        with pytest.raises(openai.InternalServerError, match="the engine failed"):
+            client.with_options(max_retries=0).completions.create(
+                model="m", prompt="x", max_tokens=2)
+    assert httpx.get(srv.base_url + "/stats", timeout=30).status_code == 200
+    client.completions.create(model="m", prompt="x", max_tokens=2)
+    after = scrape(srv)
+
+    def moved(route, method, status):
+        labels = dict(route=route, method=method, status=status, **model)
+        return after("mlxbun_http_requests_total", **labels) - before(
+            "mlxbun_http_requests_total", **labels)
+
+    assert (moved("/stats", "GET", "500"), moved("/stats", "GET", "200")) == (1, 1)
+    assert moved("/v1/completions", "POST", "500") == 1
+    assert moved("/v1/completions", "POST", "200") == 1

@@ -23,10 +23,10 @@ import openai
 import pytest
 from mlx_lm import load as mlx_load
 
-from mlxbun_core.engine.admission import weight_bytes
 from mlxbun_core.engine.speculate import server_config
 from mlxbun_core.library import fit
 from mlxbun_core.library.checkpoint import safetensors_header
+from mlxbun_core.models.facts import weight_bytes
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.helpers import prompt_of, together
 from mlxbun_core.testing.server import start_server

@@ -25,7 +25,8 @@ def ckpt():
 
 def post(srv, path, body, **kw):
     data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    return httpx.post(srv.base_url + path, content=data, timeout=60, **kw)
+    headers = {"content-type": "application/json", **kw.pop("headers", {})}
+    return httpx.post(srv.base_url + path, content=data, timeout=60, headers=headers, **kw)
 
 
 def test_chat_non_stream_shape(client, srv):
@@ -308,7 +309,8 @@ def test_generation_config_defaults_apply_and_requests_win(tmp_path):
     s = start_server(ckpt, defaults={"top_k": 5})
     try:
         row = httpx.get(s.v1 + "/models").json()["data"][0]
-        assert row["gen_defaults"] == {"temperature": 0.6, "top_p": 0.8, "top_k": 5}
+        assert row["gen_defaults"] == {"temperature": 0.6, "top_p": 0.8, "top_k": 5,
+                                       "max_tokens": None}  # an engine without a cap
         assert s.engine.parse_chat({"messages": MSG, "temperature": 0}).sampling.temperature == 0
         assert s.engine.parse_chat({"messages": MSG}).sampling.temperature == 0.6
     finally:

@@ -15,15 +15,14 @@ import pytest
 
 from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.prompt_cache import PrefixCache
-from mlxbun_core.engine.reply import gather
 from mlxbun_core.kvstore import durability
 from mlxbun_core.kvstore.config import SsdConfig
 from mlxbun_core.kvstore.store import SsdStore
+from mlxbun_core.testing.adapters import write_lora_adapter
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import close, token_ids
 from mlxbun_core.testing.server import running_server
-
-SYSTEM = {"role": "system", "content": "You are terse. " * 8}
+from mlxbun_core.testing.turns import SYSTEM, engine_reply, greedy_chat
 
 
 def history(words: int) -> list:
@@ -33,16 +32,11 @@ def history(words: int) -> list:
 def body(engine, messages, n=8):
     """A greedy chat body that never stops early at EOS (more tokens to compare)."""
     eos = getattr(engine.model.tokenizer, "eos_token_ids", None) or []
-    return {"messages": messages, "max_tokens": n, "temperature": 0, "logprobs": True,
-            "logit_bias": {str(t): -100 for t in eos}}
+    return {**greedy_chat(messages, n), "logit_bias": {str(t): -100 for t in eos}}
 
 
-def chat(engine, b):
-    async def go():
-        gen = await engine.start(engine.parse_chat(b))
-        return gather([ev async for ev in gen.events()])
-
-    return asyncio.run(go())
+def mount(engine, id: str, adapter) -> None:
+    engine.worker.run_sync(lambda: engine.adapters.mount(id, adapter))
 
 
 def flush(engine) -> dict:
@@ -71,15 +65,15 @@ def test_warm_ram_warm_ssd_after_restart_and_cold_agree(case, tmp_path):
     first = load(path, d, batch=batch, demote_idle_s=0)
     plain = Engine.load(str(path), progress=False, batch=batch, prompt_cache_bytes=0)
     try:
-        turn1 = chat(first, body(first, history(words)))
+        turn1 = engine_reply(first, body(first, history(words)))
         msgs = history(words) + [{"role": "assistant", "content": turn1.content},
                                  {"role": "user", "content": "And the mountains?"}]
-        cold = chat(plain, body(plain, msgs))
-        warm_ram = chat(first, body(first, msgs))
+        cold = engine_reply(plain, body(plain, msgs))
+        warm_ram = engine_reply(first, body(first, msgs))
         assert flush(first)["durable"]
         close(first)
         restarted = load(path, d, batch=batch, demote_idle_s=0)
-        warm_ssd = chat(restarted, body(restarted, msgs))
+        warm_ssd = engine_reply(restarted, body(restarted, msgs))
         stats = restarted.prefix.stats()
         close(restarted)
     finally:
@@ -97,7 +91,7 @@ def test_idle_entries_are_demoted_to_disk_and_restored(tmp_path):
     e = load(path, tmp_path / "ssd", demote_idle_s=0.3, write_behind=False)
     plain = Engine.load(str(path), progress=False, prompt_cache_bytes=0)
     try:
-        turn1 = chat(e, body(e, history(12)))
+        turn1 = engine_reply(e, body(e, history(12)))
         # stored in RAM, not on disk; under load the 0.3 s may already have run out, and
         # then it reached the disk by demotion (never written straight there)
         ram, disk = e.prefix.stats()["entries"], e.prefix.tier.stats()
@@ -110,9 +104,9 @@ def test_idle_entries_are_demoted_to_disk_and_restored(tmp_path):
         assert tier["demotions"] == 1 and tier["entries"] == 1 and tier["spills"] == 1
         msgs = history(12) + [{"role": "assistant", "content": turn1.content},
                               {"role": "user", "content": "And the mountains?"}]
-        again = chat(e, body(e, msgs))
+        again = engine_reply(e, body(e, msgs))
         assert again.finish.usage.cached_tokens > 0 and e.prefix.stats()["ssd_hits"] == 1
-        assert token_ids(again) == token_ids(chat(plain, body(plain, msgs)))
+        assert token_ids(again) == token_ids(engine_reply(plain, body(plain, msgs)))
     finally:
         close(e, plain)
 
@@ -122,13 +116,13 @@ def test_an_entry_evicted_from_ram_is_written_and_comes_back(tmp_path):
     e = Engine.load(str(path), progress=False, prompt_cache_bytes=1024,  # nothing fits
                     ssd=SsdConfig(dir=tmp_path / "ssd", demote_idle_s=0, write_behind=False))
     try:
-        turn1 = chat(e, body(e, history(12)))
+        turn1 = engine_reply(e, body(e, history(12)))
         e.worker.run_sync(lambda: None)  # the lane stores after the reply's Done
         assert e.prefix.tier.flush(30)
         assert e.prefix.stats()["entries"] == 0 and e.prefix.tier.stats()["spills"] == 1
         msgs = history(12) + [{"role": "assistant", "content": turn1.content},
                               {"role": "user", "content": "And the mountains?"}]
-        assert chat(e, body(e, msgs)).finish.usage.cached_tokens > 0
+        assert engine_reply(e, body(e, msgs)).finish.usage.cached_tokens > 0
         assert e.prefix.stats()["ssd_hits"] == 1
     finally:
         close(e)
@@ -156,19 +150,66 @@ def test_namespaces_and_models_never_share_entries(tmp_path):
     path_a, path_b = tiny_checkpoint("qwen3"), tiny_checkpoint("qwen3", seed=5)
     a = load(path_a, tmp_path / "shared", demote_idle_s=0)
     try:
-        chat(a, body(a, history(12)))
+        engine_reply(a, body(a, history(12)))
         assert flush(a)["durable"]
     finally:
         close(a)
     b = load(path_b, tmp_path / "shared", demote_idle_s=0)
     plain_b = Engine.load(str(path_b), progress=False, prompt_cache_bytes=0)
     try:
-        got = chat(b, body(b, history(12)))
+        got = engine_reply(b, body(b, history(12)))
         assert got.finish.usage.cached_tokens == 0 and b.prefix.stats()["ssd_hits"] == 0
-        assert token_ids(got) == token_ids(chat(plain_b, body(plain_b, history(12))))
+        assert token_ids(got) == token_ids(engine_reply(plain_b, body(plain_b, history(12))))
         assert a.prefix.tier.fingerprint != b.prefix.tier.fingerprint
     finally:
         close(b, plain_b)
+
+
+def test_kv_schemes_and_adapters_sharing_a_directory_never_restore_each_others_kv(tmp_path):
+    """Engines of one model on one ``--ssd-cache`` directory: what native KV wrote is never
+    restored under ``--kv-quant 8`` nor for an adapter, nor one adapter's entry for another
+    adapter mounted under the same id; each answers as a cold engine would. The native
+    engine that comes back last does restore its entry (it was there to find)."""
+    path = tiny_checkpoint("llama")
+    d = tmp_path / "ssd"
+    loras = [write_lora_adapter(path, tmp_path / f"lora{seed}", seed=seed) for seed in (1, 2)]
+    cold = {"off": Engine.load(str(path), progress=False, prompt_cache_bytes=0),
+            "8": Engine.load(str(path), progress=False, prompt_cache_bytes=0, kv_quant="8")}
+    for i, lora in enumerate(loras):
+        mount(cold["off"], f"a{i}", lora)
+    first = load(path, d, demote_idle_s=0)
+    try:
+        turn1 = engine_reply(first, body(first, history(12)))
+        assert flush(first)["durable"]
+    finally:
+        close(first)
+    msgs = history(12) + [{"role": "assistant", "content": turn1.content},
+                          {"role": "user", "content": "And the mountains?"}]
+    try:
+        for kv, lora, cold_id in (("8", None, None), ("off", 0, "a0"), ("off", 1, "a1")):
+            e = Engine.load(str(path), progress=False, kv_quant=kv,
+                            ssd=SsdConfig(dir=d, demote_idle_s=0))
+            try:
+                b = body(e, msgs)
+                if lora is not None:  # the same id each time: only the files differ
+                    mount(e, "a", loras[lora])
+                got = engine_reply(e, {**b, **({} if lora is None else {"adapter": "a"})})
+                assert flush(e)["durable"]  # its own entry, for the next engine to refuse
+                hits = e.prefix.stats()["ssd_hits"]
+            finally:
+                close(e)
+            asked = {**b, **({} if cold_id is None else {"adapter": cold_id})}
+            want = engine_reply(cold[kv], asked)
+            assert (hits, got.finish.usage.cached_tokens) == (0, 0), (kv, lora)
+            assert token_ids(got) == token_ids(want), (kv, lora)
+        again = load(path, d, demote_idle_s=0)
+        try:
+            got = engine_reply(again, body(again, msgs))
+            assert again.prefix.stats()["ssd_hits"] == 1 and got.finish.usage.cached_tokens > 0
+        finally:
+            close(again)
+    finally:
+        close(*cold.values())
 
 
 def test_flush_route_and_stats_fields(tmp_path):
@@ -192,7 +233,8 @@ def test_flush_route_and_stats_fields(tmp_path):
         again = httpx.post(srv.base_url + "/admin/cache/flush", timeout=60).json()
         assert again["durable"] and again["flushedSnapshots"] == 0  # nothing left to write
         for bad in (b"[1]", b"{", b'{"timeout_s": -1}', b'{"timeout_s": "5"}'):
-            r = httpx.post(srv.base_url + "/admin/cache/flush", content=bad, timeout=30)
+            r = httpx.post(srv.base_url + "/admin/cache/flush", content=bad, timeout=30,
+                           headers={"content-type": "application/json"})
             assert r.status_code == 400, bad
     with running_server(path) as srv:  # no tier: nothing to flush
         r = httpx.post(srv.base_url + "/admin/cache/flush", timeout=30)

@@ -24,50 +24,21 @@ import httpx
 import pytest
 
 from mlxbun_core.engine.core import Engine
-from mlxbun_core.engine.reply import gather
 from mlxbun_core.kvstore import durability
 from mlxbun_core.kvstore.config import SsdConfig
 from mlxbun_core.kvstore.fileformat import TMP_PREFIX
 from mlxbun_core.kvstore.store import SsdStore
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.engine import close, token_ids
+from mlxbun_core.testing.engine import close
 from mlxbun_core.testing.process import ServerProcess
 from mlxbun_core.testing.server import free_port, running_server
+from mlxbun_core.testing.turns import SYSTEM, cold, engine_reply, greedy_chat, ids, next_turn, turn
 
-SYSTEM = {"role": "system", "content": "You are terse. " * 8}
+N = 5  # tokens a turn answers with
 
 
 def convo(topic: str) -> list:
     return [SYSTEM, {"role": "user", "content": f"Tell me about the {topic}. " * 14}]
-
-
-def body(messages: list) -> dict:
-    return {"messages": messages, "max_tokens": 5, "temperature": 0, "logprobs": True}
-
-
-def turn(base: str, messages: list) -> dict:
-    r = httpx.post(base + "/v1/chat/completions", timeout=120, json=body(messages))
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def ids(reply: dict) -> list:
-    return [e["id"] for e in reply["choices"][0]["logprobs"]["content"]]
-
-
-def cold(engine: Engine, messages: list) -> list:
-    async def go():
-        gen = await engine.start(engine.parse_chat(body(messages)))
-        return gather([ev async for ev in gen.events()])
-
-    return token_ids(asyncio.run(go()))
-
-
-def next_turn(messages: list, reply) -> list:
-    """The conversation after ``reply`` (a chat completion, or its text)."""
-    text = reply if isinstance(reply, str) else reply["choices"][0]["message"]["content"]
-    return messages + [{"role": "assistant", "content": text},
-                       {"role": "user", "content": "And then?"}]
 
 
 @pytest.fixture(scope="module")
@@ -115,17 +86,17 @@ def test_a_full_disk_keeps_the_server_answering(ckpt, plain, tmp_path):
             base = f"http://127.0.0.1:{port}"
             proc.wait_for_http(base + "/health", 240)
             msgs = convo("sea")
-            r1 = turn(base, msgs)
+            r1 = turn(base, msgs, N)
             flushed = httpx.post(base + "/admin/cache/flush", timeout=60)
             assert flushed.status_code == 503 and flushed.json()["durable"] is False
             assert flushed.json()["missingSnapshots"] == 1
             ssd = httpx.get(base + "/stats", timeout=30).json()["ssd_cache"]
             assert ssd["degraded"] and ssd["failed_spills"] >= 1 and ssd["entries"] == 0
-            r2 = turn(base, next_turn(msgs, r1))  # RAM still serves the prefix
+            r2 = turn(base, next_turn(msgs, r1), N)  # RAM still serves the prefix
             assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
-            r3 = turn(base, convo("sky"))
-        assert ids(r1) == cold(plain, msgs) and ids(r3) == cold(plain, convo("sky"))
-        assert ids(r2) == cold(plain, next_turn(msgs, r1))
+            r3 = turn(base, convo("sky"), N)
+        assert ids(r1) == cold(plain, msgs, N) and ids(r3) == cold(plain, convo("sky"), N)
+        assert ids(r2) == cold(plain, next_turn(msgs, r1), N)
         assert "serving from RAM only" in proc.output
 
 
@@ -155,7 +126,7 @@ def test_a_read_only_directory_still_restores_and_keeps_answering(ckpt, plain, t
     filled = Engine.load(str(ckpt), progress=False,
                          ssd=SsdConfig(dir=tmp_path / "filled", demote_idle_s=0))
     try:
-        reply = asyncio.run(_chat_engine(filled, msgs))
+        reply = engine_reply(filled, greedy_chat(msgs, N)).content
         assert asyncio.run(durability.flush(filled, 60))["durable"]
     finally:
         close(filled)
@@ -164,23 +135,18 @@ def test_a_read_only_directory_still_restores_and_keeps_answering(ckpt, plain, t
             (ro / "probe").write_text("x")
         with running_server(ckpt, ssd=SsdConfig(dir=ro, demote_idle_s=0)) as srv:
             follow = next_turn(msgs, reply)
-            r = turn(srv.base_url, follow)  # restored from the read-only directory
+            r = turn(srv.base_url, follow, N)  # restored from the read-only directory
             assert r["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
-            other = turn(srv.base_url, convo("sky"))
+            other = turn(srv.base_url, convo("sky"), N)
             flushed = httpx.post(srv.base_url + "/admin/cache/flush", timeout=60)
             stats = httpx.get(srv.base_url + "/stats", timeout=30).json()
-        assert ids(r) == cold(plain, follow) and ids(other) == cold(plain, convo("sky"))
+        assert ids(r) == cold(plain, follow, N) and ids(other) == cold(plain, convo("sky"), N)
         assert flushed.status_code == 503
         assert stats["prompt_cache"]["ssd_hits"] == 1 and stats["ssd_cache"]["degraded"]
 
 
 def ssd_hits(base: str) -> int:
     return httpx.get(base + "/stats", timeout=30).json()["prompt_cache"]["ssd_hits"]
-
-
-async def _chat_engine(engine, messages) -> str:
-    gen = await engine.start(engine.parse_chat(body(messages)))
-    return gather([ev async for ev in gen.events()]).content
 
 
 def test_two_servers_share_one_directory(ckpt, plain, tmp_path):
@@ -195,7 +161,7 @@ def test_two_servers_share_one_directory(ckpt, plain, tmp_path):
         replies: dict = {}
 
         def run(base, topic):
-            replies[topic] = turn(base, convo(topic))
+            replies[topic] = turn(base, convo(topic), N)
 
         threads = [threading.Thread(target=run, args=(a if i % 2 else b, t))
                    for i, t in enumerate(topics)]
@@ -212,14 +178,14 @@ def test_two_servers_share_one_directory(ckpt, plain, tmp_path):
         # a topic asked while the other server's entries were already on disk may have
         # restored the system prompt they share (timing): count the follow-up's own hit
         before = ssd_hits(restorer)
-        r = turn(restorer, follow)
+        r = turn(restorer, follow, N)
         assert r["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
         assert ssd_hits(restorer) == before + 1
         stats = [httpx.get(x + "/stats", timeout=30).json() for x in (a, b)]
         fingerprint = here.engine.prefix.tier.fingerprint
-    assert ids(r) == cold(plain, follow)
+    assert ids(r) == cold(plain, follow, N)
     for t in topics:
-        assert ids(replies[t]) == cold(plain, convo(t))
+        assert ids(replies[t]) == cold(plain, convo(t), N)
     assert all(s["ssd_cache"]["corrupt_removed"] == 0 for s in stats)
     check = SsdStore(SsdConfig(dir=d, demote_idle_s=0), fingerprint)
     assert len(check.index) >= len(topics) and not list(d.rglob(TMP_PREFIX + "*"))

@@ -5,7 +5,6 @@ matches a cold run."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -15,10 +14,10 @@ import time
 import httpx
 
 from mlxbun_core.engine.core import Engine
-from mlxbun_core.engine.reply import gather
 from mlxbun_core.testing.engine import close, token_ids
 from mlxbun_core.testing.hub_cache import library_env, library_hub
 from mlxbun_core.testing.server import free_port
+from mlxbun_core.testing.turns import engine_reply
 
 LLAMA, QWEN, THIRD = "acme/Tiny-Llama-Chat", "other/Qwen3-Tiny", "other/Qwen3-Tiny-B"
 MODELS = {LLAMA: ("llama", {"seed": 11}), QWEN: ("qwen3", {"seed": 13}),
@@ -85,11 +84,7 @@ def test_a_pool_switch_demotes_the_cache_and_a_switch_back_restores_it(tmp_path)
         log.close()
     plain = Engine.load(str(snapshots[LLAMA]), progress=False, prompt_cache_bytes=0)
     try:
-        async def go():
-            gen = await plain.start(plain.parse_chat(body(LLAMA, follow)))
-            return gather([ev async for ev in gen.events()])
-
-        want = token_ids(asyncio.run(go()))
+        want = token_ids(engine_reply(plain, body(LLAMA, follow)))
     finally:
         close(plain)
     assert [e["id"] for e in back["choices"][0]["logprobs"]["content"]] == want

@@ -5,7 +5,6 @@ server answers as a cold one would."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 import signal
@@ -18,16 +17,15 @@ import httpx
 import mlx.core as mx
 
 from mlxbun_core.engine.core import Engine
-from mlxbun_core.engine.reply import gather
 from mlxbun_core.kvstore.config import SsdConfig
-from mlxbun_core.kvstore.fileformat import TMP_PREFIX
+from mlxbun_core.kvstore.fileformat import SUFFIX, TMP_PREFIX, CorruptEntry, read_header
 from mlxbun_core.kvstore.store import SsdStore
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.engine import close, token_ids
+from mlxbun_core.testing.engine import close
 from mlxbun_core.testing.process import ServerProcess
 from mlxbun_core.testing.server import free_port
+from mlxbun_core.testing.turns import SYSTEM, cold, ids, next_turn, turn
 
-SYSTEM = {"role": "system", "content": "You are terse. " * 8}
 USER = {"role": "user", "content": "Tell me about the sea and the sky. " * 12}
 
 
@@ -39,33 +37,6 @@ def serve(ckpt, d: Path, *extra, env=None) -> tuple[ServerProcess, str]:
     base = f"http://127.0.0.1:{port}"
     proc.wait_for_http(base + "/health", 240)
     return proc, base
-
-
-def chat_body(messages: list) -> dict:
-    return {"messages": messages, "max_tokens": 6, "temperature": 0, "logprobs": True}
-
-
-def turn(base: str, messages: list) -> dict:
-    r = httpx.post(base + "/v1/chat/completions", timeout=120, json=chat_body(messages))
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def ids(reply: dict) -> list:
-    return [e["id"] for e in reply["choices"][0]["logprobs"]["content"]]
-
-
-def cold(engine: Engine, messages: list) -> list:
-    async def go():
-        gen = await engine.start(engine.parse_chat(chat_body(messages)))
-        return gather([ev async for ev in gen.events()])
-
-    return token_ids(asyncio.run(go()))
-
-
-def next_turn(messages: list, reply: dict, question: str) -> list:
-    return messages + [{"role": "assistant", "content": reply["choices"][0]["message"]["content"]},
-                       {"role": "user", "content": question}]
 
 
 def test_sigterm_flushes_and_a_sigkill_after_a_reply_is_survived(tmp_path):
@@ -133,8 +104,26 @@ def entry(i):
 def tokens(i):
     return [100000 + i] + list(range(63))
 
+def pause_after(limit):
+    # write `limit` bytes of files, then stop for good (the parent kills it there):
+    # every file write goes through os.write, prints never do
+    import os, time
+    real, done = os.write, [0]
+
+    def write(fd, data):
+        if done[0] >= limit:
+            print("paused", flush=True)
+            time.sleep(600)
+        n = real(fd, data)
+        done[0] += n
+        return n
+
+    os.write = write
+
 if __name__ == "__main__":
     d, i = sys.argv[1], int(sys.argv[2])
+    if len(sys.argv) > 3:
+        pause_after(int(sys.argv[3]))
     print("ready", flush=True)  # imported (seconds): the store opens once told to go
     assert sys.stdin.readline().strip() == "go"
     store = SsdStore(SsdConfig(dir=d, demote_idle_s=0), "fp", namespace_parts=lambda ns: [ns])
@@ -147,6 +136,47 @@ if __name__ == "__main__":
         print("wrote", i, flush=True)
         i += 1
 """
+
+
+def torn_entries(d: Path) -> list:
+    """Files under their final names that do not read whole (what a writer that is not
+    atomic leaves when killed mid-write)."""
+    torn = []
+    for p in d.rglob("*" + SUFFIX):
+        if not p.name.startswith(TMP_PREFIX):
+            try:
+                read_header(p)
+            except CorruptEntry as exc:
+                torn.append(f"{p.name}: {exc}")
+    return torn
+
+
+def test_a_writer_killed_halfway_through_an_entry_leaves_nothing_torn(tmp_path):
+    """A SIGKILL landed for certain inside a write: the writer stops after 8 of the
+    entry's 16 MB; nothing under a final name may be torn, then or after the kill."""
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    d = tmp_path / "ssd"
+    child = subprocess.Popen([sys.executable, str(script), str(d), "0", str(8 << 20)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        lines = [child.stdout.readline() for _ in range(2)]
+        assert lines == ["writing 0\n", "paused\n"], lines
+        assert list(d.rglob("*" + SUFFIX)), "the write had not begun"
+        assert not torn_entries(d), "a half-written entry is visible under its final name"
+    finally:
+        child.kill()
+        child.wait(30)
+    assert not torn_entries(d)
+    store = SsdStore(SsdConfig(dir=d, demote_idle_s=0), "fp", namespace_parts=lambda ns: [ns])
+    try:
+        assert store.index.corrupt_removed == 0 and len(store.index) == 0
+        assert not list(d.rglob(TMP_PREFIX + "*"))  # the dead writer's temp file is reaped
+    finally:
+        store.close()
 
 
 def test_sigkill_at_random_points_mid_write_never_serves_a_torn_entry(tmp_path):
@@ -185,7 +215,9 @@ def test_sigkill_at_random_points_mid_write_never_serves_a_torn_entry(tmp_path):
             child.send_signal(signal.SIGKILL)
             out = child.communicate(timeout=30)[0]
             written += out.count("wrote")
-            mid_write += bool(list(d.rglob(TMP_PREFIX + "*")))  # a kill that hit a write
+            # a kill that hit a write: one was in flight (printed "writing", never "wrote")
+            mid_write += 1 + out.count("writing") > out.count("wrote")
+            assert not torn_entries(d), "a half-written entry under its final name"
             store = SsdStore(SsdConfig(dir=d, demote_idle_s=0), "fp",
                              namespace_parts=lambda ns: [ns])
             assert not list(d.rglob(TMP_PREFIX + "*"))  # the dead writer's temp file is reaped

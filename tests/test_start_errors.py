@@ -46,6 +46,36 @@ def test_hub_offline_says_so(tmp_path):
            "HF_HUB_OFFLINE": "1"}
     r, _ = run(["serve", "acme/nothing-here", "--port", str(free_port())], **env)
     assert r.returncode == 2 and "HF_HUB_OFFLINE is set" in r.stderr
+    assert "`mlxbun download acme/nothing-here`" in r.stderr and "hf download" not in r.stderr
+
+
+def test_download_says_its_error_once(tmp_path):
+    """The hub is unreachable: the reason once (it was printed by the progress bar and
+    again at exit), and no empty progress bar."""
+    env = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(tmp_path / "hf" / "hub"),
+           "HF_ENDPOINT": f"http://127.0.0.1:{closed_port()}", "HF_HUB_OFFLINE": "0",
+           "MLXBUN_HOME": str(tmp_path / "home")}
+    r, _ = run(["download", "acme/nothing-here"], **env)
+    out = r.stdout + r.stderr
+    assert r.returncode == 2, out
+    assert out.count("cannot be reached") == 1, out
+    assert "0.00B" not in out, out
+
+
+def test_embedding_on_a_model_that_cannot_embed_is_refused_at_start():
+    """`--embedding` on a llama checkpoint (no installed family embeds llama) used to be
+    ignored: it served a chat model. Now start-up stops and names what can embed."""
+    from mlxbun_core.testing.checkpoints import tiny_checkpoint
+    from mlxbun_core.testing.process import ServerProcess
+
+    path = tiny_checkpoint("llama", seed=2)
+    with ServerProcess(CLI + ["serve", str(path), "--embedding", "--port",
+                              str(free_port()), "--no-open"]) as proc:
+        rc = proc.proc.wait(120)
+    assert rc == 2, proc.output
+    line = next(ln for ln in proc.output.splitlines() if "--embedding" in ln)
+    assert "llama" in line and "qwen3_embed" in line, line
+    assert "serving" not in proc.output and "Traceback" not in proc.output
 
 
 def test_a_text_file_named_gguf_is_not_a_gguf_file(tmp_path):

@@ -265,3 +265,36 @@ def test_cut_calls_responses(family):
         cut += _check_cut(name, finish, calls, done.output_text, "length")
         assert not [e for e in events if e.type == "response.output_text.delta"], name
     assert cut, f"{name}: no reply ran out of budget"
+
+
+def test_a_named_function_ends_after_its_one_call(family):
+    """tool_choice naming one function, parallel calls not turned off: that one call,
+    then the reply ends (tool_calls / tool_use / completed) on every surface. It used to
+    go on: a random model wrote call after call until max_tokens ended it (length)."""
+    name, srv = family
+    oai = openai.OpenAI(base_url=srv.v1, api_key="x", max_retries=0)
+    kw = dict(model="m", messages=ASK, tools=TOOLS, temperature=1.0, max_tokens=400,
+              extra_body=NO_THINKING,
+              tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    for seed in range(2):
+        r = oai.chat.completions.create(seed=seed, **kw)
+        assert r.choices[0].finish_reason == "tool_calls", (name, r.choices[0])
+        (call,) = r.choices[0].message.tool_calls
+        assert call.function.name == "get_weather"
+        valid(call.function.name, call.function.arguments)
+    chunks = list(oai.chat.completions.create(seed=2, stream=True, **kw))
+    assert chunks[-1].choices[0].finish_reason == "tool_calls", name
+    assert len([d for c in chunks for d in c.choices[0].delta.tool_calls or ()]) == 1
+    ant = anthropic.Anthropic(base_url=srv.base_url, api_key="x", max_retries=0)
+    r = ant.messages.create(model="m", max_tokens=400, messages=ASK, tools=ANTHROPIC_TOOLS,
+                            thinking={"type": "disabled"}, tool_choice={"type": "tool",
+                                                                        "name": "search"},
+                            extra_body={"temperature": 1.0, "seed": 3})
+    assert r.stop_reason == "tool_use", (name, r.content)
+    assert [b.name for b in r.content if b.type == "tool_use"] == ["search"]
+    r = oai.responses.create(model="m", input="Weather in Paris?", max_output_tokens=400,
+                             temperature=1.0, tools=[dict(WEATHER, type="function")],
+                             tool_choice={"type": "function", "name": "get_weather"},
+                             extra_body=dict(NO_THINKING, seed=4))
+    assert r.status == "completed", (name, r.output)
+    assert [o.name for o in r.output if o.type == "function_call"] == ["get_weather"]

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
+import subprocess
+import sys
 import time
 
 import httpx
@@ -49,6 +52,38 @@ def coding_client(srv, root) -> ChatClient:
     return c
 
 
+STALL_S = 20.0  # the scripted model answers in well under a second; silence is a hang
+
+
+def frames_until(c: ChatClient, kind: str, *fail_on: str) -> list:
+    """Frames up to the next ``kind``. A frame of a ``fail_on`` type first (a call that
+    should have waited ran, one that should have been refused waits for a card) or
+    ``STALL_S`` of silence (the turn died) fails at once, naming what came, where
+    waiting for ``kind`` would only time out."""
+    out: list = []
+    while True:
+        try:
+            frame = c.recv(STALL_S)
+        except TimeoutError:
+            raise AssertionError(f"no {kind} frame and nothing else for {STALL_S:.0f} s; "
+                                 f"the last frames: {out[-3:]}") from None
+        out.append(frame)
+        if frame["type"] == kind:
+            return out
+        ran = [f for f in out if f["type"] == "tool_end"]
+        assert frame["type"] not in fail_on, f"{frame} came before any {kind}; ran: {ran}"
+
+
+def approval_request(c: ChatClient) -> dict:
+    """The next approval card; the turn ending first fails (the call ran unasked)."""
+    return frames_until(c, "tool_approval_request", "turn_end")[-1]
+
+
+def refused(c: ChatClient) -> dict:
+    """The error frame answering a setting; the tools' new state first fails (taken)."""
+    return frames_until(c, "error", "coding_tools")[-1]
+
+
 def finish(c: ChatClient) -> list:
     return c.until("turn_end") + c.until("history")
 
@@ -82,12 +117,11 @@ def test_coding_tools_are_off_by_default_and_need_a_folder(scripted, ws):
         end = ends(frames)[0]
         assert not end["ok"] and "coding tools are off" in end["result"]["error"]
         assert "secret" not in json.dumps(frames)
-        c.send("set_coding_tools", enabled=True)
-        assert "workspace required" in c.until("error")[-1]["message"]
-        c.send("set_coding_tools", enabled=True, workspace="relative/dir")
-        assert "absolute" in c.until("error")[-1]["message"]
-        c.send("set_coding_tools", enabled=True, workspace="/")
-        assert "root" in c.until("error")[-1]["message"]
+        for workspace, why in ((None, "workspace required"), ("relative/dir", "absolute"),
+                               ("/", "root")):
+            c.send("set_coding_tools", enabled=True,
+                   **({} if workspace is None else {"workspace": workspace}))
+            assert why in refused(c)["message"]
 
 
 def test_a_write_waits_deny_keeps_the_file_allow_writes_it(scripted, ws):
@@ -97,7 +131,7 @@ def test_a_write_waits_deny_keeps_the_file_allow_writes_it(scripted, ws):
     with coding_client(srv, ws) as c:
         script(plugin, call("write", path="a.txt", content="bye\n"))
         c.send("prompt", text="change it")
-        asked = c.until("tool_approval_request")[-1]
+        asked = approval_request(c)
         assert asked["tool"] == "write" and asked["args"] == {"path": "a.txt", "content": "bye\n"}
         assert "-hello\n+bye\n" in asked["preview"]["diff"]
         queue = c.until("queue_update")[-1]
@@ -111,7 +145,7 @@ def test_a_write_waits_deny_keeps_the_file_allow_writes_it(scripted, ws):
 
         script(plugin, call("write", path="a.txt", content="bye\n"))
         c.send("prompt", text="change it, really")
-        asked = c.until("tool_approval_request")[-1]
+        asked = approval_request(c)
         c.send("approval", callId=asked["callId"], decision="allow")
         frames = finish(c)
         assert ends(frames)[0]["ok"] and target.read_text() == "bye\n"
@@ -128,7 +162,7 @@ def test_always_allow_skips_the_card_until_revoked(scripted, ws):
     with coding_client(srv, ws) as c:
         script(plugin, call("edit", path="b.txt", old_string="one", new_string="two"))
         c.send("prompt", text="edit")
-        asked = c.until("tool_approval_request")[-1]
+        asked = approval_request(c)
         assert "-one\n+two\n" in asked["preview"]["diff"]
         c.send("approval", callId=asked["callId"], decision="allow", alwaysAllow=True)
         assert c.until("tool_approvals")[-1]["alwaysAllow"] == ["edit"]
@@ -145,7 +179,7 @@ def test_always_allow_skips_the_card_until_revoked(scripted, ws):
         assert r.json()["alwaysAllow"] == []
         script(plugin, call("edit", path="b.txt", old_string="three", new_string="four"))
         c.send("prompt", text="once more")
-        asked = c.until("tool_approval_request")[-1]
+        asked = approval_request(c)
         c.send("approval", callId=asked["callId"], decision="deny")
         finish(c)
         assert target.read_text() == "three\n"
@@ -157,8 +191,8 @@ def test_several_waiting_calls_form_a_queue(scripted, ws):
         script(plugin, call("write", path="x.txt", content="x") + "\n"
                + call("bash", command="echo made > y.txt; pwd"))
         c.send("prompt", text="two things")
-        first = c.until("tool_approval_request")[-1]
-        second = c.until("tool_approval_request")[-1]
+        first = approval_request(c)
+        second = approval_request(c)
         assert second["preview"]["shell"] == "bash -c"
         queue = c.until("queue_update")[-1]
         assert [q["callId"] for q in queue["approvals"]] == [first["callId"], second["callId"]]
@@ -191,8 +225,8 @@ def test_paths_that_leave_the_workspace_are_refused(scripted, ws, tmp_path):
                call("bash", command="pwd", cwd="dirlink")]
     with coding_client(srv, ws) as c:
         script(plugin, "\n".join(attacks))
-        frames = c.turn(text="escape")
-        assert not [f for f in frames if f["type"] == "tool_approval_request"]
+        c.send("prompt", text="escape")  # refused outright: never an approval card
+        frames = frames_until(c, "turn_end", "tool_approval_request") + c.until("history")
         results = ends(frames)
         assert len(results) == len(attacks)
         assert all(not e["ok"] and "workspace" in e["result"]["error"] for e in results)
@@ -215,10 +249,10 @@ def test_a_command_runs_in_the_workspace_scrubbed_and_is_killed_on_timeout(scrip
             script(plugin, call("bash", command="sleep 60 & echo $! > pid; env; wait",
                                 timeout=1) + call("bash", command="yes | head -c 200000"))
             c.send("prompt", text="run")
-            asked = c.until("tool_approval_request")[-1]
+            asked = approval_request(c)
             started = time.monotonic()
             c.send("approval", callId=asked["callId"], decision="allow")
-            asked2 = c.until("tool_approval_request")[-1]
+            asked2 = approval_request(c)
             c.send("approval", callId=asked2["callId"], decision="allow")
             frames = finish(c)
             timed, capped = (e["result"] for e in ends(frames))
@@ -244,7 +278,7 @@ def test_coding_tools_are_never_offered_to_a_remote_client(tmp_path):
         with ChatClient(f"http://{host}:{srv.port}", api_key="k") as c:
             assert c.hello()["coding_tools"]["available"] is False
             c.send("set_coding_tools", enabled=True, workspace=str(tmp_path))
-            err = c.until("error")[-1]
+            err = refused(c)
             assert err["status"] == 403 and "loopback" in err["message"]
     finally:
         srv.stop()
@@ -255,8 +289,8 @@ def test_stop_denies_waiting_calls_and_kills_a_running_command(scripted, ws):
     with coding_client(srv, ws) as c:
         script(plugin, call("bash", command="sleep 30") + call("write", path="z", content="z"))
         c.send("prompt", text="slow")
-        asked = c.until("tool_approval_request")[-1]
-        c.until("tool_approval_request")
+        asked = approval_request(c)
+        approval_request(c)
         c.send("approval", callId=asked["callId"], decision="allow")
         c.until("tool_update")  # the command line: it runs now
         started = time.monotonic()
@@ -267,3 +301,134 @@ def test_stop_denies_waiting_calls_and_kills_a_running_command(scripted, ws):
         assert "stopped" in stopped["result"]["error"]
         assert "the turn was stopped" in denied["result"]["error"]
         assert not (ws / "z").exists()
+
+
+def test_a_catastrophic_grep_pattern_neither_freezes_the_server_nor_hangs(scripted, ws):
+    """``(a+)+$`` over 27 a's and a '!' took Python's re 23 s, with the GIL held: every
+    other request waited. The grep must answer at once and /health stay fast meanwhile."""
+    srv, plugin = scripted
+    (ws / "a.txt").write_text("a" * 27 + "!\n")
+    with coding_client(srv, ws) as c:
+        script(plugin, call("grep", pattern="(a+)+$"))
+        started = time.monotonic()
+        c.send("prompt", text="search")
+        worst = 0.0
+        while time.monotonic() - started < 3:  # the turn and its grep run meanwhile
+            asked = time.monotonic()
+            assert httpx.get(srv.base_url + "/health", timeout=30).status_code == 200
+            worst = max(worst, time.monotonic() - asked)
+        end = ends(finish(c))[0]
+    assert worst < 2.0, f"/health took {worst:.1f} s while the grep ran"
+    assert end["ok"] and end["result"] == {"matches": [], "truncated": False}
+    assert time.monotonic() - started < 15
+
+
+def test_every_descendant_ends_with_its_command_even_outside_its_group(scripted, ws):
+    """``setsid`` and a double fork leave the command's process group; they must end
+    with the command all the same, whether it exits on its own or times out."""
+    srv, plugin = scripted
+    daemons = ("setsid sleep 120 & echo $! > a.pid; "
+               "(setsid sh -c 'sleep 120 & echo $! > b.pid' &); "  # the middle shell exits
+               "setsid sleep 120 >/dev/null 2>&1 </dev/null & echo $! > c.pid; "
+               "sleep 0.5; echo started")
+    with coding_client(srv, ws) as c:
+        script(plugin, call("bash", command=daemons, timeout=20)
+               + call("bash", command="setsid sleep 120 & echo $! > d.pid; sleep 60",
+                      timeout=2))
+        c.send("prompt", text="start daemons")
+        first = c.until("tool_approval_request")[-1]
+        second = c.until("tool_approval_request")[-1]
+        started = time.monotonic()
+        c.send("approval", callId=first["callId"], decision="allow")
+        c.send("approval", callId=second["callId"], decision="allow")
+        exited, timed = (e["result"] for e in ends(finish(c)))
+    assert time.monotonic() - started < 12  # the first did not wait for its 20 s timeout
+    assert exited["exitCode"] == 0 and exited["output"] == "started\n" and not exited["timedOut"]
+    assert timed["timedOut"]
+    time.sleep(0.2)
+    for name in ("a", "b", "c", "d"):
+        pid = int((ws / f"{name}.pid").read_text())
+        assert not alive(pid), f"{name}: {pid} outlived its command"
+
+
+SHELL_IN_A_PROCESS_WITH_SECRETS = """
+import asyncio, json, sys
+from pathlib import Path
+from mlxbun_core.webchat.coding import shell
+from mlxbun_core.webchat.coding.workspace import Workspace
+
+async def main():
+    async def chunk(text):
+        pass
+    command = "tr '\\\\0' '\\\\n' < /proc/$PPID/environ; echo ---; env"
+    return await shell.run(Workspace(Path(sys.argv[1])), {"command": command}, chunk)
+
+print(json.dumps(asyncio.run(main())))
+"""
+
+
+def test_a_command_and_its_parent_process_hold_no_secrets(tmp_path):
+    """``cat /proc/$PPID/environ`` printed the server's MLXBUN_API_KEY: the command's
+    parent must be a process started without the server's environment."""
+    secrets = {"MLXBUN_API_KEY": "sk-mlxbun-key", "HF_TOKEN": "hf_token_value",
+               "AWS_SECRET_ACCESS_KEY": "aws-secret-value"}
+    r = subprocess.run([sys.executable, "-c", SHELL_IN_A_PROCESS_WITH_SECRETS, str(tmp_path)],
+                       env={**os.environ, **secrets}, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    parent, _, own = result["output"].partition("---\n")
+    assert f"HOME={os.path.realpath(tmp_path)}" in parent  # the parent's environment was read
+    assert f"HOME={os.path.realpath(tmp_path)}" in own
+    for value in secrets.values():
+        assert value not in result["output"]
+    assert "MLXBUN_" not in result["output"]  # MLXBUN_HOME and the rest stay out too
+
+
+def test_names_and_control_characters_cannot_forge_the_approval_card(scripted, ws):
+    """A file name with a newline wrote a fake ``+++ b/harmless.txt`` line into the card's
+    diff; names are quoted as git quotes them, and control characters shown escaped."""
+    srv, plugin = scripted
+    name = "notes.txt\n+++ b/harmless.txt"
+    (ws / "sub\ndir").mkdir()
+    with coding_client(srv, ws) as c:
+        script(plugin, call("write", path=name, content="one\x1b[2K\rtwo \u202etxt.exe\n")
+               + call("bash", command="echo safe\rrm -rf ~", cwd="sub\ndir"))
+        c.send("prompt", text="write it")
+        write = c.until("tool_approval_request")[-1]
+        bash = c.until("tool_approval_request")[-1]
+        for asked in (write, bash):
+            c.send("approval", callId=asked["callId"], decision="deny")
+        finish(c)
+    diff = write["preview"]["diff"].split("\n")
+    assert write["preview"]["path"] == '"notes.txt\\n+++ b/harmless.txt"'
+    assert [line for line in diff if line.startswith(("---", "+++"))] == [
+        "--- /dev/null", '+++ "b/notes.txt\\n+++ b/harmless.txt"']
+    assert "+one\\x1b[2K\\rtwo \\u202etxt.exe" in diff
+    assert bash["preview"]["command"] == "echo safe\\rrm -rf ~"
+    assert bash["preview"]["cwd"] == '"sub\\ndir"'
+    assert not (ws / name).exists()
+
+
+def test_a_large_diff_is_made_off_the_event_loop(scripted, ws):
+    """Planning an edit diffs the file: on the event loop, difflib over 75,000 changed lines
+    held /health 3.8 s. The diff is made on a worker thread, and only the changed region's
+    first 5,000 lines go to difflib (the card shows 64 KiB)."""
+    srv, plugin = scripted
+    rng = random.Random(0)
+    (ws / "big.txt").write_text("".join(f"line {rng.random():.16f}\n" for _ in range(75000)))
+    with coding_client(srv, ws) as c:  # every line changes: 75,000 lines (2 MB) for difflib
+        script(plugin, call("edit", path="big.txt", old_string="line", new_string="LINE",
+                            replace_all=True))
+        started = time.monotonic()
+        c.send("prompt", text="rewrite it")
+        worst = 0.0
+        while time.monotonic() - started < 6:
+            asked = time.monotonic()
+            assert httpx.get(srv.base_url + "/health", timeout=30).status_code == 200
+            worst = max(worst, time.monotonic() - asked)
+        asked = c.until("tool_approval_request")[-1]
+        c.send("approval", callId=asked["callId"], decision="deny")
+        finish(c)
+    assert asked["preview"]["diff"].endswith("… (cut)\n")
+    assert worst < 2.0, f"/health took {worst:.1f} s while the diff was made"

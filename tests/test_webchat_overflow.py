@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from mlxbun_core.engine.prepare import prepare
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.server import start_server
 from mlxbun_core.testing.wschat import ChatClient
@@ -55,14 +56,28 @@ def test_a_long_chat_keeps_answering_by_leaving_out_the_oldest_turns(server):
         assert answer["role"] == "assistant" and answer["meta"]["trimmed"] >= 2
 
 
-def test_what_is_sent_keeps_the_system_prompt_and_the_last_user_message(server):
+def test_what_is_sent_keeps_the_system_prompt_and_the_last_user_message(server, monkeypatch):
+    sent: list = []  # every request the chat starts on the engine: what the model reads
+    start = server.engine.start
+
+    async def recording(req):
+        sent.append(req)
+        return await start(req)
+
+    monkeypatch.setattr(server.engine, "start", recording)
     with ChatClient(server.base_url) as c:
         c.hello()
         c.send("set_system_prompt", text=SYSTEM)
         c.until("settings")
-        for i in range(8):
-            c.turn(text=prompt(i))
-        assert [f for f in c.seen if f["type"] == "context_trimmed"]
+        trimmed = [bool([f for f in c.turn(text=prompt(i)) if f["type"] == "context_trimmed"])
+                   for i in range(8)]
+    assert any(trimmed) and len(sent) == 8
+    for i, req in enumerate(sent):
+        text = server.engine.model.tokenizer.decode(
+            prepare(server.engine.model, server.engine.hooks, req).request.prompt_tokens)
+        assert SYSTEM in text, f"turn {i} was sent without its system prompt"
+        assert prompt(i) in text
+        assert (prompt(0) in text) is not trimmed[i], f"turn {i}: the oldest turn"
     # the grouping the policy drops by: a turn is a user message and what answers it
     msgs = [{"role": "user"}, {"role": "assistant"}, {"role": "tool"}, {"role": "assistant"},
             {"role": "user"}, {"role": "assistant"}, {"role": "user"}]

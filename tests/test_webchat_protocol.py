@@ -5,6 +5,7 @@ engine, sessions survive a restart, search and export read them back."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from mlxbun_core.server import ws_chat
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.server import start_server
 from mlxbun_core.testing.wschat import ChatClient
-from mlxbun_core.webchat import turn
+from mlxbun_core.webchat import frames, turn
 from mlxbun_core.webchat.store import read_entries, replayed_messages
 
 
@@ -220,6 +221,54 @@ def test_a_malformed_entry_id_in_an_open_session_is_a_400(server):
             c.send("switch_sibling", entryId=entry_id)
             err = c.until("error")[-1]
             assert err["status"] == 400 and "entryId" in err["message"], (entry_id, err)
+
+
+# a valid value for every field a frame must carry, so the field under test is the only
+# thing wrong with it
+REQUIRED_OK = {"text": "hi", "callId": "call_1", "decision": "deny", "enabled": False,
+               "policy": "stop", "path": "nope.jsonl", "entryId": "m0"}
+WRONG = {str: ["x"], bool: "yes", dict: ["x"], list: "x"}
+
+
+def wrong_frames():
+    """One frame per (type, field): that field of a wrong type, the rest valid."""
+    for kind, fields in frames.FIELDS.items():
+        base = {"type": kind, **{k: REQUIRED_OK[k] for k in frames.REQUIRED.get(kind, ())}}
+        for name, types in fields.items():
+            if types is frames.ANY:
+                continue
+            yield {**base, name: WRONG[types[0]]}, name
+
+
+def test_every_frame_type_has_its_fields_checked(server):
+    from mlxbun_core.webchat.agent import ChatAgent
+
+    agent = ChatAgent(server.engine, server.server.config.app.state.sessions, None, {})
+    assert set(agent.handlers) == set(frames.FIELDS)  # a new handler needs its row
+
+
+def test_a_wrong_typed_field_of_any_frame_is_a_400_and_no_traceback(server, caplog):
+    with ChatClient(server.base_url) as c, caplog.at_level(logging.INFO):
+        c.hello()
+        c.send("set_sampling", max_tokens=2)
+        c.until("settings")
+        c.turn(text="Hi")  # an open session: fork_session reaches the store with it
+        c.send_frame({"type": "fork_session", "entryId": ["x"]})
+        err = c.until("error")[-1]
+        assert err["status"] == 400 and "fork_session.entryId" in err["message"], err
+        sent = list(wrong_frames())
+        for frame, name in sent:
+            c.send_frame(frame)
+            err = c.until("error")[-1]
+            assert err["status"] == 400 and f"{frame['type']}.{name}" in err["message"], \
+                (frame, err)
+        assert len(sent) >= 20  # every typed field of every frame
+        c.send_frame(["not", "an", "object"])
+        assert c.until("error")[-1]["status"] == 400
+        items = c.turn(text="still here")[-1]["items"]
+        assert [i["role"] for i in items][-2:] == ["user", "assistant"]
+    failed = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert not failed, [r.getMessage() for r in failed]
 
 
 def test_sessions_survive_a_restart_and_search_finds_them(tmp_path):

@@ -27,7 +27,7 @@ ParserFactory = Callable[[], argparse.ArgumentParser]
 # what an --isolate engine child takes from the file itself: the parent passes on what
 # was typed, the file's serve values are read again here, minus what only the parent uses
 CHILD_SKIPS = {"isolate", "model_pool", "host", "port", "model", "query", "pins",
-               "allow_models", "keep_alive", "api_key", "no_open"}
+               "allow_models", "keep_alive", "api_key", "no_open", "cors"}
 
 
 @dataclass

@@ -33,7 +33,7 @@ def apply_model_settings(engine: Engine, args: argparse.Namespace) -> dict[str, 
     applied: dict[str, Any] = {k: v for k, v in entry.sampling.items() if not typed(k)}
     engine.defaults = {**engine.defaults, **applied}
     if entry.max_tokens is not None and not typed("max_tokens"):
-        engine.max_tokens = applied["max_tokens"] = entry.max_tokens
+        engine.max_tokens = applied["max_tokens"] = entry.max_tokens or None  # 0: no cap
     if entry.template_kwargs:
         engine.template_defaults = dict(entry.template_kwargs)
         applied["chat_template_kwargs"] = engine.template_defaults

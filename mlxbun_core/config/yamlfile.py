@@ -192,8 +192,8 @@ class _Reader:
                 raise self.fail(node, f"{where} must be a mapping")
             s.template_kwargs = dict(value)
         elif key == "max_tokens":
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise self.fail(node, f"{where} must be a positive integer")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise self.fail(node, f"{where} must be a token count (0: no cap)")
             s.max_tokens = value
         else:  # the request's own checks, so a default can never be a value a request can't
             try:

@@ -31,28 +31,18 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from ..errors import APIError
 from ..library import fit
 from ..model import LoadedModel
+from ..models.facts import weight_bytes
 from .speculate.config import MTP
 
 if TYPE_CHECKING:
-    import mlx.core as mx
-    import mlx.nn as nn
-
     from ..contract import TokenPredictor
     from .job import GenerationJob
     from .speculate import SpecConfig
-
-
-def weight_bytes(module: nn.Module) -> int:
-    """Bytes of a model's parameters (shape arithmetic only: nothing is evaluated)."""
-    from mlx.utils import tree_flatten
-
-    leaves = cast("list[tuple[str, mx.array]]", tree_flatten(module.parameters()))
-    return sum(v.nbytes for _, v in leaves)
 
 
 @dataclass(frozen=True)

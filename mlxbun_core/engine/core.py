@@ -25,6 +25,7 @@ from ..contract import DraftSource, TokenPredictor
 from ..errors import APIError, BadRequest, Overloaded, Unavailable
 from ..events import Finish, Retry
 from ..kvquant.probe import check_kernels, model_dtype
+from ..library import fit
 from ..media import parts as media_parts
 from ..model import LoadedModel, LoadOptions
 from . import attention_route, prefill_shapes
@@ -280,6 +281,8 @@ class Engine:
         prefix-cache namespace, adapters, speculation and fill (on the event loop)."""
         spec = resolve_spec(self.speculation, req.speculation)
         check_mtp(spec, self.predictor is not None, self.model.id)  # a 400 before any work
+        if drafts_with_head(spec) and self.kv.bits:
+            spec = None  # the head's loops run the model unwrapped: decode plainly, batched
         mtp = drafts_with_head(spec) and may_speculate(prepared.request, self.draft)
         job = GenerationJob(prepared.request, self.model.tokenizer,
                             EventSink(asyncio.get_running_loop()),
@@ -376,7 +379,8 @@ class Engine:
 
     def kv_quant_stats(self) -> dict[str, Any]:
         """``/stats`` ``kv_quant``: the scheme and what each layer's cache holds."""
-        return kvquant.describe(self.kv, self.admission.layout)
+        return kvquant.describe(self.kv, self.admission.layout,
+                                fit.activation_dtype(self.model.config or {}))
 
     def batch_stats(self) -> dict[str, Any]:
         lanes = {lane.name: {"active": lane.active, "waiting": lane.waiting}

@@ -96,6 +96,11 @@ class ModelWorker:
             raise job.error
         return job.result
 
+    @property
+    def running(self) -> bool:
+        """Whether the worker takes calls (started and not closed)."""
+        return self in _open_workers and self._thread.is_alive()
+
     def close(self, wait: float = 10.0) -> None:
         """Stop the worker after its current step and wait up to ``wait`` seconds for it
         to let go of MLX (idempotent; an open worker is closed at interpreter exit)."""

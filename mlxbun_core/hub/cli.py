@@ -51,25 +51,28 @@ def cmd_download(args: argparse.Namespace) -> int:
         return _fail(exc.message)
     home = mlxbun_home()
     manager = JobManager(JobStore(home / "jobs.sqlite"), home, runners=RUNNERS)
-    bar = tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024, dynamic_ncols=True,
-               file=sys.stderr, desc=args.repo)
+    bars: list[tqdm] = []  # made on the first progress event: a failure before any shows none
 
     def show(event: dict[str, Any]) -> None:
         if event.get("type") == "stage" and "received_bytes" in event:
+            if not bars:
+                bars.append(tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024,
+                                 dynamic_ncols=True, file=sys.stderr, desc=args.repo))
+            bar = bars[0]
             bar.total = event["total_bytes"]
             bar.n = event["received_bytes"]
             bar.set_postfix_str(f"{event['files_done']}/{event['files_total']} "
                                 f"{event.get('current_file') or ''}"[-50:], refresh=False)
-            bar.refresh()
-        elif event.get("type") == "failed":
-            bar.write(f"failed: {event.get('error')}")
+            bar.refresh()  # a failure is said once, below, from the job's row
 
     try:
         row = manager.run("download", config, show)
     except KeyboardInterrupt:
-        bar.close()
+        for bar in bars:
+            bar.close()
         return _fail("interrupted: run the same command again to resume")
-    bar.close()
+    for bar in bars:
+        bar.close()
     if row["status"] != "done":
         return _fail(f"{args.repo}: {row['error']}")
     print(f"mlxbun: {args.repo} downloaded: {row['output_path']}")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import APIError
+from ..errors import APIError, NotFound
 from ..jobs.runner import Jobs
 from ..jobs.store import TERMINAL, JobStore
 from . import download
@@ -54,6 +54,20 @@ class HubJobs(Jobs):
                 raise Conflict(f"a download for {config['repo']} is already in progress")
             job_id = self.manager.submit("download", config)
         return job_id, config
+
+    def dismiss_download(self, job_id: str) -> None:
+        """Take a finished download (done, failed or cancelled) off ``GET /downloads`` for
+        good: its job row goes, and its log file. :class:`NotFound` for no such download,
+        :class:`Conflict` while it runs."""
+        row = self.store.get(job_id)
+        if row is None or row["kind"] != "download":
+            raise NotFound(f"no download {job_id}")
+        if row["status"] not in TERMINAL:
+            raise Conflict(f"download {job_id} is still running: cancel it first")
+        if not self.store.delete(job_id):  # dismissed by another client meanwhile
+            raise NotFound(f"no download {job_id}")
+        if row["log_path"]:
+            Path(row["log_path"]).unlink(missing_ok=True)
 
     def downloads(self, limit: int = RECENT_DOWNLOADS) -> list[dict[str, Any]]:
         """``GET /downloads``: the newest downloads, active ones with live progress."""

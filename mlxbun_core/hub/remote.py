@@ -48,6 +48,9 @@ def api():  # -> huggingface_hub.HfApi (imported lazily: the CLI starts faster w
     """An ``HfApi`` bound to this moment's endpoint and token."""
     from huggingface_hub import HfApi
 
+    from ..models import hub_timeout
+
+    hub_timeout.install()  # no call waits on a silent hub forever
     return HfApi(endpoint=endpoint(), token=token() or False)
 
 
@@ -85,6 +88,12 @@ def explain(exc: BaseException, repo_id: str = "") -> str:
             return f"the hub refused access (403) to {name}: the token lacks the permission"
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return f"the hub answered {status} for {name}: {first}"
+    if _is_timeout(exc):
+        from ..models.hub_timeout import seconds
+
+        return (f"the hub {endpoint()} did not answer within {seconds():g} s "
+                f"({type(exc).__name__}; MLXBUN_HUB_TIMEOUT sets the wait); "
+                "cached models still work")
     if _is_network(exc):
         return (f"offline: the hub {endpoint()} cannot be reached ({type(exc).__name__}); "
                 "cached models still work")
@@ -92,6 +101,17 @@ def explain(exc: BaseException, repo_id: str = "") -> str:
 
 
 _NETWORK = {"TransportError", "TimeoutException", "NetworkError", "ConnectError"}
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    """A hub that stayed silent past the deadline (httpx's or httpx2's timeouts)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, TimeoutError) or any(
+                k.__name__ == "TimeoutException" for k in type(seen).__mro__):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _is_network(exc: BaseException) -> bool:

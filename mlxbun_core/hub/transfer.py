@@ -41,9 +41,13 @@ def fetch(repo: str, name: str, commit: str, repo_dir: Path, bar: type) -> Path:
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.utils import build_hf_headers
 
+    from ..models import hub_timeout
+
+    hub_timeout.install()
     token = remote.token() or False
     url = hf_hub_url(repo, name, revision=commit, endpoint=remote.endpoint())
-    meta = get_hf_file_metadata(url, token=token, endpoint=remote.endpoint())
+    meta = get_hf_file_metadata(url, token=token, endpoint=remote.endpoint(),
+                                timeout=hub_timeout.seconds())
     if not meta.etag:
         raise JobError(f"the hub gave no etag for {name}: cannot verify it")
     blobs = repo_dir / "blobs"
@@ -89,8 +93,7 @@ def _get(url: str, part: Path, size: int | None, headers: dict[str, Any], bar: t
         if have:
             ask["Range"] = f"bytes={have}-"
         try:
-            with get_session().stream("GET", url, headers=ask, follow_redirects=True,
-                                      timeout=60) as r:
+            with get_session().stream("GET", url, headers=ask, follow_redirects=True) as r:
                 if r.status_code >= 400:
                     r.read()
                     hf_raise_for_status(r)

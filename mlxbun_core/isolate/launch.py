@@ -31,7 +31,9 @@ log = logging.getLogger("mlxbun.isolate")
 # parent-only flags, plus the API key: children get it in their environment, where other
 # local users cannot read it (a command line is visible to everyone in ps)
 PARENT_ONLY = {"isolate", "model_pool", "host", "port", "unix", "model", "query", "positional",
-               "help", "api_key", "keep_alive", "pins", "allow_models"}
+               "help", "api_key", "keep_alive", "pins", "allow_models", "cors",
+               # the connection guard is the parent's: children answer only it, on a socket
+               "max_connections", "idle_timeout", "header_timeout", "body_min_rate"}
 
 
 def engine_argv(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
@@ -121,6 +123,7 @@ def run_parent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     import uvicorn
 
     from ..kvquant import parse as parse_kv_quant
+    from ..server.connections import limits_from_args, uvicorn_settings
     from .drain import ParentServer
     from .parent import ParentApp
 
@@ -149,8 +152,12 @@ def run_parent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     print(f"mlxbun: isolated serving of {spec.id} · engine pool of {pool.cap} · "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     kv_bits = parse_kv_quant(getattr(args, "kv_quant", None)).bits
-    app = ParentApp(pool, library, api_key=args.api_key, kv_bits=kv_bits, policy=policy)
+    from ..server.origin import CorsRules
+
+    cors = CorsRules.from_values(args.cors or ())  # checked by startup.preflight already
+    app = ParentApp(pool, library, api_key=args.api_key, kv_bits=kv_bits, policy=policy,
+                    cors=cors)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                            lifespan="on")
+                            lifespan="on", **uvicorn_settings(limits_from_args(args)))
     ParentServer(config, app).run()
     return app.exit_status

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import json
 import logging
 import os
 import signal
@@ -32,7 +31,9 @@ from ..library.listing import with_states
 from ..library.report import fit_report, library_row
 from ..metrics.isolate import ParentMetrics, route_of
 from ..models.paths import mlxbun_home
-from ..server.body import parse_body
+from ..server.access_log import RecordingSend, log_answer
+from ..server.body import JsonContentTypeError, check_content_type, parse_body
+from ..server.origin import CorsRules
 from . import access, hub_serve
 from .child import MAX_RESTARTS, REFUSED, EngineUnavailable
 from .drain import send_json
@@ -56,10 +57,12 @@ NO_CHAT = ("The web chat needs a server started without --isolate (its sessions 
 
 class ParentApp:
     def __init__(self, pool: EnginePool, library: LibraryCache, api_key: str | None = None,
-                 kv_bits: int | None = None, policy: PoolPolicy | None = None):
+                 kv_bits: int | None = None, policy: PoolPolicy | None = None,
+                 cors: CorsRules | None = None):
         self.pool, self.library = pool, library
         self.policy = policy or PoolPolicy()
         self.api_key = api_key
+        self.rules = access.rules(api_key, cors)  # the serve guard's, on the forwarded path
         self.kv_bits = kv_bits  # the engines' --kv-quant, billed by /fit while they are down
         self.responses = ParentResponses()
         self.started_at = int(time.time())
@@ -74,24 +77,27 @@ class ParentApp:
         if scope["type"] == "lifespan":
             return await self._lifespan(receive, send)
         if scope["type"] == "websocket":  # web chat needs a non-isolated server
-            return await self._refuse_websocket(scope, send)
-        status = _StatusOf(send)
+            return await access.refuse_websocket(scope, send, self.rules, NO_CHAT)
+        status, started = RecordingSend(send), time.perf_counter()
         try:
             await self._http(scope, receive, status)
         except BaseException:
             status.failed()
             raise
         finally:
-            if not scope.get(PROXIED):  # an engine counts what it answered itself
+            if not scope.get(PROXIED):  # an engine counts (and logs) what it answered itself
                 self.metrics.count(route_of(scope["path"], LOCAL_ROUTES), scope["method"],
                                    status.code)
+                log_answer(scope["method"], scope["path"], status.code, status.body, started)
 
     async def _http(self, scope, receive, send):
-        denied = access.check(scope, self.api_key)
-        if denied is not None:
-            return await send_json(send, *denied)
-        path, method = scope["path"], scope["method"]
-        local = self._local(path, method)
+        key = access.prepare(scope)  # the path as forwarded, read as the engine's router reads it
+        answer = access.check(scope, key, self.rules)
+        if answer is not None:
+            return await access.send_answer(send, scope, key, answer, self.rules)
+        send = access.with_cors(send, scope, key, self.rules)
+        method = scope["method"]
+        local = self._local(key, method)
         if local is not None:
             return await local(scope, send)
         body = await self._body(receive)
@@ -102,42 +108,41 @@ class ParentApp:
                 "message": f"request body over {MAX_BODY_BYTES} bytes",
                 "type": "invalid_request_error"}})
         # the pool is the parent's: it adds the model itself
-        if path == "/api/hub/serve" and method == "POST" and (spec := await _pool_target(
-                self.pool, self.library, body)) is not None:
+        if key == "/api/hub/serve" and method == "POST" and (spec := await _pool_target(
+                self.pool, self.library, scope, body)) is not None:
             return await send_json(send, 200, hub_serve.serve(self.pool, spec))
-        await self._proxy(scope, body, receive, send)
-
-    async def _refuse_websocket(self, scope, send):
-        """501 where the server can answer an upgrade with HTTP; else close the socket."""
-        if "websocket.http.response" not in scope.get("extensions", {}):
-            return await send({"type": "websocket.close", "code": 1011})
-        body = json.dumps({"error": {"message": NO_CHAT, "type": "not_implemented"}})
-        await send({"type": "websocket.http.response.start", "status": 501,
-                    "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "websocket.http.response.body", "body": body.encode()})
+        await self._proxy(scope, key, body, receive, send)
 
     # ---------------------------------------------------------------- local routes
-    def _local(self, path: str, method: str):
-        if path.startswith("/admin/"):
+    def _local(self, key: str, method: str):
+        """The parent's own handler for ``key`` (the route key), or None: proxy it."""
+        if key.startswith("/admin/"):
             return lambda scope, send: send_json(send, 404, {"error": {"message": "not found"}})
-        if path == "/ws/chat":
+        if key == "/ws/chat":
             return lambda scope, send: send_json(send, 501, {"error": {
                 "message": NO_CHAT, "type": "not_implemented"}})
         if method not in ("GET", "HEAD", "DELETE"):
             return None
-        if path.startswith("/v1/responses/") and method in ("GET", "DELETE"):
-            rid = path[len("/v1/responses/"):]
-            return lambda scope, send: self.responses.answer(method, rid, send)
+        if key.startswith("/v1/responses/") and method in ("GET", "DELETE"):
+            return lambda scope, send: self.responses.answer(
+                method, _tail(scope["path"], "/v1/responses/"), send)
         if method == "DELETE":
             return None
         return {"/health": self.health, "/engine": self.engine, "/v1": self.index,
                 "/v1/models": self.models, "/library": self.get_library, "/fit": self.fit,
-                "/metrics": self.get_metrics}.get(path) or (
-                    self.model_by_id if path.startswith("/v1/models/") else None)
+                "/metrics": self.get_metrics}.get(key) or (
+                    self.model_by_id if key.startswith("/v1/models/") else None)
 
     async def health(self, scope, send):
         if self.draining:  # as the in-process server: load balancers stop sending
             return await send_json(send, 503, {"status": "draining"})
+        first = self.pool.first
+        if first is None or not first.was_ready:  # the default engine has not answered yet
+            state = first.state if first is not None else "new"
+            if state != "failed":
+                return await send_json(send, 503, {"status": "loading"})
+            return await send_json(send, 503, {"status": "unavailable", "reason":
+                                               f"engine {first.model_id} failed to start"})
         d = self.pool.default_engine()
         problem = await d.problem() if d is not None else None
         if problem is not None:  # the engine's device failed: it restarts, or cannot
@@ -206,7 +211,7 @@ class ParentApp:
         await send_json(send, 200, {"object": "list", "data": await self._rows()})
 
     async def model_by_id(self, scope, send):
-        wanted = scope["path"][len("/v1/models/"):]
+        wanted = _tail(scope["path"], "/v1/models/")
         row = next((r for r in await self._rows() if r["id"] == wanted), None)
         if row is None:  # as server/meta.py answers it
             return await send_json(send, 404, {"error": {
@@ -235,7 +240,7 @@ class ParentApp:
         down, the same plan from the checkpoint's headers and the machine it reported."""
         d, path = self.pool.default_engine(), self._served_path()
         if path is None or (d is not None and d.state == "ready"):
-            return await self._proxy(scope, b"", None, send)
+            return await self._proxy(scope, "/fit", b"", None, send)
         ctx = _ctx(scope.get("query_string", b""))
         if ctx == -1:
             return await send_json(send, 400, {"error": {
@@ -269,8 +274,8 @@ class ParentApp:
             if not msg.get("more_body"):
                 return b"".join(chunks)
 
-    async def _proxy(self, scope, body: bytes, receive, send):
-        path, method = scope["path"], scope["method"]
+    async def _proxy(self, scope, key: str, body: bytes, receive, send):
+        path, method = key, scope["method"]
         spec, turn, keep_alive = self.pool.default, None, None
         if method == "POST" and path in ROUTED:
             if self.draining:
@@ -348,23 +353,6 @@ class _Gone(enum.Enum):
 _GONE = _Gone.GONE
 
 
-class _StatusOf:
-    """An ASGI ``send`` that remembers the status it started the response with (499: the
-    client left before any answer; 500: the app failed before one)."""
-
-    def __init__(self, send):
-        self.send, self.code, self.started = send, 499, False
-
-    async def __call__(self, message):
-        if message["type"] == "http.response.start":
-            self.code, self.started = message["status"], True
-        await self.send(message)
-
-    def failed(self) -> None:
-        if not self.started:
-            self.code = 500
-
-
 def _shaped(body: dict, path: str) -> dict:
     """An OpenAI-shaped error body in the Anthropic shape for /v1/messages."""
     if path.startswith("/v1/messages"):
@@ -376,12 +364,19 @@ async def _never_disconnects():
     await asyncio.Event().wait()
 
 
-async def _pool_target(pool: EnginePool, library: LibraryCache, body: bytes):
+async def _pool_target(pool: EnginePool, library: LibraryCache, scope, body: bytes):
     try:
+        check_content_type(dict(scope["headers"]).get(b"content-type"), len(body))
         parsed = parse_body(body)
-    except APIError:
-        return None  # the engine's own parser answers the 400
+    except (APIError, JsonContentTypeError):
+        return None  # the engine's own parser answers the 400 (415)
     return await hub_serve.wanted_fresh(pool, library, parsed)
+
+
+def _tail(path: str, prefix: str) -> str:
+    """What follows ``prefix`` in ``path`` (matched in any letter case, as the router
+    does), its own letters kept: an id."""
+    return path[len(prefix):]
 
 
 def _ctx(query: bytes) -> int | None:

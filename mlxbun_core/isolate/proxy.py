@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 
 from ..errors import RESTARTING_HEADER
+from .access import forwarded
 from .child import EngineProcess
 from .drain import send_json
 
@@ -92,11 +93,11 @@ async def _race(work: Awaitable, disconnect: Disconnect):
 
 def _request(engine: EngineProcess, scope, body: bytes) -> httpx.Request:
     headers = [(k, v) for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP]
-    target = scope.get("raw_path") or scope["path"].encode()
-    if scope.get("query_string"):
-        target += b"?" + scope["query_string"]
-    return engine.client.build_request(scope["method"], target.decode("latin-1"),
-                                       headers=headers, content=body)
+    # the path the guard checked (access.prepare), sent as it is: an absolute URL, so
+    # httpx never reads a leading //x as a host
+    target = forwarded(scope.get("raw_path") or scope["path"].encode(),
+                       scope.get("query_string") or b"")
+    return engine.client.build_request(scope["method"], target, headers=headers, content=body)
 
 
 async def forward(engine: EngineProcess, scope, body: bytes, receive, send,

@@ -22,9 +22,12 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from ..sqlitefile import opened
 
 TERMINAL = ("done", "failed", "zombie")
 JOB_LOG_BYTES = 256 << 10
@@ -56,15 +59,11 @@ def iso(ts: float | None = None) -> str:
 class JobStore:
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._db() as db:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.executescript(_SCHEMA)
+        with opened(self.path, pragmas=("journal_mode=WAL",), schema=_SCHEMA, autocommit=True):
+            pass
 
-    def _db(self) -> _Closing:
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        db.row_factory = sqlite3.Row
-        return _Closing(db)
+    def _db(self) -> AbstractContextManager[sqlite3.Connection]:
+        return opened(self.path, timeout=30, autocommit=True, rows=True)
 
     # -- rows ----------------------------------------------------------------------
     def create(self, kind: str, config: dict, *, output_path: str | None = None,
@@ -169,6 +168,18 @@ class JobStore:
                         "finished (server restart or crash)")
         return gone
 
+    def delete(self, job_id: str) -> bool:
+        """Forget a job that has ended (its row and events); False when there is no such
+        job or it has not ended: a running job is cancelled, never deleted."""
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            cur = db.execute(f"DELETE FROM jobs WHERE id = ? AND status IN {TERMINAL}",
+                             (job_id,))
+            if cur.rowcount:
+                db.execute("DELETE FROM events WHERE job_id = ?", (job_id,))
+            db.execute("COMMIT")
+        return cur.rowcount > 0
+
     def prune(self) -> None:
         with self._db() as db:
             old = db.execute(f"SELECT id FROM jobs WHERE status IN {TERMINAL} "
@@ -188,19 +199,6 @@ class JobStore:
                 total -= r["event_bytes"]
                 if total <= TOTAL_EVENT_BYTES:
                     return
-
-
-class _Closing:
-    """A connection as a context manager that closes (sqlite3's own only commits)."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self.db = db
-
-    def __enter__(self) -> sqlite3.Connection:
-        return self.db
-
-    def __exit__(self, *exc: object) -> None:
-        self.db.close()
 
 
 def _admit(kind: str | None, size: int, event_bytes: int,

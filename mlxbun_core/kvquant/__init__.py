@@ -1,31 +1,28 @@
 """KV-cache quantization schemes: ``off`` (the model's dtype), or uniform affine 4/8 bits.
 
-The uniform scheme is mlx-lm's own ``kv_bits`` scheme: group 64 along the head
+The uniform scheme is mlx-lm's own ``kv_bits`` scheme: groups of 64 along the head
 dimension, a scale and a bias per group in the activation dtype, converted the way
 ``generate_step(..., kv_bits=b, quantized_kv_start=0)`` converts (after every forward
 pass, every plain ``KVCache`` becomes a ``QuantizedKVCache``; the first pass of a fresh
 cache therefore attends in full precision). So greedy output equals mlx-lm's token for
 token. The server always uses start 0 (mlx-lm's library default of 5000 does not apply): a
-request's KV is quantized once its first prompt chunk has run. One departure, in batches: a
-row whose first chunk runs in one batched pass with rows already quantized (a prefix hit, a
-lone stream joining, a long prompt mid-prefill) is quantized from its first token, since a
-batch cache is quantized or not as a whole.
+request's KV is quantized once its first prompt chunk has run.
 
 What mlx-lm cannot quantize stays in the activation dtype: sliding-window layers
 (``RotatingKVCache``), latent/MLA and other composite caches, recurrent state, and
-layers whose head dimension is not a multiple of the group. The config says which
-layers those are (:func:`mlxbun_core.library.fit.kv_layout`), so ``/fit``, admission,
-``/stats`` and one start-up warning agree.
+layers whose head dimension is not a multiple of the group (:func:`quantizable`). The
+config says which layers those are (:func:`mlxbun_core.library.fit.kv_layout`), so
+``/fit``, admission, ``/stats`` and one start-up warning agree.
 
-The lanes quantize through :class:`QuantizingModel`, a model wrapper that converts the
-cache list after every call: mlx-lm's ``generate_step``, ``BatchGenerator`` and our solo
-loop then need no change. Batched rows use :class:`~.batch.BatchQuantizedKVCache`,
-which mlx-lm lacks.
+Single sequences (the serial lane, the batch lane's lone stream) quantize through
+:class:`QuantizingModel`, a model wrapper that converts the cache list after every call:
+mlx-lm's ``generate_step`` and our solo loop then need no change. Batched rows keep
+quantized blocks in the engine's own block pool (``engine/batch/quantized.py``), under
+the same rules.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +33,7 @@ GROUP_SIZE = 64  # mlx-lm's default kv_group_size
 CHOICES = ("off", "4", "8")
 
 __all__ = ["KVScheme", "OFF", "GROUP_SIZE", "CHOICES", "parse", "describe", "startup_warning",
-           "quantize", "QuantizingModel", "quantizing", "for_batch"]
+           "quantizable", "quantize", "QuantizingModel", "quantizing"]
 
 
 @dataclass(frozen=True)
@@ -55,10 +52,10 @@ class KVScheme:
         """The prefix-cache namespace part: quantized and unquantized KV never mix."""
         return f"kv:affine{self.bits}:g{self.group_size}" if self.bits else "kv:native"
 
-    @property
-    def mode(self) -> str:
-        """``/stats`` ``kv_quant.mode``."""
-        return f"uniform-kv{self.bits}" if self.bits else "bf16"
+    def mode(self, dtype: str = "bfloat16") -> str:
+        """``/stats`` ``kv_quant.mode`` and ``/fit`` ``kv_quant``: the scheme, or for an
+        unquantized cache ``dtype``, the activation dtype it holds (float32 on a CPU)."""
+        return f"uniform-kv{self.bits}" if self.bits else dtype
 
     @property
     def flag(self) -> str:
@@ -81,25 +78,26 @@ def parse(value: Any) -> KVScheme:
     if value is None or isinstance(value, KVScheme):
         return value or OFF
     text = str(value).strip().lower()
-    if text in ("off", "none", "bf16", "0", ""):
+    if text in ("off", "none", "bf16", "0", ""):  # "bf16": the older name of off
         return OFF
     if text in ("4", "8"):
         return KVScheme(int(text))
     raise ValueError(f"--kv-quant must be one of {', '.join(CHOICES)} (got {value!r})")
 
 
-def describe(scheme: KVScheme, layout) -> dict:
+def describe(scheme: KVScheme, layout, dtype: str = "bfloat16") -> dict:
     """``/stats`` ``kv_quant``: the scheme and what each layer holds, from the fit layout
-    (a :class:`~mlxbun_core.library.fit.KVLayout` billed under ``scheme``)."""
+    (a :class:`~mlxbun_core.library.fit.KVLayout` billed under ``scheme``); layers left
+    unquantized are counted under their ``dtype``."""
     kinds = layout.layers
     full, sliding = kinds.get("full", 0), kinds.get("sliding", 0)
     quantized = layout.quantized_layers if scheme.bits else 0
     layers = {f"kv{scheme.bits}": quantized} if scheme.bits else {}
-    layers["bf16"] = full + sliding - quantized
+    layers[dtype] = full + sliding - quantized
     for kind, label in (("linear", "recurrent"), ("shared", "kv_shared")):
         if kinds.get(kind):
             layers[label] = kinds[kind]
-    return {"mode": scheme.mode, "bits": scheme.bits,
+    return {"mode": scheme.mode(dtype), "bits": scheme.bits,
             "group_size": scheme.group_size if scheme.bits else None,
             "quantized_kv_start": 0 if scheme.bits else None,
             "layers": layers, "attention": {"global": full, "sliding_window": sliding}}
@@ -136,21 +134,9 @@ def _once(key, msg: str, *args) -> None:
         log.info(msg, *args)
 
 
-@functools.lru_cache(maxsize=1)
-def _plain_types() -> frozenset:
-    """The cache classes a scheme converts: plain full-attention KV, single or batched."""
-    from mlx_lm.models.cache import BatchKVCache, KVCache
-
-    from .batch import PlainRowKVCache
-
-    return frozenset((KVCache, BatchKVCache, PlainRowKVCache))
-
-
-def _convertible(c, group: int) -> bool:
-    """A plain full-attention cache with content whose head dims divide into groups."""
-    if c.keys is None:
-        return False
-    dims = (c.keys.shape[-1], c.values.shape[-1])
+def quantizable(dims: tuple[int, ...], group: int) -> bool:
+    """Whether KV with head dimensions ``dims`` (keys, values) divides into groups of
+    ``group`` (mlx-lm's ``to_quantized`` would fail on the rest: those keep their dtype)."""
     if any(d % group for d in dims):
         _once(("dims",) + dims, "KV head dims %s are not multiples of the quantization "
               "group %d: those layers keep their dtype", dims, group)
@@ -159,19 +145,17 @@ def _convertible(c, group: int) -> bool:
 
 
 def quantize(cache: list, scheme: KVScheme) -> list:
-    """Convert, in place, every entry of ``cache`` that the scheme can quantize (mlx-lm's
-    ``maybe_quantize_kv_cache`` at start 0, minus what it cannot convert); returns it."""
+    """Convert, in place, every entry of a single sequence's ``cache`` that the scheme can
+    quantize (mlx-lm's ``maybe_quantize_kv_cache`` at start 0, minus what it cannot
+    convert); returns it."""
     if not scheme.bits or not cache:
         return cache
-    plain = _plain_types()
-    for i, c in enumerate(cache):  # once converted, a type check per layer and call
-        if type(c) in plain and _convertible(c, scheme.group_size):
-            from .batch import BatchQuantizedKVCache, to_quantized
+    from mlx_lm.models.cache import KVCache
 
-            if hasattr(c, "left_padding"):
-                cache[i] = BatchQuantizedKVCache.from_plain(c, scheme.group_size, scheme.bits)
-            else:
-                cache[i] = to_quantized(c, scheme.group_size, scheme.bits)
+    for i, c in enumerate(cache):  # once converted, a type check per layer and call
+        if type(c) is KVCache and c.keys is not None and quantizable(
+                (c.keys.shape[-1], c.values.shape[-1]), scheme.group_size):
+            cache[i] = c.to_quantized(group_size=scheme.group_size, bits=scheme.bits)
     return cache
 
 
@@ -200,19 +184,3 @@ class QuantizingModel:
 def quantizing(model, scheme: KVScheme):
     """``model`` itself when the scheme is off, else a :class:`QuantizingModel`."""
     return QuantizingModel(model, scheme) if scheme.bits else model
-
-
-def for_batch(cache: list | None, scheme: KVScheme, model=None) -> list | None:
-    """A row's cache ready for mlx-lm's ``BatchGenerator`` under ``scheme``: entries that
-    may meet quantized rows in a merge get a merge that handles both (a fresh row gets a
-    fresh cache from ``model``). Off: ``cache`` unchanged."""
-    if not scheme.bits:
-        return cache
-    from mlx_lm.models.cache import make_prompt_cache
-
-    from .batch import adopt
-
-    if cache is None:
-        cache = make_prompt_cache(model)
-    return [adopt(c) for c in cache]
-

@@ -64,10 +64,17 @@ def _compact_state(c) -> Any:
     if not isinstance(offset, int):
         return state
     if kind in (KVCache, QuantizedKVCache) or (
-            kind is RotatingKVCache and offset < c.max_size and c._idx == offset):
+            kind is RotatingKVCache and _unwrapped(state, offset)):
         cut = _cut(offset)
         return (cut(state[0]), cut(state[1]), *state[2:])
     return state
+
+
+def _unwrapped(state: tuple, offset: int) -> bool:
+    """Whether a rotating cache's ``state`` holds its positions in order from 0, nothing
+    past ``offset`` (it has not wrapped around its window yet: cutting is lossless)."""
+    _, _, _, _, max_size, idx = state  # keys, values, offset, keep, max_size, write index
+    return offset < max_size and idx == offset
 
 
 def encode(cache: list, *, private: bool = False) -> tuple[list, list, list]:

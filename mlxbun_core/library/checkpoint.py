@@ -13,14 +13,10 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..models.facts import text_config
+
 MAX_HEADER_BYTES = 64 << 20  # a header bigger than this is not a safetensors file we trust
 _EXPERT = re.compile(r"(?<!shared_)experts?\.|switch_mlp\.")
-
-
-def text_config(config: dict) -> dict:
-    """The language model's config: ``text_config`` of a multimodal checkpoint, else itself."""
-    inner = config.get("text_config")
-    return inner if isinstance(inner, dict) and inner else config
 
 
 def context_window(config: dict) -> int | None:

@@ -44,7 +44,8 @@ import logging
 import os
 from dataclasses import asdict, dataclass, field, replace
 
-from .checkpoint import context_window, text_config
+from ..models.facts import activation_bytes, activation_dtype, text_config
+from .checkpoint import context_window
 
 log = logging.getLogger("mlxbun.fit")
 
@@ -52,22 +53,10 @@ PREFILL_CHUNK = 2048  # mlx-lm's generate_step prefill step
 DECODE_EFFICIENCY = 0.8  # share of peak bandwidth a decode step achieves (peak tables only)
 NO_LIMIT_CONTEXT = 1 << 24  # search ceiling when the config names no context length
 
-DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
-               "float64": 8, "int8": 1, "uint8": 1}
-
 __all__ = ["KVLayout", "MemoryPlan", "Machine", "text_config", "activation_bytes",
+           "activation_dtype",
            "kv_element_bytes", "kv_layout", "quantizable", "kv_bytes_per_token", "plan",
            "machine", "predicted_decode_tps", "context_window", "BatchPlan", "batch_plan"]
-
-
-def activation_bytes(config: dict) -> int:
-    """Bytes per activation element, from the config's ``torch_dtype``/``dtype`` (default 2)."""
-    for c in (text_config(config), config):
-        for key in ("torch_dtype", "dtype"):
-            v = c.get(key)
-            if isinstance(v, str) and v.replace("torch.", "") in DTYPE_BYTES:
-                return DTYPE_BYTES[v.replace("torch.", "")]
-    return 2
 
 
 def kv_element_bytes(dtype_bytes: int = 2, bits: int | None = None, group_size: int = 64) -> float:

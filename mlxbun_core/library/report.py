@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..kvquant import KVScheme
 from . import checkpoint
-from .fit import DECODE_EFFICIENCY, Machine, plan, predicted_decode_tps
+from .fit import DECODE_EFFICIENCY, Machine, activation_dtype, plan, predicted_decode_tps
 
 TYPICAL_CONTEXT = 8192
 SKU_CONTEXT = 32768
@@ -46,7 +46,7 @@ def fit_report(config: dict, weights: checkpoint.Weights, machine: Machine, *,
                   predicted_decode_tps=predicted_decode_tps(active, p.kv_bytes,
                                                             machine.bandwidth_gbs))
     out = {"machine": machine.describe(), "context_tokens": at,
-           "kv_quant": KVScheme(kv_bits).mode,
+           "kv_quant": KVScheme(kv_bits).mode(activation_dtype(config)),
            "typical_context_tokens": typical,
            "typical_decode_tps": predicted_decode_tps(active, p.kv.bytes_at(typical),
                                                       machine.bandwidth_gbs),

@@ -14,9 +14,10 @@ import difflib
 import hashlib
 import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
+
+from ..sqlitefile import opened
 
 DEFAULT_MAX_BYTES = 64 << 20
 SCHEMA = """
@@ -34,18 +35,10 @@ class History:
     def __init__(self, path: Path, max_bytes: int = DEFAULT_MAX_BYTES):
         self.path, self.max_bytes = Path(path), max_bytes
 
-    @contextmanager
-    def _db(self) -> Iterator[sqlite3.Connection]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self.path, timeout=10)
-        try:
-            db.execute("PRAGMA journal_mode = WAL")  # readers never wait for a synthesis
-            db.execute("PRAGMA synchronous = NORMAL")
-            db.executescript(SCHEMA)
-            with db:
-                yield db
-        finally:
-            db.close()
+    def _db(self) -> AbstractContextManager[sqlite3.Connection]:
+        # WAL: readers never wait for a synthesis
+        return opened(self.path, pragmas=("journal_mode = WAL", "synchronous = NORMAL"),
+                      schema=SCHEMA)
 
     def record(self, article: str, content: str, subject: str) -> str | None:
         """Save ``content`` as the article's newest revision; its id (None: unchanged)."""

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
+from ..sqlitefile import opened
 from .articles import anchor_of, excerpt
 
 DEFAULT_MAX_BYTES = 128 << 20
@@ -58,19 +59,15 @@ class SearchIndex:
     def __init__(self, path: Path, max_bytes: int = DEFAULT_MAX_BYTES):
         self.path, self.max_bytes = Path(path), max_bytes
 
-    @contextmanager
-    def _db(self) -> Iterator[sqlite3.Connection]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self.path, timeout=10)
-        try:
-            page = db.execute("PRAGMA page_size").fetchone()[0]
-            db.execute(f"PRAGMA max_page_count = {max(16, self.max_bytes // page)}")
-            db.execute("PRAGMA synchronous = OFF")  # derived data: a crash means a reindex
-            db.executescript(SCHEMA)
-            with db:
-                yield db
-        finally:
-            db.close()
+    def _db(self) -> AbstractContextManager[sqlite3.Connection]:
+        # derived data, so no sync: a crash means a reindex
+        return opened(self.path, prepare=self._cap, pragmas=("synchronous = OFF",),
+                      schema=SCHEMA)
+
+    def _cap(self, db: sqlite3.Connection) -> None:
+        """The byte cap, in pages of this file."""
+        page = db.execute("PRAGMA page_size").fetchone()[0]
+        db.execute(f"PRAGMA max_page_count = {max(16, self.max_bytes // page)}")
 
     def put(self, doc: str, scope: str, text: str) -> bool:
         """(Re)index one document; False when the byte cap stopped it part way."""

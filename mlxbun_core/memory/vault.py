@@ -200,6 +200,9 @@ class Vault:
         self.index.put_many(docs, clear=True)
 
 
+NO_VAULT = "no memory vault yet"
+
+
 class NoVault(APIError):
     """No vault has been set up at the root yet."""
 
@@ -207,5 +210,5 @@ class NoVault(APIError):
     type = "not_found_error"
 
     def __init__(self, root: str):
-        super().__init__("no memory vault yet")
+        super().__init__(NO_VAULT)
         self.root = root

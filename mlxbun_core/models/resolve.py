@@ -150,6 +150,9 @@ def _hub(repo_id: str, home: Path, progress: bool) -> tuple[ResolvedModel | None
     if unreachable:  # offline: say so now, not after the client's retries
         return None, (f"not in the HF cache {cache}, and the hub {endpoint} cannot be reached "
                       f"({unreachable}; offline?)")
+    from . import hub_timeout
+
+    hub_timeout.install()  # a hub that accepts and never answers ends in an error, not a hang
     try:
         files = hf.list_repo_files(repo_id)
         if "config.json" in files:
@@ -240,7 +243,7 @@ def resolve_model(name: str | None, *, library: Library | None = None,
             f"model {name!r} not found: no local path {p.resolve()} exists, "
             "no local model matches, "
             f"and hub repo {name!r} is {why}. "
-            f"Fix: check the spelling, download it (`hf download {name}` while online), "
+            f"Fix: check the spelling, download it (`mlxbun download {name}` while online), "
             "or pass a local directory / .gguf path.")
     raise ModelNotFound(
         f"model {name!r} not found: no path {p.resolve()} exists and no local model id contains "

@@ -14,9 +14,10 @@ from .. import blas, metrics
 from ..errors import APIError
 from ..webchat.store import SessionStore
 from ..webchat.store import sessions_dir as default_sessions_dir
-from . import guard
+from . import access_log, guard
 from .common import allowed_methods, json_response, method_not_allowed, openai_error
 from .guard import GuardRules
+from .origin import CorsRules
 from .state import App, AppState
 
 if TYPE_CHECKING:
@@ -58,13 +59,15 @@ def error_shape(path: str) -> Callable[[APIError], Response]:
 
 
 def build_app(engine: Engine, *, api_key: str | None = None,
-              sessions_dir: Path | None = None) -> App:
+              sessions_dir: Path | None = None, cors: CorsRules | None = None) -> App:
     """The application serving ``engine``. ``sessions_dir``: where the web chat keeps
-    sessions (default: under our home)."""
-    state = AppState(engine=engine, guard=GuardRules(api_key=api_key),
+    sessions (default: under our home); ``cors``: the sites ``--cors`` trusts."""
+    rules = GuardRules(api_key=api_key, cors=cors or CorsRules())
+    state = AppState(engine=engine, guard=rules,
                      sessions=SessionStore(default_sessions_dir(sessions_dir)))
     app = App(state)
     guard.install(app, state.guard)
+    access_log.install(app)  # after every middleware: the outermost, so it sees refusals
     metrics.install(app, engine)  # GET /metrics; counts every route's answers
     state.stats_providers["blas"] = lambda: blas.state().describe()
     for modname in SURFACES:

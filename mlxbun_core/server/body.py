@@ -1,9 +1,10 @@
 """Reading a request's JSON body: every malformed body is a 4xx, never a crash.
 
 Checked before Python's recursive JSON decoder and everything after it sees the
-body: its size (413 past a byte cap, read no further), its nesting depth, UTF-8,
-strict JSON (no NaN/Infinity, no float overflowing to inf), an object at the top
-and no unpaired UTF-16 surrogate in any string.
+body: its size (413 past a byte cap, read no further), its content type (415 unless
+JSON: a ``text/plain`` or form POST is what a page of another site may send without a
+CORS preflight), its nesting depth, UTF-8, strict JSON (no NaN/Infinity, no float
+overflowing to inf), an object at the top and no unpaired UTF-16 surrogate in any string.
 """
 
 from __future__ import annotations
@@ -64,8 +65,34 @@ async def _read_capped(request: Request, limit: int) -> bytes:
             if len(data) > limit:  # chunked bodies declare no length
                 raise BodyTooLarge(limit)
     except MessageAborted:
-        raise BadRequest("the client disconnected while sending the body") from None
+        raise BadRequest(CLIENT_GONE) from None
     return bytes(data)
+
+
+CLIENT_GONE = "the client disconnected while sending the body"
+"""The 400 nobody receives: a body cut off (a client that left, or the connection guard
+closing a slow upload, which logs its own summary line)."""
+
+
+class JsonContentTypeError(APIError):
+    status = 415
+    type = "invalid_request_error"
+
+    def __init__(self, sent: bytes | None):
+        said = f"got {sent.decode('latin-1')!r}" if sent else "none was sent"
+        super().__init__(f"send the body as JSON with Content-Type: application/json ({said})",
+                         code="unsupported_media_type")
+
+
+_JSON_TYPE = re.compile(rb"\s*application/(?:[\w.-]+\+)?json\s*(?:;.*)?", re.I | re.S)
+
+
+def check_content_type(content_type: bytes | None, size: int) -> None:
+    """415 unless a body (``size`` bytes) comes as ``application/json`` or ``*/*+json``,
+    as the official SDKs, Claude Code, Codex and the web app send it. An empty body needs
+    none (``POST /admin/cache/flush`` from curl)."""
+    if size and (content_type is None or not _JSON_TYPE.fullmatch(content_type)):
+        raise JsonContentTypeError(content_type)
 
 
 def nesting_depth(raw: bytes) -> int:
@@ -121,5 +148,8 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 
 
 async def read_body(request: Request) -> dict[str, Any]:
-    """The request's JSON object; 413 past :func:`max_body_bytes`, 400 for anything malformed."""
-    return parse_body(await _read_capped(request, max_body_bytes()))
+    """The request's JSON object; 413 past :func:`max_body_bytes`, 415 for a body that is
+    not declared JSON, 400 for anything malformed."""
+    raw = await _read_capped(request, max_body_bytes())
+    check_content_type(request.get_first_header(b"content-type"), len(raw))
+    return parse_body(raw)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from blacksheep import Request, Response
 
 from ..engine.reply import Reply, gather
-from ..events import Admitted, Done, Event, Finish, KeepAlive, Usage
+from ..events import Done, Event, Finish, Usage
 from . import trace as tracing
 from .common import json_response, sse_response
 from .generation import FrameWriter, Run, admitted, collect
@@ -109,25 +109,15 @@ async def choice_frames(choices: Choices, writers: list[ChoiceFrames]) -> AsyncI
     # read to the end even after a failure: each generation's Done must be consumed
     # for the engine to count it finished
     async for index, ev in choices.events():
-        w = writers[index]
         if failed:
             continue
         if isinstance(ev, Done):
-            fin = ev.finish
-            if fin.failed:  # one failed choice ends the stream; the others are cancelled
+            if ev.finish.failed:  # one failed choice ends the stream; the others are cancelled
                 failed = True
                 choices.cancel()
-                out = w.failed(fin.error or "generation cancelled")
             else:
-                usages.append(fin.usage)
-                out = w.done(fin)
-        elif isinstance(ev, KeepAlive):
-            out = w.keepalive()
-        elif isinstance(ev, Admitted):
-            out = w.admitted(ev)
-        else:
-            out = w.event(ev)
-        for frame in out:
+                usages.append(ev.finish.usage)
+        for frame in writers[index].frames_of(ev):
             yield frame
     if len(writers) > 1 and len(usages) == len(writers):
         for frame in writers[0].summary(combined_usage(usages)):

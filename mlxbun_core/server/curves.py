@@ -6,8 +6,11 @@ next-token log-probs are binned over the designer's x-axis, so the page can draw
 distribution under the curve. /generate samples the same prompt with the drawn curve (the
 ``hlg.points`` sampler, :mod:`..engine.hlg`) or with the model's default recipe, so the two
 can be read side by side. Both run through the engine's worker (never interleaved with a
-serving step) and answer permissive CORS, as the spec says: the page may be opened from a
-file. Errors here are ``{"error": "message"}``, the designer's own shape.
+serving step). The spec gives both permissive CORS (``*``) so the page may be opened from a
+file; here they follow the guard like every route: the page served at /curves is
+same-origin, and ``--cors ORIGIN`` (``null`` for a page opened from a file) lets another
+page in (:mod:`.origin`). Errors here are ``{"error": "message"}``, the designer's own
+shape.
 """
 
 from __future__ import annotations
@@ -34,19 +37,11 @@ BINS = 80
 AXIS = (-20.0, 0.0)  # the designer's x-axis: log-probs below -20 land in the first bin
 SIGNAL_MAX_TOKENS = 4096  # one forward pass, no chunking: a long prompt is refused
 MAX_SAMPLES, MAX_NEW = 8, 256
-CORS = ((b"Access-Control-Allow-Origin", b"*"),
-        (b"Access-Control-Allow-Methods", b"POST, OPTIONS"),
-        (b"Access-Control-Allow-Headers", b"content-type, authorization"))
-PAGES = {"/curves": "/curves.html", "/curve-terrain": "/curve-terrain.html",
-         "/dag": "/dag.html"}
 assert AXIS[0] >= X_RANGE[0]
 
 
 def _answer(data: object, status: int = 200) -> Response:
-    resp = json_response(data, status)
-    for name, value in CORS:
-        resp.add_header(name, value)
-    return resp
+    return json_response(data, status)
 
 
 def _error(exc: Exception, what: str) -> Response:
@@ -154,9 +149,9 @@ def register(app: App, engine: Engine) -> None:
         return _answer(out)
 
     async def preflight(request: Request) -> Response:
+        """A plain OPTIONS; a browser's preflight is the guard's (it knows --cors)."""
         resp = Response(204, None, None)
-        for name, value in CORS:
-            resp.add_header(name, value)
+        resp.add_header(b"Allow", b"POST, OPTIONS")
         return resp
 
     for path, handler in (("/signal", signal), ("/generate", generate)):
@@ -168,10 +163,10 @@ def register(app: App, engine: Engine) -> None:
 def register_pages(app: App) -> None:
     """The designer and its two companion pages: static, ``no-store``, open without the
     key (the page asks for it when /signal wants one); 404 for a page not shipped."""
-    from .web import load_files
+    from .web import CURVE_PAGES, load_files
 
     files = load_files()
-    for route, name in PAGES.items():
+    for route, name in CURVE_PAGES.items():
         if name in files:
             app.router.add_get(route, _page(files[name]))
             app.state.guard.open_route(route)

@@ -109,24 +109,25 @@ class FrameWriter:
         """The in-stream error frame (the response is already 200)."""
         raise NotImplementedError
 
+    def frames_of(self, ev: Event) -> list[bytes]:
+        """The frames of one event: each kind to its method (a failed finish: the
+        in-stream error)."""
+        if isinstance(ev, Done):
+            fin = ev.finish
+            return self.failed(fin.error or "generation cancelled") if fin.failed \
+                else self.done(fin)
+        if isinstance(ev, KeepAlive):
+            return self.keepalive()
+        if isinstance(ev, Admitted):
+            return self.admitted(ev)
+        return self.event(ev)
+
 
 async def frames(gen: Generation, writer: FrameWriter) -> AsyncIterator[bytes]:
     for frame in writer.opening():
         yield frame
     async for ev in gen.events():
-        if isinstance(ev, Done):
-            fin = ev.finish
-            if fin.failed:
-                out = writer.failed(fin.error or "generation cancelled")
-            else:
-                out = writer.done(fin)
-        elif isinstance(ev, KeepAlive):
-            out = writer.keepalive()
-        elif isinstance(ev, Admitted):
-            out = writer.admitted(ev)
-        else:
-            out = writer.event(ev)
-        for frame in out:
+        for frame in writer.frames_of(ev):
             yield frame
 
 

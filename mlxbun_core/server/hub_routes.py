@@ -1,5 +1,5 @@
 """The Model Hub over HTTP: /api/hub/local|search|download|serve|delete, GET /downloads,
-and POST /api/jobs/<id>/cancel.
+DELETE /api/hub/downloads/<id> (dismiss a finished one) and POST /api/jobs/<id>/cancel.
 
 Thin wrappers over :mod:`mlxbun_core.hub`; downloads run as jobs in the hub's own
 queue (``app.state.hub_jobs``). Everything under ``/api/`` is an admin route (the
@@ -80,6 +80,12 @@ def register(app: App, engine: Engine) -> None:
         return json_response({"downloads": rows})
 
     @guarded(ok_error)
+    async def dismiss(request: Request) -> Response:
+        job_id = route_param(request, "job_id")
+        await asyncio.to_thread(hub_jobs.dismiss_download, job_id)
+        return json_response({"ok": True, "job_id": job_id, "dismissed": True})
+
+    @guarded(ok_error)
     async def serve(request: Request) -> Response:
         body = await read_body(request)
         model = body.get("model")
@@ -126,6 +132,7 @@ def register(app: App, engine: Engine) -> None:
     r.add_post("/api/hub/serve", serve)
     r.add_post("/api/hub/delete", delete)
     r.add_get("/downloads", downloads)
+    r.add_delete("/api/hub/downloads/{job_id}", dismiss)
     r.add_post("/api/jobs/{job_id}/cancel", cancel)
 
     records = []

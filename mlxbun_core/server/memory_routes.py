@@ -4,8 +4,10 @@ history, diff) and ``GET /v1/memory/synthesize`` (SSE).
 Thin wrappers over :mod:`mlxbun_core.memory`. Every route touches the filesystem, so all are
 admin routes (loopback only unless an API key is configured; ``/api/`` already is one,
 ``/v1/memory`` is marked here). Answers are ``{"ok": true, ...}`` or ``{"ok": false,
-"error": ...}`` with a 4xx for a client mistake; with no vault yet, ``{"ok": false,
-"enabled": false, "error": "no memory vault yet", "root": ...}``.
+"error": ...}`` with a 4xx for a client mistake. With no vault yet, the routes that read the
+whole vault (status, list, search) answer 200 ``{"ok": true, "enabled": false, "root": ...,
+"message": "no memory vault yet"}`` with empty results: a state the page shows, not an error;
+those about one article, and synthesis, answer 404 ``{"ok": false, "enabled": false, ...}``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from blacksheep import Request, Response
 
 from ..errors import APIError, BadRequest
 from ..memory.synthesis import Synthesis
-from ..memory.vault import NoVault, Vault, default_root
+from ..memory.vault import NO_VAULT, NoVault, Vault, default_root
 from ..webchat.memory import saved_conversations
 from .body import read_body
 from .common import json_response, sse_data, sse_response
@@ -100,13 +102,21 @@ class MemoryRoutes:
     def __init__(self, vault: Vault):
         self.vault = vault
 
+    def no_vault(self, **empty: Any) -> Json | None:
+        """The 200 answer of a route that reads the whole vault when there is none yet
+        (a state the Memory page shows, not an error), else None."""
+        if self.vault.exists:
+            return None
+        return {"enabled": False, "root": str(self.vault.root), "message": NO_VAULT, **empty}
+
     def status(self, request: Request, body: Json) -> Json:
-        self.vault.require()
-        return {"enabled": True, "status": self.vault.status()}
+        absent = self.no_vault(status=None)
+        return absent or {"enabled": True, "status": self.vault.status()}
 
     def listing(self, request: Request, body: Json) -> Json:
-        self.vault.require()
-        return {"articles": self.vault.article_names(), "reference": self.vault.reference_ids()}
+        absent = self.no_vault(articles=[], reference=[])
+        return absent or {"articles": self.vault.article_names(),
+                          "reference": self.vault.reference_ids()}
 
     def search(self, request: Request, body: Json) -> Json:
         query = _param(request, "q", required=True) or ""
@@ -114,8 +124,7 @@ class MemoryRoutes:
         if scope not in SCOPES:
             raise BadRequest(f"scope must be one of {', '.join(SCOPES)}")
         limit = _limit(request)
-        self.vault.require()
-        return self.vault.search(query, scope, limit)
+        return self.no_vault(summaries=[], hits=[]) or self.vault.search(query, scope, limit)
 
     def article(self, request: Request, body: Json) -> Json:
         name = _param(request, "name", required=True) or ""
@@ -156,8 +165,7 @@ GETS = {"status": "status", "list": "listing", "search": "search", "article": "a
 
 def register(app: App, engine: Engine) -> None:
     vault = Vault(default_root())
-    routes = MemoryRoutes(vault)
-    app.state.guard.admin_route("/v1/memory")
+    routes = MemoryRoutes(vault)  # /api/memory and /v1/memory: admin routes (guard.py)
 
     def handler(work: Callable[[Request, Json], Json], post: bool = False
                 ) -> Callable[[Request], Awaitable[Response]]:

@@ -57,4 +57,5 @@ def model_row(engine: Engine) -> dict[str, Any]:
             "video": caps["video"], "batch_mode": "batched" if engine.batch > 1 else "serial",
             "tools": tools, "structured_output": generate, "embeddings": caps["embeddings"],
             "adapters": generate, "training": generate, "capabilities": caps,
-            "gen_defaults": {k: d.get(k) for k in ("temperature", "top_p", "top_k")}}
+            "gen_defaults": {**{k: d.get(k) for k in ("temperature", "top_p", "top_k")},
+                             "max_tokens": engine.max_tokens}}  # the cap when a request names none

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from blacksheep import Application
 from blacksheep.server.routing import Router
@@ -26,6 +26,7 @@ from ..jobs.runner import Jobs
 from ..library.cache import LibraryCache
 from ..models.paths import mlxbun_home
 from ..webchat.store import SessionStore, sessions_dir
+from . import head
 from .guard import GuardRules
 from .response_store import ResponseStore
 
@@ -70,3 +71,11 @@ class App(Application):
     def __init__(self, state: AppState):
         super().__init__(router=Router())  # not BlackSheep's process-wide default router
         self.state = state
+
+    async def __call__(self, scope: head.Message, receive: head.Receive,
+                       send: head.Send) -> None:
+        """The ASGI entry: a HEAD runs as its GET, without the body (:mod:`.head`)."""
+        base = cast("head.ASGIApp", super().__call__)  # BlackSheep's own is unannotated
+        if head.is_head(scope):
+            return await head.as_get(base, scope, receive, send)
+        await base(scope, receive, send)

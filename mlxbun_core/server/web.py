@@ -39,6 +39,9 @@ TYPES = {".html": b"text/html; charset=utf-8", ".js": b"text/javascript; charset
          ".mjs": b"text/javascript; charset=utf-8", ".css": b"text/css; charset=utf-8",
          ".svg": b"image/svg+xml", ".webmanifest": b"application/manifest+json",
          ".txt": b"text/plain; charset=utf-8", ".json": b"application/json"}
+# the Curve Designer and its companions (served by .curves when shipped): route -> file
+CURVE_PAGES = {"/curves": "/curves.html", "/curve-terrain": "/curve-terrain.html",
+               "/dag": "/dag.html"}
 
 
 def load_files() -> dict[str, bytes]:

@@ -110,8 +110,7 @@ async def serve_connection(ws: WebSocket, agent: ChatAgent, outbox: Outbox) -> N
 
 
 def register(app: App, engine: Engine) -> None:
-    store = app.state.sessions
-    app.state.guard.admin_route(PATH)
+    store = app.state.sessions  # PATH is an admin route (guard.ADMIN_PREFIXES)
 
     async def upgrade_required(request: Request) -> Response:
         refusal = _unavailable(app)

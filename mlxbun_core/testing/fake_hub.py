@@ -321,3 +321,36 @@ def padding_safetensors(n: int) -> bytes:
     header = json.dumps({"pad": {"dtype": "U8", "shape": [n], "data_offsets": [0, n]}}).encode()
     header += b" " * (-len(header) % 8)
     return len(header).to_bytes(8, "little") + header + (bytes(range(256)) * (n // 256 + 1))[:n]
+
+
+@contextlib.contextmanager
+def silent_hub() -> Iterator[str]:
+    """A hub that accepts every connection and never answers (a stuck proxy, a captive
+    portal, a hung server); yields its URL for ``HF_ENDPOINT``. Connections stay open
+    until the block ends."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            held.append(conn)
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        listener.close()
+        for conn in held:
+            conn.close()
+        thread.join(timeout=5)

@@ -16,6 +16,9 @@ import pytest
 from .home import pytest_configure, pytest_sessionfinish, pytest_unconfigure  # noqa: F401
 from .server import start_server
 
+# the conformance suite's checks are asserts in a library module: show their values too
+pytest.register_assert_rewrite("mlxbun_core.testing.conformance")
+
 
 @pytest.fixture(scope="module")
 def srv(ckpt):

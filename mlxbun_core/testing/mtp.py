@@ -93,23 +93,25 @@ class BatchRun:
     ``rows``: ``(tick, prompt, budget, depth)`` each; the row arrives at the lane step
     ``tick`` (a prefill pass and a decode step each), generates ``budget`` tokens
     greedily and drafts ``depth`` tokens a step with the head (None: a plain row).
-    Prompts are read ``chunk`` tokens a pass."""
+    Prompts are read ``chunk`` tokens a pass; ``kv_bits``: the blocks' KV scheme."""
 
     def __init__(self, model: Any, predictor: Any, rows: list[tuple[int, list[int], int,
                                                                     int | None]],
-                 chunk: int = 7, block_size: int = 4):
+                 chunk: int = 7, block_size: int = 4, kv_bits: int | None = None):
         from types import SimpleNamespace
 
         from ..engine.batch import Batch, BlockPool
         from ..engine.batch.layout import layout
         from ..engine.speculate.mtp_batch import MtpBatch
+        from ..kvquant import KVScheme
 
         self.rows, self.chunk = rows, chunk
         self.mtp = MtpBatch(predictor)
         assert self.mtp.supported()
         slots = layout(model)
         assert slots is not None
-        self.batch = Batch(model, slots, BlockPool(block_size, 8, 1 << 20), tap=self.mtp)
+        self.batch = Batch(model, slots, BlockPool(block_size, 8, 1 << 20), tap=self.mtp,
+                           kv=KVScheme(kv_bits))
         self.out: list[list[int]] = [[] for _ in rows]
         self.usage = [SimpleNamespace(speculation=None) for _ in rows]
         self.steps = 0  # decode steps

@@ -37,21 +37,24 @@ class RunningServer:
 def start_server(model: str | Path | None = None, *, options: LoadOptions | None = None,
                  defaults: dict | None = None, max_tokens: int | None = None,
                  host: str = "127.0.0.1", api_key: str | None = None,
-                 sessions_dir=None, **engine_options) -> RunningServer:
+                 sessions_dir=None, limits=None, **engine_options) -> RunningServer:
     """Load ``model`` (path, repo id, .gguf or None for the default) and serve it on a free
     port. ``engine_options`` go to :class:`~mlxbun_core.engine.core.Engine` (``batch``,
-    ``prompt_cache_bytes``); ``sessions_dir`` is where the web chat keeps sessions."""
+    ``prompt_cache_bytes``); ``sessions_dir`` is where the web chat keeps sessions;
+    ``limits`` (a ``ConnectionLimits``) replaces ``mlxbun serve``'s connection defaults."""
     import uvicorn
 
     from ..engine.core import Engine
     from ..server.app import build_app
+    from ..server.connections import ConnectionLimits, uvicorn_settings
 
     engine = Engine.load(str(model) if model is not None else None, options or LoadOptions(),
                          progress=False, defaults=defaults, max_tokens=max_tokens,
                          **engine_options)
     port = free_port()
-    config = uvicorn.Config(build_app(engine, api_key=api_key, sessions_dir=sessions_dir),
-                            host=host, port=port, log_level="warning", lifespan="on")
+    app = build_app(engine, api_key=api_key, sessions_dir=sessions_dir)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
+                            **uvicorn_settings(limits or ConnectionLimits(), app))  # as `serve`
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

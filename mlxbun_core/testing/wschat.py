@@ -29,7 +29,19 @@ class ChatClient:
         self.ws.close()
 
     def send(self, kind: str, **fields) -> None:
-        self.ws.send(json.dumps({"type": kind, **fields}))
+        """Send a frame. An ``approval`` echoes its card's ``approvalToken`` (from the
+        frames read so far), as the page does, unless the call sets one itself."""
+        if kind == "approval" and "approvalToken" not in fields:
+            card = next((f for f in reversed(self.seen) if f.get("type") ==
+                         "tool_approval_request" and f.get("callId") == fields.get("callId")),
+                        None)
+            if card is not None:
+                fields["approvalToken"] = card.get("approvalToken")
+        self.send_frame({"type": kind, **fields})
+
+    def send_frame(self, frame) -> None:
+        """Send ``frame`` exactly as given (any JSON value)."""
+        self.ws.send(json.dumps(frame))
 
     def recv(self, timeout: float | None = None) -> dict:
         frame = json.loads(self.ws.recv(timeout=self.timeout if timeout is None else timeout))

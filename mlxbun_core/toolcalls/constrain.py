@@ -1,9 +1,11 @@
 """What a request's tools, tool choice and structured-output fields constrain decoding
 to, as one grammar plan.
 
-- ``required`` / a named function: the reply is one call (or several when
-  ``parallel_tool_calls`` allows) in the family's own markup, arguments following
-  the tool's schema; nothing else. So a forced call always parses into ``tool_calls``.
+- ``required``: the reply is one call (or several when ``parallel_tool_calls`` allows)
+  in the family's own markup, arguments following the tool's schema; nothing else. So a
+  forced call always parses into ``tool_calls``.
+- a named function: exactly one call of it, whatever ``parallel_tool_calls`` says; the
+  reply ends once that call is complete (a model pushed on would write another).
 - ``auto`` with a ``strict: true`` tool: free text, but once the model opens a call
   the call is grammar-checked.
 - ``auto`` with a JSON ``response_format`` (or ``structured_outputs``): the reply is
@@ -33,6 +35,8 @@ def plan_constraint(parser, tools: list | None, choice: ToolChoice, parallel: bo
                     content: GrammarRequest | None, tokenizer,
                     grammars=registry) -> GrammarPlan:
     """The grammar plan for a chat request (see the module docstring)."""
+    if choice.mode == "function":
+        parallel = False  # one named call, then the end: grammar and parser agree
     if parser is not None and not parallel and hasattr(parser, "max_calls"):
         parser.max_calls = 1
     if parser is not None and choice.forced and hasattr(parser, "unique"):

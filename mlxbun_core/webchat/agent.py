@@ -5,8 +5,8 @@ The transport hands client frames (dicts) to :meth:`ChatAgent.handle` and gives 
 agent a ``send`` coroutine for server frames. A frame ``{"type": T, ...}`` goes to the
 group's ``on_T``: settings and the page context (:mod:`.settings_frames`), sessions
 (:mod:`.session_frames`), turns (:mod:`.turn_frames`, which run :mod:`.turn`, whose
-tool rounds run :mod:`.apptools`). Client mistakes become ``error`` frames; the
-connection stays usable.
+tool rounds run :mod:`.apptools`), once :mod:`.frames` has checked its fields. Client
+mistakes become ``error`` frames; the connection stays usable.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..errors import APIError, BadRequest
+from . import frames
 from .coding.frames import CodingFrames
 from .conversation import Conversation, Send
 from .session_frames import SessionFrames
@@ -54,11 +55,12 @@ class ChatAgent:
         await self.turns.close()
 
     async def handle(self, frame: Any) -> None:
-        """Dispatch one client frame; client mistakes are answered with an error frame."""
+        """Dispatch one client frame once its fields are checked (:mod:`.frames`); client
+        mistakes are answered with an error frame."""
         kind = frame.get("type") if isinstance(frame, dict) else None
-        handler = self.handlers.get(kind) if isinstance(kind, str) else None
         send = self.conversation.send
         try:
+            handler = self.handlers.get(frames.check(frame))
             if handler is None:
                 raise BadRequest(f"unknown frame type {kind!r}")
             await handler(frame)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import httpx
 import pytest
 
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
@@ -36,9 +37,11 @@ def open_designer(page, server, samples: int = 2, max_tokens: int = 8) -> None:
 
 
 def generate(page, timeout: float = 30_000) -> list[str]:
-    page.evaluate("document.getElementById('samples-default').replaceChildren()")
+    """Generate both columns; wait for the page to say it is done; the curve's samples."""
+    page.evaluate("document.getElementById('curve-note').textContent = ''")
     page.click("#curve-generate")
-    page.wait_for_selector("#samples-default li", timeout=timeout)
+    page.wait_for_function("document.getElementById('curve-note').textContent.startsWith('Done')",
+                           timeout=timeout)
     return page.locator("#samples-curve li").all_inner_texts()
 
 
@@ -100,6 +103,45 @@ def test_phone_width_keyboard_and_labels(page, tiny):
         page.goto(tiny.base_url + path)
         assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
         assert page.evaluate(UNNAMED) == []
+    assert page.console.errors == []
+
+
+TERRAIN = """() => { const svg = document.getElementById('terrain');
+    const view = svg.getBoundingClientRect();
+    const inside = [...svg.querySelectorAll('text')].every(t => {
+        const b = t.getBoundingClientRect();
+        return b.left >= view.left && b.top >= view.top && b.right <= view.right
+            && b.bottom <= view.bottom; });
+    return {axes: [...svg.querySelectorAll('.axis-title')].map(t => t.textContent),
+            x: [...svg.querySelectorAll('.tick-x')].map(t => t.textContent),
+            y: [...svg.querySelectorAll('.tick-y')].map(t => t.textContent),
+            curves: [...svg.querySelectorAll('polyline.pivot')].map(l => l.getAttribute('stroke')),
+            legend: [...document.querySelectorAll('#terrain-legend li')].map(li => [
+                li.textContent.trim(), li.querySelector('.swatch')?.dataset.color ?? null]),
+            inside}; }"""
+
+
+@pytest.mark.parametrize("width", [1200, 390])
+def test_the_terrain_says_what_its_axes_and_lines_are(page, tiny, width):
+    """/curve-terrain: both axes titled and ticked, and a legend that names each line's
+    pivot in the line's own colour and says what the dashed diagonal is; all inside the
+    picture, on a phone too, and still there after a knob redraws the lines."""
+    page.set_viewport_size({"width": width, "height": 900})
+    page.goto(tiny.base_url + "/curve-terrain")
+    page.wait_for_selector("#terrain polyline")
+    for _ in range(2):
+        t = page.evaluate(TERRAIN)
+        assert t["axes"] == ["token log-prob, relative to the top token (nats)",
+                             "logit it is drawn with"]
+        assert t["x"] == ["-24", "-20", "-16", "-12", "-8", "-4", "0"]
+        assert t["y"] == ["-30", "-20", "-10", "0", "10"]
+        assert len(t["curves"]) == 7
+        assert t["legend"][:7] == [[f"pivot {p} nats", color]
+                                   for p, color in zip(range(0, 13, 2), t["curves"])]
+        assert t["legend"][7] == ["no change (y = x)", None]
+        assert t["inside"]
+        page.fill("#terrain-form [name=temperature]", "0.7")  # a redraw keeps all of it
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     assert page.console.errors == []
 
 
@@ -195,30 +237,72 @@ def test_the_chat_refuses_a_curve_that_goes_down(page, tiny):
     page.wait_for_selector("#curve-chip", state="hidden")
 
 
-def test_curves_screenshots(page, smollm2_path, tmp_path):
+@pytest.fixture(scope="module")
+def smol(smollm2_path, tmp_path_factory):
+    s = start_server(smollm2_path, sessions_dir=tmp_path_factory.mktemp("sessions"))
+    yield s
+    s.stop()
+
+
+# each change of a column: [the column, its samples, what the default column's status says]
+ARRIVALS = """() => { window.arrivals = [];
+    const said = document.getElementById('status-default');
+    for (const id of ['samples-curve', 'samples-default']) {
+        const list = document.getElementById(id);
+        new MutationObserver(() => window.arrivals.push([id, list.children.length,
+                                                         said?.textContent]))
+            .observe(list, {childList: true}); } }"""
+
+
+def test_the_default_column_fills_while_the_curve_samples(page, smol):
+    """The page's own defaults (3 samples of 40 tokens) on SmolLM2: seeded samples run one
+    at a time, so a column asked for after all of the other's waited for all of them (on a
+    busy CPU "Sampling…" with an empty default column for over 25 s). The columns take
+    turns, each shows its progress, and the samples are those the server's own ``n`` gives
+    (choice i with seed + i)."""
+    page.goto(smol.base_url + "/curves")
+    page.wait_for_selector("#curve-points circle")
+    page.evaluate(ARRIVALS)
+    page.click("#curve-generate")
+    page.wait_for_function("document.getElementById('curve-note').textContent.startsWith('Done')",
+                           timeout=240_000)
+    arrivals = [a[:2] for a in page.evaluate("window.arrivals") if a[1]]
+    assert arrivals == [["samples-curve", 1], ["samples-default", 1], ["samples-curve", 2],
+                        ["samples-default", 2], ["samples-curve", 3], ["samples-default", 3]]
+    said = [a[2] for a in page.evaluate("window.arrivals") if a[1]]
+    assert said[:2] == ["Sampling 1 of 3…", "Next: 2 of 3"]  # it said what it was doing
+    curve = page.locator("#samples-curve li").all_inner_texts()
+    default = page.locator("#samples-default li").all_inner_texts()
+    assert len(curve) == len(default) == 3 and all(t.strip() for t in curve + default)
+    assert page.inner_text("#status-curve") == page.inner_text("#status-default") == ""
+    assert page.is_enabled("#curve-generate") and page.is_hidden("#curve-error")
+    prompt = page.input_value("#curve-prompt")
+    whole = httpx.post(smol.base_url + "/generate", timeout=240, json={
+        "prompt": prompt, "n": 3, "max_tokens": 40, "seed": 0, "default": True}).json()
+    assert [s["text"] for s in whole["samples"]] == default
+    assert page.console.errors == []
+
+
+def test_curves_screenshots(page, smol, tmp_path):
     out = Path(os.environ.get("MLXBUN_SCREENSHOT_DIR") or tmp_path)
     out.mkdir(parents=True, exist_ok=True)
-    s = start_server(smollm2_path, sessions_dir=tmp_path / "sessions")
-    try:
-        for_docs = bool(os.environ.get("MLXBUN_SCREENSHOT_DIR"))  # long samples to show
-        open_designer(page, s, samples=2, max_tokens=20 if for_docs else 8)
-        page.click("#curve-signal")
-        page.wait_for_function("document.querySelectorAll('#curve-bins rect').length === 80")
-        page.click("[data-preset=sharpen]")
-        assert len(generate(page, timeout=240_000)) == 2
-        page.screenshot(path=str(out / "webapp-curves.png"), full_page=True)
-        page.fill("#curve-name", "sharpen")
-        page.click("#curve-use")  # and the chat that samples with it
-        page.wait_for_selector("#curve-chip:not([hidden])")
-        page.click("#settings-toggle")
-        page.fill("[name=max_tokens]", "40" if for_docs else "12")
-        page.click("#apply-session")
-        page.fill("#composer-input", "Write one sentence about the sea.")
-        page.keyboard.press("Enter")
-        assert last_answer(page, 1)
-        page.screenshot(path=str(out / "webapp-chat-curve.png"))
-    finally:
-        s.stop()
+    for_docs = bool(os.environ.get("MLXBUN_SCREENSHOT_DIR"))  # long samples to show
+    open_designer(page, smol, samples=2, max_tokens=20 if for_docs else 8)
+    page.click("#curve-signal")
+    page.wait_for_function("document.querySelectorAll('#curve-bins rect').length === 80")
+    page.click("[data-preset=sharpen]")
+    assert len(generate(page, timeout=240_000)) == 2
+    page.screenshot(path=str(out / "webapp-curves.png"), full_page=True)
+    page.fill("#curve-name", "sharpen")
+    page.click("#curve-use")  # and the chat that samples with it
+    page.wait_for_selector("#curve-chip:not([hidden])")
+    page.click("#settings-toggle")
+    page.fill("[name=max_tokens]", "40" if for_docs else "12")
+    page.click("#apply-session")
+    page.fill("#composer-input", "Write one sentence about the sea.")
+    page.keyboard.press("Enter")
+    assert last_answer(page, 1)
+    page.screenshot(path=str(out / "webapp-chat-curve.png"))
 
 
 @pytest.fixture(scope="module")

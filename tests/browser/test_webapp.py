@@ -219,6 +219,48 @@ def test_phone_width_keyboard_and_labels(page, quick):
     assert unnamed == []
 
 
+SYSTEM_BOX = """() => { const box = document.getElementById('system-prompt');
+    return {height: box.getBoundingClientRect().height, client: box.clientHeight,
+            content: box.scrollHeight, line: parseFloat(getComputedStyle(box).lineHeight),
+            placeholder: box.placeholder, value: box.value}; }"""
+
+
+@pytest.mark.parametrize("width,height", [(1440, 900), (1280, 800), (390, 844)])
+def test_the_system_prompt_box_shows_its_placeholder_whole(page, quick, width, height):
+    """Settings' system-prompt box keeps its three rows at desktop, laptop and phone sizes
+    (the panel scrolls instead of squeezing it), and its placeholder fits inside it."""
+    page.set_viewport_size({"width": width, "height": height})
+    open_app(page, quick)
+    page.click("#settings-toggle")
+    page.wait_for_selector("#settings:not([hidden])")
+    box = page.evaluate(SYSTEM_BOX)
+    assert box["value"] == "" and box["placeholder"] == "You are a helpful assistant."
+    assert box["height"] >= 3 * box["line"], box  # rows="3", not a sliver
+    assert box["content"] <= box["client"], box  # the placeholder is not cut
+    page.fill("#system-prompt", "Answer in French.\nKeep it short.")  # two lines fit too
+    assert page.evaluate(SYSTEM_BOX)["content"] <= page.evaluate(SYSTEM_BOX)["client"]
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    assert page.console.errors == []
+
+
+def test_the_status_models_table_fits_a_phone(page, quick):
+    """At 390 px each /v1/models row is a block: its id on a line of its own, each value
+    labelled on one line ("generic" was broken as "generi / c", "serving" as "servi / ng")."""
+    page.set_viewport_size({"width": 390, "height": 844})
+    open_app(page, quick, "#status")
+    page.wait_for_selector("#status-models tbody td")
+    cells = page.evaluate("""() => [...document.querySelectorAll('#status-models tbody td')]
+        .map(td => [td.textContent, getComputedStyle(td, '::before').content,
+                    Math.round(td.getBoundingClientRect().height
+                               / parseFloat(getComputedStyle(td).lineHeight))])""")
+    assert [c[0] for c in cells[:5]] == [quick.engine.model.id, "generic", "generic",
+                                         str(quick.engine.model.context_window), "serving"]
+    assert [c[1] for c in cells[1:5]] == ['"family "', '"plugin "', '"context "', '"state "']
+    assert all(lines == 1 for _, _, lines in cells), cells
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    assert page.console.errors == []
+
+
 PAGES = ["Chat", "Status", "Models", "Lab", "Memory", "Curves"]
 TOP_BAR = """() => { const nav = document.querySelector('.views').getBoundingClientRect();
     return {fits: document.documentElement.scrollWidth <= window.innerWidth,

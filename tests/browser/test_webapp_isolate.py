@@ -44,6 +44,13 @@ def isolated(tmp_path_factory):
         yield proc, base
 
 
+# how many times the page tells the reason (the flag it names): in its visible text and in
+# the placeholders and titles of its controls
+SAID = """() => { const texts = [document.body.innerText, ...[...document.querySelectorAll(
+    '[placeholder], [title]')].flatMap(el => [el.placeholder || '', el.title || ''])];
+    return texts.reduce((n, t) => n + t.split('--isolate').length - 1, 0); }"""
+
+
 def test_the_page_says_once_that_chat_needs_a_non_isolated_server(page, isolated):
     proc, base = isolated
     sockets = []
@@ -55,7 +62,15 @@ def test_the_page_says_once_that_chat_needs_a_non_isolated_server(page, isolated
     assert page.inner_text("#conn") == "chat unavailable"
     for control in ("#composer-input", "#send", "#attach", "#new-session", "#session-search"):
         assert page.is_disabled(control), control
-    assert "--isolate" in page.inner_text("#session-list")  # not an empty list
+    assert page.evaluate(SAID) == 1  # the banner alone gives the reason, not three places
+    assert page.inner_text("#session-list") == "No chats on this server."  # not a bare list
+    assert page.get_attribute("#composer-input", "placeholder") == "Chat unavailable"
+    assert page.locator(".empty-hint").count() == 0  # no "Ask anything" over a dead chat
+    page.set_viewport_size({"width": 390, "height": 844})  # on a phone, with the drawer open
+    page.click("#sidebar-toggle")
+    assert page.evaluate(SAID) == 1
+    page.keyboard.press("Escape")
+    page.set_viewport_size({"width": 1200, "height": 820})
     page.wait_for_timeout(2500)  # a retry loop (0.5 s, 1 s, 2 s backoff) would show by now
     assert page.is_visible("#error") and "--isolate" in page.inner_text("#error")  # it stays
     assert sockets == []

@@ -3,6 +3,7 @@ model, and the passes that run them (``executor.py``), on mlx-lm's public API on
 
 - ``pool.py``: block bookkeeping (free list, reference counts, block tables).
 - ``storage.py``: the blocks' keys and values per attention layer.
+- ``quantized.py``: quantized blocks under a KV scheme (``--kv-quant``).
 - ``view.py``: one forward pass as the layers see it (the cache protocol over blocks).
 - ``layout.py``: which layers page, and moving KV to and from mlx-lm's own caches.
 - ``states.py``: recurrent layers' state, batched by mlx-lm's own ``ArraysCache``.
@@ -11,6 +12,7 @@ model, and the passes that run them (``executor.py``), on mlx-lm's public API on
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from .executor import Batch
@@ -32,7 +34,7 @@ def pool_for(slots: list[Slot], admission: Admission | None, cached_bytes: int =
     without admission: tests)."""
     limit = NO_LIMIT
     if admission is not None:
-        per_block = max(1, int(admission.layout.bytes_per_token * BLOCK_SIZE))
+        per_block = max(1, math.ceil(admission.layout.bytes_per_token * BLOCK_SIZE))
         # every paged layer keeps every position here, sliding ones too: a rough bound
         limit = max(FIRST_BLOCKS, int(admission.kv_room + cached_bytes) // per_block + 64)
     return BlockPool(BLOCK_SIZE, FIRST_BLOCKS, limit)

@@ -89,7 +89,7 @@ def install() -> None:
         scale = kw.get("scale", args[0] if args else 1.0)
         return paged_attention(q, store, view, window, float(scale), use_kernel())
 
-    attention.mlxbun_paged = True  # type: ignore[attr-defined]
+    attention.mlxbun_paged = True  # type: ignore[attr-defined]  # marks our wrapper
     mx.fast.scaled_dot_product_attention = attention
 
 

@@ -19,6 +19,7 @@ from . import attention
 from .executor import Batch
 from .layout import copy_state
 from .pool import BlockPool
+from .storage import LayerStore
 from .view import PagedLayer
 
 log = logging.getLogger("mlxbun.engine")
@@ -64,7 +65,8 @@ def _same_both_ways(scratch: Batch) -> bool:
         view.direct = direct
         states = [copy_state(c) for c in scratch.states.caches]  # both passes start alike
         rec = iter(states)
-        caches = [next(rec) if store is None else PagedLayer(store, view, slot.window)
+        caches = [next(rec) if store is None else  # (no KV scheme here: plain stores)
+                  PagedLayer(cast(LayerStore, store), view, slot.window)
                   for slot, store in zip(scratch.layout.slots, scratch.layout.stores)
                   if not isinstance(store, list)]
         if len(caches) != len(scratch.layout.slots):

@@ -19,6 +19,10 @@ Rows added with ``tapped=True`` draft with the model's own multi-token-predictio
 which reads the target's hidden states: a pass carrying one runs through the batch's
 :class:`Tap` (the head's ``forward``: logits and states) and hands each such row its
 states (``speculate/mtp_batch.py``).
+
+Under a KV scheme (``--kv-quant``) full-attention layers keep quantized blocks
+(``quantized.py``); rows holding no KV yet attend as mlx-lm's first pass does, in a pass
+apart from rows holding some.
 """
 
 from __future__ import annotations
@@ -28,12 +32,14 @@ from typing import Any, cast
 
 import mlx.core as mx
 
+from ...kvquant import OFF, KVScheme
 from . import states as recurrent
 from .entry import BlockEntry, Shared
 from .layout import Layout, Slot, copy_state
 from .pool import BlockPool, BlockTable, OutOfBlocks
+from .quantized import layer_for
 from .rows import Drafts, Emit, Forcing, Row, Tap
-from .view import PagedLayer, Window
+from .view import Window
 from .windows import window_step
 
 Forward = Callable[[mx.array, list[Any]], mx.array]
@@ -43,14 +49,16 @@ Forward = Callable[[mx.array, list[Any]], mx.array]
 class Batch:
     """Rows of one model over ``pool``. ``before(uids)`` runs ahead of every forward
     pass with the rows it carries, in order (per-row adapter routing); ``tap`` reads the
-    hidden states of rows added with ``tapped=True``."""
+    hidden states of rows added with ``tapped=True``; ``kv``: the KV scheme the blocks
+    keep (``--kv-quant``)."""
 
     def __init__(self, model: Any, slots: list[Slot], pool: BlockPool,
                  before: Callable[[list[int]], None] | None = None,
-                 reclaim: Callable[[int], int] | None = None, tap: Tap | None = None):
+                 reclaim: Callable[[int], int] | None = None, tap: Tap | None = None,
+                 kv: KVScheme = OFF):
         self.model = model
         self.tap = tap
-        self.layout = Layout(slots, pool)
+        self.layout = Layout(slots, pool, kv)
         self.pool = pool
         self.before = before
         # frees blocks others hold (the prefix cache's entries) when the pool runs short
@@ -181,10 +189,9 @@ class Batch:
         feed = [r.todo[:n] for r, n in zip(rows, sizes)]
         inputs = mx.array([f + [0] * (width - len(f)) for f in feed], dtype=mx.uint32)
         self._reserve(rows, sizes)
-        view = Window([r.table for r in rows], sizes, width)
         merged = (recurrent.merged([r.states for r in rows], sizes)
                   if self.layout.recurrent else [])
-        _, hidden = self._pass(inputs, view, merged, rows)
+        _, hidden = self._pass(inputs, rows, sizes, merged, direct=False)
         if merged:
             for r, s in zip(rows, recurrent.split(merged, len(rows))):
                 r.states = s
@@ -218,8 +225,7 @@ class Batch:
         assert self._next is not None
         inputs, fed_logprobs = self._next, self._next_logprobs
         self._reserve(rows, [1] * len(rows))
-        view = self.window([r.table for r in rows], [1] * len(rows), 1)
-        logits, hidden = self._pass(inputs[:, None], view, self.states.caches, rows)
+        logits, hidden = self._pass(inputs[:, None], rows, [1] * len(rows), self.states.caches)
         logits = self._processed(rows, inputs, logits[:, -1, :])
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         sampled = _sample(logprobs, [r.sampler for r in rows])
@@ -250,18 +256,54 @@ class Batch:
     def _model_forward(self, inputs: mx.array, caches: list[Any]) -> mx.array:
         return cast(mx.array, self.model(inputs, cache=caches))
 
-    def _pass(self, inputs: mx.array, view: Window, states: list[Any],
-              rows: list[Row]) -> tuple[mx.array, mx.array | None]:
-        """One forward over ``rows``: logits, and hidden states when a row is tapped."""
-        caches = self._caches(view, states, [r.uid for r in rows])
-        out: tuple[mx.array, mx.array | None]
-        if self.tap is not None and any(r.tapped for r in rows):
-            out = self.tap.forward(inputs, caches)
+    def _pass(self, inputs: mx.array, rows: list[Row], valid: list[int], states: list[Any],
+              direct: bool = True) -> tuple[mx.array, mx.array | None]:
+        """One forward over ``rows`` fed ``inputs`` (``(rows, width)``, row ``r``'s first
+        ``valid[r]`` positions real; ``states`` their merged recurrent caches): logits,
+        and hidden states when a row is tapped (the tap then runs every row).
+        ``direct``: attention may read the blocks directly (when the batch runs it).
+
+        Under a KV scheme, rows holding no KV yet run apart from rows holding some (two
+        passes): mlx-lm attends over a fresh cache's first keys in full precision and
+        over quantized ones after that, and all rows of a pass attend one way."""
+        tapped = self.tap is not None and any(r.tapped for r in rows)
+        groups = self._fresh_apart(rows)
+        if groups is None:
+            out = self._forward(inputs, rows, valid, states, direct, tapped)
         else:
-            out = self.forward(inputs, caches), None
-        if self.fault is not None:
+            parts = [recurrent.pick(states, g) for g in groups]
+            outs = [self._forward(inputs[mx.array(g)], [rows[i] for i in g],
+                                  [valid[i] for i in g], part, direct, tapped)
+                    for g, part in zip(groups, parts)]
+            recurrent.put(states, groups, parts)
+            order = mx.array(recurrent.inverse(groups))
+            hidden = [o[1] for o in outs if o[1] is not None]
+            out = (mx.concatenate([o[0] for o in outs])[order],
+                   mx.concatenate(hidden)[order] if hidden else None)
+        if self.fault is not None:  # once a step, whether it ran as one pass or two
             self.fault()
         return out
+
+    def _forward(self, inputs: mx.array, rows: list[Row], valid: list[int],
+                 states: list[Any], direct: bool, tapped: bool
+                 ) -> tuple[mx.array, mx.array | None]:
+        """The model (or the tap, ``tapped``) over ``rows`` in one pass."""
+        tables, width = [r.table for r in rows], int(inputs.shape[1])
+        view = self.window(tables, valid, width) if direct else Window(tables, valid, width)
+        caches = self._caches(view, states, [r.uid for r in rows])
+        if tapped:
+            assert self.tap is not None
+            return self.tap.forward(inputs, caches)
+        return self.forward(inputs, caches), None
+
+    def _fresh_apart(self, rows: list[Row]) -> list[list[int]] | None:
+        """``[fresh, holding]`` row indices when a pass must split (see ``_pass``)."""
+        if not self.layout.quantized:
+            return None
+        fresh = [i for i, r in enumerate(rows) if not r.table.length]
+        if not fresh or len(fresh) == len(rows):
+            return None
+        return [fresh, [i for i, r in enumerate(rows) if r.table.length]]
 
     def _tap_prompt(self, rows: list[Row], sizes: list[int], hidden: mx.array) -> None:
         """Hand the tapped rows of a prefill pass their chunk's states, each with the
@@ -313,15 +355,16 @@ class Batch:
         from mlx_lm.models.cache import CacheList
 
         rec = iter(states)
+        # a pass whose rows all start empty attends as mlx-lm's first pass under a KV scheme
+        first = self.layout.quantized and not view.starts.any()
         return [next(rec) if store is None else
-                CacheList(*(PagedLayer(s, view) for s in store)) if isinstance(store, list)
-                else PagedLayer(store, view, slot.window)
+                CacheList(*(layer_for(s, view, None, first) for s in store))
+                if isinstance(store, list) else layer_for(store, view, slot.window, first)
                 for slot, store in zip(self.layout.slots, self.layout.stores)]
 
     def _arrays(self, states: list[Any]) -> list[Any]:
         """What a pass leaves to evaluate: the pool's arrays and the recurrent states."""
-        out: list[Any] = [a for s in self.layout.all_stores()
-                          for a in (s.keys, s.values) if a is not None]
+        out: list[Any] = [a for s in self.layout.all_stores() for a in s.arrays()]
         for c in states:
             out += [a for a in c.cache if a is not None]
         if self.tap is not None:

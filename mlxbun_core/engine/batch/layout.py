@@ -12,6 +12,10 @@ with any other cache kind is not batched here (:func:`layout` answers None).
 The prefix cache, the SSD tier and the lone stream hold mlx-lm caches; :meth:`Layout.load`
 writes one into a row's blocks and :meth:`Layout.export` reads a row's blocks back into
 fresh ones, through the cache classes' public constructors and attributes only.
+
+Under a KV scheme (``--kv-quant``) the layers mlx-lm quantizes (plain ``KVCache``) keep
+quantized blocks (``quantized.py``) and cross as mlx-lm's ``QuantizedKVCache``; the rest
+(sliding windows, ``CacheList`` parts) keep their dtype, as mlx-lm leaves them.
 """
 
 from __future__ import annotations
@@ -21,12 +25,16 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
+from ...kvquant import OFF, KVScheme
+from .quantized import QuantizedStore
 from .storage import LayerStore
 
 if TYPE_CHECKING:
     from .pool import BlockPool, BlockTable
 
 PAGED, RECURRENT = "paged", "recurrent"
+
+Store = LayerStore | QuantizedStore
 
 
 @dataclass(frozen=True)
@@ -67,19 +75,30 @@ def layout(model: Any) -> list[Slot] | None:
 
 
 class Layout:
-    """The pool's storage for every paged layer of one model."""
+    """The pool's storage for every paged layer of one model, quantized by ``kv``."""
 
-    def __init__(self, slots: list[Slot], pool: BlockPool):
+    def __init__(self, slots: list[Slot], pool: BlockPool, kv: KVScheme = OFF):
         self.slots, self.pool = slots, pool
         # a store per paged layer (a list of them for a CacheList), None for recurrent
-        self.stores: list[LayerStore | list[LayerStore] | None] = [
+        self.stores: list[Store | list[LayerStore] | None] = [
             None if s.kind != PAGED else
-            [LayerStore(pool) for _ in range(s.parts)] if s.parts else LayerStore(pool)
+            [LayerStore(pool) for _ in range(s.parts)] if s.parts else _store(s, pool, kv)
             for s in slots]
         self.recurrent = [i for i, s in enumerate(slots) if s.kind == RECURRENT]
 
-    def all_stores(self) -> list[LayerStore]:
-        out: list[LayerStore] = []
+    @property
+    def schemed(self) -> bool:
+        """Whether the layout was made under a KV scheme (some store may quantize)."""
+        return any(isinstance(s, QuantizedStore) for s in self.stores)
+
+    @property
+    def quantized(self) -> bool:
+        """Whether some layer keeps quantized blocks (or may: before its first write)."""
+        return any(isinstance(s, QuantizedStore) and s.quantized is not False
+                   for s in self.stores)
+
+    def all_stores(self) -> list[Store]:
+        out: list[Store] = []
         for s in self.stores:
             if isinstance(s, list):
                 out += s
@@ -147,9 +166,19 @@ class Layout:
         return out
 
 
-def _load_kv(store: LayerStore, c: Any, slot: Slot, table: BlockTable, slots: mx.array,
+def _store(slot: Slot, pool: BlockPool, kv: KVScheme) -> Store:
+    """A layer's store: quantized blocks where mlx-lm quantizes (plain full attention)."""
+    if kv.bits and slot.window is None:
+        return QuantizedStore(pool, kv.bits, kv.group_size)
+    return LayerStore(pool)
+
+
+def _load_kv(store: Store, c: Any, slot: Slot, table: BlockTable, slots: mx.array,
              length: int) -> None:
     """Write one layer's mlx-lm cache ``c`` into ``store`` at the table's slots."""
+    if isinstance(store, QuantizedStore):  # a KVCache or a QuantizedKVCache
+        store.write(slots, _first(c.keys, length), _first(c.values, length))
+        return
     k, v = _temporal_kv(c, slot)
     held = k.shape[2]  # a sliding window holds only its last positions
     if held < length:  # earlier positions stay unwritten: outside the window
@@ -159,10 +188,26 @@ def _load_kv(store: LayerStore, c: Any, slot: Slot, table: BlockTable, slots: mx
         store.write(slots, k[..., :length, :], v[..., :length, :])
 
 
-def _export_kv(store: LayerStore, slot: Slot, table: BlockTable) -> Any:
-    """One layer's blocks as a fresh mlx-lm cache of the layer's kind."""
-    from mlx_lm.models.cache import KVCache, RotatingKVCache
+def _first(a: Any, n: int) -> Any:
+    """The first ``n`` positions of a cache's keys or values (a quantized triple too,
+    which mlx-lm holds as a tuple or a list)."""
+    if isinstance(a, (tuple, list)):
+        return tuple(x[..., :n, :] for x in a)
+    return a[..., :n, :]
 
+
+def _export_kv(store: Store, slot: Slot, table: BlockTable) -> Any:
+    """One layer's blocks as a fresh mlx-lm cache of the layer's kind."""
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache
+
+    if isinstance(store, QuantizedStore):
+        if store.quantized is False:
+            return _export_kv(store.plain, slot, table)
+        if not table.length:  # nothing held: fresh, as mlx-lm's before its first pass
+            return KVCache()
+        qk, qv = store.export(table.blocks, table.length)
+        return QuantizedKVCache.from_state((qk, qv, table.length, store.group_size,
+                                            store.bits))
     k, v = store.export(table.blocks, table.length)
     if slot.window is None:
         c = KVCache()

@@ -78,3 +78,45 @@ def split(caches: list[Any], rows: int) -> list[list[Any]]:
     for c in caches:
         c.finalize()
     return [[c.extract(r) for c in caches] for r in range(rows)]
+
+
+def pick(caches: list[Any], rows: list[int]) -> list[Any]:
+    """The part of merged ``caches`` holding ``rows`` (indices), as caches of its own:
+    a pass over some of the rows (see ``Batch._pass``)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import ArraysCache
+
+    idx = mx.array(rows)
+
+    def part(a: Any) -> Any:
+        return None if a is None else a[idx]
+
+    out = []
+    for c in caches:
+        p = ArraysCache(len(c.cache))
+        arrays, left_padding, lengths = c.state
+        p.state = ([part(a) for a in arrays], part(left_padding), part(lengths))
+        out.append(p)
+    return out
+
+
+def put(caches: list[Any], groups: list[list[int]], parts: list[list[Any]]) -> None:
+    """Write the states of ``parts`` (from :func:`pick` of each of ``groups``, after a
+    pass) back into the merged ``caches``, in row order."""
+    import mlx.core as mx
+
+    order = mx.array(inverse(groups))
+    for j, c in enumerate(caches):
+        _, left_padding, lengths = c.state
+        arrays = [mx.concatenate([p[j].cache[e] for p in parts])[order]
+                  for e in range(len(c.cache))]
+        c.state = (arrays, left_padding, lengths)
+
+
+def inverse(groups: list[list[int]]) -> list[int]:
+    """Where each row lands in the groups laid end to end (undoes the grouping)."""
+    flat = [i for g in groups for i in g]
+    out = [0] * len(flat)
+    for at, i in enumerate(flat):
+        out[i] = at
+    return out

@@ -27,6 +27,10 @@ class LayerStore:
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
 
+    def arrays(self) -> list[mx.array]:
+        """The layer's arrays (none before the first write)."""
+        return [] if self.keys is None or self.values is None else [self.keys, self.values]
+
     @property
     def nbytes(self) -> int:
         if self.keys is None or self.values is None:

@@ -118,13 +118,12 @@ def _run(b: Batch, rows: list[Row], inputs: mx.array, valid: list[int]
     is written to the trash block and kept out of the recurrent states."""
     width = int(inputs.shape[1])
     b._reserve(rows, valid)
-    view = b.window([r.table for r in rows], valid, width)
     states = b.states.caches
     padded = any(v < width for v in valid)
     if padded:
         for c in states:
             c.prepare(lengths=valid)
-    logits, hidden = b._pass(inputs, view, states, rows)
+    logits, hidden = b._pass(inputs, rows, valid, states)
     if padded:
         for c in states:
             c.finalize()

@@ -74,8 +74,9 @@ class BatchLane(Admitting):
                  kv: kvquant.KVScheme = kvquant.OFF,
                  predictor: TokenPredictor | None = None,
                  governor: Governor | None = None) -> None:
-        self.kv = kv  # the KV scheme: every forward pass quantizes its cache after it runs
-        self.model = kvquant.quantizing(model, kv)
+        self.kv = kv  # the KV scheme: quantized blocks in the batch, a lone stream's
+        self.model = kvquant.quantizing(model, kv)  # cache quantized after every call
+        self._net = model  # the batch's own blocks quantize themselves
         self.adapters = adapters  # the engine's AdapterManager (None: no LoRA support)
         self._group = ""  # the adapter group of the running rows (AdapterManager.group)
         self.cap = cap
@@ -94,10 +95,11 @@ class BatchLane(Admitting):
         self.scheduler = Scheduler(pacer or PrefillPacer(), prefill_tokens)
         self.solo_prefill: int | None = None  # pins the lone job's chunk (tests)
         self.spec = BatchSpeculator()  # rows' prompt lookup (speculate/batch.py)
-        self.predictor = predictor
-        # rows drafting with the model's MTP head (speculate/mtp_batch.py)
-        self.mtp = MtpBatch(predictor) if predictor is not None else None
-        self._solo.predictor = predictor  # a lone MTP job drafts there (solo_mtp.py)
+        # rows drafting with the model's MTP head (speculate/mtp_batch.py); none under a KV
+        # scheme (the engine has such requests decode plainly, admission bills no head)
+        self.predictor = predictor if not kv.bits else None
+        self.mtp = MtpBatch(self.predictor) if self.predictor is not None else None
+        self._solo.predictor = self.predictor  # a lone MTP job drafts there (solo_mtp.py)
         # memory: the measured budget, preemption, waits and faults (pressure.py)
         self._init_relief(governor or Governor())
         self._solo.fault = self.governor.inject
@@ -106,11 +108,10 @@ class BatchLane(Admitting):
     def accepts(self, job: GenerationJob) -> bool:
         req = job.request
         # a draft, prompt embeddings, media, a seed (reproducible only alone), MTP
-        # speculation the batch cannot run, a KV scheme or a model whose caches cannot be
-        # paged take the serial lane
+        # speculation the batch cannot run or a model whose caches cannot be paged take the
+        # serial lane
         return (job.draft is None and req.input_embeddings is None and req.media is None
                 and req.sampling.seed is None and self._slots is not None
-                and self.kv is kvquant.OFF
                 and (not self._wants_mtp(job) or self._runs_mtp(job)))
 
     def _wants_mtp(self, job: GenerationJob) -> bool:
@@ -125,12 +126,16 @@ class BatchLane(Admitting):
         self._queue.append(job)
 
     def pool_stats(self) -> dict[str, Any] | None:
-        """The block pool's numbers (None before the batch's first row)."""
+        """``/stats`` ``batch.kv_blocks``: the block pool's numbers, the bytes its blocks
+        really take per token (quantized ones under ``--kv-quant``) and that flag's value;
+        None before the batch's first row."""
         b = self._batch
         if b is None:
             return None
-        return {**b.pool.stats(b.layout.bytes_per_block()), "swapped": 0,
-                "direct_attention": b.direct}
+        per_block = b.layout.bytes_per_block()
+        return {**b.pool.stats(per_block), "swapped": 0,
+                "bytes_per_token": per_block / b.pool.block_size,
+                "kv_quant": self.kv.flag, "direct_attention": b.direct}
 
     @property
     def pacer(self) -> PrefillPacer:
@@ -256,9 +261,9 @@ class BatchLane(Admitting):
             assert self._slots is not None  # (accepts)
             route = None if self.adapters is None else self._route_rows
             cached = self.prefix.max_bytes if self.prefix is not None else 0
-            self._batch = Batch(self.model, self._slots,
+            self._batch = Batch(self._net, self._slots,
                                 pool_for(self._slots, self.admission, cached),
-                                before=route, reclaim=self._reclaim, tap=self.mtp)
+                                before=route, reclaim=self._reclaim, tap=self.mtp, kv=self.kv)
             direct.probe(self._batch)  # attention straight over blocks, where the model allows
             self._batch.fault = self.governor.inject
             self._planned = self._batch.pool.limit

@@ -17,7 +17,7 @@ the lone stream keeps (``Layout.load``/``export``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..batch import BLOCK_SIZE, FIRST_BLOCKS, NO_LIMIT
 from ..batch.layout import PAGED, Layout, Slot
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     import mlx.core as mx
 
     from ...contract import TokenPredictor
+    from ..batch.storage import LayerStore
 
 
 def pageable(caches: list[Any]) -> bool:
@@ -82,7 +83,8 @@ class HeadPages:
         width = int(tokens.shape[1])
         self._reserve(tables, [width] * len(tables))
         view = Window(tables, valid, width)
-        caches = [PagedLayer(store, view) for store in self.layout.all_stores()]
+        # (the heads' layout has no KV scheme: its stores are plain)
+        caches = [PagedLayer(cast("LayerStore", s), view) for s in self.layout.all_stores()]
         out = self.predictor.predict(hidden, tokens, caches)
         for t, n in zip(tables, valid):
             t.length += n
@@ -94,8 +96,7 @@ class HeadPages:
             self.tables[u].length = n
 
     def arrays(self) -> list[mx.array]:
-        return [a for s in self.layout.all_stores() for a in (s.keys, s.values)
-                if a is not None]
+        return [a for s in self.layout.all_stores() for a in s.arrays()]
 
     def _reserve(self, tables: list[BlockTable], widths: list[int]) -> None:
         """Blocks for every table's next ``widths`` positions, growing the pool (doubling)

@@ -144,8 +144,9 @@ function chatUnavailable(reason) {
   const conn = $("conn");
   conn.textContent = "chat unavailable";
   conn.dataset.state = "refused";
-  composer.disable(reason);
-  sidebar.disable(reason);
+  composer.disable();
+  sidebar.disable();
+  document.querySelector("#messages .empty-hint")?.remove(); // "Ask anything" would mislead
   showError(reason, true);
 }
 

@@ -69,7 +69,8 @@ export class Coding {
       : `${n} calls wait for your approval`;
   }
 
-  // tool_approval_request {callId, tool, args, preview}: a card with the diff or command
+  // tool_approval_request {callId, tool, args, preview, approvalToken}: a card with the diff
+  // or command; the answer echoes the card's token (the server takes no answer without it)
   request(frame) {
     const seg = this.chat.liveSegment();
     const card = el("section", "approval-card");
@@ -85,7 +86,8 @@ export class Coding {
     else renderDiff(body, p.diff || "");
     const row = el("div", "row approval-actions");
     const answer = (decision, alwaysAllow) => {
-      this.send({ type: "approval", callId: frame.callId, decision, alwaysAllow });
+      this.send({ type: "approval", callId: frame.callId, decision, alwaysAllow,
+        approvalToken: frame.approvalToken });
       row.querySelectorAll("button").forEach((b) => { b.disabled = true; });
       card.classList.add(decision === "deny" ? "denied" : "allowed");
       row.append(el("span", "muted", decision === "deny" ? "Denied."

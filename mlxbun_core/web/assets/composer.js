@@ -100,10 +100,10 @@ export class Composer {
     this.grow();
   }
 
-  // No chat on this server: nothing here can be sent.
-  disable(reason) {
+  // No chat on this server: nothing here can be sent (the banner says why, once).
+  disable() {
     this.input.disabled = true;
-    this.input.placeholder = reason;
+    this.input.placeholder = "Chat unavailable";
     for (const id of ["send", "attach", "thinking", "settings-toggle"]) {
       document.getElementById(id).disabled = true;
     }

@@ -201,14 +201,11 @@ function showError(message) {
   box.hidden = !message;
 }
 
-function showSamples(list, samples) {
-  const ol = $(list);
-  ol.replaceChildren(...samples.map((s) => {
-    const li = document.createElement("li");
-    li.textContent = s.text || "(empty)";
-    if (s.junk) li.classList.add("junk");
-    return li;
-  }));
+function addSample(list, sample) {
+  const li = document.createElement("li");
+  li.textContent = sample.text || "(empty)";
+  if (sample.junk) li.classList.add("junk");
+  $(list).append(li);
 }
 
 async function readSignal() {
@@ -225,25 +222,46 @@ async function readSignal() {
   }
 }
 
+// Both columns, one sample at a time and in turns (curve 1, default 1, curve 2, ...): the
+// server runs seeded requests one after another, so a column asked for after the whole of the
+// other waited for all of it. Sample i is drawn with seed + i, as the server's own `n` does.
+const COLUMNS = [["curve", (points) => ({ curve: { points } })], ["default", () => ({ default: true })]];
+
 async function generate(event) {
   event.preventDefault();
   showError("");
-  const base = { prompt: $("curve-prompt").value, n: Number($("curve-n").value) || 3,
-    max_tokens: Number($("curve-max").value) || 40, seed: Number($("curve-seed").value) || 0 };
-  $("curve-note").textContent = "Sampling…";
+  const n = Number($("curve-n").value) || 3;
+  const base = { prompt: $("curve-prompt").value, n: 1,
+    max_tokens: Number($("curve-max").value) || 40 };
+  const seed = Number($("curve-seed").value) || 0;
+  const drawn = points.map((p) => [...p]); // the curve as it was when asked
+  for (const [name] of COLUMNS) {
+    $(`samples-${name}`).replaceChildren();
+    $(`status-${name}`).textContent = `Next: 1 of ${n}`;
+  }
+  $("recipe").textContent = "";
   $("curve-generate").disabled = true;
+  const started = performance.now();
+  let done = 0;
   try {
-    const curved = await post("/generate", { ...base, curve: { points } });
-    showSamples("samples-curve", curved.samples);
-    const plain = await post("/generate", { ...base, default: true });
-    showSamples("samples-default", plain.samples);
-    const r = plain.recipe || {};
-    $("recipe").textContent = `temperature ${r.temperature}, top-p ${r.topP}, top-k ${r.topK}`;
-    $("curve-note").textContent = "Done.";
+    for (let i = 0; i < n; i += 1) {
+      for (const [name, mode] of COLUMNS) {
+        $("curve-note").textContent = `Sampling ${done + 1} of ${2 * n}…`;
+        $(`status-${name}`).textContent = `Sampling ${i + 1} of ${n}…`;
+        const data = await post("/generate", { ...base, seed: (seed + i) % 2 ** 32, ...mode(drawn) });
+        addSample(`samples-${name}`, data.samples[0]);
+        done += 1;
+        $(`status-${name}`).textContent = i + 1 < n ? `Next: ${i + 2} of ${n}` : "";
+        const r = data.recipe;
+        if (r) $("recipe").textContent = `temperature ${r.temperature}, top-p ${r.topP}, top-k ${r.topK}`;
+      }
+    }
+    $("curve-note").textContent = `Done: ${done} samples in ${((performance.now() - started) / 1000).toFixed(1)} s.`;
   } catch (err) {
     showError(err.message);
     $("curve-note").textContent = "";
   } finally {
+    for (const [name] of COLUMNS) $(`status-${name}`).textContent = "";
     $("curve-generate").disabled = false;
   }
 }

@@ -21,6 +21,7 @@ export function stemOf(title) {
 }
 
 const articleHref = (name) => `#memory/${q(name)}`;
+const routedArticle = () => decodeURIComponent(location.hash.replace(/^#\/?memory\/?/, ""));
 const fmtBytes = (n) => (n >= 1048576 ? `${(n / 1048576).toFixed(1)} MiB`
   : n >= 1024 ? `${(n / 1024).toFixed(1)} KiB` : `${n} B`);
 
@@ -69,6 +70,7 @@ export class MemoryView {
     this.$ = (id) => this.el.querySelector(`#${id}`);
     this.names = new Set();
     this.current = null;
+    this.hasVault = false; // what /api/memory/status said last
     this.synth = new SynthesisPanel(this.$("memory-synth"), () => this.refresh());
     this.$("memory-refresh").addEventListener("click", () => this.refresh());
     this.$("memory-search-form").addEventListener("submit", (e) => {
@@ -81,13 +83,14 @@ export class MemoryView {
   async show(visible) {
     if (!visible) return;
     await this.refresh(); // first: the article names mark links to articles not written yet
-    const name = decodeURIComponent(location.hash.replace(/^#\/?memory\/?/, ""));
-    if (name && name !== this.current) this.open(name);
+    const name = routedArticle();
+    if (name && name !== this.current && this.hasVault) this.open(name); // none yet: set-up first
   }
 
   async refresh() {
     const r = await getJSON("/api/memory/status").catch(() => null);
     const box = this.$("memory-status");
+    this.hasVault = r?.body?.enabled === true;
     if (r?.body?.enabled === false) {
       this.synth.enable(false);
       const button = h("button", { type: "button", className: "primary", id: "memory-init",
@@ -133,6 +136,8 @@ export class MemoryView {
     }
     await this.refresh();
     this.$("memory-q").focus();
+    const name = routedArticle();
+    if (name && this.hasVault) this.open(name); // the article the link asked for
   }
 
   link(name) {
@@ -151,6 +156,10 @@ export class MemoryView {
     const r = await getJSON(`/api/memory/search?q=${q(text)}&scope=${this.$("memory-scope").value}&limit=50`);
     if (!r.ok) {
       box.replaceChildren(h("p", { className: "muted", textContent: r.body?.error || `HTTP ${r.status}` }));
+      return;
+    }
+    if (r.body.enabled === false) {
+      box.replaceChildren(h("p", { className: "muted", textContent: "No memory vault yet: set it up above, then search it." }));
       return;
     }
     const { summaries = [], hits = [] } = r.body;

@@ -28,6 +28,13 @@ function button(label, onClick, cls = "") {
   return b;
 }
 
+// The server's reason starts "offline: …" and may already say that cached models still
+// work: one "Offline:" and the hint once.
+function offlineNote(error) {
+  const reason = (error || "the hub cannot be reached").replace(/^offline:\s*/i, "").replace(/\.$/, "");
+  return `Offline: ${reason}.${/still work/i.test(reason) ? "" : " Downloaded models still work."}`;
+}
+
 export class ModelsView {
   constructor() {
     this.timer = 0;
@@ -75,9 +82,7 @@ export class ModelsView {
     box.replaceChildren(el("p", { className: "muted", textContent: "Searching…" }));
     const r = await getJSON(`/api/hub/search?q=${encodeURIComponent(q)}`);
     if (!r.ok) return box.replaceChildren(el("p", { className: "muted", textContent: r.body?.error || `HTTP ${r.status}` }));
-    if (r.body.offline) {
-      return box.replaceChildren(el("p", { className: "offline", textContent: `Offline: ${r.body.error || "the hub cannot be reached"}. Downloaded models still work.` }));
-    }
+    if (r.body.offline) return box.replaceChildren(el("p", { className: "offline", textContent: offlineNote(r.body.error) }));
     if (!r.body.results.length) return box.replaceChildren(el("p", { className: "muted", textContent: "No MLX-ready models match." }));
     const list = el("ul", { className: "hub-results" });
     for (const m of r.body.results) {
@@ -118,12 +123,25 @@ export class ModelsView {
       const item = el("li", { className: `download ${d.state}` },
         el("span", { className: "hub-id", textContent: d.repo_id }), bar,
         el("span", { className: "download-detail", textContent: detail }),
-        d.state === "active" ? button("Cancel", () => this.cancel(d.job_id)) : null);
+        d.state === "active" ? button("Cancel", () => this.cancel(d.job_id)) : this.dismissButton(d));
       item.dataset.state = d.state;
       item.dataset.repo = d.repo_id;
+      item.dataset.job = d.job_id;
       list.append(item);
     }
     box.replaceChildren(list);
+  }
+
+  // A finished download leaves the list for good: the server forgets it too.
+  dismissButton(d) {
+    const b = button("Dismiss", async () => {
+      b.disabled = true;
+      const r = await send("DELETE", `/api/hub/downloads/${encodeURIComponent(d.job_id)}`);
+      if (!r.ok && r.status !== 404) this.note(r.body?.error || `HTTP ${r.status}`, true);
+      this.refresh();
+    }, "link-btn");
+    b.setAttribute("aria-label", `Dismiss the ${d.state === "error" ? "failed " : ""}download of ${d.repo_id}`);
+    return b;
   }
 
   async cancel(jobId) {
@@ -137,7 +155,7 @@ export class ModelsView {
     const r = await getJSON("/api/hub/local?refresh=1");
     if (!r.ok) return box.replaceChildren(el("p", { className: "muted", textContent: r.body?.error || `HTTP ${r.status}` }));
     if (!r.body.models.length) return box.replaceChildren(el("p", { className: "muted", textContent: "No models on this machine yet." }));
-    const t = el("table", { className: "grid" });
+    const t = el("table", { className: "grid stack" });
     const head = t.createTHead().insertRow();
     for (const h of ["model", "size", "precision", "fits", ""]) head.append(el("th", { scope: "col", textContent: h }));
     const body = t.createTBody();
@@ -145,8 +163,12 @@ export class ModelsView {
       const tr = body.insertRow();
       tr.dataset.repo = m.repo_id;
       const fits = m.assessment ? (m.assessment.fits ? "yes" : "no") : "—";
-      for (const v of [m.repo_id + (m.serving ? " (serving)" : ""), size(m.size_bytes), m.precision || "—", fits]) {
-        tr.insertCell().textContent = v;
+      const cells = [[null, m.repo_id + (m.serving ? " (serving)" : "")], ["size", size(m.size_bytes)],
+        ["precision", m.precision || "—"], ["fits", fits]];
+      for (const [label, v] of cells) {
+        const td = tr.insertCell();
+        td.textContent = v;
+        if (label) td.dataset.label = label; // shown on a phone, where the header is not
       }
       const actions = tr.insertCell();
       actions.className = "actions";

@@ -41,13 +41,13 @@ export class Sidebar {
     });
   }
 
-  // No chat on this server: no saved chats to list either.
-  disable(reason) {
+  // No chat on this server: no saved chats to list either (the banner says why, once).
+  disable() {
     document.getElementById("new-session").disabled = true;
     this.search.disabled = true;
     const note = document.createElement("li");
     note.className = "muted sidebar-note";
-    note.textContent = reason;
+    note.textContent = "No chats on this server.";
     this.list.replaceChildren(note);
   }
 

@@ -106,9 +106,10 @@ export class StatusView {
     const box = document.getElementById("status-models");
     if (!r.ok) return box.replaceChildren(this.failed(r));
     const t = document.createElement("table");
-    t.className = "grid";
+    t.className = "grid stack"; // a phone: a block per model, each value labelled
     const head = t.createTHead().insertRow();
-    for (const h of ["id", "family", "plugin", "context", "state"]) {
+    const columns = ["id", "family", "plugin", "context", "state"];
+    for (const h of columns) {
       const th = document.createElement("th");
       th.scope = "col";
       th.textContent = h;
@@ -118,9 +119,11 @@ export class StatusView {
     r.body.data.forEach((row, i) => {
       const tr = body.insertRow();
       const state = i === 0 ? "serving" : "on disk";
-      for (const v of [row.id, row.family, row.plugin, row.context_window, state]) {
-        tr.insertCell().textContent = v === null || v === undefined ? "—" : String(v);
-      }
+      [row.id, row.family, row.plugin, row.context_window, state].forEach((v, c) => {
+        const td = tr.insertCell();
+        td.textContent = v === null || v === undefined ? "—" : String(v);
+        if (c) td.dataset.label = columns[c];
+      });
     });
     box.replaceChildren(t, raw(r.body));
   }

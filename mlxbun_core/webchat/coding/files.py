@@ -1,6 +1,7 @@
-"""The file tools: read, grep and ls run at once; edit and write are planned first (a
-:class:`Change` with its unified diff, shown on the approval card) and applied only after
-the user allows them, and only if the file still reads as it did when planned."""
+"""The file tools: read and ls run at once (grep is :mod:`.search`); edit and write are
+planned first (a :class:`Change` with its unified diff, shown on the approval card) and
+applied only after the user allows them, and only if the file still reads as it did when
+planned."""
 
 from __future__ import annotations
 
@@ -8,21 +9,19 @@ import difflib
 import os
 import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..apptools import ToolFailed
+from . import shown
 from .workspace import Workspace
 
 MAX_READ_BYTES = 256 * 1024  # what read returns of one file
 MAX_FILE_BYTES = 2 * 1024 * 1024  # files edit, write and grep will touch
 MAX_LIST = 500
-MAX_MATCHES = 200
-MAX_PATTERN = 500
-MAX_SCAN_FILES = 5000  # grep stops after this many files or bytes (its thread cannot be
-MAX_SCAN_BYTES = 64 * 1024 * 1024  # interrupted, so its work is bounded up front)
 MAX_DIFF_CHARS = 64 * 1024
-SKIP_DIRS = {".git", "node_modules", ".venv", "__pycache__"}
+DIFF_LINES = 5000  # of each side's changed region given to difflib
+CONTEXT = 3
 
 
 def _text(args: dict, key: str, *, empty: bool = False) -> str:
@@ -64,49 +63,6 @@ def ls(ws: Workspace, args: dict) -> dict:
     return {"path": ws.relative(path), "entries": entries, "truncated": len(names) > MAX_LIST}
 
 
-def _files_under(ws: Workspace, top: Path):
-    """Regular files under ``top`` whose real path stays in the workspace (no link escapes)."""
-    if top.is_file():
-        yield top
-        return
-    for folder, dirs, files in os.walk(top):  # followlinks=False: linked folders are skipped
-        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
-        for name in sorted(files):
-            real = Path(os.path.realpath(os.path.join(folder, name)))
-            if ws.inside(real) and real.is_file():
-                yield real
-
-
-def grep(ws: Workspace, args: dict) -> dict:
-    pattern = _text(args, "pattern")
-    if len(pattern) > MAX_PATTERN:
-        raise ToolFailed(f"pattern is longer than {MAX_PATTERN} characters")
-    try:
-        regex = re.compile(pattern)
-    except re.error as exc:
-        raise ToolFailed(f"pattern is not a valid regular expression: {exc}") from None
-    top = ws.resolve(args.get("path"), default=".")
-    glob = args.get("glob")
-    matches: list[str] = []
-    files = scanned = 0
-    for path in _files_under(ws, top):
-        if isinstance(glob, str) and glob and not path.match(glob):
-            continue
-        try:
-            text = _read_text(path)
-        except (ToolFailed, OSError):
-            continue
-        files, scanned = files + 1, scanned + len(text)
-        if files > MAX_SCAN_FILES or scanned > MAX_SCAN_BYTES:
-            return {"matches": matches, "truncated": True}
-        for no, line in enumerate(text.splitlines(), 1):
-            if regex.search(line):
-                matches.append(f"{ws.relative(path)}:{no}: {line[:300]}")
-                if len(matches) >= MAX_MATCHES:
-                    return {"matches": matches, "truncated": True}
-    return {"matches": matches, "truncated": False}
-
-
 @dataclass
 class Change:
     """A planned edit or write: the file, what it holds now (None: absent), what it will."""
@@ -115,15 +71,63 @@ class Change:
     label: str
     before: str | None
     after: str
+    shown: str | None = field(default=None, repr=False, compare=False)  # the diff, once made
 
     def diff(self) -> str:
-        old = (self.before or "").splitlines(keepends=True)
-        new = self.after.splitlines(keepends=True)
-        lines = difflib.unified_diff(old, new, "/dev/null" if self.before is None
-                                     else f"a/{self.label}", f"b/{self.label}")
-        text = "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+        """The unified diff the card shows: names quoted and control characters escaped
+        (:mod:`.shown`), lines split at newlines only, as the card splits them. Made once
+        (seconds for a large file: callers run it off the event loop)."""
+        if self.shown is None:
+            self.shown = self._diff()
+        return self.shown
+
+    def _diff(self) -> str:
+        old, new = _lines(self.before or ""), _lines(self.after)
+        # only the changed region (and its context) goes to difflib, at most DIFF_LINES of
+        # each side: its matching is quadratic-ish, and the card shows 64 KiB anyway
+        same = _common(old, new)
+        tail = _common(old[same:][::-1], new[same:][::-1])
+        start = max(0, same - CONTEXT)
+        stops = [min(len(lines) - tail + CONTEXT, same + DIFF_LINES) for lines in (old, new)]
+        cut = any(len(lines) - tail - same > DIFF_LINES for lines in (old, new))
+        lines = difflib.unified_diff(
+            old[start:stops[0]], new[start:stops[1]],
+            "/dev/null" if self.before is None else shown.name(f"a/{self.label}"),
+            shown.name(f"b/{self.label}"), n=CONTEXT)
+        text = "".join(_hunk_from(line, start) if line.startswith("@@ ")
+                       else shown.line(line[:-1]) + "\n" if line.endswith("\n")
+                       else shown.line(line) + "\n\\ No newline at end of file\n"
                        for line in lines)
-        return text if len(text) <= MAX_DIFF_CHARS else text[:MAX_DIFF_CHARS] + "\n… (cut)\n"
+        if cut or len(text) > MAX_DIFF_CHARS:
+            return text[:MAX_DIFF_CHARS] + "\n… (cut)\n"
+        return text
+
+
+def _common(a: list[str], b: list[str]) -> int:
+    """How many leading lines ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+_HUNK = re.compile(r"@@ -(\d+)(,\d+)? \+(\d+)(,\d+)? @@")
+
+
+def _hunk_from(line: str, start: int) -> str:
+    """A hunk header of a diff of lines from ``start`` on, numbered from the file's top."""
+    def shift(m: re.Match) -> str:
+        return (f"@@ -{int(m[1]) + start}{m[2] or ''} +{int(m[3]) + start}{m[4] or ''} @@")
+    return _HUNK.sub(shift, line, count=1)
+
+
+def _lines(text: str) -> list[str]:
+    """``text``'s lines with their newlines; only ``\\n`` ends a line (``splitlines`` would
+    also split at a form feed or U+2028, which the card shows inside a line)."""
+    parts = text.split("\n")
+    return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
 def plan_edit(ws: Workspace, args: dict) -> Change:

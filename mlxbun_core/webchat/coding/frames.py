@@ -1,12 +1,16 @@
 """Client frames of the coding tools: ``set_coding_tools {enabled, workspace}`` and
-``approval {callId, decision, alwaysAllow?, editedArgs?}``."""
+``approval {callId, decision, approvalToken, alwaysAllow?, editedArgs?}``."""
 
 from __future__ import annotations
+
+import logging
 
 from ...errors import APIError, BadRequest
 from ..conversation import Conversation
 from .gate import LOOPBACK_ONLY
 from .workspace import Workspace, choose
+
+log = logging.getLogger("mlxbun.webchat")
 
 
 class CodingFrames:
@@ -38,6 +42,12 @@ class CodingFrames:
     async def on_approval(self, frame: dict) -> None:
         try:
             await self.coding.decide(frame.get("callId"), frame.get("decision"),
-                                     frame.get("alwaysAllow"), frame.get("editedArgs"))
+                                     frame.get("alwaysAllow"), frame.get("editedArgs"),
+                                     frame.get("approvalToken"))
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
+        except PermissionError as exc:
+            log.warning("web chat: approval of %s refused: %s", frame.get("callId"),
+                        "no approvalToken" if frame.get("approvalToken") is None
+                        else "a wrong approvalToken")
+            raise APIError(str(exc), status=403, type="permission_error") from None

@@ -6,11 +6,17 @@ are gated: when a model message asks for them, every gated call is planned and a
 first (``tool_approval_request`` with its diff or command, then ``queue_update`` listing
 all that wait), and each then waits for its ``approval`` frame, in the model's order. A
 tool the user always allows (the store in :mod:`..approvals`) skips the card.
+
+Each card carries a secret (``approvalToken``) that its answer must echo: only the page
+that was shown the card can answer it, never a frame written blind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import hmac
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +24,7 @@ from typing import Any
 
 from .. import approvals
 from ..apptools import ToolFailed, parse_arguments
-from . import files, shell
+from . import files, search, shell, shown
 from .workspace import Workspace
 
 Send = Callable[[dict], Awaitable[None]]
@@ -26,6 +32,7 @@ READ_ONLY = ("read", "grep", "ls")
 GATED = ("edit", "write", "bash")
 NAMES = frozenset(READ_ONLY + GATED)
 LOOPBACK_ONLY = "coding tools answer loopback clients only"
+READ_DEADLINE_S = search.DEADLINE_S + 5  # grep stops itself at its deadline; this is the bound
 
 
 def _fn(name: str, description: str, properties: dict, required: tuple = ()) -> dict:
@@ -38,7 +45,8 @@ _S, _B, _N = {"type": "string"}, {"type": "boolean"}, {"type": "number"}
 TOOLS = [
     _fn("read", "Read a text file of the workspace.", {"path": _S}, ("path",)),
     _fn("ls", "List a folder of the workspace (default: its top).", {"path": _S}),
-    _fn("grep", "Search the workspace's text files for a regular expression.",
+    _fn("grep", "Search the workspace's text files for a regular expression (RE2 syntax: "
+        "no lookarounds or backreferences); glob filters the file paths.",
         {"pattern": _S, "path": _S, "glob": _S}, ("pattern",)),
     _fn("edit", "Replace an exact string in a file (once; replace_all for every one). "
         "The user approves the diff first.",
@@ -60,6 +68,7 @@ class Waiting:
     args: dict
     plan: Any = None  # files.Change for edit/write; (command, cwd, timeout) for bash
     error: str | None = None  # planning failed: the call ends with this, unasked
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(18))  # the card's secret
     decision: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop()
                                      .create_future())
 
@@ -132,9 +141,10 @@ class CodingSession:
     @staticmethod
     def _preview(tool: str, plan: Any) -> dict:
         if isinstance(plan, files.Change):
-            return {"diff": plan.diff(), "path": plan.label, "created": plan.before is None}
+            return {"diff": plan.diff(), "path": shown.name(plan.label),
+                    "created": plan.before is None}
         command, cwd, timeout = plan
-        return {"command": command, "cwd": cwd, "timeout": timeout,
+        return {"command": shown.text(command), "cwd": shown.name(cwd), "timeout": timeout,
                 "shell": " ".join(shell.SHELL)}
 
     async def announce(self, calls: list[dict]) -> None:
@@ -149,24 +159,31 @@ class CodingSession:
             self.waiting[call["id"]] = waiting
             try:
                 waiting.args = parse_arguments(fn["arguments"])
-                waiting.plan = self._plan(waiting.tool, waiting.args)
+                # off the event loop: reading a 2 MiB file and diffing it takes seconds
+                waiting.plan = await asyncio.to_thread(self._plan, waiting.tool, waiting.args)
+                preview = await asyncio.to_thread(self._preview, waiting.tool, waiting.plan)
             except (ToolFailed, OSError) as exc:
                 waiting.error = str(exc)
                 continue
             await self.send({"type": "tool_approval_request", "callId": call["id"],
                              "tool": waiting.tool, "args": waiting.args,
-                             "preview": self._preview(waiting.tool, waiting.plan)})
+                             "preview": preview, "approvalToken": waiting.token})
         if self.waiting:
             await self.send_queue()
             await self.send_state()
 
     async def decide(self, call_id: object, decision: object, always: object,
-                     edited: object) -> None:
+                     edited: object, token: object = None) -> None:
         """The user's answer on a card: ``allow`` (once, or always with ``always``) or
-        ``deny``; ``edited`` replaces the call's arguments."""
+        ``deny``; ``edited`` replaces the call's arguments. ``token`` must be the card's
+        secret (:class:`PermissionError` otherwise)."""
         waiting = self.waiting.get(call_id) if isinstance(call_id, str) else None
         if waiting is None or waiting.decision.done():
             raise ValueError(f"no call {call_id!r} waits for approval")
+        if not isinstance(token, str) or not hmac.compare_digest(token.encode(),
+                                                                  waiting.token.encode()):
+            raise PermissionError("an approval must echo its card's approvalToken: only the "
+                                  "page that showed the card may answer it")
         if decision not in ("allow", "deny", "always"):
             raise ValueError("decision must be 'allow', 'always' or 'deny'")
         if edited is not None and not isinstance(edited, dict):
@@ -190,15 +207,33 @@ class CodingSession:
                 return await self._after_approval(call_id, waiting)
             args = parse_arguments(fn["arguments"])
             if fn["name"] in READ_ONLY:
-                result = await asyncio.to_thread(getattr(files, fn["name"]), self.workspace, args)
+                result = await self._read_only(fn["name"], args)
                 await self.send({"type": "tool_update", "callId": call_id, "kind": "text",
                                  "chunk": _summary(result)})
                 return result
-            return await self._execute(call_id, self._plan(fn["name"], args))  # always allowed
+            plan = await asyncio.to_thread(self._plan, fn["name"], args)
+            return await self._execute(call_id, plan)  # always allowed
         finally:
             if self.waiting.pop(call_id, None) is not None:
                 await self.send_queue()
                 await self.send_state()
+
+    async def _read_only(self, name: str, args: dict) -> dict:
+        """``read``, ``ls`` or ``grep`` on a worker thread (never on the event loop), within
+        :data:`READ_DEADLINE_S`; a stopped turn or the deadline tells grep to stop at once
+        (a thread cannot be killed: read and ls are bounded up front instead)."""
+        assert self.workspace is not None
+        budget = search.Budget(search.DEADLINE_S)
+        work = functools.partial(search.grep, self.workspace, args, budget) if name == "grep" \
+            else functools.partial(files.read if name == "read" else files.ls, self.workspace,
+                                   args)
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(work), READ_DEADLINE_S)
+        except asyncio.TimeoutError:
+            raise ToolFailed(f"{name} did not finish within {READ_DEADLINE_S:g} s "
+                             "(a slow or stuck disk?)") from None
+        finally:
+            budget.cancel()
 
     async def _after_approval(self, call_id: str, waiting: Waiting) -> object:
         if waiting.error is not None:
@@ -208,7 +243,7 @@ class CodingSession:
             raise ToolFailed(f"the user denied this call{_because(answer.get('reason'))}")
         plan = waiting.plan
         if answer.get("edited") is not None:  # the user changed the arguments on the card
-            plan = self._plan(waiting.tool, answer["edited"])
+            plan = await asyncio.to_thread(self._plan, waiting.tool, answer["edited"])
         return await self._execute(call_id, plan)
 
     async def _execute(self, call_id: str, plan: Any) -> object:
@@ -216,7 +251,7 @@ class CodingSession:
         if isinstance(plan, files.Change):
             result = await asyncio.to_thread(files.apply, self.workspace, plan)
             await self.send({"type": "tool_update", "callId": call_id, "kind": "diff",
-                             "chunk": plan.diff()})
+                             "chunk": await asyncio.to_thread(plan.diff)})
             return result
         command, cwd, timeout = plan
 
@@ -225,7 +260,7 @@ class CodingSession:
                              "chunk": text})
 
         await self.send({"type": "tool_update", "callId": call_id, "kind": "command",
-                         "chunk": f"{cwd}$ bash -c {command!r}\n"})
+                         "chunk": f"{shown.name(cwd)}$ bash -c {command!r}\n"})
         self.command = asyncio.create_task(shell.run(
             self.workspace, {"command": command, "cwd": cwd, "timeout": timeout}, chunk))
         try:
@@ -243,8 +278,11 @@ def _because(reason: object) -> str:
 
 
 def _summary(result: dict) -> str:
+    """What the tool's card shows (the model gets ``result`` itself): a name or a match
+    with a newline in it cannot fake a line there."""
     if "content" in result:
-        return result["content"][:4096]
+        return shown.text(result["content"][:4096])
     if "entries" in result:
-        return "\n".join(result["entries"])
-    return "\n".join(result.get("matches") or []) or "(no matches)"
+        return "\n".join(shown.line(entry) for entry in result["entries"])
+    found = "\n".join(shown.line(m) for m in result.get("matches") or []) or "(no matches)"
+    return found + (f"\n({result['note']})" if result.get("note") else "")

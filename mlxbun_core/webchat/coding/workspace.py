@@ -13,8 +13,10 @@ from pathlib import Path
 
 from ..apptools import ToolFailed
 
-# The environment a command sees: the caller's search path and locale, nothing secret.
-KEPT_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
+# The environment a command sees: the caller's search path, locale and user name, nothing
+# else (an allow-list: MLXBUN_API_KEY, HF_TOKEN, cloud and CI credentials, proxies with
+# passwords and every other variable stay out). LC_* passes too.
+KEPT_ENV = ("PATH", "LANG", "TZ", "USER", "LOGNAME", "TMPDIR")
 
 
 def choose(raw: object) -> Path:
@@ -64,7 +66,7 @@ class Workspace:
 
     def env(self) -> dict[str, str]:
         """A scrubbed environment: no keys, tokens or server settings leak to commands."""
-        env = {k: os.environ[k] for k in KEPT_ENV if k in os.environ}
+        env = {k: v for k, v in os.environ.items() if k in KEPT_ENV or k.startswith("LC_")}
         env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
         env.update(HOME=str(self.root), PWD=str(self.root), TERM="dumb")
         return env

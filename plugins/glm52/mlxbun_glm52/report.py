@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxbun_core.engine.admission import weight_bytes
 from mlxbun_core.model import LoadedModel
+from mlxbun_core.models.facts import weight_bytes
 
 from .experts import ExpertIndex
 from .streaming import Streaming

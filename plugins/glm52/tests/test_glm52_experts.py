@@ -22,8 +22,8 @@ from mlxbun_glm52.experts import ExpertCache, ExpertIndex, ExpertReader
 
 from mlxbun_core import loader
 from mlxbun_core.cli import build_parser
-from mlxbun_core.engine.admission import weight_bytes
 from mlxbun_core.model import LoadOptions
+from mlxbun_core.models.facts import weight_bytes
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import rendered_chat
 from mlxbun_core.testing.helpers import mlx_lm_greedy

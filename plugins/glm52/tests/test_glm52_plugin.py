@@ -7,17 +7,14 @@ and parity are asserted, never text.
 
 import json
 
-import httpx
 import mlxbun_glm52
-import openai
 import pytest
-from mlx_lm import load as mlx_load
 
 from mlxbun_core import loader
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.conformance import ReasoningFamilyChecks
 from mlxbun_core.testing.engine import rendered_chat
-from mlxbun_core.testing.helpers import chat_both_ways, mlx_lm_greedy, plugins_listing, unregistered
 from mlxbun_core.toolcalls import StreamingToolParser
 
 MSG = [{"role": "user", "content": "What is the capital of France?"}]
@@ -43,36 +40,12 @@ def render(srv, messages=MSG, **body):
 
 # ---------------------------------------------------------------- claim
 
-def test_models_row_names_family_and_plugin(srv):
-    row = httpx.get(srv.v1 + "/models", timeout=30).json()["data"][0]
-    assert row["family"] == "glm52" and row["plugin"] == "glm52" and row["reasoning"] is True
-    assert srv.engine.model.extras["fallback_template"] is False
-
-
-def test_unregistered_falls_back_to_generic(ckpt):
-    with unregistered("glm52"):
-        m = loader.claim(ckpt, LoadOptions(model_id="glm"))
-        assert m.family == "generic" and m.plugin == "generic"
-    assert loader.claim(ckpt, LoadOptions(model_id="glm")).family == "glm52"
-
-
 def test_claims_only_glm5_configs():
     assert mlxbun_glm52.claims({"model_type": "glm_moe_dsa"})
     assert mlxbun_glm52.claims({"model_type": "x", "architectures": ["GlmMoeDsaForCausalLM"]})
     assert not mlxbun_glm52.claims({"model_type": "glm4_moe",
                                     "architectures": ["Glm4MoeForCausalLM"]})
     assert not mlxbun_glm52.claims({"model_type": "llama"})
-
-
-def test_fallback_template_installed_when_checkpoint_has_none():
-    bare = tiny_checkpoint("glm_moe_dsa", seed=5, chat_template="")
-    m = loader.claim(bare, LoadOptions(model_id="bare"))
-    assert m.family == "glm52" and m.extras["fallback_template"] is True
-    assert m.tokenizer.chat_template == mlxbun_glm52.fallback_template()
-    assert m.tokenizer.has_chat_template
-    p = m.hooks.render_chat(model=m, messages=MSG, tools=None, template_kwargs={},
-                            reasoning_effort=None)
-    assert p.text.startswith("[gMASK]<sop><|user|>") and p.text.endswith("<think></think>")
 
 
 def test_generation_config_wins_over_family_defaults():
@@ -82,15 +55,6 @@ def test_generation_config_wins_over_family_defaults():
     assert m.extras["fallback_template"] is False  # the checkpoint ships one
     assert m.generation_defaults["temperature"] == 0.6  # the checkpoint's value
     assert m.generation_defaults["top_p"] == 0.95  # the family default fills the gap
-
-
-def test_cli_lists_plugin_and_honours_disable():
-    lines = plugins_listing().splitlines()
-    i = next(i for i, line in enumerate(lines) if line.startswith("glm52 "))
-    assert "mlxbun-glm52 0.1.0" in lines[i]
-    assert all(h in lines[i + 1] for h in ("load_model", "render_chat", "tool_call_parser"))
-    off = plugins_listing(MLXBUN_DISABLE_PLUGINS="glm52")
-    assert not any(line.startswith("glm52 ") for line in off.splitlines()) and "generic" in off
 
 
 # ---------------------------------------------------------------- template
@@ -107,28 +71,6 @@ def test_enable_thinking_adds_effort_line_and_open_primer(srv):
     assert text == ("[gMASK]<sop><|system|>Reasoning Effort: Max<|user|>"
                     "What is the capital of France?<|assistant|><think>")
     assert req.in_reasoning is True
-
-
-@pytest.mark.parametrize("effort,kwargs,on", [
-    ("none", {}, False), ("minimal", {}, True), ("low", {}, True), ("medium", {}, True),
-    ("high", {}, True), ("xhigh", {}, True),
-    ("high", {"enable_thinking": False}, False),  # explicit enable_thinking wins
-    ("none", {"enable_thinking": True}, True),
-])
-def test_reasoning_effort_maps_to_thinking(srv, effort, kwargs, on):
-    text, req = render(srv, reasoning_effort=effort, chat_template_kwargs=kwargs)
-    assert req.in_reasoning is on
-    assert ("Reasoning Effort: Max" in text) is on
-    assert text.endswith("<|assistant|><think>" if on else "<|assistant|><think></think>")
-
-
-@pytest.mark.parametrize("kwargs", [{}, {"enable_thinking": True}])
-def test_bad_reasoning_effort_is_400(client, kwargs):
-    with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="m", messages=MSG, max_tokens=1,
-                                       extra_body={"reasoning_effort": "max",
-                                                   "chat_template_kwargs": kwargs})
-    assert "reasoning_effort must be one of" in str(e.value)
 
 
 def test_tools_and_tool_history_render_natively(srv):
@@ -179,13 +121,6 @@ def test_rendered_tool_call_round_trips_through_the_parser(srv):
 
 # ---------------------------------------------------------------- served
 
-def test_chat_stream_and_not(client, srv):
-    full, _ = chat_both_ways(client, model="m", messages=MSG, max_tokens=4, temperature=0)
-    c = full.choices[0]
-    assert isinstance(c.message.content, str) and c.finish_reason in ("length", "stop")
-    assert full.model == srv.engine.model.id
-
-
 def test_thinking_output_is_routed_to_reasoning(client, srv):
     kw = dict(model="m", messages=MSG, max_tokens=4, temperature=0,
               extra_body={"chat_template_kwargs": {"enable_thinking": True}, "logprobs": True})
@@ -211,14 +146,8 @@ def test_tools_request_served(client):
     assert r.choices[0].finish_reason in ("length", "stop", "tool_calls")
 
 
-def test_greedy_parity_with_mlx_lm(client, srv, ckpt):
-    r = client.chat.completions.create(model="m", messages=MSG, max_tokens=6, temperature=0,
-                                       extra_body={"logprobs": True})
-    ours = [e["id"] if isinstance(e, dict) else e.id for e in r.choices[0].logprobs.content]
-    model, tok = mlx_load(str(ckpt))
-    text = tok.apply_chat_template(MSG, add_generation_prompt=True, tokenize=False,
-                                   enable_thinking=False)
-    prompt = tok.encode(text, add_special_tokens=False)
-    assert prompt == render(srv)[1].prompt_tokens
-    theirs = mlx_lm_greedy(model, prompt, 6, tok.eos_token_ids)
-    assert ours == theirs[: len(ours)] and len(ours) == len(theirs)
+class TestConformance(ReasoningFamilyChecks):
+    """The checks every family passes (mlxbun_core.testing.conformance)."""
+
+    plugin = "glm52"
+    fallback_template = mlxbun_glm52.fallback_template()

@@ -1,4 +1,5 @@
-"""mlxbun-minicpm5 end to end: claim, chat template behaviour, served chat, greedy parity.
+"""mlxbun-minicpm5 end to end: claim, chat template behaviour, served chat, and the shared
+family conformance suite (greedy parity included).
 
 A tiny random MiniCPM5 checkpoint (``model_type: llama``, MiniCPM5's special tokens)
 behind a real HTTP server, driven by the openai SDK. Random weights: only structure and
@@ -7,18 +8,15 @@ parity are asserted, never text.
 
 import json
 
-import httpx
 import mlxbun_minicpm5
-import openai
 import pytest
-from mlx_lm import load as mlx_load
 
 from mlxbun_core import loader
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing.checkpoints import tiny_checkpoint, write_checkpoint
+from mlxbun_core.testing.conformance import ReasoningFamilyChecks
 from mlxbun_core.testing.engine import rendered_chat
 from mlxbun_core.testing.families import family_config
-from mlxbun_core.testing.helpers import chat_both_ways, mlx_lm_greedy, plugins_listing, unregistered
 from mlxbun_core.testing.tokenizer import CHATML_TEMPLATE
 
 MSG = [{"role": "user", "content": "What is the capital of France?"}]
@@ -44,17 +42,7 @@ def render(srv, messages=MSG, **body):
     return rendered_chat(srv.engine, {"messages": messages, **body})
 
 
-def ids_of(choice):
-    return [e["id"] if isinstance(e, dict) else e.id for e in choice.logprobs.content]
-
-
 # ---------------------------------------------------------------- claim
-
-def test_models_row_names_family_and_plugin(srv):
-    row = httpx.get(srv.v1 + "/models", timeout=30).json()["data"][0]
-    assert row["family"] == "minicpm5" and row["plugin"] == "minicpm5" and row["reasoning"] is True
-    assert srv.engine.model.config["model_type"] == "llama"
-
 
 def _config_dir(tmp_path, name, template):
     d = tmp_path / name
@@ -90,35 +78,10 @@ def test_plain_llama_checkpoint_goes_to_generic(tmp_path):
     assert loader.claim(p, LoadOptions(model_id="model")).family == "generic"
 
 
-def test_fallback_template_installed_when_checkpoint_has_none():
-    bare = tiny_checkpoint("minicpm5", seed=7, chat_template="")
-    m = loader.claim(bare, LoadOptions(model_id="MiniCPM5-1B"))
-    assert m.family == "minicpm5" and m.extras["fallback_template"] is True
-    assert m.tokenizer.chat_template == mlxbun_minicpm5.fallback_template()
-    p = m.hooks.render_chat(model=m, messages=MSG, tools=None, template_kwargs={},
-                            reasoning_effort=None)
-    assert p.text.endswith(PRIMER_OFF)
-
-
-def test_unregistered_falls_back_to_generic(ckpt):
-    with unregistered("minicpm5"):
-        m = loader.claim(ckpt, LoadOptions(model_id="m"))
-        assert m.family == "generic" and m.plugin == "generic"
-    assert loader.claim(ckpt, LoadOptions(model_id="m")).family == "minicpm5"
-
-
-def test_cli_lists_plugin_and_honours_disable():
-    lines = plugins_listing().splitlines()
-    i = next(i for i, line in enumerate(lines) if line.startswith("minicpm5 "))
-    assert "mlxbun-minicpm5 0.1.0" in lines[i]
-    assert all(h in lines[i + 1] for h in ("load_model", "render_chat", "tool_call_parser"))
-    off = plugins_listing(MLXBUN_DISABLE_PLUGINS="minicpm5")
-    assert not any(line.startswith("minicpm5 ") for line in off.splitlines()) and "generic" in off
-
-
 # ---------------------------------------------------------------- template
 
 def test_default_is_direct_answer_mode(srv):
+    assert srv.engine.model.config["model_type"] == "llama"  # MiniCPM5 is a llama
     text, req = render(srv)
     assert text == ("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n" + PRIMER_OFF)
     assert req.in_reasoning is False and (req.think_start, req.think_end) == ("<think>", "</think>")
@@ -127,26 +90,6 @@ def test_default_is_direct_answer_mode(srv):
 def test_enable_thinking_drops_the_empty_think_block(srv):
     text, req = render(srv, chat_template_kwargs={"enable_thinking": True})
     assert text.endswith("<|im_end|>\n<|im_start|>assistant\n") and "<think>" not in text
-
-
-@pytest.mark.parametrize("effort,kwargs,on", [
-    ("none", {}, False), ("minimal", {}, True), ("low", {}, True), ("medium", {}, True),
-    ("high", {}, True), ("xhigh", {}, True),
-    ("high", {"enable_thinking": False}, False),  # explicit enable_thinking wins
-    ("none", {"enable_thinking": True}, True),
-])
-def test_reasoning_effort_maps_to_thinking(srv, effort, kwargs, on):
-    text, _ = render(srv, reasoning_effort=effort, chat_template_kwargs=kwargs)
-    assert text.endswith(PRIMER_OFF) is not on
-
-
-@pytest.mark.parametrize("kwargs", [{}, {"enable_thinking": False}])
-def test_bad_reasoning_effort_is_400(client, kwargs):
-    with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="m", messages=MSG, max_tokens=1,
-                                       extra_body={"reasoning_effort": "extreme",
-                                                   "chat_template_kwargs": kwargs})
-    assert "reasoning_effort must be one of" in str(e.value)
 
 
 def test_tools_and_tool_history_render_natively(srv):
@@ -195,30 +138,17 @@ def test_rendered_tool_call_round_trips_through_the_parser(srv):
 
 # ---------------------------------------------------------------- served
 
-def test_chat_stream_and_not(client, srv):
-    full, _ = chat_both_ways(client, model="m", messages=MSG, max_tokens=6, temperature=0)
-    c = full.choices[0]
-    assert isinstance(c.message.content, str) and c.finish_reason in ("length", "stop")
-    assert full.model == srv.engine.model.id
-
-
 def test_tools_request_served(client):
     r = client.chat.completions.create(model="m", messages=MSG, tools=TOOLS, max_tokens=4,
                                        temperature=0, extra_body={"reasoning_effort": "high"})
     assert r.choices[0].finish_reason in ("length", "stop", "tool_calls")
 
 
-@pytest.mark.parametrize("thinking", [False, True])
-def test_greedy_parity_with_mlx_lm(client, srv, ckpt, thinking):
-    r = client.chat.completions.create(
-        model="m", messages=MSG, max_tokens=8, temperature=0,
-        extra_body={"logprobs": True, "chat_template_kwargs": {"enable_thinking": thinking}})
-    ours = ids_of(r.choices[0])
-    model, tok = mlx_load(str(ckpt))
-    text = tok.apply_chat_template(MSG, add_generation_prompt=True, tokenize=False,
-                                   enable_thinking=thinking)
-    prompt = tok.encode(text, add_special_tokens=False)
-    rendered = render(srv, chat_template_kwargs={"enable_thinking": thinking})[1]
-    assert prompt == rendered.prompt_tokens
-    theirs = mlx_lm_greedy(model, prompt, 8, tok.eos_token_ids)
-    assert ours == theirs[: len(ours)] and len(ours) == len(theirs)
+class TestConformance(ReasoningFamilyChecks):
+    """The checks every family passes (mlxbun_core.testing.conformance): served row,
+    claim and generic fallback, `mlxbun plugins`, template parity, the thinking switch,
+    served chat and greedy parity with mlx-lm."""
+
+    plugin = "minicpm5"
+    model_id = "MiniCPM5-1B"  # a checkpoint without the template's markup is claimed by name
+    fallback_template = mlxbun_minicpm5.fallback_template()

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mlxbun_core.library import fit
+from mlxbun_core.models.facts import activation_bytes
 
 from . import mtp_weights as W
 
@@ -148,7 +148,7 @@ def load_predictor(model: Any) -> QwenMtp | None:
         return None
     pre = os.environ.get("MLXBUN_MTP_HIDDEN", "pre") != "post"
     return QwenMtp(model.model, lambda: _load_head(model, files), DEFAULT_DRAFT_TOKENS,
-                   f"{model.id} (mtp head)", pre, fit.activation_bytes(model.config or {}),
+                   f"{model.id} (mtp head)", pre, activation_bytes(model.config or {}),
                    W.tensor_bytes(tensors))
 
 

@@ -208,7 +208,7 @@ def test_the_head_names_its_weight_bytes_before_loading_them(model_type, dtype):
     """``weight_bytes`` (what memory admission bills once ``loaded``) comes from the file
     headers before anything is read, and is what the loaded head's parameters hold:
     bfloat16 kept as stored, the MoE head's fused experts split into mlx-lm's stacks."""
-    from mlxbun_core.engine.admission import weight_bytes
+    from mlxbun_core.models.facts import weight_bytes
 
     path = tiny_checkpoint(model_type, mtp="random", dtype=dtype)
     loaded = loader.load(str(path), LoadOptions())

@@ -14,11 +14,11 @@ from mlxbun_core import loader
 from mlxbun_core.chat_template import install_fallback_template
 from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.reply import gather
-from mlxbun_core.errors import BadRequest
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.conformance import ReasoningFamilyChecks
 from mlxbun_core.testing.engine import rendered_chat
-from mlxbun_core.testing.helpers import chat_both_ways, mlx_lm_greedy, plugins_listing, unregistered
+from mlxbun_core.testing.helpers import chat_both_ways, mlx_lm_greedy
 
 MSG = [{"role": "user", "content": "What is the capital of France?"}]
 TOOLS = [{"type": "function", "function": {
@@ -41,27 +41,11 @@ def rendered(srv, **body):
 
 # -- claim -----------------------------------------------------------------
 
-def test_models_row_names_family_and_plugin(srv):
-    row = httpx.get(srv.v1 + "/models").json()["data"][0]
-    assert row["family"] == "qwen35" and row["plugin"] == "qwen35"
-    assert row["reasoning"] is True and row["embeddings"] is False
-
-
-def test_moe_checkpoint_claimed_and_generic_takes_over_when_unregistered(ckpt):
+def test_the_moe_checkpoint_is_claimed_too():
     moe = tiny_checkpoint("qwen3_5_moe", seed=7, chat_template=fallback_template())
     assert json.loads((moe / "config.json").read_text())["architectures"] == [
         "Qwen3_5MoeForConditionalGeneration"]
     assert loader.claim(moe, LoadOptions(model_id="moe")).family == "qwen35"
-    with unregistered("qwen35"):
-        m = loader.claim(ckpt, LoadOptions(model_id="dense"))
-        assert (m.family, m.plugin) == ("generic", "generic")
-    assert loader.claim(ckpt, LoadOptions(model_id="dense")).family == "qwen35"
-
-
-def test_cli_lists_plugin_and_honours_disable():
-    assert "qwen35 (mlxbun-qwen35 0.1.0)" in plugins_listing()
-    out = plugins_listing(MLXBUN_DISABLE_PLUGINS="qwen35")
-    assert "qwen35" not in out and "generic" in out
 
 
 def test_fallback_template_installed_when_checkpoint_has_none():
@@ -83,29 +67,6 @@ def test_thinking_on_by_default(srv):
     text, req = rendered(srv)
     assert text.endswith(GEN_ON) and req.in_reasoning
     assert (req.think_start, req.think_end) == ("<think>", "</think>")
-
-
-@pytest.mark.parametrize("body,on", [
-    ({"chat_template_kwargs": {"enable_thinking": False}}, False),
-    ({"chat_template_kwargs": {"enable_thinking": True}}, True),
-    ({"reasoning_effort": "none"}, False),
-    ({"reasoning_effort": "minimal"}, True),
-    ({"reasoning_effort": "xhigh"}, True),
-    ({"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}}, True),
-    ({"reasoning_effort": "high", "chat_template_kwargs": {"enable_thinking": False}}, False),
-])
-def test_thinking_switches(srv, body, on):
-    text, req = rendered(srv, **body)
-    assert text.endswith(GEN_ON if on else GEN_OFF)
-    assert req.in_reasoning is on
-
-
-def test_bad_reasoning_effort_is_400(srv):
-    with pytest.raises(BadRequest):
-        rendered(srv, reasoning_effort="turbo")
-    r = httpx.post(srv.v1 + "/chat/completions", timeout=30,
-                   json={"messages": MSG, "reasoning_effort": "turbo", "max_tokens": 2})
-    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_tools_system_turn_tool_calls_and_responses(srv):
@@ -173,19 +134,6 @@ def test_served_chat_stream_matches_non_stream(client, thinking):
     chat_both_ways(client, **kw)
 
 
-@pytest.mark.parametrize("thinking", [True, False])
-def test_greedy_parity_with_mlx_lm(client, ckpt, thinking):
-    r = client.chat.completions.create(
-        model="m", messages=MSG, max_tokens=12, temperature=0,
-        extra_body={"logprobs": True, "chat_template_kwargs": {"enable_thinking": thinking}})
-    ours = [e.model_extra["id"] for e in r.choices[0].logprobs.content]
-    model, tok = mlx_load(str(ckpt))
-    text = tok.apply_chat_template(MSG, add_generation_prompt=True, tokenize=False,
-                                   enable_thinking=thinking)
-    theirs = mlx_lm_greedy(model, tok.encode(text, add_special_tokens=False), 12, tok.eos_token_ids)
-    assert ours == theirs and len(ours) > 0
-
-
 def test_moe_engine_greedy_parity():
     """The MoE variant through the engine (no second HTTP server in this process)."""
     moe = tiny_checkpoint("qwen3_5_moe", seed=7, chat_template=fallback_template())
@@ -206,3 +154,10 @@ def test_moe_engine_greedy_parity():
     assert text.endswith(GEN_ON)
     assert ours == mlx_lm_greedy(model, tok.encode(text, add_special_tokens=False), 8,
                               tok.eos_token_ids)
+
+
+class TestConformance(ReasoningFamilyChecks):
+    """The checks every family passes (mlxbun_core.testing.conformance)."""
+
+    plugin = "qwen35"
+    fallback_template = fallback_template()

@@ -16,7 +16,7 @@ from mlxbun_core.engine.core import Engine
 from mlxbun_core.errors import BadRequest
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing.checkpoints import tiny_checkpoint, write_checkpoint
-from mlxbun_core.testing.helpers import plugins_listing, unregistered
+from mlxbun_core.testing.conformance import FamilyChecks
 
 # What a published Qwen3-Embedding snapshot carries besides the weights.
 ST_FILES = {
@@ -72,13 +72,6 @@ def post(srv, path, body):
 
 # -- claim ---------------------------------------------------------------------
 
-def test_models_row_is_embedding(srv):
-    row = httpx.get(srv.v1 + "/models").json()["data"][0]
-    assert (row["family"], row["plugin"]) == ("qwen3_embed", "qwen3_embed")
-    assert row["embeddings"] is True and row["capabilities"]["chat_completions"] is False
-    assert srv.engine.model.kind == "embedding"
-
-
 def test_plain_qwen3_stays_generic_unless_forced(plain):
     m = loader.claim(plain, LoadOptions(model_id="Qwen/Qwen3-0.6B"))
     assert (m.family, m.kind) == ("generic", "generate")
@@ -99,18 +92,6 @@ def test_name_based_detection(tmp_path, plain):
     # an unrelated parent folder named like an embedding model does not count
     nested = write_checkpoint(tmp_path / "embedding-experiments" / "chat", "qwen3", seed=1)
     assert loader.claim(nested, LoadOptions(model_id="chat")).family == "generic"
-
-
-def test_generic_claims_when_plugin_unregistered(ckpt):
-    with unregistered("qwen3_embed"):
-        assert loader.claim(ckpt, LoadOptions(model_id="e")).family == "generic"
-
-
-def test_cli_lists_plugin_and_honours_disable():
-    out = plugins_listing()
-    assert "qwen3_embed (mlxbun-qwen3-embed 0.1.0)" in out and "embed" in out
-    out = plugins_listing(MLXBUN_DISABLE_PLUGINS="qwen3_embed")
-    assert "qwen3_embed" not in out
 
 
 # -- vectors ----------------------------------------------------------------------
@@ -194,3 +175,10 @@ def test_non_embedding_model_embed_is_400(plain):
         assert exc.value.status == 400 and exc.value.type == "invalid_request_error"
     finally:
         engine.worker.close()
+
+
+class TestConformance(FamilyChecks):
+    """The checks every family passes (mlxbun_core.testing.conformance)."""
+
+    plugin = "qwen3_embed"
+    embeddings = True
