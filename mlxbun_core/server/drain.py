@@ -97,17 +97,19 @@ class DrainingServer(uvicorn.Server):
         while not self.engine.idle and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(FAULT_LINGER_S)
-        self.config.timeout_graceful_shutdown = ABORT_GRACE_S  # type: ignore[assignment]
+        self._grace(ABORT_GRACE_S)
         self.should_exit = True
 
     def _stop(self, message: str) -> None:
         """End every request with ``message`` and let the responses write it."""
         self.engine.abort(message)
-        grace = self.config.timeout_graceful_shutdown
-        # uvicorn annotates an int; it only hands the value to asyncio.wait_for
-        self.config.timeout_graceful_shutdown = min(  # type: ignore[assignment]
-            grace or ABORT_GRACE_S, ABORT_GRACE_S)
+        self._grace(min(self.config.timeout_graceful_shutdown or ABORT_GRACE_S, ABORT_GRACE_S))
         self.should_exit = True
+
+    def _grace(self, seconds: float) -> None:
+        """How long uvicorn lets open responses finish once it stops."""
+        # uvicorn annotates an int; it only hands the value to asyncio.wait_for
+        self.config.timeout_graceful_shutdown = seconds  # type: ignore[assignment]
 
     def _drain(self) -> None:
         deadline = time.monotonic() + self.timeout
