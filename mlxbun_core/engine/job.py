@@ -170,6 +170,9 @@ class GenerationJob(Job):
         # when first preempted: a job preempted again without progress keeps its clock
         self.waiting_since: float | None = None
         self.progress_mark = 0
+        # tokens its first pass over no KV kept (0: unknown): under a KV scheme they
+        # attended in full precision, and its recomputed row reads as many first
+        self.first_pass = 0
 
     def mark_started(self, lane: str) -> None:
         """The job leaves the waiting queue and starts on ``lane``."""

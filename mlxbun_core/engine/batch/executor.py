@@ -79,13 +79,14 @@ class Batch:
     def add(self, uid: int, todo: list[int], *, cache: list[Any] | None = None,
             shared: Shared | None = None, held: Sequence[int] = (), sampler: Any = None,
             processors: Sequence[Any] = (), budget: int = 1 << 30, tapped: bool = False,
-            refeed: Sequence[int] = ()) -> None:
+            refeed: Sequence[int] = (), first: int = 0) -> None:
         """Start row ``uid`` holding ``held``: in ``shared`` (a table over cached blocks,
         taken over by the row), or in ``cache`` (a single-sequence mlx-lm cache, copied
         into the row's blocks), or nowhere (None of them: ``held`` is empty); ``todo``
         (at least one token) is fed next; ``tapped``: the tap reads its states;
         ``refeed``: tokens the cache lacks (a rollback took them out), fed again ahead of a
-        one-token ``todo`` without being handed out."""
+        one-token ``todo`` without being handed out; ``first``: tokens its first pass
+        reads (0: as planned; ``Row.first_kept``)."""
         if not todo:
             raise ValueError("a row needs at least one token to feed")
         if refeed and len(todo) > 1:
@@ -99,7 +100,8 @@ class Batch:
             states = (self._load(table, cache, len(held)) if cache is not None and held
                       else self.layout.fresh_states())
         self.rows[uid] = Row(uid, table, list(held), list(todo), sampler, processors, budget,
-                             states, tapped=tapped, refeed=list(refeed))
+                             states, tapped=tapped, refeed=list(refeed), first_cap=first,
+                             first=0 if table.length else None)
         if processors and held:  # they see every token fed, those cached before too
             self.rows[uid].context = mx.array(list(held), dtype=mx.uint32)
         if len(todo) == 1:
@@ -184,7 +186,7 @@ class Batch:
         that have now read all but their prompt's last token (they decode from the next
         step)."""
         rows = [self.rows[u] for u in chunks]
-        sizes = [max(1, min(chunks[r.uid], len(r.todo) - 1)) for r in rows]
+        sizes = [r.chunk(chunks[r.uid]) for r in rows]
         width = max(sizes)
         feed = [r.todo[:n] for r, n in zip(rows, sizes)]
         inputs = mx.array([f + [0] * (width - len(f)) for f in feed], dtype=mx.uint32)
@@ -297,9 +299,13 @@ class Batch:
         return self.forward(inputs, caches), None
 
     def _fresh_apart(self, rows: list[Row]) -> list[list[int]] | None:
-        """``[fresh, holding]`` row indices when a pass must split (see ``_pass``)."""
+        """``[fresh, holding]`` row indices when a pass must split (see ``_pass``); a
+        row's first pass ended where its second begins (``Row.first_kept``)."""
         if not self.layout.quantized:
             return None
+        for r in rows:
+            if r.first is None and r.table.length:
+                r.first = r.table.length
         fresh = [i for i, r in enumerate(rows) if not r.table.length]
         if not fresh or len(fresh) == len(rows):
             return None

@@ -126,16 +126,19 @@ class Admitting(Relief):
             self._not_added(job, exc)  # waits for memory, or ends with the failure
             raise
         job.preempted = False
-        uid = self._add_row(job, cache, tokens[:n], tokens[n:])
+        first = job.first_pass if resumed and not n else 0  # (KV schemes: Row.first_kept)
+        uid = self._add_row(job, cache, tokens[:n], tokens[n:], first=first)
         if resumed and uid is not None:
             self._rows[uid].snapshot = False  # (not at its prompt's boundary)
 
     def _add_row(self, job: GenerationJob, cache: list[Any] | Shared | None,
-                 held: list[int], todo: list[int], head: HeadState | None = None) -> int | None:
+                 held: list[int], todo: list[int], head: HeadState | None = None,
+                 first: int = 0) -> int | None:
         """Start a row whose KV ``cache`` (shared blocks, or mlx-lm caches) holds the
         tokens ``held``; ``todo`` is fed next (a row snapshots its prompt boundary when it
         reads more than one token and its cache cannot rewind; ``head``: a lone MTP job's
-        head); its uid (None: no room, the job waits first in line)."""
+        head; ``first``: tokens its first pass reads); its uid (None: no room, the job
+        waits first in line)."""
         left = job.limit - job.session.usage.completion_tokens if job.limit else NO_LIMIT
         uid = next(self._uids)
         mtp = self.mtp if self._wants_mtp(job) else None
@@ -147,7 +150,8 @@ class Admitting(Relief):
                                   sampler=job.request.sampler,
                                   processors=job.request.processors, budget=left,
                                   tapped=mtp is not None,
-                                  refeed=head.refeed if head is not None else ())
+                                  refeed=head.refeed if head is not None else (),
+                                  first=first)
         except Exception as exc:
             self._not_added(job, exc)  # waits for memory, or ends with the failure
             if isinstance(exc, OutOfBlocks):

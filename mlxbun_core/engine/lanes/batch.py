@@ -336,8 +336,9 @@ class BatchLane(Admitting):
             return  # (a lone stream feeds nothing again: prompt lookup's row waits a step)
         cache, fed = batch.export(uid)
         head = None if mtp is None else mtp.leaving(uid, batch.refeeding(uid))
-        batch.remove(uid)
         job = self._rows.pop(uid).job  # it keeps its admission reservation
+        self._note_first(batch, uid, job)
+        batch.remove(uid)
         self.spec.drop(uid)
         if mtp is not None:
             mtp.drop(uid)

@@ -15,8 +15,9 @@ and the 503 once a wait is too long (a mixin of :class:`~.batch.BatchLane`).
   holds a single request is a device that cannot recover.
 - **Preempted** requests keep their admission reservation and their place: they go back
   to the front of the queue and are recomputed from their prompt and the tokens already
-  handed out (``job.output``: greedy output equals an uninterrupted run). Nothing new is
-  admitted while one waits.
+  handed out (``job.output``: greedy output equals an uninterrupted run; under a KV
+  scheme the row's first pass reads what its first run's did, ``Row.first_kept``).
+  Nothing new is admitted while one waits.
 - **Waiting.** A request held back by memory (admission's reservations, the measured
   room, preempted requests ahead, the row cap after an out-of-memory) starts a clock;
   past ``--memory-wait`` it ends with a 503 and ``Retry-After`` (a preempted one that made
@@ -38,6 +39,7 @@ from .slot import BatchRow, SoloSlot, deliver
 if TYPE_CHECKING:
     import mlx.core as mx
 
+    from ...kvquant import KVScheme
     from ..admission import Admission
     from ..batch import Batch, Forcing
     from ..fill.forced import FillSession
@@ -61,6 +63,7 @@ class Relief:
     """Memory pressure for :class:`~.batch.BatchLane` (which holds what is declared here)."""
 
     governor: Governor
+    kv: KVScheme
     admission: Admission | None
     prefix: PrefixCache | None
     cap: int
@@ -75,7 +78,7 @@ class Relief:
         raise NotImplementedError
 
     def _add_row(self, job: GenerationJob, cache: Any, held: list[int], todo: list[int],
-                 head: Any = None) -> int | None:
+                 head: Any = None, first: int = 0) -> int | None:
         raise NotImplementedError
 
     def _get_batch(self) -> Batch:
@@ -159,8 +162,10 @@ class Relief:
             self.spec.drop(uid)
             if self.mtp is not None:
                 self.mtp.drop(uid)
-            if keep_pool and batch is not None:
-                batch.remove(uid)
+            if batch is not None:
+                self._note_first(batch, uid, row.job)
+                if keep_pool:
+                    batch.remove(uid)
             if row.job.finished:  # what was settled ended it
                 self._release(row.job)
                 self.governor.row_ended()
@@ -170,6 +175,12 @@ class Relief:
         self._queue.extendleft(reversed(held))
         self.governor.counts["preemptions"] += len(held)
         return len(held)
+
+    def _note_first(self, batch: Batch, uid: int, job: GenerationJob) -> None:
+        """Keep what row ``uid``'s first pass read on its job, for a row recomputed
+        under a KV scheme to read as much first (``Row.first_kept``)."""
+        if self.kv.bits and not job.first_pass:
+            job.first_pass = batch.rows[uid].first_kept
 
     def _preempt_solo(self) -> int:
         """Drop the lone job's KV and queue it first; 1 when there was one."""
