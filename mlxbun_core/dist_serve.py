@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .distributed.lockstep import LockstepModel
     from .distributed.watchdog import Watchdog
     from .engine.core import Engine
+    from .engine.speculate import SpecConfig
     from .engine.worker import ModelWorker
     from .model import LoadedModel, LoadOptions
 
@@ -47,6 +48,9 @@ def refusal(args: argparse.Namespace) -> str | None:
             return f"{what} cannot be used with --distributed"
     if getattr(args, "kv_quant", "off") not in ("off", None):
         return "--kv-quant cannot be used with --distributed (the KV scheme swap is not mirrored)"
+    if getattr(args, "draft_kind", None) == "mtp":
+        return ("--draft-kind mtp cannot be used with --distributed (the MTP head runs the "
+                "model's layers outside its call, where the other ranks cannot follow)")
     if getattr(args, "model_pool", 1) != 1:
         return "--model-pool cannot be used with --distributed"
     return None
@@ -104,21 +108,27 @@ def load_shard(name: str | None, options: LoadOptions, group: DistributedGroup) 
 
 def check_same_caches(module: Any, group: DistributedGroup) -> None:
     """Every rank must make the same number of per-layer caches, all rewindable or none
-    (rank 0 decides alone when to trim): pipeline stages of a hybrid model may not."""
+    (rank 0 decides alone when to trim), each layer paged or recurrent alike (followers
+    replay rank 0's batch layer by layer): pipeline stages of a hybrid model may not."""
+    import zlib
+
     import mlx.core as mx
     import numpy as np
     from mlx_lm.models.cache import make_prompt_cache
 
+    from .engine.batch.layout import layout
     from .engine.prompt_cache import trimmable
 
     with mirror_quiet():
         caches = make_prompt_cache(module)
-    mine = mx.array([len(caches), int(trimmable(caches))])
+        slots = layout(module)
+    kinds = repr(None if slots is None else [(s.kind, s.parts) for s in slots])
+    mine = mx.array([len(caches), int(trimmable(caches)), zlib.crc32(kinds.encode()) >> 1])
     every = mx.distributed.all_gather(mine[None], group=group.group)
     rows = [tuple(row) for row in np.array(every).tolist()]
     if len(set(rows)) > 1:
-        raise RuntimeError(f"the ranks' shards keep different caches (layers, rewindable): "
-                           f"{rows}; use another number of ranks or drop --pipeline")
+        raise RuntimeError(f"the ranks' shards keep different caches (layers, rewindable, "
+                           f"kinds): {rows}; use another number of ranks or drop --pipeline")
 
 
 def mirror_quiet() -> Any:
@@ -152,7 +162,14 @@ def run_leader(args: argparse.Namespace, group: DistributedGroup) -> int:
     from .distributed.watchdog import Watchdog
     from .engine.worker import ModelWorker
     from .selection import chosen_model
-    from .startup import configure_media, configure_system_prompts, preflight, serve_forever
+    from .startup import (
+        StartFailed,
+        configure_media,
+        configure_system_prompts,
+        lookup_config,
+        preflight,
+        serve_forever,
+    )
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
@@ -160,6 +177,10 @@ def run_leader(args: argparse.Namespace, group: DistributedGroup) -> int:
     if problem:
         print(f"mlxbun: {problem}", file=sys.stderr)
         return 2
+    try:
+        speculation = lookup_config(args)  # --draft-kind ngram: drafts ride in the batch
+    except StartFailed as exc:
+        return exc.status
     configure_media(args)
     configure_system_prompts(args)
     worker = ModelWorker()
@@ -171,7 +192,7 @@ def run_leader(args: argparse.Namespace, group: DistributedGroup) -> int:
               f"{group.size} ranks: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     lockstep = LockstepModel(model.model, Channel(group.group))
-    engine = leader_engine(args, group, model, lockstep, worker)
+    engine = leader_engine(args, group, model, lockstep, worker, speculation)
     watchdog = Watchdog(group, lockstep.ping, engine, timeout=args.distributed_timeout).start()
     print(f"mlxbun: distributed over {group.size} ranks ({group.backend}, {group.mode} "
           "parallel)", flush=True)
@@ -185,9 +206,11 @@ def run_leader(args: argparse.Namespace, group: DistributedGroup) -> int:
 
 
 def leader_engine(args: argparse.Namespace, group: DistributedGroup, model: LoadedModel,
-                  lockstep: LockstepModel, worker: ModelWorker) -> Engine:
+                  lockstep: LockstepModel, worker: ModelWorker,
+                  speculation: SpecConfig | None = None) -> Engine:
     """The serve flags' engine around ``lockstep`` (it replaces the loaded shard in
-    ``model``), billed for this rank's share; mounting an adapter is refused."""
+    ``model``), billed for this rank's share, with prompt-lookup ``speculation`` (no MTP
+    head: it is refused); mounting an adapter is refused."""
     from .engine.core import Engine
     from .library.ranks import rank_config
     from .startup import SAMPLING_FLAGS
@@ -198,7 +221,8 @@ def leader_engine(args: argparse.Namespace, group: DistributedGroup, model: Load
     model.extras["ranks"] = group.size  # the default batch widens (fit.batch_plan)
     defaults = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
     engine = Engine(model, worker=worker, defaults=defaults, max_tokens=args.max_tokens or None,
-                    batch=args.batch, prompt_cache_bytes=int(args.prompt_cache * (1 << 30)),
+                    speculation=speculation, batch=args.batch,
+                    prompt_cache_bytes=int(args.prompt_cache * (1 << 30)),
                     memory_budget_bytes=int(args.memory_budget * 1e9)
                     if args.memory_budget else None)
     refuse_adapters(engine)

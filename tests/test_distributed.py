@@ -34,9 +34,12 @@ from mlxbun_core.testing.process import ServerProcess
 from mlxbun_core.testing.server import free_port, start_server
 
 BIN = Path(sys.executable).parent
-BATCH = 8  # eight rows: a step's descriptor outgrows one frame (channel.FRAME)
+BATCH = 64
 PROMPTS = ["hello there", "the quick brown fox jumps over", "one two three four five six",
            "a", "seven eight", "what is the time", "zebras and lions", "b c d e f g"]
+# 64 short rows decoding together: a decode step's descriptor (their block tables) outgrows
+# one frame (channel.FRAME) by the end, up to about 1.2 KB
+MANY = [f"{i}: {p} {p} {p}" for i, p in enumerate(PROMPTS * 8)]
 
 
 def _launcher() -> Path:
@@ -151,6 +154,15 @@ def _chat(base: str, messages: list, n: int = 16, stream: bool = False) -> tuple
     return "".join(text), usage
 
 
+def _decoded(base: str) -> tuple[float, float]:
+    """The batch lane's decode steps and the rows they carried so far (``/metrics``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    got = {s.name: s.value for f in text_string_to_metric_families(
+        httpx.get(base + "/metrics").text) for s in f.samples}
+    return got["mlxbun_batch_decode_steps_total"], got["mlxbun_batch_decode_rows_total"]
+
+
 # Qwen3.5 (the qwen35 family plugin) with four layers, so that both pipeline stages keep one
 # linear-attention and one full-attention cache each
 QWEN35 = {"text_config": {"num_hidden_layers": 4, "full_attention_interval": 2,
@@ -192,10 +204,13 @@ def test_greedy_chat_equals_single_process(served):
 
 def test_concurrent_requests_batch_together_and_match(served):
     pair, ref = served
-    with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
-        want = list(pool.map(lambda p: _completion(ref, p, 24), PROMPTS))
-        got = list(pool.map(lambda p: _completion(pair.base, p, 24), PROMPTS))
+    with cf.ThreadPoolExecutor(len(MANY)) as pool:
+        want = list(pool.map(lambda p: _completion(ref, p, 32), MANY))
+        steps, rows = _decoded(pair.base)
+        got = list(pool.map(lambda p: _completion(pair.base, p, 32), MANY))
     assert got == want
+    steps_after, rows_after = _decoded(pair.base)
+    assert rows_after - rows >= 4 * (steps_after - steps) > 0  # rows shared the steps
     lanes = httpx.get(pair.base + "/stats").json()["batch"]
     assert lanes["cap"] == BATCH
 
@@ -242,6 +257,22 @@ def test_draft_model_is_refused_at_startup():
     assert re.search(r"rank [01] exited with code 2", pair.proc.output), pair.proc.output
     assert "exited with code 0" not in pair.proc.output, pair.proc.output
     assert "a draft model (--draft-model) cannot be used with --distributed" in pair.proc.output
+
+
+def test_mtp_drafts_are_refused_and_prompt_lookup_is_not():
+    """The MTP head runs the model's layers outside its call, where the other ranks cannot
+    follow: ``--draft-kind mtp`` stops every rank at start-up (exit 2, as
+    ``--draft-model`` above). Prompt lookup's drafts ride in the batch's windows, which the
+    followers replay: ``--draft-kind ngram`` serves."""
+    from mlxbun_core.cli import build_parser
+    from mlxbun_core.dist_serve import refusal
+
+    def why(*flags: str) -> str | None:
+        return refusal(build_parser().parse_args(["serve", "m", "--distributed", *flags]))
+
+    assert "--draft-kind mtp cannot be used with --distributed" in (why("--draft-kind", "mtp")
+                                                                   or "")
+    assert why("--draft-kind", "ngram") is None and why() is None
 
 
 def test_stopping(served, request):

@@ -3,8 +3,10 @@
 :class:`LockstepModel` stands in for the loaded ``nn.Module`` (every attribute reads
 through to it, so ``make_cache``, ``layers``, ``parameters`` and the rest are the
 model's own). Each call, before the forward pass itself, sends every other rank a
-descriptor (the cache operations recorded since the last one, the cache objects this
-call runs on, the shapes and dtypes of its array arguments), then shares the arrays
+descriptor (what changed the caches since the last one: the serial lane's mlx-lm cache
+operations (``mirror.py``) and the batch's journal (``engine/batch/journal.py``); then
+what this call runs on: a batch pass's plan, or the serial lane's cache objects; and
+the shapes and dtypes of its array arguments), then shares the arrays
 (lazily: the tokens of a decode step are usually still being sampled), then runs the
 forward pass on the channel's stream and queues its evaluation, so that rank 0 runs
 every collective of every forward pass, in order, even the ones whose output the
@@ -21,6 +23,7 @@ import threading
 import time
 from typing import Any
 
+from ..engine.batch.journal import Journal
 from .channel import Channel
 from .mirror import RECORDER
 
@@ -36,6 +39,8 @@ class LockstepModel:
         object.__setattr__(self, "_lock", threading.Lock())
         object.__setattr__(self, "calls", 0)
         object.__setattr__(self, "stopped", False)  # the followers were told to stop
+        # the batch lane's record of its pool and states (it finds it here)
+        object.__setattr__(self, "journal", Journal())
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._module, name)
@@ -52,8 +57,11 @@ class LockstepModel:
         names = [k for k, v in kwargs.items() if isinstance(v, mx.array)]
         plain = {k: v for k, v in kwargs.items() if k not in names}
         arrays = [inputs, *(kwargs[k] for k in names)]
+        plan = getattr(cache, "plan", None)  # a batch pass (journal.Pass)
         with self._lock, mx.stream(self._channel.stream):
-            desc = ("fwd", RECORDER.take(), None if cache is None else RECORDER.encode(cache),
+            target = (("pass", plan) if plan is not None else
+                      ("caches", None if cache is None else RECORDER.encode(cache)))
+            desc = ("fwd", RECORDER.take(), self.journal.take(), target,
                     [(tuple(a.shape), dtype_name(a)) for a in arrays], names, plain)
             self._channel.send(desc)
             shared = self._channel.share(arrays)
@@ -77,7 +85,7 @@ class LockstepModel:
             raise RuntimeError("the group was stopped")
         t0 = time.perf_counter()
         with self._lock, mx.stream(self._channel.stream):
-            self._channel.send(("ping", RECORDER.take()))
+            self._channel.send(("ping", RECORDER.take(), self.journal.take()))
             (count,) = self._channel.share([mx.ones(1, dtype=mx.int32)])
             got = int(count.item())
         if got != self._channel.group.size():

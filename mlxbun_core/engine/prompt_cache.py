@@ -13,11 +13,13 @@ settings and media. Works for every cache kind mlx-lm uses:
 Lookups always leave at least the prompt's last token to feed the model, so a
 hit still yields the logits of the first new token.
 
-With an SSD tier (``kvstore.SsdStore``), entries leaving RAM (evicted, idle past
-the demotion age, or demoted by a drain) are written to disk in the background,
-published entries are written behind when the engine is idle, and a lookup that
-misses RAM (or finds far less there) restores the best SSD entry into RAM first.
+With an SSD tier (``kvstore.SsdStore``), entries leaving RAM go to disk and a lookup
+that misses RAM may restore one from there (``prompt_tier.py``, this cache's base).
 Everything here runs on the MLX owner thread, except :meth:`stats`.
+
+With ``kinds_apart`` (a distributed serve: moving KV between the block pool and mlx-lm
+caches would carry rank 0's shard alone) the batch's block entries and the serial
+lane's mlx-lm caches live in separate namespaces: each lane finds only its own kind.
 """
 
 from __future__ import annotations
@@ -26,29 +28,20 @@ import copy
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .batch.entry import BlockEntry, Shared
 from .prefix_index import Entry, PrefixIndex
+from .prompt_tier import MIN_HIT, SSD_GAIN, RamEntry, SsdTier, release
+from .prompt_tier import trimmable as trimmable  # (the lanes import it from here)
 
 if TYPE_CHECKING:
     from ..kvstore.store import SsdStore
     from .batch.layout import Layout
 
 log = logging.getLogger("mlxbun.cache")
-
-# A prompt that shares fewer tokens than this with the cache (and not all but its last),
-# and holds no whole cached entry, starts cold: mlx-lm's search for the entry extending a
-# short common prefix walks that entry's whole tail (30-120 ms for a 5k-token
-# conversation, measured on an H200 host and on this CPU) to save a few tokens of prefill.
-MIN_HIT = 64
-# An SSD entry is restored over a RAM hit only when it covers this share more of the prompt
-# (re-reading a whole entry to save a few tokens of prefill loses).
-SSD_GAIN = 0.25
-
 
 @dataclass
 class _Plan:
@@ -57,7 +50,7 @@ class _Plan:
     n: int  # prompt tokens it then holds
 
 
-class PrefixCache:
+class PrefixCache(SsdTier):
     def __init__(self, max_bytes: int, tier: SsdStore | None = None,
                  post: Callable[[Callable[[], None]], None] | None = None):
         """``tier``: an SSD store (or None); ``post(fn)`` runs ``fn`` on the MLX owner
@@ -65,24 +58,13 @@ class PrefixCache:
         self.max_bytes = max_bytes
         self._index = PrefixIndex()
         self._lock = threading.Lock()  # /stats reads from the event loop
-        self.tier = tier if max_bytes > 0 else None
+        super().__init__(tier if max_bytes > 0 else None, post)
         self.lookups = self.hits = self.hit_tokens = self.stores = 0
-        self.ssd_hits = self.ssd_hit_tokens = 0
-        self.ssd_skipped = 0  # disk entries left alone: recomputing them was faster
-        # prompt tokens a second this device prefills (the engine's pacer); None: unknown
-        self.prefill_rate: Callable[[], float | None] = lambda: None
-        if self.tier is not None and post is not None and self.tier.config.demote_idle_s > 0:
-            age = self.tier.config.demote_idle_s
-            self.tier.queue.on_tick(lambda: self._idle_sweep(post), min(30.0, max(0.05, age / 4)))
+        self.kinds_apart = False  # block entries only for the batch, caches for the rest
 
     @property
     def enabled(self) -> bool:
         return self.max_bytes > 0
-
-    def _ssd(self) -> SsdStore:
-        """The SSD tier, in the paths only a cache with one takes."""
-        assert self.tier is not None
-        return self.tier
 
     # -- lookups ---------------------------------------------------------------------
     def lookup_dense(self, namespace: Hashable, tokens: list[int]
@@ -99,6 +81,7 @@ class PrefixCache:
         a :class:`Shared` table over its blocks (nothing copied)."""
         if not self.enabled or len(tokens) < 2:
             return None, 0
+        namespace = self._space(namespace, blocks=layout is not None)
         with self._lock:
             self.lookups += 1
             shared, whole_entry = self._shared(namespace, tokens)
@@ -158,57 +141,14 @@ class PrefixCache:
             trim_prompt_cache(cache, plan.trim)
         return cache
 
+    def _space(self, namespace: Hashable, blocks: bool) -> Hashable:
+        """Where entries of one kind live (``kinds_apart``: apart from the other kind)."""
+        return (namespace, "blocks" if blocks else "caches") if self.kinds_apart else namespace
+
     def _shared(self, namespace: Hashable, tokens: list[int]) -> tuple[int, bool]:
         """How many leading ``tokens`` some entry shares, and whether a whole entry lies
         within them."""
         return self._index.shared(namespace, tokens)
-
-    def _restore(self, namespace: Hashable, tokens: list[int],
-                 ram_n: int) -> tuple[list[Any], int] | None:
-        """``(cache, n)`` from the best SSD entry when it beats the RAM hit clearly; the
-        restored entry also joins RAM (already durable)."""
-        from mlx_lm.models.cache import trim_prompt_cache
-
-        tier = self._ssd()
-        key = tier.key(namespace)
-        found = tier.find(key, tokens) if key is not None else None
-        if found is None:
-            return None
-        entry, usable = found
-        if usable < min(MIN_HIT, len(tokens) - 1) and usable != entry.n:
-            return None
-        if usable <= ram_n + max(1, int(SSD_GAIN * usable)):
-            return None
-        if not self._worth_restoring(entry.nbytes, usable - ram_n):
-            with self._lock:
-                self.ssd_skipped += 1
-            return None
-        got = tier.restore(entry)
-        if got is None:
-            return None
-        restored, cache_type = got
-        cut = entry.n - usable
-        if cut and not trimmable(restored):
-            return None  # the header said trimmable; the objects disagree: not usable
-        cache = copy.deepcopy(restored)
-        if cut:
-            trim_prompt_cache(cache, cut)
-        self._insert(namespace, entry.tokens.tolist(), restored, cache_type, durable=True)
-        with self._lock:
-            self.ssd_hits += 1
-            self.ssd_hit_tokens += usable
-        return cache, usable
-
-    def _worth_restoring(self, size: int, tokens: int) -> bool:
-        """A restore must beat recomputing what it saves: the file at the restore speed
-        seen so far against ``tokens`` at the measured prefill rate. (An H200 prefills
-        24k tokens of an 8B model in 2.3 s; their 3.6 GB of KV took 4.7 s to restore from
-        a 1.9 GB/s disk. A CPU or a Mac prefills 10-100x slower.) Either rate unknown:
-        restore, and so measure it."""
-        rate, bps = self.prefill_rate(), self._ssd().restore_bps
-        if not rate or not bps:
-            return True
-        return size / bps < tokens / rate
 
     # -- stores ----------------------------------------------------------------------
     def store(self, namespace: Hashable, tokens: list[int], cache: list[Any] | BlockEntry, *,
@@ -219,6 +159,7 @@ class PrefixCache:
             if isinstance(cache, BlockEntry):
                 cache.release()
             return
+        namespace = self._space(namespace, blocks=isinstance(cache, BlockEntry))
         if not isinstance(cache, BlockEntry):
             import mlx.core as mx
 
@@ -231,7 +172,7 @@ class PrefixCache:
     def _insert(self, namespace: Hashable, tokens: list[int], cache: list[Any] | BlockEntry,
                 cache_type: str, durable: bool) -> None:
         with self._lock:
-            entry = _Entry(cache, cache_type, durable)
+            entry = RamEntry(cache, cache_type, durable)
             removed = self._index.add(namespace, tokens,
                                       Entry(entry, _nbytes(cache), cache_type),
                                       drop_prefixes=_trimmable(cache))
@@ -239,11 +180,11 @@ class PrefixCache:
                 self.stores += 1
             evicted = self._evict(self.max_bytes)
         for old in removed:
-            _release(old.value)
+            release(old.value)
         for ns, toks, gone in evicted:
             if self.tier is not None:
                 self._persist(ns, toks, gone, urgent=True)
-            _release(gone)
+            release(gone)
         if self.tier is not None and not durable and self.tier.config.write_behind:
             self._persist(namespace, tokens, entry, urgent=False)
 
@@ -275,7 +216,7 @@ class PrefixCache:
                 gone = self._pop(*victim)
             if self.tier is not None:
                 self._persist(victim[0], victim[1], gone, urgent=True)
-            _release(gone)
+            release(gone)
             n += 1
         return n
 
@@ -291,52 +232,23 @@ class PrefixCache:
             out.append((ns, tokens, self._pop(ns, tokens)))
         return out
 
-    def _pop(self, namespace: Hashable, tokens: list[int]) -> _Entry:
+    def _pop(self, namespace: Hashable, tokens: list[int]) -> RamEntry:
         got = self._index.pop(namespace, tokens)
         assert got is not None
-        entry: _Entry = got.value
+        entry: RamEntry = got.value
         return entry
 
-    def _entry(self, namespace: Hashable, tokens: list[int]) -> _Entry:
+    def _entry(self, namespace: Hashable, tokens: list[int]) -> RamEntry:
         got = self._index.get(namespace, tokens)
         assert got is not None
-        entry: _Entry = got.value
+        entry: RamEntry = got.value
         return entry
 
     def _cache_at(self, namespace: Hashable, tokens: list[int]) -> list[Any] | BlockEntry:
         return self._entry(namespace, tokens).cache
 
-    # -- the SSD tier ----------------------------------------------------------------
-    def _persist(self, namespace: Hashable, tokens: list[int], entry: _Entry,
-                 urgent: bool) -> bool:
-        """Queue ``entry`` for the disk unless it is there or on its way; True when it
-        is durable or queued."""
-        if entry.durable:
-            return True
-        job = entry.job
-        if job is not None:  # queued behind; now it is leaving RAM or being flushed
-            if urgent and not job.urgent:
-                job.urgent = True
-                self._ssd().queue.poke()
-            return True
-        if entry.volatile:
-            return False
-        tier = self._ssd()
-        key = tier.key(namespace)
-        value = entry.cache
-        dense = value.dense() if isinstance(value, BlockEntry) else value
-        job = tier.prepare(key, tokens, dense, entry.cache_type) \
-            if key is not None else None
-        if job is None:  # an adapter no longer mounted, or a cache we cannot store
-            entry.volatile = True
-            return False
-        job.urgent = urgent
-        ref = weakref.ref(entry)
-        job.done.append(lambda ok: _written(ref, ok))
-        entry.job = job
-        return tier.submit(job)
-
-    def _entries(self) -> list[tuple[Hashable, list[int], _Entry]]:
+    # -- every entry -----------------------------------------------------------------
+    def _entries(self) -> list[tuple[Hashable, list[int], RamEntry]]:
         with self._lock:
             return [(ns, tokens, self._entry(ns, tokens)) for ns, tokens in self._index.stored()]
 
@@ -351,51 +263,12 @@ class PrefixCache:
         with self._lock:
             return self._index.get(namespace, tokens) is not None
 
-    def persist_all(self) -> int:
-        """Queue every RAM entry not yet on disk (a flush or a drain); how many are
-        durable or queued now."""
-        if self.tier is None:
-            return 0
-        return sum(self._persist(ns, tokens, e, urgent=True) for ns, tokens, e in self._entries())
-
-    def dirty(self) -> int:
-        """RAM entries that could go to disk but are not there yet."""
-        return sum(1 for _, _, e in self._entries() if not e.durable and not e.volatile)
-
-    def drop_durable(self, idle_s: float = 0.0) -> int:
-        """Free the RAM of entries already on disk (unused for ``idle_s``); the count."""
-        now, n = time.monotonic(), 0
-        for ns, tokens, e in self._entries():
-            if e.durable and now - e.last_used >= idle_s:
-                with self._lock:
-                    gone = self._pop(ns, tokens)
-                _release(gone)
-                n += 1
-        if n and self.tier is not None:
-            self.tier.demotions += n
-        return n
-
-    def demote_idle(self) -> None:
-        """Entries unused past the demotion age: free the durable ones, queue the rest."""
-        age = self._ssd().config.demote_idle_s
-        now = time.monotonic()
-        for ns, tokens, e in self._entries():
-            if now - e.last_used >= age:
-                self._persist(ns, tokens, e, urgent=True)
-        self.drop_durable(age)
-
-    def _idle_sweep(self, post: Callable[[Callable[[], None]], None]) -> None:
-        """On the writer thread: ask the owner thread to demote when something is idle."""
-        age, now = self._ssd().config.demote_idle_s, time.monotonic()
-        if any(now - e.last_used >= age for _, _, e in self._entries()):
-            post(self.demote_idle)
-
     def clear(self) -> None:
         with self._lock:
             gone = [self._entry(ns, t) for ns, t in self._index.stored()]
             self._index.clear()
         for e in gone:
-            _release(e)
+            release(e)
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -408,20 +281,6 @@ class PrefixCache:
                     "stores": self.stores}
 
 
-class _Entry:
-    """A RAM entry: the cache, its kind (``prefix_index.KINDS``), and its disk state:
-    ``durable`` (on disk), ``job`` (a write queued), ``volatile`` (cannot be written)."""
-
-    __slots__ = ("cache", "cache_type", "durable", "job", "volatile", "last_used",
-                 "__weakref__")
-
-    def __init__(self, cache: list[Any] | BlockEntry, cache_type: str, durable: bool):
-        self.cache, self.cache_type, self.durable = cache, cache_type, durable
-        self.job: Any = None
-        self.volatile = False
-        self.last_used = time.monotonic()
-
-
 def _nbytes(cache: list[Any] | BlockEntry) -> int:
     if isinstance(cache, BlockEntry):
         return cache.nbytes
@@ -430,24 +289,3 @@ def _nbytes(cache: list[Any] | BlockEntry) -> int:
 
 def _trimmable(cache: list[Any] | BlockEntry) -> bool:
     return cache.trimmable if isinstance(cache, BlockEntry) else trimmable(cache)
-
-
-def _release(value: Any) -> None:
-    """Give back the blocks of an entry leaving the cache (``_Entry`` or its value)."""
-    cache = getattr(value, "cache", value)
-    if isinstance(cache, BlockEntry):
-        cache.release()
-
-
-def _written(ref: weakref.ref[Any], ok: bool) -> None:
-    """A write finished (on the writer thread): the entry is durable, or dirty again."""
-    entry = ref()
-    if entry is not None:
-        entry.job = None
-        entry.durable = entry.durable or ok
-
-
-def trimmable(cache: list[Any]) -> bool:
-    from mlx_lm.models.cache import can_trim_prompt_cache
-
-    return bool(can_trim_prompt_cache(cache))

@@ -17,8 +17,8 @@ import mlx.core as mx
 
 from . import attention
 from .executor import Batch
-from .layout import copy_state
 from .pool import BlockPool
+from .states import copy_state
 from .storage import LayerStore
 from .view import PagedLayer
 
@@ -33,6 +33,8 @@ def probe(batch: Batch) -> bool:
     ``batch.direct`` to its verdict and return it."""
     batch.direct = False
     if not attention.wanted() or not any(s is not None for s in batch.layout.stores):
+        return False
+    if batch.layout.journal is not None:  # a distributed batch: the scratch pool is ours alone
         return False
     attention.install()
     scratch = Batch(batch.model, batch.layout.slots, BlockPool(batch.pool.block_size, 16))

@@ -16,8 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .layout import copy_state
-
 if TYPE_CHECKING:
     from .layout import Layout
     from .pool import BlockTable
@@ -59,7 +57,7 @@ class BlockEntry:
         its recurrent states (only whole entries of recurrent models are shared)."""
         if n != self.length and not self.trimmable:
             raise ValueError("a prefix of a recurrent entry cannot be taken")
-        return self.table.share(n), [copy_state(s) for s in self.states]
+        return self.table.share(n), [self.layout.state_ops.copy(s) for s in self.states]
 
     def dense(self, n: int | None = None) -> list[Any]:
         """Its first ``n`` positions (all by default) as fresh mlx-lm caches."""

@@ -28,19 +28,21 @@ apart from rows holding some.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import mlx.core as mx
 
 from ...kvquant import OFF, KVScheme
 from . import states as recurrent
 from .entry import BlockEntry, Shared
-from .layout import Layout, Slot, copy_state
+from .layout import Layout, Slot
 from .pool import BlockPool, BlockTable, OutOfBlocks
-from .quantized import layer_for
 from .rows import Drafts, Emit, Forcing, Row, Tap
 from .view import Window
 from .windows import window_step
+
+if TYPE_CHECKING:
+    from .journal import Journal
 
 Forward = Callable[[mx.array, list[Any]], mx.array]
 """A forward pass: ``(inputs (rows, width), caches) -> logits (rows, width, vocab)``."""
@@ -50,22 +52,25 @@ class Batch:
     """Rows of one model over ``pool``. ``before(uids)`` runs ahead of every forward
     pass with the rows it carries, in order (per-row adapter routing); ``tap`` reads the
     hidden states of rows added with ``tapped=True``; ``kv``: the KV scheme the blocks
-    keep (``--kv-quant``)."""
+    keep (``--kv-quant``); ``journal`` records what the passes change, for distributed
+    followers (``journal.py``)."""
 
     def __init__(self, model: Any, slots: list[Slot], pool: BlockPool,
                  before: Callable[[list[int]], None] | None = None,
                  reclaim: Callable[[int], int] | None = None, tap: Tap | None = None,
-                 kv: KVScheme = OFF):
+                 kv: KVScheme = OFF, journal: Journal | None = None):
+        if tap is not None and journal is not None:  # its forward is not the model's call
+            raise ValueError("an MTP tap's passes cannot be replayed by the other ranks")
         self.model = model
         self.tap = tap
-        self.layout = Layout(slots, pool, kv)
+        self.layout = Layout(slots, pool, kv, journal)
         self.pool = pool
         self.before = before
         # frees blocks others hold (the prefix cache's entries) when the pool runs short
         self.reclaim = reclaim
         self.rows: dict[int, Row] = {}
         self.decoding: list[int] = []  # uids, in the decode batch's order
-        self.states = recurrent.StateBatch(len(self.layout.recurrent))
+        self.states = recurrent.StateBatch(self.layout.state_ops)
         # the next decode input per decoding row: device tokens, and which were sampled
         self._next: mx.array | None = None
         self._next_logprobs: list[mx.array | None] = []
@@ -140,7 +145,7 @@ class Batch:
         copies a shared block before it writes into it), and the tokens it holds."""
         row = self.rows[uid]
         states = self.states.take(uid) if uid in self.decoding else \
-            [copy_state(s) for s in row.states]
+            [self.layout.state_ops.copy(s) for s in row.states]
         return BlockEntry(self.layout, row.table.share(row.table.length), states), \
             list(row.tokens)
 
@@ -191,11 +196,11 @@ class Batch:
         feed = [r.todo[:n] for r, n in zip(rows, sizes)]
         inputs = mx.array([f + [0] * (width - len(f)) for f in feed], dtype=mx.uint32)
         self._reserve(rows, sizes)
-        merged = (recurrent.merged([r.states for r in rows], sizes)
+        merged = (recurrent.merged(self.layout.state_ops, [r.states for r in rows], sizes)
                   if self.layout.recurrent else [])
         _, hidden = self._pass(inputs, rows, sizes, merged, direct=False)
         if merged:
-            for r, s in zip(rows, recurrent.split(merged, len(rows))):
+            for r, s in zip(rows, recurrent.split(self.layout.state_ops, merged, len(rows))):
                 r.states = s
         if hidden is not None:
             self._tap_prompt(rows, sizes, hidden)
@@ -273,11 +278,12 @@ class Batch:
         if groups is None:
             out = self._forward(inputs, rows, valid, states, direct, tapped)
         else:
-            parts = [recurrent.pick(states, g) for g in groups]
+            ops = self.layout.state_ops
+            parts = [recurrent.pick(ops, states, g) for g in groups]
             outs = [self._forward(inputs[mx.array(g)], [rows[i] for i in g],
                                   [valid[i] for i in g], part, direct, tapped)
                     for g, part in zip(groups, parts)]
-            recurrent.put(states, groups, parts)
+            recurrent.put(ops, states, groups, parts)
             order = mx.array(recurrent.inverse(groups))
             hidden = [o[1] for o in outs if o[1] is not None]
             out = (mx.concatenate([o[0] for o in outs])[order],
@@ -358,21 +364,12 @@ class Batch:
         """The per-layer cache objects of one pass (and the rows' adapter routing)."""
         if self.before is not None:
             self.before(uids)
-        from mlx_lm.models.cache import CacheList
-
-        rec = iter(states)
-        # a pass whose rows all start empty attends as mlx-lm's first pass under a KV scheme
-        first = self.layout.quantized and not view.starts.any()
-        return [next(rec) if store is None else
-                CacheList(*(layer_for(s, view, None, first) for s in store))
-                if isinstance(store, list) else layer_for(store, view, slot.window, first)
-                for slot, store in zip(self.layout.slots, self.layout.stores)]
+        return self.layout.caches(view, states)
 
     def _arrays(self, states: list[Any]) -> list[Any]:
-        """What a pass leaves to evaluate: the pool's arrays and the recurrent states."""
-        out: list[Any] = [a for s in self.layout.all_stores() for a in s.arrays()]
-        for c in states:
-            out += [a for a in c.cache if a is not None]
+        """What a pass leaves to evaluate: the pool's arrays, the recurrent states and
+        the tap's."""
+        out = self.layout.arrays(states)
         if self.tap is not None:
             out += self.tap.arrays()
         return out

@@ -16,6 +16,13 @@ fresh ones, through the cache classes' public constructors and attributes only.
 Under a KV scheme (``--kv-quant``) the layers mlx-lm quantizes (plain ``KVCache``) keep
 quantized blocks (``quantized.py``) and cross as mlx-lm's ``QuantizedKVCache``; the rest
 (sliding windows, ``CacheList`` parts) keep their dtype, as mlx-lm leaves them.
+
+With a journal (``journal.py``: a distributed serve's rank 0) a layout writes down every
+change it makes between forward passes (growth, copy-on-write block copies, recurrent
+state operations) and every pass's cache objects carry the pass as plain data, so that
+a follower's own layout goes through the same. Loads and exports carry this process's
+KV alone and are refused there, and so are quantized blocks (a KV scheme is not
+replayed).
 """
 
 from __future__ import annotations
@@ -26,11 +33,14 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 
 from ...kvquant import OFF, KVScheme
-from .quantized import QuantizedStore
+from .quantized import QuantizedStore, layer_for
+from .states import StateOps, copy_state
 from .storage import LayerStore
 
 if TYPE_CHECKING:
+    from .journal import Journal
     from .pool import BlockPool, BlockTable
+    from .view import Window
 
 PAGED, RECURRENT = "paged", "recurrent"
 
@@ -75,16 +85,23 @@ def layout(model: Any) -> list[Slot] | None:
 
 
 class Layout:
-    """The pool's storage for every paged layer of one model, quantized by ``kv``."""
+    """The pool's storage for every paged layer of one model, quantized by ``kv``
+    (``journal``: see above)."""
 
-    def __init__(self, slots: list[Slot], pool: BlockPool, kv: KVScheme = OFF):
-        self.slots, self.pool = slots, pool
+    def __init__(self, slots: list[Slot], pool: BlockPool, kv: KVScheme = OFF,
+                 journal: Journal | None = None):
+        if journal is not None and kv.bits:
+            raise ValueError("quantized KV blocks (--kv-quant) cannot be replayed by the "
+                             "other ranks")
+        self.slots, self.pool, self.journal = slots, pool, journal
         # a store per paged layer (a list of them for a CacheList), None for recurrent
         self.stores: list[Store | list[LayerStore] | None] = [
             None if s.kind != PAGED else
             [LayerStore(pool) for _ in range(s.parts)] if s.parts else _store(s, pool, kv)
             for s in slots]
         self.recurrent = [i for i, s in enumerate(slots) if s.kind == RECURRENT]
+        self.state_ops = StateOps([slots[i].size for i in self.recurrent], journal)
+        self.name = journal.layout(self) if journal is not None else 0
 
     @property
     def schemed(self) -> bool:
@@ -117,22 +134,56 @@ class Layout:
         self.pool.grow(capacity)
         for s in self.all_stores():
             s.fit()
+        if self.journal is not None:
+            self.journal.add(("grow", self.name, capacity))
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         for s in self.all_stores():
             s.copy_blocks(pairs)
+        if pairs and self.journal is not None:
+            self.journal.add(("copy_blocks", self.name, pairs))
 
     def fresh_states(self) -> list[Any]:
         """New, empty recurrent caches for one row (one per recurrent layer)."""
-        from mlx_lm.models.cache import ArraysCache
+        return self.state_ops.fresh()
 
-        return [ArraysCache(self.slots[i].size) for i in self.recurrent]
+    def caches(self, view: Window, states: list[Any]) -> list[Any]:
+        """The per-layer cache objects of one pass over ``view``: the paged layers'
+        over their stores, the recurrent layers' ``states`` in order. With a journal
+        the list also carries the pass as plain data (``journal.Pass``)."""
+        from mlx_lm.models.cache import CacheList
+
+        rec = iter(states)
+        # a pass whose rows all start empty attends as mlx-lm's first pass under a KV scheme
+        first = self.quantized and not view.starts.any()
+        out = [next(rec) if store is None else
+               CacheList(*(layer_for(s, view, None, first) for s in store))
+               if isinstance(store, list) else layer_for(store, view, slot.window, first)
+               for slot, store in zip(self.slots, self.stores)]
+        if self.journal is None:
+            return out
+        return self.journal.pass_of(self.name, out, view.plan(), states)
+
+    def arrays(self, states: list[Any]) -> list[Any]:
+        """What a pass leaves to evaluate: the stores' arrays and those of the
+        recurrent ``states``."""
+        out: list[Any] = [a for s in self.all_stores() for a in s.arrays()]
+        for c in states:
+            out += [a for a in c.cache if a is not None]
+        return out
+
+    def _local(self, what: str) -> None:
+        """Refuse a crossing that carries this process's KV alone (a journaled layout:
+        followers could not do the same)."""
+        if self.journal is not None:
+            raise RuntimeError(f"{what} cannot be replayed by the other ranks")
 
     # -- crossing to and from mlx-lm's caches ------------------------------------------
     def load(self, table: BlockTable, cache: list[Any], length: int) -> list[Any]:
         """Write the first ``length`` positions of a single sequence's mlx-lm ``cache``
         into ``table`` (reserved here); the row's recurrent states (copies: the caller's
         cache stays as it was)."""
+        self._local("loading an mlx-lm cache into the block pool")
         table.reserve(length)
         slots = mx.array(table.slots(0, length), dtype=mx.int32) if length else None
         states = []
@@ -154,6 +205,7 @@ class Layout:
         from ``states``, copied)."""
         from mlx_lm.models.cache import CacheList
 
+        self._local("reading blocks out into mlx-lm caches")
         out: list[Any] = []
         rec = iter(states)
         for slot, store in zip(self.slots, self.stores):
@@ -239,12 +291,3 @@ def _temporal_kv(c: Any, slot: Slot) -> tuple[mx.array, mx.array]:
 
     return ordered(keys), ordered(values)
 
-
-def copy_state(c: Any) -> Any:
-    """A copy of a single sequence's recurrent cache (``ArraysCache``). Its arrays are
-    shared: model code replaces a state's arrays, it never writes into them."""
-    from mlx_lm.models.cache import ArraysCache
-
-    out = ArraysCache(len(c.cache))
-    out.cache = list(c.cache)
-    return out

@@ -33,27 +33,47 @@ if TYPE_CHECKING:
 class Window:
     """The tables of one pass: ``tables`` (the rows' block tables, their ``length``
     being where this pass writes), ``valid[r]`` real positions of row ``r`` in a pass
-    of width ``width``."""
+    of width ``width``. :meth:`plan` is the same as plain data, :meth:`replay` makes
+    it again from that (a distributed follower's pass over its own stores)."""
 
     def __init__(self, tables: list[BlockTable], valid: list[int], width: int):
-        pool = tables[0].pool
-        bs = pool.block_size
-        self.rows, self.width = len(tables), width
-        starts = np.array([t.length for t in tables], dtype=np.int64)
-        self.starts = starts
+        bs = tables[0].pool.block_size
+        starts = [t.length for t in tables]
+        nb = _blocks_seen(starts, width, bs)
+        self._build(bs, starts, list(valid), width, [t.blocks[:nb] for t in tables])
+
+    @classmethod
+    def replay(cls, plan: tuple[Any, ...], block_size: int) -> Window:
+        """The window :meth:`plan` describes, over a pool of ``block_size``."""
+        starts, valid, width, blocks, direct = plan
+        view = cls.__new__(cls)
+        view._build(block_size, starts, valid, width, blocks)
+        view.direct = direct
+        return view
+
+    def plan(self) -> tuple[Any, ...]:
+        """``(starts, valid, width, blocks, direct)``: each row's first position, real
+        positions and block ids (those the pass reads), the width, direct attention."""
+        return (*self._plan, self.direct)
+
+    def _build(self, bs: int, starts: list[int], valid: list[int], width: int,
+               row_blocks: list[list[int]]) -> None:
+        self._plan = (starts, valid, width, row_blocks)
+        self.rows, self.width = len(starts), width
+        self.starts = np.array(starts, dtype=np.int64)
         # write slots: (rows, width); padding goes to the trash block's slots
-        pos = starts[:, None] + np.arange(width)[None, :]
+        pos = self.starts[:, None] + np.arange(width)[None, :]
         keep = np.arange(width)[None, :] < np.array(valid)[:, None]
-        nb = max(1, max(pool.blocks_for(int(s) + width) for s in starts))
+        nb = _blocks_seen(starts, width, bs)
         blocks = np.full((self.rows, nb), TRASH, dtype=np.int64)
-        for r, t in enumerate(tables):
-            blocks[r, :len(t.blocks)] = t.blocks[:nb]
-        row_blocks = np.take_along_axis(blocks, np.minimum(pos // bs, nb - 1), axis=1)
-        slots = np.where(keep, row_blocks * bs + pos % bs, pos % bs)
+        for r, ids in enumerate(row_blocks):
+            blocks[r, :len(ids)] = ids
+        row_blocks_at = np.take_along_axis(blocks, np.minimum(pos // bs, nb - 1), axis=1)
+        slots = np.where(keep, row_blocks_at * bs + pos % bs, pos % bs)
         self.write_slots = mx.array(slots.reshape(-1).astype(np.int32))
         self.blocks = mx.array(blocks.astype(np.int32))
         self.key_length = nb * bs
-        self.offset = mx.array(starts.astype(np.int32))
+        self.offset = mx.array(self.starts.astype(np.int32))
         self._masks: dict[int | None, mx.array] = {}
         self.direct = False  # layers hand attention their stores (``attention.py``)
 
@@ -70,6 +90,11 @@ class Window:
                 got = got & (k > q - window)
             self._masks[window] = got
         return got
+
+
+def _blocks_seen(starts: list[int], width: int, block_size: int) -> int:
+    """How many blocks of each row's table a pass of ``width`` from ``starts`` reads."""
+    return max(1, max(-(-(s + width) // block_size) for s in starts))
 
 
 class PagedLayer:

@@ -10,10 +10,11 @@ table's length says so and the positions past it are simply written over later (
 paged layout needs no per-row roll or copy to take a rejected draft back).
 
 Recurrent layers (``ArraysCache``: gated DeltaNet) cannot take positions back. Their
-states are held (by reference: arrays are immutable) before a window with drafts; a
+states are copied (by reference: arrays are immutable) before a window with drafts; a
 row that rejected a draft gets its state from before the window back (a per-row
-select), keeps none of the window's positions, and feeds its kept tokens again ahead
-of its next window (``refeed``: already handed out, so only fed). A row carrying
+select; both are ``states.StateOps``, which a distributed follower replays), keeps
+none of the window's positions, and feeds its kept tokens again ahead of its next
+window (``refeed``: already handed out, so only fed). A row carrying
 :func:`refeed_cap` such tokens sends no drafts until they are fed (a window without
 drafts cannot be rejected). Padding is masked out of the state by
 ``ArraysCache.prepare(lengths=...)``.
@@ -74,8 +75,9 @@ def window_step(b: Batch, drafts: Drafts, forcing: Forcing | None) -> list[Emit]
     lead = [len(r.refeed) for r in rows]  # each row's x sits after its refed tokens
     valid = [n + 1 + len(f) + len(d) for n, (f, d) in zip(lead, plans)]
     inputs = _inputs(b._next, rows, plans, max(valid))
-    # recurrent states before the window (arrays are immutable: references are a copy)
-    held = [list(c.cache) for c in b.states.caches] if any(len(d) for _, d in plans) else []
+    # recurrent states before the window (arrays are immutable: a copy holds references)
+    ops = b.layout.state_ops
+    held = [ops.copy(c) for c in b.states.caches] if any(len(d) for _, d in plans) else []
     logits, hidden = _run(b, rows, inputs, valid)
     # the positions each row samples at: after its forced run, one per draft and one more
     at = [[n + len(f) + j for j in range(len(d) + 1)] for n, (f, d) in zip(lead, plans)]
@@ -106,7 +108,8 @@ def window_step(b: Batch, drafts: Drafts, forcing: Forcing | None) -> list[Emit]
             out += _emits(r, x, lp, f, guesses, accepted, logprobs[k:k + accepted])
         k += len(a)
     if any(back):
-        _restore(b.states.caches, held, back)
+        for c, saved in zip(b.states.caches, held, strict=True):
+            ops.restore(c, saved, back)
     b._next = mx.array(nxt, dtype=mx.uint32)
     b._next_logprobs = list(nxt_lp)
     return out
@@ -120,13 +123,14 @@ def _run(b: Batch, rows: list[Row], inputs: mx.array, valid: list[int]
     b._reserve(rows, valid)
     states = b.states.caches
     padded = any(v < width for v in valid)
+    ops = b.layout.state_ops
     if padded:
         for c in states:
-            c.prepare(lengths=valid)
+            ops.prepare(c, valid)
     logits, hidden = b._pass(inputs, rows, valid, states)
     if padded:
         for c in states:
-            c.finalize()
+            ops.finalize(c)
     return logits, hidden
 
 
@@ -192,17 +196,6 @@ def _keep(row: Row, kept: list[int], back: bool) -> None:
     row.table.length += len(kept)
     if row.processors:  # only forced runs reach rows with processors (see _bounded)
         row.context = _extend(row.context, mx.array(kept))
-
-
-def _restore(states: list[Any], held: list[list[Any]], rows: list[bool]) -> None:
-    """Put the recurrent state from before the window back in the ``rows`` marked."""
-    mask = mx.array(rows)
-    for c, saved in zip(states, held, strict=True):
-        for i, (old, new) in enumerate(zip(saved, c.cache, strict=True)):
-            if new is None:
-                continue
-            before = mx.zeros_like(new) if old is None else old
-            c.cache[i] = mx.where(mask.reshape((-1,) + (1,) * (new.ndim - 1)), before, new)
 
 
 def _processed(rows: list[Row], inputs: mx.array, valid: list[int], at: list[list[int]],

@@ -4,10 +4,10 @@ start, and how a row starts.
 A job joins when the batch has a free row (the lane's cap, lowered for a while after an
 out-of-memory), its adapter group runs, admission's reservations leave room for its
 worst case beside the rows running, and the memory free now holds its tokens
-(``pressure.py``); a lone job of its group decodes outside the batch (``slot.py``). A
-preempted job comes back first, from its prompt and the tokens it already handed out.
-A row starts from the longest cached prefix of its tokens: blocks shared from the pool,
-or mlx-lm caches loaded into fresh blocks.
+(``pressure.py``); a lone job of its group decodes outside the batch (``slot.py``; never
+under a journal: ``--distributed``). A preempted job comes back first, from its prompt
+and the tokens it already handed out. A row starts from the longest cached prefix of its
+tokens: blocks shared from the pool, or mlx-lm caches loaded into fresh blocks.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from .slot import BatchRow
 
 if TYPE_CHECKING:
     from ...adapters import AdapterManager
+    from ..batch.journal import Journal
     from ..job import GenerationJob
     from ..speculate import HeadState
     from .pace import PrefillPacer
@@ -36,6 +37,7 @@ class Admitting(Relief):
 
     name: str
     adapters: AdapterManager | None
+    journal: Journal | None
     solo_prefill: int | None
     _group: str
     _uids: itertools.count[int]
@@ -62,8 +64,8 @@ class Admitting(Relief):
         if fresh and self._queue:
             self._group = self._group_of(self._queue[0])
             head = self._queue[0]
-            if not head.preempted and sum(self._group_of(j) == self._group
-                                          for j in self._queue) == 1:
+            if not head.preempted and self.journal is None and \
+                    sum(self._group_of(j) == self._group for j in self._queue) == 1:
                 if not self._fits_now(head):
                     return True
                 job = self._queue.popleft()  # alone it must run: bounded to the budget at start

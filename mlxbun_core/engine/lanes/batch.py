@@ -19,6 +19,10 @@ Speculation rides in the batch's decode step: prompt lookup's drafts
 batch's tap, drafting on the device from each MTP row's hidden states; a lone MTP job
 decodes in ``solo_mtp.py`` and moves in and out with its head).
 
+Under ``--distributed`` the batch keeps a journal for the other ranks to replay
+(``batch/journal.py``): every job stays a batch row, the prefix cache keeps block entries
+and mlx-lm caches apart (``PrefixCache.kinds_apart``) and no row drafts with the MTP head.
+
 LoRA adapter sets mix in one batch: each forward pass routes its rows to their own
 sets (``adapters/rows.py``; the base model is the empty set). Sets that cannot run
 per row (``AdapterManager.group``) run one per batch: a fresh batch takes the oldest
@@ -40,6 +44,7 @@ from ...adapters.sets import AdapterSet
 from ...events import Retry
 from ..batch import Batch, Emit, direct, pool_for
 from ..batch.entry import BlockEntry
+from ..batch.journal import Journal
 from ..batch.layout import layout
 from ..fill.rows import forcing
 from ..job import GenerationJob
@@ -83,6 +88,11 @@ class BatchLane(Admitting):
         self.prefix = prefix
         self.admission = admission
         self._batch: Batch | None = None  # made on the worker thread at first use
+        # a distributed serve's record of the batch (the lockstep model's)
+        journal = getattr(model, "journal", None)
+        self.journal = journal if isinstance(journal, Journal) else None
+        if self.journal is not None and prefix is not None:
+            prefix.kinds_apart = True
         self._slots = layout(model)  # None: some layer's cache cannot be paged
         self._uids = itertools.count()
         self._queue: collections.deque[GenerationJob] = collections.deque()
@@ -96,8 +106,9 @@ class BatchLane(Admitting):
         self.solo_prefill: int | None = None  # pins the lone job's chunk (tests)
         self.spec = BatchSpeculator()  # rows' prompt lookup (speculate/batch.py)
         # rows drafting with the model's MTP head (speculate/mtp_batch.py); none under a KV
-        # scheme (the engine has such requests decode plainly, admission bills no head)
-        self.predictor = predictor if not kv.bits else None
+        # scheme (the engine has such requests decode plainly, admission bills no head) or
+        # a journal (the distributed engine has no head)
+        self.predictor = predictor if not kv.bits and self.journal is None else None
         self.mtp = MtpBatch(self.predictor) if self.predictor is not None else None
         self._solo.predictor = self.predictor  # a lone MTP job drafts there (solo_mtp.py)
         # memory: the measured budget, preemption, waits and faults (pressure.py)
@@ -200,8 +211,8 @@ class BatchLane(Admitting):
             log.exception("batch step failed")
             return self._fail_all(str(exc))
         self._stepped(grow=self._row_cap < self.cap and bool(emits) and not batch.prefilling)
-        if len(self._rows) == 1 and not self._queue:  # the last row goes on alone
-            self._leave(batch)
+        if len(self._rows) == 1 and not self._queue and self.journal is None:
+            self._leave(batch)  # the last row goes on alone
 
     def _emitted(self, emits: list[Emit]) -> None:
         """A decode step's tokens, to their sessions."""
@@ -263,7 +274,8 @@ class BatchLane(Admitting):
             cached = self.prefix.max_bytes if self.prefix is not None else 0
             self._batch = Batch(self._net, self._slots,
                                 pool_for(self._slots, self.admission, cached),
-                                before=route, reclaim=self._reclaim, tap=self.mtp, kv=self.kv)
+                                before=route, reclaim=self._reclaim, tap=self.mtp, kv=self.kv,
+                                journal=self.journal)
             direct.probe(self._batch)  # attention straight over blocks, where the model allows
             self._batch.fault = self.governor.inject
             self._planned = self._batch.pool.limit

@@ -1,0 +1,225 @@
+"""The prefix cache's SSD tier: the half of :class:`~.prompt_cache.PrefixCache` that
+meets the disk (``kvstore.SsdStore``).
+
+Entries leaving RAM (evicted, idle past the demotion age, or demoted by a drain) are
+written to disk in the background, published entries are written behind when the
+engine is idle, and a lookup that misses RAM (or finds far less there) restores the
+best disk entry into RAM first, when reading it beats prefilling what it saves. Each
+RAM entry (:class:`RamEntry`) carries its disk state. :class:`SsdTier` is the prefix
+cache's base: it keeps the tier's counters and calls back into the cache for its
+entries (``_entries``, ``_insert``, ``_pop``).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+import weakref
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any
+
+from .batch.entry import BlockEntry
+
+if TYPE_CHECKING:
+    from ..kvstore.store import SsdStore
+
+# A prompt that shares fewer tokens than this with the cache (and not all but its last),
+# and holds no whole cached entry, starts cold: mlx-lm's search for the entry extending a
+# short common prefix walks that entry's whole tail (30-120 ms for a 5k-token
+# conversation, measured on an H200 host and on this CPU) to save a few tokens of prefill.
+MIN_HIT = 64
+# An SSD entry is restored over a RAM hit only when it covers this share more of the prompt
+# (re-reading a whole entry to save a few tokens of prefill loses).
+SSD_GAIN = 0.25
+
+
+class SsdTier(ABC):
+    """The SSD half of a prefix cache (``tier`` None: RAM only)."""
+
+    _lock: threading.Lock
+
+    def __init__(self, tier: SsdStore | None,
+                 post: Callable[[Callable[[], None]], None] | None) -> None:
+        """``post(fn)`` runs ``fn`` on the MLX owner thread (the idle-demotion sweep is
+        timed on the tier's writer thread)."""
+        self.tier = tier
+        self.ssd_hits = self.ssd_hit_tokens = 0
+        self.ssd_skipped = 0  # disk entries left alone: recomputing them was faster
+        # prompt tokens a second this device prefills (the engine's pacer); None: unknown
+        self.prefill_rate: Callable[[], float | None] = lambda: None
+        if self.tier is not None and post is not None and self.tier.config.demote_idle_s > 0:
+            age = self.tier.config.demote_idle_s
+            self.tier.queue.on_tick(lambda: self._idle_sweep(post), min(30.0, max(0.05, age / 4)))
+
+    # -- what the cache itself keeps -------------------------------------------------------
+    @abstractmethod
+    def _entries(self) -> list[tuple[Hashable, list[int], RamEntry]]:
+        """Every RAM entry, as ``(namespace, tokens, entry)``."""
+
+    @abstractmethod
+    def _insert(self, namespace: Hashable, tokens: list[int], cache: list[Any] | BlockEntry,
+                cache_type: str, durable: bool) -> None:
+        """Keep ``cache`` in RAM (evicting what no longer fits)."""
+
+    @abstractmethod
+    def _pop(self, namespace: Hashable, tokens: list[int]) -> RamEntry:
+        """Take the entry at ``tokens`` out of RAM (the caller holds the lock)."""
+
+    # -- restores --------------------------------------------------------------------------
+    def _ssd(self) -> SsdStore:
+        """The SSD tier, in the paths only a cache with one takes."""
+        assert self.tier is not None
+        return self.tier
+
+    def _restore(self, namespace: Hashable, tokens: list[int],
+                 ram_n: int) -> tuple[list[Any], int] | None:
+        """``(cache, n)`` from the best SSD entry when it beats the RAM hit clearly; the
+        restored entry also joins RAM (already durable)."""
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        tier = self._ssd()
+        key = tier.key(namespace)
+        found = tier.find(key, tokens) if key is not None else None
+        if found is None:
+            return None
+        entry, usable = found
+        if usable < min(MIN_HIT, len(tokens) - 1) and usable != entry.n:
+            return None
+        if usable <= ram_n + max(1, int(SSD_GAIN * usable)):
+            return None
+        if not self._worth_restoring(entry.nbytes, usable - ram_n):
+            with self._lock:
+                self.ssd_skipped += 1
+            return None
+        got = tier.restore(entry)
+        if got is None:
+            return None
+        restored, cache_type = got
+        cut = entry.n - usable
+        if cut and not trimmable(restored):
+            return None  # the header said trimmable; the objects disagree: not usable
+        cache = copy.deepcopy(restored)
+        if cut:
+            trim_prompt_cache(cache, cut)
+        self._insert(namespace, entry.tokens.tolist(), restored, cache_type, durable=True)
+        with self._lock:
+            self.ssd_hits += 1
+            self.ssd_hit_tokens += usable
+        return cache, usable
+
+    def _worth_restoring(self, size: int, tokens: int) -> bool:
+        """A restore must beat recomputing what it saves: the file at the restore speed
+        seen so far against ``tokens`` at the measured prefill rate. (An H200 prefills
+        24k tokens of an 8B model in 2.3 s; their 3.6 GB of KV took 4.7 s to restore from
+        a 1.9 GB/s disk. A CPU or a Mac prefills 10-100x slower.) Either rate unknown:
+        restore, and so measure it."""
+        rate, bps = self.prefill_rate(), self._ssd().restore_bps
+        if not rate or not bps:
+            return True
+        return size / bps < tokens / rate
+
+    # -- writes and demotion ---------------------------------------------------------------
+    def _persist(self, namespace: Hashable, tokens: list[int], entry: RamEntry,
+                 urgent: bool) -> bool:
+        """Queue ``entry`` for the disk unless it is there or on its way; True when it
+        is durable or queued."""
+        if entry.durable:
+            return True
+        job = entry.job
+        if job is not None:  # queued behind; now it is leaving RAM or being flushed
+            if urgent and not job.urgent:
+                job.urgent = True
+                self._ssd().queue.poke()
+            return True
+        if entry.volatile:
+            return False
+        tier = self._ssd()
+        key = tier.key(namespace)
+        value = entry.cache
+        dense = value.dense() if isinstance(value, BlockEntry) else value
+        job = tier.prepare(key, tokens, dense, entry.cache_type) \
+            if key is not None else None
+        if job is None:  # an adapter no longer mounted, or a cache we cannot store
+            entry.volatile = True
+            return False
+        job.urgent = urgent
+        ref = weakref.ref(entry)
+        job.done.append(lambda ok: _written(ref, ok))
+        entry.job = job
+        return tier.submit(job)
+
+    def persist_all(self) -> int:
+        """Queue every RAM entry not yet on disk (a flush or a drain); how many are
+        durable or queued now."""
+        if self.tier is None:
+            return 0
+        return sum(self._persist(ns, tokens, e, urgent=True) for ns, tokens, e in self._entries())
+
+    def dirty(self) -> int:
+        """RAM entries that could go to disk but are not there yet."""
+        return sum(1 for _, _, e in self._entries() if not e.durable and not e.volatile)
+
+    def drop_durable(self, idle_s: float = 0.0) -> int:
+        """Free the RAM of entries already on disk (unused for ``idle_s``); the count."""
+        now, n = time.monotonic(), 0
+        for ns, tokens, e in self._entries():
+            if e.durable and now - e.last_used >= idle_s:
+                with self._lock:
+                    gone = self._pop(ns, tokens)
+                release(gone)
+                n += 1
+        if n and self.tier is not None:
+            self.tier.demotions += n
+        return n
+
+    def demote_idle(self) -> None:
+        """Entries unused past the demotion age: free the durable ones, queue the rest."""
+        age = self._ssd().config.demote_idle_s
+        now = time.monotonic()
+        for ns, tokens, e in self._entries():
+            if now - e.last_used >= age:
+                self._persist(ns, tokens, e, urgent=True)
+        self.drop_durable(age)
+
+    def _idle_sweep(self, post: Callable[[Callable[[], None]], None]) -> None:
+        """On the writer thread: ask the owner thread to demote when something is idle."""
+        age, now = self._ssd().config.demote_idle_s, time.monotonic()
+        if any(now - e.last_used >= age for _, _, e in self._entries()):
+            post(self.demote_idle)
+
+
+class RamEntry:
+    """A RAM entry: the cache, its kind (``prefix_index.KINDS``), and its disk state:
+    ``durable`` (on disk), ``job`` (a write queued), ``volatile`` (cannot be written)."""
+
+    __slots__ = ("cache", "cache_type", "durable", "job", "volatile", "last_used",
+                 "__weakref__")
+
+    def __init__(self, cache: list[Any] | BlockEntry, cache_type: str, durable: bool):
+        self.cache, self.cache_type, self.durable = cache, cache_type, durable
+        self.job: Any = None
+        self.volatile = False
+        self.last_used = time.monotonic()
+
+
+def release(value: Any) -> None:
+    """Give back the blocks of an entry leaving the cache (``RamEntry`` or its value)."""
+    cache = getattr(value, "cache", value)
+    if isinstance(cache, BlockEntry):
+        cache.release()
+
+
+def _written(ref: weakref.ref[Any], ok: bool) -> None:
+    """A write finished (on the writer thread): the entry is durable, or dirty again."""
+    entry = ref()
+    if entry is not None:
+        entry.job = None
+        entry.durable = entry.durable or ok
+
+
+def trimmable(cache: list[Any]) -> bool:
+    from mlx_lm.models.cache import can_trim_prompt_cache
+
+    return bool(can_trim_prompt_cache(cache))
