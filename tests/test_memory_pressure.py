@@ -24,7 +24,7 @@ from mlxbun_core.engine.reply import gather
 from mlxbun_core.errors import Overloaded
 from mlxbun_core.events import Done
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.engine import close, greedy, run_all, token_ids
+from mlxbun_core.testing.engine import close, finishes, greedy, run_all, token_ids
 
 PROMPTS = ["Hello there", "The quick brown fox jumps over the lazy dog " * 3, "a b c",
            "x" * 40, "Once upon a time in a land far away", "1 2 3 4 5 6 7 8 9 10 11 12"]
@@ -161,25 +161,6 @@ def test_grammar_rows_with_forced_runs_keep_their_grammar_when_preempted():
         assert faulty.memory.counts["preemptions"] >= 2
     finally:
         close(plain, faulty)
-
-
-def finishes(engine: Engine, bodies: list[dict], together: bool = False) -> list:
-    """Every body's ``Finish``, failed ones included (``together``: the worker takes no
-    step before every body is queued)."""
-    async def events(gen) -> list:
-        return [ev async for ev in gen.events()]
-
-    async def go():
-        gate = threading.Event()
-        if together:
-            engine.worker.post(lambda: gate.wait(30))
-        try:
-            gens = [await engine.start(engine.parse_completion(b)) for b in bodies]
-        finally:
-            gate.set()
-        return await asyncio.gather(*[events(g) for g in gens])
-
-    return [next(ev.finish for ev in evs if isinstance(ev, Done)) for evs in asyncio.run(go())]
 
 
 def test_a_request_that_cannot_fit_waits_and_runs_once_memory_returns():

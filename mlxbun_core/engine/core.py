@@ -30,6 +30,7 @@ from ..media import parts as media_parts
 from ..model import LoadedModel, LoadOptions
 from . import attention_route, prefill_shapes
 from .admission import Admission, default_batch, drafts_with_head, head_cost
+from .batch.journal import Journal
 from .fill import FillPolicy
 from .generation import Generation as Generation  # (surfaces import it from here)
 from .job import EventSink, GenerationJob, may_speculate
@@ -79,6 +80,7 @@ class Engine:
         # MLXBUN_FAULT_* are read here, once, unless ``memory`` says
         self.memory = Governor(memory or MemoryConfig.from_env())
         self.memory.on_lost = self._device_lost
+        self.memory.lockstep = isinstance(getattr(model.model, "journal", None), Journal)
         # the checkpoint's multi-token-prediction head (--draft-kind mtp / draft_kind "mtp")
         self.predictor = predictor
         if speculation is not None and speculation.kind == MTP and predictor is None:

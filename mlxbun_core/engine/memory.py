@@ -212,6 +212,8 @@ class Governor:
         self.steps = 0  # steps counted for the fault injection
         self._sticky: str | None = None  # an injected device fault, raised from then on
         self.broken: str | None = None  # why the device cannot go on (None: it can)
+        # rank 0 of a distributed serve: its passes run collectives with the other ranks
+        self.lockstep = False
         self.on_lost: Callable[[str], None] | None = None
         self.restart_after = 10  # seconds a restart takes (the engine sets its load time)
         self._ends: collections.deque[float] = collections.deque(maxlen=16)
@@ -279,11 +281,25 @@ class Governor:
             self.on_lost(reason)
 
     # -- answers ---------------------------------------------------------------------
+    def classify(self, exc: BaseException) -> str | None:
+        """:func:`classify` for this engine. Under ``lockstep`` an out-of-memory is a lost
+        device too: a pass that failed may have run some of its collectives and not the
+        rest, and the other ranks, waiting in one or pairing it with the next pass's,
+        would go apart from rank 0; only a restart of every rank puts them back in step."""
+        kind = classify(exc)
+        return DEVICE if kind == OOM and self.lockstep else kind
+
+    def fault_reason(self, exc: BaseException) -> str:
+        """Why ``exc`` (classified ``DEVICE`` by :meth:`classify`) ends the engine."""
+        if self.lockstep and classify(exc) == OOM:
+            return f"out of memory under --distributed, every rank restarts: {exc}"
+        return str(exc)
+
     def refusal(self, kind: str, exc: BaseException) -> tuple[str, Retry]:
         """What a job that ``exc`` (classified ``kind``) ended is told: a device fault
         ends the engine (:meth:`lost`); an out-of-memory is a 503 to send again."""
         if kind == DEVICE:
-            self.lost(str(exc))
+            self.lost(self.fault_reason(exc))
             return (f"the device failed ({exc}); the engine is restarting",
                     Retry(self.restart_after, DEVICE_FAULT))
         self.counts["out_of_memory"] += 1

@@ -12,7 +12,13 @@ and the 503 once a wait is too long (a mixin of :class:`~.batch.BatchLane`).
   whole pool goes: MLX's cache is freed, every row is preempted, the pool and its prefix
   entries are dropped, and at most half as many rows run until steps succeed again. A
   second failure in a row clears the prefix cache too; one that persists while the lane
-  holds a single request is a device that cannot recover.
+  holds a single request is a device that cannot recover. Under ``--distributed`` it is
+  a lost device at once (the ranks' collectives may be out of step:
+  ``Governor.classify``).
+- **Under a journal** (``--distributed``) preemption needs nothing of its own: a row's
+  blocks go back to rank 0's free list (every pass names its blocks), its states are
+  dropped through the journaled state operations, and its recompute is ordinary passes,
+  all of which the other ranks replay.
 - **Preempted** requests keep their admission reservation and their place: they go back
   to the front of the queue and are recomputed from their prompt and the tokens already
   handed out (``job.output``: greedy output equals an uninterrupted run; under a KV
@@ -258,9 +264,9 @@ class Relief:
         if isinstance(exc, OutOfBlocks):
             self._short_of_blocks(exc)
             return True
-        kind = classify(exc)
+        kind = self.governor.classify(exc)  # (an out-of-memory under --distributed: DEVICE)
         if kind == DEVICE:
-            self._broken(str(exc))
+            self._broken(self.governor.fault_reason(exc))
         elif kind == OOM:
             self._out_of_memory(exc)
         return kind is not None

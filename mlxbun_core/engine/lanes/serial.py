@@ -27,7 +27,7 @@ from ...contract import DraftSource, LogitsProcessor, TokenPredictor
 from ...events import Retry
 from .. import prefill_shapes
 from ..job import GenerationJob
-from ..memory import OOM, Governor, classify
+from ..memory import OOM, Governor
 from ..prompt_cache import PrefixCache, trimmable
 from ..speculate import MTP, MtpStream, SpecStream, rewindable, spec_steps, trim_to
 from .pace import PrefillPacer
@@ -123,7 +123,7 @@ class SerialLane:
     def _pressure(self, job: GenerationJob, exc: Exception) -> bool:
         """Memory ran out (the job ends with a 503 to send again, its KV freed) or the
         device is lost (the engine ends); False for any other failure."""
-        kind = classify(exc)
+        kind = self.governor.classify(exc) if self.governor is not None else None
         if kind is None or self.governor is None:
             return False
         message, retry = self.governor.refusal(kind, exc)
