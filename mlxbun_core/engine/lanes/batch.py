@@ -2,12 +2,13 @@
 
 Each ``step`` admits waiting jobs that fit (row cap, memory: ``admit.py``), asks the
 scheduler for a plan (which prompts read how much, whether rows decode), has the batch
-run it, routes each row's tokens to its session and removes finished or cancelled rows.
-KV lives in the block pool; per-row samplers, logits processors (penalties, logit_bias,
-grammar masks) and logprobs ride with each row. Rows start from the longest cached
-prefix and publish their KV to the prefix cache when they end. Memory pressure (a pool
-out of blocks, an out-of-memory from MLX, a device that fails) is met in
-``pressure.py``: rows are preempted and recomputed, waits end in a 503.
+run it, routes each row's tokens to its session and removes finished or cancelled rows
+(``results.py``: every way a row leaves the batch). KV lives in the block pool; per-row
+samplers, logits processors (penalties, logit_bias, grammar masks) and logprobs ride
+with each row. Rows start from the longest cached prefix and publish their KV to the
+prefix cache when they end. Memory pressure (a pool out of blocks, an out-of-memory
+from MLX, a device that fails) is met in ``pressure.py``: rows are preempted and
+recomputed, waits end in a 503.
 
 A job alone in the lane decodes outside the batch (``solo.py``: a lone stream at
 mlx-lm's single-sequence speed, kept in the lane's ``SoloSlot``) and joins the batch,
@@ -36,14 +37,12 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ... import kvquant
 from ...adapters.sets import AdapterSet
 from ...events import Retry
 from ..batch import Batch, Emit, direct, pool_for
-from ..batch.entry import BlockEntry
 from ..batch.journal import Journal
 from ..batch.layout import layout
 from ..fill.rows import forcing
@@ -54,10 +53,10 @@ from ..scheduler import PREFILL_TOKENS, Scheduler, StepPlan
 from ..speculate import MTP
 from ..speculate.batch import BatchSpeculator
 from ..speculate.mtp_batch import MtpBatch
-from .admit import Admitting
 from .pace import PrefillPacer
 from .pressure import memory_failure
-from .slot import BatchRow, SoloSlot, deliver
+from .results import Results
+from .slot import BatchRow, SoloSlot
 from .tally import StepTally
 
 if TYPE_CHECKING:
@@ -70,7 +69,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mlxbun.engine")
 
 
-class BatchLane(Admitting):
+class BatchLane(Results):
     name = "batched"
 
     def __init__(self, model: nn.Module, cap: int, prefix: PrefixCache | None = None,
@@ -214,17 +213,6 @@ class BatchLane(Admitting):
         if len(self._rows) == 1 and not self._queue and self.journal is None:
             self._leave(batch)  # the last row goes on alone
 
-    def _emitted(self, emits: list[Emit]) -> None:
-        """A decode step's tokens, to their sessions."""
-        uids = {e.uid for e in emits}
-        if uids:  # a decode step that handed out tokens, and the rows it carried
-            self.steps.add(len(uids))
-            self.spec.stepped(uids)
-            if self.mtp is not None:
-                self.mtp.stepped(uids)
-        for e in emits:
-            self._route(e)
-
     def _run(self, batch: Batch, plan: StepPlan) -> list[Emit]:
         """Run ``plan``: the decode step first (its tokens go out at once, so a chunk that
         fails after it loses none), then the chunk; the tokens handed out."""
@@ -301,100 +289,3 @@ class BatchLane(Admitting):
 
     def _fills(self) -> dict[int, Any]:
         return {u: r.job.fill for u, r in self._rows.items() if r.job.fill is not None}
-
-    # -- tokens out ----------------------------------------------------------------
-    def _forget(self, uid: int) -> BatchRow:
-        self.spec.drop(uid)
-        if self.mtp is not None:
-            self.mtp.drop(uid)
-        row = self._rows.pop(uid)
-        if self.admission is not None:
-            self.admission.release(row.job)
-        self.governor.row_ended()
-        return row
-
-    def _route(self, e: Emit) -> None:
-        row = self._rows.get(e.uid)
-        if row is None:
-            return
-        job = row.job
-        if e.drafted:
-            counts = self.mtp if self.mtp is not None and e.uid in self.mtp.rows else self.spec
-            counts.count(e.uid, e.drafted, e.accepted)
-        self.spec.observe(e.uid, e.token)
-        if not job.finished:
-            deliver(job, e.token, e.logprobs, e.forced)
-        if e.finish is not None and not job.finished:
-            job.close("length")
-        if job.finished:
-            self._remove(e.uid, publish=True)
-
-    def _remove(self, uid: int, publish: bool) -> None:
-        """Drop row ``uid``; with ``publish`` its blocks go to the prefix cache as they are."""
-        row = self._forget(uid)
-        batch = self._get_batch()
-        if publish and self._uses_prefix(row.job):
-            entry, tokens = batch.detach(uid)
-            self._publish(row.job, tokens, entry)
-        else:
-            batch.remove(uid)
-
-    def _leave(self, batch: Batch) -> None:
-        """The batch's one row, decoding with its next token sampled, goes on alone."""
-        (uid,) = self._rows
-        pending = batch.pending(uid)
-        mtp = self.mtp if self.mtp is not None and uid in self.mtp.rows else None
-        if pending is None or batch.prefilling or (batch.refeeding(uid) and mtp is None):
-            return  # (a lone stream feeds nothing again: prompt lookup's row waits a step)
-        cache, fed = batch.export(uid)
-        head = None if mtp is None else mtp.leaving(uid, batch.refeeding(uid))
-        job = self._rows.pop(uid).job  # it keeps its admission reservation
-        self._note_first(batch, uid, job)
-        batch.remove(uid)
-        self.spec.drop(uid)
-        if mtp is not None:
-            mtp.drop(uid)
-        self._solo.resume(job, cache, fed, pending, self._solo_pacer(), head)
-
-    # -- prefix publishing ----------------------------------------------------------
-    def _uses_prefix(self, job: GenerationJob) -> bool:
-        """Whether ``job`` starts from, and publishes to, the prefix cache."""
-        return job.cache_namespace is not None and self.prefix is not None
-
-    def _publish(self, job: GenerationJob, tokens: Sequence[int] | None,
-                 cache: list[Any] | BlockEntry | None, boundary: bool = False) -> None:
-        """Store ``job``'s KV ``cache`` of ``tokens`` (``boundary``: a snapshot at the
-        prompt's end, for caches that cannot rewind)."""
-        if self._uses_prefix(job) and self.prefix is not None and tokens and cache:
-            self.prefix.store(job.cache_namespace, list(tokens), cache, boundary=boundary)
-        elif isinstance(cache, BlockEntry):
-            cache.release()
-
-    def _publish_boundary(self, uid: int) -> None:
-        entry, tokens = self._get_batch().snapshot(uid)
-        self._publish(self._rows[uid].job, tokens, entry, boundary=True)
-
-    def _drop_cancelled(self) -> None:
-        self._solo.drop_cancelled()
-        for uid in [u for u, row in self._rows.items() if row.job.cancelled.is_set()]:
-            job = self._rows[uid].job
-            self._remove(uid, publish=False)
-            job.close("cancelled")
-        if any(j.cancelled.is_set() for j in self._queue):
-            for job in [j for j in self._queue if j.cancelled.is_set()]:
-                self._queue.remove(job)
-                self._release(job)  # (a preempted job still holds its reservation)
-                job.close("cancelled")
-
-    def _fail_all(self, error: str, reason: str = "error", retry: Retry | None = None) -> None:
-        for uid in list(self._rows):
-            self._forget(uid).job.close(reason, error, retry)
-        if self._batch is not None:
-            self._batch.close()
-        if self.mtp is not None:
-            self.mtp.reset()  # (a failed pass may have left the heads' pool half written too)
-        if reason == "error" and self._batch is not None:
-            # a failed pass may have left the pool unusable
-            if self.prefix is not None:
-                self.prefix.drop_layout(self._batch.layout)
-            self._batch = None
