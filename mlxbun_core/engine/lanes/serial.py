@@ -123,10 +123,11 @@ class SerialLane:
     def _pressure(self, job: GenerationJob, exc: Exception) -> bool:
         """Memory ran out (the job ends with a 503 to send again, its KV freed) or the
         device is lost (the engine ends); False for any other failure."""
-        kind = self.governor.classify(exc) if self.governor is not None else None
-        if kind is None or self.governor is None:
+        gov = self.governor
+        kind = gov.classify(exc) if gov is not None else None  # (--distributed: see there)
+        if gov is None or kind is None:
             return False
-        message, retry = self.governor.refusal(kind, exc)
+        message, retry = gov.refusal(kind, exc)
         log.warning("%s lane: %s", self.name, message)
         self._end(job.close, "error", message, retry)
         if kind == OOM:
