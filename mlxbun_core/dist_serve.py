@@ -232,14 +232,17 @@ def leader_engine(args: argparse.Namespace, group: DistributedGroup, model: Load
 def stop_group_on_close(engine: Engine, lockstep: LockstepModel, watchdog: Watchdog,
                         timeout: float) -> Callable[[int], int]:
     """Make ``engine.close`` stop every follower first; return the serve's ``on_exit``
-    (the exit status: the watchdog's when a rank was lost, 1 when the stop failed)."""
+    (the exit status: the watchdog's when a rank was lost, 1 when the stop failed). After
+    a device fault (rank 0's engine lost its device, or ran out of memory mid-pass) no
+    stop is sent: the collectives may be out of step, and the other ranks end when rank
+    0's exit breaks the group."""
     close = engine.close
     stopped: list[Exception | None] = []
 
     def close_all() -> None:
         """The app stops (after a drain): every follower ends its loop and exits 0, then
         the worker stops."""
-        if not watchdog.broken and not stopped:
+        if not watchdog.broken and not engine.worker.broken and not stopped:
             try:
                 def stop() -> None:  # on the worker, after whatever is queued there
                     lockstep.stop()
@@ -265,6 +268,8 @@ def stop_group_on_close(engine: Engine, lockstep: LockstepModel, watchdog: Watch
 
         if watchdog.broken:
             return EXIT_STATUS
+        if engine.worker.broken:  # (the drain's DEVICE_FAULT_EXIT)
+            return status
         if not stopped:  # the app never stopped cleanly: stop the group now
             close_all()
         return status or (1 if stopped and stopped[0] is not None else 0)

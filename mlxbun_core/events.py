@@ -124,6 +124,16 @@ class Usage:
         return fill
 
 
+@dataclass(frozen=True)
+class Retry:
+    """Why a failed generation may be sent again, and when: the engine could not run it
+    now (``code``: ``memory_pressure``, or ``device_fault`` while the engine restarts).
+    A surface answers it as a 503 with ``Retry-After: after`` while nothing was sent."""
+
+    after: int  # seconds
+    code: str
+
+
 @dataclass
 class Finish:
     """How a generation ended."""
@@ -134,6 +144,7 @@ class Finish:
     stop_sequence: str | None = None
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    retry: Retry | None = None  # an error that is worth sending again later
 
     @property
     def failed(self) -> bool:

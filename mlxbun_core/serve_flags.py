@@ -144,6 +144,10 @@ def add_engine_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--memory-budget", type=float, metavar="GB", default=None,
                    help="memory the model, its KV and prefill may use, in GB (10^9 bytes); "
                         "sets max_safe_context and row admission (default: what MLX reports)")
+    s.add_argument("--memory-wait", type=float, metavar="SECONDS",
+                   default=float(os.environ.get("MLXBUN_MEMORY_WAIT", "60")),
+                   help="how long a request may wait for memory before it is answered 503 "
+                        "with Retry-After (default 60; 0 waits for ever)")
     s.add_argument("--expert-budget", type=byte_size, metavar="SIZE",
                    default=os.environ.get("MLXBUN_EXPERT_BUDGET") or None,
                    help="MoE families that support it (glm52) keep routed experts on disk and "

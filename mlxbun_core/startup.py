@@ -188,6 +188,7 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
     from . import loader
     from .engine.core import Engine
     from .engine.hlg import server_default
+    from .engine.memory import DEFAULT_WAIT_S, MemoryConfig
     from .engine.speculate import SpecUnavailable
     from .kvquant.probe import KVQuantUnavailable
     from .model import LoadOptions
@@ -213,7 +214,9 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
                            ssd=ssd,
                            memory_budget_bytes=int(args.memory_budget * 1e9)
                            if args.memory_budget else None, kv_quant=args.kv_quant,
-                           fill=getattr(args, "fill", None))
+                           fill=getattr(args, "fill", None),
+                           memory=MemoryConfig.from_env(wait_s=getattr(args, "memory_wait",
+                                                                       DEFAULT_WAIT_S)))
     except ModelNotFound as exc:
         raise StartFailed(report_selection_error(exc)) from None
     except (loader.NoPluginClaimed, KVQuantUnavailable, SpecUnavailable,
@@ -326,6 +329,7 @@ def serve_forever(args: argparse.Namespace, engine: Engine, sock: socket.socket 
         config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10,
                                 **uvicorn_settings(limits_from_args(args), app))
     server = DrainingServer(config, engine)
+    engine.on_fatal = server.fault  # a lost device: drain what it can, exit for a restart
     if page and engine.model.kind == "generate" and web.interactive_start(args.no_open):
         web.open_when_started(server, page)
     server.run(sockets=[sock] if sock else None)  # the address bound before the load

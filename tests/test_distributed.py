@@ -70,7 +70,7 @@ def _ring_ports() -> int:
 class Pair:
     """Two ranks of ``mlxbun serve --distributed`` under ``mlx.launch`` (ring, loopback)."""
 
-    def __init__(self, ckpt: Path, *extra: str, wait: bool = True):
+    def __init__(self, ckpt: Path, *extra: str, wait: bool = True, env: dict | None = None):
         self.port = free_port()
         self.mode = "tensor"
         self.base = f"http://127.0.0.1:{self.port}"
@@ -78,7 +78,7 @@ class Pair:
                "--", str(BIN / "mlxbun"), "serve", str(ckpt), "--distributed",
                "--port", str(self.port), "--no-open", "--batch", str(BATCH),
                "--distributed-timeout", "5", *extra]
-        self.proc = ServerProcess(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.proc = ServerProcess(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
         if wait:
             self.wait()
 
@@ -273,6 +273,27 @@ def test_mtp_drafts_are_refused_and_prompt_lookup_is_not():
     assert "--draft-kind mtp cannot be used with --distributed" in (why("--draft-kind", "mtp")
                                                                    or "")
     assert why("--draft-kind", "ngram") is None and why() is None
+
+
+def test_an_out_of_memory_ends_the_group_for_a_restart():
+    """``MLXBUN_FAULT_ALLOC=3``: rank 0's third pass runs out of memory. Rank 0 cannot tell
+    how far through the pass's collectives it got, so it does not recover in place: the
+    request gets a 503 with ``Retry-After`` (in the OpenAI shape), rank 0 exits 75 for its
+    supervisor to start the group again, and the follower does not outlive it."""
+    pair = Pair(tiny_checkpoint("llama", dtype="float32"), env={"MLXBUN_FAULT_ALLOC": "3"})
+    try:
+        follower = pair.rank_pid(1)
+        r = httpx.post(pair.base + "/v1/completions", timeout=60,
+                       json={"model": "m", "prompt": "hello there", "max_tokens": 16,
+                             "temperature": 0})
+        assert r.status_code == 503, r.text
+        assert 1 <= int(r.headers["Retry-After"]) <= 600
+        assert "--distributed" in r.json()["error"]["message"]
+        pair.proc.proc.wait(60)  # mlx.launch itself exits 0 whatever its ranks did
+    finally:
+        pair.stop()
+    assert "rank 0 exited with code 75" in pair.proc.output, pair.proc.output
+    assert not Path(f"/proc/{follower}").exists()
 
 
 def test_stopping(served, request):

@@ -29,7 +29,7 @@ from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.worker import ModelWorker
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.engine import close, greedy, run_all, token_ids
+from mlxbun_core.testing.engine import close, finishes, greedy, run_all, token_ids
 
 PROMPTS = ["hello there", "the quick brown fox jumps over the lazy dog", "one two three",
            "a", "seven eight nine ten eleven twelve", "zebras and lions"]
@@ -312,3 +312,66 @@ def test_a_journal_takes_no_kv_scheme_and_no_mtp_tap():
     with pytest.raises(ValueError, match="cannot be replayed"):
         Batch(None, [Slot(PAGED)], BlockPool(4, 8), tap=object(), journal=journal)
     assert journal.take() == []
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_rows_preempted_for_blocks_keep_the_followers_in_step(family, recording):
+    """Free memory for 40 blocks: rows that need a block as they decode find none, and
+    the youngest are preempted and recomputed later. Under a journal nothing of that is
+    rank 0's alone: freed blocks are named by the next pass that uses them, a dropped
+    row's recurrent state leaves the follower's merged states through the journaled
+    ``filter``, and the recompute is ordinary passes. Every pass's logits equal rank 0's,
+    the follower's pool ends equal, and the tokens equal a plain engine's."""
+    from mlxbun_core.engine.memory import MemoryConfig, Reading
+
+    engine, channel, follower = _pair(family, memory=MemoryConfig(margin_bytes=0))
+    per_block = int(engine.admission.layout.bytes_per_token * 16)
+    engine.memory.probe = lambda: Reading(40 * per_block, 0, "test")
+    plain = Engine.load(str(tiny_checkpoint(family, seed=3, dtype="float32")), progress=False,
+                        batch=8, prompt_cache_bytes=0)
+    bodies = [greedy(" ".join(str((i * 7 + j) % 50) for j in range(40 + 10 * i)), 100)
+              for i in range(6)]
+    try:
+        got = run_all(engine, bodies)
+        assert [token_ids(r) for r in got] == [token_ids(r) for r in run_all(plain, bodies)]
+        counts = engine.memory.counts
+        assert counts["out_of_blocks"] >= 1 and counts["preemptions"] >= 1, counts
+        assert engine.model.model.same and all(engine.model.model.same)
+        lane = engine.worker.lanes[0]
+        ours = lane._batch.layout
+        engine.worker.run_sync(engine.model.model.ping)
+        theirs = follower.replica.layouts[ours.name]
+        assert theirs.pool.capacity == ours.pool.capacity
+        for a, b in zip(ours.all_stores(), theirs.all_stores()):
+            assert mx.array_equal(a.keys, b.keys) and mx.array_equal(a.values, b.values)
+        engine.worker.run_sync(engine.prefix.clear)
+        assert lane._batch.pool.used == 0
+        gc.collect()
+        engine.worker.run_sync(engine.model.model.ping)
+        assert not follower.replica.states  # the preempted rows' states went too
+    finally:
+        close(engine, plain)
+
+
+def test_an_out_of_memory_under_a_journal_is_a_lost_device(recording):
+    """Rank 0 cannot tell how far a pass that ran out of memory got through its
+    collectives, so under ``--distributed`` an out-of-memory is not recovered in place (the
+    other ranks could pair the rest of that pass with the next one's): the engine ends
+    as on a device fault, every request told 503 with a retry for the restarted group,
+    and no row is preempted."""
+    from mlxbun_core.engine.memory import DEVICE_FAULT, MemoryConfig
+
+    engine, _, _ = _pair("llama", memory=MemoryConfig(fault_alloc=4))
+    lost: list[str] = []
+    engine.on_fatal = lost.append
+    try:
+        assert engine.memory.lockstep
+        done = finishes(engine, [greedy(p, 30) for p in PROMPTS], together=True)
+        assert all(f.reason == "error" and f.retry is not None for f in done), done
+        assert {f.retry.code for f in done} == {DEVICE_FAULT}
+        assert lost and "--distributed" in lost[0] and "out of memory" in lost[0]
+        counts = engine.memory.counts
+        assert counts["device_faults"] == 1 and counts["preemptions"] == 0, counts
+        assert engine.unavailable is not None and engine.worker.broken
+    finally:
+        engine.worker.close()

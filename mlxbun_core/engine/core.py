@@ -13,27 +13,31 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import kvquant
 from ..adapters import AdapterManager, AdapterSet
 from ..contract import DraftSource, TokenPredictor
-from ..errors import APIError, BadRequest, Unavailable
-from ..events import Done, Event, Finish, Usage
+from ..errors import APIError, BadRequest, Overloaded, Unavailable
+from ..events import Finish, Retry
 from ..kvquant.probe import check_kernels, model_dtype
 from ..library import fit
 from ..media import parts as media_parts
 from ..model import LoadedModel, LoadOptions
 from . import attention_route, prefill_shapes
 from .admission import Admission, default_batch, drafts_with_head, head_cost
+from .batch.journal import Journal
 from .fill import FillPolicy
+from .generation import Generation as Generation  # (surfaces import it from here)
 from .job import EventSink, GenerationJob, may_speculate
 from .lanes.batch import BatchLane
 from .lanes.pace import MAX_CHUNK, PrefillPacer
 from .lanes.serial import SerialLane
+from .memory import DEVICE_FAULT, Governor, MemoryConfig
 from .prepare import Prepared, media_pipeline, prepare
 from .prompt_cache import PrefixCache
 from .request import ChatRequest, CompletionRequest, GenerationInput, parse_chat, parse_completion
@@ -48,49 +52,6 @@ if TYPE_CHECKING:
     from ..plugins import ModelHooks
 
 log = logging.getLogger("mlxbun.engine")
-
-
-class Generation:
-    """A started request, as its surface sees it."""
-
-    def __init__(self, engine: Engine, job: GenerationJob, warning: str | None):
-        self._engine, self._job = engine, job
-        self.warning = warning
-        self.prompt_tokens = len(job.request.prompt_tokens)
-
-    @property
-    def cache_note(self) -> str | None:
-        """The ``X-Mlxbun-Cache`` header's value (None until a lane admitted it)."""
-        return self._job.cache_note
-
-    async def admitted(self) -> None:
-        """Wait until a lane takes the request, or it ends first (a stream's headers)."""
-        if self._job.cache_note is None:
-            await self._job.sink.read_ahead()
-
-    @property
-    def usage(self) -> Usage:
-        """Live token accounting (final once ``finish`` is set)."""
-        return self._job.session.usage
-
-    @property
-    def finish(self) -> Finish | None:
-        return self._job.session.finished
-
-    def cancel(self) -> None:
-        self._job.cancel()
-
-    async def events(self) -> AsyncIterator[Event]:
-        """The generation's events, ending with ``Done``; leaving early cancels it."""
-        try:
-            while True:
-                for ev in await self._job.sink.get():
-                    yield ev
-                    if isinstance(ev, Done):
-                        self._engine._finished(ev.finish, self._job.cache_note)
-                        return
-        finally:
-            self._job.cancel()
 
 
 DEFAULT_PROMPT_CACHE_BYTES = 8 << 30
@@ -113,8 +74,13 @@ class Engine:
                  memory_budget_bytes: int | None = None, kv_quant: object = "off",
                  ssd: SsdConfig | None = None, fill: str | None = None,
                  speculation: SpecConfig | None = None,
-                 predictor: TokenPredictor | None = None):
+                 predictor: TokenPredictor | None = None, memory: MemoryConfig | None = None):
         self.model = model
+        # memory measured, pressure met, faults injected (tests): the environment's
+        # MLXBUN_FAULT_* are read here, once, unless ``memory`` says
+        self.memory = Governor(memory or MemoryConfig.from_env())
+        self.memory.on_lost = self._device_lost
+        self.memory.lockstep = isinstance(getattr(model.model, "journal", None), Journal)
         # the checkpoint's multi-token-prediction head (--draft-kind mtp / draft_kind "mtp")
         self.predictor = predictor
         if speculation is not None and speculation.kind == MTP and predictor is None:
@@ -154,9 +120,12 @@ class Engine:
         self.completed = 0
         self.draining = False  # set on SIGINT/SIGTERM: new work gets a 503
         self.aborted = False  # set by abort(): nothing more is queued
-        # why the engine can serve nothing more (a rank of a --distributed group was lost):
-        # new work gets a 503 engine_unavailable
+        # why the engine can serve nothing more (a rank of a --distributed group was lost,
+        # the device failed): new work gets a 503 engine_unavailable
         self.unavailable: str | None = None
+        self.unavailable_retry: Retry | None = None  # (the device: it restarts)
+        # told once the device failed for good (serve: drain what it can, exit non-zero)
+        self.on_fatal: Callable[[str], None] | None = None
         # told every generation's Finish as it ends: the /metrics recorder (metrics.for_engine)
         self.on_finish: Callable[[Finish], None] | None = None
         self.starting = 0  # requests being prepared (not yet queued)
@@ -185,10 +154,11 @@ class Engine:
         """The worker's lanes, sharing one prefill pacer (calibrated now, on the worker)."""
         model = self.model
         serial = SerialLane(model.model, self.prefix, self.admission, adapters=self.adapters,
-                            pacer=self.pacer, kv=self.kv, predictor=self.predictor)
+                            pacer=self.pacer, kv=self.kv, predictor=self.predictor,
+                            governor=self.memory)
         self.worker.lanes = ([BatchLane(model.model, self.batch, self.prefix, self.admission,
                                         adapters=self.adapters, pacer=self.pacer, kv=self.kv,
-                                        predictor=self.predictor),
+                                        predictor=self.predictor, governor=self.memory),
                               serial]
                              if self.batch > 1 else [serial])
         if model.kind == "generate":
@@ -205,16 +175,20 @@ class Engine:
         from .. import loader
 
         opts = options or LoadOptions()
+        t0 = time.monotonic()
         worker = ModelWorker()
         model = worker.run_sync(lambda: loader.load(name, opts, progress=progress))
         draft = worker.run_sync(lambda: model.hooks.draft_source(model=model, options=opts))
         if model.kind == "generate" and "predictor" not in kw:
             kw["predictor"] = worker.run_sync(lambda: model.hooks.token_predictor(model=model))
         try:
-            return cls(model, worker=worker, draft=draft, **kw)
+            engine = cls(model, worker=worker, draft=draft, **kw)
         except SpecUnavailable:
             worker.close()
             raise
+        # a restart takes about as long as this load: the Retry-After of a lost device
+        engine.memory.restart_after = max(2, math.ceil(1.5 * (time.monotonic() - t0)) + 1)
+        return engine
 
     @property
     def hooks(self) -> ModelHooks:
@@ -262,6 +236,9 @@ class Engine:
 
     def check_open(self) -> None:
         if self.unavailable is not None:
+            retry = self.unavailable_retry
+            if retry is not None:
+                raise Overloaded(self.unavailable, retry.after, retry.code, restarting=True)
             raise APIError(self.unavailable, status=503, type="engine_unavailable",
                            code="engine_unavailable")
         if self.draining:
@@ -273,6 +250,19 @@ class Engine:
         refused with a 503 (a forced shutdown)."""
         self.draining = self.aborted = True
         self.worker.abort(message)
+
+    def _device_lost(self, reason: str) -> None:
+        """The device failed for good (on the worker thread): refuse new work with a 503
+        (``/health`` too), end every request with one to send again, and tell
+        ``on_fatal`` (serve drains and exits non-zero for a supervisor to restart it)."""
+        retry = Retry(self.memory.restart_after, DEVICE_FAULT)
+        self.unavailable = f"engine unavailable: the device failed ({reason}); restarting"
+        self.unavailable_retry = retry
+        self.worker.broken = True  # its thread must not touch MLX as it ends
+        self.worker.abort(self.unavailable, retry)
+        log.error("device fault: %s", reason)
+        if self.on_fatal is not None:
+            self.on_fatal(reason)
 
     @property
     def idle(self) -> bool:
@@ -287,7 +277,7 @@ class Engine:
         job = self.new_job(req, prepared, adapters)
         self.worker.submit(job)
         self.requests += 1
-        return Generation(self, job, prepared.warning)
+        return Generation(job, prepared.warning, self._finished)
 
     def new_job(self, req: GenerationInput, prepared: Prepared,
                 adapters: AdapterSet) -> GenerationJob:
@@ -362,6 +352,10 @@ class Engine:
     def _finished(self, fin: Finish, cache_note: str | None = None) -> None:
         self.completed += 1
         u, t = fin.usage, fin.timings
+        if fin.retry is not None:  # told 503: its error says why and how long it waited
+            log.warning("503 %s · prompt %d tok · %d tok out · %s", fin.retry.code,
+                        u.prompt_tokens, u.completion_tokens, fin.error)
+            return
         log.info("%s · prompt %d tok · %d tok out · ttft %.0f ms · %.1f tok/s · %s lane · "
                  "cache %s", fin.reason, u.prompt_tokens, u.completion_tokens,
                  1e3 * t.get("ttft_s", 0), t.get("decode_tps", 0.0), u.lane, cache_note)
@@ -411,3 +405,7 @@ class Engine:
                 "active_rows": self.worker.active, "waiting": self.worker.waiting,
                 "lanes": lanes, "prefill": self.pacer.stats(), "adapters": self.adapters.stats(),
                 "kv_blocks": pools[0] if pools else None}
+
+    def memory_stats(self) -> dict[str, Any]:
+        """``/stats`` ``memory``: the measured budget and what pressure did."""
+        return self.memory.stats()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..adapters.sets import NO_ADAPTERS, AdapterSet
 from ..contract import DraftSource, Tokenizer
-from ..events import Admitted, Done, Event
+from ..events import Admitted, Done, Event, Retry
 from .cache_explain import OFF
 from .session import GenerationRequest, GenerationSession
 
@@ -85,10 +85,12 @@ class EventSink:
             return batch
         return await self.queue.get()
 
-    async def read_ahead(self) -> None:
-        """Read (and keep for :meth:`get`) until the job is admitted or has ended."""
+    async def read_ahead(self) -> list[Event]:
+        """Read (and keep for :meth:`get`) until the job is admitted or has ended; the
+        events kept."""
         while not any(isinstance(ev, (Admitted, Done)) for ev in self._held):
             self._held += await self.queue.get()
+        return self._held
 
 
 class Job:
@@ -178,6 +180,17 @@ class GenerationJob(Job):
         self.fill: FillSession | None = None
         # the X-Mlxbun-Cache header's value, set at admission (None: not admitted yet)
         self.cache_note: str | None = None
+        # every token handed to the session (sampled and forced), in order: a preempted
+        # job is recomputed from its prompt and these (lanes/pressure.py)
+        self.output: list[int] = []
+        self.preempted = False  # its KV was dropped; it waits in its lane to be recomputed
+        # since when it waits for memory (None: it does not), and how much output it had
+        # when first preempted: a job preempted again without progress keeps its clock
+        self.waiting_since: float | None = None
+        self.progress_mark = 0
+        # tokens its first pass over no KV kept (0: unknown): under a KV scheme they
+        # attended in full precision, and its recomputed row reads as many first
+        self.first_pass = 0
 
     def mark_started(self, lane: str) -> None:
         """The job leaves the waiting queue and starts on ``lane``."""
@@ -206,15 +219,18 @@ class GenerationJob(Job):
         through the text session, their events to the client. A grammar that is
         complete after them ends the job here (only EOS could follow)."""
         events = self.session.step(token, logprobs)
+        self.output.append(token)
         for t in forced:
             if self.finished:
                 break
             events += self.session.step(t, None)
+            self.output.append(t)
         grammar = self.request.grammar
         if not self.finished and grammar is not None and grammar.done:
             events += self.session.finish("stop")
         self.emit(events)
 
-    def close(self, reason: str, error: str | None = None) -> None:
-        """End the job now (cancelled, failed): flush and post ``Done``; idempotent."""
-        self.emit(self.session.finish(reason, error=error))
+    def close(self, reason: str, error: str | None = None, retry: Retry | None = None) -> None:
+        """End the job now (cancelled, failed): flush and post ``Done``; idempotent
+        (``retry``: the client may send it again later, see :class:`Retry`)."""
+        self.emit(self.session.finish(reason, error=error, retry=retry))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..contract import LogitsProcessor, Sampler, Tokenizer, ToolParser
-from ..events import Content, Done, Event, Finish, TokenLogprob, ToolCallEvent, Usage
+from ..events import Content, Done, Event, Finish, Retry, TokenLogprob, ToolCallEvent, Usage
 from .logprobs import LogprobRecorder
 from .sampling import SamplingParams
 from .textstream import ReasoningSplitter, StopMatcher
@@ -136,8 +136,10 @@ class GenerationSession:
         forced = getattr(self.req.grammar, "forced_from", None)
         return forced is not None and forced < self.usage.completion_tokens
 
-    def finish(self, reason: str, error: str | None = None) -> list[Event]:
-        """Flush held-back text and close; idempotent."""
+    def finish(self, reason: str, error: str | None = None,
+               retry: Retry | None = None) -> list[Event]:
+        """Flush held-back text and close; idempotent (``retry``: a failure worth sending
+        again later, see :class:`~mlxbun_core.events.Retry`)."""
         if self.finished is not None:
             return []
         events: list[Event] = []
@@ -165,7 +167,7 @@ class GenerationSession:
             if n > 1:
                 timings["decode_tps"] = (n - 1) / max(now - self.t_first, 1e-9)
         self.finished = Finish(reason, self.usage, self.logprobs, self.stopper.stopped, error,
-                               timings)
+                               timings, retry)
         if self.on_finish is not None:
             self.on_finish(self.finished)
         events.append(Done(self.finished))

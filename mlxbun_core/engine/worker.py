@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import QueueFull
+from ..events import Retry
 from .job import CallJob, GenerationJob
 from .lanes import Lane
 
@@ -27,10 +28,11 @@ _STOP = object()
 
 
 class _Abort:
-    """Inbox item: end every job of every lane with an error (a forced shutdown)."""
+    """Inbox item: end every job of every lane with an error (a forced shutdown; with
+    ``retry``, a lost device: the jobs may be sent again to the restarted engine)."""
 
-    def __init__(self, message: str):
-        self.message = message
+    def __init__(self, message: str, retry: Retry | None = None):
+        self.message, self.retry = message, retry
 
 
 class ModelWorker:
@@ -38,6 +40,8 @@ class ModelWorker:
         self.max_waiting = max_waiting
         self.lanes: list[Lane] = []  # set by the engine once the model is loaded (on this thread)
         self._inbox: queue.Queue[Any] = queue.Queue()
+        # the device failed for good: the thread must not touch MLX as it ends
+        self.broken = False
         self._thread = threading.Thread(target=self._run, name="mlxbun-worker", daemon=True)
         self._thread.start()
         _open_workers.add(self)
@@ -105,17 +109,18 @@ class ModelWorker:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(wait)
 
-    def abort(self, message: str) -> None:
-        """End every running and waiting job with ``message`` (an error) at the next step
-        boundary; the worker goes on serving."""
-        self._inbox.put(_Abort(message))
+    def abort(self, message: str, retry: Retry | None = None) -> None:
+        """End every running and waiting job with ``message`` (an error; ``retry``: one
+        to send again later) at the next step boundary; the worker goes on serving."""
+        self._inbox.put(_Abort(message, retry))
 
     # -- the worker thread -------------------------------------------------------
     def _run(self) -> None:
         try:
             self._loop()
         finally:
-            release_thread_mlx()
+            if not self.broken:  # (a lost device: the process ends with os._exit anyway)
+                release_thread_mlx()
 
     def _loop(self) -> None:
         while True:
@@ -151,7 +156,7 @@ class ModelWorker:
     def _take(self, job: GenerationJob | CallJob | _Abort) -> None:
         if isinstance(job, _Abort):
             for lane in self.lanes:
-                lane.close(job.message, reason="error")
+                lane.close(job.message, reason="error", retry=job.retry)
             return
         if isinstance(job, CallJob):
             job.run()

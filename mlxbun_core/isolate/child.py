@@ -73,6 +73,7 @@ class EngineProcess:
         self._crashes: collections.deque = collections.deque()
         self.was_ready = False  # it answered /health once
         self.refused = False  # its first start exited REFUSED: not restarted
+        self.faulted = False  # its device failed: down until a successor is ready
         self._watch: asyncio.Task | None = None
 
     # ---------------------------------------------------------------- life
@@ -89,6 +90,8 @@ class EngineProcess:
             os.unlink(self.socket)
         self._set("starting")
         env = {**os.environ, **({"MLXBUN_API_KEY": self.api_key} if self.api_key else {})}
+        if self.restarts:  # a test's injected faults are the first engine's only
+            env = {k: v for k, v in env.items() if not k.startswith("MLXBUN_FAULT_")}
         self.proc = await asyncio.create_subprocess_exec(*self.argv(), env=env,
                                                          stdin=asyncio.subprocess.DEVNULL)
         log.info("engine %s starting, pid %d", self.model_id, self.proc.pid)
@@ -153,10 +156,43 @@ class EngineProcess:
         except (httpx.HTTPError, ValueError):
             log.debug("engine %s: could not read its model row", self.model_id, exc_info=True)
 
+    def restarting(self, pid: int | None) -> None:
+        """Engine ``pid`` said its device failed and it is exiting: until its successor
+        answers, requests wait for that one (a later engine is left alone)."""
+        if pid is not None and self.proc is not None and self.proc.pid == pid \
+                and self.state == "ready":
+            self.faulted = True  # /health says 503 until the successor is ready
+            self._set("dead")
+
+    async def problem(self) -> tuple[str, str] | None:
+        """Why this engine cannot serve: ``("unavailable", why)`` once it gave up
+        restarting, ``("restarting", why)`` from when its device failed (its own
+        ``/health`` says so) until its successor is ready; None when it serves, loads,
+        or is respawned after a plain exit (requests wait for it then)."""
+        if self.state == "failed" and self.was_ready:
+            return "unavailable", f"engine {self.model_id} stopped restarting"
+        if self.faulted and self.state != "ready":
+            return "restarting", f"engine {self.model_id} is restarting after a device fault"
+        if self.state != "ready":
+            return None
+        try:
+            r = await self.client.get("/health", timeout=2.0)
+        except httpx.TimeoutException:
+            return None  # busy, not broken
+        except httpx.TransportError:
+            return None  # gone: the supervisor respawns it, requests wait meanwhile
+        try:
+            said = r.json() if r.status_code == 503 else {}
+        except ValueError:
+            said = {}
+        if said.get("status") == "unavailable":
+            return "restarting", str(said.get("reason") or "engine unavailable")
+        return None
+
     def _set(self, state: str) -> None:
         self.state = state
         if state == "ready":
-            self.was_ready = True
+            self.was_ready, self.faulted = True, False
             self._ready.set()
         else:
             self._ready.clear()

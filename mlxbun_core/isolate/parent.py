@@ -35,11 +35,11 @@ from ..server.access_log import RecordingSend, log_answer
 from ..server.body import JsonContentTypeError, check_content_type, parse_body
 from ..server.origin import CorsRules
 from . import access, hub_serve
-from .child import REFUSED, EngineUnavailable
+from .child import MAX_RESTARTS, REFUSED, EngineUnavailable
 from .drain import send_json
 from .policy import PoolPolicy, route, routing_fields
 from .pool import EnginePool, background
-from .proxy import EngineGone, forward, send_unavailable
+from .proxy import EngineGone, EngineRestarting, forward, send_unavailable
 from .responses import ParentResponses
 
 log = logging.getLogger("mlxbun.isolate")
@@ -143,6 +143,10 @@ class ParentApp:
                 return await send_json(send, 503, {"status": "loading"})
             return await send_json(send, 503, {"status": "unavailable", "reason":
                                                f"engine {first.model_id} failed to start"})
+        d = self.pool.default_engine()
+        problem = await d.problem() if d is not None else None
+        if problem is not None:  # the engine's device failed: it restarts, or cannot
+            return await send_json(send, 503, {"status": problem[0], "reason": problem[1]})
         await send_json(send, 200, {"status": "ok"})
 
     async def get_metrics(self, scope, send):
@@ -289,13 +293,24 @@ class ParentApp:
                     return await send_json(send, 404, error)
         receive = receive or _never_disconnects
         retry = method in ("GET", "HEAD") and not body  # bodyless reads retry once
+        restarts = MAX_RESTARTS  # a request the engine's device fault left unrun waits
         while True:
+            engine = None
             try:
                 async with self.pool.lease(spec, keep_alive) as engine:
                     scope[PROXIED] = True  # from here on the engine answers (and counts)
                     await forward(engine, scope, body, receive, send,
                                   turn.observer if turn else None)
                 return
+            except EngineRestarting as exc:
+                scope[PROXIED] = False
+                if engine is not None:
+                    engine.restarting(exc.pid)
+                if restarts <= 0 or self.draining:
+                    return await exc.send(send)
+                restarts -= 1
+                log.info("engine restarting after a device fault: %s %s waits for it",
+                         method, path)
             except EngineUnavailable as exc:
                 scope[PROXIED] = False
                 return await send_unavailable(send, str(exc))

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 
+from ..errors import RESTARTING_HEADER
 from .access import forwarded
 from .child import EngineProcess
 from .drain import send_json
@@ -30,6 +31,22 @@ HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-autho
 
 class EngineGone(Exception):
     """The engine dropped the request before answering; nothing was sent to the client."""
+
+
+class EngineRestarting(Exception):
+    """The engine's device failed: it answered 503 (``RESTARTING_HEADER``) without running
+    the request and is about to exit; nothing was sent to the client. ``pid``: the engine
+    process that said so; ``status``, ``headers``, ``body``: its answer, to send if the
+    request is not tried again."""
+
+    def __init__(self, pid: int | None, status: int, headers: list, body: bytes):
+        super().__init__("the engine is restarting")
+        self.pid, self.status, self.headers, self.body = pid, status, headers, body
+
+    async def send(self, send) -> None:
+        await send({"type": "http.response.start", "status": self.status,
+                    "headers": self.headers})
+        await send({"type": "http.response.body", "body": self.body})
 
 
 def unavailable_body(message: str) -> dict:
@@ -92,6 +109,7 @@ async def forward(engine: EngineProcess, scope, body: bytes, receive, send,
     response store reads finished Responses this way).
     """
     disconnect = Disconnect(receive)
+    pid = engine.proc.pid if engine.proc is not None else None
     try:
         try:
             resp = await _race(engine.client.send(_request(engine, scope, body), stream=True),
@@ -102,8 +120,10 @@ async def forward(engine: EngineProcess, scope, body: bytes, receive, send,
         if resp is None:
             return 499
         try:
-            observe = on_response(resp) if on_response else None
             headers = [(k, v) for k, v in resp.headers.raw if k.lower() not in HOP_BY_HOP]
+            if resp.status_code == 503 and resp.headers.get(RESTARTING_HEADER):
+                raise EngineRestarting(pid, 503, headers, await resp.aread())
+            observe = on_response(resp) if on_response else None
             await send({"type": "http.response.start", "status": resp.status_code,
                         "headers": headers})
             ok = await _race(_pump(resp, send, observe), disconnect)

@@ -148,6 +148,7 @@ class EngineMetrics(Collector):
                     spec.requests)
         yield from self._prefix(e.prefix.stats())
         yield from self._memory(e.admission.stats())
+        yield from self._pressure(e.memory_stats(), e.batch_stats().get("kv_blocks") or {})
 
     def _prefix(self, s: dict) -> Iterator[Metric]:
         g, c = self._gauge, self._counter
@@ -173,6 +174,28 @@ class EngineMetrics(Collector):
                 s.get("reserved_kv_bytes"))
         yield self._counter("mlxbun_memory_waits", "Times a request waited for memory",
                             s.get("memory_waits"))
+
+
+    def _pressure(self, s: dict, blocks: dict) -> Iterator[Metric]:
+        """The KV pool's blocks and what memory pressure did (``engine/memory.py``)."""
+        g, c = self._gauge, self._counter
+        for state in ("free", "used", "shared", "swapped"):
+            yield g(f"mlxbun_kv_blocks_{state}", f"KV blocks of the batch's pool: {state}",
+                    blocks.get(state))
+        yield g("mlxbun_kv_blocks_limit", "KV blocks the pool may grow to now (the memory "
+                "free now and admission's budget)", blocks.get("limit"))
+        yield g("mlxbun_memory_available_bytes", "Memory the engine may still allocate, "
+                "as last measured (the safety margin kept back)", s.get("available_bytes"))
+        yield c("mlxbun_memory_preemptions", "Requests preempted for memory (recomputed "
+                "later)", s.get("preemptions"))
+        yield c("mlxbun_memory_retries", "Steps that failed for memory and were retried",
+                s.get("retries"))
+        yield c("mlxbun_memory_refused", "Requests answered 503 for memory (Retry-After)",
+                s.get("refused"))
+        yield c("mlxbun_memory_out_of_memory", "Out-of-memory failures MLX raised",
+                s.get("out_of_memory"))
+        yield c("mlxbun_device_faults", "Device faults the engine could not recover from",
+                s.get("device_faults"))
 
 
 def mlx_memory() -> tuple[int, int]:

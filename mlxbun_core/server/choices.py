@@ -24,7 +24,7 @@ from ..events import KEEPALIVE, Done, Event, Finish, Usage
 from . import generation
 from . import trace as tracing
 from .common import json_response, sse_response
-from .generation import FrameWriter, Run, admission, collect, with_keepalive
+from .generation import FrameWriter, Run, admitted, collect, with_keepalive
 
 if TYPE_CHECKING:
     from ..engine.core import Generation
@@ -134,7 +134,7 @@ async def respond(request: Request, run: Run, writer: Callable[[Run, int, int], 
     reply and shape them all with ``answer(run, replies, usage)``."""
     choices, n = Choices(run.gens), len(run.gens)
     if run.stream:
-        await admission(request, run.gen)
+        await admitted(request, run)
         frames = choice_frames(choices, [writer(run, i, n) for i in range(n)])
         out = tracing.traced(frames, run.trace, choices, run.started)
         return sse_response(request, choices, out, run.headers)

@@ -75,7 +75,10 @@ def guarded(render: Callable[[APIError], Response] = openai_error) -> Callable[[
             try:
                 return await handler(request)
             except Exception as exc:
-                return render(as_api_error(exc))
+                err = as_api_error(exc)
+                resp = render(err)
+                add_headers(resp, err.headers())  # Retry-After on a 503
+                return resp
 
         inner.__name__ = handler.__name__
         return inner

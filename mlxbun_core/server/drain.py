@@ -30,6 +30,12 @@ log = logging.getLogger("mlxbun.server")
 
 DEFAULT_TIMEOUT_S = 120.0
 ABORT_GRACE_S = 5.0  # after a second signal: time for open responses to write their error
+# the device failed for good: ``sysexits.h``'s EX_TEMPFAIL, "try again later": a supervisor
+# (systemd's Restart=on-failure, launchd's KeepAlive, a container's restart policy, the
+# ``--isolate`` parent) starts the server again
+DEVICE_FAULT_EXIT = 75
+FAULT_LINGER_S = 1.0  # once every request was answered, /health keeps saying 503 this long
+FAULT_EXIT_AFTER_S = 15.0  # the exit happens by then, whatever is still open
 
 
 def shutdown_timeout() -> float:
@@ -71,14 +77,39 @@ class DrainingServer(uvicorn.Server):
                  self.engine.worker.active, self.engine.worker.waiting, self.timeout)
         threading.Thread(target=self._drain, name="mlxbun-drain", daemon=True).start()
 
+    def fault(self, reason: str) -> None:
+        """The device failed for good (the engine already ended every request with a 503
+        to send again): let the responses write it, then exit ``DEVICE_FAULT_EXIT``."""
+        if self.exit_code == DEVICE_FAULT_EXIT:
+            return
+        self.exit_code = DEVICE_FAULT_EXIT
+        print(f"mlxbun: device fault ({reason}); /health says 503, open requests end, and "
+              f"the server exits with status {DEVICE_FAULT_EXIT} for its supervisor to "
+              "restart it", file=sys.stderr, flush=True)
+        # nothing may keep the exit from us: no teardown touches the failed device
+        threading.Timer(FAULT_EXIT_AFTER_S, os._exit, args=(DEVICE_FAULT_EXIT,)).start()
+        threading.Thread(target=self._after_fault, name="mlxbun-fault", daemon=True).start()
+
+    def _after_fault(self) -> None:
+        """Answer what is open (each request a 503 to send again, or its stream's error
+        event) and say 503 on ``/health`` a moment longer, then stop serving."""
+        deadline = time.monotonic() + ABORT_GRACE_S
+        while not self.engine.idle and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(FAULT_LINGER_S)
+        self._grace(ABORT_GRACE_S)
+        self.should_exit = True
+
     def _stop(self, message: str) -> None:
         """End every request with ``message`` and let the responses write it."""
         self.engine.abort(message)
-        grace = self.config.timeout_graceful_shutdown
-        # uvicorn annotates an int; it only hands the value to asyncio.wait_for
-        self.config.timeout_graceful_shutdown = min(  # type: ignore[assignment]
-            grace or ABORT_GRACE_S, ABORT_GRACE_S)
+        self._grace(min(self.config.timeout_graceful_shutdown or ABORT_GRACE_S, ABORT_GRACE_S))
         self.should_exit = True
+
+    def _grace(self, seconds: float) -> None:
+        """How long uvicorn lets open responses finish once it stops."""
+        # uvicorn annotates an int; it only hands the value to asyncio.wait_for
+        self.config.timeout_graceful_shutdown = seconds  # type: ignore[assignment]
 
     def _drain(self) -> None:
         deadline = time.monotonic() + self.timeout

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from blacksheep import Request, Response
 
 from ..engine.cache_explain import HEADER as CACHE_HEADER
-from ..engine.reply import Reply, gather
+from ..engine.reply import Reply, failure, gather
 from ..engine.request import GenerationInput, choice_requests
 from ..events import KEEPALIVE as KEEPALIVE_EVENT
 from ..events import Admitted, Done, Event, Finish, KeepAlive
@@ -163,11 +163,35 @@ async def with_keepalive(events: AsyncIterator[Event], every: float) -> AsyncIte
             pending.cancel()
 
 
+async def admitted(request: Request, run: Run) -> None:
+    """A stream's status waits for a lane to take every choice: one refused before that
+    (no memory for it within its wait, the engine restarting) is a 503 with
+    ``Retry-After`` in the surface's shape, not a 200 stream that only says so."""
+    gens = run.gens or [run.gen]
+
+    def cancel() -> None:
+        for g in gens:
+            g.cancel()
+
+    watcher = watch_disconnect(request, cancel)
+    try:
+        for g in gens:
+            fin = await g.started()
+            if fin is not None and fin.retry is not None:
+                cancel()
+                async for _ in g.events():  # (its Done: counted and logged as it ends)
+                    pass
+                run.trace.finish("error", stage="admission", error=fin.error or "")
+                raise failure(fin)
+    finally:
+        watcher.cancel()
+
+
 async def respond(request: Request, run: Run, writer: Callable[[Run], FrameWriter],
                   answer: Callable[[Run, Reply], dict[str, Any]]) -> Response:
     """Stream with ``writer(run)``, or gather the whole reply and shape it with ``answer``."""
     if run.stream:
-        await admission(request, run.gen)
+        await admitted(request, run)
         out = tracing.traced(frames(run.gen, writer(run)), run.trace, run.gen, run.started)
         return sse_response(request, run.gen, out, run.headers)
     try:
@@ -183,16 +207,6 @@ class EventSource(Protocol[T_co]):
     def cancel(self) -> None: ...
 
     def events(self) -> AsyncIterator[T_co]: ...
-
-
-async def admission(request: Request, gen: Generation) -> None:
-    """Wait for a lane to take ``gen`` before a stream's headers go out (they carry its
-    prefix-cache outcome); a client that leaves meanwhile cancels it."""
-    watcher = watch_disconnect(request, gen.cancel)
-    try:
-        await gen.admitted()
-    finally:
-        watcher.cancel()
 
 
 async def collect(request: Request, gen: EventSource[T]) -> list[T]:

@@ -87,6 +87,7 @@ def register(app: App, engine: Engine) -> None:
             "prompt_cache": prompt_cache_stats(request, app, engine),
             "kv_quant": engine.kv_quant_stats(),
             "admission": {**engine.admission.stats(), "max_waiting": engine.worker.max_waiting},
+            "memory": engine.memory_stats(),
             "grammar": grammars.stats(),
             "fill": engine.fill.stats(),
             "speculation": ({"draft": engine.draft.name,

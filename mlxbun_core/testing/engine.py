@@ -13,6 +13,7 @@ from ..engine.lanes.pace import FixedChunk, PrefillPacer
 from ..engine.prepare import Prepared, prepare
 from ..engine.reply import gather
 from ..engine.session import GenerationRequest
+from ..events import Done
 
 
 def prepare_chat(engine: Engine, body: dict) -> Prepared:
@@ -36,6 +37,26 @@ def run_all(engine: Engine, bodies: list) -> list:
         return gather([ev async for ev in gen.events()])
 
     return asyncio.run(go())
+
+
+def finishes(engine: Engine, bodies: list[dict], together: bool = False) -> list:
+    """Every body's ``Finish``, failed ones included (``together``: the worker takes no
+    step before every body is queued)."""
+    async def events(gen) -> list:
+        return [ev async for ev in gen.events()]
+
+    async def go():
+        gate = threading.Event()
+        if together:
+            engine.worker.post(lambda: gate.wait(30))
+        try:
+            gens = [await engine.start(engine.parse_completion(b)) for b in bodies]
+        finally:
+            gate.set()
+        return await asyncio.gather(*[events(g) for g in gens])
+
+    done = asyncio.run(go())
+    return [next(ev.finish for ev in evs if isinstance(ev, Done)) for evs in done]
 
 
 def token_ids(reply) -> list:

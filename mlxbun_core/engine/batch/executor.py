@@ -76,18 +76,22 @@ class Batch:
         self._next_logprobs: list[mx.array | None] = []
         self.forward: Forward = self._model_forward
         self.direct = False  # short passes hand attention the stores (``direct.py``)
+        # called once a pass's graph is built, where MLX allocates when it runs it: a
+        # test's injected out-of-memory or device fault (``engine/memory.py``)
+        self.fault: Callable[[], None] | None = None
 
     # -- rows in and out -------------------------------------------------------------
     def add(self, uid: int, todo: list[int], *, cache: list[Any] | None = None,
             shared: Shared | None = None, held: Sequence[int] = (), sampler: Any = None,
             processors: Sequence[Any] = (), budget: int = 1 << 30, tapped: bool = False,
-            refeed: Sequence[int] = ()) -> None:
+            refeed: Sequence[int] = (), first: int = 0) -> None:
         """Start row ``uid`` holding ``held``: in ``shared`` (a table over cached blocks,
         taken over by the row), or in ``cache`` (a single-sequence mlx-lm cache, copied
         into the row's blocks), or nowhere (None of them: ``held`` is empty); ``todo``
         (at least one token) is fed next; ``tapped``: the tap reads its states;
         ``refeed``: tokens the cache lacks (a rollback took them out), fed again ahead of a
-        one-token ``todo`` without being handed out."""
+        one-token ``todo`` without being handed out; ``first``: tokens its first pass
+        reads (0: as planned; ``Row.first_kept``)."""
         if not todo:
             raise ValueError("a row needs at least one token to feed")
         if refeed and len(todo) > 1:
@@ -101,7 +105,8 @@ class Batch:
             states = (self._load(table, cache, len(held)) if cache is not None and held
                       else self.layout.fresh_states())
         self.rows[uid] = Row(uid, table, list(held), list(todo), sampler, processors, budget,
-                             states, tapped=tapped, refeed=list(refeed))
+                             states, tapped=tapped, refeed=list(refeed), first_cap=first,
+                             first=0 if table.length else None)
         if processors and held:  # they see every token fed, those cached before too
             self.rows[uid].context = mx.array(list(held), dtype=mx.uint32)
         if len(todo) == 1:
@@ -186,7 +191,7 @@ class Batch:
         that have now read all but their prompt's last token (they decode from the next
         step)."""
         rows = [self.rows[u] for u in chunks]
-        sizes = [max(1, min(chunks[r.uid], len(r.todo) - 1)) for r in rows]
+        sizes = [r.chunk(chunks[r.uid]) for r in rows]
         width = max(sizes)
         feed = [r.todo[:n] for r, n in zip(rows, sizes)]
         inputs = mx.array([f + [0] * (width - len(f)) for f in feed], dtype=mx.uint32)
@@ -231,10 +236,11 @@ class Batch:
         logits = self._processed(rows, inputs, logits[:, -1, :])
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         sampled = _sample(logprobs, [r.sampler for r in rows])
-        self._next = sampled
-        self._next_logprobs = [logprobs[i] for i in range(len(rows))]
         mx.async_eval(sampled, logprobs, *self._arrays(self.states.caches))
         fed = cast("list[int]", inputs.tolist())
+        # only now: a step that fails before here leaves every row's next input as it was
+        self._next = sampled
+        self._next_logprobs = [logprobs[i] for i in range(len(rows))]
         out = []
         for i, (r, token, lp) in enumerate(zip(rows, fed, fed_logprobs)):
             if r.tapped and hidden is not None and self.tap is not None:
@@ -270,17 +276,21 @@ class Batch:
         tapped = self.tap is not None and any(r.tapped for r in rows)
         groups = self._fresh_apart(rows)
         if groups is None:
-            return self._forward(inputs, rows, valid, states, direct, tapped)
-        ops = self.layout.state_ops
-        parts = [recurrent.pick(ops, states, g) for g in groups]
-        outs = [self._forward(inputs[mx.array(g)], [rows[i] for i in g],
-                              [valid[i] for i in g], part, direct, tapped)
-                for g, part in zip(groups, parts)]
-        recurrent.put(ops, states, groups, parts)
-        order = mx.array(recurrent.inverse(groups))
-        logits = mx.concatenate([o[0] for o in outs])[order]
-        hidden = [o[1] for o in outs if o[1] is not None]
-        return logits, mx.concatenate(hidden)[order] if hidden else None
+            out = self._forward(inputs, rows, valid, states, direct, tapped)
+        else:
+            ops = self.layout.state_ops
+            parts = [recurrent.pick(ops, states, g) for g in groups]
+            outs = [self._forward(inputs[mx.array(g)], [rows[i] for i in g],
+                                  [valid[i] for i in g], part, direct, tapped)
+                    for g, part in zip(groups, parts)]
+            recurrent.put(ops, states, groups, parts)
+            order = mx.array(recurrent.inverse(groups))
+            hidden = [o[1] for o in outs if o[1] is not None]
+            out = (mx.concatenate([o[0] for o in outs])[order],
+                   mx.concatenate(hidden)[order] if hidden else None)
+        if self.fault is not None:  # once a step, whether it ran as one pass or two
+            self.fault()
+        return out
 
     def _forward(self, inputs: mx.array, rows: list[Row], valid: list[int],
                  states: list[Any], direct: bool, tapped: bool
@@ -295,9 +305,13 @@ class Batch:
         return self.forward(inputs, caches), None
 
     def _fresh_apart(self, rows: list[Row]) -> list[list[int]] | None:
-        """``[fresh, holding]`` row indices when a pass must split (see ``_pass``)."""
+        """``[fresh, holding]`` row indices when a pass must split (see ``_pass``); a
+        row's first pass ended where its second begins (``Row.first_kept``)."""
         if not self.layout.quantized:
             return None
+        for r in rows:
+            if r.first is None and r.table.length:
+                r.first = r.table.length
         fresh = [i for i, r in enumerate(rows) if not r.table.length]
         if not fresh or len(fresh) == len(rows):
             return None

@@ -78,3 +78,24 @@ class Row:
     # kept tokens a recurrent rollback took back out of its KV, fed again before its next
     # input (windows.py); already handed out
     refeed: list[int] = field(default_factory=list)
+    # its first pass: ``first_cap`` tokens (0: as planned); what it kept, noted
+    # under a KV scheme once a later pass begins (None: not yet; 0: it started holding
+    # KV; see ``first_kept``)
+    first_cap: int = 0
+    first: int | None = None
+
+    @property
+    def first_kept(self) -> int:
+        """Tokens its first pass kept when it started holding no KV (0: it started
+        holding some, or has not run). Under a KV scheme those attended in full precision
+        and all after them over quantized keys, as in mlx-lm's loop: the row recomputed
+        from its tokens (``Batch.add(first=)``) reads as many first, and equals it."""
+        return self.table.length if self.first is None else self.first
+
+    def chunk(self, asked: int) -> int:
+        """Prompt tokens it reads in a prefill pass that asks ``asked`` (all but its
+        prompt's last at most); its first pass reads ``first_cap`` when bound, whatever
+        was asked (what its first run read there, as exactly as the run can be replayed)."""
+        if self.first_cap and not self.table.length:
+            asked = self.first_cap
+        return max(1, min(asked, len(self.todo) - 1))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from ...events import Retry
 from ..job import GenerationJob
 from .pace import PrefillPacer
 
@@ -40,7 +41,8 @@ class Lane(Protocol):
         """Whether other lanes must pause while this one steps (a seeded request is
         reproducible only if nothing else draws from the random state meanwhile)."""
 
-    def close(self, error: str = "server shutting down", reason: str = "cancelled") -> None:
-        """End every job, running or waiting, with ``reason`` and ``error`` and free the
-        caches (worker shutdown, or a step that failed outside any one job); the lane
-        stays usable."""
+    def close(self, error: str = "server shutting down", reason: str = "cancelled",
+              retry: Retry | None = None) -> None:
+        """End every job, running or waiting, with ``reason`` and ``error`` (``retry``:
+        one the client may send again later) and free the caches (worker shutdown, or a
+        step that failed outside any one job); the lane stays usable."""

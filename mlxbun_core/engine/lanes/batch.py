@@ -1,11 +1,14 @@
 """The batch lane: continuous batching on the engine's own batch (``engine/batch/``).
 
-Each ``step`` admits waiting jobs that fit (row cap, memory), asks the scheduler for a
-plan (which prompts read how much, whether rows decode), has the batch run it, routes
-each row's tokens to its session and removes finished or cancelled rows. KV lives in
-the block pool; per-row samplers, logits processors (penalties, logit_bias, grammar
-masks) and logprobs ride with each row. Rows start from the longest cached prefix and
-publish their KV to the prefix cache when they end.
+Each ``step`` admits waiting jobs that fit (row cap, memory: ``admit.py``), asks the
+scheduler for a plan (which prompts read how much, whether rows decode), has the batch
+run it, routes each row's tokens to its session and removes finished or cancelled rows
+(``results.py``: every way a row leaves the batch). KV lives in the block pool; per-row
+samplers, logits processors (penalties, logit_bias, grammar masks) and logprobs ride
+with each row. Rows start from the longest cached prefix and publish their KV to the
+prefix cache when they end. Memory pressure (a pool out of blocks, an out-of-memory
+from MLX, a device that fails) is met in ``pressure.py``: rows are preempted and
+recomputed, waits end in a 503.
 
 A job alone in the lane decodes outside the batch (``solo.py``: a lone stream at
 mlx-lm's single-sequence speed, kept in the lane's ``SoloSlot``) and joins the batch,
@@ -34,26 +37,26 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ... import kvquant
 from ...adapters.sets import AdapterSet
+from ...events import Retry
 from ..batch import Batch, Emit, direct, pool_for
-from ..batch.entry import BlockEntry, Shared
 from ..batch.journal import Journal
 from ..batch.layout import layout
-from ..cache_explain import Probe, explain_job
 from ..fill.rows import forcing
 from ..job import GenerationJob
+from ..memory import Governor
 from ..prompt_cache import PrefixCache, trimmable
 from ..scheduler import PREFILL_TOKENS, Scheduler, StepPlan
-from ..speculate import MTP, HeadState
+from ..speculate import MTP
 from ..speculate.batch import BatchSpeculator
 from ..speculate.mtp_batch import MtpBatch
-from .pace import FixedChunk, PrefillPacer
-from .slot import BatchRow, SoloSlot, deliver
+from .pace import PrefillPacer
+from .pressure import memory_failure
+from .results import Results
+from .slot import BatchRow, SoloSlot
 from .tally import StepTally
 
 if TYPE_CHECKING:
@@ -65,17 +68,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mlxbun.engine")
 
-NO_LIMIT = 1 << 30
 
-
-class BatchLane:
+class BatchLane(Results):
     name = "batched"
 
     def __init__(self, model: nn.Module, cap: int, prefix: PrefixCache | None = None,
                  admission: Admission | None = None, prefill_tokens: int = PREFILL_TOKENS,
                  adapters: AdapterManager | None = None, pacer: PrefillPacer | None = None,
                  kv: kvquant.KVScheme = kvquant.OFF,
-                 predictor: TokenPredictor | None = None) -> None:
+                 predictor: TokenPredictor | None = None,
+                 governor: Governor | None = None) -> None:
         self.kv = kv  # the KV scheme: quantized blocks in the batch, a lone stream's
         self.model = kvquant.quantizing(model, kv)  # cache quantized after every call
         self._net = model  # the batch's own blocks quantize themselves
@@ -108,6 +110,9 @@ class BatchLane:
         self.predictor = predictor if not kv.bits and self.journal is None else None
         self.mtp = MtpBatch(self.predictor) if self.predictor is not None else None
         self._solo.predictor = self.predictor  # a lone MTP job drafts there (solo_mtp.py)
+        # memory: the measured budget, preemption, waits and faults (pressure.py)
+        self._init_relief(governor or Governor())
+        self._solo.fault = self.governor.inject
 
     # -- the Lane protocol ---------------------------------------------------------
     def accepts(self, job: GenerationJob) -> bool:
@@ -138,7 +143,8 @@ class BatchLane:
         if b is None:
             return None
         per_block = b.layout.bytes_per_block()
-        return {**b.pool.stats(per_block), "bytes_per_token": per_block / b.pool.block_size,
+        return {**b.pool.stats(per_block), "swapped": 0,
+                "bytes_per_token": per_block / b.pool.block_size,
                 "kv_quant": self.kv.flag, "direct_attention": b.direct}
 
     @property
@@ -166,6 +172,16 @@ class BatchLane:
 
     def step(self) -> None:
         self._drop_cancelled()
+        if self.governor.broken is not None:  # the device is lost: end what came since
+            return self._broken(self.governor.broken)
+        try:
+            self._step()
+        except Exception as exc:  # memory and the device are met here (pressure.py)
+            if not self._relieve(exc):
+                raise  # the worker ends this lane's jobs with the error
+
+    def _step(self) -> None:
+        self._refuse_overdue()
         if self.alone and any(self._group_of(j) == self._group for j in self._queue):
             moving = self._solo.join()  # company arrived: the lone job moves into the batch
             if moving is not None:  # (None: the token it had sampled already ended it)
@@ -173,42 +189,47 @@ class BatchLane:
                 self._add_row(job, cache, held, [t for seg in segments for t in seg], head)
         self._admit()
         if not self._rows and not self.alone:
-            return
+            return self._idle()
         lone = self._solo.job
         if lone is not None:
             if self.adapters is not None:  # the serial lane may have run another set meanwhile
                 self.adapters.activate(lone.adapters)
-            return self._solo.step()
+            self._solo.step()
+            if lone.finished:
+                self.governor.row_ended()
+            return self._stepped(grow=True)
         batch = self._get_batch()
+        self._limit(batch)
         plan = self.scheduler.plan([(u, len(batch.rows[u].todo) - 1) for u in batch.prefilling],
                                    len(batch.decoding))
         try:
             emits = self._run(batch, plan)
         except Exception as exc:  # a failed forward fails every row; the lane starts afresh
+            if memory_failure(exc):
+                raise
             log.exception("batch step failed")
             return self._fail_all(str(exc))
-        uids = {e.uid for e in emits}
-        if uids:  # a decode step that handed out tokens, and the rows it carried
-            self.steps.add(len(uids))
-            self.spec.stepped(uids)
-            if self.mtp is not None:
-                self.mtp.stepped(uids)
-        for e in emits:
-            self._route(e)
+        self._stepped(grow=self._row_cap < self.cap and bool(emits) and not batch.prefilling)
         if len(self._rows) == 1 and not self._queue and self.journal is None:
             self._leave(batch)  # the last row goes on alone
 
     def _run(self, batch: Batch, plan: StepPlan) -> list[Emit]:
-        """Run ``plan``: the decode step first (rows keep streaming), then the chunk."""
+        """Run ``plan``: the decode step first (its tokens go out at once, so a chunk that
+        fails after it loses none), then the chunk; the tokens handed out."""
+        self._deciding, self._consumed = False, {}
         emits: list[Emit] = []
         if plan.decode:
             rows = [self._rows[u].job for u in batch.decoding]
-            fills = any(j.fill is not None for j in rows)
+            fills = self._fills() if any(j.fill is not None for j in rows) else None
             drafts: dict[int, Any] = self.spec.drafts(batch.decoding)
+            self._deciding = True
             if self.mtp is not None and self.mtp.rows:
                 drafts.update(self.mtp.drafts(batch))
-            emits = batch.decode(drafts=drafts,
-                                 forcing=forcing(self._fills()) if fills else None)
+            emits = batch.decode(drafts=drafts, forcing=self._recorded(batch, fills,
+                                                                       forcing(fills))
+                                 if fills else None)
+            self._deciding, self._consumed = False, {}
+            self._emitted(emits)
         if plan.prefill:
             with self.pacer.timed(plan.asked) as timer:
                 done = batch.prefill(plan.prefill)
@@ -218,109 +239,14 @@ class BatchLane:
                     self._publish_boundary(uid)
         return emits
 
-    def close(self, error: str = "server shutting down", reason: str = "cancelled") -> None:
-        self._solo.close(reason, error)
-        self._fail_all(error, reason=reason)
+    def close(self, error: str = "server shutting down", reason: str = "cancelled",
+              retry: Retry | None = None) -> None:
+        self._solo.close(reason, error, retry)
+        self._fail_all(error, reason=reason, retry=retry)
         while self._queue:
-            self._queue.popleft().close(reason, error)
-
-    # -- admission -----------------------------------------------------------------
-    def _admit(self) -> None:
-        if self.alone:
-            return  # it joins the batch first (step), or runs on alone
-        fresh = not self._rows
-        if fresh and self._queue:
-            self._group = self._group_of(self._queue[0])
-            if sum(self._group_of(j) == self._group for j in self._queue) == 1 \
-                    and self.journal is None:
-                job = self._queue.popleft()  # alone it must run: bounded to the budget at start
-                cache, n = self._take(job, dense=True)
-                assert not isinstance(cache, Shared)  # (dense)
-                return self._solo.start(job, cache, n, self._solo_pacer())
-        i = 0
-        while i < len(self._queue) and len(self._rows) < self.cap:
-            job = self._queue[i]
-            if self._group_of(job) != self._group:
-                if not fresh:
-                    return  # another adapter group waits: let this batch drain
-                i += 1  # a fresh batch gathers every waiting job of its set
-                continue
-            if self.admission is not None and not self.admission.fits(job) and self._rows:
-                return  # wait for a row to finish and free its KV
-            # (with no rows it must run: its limit was bounded to the budget at start)
-            del self._queue[i]
-            self._insert(job)
-
-    def _group_of(self, job: GenerationJob) -> str:
-        """The batch ``job`` may join (its adapter set's group)."""
-        return "" if self.adapters is None else self.adapters.group(job.adapters)
-
-    def _forget(self, uid: int) -> BatchRow:
-        self.spec.drop(uid)
-        if self.mtp is not None:
-            self.mtp.drop(uid)
-        row = self._rows.pop(uid)
-        if self.admission is not None:
-            self.admission.release(row.job)
-        return row
-
-    def _take(self, job: GenerationJob, dense: bool = False
-              ) -> tuple[list[Any] | Shared | None, int]:
-        """Admit ``job``: reserve its KV, then ``(cache, n)``, the longest cached prefix
-        of its prompt: blocks shared from the batch's pool, or (``dense``, or an entry
-        the serial lane left) mlx-lm caches."""
-        if self.admission is not None:
-            self.admission.reserve(job)
-        job.mark_started(self.name)
-        if self._wants_mtp(job):
-            job.session.usage.lane = f"{self.name}+spec"
-        cache: list[Any] | Shared | None = None
-        n, t0, note = 0, time.perf_counter(), None
-        if self._uses_prefix(job) and self.prefix is not None:
-            layout = None if dense else self._get_batch().layout
-            probe = Probe()
-            cache, n = self.prefix.lookup(job.cache_namespace, job.request.prompt_tokens,
-                                          layout, probe)
-            note = explain_job(self.prefix, job, probe, n)
-        job.session.phases["cache_lookup_s"] = time.perf_counter() - t0
-        job.admitted(n, note)
-        return cache, n
-
-    def _insert(self, job: GenerationJob) -> None:
-        cache, n = self._take(job)
-        prompt = job.request.prompt_tokens
-        self._add_row(job, cache, prompt[:n], prompt[n:])
-
-    def _add_row(self, job: GenerationJob, cache: list[Any] | Shared | None,
-                 held: list[int], todo: list[int], head: HeadState | None = None) -> int:
-        """Start a row whose KV ``cache`` (shared blocks, or mlx-lm caches) holds the
-        tokens ``held``; ``todo`` is fed next (a row snapshots its prompt boundary when it
-        reads more than one token and its cache cannot rewind; ``head``: a lone MTP job's
-        head); its uid."""
-        left = job.limit - job.session.usage.completion_tokens if job.limit else NO_LIMIT
-        uid = next(self._uids)
-        mtp = self.mtp if self._wants_mtp(job) else None
-        shared = cache if isinstance(cache, Shared) else None
-        dense = None if shared is not None else cache
-        assert not isinstance(dense, Shared)
-        self._get_batch().add(uid, todo, cache=dense, shared=shared, held=held,
-                              sampler=job.request.sampler, processors=job.request.processors,
-                              budget=left, tapped=mtp is not None,
-                              refeed=head.refeed if head is not None else ())
-        snapshot = self._uses_prefix(job) and len(todo) > 1 and not self._rewindable()
-        self._rows[uid] = BatchRow(job, snapshot)
-        if job.spec is not None:
-            self.spec.tally = job.spec_tally
-        if mtp is not None and job.spec is not None:
-            mtp.tally = job.spec_tally
-            mtp.add(uid, job.spec.num_draft_tokens or mtp.predictor.num_draft_tokens,
-                    job.request.sampler, job.session.usage, head)
-        elif job.spec is not None:
-            self.spec.add(uid, job.spec, [*held, *todo], job.session.usage)
-        return uid
-
-    def _solo_pacer(self) -> PrefillPacer:
-        return self.pacer if self.solo_prefill is None else FixedChunk(self.solo_prefill)
+            job = self._queue.popleft()
+            self._release(job)  # (a preempted job still holds its reservation)
+            job.close(reason, error, retry)
 
     def _rewindable(self) -> bool:
         if not hasattr(self, "_can_trim"):
@@ -339,6 +265,8 @@ class BatchLane:
                                 before=route, reclaim=self._reclaim, tap=self.mtp, kv=self.kv,
                                 journal=self.journal)
             direct.probe(self._batch)  # attention straight over blocks, where the model allows
+            self._batch.fault = self.governor.inject
+            self._planned = self._batch.pool.limit
         return self._batch
 
     def _reclaim(self, blocks: int) -> int:
@@ -361,88 +289,3 @@ class BatchLane:
 
     def _fills(self) -> dict[int, Any]:
         return {u: r.job.fill for u, r in self._rows.items() if r.job.fill is not None}
-
-    # -- tokens out ----------------------------------------------------------------
-    def _route(self, e: Emit) -> None:
-        row = self._rows.get(e.uid)
-        if row is None:
-            return
-        job = row.job
-        if e.drafted:
-            counts = self.mtp if self.mtp is not None and e.uid in self.mtp.rows else self.spec
-            counts.count(e.uid, e.drafted, e.accepted)
-        self.spec.observe(e.uid, e.token)
-        if not job.finished:
-            deliver(job, e.token, e.logprobs, e.forced)
-        if e.finish is not None and not job.finished:
-            job.close("length")
-        if job.finished:
-            self._remove(e.uid, publish=True)
-
-    def _remove(self, uid: int, publish: bool) -> None:
-        """Drop row ``uid``; with ``publish`` its blocks go to the prefix cache as they are."""
-        row = self._forget(uid)
-        batch = self._get_batch()
-        if publish and self._uses_prefix(row.job):
-            entry, tokens = batch.detach(uid)
-            self._publish(row.job, tokens, entry)
-        else:
-            batch.remove(uid)
-
-    def _leave(self, batch: Batch) -> None:
-        """The batch's one row, decoding with its next token sampled, goes on alone."""
-        (uid,) = self._rows
-        pending = batch.pending(uid)
-        mtp = self.mtp if self.mtp is not None and uid in self.mtp.rows else None
-        if pending is None or batch.prefilling or (batch.refeeding(uid) and mtp is None):
-            return  # (a lone stream feeds nothing again: prompt lookup's row waits a step)
-        cache, fed = batch.export(uid)
-        head = None if mtp is None else mtp.leaving(uid, batch.refeeding(uid))
-        batch.remove(uid)
-        job = self._rows.pop(uid).job  # it keeps its admission reservation
-        self.spec.drop(uid)
-        if mtp is not None:
-            mtp.drop(uid)
-        self._solo.resume(job, cache, fed, pending, self._solo_pacer(), head)
-
-    # -- prefix publishing ----------------------------------------------------------
-    def _uses_prefix(self, job: GenerationJob) -> bool:
-        """Whether ``job`` starts from, and publishes to, the prefix cache."""
-        return job.cache_namespace is not None and self.prefix is not None
-
-    def _publish(self, job: GenerationJob, tokens: Sequence[int] | None,
-                 cache: list[Any] | BlockEntry | None, boundary: bool = False) -> None:
-        """Store ``job``'s KV ``cache`` of ``tokens`` (``boundary``: a snapshot at the
-        prompt's end, for caches that cannot rewind)."""
-        if self._uses_prefix(job) and self.prefix is not None and tokens and cache:
-            self.prefix.store(job.cache_namespace, list(tokens), cache, boundary=boundary)
-        elif isinstance(cache, BlockEntry):
-            cache.release()
-
-    def _publish_boundary(self, uid: int) -> None:
-        entry, tokens = self._get_batch().snapshot(uid)
-        self._publish(self._rows[uid].job, tokens, entry, boundary=True)
-
-    def _drop_cancelled(self) -> None:
-        self._solo.drop_cancelled()
-        for uid in [u for u, row in self._rows.items() if row.job.cancelled.is_set()]:
-            job = self._rows[uid].job
-            self._remove(uid, publish=False)
-            job.close("cancelled")
-        if any(j.cancelled.is_set() for j in self._queue):
-            for job in [j for j in self._queue if j.cancelled.is_set()]:
-                self._queue.remove(job)
-                job.close("cancelled")
-
-    def _fail_all(self, error: str, reason: str = "error") -> None:
-        for uid in list(self._rows):
-            self._forget(uid).job.close(reason, error)
-        if self._batch is not None:
-            self._batch.close()
-        if self.mtp is not None:
-            self.mtp.reset()  # (a failed pass may have left the heads' pool half written too)
-        if reason == "error" and self._batch is not None:
-            # a failed pass may have left the pool unusable
-            if self.prefix is not None:
-                self.prefix.drop_layout(self._batch.layout)
-            self._batch = None

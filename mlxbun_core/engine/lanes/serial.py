@@ -24,9 +24,11 @@ from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from ... import kvquant
 from ...contract import DraftSource, LogitsProcessor, TokenPredictor
+from ...events import Retry
 from .. import prefill_shapes
 from ..cache_explain import Probe, explain_job
 from ..job import GenerationJob
+from ..memory import OOM, Governor
 from ..prompt_cache import PrefixCache, trimmable
 from ..speculate import MTP, MtpStream, SpecStream, rewindable, spec_steps, trim_to
 from .pace import PrefillPacer
@@ -53,8 +55,10 @@ class SerialLane:
     def __init__(self, model: nn.Module, prefix: PrefixCache | None = None,
                  admission: Admission | None = None,
                  adapters: AdapterManager | None = None, pacer: PrefillPacer | None = None,
-                 kv: kvquant.KVScheme = kvquant.OFF, predictor: TokenPredictor | None = None):
+                 kv: kvquant.KVScheme = kvquant.OFF, predictor: TokenPredictor | None = None,
+                 governor: Governor | None = None):
         self.predictor = predictor  # the model's MTP head (jobs with draft_kind "mtp")
+        self.governor = governor  # the engine's memory governor (faults, pressure)
         self.kv = kv  # the KV scheme: every forward pass quantizes its cache after it runs
         self.model = kvquant.quantizing(model, kv)  # the mlx.nn.Module (or its wrapper)
         self.prefix = prefix
@@ -96,6 +100,8 @@ class SerialLane:
                 return self._end(job.close, "cancelled")
             if self.adapters is not None:  # another lane may have run another set meanwhile
                 self.adapters.activate(job.adapters)
+            if self.governor is not None:
+                self.governor.inject()
             out = next(steps)
             if out is None:  # a prefill chunk
                 return
@@ -109,9 +115,27 @@ class SerialLane:
         except PrefillCancelled:
             self._end(job.close, "cancelled")
         except Exception as exc:  # report to the request, keep serving others
+            if self._pressure(job, exc):
+                return
             log.exception("generation failed")
             fresh_random_state()  # a failure inside a compiled sampler can leave it unusable
             self._end(job.close, "cancelled" if job.cancelled.is_set() else "error", str(exc))
+
+    def _pressure(self, job: GenerationJob, exc: Exception) -> bool:
+        """Memory ran out (the job ends with a 503 to send again, its KV freed) or the
+        device is lost (the engine ends); False for any other failure."""
+        gov = self.governor
+        kind = gov.classify(exc) if gov is not None else None  # (--distributed: see there)
+        if gov is None or kind is None:
+            return False
+        message, retry = gov.refusal(kind, exc)
+        log.warning("%s lane: %s", self.name, message)
+        self._end(job.close, "error", message, retry)
+        if kind == OOM:
+            import mlx.core as mx
+
+            mx.clear_cache()  # the freed KV back to the device at once
+        return True
 
     def _admit(self) -> bool:
         while self._queue:
@@ -130,7 +154,7 @@ class SerialLane:
             return True
         return False
 
-    def _end(self, close: Callable[..., None] | None = None, *args: str | None,
+    def _end(self, close: Callable[..., None] | None = None, *args: object,
              publish: bool = False) -> None:
         job, steps, kv = self._job, self._steps, self._kv
         self._job = self._steps = self._kv = None
@@ -334,11 +358,12 @@ class SerialLane:
                 spec["drafted"] += n
             yield token, logprobs
 
-    def close(self, error: str = "server shutting down", reason: str = "cancelled") -> None:
+    def close(self, error: str = "server shutting down", reason: str = "cancelled",
+              retry: Retry | None = None) -> None:
         if self._job is not None:
-            self._end(self._job.close, reason, error)
+            self._end(self._job.close, reason, error, retry)
         while self._queue:
-            self._queue.popleft().close(reason, error)
+            self._queue.popleft().close(reason, error, retry)
 
 
 def _with_context(processors: list[LogitsProcessor],

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from ..job import GenerationJob
+from ..memory import classify
 from .pace import PrefillPacer
 from .serial import fresh_random_state
 from .solo import Pending, Solo
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     import mlx.nn as nn
 
     from ...contract import TokenPredictor
+    from ...events import Retry
     from ..admission import Admission
     from ..speculate import HeadState
     from .tally import StepTally
@@ -78,6 +80,7 @@ class SoloSlot:
         self.steps = steps
         self.solo: Solo | None = None
         self.predictor: TokenPredictor | None = None  # the MTP head of the lane's model
+        self.fault: Callable[[], None] | None = None  # a test's injected fault (memory.py)
 
     @property
     def job(self) -> GenerationJob | None:
@@ -102,8 +105,12 @@ class SoloSlot:
         assert solo is not None  # the lane steps the slot only while it holds a job
         job = solo.job
         try:
+            if self.fault is not None:
+                self.fault()
             out = solo.step()
         except Exception as exc:  # report to the request, keep serving others
+            if classify(exc) is not None:
+                raise  # memory or the device: the lane's to meet (lanes/pressure.py)
             log.exception("generation failed")
             fresh_random_state()  # a failure inside a compiled sampler can leave it unusable
             self.end()
@@ -159,16 +166,21 @@ class SoloSlot:
 
     def end(self) -> GenerationJob:
         """Empty the slot and release the job's reservation; the job."""
-        assert self.solo is not None
-        job, self.solo = self.solo.job, None
+        job = self.take()
         if self.admission is not None:
             self.admission.release(job)
+        return job
+
+    def take(self) -> GenerationJob:
+        """Empty the slot, dropping its KV; the job keeps its reservation (preempted)."""
+        assert self.solo is not None
+        job, self.solo = self.solo.job, None
         return job
 
     def drop_cancelled(self) -> None:
         if self.solo is not None and self.solo.job.cancelled.is_set():
             self.end().close("cancelled")
 
-    def close(self, reason: str, error: str) -> None:
+    def close(self, reason: str, error: str, retry: Retry | None = None) -> None:
         if self.solo is not None:
-            self.end().close(reason, error)
+            self.end().close(reason, error, retry)

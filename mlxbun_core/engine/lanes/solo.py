@@ -88,11 +88,13 @@ class Solo:
                 if self.prefilling:
                     start, size = len(self.fed), self.pacer.chunk()
                     chunk = self.prompt[start:min(start + size, len(self.prompt) - 1)]
+                    self._first(prefill_shapes.pieces(len(chunk))[0])  # (its first piece)
                     with self.pacer.timed(size) as timer:  # (bucketed lengths on CUDA)
                         prefill_shapes.prefill(self.model, chunk, self.cache)
                         timer.tokens = len(chunk)
                     self.fed += chunk
                     return None
+                self._first(1)
                 self._next = self._forward(mx.array(self.prompt[-1:]))
                 self.fed.append(self.prompt[-1])
                 mx.async_eval(*self._next)
@@ -113,6 +115,13 @@ class Solo:
             mx.clear_cache()
         return [(token, logprobs, run)]
 
+    def _first(self, n: int) -> None:
+        """A pass of ``n`` tokens is about to run: the job's first over no KV when
+        nothing was fed yet (a row recomputed under a KV scheme reads as many first:
+        ``Row.first_kept``)."""
+        if not self.fed and not self.job.first_pass:
+            self.job.first_pass = n
+
     def _spec_begin(self) -> bool:
         """Start the job's prompt-lookup stream where the cache can rewind."""
         self._spec_ok = False
@@ -128,6 +137,7 @@ class Solo:
         self.spec = SpecStream(self.model, self.cache, self.fed, spec, req.sampler,
                                req.processors, usage.speculation, self.job.spec_tally)
         if self._next is None:  # the prompt's last token starts it
+            self._first(1)
             self.spec.begin(self.prompt[-1])
         else:  # a row back from the batch: its pending token starts it
             y, logprobs = self._next

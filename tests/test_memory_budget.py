@@ -1,0 +1,166 @@
+"""The memory governor (``engine/memory.py``): free memory read where each backend knows
+it, a pool limit that follows the reading (down when another process takes memory, up
+when it leaves), failures told apart, and the test-only fault injection."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxbun_core.engine.batch import BlockPool
+from mlxbun_core.engine.memory import (
+    DEVICE,
+    OOM,
+    Governor,
+    MemoryConfig,
+    Reading,
+    classify,
+    cuda_reading,
+    measure,
+    metal_reading,
+    parse_meminfo,
+    parse_vm_stat,
+)
+
+MEMINFO = """MemTotal:       32797728 kB
+MemFree:         1203448 kB
+MemAvailable:   21307656 kB
+Buffers:          311672 kB
+"""
+
+VM_STAT = """Mach Virtual Memory Statistics: (page size of 16384 bytes)
+Pages free:                               12000.
+Pages active:                            400000.
+Pages inactive:                          300000.
+Pages speculative:                         5000.
+Pages throttled:                              0.
+Pages wired down:                        200000.
+Pages purgeable:                           3000.
+"""
+
+
+class Meter:
+    """A free-memory reading the test turns, and a clock it moves."""
+
+    def __init__(self, available: int):
+        self.available, self.now, self.reads = available, 100.0, 0
+
+    def probe(self) -> Reading:
+        self.reads += 1
+        return Reading(self.available, 0, "test")
+
+    def clock(self) -> float:
+        return self.now
+
+
+def test_readings_parse_each_backends_source():
+    assert parse_meminfo(MEMINFO) == 21307656 * 1024
+    assert parse_meminfo("MemTotal: 1 kB\n") is None
+    assert parse_vm_stat(VM_STAT) == (12000 + 300000 + 5000 + 3000) * 16384
+    # CUDA: NVML's free memory (every process's use) plus what MLX keeps cached for reuse
+    got = cuda_reading({"free_memory": 7 << 30, "total_memory": 80 << 30}, cached=1 << 30,
+                       active=50 << 30, limit=64 << 30)
+    assert (got.available, got.total) == (8 << 30, 80 << 30)
+    # an MLX without free_memory: its own limit less what it holds
+    assert cuda_reading({}, 0, active=50 << 30, limit=64 << 30).available == 14 << 30
+    # Metal: the working set less MLX's active memory, and the system's free memory
+    info = {"memory_size": 64 << 30, "max_recommended_working_set_size": 48 << 30}
+    assert metal_reading(info, cached=0, active=40 << 30, system_free=20 << 30).available \
+        == 8 << 30
+    assert metal_reading(info, cached=1 << 30, active=10 << 30,
+                         system_free=2 << 30).available == 3 << 30
+
+
+def test_this_machine_is_measured():
+    got = measure()
+    assert got.available > 0 and got.total > 0 and got.source
+
+
+def test_the_pool_limit_follows_a_shrinking_and_growing_reading():
+    """Another process takes memory: the next reading (a second later, or at once after
+    a failed allocation) lowers the pool's limit; it leaves: the limit grows back. The
+    limit never drops below what the pool holds, and admission's plan stays the ceiling."""
+    meter = Meter(1000 * 4096)
+    gov = Governor(MemoryConfig(margin_bytes=100 * 4096), meter.probe, meter.clock)
+    pool = BlockPool(16, 64, limit=10_000)
+    planned = 10_000
+    assert gov.pool_limit(planned, pool.capacity, 4096) == 900
+    meter.available = 300 * 4096  # someone took most of it
+    assert gov.pool_limit(planned, pool.capacity, 4096) == 900  # read under a second ago
+    meter.now += 1.0
+    assert gov.pool_limit(planned, pool.capacity, 4096) == 200  # the next reading
+    meter.available = 150 * 4096
+    assert gov.pool_limit(planned, pool.capacity, 4096, fresh=True) == 64  # what it holds
+    assert gov.available() == 50 * 4096
+    meter.available, meter.now = 5000 * 4096, meter.now + 1.0  # it left
+    assert gov.pool_limit(planned, pool.capacity, 4096) == 4900
+    assert gov.pool_limit(1000, pool.capacity, 4096) == 1000  # the plan is the ceiling
+    assert gov.stats()["available_bytes"] == 4900 * 4096
+
+
+def test_a_failed_reading_keeps_the_last_one():
+    meter = Meter(1 << 30)
+    gov = Governor(MemoryConfig(margin_bytes=0), meter.probe, meter.clock)
+    assert gov.available() == 1 << 30
+
+    def broken() -> Reading:
+        raise OSError("no /proc here")
+
+    gov.probe = broken
+    assert gov.available(fresh=True) == 1 << 30
+
+
+@pytest.mark.parametrize(("message", "kind"), [
+    ("[metal::malloc] Attempting to allocate 9 bytes which is greater than the maximum", None),
+    ("[METAL] Command buffer execution failed: Insufficient Memory "
+     "(00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)", OOM),
+    ("cudaGraphInstantiate(&graph_exec_, graph_, nullptr, nullptr, 0) failed: out of memory",
+     OOM),
+    ("[malloc] Unable to allocate 4398046511104 bytes.", OOM),
+    ("CUDA error: an illegal memory access was encountered", DEVICE),
+    ("cudaStreamSynchronize failed: unspecified launch failure", DEVICE),
+    ("[METAL] Command buffer execution failed: Caused GPU Timeout Error", DEVICE),
+    ("[matmul] Last dimension of first input with shape (1,2) must match", None),
+])
+def test_failures_are_told_apart(message, kind):
+    assert classify(RuntimeError(message)) == kind
+    assert classify(ValueError(message)) is None  # MLX raises RuntimeError for these
+    assert classify(MemoryError()) == OOM
+
+
+def test_fault_injection_every_nth_step_and_a_sticky_device():
+    gov = Governor(MemoryConfig(fault_alloc=3))
+    failed = []
+    for step in range(1, 10):
+        try:
+            gov.inject()
+        except RuntimeError as exc:
+            assert classify(exc) == OOM
+            failed.append(step)
+    assert failed == [3, 6, 9] and gov.counts["injected"] == 3
+    gov = Governor(MemoryConfig(fault_device=2))
+    gov.inject()
+    for _ in range(3):  # step 2 and every step after it
+        with pytest.raises(RuntimeError) as err:
+            gov.inject()
+        assert classify(err.value) == DEVICE
+    assert Governor().inject() is None  # off by default: no counting either
+    env = MemoryConfig.from_env({"MLXBUN_FAULT_ALLOC": "7", "MLXBUN_FAULT_DEVICE": "x"},
+                                wait_s=2.0)
+    assert (env.fault_alloc, env.fault_device, env.wait_s) == (7, 0, 2.0)
+
+
+def test_lost_is_told_once_and_retry_after_stays_sane():
+    meter = Meter(1 << 30)
+    gov = Governor(probe=meter.probe, clock=meter.clock)
+    told = []
+    gov.on_lost = told.append
+    gov.lost("illegal memory access")
+    gov.lost("again")
+    assert told == ["illegal memory access"] and gov.broken == "illegal memory access"
+    assert gov.retry_after() == 5  # nothing ended yet: the default
+    for _ in range(4):
+        meter.now += 2.0
+        gov.row_ended()
+    assert gov.retry_after() == 2  # requests end every two seconds
+    meter.now += 500.0  # nothing ended for long: the wait since, within the cap
+    assert gov.retry_after() == 30
