@@ -72,6 +72,16 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True, slots=True)
+class PromptLogprobs:
+    """The prompt's own tokens scored by the prefill (a completion with ``echo`` and
+    ``logprobs``): one entry per prompt token in :class:`TokenLogprob`'s shape, the
+    first with ``logprob`` None (nothing precedes it). Comes before any generated token."""
+
+    entries: list[dict[str, Any]]
+    kind: ClassVar[str] = "prompt_logprobs"
+
+
+@dataclass(frozen=True, slots=True)
 class KeepAlive:
     """Nothing to show yet (a long tool call is buffering): keep the connection warm."""
 
@@ -134,6 +144,7 @@ class Finish:
     stop_sequence: str | None = None
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    prompt_logprobs: list[dict[str, Any]] | None = None  # see PromptLogprobs
 
     @property
     def failed(self) -> bool:
@@ -150,7 +161,8 @@ class Done:
 
 KEEPALIVE = KeepAlive()
 
-Event = Admitted | Content | Reasoning | ToolCallEvent | TokenLogprob | KeepAlive | Done
+Event = (Admitted | Content | Reasoning | ToolCallEvent | TokenLogprob | PromptLogprobs
+         | KeepAlive | Done)
 """Anything a generation emits."""
 
 ParserEvent = Content | ToolCallEvent | KeepAlive

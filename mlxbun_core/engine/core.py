@@ -29,6 +29,7 @@ from ..media import parts as media_parts
 from ..model import LoadedModel, LoadOptions
 from . import attention_route, prefill_shapes
 from .admission import Admission, default_batch, drafts_with_head, head_cost
+from .completion_request import parse_completion
 from .fill import FillPolicy
 from .job import EventSink, GenerationJob, may_speculate
 from .lanes.batch import BatchLane
@@ -36,7 +37,7 @@ from .lanes.pace import MAX_CHUNK, PrefillPacer
 from .lanes.serial import SerialLane
 from .prepare import Prepared, media_pipeline, prepare
 from .prompt_cache import PrefixCache
-from .request import ChatRequest, CompletionRequest, GenerationInput, parse_chat, parse_completion
+from .request import ChatRequest, CompletionRequest, GenerationInput, parse_chat
 from .session import GenerationRequest
 from .speculate import MTP, SpecConfig, SpecTally, SpecUnavailable, check_mtp
 from .speculate import resolve as resolve_spec

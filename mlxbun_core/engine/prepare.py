@@ -72,12 +72,21 @@ def prepare(model: LoadedModel, hooks: ModelHooks, req: GenerationInput, *,
 
 
 def _completion(model: LoadedModel, req: CompletionRequest) -> GenerationRequest:
-    tokens = model.tokenizer.encode(req.prompt)
-    if not tokens:
-        raise BadRequest("prompt encodes to no tokens", param="prompt")
+    if isinstance(req.prompt, str):
+        tokens = model.tokenizer.encode(req.prompt)
+        if not tokens:
+            raise BadRequest("prompt encodes to no tokens", param="prompt")
+    else:  # token ids, as they are (no BOS added)
+        tokens = list(req.prompt)
+        size = vocab_size(model)
+        bad = next((t for t in tokens if t >= size), None)
+        if bad is not None:
+            raise BadRequest(f"prompt token id {bad} is outside the vocabulary "
+                             f"(0..{size - 1})", param="prompt", code="invalid_value")
     # no template to inject an instruction into: the degrade path is the Warning alone
     return GenerationRequest(prompt_tokens=tokens, sampling=req.sampling,
-                             max_tokens=req.max_tokens, stop=req.stop)
+                             max_tokens=req.max_tokens, stop=req.stop,
+                             score_prompt=req.echo and req.sampling.wants_logprobs)
 
 
 def _chat(model: LoadedModel, hooks: ModelHooks, req: ChatRequest, plan: GrammarPlan,

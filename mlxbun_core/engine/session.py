@@ -13,7 +13,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..contract import LogitsProcessor, Sampler, Tokenizer, ToolParser
-from ..events import Content, Done, Event, Finish, TokenLogprob, ToolCallEvent, Usage
+from ..events import (
+    Content,
+    Done,
+    Event,
+    Finish,
+    PromptLogprobs,
+    TokenLogprob,
+    ToolCallEvent,
+    Usage,
+)
 from .logprobs import LogprobRecorder
 from .sampling import SamplingParams
 from .textstream import ReasoningSplitter, StopMatcher
@@ -43,6 +52,8 @@ class GenerationRequest:
     grammar: GrammarProcessor | None = None
     sampler: Sampler | None = None  # built when the request is prepared, so a bad value is a 400
     processors: list[LogitsProcessor] = field(default_factory=list)
+    # score the prompt's own tokens during its prefill (engine/prompt_scoring.py)
+    score_prompt: bool = False
 
 
 class GenerationSession:
@@ -65,6 +76,7 @@ class GenerationSession:
             req.grammar.set_budget(limit)  # close the constrained reply within the limit
         self.usage = Usage(prompt_tokens=len(req.prompt_tokens))
         self.logprobs: list[dict[str, Any]] | None = None
+        self.prompt_logprobs: list[dict[str, Any]] | None = None
         if req.sampling.wants_logprobs:
             self.logprobs = []
             self.recorder = LogprobRecorder(tokenizer, req.sampling.top_logprobs)
@@ -104,6 +116,11 @@ class GenerationSession:
         assert self.logprobs is not None  # only called when the request asked for them
         self.logprobs.append(entry)
         return [TokenLogprob(entry)]
+
+    def scored(self, entries: list[dict[str, Any]]) -> list[Event]:
+        """The prompt's own entries, scored by its prefill (kept for the whole reply)."""
+        self.prompt_logprobs = entries
+        return [PromptLogprobs(entries)]
 
     # -- text side --------------------------------------------------------
     def _text(self, segment: str) -> list[Event]:
@@ -165,7 +182,7 @@ class GenerationSession:
             if n > 1:
                 timings["decode_tps"] = (n - 1) / max(now - self.t_first, 1e-9)
         self.finished = Finish(reason, self.usage, self.logprobs, self.stopper.stopped, error,
-                               timings)
+                               timings, self.prompt_logprobs)
         if self.on_finish is not None:
             self.on_finish(self.finished)
         events.append(Done(self.finished))

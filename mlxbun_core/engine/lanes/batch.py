@@ -90,10 +90,11 @@ class BatchLane:
     # -- the Lane protocol ---------------------------------------------------------
     def accepts(self, job: GenerationJob) -> bool:
         req = job.request
-        # a draft, prompt embeddings, media, a seed (reproducible only alone) or MTP
-        # speculation the batch cannot run take the serial lane
+        # a draft, prompt embeddings, media, a seed (reproducible only alone), a scored
+        # prompt, no completion budget (echo) or MTP speculation the batch cannot run
+        # take the serial lane
         return (job.draft is None and req.input_embeddings is None and req.media is None
-                and req.sampling.seed is None
+                and req.sampling.seed is None and not req.score_prompt and job.limit != 0
                 and (not self._wants_mtp(job) or self._runs_mtp(job)))
 
     def _wants_mtp(self, job: GenerationJob) -> bool:

@@ -27,6 +27,7 @@ from ...contract import DraftSource, LogitsProcessor, TokenPredictor
 from .. import prefill_shapes
 from ..job import GenerationJob
 from ..prompt_cache import PrefixCache, trimmable
+from ..prompt_scoring import PromptScorer
 from ..speculate import MTP, MtpStream, SpecStream, rewindable, spec_steps, trim_to
 from .pace import PrefillPacer
 
@@ -96,7 +97,9 @@ class SerialLane:
             if self.adapters is not None:  # another lane may have run another set meanwhile
                 self.adapters.activate(job.adapters)
             out = next(steps)
-            if out is None:  # a prefill chunk
+            if out is None:  # a prefill chunk (after the last one, a max_tokens 0 job ends)
+                if job.finished:
+                    self._end(publish=True)
                 return
             token, logprobs, *more = out
             forced: list[int] = more[0] if more else []
@@ -167,7 +170,8 @@ class SerialLane:
         prefix = self.prefix
         cacheable = (job.cache_namespace is not None and prefix is not None
                      and req.input_embeddings is None)
-        if cacheable and prefix is not None:
+        # a scored prompt needs every position's logits: no cached prefix (it still publishes)
+        if cacheable and prefix is not None and not req.score_prompt:
             t0 = time.perf_counter()
             cache, n = prefix.lookup(job.cache_namespace, prompt)
             job.session.phases["cache_lookup_s"] = time.perf_counter() - t0
@@ -177,9 +181,18 @@ class SerialLane:
         if self._mtp(job):
             yield from self._mtp_decode(job, cache, n, cacheable)
             return
-        n = yield from self._prefill(job, cache, n, publish=cacheable)
+        scorer = (PromptScorer(self.model, cache, job.session.tokenizer, prompt,
+                               req.sampling.top_logprobs) if req.score_prompt else None)
+        n = yield from self._prefill(job, cache, n, publish=cacheable,
+                                     read=None if scorer is None else scorer.read)
+        if scorer is not None:
+            job.emit(job.session.scored(scorer.entries))
         if cacheable:
             self._kv = (cache, list(prompt))
+        if job.limit == 0:  # echo: the prompt alone, nothing generated
+            job.close("length")
+            yield None
+            return
         if job.fill is not None:  # the grammar's forced runs ride with sampled tokens
             from ..fill.decode import fill_steps
 
