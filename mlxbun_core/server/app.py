@@ -30,6 +30,7 @@ log = logging.getLogger("mlxbun.server")
 SURFACES = (
     "mlxbun_core.server.openai_chat",
     "mlxbun_core.server.openai_completions",
+    "mlxbun_core.server.tokenizer_routes",
     "mlxbun_core.server.anthropic_messages",
     "mlxbun_core.server.openai_responses",
     "mlxbun_core.server.embeddings",
