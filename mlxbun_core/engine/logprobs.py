@@ -174,7 +174,16 @@ def legacy_block(entries: list[dict[str, Any]],
         tokens.append(e["token"])
     tops = None
     if any(e["top_logprobs"] for e in entries):  # the prompt's first token: null, as OpenAI's
-        tops = [None if e["logprob"] is None else {t["token"]: t["logprob"]
-                                                   for t in e["top_logprobs"]} for e in entries]
+        tops = [None if e["logprob"] is None else _by_text(e["top_logprobs"]) for e in entries]
     return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in entries],
             "top_logprobs": tops, "text_offset": offsets, "content": entries}, offset
+
+
+def _by_text(top: list[dict[str, Any]]) -> dict[str, float]:
+    """The legacy ``{text: logprob}`` of one position: tokens that read alike (pieces of
+    one character all read U+FFFD) share a key, which keeps the likeliest one's value, so
+    the dict's largest value is still the position's best (lm-eval's greedy check)."""
+    out: dict[str, float] = {}
+    for t in top:  # sorted, likeliest first
+        out.setdefault(t["token"], t["logprob"])
+    return out
