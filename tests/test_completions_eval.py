@@ -229,3 +229,13 @@ def test_malformed_tokenizer_calls_are_400(srv, path, body, words):
     r = httpx.post(srv.base_url + path, json=body, timeout=30)
     assert r.status_code == 400, r.text
     assert words in r.json()["error"]["message"]
+
+
+def test_text_starting_with_bos_gets_no_second_one(srv):
+    """lm-eval with tokenized_requests off and add_bos_token sends the BOS as text."""
+    tok = srv.engine.model.tokenizer
+    ids = tokenize(srv, PROMPT)
+    assert ids[0] == tok.bos_token_id  # this tokenizer adds a BOS
+    again = score(srv, tok.bos_token + PROMPT)["logprobs"]
+    assert again["tokens"] == score(srv, PROMPT)["logprobs"]["tokens"]
+    assert tokenize(srv, tok.bos_token + PROMPT) == ids

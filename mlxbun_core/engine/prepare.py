@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..contract import MediaPipeline, ToolParser
+from ..contract import MediaPipeline, Tokenizer, ToolParser
 from ..errors import APIError, BadRequest
 from ..grammar import GrammarPlan
 from ..grammar_registry import registry as grammars
@@ -73,7 +73,7 @@ def prepare(model: LoadedModel, hooks: ModelHooks, req: GenerationInput, *,
 
 def _completion(model: LoadedModel, req: CompletionRequest) -> GenerationRequest:
     if isinstance(req.prompt, str):
-        tokens = model.tokenizer.encode(req.prompt)
+        tokens = encode_prompt(model.tokenizer, req.prompt)
         if not tokens:
             raise BadRequest("prompt encodes to no tokens", param="prompt")
     else:  # token ids, as they are (no BOS added)
@@ -87,6 +87,19 @@ def _completion(model: LoadedModel, req: CompletionRequest) -> GenerationRequest
     return GenerationRequest(prompt_tokens=tokens, sampling=req.sampling,
                              max_tokens=req.max_tokens, stop=req.stop,
                              score_prompt=req.echo and req.sampling.wants_logprobs)
+
+
+def encode_prompt(tokenizer: Tokenizer, text: str, add_special_tokens: bool = True) -> list[int]:
+    """``text`` as prompt tokens, with the tokenizer's special tokens (its BOS) unless told
+    not to; a text that already starts with the BOS token's own text keeps that one only,
+    so a client that tokenized with the BOS and sends the text back is scored on the same
+    tokens (lm-eval with ``tokenized_requests`` off and ``add_bos_token``)."""
+    tokens: list[int] = tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    bos, bos_id = getattr(tokenizer, "bos_token", None), getattr(tokenizer, "bos_token_id", None)
+    if (add_special_tokens and isinstance(bos, str) and bos and text.startswith(bos)
+            and tokens[:2] == [bos_id, bos_id]):
+        return tokens[1:]
+    return tokens
 
 
 def _chat(model: LoadedModel, hooks: ModelHooks, req: ChatRequest, plan: GrammarPlan,

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from blacksheep import Request, Response
 
 from ..engine.logprobs import pieces_for
-from ..engine.prepare import vocab_size
+from ..engine.prepare import encode_prompt, vocab_size
 from ..engine.request import boolean_field
 from ..engine.sampling import type_error
 from ..errors import BadRequest
@@ -96,7 +96,7 @@ def register(app: App, engine: Engine) -> None:
         text, special = text_to_tokenize(body)
         pieces = boolean_field(body.get("with_pieces"), "with_pieces")
         strs = boolean_field(body.get("return_token_strs"), "return_token_strs")
-        ids: list[int] = await asyncio.to_thread(tok.encode, text, add_special_tokens=special)
+        ids = await asyncio.to_thread(encode_prompt, tok, text, special)
         table = pieces_for(tok)
         out: dict[str, Any] = {
             "tokens": [{"id": t, "piece": table.get(t)[0]} for t in ids] if pieces else ids,
