@@ -59,7 +59,7 @@ class PromptScorer:
             values = cast("list[list[float]]", top_values.tolist())
         else:
             mx.eval(chosen)
-            ids = values = [[] for _ in targets]
+            ids, values = [[] for _ in targets], [[] for _ in targets]
         for token, value, row_ids, row_values in zip(
                 targets, cast("list[float]", chosen.tolist()), ids, values):
             self.entries.append(self.recorder.ranked(token, value, row_ids, row_values))
