@@ -109,8 +109,11 @@ def claims(path, config, options):
 
 @hookimpl
 def load_model(path, config, options):
-    kind = "rerank" if is_reranker_checkpoint(Path(path), options) else "embedding"
-    return load_mlx_lm(path, config, options, kind=kind)
+    if not is_reranker_checkpoint(Path(path), options):
+        return load_mlx_lm(path, config, options, kind="embedding")
+    model = load_mlx_lm(path, config, options, kind="rerank")
+    reranker.answer_ids(model.tokenizer)  # no "yes"/"no" tokens: fail the load, not requests
+    return model
 
 
 @hookimpl

@@ -40,7 +40,8 @@ def answer_ids(tokenizer) -> tuple[int, int]:
     for word in (NO, YES):
         tid = tokenizer.convert_tokens_to_ids(word)
         if tid is None or tid == getattr(tokenizer, "unk_token_id", None):
-            raise ValueError(f"the tokenizer has no {word!r} token: not a Qwen3-Reranker vocabulary")
+            raise ValueError(f"the tokenizer has no {word!r} token: "
+                             "not a Qwen3-Reranker vocabulary")
         ids.append(int(tid))
     return ids[0], ids[1]
 
