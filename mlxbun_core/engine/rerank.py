@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from typing import TYPE_CHECKING
 
 from ..errors import BadRequest
@@ -32,10 +33,9 @@ async def rerank(worker: ModelWorker, hooks: ModelHooks, model: LoadedModel, que
     used = 0
     for at in range(0, len(documents), RERANK_CALL):
         part = documents[at:at + RERANK_CALL]
-        result: tuple[list[float], int] | None = await worker.call(
-            lambda part=part: hooks.rerank(model=model, query=query, documents=part,
-                                           instruction=instruction,
-                                           max_doc_tokens=max_doc_tokens))
+        result: tuple[list[float], int] | None = await worker.call(partial(
+            hooks.rerank, model=model, query=query, documents=part, instruction=instruction,
+            max_doc_tokens=max_doc_tokens))
         if result is None:
             raise BadRequest(f"model {model.id} cannot rerank", param="model")
         if len(result[0]) != len(part):

@@ -14,6 +14,8 @@ position goes through the output head.
 
 from __future__ import annotations
 
+from typing import cast
+
 SYSTEM = ('Judge whether the Document meets the requirements based on the Query and the '
           'Instruct provided. Note that the answer can only be "yes" or "no".')
 PREFIX = f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n"
@@ -99,7 +101,7 @@ def score_rows(model, rows: list[list[int]], no_id: int, yes_id: int, pad_id: in
     pair = mx.stack([logits[:, no_id], logits[:, yes_id]], axis=1).astype(mx.float32)
     probs = mx.softmax(pair, axis=1)[:, 1]
     mx.eval(probs)
-    return [float(p) for p in probs.tolist()]
+    return [float(p) for p in cast("list[float]", probs.tolist())]
 
 
 def rerank(loaded, query: str, documents: list[str], instruction: str | None,

@@ -19,6 +19,7 @@ from mlxbun_core.engine.core import Engine
 from mlxbun_core.errors import BadRequest
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing.checkpoints import (
+    FAMILY_SPECIAL_TOKENS,
     tiny_checkpoint,
     tiny_reranker_checkpoint,
     write_checkpoint,
@@ -34,6 +35,7 @@ CARD_PREFIX = ("<|im_start|>system\nJudge whether the Document meets the require
                "on the Query and the Instruct provided. Note that the answer can only be "
                "\"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n")
 CARD_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+ANSWERING = [*FAMILY_SPECIAL_TOKENS["qwen3"], "yes", "no"]  # a vocabulary with yes and no
 CARD_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
 
 
@@ -79,12 +81,15 @@ def scores_by_index(answer):
 def test_claimed_as_a_reranker_by_name(tmp_path, ckpt):
     m = loader.claim(ckpt, LoadOptions(model_id="local"))
     assert (m.family, m.kind) == ("qwen3_embed", "rerank")
-    plain = tiny_checkpoint("qwen3", seed=12)
+    plain = tiny_checkpoint("qwen3", seed=12, special_tokens=ANSWERING)
     by_id = loader.claim(plain, LoadOptions(model_id="mlx-community/Qwen3-Reranker-0.6B-4bit"))
     assert by_id.kind == "rerank"
     hub = write_checkpoint(tmp_path / "models--Qwen--Qwen3-Reranker-0.6B" / "snapshots" / "abc",
-                           "qwen3", seed=1)
+                           "qwen3", seed=1, special_tokens=ANSWERING)
     assert loader.claim(hub, LoadOptions(model_id="x")).kind == "rerank"
+    # a vocabulary without the answer tokens fails the load, not every request
+    with pytest.raises(ValueError, match="no 'no' token"):
+        loader.claim(tiny_checkpoint("qwen3", seed=12), LoadOptions(model_id="Qwen3-Reranker"))
     # an unrelated parent folder named like a reranker does not count
     nested = write_checkpoint(tmp_path / "reranker-experiments" / "chat", "qwen3", seed=1)
     assert loader.claim(nested, LoadOptions(model_id="chat")).family == "generic"
