@@ -41,12 +41,18 @@ def vocab_size(model: LoadedModel) -> int:
                or len(model.tokenizer))
 
 
+NOT_GENERATIVE = {"embedding": ("an embedding model", "/v1/embeddings"),
+                  "rerank": ("a reranker", "/v1/rerank")}
+"""What a model of another kind is called, and the route it serves."""
+
+
 def prepare(model: LoadedModel, hooks: ModelHooks, req: GenerationInput, *,
             compile_grammar: bool = True) -> Prepared:
     """Render / tokenize ``req`` for ``model``; 400 for anything the model refuses."""
     if model.kind != "generate":
-        raise BadRequest(f"model {model.id} is an embedding model: it serves "
-                         "POST /v1/embeddings only", param="model")
+        what, route = NOT_GENERATIVE.get(model.kind, NOT_GENERATIVE["embedding"])
+        raise BadRequest(f"model {model.id} is {what}: it serves POST {route} only",
+                         param="model")
     if isinstance(req, CompletionRequest):
         grammar = req.grammar if compile_grammar else None
         plan = grammars.plan_request(grammar, model.tokenizer) if grammar else GrammarPlan()

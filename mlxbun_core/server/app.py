@@ -34,6 +34,7 @@ SURFACES = (
     "mlxbun_core.server.anthropic_messages",
     "mlxbun_core.server.openai_responses",
     "mlxbun_core.server.embeddings",
+    "mlxbun_core.server.rerank",
     "mlxbun_core.server.meta",
     "mlxbun_core.server.cache_admin",
     "mlxbun_core.server.library_routes",
