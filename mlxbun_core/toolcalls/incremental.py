@@ -176,22 +176,34 @@ class Scanner:
 class RawValue:
     """One raw argument value streamed up to the literal ``close``. ``trim``: ``"raw"``
     as written, ``"unframe"`` one framing newline dropped at each end (Qwen),
-    ``"strip"`` blanks dropped at both ends (MiniCPM5's plain values)."""
+    ``"strip"`` blanks dropped at both ends (MiniCPM5's plain values). ``guard``: markup
+    that must not come before ``close`` (Qwen's ``</function>``: a value whose
+    ``</parameter>`` is missing); held back like ``close``, and if it comes the read
+    stops there (-1) and the whole parse decides the value."""
 
-    def __init__(self, start: int, close: str, trim: str = "raw"):
-        self.start, self.close, self.trim = start, close, trim
+    def __init__(self, start: int, close: str, trim: str = "raw", guard: str | None = None):
+        self.start, self.close, self.trim, self.guard = start, close, trim, guard
         self.lead: int | None = None  # characters dropped at the front
         self.sent = 0  # characters streamed after them
+        self.end: int | None = None  # the offset past ``close``, once read
 
     def read(self, text: str, sink: CallSink) -> int | None:
         """Stream what is sure; once ``close`` comes, the rest of the value and the
-        offset just past ``close``."""
-        i = text.find(self.close, self.start + (self.lead or 0) + self.sent)
+        offset just past ``close`` (again on a later read: the value is done)."""
+        if self.end is not None:
+            return self.end
+        first = self.start + (self.lead or 0) + self.sent
+        i = text.find(self.close, first)
+        if self.guard is not None and 0 <= text.find(self.guard, first) < \
+                (i if i >= 0 else len(text)):
+            return -1
         if i >= 0:
             final = _trimmed(text[self.start:i], self.trim)
             sink.text(final[self.sent:])
-            return i + len(self.close)
-        end = len(text) - held_marker_prefix(text[self.start:], (self.close,))
+            self.end = i + len(self.close)
+            return self.end
+        marks = (self.close,) if self.guard is None else (self.close, self.guard)
+        end = len(text) - held_marker_prefix(text[self.start:], marks)
         if self.lead is None:
             self.lead = _lead(text[self.start:end], self.trim)
             if self.lead is None:
