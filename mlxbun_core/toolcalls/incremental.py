@@ -14,7 +14,6 @@ it stands: a later repeat of its key is ignored (the first value wins)."""
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from ..events import ToolCallDelta

@@ -11,7 +11,6 @@ from mlxbun_core.grammar import structural as S
 from mlxbun_core.grammar.schema import resolve
 from mlxbun_core.toolcalls import Dialect, StreamingToolParser, ToolCall, make_call
 from mlxbun_core.toolcalls.element_scan import ElementScanner
-from mlxbun_core.toolcalls.incremental import RawValue
 from mlxbun_core.toolcalls.grammar import (
     ArgMarkup,
     element_args,
@@ -19,6 +18,7 @@ from mlxbun_core.toolcalls.grammar import (
     raw_string,
     tool_schemas,
 )
+from mlxbun_core.toolcalls.incremental import RawValue
 
 _Q = r"(\"[^\"]*\"|'[^']*'|[^\s\"'<>]+)"
 _FN = re.compile(r"<function\s+name\s*=\s*" + _Q + r"\s*>")
