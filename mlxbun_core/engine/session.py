@@ -8,7 +8,7 @@ their own wire format; nothing here knows about any protocol or family.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -134,7 +134,7 @@ class GenerationSession:
                 events.append(ev)
         return events
 
-    def _kept(self, parsed: list[Event]) -> list[Event]:
+    def _kept(self, parsed: Iterable[Event]) -> list[Event]:
         """Notes calls; drops one the budget closed (its arguments were cut short to
         the shortest valid values: not what the model meant, so never run): a call
         that had started streaming is withdrawn, and no piece written under the
