@@ -142,7 +142,9 @@ def tool_call_parser(model: LoadedModel, tools: list[dict[str, Any]]) -> ToolPar
     :param tools: The request's tools (OpenAI function shape), for argument
         coercion against their JSON schemas.
     :returns: A new :class:`~mlxbun_core.contract.ToolParser` (usually
-        ``StreamingToolParser(YourDialect(), tools)``). ``None`` passes to the
+        ``StreamingToolParser(YourDialect(), tools)``; a dialect whose ``scanner()``
+        gives an incremental reader streams each call as it is written, else each
+        call goes out whole once its markup closes). ``None`` passes to the
         generic plugin, which follows mlx-lm's tool-parser choice for the tokenizer
         and falls back to ``<tool_call>{json}</tool_call>``.
 

@@ -8,7 +8,7 @@ their own wire format; nothing here knows about any protocol or family.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +20,10 @@ from ..events import (
     Finish,
     PromptLogprobs,
     TokenLogprob,
+    ToolCallDelta,
     ToolCallEvent,
+    ToolCallStart,
+    ToolCallWithdrawn,
     Usage,
 )
 from .logprobs import LogprobRecorder
@@ -81,6 +84,7 @@ class GenerationSession:
             self.logprobs = []
             self.recorder = LogprobRecorder(tokenizer, req.sampling.top_logprobs)
         self.saw_tool_call = False
+        self.streaming_calls: set[str] = set()  # ids of calls whose start went out
         self.finished: Finish | None = None
         self.t0 = time.perf_counter()
         self.t_first: float | None = None
@@ -134,19 +138,34 @@ class GenerationSession:
         events: list[Event] = []
         for ev in parts:
             if isinstance(ev, Content):
-                events += [out for out in self.parser.feed(ev.text) if self._keep(out)]
+                events += self._kept(self.parser.feed(ev.text))
             else:
                 events.append(ev)
         return events
 
-    def _keep(self, ev: Event) -> bool:
-        """Notes a call; drops one the budget closed (its arguments were cut short to
-        the shortest valid values: not what the model meant, so never run)."""
-        if isinstance(ev, ToolCallEvent):
-            if self._budget_forced():
-                return False
-            self.saw_tool_call = True
-        return True
+    def _kept(self, parsed: Iterable[Event]) -> list[Event]:
+        """Notes calls; drops one the budget closed (its arguments were cut short to
+        the shortest valid values: not what the model meant, so never run): a call
+        that had started streaming is withdrawn, and no piece written under the
+        budget's close goes out."""
+        out: list[Event] = []
+        for ev in parsed:
+            if isinstance(ev, (ToolCallStart, ToolCallDelta)):
+                if self._budget_forced():
+                    continue
+                if isinstance(ev, ToolCallStart):
+                    self.streaming_calls.add(ev.call_id)
+            elif isinstance(ev, ToolCallWithdrawn):
+                if ev.call_id not in self.streaming_calls:
+                    continue
+            elif isinstance(ev, ToolCallEvent):
+                if self._budget_forced():
+                    if ev.call.id in self.streaming_calls:
+                        out.append(ToolCallWithdrawn(ev.call.id))
+                    continue
+                self.saw_tool_call = True
+            out.append(ev)
+        return out
 
     def _budget_forced(self) -> bool:
         """Whether the grammar's budget close has forced a token up to now."""
@@ -171,7 +190,7 @@ class GenerationSession:
             events = self._route(self.splitter.feed(tail) + self.splitter.flush())
             if self.parser is not None:  # markup the budget or a stop string cut is dropped
                 cut = reason == "length" or self.stopper.stopped is not None
-                events += [ev for ev in self.parser.finish(cut=cut) if self._keep(ev)]
+                events += self._kept(self.parser.finish(cut=cut))
             if self.saw_tool_call and reason == "stop":
                 reason = "tool_calls"
         now = time.perf_counter()
