@@ -55,8 +55,12 @@ class ToolParser(Protocol):
     def feed(self, text: str) -> list[ParserEvent]:
         """Take the next decoded text; return what can be shown or called now:
         :class:`~mlxbun_core.events.Content`, :class:`~mlxbun_core.events.ToolCallEvent`
-        (one complete call) or :class:`~mlxbun_core.events.KeepAlive` (markup is
-        buffering)."""
+        (one complete call), :class:`~mlxbun_core.events.KeepAlive` (markup is
+        buffering), or a call as it is written: :class:`~mlxbun_core.events.ToolCallStart`,
+        :class:`~mlxbun_core.events.ToolCallDelta` pieces that join to exactly the
+        arguments of the :class:`~mlxbun_core.events.ToolCallEvent` with the same id
+        that ends it, or :class:`~mlxbun_core.events.ToolCallWithdrawn`. A parser that
+        never streams a call just sends each one whole."""
         ...
 
     def finish(self, cut: bool = False) -> list[ParserEvent]:

@@ -62,6 +62,36 @@ class ToolCallEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCallStart:
+    """A call's function name is known and its arguments begin to stream: the
+    :class:`ToolCallDelta` pieces that follow, joined, are exactly the finished
+    call's ``arguments``. Ends with the :class:`ToolCallEvent` of the same ``call_id``
+    (the whole call; nothing of its arguments left to send) or :class:`ToolCallWithdrawn`."""
+
+    call_id: str
+    name: str
+    kind: ClassVar[str] = "tool_call_start"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """The next piece of a streaming call's arguments (JSON object text)."""
+
+    call_id: str
+    text: str
+    kind: ClassVar[str] = "tool_call_delta"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallWithdrawn:
+    """A streaming call will not be made: the budget or a stop sequence cut it, or its
+    finished markup did not parse (or repeated an earlier call). Clients drop it."""
+
+    call_id: str
+    kind: ClassVar[str] = "tool_call_withdrawn"
+
+
+@dataclass(frozen=True, slots=True)
 class TokenLogprob:
     """The log-probabilities of one generated token (only when the request asked for
     them): ``entry`` is OpenAI's ``{token, logprob, bytes, top_logprobs}`` plus ``id``.
@@ -69,6 +99,16 @@ class TokenLogprob:
 
     entry: dict[str, Any]
     kind: ClassVar[str] = "logprob"
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLogprobs:
+    """The prompt's own tokens scored by the prefill (a completion with ``echo`` and
+    ``logprobs``): one entry per prompt token in :class:`TokenLogprob`'s shape, the
+    first with ``logprob`` None (nothing precedes it). Comes before any generated token."""
+
+    entries: list[dict[str, Any]]
+    kind: ClassVar[str] = "prompt_logprobs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +185,7 @@ class Finish:
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
     retry: Retry | None = None  # an error that is worth sending again later
+    prompt_logprobs: list[dict[str, Any]] | None = None  # see PromptLogprobs
 
     @property
     def failed(self) -> bool:
@@ -161,8 +202,12 @@ class Done:
 
 KEEPALIVE = KeepAlive()
 
-Event = Admitted | Content | Reasoning | ToolCallEvent | TokenLogprob | KeepAlive | Done
+CallStream = ToolCallStart | ToolCallDelta | ToolCallWithdrawn
+"""A call streaming as it is written (before its :class:`ToolCallEvent`)."""
+
+Event = (Admitted | Content | Reasoning | ToolCallEvent | CallStream | TokenLogprob
+         | PromptLogprobs | KeepAlive | Done)
 """Anything a generation emits."""
 
-ParserEvent = Content | ToolCallEvent | KeepAlive
+ParserEvent = Content | ToolCallEvent | CallStream | KeepAlive
 """What a tool-call parser's ``feed`` / ``finish`` return."""

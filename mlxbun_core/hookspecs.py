@@ -44,7 +44,8 @@ if TYPE_CHECKING:
 hookspec = HookspecMarker("mlxbun")
 hookimpl = HookimplMarker("mlxbun")
 
-FAMILY_HOOKS = frozenset({"claims", "load_model", "render_chat", "tool_call_parser", "embed"})
+FAMILY_HOOKS = frozenset({"claims", "load_model", "render_chat", "tool_call_parser", "embed",
+                          "rerank"})
 """Hooks only a model family can answer. A plugin implementing any of them (other
 than as a wrapper) is a family plugin and is asked only about models it claimed."""
 
@@ -145,7 +146,9 @@ def tool_call_parser(model: LoadedModel, tools: list[dict[str, Any]]) -> ToolPar
     :param tools: The request's tools (OpenAI function shape), for argument
         coercion against their JSON schemas.
     :returns: A new :class:`~mlxbun_core.contract.ToolParser` (usually
-        ``StreamingToolParser(YourDialect(), tools)``). ``None`` passes to the
+        ``StreamingToolParser(YourDialect(), tools)``; a dialect whose ``scanner()``
+        gives an incremental reader streams each call as it is written, else each
+        call goes out whole once its markup closes). ``None`` passes to the
         generic plugin, which follows mlx-lm's tool-parser choice for the tokenizer
         and falls back to ``<tool_call>{json}</tool_call>``.
 
@@ -227,6 +230,30 @@ def embed(model: LoadedModel, texts: list[str],
 
     Stops at the first non-``None`` result. Routed: asked of the claiming family,
     then the generic plugin.
+    """
+
+
+@hookspec(firstresult=True)
+def rerank(model: LoadedModel, query: str, documents: list[str], instruction: str | None,
+           max_doc_tokens: int | None) -> tuple[list[float], int] | None:
+    """Score documents against a query with a reranker (``LoadedModel.kind == "rerank"``).
+
+    Runs on the model's worker thread; the engine only asks models whose ``kind`` is
+    ``"rerank"``, and may split one request's documents over several calls (other work
+    runs between them), so score each document on its own: a document's score must not
+    depend on which others share its call.
+
+    :param model: The loaded reranker.
+    :param query: The search query.
+    :param documents: The texts to score, at least one.
+    :param instruction: A task instruction for the model, or ``None`` (its default).
+    :param max_doc_tokens: Cut each document to this many tokens first, or ``None``.
+    :returns: ``(scores, prompt_tokens)``: one relevance in ``[0, 1]`` per document, in
+        order (higher is more relevant), and the number of tokens consumed (padding not
+        counted). ``None`` means the model cannot rerank (the request gets a 400).
+
+    Stops at the first non-``None`` result. Routed: asked of the claiming family, then
+    the generic plugin.
     """
 
 

@@ -47,7 +47,12 @@ def test_content_streams_before_markup_then_tool_call_delta(scripted):
     content = "".join(c.choices[0].delta.content or "" for c in chunks)
     assert content.strip() == "Checking."
     calls = [c.choices[0].delta.tool_calls for c in chunks if c.choices[0].delta.tool_calls]
-    assert len(calls) == 1 and calls[0][0].index == 0 and calls[0][0].function.name == "get_weather"
+    # the head (index, id, name, no arguments yet), then the arguments in pieces
+    assert calls[0][0].index == 0 and calls[0][0].function.name == "get_weather"
+    assert calls[0][0].function.arguments == "" and len(calls) > 2
+    assert all(d[0].index == 0 and d[0].function.name is None for d in calls[1:])
+    args = "".join(d[0].function.arguments for d in calls)
+    assert json.loads(args) == {"city": "Paris", "days": 3, "zip": "007"}
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
@@ -59,7 +64,7 @@ def test_tool_choice_none_leaves_markup_as_text(scripted):
     assert r.choices[0].message.tool_calls is None and "<tool_call>" in r.choices[0].message.content
 
 
-def test_keepalive_comments_while_large_tool_body_buffers(scripted):
+def test_keepalive_comments_while_large_tool_body_streams(scripted):
     srv, plugin = scripted
     plugin.text = ('<tool_call>{"name": "get_weather", "arguments": {"city": "'
                    + "Paris " * 200 + '"}}</tool_call>')
@@ -67,9 +72,9 @@ def test_keepalive_comments_while_large_tool_body_buffers(scripted):
             "messages": [{"role": "user", "content": "Weather?"}], "tools": TOOLS,
             "max_tokens": 2000, "stream": True}) as r:
         lines = [line for line in r.iter_lines() if line]
-    assert ": keep-alive" in lines
+    assert ": keep-alive" in lines  # still sent while a long call is written
     first_call = next(i for i, line in enumerate(lines) if '"tool_calls"' in line)
-    assert lines.index(": keep-alive") < first_call and lines[-1] == "data: [DONE]"
+    assert first_call < lines.index(": keep-alive") and lines[-1] == "data: [DONE]"
 
 
 def test_tool_round_trip(scripted):

@@ -143,7 +143,9 @@ def test_garbage_markup_falls_back_to_content():
 def test_tool_call_event_carries_toolcall():
     p = P()()
     ev = p.feed('<tool_call>{"name": "get_weather", "arguments": {"city": "X"}}</tool_call>')
-    (e,), tc = ev, ev[0].call
+    *streamed, e = ev  # the call streamed (start, argument pieces), then the whole call
+    tc = e.call
+    assert [x.kind for x in streamed][:1] == ["tool_call_start"]
     assert e.kind == "tool_call" and isinstance(tc, ToolCall)
     assert re.fullmatch(r"call_[0-9a-f]{24}", tc.id)
     assert json.loads(tc.arguments) == {"city": "X"} and p.calls == [tc]

@@ -5,8 +5,8 @@ or ``CompletionRequest`` and call :meth:`Engine.start`; they get a
 :class:`Generation` handle and never see jobs, lanes or the worker. What a surface
 may use of :class:`Engine` (``register(app, engine: Engine)``): ``model``, ``hooks``,
 ``defaults`` and ``max_tokens`` (what a parser fills in), ``parse_chat`` /
-``parse_completion``, ``start``, ``count_prompt_tokens``, ``embed``, ``adapters``,
-``draining``, ``close`` and the read-only figures for ``/stats`` and ``/v1/models``.
+``parse_completion``, ``start``, ``count_prompt_tokens``, ``embed``, ``rerank``,
+``adapters``, ``draining``, ``close`` and the read-only figures for ``/stats`` and ``/v1/models``.
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ from ..library import fit
 from ..media import parts as media_parts
 from ..model import LoadedModel, LoadOptions
 from . import attention_route, prefill_shapes
+from . import rerank as reranking
 from .admission import Admission, default_batch, drafts_with_head, head_cost
 from .batch.journal import Journal
+from .completion_request import parse_completion
 from .fill import FillPolicy
 from .generation import Generation as Generation  # (surfaces import it from here)
 from .job import EventSink, GenerationJob, may_speculate
@@ -40,7 +42,7 @@ from .lanes.serial import SerialLane
 from .memory import DEVICE_FAULT, Governor, MemoryConfig
 from .prepare import Prepared, media_pipeline, prepare
 from .prompt_cache import PrefixCache
-from .request import ChatRequest, CompletionRequest, GenerationInput, parse_chat, parse_completion
+from .request import ChatRequest, CompletionRequest, GenerationInput, parse_chat
 from .session import GenerationRequest
 from .speculate import MTP, SpecConfig, SpecTally, SpecUnavailable, check_mtp
 from .speculate import resolve as resolve_spec
@@ -372,6 +374,16 @@ class Engine:
         if result is None:
             raise BadRequest(f"model {self.model.id} is not an embedding model")
         return result
+
+    async def rerank(self, query: str, documents: list[str], instruction: str | None = None,
+                     max_doc_tokens: int | None = None) -> tuple[list[float], int]:
+        """Relevance scores for ``documents`` (in order) and the tokens fed."""
+        self.check_open()
+        if self.model.kind != "rerank":  # answer now, not after queued generations
+            raise BadRequest(f"model {self.model.id} cannot rerank: it is a {self.model.kind} "
+                             "model; serve a reranker checkpoint for /v1/rerank", param="model")
+        return await reranking.rerank(self.worker, self.hooks, self.model, query, documents,
+                                      instruction, max_doc_tokens)
 
     def close(self) -> None:
         """Stop the worker thread (the server is shutting down)."""

@@ -139,9 +139,11 @@ def _settle(fut: asyncio.Future[Any], value: object, error: BaseException | None
 def may_speculate(request: GenerationRequest, draft: DraftSource | None) -> bool:
     """Whether a request's speculation runs: a grammar matcher cannot rewind rejected
     drafts, media and prompt embeddings take their own forward, and a draft model decides
-    alone (admission bills an MTP row's head only then)."""
+    alone (admission bills an MTP row's head only then); a scored prompt reads its
+    prefill through the scorer."""
     return (request.grammar is None and request.media is None
-            and request.input_embeddings is None and draft is None)
+            and request.input_embeddings is None and draft is None
+            and not request.score_prompt)
 
 
 class GenerationJob(Job):

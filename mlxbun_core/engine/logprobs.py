@@ -135,9 +135,19 @@ class LogprobRecorder:
         self.pieces = pieces_for(tokenizer)
         self.k = max(0, top_k)
 
-    def _item(self, token: int, logprob: float) -> dict[str, Any]:
+    def _item(self, token: int, logprob: float | None) -> dict[str, Any]:
         text, raw = self.pieces.get(token)
-        return {"id": token, "token": text, "logprob": json_logprob(logprob), "bytes": list(raw)}
+        value = None if logprob is None else json_logprob(logprob)
+        return {"id": token, "token": text, "logprob": value, "bytes": list(raw)}
+
+    def ranked(self, token: int, logprob: float | None, top_ids: list[int],
+               top_values: list[float]) -> dict[str, Any]:
+        """One position's entry from gathered values (``logprob`` None: the prompt's
+        first token, which nothing predicts); the alternatives sorted by value, then id,
+        so the order is the same on every lane and run."""
+        ranked = sorted(zip(top_ids, top_values), key=lambda p: (-json_logprob(p[1]), p[0]))
+        return dict(self._item(token, logprob),
+                    top_logprobs=[self._item(i, v) for i, v in ranked])
 
     def entry(self, token: int, logprobs: mx.array) -> dict[str, Any]:
         import mlx.core as mx
@@ -148,12 +158,8 @@ class LogprobRecorder:
         top = mx.argpartition(-logprobs, kth=self.k - 1)[:self.k]
         values = logprobs[mx.concatenate([mx.array([token], dtype=top.dtype), top])]
         mx.eval(top, values)
-        ids = cast("list[int]", top.tolist())
         vals = cast("list[float]", values.tolist())
-        # sorted by value, then id: the order is the same on every lane and run
-        ranked = sorted(zip(ids, vals[1:]), key=lambda p: (-json_logprob(p[1]), p[0]))
-        return dict(self._item(token, vals[0]),
-                    top_logprobs=[self._item(i, v) for i, v in ranked])
+        return self.ranked(token, vals[0], cast("list[int]", top.tolist()), vals[1:])
 
 
 def legacy_block(entries: list[dict[str, Any]],
@@ -167,7 +173,17 @@ def legacy_block(entries: list[dict[str, Any]],
         offset += len(e["token"])
         tokens.append(e["token"])
     tops = None
-    if any(e["top_logprobs"] for e in entries):
-        tops = [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries]
+    if any(e["top_logprobs"] for e in entries):  # the prompt's first token: null, as OpenAI's
+        tops = [None if e["logprob"] is None else _by_text(e["top_logprobs"]) for e in entries]
     return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in entries],
             "top_logprobs": tops, "text_offset": offsets, "content": entries}, offset
+
+
+def _by_text(top: list[dict[str, Any]]) -> dict[str, float]:
+    """The legacy ``{text: logprob}`` of one position: tokens that read alike (pieces of
+    one character all read U+FFFD) share a key, which keeps the likeliest one's value, so
+    the dict's largest value is still the position's best (lm-eval's greedy check)."""
+    out: dict[str, float] = {}
+    for t in top:  # sorted, likeliest first
+        out.setdefault(t["token"], t["logprob"])
+    return out

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..contract import MediaPipeline, ToolParser
+from ..contract import MediaPipeline, Tokenizer, ToolParser
 from ..errors import APIError, BadRequest
 from ..grammar import GrammarPlan
 from ..grammar_registry import registry as grammars
@@ -41,12 +41,18 @@ def vocab_size(model: LoadedModel) -> int:
                or len(model.tokenizer))
 
 
+NOT_GENERATIVE = {"embedding": ("an embedding model", "/v1/embeddings"),
+                  "rerank": ("a reranker", "/v1/rerank")}
+"""What a model of another kind is called, and the route it serves."""
+
+
 def prepare(model: LoadedModel, hooks: ModelHooks, req: GenerationInput, *,
             compile_grammar: bool = True) -> Prepared:
     """Render / tokenize ``req`` for ``model``; 400 for anything the model refuses."""
     if model.kind != "generate":
-        raise BadRequest(f"model {model.id} is an embedding model: it serves "
-                         "POST /v1/embeddings only", param="model")
+        what, route = NOT_GENERATIVE.get(model.kind, NOT_GENERATIVE["embedding"])
+        raise BadRequest(f"model {model.id} is {what}: it serves POST {route} only",
+                         param="model")
     if isinstance(req, CompletionRequest):
         grammar = req.grammar if compile_grammar else None
         plan = grammars.plan_request(grammar, model.tokenizer) if grammar else GrammarPlan()
@@ -72,12 +78,34 @@ def prepare(model: LoadedModel, hooks: ModelHooks, req: GenerationInput, *,
 
 
 def _completion(model: LoadedModel, req: CompletionRequest) -> GenerationRequest:
-    tokens = model.tokenizer.encode(req.prompt)
-    if not tokens:
-        raise BadRequest("prompt encodes to no tokens", param="prompt")
+    if isinstance(req.prompt, str):
+        tokens = encode_prompt(model.tokenizer, req.prompt)
+        if not tokens:
+            raise BadRequest("prompt encodes to no tokens", param="prompt")
+    else:  # token ids, as they are (no BOS added)
+        tokens = list(req.prompt)
+        size = vocab_size(model)
+        bad = next((t for t in tokens if t >= size), None)
+        if bad is not None:
+            raise BadRequest(f"prompt token id {bad} is outside the vocabulary "
+                             f"(0..{size - 1})", param="prompt", code="invalid_value")
     # no template to inject an instruction into: the degrade path is the Warning alone
     return GenerationRequest(prompt_tokens=tokens, sampling=req.sampling,
-                             max_tokens=req.max_tokens, stop=req.stop)
+                             max_tokens=req.max_tokens, stop=req.stop,
+                             score_prompt=req.echo and req.sampling.wants_logprobs)
+
+
+def encode_prompt(tokenizer: Tokenizer, text: str, add_special_tokens: bool = True) -> list[int]:
+    """``text`` as prompt tokens, with the tokenizer's special tokens (its BOS) unless told
+    not to; a text that already starts with the BOS token's own text keeps that one only,
+    so a client that tokenized with the BOS and sends the text back is scored on the same
+    tokens (lm-eval with ``tokenized_requests`` off and ``add_bos_token``)."""
+    tokens: list[int] = tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    bos, bos_id = getattr(tokenizer, "bos_token", None), getattr(tokenizer, "bos_token_id", None)
+    if (add_special_tokens and isinstance(bos, str) and bos and text.startswith(bos)
+            and tokens[:2] == [bos_id, bos_id]):
+        return tokens[1:]
+    return tokens
 
 
 def _chat(model: LoadedModel, hooks: ModelHooks, req: ChatRequest, plan: GrammarPlan,

@@ -74,11 +74,20 @@ class ChatRequest(GenerateOptions):
         return tuple(ref.kind for ref in self.media)
 
 
+Prompt = str | list[int]
+"""A completion prompt: text, or token ids used as they are."""
+
+
 @dataclass
 class CompletionRequest(GenerateOptions):
-    """Raw text completion: no template, no tools."""
+    """Raw text completion: no template, no tools. ``prompt`` is the one this request
+    runs; ``prompts`` every prompt of the body (each its own choices, see
+    :func:`choice_requests`). ``echo``: the prompt comes back in front of the text, its
+    tokens scored when log-probs are asked for."""
 
-    prompt: str = ""
+    prompt: Prompt = ""
+    prompts: list[Prompt] = field(default_factory=list)
+    echo: bool = False
 
 
 GenerationInput = ChatRequest | CompletionRequest
@@ -86,6 +95,16 @@ SEED_SPACE = 2**64
 
 
 def choice_requests(req: GenerationInput) -> Iterator[GenerationInput]:
+    """One request per choice: every prompt of a completion body in order, ``n`` choices
+    each (OpenAI's order: choice ``i`` of prompt ``p`` is index ``p * n + i``)."""
+    if isinstance(req, CompletionRequest) and len(req.prompts) > 1:
+        for prompt in req.prompts:
+            yield from prompt_choices(replace(req, prompt=prompt, prompts=[prompt]))
+        return
+    yield from prompt_choices(req)
+
+
+def prompt_choices(req: GenerationInput) -> Iterator[GenerationInput]:
     """``req`` itself, then one copy per further choice of its ``n``.
 
     Preparing a request adds its grammar processor to the sampling settings, so each
@@ -101,7 +120,7 @@ def choice_requests(req: GenerationInput) -> Iterator[GenerationInput]:
         yield replace(req, sampling=sampling, surface_state=dict(req.surface_state))
 
 
-def _options(body: dict[str, Any], defaults: dict[str, Any],
+def openai_options(body: dict[str, Any], defaults: dict[str, Any],
              server_max_tokens: int | None) -> GenerateOptions:
     """The shared fields of an OpenAI chat or completion body."""
     stream = boolean_field(body.get("stream"), "stream")
@@ -139,16 +158,6 @@ def template_kwargs_field(value: object, name: str = "chat_template_kwargs") -> 
     return dict(value)
 
 
-def parse_completion(body: dict[str, Any], defaults: dict[str, Any] | None = None,
-                     server_max_tokens: int | None = None) -> CompletionRequest:
-    """An OpenAI /v1/completions body."""
-    text = body.get("prompt")
-    if not isinstance(text, str) or not text:
-        raise BadRequest("prompt must be a non-empty string", param="prompt")
-    options = _options(body, defaults or {}, server_max_tokens)
-    return CompletionRequest(prompt=text, **_shared(options))
-
-
 def parse_chat(body: dict[str, Any], defaults: dict[str, Any] | None = None,
                server_max_tokens: int | None = None) -> ChatRequest:
     """An OpenAI /v1/chat/completions body."""
@@ -158,7 +167,7 @@ def parse_chat(body: dict[str, Any], defaults: dict[str, Any] | None = None,
                          param="messages")
     if not isinstance(messages, list):
         raise type_error("messages", "an array of message objects", messages)
-    options = _options(body, defaults or {}, server_max_tokens)
+    options = openai_options(body, defaults or {}, server_max_tokens)
     tools = check_tools(body.get("tools"))
     choice = parse_tool_choice(body.get("tool_choice"), tools)
     parallel = parse_parallel(body.get("parallel_tool_calls"))
@@ -182,10 +191,10 @@ def chat_request(options: GenerateOptions, messages: list[Any], *,
     return ChatRequest(messages=msgs, tools=None if choice.mode == "none" else tools,
                        tool_choice=choice.mode, tool_name=choice.name,
                        parallel_tool_calls=parallel, template_kwargs=dict(template_kwargs or {}),
-                       reasoning_effort=reasoning_effort, media=media, **_shared(options))
+                       reasoning_effort=reasoning_effort, media=media, **shared_fields(options))
 
 
-def _shared(options: GenerateOptions) -> dict[str, Any]:
+def shared_fields(options: GenerateOptions) -> dict[str, Any]:
     """``options`` as keyword arguments of a request type (its fields, not copies)."""
     return {f.name: getattr(options, f.name) for f in fields(GenerateOptions)}
 

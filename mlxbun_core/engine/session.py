@@ -8,12 +8,25 @@ their own wire format; nothing here knows about any protocol or family.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..contract import LogitsProcessor, Sampler, Tokenizer, ToolParser
-from ..events import Content, Done, Event, Finish, Retry, TokenLogprob, ToolCallEvent, Usage
+from ..events import (
+    Content,
+    Done,
+    Event,
+    Finish,
+    PromptLogprobs,
+    Retry,
+    TokenLogprob,
+    ToolCallDelta,
+    ToolCallEvent,
+    ToolCallStart,
+    ToolCallWithdrawn,
+    Usage,
+)
 from .logprobs import LogprobRecorder
 from .sampling import SamplingParams
 from .textstream import ReasoningSplitter, StopMatcher
@@ -43,6 +56,8 @@ class GenerationRequest:
     grammar: GrammarProcessor | None = None
     sampler: Sampler | None = None  # built when the request is prepared, so a bad value is a 400
     processors: list[LogitsProcessor] = field(default_factory=list)
+    # score the prompt's own tokens during its prefill (engine/prompt_scoring.py)
+    score_prompt: bool = False
 
 
 class GenerationSession:
@@ -65,10 +80,12 @@ class GenerationSession:
             req.grammar.set_budget(limit)  # close the constrained reply within the limit
         self.usage = Usage(prompt_tokens=len(req.prompt_tokens))
         self.logprobs: list[dict[str, Any]] | None = None
+        self.prompt_logprobs: list[dict[str, Any]] | None = None
         if req.sampling.wants_logprobs:
             self.logprobs = []
             self.recorder = LogprobRecorder(tokenizer, req.sampling.top_logprobs)
         self.saw_tool_call = False
+        self.streaming_calls: set[str] = set()  # ids of calls whose start went out
         self.finished: Finish | None = None
         self.t0 = time.perf_counter()
         self.t_first: float | None = None
@@ -105,6 +122,11 @@ class GenerationSession:
         self.logprobs.append(entry)
         return [TokenLogprob(entry)]
 
+    def scored(self, entries: list[dict[str, Any]]) -> list[Event]:
+        """The prompt's own entries, scored by its prefill (kept for the whole reply)."""
+        self.prompt_logprobs = entries
+        return [PromptLogprobs(entries)]
+
     # -- text side --------------------------------------------------------
     def _text(self, segment: str) -> list[Event]:
         if not segment:
@@ -117,19 +139,34 @@ class GenerationSession:
         events: list[Event] = []
         for ev in parts:
             if isinstance(ev, Content):
-                events += [out for out in self.parser.feed(ev.text) if self._keep(out)]
+                events += self._kept(self.parser.feed(ev.text))
             else:
                 events.append(ev)
         return events
 
-    def _keep(self, ev: Event) -> bool:
-        """Notes a call; drops one the budget closed (its arguments were cut short to
-        the shortest valid values: not what the model meant, so never run)."""
-        if isinstance(ev, ToolCallEvent):
-            if self._budget_forced():
-                return False
-            self.saw_tool_call = True
-        return True
+    def _kept(self, parsed: Iterable[Event]) -> list[Event]:
+        """Notes calls; drops one the budget closed (its arguments were cut short to
+        the shortest valid values: not what the model meant, so never run): a call
+        that had started streaming is withdrawn, and no piece written under the
+        budget's close goes out."""
+        out: list[Event] = []
+        for ev in parsed:
+            if isinstance(ev, (ToolCallStart, ToolCallDelta)):
+                if self._budget_forced():
+                    continue
+                if isinstance(ev, ToolCallStart):
+                    self.streaming_calls.add(ev.call_id)
+            elif isinstance(ev, ToolCallWithdrawn):
+                if ev.call_id not in self.streaming_calls:
+                    continue
+            elif isinstance(ev, ToolCallEvent):
+                if self._budget_forced():
+                    if ev.call.id in self.streaming_calls:
+                        out.append(ToolCallWithdrawn(ev.call.id))
+                    continue
+                self.saw_tool_call = True
+            out.append(ev)
+        return out
 
     def _budget_forced(self) -> bool:
         """Whether the grammar's budget close has forced a token up to now."""
@@ -156,7 +193,7 @@ class GenerationSession:
             events = self._route(self.splitter.feed(tail) + self.splitter.flush())
             if self.parser is not None:  # markup the budget or a stop string cut is dropped
                 cut = reason == "length" or self.stopper.stopped is not None
-                events += [ev for ev in self.parser.finish(cut=cut) if self._keep(ev)]
+                events += self._kept(self.parser.finish(cut=cut))
             if self.saw_tool_call and reason == "stop":
                 reason = "tool_calls"
         now = time.perf_counter()
@@ -167,7 +204,7 @@ class GenerationSession:
             if n > 1:
                 timings["decode_tps"] = (n - 1) / max(now - self.t_first, 1e-9)
         self.finished = Finish(reason, self.usage, self.logprobs, self.stopper.stopped, error,
-                               timings, retry)
+                               timings, retry, self.prompt_logprobs)
         if self.on_finish is not None:
             self.on_finish(self.finished)
         events.append(Done(self.finished))

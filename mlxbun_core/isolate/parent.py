@@ -46,7 +46,7 @@ log = logging.getLogger("mlxbun.isolate")
 
 MAX_BODY_BYTES = 256 << 20
 ROUTED = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses",
-          "/v1/embeddings", "/v1/messages/count_tokens"}
+          "/v1/embeddings", "/v1/rerank", "/v2/rerank", "/rerank", "/v1/messages/count_tokens"}
 # route labels of what the parent answers itself (/metrics counts them)
 LOCAL_ROUTES = ("/health", "/engine", "/v1", "/v1/models", "/v1/models/*", "/library", "/fit",
                 "/metrics", "/v1/responses/*", "/ws/chat", "/admin/*", *sorted(ROUTED))

@@ -26,7 +26,19 @@ from blacksheep import Request, Response
 
 from ..engine.request import ChatRequest
 from ..errors import APIError
-from ..events import Admitted, Content, Event, Finish, Reasoning, ToolCall, ToolCallEvent, Usage
+from ..events import (
+    Admitted,
+    Content,
+    Event,
+    Finish,
+    Reasoning,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallEvent,
+    ToolCallStart,
+    ToolCallWithdrawn,
+    Usage,
+)
 from . import generation
 from .anthropic_request import parse_request
 from .anthropic_system import thinking_omitted
@@ -115,7 +127,12 @@ def _tool_use(call: ToolCall) -> dict[str, Any]:
 
 
 class MessageFrames(generation.FrameWriter):
-    """Anthropic's event grammar: message_start, content blocks, message_delta, message_stop."""
+    """Anthropic's event grammar: message_start, content blocks, message_delta, message_stop.
+
+    A tool call streams as a ``tool_use`` block (``content_block_start`` with its id and
+    name, ``input_json_delta`` pieces, ``content_block_stop``). A streamed call that is
+    withdrawn (the budget cut it) has its block stopped where it was; ``message_delta``
+    says so: ``stop_reason`` ``max_tokens``, and its ``delta.withdrawn_tool_use_ids``."""
 
     def __init__(self, run: Run, model_id: str) -> None:
         self.run, self.model_id = run, model_id
@@ -123,6 +140,8 @@ class MessageFrames(generation.FrameWriter):
         self.open_kind: str | None = None
         self.started = False
         self.omit_thinking = thinking_omitted(run.body)
+        self.streaming: str | None = None  # the id of the call whose block is open
+        self.withdrawn: list[str] = []
 
     def admitted(self, ev: Admitted) -> list[bytes]:
         # sent as the lane takes the request, before prefill (clients show progress from
@@ -172,11 +191,27 @@ class MessageFrames(generation.FrameWriter):
             return self._text(ev.text)  # the tool parser drops whitespace around a call
         if isinstance(ev, ToolCallEvent):
             call = ev.call
+            if call.id == self.streaming:  # every piece went out: the block ends
+                self.streaming = None
+                return self._stop()
             frames = self._start("tool_use", {"type": "tool_use", "id": tool_use_id(call.id),
                                               "name": call.name, "input": {}})
             frames.append(self._delta({"type": "input_json_delta",
                                        "partial_json": call.arguments or "{}"}))
             return frames + self._stop()
+        return self._call_stream(ev)
+
+    def _call_stream(self, ev: Event) -> list[bytes]:
+        if isinstance(ev, ToolCallStart):
+            self.streaming = ev.call_id
+            return self._start("tool_use", {"type": "tool_use", "id": tool_use_id(ev.call_id),
+                                            "name": ev.name, "input": {}})
+        if isinstance(ev, ToolCallDelta) and ev.call_id == self.streaming:
+            return [self._delta({"type": "input_json_delta", "partial_json": ev.text})]
+        if isinstance(ev, ToolCallWithdrawn) and ev.call_id == self.streaming:
+            self.streaming = None
+            self.withdrawn.append(tool_use_id(ev.call_id))
+            return self._stop()
         return []
 
     def keepalive(self) -> list[bytes]:
@@ -187,9 +222,11 @@ class MessageFrames(generation.FrameWriter):
         frames += self._text("") if self.index < 0 else []
         frames += self._stop()
         reason, seq = _stop(finish)
+        delta: dict[str, Any] = {"stop_reason": reason, "stop_sequence": seq}
+        if self.withdrawn:
+            delta["withdrawn_tool_use_ids"] = self.withdrawn
         frames.append(sse_event("message_delta", {
-            "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq},
-            "usage": _usage(finish.usage)}))
+            "type": "message_delta", "delta": delta, "usage": _usage(finish.usage)}))
         frames.append(sse_event("message_stop", {"type": "message_stop"}))
         return frames
 

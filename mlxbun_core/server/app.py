@@ -30,9 +30,11 @@ log = logging.getLogger("mlxbun.server")
 SURFACES = (
     "mlxbun_core.server.openai_chat",
     "mlxbun_core.server.openai_completions",
+    "mlxbun_core.server.tokenizer_routes",
     "mlxbun_core.server.anthropic_messages",
     "mlxbun_core.server.openai_responses",
     "mlxbun_core.server.embeddings",
+    "mlxbun_core.server.rerank",
     "mlxbun_core.server.meta",
     "mlxbun_core.server.cache_admin",
     "mlxbun_core.server.library_routes",

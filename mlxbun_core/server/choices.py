@@ -104,7 +104,11 @@ class ChoiceFrames(FrameWriter):
         raise NotImplementedError
 
 
-async def choice_frames(choices: Choices, writers: list[ChoiceFrames]) -> AsyncIterator[bytes]:
+Combine = Callable[[list[Usage]], Usage]
+
+
+async def choice_frames(choices: Choices, writers: list[ChoiceFrames],
+                        combine: Combine = combined_usage) -> AsyncIterator[bytes]:
     for w in writers:
         for frame in w.opening():
             yield frame
@@ -124,18 +128,20 @@ async def choice_frames(choices: Choices, writers: list[ChoiceFrames]) -> AsyncI
         for frame in writers[index].frames_of(ev):
             yield frame
     if len(writers) > 1 and len(usages) == len(writers):
-        for frame in writers[0].summary(combined_usage(usages)):
+        for frame in writers[0].summary(combine(usages)):
             yield frame
 
 
 async def respond(request: Request, run: Run, writer: Callable[[Run, int, int], ChoiceFrames],
-                  answer: Callable[[Run, list[Reply], Usage], dict[str, Any]]) -> Response:
+                  answer: Callable[[Run, list[Reply], Usage], dict[str, Any]],
+                  combine: Combine = combined_usage) -> Response:
     """Stream every choice through ``writer(run, index, n)``, or gather each choice's
-    reply and shape them all with ``answer(run, replies, usage)``."""
+    reply and shape them all with ``answer(run, replies, usage)``; ``combine`` folds the
+    choices' usages into the request's (several prompts count each prompt once)."""
     choices, n = Choices(run.gens), len(run.gens)
     if run.stream:
         await admitted(request, run)
-        frames = choice_frames(choices, [writer(run, i, n) for i in range(n)])
+        frames = choice_frames(choices, [writer(run, i, n) for i in range(n)], combine)
         out = tracing.traced(frames, run.trace, choices, run.started)
         return sse_response(request, choices, out, run.headers)
     try:
@@ -143,5 +149,5 @@ async def respond(request: Request, run: Run, writer: Callable[[Run, int, int], 
     finally:
         run.trace.complete(choices, run.started)
     replies = [gather([ev for i, ev in tagged if i == k]) for k in range(n)]
-    usage = combined_usage([r.finish.usage for r in replies])
+    usage = combine([r.finish.usage for r in replies])
     return json_response(answer(run, replies, usage), headers=run.headers)

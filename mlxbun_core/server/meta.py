@@ -28,10 +28,11 @@ if TYPE_CHECKING:
 
 ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "POST /v1/messages",
              "POST /v1/messages/count_tokens", "POST /v1/responses",
-             "GET/DELETE /v1/responses/<id>", "POST /v1/embeddings", "GET /v1/models",
-             "GET /health", "GET /stats", "GET /metrics", "GET /fit", "GET /library",
-             "GET/POST /v1/adapters", "GET /v1/adapters/available", "DELETE /v1/adapters/<id>",
-             "GET /api/jobs", "POST /api/finetune/*", "POST /api/quantize/*"]
+             "GET/DELETE /v1/responses/<id>", "POST /v1/embeddings", "POST /v1/rerank",
+             "GET /v1/models", "GET /health", "GET /stats", "GET /metrics", "GET /fit",
+             "GET /library", "GET/POST /v1/adapters", "GET /v1/adapters/available",
+             "DELETE /v1/adapters/<id>", "GET /api/jobs", "POST /api/finetune/*",
+             "POST /api/quantize/*"]
 
 
 def prompt_cache_stats(request: Request, app: App, engine: Engine) -> dict[str, Any]:

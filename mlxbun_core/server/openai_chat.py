@@ -6,7 +6,19 @@ from typing import TYPE_CHECKING, Any
 
 from blacksheep import Request, Response
 
-from ..events import Content, Event, Finish, Reasoning, TokenLogprob, ToolCall, ToolCallEvent, Usage
+from ..events import (
+    Content,
+    Event,
+    Finish,
+    Reasoning,
+    TokenLogprob,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallEvent,
+    ToolCallStart,
+    ToolCallWithdrawn,
+    Usage,
+)
 from . import choices, generation
 from .common import guarded, sse_data
 
@@ -33,17 +45,26 @@ def openai_stream_error(message: str) -> bytes:
 class ChatFrames(choices.ChoiceFrames):
     """One choice's chunks. Log-prob entries wait for the next chunk that carries text
     (a token's text can be held back: a partial character, a possible stop sequence,
-    tool markup), so every entry is sent exactly once, in order."""
+    tool markup), so every entry is sent exactly once, in order.
+
+    A tool call streams as OpenAI streams one: a first ``tool_calls`` delta with its
+    index, id, type, name and empty arguments, then ``function.arguments`` pieces. A
+    streamed call that is withdrawn (the budget cut it) is named by index in the last
+    chunk's ``withdrawn_tool_calls``, next to its ``finish_reason``."""
 
     def __init__(self, run: Run, model_id: str, index: int = 0, n: int = 1) -> None:
         super().__init__(index, n)
         self.head = {"id": run.id, "object": "chat.completion.chunk", "created": run.created,
                      "model": model_id}
         self.calls = 0
+        self.streaming: dict[str, int] = {}  # streamed call id -> its index
+        self.withdrawn: list[int] = []
         self.pending: list[dict[str, Any]] = []  # log-prob entries not sent yet
 
     def chunk(self, delta: dict[str, Any], finish: str | None = None, **extra: object) -> bytes:
         choice: dict[str, Any] = {"index": self.index, "delta": delta, "finish_reason": finish}
+        if finish is not None and self.withdrawn:
+            choice["withdrawn_tool_calls"] = self.withdrawn
         if self.pending:
             choice["logprobs"] = {"content": self.pending}
             self.pending = []
@@ -61,8 +82,24 @@ class ChatFrames(choices.ChoiceFrames):
         if isinstance(ev, Reasoning):
             return [self.chunk({"reasoning": ev.text})]
         if isinstance(ev, ToolCallEvent):
+            if ev.call.id in self.streaming:
+                return []  # every piece of it went out already
             self.calls += 1
             return [self.chunk({"tool_calls": [tool_call_json(ev.call, self.calls - 1)]})]
+        return self.call_stream(ev)
+
+    def call_stream(self, ev: Event) -> list[bytes]:
+        """A call as it is written: its head, its argument pieces, or its withdrawal."""
+        if isinstance(ev, ToolCallStart):
+            self.streaming[ev.call_id] = self.calls
+            self.calls += 1
+            head = tool_call_json(ToolCall(ev.name, "", ev.call_id), self.calls - 1)
+            return [self.chunk({"tool_calls": [head]})]
+        if isinstance(ev, ToolCallDelta) and ev.call_id in self.streaming:
+            piece = {"index": self.streaming[ev.call_id], "function": {"arguments": ev.text}}
+            return [self.chunk({"tool_calls": [piece]})]
+        if isinstance(ev, ToolCallWithdrawn) and ev.call_id in self.streaming:
+            self.withdrawn.append(self.streaming[ev.call_id])
         return []
 
     def done(self, finish: Finish) -> list[bytes]:

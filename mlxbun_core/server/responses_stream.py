@@ -9,7 +9,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..events import Content, Event, Finish, Reasoning, ToolCall, ToolCallEvent, Usage
+from ..events import (
+    Content,
+    Event,
+    Finish,
+    Reasoning,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallEvent,
+    ToolCallStart,
+    ToolCallWithdrawn,
+    Usage,
+)
 from .common import new_id, sse_event
 from .generation import FrameWriter
 
@@ -79,7 +90,13 @@ def envelope(model_id: str, rid: str, created: int, body: dict[str, Any], status
 class ResponseFrames(FrameWriter):
     """The Responses event sequence. ``make_envelope(status, output, finish=None,
     error=None)`` builds the response object; ``on_complete(output, response)`` runs
-    once the final response exists (not after a failure)."""
+    once the final response exists (not after a failure).
+
+    A tool call streams as a ``function_call`` item: ``output_item.added`` (name, empty
+    arguments), ``function_call_arguments.delta`` pieces, then ``.done`` and
+    ``output_item.done``. A streamed call that is withdrawn (the budget cut it) ends
+    with ``output_item.done`` at status ``incomplete`` and is left out of the final
+    response's ``output`` (so out of a stored response too)."""
 
     def __init__(self, make_envelope: Callable[..., dict[str, Any]],
                  on_complete: Callable[[list[dict[str, Any]], dict[str, Any]], None]) -> None:
@@ -87,6 +104,8 @@ class ResponseFrames(FrameWriter):
         self.seq = 0
         self.output: list[dict[str, Any]] = []  # finished items, in order
         self.cur: dict[str, Any] | None = None  # the open item: {"item": dict, "text": [str]}
+        self.index = 0  # the open (or next) item's output_index; withdrawn items count
+        self.streaming: str | None = None  # the call id of the open function_call item
 
     def ev(self, kind: str, **data: object) -> bytes:
         self.seq += 1
@@ -98,12 +117,12 @@ class ResponseFrames(FrameWriter):
         return self.cur
 
     def where(self) -> dict[str, Any]:
-        return {"item_id": self._open()["item"]["id"], "output_index": len(self.output)}
+        return {"item_id": self._open()["item"]["id"], "output_index": self.index}
 
     def open_item(self, item: dict[str, Any]) -> list[bytes]:
         frames = self.close()
         self.cur = {"item": item, "text": []}
-        frames.append(self.ev("response.output_item.added", output_index=len(self.output),
+        frames.append(self.ev("response.output_item.added", output_index=self.index,
                               item=item))
         if item["type"] == "reasoning":
             frames.append(self.ev("response.reasoning_summary_part.added", **self.where(),
@@ -131,9 +150,11 @@ class ResponseFrames(FrameWriter):
                                text=text, logprobs=[]),
                        self.ev("response.content_part.done", **self.where(), content_index=0,
                                part=item["content"][0])]
-        frames.append(self.ev("response.output_item.done", output_index=len(self.output),
+        frames.append(self.ev("response.output_item.done", output_index=self.index,
                               item=item))
-        self.output.append(item)
+        if item.get("status") != "incomplete":
+            self.output.append(item)
+        self.index += 1
         self.cur = None
         return frames
 
@@ -171,15 +192,38 @@ class ResponseFrames(FrameWriter):
             frames += self.message_text(e.text)  # the tool parser drops whitespace around a call
         elif isinstance(e, ToolCallEvent):
             call = e.call
-            frames += self.open_item(call_item(call, status="in_progress", arguments=""))
-            frames += [self.ev("response.function_call_arguments.delta", **self.where(),
-                               delta=call.arguments),
-                       self.ev("response.function_call_arguments.done", **self.where(),
-                               name=call.name, arguments=call.arguments)]
+            if call.id != self.streaming:
+                frames += self.open_item(call_item(call, status="in_progress", arguments=""))
+                frames.append(self.arguments_delta(call.arguments))
+            self.streaming = None
+            frames.append(self.ev("response.function_call_arguments.done", **self.where(),
+                                  name=call.name, arguments=call.arguments))
             cur = self._open()
             cur["item"] = call_item(call, cur["item"]["id"])
             frames += self.close()
+        else:
+            frames += self.call_stream(e)
         return frames
+
+    def arguments_delta(self, text: str) -> bytes:
+        self._open()["text"].append(text)
+        return self.ev("response.function_call_arguments.delta", **self.where(), delta=text)
+
+    def call_stream(self, e: Event) -> list[bytes]:
+        """A call as it is written: its item opened, its argument pieces, or withdrawn."""
+        if isinstance(e, ToolCallStart):
+            self.streaming = e.call_id
+            return self.open_item(call_item(ToolCall(e.name, "", e.call_id),
+                                            status="in_progress"))
+        if isinstance(e, ToolCallDelta) and e.call_id == self.streaming:
+            return [self.arguments_delta(e.text)]
+        if isinstance(e, ToolCallWithdrawn) and e.call_id == self.streaming:
+            self.streaming = None
+            cur = self._open()
+            cur["item"] = dict(cur["item"], status="incomplete",
+                               arguments="".join(cur["text"]))
+            return self.close()
+        return []
 
     def done(self, finish: Finish) -> list[bytes]:
         frames: list[bytes] = []

@@ -47,7 +47,8 @@ def model_row(engine: Engine) -> dict[str, Any]:
     caps = {"chat_completions": generate, "text_completions": generate,
             "anthropic_messages": generate, "responses": generate, "streaming": generate,
             "tools": tools, "structured_output": generate, "logprobs": generate,
-            "embeddings": m.kind == "embedding", "vision": "image" in media,
+            "embeddings": m.kind == "embedding", "rerank": m.kind == "rerank",
+            "vision": "image" in media,
             "audio": "audio" in media, "video": "video" in media,
             "adapters": generate, "training": generate}
     d = engine.defaults

@@ -7,6 +7,7 @@ from .checkpoints import (
     default_eos,
     family_config,
     tiny_checkpoint,
+    tiny_reranker_checkpoint,
     write_checkpoint,
 )
 
@@ -17,5 +18,6 @@ __all__ = [
     "default_eos",
     "family_config",
     "tiny_checkpoint",
+    "tiny_reranker_checkpoint",
     "write_checkpoint",
 ]

@@ -335,13 +335,14 @@ def _cleanup() -> None:
         shutil.rmtree(_root, ignore_errors=True)
 
 
-def tiny_checkpoint(model_type: str = "llama", **kw) -> Path:
+def tiny_checkpoint(model_type: str = "llama", *, folder: str | None = None, **kw) -> Path:
     """Memoized :func:`write_checkpoint` into a per-process temp dir (removed at exit).
 
+    ``folder`` starts the directory's name (plugins that claim by name look at it).
     Callers must treat the returned directory as read-only: it is shared.
     """
     global _root
-    key = json.dumps([model_type, kw], sort_keys=True, default=repr)
+    key = json.dumps([model_type, folder, kw], sort_keys=True, default=repr)
     with _lock:
         if key in _cache:
             return _cache[key]
@@ -349,6 +350,15 @@ def tiny_checkpoint(model_type: str = "llama", **kw) -> Path:
             _root = Path(tempfile.mkdtemp(prefix="mlxbun-ckpt-"))
             atexit.register(_cleanup)
         digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-        out = write_checkpoint(_root / f"{model_type}-{digest}", model_type, **kw)
+        out = write_checkpoint(_root / f"{folder or model_type}-{digest}", model_type, **kw)
         _cache[key] = out
         return out
+
+
+def tiny_reranker_checkpoint(seed: int = 0, **kw) -> Path:
+    """A tiny Qwen3-Reranker: a qwen3 checkpoint in a folder named like one, whose
+    vocabulary has the "yes" and "no" tokens the reranker's score reads (published
+    Qwen3 vocabularies have both; the tiny tokenizer gets them as added tokens)."""
+    specials = [*FAMILY_SPECIAL_TOKENS["qwen3"], "yes", "no"]
+    return tiny_checkpoint("qwen3", folder="Qwen3-Reranker-tiny", seed=seed,
+                           special_tokens=specials, **kw)

@@ -15,7 +15,7 @@ from ..events import ToolCall, new_call_id
 
 __all__ = [
     "ToolCall", "new_call_id", "find_tool", "tool_params", "coerce_arguments",
-    "repair_json", "normalize_call", "make_call", "calls_from_json",
+    "repair_json", "normalize_call", "make_call", "calls_from_json", "arg_types", "coerce_value",
 ]
 
 
@@ -122,11 +122,26 @@ def coerce_arguments(args: dict, tool_schema_params: dict | None) -> dict:
     raw string when they do not decode to that type."""
     if not isinstance(args, dict):
         return args
-    p = tool_schema_params or {}
+    props = _properties(tool_schema_params)
+    return {k: _coerce_one(v, _types(props.get(k))) for k, v in args.items()}
+
+
+def _properties(params: dict | None) -> dict:
+    p = params or {}
     props = p.get("properties")
     if not isinstance(props, dict):
         props = p if "type" not in p else {}
-    return {k: _coerce_one(v, _types(props.get(k))) for k, v in args.items()}
+    return props
+
+
+def arg_types(tool_schema_params: dict | None, key: str) -> set[str]:
+    """The JSON types argument ``key`` may take (empty: the schema does not say)."""
+    return _types(_properties(tool_schema_params).get(key))
+
+
+def coerce_value(value, types: set[str]):
+    """One argument value decoded as :func:`coerce_arguments` decodes it."""
+    return _coerce_one(value, types)
 
 
 # --------------------------------------------------------------------- repair

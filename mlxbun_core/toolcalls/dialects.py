@@ -10,6 +10,7 @@ from typing import Any
 
 from .core import ToolCall, calls_from_json, make_call, normalize_call
 from .grammar import json_envelope
+from .json_scan import JsonScanner
 from .stream import Dialect
 
 
@@ -22,6 +23,9 @@ class JsonDialect(Dialect):
 
     def parse(self, markup: str, tools: list | None) -> list[ToolCall] | None:
         return calls_from_json(self.inner(markup), tools)
+
+    def scanner(self) -> JsonScanner:
+        return JsonScanner(self.starts[0])
 
     def whole_at_eos(self, markup: str) -> bool:
         """The body is one complete JSON value (only ``</tool_call>`` is missing)."""

@@ -5,8 +5,12 @@ substring search over the accumulated buffer, and keepalives fire on absolute
 multiples of ``KEEPALIVE_EVERY`` buffered markup chars, so char-by-char and any
 other chunking give the same events once adjacent content events are merged.
 
-A call is held back until its markup closes, so a client (streaming or not) only
-ever sees whole calls. Markup still open when the reply ends is never a call made
+A call is held back until its markup closes, unless the dialect has an incremental
+form (:meth:`Dialect.scanner`): then the call's name and arguments stream as they are
+written (``ToolCallStart``, ``ToolCallDelta``; :mod:`.incremental`) and the close
+finishes them from the block's whole parse, so the finished call is the same either
+way. A streamed call that does not end as a call is withdrawn (``ToolCallWithdrawn``).
+Markup still open when the reply ends is never a call made
 of what was there: cut by the budget or a stop sequence it is dropped (and so is a
 held prefix of a start marker); ended by the model's own EOS it is a call only when
 the dialect says the block is whole (:meth:`Dialect.whole_at_eos`), and dropped
@@ -15,9 +19,19 @@ otherwise. Markup that never closed is never shown as text."""
 from __future__ import annotations
 
 import copy
+import json
 
-from ..events import KEEPALIVE, Content, ParserEvent, ToolCall, ToolCallEvent
+from ..events import (
+    KEEPALIVE,
+    Content,
+    ParserEvent,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallEvent,
+    ToolCallWithdrawn,
+)
 from ..holdback import held_marker_prefix
+from .incremental import CallSink, Scanner, StreamedCall
 
 Event = ParserEvent  # Content | ToolCallEvent | KeepAlive
 KEEPALIVE_EVERY = 256
@@ -44,6 +58,23 @@ class Dialect:
 
     def end_for(self, start: str) -> str | None:
         return self.end
+
+    def scanner(self) -> Scanner | None:
+        """A fresh incremental reader for one block, so its call streams as it is
+        written (:mod:`mlxbun_core.toolcalls.incremental`); None (the default): the
+        call is emitted whole once its block closes."""
+        return None
+
+    def body_so_far(self, markup: str, closed: bool) -> str:
+        """``markup`` without its end marker (closed) or a possible start of one."""
+        start = next((s for s in sorted(self.starts, key=len, reverse=True)
+                      if markup.startswith(s)), "")
+        e = self.end_for(start) if start else None
+        if not e:
+            return markup
+        if closed:
+            return markup[:-len(e)] if markup.endswith(e) else markup
+        return markup[:len(markup) - held_marker_prefix(markup, (e,))]
 
     def complete(self, buffer: str, since: int = 0) -> int | None:
         """Offset just past the end of the block at the head of ``buffer``, or None.
@@ -106,6 +137,8 @@ class StreamingToolParser:
         self._ka = 0  # keepalives sent for the current block
         self._checked = 0  # markup length already scanned for an end
         self._after_call = False
+        self._scanner: Scanner | None = None  # the open block's incremental reader
+        self._sink: CallSink | None = None
 
     def call_grammar(self, tools: list) -> dict | None:
         """The dialect's grammar for one call of any of ``tools`` (see Dialect)."""
@@ -145,7 +178,23 @@ class StreamingToolParser:
         """A block whose end marker never came (see the module docstring)."""
         if not cut and self.dialect.whole_at_eos(markup):
             self._flush_markup(markup, ev)
+        else:
+            streamed = self._streamed()
+            if streamed is not None:
+                ev.append(ToolCallWithdrawn(streamed.id))
         self._ws = ""
+
+    def _streamed(self) -> StreamedCall | None:
+        """The open block's streamed call (if any); the block's scan ends."""
+        call = self._sink.call if self._sink is not None else None
+        self._scanner = self._sink = None
+        return call
+
+    def _scan(self, markup: str, closed: bool, ev: list[Event]) -> None:
+        if self._scanner is None or self._sink is None:
+            return
+        self._scanner.scan(self.dialect.body_so_far(markup, closed), self._sink)
+        ev.extend(self._sink.drain())
 
     # -- internals
     def _content(self, s: str, ev: list[Event]) -> None:
@@ -163,6 +212,9 @@ class StreamingToolParser:
             self._content(body, ev)
             self._ws, self._markup, self._pending = pre[len(body):], p[i:], ""
             self._ka = self._checked = 0
+            self._scanner = self.dialect.scanner()
+            room = self.max_calls is None or len(self.calls) < self.max_calls
+            self._sink = CallSink(self.tools, allow=room) if self._scanner else None
             return True
         hold = held_marker_prefix(p, starts)
         body = p[: len(p) - hold]
@@ -181,6 +233,7 @@ class StreamingToolParser:
         while n and (self._ka + 1) * n <= seen:
             self._ka += 1
             ev.append(KEEPALIVE)
+        self._scan(buf if e is None else buf[:e], e is not None, ev)
         if e is None:
             return False
         self._markup, self._pending = None, buf[e:]
@@ -195,10 +248,23 @@ class StreamingToolParser:
 
     def _flush_markup(self, markup: str, ev: list[Event]) -> None:
         calls = self._parse(markup)
+        streamed = self._streamed()
+        rest = ""
+        if streamed is not None and calls and calls[0].name == streamed.name:
+            rest = streamed.close(json.loads(calls[0].arguments))
+            calls[0] = ToolCall(streamed.name, streamed.text, streamed.id)
+        elif streamed is not None:  # it did not parse as the call that streamed
+            ev.append(ToolCallWithdrawn(streamed.id))
+            streamed = None
         if calls:
-            calls = self._admit(calls)
-            self.calls.extend(calls)
-            ev.extend(ToolCallEvent(c) for c in calls)
+            admitted = self._admit(calls)
+            for c in calls:
+                taken = any(c is a for a in admitted)
+                if streamed is not None and c.id == streamed.id:
+                    ev.append(ToolCallDelta(c.id, rest) if taken else ToolCallWithdrawn(c.id))
+                if taken:
+                    ev.append(ToolCallEvent(c))
+            self.calls.extend(admitted)
             self._after_call = True
         else:
             self._content(self._ws + markup, ev)

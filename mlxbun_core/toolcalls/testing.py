@@ -7,13 +7,39 @@ import json
 import random
 from collections.abc import Callable
 
-from ..events import Content, ToolCallEvent
+from ..events import Content, ToolCallDelta, ToolCallEvent, ToolCallStart, ToolCallWithdrawn
 from .stream import Event, StreamingToolParser
 
 
+def check_streamed(events: list[Event]) -> None:
+    """A streamed call's pieces, joined, are its finished arguments; a call starts once
+    and then ends once, as a call or withdrawn (never both)."""
+    sent: dict[str, list[str]] = {}
+    ended: set[str] = set()
+    for e in events:
+        if isinstance(e, ToolCallStart):
+            assert e.call_id not in sent, e
+            sent[e.call_id] = []
+        elif isinstance(e, ToolCallDelta):
+            assert e.call_id in sent and e.call_id not in ended, e
+            sent[e.call_id].append(e.text)
+        elif isinstance(e, ToolCallWithdrawn):
+            assert e.call_id in sent and e.call_id not in ended, e
+            ended.add(e.call_id)
+        elif isinstance(e, ToolCallEvent) and e.call.id in sent:
+            assert e.call.id not in ended, e
+            assert "".join(sent[e.call.id]) == e.call.arguments, (sent[e.call.id], e.call)
+            ended.add(e.call.id)
+    assert ended == set(sent), (sent, ended)
+
+
 def normalize(events: list[Event]) -> list[tuple]:
+    """Adjacent content merged, calls as (name, args-dict); streamed pieces are left
+    out (:func:`check_streamed` checks them)."""
     out: list[tuple] = []
     for e in events:
+        if isinstance(e, (ToolCallStart, ToolCallDelta, ToolCallWithdrawn)):
+            continue
         if isinstance(e, Content):
             if out and out[-1][0] == "content":
                 out[-1] = ("content", out[-1][1] + e.text)
@@ -33,7 +59,9 @@ def run_chunks(make: Callable[[], StreamingToolParser], chunks: list[str],
     ev: list[Event] = []
     for c in chunks:
         ev += p.feed(c)
-    return normalize(ev + p.finish(cut=cut))
+    ev += p.finish(cut=cut)
+    check_streamed(ev)
+    return normalize(ev)
 
 
 def chunkings(text: str, seeds: int = 8) -> list[list[str]]:

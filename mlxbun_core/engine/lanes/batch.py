@@ -117,11 +117,12 @@ class BatchLane(Results):
     # -- the Lane protocol ---------------------------------------------------------
     def accepts(self, job: GenerationJob) -> bool:
         req = job.request
-        # a draft, prompt embeddings, media, a seed (reproducible only alone), MTP
-        # speculation the batch cannot run or a model whose caches cannot be paged take the
-        # serial lane
+        # a draft, prompt embeddings, media, a seed (reproducible only alone), a scored
+        # prompt, no completion budget (echo), MTP speculation the batch cannot run or a
+        # model whose caches cannot be paged take the serial lane
         return (job.draft is None and req.input_embeddings is None and req.media is None
-                and req.sampling.seed is None and self._slots is not None
+                and req.sampling.seed is None and not req.score_prompt and job.limit != 0
+                and self._slots is not None
                 and (not self._wants_mtp(job) or self._runs_mtp(job)))
 
     def _wants_mtp(self, job: GenerationJob) -> bool:

@@ -30,6 +30,7 @@ from ..cache_explain import Probe, explain_job
 from ..job import GenerationJob
 from ..memory import OOM, Governor
 from ..prompt_cache import PrefixCache, trimmable
+from ..prompt_scoring import PromptScorer
 from ..speculate import MTP, MtpStream, SpecStream, rewindable, spec_steps, trim_to
 from .pace import PrefillPacer
 
@@ -103,7 +104,9 @@ class SerialLane:
             if self.governor is not None:
                 self.governor.inject()
             out = next(steps)
-            if out is None:  # a prefill chunk
+            if out is None:  # a prefill chunk (after the last one, a max_tokens 0 job ends)
+                if job.finished:
+                    self._end(publish=True)
                 return
             token, logprobs, *more = out
             forced: list[int] = more[0] if more else []
@@ -192,7 +195,8 @@ class SerialLane:
         prefix = self.prefix
         cacheable = (job.cache_namespace is not None and prefix is not None
                      and req.input_embeddings is None)
-        if cacheable and prefix is not None:
+        # a scored prompt needs every position's logits: no cached prefix (it still publishes)
+        if cacheable and prefix is not None and not req.score_prompt:
             t0, probe = time.perf_counter(), Probe()
             cache, n = prefix.lookup_dense(job.cache_namespace, prompt, probe)
             note = explain_job(prefix, job, probe, n)
@@ -203,9 +207,18 @@ class SerialLane:
         if self._mtp(job):
             yield from self._mtp_decode(job, cache, n, cacheable)
             return
-        n = yield from self._prefill(job, cache, n, publish=cacheable)
+        scorer = (PromptScorer(self.model, cache, job.session.tokenizer, prompt,
+                               req.sampling.top_logprobs) if req.score_prompt else None)
+        n = yield from self._prefill(job, cache, n, publish=cacheable,
+                                     read=None if scorer is None else scorer.read)
+        if scorer is not None:
+            job.emit(job.session.scored(scorer.entries))
         if cacheable:
             self._kv = (cache, list(prompt))
+        if job.limit == 0:  # echo: the prompt alone, nothing generated
+            job.close("length")
+            yield None
+            return
         if job.fill is not None:  # the grammar's forced runs ride with sampled tokens
             from ..fill.decode import fill_steps
 

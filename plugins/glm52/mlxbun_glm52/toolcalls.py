@@ -16,10 +16,13 @@ from mlxbun_core.toolcalls import (
     make_call,
     repair_json,
 )
+from mlxbun_core.toolcalls.element_scan import ElementScanner
 from mlxbun_core.toolcalls.grammar import ArgMarkup, element_args, tool_schemas
 
 _ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)(?:</arg_value>|\Z)", re.S)
 _NAME = re.compile(r"[\w.\-:/]+")
+_HEAD = re.compile(r"<tool_call>\s*([\w.\-:/]+)\s*(?=<arg_key>)")
+_KEY = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>", re.S)
 
 
 def parse_call(inner: str, tools: list | None) -> list[ToolCall] | None:
@@ -52,6 +55,11 @@ class GlmDialect(Dialect):
 
     def parse(self, markup: str, tools: list | None) -> list[ToolCall] | None:
         return parse_call(self.inner(markup), tools)
+
+    def scanner(self) -> ElementScanner:
+        """The name streams once the first ``<arg_key>`` follows it, then each value
+        as written (raw, as the whole parse keeps it)."""
+        return ElementScanner(_HEAD, _KEY, "<arg_key>", "</arg_value>")
 
     def call_grammar(self, tools: list) -> dict:
         """``<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>…</tool_call>``:

@@ -10,6 +10,7 @@ import re
 from mlxbun_core.grammar import structural as S
 from mlxbun_core.grammar.schema import resolve
 from mlxbun_core.toolcalls import Dialect, StreamingToolParser, ToolCall, make_call
+from mlxbun_core.toolcalls.element_scan import ElementScanner
 from mlxbun_core.toolcalls.grammar import (
     ArgMarkup,
     element_args,
@@ -17,6 +18,7 @@ from mlxbun_core.toolcalls.grammar import (
     raw_string,
     tool_schemas,
 )
+from mlxbun_core.toolcalls.incremental import RawValue
 
 _Q = r"(\"[^\"]*\"|'[^']*'|[^\s\"'<>]+)"
 _FN = re.compile(r"<function\s+name\s*=\s*" + _Q + r"\s*>")
@@ -84,6 +86,41 @@ def string_value(schema, root: dict) -> dict:
     return raw_string(schema, root, _P_CLOSE, text=text)
 
 
+def _name_of(q: str) -> str:
+    return _unquote(q).strip()
+
+
+class MiniCPM5Scanner(ElementScanner):
+    """A plain value streams stripped; a CDATA value streams verbatim up to ``]]>``, and
+    ends there only when ``</param>`` follows (a split ``]]]]><![CDATA[>`` is left to
+    the whole parse)."""
+
+    def __init__(self) -> None:
+        super().__init__(_FN, _PARAM, "<param", _P_CLOSE, trim="strip", clean=_name_of)
+        self.cdata = False
+
+    def reader(self, text: str, start: int) -> RawValue | None:
+        k = start
+        while k < len(text) and text[k].isspace():
+            k += 1
+        head = text[k:k + len(_CD_OPEN)]
+        if head == _CD_OPEN:
+            self.cdata = True
+            return RawValue(k + len(_CD_OPEN), _CD_CLOSE)
+        if _CD_OPEN.startswith(head):
+            return None
+        self.cdata = False
+        return RawValue(start, _P_CLOSE, "strip")
+
+    def after_value(self, text: str, end: int) -> int | None:
+        if not self.cdata:
+            return end
+        rest = text[end:].lstrip()
+        if rest.startswith(_P_CLOSE):
+            return len(text) - len(rest) + len(_P_CLOSE)
+        return None if _P_CLOSE.startswith(rest) else -1
+
+
 class MiniCPM5Dialect(Dialect):
     starts = ("<function name=",)
     end = "</function>"
@@ -117,6 +154,9 @@ class MiniCPM5Dialect(Dialect):
 
     def parse(self, markup: str, tools: list | None) -> list[ToolCall] | None:
         return parse_block(markup, tools)
+
+    def scanner(self) -> MiniCPM5Scanner:
+        return MiniCPM5Scanner()
 
     def call_grammar(self, tools: list) -> dict:
         """``<function name="fn"><param name="p">value</param>…</function>``."""

@@ -21,9 +21,12 @@ import re
 
 from mlxbun_core.grammar import structural as S
 from mlxbun_core.toolcalls import Dialect, StreamingToolParser, ToolCall, calls_from_json, make_call
+from mlxbun_core.toolcalls.element_scan import ElementScanner
 from mlxbun_core.toolcalls.grammar import ArgMarkup, element_args, tool_schemas
 
 _FN = re.compile(r"<function=([^>\n]*)>")
+_HEAD = re.compile(r"(?:<tool_call>\s*)?<function=([^>\n]*)>")
+_KEY = re.compile(r"<parameter=([^>]*)>")
 _P_OPEN, _P_CLOSE, _F_CLOSE = "<parameter=", "</parameter>", "</function>"
 
 
@@ -92,6 +95,12 @@ class QwenDialect(Dialect):
         fns = [S.seq(S.const(f"\n<function={name}>\n"), element_args(params, markup),
                      S.const("</function>\n")) for name, params in tool_schemas(tools)]
         return S.tag("<tool_call>", S.alt(*fns), "</tool_call>")
+
+    def scanner(self) -> ElementScanner:
+        """The first function of a block streams: each parameter's value as written
+        (one framing newline dropped at each end, as :func:`unframe` does)."""
+        return ElementScanner(_HEAD, _KEY, _P_OPEN, _P_CLOSE, trim="unframe",
+                              call_end=_F_CLOSE, clean=_name)
 
     def whole_at_eos(self, markup: str) -> bool:
         """Every function closed; only ``</tool_call>`` is missing."""

@@ -1,4 +1,5 @@
-"""mlxbun-qwen3-embed: Qwen3-Embedding checkpoints served as embedding models.
+"""mlxbun-qwen3-embed: Qwen3-Embedding checkpoints served as embedding models, and
+Qwen3-Reranker checkpoints served as rerankers.
 
 A ``qwen3`` checkpoint is claimed when it looks like an embedding model
 (sentence-transformers metadata in the directory, or "Embedding" in its name) or
@@ -11,6 +12,10 @@ special tokens and ``<|endoftext|>`` appended, one forward per text through
 mlx-lm's ``qwen3`` backbone (final norm, no lm_head), last-token pooling and L2
 normalisation. One text per forward keeps every vector bit-exact with a
 single-sequence reference (no padding, no mask).
+
+A ``qwen3`` checkpoint named like a reranker ("Reranker" in its model id, directory
+or hub-cache repo) loads as ``kind="rerank"``; :mod:`.reranker` scores query-document
+pairs with the model card's prompt and its "yes"/"no" logits.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from pathlib import Path
 from mlxbun_core.errors import BadRequest
 from mlxbun_core.family import Family, load_mlx_lm
 from mlxbun_core.hookspecs import hookimpl
+
+from . import reranker
 
 FAMILY = "qwen3_embed"
 MODEL_TYPES = ("qwen3",)
@@ -33,13 +40,25 @@ def is_qwen3(config: dict) -> bool:
     return QWEN3.matches(config)
 
 
-def names_embedding(path: Path, model_id: str) -> bool:
-    """"Embedding" in the model id, the directory name, or a hub cache repo folder
+def names_word(path: Path, model_id: str, word: str) -> bool:
+    """``word`` in the model id, the directory name, or a hub cache repo folder
     (``models--Qwen--Qwen3-Embedding-0.6B/snapshots/<rev>``). Only these parts are
     looked at, so an unrelated parent directory never turns a chat model into one."""
     names = [model_id or "", path.name]
     names += [p for p in path.parts if p.startswith("models--")]
-    return any("embedding" in n.lower() for n in names)
+    return any(word in n.lower() for n in names)
+
+
+def names_embedding(path: Path, model_id: str) -> bool:
+    return names_word(path, model_id, "embedding")
+
+
+def is_reranker_checkpoint(path: Path, options) -> bool:
+    """Named like a reranker (Qwen3-Reranker ships no metadata that says so), unless
+    the operator forces embedding mode."""
+    if getattr(options, "embedding", False):
+        return False
+    return names_word(path, getattr(options, "model_id", ""), "reranker")
 
 
 def is_embedding_checkpoint(path: Path, options) -> bool:
@@ -80,14 +99,21 @@ def embed_tokens(model, tokens: list):
 
 @hookimpl
 def claims(path, config, options):
-    if is_qwen3(config) and is_embedding_checkpoint(Path(path), options):
+    if not is_qwen3(config):
+        return None
+    path = Path(path)
+    if is_reranker_checkpoint(path, options) or is_embedding_checkpoint(path, options):
         return FAMILY
     return None
 
 
 @hookimpl
 def load_model(path, config, options):
-    return load_mlx_lm(path, config, options, kind="embedding")
+    if not is_reranker_checkpoint(Path(path), options):
+        return load_mlx_lm(path, config, options, kind="embedding")
+    model = load_mlx_lm(path, config, options, kind="rerank")
+    reranker.answer_ids(model.tokenizer)  # no "yes"/"no" tokens: fail the load, not requests
+    return model
 
 
 @hookimpl
@@ -101,6 +127,16 @@ def embed(model, texts, instruction):
 
 
 @hookimpl
+def rerank(model, query, documents, instruction, max_doc_tokens):
+    if model.kind != "rerank":
+        return None
+    return reranker.rerank(model, query, documents, instruction, max_doc_tokens)
+
+
+@hookimpl
 def render_chat(model, messages, tools, template_kwargs, reasoning_effort):
+    if model.kind == "rerank":
+        raise BadRequest(f"model {model.id} is a reranker: it serves POST /v1/rerank only",
+                         param="model")
     raise BadRequest(f"model {model.id} is an embedding model: it serves POST /v1/embeddings only",
                      param="model")
