@@ -161,8 +161,8 @@ def test_client_leaving_during_prefill_ends_the_job(servers, lane, stream, monke
         real_cancel(job)
 
     monkeypatch.setattr(GenerationJob, "cancel", cancel)
-    monkeypatch.setattr(s.engine, "_finished", lambda fin: (finished.append(fin),
-                                                            real_finished(fin)))
+    monkeypatch.setattr(s.engine, "_finished", lambda fin, *note: (finished.append(fin),
+                                                                   real_finished(fin, *note)))
 
     async def client():
         async with httpx.AsyncClient(timeout=60) as c:

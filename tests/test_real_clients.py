@@ -190,7 +190,7 @@ def test_two_claude_code_sessions_and_codex_at_once_on_the_batch_lane(
         assert done.returncode == 0, kind + done.stdout[-2000:] + done.stderr[-2000:]
         assert answer == f"The file says {token}.", kind
     finished = [r.getMessage() for r in caplog.records if "tok out" in r.getMessage()]
-    assert len(finished) == 6 and all(m.endswith("batched lane") for m in finished), finished
+    assert len(finished) == 6 and all("· batched lane ·" in m for m in finished), finished
     assert lane.steps.rows - rows > lane.steps.steps - steps  # some steps carried 2+ rows
 
 

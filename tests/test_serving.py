@@ -163,7 +163,7 @@ def test_a_client_leaving_a_batch_frees_its_row():
     s = start_server(tiny_checkpoint("qwen3"))
     ban = no_eos(s.engine.model.tokenizer)
     finished, real = [], s.engine._finished
-    s.engine._finished = lambda fin: (finished.append(fin), real(fin))
+    s.engine._finished = lambda fin, *note: (finished.append(fin), real(fin, *note))
     counts = [0, 0, 0]
     state = {}
 

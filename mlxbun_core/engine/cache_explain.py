@@ -18,16 +18,15 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from .prompt_tier import MIN_HIT
 
 if TYPE_CHECKING:
-    from .job import GenerationJob
     from .prefix_index import PrefixIndex
-    from .prompt_cache import PrefixCache
+    from .session import GenerationRequest, GenerationSession
 
 HEADER = "X-Mlxbun-Cache"
 OFF = "off"  # the request never looks the cache up (cache off, draft model, media)
@@ -172,7 +171,23 @@ def without_text(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if k != "text"} for r in rows]
 
 
-def explain_job(cache: PrefixCache, job: GenerationJob, probe: Probe, hit: int) -> str:
+class Explains(Protocol):
+    """What :func:`explain_job` needs of the prefix cache (``prompt_cache.PrefixCache``,
+    which imports this module)."""
+
+    def explain(self, probe: Probe, tokens: list[int], hit: int,
+                decode: Callable[[list[int]], str], lane: str) -> str: ...
+
+
+class Admitted(Protocol):
+    """What :func:`explain_job` needs of the job (``job.GenerationJob``, which imports
+    this module)."""
+
+    request: GenerationRequest
+    session: GenerationSession
+
+
+def explain_job(cache: Explains, job: Admitted, probe: Probe, hit: int) -> str:
     """The header value for ``job``'s lookup (timed as the ``cache_explain_s`` phase)."""
     t0, session = time.perf_counter(), job.session
     note = cache.explain(probe, job.request.prompt_tokens, hit, session.tokenizer.decode,

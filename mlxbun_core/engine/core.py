@@ -279,7 +279,8 @@ class Engine:
         job = self.new_job(req, prepared, adapters)
         self.worker.submit(job)
         self.requests += 1
-        return Generation(job, prepared.warning, self._finished)
+        return Generation(job, prepared.warning,
+                          lambda fin: self._finished(fin, job.cache_note))
 
     def new_job(self, req: GenerationInput, prepared: Prepared,
                 adapters: AdapterSet) -> GenerationJob:

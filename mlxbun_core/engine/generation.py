@@ -17,7 +17,7 @@ class Generation:
     surface has read it to the end)."""
 
     def __init__(self, job: GenerationJob, warning: str | None,
-                 ended: Callable[[Finish, str | None], None]):
+                 ended: Callable[[Finish], None]):
         self._job, self._ended = job, ended
         self.warning = warning
         self.prompt_tokens = len(job.request.prompt_tokens)
@@ -52,7 +52,7 @@ class Generation:
                 for ev in await self._job.sink.get():
                     yield ev
                     if isinstance(ev, Done):
-                        self._ended(ev.finish, self._job.cache_note)
+                        self._ended(ev.finish)
                         return
         finally:
             self._job.cancel()
