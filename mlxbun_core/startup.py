@@ -274,7 +274,7 @@ def print_banner(args: argparse.Namespace, engine: Engine) -> str | None:
     """What is served, where, and on which BLAS; returns the web app's URL (None on a
     unix socket)."""
     from .models.window import note as window_note
-    from .server import web
+    from .webapp import pages as web
 
     model = engine.model
     fallback = " (no family plugin claimed it)" if model.family == "generic" else ""
@@ -303,9 +303,9 @@ def serve_forever(args: argparse.Namespace, engine: Engine, sock: socket.socket 
     maps the exit status (a distributed serve stops its other ranks there)."""
     import uvicorn
 
-    from .server import web
     from .server.app import build_app
     from .server.drain import DrainingServer
+    from .webapp import pages as web
 
     app = build_app(engine, api_key=args.api_key, cors=cors_rules(args))
     settings = getattr(args, "settings", None)

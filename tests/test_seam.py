@@ -21,8 +21,9 @@ import mlxbun_core
 from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.request import ChatRequest, parse_chat
 from mlxbun_core.errors import BadRequest
-from mlxbun_core.server import anthropic_request, responses_request
+from mlxbun_core.server.anthropic import request as anthropic_request
 from mlxbun_core.server.app import SURFACES
+from mlxbun_core.server.openai import responses_request
 from mlxbun_core.server.state import App, AppState
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -28,33 +28,33 @@ log = logging.getLogger("mlxbun.server")
 # One module per protocol surface; each exposes ``register(app: App, engine: Engine)``
 # and keeps what other modules read in ``app.state`` (see :mod:`.state`).
 SURFACES = (
-    "mlxbun_core.server.openai_chat",
-    "mlxbun_core.server.openai_completions",
+    "mlxbun_core.server.openai.chat",
+    "mlxbun_core.server.openai.completions",
     "mlxbun_core.server.tokenizer_routes",
-    "mlxbun_core.server.anthropic_messages",
-    "mlxbun_core.server.openai_responses",
-    "mlxbun_core.server.embeddings",
+    "mlxbun_core.server.anthropic.messages",
+    "mlxbun_core.server.openai.responses",
+    "mlxbun_core.server.openai.embeddings",
     "mlxbun_core.server.rerank",
     "mlxbun_core.server.meta",
     "mlxbun_core.server.cache_admin",
     "mlxbun_core.server.library_routes",
     "mlxbun_core.server.adapters",
-    "mlxbun_core.server.jobs",
-    "mlxbun_core.server.hub_routes",
-    "mlxbun_core.server.admin_routes",
-    "mlxbun_core.server.lab_routes",
-    "mlxbun_core.server.sessions",
-    "mlxbun_core.server.memory_routes",
-    "mlxbun_core.server.ws_chat",
-    "mlxbun_core.server.curves",
-    "mlxbun_core.server.web",
+    "mlxbun_core.webapp.jobs",
+    "mlxbun_core.webapp.hub",
+    "mlxbun_core.webapp.admin",
+    "mlxbun_core.webapp.lab",
+    "mlxbun_core.webapp.sessions",
+    "mlxbun_core.webapp.memory",
+    "mlxbun_core.webapp.chat_socket",
+    "mlxbun_core.webapp.curves",
+    "mlxbun_core.webapp.pages",
 )
 
 
 def error_shape(path: str) -> Callable[[APIError], Response]:
     """How the surface at ``path`` renders an error (Anthropic's routes their own shape)."""
     if path == "/v1/messages" or path.startswith("/v1/messages/"):
-        from .anthropic_messages import anthropic_error
+        from .anthropic.messages import anthropic_error
 
         return anthropic_error
     return openai_error

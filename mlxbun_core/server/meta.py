@@ -15,12 +15,12 @@ from .. import __version__, plugins
 from ..engine.cache_explain import without_text
 from ..grammar_registry import registry as grammars
 from ..library.listing import with_states
+from ..webapp.chat_socket import availability
 from .common import json_response
 from .guard import is_loopback
 from .library_routes import model_rows
 from .model_report import with_family_blocks
 from .served_model import model_row
-from .ws_chat import availability
 
 if TYPE_CHECKING:
     from ..engine.core import Engine

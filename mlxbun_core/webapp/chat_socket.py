@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any
 from blacksheep import Request, Response
 from blacksheep.server.websocket import WebSocket, WebSocketDisconnectError
 
+from ..server import guard
+from ..server.common import json_response
+from ..server.served_model import model_row
 from ..webchat.agent import ChatAgent
-from . import guard
-from .common import json_response
-from .served_model import model_row
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
-    from .state import App
+    from ..server.state import App
 
 log = logging.getLogger("mlxbun.webchat")
 
