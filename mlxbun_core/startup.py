@@ -272,8 +272,10 @@ def lookup_config(args: argparse.Namespace) -> SpecConfig | None:
 
 def print_banner(args: argparse.Namespace, engine: Engine) -> str | None:
     """What is served, where, and on which BLAS; returns the web app's URL (None on a
-    unix socket)."""
+    unix socket, or with the webapp plugin blocked)."""
+    from . import plugins
     from .models.window import note as window_note
+    from .webapp import NAME as WEBAPP
     from .webapp import pages as web
 
     model = engine.model
@@ -286,7 +288,8 @@ def print_banner(args: argparse.Namespace, engine: Engine) -> str | None:
     elif engine.speculation is not None:
         spec = f" · prompt-lookup speculation ({engine.speculation.num_draft_tokens} drafts)"
     where = f"unix:{args.unix}" if args.unix else f"http://{args.host}:{args.port}/v1"
-    page = None if args.unix else web.page_url(args.host, args.port)
+    hosted = plugins.load_plugins().has_plugin(WEBAPP)
+    page = web.page_url(args.host, args.port) if hosted and not args.unix else None
     how = window_note(model.extras.get("window"))
     print(f"mlxbun: serving {model.id} [{model.kind}] via plugin '{model.plugin}'{fallback}{spec}\n"
           f"        context {model.context_window} tokens{how} · {where}"
