@@ -1,6 +1,6 @@
 """The ``mlxbun`` command: serve a model (also bare ``mlxbun``), list local models, assess
-fit, list plugins, convert GGUF files, fine-tune and quantize (``train`` / ``quantize``: the
-server's job runners in the foreground), chat in the terminal (``console/``)."""
+fit, list plugins, convert GGUF files, chat in the terminal (``console/``); plugins add verbs
+through ``register_commands`` (the web app: ``train``, ``quantize``, ``memory``)."""
 
 from __future__ import annotations
 
@@ -48,19 +48,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("gguf")
     c.add_argument("out")
 
+    from . import plugins
     from .config.show import add_parser as add_config_parser
     from .hub import cli as hub_cli
-    from .jobs import cli as jobs_cli
     from .launch import add_parser as add_launch_parser
-    from .memory import cli as memory_cli
 
-    jobs_cli.add_parsers(sub)
     add_config_parser(sub)
     add_launch_parser(sub)
     hub_cli.add_parsers(sub)
-    memory_cli.add_parsers(sub)
     console_verbs.add_parsers(sub)
     cache_verb.add_parsers(sub)
+    plugins.hook().register_commands(subparsers=sub)  # the web app's verbs, installed plugins'
     return p
 
 
@@ -200,21 +198,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .config.show import cmd_config
 
         return cmd_config(args, build_serve_parser)
-    if args.command == "memory":
-        from .memory.cli import cmd_memory
-        from .webchat.memory import saved_conversations
-        from .webchat.store import SessionStore, sessions_dir
-
-        return cmd_memory(args, lambda d: saved_conversations(SessionStore(sessions_dir(d))))
+    if callable(getattr(args, "handler", None)):  # a verb a plugin registered
+        status: int = args.handler(args)
+        return status
     if args.command in ("chat", "help"):
         from .console.chat import cmd_chat
 
         return cmd_chat(args) if args.command == "chat" else console_verbs.cmd_help(args, parser)
     from .hub import cli as hub_cli
-    from .jobs import cli as jobs_cli
 
     return {"plugins": cmd_plugins, "convert": cmd_convert, "ls": cmd_ls, "fit": cmd_fit,
-            "train": jobs_cli.cmd_train, "quantize": jobs_cli.cmd_quantize,
             "download": hub_cli.cmd_download, "get": hub_cli.cmd_download,
             "upload": hub_cli.cmd_upload, "gc": hub_cli.cmd_gc,
             "cache": cache_verb.cmd_cache}[args.command](args)

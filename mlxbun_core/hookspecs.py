@@ -27,10 +27,16 @@ The types named in annotations: :mod:`mlxbun_core.model` (``LoadedModel``,
 ``Prompt``, ``LoadOptions``, ``DraftModel``), :mod:`mlxbun_core.contract` (the
 ``ToolParser``, ``MediaPipeline``, ``DraftSource``, ``TokenPredictor`` and ``GrammarBackend``
 Protocols), :mod:`mlxbun_core.events` (what a tool parser emits).
+
+**Routes and commands.** :func:`register_routes` and :func:`register_commands` are how
+the server's HTTP surfaces and ``mlxbun``'s verbs come to be: the core's own inference
+APIs (built-in plugin ``api``) and the web app (built-in plugin ``webapp``) register
+through them as any installed plugin does (datasette and llm work this way).
 """
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +45,8 @@ from pluggy import HookimplMarker, HookspecMarker
 from .contract import DraftSource, MediaPipeline, RegisterGrammarBackend, TokenPredictor, ToolParser
 
 if TYPE_CHECKING:
+    from blacksheep import Application
+
     from .model import LoadedModel, LoadOptions, Prompt
 
 hookspec = HookspecMarker("mlxbun")
@@ -285,4 +293,35 @@ def model_report(model: LoadedModel, section: str) -> dict[str, dict[str, Any]] 
 
     Stops at the first non-``None`` result. Routed: asked of the claiming family,
     then the generic plugin (which has nothing to add).
+    """
+
+
+@hookspec
+def register_routes(app: Application, engine: Any) -> None:
+    """Add HTTP routes to the application serving ``engine``, once per app.
+
+    :param app: The BlackSheep application (an :class:`mlxbun_core.server.state.App`):
+        add routes with ``app.router.add_get(path, handler)`` and the like; what routes
+        share lives in ``app.state`` (see :mod:`mlxbun_core.server.state`).
+    :param engine: The served :class:`mlxbun_core.engine.core.Engine` (typed ``Any``
+        here: the contract stands below the engine).
+
+    Every implementation is called (not firstresult); not routed. The core's inference
+    APIs register first (``tryfirst``), the web app last (``trylast``), installed
+    plugins in between. Paths under ``/api/``, ``/admin/``, ``/v1/adapters``,
+    ``/v1/memory`` and ``/ws/chat`` are admin routes for the guard.
+    """
+
+
+@hookspec
+def register_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add verbs to the ``mlxbun`` command.
+
+    :param subparsers: The ``mlxbun`` parser's sub-parsers: ``p =
+        subparsers.add_parser("verb", help=...)``, its arguments, then
+        ``p.set_defaults(handler=fn)`` where ``fn(args: argparse.Namespace) -> int`` runs
+        the verb and returns the exit status.
+
+    Every implementation is called (not firstresult); not routed. Called whenever the
+    command line is parsed, so import what the verb needs inside ``fn``, not here.
     """

@@ -2,8 +2,9 @@
 
 One pluggy ``PluginManager`` for the process. Built-in plugins register through
 the same hooks as installed ones; installed ones come from the ``mlxbun``
-entry-point group. ``MLXBUN_PLUGINS`` (comma-separated names) is an allowlist,
-``MLXBUN_DISABLE_PLUGINS`` a blocklist. A plugin that fails to import is reported
+entry-point group. ``MLXBUN_PLUGINS`` (comma-separated names) is an allowlist of
+installed plugins, ``MLXBUN_DISABLE_PLUGINS`` a blocklist of any (``webapp``: a server
+of the inference APIs alone). A plugin that fails to import is reported
 and skipped, never fatal. ``MLXBUN_TRACE_HOOKS=1`` logs every hook call, which
 plugins it went to, and what it answered.
 
@@ -35,6 +36,8 @@ BUILTIN_PLUGINS = (
     "mlxbun_core.plugins_builtin.draft_model",
     "mlxbun_core.plugins_builtin.llguidance_backend",
     "mlxbun_core.plugins_builtin.xgrammar_backend",
+    "mlxbun_core.server.api",  # the inference APIs' routes
+    "mlxbun_core.webapp",  # the web app: its routes and verbs
 )
 
 
@@ -90,6 +93,8 @@ def load_plugins() -> pluggy.PluginManager:
     _loaded = True
     for modname in BUILTIN_PLUGINS:
         name = modname.rsplit(".", 1)[-1]
+        if name in (_names("MLXBUN_DISABLE_PLUGINS") or ()):
+            continue  # a built-in can be blocked too (the web app); the allowlist is not for them
         try:
             mod = importlib.import_module(modname)
         except ModuleNotFoundError as exc:

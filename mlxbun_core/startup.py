@@ -272,9 +272,11 @@ def lookup_config(args: argparse.Namespace) -> SpecConfig | None:
 
 def print_banner(args: argparse.Namespace, engine: Engine) -> str | None:
     """What is served, where, and on which BLAS; returns the web app's URL (None on a
-    unix socket)."""
+    unix socket, or with the webapp plugin blocked)."""
+    from . import plugins
     from .models.window import note as window_note
-    from .server import web
+    from .webapp import NAME as WEBAPP
+    from .webapp import pages as web
 
     model = engine.model
     fallback = " (no family plugin claimed it)" if model.family == "generic" else ""
@@ -286,7 +288,8 @@ def print_banner(args: argparse.Namespace, engine: Engine) -> str | None:
     elif engine.speculation is not None:
         spec = f" · prompt-lookup speculation ({engine.speculation.num_draft_tokens} drafts)"
     where = f"unix:{args.unix}" if args.unix else f"http://{args.host}:{args.port}/v1"
-    page = None if args.unix else web.page_url(args.host, args.port)
+    hosted = plugins.load_plugins().has_plugin(WEBAPP)
+    page = web.page_url(args.host, args.port) if hosted and not args.unix else None
     how = window_note(model.extras.get("window"))
     print(f"mlxbun: serving {model.id} [{model.kind}] via plugin '{model.plugin}'{fallback}{spec}\n"
           f"        context {model.context_window} tokens{how} · {where}"
@@ -303,9 +306,9 @@ def serve_forever(args: argparse.Namespace, engine: Engine, sock: socket.socket 
     maps the exit status (a distributed serve stops its other ranks there)."""
     import uvicorn
 
-    from .server import web
     from .server.app import build_app
     from .server.drain import DrainingServer
+    from .webapp import pages as web
 
     app = build_app(engine, api_key=args.api_key, cors=cors_rules(args))
     settings = getattr(args, "settings", None)

@@ -333,7 +333,7 @@ def test_error_messages_use_anthropic_field_names(srv, extra, fragment):
 def test_error_message_carries_param(srv):
     """Anthropic's error has no param field: a known param leads the message (once)."""
     from mlxbun_core.errors import BadRequest
-    from mlxbun_core.server.anthropic_messages import anthropic_error
+    from mlxbun_core.server.anthropic.messages import anthropic_error
 
     led = json.loads(anthropic_error(BadRequest("must be positive", param="top_k")).content.body)
     assert led["error"]["message"] == "top_k: must be positive"

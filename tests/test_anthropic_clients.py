@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from mlxbun_core.errors import BadRequest
-from mlxbun_core.server.anthropic_request import parse_request
+from mlxbun_core.server.anthropic.request import parse_request
 from scripted_model import scripted_server
 
 BETAS = ["claude-code-20250219", "interleaved-thinking-2025-05-14",

@@ -7,8 +7,8 @@ import httpx
 import mlx.core as mx
 import pytest
 
-from mlxbun_core.server.curves import BINS, histogram, looks_like_junk
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.webapp.curves import BINS, histogram, looks_like_junk
 
 STEEP = [[-20, -20000], [0, 0]]  # so steep it is argmax: every sample the same
 

@@ -54,6 +54,8 @@ FLOORS = [
     {"config/"},
     # what reads the engine: surfaces and their observers
     {"server/", "webchat/", "metrics/", "hub/"},
+    # the web app's routes, on top of the surfaces (nothing in server/ imports them)
+    {"webapp/"},
     # entry points
     {"startup.py", "cli.py", "serve_flags.py", "isolate/", "testing/", "dist_serve.py",
      "console/", "launch.py"},

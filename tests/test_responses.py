@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from mlxbun_core.server.response_store import ResponseStore
+from mlxbun_core.server.openai.response_store import ResponseStore
 from scripted_model import scripted_fixtures
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather for a city",

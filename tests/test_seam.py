@@ -21,9 +21,11 @@ import mlxbun_core
 from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.request import ChatRequest, parse_chat
 from mlxbun_core.errors import BadRequest
-from mlxbun_core.server import anthropic_request, responses_request
-from mlxbun_core.server.app import SURFACES
+from mlxbun_core.server.anthropic import request as anthropic_request
+from mlxbun_core.server.api import SURFACES
+from mlxbun_core.server.openai import responses_request
 from mlxbun_core.server.state import App, AppState
+from mlxbun_core.webapp import ROUTES as WEBAPP_ROUTES
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -37,7 +39,7 @@ def test_py_typed_ships_with_the_package():
     assert "py.typed" in data["tool"]["setuptools"]["package-data"]["mlxbun_core"]
 
 
-@pytest.mark.parametrize("modname", SURFACES)
+@pytest.mark.parametrize("modname", SURFACES + WEBAPP_ROUTES)
 def test_every_surface_registers_through_the_typed_seam(modname):
     module = importlib.import_module(modname)
     hints = typing.get_type_hints(module.register, vars(module),

@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from mlxbun_core.server import web
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.server import start_server
+from mlxbun_core.webapp import pages as web
 from mlxbun_core.webchat.conversation import Conversation
 
 try:

@@ -13,10 +13,10 @@ import httpx
 import pytest
 from websockets.exceptions import InvalidStatus
 
-from mlxbun_core.server import ws_chat
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.server import start_server
 from mlxbun_core.testing.wschat import ChatClient
+from mlxbun_core.webapp import chat_socket as ws_chat
 from mlxbun_core.webchat import frames, turn
 from mlxbun_core.webchat.store import read_entries, replayed_messages
 

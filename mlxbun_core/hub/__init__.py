@@ -1,4 +1,4 @@
 """Getting and managing models: hub search and downloads, disk GC, settings, datasets
 and pushes. Everything goes through ``huggingface_hub`` (cache layout, resume, tokens);
-the server routes (:mod:`mlxbun_core.server.hub_routes`) and the CLI (:mod:`.cli`) are
+the server routes (:mod:`mlxbun_core.webapp.hub`) and the CLI (:mod:`.cli`) are
 thin wrappers over the functions here."""

@@ -15,10 +15,11 @@ from urllib.parse import unquote
 
 import httpx
 
-from ..server import guard, web
+from ..server import guard
 from ..server.access_log import log_answer
 from ..server.guard import Answer, GuardRules
 from ..server.origin import CorsRules
+from ..webapp import pages as web
 
 # answer without the API key: the page's static shell and the Curve Designer's pages
 OPEN_PATHS = guard.OPEN_PATHS + web.open_paths() + tuple(web.CURVE_PAGES)

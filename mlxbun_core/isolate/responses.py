@@ -16,9 +16,9 @@ import json
 
 from ..errors import APIError
 from ..server.body import parse_body
-from ..server.openai_responses import HISTORY_FIELD, stored_turn
-from ..server.response_store import ResponseStore
-from ..server.responses_request import conversation
+from ..server.openai.response_store import ResponseStore
+from ..server.openai.responses import HISTORY_FIELD, stored_turn
+from ..server.openai.responses_request import conversation
 from .drain import send_json
 
 

@@ -1,8 +1,8 @@
-"""Builds the BlackSheep application: every surface registers its routes here."""
+"""Builds the BlackSheep application: the guard, then every plugin's ``register_routes``
+(the core's inference APIs, :mod:`.api`, first; the web app, :mod:`mlxbun_core.webapp`, last)."""
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from blacksheep import Application, Request, Response
 
-from .. import blas, metrics
+from .. import blas, metrics, plugins
 from ..errors import APIError
 from ..webchat.store import SessionStore
 from ..webchat.store import sessions_dir as default_sessions_dir
@@ -25,36 +25,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mlxbun.server")
 
-# One module per protocol surface; each exposes ``register(app: App, engine: Engine)``
-# and keeps what other modules read in ``app.state`` (see :mod:`.state`).
-SURFACES = (
-    "mlxbun_core.server.openai_chat",
-    "mlxbun_core.server.openai_completions",
-    "mlxbun_core.server.tokenizer_routes",
-    "mlxbun_core.server.anthropic_messages",
-    "mlxbun_core.server.openai_responses",
-    "mlxbun_core.server.embeddings",
-    "mlxbun_core.server.rerank",
-    "mlxbun_core.server.meta",
-    "mlxbun_core.server.cache_admin",
-    "mlxbun_core.server.library_routes",
-    "mlxbun_core.server.adapters",
-    "mlxbun_core.server.jobs",
-    "mlxbun_core.server.hub_routes",
-    "mlxbun_core.server.admin_routes",
-    "mlxbun_core.server.lab_routes",
-    "mlxbun_core.server.sessions",
-    "mlxbun_core.server.memory_routes",
-    "mlxbun_core.server.ws_chat",
-    "mlxbun_core.server.curves",
-    "mlxbun_core.server.web",
-)
-
-
 def error_shape(path: str) -> Callable[[APIError], Response]:
     """How the surface at ``path`` renders an error (Anthropic's routes their own shape)."""
     if path == "/v1/messages" or path.startswith("/v1/messages/"):
-        from .anthropic_messages import anthropic_error
+        from .anthropic.messages import anthropic_error
 
         return anthropic_error
     return openai_error
@@ -72,14 +46,7 @@ def build_app(engine: Engine, *, api_key: str | None = None,
     access_log.install(app)  # after every middleware: the outermost, so it sees refusals
     metrics.install(app, engine)  # GET /metrics; counts every route's answers
     state.stats_providers["blas"] = lambda: blas.state().describe()
-    for modname in SURFACES:
-        try:
-            module = importlib.import_module(modname)
-        except ModuleNotFoundError as exc:
-            if exc.name == modname:
-                continue  # surface not present in this build
-            raise
-        module.register(app, engine)
+    plugins.hook().register_routes(app=app, engine=engine)  # the APIs, plugins', the web app
 
     async def not_found(request: Request) -> Response:
         allowed = allowed_methods(app.router, request.url.path)

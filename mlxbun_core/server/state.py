@@ -28,7 +28,7 @@ from ..models.paths import mlxbun_home
 from ..webchat.store import SessionStore, sessions_dir
 from . import head
 from .guard import GuardRules
-from .response_store import ResponseStore
+from .openai.response_store import ResponseStore
 
 if TYPE_CHECKING:
     from ..engine.core import Engine

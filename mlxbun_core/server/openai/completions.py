@@ -17,19 +17,20 @@ from typing import TYPE_CHECKING, Any
 
 from blacksheep import Request, Response
 
-from ..engine.logprobs import legacy_block
-from ..engine.request import CompletionRequest, Prompt
-from ..events import Content, Event, Finish, PromptLogprobs, Reasoning, TokenLogprob, Usage
-from . import choices, generation
-from .common import guarded, sse_data
-from .openai_chat import openai_stream_error
+from ...engine.logprobs import legacy_block
+from ...engine.request import CompletionRequest, Prompt
+from ...events import Content, Event, Finish, PromptLogprobs, Reasoning, TokenLogprob, Usage
+from .. import generation
+from ..common import guarded, sse_data
+from . import choices
+from .chat import openai_stream_error
 
 if TYPE_CHECKING:
-    from ..contract import Tokenizer
-    from ..engine.core import Engine
-    from ..engine.reply import Reply
-    from .generation import Run
-    from .state import App
+    from ...contract import Tokenizer
+    from ...engine.core import Engine
+    from ...engine.reply import Reply
+    from ..generation import Run
+    from ..state import App
 
 
 def prompt_text(tokenizer: Tokenizer, prompt: Prompt) -> str:

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from blacksheep import Request, Response
 
-from ..errors import BadRequest
-from .common import guarded, json_response, read_body
+from ...errors import BadRequest
+from ..common import guarded, json_response, read_body
 
 if TYPE_CHECKING:
-    from ..engine.core import Engine
-    from .state import App
+    from ...engine.core import Engine
+    from ..state import App
 
 ENCODINGS = ("float", "base64")
 

@@ -15,8 +15,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import BadRequest
-from ..toolcalls.choice import ToolChoice
+from ...errors import BadRequest
+from ...toolcalls.choice import ToolChoice
 
 
 @dataclass

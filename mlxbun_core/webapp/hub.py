@@ -25,11 +25,11 @@ from ..library.downloads import add_provider
 from ..library.fit import machine
 from ..library.report import library_row
 from ..models.paths import hf_cache_dir, mlxbun_home
-from .common import guarded, json_response, read_body, route_param
+from ..server.common import guarded, json_response, read_body, route_param
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
-    from .state import App
+    from ..server.state import App
 
 
 def ok_error(exc: APIError) -> Response:

@@ -19,12 +19,12 @@ from blacksheep import Request, Response
 from ..errors import BadRequest
 from ..jobs import dataset_probe
 from ..jobs.quantize import locate
-from .common import guarded, json_response, read_body
-from .hub_routes import ok_error
+from ..server.common import guarded, json_response, read_body
+from .hub import ok_error
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
-    from .state import App
+    from ..server.state import App
 
 TOKENIZERS_KEPT = 2
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..chat_template import check_reasoning_effort
-from ..engine.request import (
+from ...chat_template import check_reasoning_effort
+from ...engine.request import (
     ChatRequest,
     GenerateOptions,
     boolean_field,
@@ -21,11 +21,11 @@ from ..engine.request import (
     string_field,
     template_kwargs_field,
 )
-from ..engine.sampling import SamplingParams, max_tokens_field, stop_sequences
-from ..engine.speculate import speculation_field
-from ..errors import BadRequest
-from ..grammar.request import GrammarRequest, budget_close, json_schema, response_format_request
-from ..toolcalls.choice import ToolChoice, check_tools, parse_parallel
+from ...engine.sampling import SamplingParams, max_tokens_field, stop_sequences
+from ...engine.speculate import speculation_field
+from ...errors import BadRequest
+from ...grammar.request import GrammarRequest, budget_close, json_schema, response_format_request
+from ...toolcalls.choice import ToolChoice, check_tools, parse_parallel
 
 # the sampler fields (and mlx-lm extensions) read as in a chat body; ``stop``,
 # ``chat_template_kwargs``, ``reasoning_effort``, ``response_format``, ``adapter``,

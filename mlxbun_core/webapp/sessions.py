@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 from blacksheep import Request, Response
 
 from ..errors import APIError
+from ..server.common import json_response
 from ..webchat.search import search
 from ..webchat.store import compacted, read_entries
-from .common import json_response
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
-    from .state import App
+    from ..server.state import App
 
 MAX_QUERY_CHARS = 500
 

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from blacksheep import Request, Response
 
-from ..engine.request import ChatRequest
-from ..errors import APIError, BadRequest, NotFound
-from ..events import Finish
-from . import generation
-from .common import guarded, json_response, route_param
+from ...engine.request import ChatRequest
+from ...errors import APIError, BadRequest, NotFound
+from ...events import Finish
+from .. import generation
+from ..common import guarded, json_response, route_param
 from .responses_request import check_flags, parse_request
 from .responses_stream import (
     ResponseFrames,
@@ -31,10 +31,10 @@ from .responses_stream import (
 )
 
 if TYPE_CHECKING:
-    from ..engine.core import Engine
-    from ..engine.reply import Reply
-    from .generation import Run
-    from .state import App
+    from ...engine.core import Engine
+    from ...engine.reply import Reply
+    from ..generation import Run
+    from ..state import App
 
 # The --isolate parent owns the history and sends it in this body field; honoured only
 # by an engine child (``AppState.trusts_injected_history``), ignored everywhere else.

@@ -18,7 +18,7 @@ from ..adapters import merge as adapter_merge
 from ..errors import APIError, BadRequest
 from ..jobs import finetune, quantize
 from ..jobs.store import TERMINAL, JobStore
-from .common import (
+from ..server.common import (
     as_api_error,
     guarded,
     json_response,
@@ -30,7 +30,7 @@ from .common import (
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
-    from .state import App
+    from ..server.state import App
 
 POLL_S = 0.25
 

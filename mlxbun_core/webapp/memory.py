@@ -24,13 +24,13 @@ from blacksheep import Request, Response
 from ..errors import APIError, BadRequest
 from ..memory.synthesis import Synthesis
 from ..memory.vault import NO_VAULT, NoVault, Vault, default_root
+from ..server.body import read_body
+from ..server.common import json_response, sse_data, sse_response
 from ..webchat.memory import saved_conversations
-from .body import read_body
-from .common import json_response, sse_data, sse_response
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
-    from .state import App
+    from ..server.state import App
 
 MAX_LIMIT = 200
 MAX_QUERY_CHARS = 500

@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 from blacksheep import Request, Response
 
-from ..engine.reply import Reply, gather
-from ..events import KEEPALIVE, Done, Event, Finish, Usage
-from . import generation
-from . import trace as tracing
-from .common import json_response, sse_response
-from .generation import FrameWriter, Run, admitted, collect, with_keepalive
+from ...engine.reply import Reply, gather
+from ...events import KEEPALIVE, Done, Event, Finish, Usage
+from .. import generation
+from .. import trace as tracing
+from ..common import json_response, sse_response
+from ..generation import FrameWriter, Run, admitted, collect, with_keepalive
 
 if TYPE_CHECKING:
-    from ..engine.core import Generation
+    from ...engine.core import Generation
 
 
 class Choices:

@@ -25,13 +25,13 @@ from blacksheep.contents import Content
 from ..engine.hlg import X_RANGE, parse_points
 from ..engine.reply import gather
 from ..errors import APIError, BadRequest
-from .common import Handler, json_response, read_body
-from .generation import start_choices
+from ..server.common import Handler, json_response, read_body
+from ..server.generation import start_choices
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
     from ..engine.request import ChatRequest
-    from .state import App
+    from ..server.state import App
 
 BINS = 80
 AXIS = (-20.0, 0.0)  # the designer's x-axis: log-probs below -20 land in the first bin
@@ -163,7 +163,7 @@ def register(app: App, engine: Engine) -> None:
 def register_pages(app: App) -> None:
     """The designer and its two companion pages: static, ``no-store``, open without the
     key (the page asks for it when /signal wants one); 404 for a page not shipped."""
-    from .web import CURVE_PAGES, load_files
+    from .pages import CURVE_PAGES, load_files
 
     files = load_files()
     for route, name in CURVE_PAGES.items():

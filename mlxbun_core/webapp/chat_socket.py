@@ -5,7 +5,7 @@ does the work, this module only moves frames. A plain ``GET /ws/chat`` (no upgra
 is a 426. A server that cannot host the chat sets ``AppState.web_chat_unavailable``
 to a reason, or calls :func:`refuse`: the route then answers 501 (the ``--isolate``
 parent, which is no BlackSheep app, answers 501 itself). ``GET /v1`` carries
-:func:`availability`, which the page reads before it opens a socket.
+:func:`~mlxbun_core.server.meta.availability`, which the page reads before it opens a socket.
 
 Like the other routes that touch files, the chat answers loopback clients only
 unless an API key is configured (the guard middleware sees the handshake; browsers
@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any
 from blacksheep import Request, Response
 from blacksheep.server.websocket import WebSocket, WebSocketDisconnectError
 
+from ..server import guard
+from ..server.common import json_response
+from ..server.served_model import model_row
 from ..webchat.agent import ChatAgent
-from . import guard
-from .common import json_response
-from .served_model import model_row
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
-    from .state import App
+    from ..server.state import App
 
 log = logging.getLogger("mlxbun.webchat")
 
@@ -42,16 +42,6 @@ ISOLATED = "web chat needs a non-isolated server (it is not available under --is
 def refuse(app: App, reason: str = ISOLATED) -> None:
     """Make /ws/chat answer 501 with ``reason`` (a server that cannot host the chat)."""
     app.state.web_chat_unavailable = reason
-
-
-def availability(app: App, request: Request) -> dict[str, Any]:
-    """Whether ``request``'s client may chat here, for ``GET /v1``'s ``web_chat`` field (the
-    page asks before it opens a socket that would only be refused)."""
-    reason = app.state.web_chat_unavailable
-    keyed = app.state.guard.api_key is not None
-    if not reason and not keyed and not guard.is_loopback(request):
-        reason = guard.LOOPBACK_ONLY
-    return {"available": not reason, "reason": reason or None}
 
 
 def _unavailable(app: App) -> Response | None:

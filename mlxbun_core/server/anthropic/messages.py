@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from blacksheep import Request, Response
 
-from ..engine.request import ChatRequest
-from ..errors import APIError
-from ..events import (
+from ...engine.request import ChatRequest
+from ...errors import APIError
+from ...events import (
     Admitted,
     Content,
     Event,
@@ -39,16 +39,16 @@ from ..events import (
     ToolCallWithdrawn,
     Usage,
 )
-from . import generation
-from .anthropic_request import parse_request
-from .anthropic_system import thinking_omitted
-from .common import guarded, json_response, read_body, sse_event
+from .. import generation
+from ..common import guarded, json_response, read_body, sse_event
+from .request import parse_request
+from .system import thinking_omitted
 
 if TYPE_CHECKING:
-    from ..engine.core import Engine
-    from ..engine.reply import Reply
-    from .generation import Run
-    from .state import App
+    from ...engine.core import Engine
+    from ...engine.reply import Reply
+    from ..generation import Run
+    from ..state import App
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                403: "permission_error", 404: "not_found_error", 413: "request_too_large",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..events import (
+from ...events import (
     Content,
     Event,
     Finish,
@@ -21,8 +21,8 @@ from ..events import (
     ToolCallWithdrawn,
     Usage,
 )
-from .common import new_id, sse_event
-from .generation import FrameWriter
+from ..common import new_id, sse_event
+from ..generation import FrameWriter
 
 
 def usage(u: Usage) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..errors import BadRequest
+from ...errors import BadRequest
 
 # system text blocks (or leading lines) that carry per-client metadata, never instructions
 VOLATILE_PREFIXES = ("x-anthropic-billing-header:",)

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from blacksheep import Request, Response
 
-from ..events import (
+from ...events import (
     Content,
     Event,
     Finish,
@@ -19,14 +19,15 @@ from ..events import (
     ToolCallWithdrawn,
     Usage,
 )
-from . import choices, generation
-from .common import guarded, sse_data
+from .. import generation
+from ..common import guarded, sse_data
+from . import choices
 
 if TYPE_CHECKING:
-    from ..engine.core import Engine
-    from ..engine.reply import Reply
-    from .generation import Run
-    from .state import App
+    from ...engine.core import Engine
+    from ...engine.reply import Reply
+    from ..generation import Run
+    from ..state import App
 
 
 def tool_call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 from blacksheep import Request, Response
 from blacksheep.contents import Content
 
+from ..server.common import Handler, json_response
 from ..webchat.apptools import ROUTES
-from .common import Handler, json_response
 
 if TYPE_CHECKING:
     from importlib.abc import Traversable
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from ..engine.core import Engine
-    from .state import App
+    from ..server.state import App
 
 ASSET_CACHE = b"public, max-age=3600"
 TYPES = {".html": b"text/html; charset=utf-8", ".js": b"text/javascript; charset=utf-8",

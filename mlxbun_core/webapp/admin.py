@@ -17,12 +17,12 @@ from blacksheep import Request, Response
 from ..errors import APIError, BadRequest
 from ..hub import datasets, folders, gc, push, remote, settings
 from ..hub.jobs import Conflict
-from .common import guarded, json_response, read_body
-from .hub_routes import ok_error, served_paths
+from ..server.common import guarded, json_response, read_body
+from .hub import ok_error, served_paths
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
-    from .state import App
+    from ..server.state import App
 
 
 def register(app: App, engine: Engine) -> None:

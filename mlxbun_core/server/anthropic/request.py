@@ -15,20 +15,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..chat_template import check_reasoning_effort
-from ..engine.request import (
+from ...chat_template import check_reasoning_effort
+from ...engine.request import (
     ChatRequest,
     GenerateOptions,
     chat_request,
     string_field,
     template_kwargs_field,
 )
-from ..engine.sampling import SamplingParams, max_tokens_field, stop_sequences
-from ..engine.speculate import speculation_field
-from ..errors import BadRequest
-from ..grammar.request import GrammarRequest, budget_close, json_schema, response_format_request
-from . import anthropic_system as system
-from .anthropic_tools import ToolSet, reference_text, tool_choice, tool_set
+from ...engine.sampling import SamplingParams, max_tokens_field, stop_sequences
+from ...engine.speculate import speculation_field
+from ...errors import BadRequest
+from ...grammar.request import GrammarRequest, budget_close, json_schema, response_format_request
+from . import system
+from .tools import ToolSet, reference_text, tool_choice, tool_set
 
 # Anthropic's sampler fields, then the mlx-lm sampler/penalty extensions we accept on top;
 # the extensions chat_template_kwargs, reasoning_effort, response_format, adapter and
