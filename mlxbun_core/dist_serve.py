@@ -213,7 +213,7 @@ def leader_engine(args: argparse.Namespace, group: DistributedGroup, model: Load
     head: it is refused); mounting an adapter is refused."""
     from .engine.core import Engine
     from .library.ranks import rank_config
-    from .startup import SAMPLING_FLAGS
+    from .startup import SAMPLING_FLAGS  # the serve flags of request_fields
 
     model.model = lockstep
     # admission bills this rank's KV (its weights are already its shard's)

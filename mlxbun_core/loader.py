@@ -12,10 +12,11 @@ from . import plugins
 from .model import LoadedModel, LoadOptions
 from .models import window
 from .models.window import WindowPlan
+from .request_fields import checkpoint_names
 
 log = logging.getLogger("mlxbun.loader")
 
-GEN_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+GEN_DEFAULT_KEYS = checkpoint_names()  # the sampling defaults a checkpoint may set
 
 
 class NoPluginClaimed(Exception):

@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from .request_fields import RequestField, flag_fields
 
 
 def _positive_int(text: str) -> int:
@@ -84,14 +86,29 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                         "architecture supports; quality degrades with the stretch) "
                         "(default: the model's own; 32768 for the embedded SmolLM2; env "
                         "MLXBUN_CONTEXT_LENGTH)")
-    s.add_argument("--temperature", type=float)
-    s.add_argument("--top-p", type=float)
-    s.add_argument("--top-k", type=int)
-    s.add_argument("--min-p", type=float)
-    s.add_argument("--repetition-penalty", type=float)
+    add_sampling_flags(s)
     add_hlg_flags(s)
     add_engine_flags(s)
     add_process_flags(s)
+
+
+def add_sampling_flags(s: argparse.ArgumentParser) -> None:
+    """A flag per sampler default in :mod:`.request_fields` (a request's own value wins),
+    checked as a request's value would be."""
+    for f in flag_fields():
+        s.add_argument(f.flag_name, type=_sampling_value(f), default=None, metavar="N",
+                       help=f"default {f.name} for requests that send none")
+
+
+def _sampling_value(f: RequestField) -> Callable[[str], float | int]:
+    def parse(text: str) -> float | int:
+        value = float(text) if f.kind == "number" else int(text)
+        said = f.out_of_range(value, "value")
+        if said is not None:
+            raise argparse.ArgumentTypeError(said.removeprefix("value "))
+        return value
+    parse.__name__ = "float" if f.kind == "number" else "int"  # argparse's and config's words
+    return parse
 
 
 def _nats(text: str) -> float:

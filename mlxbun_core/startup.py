@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from .request_fields import flag_fields
+
 if TYPE_CHECKING:
     from .engine.core import Engine
     from .engine.speculate import SpecConfig
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
     from .models.resolve import ResolvedModel
     from .server.origin import CorsRules
 
-SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+SAMPLING_FLAGS = tuple(f.name for f in flag_fields())  # serve flags that set a sampler default
 
 
 class StartFailed(Exception):

@@ -5,6 +5,7 @@ settings on an engine, what --isolate children get, and Ollama-style keep_alive 
 import argparse
 import json
 import math
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -140,7 +141,8 @@ def test_config_show_says_where_each_value_came_from(home, capsys, monkeypatch):
     assert report["models"]["coder"]["settings"]["keep_alive"] == "forever"
     assert cli.main(["config", "show"]) == 0
     text = capsys.readouterr().out
-    assert "port                  9000" in text and f"file:{path}:2" in text
+    # the key column is as wide as the longest serve key
+    assert re.search(r"^  port +9000 ", text, re.M) and f"file:{path}:2" in text
 
 
 def test_api_key_is_never_printed(home, capsys):

@@ -17,14 +17,13 @@ from typing import Any
 
 import yaml
 
+from ..request_fields import per_model_names
 from .duration import parse_keep_alive
 from .schema import Option, convert, key_aliases
 
 SECTIONS = ("serve", "aliases", "models")
 # per-model sampling defaults: the request field names (a request's own value wins)
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                 "presence_penalty", "frequency_penalty", "xtc_probability", "xtc_threshold",
-                 "seed")
+SAMPLING_KEYS = per_model_names()
 MODEL_KEYS = (*SAMPLING_KEYS, "max_tokens", "chat_template_kwargs", "keep_alive",
               "context_length")
 

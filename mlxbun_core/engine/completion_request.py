@@ -93,7 +93,7 @@ def parse_completion(body: dict[str, Any], defaults: dict[str, Any] | None = Non
         shaped.update(logprobs=True, top_logprobs=None)
     if zero is not None:
         shaped[zero] = None
-    options = openai_options(shaped, defaults or {}, server_max_tokens)
+    options = openai_options(shaped, defaults or {}, server_max_tokens, "completions")
     if top_k:
         options.sampling.top_logprobs = top_k
     if zero is not None:

@@ -19,6 +19,7 @@ from ..chat_template import check_reasoning_effort
 from ..errors import BadRequest
 from ..grammar import GrammarRequest, budget_close, resolve_grammar_request
 from ..media import parts as media_parts
+from ..request_fields import Surface
 from ..toolcalls.choice import ToolChoice, check_tools, parse_parallel, parse_tool_choice
 from ..toolcalls.history import normalize_history
 from .sampling import (
@@ -121,13 +122,13 @@ def prompt_choices(req: GenerationInput) -> Iterator[GenerationInput]:
 
 
 def openai_options(body: dict[str, Any], defaults: dict[str, Any],
-             server_max_tokens: int | None) -> GenerateOptions:
-    """The shared fields of an OpenAI chat or completion body."""
+             server_max_tokens: int | None, surface: Surface = "chat") -> GenerateOptions:
+    """The shared fields of an OpenAI chat or completion body (``surface``)."""
     stream = boolean_field(body.get("stream"), "stream")
     adapter = string_field(body.get("adapter"), "adapter")
     n = body.get("n")
     n = 1 if n is None else check_field("n", n, int, 1, MAX_CHOICES)
-    return GenerateOptions(sampling=SamplingParams.from_body(body, defaults),
+    return GenerateOptions(sampling=SamplingParams.from_body(body, defaults, surface),
                            max_tokens=max_tokens_from(body, server_max_tokens),
                            stop=stop_sequences(body), grammar=resolve_grammar_request(body),
                            budget_close=budget_close(body), stream=stream, n=n, adapter=adapter,

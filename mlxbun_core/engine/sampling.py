@@ -1,49 +1,23 @@
 """Sampling parameters: parsed and validated with mlx_lm.server's rules (its fields,
-types and ranges, messages in words), turned into mlx-lm's own sampler and logits
-processors (so behaviour matches it)."""
+types and ranges, messages in words; the table is :mod:`mlxbun_core.request_fields`),
+turned into mlx-lm's own sampler and logits processors (so behaviour matches it)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, cast
 
 from ..contract import LogitsProcessor, Sampler, Tokenizer
 from ..errors import BadRequest
+from ..request_fields import BIAS_MAX, BY_NAME, FIELDS, RequestField, Surface
 from .hlg import ToneCurve, parse_hlg
 
-INT32_MAX = 2**31 - 1
-PENALTY_MAX = 2.0  # OpenAI's documented range for presence / frequency penalties
-BIAS_MAX = 100.0  # OpenAI's documented range for a logit_bias value
-# Every float a sampler kernel sees stays far inside float32: a Python int beyond
-# int64 reaches MLX as a failed cast, a float beyond float32 as inf (then NaN).
-FLOAT_MAX = 1e6
+_D = {f.name: f.default for f in FIELDS}  # the dataclass's defaults, from the table
+
 _TOKEN_ID = re.compile(r"-?[0-9]{1,32}")  # range-checked against the vocabulary later
-# (field, types, min, max, whitelist) — mlx_lm.server's validate_model_parameters, plus
-# upper bounds mlx-lm leaves to its kernels (which would fail mid-request otherwise)
-_Rule = tuple[str, "type | tuple[type, ...]", "float | None", "float | None",
-              "tuple[int, ...] | None"]
-_RULES: list[_Rule] = [
-    ("temperature", (float, int), 0, FLOAT_MAX, None),
-    ("top_p", (float, int), 0, 1, None),
-    ("top_k", int, 0, INT32_MAX, None),
-    ("min_p", (float, int), 0, 1, None),
-    ("repetition_penalty", (float, int), 0, FLOAT_MAX, None),
-    ("repetition_context_size", int, 0, INT32_MAX, None),
-    ("presence_penalty", (float, int), -PENALTY_MAX, PENALTY_MAX, None),
-    ("presence_context_size", int, 0, INT32_MAX, None),
-    ("frequency_penalty", (float, int), -PENALTY_MAX, PENALTY_MAX, None),
-    ("frequency_context_size", int, 0, INT32_MAX, None),
-    ("logprobs", bool, None, None, None),
-    ("top_logprobs", int, 0, 11, (-1,)),
-    ("xtc_probability", (float, int), 0, 1, None),
-    # mlx_lm.server says 1; apply_xtc raises past 0.5
-    ("xtc_threshold", (float, int), 0, 0.5, None),
-    ("seed", int, 0, 2**64 - 1, None),
-]
-_FLOATS = {name for name, types, *_ in _RULES if types == (float, int)}
+_FLOATS = {f.name for f in FIELDS if f.kind == "number"}
 _WORDS = {(float, int): "a number", int: "an integer", bool: "a boolean"}
 _KINDS = {str: "a string", list: "an array", dict: "an object", bool: "a boolean",
           type(None): "null"}
@@ -104,46 +78,66 @@ def _logit_bias(bias: object) -> dict[int, float]:
     return out
 
 
+def _sent(body: dict[str, Any], surface: Surface | None) -> dict[str, tuple[str, Any]]:
+    """name -> (the key it came as, its value) for each table field ``surface`` reads
+    that the body sets (null counts as unset)."""
+    out: dict[str, tuple[str, Any]] = {}
+    for f in FIELDS:
+        spelled = f.name if surface is None else f.spelling(surface)
+        if spelled is not None and body.get(spelled) is not None:
+            out[f.name] = (spelled, body[spelled])
+    return out
+
+
+def _check_field(f: RequestField, spelled: str, value: Any) -> None:
+    """``value`` sent as ``spelled`` has ``f``'s type and range, else a 400 naming it."""
+    if not f.fits(value):
+        raise type_error(spelled, f.expected, value)
+    said = f.out_of_range(value, spelled)
+    if said is not None:
+        raise BadRequest(said, param=spelled)
+
+
 @dataclass
 class SamplingParams:
-    temperature: float = 0.0
-    top_p: float = 0.0
-    top_k: int = 0
-    min_p: float = 0.0
-    xtc_probability: float = 0.0
-    xtc_threshold: float = 0.1
-    repetition_penalty: float | None = None
-    repetition_context_size: int = 20
-    presence_penalty: float | None = None
-    presence_context_size: int = 20
-    frequency_penalty: float | None = None
-    frequency_context_size: int = 20
-    logit_bias: dict[int, float] | None = None
-    seed: int | None = None
-    logprobs: bool = False
-    top_logprobs: int = -1
-    hlg: ToneCurve | None = None  # a tone curve replacing the temperature sampler (hlg.py)
+    """The sampler's settings; every field but ``extra_processors`` is a row of
+    :data:`~mlxbun_core.request_fields.FIELDS`, which gives its default."""
+
+    temperature: float = _D["temperature"]
+    top_p: float = _D["top_p"]
+    top_k: int = _D["top_k"]
+    min_p: float = _D["min_p"]
+    xtc_probability: float = _D["xtc_probability"]
+    xtc_threshold: float = _D["xtc_threshold"]
+    repetition_penalty: float | None = _D["repetition_penalty"]
+    repetition_context_size: int = _D["repetition_context_size"]
+    presence_penalty: float | None = _D["presence_penalty"]
+    presence_context_size: int = _D["presence_context_size"]
+    frequency_penalty: float | None = _D["frequency_penalty"]
+    frequency_context_size: int = _D["frequency_context_size"]
+    logit_bias: dict[int, float] | None = _D["logit_bias"]
+    seed: int | None = _D["seed"]
+    logprobs: bool = _D["logprobs"]
+    top_logprobs: int = _D["top_logprobs"]
+    hlg: ToneCurve | None = _D["hlg"]  # a tone curve replacing the temperature sampler (hlg.py)
     # e.g. a grammar mask, applied last
     extra_processors: list[LogitsProcessor] = field(default_factory=list)
 
     @classmethod
     def from_body(cls, body: dict[str, Any], defaults: dict[str, Any] | None = None,
-                  accepted: Collection[str] | None = None) -> SamplingParams:
+                  surface: Surface | None = None) -> SamplingParams:
         """Request values win over ``defaults`` (generation_config.json + server flags).
-        ``accepted``: the sampler fields the surface takes from its body (None: all of
-        them); the others are not read (a surface without them ignores them)."""
-        names = {f.name for f in fields(cls)} - {"extra_processors", "hlg"}
-        merged = {k: v for k, v in (defaults or {}).items() if k in names and v is not None}
-        given = names if accepted is None else names & set(accepted)
-        reads_hlg = accepted is None or "hlg" in accepted
-        merged["hlg"] = parse_hlg(body.get("hlg") if reads_hlg else None,
-                                  (defaults or {}).get("hlg"))
-        for name in given:
-            if body.get(name) is not None:
-                merged[name] = body[name]
-        for name, types, lo, hi, wl in _RULES:
-            if name in given and body.get(name) is not None:
-                _check(name, body[name], types, lo, hi, wl)
+        ``surface``: whose body it is; it reads the fields that surface accepts, under its
+        spelling (None: every field, by its own name); the others are not read."""
+        defaults = defaults or {}
+        merged = {k: v for k, v in defaults.items() if k in BY_NAME and v is not None}
+        sent = _sent(body, surface)
+        merged["hlg"] = parse_hlg(sent.get("hlg", (None, None))[1], defaults.get("hlg"))
+        for name, (spelled, value) in sent.items():
+            if BY_NAME[name].checked:
+                _check_field(BY_NAME[name], spelled, value)
+            if name != "hlg":
+                merged[name] = value
         for name in _FLOATS & merged.keys():  # kernels take floats; ints become them here
             merged[name] = float(merged[name])
         if merged.get("logit_bias") is not None:

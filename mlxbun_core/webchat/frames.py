@@ -12,10 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import BadRequest
+from ..request_fields import accepted
 
 NULL = type(None)
 STR, BOOL, DICT, LIST = (str,), (bool,), (dict,), (list,)
 ANY = (object,)  # checked by the handler itself (sampling values, the page's context)
+# set_sampling's fields: request_fields' rows for the web chat, and its completion cap
+SAMPLING_KEYS = (*(f.name for f in accepted("webchat")), "max_tokens")
 
 # frame type -> field -> accepted types; a field named in REQUIRED must be present
 FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
@@ -29,10 +32,7 @@ FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "set_thinking": {"enabled": BOOL + (NULL,)},
     "set_system_prompt": {"text": STR + (NULL,)},
     "set_adapter": {"id": STR + (NULL,)},
-    "set_sampling": {"scope": STR + (NULL,), **{k: ANY for k in (
-        "temperature", "top_p", "top_k", "min_p", "xtc_probability", "xtc_threshold",
-        "repetition_penalty", "repetition_context_size", "presence_penalty",
-        "frequency_penalty", "seed", "max_tokens", "logit_bias")}},
+    "set_sampling": {"scope": STR + (NULL,), **{k: ANY for k in SAMPLING_KEYS}},
     "set_overflow": {"policy": STR},
     "set_curve": {"curve": DICT + (NULL,)},
     "context": {"context": ANY},

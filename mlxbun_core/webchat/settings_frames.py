@@ -13,12 +13,10 @@ from ..errors import BadRequest
 from . import apptools
 from .conversation import Conversation
 from .fields import text_arg
+from .frames import SAMPLING_KEYS
 from .overflow import check_policy
 
 MAX_CURVE_NAME = 60
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "xtc_probability", "xtc_threshold",
-                 "repetition_penalty", "repetition_context_size", "presence_penalty",
-                 "frequency_penalty", "seed", "max_tokens", "logit_bias")
 
 
 class SettingsFrames:
@@ -59,7 +57,8 @@ class SettingsFrames:
         current = dict(base or {})
         current.update(changes)
         current = {k: v for k, v in current.items() if v is not None}  # null: server default
-        SamplingParams.from_body(current)  # a bad value is a 400 now, not at the next turn
+        # a bad value is a 400 now, not at the next turn
+        SamplingParams.from_body(current, surface="webchat")
         max_tokens_from(current, None)
         if scope == "next_turn":
             conv.next_turn = current

@@ -30,13 +30,9 @@ from ...grammar.request import GrammarRequest, budget_close, json_schema, respon
 from . import system
 from .tools import ToolSet, reference_text, tool_choice, tool_set
 
-# Anthropic's sampler fields, then the mlx-lm sampler/penalty extensions we accept on top;
-# the extensions chat_template_kwargs, reasoning_effort, response_format, adapter and
-# budget_close are read under their own names too
-SAMPLING = ("temperature", "top_p", "top_k", "min_p", "xtc_probability", "xtc_threshold",
-            "repetition_penalty", "repetition_context_size", "presence_penalty",
-            "presence_context_size", "frequency_penalty", "frequency_context_size", "seed",
-            "hlg")
+# the sampler fields (Anthropic's, and the mlx-lm extensions on top) are request_fields'
+# rows for "anthropic"; the extensions chat_template_kwargs, reasoning_effort,
+# response_format, adapter and budget_close are read under their own names too
 AUDIO_BLOCKS = ("input_audio", "audio", "audio_url")
 ROLES = ("user", "assistant", "system")
 
@@ -200,7 +196,7 @@ def parse_request(body: dict[str, Any], defaults: dict[str, Any] | None = None,
 
     adapter = string_field(body.get("adapter"), "adapter")
     options = GenerateOptions(
-        sampling=SamplingParams.from_body(body, defaults, accepted=SAMPLING),
+        sampling=SamplingParams.from_body(body, defaults, "anthropic"),
         max_tokens=max_tokens_field(body.get("max_tokens"), "max_tokens", server_max_tokens),
         stop=stop_sequences(body, "stop_sequences"), grammar=_grammar(body, output),
         budget_close=budget_close(body), stream=body.get("stream", False), adapter=adapter,

@@ -27,13 +27,9 @@ from ...errors import BadRequest
 from ...grammar.request import GrammarRequest, budget_close, json_schema, response_format_request
 from ...toolcalls.choice import ToolChoice, check_tools, parse_parallel
 
-# the sampler fields (and mlx-lm extensions) read as in a chat body; ``stop``,
+# the sampler fields are request_fields' rows for "responses"; ``stop``,
 # ``chat_template_kwargs``, ``reasoning_effort``, ``response_format``, ``adapter``,
-# ``parallel_tool_calls`` and ``budget_close`` too
-SAMPLING = ("temperature", "top_p", "top_k", "min_p", "xtc_probability", "xtc_threshold",
-            "logit_bias", "repetition_penalty", "repetition_context_size", "presence_penalty",
-            "presence_context_size", "frequency_penalty", "frequency_context_size", "seed",
-            "hlg")
+# ``parallel_tool_calls`` and ``budget_close`` are read as in a chat body too
 TEXT_PARTS = ("input_text", "output_text", "text")
 
 
@@ -258,7 +254,7 @@ def parse_request(body: dict[str, Any], stored: dict[str, Any] | None = None,
     stream = boolean_field(body.get("stream"), "stream")
     adapter = string_field(body.get("adapter"), "adapter")
     options = GenerateOptions(
-        sampling=SamplingParams.from_body(body, defaults, accepted=SAMPLING),
+        sampling=SamplingParams.from_body(body, defaults, "responses"),
         max_tokens=max_tokens_field(*_limit(body), server_max_tokens),
         stop=stop_sequences(body), grammar=_grammar(body, fmt), budget_close=budget_close(body),
         stream=stream, adapter=adapter, speculation=speculation_field(body))
