@@ -59,14 +59,10 @@ def env_reads(tree: ast.AST) -> list[int]:
     ``from os import environ`` / ``getenv``."""
     written = {id(t.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
                for t in node.targets if isinstance(t, ast.Subscript)}
-    lines = []
-    for node in ast.walk(tree):
-        if _os_environ(node) and id(node) not in written:
-            lines.append(node.lineno)
-        elif isinstance(node, ast.ImportFrom) and node.module == "os" \
-                and {a.name for a in node.names} & {"environ", "getenv"}:
-            lines.append(node.lineno)
-    return sorted(lines)
+    used = [n.lineno for n in ast.walk(tree) if _os_environ(n) and id(n) not in written]
+    imported = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                and n.module == "os" and {a.name for a in n.names} & {"environ", "getenv"}]
+    return sorted(used + imported)
 
 
 def reads_by_module() -> dict[str, list[int]]:
