@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from mlxbun_core import runconfig
 from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.reply import Reply, gather
 from serve_concurrency import SHAPES
@@ -147,6 +148,11 @@ def history(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(vocab) for _ in range(words))
 
 
+def buckets(mode: str) -> None:
+    """Prefill buckets on or off from here on (the run configuration, read per chunk)."""
+    runconfig.install(runconfig.current().changed(engine={"prefill_buckets": mode}))
+
+
 def buckets_part(eng: Engine, rounds: int, words: int) -> list:
     rng = random.Random(7)
     ttft: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
@@ -154,7 +160,7 @@ def buckets_part(eng: Engine, rounds: int, words: int) -> list:
     for rnd in range(rounds + 1):
         arms = ["off", "on"] if rnd % 2 == 0 else ["on", "off"]
         for arm in arms:
-            os.environ["MLXBUN_PREFILL_BUCKETS"] = arm
+            buckets(arm)
             first = [{"role": "user", "content": history(rng, words)}]
             body = {"messages": first, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
             (r1,), _ = run(eng, [body])
@@ -175,7 +181,7 @@ def buckets_part(eng: Engine, rounds: int, words: int) -> list:
                "prompt_tokens_turn2_cached": cached}
         print(json.dumps(row), flush=True)
         rows.append(row)
-    os.environ.pop("MLXBUN_PREFILL_BUCKETS", None)
+    buckets("auto")
     return rows
 
 
@@ -214,7 +220,7 @@ def main() -> None:
             rows += fill_part(eng, lane, args.workloads, args.rounds, args.clients)
             eng.worker.close()
     if "buckets" in args.parts:
-        os.environ["MLXBUN_PREFILL_BUCKETS"] = "on"  # so start-up warms the bucket lengths
+        buckets("on")  # so start-up warms the bucket lengths
         eng = Engine.load(path, progress=False, batch=1, prompt_cache_bytes=8 << 30)
         rows += buckets_part(eng, args.rounds, args.history_words)
         eng.worker.close()

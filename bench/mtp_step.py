@@ -79,12 +79,13 @@ def main() -> None:
     p.add_argument("--shape", choices=list(SHAPES), default="small")
     p.add_argument("--head", choices=["copy", "random"], default="copy")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--refeed", help="MLXBUN_SPEC_BATCH_REFEED for this run")
+    p.add_argument("--refeed", help="the refeed cap for this run (as MLXBUN_SPEC_BATCH_REFEED)")
     args = p.parse_args()
     if args.refeed:
-        import os
+        from mlxbun_core import runconfig
 
-        os.environ["MLXBUN_SPEC_BATCH_REFEED"] = args.refeed
+        runconfig.install(runconfig.current().changed(
+            speculation={"batch_refeed": max(1, int(args.refeed))}))
     path = tiny_checkpoint("qwen3_5", mtp=args.head, dtype="float32",
                            config_overrides=SHAPES[args.shape])
     loaded = loader.load(str(path), LoadOptions())

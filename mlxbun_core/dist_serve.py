@@ -165,7 +165,7 @@ def run_leader(args: argparse.Namespace, group: DistributedGroup) -> int:
     from .startup import (
         StartFailed,
         configure_media,
-        configure_system_prompts,
+        configure_run,
         lookup_config,
         preflight,
         serve_forever,
@@ -182,7 +182,7 @@ def run_leader(args: argparse.Namespace, group: DistributedGroup) -> int:
     except StartFailed as exc:
         return exc.status
     configure_media(args)
-    configure_system_prompts(args)
+    configure_run(args)
     worker = ModelWorker()
     try:
         name = chosen_model(args)

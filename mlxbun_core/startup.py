@@ -43,10 +43,13 @@ def configure_media(args: argparse.Namespace) -> None:
     fetch.policy.allow_private = bool(args.allow_private_media)
 
 
-def configure_system_prompts(args: argparse.Namespace) -> None:
-    """``--keep-volatile-system``: the Anthropic surface reads the switch per request."""
-    if args.keep_volatile_system:
-        os.environ["MLXBUN_KEEP_VOLATILE_SYSTEM"] = "1"
+def configure_run(args: argparse.Namespace) -> None:
+    """The run configuration (flags > environment > file > defaults) installed for the
+    code below start-up, which reads it instead of the environment."""
+    from .config.runtime import build
+    from .runconfig import install
+
+    install(build(args))
 
 
 # optional grammar backends and the extra that installs each
@@ -163,7 +166,7 @@ def cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print("mlxbun: --pin, --allow-model and --keep-alive need --isolate; ignored",
               file=sys.stderr)
     configure_media(args)
-    configure_system_prompts(args)
+    configure_run(args)
     try:
         engine = load_engine(args, ssd)
     except StartFailed as exc:
@@ -197,8 +200,6 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
 
     defaults = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
     defaults["hlg"] = server_default(args)
-    if getattr(args, "prefill_buckets", None):  # read per prefill chunk by engine.prefill_shapes
-        os.environ["MLXBUN_PREFILL_BUCKETS"] = args.prefill_buckets
     speculation = lookup_config(args)
     from .config.permodel import context_length
     from .models.window import WindowUnsupported

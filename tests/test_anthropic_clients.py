@@ -20,6 +20,7 @@ import pytest
 
 from mlxbun_core.errors import BadRequest
 from mlxbun_core.server.anthropic.request import parse_request
+from mlxbun_core.testing.helpers import configure
 from scripted_model import scripted_server
 
 BETAS = ["claude-code-20250219", "interleaved-thinking-2025-05-14",
@@ -141,7 +142,7 @@ def test_billing_header_change_keeps_the_prefix_cache(client, plugin):
 
 
 def test_volatile_header_kept_when_switched_off(client, plugin, monkeypatch):
-    monkeypatch.setenv("MLXBUN_KEEP_VOLATILE_SYSTEM", "1")
+    configure(monkeypatch, server={"keep_volatile_system": True})
     create(client, claude_code_body("kept question", "x-anthropic-billing-header: "
                                     "cc_version=9.0.0.aaa; cc_entrypoint=cli;"))
     assert "cc_version=9.0.0.aaa" in plugin.prompts[-1]

@@ -9,6 +9,7 @@ import pytest
 
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.fuzz import ANTHROPIC, ROUTES, error_shape_ok
+from mlxbun_core.testing.helpers import configure
 from mlxbun_core.testing.server import start_server
 
 USER = [{"role": "user", "content": "hi"}]
@@ -119,7 +120,7 @@ def test_a_warning_quoting_control_characters_keeps_the_connection(http, stream)
 
 
 def test_body_over_the_cap_is_413_and_never_read(http, monkeypatch):
-    monkeypatch.setenv("MLXBUN_MAX_BODY_BYTES", "4096")
+    configure(monkeypatch, server={"max_body_bytes": 4096})
     big = {"messages": [{"role": "user", "content": "x" * 8000}]}
     for route in ("/v1/chat/completions", "/v1/messages"):
         body = rejected(http, route, big, status=413, says="larger than 4096 bytes")
@@ -131,7 +132,7 @@ def test_body_over_the_cap_is_413_and_never_read(http, monkeypatch):
 
     r = http.post("/v1/chat/completions", content=chunked())
     assert r.status_code == 413 and "larger than 4096" in r.json()["error"]["message"]
-    monkeypatch.delenv("MLXBUN_MAX_BODY_BYTES")
+    configure(monkeypatch, server={"max_body_bytes": None})
     still_serves(http)
 
 

@@ -19,6 +19,7 @@ from mlxbun_core.engine.fill import rows as fill_rows
 from mlxbun_core.engine.lanes import batch as batch_lane
 from mlxbun_core.engine.reply import Reply, gather
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.helpers import configure
 from mlxbun_core.testing.server import start_server
 
 FIELDS = {f"field_{i}": ({"type": "integer", "minimum": 0, "maximum": 9} if i % 3 == 0 else
@@ -151,7 +152,7 @@ def spying(seen: list):
 @pytest.mark.parametrize("step_tokens", ["512", "20"], ids=["gpu-default", "runs-cut"])
 def test_batch_rows_with_and_without_runs_share_a_step(batched, monkeypatch, step_tokens):
     # (the CPU's default keeps one token per batch step; 20 = 5 rows x 4: runs cut to 3)
-    monkeypatch.setenv("MLXBUN_FILL_BATCH_TOKENS", step_tokens)
+    configure(monkeypatch, engine={"fill_batch_tokens": int(step_tokens)})
     shared = []
     monkeypatch.setattr(batch_lane, "forcing", spying(shared))
     bodies = [json_body(), plain_body("Tell me a story"), tool_body(),
@@ -168,7 +169,7 @@ def test_batch_rows_with_and_without_runs_share_a_step(batched, monkeypatch, ste
 
 
 def test_cpu_batch_steps_carry_no_runs_by_default(batched, monkeypatch):
-    monkeypatch.delenv("MLXBUN_FILL_BATCH_TOKENS", raising=False)
+    configure(monkeypatch, engine={"fill_batch_tokens": None})
     assert fill_rows.step_tokens() == fill_rows.CPU_STEP_TOKENS == 0
     calls: list = []
     monkeypatch.setattr(batch_lane, "forcing", spying(calls))

@@ -15,6 +15,7 @@ from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.reply import gather
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import close
+from mlxbun_core.testing.helpers import configure
 
 FIELDS = {f"field_{i}": ({"type": "integer", "minimum": 0, "maximum": 9} if i % 2 else
                          {"enum": ["red", "green", "blue"]}) for i in range(8)}
@@ -69,7 +70,7 @@ def follow_up(body: dict, reply) -> dict:
 
 @pytest.mark.parametrize("batch", [8, 1], ids=["batched", "serial"])
 def test_published_entries_hold_their_tokens_and_hits_answer_as_cold(batch, monkeypatch):
-    monkeypatch.setenv("MLXBUN_FILL_BATCH_TOKENS", "512")  # runs ride in batch steps (a GPU's)
+    configure(monkeypatch, engine={"fill_batch_tokens": 512})  # runs ride in batch steps (a GPU's)
     path = str(tiny_checkpoint("llama", seed=3))
     warm = Engine.load(path, progress=False, batch=batch, fill="strict")
     cold = Engine.load(path, progress=False, batch=batch, fill="strict", prompt_cache_bytes=0)

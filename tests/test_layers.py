@@ -37,7 +37,8 @@ NEVER = [("engine/", "server/"), ("toolcalls/", "engine/"), ("toolcalls/", "serv
 FLOORS = [
     # records: plain data and self-contained helpers; nothing of ours (fspaths -> errors)
     {"errors.py", "events.py", "model.py", "holdback.py", "system_turns.py", "fspaths.py",
-     "kvquant/", "blas/", "torchless.py", "sqlitefile.py", "fdlimit.py", "request_fields.py"},
+     "kvquant/", "blas/", "torchless.py", "sqlitefile.py", "fdlimit.py", "request_fields.py",
+     "runconfig.py"},
     # formats and files: grammar requests, media parts, model files, the SSD cache's files
     {"grammar/", "media/", "models/", "kvstore/"},
     # the contract plugins implement

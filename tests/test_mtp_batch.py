@@ -30,7 +30,7 @@ from mlx_lm import load as mlx_load
 
 from mlxbun_core.engine.speculate import server_config
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.helpers import mlx_lm_greedy, together
+from mlxbun_core.testing.helpers import configure, mlx_lm_greedy, together
 from mlxbun_core.testing.mtp import BatchRun, CopyPredictor
 from mlxbun_core.testing.server import start_server
 
@@ -333,7 +333,7 @@ def test_rows_roll_back_per_row_on_a_hybrid_model(refeed, monkeypatch):
     are still mlx-lm's, and every MTP row's head holds exactly the pairs the target's own
     states give it (the state at ``p`` with the token at ``p + 1``), whatever the
     windows, restores and refeeds."""
-    monkeypatch.setenv("MLXBUN_SPEC_BATCH_REFEED", refeed)
+    configure(monkeypatch, speculation={"batch_refeed": int(refeed)})
     from mlxbun_core import loader
     from mlxbun_core.model import LoadOptions
 
@@ -367,7 +367,7 @@ def test_host_drafts_take_the_same_rollback_on_a_hybrid_model(refeed, monkeypatc
     again. Every row's tokens are mlx-lm's and the pool ends empty."""
     import random
 
-    monkeypatch.setenv("MLXBUN_SPEC_BATCH_REFEED", refeed)
+    configure(monkeypatch, speculation={"batch_refeed": int(refeed)})
     from mlxbun_core.engine.batch import Batch, BlockPool
     from mlxbun_core.engine.batch.layout import layout
 
@@ -415,7 +415,7 @@ def test_a_lone_stream_hands_its_head_and_refeed_to_the_batch_and_back(refeed, m
     head, the states the head has not read and the kept tokens its recurrent layers still
     lack move into a batch row, which decodes on beside another; later the row moves back
     out to a fresh stream the same way. The tokens of all three legs are mlx-lm's."""
-    monkeypatch.setenv("MLXBUN_SPEC_BATCH_REFEED", refeed)
+    configure(monkeypatch, speculation={"batch_refeed": int(refeed)})
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.sample_utils import make_sampler
     from mlxbun_qwen35.mtp import load_predictor

@@ -12,7 +12,7 @@ from mlx_lm import load as mlx_load
 
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import prepare_chat
-from mlxbun_core.testing.helpers import mlx_lm_greedy
+from mlxbun_core.testing.helpers import configure, mlx_lm_greedy
 from mlxbun_core.testing.server import start_server
 
 MSG = [{"role": "user", "content": "Write a short story about a robot."}]
@@ -347,7 +347,7 @@ def test_p2r_trace_records_phases_when_enabled(srv, client, capfd, monkeypatch):
     capfd.readouterr()
     client.completions.create(model="m", prompt="Hi", max_tokens=2)
     assert p2r_records(capfd.readouterr().err) == []  # off by default
-    monkeypatch.setenv("MLXBUN_P2R_TRACE", "1")
+    configure(monkeypatch, server={"p2r_trace": True})
     client.chat.completions.create(model="m", messages=MSG, max_tokens=3,
                                    extra_headers={"x-mlxbun-trace-id": "t-123"})
     list(client.completions.create(model="m", prompt="Hi", max_tokens=3, stream=True))

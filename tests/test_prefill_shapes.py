@@ -13,24 +13,25 @@ from mlxbun_core.engine import prefill_shapes
 from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.lanes.pace import FixedChunk
 from mlxbun_core.engine.reply import gather
+from mlxbun_core.runconfig import from_environ
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.helpers import configure
 
 HISTORY = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(12))
 
 
 def test_pieces_are_powers_of_two_summing_to_the_chunk(monkeypatch):
-    monkeypatch.setenv("MLXBUN_PREFILL_BUCKETS", "on")
+    configure(monkeypatch, engine={"prefill_buckets": "on"})
     for n in (1, 2, 3, 37, 64, 1000, 2047):
         parts = prefill_shapes.pieces(n)
         assert sum(parts) == n and parts == sorted(parts, reverse=True)
         assert all(p & (p - 1) == 0 for p in parts)
-    monkeypatch.setenv("MLXBUN_PREFILL_BUCKETS", "off")
+    configure(monkeypatch, engine={"prefill_buckets": "off"})
     assert prefill_shapes.pieces(37) == [37]
-    monkeypatch.setenv("MLXBUN_PREFILL_BUCKETS", "auto")  # CPU: off
+    configure(monkeypatch, engine={"prefill_buckets": "auto"})  # CPU: off
     assert not prefill_shapes.enabled() and prefill_shapes.pieces(37) == [37]
-    monkeypatch.setenv("MLXBUN_PREFILL_BUCKETS", "sometimes")
-    with pytest.raises(ValueError):
-        prefill_shapes.enabled()
+    with pytest.raises(ValueError, match="MLXBUN_PREFILL_BUCKETS"):
+        from_environ({"MLXBUN_PREFILL_BUCKETS": "sometimes"})
 
 
 @pytest.fixture(scope="module", params=[1, 8], ids=["serial", "solo"])
@@ -57,7 +58,7 @@ def complete(eng: Engine) -> tuple[str, int]:
 
 
 def test_bucketed_prefill_runs_known_lengths_and_keeps_the_reply(engine, monkeypatch):
-    monkeypatch.setenv("MLXBUN_PREFILL_BUCKETS", "off")
+    configure(monkeypatch, engine={"prefill_buckets": "off"})
     plain = complete(engine)
     lengths: list[int] = []
     run = prefill_shapes.prefill
@@ -67,7 +68,7 @@ def test_bucketed_prefill_runs_known_lengths_and_keeps_the_reply(engine, monkeyp
         return run(model, tokens, cache, embeddings)
 
     monkeypatch.setattr(prefill_shapes, "prefill", spy)
-    monkeypatch.setenv("MLXBUN_PREFILL_BUCKETS", "on")
+    configure(monkeypatch, engine={"prefill_buckets": "on"})
     assert complete(engine) == plain
     assert lengths and all(n & (n - 1) == 0 for n in lengths)
     assert any(n < 100 for n in lengths[:-1]) or len(lengths) > 2  # a tail really was split

@@ -22,6 +22,7 @@ from mlxbun_core.kvstore.config import SsdConfig
 from mlxbun_core.kvstore.store import SsdStore
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import close, greedy, run_all, token_ids
+from mlxbun_core.testing.helpers import configure
 from mlxbun_core.testing.process import ServerProcess
 from mlxbun_core.testing.server import free_port
 
@@ -55,7 +56,7 @@ def fresh(d: Path, prefill_tps: float) -> tuple[PrefixCache, SsdStore]:
 
 def test_the_first_lookup_of_a_fresh_process_already_weighs_restore_against_recompute(
         tmp_path, monkeypatch):
-    monkeypatch.delenv("MLXBUN_SSD_READ_GBS", raising=False)
+    configure(monkeypatch, cache={"ssd_read_gbs": None})
     _, tokens = one_entry(tmp_path)
     fast, store = fresh(tmp_path, 1e15)  # a device that prefills 100 tokens in no time
     assert store.restore_bps > 0 and store.restore_source == "measured now"
@@ -67,7 +68,7 @@ def test_the_first_lookup_of_a_fresh_process_already_weighs_restore_against_reco
 
 
 def test_the_probe_runs_once_per_directory_and_a_setting_skips_it(tmp_path, monkeypatch):
-    monkeypatch.delenv("MLXBUN_SSD_READ_GBS", raising=False)
+    configure(monkeypatch, cache={"ssd_read_gbs": None})
     store = store_at(tmp_path)
     store.seed_rates()
     kept = json.loads((tmp_path / rates.READ_FILE).read_text())
@@ -81,7 +82,7 @@ def test_the_probe_runs_once_per_directory_and_a_setting_skips_it(tmp_path, monk
     again = store_at(tmp_path)
     again.seed_rates()
     assert again.restore_bps == store.restore_bps
-    monkeypatch.setenv("MLXBUN_SSD_READ_GBS", "0.25")
+    configure(monkeypatch, cache={"ssd_read_gbs": 0.25})
     other = store_at(tmp_path / "elsewhere")
     other.seed_rates()
     assert (other.restore_bps, other.restore_source) == (0.25e9, "env MLXBUN_SSD_READ_GBS")

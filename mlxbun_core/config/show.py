@@ -10,6 +10,7 @@ from typing import Any
 
 from .duration import describe
 from .effective import ParserFactory, Settings, apply_config
+from .runtime import build, report
 from .schema import serve_options
 from .yamlfile import ConfigError
 
@@ -32,11 +33,15 @@ def cmd_config(args: argparse.Namespace, factory: ParserFactory) -> int:
     except ConfigError as exc:
         print(f"mlxbun: {exc}", file=sys.stderr)
         return 2
-    report = effective_report(serve, settings, factory)
+    try:
+        shown = effective_report(serve, settings, factory)
+    except ValueError as exc:  # a variable of the run configuration with a wrong value
+        print(f"mlxbun: {exc}", file=sys.stderr)
+        return 2
     if as_json:
-        print(json.dumps(report, indent=1, default=str))
+        print(json.dumps(shown, indent=1, default=str))
         return 0
-    print(text_report(report))
+    print(text_report(shown))
     return 0
 
 
@@ -48,7 +53,8 @@ def _shown(value: Any) -> Any:
 
 def effective_report(args: argparse.Namespace, settings: Settings,
                      factory: ParserFactory) -> dict[str, Any]:
-    """Settings as data: ``serve`` (value and source per key), ``aliases``, ``models``."""
+    """Settings as data: ``serve`` (value and source per key), ``runtime`` (the run
+    configuration serve would install, by group), ``aliases``, ``models``."""
     serve = {}
     for key, opt in serve_options(factory()).items():
         value = getattr(args, key, None)
@@ -57,10 +63,12 @@ def effective_report(args: argparse.Namespace, settings: Settings,
         serve[key] = {"value": _shown(value), "source": settings.sources.get(key, "default"),
                       "flag": opt.flag}
     file = settings.file
+    runtime = report(build(args), settings.sources)
     aliases: dict[str, Any] = {}
     models: dict[str, Any] = {}
     if file is None:
-        return {"config_file": None, "serve": serve, "aliases": aliases, "models": models}
+        return {"config_file": None, "serve": serve, "runtime": runtime, "aliases": aliases,
+                "models": models}
     aliases = {k: {"model": v.value, "source": f"file:{file.path}:{v.line}"}
                for k, v in file.aliases.items()}
     for name, m in file.models.items():
@@ -73,8 +81,8 @@ def effective_report(args: argparse.Namespace, settings: Settings,
             row["keep_alive"] = describe(m.keep_alive)
         models[name] = {"settings": row, "source": f"file:{file.path}:{m.line}",
                         "model": settings.resolve(name)}
-    return {"config_file": str(file.path), "serve": serve, "aliases": aliases,
-            "models": models}
+    return {"config_file": str(file.path), "serve": serve, "runtime": runtime,
+            "aliases": aliases, "models": models}
 
 
 def text_report(report: dict[str, Any]) -> str:
@@ -83,6 +91,11 @@ def text_report(report: dict[str, Any]) -> str:
     for key, row in report["serve"].items():
         value = json.dumps(row["value"], default=str)
         lines.append(f"  {key:<{width}}  {value:<24} {row['source']}")
+    for group, rows in report.get("runtime", {}).items():
+        lines.append(f"{group}:")
+        for key, row in rows.items():
+            value = json.dumps(row["value"], default=str)
+            lines.append(f"  {key:<{width}}  {value:<24} {row['source']}")
     if report["aliases"]:
         lines.append("aliases:")
         for name, row in report["aliases"].items():

@@ -29,11 +29,12 @@ reaches through ``mlx_lm.models.base``.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
+
+from ..runconfig import current, parse_switch
 
 log = logging.getLogger("mlxbun.engine")
 
@@ -46,16 +47,12 @@ _dtypes: frozenset[Any] | None = None  # the query dtypes routed (None: all)
 
 
 def parse_mode(value: str | None) -> str:
-    v = (value or "auto").strip().lower()
-    v = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}.get(v, v)
-    if v not in MODES:
-        raise ValueError(f"MLXBUN_SHORT_ATTENTION must be auto, on or off, not {value!r}")
-    return v
+    return parse_switch(value, "MLXBUN_SHORT_ATTENTION")
 
 
 def wanted(mode: str | None = None) -> bool:
     """Whether the short path should be installed in this process."""
-    mode = parse_mode(mode if mode is not None else os.environ.get("MLXBUN_SHORT_ATTENTION"))
+    mode = parse_mode(mode) if mode is not None else current().engine.short_attention
     if mode != "auto":
         return mode == "on"
     try:
@@ -71,11 +68,12 @@ def dtypes_for(mode: str) -> frozenset[Any] | None:
 
 def install(mode: str | None = None) -> bool:
     """Route short queries to :func:`attention` for the rest of the process (idempotent);
-    ``mode`` defaults to ``MLXBUN_SHORT_ATTENTION``. Returns whether it is installed."""
+    ``mode`` defaults to the run configuration's (``MLXBUN_SHORT_ATTENTION``). Returns
+    whether it is installed."""
     global _fused, _dtypes
     if _fused is not None:
         return True
-    mode = parse_mode(mode if mode is not None else os.environ.get("MLXBUN_SHORT_ATTENTION"))
+    mode = parse_mode(mode) if mode is not None else current().engine.short_attention
     if not wanted(mode):
         return False
     _dtypes = dtypes_for(mode)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..events import Retry
+from ..runconfig import current, from_environ
 
 OOM, DEVICE = "oom", "device"
 MEMORY_PRESSURE, DEVICE_FAULT = "memory_pressure", "device_fault"  # Retry codes
@@ -82,17 +83,10 @@ class MemoryConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **kw: Any) -> MemoryConfig:
-        """The fault injection from the environment (read once, by the engine's start)."""
-        env = os.environ if environ is None else environ
-        return cls(fault_alloc=_count(env.get("MLXBUN_FAULT_ALLOC")),
-                   fault_device=_count(env.get("MLXBUN_FAULT_DEVICE")), **kw)
-
-
-def _count(raw: str | None) -> int:
-    try:
-        return max(0, int(raw or 0))
-    except ValueError:
-        return 0
+        """The fault injection of ``environ`` (a mapping of variables), else of the run
+        configuration (read once, by the engine's start)."""
+        faults = (current() if environ is None else from_environ(environ)).faults
+        return cls(fault_alloc=faults.alloc, fault_device=faults.device, **kw)
 
 
 # -- reading free memory ---------------------------------------------------------------

@@ -27,8 +27,9 @@ the cost instead. ``on`` stays for measuring.
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING, Any
+
+from ..runconfig import current, parse_switch
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -39,20 +40,13 @@ MODES = ("auto", "on", "off")
 
 
 def parse_mode(value: str | None) -> str:
-    v = (value or "auto").strip().lower()
-    if v in ("1", "true", "yes"):
-        return "on"
-    if v in ("0", "false", "no"):
-        return "off"
-    if v not in MODES:
-        raise ValueError(f"MLXBUN_PREFILL_BUCKETS must be auto, on or off, not {value!r}")
-    return v
+    return parse_switch(value, "MLXBUN_PREFILL_BUCKETS")
 
 
 def enabled() -> bool:
-    """Whether prefill chunks are split into power-of-two pieces (read per call, so
-    the flag and tests can switch it)."""
-    mode = parse_mode(os.environ.get("MLXBUN_PREFILL_BUCKETS"))
+    """Whether prefill chunks are split into power-of-two pieces (the run configuration,
+    read per call, so tests can switch it with ``runconfig.overridden``)."""
+    mode = current().engine.prefill_buckets
     return mode == "on"  # auto: off everywhere (see the module's note)
 
 

@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..runconfig import current
 from .config import DEFAULT_DEMOTE_IDLE_S, DEFAULT_QUEUE_BYTES, SsdConfig
 
 
@@ -51,8 +52,7 @@ def config_from_args(args) -> tuple[SsdConfig | None, str | None]:
         return None, None
     if getattr(args, "prompt_cache", 1) <= 0:
         return None, "--ssd-cache needs the RAM prompt cache (--prompt-cache above 0)"
-    write_behind = os.environ.get("MLXBUN_SSD_WRITEBEHIND", "1").strip().lower() \
-        not in ("0", "off", "false", "no")
+    write_behind = current().cache.ssd_write_behind
     idle = DEFAULT_DEMOTE_IDLE_S if args.ssd_demote_idle is None else args.ssd_demote_idle
     return SsdConfig(dir=Path(args.ssd_cache).expanduser(),
                      max_bytes=int(args.ssd_cache_max * (1 << 30)) if args.ssd_cache_max else None,

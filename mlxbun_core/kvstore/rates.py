@@ -29,6 +29,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from ..runconfig import current
+
 log = logging.getLogger("mlxbun.kvstore")
 
 PROBE_BYTES = 64 << 20  # past the fixed costs of one restore; ~0.1 s on a datacenter SSD
@@ -63,15 +65,8 @@ def device_key() -> str:
 
 
 def env_restore_bps() -> float | None:
-    raw = os.environ.get("MLXBUN_SSD_READ_GBS")
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        log.warning("MLXBUN_SSD_READ_GBS=%r is not a number; ignored", raw)
-        return None
-    return value * 1e9 if value > 0 else None
+    gbs = current().cache.ssd_read_gbs
+    return None if gbs is None else gbs * 1e9
 
 
 def seed_restore_rate(store: Any) -> tuple[float | None, str]:

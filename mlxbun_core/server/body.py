@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from typing import Any, NoReturn
 
@@ -20,6 +19,7 @@ from blacksheep import Request
 from blacksheep.exceptions import MessageAborted
 
 from ..errors import APIError, BadRequest
+from ..runconfig import current
 
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024  # Anthropic's own Messages cap; room for inline images
 MAX_DEPTH = 64  # far beyond any real body (a JSON schema nests a few levels per property)
@@ -33,9 +33,8 @@ _JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a num
 
 
 def max_body_bytes() -> int:
-    """The byte cap: ``MLXBUN_MAX_BODY_BYTES`` when set, else 32 MiB."""
-    raw = os.environ.get("MLXBUN_MAX_BODY_BYTES", "")
-    return int(raw) if raw.isdigit() and int(raw) > 0 else DEFAULT_MAX_BYTES
+    """The byte cap: the run configuration's (``MLXBUN_MAX_BODY_BYTES``), else 32 MiB."""
+    return current().server.max_body_bytes or DEFAULT_MAX_BYTES
 
 
 class BodyTooLarge(APIError):

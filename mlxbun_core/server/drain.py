@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
+from ..runconfig import current
+
 if TYPE_CHECKING:
     from ..engine.core import Engine
 
@@ -39,12 +41,7 @@ FAULT_EXIT_AFTER_S = 15.0  # the exit happens by then, whatever is still open
 
 
 def shutdown_timeout() -> float:
-    raw = os.environ.get("MLXBUN_SHUTDOWN_TIMEOUT", "")
-    try:
-        value = float(raw) if raw else DEFAULT_TIMEOUT_S
-    except ValueError:
-        value = DEFAULT_TIMEOUT_S
-    return value if value > 0 else DEFAULT_TIMEOUT_S
+    return current().server.shutdown_timeout or DEFAULT_TIMEOUT_S
 
 
 class DrainingServer(uvicorn.Server):

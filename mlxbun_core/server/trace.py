@@ -9,13 +9,14 @@ When off, every call lands on a shared no-op object: nothing is allocated per re
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from blacksheep import Request
+
+from ..runconfig import current
 
 if TYPE_CHECKING:
     from ..events import Finish
@@ -117,7 +118,7 @@ Tracer = Trace | _Off
 
 def begin(request: Request, route: str, request_id: str) -> Tracer:
     """A Trace for this request, or the shared no-op when tracing is off."""
-    if os.environ.get("MLXBUN_P2R_TRACE", "") in ("", "0"):
+    if not current().server.p2r_trace:
         return OFF
     raw = request.get_first_header(b"x-mlxbun-trace-id")
     return Trace(route, request_id, raw.decode("latin-1") if raw else None)

@@ -136,3 +136,14 @@ class OffsetCache:
     def trim(self, n: int) -> int:
         self.offset -= n
         return n
+
+
+def configure(monkeypatch: Any, **groups: dict[str, Any]) -> Any:
+    """The run configuration with some fields changed until the test ends: what a test
+    sets instead of an ``MLXBUN_*`` variable, which nothing below start-up reads
+    (``configure(monkeypatch, engine={"prefill_buckets": "on"})``)."""
+    from .. import runconfig
+
+    config = runconfig.current().changed(**groups)
+    monkeypatch.setattr(runconfig, "_installed", config)
+    return config

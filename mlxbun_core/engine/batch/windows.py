@@ -30,12 +30,12 @@ they kept.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any, cast
 
 import mlx.core as mx
 import numpy as np
 
+from ...runconfig import current
 from .rows import Drafts, Emit, Forcing, Row
 
 Batch = Any  # the executor's ``Batch``: it imports this module, so this one cannot import it
@@ -55,9 +55,9 @@ def refeed_cap() -> int:
     to feed its kept tokens with its next token alone (simulated at a per-draft
     acceptance p, two drafts: tokens per fed position 0.40 vs 0.22 at p = 0, 0.58 vs 0.45
     at 0.6; tokens per step 1.59 vs 1.85 at 0.6)."""
-    env = os.environ.get("MLXBUN_SPEC_BATCH_REFEED")
-    if env:
-        return max(1, int(env))
+    set_to = current().speculation.batch_refeed
+    if set_to is not None:
+        return set_to
     return GPU_REFEED if mx.default_device() == mx.gpu else CPU_REFEED
 
 Plan = tuple[list[int], "Sequence[int] | mx.array"]

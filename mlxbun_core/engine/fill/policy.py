@@ -9,35 +9,18 @@ built; it is read as ``strict``.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from ...runconfig import DEFAULT_FILL_MAX_SPAN, current, parse_fill
 
 if TYPE_CHECKING:
     from ..job import GenerationJob
     from .forced import FillSession
 
 MODES = ("off", "strict")
-DEFAULT_MAX_SPAN = 32
-
-
-def parse_mode(value: str | None) -> str:
-    """``off``/``strict`` from a flag or env value (``echo``, ``1``, ``on``: strict)."""
-    v = (value or "off").strip().lower()
-    if v in ("", "0", "off", "false", "no"):
-        return "off"
-    if v in ("strict", "echo", "1", "on", "true", "yes"):
-        return "strict"
-    raise ValueError(f"MLXBUN_FILL must be off or strict, not {value!r}")
-
-
-def env_mode() -> str:
-    return parse_mode(os.environ.get("MLXBUN_FILL", os.environ.get("MLX_BUN_FILL")))
-
-
-def env_max_span() -> int:
-    raw = os.environ.get("MLXBUN_FILL_MAX_SPAN", os.environ.get("MLX_BUN_FILL_MAX_SPAN"))
-    return max(2, int(raw)) if raw else DEFAULT_MAX_SPAN
+DEFAULT_MAX_SPAN = DEFAULT_FILL_MAX_SPAN
+parse_mode = parse_fill  # ``off``/``strict`` from a flag or env value
 
 
 @dataclass
@@ -53,8 +36,9 @@ class FillPolicy:
 
     @classmethod
     def resolve(cls, mode: str | None = None) -> FillPolicy:
-        """``mode`` from the flag, else ``MLXBUN_FILL``."""
-        return cls(parse_mode(mode) if mode is not None else env_mode(), env_max_span())
+        """``mode`` from the flag, else the run configuration's (``MLXBUN_FILL``)."""
+        engine = current().engine
+        return cls(parse_mode(mode) if mode is not None else engine.fill, engine.fill_max_span)
 
     @property
     def on(self) -> bool:

@@ -18,10 +18,11 @@ matchers in step.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
+
+from ...runconfig import current
 
 if TYPE_CHECKING:
     from ..batch import Forcing
@@ -34,9 +35,9 @@ GPU_STEP_TOKENS = 512
 def step_tokens() -> int:
     """Query positions one shared fill step may run (rows x width):
     ``MLXBUN_FILL_BATCH_TOKENS``, else none on the CPU and 512 on a GPU."""
-    raw = os.environ.get("MLXBUN_FILL_BATCH_TOKENS")
-    if raw:
-        return int(raw)
+    set_to = current().engine.fill_batch_tokens
+    if set_to is not None:
+        return set_to
     return CPU_STEP_TOKENS if mx.default_device() == mx.cpu else GPU_STEP_TOKENS
 
 

@@ -117,11 +117,11 @@ def default_extra_positions() -> int:
     bf16, 8 rows, paired rounds), 32 (4 drafts a row) gave 1.35x plain batched decoding
     where 96 and 256 (10 a row) gave 1.04-1.06x: a wider window mostly pays for drafts that
     are rejected. A CPU step is compute-bound from the start."""
-    import os
-
     import mlx.core as mx
 
-    env = os.environ.get("MLXBUN_SPEC_BATCH_POSITIONS")
-    if env:
-        return max(1, int(env))
+    from ...runconfig import current
+
+    set_to = current().speculation.batch_positions
+    if set_to is not None:
+        return set_to
     return 32 if mx.default_device() == mx.gpu else 16

@@ -16,14 +16,13 @@ Such blocks are dropped unless ``MLXBUN_KEEP_VOLATILE_SYSTEM=1`` (``mlxbun serve
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from ...errors import BadRequest
+from ...runconfig import current
 
 # system text blocks (or leading lines) that carry per-client metadata, never instructions
 VOLATILE_PREFIXES = ("x-anthropic-billing-header:",)
-KEEP_VOLATILE_ENV = "MLXBUN_KEEP_VOLATILE_SYSTEM"
 THINKING_TYPES = ("enabled", "disabled", "adaptive", "between_tools")
 # blocks a system message may carry besides text: mid-conversation tool changes. Every
 # tool in ``tools`` is offered for the whole conversation here, so they change nothing.
@@ -31,9 +30,9 @@ TOOL_CHANGE_BLOCKS = ("tool_addition", "tool_removal")
 
 
 def normalizing() -> bool:
-    """Whether volatile system text is dropped (read per request, so a test or the
-    isolated engine child sees the switch as the parent set it)."""
-    return os.environ.get(KEEP_VOLATILE_ENV, "").strip().lower() not in ("1", "true", "yes", "on")
+    """Whether volatile system text is dropped (the run configuration's switch, read per
+    request)."""
+    return not current().server.keep_volatile_system
 
 
 def _volatile(text: str) -> bool:

@@ -1,0 +1,218 @@
+"""The process's run configuration: one typed, frozen object built once at start-up and
+read by the code below it, which never reads the environment for a setting itself.
+
+``mlxbun serve`` builds it from flags > environment (``MLXBUN_*``) > the config file >
+defaults (:func:`mlxbun_core.config.runtime.build`) and :func:`install`\\ s it before the
+engine loads; anything else (a CLI verb, a bench, an in-process engine) gets
+:func:`from_environ` of the environment on its first :func:`current`. Tests change it
+for a block with :func:`overridden`, never through the environment.
+
+This module sits on the records floor (it imports nothing of ours) so every floor can
+read it; groups are by concern, each field names the variable that sets it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+log = logging.getLogger("mlxbun.config")
+
+SWITCH_MODES = ("auto", "on", "off")
+FILL_MODES = ("off", "strict")
+DEFAULT_FILL_MAX_SPAN = 32
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def parse_switch(value: str | None, var: str) -> str:
+    """``auto``/``on``/``off`` (``1``/``true``/``yes`` on, ``0``/``false``/``no`` off)."""
+    v = (value or "auto").strip().lower()
+    v = "on" if v in _TRUE else "off" if v in _FALSE else v
+    if v not in SWITCH_MODES:
+        raise ValueError(f"{var} must be auto, on or off, not {value!r}")
+    return v
+
+
+def parse_fill(value: str | None) -> str:
+    """``off``/``strict`` (``echo``, ``1``, ``on``: strict)."""
+    v = (value or "off").strip().lower()
+    if v in ("", *_FALSE):
+        return "off"
+    if v in ("strict", "echo", *_TRUE):
+        return "strict"
+    raise ValueError(f"MLXBUN_FILL must be off or strict, not {value!r}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine shapes its forward passes."""
+
+    fill: str = field(default="off", metadata={"env": "MLXBUN_FILL"})
+    fill_max_span: int = field(default=DEFAULT_FILL_MAX_SPAN,
+                               metadata={"env": "MLXBUN_FILL_MAX_SPAN"})
+    # query positions one shared fill step may run; None: by device (CPU 0, GPU 512)
+    fill_batch_tokens: int | None = field(default=None,
+                                          metadata={"env": "MLXBUN_FILL_BATCH_TOKENS"})
+    short_attention: str = field(default="auto", metadata={"env": "MLXBUN_SHORT_ATTENTION"})
+    prefill_buckets: str = field(default="auto", metadata={"env": "MLXBUN_PREFILL_BUCKETS"})
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    """The batch lane's draft windows; None: the device's default."""
+
+    batch_positions: int | None = field(default=None,
+                                        metadata={"env": "MLXBUN_SPEC_BATCH_POSITIONS"})
+    batch_refeed: int | None = field(default=None, metadata={"env": "MLXBUN_SPEC_BATCH_REFEED"})
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The SSD tier's settings that have no flag."""
+
+    ssd_write_behind: bool = field(default=True, metadata={"env": "MLXBUN_SSD_WRITEBEHIND"})
+    ssd_read_gbs: float | None = field(default=None, metadata={"env": "MLXBUN_SSD_READ_GBS"})
+
+
+@dataclass(frozen=True)
+class FaultConfig:
+    """Test-only fault injection (docs/development.md)."""
+
+    alloc: int = field(default=0, metadata={"env": "MLXBUN_FAULT_ALLOC"})
+    device: int = field(default=0, metadata={"env": "MLXBUN_FAULT_DEVICE"})
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The HTTP surfaces' settings that have no serve flag (or one folded in here)."""
+
+    max_body_bytes: int | None = field(default=None, metadata={"env": "MLXBUN_MAX_BODY_BYTES"})
+    shutdown_timeout: float | None = field(default=None,
+                                           metadata={"env": "MLXBUN_SHUTDOWN_TIMEOUT"})
+    keep_volatile_system: bool = field(default=False,
+                                       metadata={"env": "MLXBUN_KEEP_VOLATILE_SYSTEM"})
+    p2r_trace: bool = field(default=False, metadata={"env": "MLXBUN_P2R_TRACE"})
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every setting below start-up, grouped by concern."""
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    faults: FaultConfig = field(default_factory=FaultConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+    def changed(self, **groups: Mapping[str, Any]) -> RunConfig:
+        """A copy with fields of groups replaced: ``changed(engine={"fill": "strict"})``."""
+        return replace(self, **{g: replace(getattr(self, g), **v) for g, v in groups.items()})
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        return {g.name: {f.name: getattr(getattr(self, g.name), f.name)
+                         for f in fields(getattr(self, g.name))} for g in fields(self)}
+
+
+def env_names() -> dict[tuple[str, str], str]:
+    """``(group, field)`` -> the variable that sets it."""
+    blank = RunConfig()
+    return {(g.name, f.name): f.metadata["env"] for g in fields(blank)
+            for f in fields(getattr(blank, g.name))}
+
+
+def _int(raw: str, low: int) -> int:
+    return max(low, int(raw))
+
+
+def _count(raw: str) -> int:
+    try:
+        return max(0, int(raw))
+    except ValueError:
+        return 0  # a fault count that is no number injects nothing
+
+
+def _gbs(raw: str) -> float | None:
+    try:
+        value = float(raw)
+    except ValueError:
+        log.warning("MLXBUN_SSD_READ_GBS=%r is not a number; ignored", raw)
+        return None
+    return value if value > 0 else None
+
+
+def _positive_int(raw: str) -> int | None:
+    return int(raw) if raw.isdigit() and int(raw) > 0 else None
+
+
+def _positive_float(raw: str) -> float | None:
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+# (group, field) -> how a set, non-empty variable becomes the field's value
+_READERS: dict[tuple[str, str], Callable[[str], Any]] = {
+    ("engine", "fill"): parse_fill,
+    ("engine", "fill_max_span"): lambda raw: _int(raw, 2),
+    ("engine", "fill_batch_tokens"): int,
+    ("engine", "short_attention"): lambda raw: parse_switch(raw, "MLXBUN_SHORT_ATTENTION"),
+    ("engine", "prefill_buckets"): lambda raw: parse_switch(raw, "MLXBUN_PREFILL_BUCKETS"),
+    ("speculation", "batch_positions"): lambda raw: _int(raw, 1),
+    ("speculation", "batch_refeed"): lambda raw: _int(raw, 1),
+    ("cache", "ssd_write_behind"): lambda raw: raw.strip().lower() not in _FALSE,
+    ("cache", "ssd_read_gbs"): _gbs,
+    ("faults", "alloc"): _count,
+    ("faults", "device"): _count,
+    ("server", "max_body_bytes"): _positive_int,
+    ("server", "shutdown_timeout"): _positive_float,
+    ("server", "keep_volatile_system"): lambda raw: raw.strip().lower() in _TRUE,
+    ("server", "p2r_trace"): lambda raw: raw not in ("", "0"),
+}
+# the spelling before the rename, still read where it was
+_OLD_NAMES = {"MLXBUN_FILL": "MLX_BUN_FILL", "MLXBUN_FILL_MAX_SPAN": "MLX_BUN_FILL_MAX_SPAN"}
+
+
+def from_environ(environ: Mapping[str, str]) -> RunConfig:
+    """The configuration ``environ`` (the process's environment, at start-up) sets;
+    ValueError names the variable whose value is wrong."""
+    groups: dict[str, dict[str, Any]] = {}
+    for (group, name), var in env_names().items():
+        raw = environ.get(var, environ.get(_OLD_NAMES.get(var, ""), ""))
+        if raw:
+            groups.setdefault(group, {})[name] = _READERS[group, name](raw)
+    return RunConfig().changed(**groups)
+
+
+_installed: RunConfig | None = None
+
+
+def install(config: RunConfig) -> RunConfig:
+    """Make ``config`` the process's (start-up does, once)."""
+    global _installed
+    _installed = config
+    return config
+
+
+def current() -> RunConfig:
+    """The installed configuration; without one, the environment's, read once."""
+    if _installed is None:
+        return install(from_environ(os.environ))
+    return _installed
+
+
+@contextmanager
+def overridden(**groups: Mapping[str, Any]) -> Iterator[RunConfig]:
+    """The current configuration with some fields changed, for a block (tests, benches)."""
+    global _installed
+    saved = _installed
+    try:
+        yield install(current().changed(**groups))
+    finally:
+        _installed = saved

@@ -1,0 +1,94 @@
+"""Settings come from the run configuration (``mlxbun_core/runconfig.py``), built once at
+start-up: nothing below start-up reads the environment for a setting.
+
+Every ``os.environ`` or ``os.getenv`` read in ``mlxbun_core/`` and the family plugins'
+packages must sit in a module allowed below, each for a stated reason. A setting read
+anywhere else fails here: give it a field in :mod:`mlxbun_core.runconfig` instead.
+Writes (``os.environ[NAME] = ...``) are no reads and are not counted.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TREES = [ROOT / "mlxbun_core", *sorted((ROOT / "plugins").glob("*/mlxbun_*"))]
+
+ALLOWED = {
+    # the start-up builders: the run configuration and the serve options' sources
+    "mlxbun_core/runconfig.py", "mlxbun_core/config/runtime.py",
+    "mlxbun_core/config/effective.py",
+    # flag definitions and CLI verbs' own top level (argparse defaults from MLXBUN_*)
+    "mlxbun_core/serve_flags.py", "mlxbun_core/kvstore/flags.py",
+    "mlxbun_core/console/finder.py", "mlxbun_core/console/cache_verb.py",
+    # an environment handed to a subprocess (passed on or scrubbed)
+    "mlxbun_core/launch.py", "mlxbun_core/jobs/runner.py", "mlxbun_core/isolate/child.py",
+    "mlxbun_core/webchat/coding/workspace.py",
+    # HOME / XDG / Hugging Face locations, token and offline switch, read where used
+    # because a long-running server and tests move them with the environment
+    "mlxbun_core/models/paths.py", "mlxbun_core/models/resolve.py",
+    "mlxbun_core/hub/remote.py", "mlxbun_core/hub/settings.py", "mlxbun_core/jobs/quantize.py",
+    # the launcher's rendezvous (mlx.launch, NCCL, JACCL set these, not the user)
+    "mlxbun_core/distributed/group.py",
+    # test helpers
+    "mlxbun_core/testing/home.py", "mlxbun_core/testing/helpers.py",
+    "mlxbun_core/testing/clients.py", "mlxbun_core/testing/dist.py",
+}
+# Settings still read where they are used: to be moved into the run configuration, one
+# concern at a time; this list only shrinks.
+NOT_YET_MOVED = {
+    "mlxbun_core/torchless.py", "mlxbun_core/grammar_registry.py", "mlxbun_core/plugins.py",
+    "mlxbun_core/blas/__init__.py", "mlxbun_core/blas/route.py",
+    "mlxbun_core/library/bandwidth.py", "mlxbun_core/media/fetch.py",
+    "mlxbun_core/selection.py", "mlxbun_core/models/hub_timeout.py",
+    "mlxbun_core/models/gguf_cache.py", "mlxbun_core/plugins_builtin/xgrammar_backend.py",
+    "mlxbun_core/adapters/manager.py", "mlxbun_core/memory/vault.py",
+    "mlxbun_core/server/web.py",
+    "plugins/glm52/mlxbun_glm52/streaming.py", "plugins/qwen35/mlxbun_qwen35/mtp.py",
+}
+
+
+def _os_environ(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv")
+            and isinstance(node.value, ast.Name) and node.value.id == "os")
+
+
+def env_reads(tree: ast.AST) -> list[int]:
+    """Lines of ``os.environ`` / ``os.getenv`` uses that are not plain writes, and of
+    ``from os import environ`` / ``getenv``."""
+    written = {id(t.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+               for t in node.targets if isinstance(t, ast.Subscript)}
+    used = [n.lineno for n in ast.walk(tree) if _os_environ(n) and id(n) not in written]
+    imported = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                and n.module == "os" and {a.name for a in n.names} & {"environ", "getenv"}]
+    return sorted(used + imported)
+
+
+def reads_by_module() -> dict[str, list[int]]:
+    found = {}
+    for tree in TREES:
+        for path in sorted(tree.rglob("*.py")):
+            lines = env_reads(ast.parse(path.read_text()))
+            if lines:
+                found[path.relative_to(ROOT).as_posix()] = lines
+    return found
+
+
+READS = reads_by_module()
+
+
+def test_the_scan_sees_reads_and_not_writes():
+    code = ("import os\nfrom os import getenv\na = os.environ.get('X')\n"
+            "os.environ['Y'] = '1'\nb = {**os.environ}\nc = os.getenv('Z')\n")
+    assert env_reads(ast.parse(code)) == [2, 3, 5, 6]
+    assert READS.get("mlxbun_core/runconfig.py")  # the builder is found by the scan
+
+
+def test_nothing_below_start_up_reads_the_environment_for_a_setting():
+    outside = {m: lines for m, lines in READS.items() if m not in ALLOWED | NOT_YET_MOVED}
+    assert outside == {}, "read these through mlxbun_core.runconfig.current()"
+
+
+def test_the_lists_name_only_modules_that_read():
+    assert sorted((ALLOWED | NOT_YET_MOVED) - set(READS)) == []  # moved: take it off

@@ -1,0 +1,108 @@
+"""The run configuration (``mlxbun_core/runconfig.py``): one typed, frozen object built at
+start-up from flags > environment > file > defaults, read below start-up instead of the
+environment, and reported by ``mlxbun config show``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from mlxbun_core import cli, runconfig
+from mlxbun_core.config import apply_config
+from mlxbun_core.config.runtime import build
+from mlxbun_core.engine import prefill_shapes
+from mlxbun_core.engine.fill import FillPolicy
+from mlxbun_core.engine.memory import MemoryConfig
+from mlxbun_core.testing.helpers import configure
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A clean $MLXBUN_HOME and no MLXBUN_* variables."""
+    import os
+
+    for var in [v for v in os.environ if v.startswith(("MLXBUN_", "MLX_BUN_"))]:
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("MLXBUN_HOME", str(tmp_path))
+    return tmp_path
+
+
+def serve(*flags):
+    argv = ["serve", *flags]
+    args = cli.build_parser().parse_args(argv)
+    apply_config(args, argv, cli.build_serve_parser)
+    return args
+
+
+def test_every_group_is_frozen_and_every_field_names_its_variable():
+    config = runconfig.RunConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.engine.fill = "strict"  # type: ignore[misc]
+    names = runconfig.env_names()
+    assert len(names) == sum(len(v) for v in config.as_dict().values())
+    assert all(v.startswith("MLXBUN_") for v in names.values())
+
+
+def test_the_environment_is_read_into_typed_fields():
+    env = {"MLXBUN_FILL": "on", "MLX_BUN_FILL_MAX_SPAN": "1", "MLXBUN_FILL_BATCH_TOKENS": "0",
+           "MLXBUN_SHORT_ATTENTION": "yes", "MLXBUN_SPEC_BATCH_REFEED": "0",
+           "MLXBUN_SSD_WRITEBEHIND": "off", "MLXBUN_SSD_READ_GBS": "fast",
+           "MLXBUN_FAULT_ALLOC": "7", "MLXBUN_FAULT_DEVICE": "x",
+           "MLXBUN_MAX_BODY_BYTES": "0", "MLXBUN_SHUTDOWN_TIMEOUT": "2.5"}
+    c = runconfig.from_environ(env)
+    assert (c.engine.fill, c.engine.fill_max_span, c.engine.fill_batch_tokens) == \
+        ("strict", 2, 0)  # the old spelling still read; a span is at least 2
+    assert (c.engine.short_attention, c.engine.prefill_buckets) == ("on", "auto")
+    assert (c.speculation.batch_refeed, c.speculation.batch_positions) == (1, None)
+    assert (c.cache.ssd_write_behind, c.cache.ssd_read_gbs) == (False, None)
+    assert (c.faults.alloc, c.faults.device) == (7, 0)
+    assert (c.server.max_body_bytes, c.server.shutdown_timeout) == (None, 2.5)
+    with pytest.raises(ValueError, match="MLXBUN_SHORT_ATTENTION"):
+        runconfig.from_environ({"MLXBUN_SHORT_ATTENTION": "sometimes"})
+
+
+def test_a_flag_wins_over_its_variable_and_the_variable_over_the_default(home, monkeypatch):
+    monkeypatch.setenv("MLXBUN_FILL", "strict")
+    monkeypatch.setenv("MLXBUN_PREFILL_BUCKETS", "on")
+    monkeypatch.setenv("MLXBUN_SPEC_BATCH_POSITIONS", "9")
+    config = build(serve("--fill", "off"))
+    assert config.engine.fill == "off"  # the flag
+    assert config.engine.prefill_buckets == "on"  # the variable, through the flag's default
+    assert config.speculation.batch_positions == 9  # a variable with no flag
+    assert build(serve()).engine.fill == "strict"
+    (home / "mlxbun.yaml").write_text("serve:\n  fill: strict\n  keep_volatile_system: true\n")
+    monkeypatch.delenv("MLXBUN_FILL")
+    from_file = build(serve())
+    assert from_file.engine.fill == "strict" and from_file.server.keep_volatile_system
+
+
+def test_code_below_start_up_reads_the_installed_object_not_the_environment(monkeypatch):
+    configure(monkeypatch, engine={"prefill_buckets": "on", "fill": "strict"},
+              faults={"alloc": 3})
+    monkeypatch.setenv("MLXBUN_PREFILL_BUCKETS", "off")  # after start-up: changes nothing
+    monkeypatch.setenv("MLXBUN_FILL", "off")
+    assert prefill_shapes.enabled() and prefill_shapes.pieces(5) == [4, 1]
+    assert FillPolicy.resolve().mode == "strict"
+    assert MemoryConfig.from_env().fault_alloc == 3
+    with runconfig.overridden(engine={"prefill_buckets": "off"}):
+        assert not prefill_shapes.enabled()
+    assert prefill_shapes.enabled()
+
+
+def test_config_show_reports_the_same_object(home, capsys, monkeypatch):
+    monkeypatch.setenv("MLXBUN_FILL_BATCH_TOKENS", "64")
+    assert cli.main(["config", "show", "--json", "--prefill-buckets", "on"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    runtime = report["runtime"]
+    built = build(serve("--prefill-buckets", "on")).as_dict()
+    assert {g: {k: row["value"] for k, row in rows.items()} for g, rows in runtime.items()} \
+        == built
+    assert runtime["engine"]["prefill_buckets"] == {"value": "on", "source": "flag"}
+    assert runtime["engine"]["fill_batch_tokens"] == {
+        "value": 64, "source": "env MLXBUN_FILL_BATCH_TOKENS"}
+    assert runtime["engine"]["short_attention"] == {"value": "auto", "source": "default"}
+    monkeypatch.setenv("MLXBUN_SHORT_ATTENTION", "sometimes")
+    assert cli.main(["config", "show"]) == 2
+    assert "MLXBUN_SHORT_ATTENTION" in capsys.readouterr().err
