@@ -11,7 +11,6 @@ went wrong (with the end of a stdio server's stderr) becomes :attr:`McpServer.er
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import re
@@ -31,6 +30,8 @@ MAX_TOOL_NAME = 64  # OpenAI's limit on a function name, and the approvals store
 MAX_TOOLS = 128  # per server: a listing past this is cut (a prompt has room for only so many)
 MAX_PAGES = 20
 STDERR_TAIL = 1500  # characters of a stdio server's stderr quoted when it fails
+STOP_S = 5.0  # for a holder to close its connection (the SDK gives a stdio server 2 s)
+PING_S = 5.0  # a ready server lists its tools again before each turn within this
 RETRY_START_S = 30.0  # a server that failed to start is tried again after this long
 
 
@@ -57,6 +58,7 @@ class McpServer:
         self.spec = spec
         self.state = "idle"
         self.error: str | None = None
+        self.last_failure: str | None = None
         self.tools: dict[str, McpTool] = {}
         self.notes: list[str] = []  # tools left out, and why
         self.failed_at = 0.0
@@ -66,6 +68,7 @@ class McpServer:
         self._ready = asyncio.Event()
         self._stop = asyncio.Event()
         self._errlog: IO[str] | None = None
+        self._ending: set[asyncio.Task] = set()  # holders let go, still closing
 
     # -- lifecycle --------------------------------------------------------------------------
     def due(self) -> bool:
@@ -78,6 +81,7 @@ class McpServer:
         return self.started_once or time.monotonic() - self.failed_at >= RETRY_START_S
 
     def start(self) -> None:
+        self.last_failure = self.error or self.last_failure  # shown after a restart too
         self.state, self.error, self.tools, self.notes = "starting", None, {}, []
         self._ready, self._stop = asyncio.Event(), asyncio.Event()
         self._task = asyncio.create_task(self._hold(), name=f"mcp:{self.spec.name}")
@@ -92,7 +96,33 @@ class McpServer:
         except asyncio.TimeoutError:
             if self.state == "starting":
                 self._fail(f"did not start within {timeout:g} s", started=False)
-                await self._cancel()
+                self._abandon()
+
+    async def alive(self, timeout: float) -> None:
+        """A ready server lists its tools again within ``timeout`` (a tool added or changed
+        since shows in the next turn), or is failed and let go: a server that died or hangs
+        between turns leaves the next turn without its tools. (MCP's ping is gone from the
+        2026 protocol; a listing works on every version.)"""
+        client = self._client
+        if self.state != "ready" or client is None:
+            return
+        try:
+            tools, notes = await asyncio.wait_for(self._list(client, "refresh"), timeout)
+            if self._client is client:
+                self.tools, self.notes = tools, notes
+        except Exception as exc:
+            why = f"no answer within {timeout:g} s" \
+                if isinstance(exc, asyncio.TimeoutError) else describe(exc)
+            self._fail(f"the server stopped ({why})", started=True)
+            self._abandon()
+
+    def _abandon(self) -> None:
+        """Let the holder go: it ends (and its process with it) in the background."""
+        self._stop.set()
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            self._ending.add(self._task)
+            self._task.add_done_callback(self._ending.discard)
 
     async def stop(self) -> None:
         """Close the connection (a stdio server's process ends with it)."""
@@ -100,18 +130,14 @@ class McpServer:
         task = self._task
         if task is not None and not task.done():
             try:
-                await asyncio.wait_for(asyncio.shield(task), 5.0)
+                await asyncio.wait_for(asyncio.shield(task), STOP_S)
             except (asyncio.TimeoutError, Exception):
-                await self._cancel()
+                self._abandon()
+        pending = [t for t in self._ending if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=STOP_S)
         if self.state != "failed":
             self.state = "stopped"
-
-    async def _cancel(self) -> None:
-        task = self._task
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(task, 5.0)
 
     def _fail(self, why: str, started: bool) -> None:
         tail = self._stderr_tail()
@@ -141,9 +167,9 @@ class McpServer:
         def current() -> bool:
             return self._task is asyncio.current_task() and not stop.is_set()
 
-        try:
-            with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as errlog:
-                self._errlog = errlog
+        with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as errlog:
+            self._errlog = errlog  # read by _fail while open: a stdio server's last words
+            try:
                 async with Client(self._transport(errlog)) as client:
                     tools, notes = await self._list(client)
                     if current():
@@ -156,11 +182,11 @@ class McpServer:
                         self._client = None
                 if current():
                     self._fail("the connection ended", started=self.state == "ready")
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # an ExceptionGroup from the SDK's task groups too
-            if current():
-                self._fail(describe(exc), started=self.state == "ready")
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # an ExceptionGroup from the SDK's task groups too
+                if current():
+                    self._fail(describe(exc), started=self.state == "ready")
 
     def _transport(self, errlog: IO[str]) -> Any:
         spec = self.spec
@@ -178,12 +204,13 @@ class McpServer:
                                        env=spec.env or None, cwd=spec.cwd)
         return stdio_client(params, errlog=errlog)
 
-    async def _list(self, client: Any) -> tuple[dict[str, McpTool], list[str]]:
+    async def _list(self, client: Any, cache_mode: str = "use"
+                    ) -> tuple[dict[str, McpTool], list[str]]:
         tools: dict[str, McpTool] = {}
         notes: list[str] = []
         cursor = None
         for _ in range(MAX_PAGES):
-            page = await client.list_tools(cursor=cursor)
+            page = await client.list_tools(cursor=cursor, cache_mode=cache_mode)
             for tool in page.tools:
                 name = namespaced(self.spec.name, tool.name)
                 if name is None or name in tools:
@@ -229,7 +256,7 @@ class McpServer:
 
     def _died(self, exc: BaseException) -> ToolFailed:
         self._fail(f"the server stopped ({describe(exc)})", started=True)
-        self._stop.set()
+        self._abandon()
         return ToolFailed(f"MCP server {self.spec.name} stopped during the call: {self.error}")
 
 

@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Iterable
 
 from ...config.mcp import McpServerSpec
-from .client import McpServer, McpTool
+from .client import PING_S, McpServer, McpTool
 
 MISSING_SDK = ("the mcp package is not installed (pip install 'mlxbun[mcp]', or make "
                "install); MCP servers are off")
@@ -25,10 +25,11 @@ class McpHub:
         return bool(self.servers)
 
     async def prepare(self) -> None:
-        """Start every server that is due (:meth:`McpServer.due`) and wait for them, each
-        within its own start bound: a server that hangs costs its bound once, then waits
-        out its retry delay; it never holds a turn for longer."""
+        """Ping the ready servers, start every server that is due (:meth:`McpServer.due`)
+        and wait for them, each within its own start bound: a server that hangs costs its
+        bound once, then waits out its retry delay; it never holds a turn for longer."""
         async with self.lock:
+            await asyncio.gather(*(s.alive(PING_S) for s in self.servers.values()))
             due = [s for s in self.servers.values() if s.due()]
             if due and not sdk_installed():
                 for server in due:
@@ -48,7 +49,8 @@ class McpHub:
     def status(self) -> list[dict]:
         """Each server's state for the page's status line."""
         return [{"name": s.spec.name, "state": s.state, "where": s.spec.where,
-                 "tools": sorted(s.tools), "error": s.error, "notes": s.notes}
+                 "tools": sorted(s.tools), "error": s.error, "notes": s.notes,
+                 "lastFailure": s.last_failure}
                 for s in self.servers.values()]
 
     async def close(self) -> None:
