@@ -27,6 +27,9 @@ from mlxbun_core.testing.wschat import ChatClient
 from scripted_model import scripted_server
 
 FIXTURE = Path(__file__).with_name("mcp_fixture_server.py")
+BROKEN = "import sys; sys.stderr.write('broken: no config file'); sys.exit(2)"
+STUCK = ("import os, sys, time; open(sys.argv[1], 'a').write(str(os.getpid()) + chr(10)); "
+         "time.sleep(600)")  # a server that never answers its handshake; its pid, per start
 STALL_S = 30.0  # a turn that says nothing for this long has hung
 
 
@@ -85,10 +88,10 @@ def setup(tmp_path_factory):
                 headers: {{X-Fixture: "1"}}
               broken:
                 command: {sys.executable}
-                args: ["-c", "import sys; sys.stderr.write('broken: no config file\\\\n'); sys.exit(2)"]
+                args: ["-c", "{BROKEN}"]
               stuck:
                 command: {sys.executable}
-                args: ["-c", "import os, sys, time; open(sys.argv[1], 'a').write(str(os.getpid()) + chr(10)); time.sleep(600)", "{logs['stuck']}"]
+                args: ["-c", "{STUCK}", "{logs['stuck']}"]
                 startup_timeout: 2
             """)
         with scripted_server("", name="scripted-mcp") as (srv, plugin):

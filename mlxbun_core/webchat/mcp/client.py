@@ -17,7 +17,7 @@ import re
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, TextIO, cast
 
 from ...config.mcp import McpServerSpec
 from ..apptools import ToolFailed
@@ -202,7 +202,7 @@ class McpServer:
 
         params = StdioServerParameters(command=spec.command or "", args=list(spec.args),
                                        env=spec.env or None, cwd=spec.cwd)
-        return stdio_client(params, errlog=errlog)
+        return stdio_client(params, errlog=cast(TextIO, errlog))  # a real file: it has a fd
 
     async def _list(self, client: Any, cache_mode: str = "use"
                     ) -> tuple[dict[str, McpTool], list[str]]:
