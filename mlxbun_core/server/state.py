@@ -63,6 +63,9 @@ class AppState:
     """This app's Prometheus registry (``GET /metrics``; :mod:`mlxbun_core.metrics`)."""
     model_aliases: dict[str, str] = field(default_factory=dict)
     """``mlxbun.yaml``'s aliases: listed by ``/v1/models`` (alias -> model id)."""
+    mcp_servers: dict[str, Any] = field(default_factory=dict)
+    """``mlxbun.yaml``'s ``mcp_servers:`` (name -> McpServerSpec): the web chat's MCP tools,
+    started on first use (:mod:`mlxbun_core.webchat.mcp`)."""
 
 
 class App(Application):

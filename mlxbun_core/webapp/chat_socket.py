@@ -28,6 +28,7 @@ from ..server import guard
 from ..server.common import json_response
 from ..server.served_model import model_row
 from ..webchat.agent import ChatAgent
+from ..webchat.mcp.hub import McpHub
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
@@ -101,6 +102,18 @@ async def serve_connection(ws: WebSocket, agent: ChatAgent, outbox: Outbox) -> N
 
 def register(app: App, engine: Engine) -> None:
     store = app.state.sessions  # PATH is an admin route (guard.ADMIN_PREFIXES)
+    hubs: list[McpHub] = []  # mlxbun.yaml's MCP servers: one hub for every connection
+
+    def mcp_hub() -> McpHub:
+        if not hubs:
+            hubs.append(McpHub(app.state.mcp_servers.values()))
+        return hubs[0]
+
+    async def stop_mcp(application: object) -> None:
+        if hubs:
+            await hubs[0].close()
+
+    app.on_stop += stop_mcp
 
     async def upgrade_required(request: Request) -> Response:
         refusal = _unavailable(app)
@@ -120,7 +133,8 @@ def register(app: App, engine: Engine) -> None:
         outbox = Outbox(ws)
         # coding tools: loopback clients only, even with the key (guard.py checked the key)
         coding = guard.is_loopback_client(ws.scope.get("client"))
-        agent = ChatAgent(engine, store, outbox, ready_frame(engine), coding_allowed=coding)
+        agent = ChatAgent(engine, store, outbox, ready_frame(engine), coding_allowed=coding,
+                          mcp_hub=mcp_hub())
         await serve_connection(ws, agent, outbox)
 
     app.router.add_get(PATH, upgrade_required)

@@ -33,8 +33,8 @@ class ChatAgent:
     """The web chat's agent for one connection."""
 
     def __init__(self, engine: Any, store: SessionStore, send: Send, ready: dict,
-                 coding_allowed: bool = False):
-        self.conversation = Conversation(engine, store, send, ready)
+                 coding_allowed: bool = False, mcp_hub: Any = None):
+        self.conversation = Conversation(engine, store, send, ready, mcp_hub)
         self.conversation.coding.allowed = coding_allowed  # loopback clients only
         self.turns = TurnFrames(self.conversation)
         groups = (SettingsFrames(self.conversation), SessionFrames(self.conversation), self.turns,
@@ -48,6 +48,7 @@ class ChatAgent:
         await conv.send({"type": "ready", **conv.ready})
         await conv.coding.send_state()
         await conv.coding.send_approvals()
+        await conv.mcp.send_status(always=True)
         await conv.send_state()
 
     async def close(self) -> None:

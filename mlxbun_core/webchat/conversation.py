@@ -17,6 +17,8 @@ from ..errors import APIError, BadRequest
 from . import apptools, overflow
 from .coding.gate import CodingSession
 from .history import first_answer, history_item
+from .mcp.hub import McpHub
+from .mcp.session import McpSession
 from .store import Session, SessionStore
 
 Send = Callable[[dict], Awaitable[None]]
@@ -25,7 +27,8 @@ Send = Callable[[dict], Awaitable[None]]
 class Conversation:
     """What one connection holds between frames; ``send`` writes a server frame."""
 
-    def __init__(self, engine: Any, store: SessionStore, send: Send, ready: dict):
+    def __init__(self, engine: Any, store: SessionStore, send: Send, ready: dict,
+                 mcp_hub: McpHub | None = None):
         self.engine, self.store, self.send, self.ready = engine, store, send, ready
         self.session: Session | None = None
         self.draft_settings: dict = {}  # settings of a session not written yet
@@ -33,6 +36,7 @@ class Conversation:
         self.app_context: dict | None = None
         self.task: asyncio.Task | None = None  # the running turn
         self.coding = CodingSession(send)  # off until the page names a workspace
+        self.mcp = McpSession(send, mcp_hub, self.coding)  # mlxbun.yaml's MCP servers
 
     # -- state ----------------------------------------------------------------------------
     @property
@@ -74,7 +78,7 @@ class Conversation:
                                          self.coding.system_line()) if x)
         if system:
             messages = [{"role": "system", "content": system}] + messages
-        tools = apptools.AGENT_TOOLS + self.coding.tools()
+        tools = apptools.AGENT_TOOLS + self.coding.tools() + self.mcp.tools()
         body = {"messages": messages, "tools": tools, "stream": True,
                 **(s.get("sampling") or {}), **self.next_turn}
         if s.get("thinking") is not None:

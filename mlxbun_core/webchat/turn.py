@@ -180,6 +180,7 @@ class Turn:
         """Run each app tool call, tell the browser, save the results; the new leaf's id."""
         conv = self.conv
         await conv.coding.announce([c for c in calls if conv.coding.handles(c["function"]["name"])])
+        await conv.mcp.announce([c for c in calls if conv.mcp.handles(c["function"]["name"])])
         for call in calls:
             fn = call["function"]
             await conv.send({"type": "tool_start", "callId": call["id"], "tool": fn["name"],
@@ -188,6 +189,8 @@ class Turn:
             try:
                 if conv.coding.handles(fn["name"]):  # coding/gate.py: may wait for approval
                     result = await conv.coding.run(call)
+                elif conv.mcp.handles(fn["name"]):  # mcp/session.py: the same cards
+                    result = await conv.mcp.run(call)
                 else:
                     args = apptools.parse_arguments(fn["arguments"])
                     result, frame = apptools.run_tool(fn["name"], args, conv.app_context)

@@ -79,6 +79,7 @@ class TurnFrames:
         messages = conv.model_messages(history)
         if user_message is not None:
             messages.append(user_message)
+        await conv.mcp.prepare()  # MCP servers start on first use; their tools join the turn
         messages, dropped = await fit(conv, messages)  # the overflow policy (overflow.py)
         turn = Turn(conv, conv.request_body(messages), dropped)
         conv.next_turn = {}

@@ -93,6 +93,7 @@ function onFrame(frame) {
     case "queue_update": coding.queue(frame); break;
     case "coding_tools": coding.state(frame); break;
     case "tool_approvals": coding.approvals(frame); break;
+    case "mcp_status": coding.mcpStatus(frame); break;
     case "turn_end":
       chat.endTurn(frame);
       setBusy(false);

@@ -77,12 +77,14 @@ export class Coding {
     card.dataset.callId = frame.callId;
     card.setAttribute("aria-label", `Approve ${frame.tool}`);
     const p = frame.preview || {};
-    const what = frame.tool === "bash"
-      ? `Run in ${p.cwd} (through ${p.shell}, at most ${p.timeout} s):`
+    const mcp = p.server !== undefined;  // an MCP tool: the server, the tool and its arguments
+    const what = mcp ? `Call ${p.tool} on MCP server ${p.server} (${p.where}, at most ${p.timeout} s):`
+      : frame.tool === "bash" ? `Run in ${p.cwd} (through ${p.shell}, at most ${p.timeout} s):`
       : `${p.created ? "Create" : "Change"} ${p.path}:`;
     card.append(el("strong", "approval-title", `${frame.tool} wants to act`), el("p", null, what));
-    const body = el("pre", frame.tool === "bash" ? "approval-command" : "approval-diff");
-    if (frame.tool === "bash") body.textContent = p.command;
+    const body = el("pre", mcp || frame.tool === "bash" ? "approval-command" : "approval-diff");
+    if (mcp) body.textContent = p.arguments;
+    else if (frame.tool === "bash") body.textContent = p.command;
     else renderDiff(body, p.diff || "");
     const row = el("div", "row approval-actions");
     const answer = (decision, alwaysAllow) => {
@@ -104,6 +106,15 @@ export class Coding {
     seg.tools.append(card);
     row.querySelector("button").focus({ preventScroll: true });
     this.chat.scroll(true);
+  }
+
+  // mcp_status {servers: [{name, state, tools, error}]}: one line per MCP server
+  mcpStatus(frame) {
+    const note = $("mcp-note");
+    if (!note) return;
+    note.replaceChildren(...(frame.servers || []).map((s) => el("div", null,
+      `MCP ${s.name}: ${s.state}` + (s.state === "ready" ? ` (${s.tools.length} tools)` : "")
+      + (s.error ? ` — ${s.error}` : ""))));
   }
 
   // tool_update {callId, kind, chunk}: output or a diff on the call's card
