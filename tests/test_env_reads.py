@@ -44,7 +44,7 @@ NOT_YET_MOVED = {
     "mlxbun_core/selection.py", "mlxbun_core/models/hub_timeout.py",
     "mlxbun_core/models/gguf_cache.py", "mlxbun_core/plugins_builtin/xgrammar_backend.py",
     "mlxbun_core/adapters/manager.py", "mlxbun_core/memory/vault.py",
-    "mlxbun_core/server/web.py",
+    "mlxbun_core/webapp/pages.py",
     "plugins/glm52/mlxbun_glm52/streaming.py", "plugins/qwen35/mlxbun_qwen35/mtp.py",
 }
 

@@ -17,7 +17,8 @@ from mlxbun_core.engine.request import parse_chat
 from mlxbun_core.engine.sampling import SamplingParams
 from mlxbun_core.errors import BadRequest
 from mlxbun_core.request_fields import BY_NAME, FIELDS, SURFACES, RequestField, accepted
-from mlxbun_core.server import anthropic_request, responses_request
+from mlxbun_core.server.anthropic import request as anthropic_request
+from mlxbun_core.server.openai import responses_request
 from mlxbun_core.webchat import frames
 
 USER = [{"role": "user", "content": "hi"}]

@@ -272,7 +272,7 @@ def _function(name: str, tool: Any) -> dict[str, Any]:
 def describe(exc: BaseException) -> str:
     """A failure in one line: an ExceptionGroup's first leaf, by type and message."""
     while getattr(exc, "exceptions", None):  # an ExceptionGroup (the SDK's task groups)
-        exc = exc.exceptions[0]  # type: ignore[attr-defined]
+        exc = exc.exceptions[0]  # type: ignore[attr-defined]  # getattr above checked it
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
