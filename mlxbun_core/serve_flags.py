@@ -99,11 +99,11 @@ def add_sampling_flags(s: argparse.ArgumentParser) -> None:
     """A flag per sampler default in :mod:`.request_fields` (a request's own value wins),
     checked as a request's value would be."""
     for f in flag_fields():
-        s.add_argument(f.flag_name, type=sampling_value(f), default=None, metavar="N",
+        s.add_argument(f.flag_name, type=_sampling_value(f), default=None, metavar="N",
                        help=f"default {f.name} for requests that send none")
 
 
-def sampling_value(f: RequestField) -> Callable[[str], float | int]:
+def _sampling_value(f: RequestField) -> Callable[[str], float | int]:
     def parse(text: str) -> float | int:
         value = float(text) if f.kind == "number" else int(text)
         said = f.out_of_range(value, "value")

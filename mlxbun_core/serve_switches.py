@@ -6,6 +6,8 @@ start with the reason where it would do nothing (a switch is never silently igno
 from __future__ import annotations
 
 import argparse
+
+from .request_fields import BY_NAME
 from .runconfig import parse_thinking, start_refusals
 
 # the reference's tier presets and decode-route switches; None: not typed
@@ -23,12 +25,24 @@ def _thinking(text: str) -> bool | None:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--thinking ")) from None
 
 
+def _temperature(text: str) -> float:
+    value = float(text)
+    said = BY_NAME["temperature"].out_of_range(value, "value")
+    if said is not None:
+        raise argparse.ArgumentTypeError(said.removeprefix("value "))
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
 def add_spelling_flags(s: argparse.ArgumentParser) -> None:
     """mlx_lm.server's spellings of two of ours, and the server's thinking default."""
-    from .request_fields import BY_NAME
-    from .serve_flags import _positive_int, sampling_value
-
-    s.add_argument("--temp", dest="temp", type=sampling_value(BY_NAME["temperature"]),
+    s.add_argument("--temp", dest="temp", type=_temperature,
                    default=None, metavar="N",
                    help="mlx_lm.server's spelling of --temperature (a typed --temperature "
                         "wins)")
