@@ -138,7 +138,8 @@ def test_batch_vec_sample_switch(vectorized):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     with runconfig.overridden(engine={"thinking": False}):
-        srv = start_server(tiny_checkpoint("qwen3", chat_template=THINKING_TEMPLATE), memory_budget_bytes=BUDGET,
+        srv = start_server(tiny_checkpoint("qwen3", chat_template=THINKING_TEMPLATE),
+                           memory_budget_bytes=BUDGET,
                            sessions_dir=tmp_path_factory.mktemp("sessions"))
         yield srv
         srv.stop()
