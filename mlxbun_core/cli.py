@@ -174,10 +174,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .config import ConfigError, apply_config
 
         try:
-            apply_config(args, argv, build_serve_parser)
+            settings = apply_config(args, argv, build_serve_parser)
         except ConfigError as exc:
             print(f"mlxbun: {exc}", file=sys.stderr)
             return 2
+        from .serve_switches import fold_aliases
+
+        fold_aliases(args, settings.sources)
     if own_process:
         from .torchless import keep_torch_out
 

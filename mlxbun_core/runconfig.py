@@ -38,14 +38,35 @@ def parse_switch(value: str | None, var: str) -> str:
     return v
 
 
-def parse_fill(value: str | None) -> str:
-    """``off``/``strict`` (``echo``, ``1``, ``on``: strict)."""
+ECHO_REFUSED = ("MLXBUN_FILL=echo is refused: this engine has no echo index (spans copied "
+                "from earlier in the session, verified against the same forward); prompt "
+                "lookup does that job here: --draft-kind ngram drafts from the request's own "
+                "prompt and output and the model verifies every draft")
+
+
+def parse_fill(value: str | None, var: str = "MLXBUN_FILL") -> str:
+    """``off``/``strict`` (``1``, ``on``: strict); ``echo`` is refused with the reason."""
     v = (value or "off").strip().lower()
     if v in ("", *_FALSE):
         return "off"
-    if v in ("strict", "echo", *_TRUE):
+    if v in ("strict", *_TRUE):
         return "strict"
-    raise ValueError(f"MLXBUN_FILL must be off or strict, not {value!r}")
+    if v == "echo":
+        raise ValueError(ECHO_REFUSED)
+    raise ValueError(f"{var} must be off or strict, not {value!r}")
+
+
+def parse_thinking(value: str | None, var: str = "MLXBUN_THINKING") -> bool | None:
+    """``true``/``false`` (``on``/``off``, ``1``/``0``, ``yes``/``no``); ``auto`` or
+    nothing: the model's own default (None)."""
+    v = (value or "auto").strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    if v in ("auto", "default"):
+        return None
+    raise ValueError(f"{var} must be true or false (on/off, 1/0), not {value!r}")
 
 
 @dataclass(frozen=True)
@@ -60,6 +81,12 @@ class EngineConfig:
                                           metadata={"env": "MLXBUN_FILL_BATCH_TOKENS"})
     short_attention: str = field(default="auto", metadata={"env": "MLXBUN_SHORT_ATTENTION"})
     prefill_buckets: str = field(default="auto", metadata={"env": "MLXBUN_PREFILL_BUCKETS"})
+    # the chat template's enable_thinking when a request says nothing (None: the model's)
+    thinking: bool | None = field(default=None, metadata={"env": "MLXBUN_THINKING"})
+    # rows sharing one sampler draw in one call; off: a call per row (an A/B lever)
+    batch_vec_sample: bool = field(default=True, metadata={"env": "MLXBUN_BATCH_VEC_SAMPLE"})
+    # models with recurrent (SSM) layers ride the batch; off: they take the serial lane
+    batch_ssm: bool = field(default=True, metadata={"env": "MLXBUN_BATCH_SSM"})
 
 
 @dataclass(frozen=True)
@@ -77,6 +104,9 @@ class CacheConfig:
 
     ssd_write_behind: bool = field(default=True, metadata={"env": "MLXBUN_SSD_WRITEBEHIND"})
     ssd_read_gbs: float | None = field(default=None, metadata={"env": "MLXBUN_SSD_READ_GBS"})
+    # bytes queued writes may hold (None: the default, raised to the RAM cache's size)
+    ssd_spill_queue_bytes: int | None = field(default=None,
+                                              metadata={"env": "MLXBUN_SSD_SPILL_QUEUE_GB"})
 
 
 @dataclass(frozen=True)
@@ -145,6 +175,24 @@ def _gbs(raw: str) -> float | None:
     return value if value > 0 else None
 
 
+def _flag(raw: str, var: str) -> bool:
+    v = raw.strip().lower()
+    if v not in (*_TRUE, *_FALSE):
+        raise ValueError(f"{var} must be 1 or 0 (on or off), not {raw!r}")
+    return v in _TRUE
+
+
+def _gib(raw: str, var: str) -> int:
+    """GiB (any finite value, 0 or more) as bytes."""
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"{var} must be GiB, 0 or more, not {raw!r}")
+    return int(value * (1 << 30))
+
+
 def _positive_int(raw: str) -> int | None:
     return int(raw) if raw.isdigit() and int(raw) > 0 else None
 
@@ -164,10 +212,14 @@ _READERS: dict[tuple[str, str], Callable[[str], Any]] = {
     ("engine", "fill_batch_tokens"): int,
     ("engine", "short_attention"): lambda raw: parse_switch(raw, "MLXBUN_SHORT_ATTENTION"),
     ("engine", "prefill_buckets"): lambda raw: parse_switch(raw, "MLXBUN_PREFILL_BUCKETS"),
+    ("engine", "thinking"): parse_thinking,
+    ("engine", "batch_vec_sample"): lambda raw: _flag(raw, "MLXBUN_BATCH_VEC_SAMPLE"),
+    ("engine", "batch_ssm"): lambda raw: _flag(raw, "MLXBUN_BATCH_SSM"),
     ("speculation", "batch_positions"): lambda raw: _int(raw, 1),
     ("speculation", "batch_refeed"): lambda raw: _int(raw, 1),
     ("cache", "ssd_write_behind"): lambda raw: raw.strip().lower() not in _FALSE,
     ("cache", "ssd_read_gbs"): _gbs,
+    ("cache", "ssd_spill_queue_bytes"): lambda raw: _gib(raw, "MLXBUN_SSD_SPILL_QUEUE_GB"),
     ("faults", "alloc"): _count,
     ("faults", "device"): _count,
     ("server", "max_body_bytes"): _positive_int,
@@ -187,7 +239,40 @@ def from_environ(environ: Mapping[str, str]) -> RunConfig:
         raw = environ.get(var, environ.get(_OLD_NAMES.get(var, ""), ""))
         if raw:
             groups.setdefault(group, {})[name] = _READERS[group, name](raw)
+    jump = environ.get(GRAMMAR_JUMP, "")
+    if jump and "fill" not in groups.get("engine", {}):  # MLXBUN_FILL wins
+        groups.setdefault("engine", {})["fill"] = parse_fill(jump, GRAMMAR_JUMP)
     return RunConfig().changed(**groups)
+
+
+GRAMMAR_JUMP = "MLXBUN_GRAMMAR_JUMP"  # the reference's name for forced spans: MLXBUN_FILL's alias
+
+# variables of the reference that mean nothing on this engine: set, the server refuses to
+# start and says why (a switch that does nothing is never silently accepted)
+REFUSED_VARIABLES = {
+    "MLXBUN_BATCH_EXTEND": "the batch keeps KV in paged blocks, so a joining row only gets "
+                           "a block table: there is no whole-batch re-merge to switch to or "
+                           "from",
+    "MLXBUN_QWEN_SPEC_KV4": "speculation (draft model, prompt lookup, MTP) is not gated on "
+                            "the KV scheme here: it already runs under every --kv-quant, so "
+                            "there is no KV4 gate to open or close",
+    "MLXBUN_MTP_PROMPT_CACHE": "MTP requests start from the prefix cache like every other "
+                               "request (on both lanes); to run without prefix reuse, use "
+                               "--prompt-cache 0",
+}
+
+
+def start_refusals(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Why this environment cannot start a server (empty: it can): a refused variable that
+    is set, or a variable whose value is wrong."""
+    env = os.environ if environ is None else environ
+    out = [f"{var} is refused: {why}" for var, why in REFUSED_VARIABLES.items()
+           if env.get(var)]
+    try:
+        from_environ(env)
+    except ValueError as exc:
+        out.append(str(exc))
+    return out
 
 
 _installed: RunConfig | None = None

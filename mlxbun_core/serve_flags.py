@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .request_fields import RequestField, flag_fields
+from .serve_switches import add_route_flags, add_spelling_flags
 
 
 def _positive_int(text: str) -> int:
@@ -87,8 +88,10 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                         "(default: the model's own; 32768 for the embedded SmolLM2; env "
                         "MLXBUN_CONTEXT_LENGTH)")
     add_sampling_flags(s)
+    add_spelling_flags(s)
     add_hlg_flags(s)
     add_engine_flags(s)
+    add_route_flags(s)
     add_process_flags(s)
 
 
@@ -183,10 +186,12 @@ def add_engine_flags(s: argparse.ArgumentParser) -> None:
 
 
 def _fill_default() -> str:
-    from .engine.fill import parse_mode
+    """MLXBUN_FILL (or its alias MLXBUN_GRAMMAR_JUMP); a wrong value is said at start."""
+    from .runconfig import GRAMMAR_JUMP, parse_fill
 
+    raw = os.environ.get("MLXBUN_FILL", os.environ.get("MLX_BUN_FILL"))
     try:
-        return parse_mode(os.environ.get("MLXBUN_FILL", os.environ.get("MLX_BUN_FILL")))
+        return parse_fill(raw) if raw else parse_fill(os.environ.get(GRAMMAR_JUMP))
     except ValueError:
         return "off"
 

@@ -148,7 +148,13 @@ def cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
     from .kvstore.flags import config_from_args
+    from .serve_switches import refusals
 
+    refused = refusals(args)
+    for why in refused:
+        print(f"mlxbun: {why}", file=sys.stderr)
+    if refused:
+        return 2
     ssd, problem = config_from_args(args)
     sock, problem = (None, problem) if problem else preflight(args)
     if problem:
@@ -167,6 +173,10 @@ def cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
               file=sys.stderr)
     configure_media(args)
     configure_run(args)
+    from .serve_switches import apply_switches
+
+    for applied in apply_switches(args):
+        logging.getLogger("mlxbun").info("decode route: %s", applied)
     try:
         engine = load_engine(args, ssd)
     except StartFailed as exc:

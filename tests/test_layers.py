@@ -58,8 +58,8 @@ FLOORS = [
     # the web app's routes, on top of the surfaces (nothing in server/ imports them)
     {"webapp/"},
     # entry points
-    {"startup.py", "cli.py", "serve_flags.py", "isolate/", "testing/", "dist_serve.py",
-     "console/", "launch.py"},
+    {"startup.py", "cli.py", "serve_flags.py", "serve_switches.py", "isolate/", "testing/",
+     "dist_serve.py", "console/", "launch.py"},
 ]
 FLOOR = {room: n for n, rooms in enumerate(FLOORS) for room in rooms}
 # Loops among rooms that are known and being removed; none are left, keep it so.

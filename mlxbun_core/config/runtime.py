@@ -16,6 +16,7 @@ from ..runconfig import RunConfig, env_names, from_environ, parse_fill, parse_sw
 
 # (group, field) -> the serve option (dest) that sets it too
 FLAG_FIELDS = {("engine", "fill"): "fill", ("engine", "prefill_buckets"): "prefill_buckets",
+               ("engine", "thinking"): "thinking",
                ("server", "keep_volatile_system"): "keep_volatile_system"}
 
 
@@ -30,6 +31,8 @@ def build(args: argparse.Namespace | None = None) -> RunConfig:
         engine["fill"] = parse_fill(args.fill)
     if getattr(args, "prefill_buckets", None):
         engine["prefill_buckets"] = parse_switch(args.prefill_buckets, "--prefill-buckets")
+    if getattr(args, "thinking", None) is not None:
+        engine["thinking"] = args.thinking
     server = {"keep_volatile_system": True} if getattr(args, "keep_volatile_system",
                                                         False) else {}
     return config.changed(engine=engine, server=server)

@@ -98,6 +98,8 @@ class Admission:
         machine = fit.machine()
         self.budget_bytes = int(budget_bytes) if budget_bytes else machine.usable_bytes
         self.budget_source = "--memory-budget" if budget_bytes else f"{machine.device} (MLX)"
+        # the operator's --memory-budget, or None (the machine's figure): /stats' field
+        self.explicit_budget_bytes = int(budget_bytes) if budget_bytes else None
         self.kv_bits = kv_bits
         self._config = model.config
         self._window = model.context_window or fit.NO_LIMIT_CONTEXT
@@ -233,6 +235,7 @@ class Admission:
     def stats(self) -> dict[str, Any]:
         now = self.now
         return {"budget_bytes": self.budget_bytes, "budget_source": self.budget_source,
+                "memory_budget_bytes": self.explicit_budget_bytes,
                 "weights_bytes": now.weights_bytes,
                 "kv_bytes_per_token": self.layout.bytes_per_token,
                 "mtp_head_weight_bytes": self.head_weight_bytes,

@@ -28,6 +28,7 @@ from ..kvquant.probe import check_kernels, model_dtype
 from ..library import fit
 from ..media import parts as media_parts
 from ..model import LoadedModel, LoadOptions
+from ..runconfig import current
 from . import attention_route, prefill_shapes
 from . import rerank as reranking
 from .admission import Admission, default_batch, drafts_with_head, head_cost
@@ -328,7 +329,8 @@ class Engine:
             return None
         from ..kvstore import open_store
 
-        config.queue_bytes = max(config.queue_bytes, ram_bytes)
+        fixed = current().cache.ssd_spill_queue_bytes  # MLXBUN_SSD_SPILL_QUEUE_GB
+        config.queue_bytes = max(config.queue_bytes, ram_bytes) if fixed is None else fixed
         return open_store(config, self.model, namespace_parts=self.durable_namespace,
                           busy=lambda: not self.idle)
 

@@ -18,6 +18,7 @@ from ..grammar import GrammarPlan
 from ..grammar_registry import registry as grammars
 from ..media import parts as media_parts
 from ..model import LoadedModel
+from ..runconfig import current
 from ..toolcalls import ToolChoice, plan_constraint
 from .request import ChatRequest, CompletionRequest, GenerationInput
 from .session import GenerationRequest
@@ -108,6 +109,16 @@ def encode_prompt(tokenizer: Tokenizer, text: str, add_special_tokens: bool = Tr
     return tokens
 
 
+def with_server_thinking(req: ChatRequest) -> dict[str, Any]:
+    """The request's template kwargs, with ``serve --thinking`` as ``enable_thinking`` when
+    the request sets neither it nor ``reasoning_effort`` (which then decide)."""
+    default = current().engine.thinking
+    if default is None or "enable_thinking" in req.template_kwargs \
+            or req.reasoning_effort is not None:
+        return req.template_kwargs
+    return {**req.template_kwargs, "enable_thinking": default}
+
+
 def _chat(model: LoadedModel, hooks: ModelHooks, req: ChatRequest, plan: GrammarPlan,
           parser: ToolParser | None) -> GenerationRequest:
     pipeline = media_pipeline(model, hooks, req.media_kinds) if req.media else None
@@ -115,7 +126,7 @@ def _chat(model: LoadedModel, hooks: ModelHooks, req: ChatRequest, plan: Grammar
     if plan.instruction:  # degrade path: ask in words for what we cannot enforce
         msgs = with_instruction(msgs, plan.instruction)
     prompt = hooks.render_chat(model=model, messages=msgs, tools=req.tools,
-                               template_kwargs=req.template_kwargs,
+                               template_kwargs=with_server_thinking(req),
                                reasoning_effort=req.reasoning_effort)
     if prompt is None:
         raise APIError(f"no plugin can render a chat prompt for {model.id}")

@@ -38,8 +38,16 @@ PREFERENCE_LIBRARY = "mlx-lm-lora"
 
 # -- before the job: dataset probe and submit checks (server and CLI) ------------------
 def inspect_dataset(path) -> dict:
-    """``{ok, n_train, n_valid, format}``: counts and the detected row format."""
-    where = fspaths.existing_dir(path, "path")
+    """``{ok, n_train, n_valid, format}``: counts and the detected row format; a path
+    that is missing or no directory is ``ok: false`` with the reason (a probe's answer,
+    not a client error)."""
+    try:
+        where = fspaths.existing_dir(path, "path")
+    except BadRequest as exc:
+        if not isinstance(path, str) or not path:
+            raise  # no path at all is the client's mistake: a 400
+        return {"ok": False, "n_train": 0, "n_valid": 0, "format": "unknown",
+                "error": exc.message}
     train = where / "train.jsonl"
     if not train.is_file():
         return {"ok": False, "n_train": 0, "n_valid": 0, "format": "unknown",

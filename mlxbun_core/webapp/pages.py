@@ -44,6 +44,11 @@ CURVE_PAGES = {"/curves": "/curves.html", "/curve-terrain": "/curve-terrain.html
                "/dag": "/dag.html"}
 
 
+# the reference's names for the vendored highlighter (no CDN): URL -> the shipped file
+VENDOR_ALIASES = {"/assets/hljs.js": "/assets/vendor/highlight.min.js",
+                  "/assets/hljs.css": "/assets/vendor/hljs.css"}
+
+
 def load_files() -> dict[str, bytes]:
     """Every file of the web app, by URL path (``/assets/app.js``), as bytes."""
     root = resources.files("mlxbun_core") / "web"
@@ -94,7 +99,7 @@ def register(app: App, engine: Engine) -> None:
 
     async def asset(request: Request) -> Response:
         path = request.path
-        body = files.get(path)
+        body = files.get(VENDOR_ALIASES.get(path, path))
         if body is None or not path.startswith("/assets/"):
             return json_response({"error": {"message": "not found", "type": "not_found_error"}},
                                  404)

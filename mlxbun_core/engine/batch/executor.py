@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, cast
 import mlx.core as mx
 
 from ...kvquant import OFF, KVScheme
+from ...runconfig import current
 from . import states as recurrent
 from .entry import BlockEntry, Shared
 from .layout import Layout, Slot
@@ -396,7 +397,7 @@ def _extended(context: mx.array | None, tokens: mx.array) -> mx.array:
 def _sample(logprobs: mx.array, samplers: list[Any]) -> mx.array:
     """Each row's token from its sampler (None: greedy); one call when rows share one."""
     first = samplers[0]
-    if all(s is first for s in samplers):
+    if all(s is first for s in samplers) and current().engine.batch_vec_sample:
         return mx.argmax(logprobs, axis=-1) if first is None else first(logprobs)
     return mx.concatenate([
         mx.argmax(logprobs[i:i + 1], axis=-1) if s is None else s(logprobs[i:i + 1])

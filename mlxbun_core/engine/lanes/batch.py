@@ -42,9 +42,10 @@ from typing import TYPE_CHECKING, Any
 from ... import kvquant
 from ...adapters.sets import AdapterSet
 from ...events import Retry
+from ...runconfig import current
 from ..batch import Batch, Emit, direct, pool_for
 from ..batch.journal import Journal
-from ..batch.layout import layout
+from ..batch.layout import RECURRENT, Slot, layout
 from ..fill.rows import forcing
 from ..job import GenerationJob
 from ..memory import Governor
@@ -92,7 +93,7 @@ class BatchLane(Results):
         self.journal = journal if isinstance(journal, Journal) else None
         if self.journal is not None and prefix is not None:
             prefix.kinds_apart = True
-        self._slots = layout(model)  # None: some layer's cache cannot be paged
+        self._slots = batch_layout(model)  # None: these caches stay out of the batch
         self._uids = itertools.count()
         self._queue: collections.deque[GenerationJob] = collections.deque()
         self._rows: dict[int, BatchRow] = {}
@@ -290,3 +291,16 @@ class BatchLane(Results):
 
     def _fills(self) -> dict[int, Any]:
         return {u: r.job.fill for u, r in self._rows.items() if r.job.fill is not None}
+
+
+def batch_layout(model: Any) -> list[Slot] | None:
+    """The batch's slots for ``model``'s layers; None when some layer's cache cannot be
+    paged, or it keeps recurrent state and ``MLXBUN_BATCH_SSM=0`` sends such models to
+    the serial lane."""
+    slots = layout(model)
+    if slots is not None and not current().engine.batch_ssm \
+            and any(s.kind == RECURRENT for s in slots):
+        log.info("MLXBUN_BATCH_SSM=0: a model with recurrent layers decodes on the "
+                 "serial lane")
+        return None
+    return slots
