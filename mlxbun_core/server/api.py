@@ -26,6 +26,7 @@ SURFACES = (
     "mlxbun_core.server.openai.responses",
     "mlxbun_core.server.openai.embeddings",
     "mlxbun_core.server.rerank",
+    "mlxbun_core.server.transcriptions",
     "mlxbun_core.server.meta",
     "mlxbun_core.server.cache_admin",
     "mlxbun_core.server.library_routes",
