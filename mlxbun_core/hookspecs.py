@@ -45,9 +45,8 @@ from pluggy import HookimplMarker, HookspecMarker
 from .contract import DraftSource, MediaPipeline, RegisterGrammarBackend, TokenPredictor, ToolParser
 
 if TYPE_CHECKING:
-    from blacksheep import Application
-
     import numpy as np
+    from blacksheep import Application
 
     from .model import LoadedModel, LoadOptions, Prompt
     from .speech import TranscribeOptions, Transcription

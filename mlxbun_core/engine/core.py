@@ -148,12 +148,13 @@ class Engine:
     def _size_batch(self, batch: int | None, draft: DraftSource | None) -> None:
         """The batch lane's row cap: ``--batch``, else planned from the memory room; one
         row with a draft model (it runs on the serial lane)."""
-        no_rows = batch or draft is not None or self.model.kind == "speech"  # (no KV cache)
+        speech = self.model.kind == "speech"  # no KV cache: the serial lane only
+        no_rows = batch or draft is not None or speech
         self.batch_plan = None if no_rows else default_batch(self.model, self.admission)
         self.batch_source = ("draft model" if draft is not None else
                              "--batch" if batch else "auto")
         plan_rows = self.batch_plan.rows if self.batch_plan is not None else 1
-        self.batch = 1 if draft is not None or self.model.kind == "speech" else max(1, batch or plan_rows)
+        self.batch = 1 if draft is not None or speech else max(1, batch or plan_rows)
 
     def _start_lanes(self) -> None:
         """The worker's lanes, sharing one prefill pacer (calibrated now, on the worker)."""
