@@ -48,7 +48,7 @@ serve: install
 test: install-test
 	$(PYTEST) $(ARGS)
 
-# the wheels pip installs from until mlxbun is on PyPI: mlxbun and the five family plugins
+# the wheels pip installs from until mlxbun is on PyPI: mlxbun and the six family plugins
 # (docs/examples' plugin stays out) into $(DIST)/; `pip install --find-links dist mlxbun
 # mlxbun-qwen35` then takes ours from there and the rest from the index. setuptools' build/
 # and *.egg-info trees are removed before (it would reuse their files) and after.

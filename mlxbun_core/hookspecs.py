@@ -45,15 +45,17 @@ from pluggy import HookimplMarker, HookspecMarker
 from .contract import DraftSource, MediaPipeline, RegisterGrammarBackend, TokenPredictor, ToolParser
 
 if TYPE_CHECKING:
+    import numpy as np
     from blacksheep import Application
 
     from .model import LoadedModel, LoadOptions, Prompt
+    from .speech import TranscribeOptions, Transcription
 
 hookspec = HookspecMarker("mlxbun")
 hookimpl = HookimplMarker("mlxbun")
 
 FAMILY_HOOKS = frozenset({"claims", "load_model", "render_chat", "tool_call_parser", "embed",
-                          "rerank"})
+                          "rerank", "transcribe"})
 """Hooks only a model family can answer. A plugin implementing any of them (other
 than as a wrapper) is a family plugin and is asked only about models it claimed."""
 
@@ -262,6 +264,30 @@ def rerank(model: LoadedModel, query: str, documents: list[str], instruction: st
 
     Stops at the first non-``None`` result. Routed: asked of the claiming family, then
     the generic plugin.
+    """
+
+
+@hookspec(firstresult=True)
+def transcribe(model: LoadedModel, audio: np.ndarray,
+               options: TranscribeOptions) -> Transcription | None:
+    """Turn speech into text with a speech model (``LoadedModel.kind == "speech"``).
+
+    Runs on the model's worker thread; the engine only asks models whose ``kind`` is
+    ``"speech"``. Serves ``POST /v1/audio/transcriptions`` and ``mlxbun transcribe``.
+
+    :param model: The loaded speech model.
+    :param audio: The whole recording: mono float32 samples at 16 kHz
+        (``mlxbun_core.speech.SAMPLE_RATE``), decoded by the core, at least one sample.
+    :param options: A :class:`~mlxbun_core.speech.TranscribeOptions`: ``language`` (a
+        code, or ``None`` to detect it), ``prompt``, ``temperature`` (``None``: your
+        model's default schedule) and ``words`` (word timestamps wanted).
+    :returns: A :class:`~mlxbun_core.speech.Transcription`: the text, the language, the
+        duration and, where the model times its output, segments (each with ``words``
+        when ``options.words``). ``None`` means the model cannot transcribe (a 400).
+
+    Raise :class:`mlxbun_core.errors.BadRequest` for options the model refuses (a
+    language it does not know). Stops at the first non-``None`` result. Routed: asked
+    of the claiming family, then the generic plugin.
     """
 
 

@@ -111,7 +111,7 @@ class LoadedModel:
     tokenizer: Any
     family: str = ""  # the claiming family, e.g. "generic" or "qwen35"; set by the loader
     plugin: str = ""  # the registered name of the plugin that claimed it; set by the loader
-    kind: str = "generate"  # "generate", "embedding" or "rerank"
+    kind: str = "generate"  # "generate", "embedding", "rerank" or "speech"
     generation_defaults: dict[str, Any] = field(default_factory=dict)
     context_window: int | None = None
     reasoning: bool = False  # has a switchable thinking channel

@@ -50,9 +50,12 @@ from .speculate import resolve as resolve_spec
 from .worker import ModelWorker
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ..kvstore import SsdConfig
     from ..kvstore.store import SsdStore
     from ..plugins import ModelHooks
+    from ..speech import TranscribeOptions, Transcription
 
 log = logging.getLogger("mlxbun.engine")
 
@@ -146,12 +149,13 @@ class Engine:
     def _size_batch(self, batch: int | None, draft: DraftSource | None) -> None:
         """The batch lane's row cap: ``--batch``, else planned from the memory room; one
         row with a draft model (it runs on the serial lane)."""
-        self.batch_plan = (None if batch or draft is not None
-                           else default_batch(self.model, self.admission))
+        speech = self.model.kind == "speech"  # no KV cache: the serial lane only
+        no_rows = batch or draft is not None or speech
+        self.batch_plan = None if no_rows else default_batch(self.model, self.admission)
         self.batch_source = ("draft model" if draft is not None else
                              "--batch" if batch else "auto")
         plan_rows = self.batch_plan.rows if self.batch_plan is not None else 1
-        self.batch = 1 if draft is not None else max(1, batch or plan_rows)
+        self.batch = 1 if draft is not None or speech else max(1, batch or plan_rows)
 
     def _start_lanes(self) -> None:
         """The worker's lanes, sharing one prefill pacer (calibrated now, on the worker)."""
@@ -387,6 +391,20 @@ class Engine:
                              "model; serve a reranker checkpoint for /v1/rerank", param="model")
         return await reranking.rerank(self.worker, self.hooks, self.model, query, documents,
                                       instruction, max_doc_tokens)
+
+    async def transcribe(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
+        """The speech in ``audio`` (16 kHz mono) as text, through the family's hook."""
+        self.check_open()
+        if self.model.kind != "speech":  # answer now, not after queued generations
+            raise BadRequest(f"model {self.model.id} cannot transcribe: it is a "
+                             f"{self.model.kind} model; serve a speech checkpoint (Whisper) for "
+                             "/v1/audio/transcriptions", param="model")
+        hook, model = self.hooks, self.model
+        result: Transcription | None = await self.worker.call(
+            lambda: hook.transcribe(model=model, audio=audio, options=options))
+        if result is None:
+            raise BadRequest(f"model {model.id} cannot transcribe", param="model")
+        return result
 
     def close(self) -> None:
         """Stop the worker thread (the server is shutting down)."""

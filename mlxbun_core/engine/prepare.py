@@ -43,7 +43,8 @@ def vocab_size(model: LoadedModel) -> int:
 
 
 NOT_GENERATIVE = {"embedding": ("an embedding model", "/v1/embeddings"),
-                  "rerank": ("a reranker", "/v1/rerank")}
+                  "rerank": ("a reranker", "/v1/rerank"),
+                  "speech": ("a speech model", "/v1/audio/transcriptions")}
 """What a model of another kind is called, and the route it serves."""
 
 

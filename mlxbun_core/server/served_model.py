@@ -48,6 +48,7 @@ def model_row(engine: Engine) -> dict[str, Any]:
             "anthropic_messages": generate, "responses": generate, "streaming": generate,
             "tools": tools, "structured_output": generate, "logprobs": generate,
             "embeddings": m.kind == "embedding", "rerank": m.kind == "rerank",
+            "transcription": m.kind == "speech",
             "vision": "image" in media,
             "audio": "audio" in media, "video": "video" in media,
             "adapters": generate, "training": generate}
