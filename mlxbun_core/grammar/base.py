@@ -9,6 +9,7 @@ Nothing here knows the plugin machinery.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ class Matcher(Protocol):
     def fork(self) -> Matcher: ...                        # an independent copy
     def try_token(self, token: int) -> bool: ...            # consume if allowed, else no change
     def accepting(self) -> bool: ...                        # the grammar may end here
+    # for speculation under the grammar (rejected drafts taken back):
+    def rollback(self, n: int) -> None: ...                 # undo the last ``n`` consumed
 
 
 @dataclass
@@ -114,6 +117,9 @@ class GrammarProcessor:
                 eos[e // 32] |= np.uint32(1 << (e % 32))
         self._eos_bits = eos.view(np.int32)
         self._not_eos = np.invert(self._eos_bits)
+        # the budget's watch after each recent mask, by tokens consumed: a rollback puts
+        # back the one of the last kept position, as if no draft had been looked at
+        self._watch: dict[int, Budget] = {}
 
     def start_after(self, marker_ids) -> None:
         """Leave the logits alone until the model has generated ``marker_ids`` (the end
@@ -166,7 +172,243 @@ class GrammarProcessor:
         else:
             self._view[:] = self._eos_bits
             self.done = True
+        if budget is not None:  # kept for :meth:`rollback` (a window's positions)
+            self._watch[self.consumed] = _budget_copy(budget)
+            self._watch.pop(self.consumed - WATCH_KEPT, None)
         return self._mask(logits)
+
+    def tracking(self) -> bool:
+        """Whether the matcher follows the reply token by token now and nothing but the
+        mask can act on it: not before the first call, not inside a think channel, not
+        once failed or ended, not once the budget close steers. Only then may drafts
+        ride (see :meth:`draft_prefix`)."""
+        budget = self.budget
+        return (self.prompt_len is not None and self.wait_for is None and self.error is None
+                and not self.stopped and not (budget is not None and budget.closing))
+
+    def draft_prefix(self, tokens: list[int], drafts: list[int]) -> int:
+        """How many of ``drafts`` the grammar allows in a row after ``tokens`` (the whole
+        context up to and including the token fed before them; its unconsumed tail is
+        consumed here, as the next mask call would). A forbidden token, an EOS, or one
+        after which only EOS may follow ends the draft: the last token of a reply is
+        always sampled, so :attr:`done` keeps meaning "after the token just handed out"."""
+        if not drafts or not self.tracking():
+            return 0
+        assert self.prompt_len is not None  # tracking
+        new = len(tokens) - self.prompt_len - self.consumed
+        if new > 0:
+            self._consume(tokens[-new:])
+            self.consumed += new
+            if not self.tracking():
+                return 0
+        m, eos, n = self.matcher, self.compiled.eos_ids, 0
+        for t in drafts:
+            if t in eos or not m.try_token(t):
+                break
+            m.fill(self._view)
+            if not np.bitwise_and(self._view, self._not_eos).any():
+                m.rollback(1)  # only EOS may follow it: it is left to be sampled
+                break
+            n += 1
+        if n:
+            m.rollback(n)
+        return n
+
+    def rollback(self, n: int) -> None: ...                 # undo the last ``n`` consumed
+
+
+@dataclass
+class CompiledGrammar:
+    """A backend's compiled artefact; ``new_matcher`` is called once per request.
+    ``vocab``: what the budget-aware close needs from the tokenizer (None: no close)."""
+    backend: str
+    request: GrammarRequest
+    vocab_size: int                 # tokenizer ids covered by the bitmask
+    eos_ids: tuple
+    new_matcher: Callable[[], Matcher]
+    vocab: ByteVocab | None = None
+
+
+def hf_tokenizer(tokenizer):
+    """The HF fast tokenizer behind an mlx-lm TokenizerWrapper (or itself)."""
+    return getattr(tokenizer, "_tokenizer", tokenizer)
+
+
+def eos_ids(tokenizer) -> list[int]:
+    ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
+    eid = getattr(hf_tokenizer(tokenizer), "eos_token_id", None)
+    if eid is not None:
+        ids.add(eid)
+    return sorted(ids)
+
+
+@lru_cache(maxsize=16)
+def _gather_index(n_logits: int, vocab: int):
+    """Word index + bit shift per logit id; ids past the tokenizer read the always-zero
+    pad word, so model-only ids (padded embedding rows) are masked."""
+    ids = np.arange(n_logits)
+    words = np.where(ids < vocab, ids // 32, (vocab + 31) // 32).astype(np.int32)
+    return mx.array(words), mx.array((ids % 32).astype(np.int32))
+
+
+@mx.compile
+def _apply(logits, bits, words, shifts):
+    allowed = mx.bitwise_and(mx.right_shift(bits[words], shifts), 1)
+    return mx.where(allowed.astype(mx.bool_), logits, mx.array(-mx.inf, logits.dtype))
+
+
+class GrammarProcessor:
+    """mlx-lm logits processor ``(tokens, logits) -> logits`` owning one matcher.
+
+    ``tokens`` is everything mlx-lm has seen (prompt passed to generate_step +
+    generated); ids after ``prompt_len`` are fed to the matcher once each. When
+    ``prompt_len`` is None it is taken from the first call (mlx-lm's first call sees
+    exactly the prompt). ``done`` turns True once only EOS may follow (or EOS was
+    consumed): the engine can stop with finish_reason "stop" right there.
+
+    With :meth:`set_budget` (the request's completion limit) the reply closes within
+    it (see :mod:`.budget`); ``forced_from`` is then the completion index where the
+    close first overrode a choice the grammar left open, or None.
+    """
+
+    def __init__(self, compiled: CompiledGrammar, prompt_len: int | None = None):
+        self.compiled = compiled
+        self.matcher = compiled.new_matcher()
+        self.prompt_len = prompt_len
+        self.base = prompt_len          # where completion indices start (thinking included)
+        self.consumed = 0
+        self.done = False
+        self.stopped = False            # EOS consumed
+        self.error: str | None = None
+        self.budget: Budget | None = None
+        self.close_on_budget = True     # the request's switch (``budget_close``)
+        # the request's sampler: guards the last steps
+        self.sampler: Callable[[mx.array], mx.array] | None = None
+        n = (compiled.vocab_size + 31) // 32
+        self._bits = np.zeros(n + 1, dtype=np.int32)   # +1: pad word, always 0
+        self._view = self._bits[:n]
+        eos = np.zeros(n, dtype=np.uint32)
+        for e in compiled.eos_ids:
+            if e < compiled.vocab_size:
+                eos[e // 32] |= np.uint32(1 << (e % 32))
+        self._eos_bits = eos.view(np.int32)
+        self._not_eos = np.invert(self._eos_bits)
+        # the budget's watch after each recent mask, by tokens consumed: a rollback puts
+        # back the one of the last kept position, as if no draft had been looked at
+        self._watch: dict[int, Budget] = {}
+
+    def start_after(self, marker_ids) -> None:
+        """Leave the logits alone until the model has generated ``marker_ids`` (the end
+        of a think channel the prompt opened); the grammar constrains what follows."""
+        self.wait_for = tuple(marker_ids) or None
+
+    wait_for: tuple | None = None
+
+    def set_budget(self, limit: int | None) -> None:
+        """Close within ``limit`` completion tokens (unless switched off or no search)."""
+        vocab = self.compiled.vocab
+        if limit is None or not self.close_on_budget or vocab is None:
+            self.budget = None
+            return
+        search = CloseSearch(vocab, self.compiled.vocab_size, self.compiled.eos_ids)
+        self.budget = Budget(search, limit, self.sampler)
+
+    @property
+    def forced_from(self) -> int | None:
+        return None if self.budget is None else self.budget.forced_from
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        if self.prompt_len is None:
+            self.prompt_len = tokens.shape[0]
+        if self.base is None:
+            self.base = self.prompt_len
+        index = tokens.shape[0] - self.base   # the completion token this mask is for
+        if self.wait_for is not None:
+            n = len(self.wait_for)
+            if (tokens.shape[0] - self.prompt_len >= n
+                    and tuple(_ids(tokens[-n:])) == self.wait_for):
+                self.prompt_len, self.wait_for = tokens.shape[0], None
+            else:
+                return self._thinking(tokens, logits, index)  # still thinking: free text
+        new = tokens.shape[0] - self.prompt_len - self.consumed
+        if new > 0:
+            self._consume(_ids(tokens[-new:]))
+            self.consumed += new
+        forced, budget = None, self.budget
+        if budget is not None and (budget.closing or index >= budget.next_check) \
+                and self.error is None and not self.stopped:
+            forced = budget.choose(self.matcher, index, lambda: self._masked(logits))
+        if forced is not None and budget is not None:
+            # a guarded draw is the model's; a close token may not be
+            if budget.closing and budget.forced_from is None and self._narrows(forced):
+                budget.forced_from = index
+            self._only(forced)
+        elif self.error is None and not self.stopped:
+            self._fill()
+        else:
+            self._view[:] = self._eos_bits
+            self.done = True
+        if budget is not None:  # kept for :meth:`rollback` (a window's positions)
+            self._watch[self.consumed] = _budget_copy(budget)
+            self._watch.pop(self.consumed - WATCH_KEPT, None)
+        return self._mask(logits)
+
+    def tracking(self) -> bool:
+        """Whether the matcher follows the reply token by token now and nothing but the
+        mask can act on it: not before the first call, not inside a think channel, not
+        once failed or ended, not once the budget close steers. Only then may drafts
+        ride (see :meth:`draft_prefix`)."""
+        budget = self.budget
+        return (self.prompt_len is not None and self.wait_for is None and self.error is None
+                and not self.stopped and not (budget is not None and budget.closing))
+
+    def draft_prefix(self, tokens: list[int], drafts: list[int]) -> int:
+        """How many of ``drafts`` the grammar allows in a row after ``tokens`` (the whole
+        context up to and including the token fed before them; its unconsumed tail is
+        consumed here, as the next mask call would). A forbidden token, an EOS, or one
+        after which only EOS may follow ends the draft: the last token of a reply is
+        always sampled, so :attr:`done` keeps meaning "after the token just handed out"."""
+        if not drafts or not self.tracking():
+            return 0
+        assert self.prompt_len is not None  # tracking
+        new = len(tokens) - self.prompt_len - self.consumed
+        if new > 0:
+            self._consume(tokens[-new:])
+            self.consumed += new
+            if not self.tracking():
+                return 0
+        m, eos, n = self.matcher, self.compiled.eos_ids, 0
+        for t in drafts:
+            if t in eos or not m.try_token(t):
+                break
+            n += 1
+            self._fill()
+            if self.done:
+                break
+        if n:
+            m.rollback(n)
+        self.done = False
+        return n - (1 if n and self._done_after(drafts[:n]) else 0)
+
+    def _done_after(self, drafts: list[int]) -> bool:
+        """Whether only EOS may follow ``drafts`` (checked on a copy)."""
+        m = self.matcher.fork()
+        for t in drafts:
+            m.try_token(t)
+        m.fill(self._view)
+        done = not np.bitwise_and(self._view, self._not_eos).any()
+        return done
+
+    def rollback(self, n: int) -> None:
+        """Take back the last ``n`` consumed tokens (drafts the target rejected)."""
+        if n > 0:
+            self.matcher.rollback(n)
+            self.consumed -= n
+            self.done = False
+            kept = self._watch.get(self.consumed)
+            if kept is not None and self.budget is not None:
+                # the budget's watch as it stood after the last kept position's mask
+                self.budget.__dict__.update(_budget_copy(kept).__dict__)
 
     def _consume(self, ids: list) -> None:
         if self.error is not None or self.stopped:
@@ -225,6 +467,17 @@ class GrammarProcessor:
                     if k == 0 or tail[len(tail) - k:] == list(marker[:k]))
         self._only(marker[done])
         return self._mask(logits)
+
+
+WATCH_KEPT = 64  # masks back a rollback may reach (far more than a draft is long)
+
+
+def _budget_copy(budget: Budget) -> Budget:
+    """An independent copy of a budget's watch (its lists copied, the search shared)."""
+    out = copy.copy(budget)
+    out.queue = list(budget.queue)
+    out.path = None if budget.path is None else list(budget.path)
+    return out
 
 
 def _ids(tokens: mx.array) -> list[int]:
