@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import mlx.core as mx
 
     from ...contract import LogitsProcessor, Sampler
+    from ...grammar.base import GrammarProcessor
 
 Emitted = tuple[int, "mx.array"]
 """A token and its log-probabilities (what a lane delivers)."""
@@ -83,7 +84,8 @@ class SpecStream:
         self._carry: list[Emitted] = []  # a token to hand out with the next step
         # a grammar's mask processor (it is always last): drafts are checked against it
         # before they ride, and the ones the target rejects are taken back from it
-        self.grammar = next((p for p in processors if hasattr(p, "draft_prefix")), None)
+        self.grammar = cast("GrammarProcessor | None", next(
+            (p for p in processors if hasattr(p, "draft_prefix")), None))
 
     @property
     def running(self) -> bool:
