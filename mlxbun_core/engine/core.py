@@ -295,7 +295,8 @@ class Engine:
         check_mtp(spec, self.predictor is not None, self.model.id)  # a 400 before any work
         if drafts_with_head(spec) and self.kv.bits:
             spec = None  # the head's loops run the model unwrapped: decode plainly, batched
-        mtp = drafts_with_head(spec) and may_speculate(prepared.request, self.draft)
+        mtp = (drafts_with_head(spec) and may_speculate(prepared.request, self.draft)
+               and prepared.request.grammar is None)  # (as the job decides)
         job = GenerationJob(prepared.request, self.model.tokenizer,
                             EventSink(asyncio.get_running_loop()),
                             self.effective_limit(prepared.request, mtp), self.draft,

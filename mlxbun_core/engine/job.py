@@ -19,6 +19,7 @@ from ..contract import DraftSource, Tokenizer
 from ..events import Admitted, Done, Event, Retry
 from .cache_explain import OFF
 from .session import GenerationRequest, GenerationSession
+from .speculate.config import NGRAM
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -137,11 +138,12 @@ def _settle(fut: asyncio.Future[Any], value: object, error: BaseException | None
 
 
 def may_speculate(request: GenerationRequest, draft: DraftSource | None) -> bool:
-    """Whether a request's speculation runs: a grammar matcher cannot rewind rejected
-    drafts, media and prompt embeddings take their own forward, and a draft model decides
-    alone (admission bills an MTP row's head only then); a scored prompt reads its
-    prefill through the scorer."""
-    return (request.grammar is None and request.media is None
+    """Whether a request's speculation runs: media and prompt embeddings take their own
+    forward, and a draft model decides alone (admission bills an MTP row's head only
+    then); a scored prompt reads its prefill through the scorer. A grammar's drafts are
+    checked and taken back through its matcher (``GrammarProcessor.draft_prefix``)."""
+    grammar = request.grammar
+    return ((grammar is None or hasattr(grammar, "draft_prefix")) and request.media is None
             and request.input_embeddings is None and draft is None
             and not request.score_prompt)
 
@@ -172,6 +174,8 @@ class GenerationJob(Job):
         # plainly; media requests run their pipeline's own forward pass
         self.draft = draft if request.grammar is None and request.media is None else None
         self.spec = spec if may_speculate(request, self.draft) else None
+        if self.spec is not None and request.grammar is not None and self.spec.kind != NGRAM:
+            self.spec = None  # the MTP loops do not rewind a matcher yet: decode plainly
         self.spec_tally = spec_tally
         self.session = GenerationSession(request, tokenizer, limit)
         self.sink = sink

@@ -9,6 +9,7 @@ Nothing here knows the plugin machinery.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ class Matcher(Protocol):
     def fork(self) -> Matcher: ...                        # an independent copy
     def try_token(self, token: int) -> bool: ...            # consume if allowed, else no change
     def accepting(self) -> bool: ...                        # the grammar may end here
+    # for speculation under the grammar (rejected drafts taken back):
+    def rollback(self, n: int) -> None: ...                 # undo the last ``n`` consumed
 
 
 @dataclass
@@ -114,6 +117,9 @@ class GrammarProcessor:
                 eos[e // 32] |= np.uint32(1 << (e % 32))
         self._eos_bits = eos.view(np.int32)
         self._not_eos = np.invert(self._eos_bits)
+        # the budget's watch after each recent mask, by tokens consumed: a rollback puts
+        # back the one of the last kept position, as if no draft had been looked at
+        self._watch: dict[int, Budget] = {}
 
     def start_after(self, marker_ids) -> None:
         """Leave the logits alone until the model has generated ``marker_ids`` (the end
@@ -166,7 +172,59 @@ class GrammarProcessor:
         else:
             self._view[:] = self._eos_bits
             self.done = True
+        if budget is not None:  # kept for :meth:`rollback` (a window's positions)
+            self._watch[self.consumed] = _budget_copy(budget)
+            if len(self._watch) > WATCH_KEPT:
+                del self._watch[min(self._watch)]
         return self._mask(logits)
+
+    def tracking(self) -> bool:
+        """Whether the matcher follows the reply token by token now and nothing but the
+        mask can act on it: not before the first call, not inside a think channel, not
+        once failed or ended, not once the budget close steers. Only then may drafts
+        ride (see :meth:`draft_prefix`)."""
+        budget = self.budget
+        return (self.prompt_len is not None and self.wait_for is None and self.error is None
+                and not self.stopped and not (budget is not None and budget.closing))
+
+    def draft_prefix(self, tokens: list[int], drafts: list[int]) -> int:
+        """How many of ``drafts`` the grammar allows in a row after ``tokens`` (the whole
+        context up to and including the token fed before them; its unconsumed tail is
+        consumed here, as the next mask call would). A forbidden token, an EOS, or one
+        after which only EOS may follow ends the draft: the last token of a reply is
+        always sampled, so :attr:`done` keeps meaning "after the token just handed out"."""
+        if not drafts or not self.tracking():
+            return 0
+        assert self.prompt_len is not None  # tracking
+        new = len(tokens) - self.prompt_len - self.consumed
+        if new > 0:
+            self._consume(tokens[-new:])
+            self.consumed += new
+            if not self.tracking():
+                return 0
+        m, eos, n = self.matcher, self.compiled.eos_ids, 0
+        for t in drafts:
+            if t in eos or not m.try_token(t):
+                break
+            m.fill(self._view)
+            if not np.bitwise_and(self._view, self._not_eos).any():
+                m.rollback(1)  # only EOS may follow it: it is left to be sampled
+                break
+            n += 1
+        if n:
+            m.rollback(n)
+        return n
+
+    def rollback(self, n: int) -> None:
+        """Take back the last ``n`` consumed tokens (drafts the target rejected)."""
+        if n > 0:
+            self.matcher.rollback(n)
+            self.consumed -= n
+            self.done = False
+            kept = self._watch.get(self.consumed)
+            if kept is not None and self.budget is not None:
+                # the budget's watch as it stood after the last kept position's mask
+                self.budget.__dict__.update(_budget_copy(kept).__dict__)
 
     def _consume(self, ids: list) -> None:
         if self.error is not None or self.stopped:
@@ -225,6 +283,17 @@ class GrammarProcessor:
                     if k == 0 or tail[len(tail) - k:] == list(marker[:k]))
         self._only(marker[done])
         return self._mask(logits)
+
+
+WATCH_KEPT = 64  # masks back a rollback may reach (far more than a draft is long)
+
+
+def _budget_copy(budget: Budget) -> Budget:
+    """An independent copy of a budget's watch (its lists copied, the search shared)."""
+    out = copy.copy(budget)
+    out.queue = list(budget.queue)
+    out.path = None if budget.path is None else list(budget.path)
+    return out
 
 
 def _ids(tokens: mx.array) -> list[int]:

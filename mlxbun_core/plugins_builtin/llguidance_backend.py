@@ -50,6 +50,9 @@ class _Matcher:
     def accepting(self):
         return self.m.is_accepting()
 
+    def rollback(self, n):
+        self.m.rollback(n)
+
 
 class LLGuidanceBackend(GrammarBackend):
     name = NAME

@@ -57,6 +57,9 @@ class _Matcher:
     def accepting(self):
         return self.m.is_completed()
 
+    def rollback(self, n):
+        self.m.rollback(n)
+
 
 # xgrammar <=0.2.9 lowers minLength/maxLength strings to a bare class that admits raw
 # U+0000-U+001F (invalid JSON) and no escapes (mlc-ai/xgrammar#800). Patch the EBNF.

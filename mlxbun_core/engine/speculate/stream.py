@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import mlx.core as mx
 
     from ...contract import LogitsProcessor, Sampler
+    from ...grammar.base import GrammarProcessor
 
 Emitted = tuple[int, "mx.array"]
 """A token and its log-probabilities (what a lane delivers)."""
@@ -81,6 +82,10 @@ class SpecStream:
         self.streak = 0  # plain steps in a row whose lookup guessed the sampled token
         self.inflight: _Window | None = None
         self._carry: list[Emitted] = []  # a token to hand out with the next step
+        # a grammar's mask processor (it is always last): drafts are checked against it
+        # before they ride, and the ones the target rejects are taken back from it
+        self.grammar = cast("GrammarProcessor | None", next(
+            (p for p in processors if hasattr(p, "draft_prefix")), None))
 
     @property
     def running(self) -> bool:
@@ -124,6 +129,8 @@ class SpecStream:
         self.inflight = None
         if window.drafts:
             _trim(self.cache, len(window.drafts))
+            if self.grammar is not None:
+                self.grammar.rollback(len(window.drafts))
         return window.samples[:1], window.logprobs[0]
 
     # -- internals -------------------------------------------------------------------
@@ -135,6 +142,8 @@ class SpecStream:
             accepted += 1
         if accepted < len(drafts):
             _trim(self.cache, len(drafts) - accepted)
+            if self.grammar is not None:
+                self.grammar.rollback(len(drafts) - accepted)
         self._count(len(drafts), accepted)
         token = samples[accepted]  # the correction, or the bonus after a full accept
         kept = drafts[:accepted] + [token]
@@ -146,6 +155,10 @@ class SpecStream:
         self.proposal = self.lookup.propose(self.n + 1)
         drafts_next = self.proposal[:self.n] if self.hot else []
         self.inflight = self._launch(self._token_array([token]), drafts_next)
+        if self.grammar is not None and accepted:
+            # ``done`` says "only EOS after the last token handed out"; it is read per
+            # token, and this step hands out several: the next window then samples EOS
+            self.grammar.done = False
         return [(t, window.logprobs[i]) for i, t in enumerate(kept)]
 
     def _feed(self, tokens: list[int]) -> None:
@@ -165,6 +178,9 @@ class SpecStream:
 
         if drafts and not rewindable(self.cache, len(drafts) + 1):
             drafts = []
+        if drafts and self.grammar is not None:  # the grammar's allowed prefix only
+            context = self.fed if fed else [*self.fed, *_ints(x.reshape(1))]
+            drafts = drafts[:self.grammar.draft_prefix(context, drafts)]
 
         inputs = x.reshape(1).astype(mx.uint32)
         if drafts:

@@ -1,0 +1,100 @@
+"""Speculation under a grammar: prompt-lookup drafts are checked against the request's
+matcher before they ride (a forbidden token ends the draft), the verify pass masks every
+position with the matcher advanced along the draft, and rejected drafts are rolled back
+out of the matcher. Greedy replies must equal plain constrained decoding (the same
+engine, ``draft_kind: none``) for a JSON schema, a regex and a forced tool call, on the
+serial lane and the batch lane (a lone stream, and rows sharing steps)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mlxbun_core.engine.core import Engine
+from mlxbun_core.engine.reply import Reply
+from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from tests.test_fill import FIELDS, json_body, run, tool_body
+
+# an earlier record in the prompt: the lookup finds the keys and punctuation there
+EXAMPLE = json.dumps({k: (3 if i % 3 == 0 else True if i % 3 == 1 else "red")
+                      for i, k in enumerate(FIELDS)})
+
+
+def with_draft(body: dict, kind: str) -> dict:
+    return {**body, "draft_kind": kind}
+
+
+def regex_body() -> dict:
+    ask = "Codes: AB-123-xy AB-123-xy AB-123-xy AB-123-xy. One more code."
+    return {"messages": [{"role": "user", "content": ask}], "max_tokens": 60, "temperature": 0,
+            "guided_regex": r"(AB-[0-9]{3}-[a-z]{2} ){3,6}"}
+
+
+BODIES = {"json10": json_body(f"Like this one: {EXAMPLE} {EXAMPLE} Give me a record."),
+          "regex": regex_body(),
+          "tool": tool_body('Weather in Paris? {"city": "Paris", "unit": "celsius"} '
+                            '{"city": "Paris", "unit": "celsius"}')}
+
+
+@pytest.fixture(scope="module")
+def ckpt():
+    return tiny_checkpoint("llama", seed=3)
+
+
+@pytest.fixture(scope="module")
+def serial(ckpt):
+    eng = Engine.load(str(ckpt), progress=False, batch=1, prompt_cache_bytes=0)
+    yield eng
+    eng.worker.close()
+
+
+@pytest.fixture(scope="module")
+def batched(ckpt):
+    eng = Engine.load(str(ckpt), progress=False, batch=8, prompt_cache_bytes=0)
+    yield eng
+    eng.worker.close()
+
+
+def same(a: Reply, b: Reply) -> None:
+    """The same reply (the token count may differ by the EOS a speculating stream samples
+    where a plain one stops as soon as only EOS may follow)."""
+    assert b.content == a.content
+    assert [(c.name, c.arguments) for c in b.tool_calls] == \
+        [(c.name, c.arguments) for c in a.tool_calls]
+    assert b.finish.reason == a.finish.reason
+    assert abs(b.finish.usage.completion_tokens - a.finish.usage.completion_tokens) <= 1
+
+
+def drafted(reply: Reply) -> dict:
+    spec = reply.finish.usage.speculation
+    assert spec is not None, "the constrained request was not speculated"
+    return dict(spec)
+
+
+@pytest.mark.parametrize("name", list(BODIES))
+@pytest.mark.parametrize("lane", ["serial", "solo"])
+def test_lookup_under_grammar_equals_plain(serial, batched, lane, name):
+    eng = serial if lane == "serial" else batched  # a lone request on --batch 8 runs solo
+    body = BODIES[name]
+    (plain,), (fast,) = (run(eng, [with_draft(body, "none")], "off"),
+                         run(eng, [with_draft(body, "ngram")], "off"))
+    assert plain.finish.usage.speculation is None
+    same(plain, fast)
+    spec = drafted(fast)
+    assert spec["drafted"] > 0 and spec["accepted"] > 0
+    assert spec["targetCalls"] < fast.finish.usage.completion_tokens  # fewer forwards
+    if name == "json10":
+        assert set(json.loads(fast.content)) == set(FIELDS)
+    if name == "tool":
+        assert fast.tool_calls and fast.tool_calls[0].name == "get_weather"
+
+
+def test_rows_sharing_steps_equal_plain(batched):
+    """Several constrained rows (and a plain one) on the batch lane at once."""
+    bodies = [*BODIES.values(), {"messages": [{"role": "user", "content": "Hi there"}],
+                                 "max_tokens": 30, "temperature": 0}]
+    plain = run(batched, [with_draft(b, "none") for b in bodies], "off")
+    fast = run(batched, [with_draft(b, "ngram") for b in bodies], "off")
+    for a, b in zip(plain, fast):
+        same(a, b)
