@@ -8,7 +8,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .console import cache_verb
+from .console import cache_verb, transcribe
 from .console import verbs as console_verbs
 from .console.pipes import quiet_on_closed_pipe
 from .serve_flags import add_kv_quant_flag, add_selection_flags, add_serve_parser
@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     hub_cli.add_parsers(sub)
     console_verbs.add_parsers(sub)
     cache_verb.add_parsers(sub)
+    transcribe.add_parser(sub)
     plugins.hook().register_commands(subparsers=sub)  # the web app's verbs, installed plugins'
     return p
 

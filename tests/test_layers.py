@@ -26,7 +26,8 @@ BELOW = {
     "grammar/": {"errors.py"},
     "media/": {"errors.py", "fspaths.py"},
     "contract.py": {"events.py", "model.py", "grammar/", "media/"},
-    "hookspecs.py": {"contract.py", "model.py"},
+    "hookspecs.py": {"contract.py", "model.py", "speech/"},
+    "speech/": {"errors.py"},
     "plugins.py": {"hookspecs.py", "model.py"},
 }
 # Never, whatever else changes: the flow is surface -> engine -> toolcalls / grammar.
@@ -40,7 +41,7 @@ FLOORS = [
      "kvquant/", "blas/", "torchless.py", "sqlitefile.py", "fdlimit.py", "request_fields.py",
      "runconfig.py"},
     # formats and files: grammar requests, media parts, model files, the SSD cache's files
-    {"grammar/", "media/", "models/", "kvstore/"},
+    {"grammar/", "media/", "models/", "kvstore/", "speech/"},
     # the contract plugins implement
     {"contract.py", "hookspecs.py"},
     # plugin machinery: the manager, claiming, the grammar backends

@@ -8,7 +8,6 @@ plugin of their own (:mod:`mlxbun_core.webapp`), so the APIs stand without it.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -52,11 +51,3 @@ def register_surfaces(app: App, engine: Engine, modules: Iterable[str]) -> None:
 def register_routes(app: App, engine: Engine) -> None:
     """The inference APIs, before any other plugin's routes."""
     register_surfaces(app, engine, SURFACES)
-
-
-@hookimpl
-def register_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``transcribe``: the speech surface's verb (the model comes from a family plugin)."""
-    from ..speech.cli import add_parser
-
-    add_parser(subparsers)

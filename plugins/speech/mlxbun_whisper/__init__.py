@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from mlxbun_core import hookimpl
 from mlxbun_core.errors import BadRequest
+from mlxbun_core.hookspecs import hookimpl
 from mlxbun_core.model import LoadedModel, LoadOptions
 from mlxbun_core.speech import SAMPLE_RATE, Segment, TranscribeOptions, Transcription, Word
 

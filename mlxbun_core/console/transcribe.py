@@ -8,8 +8,8 @@ import json
 import sys
 from pathlib import Path
 
-from . import TranscribeOptions
-from .formats import FORMATS, render
+from ..speech import TranscribeOptions
+from ..speech.formats import FORMATS, render
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -32,7 +32,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     from ..errors import APIError
     from ..loader import load
     from ..model import LoadOptions
-    from .audio import decode_audio
+    from ..speech.audio import decode_audio
 
     path = Path(args.file)
     try:
