@@ -312,12 +312,13 @@ def serve_forever(args: argparse.Namespace, engine: Engine, sock: socket.socket 
     from .server.app import build_app
     from .server.drain import DrainingServer
     from .webapp import pages as web
+    from .webapp import state as webapp_state
 
     app = build_app(engine, api_key=args.api_key, cors=cors_rules(args))
     settings = getattr(args, "settings", None)
     app.state.model_aliases = settings.aliases if settings is not None else {}
     if settings is not None and settings.file is not None:  # the web chat's MCP tools
-        app.state.mcp_servers = settings.file.mcp_servers
+        webapp_state.of(app).mcp_servers = settings.file.mcp_servers
     if on_app is not None:
         on_app(app)
     page = print_banner(args, engine)
