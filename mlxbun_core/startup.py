@@ -277,6 +277,7 @@ def print_banner(args: argparse.Namespace, engine: Engine) -> str | None:
     """What is served, where, and on which BLAS; returns the web app's URL (None on a
     unix socket, or with the webapp plugin blocked)."""
     from . import plugins
+    from .engine.warmup import describe as describe_warmup
     from .models.window import note as window_note
     from .webapp import NAME as WEBAPP
     from .webapp import pages as web
@@ -297,6 +298,8 @@ def print_banner(args: argparse.Namespace, engine: Engine) -> str | None:
     print(f"mlxbun: serving {model.id} [{model.kind}] via plugin '{model.plugin}'{fallback}{spec}\n"
           f"        context {model.context_window} tokens{how} · {where}"
           + (f" · web app {page}" if page else ""), flush=True)
+    if note := describe_warmup(engine.warmup):
+        print(f"        {note}", flush=True)
     print_blas_line()
     return page
 

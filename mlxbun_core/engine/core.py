@@ -106,6 +106,7 @@ class Engine:
         self.adapters = AdapterManager(model, call=self.worker.call,
                                        on_bytes=self.admission.set_adapter_bytes)
         self.pacer = PrefillPacer()  # prompt tokens per prefill chunk, every lane
+        self.warmup: dict[str, Any] = {}  # what start-up warmed, in how long (warmup.py)
         self.prefix.prefill_rate = lambda: self.pacer.rate  # an SSD restore must beat it
         self.prefix.prefill_measured = lambda: self.pacer.rate if self.pacer.measured else None
         if not self.worker.lanes:
@@ -143,7 +144,7 @@ class Engine:
         self.batch = 1 if draft is not None else max(1, batch or plan_rows)
 
     def _start_lanes(self) -> None:
-        """The worker's lanes, sharing one prefill pacer (calibrated now, on the worker)."""
+        """The worker's lanes, sharing one prefill pacer, warmed now on the worker."""
         model = self.model
         serial = SerialLane(model.model, self.prefix, self.admission, adapters=self.adapters,
                             pacer=self.pacer, kv=self.kv, predictor=self.predictor,
@@ -153,7 +154,7 @@ class Engine:
                                         predictor=self.predictor, governor=self.memory),
                               serial]
                              if self.batch > 1 else [serial])
-        warmup.warm_prefill(model, self.worker, self.pacer)
+        self.warmup = warmup.warm(model, self.worker, self.pacer)
         log.info("batch: %d rows (%s)", self.batch, self.batch_source if self.batch_plan is None
                  else f"auto: {self.batch_plan.reason}")
 
@@ -370,7 +371,7 @@ class Engine:
                 "auto": self.batch_plan.describe() if self.batch_plan else None,
                 "active_rows": self.worker.active, "waiting": self.worker.waiting,
                 "lanes": lanes, "prefill": self.pacer.stats(), "adapters": self.adapters.stats(),
-                "kv_blocks": pools[0] if pools else None}
+                "kv_blocks": pools[0] if pools else None, "warmup": self.warmup}
 
     def memory_stats(self) -> dict[str, Any]:
         """``/stats`` ``memory``: the measured budget and what pressure did."""

@@ -45,6 +45,7 @@ from ...events import Retry
 from ..batch import Batch, Emit, direct, pool_for
 from ..batch.journal import Journal
 from ..batch.layout import layout
+from ..batch.warm import warm as warm_batch
 from ..fill.rows import forcing
 from ..job import GenerationJob
 from ..memory import Governor
@@ -269,6 +270,21 @@ class BatchLane(Results):
             self._batch.fault = self.governor.inject
             self._planned = self._batch.pool.limit
         return self._batch
+
+    def warm(self) -> int:
+        """The batch's passes once at two scratch rows (``batch/warm.py``), on the worker
+        at start; the passes run (0: no batch here, or a distributed group's, whose
+        followers replay only real steps). Adapter routing and fault injection are off
+        meanwhile: the rows are no job's, and no step of a request's ran."""
+        if self._slots is None or self.journal is not None or self._batch is not None:
+            return 0
+        batch = self._get_batch()
+        before, fault = batch.before, batch.fault
+        batch.before = batch.fault = None
+        try:
+            return warm_batch(batch)
+        finally:
+            batch.before, batch.fault = before, fault
 
     def _reclaim(self, blocks: int) -> int:
         """The pool ran short: give it the prefix cache's blocks, oldest entries first."""
