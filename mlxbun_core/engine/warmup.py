@@ -46,10 +46,12 @@ def warm(model: LoadedModel, worker: ModelWorker, pacer: PrefillPacer) -> dict[s
     buckets = worker.run_sync(lambda: prefill_shapes.warm(model.model, MAX_CHUNK))
     t1 = time.perf_counter()
     lane = next((lane for lane in worker.lanes if isinstance(lane, BatchLane)), None)
-    passes = worker.run_sync(lane.warm) if lane is not None else 0
+    batch = worker.run_sync(lane.warm) if lane is not None else {}
     t2 = time.perf_counter()
     return {"prefill_s": round(t1 - t0, 3), "prefill_buckets": buckets,
-            "batch_s": round(t2 - t1, 3) if passes else None, "batch_passes": passes}
+            "batch_s": round(t2 - t1, 3) if batch else None,
+            "batch_passes": batch.get("passes", 0), "batch_blocks_held": batch.get("blocks_held"),
+            "batch_blocks_left": batch.get("blocks_left")}
 
 
 def describe(done: dict[str, Any]) -> str | None:

@@ -16,12 +16,13 @@ SCRATCH = (-1, -2)
 """Their row ids (a lane's own rows count up from 0)."""
 
 
-def warm(batch: Batch, steps: int = 2) -> int:
-    """Prefill two scratch rows together, decode ``steps`` steps, drop them; the passes
-    run. ``batch`` must hold no rows (start-up) and is left holding none."""
+def warm(batch: Batch, steps: int = 2) -> tuple[int, int]:
+    """Prefill two scratch rows together, decode ``steps`` steps, drop them: the passes
+    run and the most blocks the rows held. ``batch`` must hold no rows (start-up) and is
+    left holding none."""
     if batch.rows:
         raise ValueError("the batch warm-up runs before any row is added")
-    passes = 0
+    passes = held = 0
     try:
         for uid, prompt in zip(SCRATCH, PROMPTS):
             batch.add(uid, list(prompt), budget=steps + 1)
@@ -31,9 +32,10 @@ def warm(batch: Batch, steps: int = 2) -> int:
         for _ in range(steps):
             batch.decode()
             passes += 1
+            held = max(held, batch.pool.used)
         mx.eval(*[t for t in (batch.next_tokens,) if t is not None])
     finally:
         for uid in SCRATCH:
             if uid in batch.rows:
                 batch.remove(uid)
-    return passes
+    return passes, held
