@@ -86,10 +86,11 @@ def delta(after: dict, before: dict, tokens: int) -> dict:
 
 
 def load(ckpt: Path, budget: int | None, prefetch: bool = True):
-    from mlxbun_core import loader
+    from mlxbun_core import loader, runconfig
     from mlxbun_core.model import LoadOptions
 
-    os.environ["MLXBUN_EXPERT_PREFETCH"] = "1" if prefetch else "0"  # read at load
+    # MLXBUN_EXPERT_PREFETCH, read at load from the run configuration
+    runconfig.install(runconfig.current().changed(families={"expert_prefetch": prefetch}))
     return loader.claim(ckpt, LoadOptions(model_id="bench", extra={"expert_budget": budget}))
 
 

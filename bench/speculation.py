@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -260,8 +259,10 @@ def main() -> None:
     args = p.parse_args()
     if args.workloads is None:
         args.workloads = ["code", "json", "prose", "batch8"]
-    if args.mtp_hidden:
-        os.environ["MLXBUN_MTP_HIDDEN"] = args.mtp_hidden
+    if args.mtp_hidden:  # MLXBUN_MTP_HIDDEN, through the run configuration
+        from mlxbun_core import runconfig
+
+        runconfig.install(runconfig.current().changed(families={"mtp_hidden": args.mtp_hidden}))
     path = model_path(args)
     engine = Engine.load(path, progress=False, batch=args.batch, prompt_cache_bytes=0)
     print(f"loaded {path or 'the embedded model'}", flush=True)

@@ -13,7 +13,6 @@ tokenizer)`` / ``plan_request`` for the engine, ``registry.select(name)`` for
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from .contract import GrammarBackend
 from .grammar.base import CompiledGrammar, GrammarCompileError, GrammarPlan, make_processor
 from .grammar.request import GrammarRequest, describe, resolve_grammar_request
 from .plugins import hook
+from .runconfig import current
 
 log = logging.getLogger("mlxbun.grammar")
 DEFAULT_BACKEND = "llguidance"
@@ -30,8 +30,7 @@ DEFAULT_BACKEND = "llguidance"
 
 def grammar_disabled() -> bool:
     """``MLXBUN_GRAMMAR=0``: no grammar is compiled; every constraint degrades."""
-    v = os.environ.get("MLXBUN_GRAMMAR", os.environ.get("MLX_BUN_GRAMMAR", "1"))
-    return v.strip().lower() in ("0", "false", "no", "off")
+    return not current().grammar.enabled
 
 
 class GrammarRegistry:
@@ -69,7 +68,7 @@ class GrammarRegistry:
 
     @property
     def selected(self) -> str:
-        return self._selected or os.environ.get("MLXBUN_GRAMMAR_BACKEND") or DEFAULT_BACKEND
+        return self._selected or current().grammar.backend or DEFAULT_BACKEND
 
     def backend_for(self, tokenizer, name: str | None = None) -> GrammarBackend:
         """One backend instance per (backend, tokenizer): building vocab tables is slow."""

@@ -87,6 +87,44 @@ class EngineConfig:
     batch_vec_sample: bool = field(default=True, metadata={"env": "MLXBUN_BATCH_VEC_SAMPLE"})
     # models with recurrent (SSM) layers ride the batch; off: they take the serial lane
     batch_ssm: bool = field(default=True, metadata={"env": "MLXBUN_BATCH_SSM"})
+    # rows of different LoRA sets may share a batch pass (serve --adapter-mixing)
+    adapter_mixing: bool = field(default=True, metadata={"env": "MLXBUN_ADAPTER_MIXING"})
+
+
+@dataclass(frozen=True)
+class GrammarConfig:
+    """Structured output's backends."""
+
+    enabled: bool = field(default=True, metadata={"env": "MLXBUN_GRAMMAR"})
+    # the backend when serve's --grammar-backend did not pick one (None: llguidance)
+    backend: str | None = field(default=None, metadata={"env": "MLXBUN_GRAMMAR_BACKEND"})
+    # xgrammar's compiler threads (None: the cores, at most 8)
+    threads: int | None = field(default=None, metadata={"env": "MLXBUN_GRAMMAR_THREADS"})
+
+
+@dataclass(frozen=True)
+class ModelsConfig:
+    """Model files, conversions and the hub."""
+
+    # what a GGUF converts to: auto, float32, float16, bfloat16, q2-q8 (checked where used)
+    convert_precision: str = field(default="auto",
+                                   metadata={"env": "MLXBUN_CONVERT_PRECISION"})
+    # seconds the hub may stay silent on a call (None: 30)
+    hub_timeout: float | None = field(default=None, metadata={"env": "MLXBUN_HUB_TIMEOUT"})
+    # the memory bandwidth fit's decode prediction assumes (None: measured or looked up)
+    bandwidth_gbs: float | None = field(default=None,
+                                        metadata={"env": "MLXBUN_BANDWIDTH_GBS"})
+
+
+@dataclass(frozen=True)
+class FamilyConfig:
+    """Family plugins' settings (measuring switches, streaming)."""
+
+    # Qwen3.5's MTP head fed the hidden states before the final norm ("pre") or after
+    mtp_hidden: str = field(default="pre", metadata={"env": "MLXBUN_MTP_HIDDEN"})
+    # GLM-5.2's streamed experts: reader threads, and prefetch of the next layer's
+    expert_readers: int = field(default=4, metadata={"env": "MLXBUN_EXPERT_READERS"})
+    expert_prefetch: bool = field(default=True, metadata={"env": "MLXBUN_EXPERT_PREFETCH"})
 
 
 @dataclass(frozen=True)
@@ -134,6 +172,9 @@ class RunConfig:
     """Every setting below start-up, grouped by concern."""
 
     engine: EngineConfig = field(default_factory=EngineConfig)
+    grammar: GrammarConfig = field(default_factory=GrammarConfig)
+    models: ModelsConfig = field(default_factory=ModelsConfig)
+    families: FamilyConfig = field(default_factory=FamilyConfig)
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     faults: FaultConfig = field(default_factory=FaultConfig)
@@ -193,6 +234,14 @@ def _gib(raw: str, var: str) -> int:
     return int(value * (1 << 30))
 
 
+def _number(raw: str, var: str) -> float | None:
+    try:
+        return float(raw)
+    except ValueError:
+        log.warning("%s=%r is not a number; ignored", var, raw)
+        return None
+
+
 def _positive_int(raw: str) -> int | None:
     return int(raw) if raw.isdigit() and int(raw) > 0 else None
 
@@ -215,6 +264,18 @@ _READERS: dict[tuple[str, str], Callable[[str], Any]] = {
     ("engine", "thinking"): parse_thinking,
     ("engine", "batch_vec_sample"): lambda raw: _flag(raw, "MLXBUN_BATCH_VEC_SAMPLE"),
     ("engine", "batch_ssm"): lambda raw: _flag(raw, "MLXBUN_BATCH_SSM"),
+
+
+    ("engine", "adapter_mixing"): lambda raw: raw.strip().lower() not in _FALSE,
+    ("grammar", "enabled"): lambda raw: raw.strip().lower() not in _FALSE,
+    ("grammar", "backend"): str.strip,
+    ("grammar", "threads"): lambda raw: _int(raw, 1),
+    ("models", "convert_precision"): lambda raw: raw.strip().lower() or "auto",
+    ("models", "hub_timeout"): _positive_float,
+    ("models", "bandwidth_gbs"): lambda raw: _number(raw, "MLXBUN_BANDWIDTH_GBS"),
+    ("families", "mtp_hidden"): lambda raw: "post" if raw.strip() == "post" else "pre",
+    ("families", "expert_readers"): lambda raw: _int(raw, 1),
+    ("families", "expert_prefetch"): lambda raw: raw.strip() not in ("0", "off", "false"),
     ("speculation", "batch_positions"): lambda raw: _int(raw, 1),
     ("speculation", "batch_refeed"): lambda raw: _int(raw, 1),
     ("cache", "ssd_write_behind"): lambda raw: raw.strip().lower() not in _FALSE,
@@ -228,7 +289,8 @@ _READERS: dict[tuple[str, str], Callable[[str], Any]] = {
     ("server", "p2r_trace"): lambda raw: raw not in ("", "0"),
 }
 # the spelling before the rename, still read where it was
-_OLD_NAMES = {"MLXBUN_FILL": "MLX_BUN_FILL", "MLXBUN_FILL_MAX_SPAN": "MLX_BUN_FILL_MAX_SPAN"}
+_OLD_NAMES = {"MLXBUN_FILL": "MLX_BUN_FILL", "MLXBUN_FILL_MAX_SPAN": "MLX_BUN_FILL_MAX_SPAN",
+              "MLXBUN_GRAMMAR": "MLX_BUN_GRAMMAR"}
 
 
 def from_environ(environ: Mapping[str, str]) -> RunConfig:

@@ -287,6 +287,7 @@ def print_banner(args: argparse.Namespace, engine: Engine) -> str | None:
     """What is served, where, and on which BLAS; returns the web app's URL (None on a
     unix socket, or with the webapp plugin blocked)."""
     from . import plugins
+    from .engine.warmup import describe as describe_warmup
     from .models.window import note as window_note
     from .webapp import NAME as WEBAPP
     from .webapp import pages as web
@@ -307,6 +308,8 @@ def print_banner(args: argparse.Namespace, engine: Engine) -> str | None:
     print(f"mlxbun: serving {model.id} [{model.kind}] via plugin '{model.plugin}'{fallback}{spec}\n"
           f"        context {model.context_window} tokens{how} · {where}"
           + (f" · web app {page}" if page else ""), flush=True)
+    if note := describe_warmup(engine.warmup):
+        print(f"        {note}", flush=True)
     print_blas_line()
     return page
 
@@ -322,12 +325,13 @@ def serve_forever(args: argparse.Namespace, engine: Engine, sock: socket.socket 
     from .server.app import build_app
     from .server.drain import DrainingServer
     from .webapp import pages as web
+    from .webapp import state as webapp_state
 
     app = build_app(engine, api_key=args.api_key, cors=cors_rules(args))
     settings = getattr(args, "settings", None)
     app.state.model_aliases = settings.aliases if settings is not None else {}
     if settings is not None and settings.file is not None:  # the web chat's MCP tools
-        app.state.mcp_servers = settings.file.mcp_servers
+        webapp_state.of(app).mcp_servers = settings.file.mcp_servers
     if on_app is not None:
         on_app(app)
     page = print_banner(args, engine)

@@ -16,6 +16,7 @@ from mlxbun_core.library.report import ls_table
 from mlxbun_core.library.scan import scan_own
 from mlxbun_core.models import gguf_cache
 from mlxbun_core.models.resolve import ModelNotFound, _default_gguf, resolve_model
+from mlxbun_core.testing.helpers import configure
 from test_gguf import write_tiny_gguf
 
 
@@ -77,7 +78,7 @@ def test_a_quantized_conversion_loads_as_mlx_quantized_weights(tmp_path, monkeyp
 
     g = tmp_path / "tiny.gguf"
     write_tiny_gguf(g)
-    monkeypatch.setenv("MLXBUN_CONVERT_PRECISION", "q4")
+    configure(monkeypatch, models={"convert_precision": "q4"})  # MLXBUN_CONVERT_PRECISION
     r = resolve_model(str(g), cache_dir=tmp_path / "home", progress=False)
     assert r.path.name.endswith("-q4")
     assert json.loads((r.path / "config.json").read_text())["quantization"] == {

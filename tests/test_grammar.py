@@ -21,6 +21,7 @@ from mlxbun_core.grammar import GrammarRequest, describe, resolve_grammar_reques
 from mlxbun_core.grammar_registry import GrammarRegistry, registry
 from mlxbun_core.plugins_builtin import llguidance_backend, xgrammar_backend
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.helpers import configure
 
 BACKENDS = ["llguidance", "xgrammar"]
 MODEL_VOCAB = 1088          # > tokenizer's 1024: padded rows must be masked too
@@ -232,7 +233,7 @@ def test_degrade_on_compile_failure(lm, reg, backend, req):
 
 
 def test_degrade_when_disabled(lm, reg, monkeypatch):
-    monkeypatch.setenv("MLXBUN_GRAMMAR", "0")
+    configure(monkeypatch, grammar={"enabled": False})  # what MLXBUN_GRAMMAR=0 sets
     plan = reg.plan({"guided_choice": ["a", "b"]}, lm[1])
     assert plan.processor is None
     assert plan.warning == "grammar not enforced: grammar compilation disabled by MLXBUN_GRAMMAR=0"
@@ -252,7 +253,7 @@ def test_backend_selection(lm, reg, monkeypatch):
     r = GrammarRegistry(load_plugins=False)
     llguidance_backend.register_grammar_backends(r.register)
     assert r.selected == "llguidance"
-    monkeypatch.setenv("MLXBUN_GRAMMAR_BACKEND", "missing")
+    configure(monkeypatch, grammar={"backend": "missing"})  # MLXBUN_GRAMMAR_BACKEND
     plan = r.plan({"guided_regex": "a+"}, lm[1])
     assert plan.processor is None and "not available" in plan.warning
 

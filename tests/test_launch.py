@@ -122,16 +122,17 @@ def test_a_server_that_wants_a_key_says_so(ckpt, npm_clients, tmp_path):
 def test_the_clients_are_pointed_at_the_served_model(tmp_path):
     server = launch.Server("http://127.0.0.1:9999", "acme/Coder-7B", 32768, None)
     env = launch.claude_env(server)
-    assert env["ANTHROPIC_BASE_URL"] == server.url and env["ANTHROPIC_AUTH_TOKEN"]
+    assert env["ANTHROPIC_BASE_URL"] == server.base_url and env["ANTHROPIC_AUTH_TOKEN"]
     assert {env[k] for k in launch.CLAUDE_MODEL_SLOTS} == {"acme/Coder-7B"}
     assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
-    codex = launch.codex_home(launch.Server(server.url, "acme/Coder-7B", 32768, "sk-1"), tmp_path)
+    keyed = launch.Server(server.base_url, "acme/Coder-7B", 32768, "sk-1")
+    codex = launch.codex_home(keyed, tmp_path)
     config = (Path(codex["CODEX_HOME"]) / "config.toml").read_text()
     top, provider = config.split("[model_providers.mlxbun]\n")
     for line in ('model = "acme/Coder-7B"', 'model_provider = "mlxbun"',
                  "model_context_window = 32768"):
         assert line in top.splitlines()
-    for line in (f'base_url = "{server.url}/v1"', 'wire_api = "responses"',
+    for line in (f'base_url = "{server.base_url}/v1"', 'wire_api = "responses"',
                  'env_key = "MLXBUN_API_KEY"', "stream_idle_timeout_ms = 3600000"):
         assert line in provider.splitlines()
     assert codex["MLXBUN_API_KEY"] == "sk-1"

@@ -106,3 +106,43 @@ def test_config_show_reports_the_same_object(home, capsys, monkeypatch):
     monkeypatch.setenv("MLXBUN_SHORT_ATTENTION", "sometimes")
     assert cli.main(["config", "show"]) == 2
     assert "MLXBUN_SHORT_ATTENTION" in capsys.readouterr().err
+
+
+def test_the_settings_moved_from_their_modules_are_read_into_fields():
+    """Grammar, model-file, hub and family settings that their modules used to read from
+    the environment themselves."""
+    env = {"MLXBUN_ADAPTER_MIXING": "off", "MLX_BUN_GRAMMAR": "0",
+           "MLXBUN_GRAMMAR_BACKEND": " xgrammar ", "MLXBUN_GRAMMAR_THREADS": "0",
+           "MLXBUN_CONVERT_PRECISION": " Q4 ", "MLXBUN_HUB_TIMEOUT": "-1",
+           "MLXBUN_BANDWIDTH_GBS": "fast", "MLXBUN_MTP_HIDDEN": "post",
+           "MLXBUN_EXPERT_READERS": "2", "MLXBUN_EXPERT_PREFETCH": "off"}
+    c = runconfig.from_environ(env)
+    assert c.engine.adapter_mixing is False
+    assert (c.grammar.enabled, c.grammar.backend, c.grammar.threads) == (False, "xgrammar", 1)
+    assert (c.models.convert_precision, c.models.hub_timeout, c.models.bandwidth_gbs) == \
+        ("q4", None, None)  # a timeout that is no positive number and a bandwidth no number
+    assert (c.families.mtp_hidden, c.families.expert_readers,
+            c.families.expert_prefetch) == ("post", 2, False)
+    defaults = runconfig.from_environ({})
+    assert (defaults.engine.adapter_mixing, defaults.grammar.enabled,
+            defaults.families.expert_prefetch) == (True, True, True)
+
+
+def test_the_moved_settings_are_what_their_modules_use(monkeypatch):
+    """Each module reads its field, not the environment: a variable set after start-up
+    changes nothing, the configuration does."""
+    from mlxbun_core.grammar_registry import GrammarRegistry, grammar_disabled
+    from mlxbun_core.library.bandwidth import decode_bandwidth
+    from mlxbun_core.models import gguf_cache, hub_timeout
+
+    configure(monkeypatch)  # the configuration as it stands, installed for this test
+    monkeypatch.setenv("MLXBUN_HUB_TIMEOUT", "2")
+    monkeypatch.setenv("MLXBUN_GRAMMAR", "0")
+    assert hub_timeout.seconds() == hub_timeout.DEFAULT_S and not grammar_disabled()
+    configure(monkeypatch, models={"hub_timeout": 2.0, "convert_precision": "bfloat16",
+                                   "bandwidth_gbs": 123.0},
+              grammar={"enabled": False, "backend": "xgrammar"})
+    assert hub_timeout.seconds() == 2.0 and grammar_disabled()
+    assert GrammarRegistry(load_plugins=False).selected == "xgrammar"
+    assert gguf_cache.stored_precision("Q4_K", gpu=False) == "bfloat16"
+    assert decode_bandwidth("cpu", "x", probe_mlx=False).gbs == 123.0

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.helpers import parses_json
+from mlxbun_core.testing.helpers import configure, parses_json
 from mlxbun_core.testing.server import start_server
 
 SCHEMA = {"type": "object", "properties": {
@@ -122,7 +122,7 @@ def test_uncompilable_grammar_degrades_with_warning(srv):
 
 
 def test_grammar_disabled_by_env(srv, monkeypatch):
-    monkeypatch.setenv("MLXBUN_GRAMMAR", "0")
+    configure(monkeypatch, grammar={"enabled": False})  # what MLXBUN_GRAMMAR=0 sets
     r = httpx.post(srv.v1 + "/chat/completions", timeout=60, json={
         "messages": MSG, "max_tokens": 3, "guided_choice": ["a", "b"]})
     assert r.status_code == 200

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from mlxbun_core.models.resolve import mlxbun_home
 from mlxbun_core.testing.wschat import ChatClient
+from mlxbun_core.webapp.state import of as web_state
 from scripted_model import scripted_server
 
 
@@ -27,7 +28,7 @@ def test_a_web_chat_on_a_server_started_without_a_sessions_dir_lands_in_the_test
         with ChatClient(srv.base_url) as c:
             c.hello()
             c.turn(text="Hi")
-        store = srv.server.config.app.state.sessions
+        store = web_state(srv.server.config.app).sessions
     assert store.root.resolve().is_relative_to(Path(os.environ["MLXBUN_HOME"]).resolve())
     assert store.files(), "the chat was saved"
 

@@ -2,19 +2,26 @@
 inference API through the official clients, while the app's pages, ``/api/*`` routes,
 chat socket and verbs are gone. Served as usual (in-process), they are all there."""
 
+import ast
+import dataclasses
+import importlib.util
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import anthropic
 import httpx
 import openai
 import pytest
 
+import mlxbun_core
 from mlxbun_core.server.meta import NO_WEB_APP
+from mlxbun_core.server.state import AppState
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.process import ServerProcess
 from mlxbun_core.testing.server import free_port, running_server
+from mlxbun_core.webapp.state import of as web_state
 
 CLI = [sys.executable, "-m", "mlxbun_core.cli"]
 NO_APP = {**os.environ, "MLXBUN_DISABLE_PLUGINS": "webapp"}
@@ -83,6 +90,33 @@ def test_the_web_app_is_there_when_served(ckpt, tmp_path):
         index = httpx.get(base + "/v1").json()
         assert index["web_chat"] == {"available": True, "reason": None}
         assert "GET /api/jobs" in index["endpoints"]
+        app = srv.server.config.app
+        assert web_state(app).sessions.root == tmp_path  # the record build_app was handed
+        assert list(app.state.plugins) == ["webapp"]
+
+
+WEB_APP_ROOMS = ("webapp", "webchat", "jobs", "hub", "memory")
+
+
+def test_the_core_app_holds_nothing_of_the_web_app():
+    """The web app's sessions, job queues and chat switches live behind its plugin: no
+    module of ``server/`` imports the rooms they come from, and ``AppState`` has no field
+    of theirs."""
+    server = Path(mlxbun_core.__file__).parent / "server"
+    reached = []
+    for path in sorted(server.rglob("*.py")):
+        package = "mlxbun_core." + ".".join(path.relative_to(server.parent).with_suffix("")
+                                            .parts[:-1])
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                name = importlib.util.resolve_name("." * node.level + (node.module or ""),
+                                                   package) if node.level else node.module
+                room = (name or "").split(".")[1:2]
+                if room and room[0] in WEB_APP_ROOMS:
+                    reached.append(f"{path.name}: {name}")
+    assert reached == []
+    fields = {f.name for f in dataclasses.fields(AppState)}
+    assert not fields & {"sessions", "jobs", "hub_jobs", "web_chat_unavailable", "mcp_servers"}
 
 
 def test_the_banner_offers_no_page_without_the_web_app(bare):

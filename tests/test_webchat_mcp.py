@@ -24,6 +24,7 @@ from mlxbun_core.config.schema import serve_options
 from mlxbun_core.config.yamlfile import read_config
 from mlxbun_core.testing.server import free_port
 from mlxbun_core.testing.wschat import ChatClient
+from mlxbun_core.webapp.state import of as web_state
 from scripted_model import scripted_server
 
 FIXTURE = Path(__file__).with_name("mcp_fixture_server.py")
@@ -95,7 +96,7 @@ def setup(tmp_path_factory):
                 startup_timeout: 2
             """)
         with scripted_server("", name="scripted-mcp") as (srv, plugin):
-            srv.server.config.app.state.mcp_servers = config.mcp_servers
+            web_state(srv.server.config.app).mcp_servers = config.mcp_servers
             yield srv, plugin, logs
     finally:
         web.kill()

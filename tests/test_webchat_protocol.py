@@ -17,6 +17,7 @@ from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.server import start_server
 from mlxbun_core.testing.wschat import ChatClient
 from mlxbun_core.webapp import chat_socket as ws_chat
+from mlxbun_core.webapp.state import of as web_state
 from mlxbun_core.webchat import frames, turn
 from mlxbun_core.webchat.store import read_entries, replayed_messages
 
@@ -243,7 +244,7 @@ def wrong_frames():
 def test_every_frame_type_has_its_fields_checked(server):
     from mlxbun_core.webchat.agent import ChatAgent
 
-    agent = ChatAgent(server.engine, server.server.config.app.state.sessions, None, {})
+    agent = ChatAgent(server.engine, web_state(server.server.config.app).sessions, None, {})
     assert set(agent.handlers) == set(frames.FIELDS)  # a new handler needs its row
 
 
@@ -315,7 +316,7 @@ def test_sessions_survive_a_restart_and_search_finds_them(tmp_path):
 
 
 def test_export_refuses_paths_outside_the_sessions_directory(server, tmp_path):
-    root = server.server.config.app.state.sessions.root
+    root = web_state(server.server.config.app).sessions.root
     root.mkdir(parents=True, exist_ok=True)
     outside = tmp_path / "secret.jsonl"
     outside.write_text('{"type": "session", "id": "x"}\n')
@@ -341,7 +342,7 @@ def test_upgrade_required_and_unavailable_under_isolation(server):
         assert refused.value.response.status_code == 501
         assert b"--isolate" in refused.value.response.body
     finally:
-        app.state.web_chat_unavailable = None
+        web_state(app).chat_unavailable = None
 
 
 def test_the_api_key_guards_the_socket(tmp_path):

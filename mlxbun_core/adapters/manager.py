@@ -24,7 +24,6 @@ tells the batch lane which sets may share a batch.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import fspaths
 from ..errors import BadRequest, NotFound
+from ..runconfig import current
 from . import formats
 from .sets import NO_ADAPTERS, AdapterSet, Mounted, next_serial
 
@@ -44,11 +44,6 @@ log = logging.getLogger("mlxbun.adapters")
 _SPLIT = re.compile(r"[+,]")
 
 
-
-
-def _mixing_default() -> bool:
-    return os.environ.get("MLXBUN_ADAPTER_MIXING", "on").strip().lower() not in (
-        "0", "off", "false", "no")
 
 
 class AdapterManager:
@@ -66,7 +61,8 @@ class AdapterManager:
         self._active_key: str | None = ""  # what the model computes now (a set's key, a roster's)
         self._wrapped: set = set()
         self._lock = threading.Lock()  # mount / unmount bookkeeping
-        self.mixing = _mixing_default()  # rows of different sets may share a batch
+        # rows of different sets may share a batch (MLXBUN_ADAPTER_MIXING, --adapter-mixing)
+        self.mixing = current().engine.adapter_mixing
         self._roster: Roster | None = None  # the adapters stacked for per-row routing
         self._roster_key: str | None = None  # _active_key while its wrappers are installed
         self._roster_stale = False  # an adapter in it was unmounted or replaced

@@ -36,7 +36,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         server = find_or_start(args.positional, url=args.url, host=args.host, port=args.port)
     except NoServer as exc:
         print(f"mlxbun: {exc}", file=sys.stderr)
-        return 1
+        return exc.status
     try:
         return Chat(server, args).run()
     finally:

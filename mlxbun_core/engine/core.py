@@ -24,21 +24,20 @@ from ..adapters import AdapterManager, AdapterSet
 from ..contract import DraftSource, TokenPredictor
 from ..errors import APIError, BadRequest, Overloaded, Unavailable
 from ..events import Finish, Retry
-from ..kvquant.probe import check_kernels, model_dtype
 from ..library import fit
 from ..media import parts as media_parts
 from ..model import LoadedModel, LoadOptions
-from ..runconfig import current
-from . import attention_route, prefill_shapes
 from . import rerank as reranking
+from . import warmup
 from .admission import Admission, default_batch, drafts_with_head, head_cost
 from .batch.journal import Journal
 from .completion_request import parse_completion
+from .durable import open_tier
 from .fill import FillPolicy
 from .generation import Generation as Generation  # (surfaces import it from here)
 from .job import EventSink, GenerationJob, may_speculate
 from .lanes.batch import BatchLane
-from .lanes.pace import MAX_CHUNK, PrefillPacer
+from .lanes.pace import PrefillPacer
 from .lanes.serial import SerialLane
 from .memory import DEVICE_FAULT, Governor, MemoryConfig
 from .prepare import Prepared, media_pipeline, prepare
@@ -53,7 +52,6 @@ if TYPE_CHECKING:
     import numpy as np
 
     from ..kvstore import SsdConfig
-    from ..kvstore.store import SsdStore
     from ..plugins import ModelHooks
     from ..speech import TranscribeOptions, Transcription
 
@@ -100,21 +98,23 @@ class Engine:
         self.worker = worker or ModelWorker()
         if predictor is not None and speculation is not None and speculation.kind == MTP:
             self.worker.run_sync(predictor.make_cache)  # the head's weights now, not mid-reply
-        self.prefix = PrefixCache(prompt_cache_bytes, tier=self._ssd_tier(ssd, prompt_cache_bytes),
-                                  post=self.worker.post)
+        tier = open_tier(ssd, prompt_cache_bytes, model, lambda: self.adapters,
+                         busy=lambda: not self.idle)
+        self.prefix = PrefixCache(prompt_cache_bytes, tier=tier, post=self.worker.post)
         self.kv = kvquant.parse(kv_quant)
         self.admission = Admission(model, memory_budget_bytes, kv_bits=self.kv.bits,
                                    head=head_cost(predictor, self.kv.enabled))
-        self._check_kv()
+        warmup.check_kv(model, self.kv, self.admission, self.worker)
         self._size_batch(batch, draft)
         self.adapters = AdapterManager(model, call=self.worker.call,
                                        on_bytes=self.admission.set_adapter_bytes)
         self.pacer = PrefillPacer()  # prompt tokens per prefill chunk, every lane
+        self.warmup: dict[str, Any] = {}  # what start-up warmed, in how long (warmup.py)
         self.prefix.prefill_rate = lambda: self.pacer.rate  # an SSD restore must beat it
         self.prefix.prefill_measured = lambda: self.pacer.rate if self.pacer.measured else None
         if not self.worker.lanes:
             self._start_lanes()
-        self._seed_ssd_rates()
+        warmup.seed_ssd_rates(model, self.prefix, self.worker, self.pacer)
         # generation_config.json values, then operator flags on top; requests win over both
         self.defaults = {**model.generation_defaults, **(defaults or {})}
         # chat_template_kwargs a request gets unless it sends its own (mlxbun.yaml's models:)
@@ -136,16 +136,6 @@ class Engine:
         self.on_finish: Callable[[Finish], None] | None = None
         self.starting = 0  # requests being prepared (not yet queued)
 
-    def _check_kv(self) -> None:
-        """Warn about a KV scheme the layout makes pointless; a quantized KV cache whose
-        kernel this build lacks fails here, not mid-reply."""
-        model, kv = self.model, self.kv
-        if warning := kvquant.startup_warning(kv, self.admission.layout):
-            log.warning(warning)
-        if kv.bits and model.kind == "generate":
-            self.worker.run_sync(lambda: check_kernels(kv.bits or 8, kv.group_size,
-                                                       model.config, model_dtype(model.model)))
-
     def _size_batch(self, batch: int | None, draft: DraftSource | None) -> None:
         """The batch lane's row cap: ``--batch``, else planned from the memory room; one
         row with a draft model (it runs on the serial lane)."""
@@ -158,7 +148,7 @@ class Engine:
         self.batch = 1 if draft is not None or speech else max(1, batch or plan_rows)
 
     def _start_lanes(self) -> None:
-        """The worker's lanes, sharing one prefill pacer (calibrated now, on the worker)."""
+        """The worker's lanes, sharing one prefill pacer, warmed now on the worker."""
         model = self.model
         serial = SerialLane(model.model, self.prefix, self.admission, adapters=self.adapters,
                             pacer=self.pacer, kv=self.kv, predictor=self.predictor,
@@ -168,10 +158,7 @@ class Engine:
                                         predictor=self.predictor, governor=self.memory),
                               serial]
                              if self.batch > 1 else [serial])
-        if model.kind == "generate":
-            attention_route.install()  # CUDA: no cuDNN graph per short query's shape
-            self.worker.run_sync(lambda: self.pacer.calibrate(model.model))
-            self.worker.run_sync(lambda: prefill_shapes.warm(model.model, MAX_CHUNK))
+        self.warmup = warmup.warm(model, self.worker, self.pacer)
         log.info("batch: %d rows (%s)", self.batch, self.batch_source if self.batch_plan is None
                  else f"auto: {self.batch_plan.reason}")
 
@@ -319,41 +306,6 @@ class Engine:
             media = "media:" + media_parts.digest(req.media_items)
         return (self.model.id, str(self.model.path), adapters.key, self.kv.name, media)
 
-    def _seed_ssd_rates(self) -> None:
-        """Both rates the SSD tier's restore-vs-recompute check weighs, before the first
-        request: the restore rate (kept, or probed now on the worker) and a prefill
-        rate kept from real prompts of an earlier run, over the calibration."""
-        tier = self.prefix.tier
-        if tier is not None and self.model.kind == "generate":
-            self.worker.run_sync(tier.seed_rates)
-            self.pacer.seed(tier.prefill.tps or 0.0)
-
-    def _ssd_tier(self, config: SsdConfig | None, ram_bytes: int) -> SsdStore | None:
-        """The SSD tier under the prefix cache (``--ssd-cache``), or None."""
-        if config is None or ram_bytes <= 0:
-            return None
-        from ..kvstore import open_store
-
-        fixed = current().cache.ssd_spill_queue_bytes  # MLXBUN_SSD_SPILL_QUEUE_GB
-        config.queue_bytes = max(config.queue_bytes, ram_bytes) if fixed is None else fixed
-        return open_store(config, self.model, namespace_parts=self.durable_namespace,
-                          busy=lambda: not self.idle)
-
-    def durable_namespace(self, namespace: tuple[str, ...]) -> list[Any] | None:
-        """``namespace`` as it may be written to disk: adapters by their files, not by
-        this process's mount serials (None: an adapter that is no longer mounted)."""
-        *head, adapter_key, kv, media = namespace
-        mounted = {f"{m.id}#{m.serial}": m for m in self.adapters.mounted.values()}
-        adapters: list[list[Any]] = []
-        for piece in filter(None, adapter_key.split("+")):
-            m = mounted.get(piece)
-            if m is None:
-                return None
-            from ..kvstore.identity import file_identity
-
-            adapters.append([m.id, str(m.info.path), m.info.scale, file_identity(m.info.path)])
-        return [*head, adapters, kv, media]
-
     def effective_limit(self, req: GenerationRequest, mtp: bool = False) -> int:
         """The completion budget after admission (400 when the prompt leaves no room;
         ``mtp``: it drafts with the model's head, whose weights and cache then count)."""
@@ -438,7 +390,7 @@ class Engine:
                 "auto": self.batch_plan.describe() if self.batch_plan else None,
                 "active_rows": self.worker.active, "waiting": self.worker.waiting,
                 "lanes": lanes, "prefill": self.pacer.stats(), "adapters": self.adapters.stats(),
-                "kv_blocks": pools[0] if pools else None}
+                "kv_blocks": pools[0] if pools else None, "warmup": self.warmup}
 
     def memory_stats(self) -> dict[str, Any]:
         """``/stats`` ``memory``: the measured budget and what pressure did."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..models.paths import mlxbun_home
+from ..runconfig import current
 
 log = logging.getLogger("mlxbun.fit")
 
@@ -100,12 +101,9 @@ def measure_gbs(gpu: bool) -> float:
 def decode_bandwidth(device: str, name: str, *, probe_mlx: bool,
                      home: Path | None = None) -> Bandwidth:
     """The bandwidth behind ``fit``'s decode prediction, and what it assumed."""
-    env = os.environ.get("MLXBUN_BANDWIDTH_GBS")
-    if env:
-        try:
-            return Bandwidth(float(env), "env", f"{float(env)} GB/s from MLXBUN_BANDWIDTH_GBS")
-        except ValueError:
-            log.warning("MLXBUN_BANDWIDTH_GBS=%r is not a number; ignored", env)
+    gbs = current().models.bandwidth_gbs  # (a value that is no number was warned about)
+    if gbs is not None:
+        return Bandwidth(gbs, "env", f"{gbs} GB/s from MLXBUN_BANDWIDTH_GBS")
     path = mlxbun_home(home) / CACHE_FILE
     cache = _read(path)
     if probe_mlx:

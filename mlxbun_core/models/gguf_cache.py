@@ -23,6 +23,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..runconfig import current
+
 log = logging.getLogger("mlxbun.models")
 
 DIGESTS_FILE = "gguf-digests.json"
@@ -108,7 +110,7 @@ def source_bits(ggml_type: str) -> int | None:
 
 def stored_precision(ggml_type: str, gpu: bool) -> str:
     """``float32`` on a CPU; on a GPU ``q<bits>`` for a quantized source, else float16."""
-    env = os.environ.get("MLXBUN_CONVERT_PRECISION", "").strip().lower()
+    env = current().models.convert_precision
     if env and env != "auto":
         if env in FLOAT_PRECISIONS or (env[:1] == "q" and env[1:].isdigit()
                                        and int(env[1:]) in QUANT_BITS):

@@ -10,8 +10,9 @@ set their own keep it. Every module that talks to the hub calls it first.
 
 from __future__ import annotations
 
-import os
 import threading
+
+from ..runconfig import current
 
 DEFAULT_S = 30.0
 _installed = threading.Event()
@@ -20,11 +21,7 @@ _lock = threading.Lock()
 
 def seconds() -> float:
     """``MLXBUN_HUB_TIMEOUT`` (seconds), else 30: how long the hub may stay silent."""
-    try:
-        value = float(os.environ.get("MLXBUN_HUB_TIMEOUT", ""))
-    except ValueError:
-        return DEFAULT_S
-    return value if value > 0 else DEFAULT_S
+    return current().models.hub_timeout or DEFAULT_S
 
 
 def _deadline(request) -> None:

@@ -21,6 +21,7 @@ from ..grammar.request import SEPARATORS, GrammarRequest
 from ..grammar.schema import closed
 from ..grammar.structural import map_json
 from ..hookspecs import hookimpl
+from ..runconfig import current
 
 NAME = "xgrammar"
 AVAILABLE = importlib.util.find_spec("xgrammar") is not None
@@ -137,7 +138,7 @@ class XGrammarBackend(GrammarBackend):
         info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=self.vocab_size,
                                                   stop_token_ids=list(self.eos) or None)
         self.vocab = byte_vocab(info, hf, self.vocab_size)
-        threads = int(os.environ.get("MLXBUN_GRAMMAR_THREADS", min(8, os.cpu_count() or 1)))
+        threads = current().grammar.threads or min(8, os.cpu_count() or 1)
         # Our registry caches compiled grammars; xgrammar's own cache would double it.
         self.compiler = xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
 

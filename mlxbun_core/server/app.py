@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from blacksheep import Application, Request, Response
 
 from .. import blas, metrics, plugins
 from ..errors import APIError
-from ..webchat.store import SessionStore
-from ..webchat.store import sessions_dir as default_sessions_dir
 from . import access_log, guard
 from .common import allowed_methods, json_response, method_not_allowed, openai_error
 from .guard import GuardRules
@@ -35,12 +32,13 @@ def error_shape(path: str) -> Callable[[APIError], Response]:
 
 
 def build_app(engine: Engine, *, api_key: str | None = None,
-              sessions_dir: Path | None = None, cors: CorsRules | None = None) -> App:
-    """The application serving ``engine``. ``sessions_dir``: where the web chat keeps
-    sessions (default: under our home); ``cors``: the sites ``--cors`` trusts."""
+              cors: CorsRules | None = None,
+              plugin_state: dict[str, object] | None = None) -> App:
+    """The application serving ``engine``. ``cors``: the sites ``--cors`` trusts;
+    ``plugin_state``: plugins' own records, there before their routes register (a
+    test's web app with its own sessions folder)."""
     rules = GuardRules(api_key=api_key, cors=cors or CorsRules())
-    state = AppState(engine=engine, guard=rules,
-                     sessions=SessionStore(default_sessions_dir(sessions_dir)))
+    state = AppState(engine=engine, guard=rules, plugins=dict(plugin_state or {}))
     app = App(state)
     guard.install(app, state.guard)
     access_log.install(app)  # after every middleware: the outermost, so it sees refusals

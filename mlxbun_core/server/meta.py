@@ -16,7 +16,7 @@ from ..engine.cache_explain import without_text
 from ..grammar_registry import registry as grammars
 from ..library.listing import with_states
 from .common import json_response
-from .guard import LOOPBACK_ONLY, is_loopback
+from .guard import is_loopback
 from .library_routes import model_rows
 from .model_report import with_family_blocks
 from .served_model import model_row
@@ -34,24 +34,13 @@ ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "POST /v1/mess
 JOB_ENDPOINTS = ["GET /api/jobs", "POST /api/finetune/*", "POST /api/quantize/*"]
 """The web app's job routes, listed when the app is served."""
 NO_WEB_APP = "this server has no web app (the webapp plugin is not loaded)"
+"""``GET /v1``'s ``web_chat`` reason unless a plugin answers that field (the web app does)."""
 
 
 def has_route(app: App, method: str, path: str) -> bool:
     """Whether a plugin registered ``method path`` (``GET_WS`` for a WebSocket)."""
     match = app.router.get_match_by_method_and_path(method, path)
     return match is not None and match.pattern != b"*"
-
-
-def availability(app: App, request: Request) -> dict[str, Any]:
-    """Whether ``request``'s client may chat here, for ``GET /v1``'s ``web_chat`` field (the
-    page asks before it opens a socket that would only be refused)."""
-    reason = app.state.web_chat_unavailable
-    if not reason and not has_route(app, "GET_WS", "/ws/chat"):
-        reason = NO_WEB_APP
-    keyed = app.state.guard.api_key is not None
-    if not reason and not keyed and not is_loopback(request):
-        reason = LOOPBACK_ONLY
-    return {"available": not reason, "reason": reason or None}
 
 
 def prompt_cache_stats(request: Request, app: App, engine: Engine) -> dict[str, Any]:
@@ -64,9 +53,13 @@ def prompt_cache_stats(request: Request, app: App, engine: Engine) -> dict[str, 
 
 
 def register(app: App, engine: Engine) -> None:
+    no_web_chat = {"available": False, "reason": NO_WEB_APP}
+
     async def index(request: Request) -> Response:
         return json_response({"name": "mlxbun", "version": __version__, "model": engine.model.id,
-                              "endpoints": endpoints(), "web_chat": availability(app, request)})
+                              "endpoints": endpoints(), "web_chat": no_web_chat,
+                              **{name: provide(request)
+                                 for name, provide in app.state.index_providers.items()}})
 
     def endpoints() -> list[str]:
         return ENDPOINTS + (JOB_ENDPOINTS if has_route(app, "GET", "/api/jobs") else [])

@@ -47,12 +47,13 @@ def start_server(model: str | Path | None = None, *, options: LoadOptions | None
     from ..engine.core import Engine
     from ..server.app import build_app
     from ..server.connections import ConnectionLimits, uvicorn_settings
+    from ..webapp.state import web_app_state
 
     engine = Engine.load(str(model) if model is not None else None, options or LoadOptions(),
                          progress=False, defaults=defaults, max_tokens=max_tokens,
                          **engine_options)
     port = free_port()
-    app = build_app(engine, api_key=api_key, sessions_dir=sessions_dir)
+    app = build_app(engine, api_key=api_key, plugin_state=web_app_state(sessions_dir))
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
                             **uvicorn_settings(limits or ConnectionLimits(), app))  # as `serve`
     server = uvicorn.Server(config)

@@ -18,6 +18,7 @@ from ..errors import APIError, BadRequest
 from ..hub import datasets, folders, gc, push, remote, settings
 from ..hub.jobs import Conflict
 from ..server.common import guarded, json_response, read_body
+from . import state as webapp_state
 from .hub import ok_error, served_paths
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 
 def register(app: App, engine: Engine) -> None:
-    hub_jobs = app.state.hub_jobs
+    hub_jobs = webapp_state.of(app).hub_jobs
 
     def busy() -> list[str]:
         import json
@@ -91,7 +92,8 @@ def register(app: App, engine: Engine) -> None:
     @guarded(ok_error)
     async def dataset_submit(request: Request) -> Response:
         body = await read_body(request)
-        config = await asyncio.to_thread(datasets.prepare, body, None, app.state.sessions.root)
+        sessions = webapp_state.of(app).sessions.root
+        config = await asyncio.to_thread(datasets.prepare, body, None, sessions)
         job_id = hub_jobs.manager.submit("dataset", config, output_path=config["output_dir"])
         return json_response({"ok": True, "job_id": job_id, "output_dir": config["output_dir"]})
 
@@ -101,7 +103,8 @@ def register(app: App, engine: Engine) -> None:
             body = await read_body(request)
             output = None
             if body.get("job_id") is not None and not body.get("source_path"):
-                row = await asyncio.to_thread(app.state.jobs.store.get, str(body["job_id"]))
+                store = webapp_state.of(app).jobs.store
+                row = await asyncio.to_thread(store.get, str(body["job_id"]))
                 if row is None:
                     raise BadRequest("job not found", param="job_id")
                 if row["status"] != "done":

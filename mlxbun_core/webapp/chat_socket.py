@@ -2,10 +2,10 @@
 
 JSON frames with a ``type`` both ways; :class:`~mlxbun_core.webchat.agent.ChatAgent`
 does the work, this module only moves frames. A plain ``GET /ws/chat`` (no upgrade)
-is a 426. A server that cannot host the chat sets ``AppState.web_chat_unavailable``
-to a reason, or calls :func:`refuse`: the route then answers 501 (the ``--isolate``
-parent, which is no BlackSheep app, answers 501 itself). ``GET /v1`` carries
-:func:`~mlxbun_core.server.meta.availability`, which the page reads before it opens a socket.
+is a 426. A server that cannot host the chat calls :func:`refuse` with a reason (the
+web app's ``chat_unavailable``): the route then answers 501 (the ``--isolate`` parent,
+which is no BlackSheep app, answers 501 itself). ``GET /v1`` carries :func:`availability`
+as its ``web_chat`` field, which the page reads before it opens a socket.
 
 Like the other routes that touch files, the chat answers loopback clients only
 unless an API key is configured (the guard middleware sees the handshake; browsers
@@ -29,6 +29,7 @@ from ..server.common import json_response
 from ..server.served_model import model_row
 from ..webchat.agent import ChatAgent
 from ..webchat.mcp.hub import McpHub
+from . import state as webapp_state
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
@@ -42,11 +43,21 @@ ISOLATED = "web chat needs a non-isolated server (it is not available under --is
 
 def refuse(app: App, reason: str = ISOLATED) -> None:
     """Make /ws/chat answer 501 with ``reason`` (a server that cannot host the chat)."""
-    app.state.web_chat_unavailable = reason
+    webapp_state.of(app).chat_unavailable = reason
+
+
+def availability(app: App, request: Request) -> dict[str, Any]:
+    """Whether ``request``'s client may chat here, for ``GET /v1``'s ``web_chat`` field (the
+    page asks before it opens a socket that would only be refused)."""
+    reason = webapp_state.of(app).chat_unavailable
+    keyed = app.state.guard.api_key is not None
+    if not reason and not keyed and not guard.is_loopback(request):
+        reason = guard.LOOPBACK_ONLY
+    return {"available": not reason, "reason": reason or None}
 
 
 def _unavailable(app: App) -> Response | None:
-    reason = app.state.web_chat_unavailable
+    reason = webapp_state.of(app).chat_unavailable
     if reason:
         return json_response({"error": {"message": reason, "type": "not_implemented"}}, 501)
     return None
@@ -101,12 +112,14 @@ async def serve_connection(ws: WebSocket, agent: ChatAgent, outbox: Outbox) -> N
 
 
 def register(app: App, engine: Engine) -> None:
-    store = app.state.sessions  # PATH is an admin route (guard.ADMIN_PREFIXES)
+    shared = webapp_state.of(app)
+    store = shared.sessions  # PATH is an admin route (guard.ADMIN_PREFIXES)
+    app.state.index_providers["web_chat"] = lambda request: availability(app, request)
     hubs: list[McpHub] = []  # mlxbun.yaml's MCP servers: one hub for every connection
 
     def mcp_hub() -> McpHub:
         if not hubs:
-            hubs.append(McpHub(app.state.mcp_servers.values()))
+            hubs.append(McpHub(shared.mcp_servers.values()))
         return hubs[0]
 
     async def stop_mcp(application: object) -> None:

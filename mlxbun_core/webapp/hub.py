@@ -2,7 +2,7 @@
 DELETE /api/hub/downloads/<id> (dismiss a finished one) and POST /api/jobs/<id>/cancel.
 
 Thin wrappers over :mod:`mlxbun_core.hub`; downloads run as jobs in the hub's own
-queue (``app.state.hub_jobs``). Everything under ``/api/`` is an admin route (the
+queue (the web app's ``hub_jobs``). Everything under ``/api/`` is an admin route (the
 guard: loopback clients only unless an API key is set). Errors are
 ``{"ok": false, "error": ...}``.
 """
@@ -26,6 +26,7 @@ from ..library.fit import machine
 from ..library.report import library_row
 from ..models.paths import hf_cache_dir, mlxbun_home
 from ..server.common import guarded, json_response, read_body, route_param
+from . import state as webapp_state
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
@@ -44,7 +45,7 @@ def served_paths(engine: Engine) -> list[Path]:
 
 
 def register(app: App, engine: Engine) -> None:
-    hub_jobs, library = app.state.hub_jobs, app.state.library
+    hub_jobs, library = webapp_state.of(app).hub_jobs, app.state.library
     add_provider(downloading_provider(hub_jobs.home))  # /v1/models: "state": "downloading"
 
     @guarded(ok_error)
@@ -118,7 +119,7 @@ def register(app: App, engine: Engine) -> None:
     @guarded(ok_error)
     async def cancel(request: Request) -> Response:
         job_id = route_param(request, "job_id")
-        if hub_jobs.manager.cancel(job_id) or app.state.jobs.manager.cancel(job_id):
+        if hub_jobs.manager.cancel(job_id) or webapp_state.of(app).jobs.manager.cancel(job_id):
             return json_response({"ok": True, "job_id": job_id, "cancelled": True})
         row = await asyncio.to_thread(hub_jobs.store.get, job_id)
         if row is None:

@@ -27,6 +27,7 @@ from ..server.common import (
     sse_data,
     watch_disconnect,
 )
+from . import state as webapp_state
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
@@ -40,7 +41,7 @@ def _error(exc: APIError) -> Response:
 
 
 def register(app: App, engine: Engine) -> None:
-    jobs = app.state.jobs  # no jobs.sqlite until a job route is used
+    jobs = webapp_state.of(app).jobs  # no jobs.sqlite until a job route is used
     home = jobs.home
 
     @guarded(_error)

@@ -20,6 +20,7 @@ from ..errors import BadRequest
 from ..jobs import dataset_probe
 from ..jobs.quantize import locate
 from ..server.common import guarded, json_response, read_body
+from . import state as webapp_state
 from .hub import ok_error
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ class _Tokenizers:
 
 
 def register(app: App, engine: Engine) -> None:
-    home = app.state.jobs.home
+    home = webapp_state.of(app).jobs.home
     tokenizers = _Tokenizers()
 
     def model_dir(model: Any) -> Path | None:

@@ -27,6 +27,7 @@ from ..memory.vault import NO_VAULT, NoVault, Vault, default_root
 from ..server.body import read_body
 from ..server.common import json_response, sse_data, sse_response
 from ..webchat.memory import saved_conversations
+from . import state as webapp_state
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
@@ -197,7 +198,8 @@ def _synthesize_handler(app: App, engine: Engine, vault: Vault,
             return json_response({"ok": False, "error": "a synthesis is running"}, 409)
         job = Synthesis(vault, engine, [], dry=dry, force=force)
         running[:] = [job]
-        job.conversations = await asyncio.to_thread(saved_conversations, app.state.sessions)
+        sessions = webapp_state.of(app).sessions
+        job.conversations = await asyncio.to_thread(saved_conversations, sessions)
 
         async def frames() -> AsyncIterator[bytes]:
             try:

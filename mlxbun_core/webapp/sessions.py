@@ -14,6 +14,7 @@ from ..errors import APIError
 from ..server.common import json_response
 from ..webchat.search import search
 from ..webchat.store import compacted, read_entries
+from . import state as webapp_state
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
@@ -27,7 +28,7 @@ def _error(message: str, status: int) -> Response:
 
 
 def register(app: App, engine: Engine) -> None:
-    store = app.state.sessions
+    store = webapp_state.of(app).sessions
 
     async def search_sessions(request: Request) -> Response:
         query = (request.query.get("q") or [""])[0]

@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any, cast
 import mlx.core as mx
 
 from ...kvquant import OFF, KVScheme
-from ...runconfig import current
 from . import states as recurrent
 from .entry import BlockEntry, Shared
 from .layout import Layout, Slot
 from .pool import BlockPool, BlockTable, OutOfBlocks
 from .rows import Drafts, Emit, Forcing, Row, Tap
+from .sampling import extended, processed, sample
 from .view import Window
 from .windows import window_step
 
@@ -212,7 +212,7 @@ class Batch:
             r.table.length += len(f)
             r.todo = r.todo[len(f):]
             if r.processors:
-                r.context = _extended(r.context, mx.array(f))
+                r.context = extended(r.context, mx.array(f))
             if len(r.todo) == 1:
                 self._start_decoding(r)
                 done.append(r.uid)
@@ -234,9 +234,9 @@ class Batch:
         inputs, fed_logprobs = self._next, self._next_logprobs
         self._reserve(rows, [1] * len(rows))
         logits, hidden = self._pass(inputs[:, None], rows, [1] * len(rows), self.states.caches)
-        logits = self._processed(rows, inputs, logits[:, -1, :])
+        logits = processed(rows, inputs, logits[:, -1, :])
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        sampled = _sample(logprobs, [r.sampler for r in rows])
+        sampled = sample(logprobs, [r.sampler for r in rows])
         mx.async_eval(sampled, logprobs, *self._arrays(self.states.caches))
         fed = cast("list[int]", inputs.tolist())
         # only now: a step that fails before here leaves every row's next input as it was
@@ -374,31 +374,3 @@ class Batch:
         if self.tap is not None:
             out += self.tap.arrays()
         return out
-
-    def _processed(self, rows: list[Row], inputs: mx.array, logits: mx.array) -> mx.array:
-        """Each row's logits processors over every token it was fed (its context)."""
-        if not any(r.processors for r in rows):
-            return logits
-        out = []
-        for i, r in enumerate(rows):
-            x = logits[i:i + 1]
-            if r.processors:
-                r.context = _extended(r.context, inputs[i:i + 1])
-                for p in r.processors:
-                    x = p(r.context, x)
-            out.append(x)
-        return mx.concatenate(out, axis=0)
-
-
-def _extended(context: mx.array | None, tokens: mx.array) -> mx.array:
-    return tokens if context is None else mx.concatenate([context, tokens])
-
-
-def _sample(logprobs: mx.array, samplers: list[Any]) -> mx.array:
-    """Each row's token from its sampler (None: greedy); one call when rows share one."""
-    first = samplers[0]
-    if all(s is first for s in samplers) and current().engine.batch_vec_sample:
-        return mx.argmax(logprobs, axis=-1) if first is None else first(logprobs)
-    return mx.concatenate([
-        mx.argmax(logprobs[i:i + 1], axis=-1) if s is None else s(logprobs[i:i + 1])
-        for i, s in enumerate(samplers)])

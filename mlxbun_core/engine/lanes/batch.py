@@ -46,6 +46,7 @@ from ...runconfig import current
 from ..batch import Batch, Emit, direct, pool_for
 from ..batch.journal import Journal
 from ..batch.layout import RECURRENT, Slot, layout
+from ..batch.warm import warm as warm_batch
 from ..fill.rows import forcing
 from ..job import GenerationJob
 from ..memory import Governor
@@ -270,6 +271,26 @@ class BatchLane(Results):
             self._batch.fault = self.governor.inject
             self._planned = self._batch.pool.limit
         return self._batch
+
+    def warm(self) -> dict[str, int]:
+        """The batch's passes once at two scratch rows (``batch/warm.py``), on the worker
+        at start: the passes run, the most blocks the rows held and the blocks left after
+        (empty: nothing when there is no batch here, or a distributed group's, whose
+        followers replay only real steps). Adapter routing and fault injection are off
+        meanwhile (the rows are no job's). The batch is dropped after: an idle server holds
+        no KV blocks, so memory is measured as before; MLX keeps what it compiled."""
+        if self._slots is None or self.journal is not None or self._batch is not None:
+            return {}
+        import mlx.core as mx
+
+        batch = self._get_batch()
+        batch.before = batch.fault = None
+        try:
+            passes, held = warm_batch(batch)
+            return {"passes": passes, "blocks_held": held, "blocks_left": batch.pool.used}
+        finally:
+            self._batch = None
+            mx.clear_cache()
 
     def _reclaim(self, blocks: int) -> int:
         """The pool ran short: give it the prefix cache's blocks, oldest entries first."""

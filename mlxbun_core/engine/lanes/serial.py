@@ -23,7 +23,7 @@ from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from ... import kvquant
-from ...contract import DraftSource, LogitsProcessor, TokenPredictor
+from ...contract import LogitsProcessor, TokenPredictor
 from ...events import Retry
 from .. import prefill_shapes
 from ..cache_explain import Probe, explain_job
@@ -32,6 +32,7 @@ from ..memory import OOM, Governor
 from ..prompt_cache import PrefixCache, trimmable
 from ..prompt_scoring import PromptScorer
 from ..speculate import MTP, MtpStream, SpecStream, rewindable, spec_steps, trim_to
+from .draft_model import draft_model_steps
 from .pace import PrefillPacer
 
 if TYPE_CHECKING:
@@ -183,7 +184,7 @@ class SerialLane:
 
         if job.draft is not None:
             job.admitted(0)
-            yield from self._speculate(job, job.draft)
+            yield from draft_model_steps(self.model, job, job.draft, self.kv, self.pacer)
             return
         req = job.request
         if req.media is not None:  # the media pipeline's own forward pass; no prefix cache
@@ -327,49 +328,6 @@ class SerialLane:
         if cacheable and trimmable(cache):
             self._kv = (cache, list(prompt))
         yield from spec_steps(stream, prompt[-1])
-
-    def _speculate(self, job: GenerationJob, source: DraftSource) -> Steps:
-        """Speculative decoding with the mounted draft (the prefix cache is bypassed).
-        Both models read the prompt here in paced chunks; mlx-lm's loop gets the last
-        prompt token and the filled caches."""
-        import mlx.core as mx
-        from mlx_lm.generate import speculative_generate_step
-        from mlx_lm.models.cache import make_prompt_cache
-
-        req, usage = job.request, job.session.usage
-        usage.lane = "serial+spec"
-        spec = usage.speculation = {"drafted": 0, "accepted": 0, "targetCalls": 0}
-        n = source.num_draft_tokens
-        prompt, draft = req.prompt_tokens, kvquant.quantizing(source.model, self.kv)
-        target_cache, draft_cache = make_prompt_cache(self.model), make_prompt_cache(draft)
-        start = 0
-        if len(target_cache) == len(getattr(self.model, "layers", ())):  # how mlx-lm splits
-            end, t0 = len(prompt) - 1, time.perf_counter()
-            while start < end:
-                size = self.pacer.chunk()
-                stop = min(start + size, end)
-                with self.pacer.timed(size) as timer:
-                    chunk = mx.array(prompt[start:stop])[None]
-                    draft(chunk, cache=draft_cache)
-                    self.model(chunk, cache=target_cache)
-                    mx.eval([c.state for c in target_cache + draft_cache])
-                    timer.tokens = stop - start
-                start = stop
-                yield None
-            job.session.phases["prefill_s"] = time.perf_counter() - t0
-        # mlx-lm annotates pairs of arrays; it yields (token id, log-probs, from the draft)
-        steps = cast("Iterator[tuple[int, mx.array, bool]]", speculative_generate_step(
-            mx.array(prompt[start:]), self.model, draft, num_draft_tokens=n,
-            max_tokens=job.limit or (1 << 30), sampler=req.sampler,
-            logits_processors=req.processors or None,
-            prompt_cache=target_cache + draft_cache))
-        for token, logprobs, from_draft in steps:
-            if from_draft:
-                spec["accepted"] += 1
-            else:  # every verify round ends with one token of the target's own
-                spec["targetCalls"] += 1
-                spec["drafted"] += n
-            yield token, logprobs
 
     def close(self, error: str = "server shutting down", reason: str = "cancelled",
               retry: Retry | None = None) -> None:

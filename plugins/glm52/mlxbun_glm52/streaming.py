@@ -7,7 +7,6 @@ loads whole, exactly as before.
 
 from __future__ import annotations
 
-import os
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 
 from mlxbun_core.family import load_mlx_lm
 from mlxbun_core.model import LoadedModel
+from mlxbun_core.runconfig import current
 
 from .experts import ExpertCache, ExpertIndex, ExpertReader
 
@@ -150,8 +150,8 @@ def load_streamed(path: Path, config: dict, options: Any, budget: int,
     if budget < max(sizes):
         raise ValueError(f"expert budget {budget} bytes is below one expert "
                          f"({max(sizes)} bytes)")
-    workers = int(os.environ.get("MLXBUN_EXPERT_READERS", "4"))
-    prefetch = os.environ.get("MLXBUN_EXPERT_PREFETCH", "1") not in ("0", "off", "false")
+    workers = current().families.expert_readers
+    prefetch = current().families.expert_prefetch
     cache = ExpertCache(ExpertReader(index), budget, workers=workers)
     found: list[int] = []
 

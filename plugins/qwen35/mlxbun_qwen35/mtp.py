@@ -23,12 +23,12 @@ layer; it keeps its own KV cache (one row per target position).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mlxbun_core.models.facts import activation_bytes
+from mlxbun_core.runconfig import current
 
 from . import mtp_weights as W
 
@@ -146,7 +146,7 @@ def load_predictor(model: Any) -> QwenMtp | None:
     if missing:
         log.warning("the checkpoint's mtp head lacks %s; serving without it", missing)
         return None
-    pre = os.environ.get("MLXBUN_MTP_HIDDEN", "pre") != "post"
+    pre = current().families.mtp_hidden != "post"
     return QwenMtp(model.model, lambda: _load_head(model, files), DEFAULT_DRAFT_TOKENS,
                    f"{model.id} (mtp head)", pre, activation_bytes(model.config or {}),
                    W.tensor_bytes(tensors))

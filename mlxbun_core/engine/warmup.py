@@ -1,0 +1,75 @@
+"""What the engine runs on its worker thread at start, before ``/health`` says ready, so
+the first request pays for none of it: the KV scheme's kernel check, the prefill pacer's
+calibration, the prefill buckets' shapes, the batch's passes at two rows and the SSD
+tier's two rates. :func:`warm` times the warm-ups for the banner and ``/stats``."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from .. import kvquant
+from ..kvquant.probe import check_kernels, model_dtype
+from . import attention_route, prefill_shapes
+from .lanes.batch import BatchLane
+from .lanes.pace import MAX_CHUNK, PrefillPacer
+
+if TYPE_CHECKING:
+    from ..model import LoadedModel
+    from .admission import Admission
+    from .prompt_cache import PrefixCache
+    from .worker import ModelWorker
+
+log = logging.getLogger("mlxbun.engine")
+
+
+def check_kv(model: LoadedModel, kv: kvquant.KVScheme, admission: Admission,
+             worker: ModelWorker) -> None:
+    """Warn about a KV scheme the layout makes pointless; a quantized KV cache whose
+    kernel this build lacks fails here, not mid-reply."""
+    if warning := kvquant.startup_warning(kv, admission.layout):
+        log.warning(warning)
+    if kv.bits and model.kind == "generate":
+        worker.run_sync(lambda: check_kernels(kv.bits or 8, kv.group_size,
+                                              model.config, model_dtype(model.model)))
+
+
+def warm(model: LoadedModel, worker: ModelWorker, pacer: PrefillPacer) -> dict[str, Any]:
+    """Calibrate the pacer, run the prefill buckets' lengths and the batch lane's passes
+    (a generating model); what ran and how long it took (``/stats`` ``batch.warmup``)."""
+    if model.kind != "generate":
+        return {}
+    attention_route.install()  # CUDA: no cuDNN graph per short query's shape
+    t0 = time.perf_counter()
+    worker.run_sync(lambda: pacer.calibrate(model.model))
+    buckets = worker.run_sync(lambda: prefill_shapes.warm(model.model, MAX_CHUNK))
+    t1 = time.perf_counter()
+    lane = next((lane for lane in worker.lanes if isinstance(lane, BatchLane)), None)
+    batch = worker.run_sync(lane.warm) if lane is not None else {}
+    t2 = time.perf_counter()
+    return {"prefill_s": round(t1 - t0, 3), "prefill_buckets": buckets,
+            "batch_s": round(t2 - t1, 3) if batch else None,
+            "batch_passes": batch.get("passes", 0), "batch_blocks_held": batch.get("blocks_held"),
+            "batch_blocks_left": batch.get("blocks_left")}
+
+
+def describe(done: dict[str, Any]) -> str | None:
+    """The banner's warm-up note (None: nothing was warmed)."""
+    if not done:
+        return None
+    total = done["prefill_s"] + (done["batch_s"] or 0.0)
+    batch = (f"batch passes at 2 rows {done['batch_s']:.2f} s" if done["batch_passes"]
+             else "no batch lane")
+    return f"warm-up {total:.2f} s (prefill {done['prefill_s']:.2f} s, {batch})"
+
+
+def seed_ssd_rates(model: LoadedModel, prefix: PrefixCache, worker: ModelWorker,
+                   pacer: PrefillPacer) -> None:
+    """Both rates the SSD tier's restore-vs-recompute check weighs, before the first
+    request: the restore rate (kept, or probed now on the worker) and a prefill
+    rate kept from real prompts of an earlier run, over the calibration."""
+    tier = prefix.tier
+    if tier is not None and model.kind == "generate":
+        worker.run_sync(tier.seed_rates)
+        pacer.seed(tier.prefill.tps or 0.0)
