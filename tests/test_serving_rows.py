@@ -17,7 +17,7 @@ import pytest
 
 from mlxbun_core import cli, runconfig
 from mlxbun_core.config import apply_config
-from mlxbun_core.engine.batch import executor
+from mlxbun_core.engine.batch import sampling as batch_sampling
 from mlxbun_core.serve_switches import apply_switches, fold_aliases
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.server import start_server
@@ -130,7 +130,7 @@ def test_batch_vec_sample_switch(vectorized):
 
     logprobs = mx.log(mx.softmax(mx.random.normal((3, 11)), axis=-1))
     with runconfig.overridden(engine={"batch_vec_sample": vectorized}):
-        got = executor._sample(logprobs, [sampler] * 3)
+        got = batch_sampling.sample(logprobs, [sampler] * 3)
     assert got.tolist() == mx.argmax(logprobs, axis=-1).tolist()  # same tokens either way
     assert seen == ([3] if vectorized else [1, 1, 1])
 
