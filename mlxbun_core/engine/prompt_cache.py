@@ -195,7 +195,7 @@ class PrefixCache(SsdTier):
         self._insert(namespace, list(tokens), cache, "user" if boundary else "assistant",
                      durable=False)
         for pin_tokens, pin_cache in carved:
-            self._insert(namespace, pin_tokens, pin_cache, "system", durable=False)
+            self._insert(namespace, pin_tokens, pin_cache, "user", durable=False)
 
     def _carve_pins(self, namespace: Hashable, tokens: list[int],
                     cache: list[Any] | BlockEntry) -> list[tuple[list[int], Any]]:
@@ -207,16 +207,15 @@ class PrefixCache(SsdTier):
         out: list[tuple[list[int], Any]] = []
         for pin in self.pins.within(self._unspace(namespace), tokens):
             n = len(pin)
-            if n < 2 or self.holds(namespace, list(pin)):
+            if n < 2 or n == len(tokens) or self.holds(namespace, list(pin)):
                 continue
-            if n < len(tokens) and not _trimmable(cache):
+            if not _trimmable(cache):
                 continue
             if isinstance(cache, BlockEntry):
                 out.append((list(pin), BlockEntry(cache.layout, *cache.share(n))))
                 continue
             part = copy.deepcopy(cache)
-            if n < len(tokens):
-                trim_prompt_cache(part, len(tokens) - n)
+            trim_prompt_cache(part, len(tokens) - n)
             out.append((list(pin), part))
         return out
 
