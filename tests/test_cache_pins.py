@@ -57,11 +57,22 @@ def server():
     s.stop()
 
 
+def _settled(server) -> None:
+    """Wait for the worker to end the step that answered the last request: a lane
+    stores a finished request's KV in the prefix cache after its client has the answer,
+    so a test reading or resetting the cache right after a response must wait for it."""
+    server.engine.worker.run_sync(lambda: None, timeout=60)
+
+
 @pytest.fixture
 def client(server):
-    server.engine.prefix.clear()
-    server.engine.prefix.pins = Pins()
-    server.engine.prefix.max_bytes = 1 << 30
+    def reset():
+        prefix = server.engine.prefix
+        prefix.clear()
+        prefix.pins = Pins()
+        prefix.max_bytes = 1 << 30
+
+    server.engine.worker.run_sync(reset, timeout=60)  # (after the last test's stores)
     return anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
 
 
@@ -126,6 +137,7 @@ def _pressure(client, server, tag: str) -> None:
     before = sum(server.engine.prefix.stats()["evicted"].values())
     for i in range(6):
         client.messages.create(**_body(0, f"{tag}{i}"))
+        _settled(server)
         if i >= 2 and sum(server.engine.prefix.stats()["evicted"].values()) > before + 2:
             break
     assert sum(server.engine.prefix.stats()["evicted"].values()) > before
@@ -133,6 +145,7 @@ def _pressure(client, server, tag: str) -> None:
 
 def _cap_to_hold(server, entries: int) -> None:
     """A byte cap that holds about ``entries`` entries of the size stored so far."""
+    _settled(server)
     stats = server.engine.prefix.stats()
     server.engine.prefix.max_bytes = entries * stats["bytes"] // max(1, stats["entries"])
 
