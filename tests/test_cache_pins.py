@@ -50,6 +50,28 @@ def test_a_pin_within_a_stored_prompt_is_cut_out_as_its_own_entry():
     assert cache.lookup("ns", list(range(1, 6)) + [99])[1] == 5
 
 
+def test_idle_demotion_writes_a_pinned_entry_to_disk_but_keeps_it_in_ram(tmp_path):
+    """Idle demotion frees RAM nobody asked to keep; a live pin asked (RAM pressure
+    alone may spill it, through the byte cap)."""
+    from mlxbun_core.kvstore.config import SsdConfig
+    from mlxbun_core.kvstore.store import SsdStore
+
+    store = SsdStore(SsdConfig(dir=tmp_path / "ssd", demote_idle_s=0, write_behind=False),
+                     "fp", namespace_parts=lambda ns: [ns])
+    cache = PrefixCache(1 << 30, tier=store)
+    cache.pins.pin("ns", [1, 2, 3, 4], ttl=300)
+    cache.store("ns", [1, 2, 3, 4], _entry(4))
+    cache.store("ns", [5, 6, 7, 8], _entry(4))
+    cache.demote_idle()
+    assert store.flush(10)
+    cache.demote_idle()  # (the second sweep frees what the first wrote)
+    assert cache.holds("ns", [1, 2, 3, 4]) and not cache.holds("ns", [5, 6, 7, 8])
+    assert store.stats()["entries"] == 2  # both on disk
+    cache.pins.clock = lambda: time.monotonic() + 301  # the pin expired: demoted like any
+    cache.demote_idle()
+    assert not cache.holds("ns", [1, 2, 3, 4])
+
+
 @pytest.fixture(scope="module")
 def server():
     s = start_server(tiny_checkpoint("qwen3"))
