@@ -169,7 +169,8 @@ class PrefixCache(SsdTier):
     def _unspace(self, namespace: Hashable) -> Hashable:
         """The request's namespace of a (possibly kind-apart) stored one."""
         if self.kinds_apart and isinstance(namespace, tuple):
-            return namespace[0]
+            inner: Hashable = namespace[0]
+            return inner
         return namespace
 
     def _pinned(self, namespace: Hashable, tokens: list[int]) -> bool:
