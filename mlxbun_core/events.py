@@ -136,6 +136,8 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # where the request's cache breakpoints fall in its prompt (Anthropic cache_control)
+    cache_breakpoints: tuple[int, ...] = ()
     reasoning_tokens: int = 0
     lane: str = "serial"
     # {drafted, accepted, targetCalls} with a draft mounted

@@ -92,7 +92,10 @@ def create(client, body: dict):
 
 
 def prompt_tokens(usage) -> int:
-    return usage.input_tokens + (usage.cache_read_input_tokens or 0)
+    """The whole prompt, as Anthropic splits it: uncached, written to and read from the
+    cache (Claude Code's bodies carry cache_control breakpoints)."""
+    return (usage.input_tokens + (usage.cache_creation_input_tokens or 0)
+            + (usage.cache_read_input_tokens or 0))
 
 
 # ------------------------------------------------------------------ through the server

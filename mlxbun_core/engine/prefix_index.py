@@ -12,11 +12,12 @@ with more entries first ("assistant" turns before "user" prompt boundaries befor
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 KINDS = ("assistant", "user", "system")
+Keep = Callable[[Hashable, list[int]], bool]  # names entries to spare (pinned ones)
 _VALUE = object()  # the trie node's key for the entry stored there
 
 
@@ -130,17 +131,18 @@ class PrefixIndex:
 
     # -- entries ---------------------------------------------------------------------
     def add(self, namespace: Hashable, tokens: list[int], entry: Entry,
-            drop_prefixes: bool = False) -> list[Entry]:
+            drop_prefixes: bool = False, keep: Keep | None = None) -> list[Entry]:
         """Store ``entry`` at ``tokens`` (replacing one there); with ``drop_prefixes``
         also remove every entry that is a prefix of ``tokens`` (a trimmable entry
-        serves them all). The entries removed."""
+        serves them all) but those ``keep`` names (pinned ones). The entries removed."""
         removed = []
         old = self.pop(namespace, tokens)
         if old is not None:
             removed.append(old)
         node = self._roots.setdefault(namespace, {})
         for i, t in enumerate(tokens):
-            if drop_prefixes and i > 0 and _VALUE in node:
+            if (drop_prefixes and i > 0 and _VALUE in node
+                    and not (keep is not None and keep(namespace, tokens[:i]))):
                 removed.append(self._detach(namespace, tokens[:i], node))
             node = node.setdefault(t, {})
         node[_VALUE] = entry
@@ -176,16 +178,25 @@ class PrefixIndex:
             del self._roots[namespace]
         return entry
 
-    def oldest(self) -> tuple[Hashable, list[int]] | None:
+    def oldest(self, skip: Keep | None = None) -> tuple[Hashable, list[int]] | None:
         """The entry to evict next: the oldest of the first kind that has at least as
-        many entries as the next kind (the last kind otherwise)."""
+        many entries as the next kind (the last kind otherwise); entries ``skip`` names
+        (pinned ones) are passed over, as if they were not there."""
+        heads = {k: self._first(k, skip) for k in KINDS}
+        counts = {k: len(self._order[k]) if skip is None else
+                  sum(1 for ns, t in self._order[k] if not skip(ns, list(t))) for k in KINDS}
         for a, b in zip(KINDS, KINDS[1:]):
-            if self._order[a] and len(self._order[a]) >= len(self._order[b]):
-                ns, tokens = self._order[a][0]
-                return ns, list(tokens)
+            head = heads[a]
+            if head is not None and counts[a] >= counts[b]:
+                return head
         for k in reversed(KINDS):
-            if self._order[k]:
-                ns, tokens = self._order[k][0]
+            if heads[k] is not None:
+                return heads[k]
+        return None
+
+    def _first(self, kind: str, skip: Keep | None) -> tuple[Hashable, list[int]] | None:
+        for ns, tokens in self._order[kind]:
+            if skip is None or not skip(ns, list(tokens)):
                 return ns, list(tokens)
         return None
 

@@ -20,6 +20,7 @@ from ..media import parts as media_parts
 from ..model import LoadedModel
 from ..runconfig import current
 from ..toolcalls import ToolChoice, plan_constraint
+from .cache_pins import KEY_TTL, Pin
 from .request import ChatRequest, CompletionRequest, GenerationInput
 from .session import GenerationRequest
 
@@ -65,6 +66,8 @@ def prepare(model: LoadedModel, hooks: ModelHooks, req: GenerationInput, *,
                                 req.parallel_tool_calls, req.grammar, model.tokenizer)
                 if compile_grammar else GrammarPlan())
         gen = _chat(model, hooks, req, plan, parser)
+        if compile_grammar:  # (counting tokens pins nothing)
+            gen.cache_pins = cache_pins(model, hooks, req, plan, gen)
     if plan.processor is not None:
         gen.sampling.extra_processors.append(plan.processor)  # last: after bias/penalties
         gen.grammar = plan.processor
@@ -146,6 +149,38 @@ def _chat(model: LoadedModel, hooks: ModelHooks, req: ChatRequest, plan: Grammar
         plan.processor.start_after(
             model.tokenizer.encode(prompt.think_end, add_special_tokens=False))
     return gen
+
+
+def cache_pins(model: LoadedModel, hooks: ModelHooks, req: ChatRequest, plan: GrammarPlan,
+               gen: GenerationRequest) -> list[Pin]:
+    """The prompt prefixes ``req`` asks the prefix cache to pin: each breakpoint's, the
+    tokens its sentinel variant's rendering shares with the prompt; ``prompt_cache_key``'s,
+    the whole prompt. None for a prompt with media (its tokens are the placeholders'
+    expansion, which the variants' renderings do not have)."""
+    if gen.media is not None:
+        return []
+    prompt = gen.prompt_tokens
+    pins = []
+    for bp in req.cache_breakpoints:
+        msgs = with_instruction(bp.messages, plan.instruction) if plan.instruction \
+            else bp.messages
+        variant = hooks.render_chat(model=model, messages=msgs, tools=bp.tools,
+                                    template_kwargs=req.template_kwargs,
+                                    reasoning_effort=req.reasoning_effort)
+        if variant is not None:
+            pins.append(Pin(_shared(prompt, list(variant.tokens)), bp.ttl))
+    if req.prompt_cache_key is not None:
+        pins.append(Pin(len(prompt), KEY_TTL, req.prompt_cache_key))
+    return pins
+
+
+def _shared(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _sampler(model: LoadedModel, gen: GenerationRequest) -> None:

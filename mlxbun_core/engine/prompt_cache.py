@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from .batch.entry import BlockEntry, Shared
 from .cache_explain import Explainer, Probe
+from .cache_pins import Pins
 from .prefix_index import Entry, PrefixIndex
 from .prompt_tier import MIN_HIT, SSD_GAIN, RamEntry, SsdTier, release
 from .prompt_tier import trimmable as trimmable  # (the lanes import it from here)
@@ -63,6 +64,7 @@ class PrefixCache(SsdTier):
         self.lookups = self.hits = self.hit_tokens = self.stores = 0
         self.kinds_apart = False  # block entries only for the batch, caches for the rest
         self.explainer = Explainer()  # why hits stop short: the header and the recent log
+        self.pins = Pins()  # prefixes clients pinned (cache_control, prompt_cache_key)
 
     @property
     def enabled(self) -> bool:
@@ -164,6 +166,16 @@ class PrefixCache(SsdTier):
         """Where entries of one kind live (``kinds_apart``: apart from the other kind)."""
         return (namespace, "blocks" if blocks else "caches") if self.kinds_apart else namespace
 
+    def _unspace(self, namespace: Hashable) -> Hashable:
+        """The request's namespace of a (possibly kind-apart) stored one."""
+        if self.kinds_apart and isinstance(namespace, tuple):
+            inner: Hashable = namespace[0]
+            return inner
+        return namespace
+
+    def _pinned(self, namespace: Hashable, tokens: list[int]) -> bool:
+        return self.pins.pinned(self._unspace(namespace), tokens)
+
     # -- stores ----------------------------------------------------------------------
     def store(self, namespace: Hashable, tokens: list[int], cache: list[Any] | BlockEntry, *,
               boundary: bool = False) -> None:
@@ -180,8 +192,33 @@ class PrefixCache(SsdTier):
             # a lazy slice of a bigger array would pin it (and its byte count would not
             # say so): evaluated here, the cache owns its bytes
             mx.eval([c.state for c in cache])
+        carved = self._carve_pins(namespace, list(tokens), cache)
         self._insert(namespace, list(tokens), cache, "user" if boundary else "assistant",
                      durable=False)
+        for pin_tokens, pin_cache in carved:
+            self._insert(namespace, pin_tokens, pin_cache, "user", durable=False)
+
+    def _carve_pins(self, namespace: Hashable, tokens: list[int],
+                    cache: list[Any] | BlockEntry) -> list[tuple[list[int], Any]]:
+        """Entries of exactly each live pin within ``tokens`` that RAM does not hold yet,
+        cut from ``cache`` (a prefix of a cache that cannot rewind cannot be cut: such a
+        pin is kept only from a snapshot of exactly its tokens)."""
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        out: list[tuple[list[int], Any]] = []
+        for pin in self.pins.within(self._unspace(namespace), tokens):
+            n = len(pin)
+            if n < 2 or n == len(tokens) or self.holds(namespace, list(pin)):
+                continue
+            if not _trimmable(cache):
+                continue
+            if isinstance(cache, BlockEntry):
+                out.append((list(pin), BlockEntry(cache.layout, *cache.share(n))))
+                continue
+            part = copy.deepcopy(cache)
+            trim_prompt_cache(part, len(tokens) - n)
+            out.append((list(pin), part))
+        return out
 
     def _insert(self, namespace: Hashable, tokens: list[int], cache: list[Any] | BlockEntry,
                 cache_type: str, durable: bool) -> None:
@@ -189,7 +226,7 @@ class PrefixCache(SsdTier):
             entry = RamEntry(cache, cache_type, durable)
             removed = self._index.add(namespace, tokens,
                                       Entry(entry, _nbytes(cache), cache_type),
-                                      drop_prefixes=_trimmable(cache))
+                                      drop_prefixes=_trimmable(cache), keep=self._pinned)
             if not durable:
                 self.stores += 1
             evicted = self._evict(self.max_bytes)
@@ -224,8 +261,10 @@ class PrefixCache(SsdTier):
         n = 0
         while layout.pool.free < blocks:
             with self._lock:
-                victim = next(((ns, t) for ns, t in self._index.stored()
-                               if self._of_layout(ns, t, layout)), None)
+                mine = [(ns, t) for ns, t in self._index.stored()
+                        if self._of_layout(ns, t, layout)]
+                victim = next((v for v in mine if not self._pinned(*v)),
+                              mine[0] if mine else None)
                 if victim is None:
                     return n
                 gone = self._pop(*victim, by="pressure")
@@ -236,15 +275,19 @@ class PrefixCache(SsdTier):
         return n
 
     def _evict(self, limit: int) -> list[tuple[Hashable, list[int], Any]]:
-        """Pop the oldest entries until the bytes fit ``limit``."""
+        """Pop the oldest entries until the bytes fit ``limit``: unpinned ones first,
+        pinned ones only when nothing else is left to evict."""
         index = self._index
         out: list[tuple[Hashable, list[int], Any]] = []
         while index.nbytes > limit:
-            key = index.oldest()
+            key = index.oldest(skip=self._pinned)
+            by = "lru"
+            if key is None:
+                key, by = index.oldest(), "pinned-pressure"
             if key is None:
                 break
             ns, tokens = key
-            out.append((ns, tokens, self._pop(ns, tokens, by="lru")))
+            out.append((ns, tokens, self._pop(ns, tokens, by=by)))
         return out
 
     def _pop(self, namespace: Hashable, tokens: list[int], by: str | None = None) -> RamEntry:
@@ -298,7 +341,7 @@ class PrefixCache(SsdTier):
                     "lookups": self.lookups, "hits": self.hits, "ssd_hits": self.ssd_hits,
                     "misses": misses, "hit_tokens": self.hit_tokens,
                     "ssd_hit_tokens": self.ssd_hit_tokens, "ssd_skipped": self.ssd_skipped,
-                    "stores": self.stores,
+                    "stores": self.stores, "pinned": self.pins.count(),
                     "evicted": dict(self.explainer.evictions.counts),
                     "recent": self.explainer.recent.rows()}
 

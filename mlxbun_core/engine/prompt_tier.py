@@ -61,6 +61,10 @@ class SsdTier(ABC):
     def _entries(self) -> list[tuple[Hashable, list[int], RamEntry]]:
         """Every RAM entry, as ``(namespace, tokens, entry)``."""
 
+    def _pinned(self, namespace: Hashable, tokens: list[int]) -> bool:
+        """Whether a live pin keeps the entry at ``tokens`` (the cache knows its pins)."""
+        return False
+
     @abstractmethod
     def _insert(self, namespace: Hashable, tokens: list[int], cache: list[Any] | BlockEntry,
                 cache_type: str, durable: bool) -> None:
@@ -172,11 +176,13 @@ class SsdTier(ABC):
         """RAM entries that could go to disk but are not there yet."""
         return sum(1 for _, _, e in self._entries() if not e.durable and not e.volatile)
 
-    def drop_durable(self, idle_s: float = 0.0) -> int:
-        """Free the RAM of entries already on disk (unused for ``idle_s``); the count."""
+    def drop_durable(self, idle_s: float = 0.0, spare_pinned: bool = False) -> int:
+        """Free the RAM of entries already on disk (unused for ``idle_s``; with
+        ``spare_pinned``, but live pins: a drain frees them too); the count."""
         now, n = time.monotonic(), 0
         for ns, tokens, e in self._entries():
-            if e.durable and now - e.last_used >= idle_s:
+            if e.durable and now - e.last_used >= idle_s \
+                    and not (spare_pinned and self._pinned(ns, tokens)):
                 with self._lock:
                     gone = self._pop(ns, tokens, by="demoted")
                 release(gone)
@@ -186,18 +192,22 @@ class SsdTier(ABC):
         return n
 
     def demote_idle(self) -> None:
-        """Entries unused past the demotion age: free the durable ones, queue the rest."""
+        """Entries unused past the demotion age: free the durable ones, queue the rest.
+        A pinned entry is written but stays in RAM: idleness is no memory pressure, and
+        its client asked to keep it (the byte cap still spills it when RAM is short)."""
         age = self._ssd().config.demote_idle_s
         now = time.monotonic()
         for ns, tokens, e in self._entries():
             if now - e.last_used >= age:
                 self._persist(ns, tokens, e, urgent=True)
-        self.drop_durable(age)
+        self.drop_durable(age, spare_pinned=True)
 
     def _idle_sweep(self, post: Callable[[Callable[[], None]], None]) -> None:
-        """On the writer thread: ask the owner thread to demote when something is idle."""
+        """On the writer thread: ask the owner thread to demote when something idle is
+        left to demote (written pinned entries stay)."""
         age, now = self._ssd().config.demote_idle_s, time.monotonic()
-        if any(now - e.last_used >= age for _, _, e in self._entries()):
+        if any(now - e.last_used >= age and not (e.durable and self._pinned(ns, tokens))
+               for ns, tokens, e in self._entries()):
             post(self.demote_idle)
 
 

@@ -54,6 +54,17 @@ class GenerateOptions:
 
 
 @dataclass
+class CacheBreakpoint:
+    """A prompt prefix a client asked to cache for ``ttl`` seconds (Anthropic's
+    ``cache_control``): the request as it would be with a sentinel right after the
+    marked block; the prefix is what its rendering shares with the real one."""
+
+    ttl: float
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+
+
+@dataclass
 class ChatRequest(GenerateOptions):
     """A chat turn: normalized messages plus everything that shapes the reply."""
 
@@ -68,6 +79,9 @@ class ChatRequest(GenerateOptions):
     media: list[media_parts.MediaRef] = field(default_factory=list)
     # the same, fetched and decoded (Engine.prepare fills it)
     media_items: list[media_parts.MediaItem] | None = None
+    # prefixes to pin in the prefix cache: Anthropic breakpoints, OpenAI's prompt_cache_key
+    cache_breakpoints: list[CacheBreakpoint] = field(default_factory=list)
+    prompt_cache_key: str | None = None
 
     @property
     def media_kinds(self) -> tuple[str, ...]:
@@ -174,8 +188,11 @@ def parse_chat(body: dict[str, Any], defaults: dict[str, Any] | None = None,
     parallel = parse_parallel(body.get("parallel_tool_calls"))
     kwargs = template_kwargs_field(body.get("chat_template_kwargs"))
     effort = check_reasoning_effort(body.get("reasoning_effort"))
-    return chat_request(options, messages, tools=tools, choice=choice, parallel=parallel,
-                        template_kwargs=kwargs, reasoning_effort=effort)
+    typed = chat_request(options, messages, tools=tools, choice=choice, parallel=parallel,
+                         template_kwargs=kwargs, reasoning_effort=effort)
+    # pins the prompt in the prefix cache (engine/cache_pins.py)
+    typed.prompt_cache_key = string_field(body.get("prompt_cache_key"), "prompt_cache_key")
+    return typed
 
 
 def chat_request(options: GenerateOptions, messages: list[Any], *,

@@ -27,6 +27,7 @@ from ..events import (
     ToolCallWithdrawn,
     Usage,
 )
+from .cache_pins import Pin
 from .logprobs import LogprobRecorder
 from .sampling import SamplingParams
 from .textstream import ReasoningSplitter, StopMatcher
@@ -58,6 +59,8 @@ class GenerationRequest:
     processors: list[LogitsProcessor] = field(default_factory=list)
     # score the prompt's own tokens during its prefill (engine/prompt_scoring.py)
     score_prompt: bool = False
+    # prompt prefixes to pin in the prefix cache (cache_control, prompt_cache_key)
+    cache_pins: list[Pin] = field(default_factory=list)
 
 
 class GenerationSession:

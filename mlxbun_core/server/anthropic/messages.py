@@ -10,9 +10,12 @@ block (empty ``signature``; we sign nothing) before the text, present only when
 the model actually thought (its text left out under ``thinking.display:
 "omitted"``). Prior-turn thinking blocks are dropped on re-ingest. Tool-use ids
 take Anthropic's ``toolu_`` shape.
-``usage.input_tokens`` follows Anthropic's meaning: the prompt tokens NOT read
-from the prompt cache; ``cache_read_input_tokens`` (present only when the cache
-contributed) holds the rest.
+``usage.input_tokens`` follows Anthropic's meaning. With ``cache_control`` breakpoints
+(:mod:`.cache_control`): ``cache_read_input_tokens`` is the prompt up to the furthest
+breakpoint the cache served, ``cache_creation_input_tokens`` from there to the last
+breakpoint (written now), ``input_tokens`` the rest. Without: the prompt tokens NOT read
+from the prefix cache, ``cache_read_input_tokens`` (present only when the cache
+contributed) the rest.
 """
 
 from __future__ import annotations
@@ -90,10 +93,21 @@ def parser(engine: Engine, *,
 
 # ---------------------------------------------------------------- response side
 
+def cache_usage(usage: Usage) -> dict[str, int]:
+    """The input token fields: by the breakpoints when the request set some (a
+    breakpoint at the prompt's end counts as read when all but the last token hit: a
+    hit always leaves one token to feed), else by the prefix cache's hit."""
+    prompt, hit, marks = usage.prompt_tokens, usage.cached_tokens, usage.cache_breakpoints
+    if not marks:
+        out = {"input_tokens": prompt - hit}
+        return {**out, "cache_read_input_tokens": hit} if hit > 0 else out
+    read = max((p for p in marks if hit >= min(p, prompt - 1)), default=0)
+    return {"input_tokens": prompt - marks[-1], "cache_creation_input_tokens": marks[-1] - read,
+            "cache_read_input_tokens": read}
+
+
 def _usage(usage: Usage, *, output: bool = True) -> dict[str, Any]:
-    out: dict[str, Any] = {"input_tokens": usage.prompt_tokens - usage.cached_tokens}
-    if usage.cached_tokens > 0:
-        out["cache_read_input_tokens"] = usage.cached_tokens
+    out: dict[str, Any] = cache_usage(usage)
     if output:
         out["output_tokens"] = usage.completion_tokens
         if usage.fill is not None:  # forced-token fill (MLXBUN_FILL=strict)
@@ -150,7 +164,9 @@ class MessageFrames(generation.FrameWriter):
             return []
         self.started = True
         usage = _usage(Usage(prompt_tokens=self.run.gen.prompt_tokens,
-                             cached_tokens=ev.cached_tokens), output=False)
+                             cached_tokens=ev.cached_tokens,
+                             cache_breakpoints=self.run.gen.usage.cache_breakpoints),
+                       output=False)
         return [sse_event("message_start", {"type": "message_start", "message": {
             "id": self.run.id, "type": "message", "role": "assistant", "model": self.model_id,
             "content": [], "stop_reason": None, "stop_sequence": None,

@@ -28,6 +28,7 @@ from ...engine.speculate import speculation_field
 from ...errors import BadRequest
 from ...grammar.request import GrammarRequest, budget_close, json_schema, response_format_request
 from . import system
+from .cache_control import breakpoints
 from .tools import ToolSet, reference_text, tool_choice, tool_set
 
 # the sampler fields (Anthropic's, and the mlx-lm extensions on top) are request_fields'
@@ -174,10 +175,11 @@ def _grammar(body: dict[str, Any],
 
 def parse_request(body: dict[str, Any], defaults: dict[str, Any] | None = None,
                   server_max_tokens: int | None = None, *,
-                  need_max_tokens: bool = True) -> ChatRequest:
+                  need_max_tokens: bool = True, cache_control: bool = True) -> ChatRequest:
     """An Anthropic Messages body as the engine's typed chat request (``defaults``: the
     served model's sampling defaults; ``server_max_tokens``: the operator's cap).
-    ``need_max_tokens`` is false for count_tokens, which takes a body without it."""
+    ``need_max_tokens`` is false for count_tokens, which takes a body without it;
+    ``cache_control`` false skips the breakpoints (a breakpoint's own variant)."""
     if not isinstance(body.get("stream", False), bool):
         raise BadRequest("stream must be a boolean")
     if "logit_bias" in body:
@@ -201,10 +203,15 @@ def parse_request(body: dict[str, Any], defaults: dict[str, Any] | None = None,
         stop=stop_sequences(body, "stop_sequences"), grammar=_grammar(body, output),
         budget_close=budget_close(body), stream=body.get("stream", False), adapter=adapter,
         speculation=speculation_field(body))
-    return chat_request(options, history, tools=tools.chat_tools, choice=choice,
-                        parallel=True if parallel is None else parallel,
-                        template_kwargs=template_kwargs_field(kwargs),
-                        reasoning_effort=check_reasoning_effort(*effort))
+    req = chat_request(options, history, tools=tools.chat_tools, choice=choice,
+                       parallel=True if parallel is None else parallel,
+                       template_kwargs=template_kwargs_field(kwargs),
+                       reasoning_effort=check_reasoning_effort(*effort))
+    if cache_control:
+        req.cache_breakpoints = breakpoints(body, lambda variant: parse_request(
+            variant, defaults, server_max_tokens, need_max_tokens=need_max_tokens,
+            cache_control=False))
+    return req
 
 
 def _effort(body: dict[str, Any], turn_effort: tuple[str, str] | None) -> tuple[str | None, str]:

@@ -265,5 +265,6 @@ def parse_request(body: dict[str, Any], stored: dict[str, Any] | None = None,
     typed = chat_request(options, messages, tools=tools, choice=choice, parallel=parallel,
                          template_kwargs=kwargs, reasoning_effort=check_reasoning_effort(*effort),
                          name="input")
+    typed.prompt_cache_key = string_field(body.get("prompt_cache_key"), "prompt_cache_key")
     typed.surface_state.update(system=system, convo=convo)  # what the store keeps
     return typed
