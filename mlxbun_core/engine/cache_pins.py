@@ -57,6 +57,15 @@ class Pins:
                 self._keyed[(namespace, key)] = at[1]
             self._until[at] = max(self._until.get(at, 0.0), now + ttl)
 
+    def pin_request(self, namespace: Hashable | None, prompt: Sequence[int],
+                    wanted: Sequence[Pin]) -> tuple[int, ...]:
+        """Pin (or refresh) the prefixes of ``prompt`` a request asked to cache (none when
+        it is never cached: ``namespace`` None); its breakpoints' lengths, for usage."""
+        if namespace is not None:
+            for p in wanted:
+                self.pin(namespace, prompt[:p.length], p.ttl, p.key)
+        return tuple(sorted({p.length for p in wanted if p.key is None}))
+
     def pinned(self, namespace: Hashable, tokens: Sequence[int]) -> bool:
         """Whether ``tokens`` is a live pin."""
         with self._lock:

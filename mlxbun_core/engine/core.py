@@ -291,20 +291,9 @@ class Engine:
                             spec=spec, spec_tally=self.spec_tally)
         job.session.on_finish = self.on_finish
         job.fill = self.fill.open(job)
-        self._pin(job)
+        job.session.usage.cache_breakpoints = self.prefix.pins.pin_request(
+            job.cache_namespace, job.request.prompt_tokens, job.request.cache_pins)
         return job
-
-    def _pin(self, job: GenerationJob) -> None:
-        """Pin (or refresh) the prefixes the request asked to cache; its usage learns
-        where its breakpoints fall."""
-        pins = job.request.cache_pins
-        job.session.usage.cache_breakpoints = tuple(sorted(
-            {p.length for p in pins if p.key is None}))
-        if job.cache_namespace is None:
-            return
-        for pin in pins:
-            self.prefix.pins.pin(job.cache_namespace, job.request.prompt_tokens[:pin.length],
-                                 pin.ttl, pin.key)
 
     def cache_namespace(self, req: GenerationInput,
                         adapters: AdapterSet | None = None) -> tuple[str, ...] | None:
