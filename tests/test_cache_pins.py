@@ -227,15 +227,16 @@ COUNT_BODIES = [
 def test_count_tokens_counts_what_the_engine_prefills(client, server, body):
     counted = client.messages.count_tokens(model="m", **body).input_tokens
     prompts = []
-    job_pin = server.engine._pin  # the engine's own prompt, as the lane will prefill it
+    pins = server.engine.prefix.pins
+    real = pins.pin_request  # sees the engine's own prompt, as the lane will prefill it
 
-    def spy(job):
-        prompts.append(len(job.request.prompt_tokens))
-        job_pin(job)
+    def spy(namespace, prompt, wanted):
+        prompts.append(len(prompt))
+        return real(namespace, prompt, wanted)
 
-    server.engine._pin = spy
+    pins.pin_request = spy
     try:
         client.messages.create(model="m", max_tokens=2, **body)
     finally:
-        server.engine._pin = job_pin
+        del pins.pin_request
     assert prompts == [counted]
