@@ -17,7 +17,7 @@ from mlxbun_core import cli
 from mlxbun_core.engine.prepare import prepare
 from mlxbun_core.testing.adapters import write_lora_adapter
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.engine import close
+from mlxbun_core.testing.engine import close, settled
 from mlxbun_core.testing.server import start_server
 
 PREAMBLE = ("You are a careful assistant working in a repository of Python code. Read the "
@@ -162,9 +162,12 @@ def test_an_entry_evicted_under_the_byte_cap_reports_its_eviction(ckpt):
     try:
         first = PREAMBLE + "First task: rename the module."
         complete(server, first)
+        settled(server.engine)  # its entry is stored once the answer is out
         one = server.engine.prefix.stats()["bytes"]
+        assert one > 0
         server.engine.prefix.max_bytes = one + one // 2  # room for one entry, not two
         complete(server, "A different opening entirely. " + PREAMBLE)  # evicts the first
+        settled(server.engine)
         value = complete(server, first)
         f = fields(value)
         assert f["reason"] == "evicted" and f["by"] == "lru", value

@@ -16,6 +16,7 @@ from mlx_lm.models.cache import KVCache
 from mlxbun_core.engine.cache_pins import Pins
 from mlxbun_core.engine.prompt_cache import PrefixCache
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.engine import settled
 from mlxbun_core.testing.server import start_server
 
 EPHEMERAL = {"type": "ephemeral"}
@@ -80,10 +81,7 @@ def server():
 
 
 def _settled(server) -> None:
-    """Wait for the worker to end the step that answered the last request: a lane
-    stores a finished request's KV in the prefix cache after its client has the answer,
-    so a test reading or resetting the cache right after a response must wait for it."""
-    server.engine.worker.run_sync(lambda: None, timeout=60)
+    settled(server.engine)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""``make dist`` builds the six wheels the README installs from (mlxbun and the five
+"""``make dist`` builds the seven wheels the README installs from (mlxbun and the six
 family plugins; the example plugin stays out), and a fresh virtual environment that
 installs them serves a tiny checkpoint: a real request answered by the installed code."""
 
@@ -17,7 +17,7 @@ from mlxbun_core.testing.server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 WHEELS = {"mlxbun", "mlxbun_gemma4", "mlxbun_glm52", "mlxbun_minicpm5", "mlxbun_qwen35",
-          "mlxbun_qwen3_embed"}
+          "mlxbun_qwen3_embed", "mlxbun_whisper"}
 
 
 def test_the_readme_installs_from_dist():
@@ -28,7 +28,7 @@ def test_the_readme_installs_from_dist():
 def test_dist_wheels_install_into_a_fresh_venv_and_serve(tmp_path):
     t0 = time.monotonic()
     wheels = build_dist(ROOT, tmp_path / "dist")
-    assert {w.name.split("-")[0] for w in wheels} == WHEELS and len(wheels) == 6, wheels
+    assert {w.name.split("-")[0] for w in wheels} == WHEELS and len(wheels) == len(WHEELS), wheels
     built = time.monotonic()
     venv = tmp_path / "venv"
     install_fresh(ROOT, tmp_path / "dist", venv)

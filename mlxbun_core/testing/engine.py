@@ -72,6 +72,13 @@ def engines(path, **kw) -> tuple[Engine, Engine]:
     return batched, serial
 
 
+def settled(engine: Engine) -> None:
+    """Wait for the worker to end the step that answered the last request: a lane stores
+    a finished request's KV in the prefix cache after its client has the answer, so a
+    test that reads or resets the cache right after a response waits for this first."""
+    engine.worker.run_sync(lambda: None, timeout=60)
+
+
 def close(*engs: Engine) -> None:
     """Close ``engs``, checking first that the batch's block pool holds nothing but the
     prefix cache's entries (no row's blocks leaked)."""
