@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from .console import cache_verb, transcribe
+from .console import generate as generate_verb
 from .console import verbs as console_verbs
 from .console.pipes import quiet_on_closed_pipe
 from .serve_flags import add_kv_quant_flag, add_selection_flags, add_serve_parser
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     console_verbs.add_parsers(sub)
     cache_verb.add_parsers(sub)
     transcribe.add_parser(sub)
+    generate_verb.add_parser(sub)
     plugins.hook().register_commands(subparsers=sub)  # the web app's verbs, installed plugins'
     return p
 
