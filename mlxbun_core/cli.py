@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from .console import cache_verb, transcribe
+from .console import embed as embed_verb
 from .console import generate as generate_verb
 from .console import verbs as console_verbs
 from .console.pipes import quiet_on_closed_pipe
@@ -61,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     cache_verb.add_parsers(sub)
     transcribe.add_parser(sub)
     generate_verb.add_parser(sub)
+    embed_verb.add_parser(sub)
     plugins.hook().register_commands(subparsers=sub)  # the web app's verbs, installed plugins'
     return p
 
