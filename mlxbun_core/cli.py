@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from .console import cache_verb, transcribe
 from .console import embed as embed_verb
 from .console import generate as generate_verb
+from .console import perplexity as perplexity_verb
 from .console import verbs as console_verbs
 from .console.pipes import quiet_on_closed_pipe
 from .serve_flags import add_kv_quant_flag, add_selection_flags, add_serve_parser
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_parser(sub)
     generate_verb.add_parser(sub)
     embed_verb.add_parser(sub)
+    perplexity_verb.add_parser(sub)
     plugins.hook().register_commands(subparsers=sub)  # the web app's verbs, installed plugins'
     return p
 
