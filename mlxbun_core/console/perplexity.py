@@ -12,7 +12,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..serve_flags import add_selection_flags
 from .oneshot import verb_parser
@@ -91,9 +91,9 @@ def score(model: Any, data: Any, batch_size: int) -> dict[str, float]:
         mx.eval(loss)
         losses.append(loss.flatten())
     every = mx.concatenate(losses)
-    nll = every.mean().item()
+    nll = cast(float, every.mean().item())  # a float32 scalar
     ppl = math.exp(nll)
-    se = mx.sqrt(mx.var(every, ddof=1)).item() / math.sqrt(every.size)
+    se = cast(float, mx.sqrt(mx.var(every, ddof=1)).item()) / math.sqrt(every.size)
     return {"mean_nll": nll, "perplexity": ppl, "perplexity_se": ppl * se,
             "tokens": int(every.size)}
 
