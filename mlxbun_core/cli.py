@@ -9,9 +9,12 @@ import sys
 from collections.abc import Sequence
 
 from .console import cache_verb, transcribe
+from .console import embed as embed_verb
+from .console import generate as generate_verb
+from .console import perplexity as perplexity_verb
 from .console import verbs as console_verbs
 from .console.pipes import quiet_on_closed_pipe
-from .serve_flags import add_kv_quant_flag, add_selection_flags, add_serve_parser
+from .serve_flags import add_kv_quant_flag, add_selection_flags, add_serve_parser, byte_size
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true", help="one JSON object per line")
     ls.add_argument("--all-revisions", action="store_true",
                     help="one row per cached snapshot (the canonical one marked *)")
+    ls.add_argument("--vision", action="store_true", help="only models that take images")
+    ls.add_argument("--max-size", type=byte_size, default=None, metavar="SIZE",
+                    help="only models at most this big on disk (10GB, 512MB; a bare number: GB)")
 
     f = sub.add_parser("fit", help="will a model fit this machine: memory plan and decode rate")
     f.add_argument("positional", nargs="?", default=None, metavar="model")
@@ -59,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     console_verbs.add_parsers(sub)
     cache_verb.add_parsers(sub)
     transcribe.add_parser(sub)
+    generate_verb.add_parser(sub)
+    embed_verb.add_parser(sub)
+    perplexity_verb.add_parser(sub)
     plugins.hook().register_commands(subparsers=sub)  # the web app's verbs, installed plugins'
     return p
 
@@ -86,7 +95,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
         if not args.json:
             print_revisions(rows)
         return 0
-    entries = [e for e in scan() if not args.filter or args.filter.lower() in e.id.lower()]
+    entries = [e for e in scan() if (not args.filter or args.filter.lower() in e.id.lower())
+               and (e.vision or not args.vision)
+               and (args.max_size is None or e.size_bytes <= args.max_size)]
     m = machine()
     if args.json:
         for e in entries:

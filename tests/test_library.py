@@ -150,3 +150,20 @@ def test_the_decode_bandwidth_is_measured_once_and_reused(root):
     assert rates[0] and rates[0] == rates[1]
     remembered = json.loads((root[0] / "home" / "machine.json").read_text())
     assert len(remembered) == 1 and next(iter(remembered.values()))["gbs"] > 0
+
+
+def test_cli_ls_vision_and_max_size_filter_the_rows(tmp_path):
+    hub = tmp_path / "hf" / "hub"
+    library_hub(hub)
+    add_to_hub_cache(hub, "acme/Tiny-VL", tiny_checkpoint("qwen3_vl", seed=4, vision=True))
+    every = [json.loads(ln) for ln in cli(tmp_path, "ls", "--json").stdout.splitlines()]
+    sizes = sorted(r["size_bytes"] for r in every)
+    cut = sizes[len(sizes) // 2]
+    small = [json.loads(ln) for ln in
+             cli(tmp_path, "ls", "--json", "--max-size", f"{cut}B").stdout.splitlines()]
+    assert {r["repo_id"] for r in small} == {r["repo_id"] for r in every if r["size_bytes"] <= cut}
+    assert 0 < len(small) < len(every)
+    seeing = cli(tmp_path, "ls", "--json", "--vision").stdout.splitlines()
+    seeing = [json.loads(ln) for ln in seeing]
+    assert [r["repo_id"] for r in seeing] == ["acme/Tiny-VL"]
+    assert cli(tmp_path, "ls", "--max-size", "lots").returncode == 2
