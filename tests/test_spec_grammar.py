@@ -98,3 +98,15 @@ def test_rows_sharing_steps_equal_plain(batched):
     fast = run(batched, [with_draft(b, "ngram") for b in bodies], "off")
     for a, b in zip(plain, fast):
         same(a, b)
+
+
+@pytest.mark.parametrize("lane", ["serial", "solo"])
+def test_a_filling_grammar_fills_rather_than_drafts(serial, batched, lane):
+    """With fill on, a constrained request asking for drafts fills its forced runs on both
+    lanes (fill takes fewer passes on forced output than checked drafts do)."""
+    eng = serial if lane == "serial" else batched
+    body = BODIES["json10"]
+    (plain,), (both,) = (run(eng, [with_draft(body, "none")], "off"),
+                         run(eng, [with_draft(body, "ngram")], "strict"))
+    same(plain, both)
+    assert both.finish.usage.speculation is None  # no drafts rode

@@ -51,7 +51,9 @@ class Solo:
         self._context: mx.array | None = None  # what the logits processors see: all fed tokens
         self._count = 0
         self.spec: SpecStream | None = None  # prompt-lookup speculation (job.spec), once begun
-        self._spec_ok = job.spec is not None
+        # a grammar that fills its forced runs fills (as on the serial lane): on forced
+        # output fill takes fewer passes than checked drafts (bench/spec_grammar.py)
+        self._spec_ok = job.spec is not None and job.fill is None
 
     @classmethod
     def resume(cls, model: nn.Module, job: GenerationJob, cache: list[Any], fed: list[int],
