@@ -16,6 +16,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from mlxbun_core import cli
@@ -223,6 +224,10 @@ def test_always_allow_skips_the_card_for_that_tool_only(setup):
         assert card["tool"] == "web__big"
         c.send("approval", callId=card["callId"], decision="deny")
         finish(c)
+    # the grant lives in the suite's shared home: take it back for the tests that follow
+    r = httpx.request("DELETE", srv.base_url + "/api/settings/tool-approvals",
+                      json={"tool": "web__echo"})
+    assert "web__echo" not in r.json()["alwaysAllow"]
 
 
 def test_a_hanging_tool_times_out_and_the_server_still_answers(setup):
