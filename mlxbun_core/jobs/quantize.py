@@ -77,9 +77,9 @@ def _unsupported(config: dict):
     if config.get("quantization") or config.get("quantization_config"):
         return "the model is already quantized"
     try:
-        from mlx_lm.utils import _get_classes
+        from ..models.classes import model_classes
 
-        _get_classes(config)
+        model_classes(config)
     except Exception as exc:  # mlx-lm has no model definition for this type
         return f"mlx-lm cannot load model_type {config.get('model_type')!r}: {exc}"
     return None

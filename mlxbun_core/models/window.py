@@ -207,13 +207,10 @@ def arch_refusal(config: dict[str, Any], scaled: dict[str, Any], what: str) -> s
     """Why mlx-lm's architecture for ``config`` would not honour the scaling in
     ``scaled`` (``what``: which, in words); None when it does. Builds the model class
     lazily, twice."""
-    try:
-        from mlx_lm.utils import _get_classes
-    except ImportError:  # pragma: no cover - mlx-lm is a dependency
-        return "mlx-lm is not installed"
+    from .classes import model_classes
     model_type = str(config.get("model_type", "?"))
     try:
-        model_class, args_class = _get_classes(config)
+        model_class, args_class = model_classes(config)
         plain = model_class(args_class.from_dict(config))
     except Exception as exc:
         return f"mlx-lm cannot build {model_type!r} from its config ({exc})"

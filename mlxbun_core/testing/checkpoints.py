@@ -98,9 +98,9 @@ def _to_hf(model_type: str, w: dict[str, mx.array], config: dict) -> dict[str, m
 
 
 def _build_weights(model_type: str, config: dict, seed: int, dtype: mx.Dtype):
-    from mlx_lm.utils import _get_classes
+    from ..models.classes import model_classes
 
-    model_cls, args_cls = _get_classes(config)
+    model_cls, args_cls = model_classes(config)
     mx.random.seed(seed)
     model = model_cls(args_cls.from_dict(copy.deepcopy(config)))
     params = random_params(model, seed, dtype)
