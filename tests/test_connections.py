@@ -262,7 +262,7 @@ def test_idle_connections_close_fresh_or_between_requests(small):
 
 ACCEPT_STORM = textwrap.dedent("""
     import asyncio, logging, os, resource, sys
-    from mlxbun_core.server.connections import install_accept_error_filter
+    from mlxbun_core.server.accept_errors import install_accept_error_filter
     logging.basicConfig(level="INFO")
     install_accept_error_filter()
     resource.setrlimit(resource.RLIMIT_NOFILE, (40, 40))

@@ -20,16 +20,18 @@ httptools protocol, as ``Config(http=...)``) adds, per connection:
 
 What the guard did is logged as one summary line at most every :data:`NOTE_EVERY_S`, and the
 accept error a full file table would cause is rate-limited the same way
-(:class:`AcceptErrorFilter`), so a flood cannot fill the disk with the log.
+(``accept_errors.AcceptErrorFilter``), so a flood cannot fill the disk with the log.
 """
 
 from __future__ import annotations
 
 import argparse
+import array
 import asyncio
+import fcntl
 import json
 import logging
-import time
+import termios
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -37,6 +39,7 @@ from typing import Any, ClassVar
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ..fdlimit import open_file_limit
+from .accept_errors import NOTE_EVERY_S, install_accept_error_filter
 
 log = logging.getLogger("mlxbun.server")
 
@@ -47,7 +50,7 @@ DEFAULT_HEADER_TIMEOUT_S = 20.0
 DEFAULT_BODY_MIN_RATE = 1024  # bytes per second: below any real link
 MAX_HEAD_BYTES = 64 * 1024
 LINGER_S = 1.0  # a refused client's time to read its 503 before the socket closes
-NOTE_EVERY_S = 10.0
+EVICT_SCAN = 64  # connections with unread bytes skipped at most, per newcomer
 
 # status: (reason phrase, OpenAI type, code, Anthropic type)
 _ANSWERS = {408: ("Request Timeout", "invalid_request_error", "request_timeout",
@@ -177,8 +180,17 @@ class GuardedHttp(HttpToolsProtocol):
         self._arm(self.limits.idle_timeout, self._idle_expired)
 
     def _make_room(self) -> bool:
-        """Close the connection quiet longest among those running no request."""
-        victim = next((c for c in self.tally.quiet if c.evictable()), None)
+        """Close the connection quiet longest among those running no request. One whose
+        bytes already wait in the kernel is not quiet (accepted in the same burst as a
+        flood, its request is about to be read): it goes to the back of the line."""
+        quiet = self.tally.quiet
+        victim = None
+        for _ in range(min(len(quiet), EVICT_SCAN)):
+            first = next((c for c in quiet if c.evictable()), None)
+            if first is None or not first.bytes_waiting():
+                victim = first
+                break
+            quiet.move_to_end(first)
         if victim is None:
             return False
         self._note("evicted")
@@ -187,6 +199,18 @@ class GuardedHttp(HttpToolsProtocol):
         victim.connections.discard(victim)  # its slot is free now, not when the close lands
         victim.transport.close()
         return True
+
+    def bytes_waiting(self) -> bool:
+        """The client has sent bytes the server has not read yet."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        try:
+            buf = array.array("i", [0])
+            fcntl.ioctl(sock.fileno(), termios.FIONREAD, buf)
+        except (OSError, ValueError):
+            return False
+        return buf[0] > 0
 
     def evictable(self) -> bool:
         """No request of this connection is running or waiting (a head may be arriving)."""
@@ -350,37 +374,3 @@ class GuardedHttp(HttpToolsProtocol):
 
 class HeadTooLarge(Exception):
     """A request's line and headers passed the cap (raised inside the parser)."""
-
-
-class AcceptErrorFilter(logging.Filter):
-    """asyncio logs ``socket.accept() out of system resource`` (with a traceback) for
-    every failed accept, thousands a second once the file table is full: one line per
-    ``every`` seconds passes, saying how many were held back."""
-
-    MESSAGE = "socket.accept() out of system resource"
-
-    def __init__(self, every: float = NOTE_EVERY_S):
-        super().__init__()
-        self.every, self.last, self.held = every, -every, 0
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not str(record.msg).startswith(self.MESSAGE):
-            return True
-        now = time.monotonic()
-        if now - self.last < self.every:
-            self.held += 1
-            return False
-        exc = record.exc_info[1] if record.exc_info else None
-        held = f"; {self.held} more in the last {now - self.last:.0f} s" if self.held else ""
-        record.msg = (f"{self.MESSAGE}: {exc or 'unknown error'} (open-file limit "
-                      f"{open_file_limit()}{held}; one line per {self.every:g} s)")
-        record.args, record.exc_info, record.exc_text = (), None, None
-        self.last, self.held = now, 0
-        return True
-
-
-def install_accept_error_filter() -> None:
-    """Once per process, on the ``asyncio`` logger."""
-    logger = logging.getLogger("asyncio")
-    if not any(isinstance(f, AcceptErrorFilter) for f in logger.filters):
-        logger.addFilter(AcceptErrorFilter())
