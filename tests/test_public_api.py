@@ -108,6 +108,44 @@ def test_the_scan_sees_a_reach():
         ["_generation_batch", "_idx"]
 
 
+THEIRS = ("mlx", "mlx_lm", "mlx_vlm")
+
+
+def _private_imports(tree: ast.AST) -> list[tuple[int, str]]:
+    """``(line, what)`` of every import that names a private module or name of MLX,
+    mlx-lm or mlx-vlm (``from mlx_lm.utils import _get_classes``,
+    ``import mlx_lm.models._x``): importing it is reading it."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            parts = node.module.split(".")
+            if parts[0] not in THEIRS:
+                continue
+            if any(PRIVATE.match(part) for part in parts):
+                out.append((node.lineno, node.module))
+            out += [(node.lineno, f"{node.module}.{a.name}") for a in node.names
+                    if PRIVATE.match(a.name)]
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names
+                    if a.name.split(".")[0] in THEIRS
+                    and any(PRIVATE.match(part) for part in a.name.split("."))]
+    return out
+
+
+def test_no_private_module_or_name_of_mlx_or_mlx_lm_is_imported():
+    found = [f"{p.relative_to(ROOT)}:{line}: {what}" for p in _sources()
+             for line, what in _private_imports(ast.parse(p.read_text(encoding="utf-8")))]
+    assert not found, "private names imported from MLX or mlx-lm:\n" + "\n".join(found)
+
+
+def test_the_import_scan_sees_a_private_import():
+    tree = ast.parse("from mlx_lm.utils import _get_classes, load\n"
+                     "import mlx_lm.models._private\nfrom mlx_lm._x import y\n"
+                     "from os import _exit\n")
+    assert [w for _, w in _private_imports(tree)] == \
+        ["mlx_lm.utils._get_classes", "mlx_lm.models._private", "mlx_lm._x"]
+
+
 def _pins() -> dict[str, str]:
     text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     deps = re.findall(r'"(mlx(?:-lm)?)(?:\[[a-z0-9]+\])?([<>=!~][^";]*)', text)

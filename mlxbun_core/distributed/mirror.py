@@ -124,7 +124,7 @@ class _Quiet:
 
 RECORDER = Recorder()
 _model: Any = None  # a follower's own model, for replaying make_prompt_cache
-_base: type | None = None
+_base: tuple[type, ...] | None = None  # mlx-lm's cache classes, once installed
 
 
 def _is_cache(value: Any) -> bool:
@@ -199,7 +199,10 @@ def install(recording: bool, model: Any = None) -> None:
     global _base, _model
     from mlx_lm.models import cache as mc
 
-    _base = mc._BaseCache
+    from ..models.classes import cache_classes
+
+    roots = cache_classes()
+    _base = roots
     _model = model
     if mc.make_prompt_cache not in WRAPPERS:
         from mlx_lm import generate
@@ -207,9 +210,10 @@ def install(recording: bool, model: Any = None) -> None:
         wrapped = _recorded(mc.make_prompt_cache, "make")
         mc.make_prompt_cache = wrapped
         generate.make_prompt_cache = wrapped  # type: ignore[attr-defined]  # imported by name
-    if "__deepcopy__" not in mc._BaseCache.__dict__:
-        mc._BaseCache.__deepcopy__ = _deepcopy  # type: ignore[attr-defined]  # added on purpose
-    for cls in _subclasses(mc._BaseCache):
+    for root in roots:
+        if "__deepcopy__" not in root.__dict__:
+            type.__setattr__(root, "__deepcopy__", _deepcopy)  # added on purpose
+    for cls in dict.fromkeys(c for root in roots for c in _subclasses(root)):
         own = cls.__dict__
         trim = own.get("trim")
         if callable(trim) and trim not in WRAPPERS:

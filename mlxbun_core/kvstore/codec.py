@@ -30,14 +30,14 @@ def _qualified(cls) -> str:
 
 def resolve_class(name: str):
     """The cache class ``module:qualname`` names, from modules already imported only
-    (a file never makes us import anything), and only a subclass of mlx-lm's base."""
-    from mlx_lm.models.cache import _BaseCache
+    (a file never makes us import anything), and only one of mlx-lm's cache classes."""
+    from ..models.classes import cache_classes
 
     module, _, qual = name.partition(":")
     obj: Any = sys.modules.get(module)
     for part in qual.split("."):
         obj = getattr(obj, part, None) if obj is not None else None
-    if not (isinstance(obj, type) and issubclass(obj, _BaseCache)):
+    if not (isinstance(obj, type) and issubclass(obj, cache_classes())):
         raise Unsupported(f"unknown cache class {name}")
     return obj
 

@@ -25,3 +25,13 @@ def model_classes(config: dict[str, Any]) -> tuple[Any, Any]:
     except ImportError as exc:
         raise ValueError(f"Model type {model_type} not supported.") from exc
     return arch.Model, arch.ModelArgs
+
+
+def cache_classes() -> tuple[type, ...]:
+    """mlx-lm's public KV cache classes (every cache an architecture makes is one of them
+    or a subclass): their common base is private, so ``isinstance`` takes this tuple."""
+    from mlx_lm.models import cache
+
+    return tuple(v for k, v in vars(cache).items()
+                 if not k.startswith("_") and isinstance(v, type)
+                 and callable(getattr(v, "from_state", None)) and hasattr(v, "state"))
