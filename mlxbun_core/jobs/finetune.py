@@ -185,7 +185,8 @@ class Report:
     the loop sets ``emit``."""
 
     def __init__(self, iters: int):
-        self.iters, self.last = iters, {}
+        self.iters = iters
+        self.last: dict[str, float] = {}
         self.emit: Emit = lambda event: None
 
     def on_train_loss_report(self, info: dict) -> None:

@@ -51,7 +51,8 @@ def encode_pair(tokenizer: Any, row: dict, where: str) -> Pair:
 def load_pairs(path: Path, tokenizer: Any, max_seq_length: int) -> tuple[list[Pair], int]:
     """The file's pairs, and how many were left out because the prompt alone fills
     ``max_seq_length`` (no response token would be left to score)."""
-    pairs, dropped = [], 0
+    pairs: list[Pair] = []
+    dropped = 0
     if not path.is_file():
         return pairs, 0
     with open(path, encoding="utf-8") as f:
@@ -114,5 +115,5 @@ def mean_margin(model: Any, pairs: list[Pair], max_seq_length: int) -> float:
         tokens, lengths = pair_batch(chunk, max_seq_length)
         logp, response, _ = token_logprobs(model, tokens, lengths)
         seq = masked_sum(logp, response)
-        total += (seq[:len(chunk)] - seq[len(chunk):]).sum().item()
+        total += float((seq[:len(chunk)] - seq[len(chunk):]).sum().item())  # type: ignore[arg-type]
     return total / len(pairs)

@@ -15,7 +15,7 @@ import json
 import types
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -23,8 +23,10 @@ import mlx.optimizers as optim
 
 from .events import Emit
 
+OptimizerT = TypeVar("OptimizerT", bound=optim.Optimizer)
 
-def clipped(optimizer: type[optim.Optimizer], max_norm: float) -> type[optim.Optimizer]:
+
+def clipped(optimizer: type[OptimizerT], max_norm: float) -> type[OptimizerT]:
     """``optimizer`` whose gradients are clipped to a global L2 norm of ``max_norm``
     before each update (0: no clipping)."""
     if max_norm <= 0:
