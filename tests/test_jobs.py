@@ -127,11 +127,37 @@ def test_finetune_config_errors(server, ckpt, data, tmp_path):
     r = post(server, "/api/finetune/submit", {"model_dir": str(ckpt), "data_dir": str(data),
                                               "adapter_path": str(tmp_path)})
     assert r.status_code == 400 and "not empty" in r.json()["error"]
-    # a method no installed library provides fails as the job's event, naming what is missing
-    r = post(server, "/api/finetune/submit", {"model_dir": str(ckpt), "data_dir": str(data),
-                                              "method": "dpo"})
+    # a preference method on rows without pairs, a bad knob: the job's failed event, says why
+    for extra, why in (({"method": "dpo"}, "dpo needs rows of prompt, chosen and rejected"),
+                       ({"method": "orpo", "sft_scope": "all"}, "sft_scope must be one of"),
+                       ({"method": "dpo", "dpo_beta": 0}, "dpo_beta must be positive")):
+        r = post(server, "/api/finetune/submit", {"model_dir": str(ckpt), "data_dir": str(data),
+                                                  **extra})
+        _, events, ended = stream(server, r.json()["job_id"])
+        assert ended and events[-1]["type"] == "failed" and why in events[-1]["error"], extra
+
+
+def test_preference_job_over_http(server, ckpt, tmp_path):
+    """DPO through /api/finetune/submit: pairs in, metrics streamed, the margin up."""
+    prefs = tmp_path / "prefs"
+    prefs.mkdir()
+    rows = [{"prompt": f"Pick a fruit {i}", "chosen": "banana banana",
+             "rejected": "cherry cherry"} for i in range(6)]
+    (prefs / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    probe = post(server, "/api/finetune/inspect-dataset", {"path": str(prefs)}).json()
+    assert probe["format"] == "dpo" and probe["n_train"] == 6
+    r = post(server, "/api/finetune/submit", {
+        "model_dir": str(ckpt), "data_dir": str(prefs), "method": "dpo", "iters": 6,
+        "learning_rate": 1e-2, "rank": 4, "dpo_beta": 0.5, "grad_clip_norm": 5.0,
+        "dpo_lr_schedule": "constant"})
+    assert r.status_code == 200, r.text
     _, events, ended = stream(server, r.json()["job_id"])
-    assert ended and events[-1]["type"] == "failed" and "mlx-lm-lora" in events[-1]["error"]
+    assert ended and events[-1]["type"] == "done", [e for e in events if e["type"] != "log"][-3:]
+    train = [e for e in events if e["type"] == "metric" and e["kind"] == "train"]
+    assert [e["step"] for e in train] == list(range(1, 7))
+    assert all(e["learning_rate"] == pytest.approx(1e-2) for e in train)  # constant schedule
+    summary = events[-1]["summary"]
+    assert summary["method"] == "dpo" and summary["margin_after"] > summary["margin_before"]
 
 
 def test_quantize_job_output_serves(server, ckpt, home):

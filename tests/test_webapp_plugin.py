@@ -139,7 +139,7 @@ def test_the_web_apps_verbs_come_and_go_with_its_plugin():
     assert run("train", "--help").returncode == 0
     blocked = run("plugins", env=NO_APP).stdout
     assert "webapp" not in blocked and "api (built into" in blocked
-    for verb in ("memory", "train", "quantize"):
+    for verb in ("memory", "train", "quantize", "train-watch", "fuse"):
         r = run(verb, "--help", env=NO_APP)
         assert r.returncode == 2 and "invalid choice" in r.stderr, (verb, r.stderr)
     assert run("ls", "--help", env=NO_APP).returncode == 0  # the core's verbs stay

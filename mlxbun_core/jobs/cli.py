@@ -1,6 +1,7 @@
 """``mlxbun train`` and ``mlxbun quantize``: the server's job runners, in the
 foreground, with a progress bar. The job is recorded in the same store, so
-``GET /api/jobs`` lists it too."""
+``GET /api/jobs`` lists it too (and ``mlxbun train-watch`` follows it); ``fuse``
+folds an adapter into its base."""
 
 from __future__ import annotations
 
@@ -9,23 +10,36 @@ import sys
 
 
 def add_parsers(sub) -> None:
-    t = sub.add_parser("train", help="LoRA fine-tune (SFT through mlx-lm's trainer)")
+    t = sub.add_parser("train", help="LoRA fine-tune: SFT, DPO or ORPO")
     t.add_argument("model", nargs="?", default=None,
                    help="checkpoint dir or model name (default: the embedded default model)")
     t.add_argument("--data", required=True, help="dataset dir: train.jsonl (+ valid.jsonl)")
     t.add_argument("--adapter", "--adapter-path", dest="adapter", default=None, metavar="DIR",
                    help="output adapter dir (default: <home>/finetunes/<method>-<model>)")
-    t.add_argument("--method", default="sft", choices=("sft", "dpo", "orpo"))
+    t.add_argument("--method", default=None, choices=("sft", "dpo", "orpo"),
+                   help="objective (default: orpo on prompt/chosen/rejected rows, else sft)")
     t.add_argument("--iters", type=int, default=100)
-    t.add_argument("--lr", type=float, default=2e-4, dest="learning_rate")
+    t.add_argument("--lr", type=float, default=None, dest="learning_rate",
+                   help="learning rate (default: sft 2e-4, dpo 5e-5, orpo 1e-5)")
     t.add_argument("--rank", type=int, default=8)
     t.add_argument("--scale", type=float, default=20.0)
     t.add_argument("--num-layers", type=int, default=-1, help="last N layers (-1: all)")
     t.add_argument("--seq", type=int, default=512, dest="max_seq_length")
     t.add_argument("--batch", type=int, default=1, dest="batch_size")
     t.add_argument("--grad-accum", type=int, default=1, dest="grad_accumulation_steps")
+    t.add_argument("--grad-clip", type=float, default=1.0, dest="grad_clip_norm",
+                   help="clip the gradients' global norm to this (0: off)")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--val-size", type=int, default=256, dest="val_max_examples",
+                   help="validation rows scored per evaluation (0: all)")
+    t.add_argument("--beta", type=float, default=0.1, dest="dpo_beta", help="DPO's beta")
+    t.add_argument("--lambda", type=float, default=0.1, dest="orpo_lambda",
+                   help="ORPO's odds-ratio weight")
+    t.add_argument("--sft-scope", default="full", choices=("full", "response"),
+                   help="ORPO's chosen-NLL term over prompt+response (full) or the response")
     t.add_argument("--save-every", type=int, default=100)
+    t.add_argument("--resume", default=None, metavar="DIR", dest="warm_start_adapter",
+                   help="warm-start the LoRA weights from this adapter dir")
     t.add_argument("--dry-run", action="store_true", help="inspect the dataset, don't train")
 
     q = sub.add_parser("quantize", help="quantize a checkpoint through mlx-lm's converter")
@@ -36,6 +50,17 @@ def add_parsers(sub) -> None:
     q.add_argument("--recipe", default=None, help="mixed precision: mixed_2_6, mixed_3_4, "
                                                   "mixed_3_6 or mixed_4_6")
     q.add_argument("--out", default=None, help="output dir (default: <home>/models/<name>-<q>)")
+
+    from . import fuse, watch
+
+    watch.add_parser(sub)
+    fuse.add_parser(sub)
+
+
+TRAIN_FIELDS = ("iters", "rank", "scale", "num_layers", "max_seq_length", "batch_size",
+                "grad_accumulation_steps", "grad_clip_norm", "seed", "val_max_examples",
+                "dpo_beta", "orpo_lambda", "sft_scope", "save_every", "warm_start_adapter")
+DEFAULT_LR = {"sft": 2e-4, "dpo": 5e-5, "orpo": 1e-5}  # the reference's, per method
 
 
 def _fail(message: str) -> int:
@@ -55,19 +80,19 @@ def cmd_train(args) -> int:
     except ModelNotFound as exc:
         return _fail(str(exc))
     home = mlxbun_home()
-    out = args.adapter or str(home / "finetunes" / f"{args.method}-{model.path.name}")
-    body = {k: getattr(args, k) for k in (
-        "method", "iters", "learning_rate", "rank", "scale", "num_layers", "max_seq_length",
-        "batch_size", "grad_accumulation_steps", "seed", "save_every")}
-    body.update(model_dir=str(model.path), data_dir=args.data, adapter_path=out)
     try:
         probe = finetune.inspect_dataset(args.data)
         if not probe["ok"]:
             return _fail(probe["error"])
+        method = args.method or ("orpo" if probe["format"] == "dpo" else "sft")
+        out = args.adapter or str(home / "finetunes" / f"{method}-{model.path.name}")
+        body = {k: getattr(args, k) for k in TRAIN_FIELDS}
+        body.update(model_dir=str(model.path), data_dir=args.data, adapter_path=out,
+                    method=method, learning_rate=args.learning_rate or DEFAULT_LR[method])
         config = finetune.prepare(body, finetune.default_output(home))
     except APIError as exc:
         return _fail(exc.message)
-    print(f"mlxbun: {args.method} on {model.model_id}: {probe['n_train']} train / "
+    print(f"mlxbun: {method} on {model.model_id}: {probe['n_train']} train / "
           f"{probe['n_valid']} valid rows ({probe['format']}), {args.iters} steps, rank "
           f"{args.rank} -> {config['adapter_path']}", flush=True)
     if args.dry_run:

@@ -42,14 +42,19 @@ def register_routes(app: App, engine: Engine) -> None:
 
 @hookimpl
 def register_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``train`` and ``quantize`` (the app's job runners in the foreground), ``memory``."""
+    """``train`` and ``quantize`` (the app's job runners in the foreground), ``train-watch``,
+    ``fuse``, ``memory``."""
     from ..jobs import cli as jobs_cli
+    from ..jobs import fuse as jobs_fuse
+    from ..jobs import watch as jobs_watch
     from ..memory import cli as memory_cli
 
     jobs_cli.add_parsers(subparsers)
     memory_cli.add_parsers(subparsers)
     subparsers.choices["train"].set_defaults(handler=jobs_cli.cmd_train)
     subparsers.choices["quantize"].set_defaults(handler=jobs_cli.cmd_quantize)
+    subparsers.choices["train-watch"].set_defaults(handler=jobs_watch.cmd_train_watch)
+    subparsers.choices["fuse"].set_defaults(handler=jobs_fuse.cmd_fuse)
     subparsers.choices["memory"].set_defaults(handler=_memory)
 
 
