@@ -131,7 +131,7 @@ def _source(name: str | None) -> Iterator[np.ndarray]:
 def _microphone() -> Iterator[np.ndarray]:
     """The default input device, 16 kHz mono, until Enter (or end of stdin) or Ctrl-C."""
     try:
-        import sounddevice
+        import sounddevice  # type: ignore[import-untyped]  # no stubs
     except (ImportError, OSError) as exc:  # OSError: the module is there, PortAudio is not
         raise NoMicrophone(
             f"recording needs the sounddevice package and PortAudio ({exc}); install them "
@@ -146,8 +146,12 @@ def _microphone() -> Iterator[np.ndarray]:
 
 def _record(sounddevice) -> Iterator[np.ndarray]:
     blocks: queue.Queue[np.ndarray | None] = queue.Queue()
-    threading.Thread(target=lambda: (sys.stdin.readline(), blocks.put(None)),
-                     daemon=True).start()
+
+    def until_enter() -> None:
+        sys.stdin.readline()
+        blocks.put(None)
+
+    threading.Thread(target=until_enter, daemon=True).start()
     print("mlxbun dictate: listening; press Enter to stop", file=sys.stderr, flush=True)
     with sounddevice.InputStream(samplerate=SAMPLE_RATE, channels=1, dtype="float32",
                                  callback=lambda data, *_: blocks.put(data[:, 0].copy())):
