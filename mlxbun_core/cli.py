@@ -8,7 +8,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .console import cache_verb, transcribe
+from .console import cache_verb, dictate, transcribe
 from .console import embed as embed_verb
 from .console import generate as generate_verb
 from .console import perplexity as perplexity_verb
@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     console_verbs.add_parsers(sub)
     cache_verb.add_parsers(sub)
     transcribe.add_parser(sub)
+    dictate.add_parser(sub)
     generate_verb.add_parser(sub)
     embed_verb.add_parser(sub)
     perplexity_verb.add_parser(sub)

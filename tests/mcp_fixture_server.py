@@ -2,7 +2,8 @@
 former FastMCP): ``python mcp_fixture_server.py stdio`` or ``... http PORT``.
 
 Every call is appended to ``$FIXTURE_LOG`` (and the server's pid at start), so a test can
-tell that a denied call never ran and that a stopped server's process is gone.
+tell that a denied call never ran, that a timed-out one was cancelled on the server's side,
+and that a stopped server's process is gone.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import asyncio
 import os
 import sys
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 
 server = MCPServer("fixture")
 
@@ -38,10 +39,15 @@ def big(n: int) -> str:
 
 
 @server.tool()
-async def hang() -> str:
-    """Never answer."""
-    note("hang")
-    await asyncio.sleep(3600)
+async def hang(ctx: Context) -> str:
+    """Never answer; noted when the client cancels it (the test checks the connection is
+    still open then, so only a cancellation can have ended it)."""
+    note(f"hang {ctx.request_id}")
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        note(f"hang {ctx.request_id} cancelled")
+        raise
     return "woke"
 
 

@@ -332,3 +332,55 @@ def test_config_mistakes_name_their_line(tmp_path, body, message):
         read_yaml(tmp_path / "mlxbun.yaml", "mcp_servers:\n  " + body)
     assert message in str(err.value)
     assert re.search(r"mlxbun\.yaml:[234]: ", str(err.value)), str(err.value)
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_a_timed_out_call_is_cancelled_on_the_server(tmp_path, transport):
+    """Past its timeout a call is given up and the server is told so: it gets MCP's
+    ``notifications/cancelled`` for that request id and stops the tool, and keeps serving."""
+    from mlxbun_core.config.mcp import McpServerSpec
+    from mlxbun_core.webchat.apptools import ToolFailed
+    from mlxbun_core.webchat.mcp.client import McpServer
+
+    log = tmp_path / "log"
+    env = {"FIXTURE_LOG": str(log)}
+    web = None
+    if transport == "http":
+        port = free_port()
+        web = subprocess.Popen([sys.executable, str(FIXTURE), "http", str(port)],
+                               env={**os.environ, **env}, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        wait_for_port(port, web)
+        spec = McpServerSpec("fx", 1, url=f"http://127.0.0.1:{port}/mcp", timeout=1)
+    else:
+        spec = McpServerSpec("fx", 1, command=sys.executable, args=(str(FIXTURE), "stdio"),
+                             env=env, timeout=1)
+
+    async def run() -> list[str]:
+        server = McpServer(spec)
+        server.start()
+        await server.wait_ready(60)
+        assert server.state == "ready", server.error
+        try:
+            with pytest.raises(ToolFailed, match="did not answer within 1 s"):
+                await server.call(server.tools["fx__hang"], {})
+            deadline = time.monotonic() + 10
+            while not any(line.endswith(" cancelled")
+                          for line in log_lines(log)) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            lines = log_lines(log)  # read while the connection is still open
+            assert (await server.call(server.tools["fx__echo"], {"text": "still here"})
+                    )["content"] == "echo: still here"
+            return lines
+        finally:
+            await server.stop()
+
+    try:
+        lines = asyncio.run(run())
+    finally:
+        if web is not None:
+            web.kill()
+            web.wait()
+    started = [line.split()[1] for line in lines if re.fullmatch(r"hang \S+", line)]
+    assert len(started) == 1, lines
+    assert f"hang {started[0]} cancelled" in lines, lines

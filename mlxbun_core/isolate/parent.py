@@ -46,7 +46,8 @@ log = logging.getLogger("mlxbun.isolate")
 
 MAX_BODY_BYTES = 256 << 20
 ROUTED = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses",
-          "/v1/embeddings", "/v1/rerank", "/v2/rerank", "/rerank", "/v1/messages/count_tokens"}
+          "/v1/embeddings", "/v1/rerank", "/v2/rerank", "/rerank", "/v1/messages/count_tokens",
+          "/v1/audio/transcriptions"}
 # route labels of what the parent answers itself (/metrics counts them)
 LOCAL_ROUTES = ("/health", "/engine", "/v1", "/v1/models", "/v1/models/*", "/library", "/fit",
                 "/metrics", "/v1/responses/*", "/ws/chat", "/admin/*", *sorted(ROUTED))
@@ -282,7 +283,8 @@ class ParentApp:
                 return await send_json(send, 503, _shaped(Unavailable().body(), path))
             if self.pool.cap > 1 or self.policy.allowed is not None:
                 await self.library.aentries()  # any rescan happens off the event loop
-            routing = routing_fields(body, self.policy)
+            routing = routing_fields(body, self.policy,
+                                     dict(scope["headers"]).get(b"content-type"))
             spec, refused = route(path, routing, self.pool, self.policy, self._servable)
             if refused is not None:
                 return await send_json(send, *refused)

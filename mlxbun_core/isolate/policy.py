@@ -35,13 +35,33 @@ class Routing:
     error: str | None = None  # a bad keep_alive, said for a 400
 
 
-def routing_fields(body: bytes, policy: PoolPolicy) -> Routing:
-    """``model`` (aliases resolved) and ``keep_alive`` of a body; a malformed body routes
-    to the default engine, whose own parser says what is wrong."""
+def form_fields(body: bytes) -> dict[str, str]:
+    """The text parts of a multipart form (``/v1/audio/transcriptions``), the audio left
+    out; an unreadable form has none (the engine's own parser says what is wrong)."""
+    from blacksheep.multipart import parse_multipart
+
+    fields: dict[str, str] = {}
     try:
-        fields = parse_body(body)
-    except APIError:
-        return Routing()
+        for part in parse_multipart(body):
+            if part.file_name is None and part.name != b"file":
+                fields[part.name.decode("utf-8", "replace")] = part.data.decode(
+                    "utf-8", "replace")
+    except Exception:  # the parser's errors are not typed
+        return {}
+    return fields
+
+
+def routing_fields(body: bytes, policy: PoolPolicy, content_type: bytes | None = None) -> Routing:
+    """``model`` (aliases resolved) and ``keep_alive`` of a body, JSON or a multipart form;
+    a malformed body routes to the default engine, whose own parser says what is wrong."""
+    fields: dict
+    if content_type and content_type.lower().startswith(b"multipart/form-data"):
+        fields = form_fields(body)
+    else:
+        try:
+            fields = parse_body(body)
+        except APIError:
+            return Routing()
     model = fields.get("model")
     if isinstance(model, str):
         model = policy.resolve(model)

@@ -8,6 +8,8 @@ import io
 import shutil
 import subprocess
 import wave
+from collections.abc import Iterator
+from typing import BinaryIO
 
 import numpy as np
 
@@ -31,6 +33,11 @@ def decode_wav(data: bytes) -> np.ndarray:
     with wave.open(io.BytesIO(data)) as w:
         channels, width, rate = w.getnchannels(), w.getsampwidth(), w.getframerate()
         raw = w.readframes(w.getnframes())
+    return _resample(pcm_mono(raw, width, channels), rate)
+
+
+def pcm_mono(raw: bytes, width: int, channels: int) -> np.ndarray:
+    """Interleaved integer PCM frames (``width`` bytes a sample) to mono float32 in [-1, 1]."""
     if width == 3:  # 24-bit: widen to 32 by hand (numpy has no int24)
         b = np.frombuffer(raw[: len(raw) // 3 * 3], np.uint8).reshape(-1, 3)
         ints = (b[:, 0].astype(np.int32) << 8 | b[:, 1].astype(np.int32) << 16
@@ -41,8 +48,16 @@ def decode_wav(data: bytes) -> np.ndarray:
     else:
         dtype = {2: "<i2", 4: "<i4"}[width]
         x = np.frombuffer(raw, dtype).astype(np.float32) / 2 ** (8 * width - 1)
-    x = x[: len(x) // channels * channels].reshape(-1, channels).mean(axis=1)
-    return _resample(x, rate)
+    return x[: len(x) // channels * channels].reshape(-1, channels).mean(axis=1)
+
+
+def wav_blocks(stream: BinaryIO, seconds: float = 0.5) -> Iterator[np.ndarray]:
+    """A WAV arriving on a pipe (stdin, a recorder's output) as 16 kHz mono blocks of
+    ``seconds``, each yielded as soon as it has arrived; ``wave.Error`` for no WAV."""
+    with wave.open(stream) as w:
+        channels, width, rate = w.getnchannels(), w.getsampwidth(), w.getframerate()
+        while raw := w.readframes(max(1, int(rate * seconds))):
+            yield _resample(pcm_mono(raw, width, channels), rate)
 
 
 def _miniaudio(data: bytes) -> np.ndarray | None:

@@ -81,6 +81,25 @@ def write_whisper_checkpoint(path: Path, seed: int = 0, text_ctx: int = 64) -> P
     return path
 
 
+def whisper_plugin_env(root: Path) -> dict[str, str]:
+    """Environment for a subprocess (``mlxbun transcribe``, an ``--isolate`` engine child)
+    that finds the whisper plugin by its entry point, as a pip install would write it,
+    when this tree's plugin is not installed. ``root``: a scratch directory."""
+    import os
+    from importlib.metadata import entry_points
+
+    env = dict(os.environ)
+    if any(ep.name == "whisper" for ep in entry_points(group="mlxbun")):
+        return env
+    info = root / "site" / "mlxbun_whisper-0.1.0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mlxbun-whisper\n"
+                                   "Version: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[mlxbun]\nwhisper = mlxbun_whisper\n")
+    env["PYTHONPATH"] = f"{info.parent}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    return env
+
+
 def _cleanup() -> None:
     if _root is not None:
         shutil.rmtree(_root, ignore_errors=True)

@@ -236,6 +236,9 @@ class McpServer:
         if self.state != "ready" or client is None:
             raise ToolFailed(f"MCP server {self.spec.name} is not running"
                              + (f": {self.error}" if self.error else ""))
+        # past ``timeout`` the SDK tells the server to stop (``notifications/cancelled``
+        # for the request id; over HTTP at 2026-07-28 it ends the request's stream), and so
+        # does our outer bound's cancellation: a timed-out tool never runs on unseen
         try:
             result = await asyncio.wait_for(
                 client.call_tool(tool.remote, args, read_timeout_seconds=timeout), timeout + 1)

@@ -2,7 +2,6 @@
 transcribe on the same tiny random checkpoint and WAV file, every response_format through
 the openai SDK, the 400s, and the ``mlxbun transcribe`` verb in a subprocess."""
 
-import os
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -16,7 +15,12 @@ from mlx_audio.stt import load as mlx_audio_load
 from mlxbun_core import plugins
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.server import start_server
-from mlxbun_core.testing.speech import speechlike, tiny_whisper_checkpoint, wav_file
+from mlxbun_core.testing.speech import (
+    speechlike,
+    tiny_whisper_checkpoint,
+    wav_file,
+    whisper_plugin_env,
+)
 
 WAV = wav_file(speechlike(2.0, seed=3))
 INSTALLED = any(ep.name == "whisper" for ep in entry_points(group="mlxbun"))
@@ -117,14 +121,7 @@ def test_a_model_that_cannot_transcribe_is_a_400():
 def test_cli_prints_what_the_server_sends(client, tmp_path):
     wav = tmp_path / "speech.wav"
     wav.write_bytes(WAV)
-    env = dict(os.environ)
-    if not INSTALLED:  # the entry point a pip install would write
-        info = tmp_path / "site" / "mlxbun_whisper-0.1.0.dist-info"
-        info.mkdir(parents=True)
-        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mlxbun-whisper\n"
-                                       "Version: 0.1.0\n")
-        (info / "entry_points.txt").write_text("[mlxbun]\nwhisper = mlxbun_whisper\n")
-        env["PYTHONPATH"] = f"{info.parent}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    env = whisper_plugin_env(tmp_path)
     cmd = [sys.executable, "-m", "mlxbun_core.cli", "transcribe", str(wav), "--model",
            str(tiny_whisper_checkpoint()), "--temperature", "0"]
     srt = subprocess.run([*cmd, "--format", "srt"], env=env, capture_output=True, text=True,
