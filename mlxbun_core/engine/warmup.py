@@ -30,9 +30,25 @@ def check_kv(model: LoadedModel, kv: kvquant.KVScheme, admission: Admission,
     kernel this build lacks fails here, not mid-reply."""
     if warning := kvquant.startup_warning(kv, admission.layout):
         log.warning(warning)
-    if kv.bits and model.kind == "generate":
-        worker.run_sync(lambda: check_kernels(kv.bits or 8, kv.group_size,
-                                              model.config, model_dtype(model.model)))
+    if kv.enabled and not kv.turbo and model.kind == "generate":  # (turbo: float attention)
+        for bits in sorted({b for _, b, _ in kv.rules or ()} - {0} or {kv.bits or 8}):
+            worker.run_sync(lambda b=bits: check_kernels(b, kv.group_size, model.config,
+                                                         model_dtype(model.model)))
+
+
+def kv_eligible(model: LoadedModel, kv: kvquant.KVScheme) -> list[bool] | None:
+    """Per cache index, whether a per-layer scheme (config, turbo) can quantize it: a
+    plain full-attention ``KVCache`` whose head dim divides into groups (None for the
+    uniform schemes, which the fit layout counts)."""
+    if not kv.enabled or kv.bits or model.kind != "generate":
+        return None
+    from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+    from ..library import fit
+
+    t = fit.text_config(model.config or {})
+    ok = fit.quantizable(t, "full", kv.group_size)
+    return [ok and type(c) is KVCache for c in make_prompt_cache(model.model)]
 
 
 def warm(model: LoadedModel, worker: ModelWorker, pacer: PrefillPacer) -> dict[str, Any]:
