@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import kvquant
-from ..kvquant.probe import KVQuantUnavailable
 from ..adapters import AdapterManager, AdapterSet
 from ..contract import DraftSource, TokenPredictor
 from ..errors import APIError, BadRequest, Overloaded, Unavailable
@@ -102,10 +101,7 @@ class Engine:
         tier = open_tier(ssd, prompt_cache_bytes, model, lambda: self.adapters,
                          busy=lambda: not self.idle)
         self.prefix = PrefixCache(prompt_cache_bytes, tier=tier, post=self.worker.post)
-        try:  # (config: the model's kv_config.json)
-            self.kv = kvquant.parse(kv_quant, model.path)
-        except ValueError as exc:  # a missing or malformed file: a start-up refusal
-            raise KVQuantUnavailable(str(exc)) from None
+        self.kv = warmup.kv_scheme(kv_quant, model)  # (config: the model's kv_config.json)
         self.admission = Admission(model, memory_budget_bytes, kv_bits=self.kv.bill_bits,
                                    head=head_cost(predictor, self.kv.enabled))
         warmup.check_kv(model, self.kv, self.admission, self.worker)

@@ -24,6 +24,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("mlxbun.engine")
 
 
+def kv_scheme(value: object, model: LoadedModel) -> kvquant.KVScheme:
+    """``--kv-quant``'s scheme for ``model`` (``config`` reads its kv_config.json); a
+    missing or malformed file stops the start with the reason."""
+    from ..kvquant.probe import KVQuantUnavailable
+
+    try:
+        return kvquant.parse(value, model.path)
+    except ValueError as exc:
+        raise KVQuantUnavailable(str(exc)) from None
+
+
 def check_kv(model: LoadedModel, kv: kvquant.KVScheme, admission: Admission,
              worker: ModelWorker) -> None:
     """Warn about a KV scheme the layout makes pointless; a quantized KV cache whose

@@ -1,4 +1,8 @@
-"""KV-cache quantization schemes: ``off`` (the model's dtype), or uniform affine 4/8 bits.
+"""KV-cache quantization schemes: ``off`` (the model's dtype), uniform affine 4/8 bits,
+``config`` (per-layer bits from mlx-optiq's kv_config.json: ``config.py``) or ``turbo``
+(Hadamard-rotated keys and values at their own bits: ``turbo.py``). A scheme answers per
+cache index what that layer keeps (:meth:`KVScheme.layer`); the rest of this page is the
+uniform scheme, which the others follow layer by layer.
 
 The uniform scheme is mlx-lm's own ``kv_bits`` scheme: groups of 64 along the head
 dimension, a scale and a bias per group in the activation dtype, converted the way

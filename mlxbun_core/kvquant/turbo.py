@@ -29,10 +29,7 @@ HEAD_DIMS = "a power of two, or 12, 20 or 28 times one"
 
 def rotatable(dim: int) -> bool:
     """Whether ``mx.hadamard_transform`` takes vectors of ``dim`` (see ``HEAD_DIMS``)."""
-    for m in (1, 12, 20, 28):
-        if dim % m == 0 and (dim // m) & (dim // m - 1) == 0:
-            return True
-    return False
+    return any(dim % m == 0 and (dim // m) & (dim // m - 1) == 0 for m in (1, 12, 20, 28))
 
 
 def rotate(x: mx.array) -> mx.array:
