@@ -5,6 +5,7 @@ tier's two rates. :func:`warm` times the warm-ups for the banner and ``/stats``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -43,8 +44,8 @@ def check_kv(model: LoadedModel, kv: kvquant.KVScheme, admission: Admission,
         log.warning(warning)
     if kv.enabled and not kv.turbo and model.kind == "generate":  # (turbo: float attention)
         for bits in sorted({b for _, b, _ in kv.rules or ()} - {0} or {kv.bits or 8}):
-            worker.run_sync(lambda b=bits: check_kernels(b, kv.group_size, model.config,
-                                                         model_dtype(model.model)))
+            worker.run_sync(functools.partial(check_kernels, bits, kv.group_size,
+                                              model.config, model_dtype(model.model)))
 
 
 def kv_eligible(model: LoadedModel, kv: kvquant.KVScheme) -> list[bool] | None:

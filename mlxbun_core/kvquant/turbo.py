@@ -125,8 +125,9 @@ class TurboKVCache(_BaseCache):
         self.offset -= n
         return n
 
-    def make_mask(self, *args: Any, **kwargs: Any) -> Any:
-        return create_attention_mask(*args, offset=self.offset, **kwargs)
+    def make_mask(self, n: int, return_array: bool = False,
+                  window_size: int | None = None) -> Any:
+        return create_attention_mask(n, self.offset, return_array, window_size)
 
     def empty(self) -> bool:
         return self.keys is None

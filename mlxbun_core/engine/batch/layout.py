@@ -264,8 +264,10 @@ def _export_kv(store: Store, slot: Slot, table: BlockTable) -> Any:
             return KVCache()
         qk, qv = store.export(table.blocks, table.length)
         if store.rotate:
-            return TurboKVCache.from_state((qk, qv, table.length, store.group_size,
-                                            store.bits, store.value_bits))
+            turbo = TurboKVCache(store.bits, store.value_bits, store.group_size)
+            turbo.state = (qk, qv, table.length, store.group_size, store.bits,
+                           store.value_bits)
+            return turbo
         return QuantizedKVCache.from_state((qk, qv, table.length, store.group_size,
                                             store.bits))
     k, v = store.export(table.blocks, table.length)
