@@ -333,12 +333,34 @@ def add_pool_flags(s: argparse.ArgumentParser) -> None:
 
 def add_kv_quant_flag(p: argparse.ArgumentParser, default: str, alias: str = "") -> None:
     """``--kv-quant off|4|8``: uniform affine KV quantization, group 64, mlx-lm's
-    ``kv_bits`` scheme (``fit`` also takes its older spelling, ``--kv-bits``)."""
-    p.add_argument("--kv-quant", *([alias] if alias else []), dest="kv_quant", default=default,
-                   choices=("off", "4", "8"),
+    ``kv_bits`` scheme (``fit`` also takes its older spelling, ``--kv-bits``); ``serve``
+    also takes ``config[:PATH]`` (per-layer bits, kv_config.json) and ``turbo[:kXvY]``."""
+    if alias:  # fit: the uniform schemes
+        p.add_argument("--kv-quant", alias, dest="kv_quant", default=default,
+                       choices=("off", "4", "8"),
+                       help="bill the KV cache at off (the model's dtype), 4 or 8 bits")
+        return
+    p.add_argument("--kv-quant", dest="kv_quant", default=default, type=_kv_quant,
+                   metavar="off|4|8|config[:PATH]|turbo[:kXvY]",
                    help="KV-cache quantization: off (the model's dtype, default), 4 or 8 bits "
-                        "(group 64, mlx-lm's kv_bits scheme): less memory per token, a longer "
-                        "max safe context, somewhat slower decode")
+                        "(group 64, mlx-lm's kv_bits scheme), config (per-layer bits from the "
+                        "model's kv_config.json, or config:PATH), turbo[:kXvY] (Hadamard-"
+                        "rotated keys at X bits, values at Y; default k8v3): less memory "
+                        "per token, a longer max safe context, somewhat slower decode")
+
+
+def _kv_quant(text: str) -> str:
+    """The flag's syntax, checked at parse time (a config file is read at load)."""
+    from .kvquant import parse
+
+    low = text.strip().lower()
+    if low == "config" or low.startswith("config:"):
+        return text.strip()
+    try:
+        parse(low)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--kv-quant ")) from None
+    return low
 
 
 def add_selection_flags(p: argparse.ArgumentParser) -> None:

@@ -109,9 +109,9 @@ def _route_refusals(args: argparse.Namespace, where: str) -> list[str]:
         out.append("--l1 is refused: it names the default route (greedy output equals "
                    "mlx-lm's generate_step), so it would do nothing")
     if said["l2"]:
-        out.append("--l2 is refused: it means mlx-optiq's per-layer mixed-precision KV "
-                   "(kv_config.json), which this engine does not have; --kv-quant 4 or 8 is "
-                   "uniform")
+        out.append("--l2 is refused: it promises mlx-optiq's output bit for bit (its fused "
+                   "SDPA, its quantized sliding-window caches), which this engine does not "
+                   "have; --kv-quant config gives the per-layer kv_config.json KV itself")
     if said["l3"]:
         out.append("--l3 is refused: the reference removed it")
     return out

@@ -67,8 +67,8 @@ class Engine:
     ``batch`` caps the rows decoded together (None: sized from the device and the
     model, see :func:`~mlxbun_core.library.fit.batch_plan`; 1 pins the serial lane; a
     mounted draft model always decodes serially); ``prompt_cache_bytes`` caps the
-    prefix KV cache (0 turns it off); ``kv_quant`` (``off``, ``4``, ``8``) quantizes the
-    KV cache.
+    prefix KV cache (0 turns it off); ``kv_quant`` (``off``, ``4``, ``8``, ``config``,
+    ``turbo[:kXvY]``) quantizes the KV cache.
     """
 
     def __init__(self, model: LoadedModel, *, worker: ModelWorker | None = None,
@@ -101,8 +101,8 @@ class Engine:
         tier = open_tier(ssd, prompt_cache_bytes, model, lambda: self.adapters,
                          busy=lambda: not self.idle)
         self.prefix = PrefixCache(prompt_cache_bytes, tier=tier, post=self.worker.post)
-        self.kv = kvquant.parse(kv_quant)
-        self.admission = Admission(model, memory_budget_bytes, kv_bits=self.kv.bits,
+        self.kv = warmup.kv_scheme(kv_quant, model)  # (config: the model's kv_config.json)
+        self.admission = Admission(model, memory_budget_bytes, kv_bits=self.kv.bill_bits,
                                    head=head_cost(predictor, self.kv.enabled))
         warmup.check_kv(model, self.kv, self.admission, self.worker)
         self._size_batch(batch, draft)
@@ -280,7 +280,7 @@ class Engine:
         prefix-cache namespace, adapters, speculation and fill (on the event loop)."""
         spec = resolve_spec(self.speculation, req.speculation)
         check_mtp(spec, self.predictor is not None, self.model.id)  # a 400 before any work
-        if drafts_with_head(spec) and self.kv.bits:
+        if drafts_with_head(spec) and self.kv.enabled:
             spec = None  # the head's loops run the model unwrapped: decode plainly, batched
         mtp = (drafts_with_head(spec) and may_speculate(prepared.request, self.draft)
                and prepared.request.grammar is None)  # (as the job decides)
@@ -381,7 +381,8 @@ class Engine:
     def kv_quant_stats(self) -> dict[str, Any]:
         """``/stats`` ``kv_quant``: the scheme and what each layer's cache holds."""
         return kvquant.describe(self.kv, self.admission.layout,
-                                fit.activation_dtype(self.model.config or {}))
+                                fit.activation_dtype(self.model.config or {}),
+                                warmup.kv_eligible(self.model, self.kv))
 
     def batch_stats(self) -> dict[str, Any]:
         lanes = {lane.name: {"active": lane.active, "waiting": lane.waiting}

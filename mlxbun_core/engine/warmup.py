@@ -5,6 +5,7 @@ tier's two rates. :func:`warm` times the warm-ups for the banner and ``/stats``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -24,15 +25,42 @@ if TYPE_CHECKING:
 log = logging.getLogger("mlxbun.engine")
 
 
+def kv_scheme(value: object, model: LoadedModel) -> kvquant.KVScheme:
+    """``--kv-quant``'s scheme for ``model`` (``config`` reads its kv_config.json); a
+    missing or malformed file stops the start with the reason."""
+    from ..kvquant.probe import KVQuantUnavailable
+
+    try:
+        return kvquant.parse(value, model.path)
+    except ValueError as exc:
+        raise KVQuantUnavailable(str(exc)) from None
+
+
 def check_kv(model: LoadedModel, kv: kvquant.KVScheme, admission: Admission,
              worker: ModelWorker) -> None:
     """Warn about a KV scheme the layout makes pointless; a quantized KV cache whose
     kernel this build lacks fails here, not mid-reply."""
     if warning := kvquant.startup_warning(kv, admission.layout):
         log.warning(warning)
-    if kv.bits and model.kind == "generate":
-        worker.run_sync(lambda: check_kernels(kv.bits or 8, kv.group_size,
+    if kv.enabled and not kv.turbo and model.kind == "generate":  # (turbo: float attention)
+        for bits in sorted({b for _, b, _ in kv.rules or ()} - {0} or {kv.bits or 8}):
+            worker.run_sync(functools.partial(check_kernels, bits, kv.group_size,
                                               model.config, model_dtype(model.model)))
+
+
+def kv_eligible(model: LoadedModel, kv: kvquant.KVScheme) -> list[bool] | None:
+    """Per cache index, whether a per-layer scheme (config, turbo) can quantize it: a
+    plain full-attention ``KVCache`` whose head dim divides into groups (None for the
+    uniform schemes, which the fit layout counts)."""
+    if not kv.enabled or kv.bits or model.kind != "generate":
+        return None
+    from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+    from ..library import fit
+
+    t = fit.text_config(model.config or {})
+    ok = fit.quantizable(t, "full", kv.group_size)
+    return [ok and type(c) is KVCache for c in make_prompt_cache(model.model)]
 
 
 def warm(model: LoadedModel, worker: ModelWorker, pacer: PrefillPacer) -> dict[str, Any]:

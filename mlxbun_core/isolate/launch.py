@@ -151,7 +151,10 @@ def run_parent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
                       model_keep_alive=model_keep_alive)
     print(f"mlxbun: isolated serving of {spec.id} · engine pool of {pool.cap} · "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
-    kv_bits = parse_kv_quant(getattr(args, "kv_quant", None)).bits
+    try:  # (the engine refuses a config it cannot read; /fit then bills the dtype)
+        kv_bits = parse_kv_quant(getattr(args, "kv_quant", None), spec.arg).bill_bits
+    except ValueError:
+        kv_bits = None
     from ..server.origin import CorsRules
 
     cors = CorsRules.from_values(args.cors or ())  # checked by startup.preflight already

@@ -14,7 +14,9 @@ writes one into a row's blocks and :meth:`Layout.export` reads a row's blocks ba
 fresh ones, through the cache classes' public constructors and attributes only.
 
 Under a KV scheme (``--kv-quant``) the layers mlx-lm quantizes (plain ``KVCache``) keep
-quantized blocks (``quantized.py``) and cross as mlx-lm's ``QuantizedKVCache``; the rest
+quantized blocks (``quantized.py``), each at the bits the scheme gives its cache index
+(``kv_config.json``), and cross as mlx-lm's ``QuantizedKVCache`` (rotated ones, turbo,
+as :class:`~mlxbun_core.kvquant.turbo.TurboKVCache`); the rest
 (sliding windows, ``CacheList`` parts) keep their dtype, as mlx-lm leaves them.
 
 With a journal (``journal.py``: a distributed serve's rank 0) a layout writes down every
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 
 from ...kvquant import OFF, KVScheme
+from ...kvquant.turbo import TurboKVCache
 from .quantized import QuantizedStore, layer_for
 from .states import StateOps, copy_state
 from .storage import LayerStore
@@ -90,15 +93,15 @@ class Layout:
 
     def __init__(self, slots: list[Slot], pool: BlockPool, kv: KVScheme = OFF,
                  journal: Journal | None = None):
-        if journal is not None and kv.bits:
+        if journal is not None and kv.enabled:
             raise ValueError("quantized KV blocks (--kv-quant) cannot be replayed by the "
                              "other ranks")
         self.slots, self.pool, self.journal = slots, pool, journal
         # a store per paged layer (a list of them for a CacheList), None for recurrent
         self.stores: list[Store | list[LayerStore] | None] = [
             None if s.kind != PAGED else
-            [LayerStore(pool) for _ in range(s.parts)] if s.parts else _store(s, pool, kv)
-            for s in slots]
+            [LayerStore(pool) for _ in range(s.parts)] if s.parts else _store(s, i, pool, kv)
+            for i, s in enumerate(slots)]
         self.recurrent = [i for i, s in enumerate(slots) if s.kind == RECURRENT]
         self.state_ops = StateOps([slots[i].size for i in self.recurrent], journal)
         self.name = journal.layout(self) if journal is not None else 0
@@ -218,10 +221,12 @@ class Layout:
         return out
 
 
-def _store(slot: Slot, pool: BlockPool, kv: KVScheme) -> Store:
-    """A layer's store: quantized blocks where mlx-lm quantizes (plain full attention)."""
-    if kv.bits and slot.window is None:
-        return QuantizedStore(pool, kv.bits, kv.group_size)
+def _store(slot: Slot, index: int, pool: BlockPool, kv: KVScheme) -> Store:
+    """Layer ``index``'s store: quantized blocks where mlx-lm quantizes (plain full
+    attention), at the bits the scheme gives that layer."""
+    spec = kv.layer(index) if slot.window is None else None
+    if spec is not None:
+        return QuantizedStore(pool, spec.keys, spec.group_size, spec.values, spec.rotate)
     return LayerStore(pool)
 
 
@@ -258,6 +263,11 @@ def _export_kv(store: Store, slot: Slot, table: BlockTable) -> Any:
         if not table.length:  # nothing held: fresh, as mlx-lm's before its first pass
             return KVCache()
         qk, qv = store.export(table.blocks, table.length)
+        if store.rotate:
+            turbo = TurboKVCache(store.bits, store.value_bits, store.group_size)
+            turbo.state = (qk, qv, table.length, store.group_size, store.bits,
+                           store.value_bits)
+            return turbo
         return QuantizedKVCache.from_state((qk, qv, table.length, store.group_size,
                                             store.bits))
     k, v = store.export(table.blocks, table.length)

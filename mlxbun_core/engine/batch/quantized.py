@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from ...kvquant import quantizable
+from ...kvquant import quantizable, rotatable_dims
+from ...kvquant.turbo import encode, restore
 from .storage import LayerStore, _gather
 from .view import PagedLayer
 
@@ -42,8 +43,11 @@ class QuantizedStore:
     """One full-attention layer's quantized keys and values for every block of ``pool``:
     ``parts`` holds the keys' triple then the values', each ``(slots, heads, ·)``."""
 
-    def __init__(self, pool: BlockPool, bits: int, group_size: int):
+    def __init__(self, pool: BlockPool, bits: int, group_size: int,
+                 value_bits: int | None = None, rotate: bool = False):
         self.pool, self.bits, self.group_size = pool, bits, group_size
+        # turbo (``kvquant.turbo``): values at their own bits, both rotated first
+        self.value_bits, self.rotate = value_bits or bits, rotate
         self.parts: list[mx.array] = []
         self.plain = LayerStore(pool)  # used instead when the head dims do not divide
         self.quantized: bool | None = None  # decided by the first write
@@ -80,7 +84,7 @@ class QuantizedStore:
         if not self.quantized:
             assert isinstance(keys, mx.array) and isinstance(values, mx.array)
             return self.plain.write(slots, keys, values)
-        parts = [*self._quantized(keys), *self._quantized(values)]
+        parts = [*self._quantized(keys, self.bits), *self._quantized(values, self.value_bits)]
         if not self.parts:
             size = self.pool.capacity * self.pool.block_size
             self.parts = [mx.zeros((size, p.shape[1], p.shape[-1]), p.dtype) for p in parts]
@@ -93,12 +97,16 @@ class QuantizedStore:
             self.quantized = True
             return
         assert isinstance(values, mx.array)
-        self.quantized = quantizable((keys.shape[-1], values.shape[-1]), self.group_size)
+        dims = (keys.shape[-1], values.shape[-1])
+        self.quantized = quantizable(dims, self.group_size) and (
+            not self.rotate or rotatable_dims(dims))
 
-    def _quantized(self, x: mx.array | Triple) -> Triple:
+    def _quantized(self, x: mx.array | Triple, bits: int) -> Triple:
         if isinstance(x, tuple):
             return x
-        packed, scales, biases = mx.quantize(x, group_size=self.group_size, bits=self.bits)
+        if self.rotate:
+            return encode(x, bits, self.group_size)
+        packed, scales, biases = mx.quantize(x, group_size=self.group_size, bits=bits)
         return packed, scales, biases
 
     def gather(self, blocks: mx.array) -> tuple[Triple, Triple]:
@@ -184,6 +192,27 @@ class QuantizedLayer(_PassLayer):
         return self.blocks.gather(self.view.blocks)
 
 
+class RotatedLayer(_PassLayer):
+    """A turbo layer's cache for a pass over rows that hold KV already: new keys are
+    rotated and quantized into their slots, and attention reads the rows' blocks
+    dequantized and turned back, in the activation dtype (no ``bits``: mlx-lm's
+    float attention)."""
+
+    def __init__(self, store: QuantizedStore, view: Window, window: int | None):
+        super().__init__(store, view)
+        self.blocks, self.window = store, window
+
+    def make_mask(self, n: int, return_array: bool = False,
+                  window_size: int | None = None, **_: Any) -> mx.array:
+        return self.view.mask(window_size or self.window)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        s = self.blocks
+        s.write(self.view.write_slots, keys, values)
+        k, v = s.gather(self.view.blocks)
+        return restore(k, s.bits, s.group_size), restore(v, s.value_bits, s.group_size)
+
+
 class FirstPassLayer(_PassLayer):
     """Any paged layer's cache for a pass whose rows all start empty, under a KV scheme:
     the keys go to their slots (quantized where the store quantizes), and the pass
@@ -232,4 +261,4 @@ def layer_for(store: LayerStore | QuantizedStore, view: Window, window: int | No
     if store.quantized is False:
         return PagedLayer(store.plain, view, window)
     assert store.quantized, "rows hold KV that was never written"
-    return QuantizedLayer(store, view)
+    return RotatedLayer(store, view, window) if store.rotate else QuantizedLayer(store, view)

@@ -109,7 +109,7 @@ class BatchLane(Results):
         # rows drafting with the model's MTP head (speculate/mtp_batch.py); none under a KV
         # scheme (the engine has such requests decode plainly, admission bills no head) or
         # a journal (the distributed engine has no head)
-        self.predictor = predictor if not kv.bits and self.journal is None else None
+        self.predictor = predictor if not kv.enabled and self.journal is None else None
         self.mtp = MtpBatch(self.predictor) if self.predictor is not None else None
         self._solo.predictor = self.predictor  # a lone MTP job drafts there (solo_mtp.py)
         # memory: the measured budget, preemption, waits and faults (pressure.py)

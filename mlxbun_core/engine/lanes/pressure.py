@@ -185,7 +185,7 @@ class Relief:
     def _note_first(self, batch: Batch, uid: int, job: GenerationJob) -> None:
         """Keep what row ``uid``'s first pass read on its job, for a row recomputed
         under a KV scheme to read as much first (``Row.first_kept``)."""
-        if self.kv.bits and not job.first_pass:
+        if self.kv.enabled and not job.first_pass:
             job.first_pass = batch.rows[uid].first_kept
 
     def _preempt_solo(self) -> int:
