@@ -224,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     return {"plugins": cmd_plugins, "convert": cmd_convert, "ls": cmd_ls, "fit": cmd_fit,
             "download": hub_cli.cmd_download, "get": hub_cli.cmd_download,
-            "upload": hub_cli.cmd_upload, "gc": hub_cli.cmd_gc,
+            "upload": hub_cli.cmd_upload, "gc": hub_cli.cmd_gc, "scan": hub_cli.cmd_scan,
             "cache": cache_verb.cmd_cache}[args.command](args)
 
 
