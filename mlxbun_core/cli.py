@@ -1,6 +1,7 @@
 """The ``mlxbun`` command: serve a model (also bare ``mlxbun``), list local models, assess
-fit, list plugins, convert GGUF files, chat in the terminal (``console/``); plugins add verbs
-through ``register_commands`` (the web app: ``train``, ``quantize``, ``memory``)."""
+fit, list plugins, convert checkpoints and GGUF files, chat in the terminal (``console/``);
+plugins add verbs through ``register_commands`` (the web app: ``train``, ``quantize``,
+``memory``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from .console import cache_verb, transcribe
+from .console import convert as convert_verb
 from .console import embed as embed_verb
 from .console import generate as generate_verb
 from .console import perplexity as perplexity_verb
@@ -50,9 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("plugins", help="list installed plugins and the hooks they implement")
 
-    c = sub.add_parser("convert", help="convert a GGUF file to an MLX checkpoint directory")
-    c.add_argument("gguf")
-    c.add_argument("out")
+    convert_verb.add_parser(sub)
 
     from . import plugins
     from .config.show import add_parser as add_config_parser
@@ -169,13 +169,6 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_convert(args: argparse.Namespace) -> int:
-    from .models.gguf import convert_gguf
-
-    print(convert_gguf(args.gguf, args.out))
-    return 0
-
-
 @quiet_on_closed_pipe
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
@@ -222,8 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_chat(args) if args.command == "chat" else console_verbs.cmd_help(args, parser)
     from .hub import cli as hub_cli
 
-    return {"plugins": cmd_plugins, "convert": cmd_convert, "ls": cmd_ls, "fit": cmd_fit,
-            "download": hub_cli.cmd_download, "get": hub_cli.cmd_download,
+    return {"plugins": cmd_plugins, "convert": convert_verb.cmd_convert, "ls": cmd_ls,
+            "fit": cmd_fit, "download": hub_cli.cmd_download, "get": hub_cli.cmd_download,
             "upload": hub_cli.cmd_upload, "gc": hub_cli.cmd_gc, "scan": hub_cli.cmd_scan,
             "cache": cache_verb.cmd_cache}[args.command](args)
 
