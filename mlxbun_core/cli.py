@@ -39,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("positional", nargs="?", default=None, metavar="model")
     add_selection_flags(f)
     f.add_argument("--ctx", type=int, default=None, help="context length to assess")
-    add_kv_quant_flag(f, default="off", alias="--kv-bits")
+    add_kv_quant_flag(f, default="off", alias="--kv-bits", extra=("config",))
+    f.add_argument("--skus", action="store_true",
+                   help="also the Apple silicon lineup: fits, max context, decode rate each")
     f.add_argument("--memory-budget", type=float, default=None, metavar="GB",
                    help="assess against this budget instead of the machine's usable memory")
     f.add_argument("--ranks", type=int, default=1, metavar="N",
@@ -112,10 +114,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def cmd_fit(args: argparse.Namespace) -> int:
     import json
 
-    from .kvquant import parse
     from .library import checkpoint
     from .library.fit import machine
-    from .library.report import fit_report, fit_text
+    from .library.report import fit_report, fit_text, sku_text
     from .models.resolve import ModelNotFound
     from .selection import chosen_model, report_selection_error, resolve
 
@@ -137,8 +138,13 @@ def cmd_fit(args: argparse.Namespace) -> int:
         per_rank = rank_weight_bytes(weights.total_bytes,
                                      replicated_bytes(config, weights.dtypes), args.ranks)
         config = rank_config(config, args.ranks, mode)
+    try:
+        kv_bits = fit_kv_bits(args.kv_quant, resolved.path, config)
+    except ValueError as exc:
+        print(f"mlxbun: fit: {exc}", file=sys.stderr)
+        return 2
     r = fit_report(config, weights, machine(), context=args.ctx, budget_bytes=budget,
-                   kv_bits=parse(args.kv_quant).bits, weights_bytes=per_rank)
+                   kv_bits=kv_bits, weights_bytes=per_rank)
     if args.ranks > 1:
         r["ranks"] = {"count": args.ranks, "mode": "pipeline" if args.pipeline else "tensor",
                       "weights_bytes_per_rank": per_rank}
@@ -146,10 +152,23 @@ def cmd_fit(args: argparse.Namespace) -> int:
         print(json.dumps({"model": resolved.model_id, **r}))
         return 0
     print(fit_text(resolved.model_id, r))
+    if args.skus:
+        print(sku_text(r))
     if args.ranks > 1:
         print(f"  per rank          1 of {args.ranks} ranks ({r['ranks']['mode']} parallel): "
               "weights and KV above are one machine's share")
     return 0
+
+
+def fit_kv_bits(kv_quant: str, model_dir, config: dict):
+    """``--kv-quant`` as ``fit`` bills it: uniform bits, or ``config``'s per-layer bits."""
+    from .kvquant import parse
+    from .library import kv_config
+    from .library.fit import text_config
+
+    if kv_quant != "config":
+        return parse(kv_quant).bits
+    return kv_config.read(model_dir, int(text_config(config).get("num_hidden_layers") or 0))
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:

@@ -331,11 +331,13 @@ def add_pool_flags(s: argparse.ArgumentParser) -> None:
                         "env MLXBUN_CONFIG); flags and MLXBUN_* variables win over it")
 
 
-def add_kv_quant_flag(p: argparse.ArgumentParser, default: str, alias: str = "") -> None:
+def add_kv_quant_flag(p: argparse.ArgumentParser, default: str, alias: str = "",
+                      extra: tuple[str, ...] = ()) -> None:
     """``--kv-quant off|4|8``: uniform affine KV quantization, group 64, mlx-lm's
-    ``kv_bits`` scheme (``fit`` also takes its older spelling, ``--kv-bits``)."""
+    ``kv_bits`` scheme (``fit`` also takes its older spelling, ``--kv-bits``, and
+    ``config``: the model's per-layer ``kv_config.json``)."""
     p.add_argument("--kv-quant", *([alias] if alias else []), dest="kv_quant", default=default,
-                   choices=("off", "4", "8"),
+                   choices=("off", "4", "8", *extra),
                    help="KV-cache quantization: off (the model's dtype, default), 4 or 8 bits "
                         "(group 64, mlx-lm's kv_bits scheme): less memory per token, a longer "
                         "max safe context, somewhat slower decode")
