@@ -9,6 +9,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from .console import bench as bench_verb
 from .console import cache_verb, transcribe
 from .console import convert as convert_verb
 from .console import embed as embed_verb
@@ -70,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate_verb.add_parser(sub)
     embed_verb.add_parser(sub)
     perplexity_verb.add_parser(sub)
+    bench_verb.add_parsers(sub)
     plugins.hook().register_commands(subparsers=sub)  # the web app's verbs, installed plugins'
     return p
 
