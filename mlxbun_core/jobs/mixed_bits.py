@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -50,7 +50,8 @@ def quantizable(model: nn.Module, group_size: int) -> dict[str, nn.Module]:
     import mlx.nn as nn
     from mlx.utils import tree_flatten
 
-    leaves = tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module)
+    leaves = cast("list[tuple[str, nn.Module]]",
+                  tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module))
     return {k: m for k, m in leaves if hasattr(m, "to_quantized")
             and m.weight.shape[-1] % group_size == 0}
 
@@ -66,7 +67,8 @@ def data_free_sensitivities(layers: dict[str, nn.Module], low: int, high: int,
     out = {}
     for path, layer in layers.items():
         w = layer.weight.astype(mx.float32)
-        out[path] = mx.mean(mx.square(qdq(w, low) - qdq(w, high))).item()
+        diff = mx.mean(mx.square(qdq(w, low) - qdq(w, high))).astype(mx.float32)
+        out[path] = float(cast("float", diff.item()))
     return out
 
 
@@ -129,8 +131,6 @@ def target_plan(model_dir: Path, target_bpw: float, *, bits: tuple[int, int] = (
                 group_size: int = 64, calibration: Path | None = None,
                 samples: int = 32) -> Plan:
     """Load ``model_dir`` and plan its mixed bits (calibrated when ``calibration`` is given)."""
-    from typing import cast
-
     from mlx_lm.utils import load
 
     low, high = bits

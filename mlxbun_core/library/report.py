@@ -60,8 +60,9 @@ def fit_report(config: dict, weights: checkpoint.Weights, machine: Machine, *,
                                                       machine.bandwidth_gbs),
            "measured_decode_tps": None, "measured_at": None, "report": report}
     if skus:
-        out["sku_matrix_ctx"] = context or SKU_CONTEXT  # an asked context, else 32k
-        out["sku_matrix"] = sku_matrix(config, weights, kv_bits, out["sku_matrix_ctx"])
+        sku_ctx = context or SKU_CONTEXT  # an asked context, else 32k
+        out["sku_matrix_ctx"] = sku_ctx
+        out["sku_matrix"] = sku_matrix(config, weights, kv_bits, sku_ctx)
     return out
 
 
