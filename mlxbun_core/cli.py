@@ -1,6 +1,7 @@
 """The ``mlxbun`` command: serve a model (also bare ``mlxbun``), list local models, assess
-fit, list plugins, convert GGUF files, chat in the terminal (``console/``); plugins add verbs
-through ``register_commands`` (the web app: ``train``, ``quantize``, ``memory``)."""
+fit, list plugins, convert checkpoints and GGUF files, chat in the terminal (``console/``);
+plugins add verbs through ``register_commands`` (the web app: ``train``, ``quantize``,
+``memory``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from .console import bench as bench_verb
 from .console import cache_verb, dictate, transcribe
+from .console import convert as convert_verb
 from .console import embed as embed_verb
 from .console import generate as generate_verb
 from .console import perplexity as perplexity_verb
@@ -37,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("positional", nargs="?", default=None, metavar="model")
     add_selection_flags(f)
     f.add_argument("--ctx", type=int, default=None, help="context length to assess")
-    add_kv_quant_flag(f, default="off", alias="--kv-bits")
+    add_kv_quant_flag(f, default="off", alias="--kv-bits", extra=("config",))
+    f.add_argument("--skus", action="store_true",
+                   help="also the Apple silicon lineup: fits, max context, decode rate each")
     f.add_argument("--memory-budget", type=float, default=None, metavar="GB",
                    help="assess against this budget instead of the machine's usable memory")
     f.add_argument("--ranks", type=int, default=1, metavar="N",
@@ -50,9 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("plugins", help="list installed plugins and the hooks they implement")
 
-    c = sub.add_parser("convert", help="convert a GGUF file to an MLX checkpoint directory")
-    c.add_argument("gguf")
-    c.add_argument("out")
+    convert_verb.add_parser(sub)
 
     from . import plugins
     from .config.show import add_parser as add_config_parser
@@ -69,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate_verb.add_parser(sub)
     embed_verb.add_parser(sub)
     perplexity_verb.add_parser(sub)
+    bench_verb.add_parsers(sub)
     plugins.hook().register_commands(subparsers=sub)  # the web app's verbs, installed plugins'
     return p
 
@@ -113,10 +117,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def cmd_fit(args: argparse.Namespace) -> int:
     import json
 
-    from .kvquant import parse
     from .library import checkpoint
     from .library.fit import machine
-    from .library.report import fit_report, fit_text
+    from .library.report import fit_report, fit_text, sku_text
     from .models.resolve import ModelNotFound
     from .selection import chosen_model, report_selection_error, resolve
 
@@ -138,8 +141,13 @@ def cmd_fit(args: argparse.Namespace) -> int:
         per_rank = rank_weight_bytes(weights.total_bytes,
                                      replicated_bytes(config, weights.dtypes), args.ranks)
         config = rank_config(config, args.ranks, mode)
+    try:
+        kv_bits = fit_kv_bits(args.kv_quant, resolved.path, config)
+    except ValueError as exc:
+        print(f"mlxbun: fit: {exc}", file=sys.stderr)
+        return 2
     r = fit_report(config, weights, machine(), context=args.ctx, budget_bytes=budget,
-                   kv_bits=parse(args.kv_quant).bits, weights_bytes=per_rank)
+                   kv_bits=kv_bits, weights_bytes=per_rank)
     if args.ranks > 1:
         r["ranks"] = {"count": args.ranks, "mode": "pipeline" if args.pipeline else "tensor",
                       "weights_bytes_per_rank": per_rank}
@@ -147,10 +155,23 @@ def cmd_fit(args: argparse.Namespace) -> int:
         print(json.dumps({"model": resolved.model_id, **r}))
         return 0
     print(fit_text(resolved.model_id, r))
+    if args.skus:
+        print(sku_text(r))
     if args.ranks > 1:
         print(f"  per rank          1 of {args.ranks} ranks ({r['ranks']['mode']} parallel): "
               "weights and KV above are one machine's share")
     return 0
+
+
+def fit_kv_bits(kv_quant: str, model_dir, config: dict):
+    """``--kv-quant`` as ``fit`` bills it: uniform bits, or ``config``'s per-layer bits."""
+    from .kvquant import parse
+    from .library import kv_config
+    from .library.fit import text_config
+
+    if kv_quant != "config":
+        return parse(kv_quant).bits
+    return kv_config.read(model_dir, int(text_config(config).get("num_hidden_layers") or 0))
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -167,13 +188,6 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         print(f"{row['name']} ({origin}){family}{status}")
         if row["hooks"]:
             print("  hooks: " + ", ".join(row["hooks"]))
-    return 0
-
-
-def cmd_convert(args: argparse.Namespace) -> int:
-    from .models.gguf import convert_gguf
-
-    print(convert_gguf(args.gguf, args.out))
     return 0
 
 
@@ -223,9 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_chat(args) if args.command == "chat" else console_verbs.cmd_help(args, parser)
     from .hub import cli as hub_cli
 
-    return {"plugins": cmd_plugins, "convert": cmd_convert, "ls": cmd_ls, "fit": cmd_fit,
-            "download": hub_cli.cmd_download, "get": hub_cli.cmd_download,
-            "upload": hub_cli.cmd_upload, "gc": hub_cli.cmd_gc,
+    return {"plugins": cmd_plugins, "convert": convert_verb.cmd_convert, "ls": cmd_ls,
+            "fit": cmd_fit, "download": hub_cli.cmd_download, "get": hub_cli.cmd_download,
+            "upload": hub_cli.cmd_upload, "gc": hub_cli.cmd_gc, "scan": hub_cli.cmd_scan,
             "cache": cache_verb.cmd_cache}[args.command](args)
 
 

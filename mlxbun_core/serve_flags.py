@@ -331,14 +331,18 @@ def add_pool_flags(s: argparse.ArgumentParser) -> None:
                         "env MLXBUN_CONFIG); flags and MLXBUN_* variables win over it")
 
 
-def add_kv_quant_flag(p: argparse.ArgumentParser, default: str, alias: str = "") -> None:
+def add_kv_quant_flag(p: argparse.ArgumentParser, default: str, alias: str = "",
+                      extra: tuple[str, ...] = ()) -> None:
     """``--kv-quant off|4|8``: uniform affine KV quantization, group 64, mlx-lm's
-    ``kv_bits`` scheme (``fit`` also takes its older spelling, ``--kv-bits``); ``serve``
-    also takes ``config[:PATH]`` (per-layer bits, kv_config.json) and ``turbo[:kXvY]``."""
-    if alias:  # fit: the uniform schemes
+    ``kv_bits`` scheme (``fit`` also takes its older spelling, ``--kv-bits``, and the
+    ``extra`` choices it bills: ``config``); ``serve`` also takes ``config[:PATH]``
+    (per-layer bits, kv_config.json) and ``turbo[:kXvY]``."""
+    if alias:  # fit: the uniform schemes and the caller's extra ones
         p.add_argument("--kv-quant", alias, dest="kv_quant", default=default,
-                       choices=("off", "4", "8"),
-                       help="bill the KV cache at off (the model's dtype), 4 or 8 bits")
+                       choices=("off", "4", "8", *extra),
+                       help="bill the KV cache at off (the model's dtype), 4 or 8 bits"
+                            + (", or config (each layer at its kv_config.json bits)"
+                               if "config" in extra else ""))
         return
     p.add_argument("--kv-quant", dest="kv_quant", default=default, type=_kv_quant,
                    metavar="off|4|8|config[:PATH]|turbo[:kXvY]",

@@ -49,6 +49,9 @@ def add_parsers(sub) -> None:
     q.add_argument("--mode", default="affine", help="affine, mxfp4, nvfp4 or mxfp8")
     q.add_argument("--recipe", default=None, help="mixed precision: mixed_2_6, mixed_3_4, "
                                                   "mixed_3_6 or mixed_4_6")
+    q.add_argument("--target-bpw", type=float, default=None, metavar="BPW",
+                   help="mixed precision to a size: layers raised from --bits to 8 bits, the "
+                        "most sensitive first, until the model has this many bits per weight")
     q.add_argument("--out", default=None, help="output dir (default: <home>/models/<name>-<q>)")
 
     from . import fuse, watch
@@ -107,7 +110,8 @@ def cmd_quantize(args) -> int:
     from . import quantize
 
     body = {"model_id": args.model, "bits": args.bits, "group_size": args.group_size,
-            "mode": args.mode, "recipe": args.recipe, "output_dir": args.out}
+            "mode": args.mode, "recipe": args.recipe, "output_dir": args.out,
+            "target_bpw": args.target_bpw}
     try:
         config = quantize.prepare(body, mlxbun_home())
     except APIError as exc:

@@ -2,7 +2,8 @@
 
 Uniform quantization takes ``bits`` (2, 3, 4, 5, 6, 8) and ``group_size`` (32, 64,
 128) in any of mlx-lm's modes (affine, mxfp4, nvfp4, mxfp8); mixed precision is
-mlx-lm's recipes (``recipe``: mixed_2_6, mixed_3_4, mixed_3_6, mixed_4_6). The
+mlx-lm's recipes (``recipe``: mixed_2_6, mixed_3_4, mixed_3_6, mixed_4_6) or a size
+(``target_bpw``: layers raised from ``bits`` to 8 bits, :mod:`.mixed_bits`). The
 output is a plain checkpoint directory under ``<home>/models/`` (where mlxbun's
 library lists its own models) that ``mlxbun serve <dir>`` loads.
 """
@@ -89,10 +90,12 @@ def prepare(body: dict, home: Path) -> dict:
     """A submit record checked (400s) and completed with its output directory."""
     if not body.get("model_id"):
         raise BadRequest("model_id required")
-    if body.get("target_bpw") is not None:
-        raise BadRequest("target_bpw needs a calibrated mixed-precision search, which is not "
-                         f"available offline; use recipe ({', '.join(RECIPES)}) or bits",
-                         param="target_bpw")
+    target = body.get("target_bpw")
+    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))
+                               or not 2 <= target <= 16 or body.get("recipe")
+                               or body.get("mode", "affine") != "affine"):
+        raise BadRequest("target_bpw is a number of bits per weight (2 to 16), affine mode, "
+                         "without a recipe", param="target_bpw")
     path = locate(body["model_id"])
     why = _unsupported(read_json(path / "config.json"))
     if why:
@@ -107,7 +110,8 @@ def prepare(body: dict, home: Path) -> dict:
         raise BadRequest(f"mode must be one of {MODES}", param="mode")
     if recipe is not None and (recipe not in RECIPES or mode != "affine"):
         raise BadRequest(f"recipe must be one of {RECIPES} (affine mode only)", param="recipe")
-    suffix = recipe or (f"{bits}bit" if mode == "affine" else mode) + (
+    suffix = recipe or (f"{target:g}bpw" if target is not None else None) or (
+        f"{bits}bit" if mode == "affine" else mode) + (
         "" if group == 64 else f"-g{group}")
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", source_name(path))[:80]
     out = body.get("output_dir") or home / "models" / f"{name}-{suffix}"
@@ -117,7 +121,8 @@ def prepare(body: dict, home: Path) -> dict:
     if out.exists():
         raise BadRequest(f"output_dir: {out} already exists", param="output_dir")
     return {"model_id": body["model_id"], "model_dir": str(path), "bits": bits,
-            "group_size": group, "mode": mode, "recipe": recipe, "output_dir": str(out)}
+            "group_size": group, "mode": mode, "recipe": recipe, "output_dir": str(out),
+            "target_bpw": target}
 
 
 def source_name(path: Path) -> str:
@@ -170,6 +175,12 @@ def _quantized(config: dict) -> tuple[nn.Module, TokenizerWrapper, dict[str, Any
         # mlx-lm annotates the builder's result with a third parameter its predicate lacks
         predicate = cast("QuantPredicate", mixed_quant_predicate_builder(
             recipe, model, config["group_size"]))
+    elif config.get("target_bpw") is not None:  # the job's bits, raised to 8 where it pays
+        from .mixed_bits import data_free_sensitivities, plan, quantizable
+
+        group, low = config["group_size"], config["bits"]
+        sens = data_free_sensitivities(quantizable(model, group), low, 8, group)
+        predicate = plan(model, config["target_bpw"], sens, low, 8, group).predicate()
     dtype = cfg.get("torch_dtype") or (cfg.get("text_config") or {}).get("dtype")
     if dtype in MODEL_CONVERSION_DTYPES:
         target = getattr(mx, dtype)

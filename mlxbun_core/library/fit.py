@@ -59,6 +59,10 @@ __all__ = ["KVLayout", "MemoryPlan", "Machine", "text_config", "activation_bytes
            "machine", "predicted_decode_tps", "context_window", "BatchPlan", "batch_plan"]
 
 
+KVBits = int | tuple[tuple[int, int] | None, ...] | None
+"""Uniform bits, per-layer ``(bits, group)`` (None: unquantized), or no quantization."""
+
+
 def kv_element_bytes(dtype_bytes: int = 2, bits: int | None = None, group_size: int = 64) -> float:
     """Bytes per cached K/V element: the activation dtype, or a ``bits``-bit quantized cache
     (mlx-lm's QuantizedKVCache keeps a scale and a bias per group in the activation dtype)."""
@@ -162,33 +166,42 @@ def _linear_state_bytes(t: dict, act: int) -> int:
 
 
 def kv_layout(config: dict, element_bytes: float | None = None, *,
-              kv_bits: int | None = None, group_size: int = 64) -> KVLayout:
+              kv_bits: KVBits = None, group_size: int = 64) -> KVLayout:
     """The cache cost of ``config`` at ``element_bytes`` per K/V element (default: its dtype);
-    with ``kv_bits``, the layers mlx-lm quantizes cost the quantized size (module doc)."""
+    with ``kv_bits``, the layers mlx-lm quantizes cost the quantized size (module doc). A
+    tuple of per-layer ``(bits, group)`` (a ``kv_config.json``) bills each layer its own."""
     t = text_config(config)
     act = activation_bytes(config)
     e = float(element_bytes if element_bytes is not None else act)
-    eq = kv_element_bytes(act, kv_bits, group_size) if kv_bits else e
     full, fixed, quantized = 0.0, 0, 0
     windows: dict[int, float] = {}  # window tokens -> bytes per token
     counts: dict[str, int] = {}  # layer kind -> layers
-    for kind in _layer_kinds(t):
+    for i, kind in enumerate(_layer_kinds(t)):
         counts[kind] = counts.get(kind, 0) + 1
+        bits, group = _layer_bits(kv_bits, i, group_size)
         if kind == "full":
-            q = bool(kv_bits) and quantizable(t, kind, group_size)
+            q = bool(bits) and quantizable(t, kind, group)
             quantized += q
-            full += _attention_bytes(t, kind, eq if q else e)
+            full += _attention_bytes(t, kind, kv_element_bytes(act, bits, group) if q else e)
         elif kind == "sliding":
             w = int(t["sliding_window"])
             windows[w] = windows.get(w, 0.0) + _attention_bytes(t, kind, e)
         elif kind == "linear":
             fixed += _linear_state_bytes(t, act)
     return KVLayout(full, tuple(sorted(windows.items())), fixed, counts, quantized,
-                    kv_bits if quantized else None)
+                    kv_bits if quantized and isinstance(kv_bits, int) else None)
+
+
+
+def _layer_bits(kv_bits: KVBits, layer: int, group_size: int) -> tuple[int | None, int]:
+    if isinstance(kv_bits, tuple):
+        chosen = kv_bits[layer] if layer < len(kv_bits) else None
+        return chosen if chosen else (None, group_size)
+    return kv_bits, group_size
 
 
 def kv_bytes_per_token(config: dict, element_bytes: float | None = None, *,
-                       kv_bits: int | None = None) -> float:
+                       kv_bits: KVBits = None) -> float:
     """Marginal KV bytes per token below every sliding window (see the module formula)."""
     return kv_layout(config, element_bytes, kv_bits=kv_bits).bytes_per_token
 
@@ -228,7 +241,7 @@ def _need(config, kv: KVLayout, weights: int, tokens: int) -> int:
 
 
 def plan(config: dict, weights_bytes: int, budget_bytes: int, *, context: int | None = None,
-         element_bytes: float | None = None, kv_bits: int | None = None,
+         element_bytes: float | None = None, kv_bits: KVBits = None,
          extra_bytes_per_token: float = 0) -> MemoryPlan:
     """The memory plan of ``config`` with ``weights_bytes`` of weights under ``budget_bytes``.
 

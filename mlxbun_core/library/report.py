@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from ..kvquant import KVScheme
 from . import checkpoint
-from .fit import DECODE_EFFICIENCY, Machine, activation_dtype, plan, predicted_decode_tps
+from .fit import (
+    DECODE_EFFICIENCY,
+    KVBits,
+    Machine,
+    activation_dtype,
+    plan,
+    predicted_decode_tps,
+)
 
 TYPICAL_CONTEXT = 8192
 SKU_CONTEXT = 32768
@@ -25,7 +32,7 @@ APPLE_SKUS = (
 
 def fit_report(config: dict, weights: checkpoint.Weights, machine: Machine, *,
                context: int | None = None, budget_bytes: int | None = None,
-               kv_bits: int | None = None, weights_bytes: int | None = None,
+               kv_bits: KVBits = None, weights_bytes: int | None = None,
                ceiling: int | None = None, skus: bool = True) -> dict:
     """``GET /fit``: the plan at ``context`` (default: the admission ceiling) on this machine.
 
@@ -46,29 +53,41 @@ def fit_report(config: dict, weights: checkpoint.Weights, machine: Machine, *,
                   predicted_decode_tps=predicted_decode_tps(active, p.kv_bytes,
                                                             machine.bandwidth_gbs))
     out = {"machine": machine.describe(), "context_tokens": at,
-           "kv_quant": KVScheme(kv_bits).mode(activation_dtype(config)),
+           "kv_quant": "mixed (kv_config.json)" if isinstance(kv_bits, tuple) else
+           KVScheme(kv_bits).mode(activation_dtype(config)),
            "typical_context_tokens": typical,
            "typical_decode_tps": predicted_decode_tps(active, p.kv.bytes_at(typical),
                                                       machine.bandwidth_gbs),
            "measured_decode_tps": None, "measured_at": None, "report": report}
     if skus:
-        out["sku_matrix_ctx"] = SKU_CONTEXT
-        out["sku_matrix"] = sku_matrix(config, weights, kv_bits)
+        sku_ctx = context or SKU_CONTEXT  # an asked context, else 32k
+        out["sku_matrix_ctx"] = sku_ctx
+        out["sku_matrix"] = sku_matrix(config, weights, kv_bits, sku_ctx)
     return out
 
 
-def sku_matrix(config: dict, weights: checkpoint.Weights,
-               kv_bits: int | None = None) -> list[dict]:
+def sku_matrix(config: dict, weights: checkpoint.Weights, kv_bits: KVBits = None,
+               context: int = SKU_CONTEXT) -> list[dict]:
     active = checkpoint.active_weight_bytes(config, weights)
     rows = []
     for sku, ram_gb, gbs in APPLE_SKUS:
         usable = int(ram_gb * (1 << 30) * SKU_WIRED_SHARE)
-        p = plan(config, weights.total_bytes, usable, context=SKU_CONTEXT, kv_bits=kv_bits)
+        p = plan(config, weights.total_bytes, usable, context=context, kv_bits=kv_bits)
         rows.append({"sku": sku, "ram_gb": ram_gb, "fits": p.fits,
                      "max_context": p.max_safe_context,
                      "decode_tps": predicted_decode_tps(active, p.kv_bytes, gbs,
                                                         DECODE_EFFICIENCY)})
     return rows
+
+
+def sku_text(r: dict) -> str:
+    """``fit --skus``: the Apple silicon lineup at the report's SKU context."""
+    lines = [f"  Apple silicon at {r['sku_matrix_ctx']} tokens ({r['kv_quant']} KV):"]
+    for row in r["sku_matrix"]:
+        verdict = "fits" if row["fits"] else "does NOT fit"
+        lines.append(f"    {row['sku']:<24} {row['ram_gb']:>4} GB  {verdict:<12} max "
+                     f"{row['max_context']:>7} tokens  ~{row['decode_tps']} tok/s")
+    return "\n".join(lines)
 
 
 def assessment(entry, machine: Machine) -> dict | None:

@@ -1,4 +1,5 @@
-"""``mlxbun memory``: init, status, list, search, read, links and synthesize from a terminal.
+"""``mlxbun memory``: init, status, list, search, read, toc, section, links, open, link and
+synthesize from a terminal.
 
 The same vault and synthesis the server's routes use. ``synthesize`` loads the model itself
 (``--model``, default: the embedded one) unless ``--dry-run``, which needs none. The saved
@@ -35,8 +36,19 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     s = msub.add_parser("search", help="search the vault")
     s.add_argument("query", nargs="+")
     s.add_argument("--limit", type=int, default=20)
-    for name, text in (("read", "print an article"), ("links", "an article's wikilinks")):
+    for name, text in (("read", "print an article"), ("links", "an article's wikilinks"),
+                       ("toc", "an article's headings and their anchors")):
         msub.add_parser(name, help=text).add_argument("article")
+    sec = msub.add_parser("section", help="print one section of an article, by its anchor")
+    sec.add_argument("article")
+    sec.add_argument("anchor", help="as `toc` lists it (the heading's words, lower case, "
+                                    "joined by -)")
+    o = msub.add_parser("open", aliases=["browse"], help="open the vault, or one article, "
+                        "with the system's opener (prints the path too)")
+    o.add_argument("article", nargs="?", default=None)
+    k = msub.add_parser("link", help="link first mentions of other articles and rebuild "
+                        "See also (no model)")
+    k.add_argument("--limit", type=int, default=None, help="at most this many articles")
     y = msub.add_parser("synthesize", aliases=["pipeline", "all"],
                         help="saved chats -> articles, with the model")
     y.add_argument("--dry-run", action="store_true", help="plan only: no model, no writes")
@@ -48,13 +60,19 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 def cmd_memory(args: argparse.Namespace, conversations: Conversations) -> int:
     vault = Vault(args.root)
-    command = {"setup": "init", "pipeline": "synthesize", "all": "synthesize"}.get(
-        args.memory_command, args.memory_command or "status")
+    command = {"setup": "init", "pipeline": "synthesize", "all": "synthesize",
+               "browse": "open"}.get(args.memory_command, args.memory_command or "status")
     try:
         if command == "init":
             _print(vars(vault.setup()))
         elif command == "synthesize":
             return _synthesize(vault, args, conversations)
+        elif command in ("open", "link"):
+            from .verbs import cmd_link, cmd_open
+
+            vault.require()
+            return cmd_open(vault, args.article) if command == "open" else cmd_link(
+                vault, args.limit)
         else:
             vault.require()
             _print(_read_command(vault, command, args))
@@ -73,6 +91,11 @@ def _read_command(vault: Vault, command: str, args: argparse.Namespace) -> Any:
         return vault.search(" ".join(args.query), "all", args.limit)
     if command == "links":
         return vault.links(args.article)
+    if command in ("toc", "section"):
+        from .verbs import section, toc
+
+        return toc(vault, args.article) if command == "toc" else section(
+            vault, args.article, args.anchor)
     return vault.read(args.article)  # read
 
 

@@ -37,7 +37,9 @@ def register(app: App, engine: Engine) -> None:
 
     @guarded(ok_error)
     async def gc_plan(request: Request) -> Response:
-        out = await asyncio.to_thread(lambda: gc.plan(served_paths(engine), busy=busy()))
+        force = request.query.get("force", [""])[0] in ("1", "true")
+        out = await asyncio.to_thread(lambda: gc.plan(served_paths(engine), busy=busy(),
+                                                      force=force))
         return json_response(out)
 
     @guarded(ok_error)
@@ -52,9 +54,12 @@ def register(app: App, engine: Engine) -> None:
         if only is not None and not (isinstance(only, list) and all(
                 isinstance(i, str) for i in only)):
             raise BadRequest("items must be a list of item ids")
+        force = body.get("force", False)
+        if not isinstance(force, bool):
+            raise BadRequest("force must be a boolean")
         try:
             out = await asyncio.to_thread(lambda: gc.execute(
-                served_paths(engine), plan_id=plan_id, only=only, busy=busy()))
+                served_paths(engine), plan_id=plan_id, only=only, busy=busy(), force=force))
         except gc.PlanChanged as exc:
             raise Conflict(str(exc)) from None
         await app.state.library.aentries(True)

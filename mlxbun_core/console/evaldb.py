@@ -1,0 +1,54 @@
+"""The eval DB: every ``mlxbun bench`` run, one row, in ``<home>/evals.sqlite``; what
+``mlxbun evals`` lists, prints as JSON lines, or archives (``--clear``)."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+COLUMNS = ("at", "stack", "model", "bench", "kv", "prompt_tokens", "decode_tokens", "runs",
+           "prefill_tps", "decode_tps", "ttft_ms", "peak_bytes", "commit")
+QUOTED = ", ".join(f'"{c}"' for c in COLUMNS)  # "commit" is an SQL keyword
+SCHEMA = ("CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY, at REAL, stack TEXT, "
+          "model TEXT, bench TEXT, kv TEXT, prompt_tokens INTEGER, decode_tokens INTEGER, "
+          "runs INTEGER, prefill_tps REAL, decode_tps REAL, ttft_ms REAL, peak_bytes INTEGER, "
+          "\"commit\" TEXT)")
+
+
+def path(home: Path) -> Path:
+    return home / "evals.sqlite"
+
+
+def _db(home: Path) -> sqlite3.Connection:
+    home.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path(home))
+    db.execute(SCHEMA)
+    return db
+
+
+def record(home: Path, row: dict[str, Any]) -> None:
+    with _db(home) as db:
+        db.execute(f"INSERT INTO runs ({QUOTED}) VALUES ({', '.join('?' for _ in COLUMNS)})",
+                   [row.get(c) for c in COLUMNS])
+
+
+def rows(home: Path, limit: int) -> list[dict[str, Any]]:
+    """The newest ``limit`` runs, newest first."""
+    if not path(home).is_file():
+        return []
+    with _db(home) as db:
+        cur = db.execute(f"SELECT {QUOTED} FROM runs ORDER BY id DESC LIMIT ?", (limit,))
+        return [dict(zip(COLUMNS, r, strict=True)) for r in cur.fetchall()]
+
+
+def clear(home: Path) -> Path | None:
+    """Move the DB aside to a timestamped backup (None when there is none); the next run
+    starts a fresh one."""
+    db = path(home)
+    if not db.is_file():
+        return None
+    backup = db.with_name(f"evals-{time.strftime('%Y%m%d-%H%M%S')}.sqlite")
+    db.rename(backup)
+    return backup
