@@ -26,7 +26,8 @@ def fit(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def model(tmp_path) -> Path:
     d = tmp_path / "tiny"
-    shutil.copytree(tiny_checkpoint("qwen3", seed=61), d)  # 2 layers, 2 KV heads of 16
+    shutil.copytree(tiny_checkpoint("qwen3", seed=61, config_overrides={"head_dim": 32}), d)
+    # 2 layers, 2 KV heads of 32 (a group of 32 fits a head)
     return d
 
 
@@ -40,7 +41,7 @@ def test_kv_quant_config_bills_each_layer_its_own_bits(model, tmp_path):
     assert run.returncode == 0, run.stderr
     got = json.loads(run.stdout)
     a = activation_bytes(json.loads((model / "config.json").read_text()))
-    per_layer = 2 * 16 * 2  # K and V of 2 heads of 16
+    per_layer = 2 * 32 * 2  # K and V of 2 heads of 32
     want = per_layer * (4 / 8 + 2 * a / 32) + per_layer * (8 / 8 + 2 * a / 32)
     assert got["kv_quant"] == "mixed (kv_config.json)"
     assert got["report"]["kv_bytes_per_token"] == pytest.approx(want)

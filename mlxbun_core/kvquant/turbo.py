@@ -20,7 +20,7 @@ import math
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import _BaseCache, create_attention_mask
+from mlx_lm.models.cache import create_attention_mask
 
 Triple = tuple[mx.array, mx.array, mx.array]
 
@@ -50,9 +50,11 @@ def restore(t: Triple | list[mx.array], bits: int, group_size: int) -> mx.array:
     return rotate(mx.dequantize(packed, scales, biases, group_size=group_size, bits=bits))
 
 
-class TurboKVCache(_BaseCache):
+class TurboKVCache:
     """One sequence's rotated low-bit KV; ``update_and_fetch`` answers the whole
-    history dequantized and turned back (so mlx-lm's float attention runs over it)."""
+    history dequantized and turned back (so mlx-lm's float attention runs over it).
+    It has mlx-lm's cache interface (``state``, ``from_state``, ``trim``, ``make_mask``)
+    without deriving from mlx-lm's private base class."""
 
     step = 256
 
@@ -102,6 +104,13 @@ class TurboKVCache(_BaseCache):
         v = [a[..., :self.offset, :] for a in self.values]
         return (restore(k, self.key_bits, self.group_size),
                 restore(v, self.value_bits, self.group_size))
+
+    @classmethod
+    def from_state(cls, state: Any) -> TurboKVCache:
+        """A cache holding ``state`` (the SSD tier's and the prefix cache's rebuild)."""
+        obj = cls.__new__(cls)
+        obj.state = state
+        return obj
 
     @property
     def state(self) -> Any:

@@ -30,14 +30,16 @@ def _qualified(cls) -> str:
 
 def resolve_class(name: str):
     """The cache class ``module:qualname`` names, from modules already imported only
-    (a file never makes us import anything), and only one of mlx-lm's cache classes."""
+    (a file never makes us import anything), and only a cache class: mlx-lm's or ours."""
     from ..models.classes import cache_classes
 
     module, _, qual = name.partition(":")
     obj: Any = sys.modules.get(module)
     for part in qual.split("."):
         obj = getattr(obj, part, None) if obj is not None else None
-    if not (isinstance(obj, type) and issubclass(obj, cache_classes())):
+    ours = isinstance(obj, type) and obj.__module__.startswith("mlxbun") \
+        and callable(getattr(obj, "from_state", None))
+    if not (ours or (isinstance(obj, type) and issubclass(obj, cache_classes()))):
         raise Unsupported(f"unknown cache class {name}")
     return obj
 
