@@ -13,9 +13,9 @@ picked per request (``draft_kind`` and ``engine.fill.mode``, flipped between req
   forced runs filled and free choices drafted in one verify window. The row's
   ``both_took`` says what ran (tokens injected by fill / a ``usage.speculation`` block).
 
-A third kind, ``words`` (free words under a regex, ``[a-z ]{20,200}\.``, on which the
-tiny model falls into a loop the lookup predicts), shows the combination where drafts
-land between forced runs; the tool call and the schema have nearly nothing free the
+A third kind, ``words`` (free words under a regex, ``[a-z ]{20,200}`` and a full stop,
+on which the tiny model falls into a loop the lookup predicts), shows the combination
+where drafts land between forced runs; the tool call and the schema have nearly nothing free the
 lookup guesses.
 
 Lanes: ``serial`` (``--batch 1``) and ``solo`` (``--batch 8``, one request at a time: the
