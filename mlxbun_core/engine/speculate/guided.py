@@ -107,6 +107,7 @@ class GuidedStream(SpecStream):
         if back:
             _trim(self.cache, back)
             self._grammar.rollback(back)
+        self.fill.count(plan.forced[plan.head:kept].count(True))  # runs kept past drafts
         if plan.drafted:
             self._count(plan.drafted, accepted)
             self.hot = accepted > 0
