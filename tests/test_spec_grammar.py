@@ -14,6 +14,7 @@ import pytest
 from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.reply import Reply
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.helpers import configure
 from tests.test_fill import FIELDS, json_body, run, tool_body
 
 # an earlier record in the prompt: the lookup finds the keys and punctuation there
@@ -130,6 +131,23 @@ class Forwards:
         before = self.calls
         (reply,) = run(eng, [with_draft(body, kind)], fill)
         return reply, self.calls - before
+
+
+def test_rows_sharing_steps_fill_and_draft(batched, monkeypatch):
+    """Batch steps that carry forced runs (a GPU's setting) and grammar rows' drafts
+    together: the replies are plain constrained decoding's."""
+    configure(monkeypatch, engine={"fill_batch_tokens": 256})
+    bodies = [*BODIES.values(), {"messages": [{"role": "user", "content": "Hi there"}],
+                                 "max_tokens": 120, "temperature": 0}]
+    plain = run(batched, [with_draft(b, "none") for b in bodies], "off")
+    both = run(batched, [with_draft(b, "ngram") for b in bodies], "strict")
+    for a, b in zip(plain, both):
+        same(a, b)
+    # the plain row outlasts the words row: its drafts all rode shared steps
+    words, chat = both[list(BODIES).index("words")], both[-1]
+    assert words.finish.usage.completion_tokens < chat.finish.usage.completion_tokens / 2
+    assert drafted(words)["accepted"] > 0
+    assert sum(r.finish.usage.fill_report()["injected"] for r in both[:len(BODIES)]) > 0
 
 
 @pytest.mark.parametrize("name", list(BODIES))
