@@ -9,9 +9,14 @@ picked per request (``draft_kind`` and ``engine.fill.mode``, flipped between req
 - ``neither``: fill off, ``draft_kind: none`` (plain constrained decoding);
 - ``fill``: ``--fill strict`` (forced runs ride with the sampled token), no drafts;
 - ``ngram``: fill off, ``draft_kind: ngram`` (drafts checked against the matcher);
-- ``both``: fill strict and ``draft_kind: ngram``; the engine does not combine them today:
-  the serial lane takes the fill loop, the batch lane's lone stream speculates. The row's
-  ``both_took`` says which ran (tokens injected by fill / a ``usage.speculation`` block).
+- ``both``: fill strict and ``draft_kind: ngram``: combined (``speculate/guided.py``):
+  forced runs filled and free choices drafted in one verify window. The row's
+  ``both_took`` says what ran (tokens injected by fill / a ``usage.speculation`` block).
+
+A third kind, ``words`` (free words under a regex, ``[a-z ]{20,200}`` and a full stop,
+on which the tiny model falls into a loop the lookup predicts), shows the combination
+where drafts land between forced runs; the tool call and the schema have nearly nothing free the
+lookup guesses.
 
 Lanes: ``serial`` (``--batch 1``) and ``solo`` (``--batch 8``, one request at a time: the
 batch lane's lone-stream path). One warm-up round, then ``--rounds`` rounds; the arms'
@@ -22,7 +27,7 @@ the prompt's prefill chunk included), and same-run ratios of wall time against
 compared with the ``neither`` arm's of the same round: content and tool calls must be
 equal; the completion-token count may differ by one (the EOS a speculating stream samples).
 
-    python bench/spec_grammar.py --out bench/results/spec_grammar_cpu.json   # CPU, tiny f32
+    python bench/spec_grammar.py --rounds 6 --out bench/results/spec_grammar_cpu_combined.json
 """
 
 from __future__ import annotations
@@ -67,6 +72,9 @@ def body(kind: str) -> dict:
         return {"messages": [{"role": "user", "content": ask}], "max_tokens": 160,
                 "temperature": 0, "response_format": {
                     "type": "json_schema", "json_schema": {"name": "record", "schema": SCHEMA}}}
+    if kind == "words":
+        return {"messages": [{"role": "user", "content": "Codes: ab ab ab ab ab"}],
+                "max_tokens": 60, "temperature": 0, "guided_regex": r"[a-z ]{20,200}\."}
     ask = ('Weather in Paris? {"city": "Paris", "unit": "celsius"} '
            '{"city": "Paris", "unit": "celsius"}')
     return {"messages": [{"role": "user", "content": ask}], "max_tokens": 80, "temperature": 0,
@@ -181,7 +189,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--lanes", nargs="*", default=["serial", "solo"])
-    ap.add_argument("--kinds", nargs="*", default=["tool", "json10"])
+    ap.add_argument("--kinds", nargs="*", default=["tool", "json10", "words"])
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()

@@ -14,6 +14,7 @@ import pytest
 from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.reply import Reply
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.helpers import configure
 from tests.test_fill import FIELDS, json_body, run, tool_body
 
 # an earlier record in the prompt: the lookup finds the keys and punctuation there
@@ -31,8 +32,15 @@ def regex_body() -> dict:
             "guided_regex": r"(AB-[0-9]{3}-[a-z]{2} ){3,6}"}
 
 
+def words_body() -> dict:
+    """Free words under a regex: the tiny model falls into a loop the lookup predicts."""
+    return {"messages": [{"role": "user", "content": "Codes: ab ab ab ab ab"}],
+            "max_tokens": 60, "temperature": 0, "guided_regex": r"[a-z ]{20,200}\."}
+
+
 BODIES = {"json10": json_body(f"Like this one: {EXAMPLE} {EXAMPLE} Give me a record."),
           "regex": regex_body(),
+          "words": words_body(),
           "tool": tool_body('Weather in Paris? {"city": "Paris", "unit": "celsius"} '
                             '{"city": "Paris", "unit": "celsius"}')}
 
@@ -98,15 +106,82 @@ def test_rows_sharing_steps_equal_plain(batched):
     fast = run(batched, [with_draft(b, "ngram") for b in bodies], "off")
     for a, b in zip(plain, fast):
         same(a, b)
+    # the words row ends well before the schema's, so every draft it sent rode a shared
+    # step: checked by its grammar, masked per position, the rejected ones rolled back
+    words, schema = (fast[list(BODIES).index(k)] for k in ("words", "json10"))
+    assert words.finish.usage.completion_tokens < schema.finish.usage.completion_tokens / 2
+    spec = drafted(words)
+    assert spec["drafted"] > 0 and spec["accepted"] > 0
 
 
+class Forwards:
+    """Counts the model's forward passes (every lane calls the model's module)."""
+
+    def __init__(self, eng: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        cls = type(eng.model.model)
+        original = cls.__call__
+
+        def counted(inner, *args, **kwargs):
+            self.calls += 1
+            return original(inner, *args, **kwargs)
+        monkeypatch.setattr(cls, "__call__", counted)
+
+    def run(self, eng: Engine, body: dict, kind: str, fill: str) -> tuple[Reply, int]:
+        before = self.calls
+        (reply,) = run(eng, [with_draft(body, kind)], fill)
+        return reply, self.calls - before
+
+
+def test_rows_sharing_steps_fill_and_draft(batched, monkeypatch):
+    """Batch steps that carry forced runs (a GPU's setting) and grammar rows' drafts
+    together: the replies are plain constrained decoding's."""
+    configure(monkeypatch, engine={"fill_batch_tokens": 256})
+    bodies = [*BODIES.values(), {"messages": [{"role": "user", "content": "Hi there"}],
+                                 "max_tokens": 120, "temperature": 0}]
+    plain = run(batched, [with_draft(b, "none") for b in bodies], "off")
+    both = run(batched, [with_draft(b, "ngram") for b in bodies], "strict")
+    for a, b in zip(plain, both):
+        same(a, b)
+    # the plain row outlasts the words row: its drafts all rode shared steps
+    words, chat = both[list(BODIES).index("words")], both[-1]
+    assert words.finish.usage.completion_tokens < chat.finish.usage.completion_tokens / 2
+    assert drafted(words)["accepted"] > 0
+    assert sum(r.finish.usage.fill_report()["injected"] for r in both[:len(BODIES)]) > 0
+
+
+@pytest.mark.parametrize("name", list(BODIES))
 @pytest.mark.parametrize("lane", ["serial", "solo"])
-def test_a_filling_grammar_fills_rather_than_drafts(serial, batched, lane):
-    """With fill on, a constrained request asking for drafts fills its forced runs on both
-    lanes (fill takes fewer passes on forced output than checked drafts do)."""
+def test_fill_and_drafts_together_equal_plain(serial, batched, lane, name):
+    """With fill on and drafts asked for, forced runs are filled and free choices drafted
+    in the same windows; the reply is plain constrained decoding's."""
     eng = serial if lane == "serial" else batched
-    body = BODIES["json10"]
+    body = BODIES[name]
     (plain,), (both,) = (run(eng, [with_draft(body, "none")], "off"),
                          run(eng, [with_draft(body, "ngram")], "strict"))
     same(plain, both)
-    assert both.finish.usage.speculation is None  # no drafts rode
+    spec = drafted(both)  # the request ran the guided stream
+    assert both.finish.usage.fill_report()["injected"] > 0
+    if name == "words":  # free text the lookup predicts: drafts land between the runs
+        assert spec["drafted"] > 0 and spec["accepted"] > 0
+    if name == "tool":
+        assert both.tool_calls and both.tool_calls[0].name == "get_weather"
+
+
+@pytest.mark.parametrize("name", ["json10", "words"])
+@pytest.mark.parametrize("lane", ["serial", "solo"])
+def test_fill_and_drafts_take_fewest_forwards(serial, batched, lane, name, monkeypatch):
+    """Filling and drafting together runs no more forward passes than either alone (the
+    10-field schema, whose free values the tiny model does not copy: as few as fill), and
+    fewer than both where the free text repeats (the words)."""
+    eng = serial if lane == "serial" else batched
+    body, count = BODIES[name], Forwards(eng, monkeypatch)
+    plain, n_plain = count.run(eng, body, "none", "off")
+    fill, n_fill = count.run(eng, body, "none", "strict")
+    ngram, n_ngram = count.run(eng, body, "ngram", "off")
+    both, n_both = count.run(eng, body, "ngram", "strict")
+    for reply in (fill, ngram, both):
+        same(plain, reply)
+    assert n_both <= min(n_fill, n_ngram) < n_plain, (n_plain, n_fill, n_ngram, n_both)
+    if name == "words":
+        assert n_both < min(n_fill, n_ngram), (n_fill, n_ngram, n_both)

@@ -193,27 +193,45 @@ class GrammarProcessor:
         consumed here, as the next mask call would). A forbidden token, an EOS, or one
         after which only EOS may follow ends the draft: the last token of a reply is
         always sampled, so :attr:`done` keeps meaning "after the token just handed out"."""
-        if not drafts or not self.tracking():
+        if not drafts or not self.catch_up(tokens):
             return 0
+        n = 0
+        for t in drafts:
+            if not self.try_draft(t):
+                break
+            n += 1
+        if n:
+            self.matcher.rollback(n)
+        return n
+
+    def catch_up(self, tokens: list[int]) -> bool:
+        """Consume the unconsumed tail of ``tokens`` (the whole context), as the next mask
+        call would; whether the matcher still tracks the reply (:meth:`tracking`)."""
+        if not self.tracking():
+            return False
         assert self.prompt_len is not None  # tracking
         new = len(tokens) - self.prompt_len - self.consumed
         if new > 0:
             self._consume(tokens[-new:])
             self.consumed += new
-            if not self.tracking():
-                return 0
-        m, eos, n = self.matcher, self.compiled.eos_ids, 0
-        for t in drafts:
-            if t in eos or not m.try_token(t):
-                break
-            m.fill(self._view)
-            if not np.bitwise_and(self._view, self._not_eos).any():
-                m.rollback(1)  # only EOS may follow it: it is left to be sampled
-                break
-            n += 1
-        if n:
-            m.rollback(n)
-        return n
+        return self.tracking()
+
+    def try_draft(self, token: int) -> bool:
+        """Advance the matcher by ``token`` if it may ride as a draft: allowed, not EOS,
+        and not one after which only EOS may follow (the caller rolls it back)."""
+        m = self.matcher
+        if token in self.compiled.eos_ids or not m.try_token(token):
+            return False
+        m.fill(self._view)
+        if not np.bitwise_and(self._view, self._not_eos).any():
+            m.rollback(1)  # only EOS may follow it: it is left to be sampled
+            return False
+        return True
+
+    def only_eos(self) -> bool:
+        """Whether only EOS may follow the matcher's current state."""
+        self.matcher.fill(self._view)
+        return not np.bitwise_and(self._view, self._not_eos).any()
 
     def rollback(self, n: int) -> None:
         """Take back the last ``n`` consumed tokens (drafts the target rejected)."""

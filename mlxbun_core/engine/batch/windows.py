@@ -70,6 +70,7 @@ def window_step(b: Batch, drafts: Drafts, forcing: Forcing | None) -> list[Emit]
     forced = _forced(b, forcing) if forcing is not None else {}
     cap = refeed_cap()
     plans = [_bounded(r, forced.get(r.uid, []), drafts.get(r.uid, ()), cap) for r in rows]
+    plans = _guided(b, rows, plans, drafts)
     if not any(f or len(d) or r.refeed for r, (f, d) in zip(rows, plans)):
         return cast("list[Emit]", b.decode())  # nothing rides along: the ordinary step
     lead = [len(r.refeed) for r in rows]  # each row's x sits after its refed tokens
@@ -98,6 +99,8 @@ def window_step(b: Batch, drafts: Drafts, forcing: Forcing | None) -> list[Emit]
         while accepted < len(d) and mine[accepted] == guesses[accepted]:
             accepted += 1
         kept = [x, *f, *guesses[:accepted]]
+        if r.processors and accepted < len(d):  # rejected drafts back out of its grammar
+            _grammar(r).rollback(len(d) - accepted)
         back.append(bool(held) and accepted < len(d))  # (held: recurrent layers, drafts)
         _keep(r, kept, back[-1])
         if r.tapped and hidden is not None and b.tap is not None:
@@ -146,13 +149,42 @@ def _forced(b: Batch, forcing: Forcing) -> dict[int, list[int]]:
 def _bounded(row: Row, forced: list[int], drafts: Sequence[int] | mx.array,
              cap: int) -> Plan:
     """``(forced, drafts)`` within what ``row`` can take: no drafts for rows with logits
-    processors (they would need a processor call per position) or carrying ``cap``
-    refed tokens; nothing past the row's token budget."""
+    processors (a grammar's row may get them back from :func:`_guided`) or carrying
+    ``cap`` refed tokens; nothing past the row's token budget."""
     room = max(0, row.budget - 1)
     forced = forced[:room]
     if row.processors or len(row.refeed) >= cap:
         return forced, []
     return forced, drafts[:max(0, room - len(forced))]
+
+
+def _guided(b: Batch, rows: list[Row], plans: list[Plan], drafts: Drafts) -> list[Plan]:
+    """Drafts for rows under a grammar: the prefix the matcher allows after the row's
+    next input and forced run (read on the host here), none where the lookup's guess
+    did not start with that run. Not for models with recurrent layers (a rolled-back
+    row feeds its kept tokens again, which its grammar has consumed already)."""
+    asked = [i for i, r in enumerate(rows) if r.processors and len(drafts.get(r.uid, ()))
+             and not isinstance(drafts[r.uid], mx.array)]
+    if not asked:
+        return plans
+    if b.states.caches or any(not hasattr(_grammar(rows[i]), "draft_prefix") for i in asked):
+        return plans
+    xs = cast("list[int]", b._next.tolist())
+    out = list(plans)
+    for i in asked:
+        r, (f, _) = rows[i], plans[i]
+        guess = list(cast("Sequence[int]", drafts[r.uid]))
+        if guess[:len(f)] != f:
+            continue
+        d = guess[len(f):][:max(0, r.budget - 1 - len(f))]
+        n = _grammar(r).draft_prefix([*r.tokens, xs[i], *f], d)
+        out[i] = (f, d[:n])
+    return out
+
+
+def _grammar(row: Row) -> Any:
+    """The row's grammar mask (the processor that takes drafts; it is always last)."""
+    return row.processors[-1]
 
 
 def _inputs(x: mx.array, rows: list[Row], plans: list[Plan], width: int) -> mx.array:
@@ -194,7 +226,7 @@ def _keep(row: Row, kept: list[int], back: bool) -> None:
     row.refeed = []
     row.tokens += kept
     row.table.length += len(kept)
-    if row.processors:  # only forced runs reach rows with processors (see _bounded)
+    if row.processors:  # forced runs, and a grammar row's checked drafts (_guided)
         row.context = _extend(row.context, mx.array(kept))
 
 
@@ -207,11 +239,16 @@ def _processed(rows: list[Row], inputs: mx.array, valid: list[int], at: list[lis
     parts, k = [], 0
     for i, (r, a) in enumerate(zip(rows, at)):
         x = logits[k:k + len(a)]
-        if r.processors:
-            context = _extend(r.context, inputs[i, :valid[i]])
-            for proc in r.processors:
-                x = proc(context, x)
-        parts.append(x)
+        if r.processors:  # one position after a forced run, or one per draft (in order)
+            ends = [valid[i]] if len(a) == 1 else [p + 1 for p in a]
+            for j, end in enumerate(ends):
+                context = _extend(r.context, inputs[i, :end])
+                y = x[j:j + 1]
+                for proc in r.processors:
+                    y = proc(context, y)
+                parts.append(y)
+        else:
+            parts.append(x)
         k += len(a)
     return mx.concatenate(parts, axis=0)
 

@@ -53,32 +53,43 @@ class FillSession:
         forces after it (maybe none; at most ``cap``). Both are consumed by the grammar
         matcher here, so the processor only masks the position after the run."""
         g = self.grammar
-        if not self._ready():
+        if not self.ready():
             return []
         g._consume([token])
         g.consumed += 1
-        room = self.policy.max_span if cap is None else min(cap, self.policy.max_span)
-        if self.limit is not None:  # the run counts against the completion limit
-            room = min(room, self.limit - self.usage.completion_tokens - 1)
+        room = self.room(0) if cap is None else min(cap, self.room(0))
         run: list[int] = []
         while len(run) < room and g.error is None and not g.stopped:
-            forced = self._single()
+            forced = self.single()
             if forced is None:
                 break
             g._consume([forced])
             g.consumed += 1
             run.append(forced)
+        self.count(len(run))
+        return run
+
+    def room(self, ahead: int) -> int:
+        """The longest run the next forward may carry: the span cap, and the completion
+        limit (``ahead``: tokens produced but not yet handed to the text session)."""
+        room = self.policy.max_span
+        if self.limit is not None:  # the run counts against the completion limit
+            room = min(room, self.limit - self.usage.completion_tokens - ahead - 1)
+        return room
+
+    def count(self, run: int) -> None:
+        """A forced run of ``run`` tokens rode in a forward (the request's and the
+        engine's counters)."""
         if run:
             c = self.counters
             c["events"] += 1
-            c["injected"] += len(run)
-            c["strict"] += len(run)
-            c["spanLens"].append(len(run))
+            c["injected"] += run
+            c["strict"] += run
+            c["spanLens"].append(run)
             self.policy.events += 1
-            self.policy.injected += len(run)
-        return run
+            self.policy.injected += run
 
-    def _ready(self) -> bool:
+    def ready(self) -> bool:
         """Whether the matcher tracks the reply token by token now (not before the
         processor's first call, not inside a think channel, not once it failed, ended
         or its budget close took over)."""
@@ -87,7 +98,7 @@ class FillSession:
         return (g.prompt_len is not None and g.wait_for is None and g.error is None
                 and not g.stopped and not (budget is not None and budget.closing))
 
-    def _single(self) -> int | None:
+    def single(self) -> int | None:
         """The one token the grammar allows next, or None (several, or only EOS)."""
         bits = self._bits
         self.grammar.matcher.fill(bits)

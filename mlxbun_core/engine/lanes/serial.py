@@ -31,7 +31,7 @@ from ..job import GenerationJob
 from ..memory import OOM, Governor
 from ..prompt_cache import PrefixCache, trimmable
 from ..prompt_scoring import PromptScorer
-from ..speculate import MTP, MtpStream, SpecStream, rewindable, spec_steps, trim_to
+from ..speculate import MTP, MtpStream, rewindable, spec_steps, spec_stream, trim_to
 from .draft_model import draft_model_steps
 from .pace import PrefillPacer
 
@@ -220,14 +220,14 @@ class SerialLane:
             job.close("length")
             yield None
             return
+        if job.spec is not None and len(prompt) - n == 1 and rewindable(cache, 2):
+            yield from self._lookup_decode(job, cache, n)  # (with fill: both, guided.py)
+            return
         if job.fill is not None:  # the grammar's forced runs ride with sampled tokens
             from ..fill.decode import fill_steps
 
             yield from fill_steps(self.model, prompt[n:], prompt, cache, req.sampler,
                                   req.processors, job.fill)
-            return
-        if job.spec is not None and len(prompt) - n == 1 and rewindable(cache, 2):
-            yield from self._lookup_decode(job, cache, n)
             return
         procs = _with_context(req.processors, prompt[:n])
         emb = req.input_embeddings[n:] if req.input_embeddings is not None else None
@@ -294,12 +294,10 @@ class SerialLane:
     def _lookup_decode(self, job: GenerationJob, cache: list[Any], n: int) -> Steps:
         """Prompt-lookup speculation (``speculate/``) from the filled ``cache``."""
         req, usage = job.request, job.session.usage
-        spec = usage.speculation = {"drafted": 0, "accepted": 0, "targetCalls": 0}
-        assert job.spec is not None and req.sampler is not None  # checked, prepared
+        usage.speculation = {"drafted": 0, "accepted": 0, "targetCalls": 0}
         if job.spec_tally is not None:
             job.spec_tally.requests += 1
-        stream = SpecStream(self.model, cache, list(req.prompt_tokens[:n]), job.spec,
-                            req.sampler, req.processors, spec, job.spec_tally)
+        stream = spec_stream(job, self.model, cache, list(req.prompt_tokens[:n]))
         yield from spec_steps(stream, req.prompt_tokens[n])
 
     def _mtp(self, job: GenerationJob) -> bool:

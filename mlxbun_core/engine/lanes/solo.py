@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, cast
 from .. import prefill_shapes
 from ..job import GenerationJob
 from ..prompt_cache import trimmable
-from ..speculate import SpecStream, rewindable
+from ..speculate import SpecStream, rewindable, spec_stream
 from .pace import PrefillPacer
 
 if TYPE_CHECKING:
@@ -51,9 +51,8 @@ class Solo:
         self._context: mx.array | None = None  # what the logits processors see: all fed tokens
         self._count = 0
         self.spec: SpecStream | None = None  # prompt-lookup speculation (job.spec), once begun
-        # a grammar that fills its forced runs fills (as on the serial lane): on forced
-        # output fill takes fewer passes than checked drafts (bench/spec_grammar.py)
-        self._spec_ok = job.spec is not None and job.fill is None
+        # (a request that fills too fills its forced runs and drafts the rest: guided.py)
+        self._spec_ok = job.spec is not None
 
     @classmethod
     def resume(cls, model: nn.Module, job: GenerationJob, cache: list[Any], fed: list[int],
@@ -130,14 +129,12 @@ class Solo:
         spec = self.job.spec
         if spec is None or not rewindable(self.cache, 2):
             return False
-        req, usage = self.job.request, self.job.session.usage
+        usage = self.job.session.usage
         if usage.speculation is None:
             usage.speculation = {"drafted": 0, "accepted": 0, "targetCalls": 0}
             if self.job.spec_tally is not None:
                 self.job.spec_tally.requests += 1
-        assert req.sampler is not None  # prepared
-        self.spec = SpecStream(self.model, self.cache, self.fed, spec, req.sampler,
-                               req.processors, usage.speculation, self.job.spec_tally)
+        self.spec = spec_stream(self.job, self.model, self.cache, self.fed)
         if self._next is None:  # the prompt's last token starts it
             self._first(1)
             self.spec.begin(self.prompt[-1])
@@ -190,5 +187,6 @@ class Solo:
 
 def _steps(out: Any) -> list[Step]:
     """A speculative stream's step, one ``(token, logprobs)`` or a list of them, as the
-    slot's ``(token, logprobs, run)`` entries (speculating rows never fill)."""
-    return [(t, lp, []) for t, lp in (out if isinstance(out, list) else [out])]
+    slot's ``(token, logprobs, run)`` entries (a guided stream's carry their runs)."""
+    return [(e[0], e[1], e[2] if len(e) > 2 else []) for e in
+            (out if isinstance(out, list) else [out])]

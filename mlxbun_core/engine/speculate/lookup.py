@@ -79,3 +79,14 @@ class PromptLookup:
         if k == 0 or n <= 0:
             return []
         return [int(t) for t in self._buf[end:min(end + n, self._n)]]
+
+    def propose_after(self, extra: list[int], n: int) -> list[int]:
+        """:meth:`propose` as if ``extra`` followed the history (it is not kept)."""
+        if not extra:
+            return self.propose(n)
+        kept = self._n
+        self.extend(extra)
+        try:
+            return self.propose(n)
+        finally:
+            self._n = kept

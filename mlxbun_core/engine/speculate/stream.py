@@ -214,17 +214,18 @@ def count_round(usage: dict[str, int], tally: SpecTally | None, drafted: int,
 
 
 def process_window(processors: list[LogitsProcessor], logits: mx.array, fed: list[int],
-                   inputs: mx.array, done: int) -> mx.array:
-    """The request's logits processors at every position of a window, each seeing the
-    tokens fed up to and including its own input (as the plain decode's would); ``done``
-    of ``fed`` precede the window's ``inputs``."""
+                   inputs: mx.array, done: int, at: list[int] | None = None) -> mx.array:
+    """The request's logits processors at every position of a window (or at the window
+    positions ``at``, one per row of ``logits``), each seeing the tokens fed up to and
+    including its own input (as the plain decode's would); ``done`` of ``fed`` precede
+    the window's ``inputs``."""
     import mlx.core as mx
 
     head = mx.array(fed[:done], dtype=mx.uint32)
     context = mx.concatenate([head, inputs.astype(mx.uint32)])
     rows = []
-    for i in range(logits.shape[0]):
-        row = logits[i:i + 1]
+    for k, i in enumerate(range(logits.shape[0]) if at is None else at):
+        row = logits[k:k + 1]
         for processor in processors:
             row = processor(context[:done + i + 1], row)
         rows.append(row)
