@@ -83,3 +83,41 @@ def test_nothing_below_start_up_reads_the_environment_for_a_setting():
 
 def test_the_lists_name_only_modules_that_read():
     assert sorted(ALLOWED - set(READS)) == []  # moved: take it off
+
+
+# the start-up builders, and the test helpers (which change the installed object)
+BUILDERS = {"mlxbun_core/runconfig.py", "mlxbun_core/config/runtime.py"}
+
+
+def builds(tree: ast.AST) -> list[int]:
+    """Lines that build a run configuration: ``from_environ(...)``, ``RunConfig(...)``,
+    ``install(...)`` of the run configuration."""
+    names = {"from_environ", "RunConfig", "install"}
+    imported = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                and (n.module or "").endswith("runconfig") for a in n.names} & names
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    return sorted(n.lineno for n in calls if (isinstance(n.func, ast.Name)
+                                               and n.func.id in imported)
+                  or (isinstance(n.func, ast.Attribute) and n.func.attr in names
+                      and isinstance(n.func.value, ast.Name) and n.func.value.id == "runconfig"))
+
+
+def test_the_scan_sees_a_configuration_being_built():
+    code = ("from mlxbun_core.runconfig import from_environ, current\n"
+            "import os\na = from_environ(os.environ)\nb = current()\n"
+            "from mlxbun_core import runconfig\nc = runconfig.RunConfig()\n")
+    assert builds(ast.parse(code)) == [3, 6]
+
+
+def test_only_start_up_builds_the_run_configuration():
+    """Below start-up a module reads ``current()``; only the builders (and ``startup``,
+    which installs what they build) make one."""
+    found = {}
+    for tree in TREES:
+        for path in sorted(tree.rglob("*.py")):
+            name = path.relative_to(ROOT).as_posix()
+            lines = builds(ast.parse(path.read_text()))
+            if lines and name not in BUILDERS | {"mlxbun_core/startup.py"} \
+                    and not name.startswith("mlxbun_core/testing/"):
+                found[name] = lines
+    assert found == {}

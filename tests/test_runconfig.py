@@ -85,7 +85,7 @@ def test_code_below_start_up_reads_the_installed_object_not_the_environment(monk
     monkeypatch.setenv("MLXBUN_FILL", "off")
     assert prefill_shapes.enabled() and prefill_shapes.pieces(5) == [4, 1]
     assert FillPolicy.resolve().mode == "strict"
-    assert MemoryConfig.from_env().fault_alloc == 3
+    assert MemoryConfig.from_config().fault_alloc == 3
     with runconfig.overridden(engine={"prefill_buckets": "off"}):
         assert not prefill_shapes.enabled()
     assert prefill_shapes.enabled()
