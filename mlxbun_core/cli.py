@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from .console import bench as bench_verb
 from .console import cache_verb, dictate, transcribe
@@ -20,7 +20,33 @@ from .console.pipes import quiet_on_closed_pipe
 from .serve_flags import add_kv_quant_flag, add_selection_flags, add_serve_parser, byte_size
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(plugin_verbs: bool = True) -> argparse.ArgumentParser:
+    """Every verb's parser; without ``plugin_verbs``, the core's alone (no plugin loads)."""
+    p, sub = _core_parser()
+    if plugin_verbs:
+        add_plugin_verbs(sub)
+    return p
+
+
+def add_plugin_verbs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The verbs plugins add (the web app's, installed plugins'): this loads every plugin."""
+    from . import plugins
+
+    plugins.hook().register_commands(subparsers=sub)
+
+
+def wants_plugin_verbs(argv: Sequence[str], core_verbs: Collection[str]) -> bool:
+    """Whether ``argv`` (its verb first) needs the plugins' verbs: the overall help lists
+    them, and a verb that is no core one is a plugin's (or a typo, whose error lists them
+    all). A core verb or ``--version`` starts without loading a plugin."""
+    first = argv[0] if argv else ""
+    if first in ("-h", "--help", "help"):
+        return True
+    return not first.startswith("-") and first not in core_verbs
+
+
+def _core_parser() -> tuple[argparse.ArgumentParser,
+                            argparse._SubParsersAction[argparse.ArgumentParser]]:
     p = argparse.ArgumentParser(prog="mlxbun", description="LLM inference server on MLX "
                                 "(no verb, or only serve's options: serve)")
     console_verbs.add_version_flag(p)
@@ -57,7 +83,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     convert_verb.add_parser(sub)
 
-    from . import plugins
     from .config.show import add_parser as add_config_parser
     from .hub import cli as hub_cli
     from .launch import add_parser as add_launch_parser
@@ -73,8 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     embed_verb.add_parser(sub)
     perplexity_verb.add_parser(sub)
     bench_verb.add_parsers(sub)
-    plugins.hook().register_commands(subparsers=sub)  # the web app's verbs, installed plugins'
-    return p
+    return p, sub
 
 
 def build_serve_parser() -> argparse.ArgumentParser:
@@ -193,9 +217,11 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 @quiet_on_closed_pipe
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     own_process = argv is None  # the command line, not a caller's argv (tests run main in-process)
     argv = console_verbs.with_default_verb(sys.argv[1:] if argv is None else argv)
+    parser, verbs = _core_parser()
+    if wants_plugin_verbs(argv, verbs.choices):
+        add_plugin_verbs(verbs)
     args = parser.parse_args(argv)
     if args.command == "serve":
         from .config import ConfigError, apply_config

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Any
@@ -27,6 +26,7 @@ import pluggy
 from . import hookspecs
 from .hookspecs import FAMILY_HOOKS, GENERIC
 from .model import LoadedModel
+from .runconfig import settled
 
 log = logging.getLogger("mlxbun.plugins")
 
@@ -73,16 +73,10 @@ plugin_info: dict[str, dict[str, Any]] = {}
 _loaded = False
 
 
-def _names(var: str) -> set[str] | None:
-    raw = os.environ.get(var)
-    if raw is None:
-        return None
-    return {n.strip() for n in raw.split(",") if n.strip()}
-
-
 def _wanted(name: str) -> bool:
-    allow, deny = _names("MLXBUN_PLUGINS"), _names("MLXBUN_DISABLE_PLUGINS") or set()
-    return name not in deny and (allow is None or name in allow)
+    wanted = settled().process
+    return name not in wanted.disable_plugins and (wanted.plugins is None
+                                                   or name in wanted.plugins)
 
 
 def load_plugins() -> pluggy.PluginManager:
@@ -93,7 +87,7 @@ def load_plugins() -> pluggy.PluginManager:
     _loaded = True
     for modname in BUILTIN_PLUGINS:
         name = modname.rsplit(".", 1)[-1]
-        if name in (_names("MLXBUN_DISABLE_PLUGINS") or ()):
+        if name in settled().process.disable_plugins:
             continue  # a built-in can be blocked too (the web app); the allowlist is not for them
         try:
             mod = importlib.import_module(modname)
@@ -119,7 +113,7 @@ def load_plugins() -> pluggy.PluginManager:
         else:
             _check_family(ep.name)
         plugin_info[ep.name] = info
-    if os.environ.get("MLXBUN_TRACE_HOOKS"):
+    if settled().process.trace_hooks:
         trace_hooks()
     return pm
 

@@ -114,6 +114,9 @@ class ModelsConfig:
     # the memory bandwidth fit's decode prediction assumes (None: measured or looked up)
     bandwidth_gbs: float | None = field(default=None,
                                         metadata={"env": "MLXBUN_BANDWIDTH_GBS"})
+    # with no model named: "embedded" (the embedded default when installed) or "auto"
+    # (the largest local model that fits)
+    default_model: str = field(default="embedded", metadata={"env": "MLXBUN_DEFAULT_MODEL"})
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,31 @@ class ServerConfig:
     keep_volatile_system: bool = field(default=False,
                                        metadata={"env": "MLXBUN_KEEP_VOLATILE_SYSTEM"})
     p2r_trace: bool = field(default=False, metadata={"env": "MLXBUN_P2R_TRACE"})
+    # media URLs may reach private, loopback and link-local hosts (serve
+    # --allow-private-media)
+    allow_private_media: bool = field(default=False,
+                                      metadata={"env": "MLXBUN_ALLOW_PRIVATE_MEDIA"})
+
+
+@dataclass(frozen=True)
+class ProcessConfig:
+    """How an mlxbun process starts: its plugins, BLAS, torch and the browser."""
+
+    # installed plugins allowed (None: all), and plugins of any kind left out ("webapp":
+    # a server of the inference APIs alone)
+    plugins: tuple[str, ...] | None = field(default=None, metadata={"env": "MLXBUN_PLUGINS"})
+    disable_plugins: tuple[str, ...] = field(default=(),
+                                             metadata={"env": "MLXBUN_DISABLE_PLUGINS"})
+    trace_hooks: bool = field(default=False, metadata={"env": "MLXBUN_TRACE_HOOKS"})
+    # MLX's CPU matrix products: "auto" (OpenBLAS if found), "reference", or a library file
+    blas: str = field(default="auto", metadata={"env": "MLXBUN_BLAS"})
+    # OpenBLAS threads; None: one core fewer than the process may use, 0: OpenBLAS's own
+    # choice (what a set OPENBLAS_NUM_THREADS means)
+    blas_threads: int | None = field(default=None, metadata={"env": "MLXBUN_BLAS_THREADS"})
+    # keep an installed torch importable (a third-party plugin or job runner needs it)
+    torch: bool = field(default=False, metadata={"env": "MLXBUN_TORCH"})
+    # never open the web app in a browser (CI or a test run set it too)
+    no_open: bool = field(default=False, metadata={"env": "MLXBUN_NO_OPEN"})
 
 
 @dataclass(frozen=True)
@@ -179,6 +207,7 @@ class RunConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     faults: FaultConfig = field(default_factory=FaultConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    process: ProcessConfig = field(default_factory=ProcessConfig)
 
     def changed(self, **groups: Mapping[str, Any]) -> RunConfig:
         """A copy with fields of groups replaced: ``changed(engine={"fill": "strict"})``."""
@@ -246,6 +275,14 @@ def _positive_int(raw: str) -> int | None:
     return int(raw) if raw.isdigit() and int(raw) > 0 else None
 
 
+def _names(raw: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in raw.split(",") if n.strip())
+
+
+def _on(raw: str) -> bool:
+    return raw.strip().lower() in _TRUE
+
+
 def _positive_float(raw: str) -> float | None:
     try:
         value = float(raw)
@@ -273,6 +310,7 @@ _READERS: dict[tuple[str, str], Callable[[str], Any]] = {
     ("models", "convert_precision"): lambda raw: raw.strip().lower() or "auto",
     ("models", "hub_timeout"): _positive_float,
     ("models", "bandwidth_gbs"): lambda raw: _number(raw, "MLXBUN_BANDWIDTH_GBS"),
+    ("models", "default_model"): lambda raw: raw.strip().lower() or "embedded",
     ("families", "mtp_hidden"): lambda raw: "post" if raw.strip() == "post" else "pre",
     ("families", "expert_readers"): lambda raw: _int(raw, 1),
     ("families", "expert_prefetch"): lambda raw: raw.strip() not in ("0", "off", "false"),
@@ -285,8 +323,24 @@ _READERS: dict[tuple[str, str], Callable[[str], Any]] = {
     ("faults", "device"): _count,
     ("server", "max_body_bytes"): _positive_int,
     ("server", "shutdown_timeout"): _positive_float,
-    ("server", "keep_volatile_system"): lambda raw: raw.strip().lower() in _TRUE,
+    ("server", "keep_volatile_system"): _on,
     ("server", "p2r_trace"): lambda raw: raw not in ("", "0"),
+    ("server", "allow_private_media"): _on,
+    ("process", "plugins"): _names,
+    ("process", "disable_plugins"): _names,
+    ("process", "trace_hooks"): lambda raw: raw.strip().lower() not in _FALSE,
+    ("process", "blas"): lambda raw: raw.strip() or "auto",
+    ("process", "blas_threads"): _positive_int,
+    ("process", "torch"): lambda raw: raw.strip() == "1",
+    ("process", "no_open"): lambda raw: raw.strip().lower() not in _FALSE,
+}
+GRAMMAR_JUMP = "MLXBUN_GRAMMAR_JUMP"  # the reference's name for forced spans: MLXBUN_FILL's alias
+# (group, field) -> other variables that set it when its own is not set (the first set
+# one wins), and how their value reads
+FALLBACKS: dict[tuple[str, str], tuple[tuple[str, ...], Callable[[str], Any]]] = {
+    ("engine", "fill"): ((GRAMMAR_JUMP,), lambda raw: parse_fill(raw, GRAMMAR_JUMP)),
+    ("process", "blas_threads"): (("OPENBLAS_NUM_THREADS",), lambda raw: 0),
+    ("process", "no_open"): (("CI", "PYTEST_CURRENT_TEST"), lambda raw: True),
 }
 # the spelling before the rename, still read where it was
 _OLD_NAMES = {"MLXBUN_FILL": "MLX_BUN_FILL", "MLXBUN_FILL_MAX_SPAN": "MLX_BUN_FILL_MAX_SPAN",
@@ -301,41 +355,11 @@ def from_environ(environ: Mapping[str, str]) -> RunConfig:
         raw = environ.get(var, environ.get(_OLD_NAMES.get(var, ""), ""))
         if raw:
             groups.setdefault(group, {})[name] = _READERS[group, name](raw)
-    jump = environ.get(GRAMMAR_JUMP, "")
-    if jump and "fill" not in groups.get("engine", {}):  # MLXBUN_FILL wins
-        groups.setdefault("engine", {})["fill"] = parse_fill(jump, GRAMMAR_JUMP)
+    for (group, name), (others, read) in FALLBACKS.items():
+        raw = next((environ[v] for v in others if environ.get(v)), "")
+        if raw and name not in groups.get(group, {}):  # the field's own variable wins
+            groups.setdefault(group, {})[name] = read(raw)
     return RunConfig().changed(**groups)
-
-
-GRAMMAR_JUMP = "MLXBUN_GRAMMAR_JUMP"  # the reference's name for forced spans: MLXBUN_FILL's alias
-
-# variables of the reference that mean nothing on this engine: set, the server refuses to
-# start and says why (a switch that does nothing is never silently accepted)
-REFUSED_VARIABLES = {
-    "MLXBUN_BATCH_EXTEND": "the batch keeps KV in paged blocks, so a joining row only gets "
-                           "a block table: there is no whole-batch re-merge to switch to or "
-                           "from",
-    "MLXBUN_QWEN_SPEC_KV4": "speculation (draft model, prompt lookup, MTP) is not gated on "
-                            "the KV scheme here: it already runs under every --kv-quant, so "
-                            "there is no KV4 gate to open or close",
-    "MLXBUN_MTP_PROMPT_CACHE": "MTP requests start from the prefix cache like every other "
-                               "request (on both lanes); to run without prefix reuse, use "
-                               "--prompt-cache 0",
-}
-
-
-def start_refusals(environ: Mapping[str, str] | None = None) -> list[str]:
-    """Why this environment cannot start a server (empty: it can): a refused variable that
-    is set, or a variable whose value is wrong."""
-    env = os.environ if environ is None else environ
-    out = [f"{var} is refused: {why}" for var, why in REFUSED_VARIABLES.items()
-           if env.get(var)]
-    try:
-        from_environ(env)
-    except ValueError as exc:
-        out.append(str(exc))
-    return out
-
 
 _installed: RunConfig | None = None
 
@@ -352,6 +376,16 @@ def current() -> RunConfig:
     if _installed is None:
         return install(from_environ(os.environ))
     return _installed
+
+
+def settled() -> RunConfig:
+    """:func:`current`, or the defaults while the environment holds a wrong value: for
+    what runs before start-up checks the environment and refuses it with the reason
+    (BLAS routing as MLX loads, plugins, the CLI's parser), which must not fail first."""
+    try:
+        return current()
+    except ValueError:
+        return RunConfig()
 
 
 @contextmanager

@@ -9,7 +9,6 @@ entries its caller hands in, and the caller is here (``scan`` as the library).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Iterable
 
@@ -22,6 +21,7 @@ from .models.resolve import (
     embedded_default_available,
     resolve_model,
 )
+from .runconfig import current
 
 __all__ = ["select_model", "auto_pick", "chosen_model", "resolve", "report_selection_error"]
 
@@ -48,7 +48,7 @@ def chosen_model(args: argparse.Namespace, *, probe_mlx: bool = True) -> str | N
     or (when it is not installed or ``MLXBUN_DEFAULT_MODEL=auto``) the largest local model
     that fits. Returns a name for the loader (None: the embedded default)."""
     name = select_model(args.model, args.positional, args.query)
-    if name or (os.environ.get("MLXBUN_DEFAULT_MODEL", "embedded") != "auto"
+    if name or (current().models.default_model != "auto"
                 and embedded_default_available()):
         return name
     entry = auto_pick(scan(), machine(probe_mlx).usable_bytes)

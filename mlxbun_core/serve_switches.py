@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import argparse
 
+from .config.runtime import start_refusals
 from .request_fields import BY_NAME
-from .runconfig import parse_thinking, start_refusals
+from .runconfig import parse_thinking
 
 # the reference's tier presets and decode-route switches; None: not typed
 ROUTE_DESTS = ("compiled_decode", "compiled_activations", "fused_sdpa", "force_wire",

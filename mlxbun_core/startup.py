@@ -228,8 +228,8 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
                            memory_budget_bytes=int(args.memory_budget * 1e9)
                            if args.memory_budget else None, kv_quant=args.kv_quant,
                            fill=getattr(args, "fill", None),
-                           memory=MemoryConfig.from_env(wait_s=getattr(args, "memory_wait",
-                                                                       DEFAULT_WAIT_S)))
+                           memory=MemoryConfig.from_config(wait_s=getattr(args, "memory_wait",
+                                                                          DEFAULT_WAIT_S)))
     except ModelNotFound as exc:
         raise StartFailed(report_selection_error(exc)) from None
     except (loader.NoPluginClaimed, KVQuantUnavailable, SpecUnavailable,

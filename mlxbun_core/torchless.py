@@ -9,8 +9,9 @@ third-party plugin or job runner that does.
 
 from __future__ import annotations
 
-import os
 import sys
+
+from .runconfig import settled
 
 # the optional parts that import torch themselves
 NEEDS_TORCH = {"xgrammar"}
@@ -20,8 +21,9 @@ def keep_torch_out(grammar_backend: str | None = None) -> bool:
     """Hide torch from this process (importlib then finds no such module); True when it
     did. A no-op once torch or transformers is imported, or when ``grammar_backend`` (or
     ``MLXBUN_GRAMMAR_BACKEND``) is one that needs it."""
-    wanted = {grammar_backend, os.environ.get("MLXBUN_GRAMMAR_BACKEND")}
-    if (wanted & NEEDS_TORCH or os.environ.get("MLXBUN_TORCH", "") == "1"
+    config = settled()
+    wanted = {grammar_backend, config.grammar.backend}
+    if (wanted & NEEDS_TORCH or config.process.torch
             or "torch" in sys.modules or "transformers" in sys.modules):
         return False
     sys.modules["torch"] = None  # type: ignore[assignment]  # importlib's "no such module"

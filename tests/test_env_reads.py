@@ -25,22 +25,18 @@ ALLOWED = {
     # an environment handed to a subprocess (passed on or scrubbed)
     "mlxbun_core/launch.py", "mlxbun_core/jobs/runner.py", "mlxbun_core/isolate/child.py",
     "mlxbun_core/webchat/coding/workspace.py",
+    # the marker a process that warned of the slow BLAS leaves its children (it writes it)
+    "mlxbun_core/blas/__init__.py",
     # HOME / XDG / Hugging Face locations, token and offline switch, read where used
     # because a long-running server and tests move them with the environment
     "mlxbun_core/models/paths.py", "mlxbun_core/models/resolve.py",
     "mlxbun_core/hub/remote.py", "mlxbun_core/hub/settings.py", "mlxbun_core/jobs/quantize.py",
+    "mlxbun_core/memory/vault.py",  # MLXBUN_WIKI: the vault's folder, beside MLXBUN_HOME's
     # the launcher's rendezvous (mlx.launch, NCCL, JACCL set these, not the user)
     "mlxbun_core/distributed/group.py",
     # test helpers
     "mlxbun_core/testing/home.py", "mlxbun_core/testing/helpers.py",
     "mlxbun_core/testing/clients.py", "mlxbun_core/testing/dist.py",
-}
-# Settings still read where they are used: to be moved into the run configuration, one
-# concern at a time; this list only shrinks.
-NOT_YET_MOVED = {
-    "mlxbun_core/torchless.py", "mlxbun_core/plugins.py",
-    "mlxbun_core/blas/__init__.py", "mlxbun_core/blas/route.py", "mlxbun_core/media/fetch.py",
-    "mlxbun_core/selection.py", "mlxbun_core/memory/vault.py", "mlxbun_core/webapp/pages.py",
 }
 
 
@@ -81,9 +77,47 @@ def test_the_scan_sees_reads_and_not_writes():
 
 
 def test_nothing_below_start_up_reads_the_environment_for_a_setting():
-    outside = {m: lines for m, lines in READS.items() if m not in ALLOWED | NOT_YET_MOVED}
+    outside = {m: lines for m, lines in READS.items() if m not in ALLOWED}
     assert outside == {}, "read these through mlxbun_core.runconfig.current()"
 
 
 def test_the_lists_name_only_modules_that_read():
-    assert sorted((ALLOWED | NOT_YET_MOVED) - set(READS)) == []  # moved: take it off
+    assert sorted(ALLOWED - set(READS)) == []  # moved: take it off
+
+
+# the start-up builders, and the test helpers (which change the installed object)
+BUILDERS = {"mlxbun_core/runconfig.py", "mlxbun_core/config/runtime.py"}
+
+
+def builds(tree: ast.AST) -> list[int]:
+    """Lines that build a run configuration: ``from_environ(...)``, ``RunConfig(...)``,
+    ``install(...)`` of the run configuration."""
+    names = {"from_environ", "RunConfig", "install"}
+    imported = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                and (n.module or "").endswith("runconfig") for a in n.names} & names
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    return sorted(n.lineno for n in calls if (isinstance(n.func, ast.Name)
+                                               and n.func.id in imported)
+                  or (isinstance(n.func, ast.Attribute) and n.func.attr in names
+                      and isinstance(n.func.value, ast.Name) and n.func.value.id == "runconfig"))
+
+
+def test_the_scan_sees_a_configuration_being_built():
+    code = ("from mlxbun_core.runconfig import from_environ, current\n"
+            "import os\na = from_environ(os.environ)\nb = current()\n"
+            "from mlxbun_core import runconfig\nc = runconfig.RunConfig()\n")
+    assert builds(ast.parse(code)) == [3, 6]
+
+
+def test_only_start_up_builds_the_run_configuration():
+    """Below start-up a module reads ``current()``; only the builders (and ``startup``,
+    which installs what they build) make one."""
+    found = {}
+    for tree in TREES:
+        for path in sorted(tree.rglob("*.py")):
+            name = path.relative_to(ROOT).as_posix()
+            lines = builds(ast.parse(path.read_text()))
+            if lines and name not in BUILDERS | {"mlxbun_core/startup.py"} \
+                    and not name.startswith("mlxbun_core/testing/"):
+                found[name] = lines
+    assert found == {}

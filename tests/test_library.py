@@ -15,6 +15,7 @@ from mlxbun_core.library.scan import scan
 from mlxbun_core.models.resolve import AmbiguousModel, ModelNotFound, resolve_model
 from mlxbun_core.selection import chosen_model
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.helpers import configure
 from mlxbun_core.testing.hub_cache import add_to_hub_cache, library_env, library_hub
 
 IDS = ["acme/Tiny-Gemma4-it", "acme/Tiny-Llama-Chat", "other/Qwen3-Tiny"]
@@ -45,7 +46,7 @@ def root(tmp_path_factory):
 def env(root, monkeypatch):
     for k, v in root[1].items():
         monkeypatch.setenv(k, v)
-    monkeypatch.delenv("MLXBUN_DEFAULT_MODEL", raising=False)
+    configure(monkeypatch, models={"default_model": "embedded"})
     return root[0]
 
 
@@ -100,7 +101,7 @@ def test_selection_precedence(env, monkeypatch):
     assert chosen_model(ns(model="gemma4", positional="llama", query="qwen3")) == "gemma4"
     assert chosen_model(ns(model=None, positional="llama", query="qwen3")) == "llama"
     assert chosen_model(ns(model=None, positional=None, query="qwen3")) == "qwen3"
-    monkeypatch.setenv("MLXBUN_DEFAULT_MODEL", "auto")
+    configure(monkeypatch, models={"default_model": "auto"})
     picked = chosen_model(ns(model=None, positional=None, query=None))
     supported = [e for e in scan() if e.claim]
     largest = max(supported, key=lambda e: e.weights.total_bytes)

@@ -102,7 +102,7 @@ def test_cli_flag_and_environment_turn_on_private_media(monkeypatch):
     args = cli.build_parser().parse_args(["serve", "--allow-private-media"])
     startup.configure_media(args)
     assert fetch.policy.allow_private is True
-    code = "from mlxbun_core.media import fetch; print(fetch.policy.allow_private)"
+    code = "from mlxbun_core.media import fetch; print(fetch.policy.private_allowed())"
     for value, expect in (("1", "True"), ("0", "False")):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              env={**__import__("os").environ, "MLXBUN_ALLOW_PRIVATE_MEDIA": value})

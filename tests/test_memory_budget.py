@@ -20,6 +20,7 @@ from mlxbun_core.engine.memory import (
     parse_meminfo,
     parse_vm_stat,
 )
+from mlxbun_core.runconfig import from_environ
 
 MEMINFO = """MemTotal:       32797728 kB
 MemFree:         1203448 kB
@@ -144,8 +145,8 @@ def test_fault_injection_every_nth_step_and_a_sticky_device():
             gov.inject()
         assert classify(err.value) == DEVICE
     assert Governor().inject() is None  # off by default: no counting either
-    env = MemoryConfig.from_env({"MLXBUN_FAULT_ALLOC": "7", "MLXBUN_FAULT_DEVICE": "x"},
-                                wait_s=2.0)
+    env = MemoryConfig.from_config(
+        from_environ({"MLXBUN_FAULT_ALLOC": "7", "MLXBUN_FAULT_DEVICE": "x"}), wait_s=2.0)
     assert (env.fault_alloc, env.fault_device, env.wait_s) == (7, 0, 2.0)
 
 

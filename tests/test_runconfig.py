@@ -85,7 +85,7 @@ def test_code_below_start_up_reads_the_installed_object_not_the_environment(monk
     monkeypatch.setenv("MLXBUN_FILL", "off")
     assert prefill_shapes.enabled() and prefill_shapes.pieces(5) == [4, 1]
     assert FillPolicy.resolve().mode == "strict"
-    assert MemoryConfig.from_env().fault_alloc == 3
+    assert MemoryConfig.from_config().fault_alloc == 3
     with runconfig.overridden(engine={"prefill_buckets": "off"}):
         assert not prefill_shapes.enabled()
     assert prefill_shapes.enabled()
@@ -96,7 +96,7 @@ def test_config_show_reports_the_same_object(home, capsys, monkeypatch):
     assert cli.main(["config", "show", "--json", "--prefill-buckets", "on"]) == 0
     report = json.loads(capsys.readouterr().out)
     runtime = report["runtime"]
-    built = build(serve("--prefill-buckets", "on")).as_dict()
+    built = json.loads(json.dumps(build(serve("--prefill-buckets", "on")).as_dict()))
     assert {g: {k: row["value"] for k, row in rows.items()} for g, rows in runtime.items()} \
         == built
     assert runtime["engine"]["prefill_buckets"] == {"value": "on", "source": "flag"}
@@ -146,3 +146,89 @@ def test_the_moved_settings_are_what_their_modules_use(monkeypatch):
     assert GrammarRegistry(load_plugins=False).selected == "xgrammar"
     assert gguf_cache.stored_precision("Q4_K", gpu=False) == "bfloat16"
     assert decode_bandwidth("cpu", "x", probe_mlx=False).gbs == 123.0
+
+
+def test_the_process_settings_are_read_into_fields():
+    """Plugins, BLAS, torch, the browser, the default model and private media: settings
+    their modules used to read from the environment themselves."""
+    env = {"MLXBUN_PLUGINS": "qwen35, gemma4,", "MLXBUN_DISABLE_PLUGINS": "webapp",
+           "MLXBUN_TRACE_HOOKS": "1", "MLXBUN_BLAS": " reference ", "MLXBUN_TORCH": "1",
+           "MLXBUN_BLAS_THREADS": "3", "OPENBLAS_NUM_THREADS": "8",
+           "MLXBUN_DEFAULT_MODEL": "Auto", "MLXBUN_ALLOW_PRIVATE_MEDIA": "yes",
+           "MLXBUN_NO_OPEN": "0", "CI": "true"}
+    c = runconfig.from_environ(env)
+    p = c.process
+    assert (p.plugins, p.disable_plugins, p.trace_hooks) == (("qwen35", "gemma4"),
+                                                             ("webapp",), True)
+    assert (p.blas, p.blas_threads, p.torch) == ("reference", 3, True)
+    assert p.no_open is False  # its own variable wins over CI
+    assert (c.models.default_model, c.server.allow_private_media) == ("auto", True)
+    others = runconfig.from_environ({"OPENBLAS_NUM_THREADS": "8", "CI": "1",
+                                     "MLXBUN_TRACE_HOOKS": "off", "MLXBUN_TORCH": "yes"})
+    assert others.process.blas_threads == 0  # OpenBLAS's own choice
+    assert others.process.no_open and not others.process.trace_hooks
+    assert not others.process.torch  # only 1 keeps torch, as before
+    blank = runconfig.from_environ({}).process
+    assert (blank.plugins, blank.disable_plugins, blank.blas, blank.blas_threads,
+            blank.no_open) == (None, (), "auto", None, False)
+
+
+def test_config_show_lists_the_process_settings_and_their_sources(home, capsys, monkeypatch):
+    monkeypatch.setenv("MLXBUN_DEFAULT_MODEL", "auto")
+    monkeypatch.setenv("MLXBUN_DISABLE_PLUGINS", "webapp,other")
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "4")
+    monkeypatch.setenv("CI", "1")
+    monkeypatch.setenv("MLXBUN_ALLOW_PRIVATE_MEDIA", "1")
+    assert cli.main(["config", "show", "--json"]) == 0
+    runtime = json.loads(capsys.readouterr().out)["runtime"]
+    assert runtime["models"]["default_model"] == {"value": "auto",
+                                                  "source": "env MLXBUN_DEFAULT_MODEL"}
+    assert runtime["process"]["disable_plugins"] == {
+        "value": ["webapp", "other"], "source": "env MLXBUN_DISABLE_PLUGINS"}
+    assert runtime["process"]["blas_threads"] == {"value": 0,
+                                                  "source": "env OPENBLAS_NUM_THREADS"}
+    assert runtime["process"]["no_open"] == {"value": True, "source": "env CI"}
+    assert runtime["process"]["blas"] == {"value": "auto", "source": "default"}
+    assert runtime["server"]["allow_private_media"] == {
+        "value": True, "source": "env MLXBUN_ALLOW_PRIVATE_MEDIA"}
+    monkeypatch.delenv("MLXBUN_ALLOW_PRIVATE_MEDIA")
+    monkeypatch.delenv("CI")
+    monkeypatch.delenv("PYTEST_CURRENT_TEST")
+    (home / "mlxbun.yaml").write_text("serve:\n  allow_private_media: true\n")
+    assert cli.main(["config", "show", "--json", "--no-open"]) == 0
+    runtime = json.loads(capsys.readouterr().out)["runtime"]
+    assert runtime["server"]["allow_private_media"]["value"] is True
+    assert runtime["server"]["allow_private_media"]["source"].startswith("file:")
+    assert runtime["process"]["no_open"] == {"value": True, "source": "flag"}
+    assert build(serve()).process.no_open is False
+    assert build(serve()).server.allow_private_media is True  # from the file
+
+
+def test_the_process_settings_are_what_their_modules_use(monkeypatch):
+    """Plugins, BLAS threads, the browser, the fetch policy and the default model read
+    their fields: a variable set after start-up changes nothing, the configuration does."""
+    import argparse
+
+    from mlxbun_core import plugins, selection
+    from mlxbun_core.blas import route
+    from mlxbun_core.media import fetch
+    from mlxbun_core.webapp import pages
+
+    configure(monkeypatch, process={"disable_plugins": ("gemma4",), "plugins": ("qwen35",),
+                                    "no_open": True},
+              server={"allow_private_media": True}, models={"default_model": "embedded"})
+    monkeypatch.setenv("MLXBUN_DISABLE_PLUGINS", "")
+    monkeypatch.setenv("MLXBUN_NO_OPEN", "0")
+    monkeypatch.setattr(fetch.policy, "allow_private", None)
+    assert [plugins._wanted(n) for n in ("qwen35", "gemma4", "llama")] == [True, False, False]
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True)
+    assert not pages.interactive_start(no_open=False)
+    assert fetch.policy.private_allowed()
+    assert (route.default_threads(5), route.default_threads(0)) == (5, None)
+    assert route.default_threads(None) >= 1
+    monkeypatch.setattr(selection, "embedded_default_available", lambda: True)
+    monkeypatch.setenv("MLXBUN_DEFAULT_MODEL", "auto")
+    nothing = argparse.Namespace(model=None, positional=None, query=None)
+    assert selection.chosen_model(nothing) is None  # the embedded default, not a pick
+    configure(monkeypatch, process={"no_open": False}, server={"allow_private_media": False})
+    assert pages.interactive_start(no_open=False) and not fetch.policy.private_allowed()

@@ -17,6 +17,8 @@ import sys
 import threading
 from dataclasses import asdict, dataclass
 
+from ..runconfig import settled
+
 __all__ = ["BlasState", "install", "state", "banner"]
 
 log = logging.getLogger("mlxbun.blas")
@@ -75,7 +77,7 @@ def _decide() -> BlasState:
     from . import elf, route
 
     libmlx = elf.loaded_library("/libmlx.so")
-    choice = os.environ.get("MLXBUN_BLAS", "auto").strip()
+    choice, threads = settled().process.blas, settled().process.blas_threads
     reference = route.serving(libmlx) if libmlx is not None else None
     if choice == "reference":
         return BlasState("reference", "reference", reference, note="MLXBUN_BLAS=reference")
@@ -86,7 +88,7 @@ def _decide() -> BlasState:
             else "no optimized BLAS found")
         return BlasState("reference", "reference", reference, note=f"{why}. Fix: {route.FIX}")
     try:
-        r = route.route(libmlx, provider)
+        r = route.route(libmlx, provider, route.default_threads(threads))
     except Exception as exc:  # an unexpected libmlx layout: stay on what MLX ships
         log.debug("BLAS routing failed", exc_info=True)
         return BlasState("reference", "reference", reference,
@@ -101,7 +103,7 @@ def _activate() -> None:
         if _state.active != "pending":
             return
         _state = _decide()
-    asked = os.environ.get("MLXBUN_BLAS", "").strip() == "reference"
+    asked = settled().process.blas == "reference"
     if _state.active == "reference" and not asked and not os.environ.get("MLXBUN_BLAS_WARNED"):
         os.environ["MLXBUN_BLAS_WARNED"] = "1"  # children (jobs, --isolate engines) stay quiet
         print(f"mlxbun: warning: MLX's CPU matrix products use the slow reference BLAS "

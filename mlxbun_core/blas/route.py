@@ -78,8 +78,9 @@ class Routed:
 _keep: list = []  # loaded providers stay loaded: libmlx now calls into them
 
 
-def route(libmlx: Path, provider: Provider) -> Routed:
-    """Set libmlx's import slots for :data:`ROUTED` to ``provider``'s functions."""
+def route(libmlx: Path, provider: Provider, threads: int | None = None) -> Routed:
+    """Set libmlx's import slots for :data:`ROUTED` to ``provider``'s functions, with
+    OpenBLAS on ``threads`` (None: its own choice)."""
     lib = ctypes.CDLL(str(provider.path), mode=ctypes.RTLD_LOCAL)
     _keep.append(lib)
     base = elf.loaded_base(libmlx)
@@ -89,7 +90,6 @@ def route(libmlx: Path, provider: Provider) -> Routed:
     if "cblas_sgemm" not in slots.by_name:
         raise elf.NotSupported(f"{libmlx.name} does not import cblas_sgemm")
     setter = getattr(lib, provider.prefix + "openblas_set_num_threads", None)
-    threads = default_threads()
     if setter is not None and threads is not None:
         setter(ctypes.c_int(threads))
     for name, offsets in slots.by_name.items():
@@ -103,20 +103,19 @@ def route(libmlx: Path, provider: Provider) -> Routed:
                   *_describe(lib, provider))
 
 
-def default_threads() -> int | None:
-    """OpenBLAS threads: ``MLXBUN_BLAS_THREADS``, else OpenBLAS's own choice when
-    ``OPENBLAS_NUM_THREADS`` is set, else one core fewer than this process may use.
+def default_threads(setting: int | None) -> int | None:
+    """OpenBLAS threads for ``setting`` (the run configuration's ``blas_threads``, from
+    ``MLXBUN_BLAS_THREADS``): a count is taken as it is, 0 (``OPENBLAS_NUM_THREADS`` is
+    set) leaves OpenBLAS its own choice (None), None is one core fewer than this process
+    may use.
 
     The spare core keeps the server's own threads (event loop, detokenizer, grammar
     masks, which run beside the forward pass) from preempting a BLAS thread: OpenBLAS
     threads meet at a barrier on every call, and one descheduled thread stalls them all
     (measured on a busy 2-core box: a 128-row product at 36 GFLOP/s on one thread,
     3-5 on two)."""
-    env = os.environ.get("MLXBUN_BLAS_THREADS", "").strip()
-    if env.isdigit() and int(env) > 0:
-        return int(env)
-    if os.environ.get("OPENBLAS_NUM_THREADS"):
-        return None
+    if setting is not None:
+        return setting or None
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

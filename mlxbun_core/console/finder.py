@@ -26,8 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 START_TIMEOUT_S = 15 * 60.0  # a first start may convert the embedded default or download
 STOP_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 2.0
@@ -89,6 +87,8 @@ def base_url(host: str, port: int) -> str:
 def probe(url: str, api_key: str | None = None, wanted: str | None = None) -> Server | None:
     """The mlxbun server at ``url`` serving ``wanted`` (None: its own model); None when
     nothing listens there, :class:`NoServer` when what answers cannot be used."""
+    import httpx  # here: every verb's parser imports this module, few verbs probe
+
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         health = httpx.get(f"{url}/health", headers=headers, timeout=PROBE_TIMEOUT_S * 2)
@@ -115,6 +115,8 @@ def _describe(url: str, headers: dict[str, str]
               ) -> tuple[dict[str, Any], list[dict[str, Any]], int | None]:
     """``GET /v1``'s index, ``/v1/models``' rows and that answer's status (empty when
     either does not answer as JSON)."""
+    import httpx
+
     try:
         index = httpx.get(f"{url}/v1", headers=headers, timeout=PROBE_TIMEOUT_S).json()
         models = httpx.get(f"{url}/v1/models", headers=headers, timeout=PROBE_TIMEOUT_S * 5)

@@ -80,9 +80,9 @@ class Engine:
                  speculation: SpecConfig | None = None,
                  predictor: TokenPredictor | None = None, memory: MemoryConfig | None = None):
         self.model = model
-        # memory measured, pressure met, faults injected (tests): the environment's
-        # MLXBUN_FAULT_* are read here, once, unless ``memory`` says
-        self.memory = Governor(memory or MemoryConfig.from_env())
+        # memory measured, pressure met, faults injected (tests): the run configuration's
+        # faults (MLXBUN_FAULT_*) unless ``memory`` says
+        self.memory = Governor(memory or MemoryConfig.from_config())
         self.memory.on_lost = self._device_lost
         self.memory.lockstep = isinstance(getattr(model.model, "journal", None), Journal)
         # the checkpoint's multi-token-prediction head (--draft-kind mtp / draft_kind "mtp")

@@ -18,7 +18,7 @@ tells memory it can win back from a device it cannot.
 - **Fault injection, for tests.** ``MLXBUN_FAULT_ALLOC=N``: every N-th step's allocation
   fails as MLX's out-of-memory does; ``MLXBUN_FAULT_DEVICE=N``: step N fails as a sticky
   device fault, and every step after it. Read once, where the engine starts
-  (:meth:`MemoryConfig.from_env`); a step is one pass of the batch, one step of the lone
+  (:meth:`MemoryConfig.from_config`); a step is one pass of the batch, one step of the lone
   stream or of the serial lane.
 """
 
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..events import Retry
-from ..runconfig import current, from_environ
+from ..runconfig import RunConfig, current
 
 OOM, DEVICE = "oom", "device"
 MEMORY_PRESSURE, DEVICE_FAULT = "memory_pressure", "device_fault"  # Retry codes
@@ -82,10 +82,9 @@ class MemoryConfig:
     margin_bytes: int | None = None  # None: max(512 MiB, 5 % of the device's memory)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **kw: Any) -> MemoryConfig:
-        """The fault injection of ``environ`` (a mapping of variables), else of the run
-        configuration (read once, by the engine's start)."""
-        faults = (current() if environ is None else from_environ(environ)).faults
+    def from_config(cls, config: RunConfig | None = None, **kw: Any) -> MemoryConfig:
+        """The fault injection of ``config``, else of the installed run configuration."""
+        faults = (config or current()).faults
         return cls(fault_alloc=faults.alloc, fault_device=faults.device, **kw)
 
 

@@ -29,13 +29,13 @@ import asyncio
 import base64
 import binascii
 import ipaddress
-import os
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from urllib.parse import unquote_to_bytes, urljoin, urlsplit, urlunsplit
 
 from ..errors import BadRequest
+from ..runconfig import current
 
 MB = 1 << 20
 SIZE_LIMITS = {"image": 64 * MB, "audio": 64 * MB, "video": 256 * MB}
@@ -56,7 +56,8 @@ async def system_resolver(host: str, port: int) -> list:
 class FetchPolicy:
     """Where remote media may come from, and how much of it."""
 
-    allow_private: bool = False
+    allow_private: bool | None = None
+    """LAN hosts allowed; None: as the run configuration says (``allow_private_media``)."""
     timeout_s: float = 10.0
     max_redirects: int = 5
     size_limits: dict = field(default_factory=lambda: dict(SIZE_LIMITS))
@@ -64,15 +65,16 @@ class FetchPolicy:
     trusted_networks: tuple = ()
     """Networks allowed whatever their class (an operator's allowlist, e.g. one NAS)."""
 
+    def private_allowed(self) -> bool:
+        if self.allow_private is None:
+            return current().server.allow_private_media
+        return self.allow_private
+
     def limit(self, kind: str) -> int:
         return self.size_limits.get(kind, SIZE_LIMITS["image"])
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-policy = FetchPolicy(allow_private=_env_flag("MLXBUN_ALLOW_PRIVATE_MEDIA"))
+policy = FetchPolicy()
 """The process-wide policy; ``mlxbun serve --allow-private-media`` sets ``allow_private``."""
 
 
@@ -216,7 +218,7 @@ async def _pin(url: str, kind: str, pol: FetchPolicy) -> tuple[str, str, str]:
         if not addrs:
             raise _rejected(kind, f"{host} resolves to no address") from None
     for addr in addrs:  # every answer must pass: a mixed answer is a rebinding setup
-        cls = refusal(addr, pol.allow_private, pol.trusted_networks)
+        cls = refusal(addr, pol.private_allowed(), pol.trusted_networks)
         if cls:
             raise _rejected(kind, f"{addr} is a {cls} address" if addr == host
                             else f"{host} resolves to {addr}, a {cls} address")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import threading
 import time
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING
 from blacksheep import Request, Response
 from blacksheep.contents import Content
 
+from ..runconfig import current
 from ..server.common import Handler, json_response
 from ..webchat.apptools import ROUTES
 
@@ -151,9 +151,7 @@ def page_url(host: str, port: int) -> str:
 def interactive_start(no_open: bool) -> bool:
     """Open a browser only for a person at a terminal: not with --no-open, not when
     output is piped or logged, not under tests or CI."""
-    if no_open or not sys.stdout.isatty():
-        return False
-    return not any(os.environ.get(v) for v in ("PYTEST_CURRENT_TEST", "CI", "MLXBUN_NO_OPEN"))
+    return not (no_open or current().process.no_open) and sys.stdout.isatty()
 
 
 def open_when_started(server: uvicorn.Server, url: str, timeout: float = 60.0) -> threading.Thread:
