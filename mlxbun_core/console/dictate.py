@@ -18,11 +18,14 @@ import time
 import wave
 from collections.abc import Iterator
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ..speech import SAMPLE_RATE, TranscribeOptions
-from ..speech.live import Window, windows
+
+if TYPE_CHECKING:  # numpy and the windowing load when the verb runs, not for every verb
+    import numpy as np
+
+    from ..speech.live import Window
 
 NO_MIC = 2  # exit status: no way to record here
 
@@ -60,6 +63,7 @@ def cmd_dictate(args: argparse.Namespace) -> int:
     from ..errors import APIError
     from ..loader import load
     from ..model import LoadOptions
+    from ..speech.live import windows
 
     if args.window <= 0:
         return _fail("--window must be a positive number of seconds")
