@@ -57,10 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     from . import plugins
     from .config.show import add_parser as add_config_parser
     from .hub import cli as hub_cli
+    from . import pi_agent
     from .launch import add_parser as add_launch_parser
 
     add_config_parser(sub)
     add_launch_parser(sub)
+    pi_agent.add_parsers(sub)  # `pi`, `harness pi`
     hub_cli.add_parsers(sub)
     console_verbs.add_parsers(sub)
     cache_verb.add_parsers(sub)
@@ -182,6 +184,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     own_process = argv is None  # the command line, not a caller's argv (tests run main in-process)
     argv = console_verbs.with_default_verb(sys.argv[1:] if argv is None else argv)
+    if argv[0] == "pi":  # its words mix pi's flags, serve's and a prompt: parsed there
+        from .pi_agent import cmd_pi
+
+        return cmd_pi(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "serve":
         from .config import ConfigError, apply_config
