@@ -54,10 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("gguf")
     c.add_argument("out")
 
-    from . import plugins
+    from . import pi_agent, plugins
     from .config.show import add_parser as add_config_parser
     from .hub import cli as hub_cli
-    from . import pi_agent
     from .launch import add_parser as add_launch_parser
 
     add_config_parser(sub)

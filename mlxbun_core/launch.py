@@ -206,7 +206,7 @@ def _stop_on(signum: int, frame: Any) -> None:
 
 def cold_start_note(client: str) -> str:
     what = {"claude": "Claude Code's ~12k-token", "codex": "Codex's ~6k-token",
-            "pi": "pi's ~2k-token"}[client]
+            "pi": "pi's whole"}[client]
     return (f"mlxbun: on a CPU the first request reads {what} prompt for minutes (13 on a "
             "busy 2-core box); later turns reuse its KV (prefix cache), and --ssd-cache DIR "
             "keeps it across restarts")

@@ -47,7 +47,8 @@ function entry(id: string, window?: number | null) {{
 async function served(key: string | undefined) {{
   try {{
     const headers: Record<string, string> = key ? {{ Authorization: `Bearer ${{key}}` }} : {{}};
-    const answer = await fetch(`${{BASE_URL}}/models`, {{ headers, signal: AbortSignal.timeout(3000) }});
+    const signal = AbortSignal.timeout(3000);
+    const answer = await fetch(`${{BASE_URL}}/models`, {{ headers, signal }});
     if (!answer.ok) return FALLBACK;
     const body = (await answer.json()) as {{ data?: Row[] }};
     const rows = (body.data ?? []).filter((row) => row && typeof row.id === "string");
