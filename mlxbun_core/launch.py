@@ -1,4 +1,4 @@
-"""``mlxbun launch claude|codex [SERVE FLAGS] [-- CLIENT ARGS]``: a coding agent on mlxbun.
+"""``mlxbun launch claude|codex|pi [SERVE FLAGS] [-- CLIENT ARGS]``: a coding agent on mlxbun.
 
 Finds the server the serve flags (and ``mlxbun.yaml``, ``MLXBUN_HOST``/``MLXBUN_PORT``)
 point at, or starts ``mlxbun serve`` with those flags in its own session (so the client's
@@ -11,7 +11,9 @@ what it needs:
   minutes), and the switches that stop it phoning home (updates, telemetry, error
   reports);
 - **Codex CLI**: a throwaway ``CODEX_HOME`` whose ``config.toml`` names a custom
-  provider on the Responses wire (``wire_api = "responses"``), the model and its window.
+  provider on the Responses wire (``wire_api = "responses"``), the model and its window;
+- **pi**: a throwaway ``PI_CODING_AGENT_DIR`` naming our server as its provider on the
+  Chat Completions wire, the model and its window (``pi_agent.py``).
 
 A server this command started is drained and stopped when the client exits. A client
 that is not installed gets the npm command that installs it.
@@ -35,6 +37,7 @@ from .console.finder import NoServer, Server, base_url, log_file, probe
 CLIENTS = {  # what to run, and the npm package that provides it
     "claude": ("claude", "@anthropic-ai/claude-code"),
     "codex": ("codex", "@openai/codex"),
+    "pi": ("pi", "@earendil-works/pi-coding-agent"),
 }
 REQUEST_TIMEOUT_MS = 3_600_000  # the clients' own defaults (5-10 min) are less than a CPU prefill
 NO_PHONING_HOME = {"DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1",
@@ -51,7 +54,7 @@ class LaunchFailed(NoServer):
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "launch", help="run Claude Code or Codex against mlxbun (starts a server if none "
+        "launch", help="run Claude Code, Codex or pi against mlxbun (starts a server if none "
                        "answers, stops it after)",
         description="Run a coding agent against mlxbun. Flags before -- are `mlxbun serve` "
                     "flags (they pick the server to find or start: --model, --port, "
@@ -137,7 +140,7 @@ def run_client(client: str, server: Server, args: list[str]) -> int:
     """The client in the foreground; its exit status. Ctrl-C is the client's alone."""
     exe = find_client(client)
     with tempfile.TemporaryDirectory(prefix="mlxbun-launch-") as tmp:
-        extra = claude_env(server) if client == "claude" else codex_home(server, Path(tmp))
+        extra = client_env(client, server, Path(tmp))
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             return subprocess.call([exe, *args], env={**os.environ, **extra})
@@ -145,13 +148,30 @@ def run_client(client: str, server: Server, args: list[str]) -> int:
             signal.signal(signal.SIGINT, previous)
 
 
+def client_env(client: str, server: Server, tmp: Path) -> dict[str, str]:
+    """What ``client`` needs in its environment (its config written under ``tmp``)."""
+    if client == "claude":
+        return claude_env(server)
+    if client == "codex":
+        return codex_home(server, tmp)
+    from .pi_agent import agent_dir
+
+    return agent_dir(server, tmp)
+
+
 def cmd_launch(args: argparse.Namespace, argv: list[str]) -> int:
     """``mlxbun launch``; ``argv`` is the command line (argparse drops a leading ``--``
     from ``args.rest``, so the split is made on the words as typed)."""
     start = argv.index("launch") + 1
     flags, client_args = split_args(argv[argv.index(args.client, start) + 1:])
+    return launch_client(args.client, flags, client_args)
+
+
+def launch_client(client: str, flags: list[str], client_args: list[str]) -> int:
+    """The server ``flags`` point at, found or started; ``client`` against it; the
+    client's exit status (``mlxbun pi`` comes in here too)."""
     try:
-        find_client(args.client)  # before any server starts for it
+        find_client(client)  # before any server starts for it
         settings = serve_settings(flags)
         wanted = settings.model or settings.positional
         url = base_url(settings.host, settings.port)
@@ -162,13 +182,13 @@ def cmd_launch(args: argparse.Namespace, argv: list[str]) -> int:
             server = finder.start(flags, settings.port, host=settings.host,
                                   api_key=settings.api_key,
                                   log=log_file(f"launch-serve-{settings.port}.log"))
-        print(cold_start_note(args.client), file=sys.stderr, flush=True)
+        print(cold_start_note(client), file=sys.stderr, flush=True)
     except NoServer as exc:
         print(f"mlxbun: {exc}", file=sys.stderr)
         return exc.status
     previous = {s: signal.signal(s, _stop_on) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        return run_client(args.client, server, client_args)
+        return run_client(client, server, client_args)
     except NoServer as exc:
         print(f"mlxbun: {exc}", file=sys.stderr)
         return exc.status
@@ -185,7 +205,8 @@ def _stop_on(signum: int, frame: Any) -> None:
 
 
 def cold_start_note(client: str) -> str:
-    what = "Claude Code's ~12k-token" if client == "claude" else "Codex's ~6k-token"
+    what = {"claude": "Claude Code's ~12k-token", "codex": "Codex's ~6k-token",
+            "pi": "pi's whole"}[client]
     return (f"mlxbun: on a CPU the first request reads {what} prompt for minutes (13 on a "
             "busy 2-core box); later turns reuse its KV (prefix cache), and --ssd-cache DIR "
             "keeps it across restarts")

@@ -1,4 +1,4 @@
-"""Real coding-agent CLIs as test clients: Claude Code and OpenAI's Codex CLI from npm.
+"""Real coding-agent CLIs as test clients: Claude Code, OpenAI's Codex CLI and pi from npm.
 
 :func:`install_clients` runs ``npm install`` once into a git-ignored cache directory
 of the repository (``.npm-clients/``) and reuses it while the pinned versions match;
@@ -23,6 +23,9 @@ from pathlib import Path
 
 CLAUDE_CODE = ("@anthropic-ai/claude-code", "2.1.332")
 CODEX = ("@openai/codex", "0.171.0")
+# pi's last release that runs on Node 20 (0.75 and later want Node >= 22.19); its provider
+# config (models.json, extensions) is the one the newer releases document
+PI = ("@earendil-works/pi-coding-agent", "0.74.2")
 CACHE_DIR = ".npm-clients"
 INSTALL_TIMEOUT_S = 600
 RUN_TIMEOUT_S = 120
@@ -46,15 +49,15 @@ def _installed_version(prefix: Path, package: str) -> str | None:
 
 
 def install_clients(root: Path) -> dict[str, Path]:
-    """The ``claude`` and ``codex`` executables, installed under ``root/.npm-clients``
+    """The ``claude``, ``codex`` and ``pi`` executables, installed under ``root/.npm-clients``
     (once; a lock keeps concurrent test runs from installing over each other)."""
     npm = shutil.which("npm")
     if npm is None:
         raise RuntimeError("npm is required for the real-client tests (Claude Code, Codex "
-                           "CLI); install Node.js and npm")
+                           "CLI, pi); install Node.js and npm")
     prefix = Path(root).resolve() / CACHE_DIR
     prefix.mkdir(parents=True, exist_ok=True)
-    wanted = (CLAUDE_CODE, CODEX)
+    wanted = (CLAUDE_CODE, CODEX, PI)
     with open(prefix / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if any(_installed_version(prefix, name) != version for name, version in wanted):
@@ -66,7 +69,8 @@ def install_clients(root: Path) -> dict[str, Path]:
                 raise RuntimeError(f"npm install {' '.join(specs)} failed:\n"
                                    f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
     bins = {"claude": prefix / "node_modules" / ".bin" / "claude",
-            "codex": prefix / "node_modules" / ".bin" / "codex"}
+            "codex": prefix / "node_modules" / ".bin" / "codex",
+            "pi": prefix / "node_modules" / ".bin" / "pi"}
     for name, path in bins.items():
         if not os.access(path, os.X_OK):
             raise RuntimeError(f"npm installed no runnable {name} at {path}")

@@ -1,0 +1,178 @@
+"""pi (npm ``@earendil-works/pi-coding-agent``, installed by ``npm_clients``) on mlxbun:
+``mlxbun launch pi``, ``mlxbun pi`` and ``mlxbun harness pi``, each with the real pi as a
+child against a real server. The model is a tiny one-sliding-layer checkpoint whose
+logits follow a script chosen from the prompt it was shown (tests/scripted_model.py), so
+what pi prints is exact: the read tool's call, its result coming back, the answer."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from mlxbun_core import pi_agent
+from mlxbun_core.console.finder import Server
+from mlxbun_core.testing.clients import long_context_options
+from mlxbun_core.testing.server import free_port
+from scripted_model import scripted_server
+
+RUN_TIMEOUT_S = 600
+PI_SYSTEM = "You are an expert coding assistant operating inside pi"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with scripted_server("", name="scripted-pi", seed=3737, **long_context_options()) as pair:
+        yield pair
+
+
+def mlxbun(args: list[str], *, home: Path, npm_bin: Path | None, cwd: Path,
+           env: dict | None = None) -> subprocess.CompletedProcess:
+    """``mlxbun ARGS`` in a child as a user would type it: a throwaway HOME, the npm
+    clients on PATH (or not), no pi settings or keys of the person running the tests."""
+    home.mkdir(parents=True, exist_ok=True)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PI_", "OPENAI_"))}
+    path = base.get("PATH", "")
+    base.update(HOME=str(home), NO_COLOR="1", TERM="dumb",
+                PATH=f"{npm_bin}{os.pathsep}{path}" if npm_bin else path)
+    base.update(env or {})
+    return subprocess.run([sys.executable, "-m", "mlxbun_core.cli", *args], cwd=cwd,
+                          env=base, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          timeout=RUN_TIMEOUT_S)
+
+
+def read_then_answer(path: Path, token: str):
+    """The script: pi's read tool on ``path``; once its text is in the prompt, the answer."""
+    call = json.dumps({"name": "read", "arguments": {"path": str(path)}})
+
+    def reply(prompt: str) -> str:
+        return f"The file says {token}." if token in prompt else f"<tool_call>{call}</tool_call>"
+    return reply
+
+
+def test_launch_pi_runs_the_read_tool_against_the_server(server, npm_clients, tmp_path):
+    srv, plugin = server
+    token = f"mlxbun-{uuid.uuid4().hex[:12]}"
+    (tmp_path / "hello.txt").write_text(token + "\n", encoding="utf-8")
+    plugin.reply = read_then_answer(tmp_path / "hello.txt", token)
+    seen = len(plugin.prompts)
+    home = tmp_path / "home"
+    done = mlxbun(["launch", "pi", "--port", str(srv.port), "--", "-p",
+                   "What does hello.txt say?"], home=home,
+                  npm_bin=npm_clients["pi"].parent, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert done.stdout.strip() == f"The file says {token}."
+    assert f"using the server at {srv.base_url}" in done.stderr
+    assert len(plugin.prompts) == seen + 2  # the tool call, then its result came back
+    first, second = plugin.prompts[seen:]
+    assert PI_SYSTEM in first and "What does hello.txt say?" in first
+    assert token in second and token not in first
+    assert not (home / ".pi").exists()  # the user's own pi config is never touched
+    sessions = Path(os.environ["MLXBUN_HOME"]) / "pi-sessions"
+    assert any(sessions.rglob("*.jsonl"))  # kept for `mlxbun pi -- --continue`
+
+
+def test_mlxbun_pi_one_shot_json_with_serve_flags(server, npm_clients, tmp_path):
+    srv, plugin = server
+    plugin.reply = lambda prompt: "Hi from mlxbun."
+    seen = len(plugin.prompts)
+    done = mlxbun(["pi", "--port", str(srv.port), "--json", "-p", "say", "hi"],
+                  home=tmp_path / "home", npm_bin=npm_clients["pi"].parent, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    ends = [e["message"] for e in events if e.get("type") == "message_end"
+            and e["message"].get("role") == "assistant"]
+    assert [part["text"] for m in ends for part in m["content"] if part["type"] == "text"] \
+        == ["Hi from mlxbun."]
+    assert ends[0]["provider"] == "mlxbun" and ends[0]["model"] == plugin.path.name
+    assert len(plugin.prompts) == seen + 1 and "say hi" in plugin.prompts[seen]
+
+
+def test_harness_pi_connects_the_users_own_pi_and_removes_itself(server, npm_clients,
+                                                                 tmp_path):
+    srv, plugin = server
+    plugin.reply = lambda prompt: "Hello through the extension."
+    home = tmp_path / "home"
+    pi_bin = npm_clients["pi"].parent
+    done = mlxbun(["harness", "pi", "--base-url", srv.base_url], home=home, npm_bin=pi_bin,
+                  cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    extension = home / ".pi" / "agent" / "extensions" / "mlxbun-provider.ts"
+    assert f"wrote {extension}" in done.stdout and plugin.path.name in done.stdout
+    assert sorted(p.name for p in (home / ".pi").rglob("*")) == [
+        "agent", "extensions", "mlxbun-provider.ts"]  # one file, nothing else of pi's
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "TMPDIR")}
+    env.update(HOME=str(home), PI_OFFLINE="1", NO_COLOR="1", TERM="dumb")
+    pi = subprocess.run([str(npm_clients["pi"]), "--provider", "mlxbun", "--no-session", "-p",
+                         "Say hello."], cwd=tmp_path, env=env, capture_output=True,
+                        text=True, stdin=subprocess.DEVNULL, timeout=RUN_TIMEOUT_S)
+    assert pi.returncode == 0, pi.stdout[-2000:] + pi.stderr[-2000:]
+    assert pi.stdout.strip() == "Hello through the extension."
+    done = mlxbun(["harness", "pi", "--remove"], home=home, npm_bin=pi_bin, cwd=tmp_path)
+    assert done.returncode == 0 and f"removed {extension}" in done.stdout
+    assert not extension.exists()
+
+
+def test_harness_pi_respects_pi_config_dir_and_leaves_a_foreign_file(tmp_path):
+    agent = tmp_path / "pi-config"
+    port = free_port()  # nothing listens: the file is written, the models come at pi's start
+    done = mlxbun(["harness", "pi", "--base-url", f"http://127.0.0.1:{port}/v1/"],
+                  home=tmp_path / "home", npm_bin=None, cwd=tmp_path,
+                  env={"PI_CODING_AGENT_DIR": str(agent)})
+    assert done.returncode == 0, done.stderr
+    text = (agent / "extensions" / "mlxbun-provider.ts").read_text()
+    assert f'const BASE_URL = "http://127.0.0.1:{port}/v1";' in text
+    assert "const FALLBACK = [];" in text and "no server answers" in done.stdout
+    assert "npm install -g @earendil-works/pi-coding-agent" in done.stdout
+    foreign = agent / "extensions" / "mlxbun-provider.ts"
+    foreign.write_text("// mine\n")
+    for args in (["harness", "pi"], ["harness", "pi", "--remove"]):
+        done = mlxbun(args, home=tmp_path / "home", npm_bin=None, cwd=tmp_path,
+                      env={"PI_CODING_AGENT_DIR": str(agent)})
+        assert done.returncode == 2 and "left as it is" in done.stderr
+    assert foreign.read_text() == "// mine\n"
+
+
+def test_a_missing_pi_gets_its_npm_command_and_no_server(tmp_path):
+    port = free_port()
+    done = mlxbun(["pi", "--port", str(port), "-p", "hi"], home=tmp_path / "home",
+                  npm_bin=None, cwd=tmp_path)
+    assert done.returncode == 127
+    assert "npm install -g @earendil-works/pi-coding-agent" in done.stderr
+    assert "starting" not in done.stderr
+
+
+def test_pi_words_map_onto_pi_and_serve_flags():
+    split = pi_agent.split_pi_args
+    assert split(["-q", "qwen", "--port", "8090", "fix", "the", "test"], False) == (
+        ["-q", "qwen", "--port", "8090"], ["fix the test"])
+    assert split(["-p", "--json", "summarize", "--ssd-cache=/kv"], False) == (
+        ["--ssd-cache=/kv"], ["-p", "--mode", "json", "summarize"])
+    assert split(["--mode", "rpc", "--verbose"], True) == ([], ["--mode", "rpc", "--verbose"])
+    assert split(["review", "this"], True) == ([], ["-p", "review this"])  # piped stdin
+    assert split(["--mode", "text", "--", "--continue"], False) == ([], ["-p", "--continue"])
+    for bad in (["--resume"], ["--mode", "tui"], ["--mode"]):
+        with pytest.raises(pi_agent.PiArgsError):
+            split(bad, False)
+
+
+def test_models_json_names_the_served_model_and_its_window(tmp_path):
+    server = Server("http://127.0.0.1:9999", "acme/Coder-7B", 32768, "sk-1")
+    env = pi_agent.agent_dir(server, tmp_path)
+    agent = Path(env["PI_CODING_AGENT_DIR"])
+    provider = json.loads((agent / "models.json").read_text())["providers"]["mlxbun"]
+    assert provider["baseUrl"] == "http://127.0.0.1:9999/v1"
+    assert provider["api"] == "openai-completions" and provider["apiKey"] == "sk-1"
+    assert provider["compat"]["supportsDeveloperRole"] is False
+    [model] = provider["models"]
+    assert (model["id"], model["contextWindow"], model["maxTokens"]) == (
+        "acme/Coder-7B", 32768, 8192)
+    assert (agent / "models.json").stat().st_mode & 0o077 == 0  # the key is the user's alone
+    settings = json.loads((agent / "settings.json").read_text())
+    assert (settings["defaultProvider"], settings["defaultModel"]) == ("mlxbun", "acme/Coder-7B")
+    assert env["PI_OFFLINE"] == "1" and env["PI_TELEMETRY"] == "0"
