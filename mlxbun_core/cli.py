@@ -83,14 +83,14 @@ def _core_parser() -> tuple[argparse.ArgumentParser,
 
     convert_verb.add_parser(sub)
 
-    from . import pi_agent
     from .config.show import add_parser as add_config_parser
     from .hub import cli as hub_cli
     from .launch import add_parser as add_launch_parser
+    from .launch.pi_verb import add_parsers as add_pi_parsers
 
     add_config_parser(sub)
     add_launch_parser(sub)
-    pi_agent.add_parsers(sub)  # `pi`, `harness pi`
+    add_pi_parsers(sub)  # `pi`, `harness pi`
     hub_cli.add_parsers(sub)
     console_verbs.add_parsers(sub)
     cache_verb.add_parsers(sub)
@@ -222,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     own_process = argv is None  # the command line, not a caller's argv (tests run main in-process)
     argv = console_verbs.with_default_verb(sys.argv[1:] if argv is None else argv)
     if argv[0] == "pi":  # its words mix pi's flags, serve's and a prompt: parsed there
-        from .pi_agent import cmd_pi
+        from .launch.pi_verb import cmd_pi
 
         return cmd_pi(argv[1:])
     parser, verbs = _core_parser()

@@ -22,8 +22,10 @@ ALLOWED = {
     # flag definitions and CLI verbs' own top level (argparse defaults from MLXBUN_*)
     "mlxbun_core/serve_flags.py", "mlxbun_core/kvstore/flags.py",
     "mlxbun_core/console/finder.py", "mlxbun_core/console/cache_verb.py",
+    # pi's own config-dir variable and the key a CLI verb probes the server with
+    "mlxbun_core/launch/pi_harness.py",
     # an environment handed to a subprocess (passed on or scrubbed)
-    "mlxbun_core/launch.py", "mlxbun_core/jobs/runner.py", "mlxbun_core/isolate/child.py",
+    "mlxbun_core/launch/__init__.py", "mlxbun_core/jobs/runner.py", "mlxbun_core/isolate/child.py",
     "mlxbun_core/webchat/coding/workspace.py",
     # the marker a process that warned of the slow BLAS leaves its children (it writes it)
     "mlxbun_core/blas/__init__.py",
@@ -37,6 +39,7 @@ ALLOWED = {
     # test helpers
     "mlxbun_core/testing/home.py", "mlxbun_core/testing/helpers.py",
     "mlxbun_core/testing/clients.py", "mlxbun_core/testing/dist.py",
+    "mlxbun_core/testing/speech.py",
 }
 
 

@@ -61,7 +61,7 @@ FLOORS = [
     {"webapp/"},
     # entry points
     {"startup.py", "cli.py", "serve_flags.py", "serve_switches.py", "isolate/", "testing/",
-     "dist_serve.py", "console/", "launch.py"},
+     "dist_serve.py", "console/", "launch/"},
 ]
 FLOOR = {room: n for n, rooms in enumerate(FLOORS) for room in rooms}
 # Loops among rooms that are known and being removed; none are left, keep it so.

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from mlxbun_core import pi_agent
 from mlxbun_core.console.finder import Server
+from mlxbun_core.launch import pi as pi_config
+from mlxbun_core.launch import pi_verb
 from mlxbun_core.testing.clients import long_context_options
 from mlxbun_core.testing.server import free_port
 from scripted_model import scripted_server
@@ -148,7 +149,7 @@ def test_a_missing_pi_gets_its_npm_command_and_no_server(tmp_path):
 
 
 def test_pi_words_map_onto_pi_and_serve_flags():
-    split = pi_agent.split_pi_args
+    split = pi_verb.split_pi_args
     assert split(["-q", "qwen", "--port", "8090", "fix", "the", "test"], False) == (
         ["-q", "qwen", "--port", "8090"], ["fix the test"])
     assert split(["-p", "--json", "summarize", "--ssd-cache=/kv"], False) == (
@@ -157,13 +158,13 @@ def test_pi_words_map_onto_pi_and_serve_flags():
     assert split(["review", "this"], True) == ([], ["-p", "review this"])  # piped stdin
     assert split(["--mode", "text", "--", "--continue"], False) == ([], ["-p", "--continue"])
     for bad in (["--resume"], ["--mode", "tui"], ["--mode"]):
-        with pytest.raises(pi_agent.PiArgsError):
+        with pytest.raises(pi_verb.PiArgsError):
             split(bad, False)
 
 
 def test_models_json_names_the_served_model_and_its_window(tmp_path):
     server = Server("http://127.0.0.1:9999", "acme/Coder-7B", 32768, "sk-1")
-    env = pi_agent.agent_dir(server, tmp_path)
+    env = pi_config.agent_dir(server, tmp_path)
     agent = Path(env["PI_CODING_AGENT_DIR"])
     provider = json.loads((agent / "models.json").read_text())["providers"]["mlxbun"]
     assert provider["baseUrl"] == "http://127.0.0.1:9999/v1"

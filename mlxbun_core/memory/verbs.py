@@ -3,7 +3,6 @@ and ``link`` (the cross-linking pass of :mod:`.linking`)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -48,8 +47,7 @@ def cmd_open(vault: Vault, name: str | None) -> int:
               file=sys.stderr)
         return 0
     subprocess.Popen([opener, str(path)], stdout=subprocess.DEVNULL,
-                     stderr=subprocess.DEVNULL, start_new_session=True,
-                     env={**os.environ})
+                     stderr=subprocess.DEVNULL, start_new_session=True)
     return 0
 
 

@@ -31,9 +31,10 @@ from ..job import GenerationJob
 from ..memory import OOM, Governor
 from ..prompt_cache import PrefixCache, trimmable
 from ..prompt_scoring import PromptScorer
-from ..speculate import MTP, MtpStream, rewindable, spec_steps, spec_stream, trim_to
+from ..speculate import MTP, MtpStream, rewindable, spec_steps, trim_to
 from .draft_model import draft_model_steps
 from .pace import PrefillPacer
+from .spec_stream import spec_stream
 
 if TYPE_CHECKING:
     import mlx.core as mx

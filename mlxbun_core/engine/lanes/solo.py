@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any, TypeAlias, cast
 from .. import prefill_shapes
 from ..job import GenerationJob
 from ..prompt_cache import trimmable
-from ..speculate import SpecStream, rewindable, spec_stream
+from ..speculate import SpecStream, rewindable
 from .pace import PrefillPacer
+from .spec_stream import spec_stream
 
 if TYPE_CHECKING:
     import mlx.core as mx

@@ -20,12 +20,12 @@ from .config import (
            server_config,
            speculation_field,
 )
-from .guided import GuidedStream, spec_stream
+from .guided import GuidedStream
 from .lookup import PromptLookup
 from .mtp import HeadState, MtpStream
 from .stream import SpecStream, SpecTally, rewindable, spec_steps, trim_to
 
 __all__ = ["MTP", "GuidedStream", "HeadState", "MtpStream", "PromptLookup", "SpecConfig",
            "SpecRequest", "SpecStream", "SpecTally", "SpecUnavailable", "check_mtp", "resolve",
-           "rewindable", "server_config", "spec_steps", "spec_stream", "speculation_field",
+           "rewindable", "server_config", "spec_steps", "speculation_field",
            "trim_to"]

@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 
     from ...grammar.base import GrammarProcessor
     from ..fill.forced import FillSession
-    from ..job import GenerationJob
 
 Entry = tuple[int, "mx.array", list[int]]
 """A token, its log-probabilities and the tokens handed out after it (its run)."""
@@ -212,16 +211,3 @@ class GuidedStream(SpecStream):
         if self.tally is not None:
             self.tally.target_calls += 1
         return _Window(plan, at, samples, logprobs)
-
-
-def spec_stream(job: GenerationJob, model: Any, cache: list[Any], fed: list[int]
-                ) -> SpecStream:
-    """``job``'s prompt-lookup stream over ``cache`` (holding ``fed``): guided when its
-    request fills too. Its ``usage.speculation`` must be set."""
-    req, spec, usage = job.request, job.spec, job.session.usage.speculation
-    assert spec is not None and req.sampler is not None and usage is not None  # (callers)
-    if job.fill is not None:
-        return GuidedStream(model, cache, fed, spec, req.sampler, req.processors, usage,
-                            job.spec_tally, fill=job.fill)
-    return SpecStream(model, cache, fed, spec, req.sampler, req.processors, usage,
-                      job.spec_tally)

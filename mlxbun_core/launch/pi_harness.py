@@ -16,7 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from .pi_agent import COMPAT, EXTENSION_MARK, EXTENSION_NAME, PROVIDER, model_entry
+from .pi import COMPAT, EXTENSION_MARK, EXTENSION_NAME, PROVIDER, model_entry
 
 EXTENSION = """\
 {mark}; `mlxbun harness pi --remove` deletes it.
@@ -84,8 +84,8 @@ def v1_url(base_url: str | None) -> str:
     """``--base-url`` (with or without ``/v1``), else the server the serve settings
     (``mlxbun.yaml``, ``MLXBUN_HOST``/``MLXBUN_PORT``) point at."""
     if base_url is None:
-        from .console.finder import base_url as url_of
-        from .launch import serve_settings
+        from ..console.finder import base_url as url_of
+        from . import serve_settings
 
         settings = serve_settings([])
         base_url = url_of(settings.host, settings.port)
@@ -108,7 +108,7 @@ def served_models(v1: str) -> list[dict[str, object]]:
 
 
 def extension_text(v1: str, fallback: list[dict[str, object]]) -> str:
-    from .pi_agent import DEFAULT_MAX_TOKENS
+    from .pi import DEFAULT_MAX_TOKENS
 
     return EXTENSION.format(mark=EXTENSION_MARK, provider=PROVIDER, base_url=v1,
                             base_url_json=json.dumps(v1), compat=json.dumps(COMPAT),

@@ -13,7 +13,7 @@ what it needs:
 - **Codex CLI**: a throwaway ``CODEX_HOME`` whose ``config.toml`` names a custom
   provider on the Responses wire (``wire_api = "responses"``), the model and its window;
 - **pi**: a throwaway ``PI_CODING_AGENT_DIR`` naming our server as its provider on the
-  Chat Completions wire, the model and its window (``pi_agent.py``).
+  Chat Completions wire, the model and its window (``pi.py``).
 
 A server this command started is drained and stopped when the client exits. A client
 that is not installed gets the npm command that installs it.
@@ -31,8 +31,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .console import finder
-from .console.finder import NoServer, Server, base_url, log_file, probe
+from ..console import finder
+from ..console.finder import NoServer, Server, base_url, log_file, probe
 
 CLIENTS = {  # what to run, and the npm package that provides it
     "claude": ("claude", "@anthropic-ai/claude-code"),
@@ -74,8 +74,8 @@ def split_args(rest: list[str]) -> tuple[list[str], list[str]]:
 
 def serve_settings(flags: list[str]) -> argparse.Namespace:
     """The serve flags as ``mlxbun serve`` would take them (file and environment too)."""
-    from .config import apply_config
-    from .serve_flags import add_serve_parser
+    from ..config import apply_config
+    from ..serve_flags import add_serve_parser
 
     def parser() -> argparse.ArgumentParser:
         p = argparse.ArgumentParser(prog="mlxbun launch CLIENT")
@@ -154,7 +154,7 @@ def client_env(client: str, server: Server, tmp: Path) -> dict[str, str]:
         return claude_env(server)
     if client == "codex":
         return codex_home(server, tmp)
-    from .pi_agent import agent_dir
+    from .pi import agent_dir
 
     return agent_dir(server, tmp)
 

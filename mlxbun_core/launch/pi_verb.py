@@ -1,77 +1,12 @@
-"""pi (``@earendil-works/pi-coding-agent``) on mlxbun: its provider config, ``mlxbun pi``
-and ``mlxbun harness pi``.
-
-- ``mlxbun launch pi`` runs pi with a throwaway config dir (``PI_CODING_AGENT_DIR``) whose
-  ``models.json`` names our server as the ``mlxbun`` provider on the Chat Completions wire,
-  the served model under its real name with its window, and whose ``settings.json`` makes
-  it the default; sessions go to ``<home>/pi-sessions`` so ``-c`` finds the last one.
-- ``mlxbun pi`` is the spec's verb in front of that: its few flags map onto pi's own.
-- ``mlxbun harness pi`` writes one file into the user's own pi, an extension that registers
-  the same provider with the models read live from ``/v1/models`` at pi's start-up.
-"""
+"""``mlxbun pi``: the reference's verb in front of ``mlxbun launch pi`` (its few flags map
+onto pi's own; serve flags pick the session server; anything after ``--`` goes to pi)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import stat
 import sys
-from pathlib import Path
-from typing import Any
-
-from .console.finder import Server
-
-PROVIDER = "mlxbun"
-DEFAULT_MAX_TOKENS = 16_384  # pi's own default for a model's output cap
-# our server has no developer role, no reasoning_effort switch and no `store`; it takes
-# the classic max_tokens field (pi guesses these per URL, wrongly for a local one)
-COMPAT = {"supportsDeveloperRole": False, "supportsReasoningEffort": False,
-          "supportsStore": False, "maxTokensField": "max_tokens"}
-NO_PHONING_HOME = {"PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1", "PI_TELEMETRY": "0"}
-EXTENSION_NAME = "mlxbun-provider.ts"
-EXTENSION_MARK = "// Written by `mlxbun harness pi`"
-
-
-def model_entry(model: str, context_window: int | None) -> dict[str, Any]:
-    """One ``models.json`` model: the real name, its window, an output cap inside it."""
-    entry: dict[str, Any] = {"id": model, "name": model, "input": ["text"], "reasoning": False,
-                             "cost": {"input": 0, "output": 0, "cacheRead": 0,
-                                      "cacheWrite": 0}}
-    if context_window:
-        entry["contextWindow"] = int(context_window)
-        entry["maxTokens"] = min(DEFAULT_MAX_TOKENS, max(int(context_window) // 4, 256))
-    return entry
-
-
-def models_json(server: Server) -> dict[str, Any]:
-    """pi's ``models.json`` naming ``server`` as the ``mlxbun`` provider."""
-    return {"providers": {PROVIDER: {
-        "name": "mlxbun", "baseUrl": server.base_url + "/v1", "api": "openai-completions",
-        "apiKey": server.api_key or PROVIDER, "compat": COMPAT,
-        "models": [model_entry(server.model, server.context_window)]}}}
-
-
-def agent_dir(server: Server, root: Path) -> dict[str, str]:
-    """A throwaway pi config dir under ``root`` for ``server`` (the user's ``~/.pi`` is
-    never read or written); the environment that points pi at it."""
-    from .models.paths import mlxbun_home
-
-    home = root / "pi-agent"
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "models.json").write_text(json.dumps(models_json(server), indent=2),
-                                      encoding="utf-8")
-    os.chmod(home / "models.json", 0o600)  # it may hold the server's API key
-    settings = {"defaultProvider": PROVIDER, "defaultModel": server.model,
-                "enableInstallTelemetry": False}
-    (home / "settings.json").write_text(json.dumps(settings, indent=2), encoding="utf-8")
-    sessions = mlxbun_home() / "pi-sessions"
-    sessions.mkdir(parents=True, exist_ok=True)
-    return {"PI_CODING_AGENT_DIR": str(home), "PI_CODING_AGENT_SESSION_DIR": str(sessions),
-            **NO_PHONING_HOME}
-
-
-# ---- mlxbun pi -------------------------------------------------------------------------
 
 PI_FLAGS_HELP = """\
 mlxbun pi [SERVE FLAGS] [-p] [--json] [--mode json|rpc|text] [--verbose] [PROMPT...] [-- PI ARGS]
@@ -95,12 +30,13 @@ class PiArgsError(ValueError):
 
 def serve_option_arity(flag: str) -> int | None:
     """How many values the serve flag ``flag`` takes after it (None: not a serve flag)."""
-    from .serve_flags import add_serve_parser
+    from ..serve_flags import add_serve_parser
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")
     add_serve_parser(sub)
-    action = sub.choices["serve"]._option_string_actions.get(flag.split("=", 1)[0])
+    name = flag.split("=", 1)[0]
+    action = next((a for a in sub.choices["serve"]._actions if name in a.option_strings), None)
     if action is None:
         return None
     return 0 if "=" in flag or action.nargs == 0 else 1
@@ -163,7 +99,7 @@ def stdin_is_piped() -> bool:
 
 def cmd_pi(words: list[str]) -> int:
     """``mlxbun pi WORDS``: split, then ``mlxbun launch pi``; ``--help`` alone is ours."""
-    from .launch import launch_client
+    from . import launch_client
 
     if words in (["--help"], ["-h"]):
         print(PI_FLAGS_HELP, end="")
