@@ -149,6 +149,10 @@ def add_engine_flags(s: argparse.ArgumentParser) -> None:
                    help="draft tokens verified per target forward (default 3 with "
                         "--draft-model, 10 with --draft-kind ngram, the head's own (2) with "
                         "mtp)")
+    s.add_argument("--mtp", choices=("on", "off"), default=None,
+                   help="the checkpoint's own MTP head drafts by default (on: as --draft-kind "
+                        "mtp; default: on for GLM-5.x checkpoints carrying their MTP layer); "
+                        "off: no MTP head at all, requests asking for it get a 400")
     s.add_argument("--ngram-max", type=_positive_int, default=3,
                    help="longest trailing n-gram prompt lookup matches (--draft-kind ngram)")
     s.add_argument("--ngram-min", type=_positive_int, default=1,

@@ -8,6 +8,8 @@ this plugin adds what differs from the generic path:
   ``Reasoning Effort: Max`` in the system turn and leaves ``<think>`` open;
 * a GLM-5 chat template (``template.jinja``) for checkpoints that ship none;
 * the ``<tool_call>name<arg_key>…</arg_key><arg_value>…</arg_value></tool_call>`` parser;
+* the checkpoint's MTP layer (``model.layers.{N}``) as a speculative drafter
+  (:mod:`.mtp`; on by default where the checkpoint has one, ``--mtp off`` removes it);
 * routed experts streamed from the checkpoint under a byte budget (``--expert-budget``,
   :mod:`.streaming`), for a model bigger than memory; ``/stats`` and ``/fit`` gain a
   ``glm52`` block (:mod:`.report`).
@@ -22,7 +24,7 @@ from mlxbun_core.hookspecs import hookimpl
 from .toolcalls import GlmDialect, make_parser
 
 __all__ = ["FAMILY", "GlmDialect", "claims", "load_model", "model_report", "render_chat",
-           "tool_call_parser"]
+           "token_predictor", "tool_call_parser"]
 
 FAMILY = "glm52"
 MODEL_TYPES = ("glm_moe_dsa",)
@@ -71,3 +73,11 @@ def model_report(model, section):
 @hookimpl
 def tool_call_parser(model, tools):
     return make_parser(tools)
+
+
+@hookimpl
+def token_predictor(model):
+    """The checkpoint's MTP layer, when it carries one (``mtp.py``)."""
+    from .mtp import load_predictor
+
+    return load_predictor(model)
