@@ -84,6 +84,14 @@ def claim(path: Path, options: LoadOptions) -> LoadedModel:
         raise cannot_embed(path, config, who.family)
     model.family, model.plugin = who.family, who.plugin
     model._hooks = relay
+    extra = options.extra or {}
+    if (extra.get("expert_budget") or extra.get("expert_offload")) \
+            and "expert_streaming" not in model.extras:
+        from .experts import ExpertsUnsupported
+
+        raise ExpertsUnsupported(f"--expert-offload/--expert-budget: the {who.family} family "
+                                 "loads its experts its own way and cannot stream them (the "
+                                 "generic mlx-lm loader and glm52 can)")
     if window is not None:
         apply_window(model, window)
     return finish(model)

@@ -177,6 +177,12 @@ def add_engine_flags(s: argparse.ArgumentParser) -> None:
                    help="MoE families that support it (glm52) keep routed experts on disk and "
                         "hold at most SIZE of them in memory (2GiB, 800MB; a bare number is "
                         "GB), for a model bigger than memory; MLXBUN_EXPERT_BUDGET")
+    s.add_argument("--expert-offload", action="store_true",
+                   default=os.environ.get("MLXBUN_EXPERT_OFFLOAD", "") not in ("", "0"),
+                   help="stream a MoE model's routed experts from its checkpoint (GLM-5.x "
+                        "and mlx-lm's SwitchGLU MoEs: qwen3_moe, mixtral, ...), holding one "
+                        "token's experts per layer unless --expert-budget says more; "
+                        "MLXBUN_EXPERT_OFFLOAD=1")
     add_kv_quant_flag(s, default=os.environ.get("MLXBUN_KV_QUANT", "off"))
     s.add_argument("--fill", choices=("off", "strict"),
                    default=_fill_default(),

@@ -205,6 +205,7 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
     from .engine.hlg import server_default
     from .engine.memory import DEFAULT_WAIT_S, MemoryConfig
     from .engine.speculate import SpecUnavailable
+    from .experts import ExpertsUnsupported
     from .kvquant.probe import KVQuantUnavailable
     from .model import LoadOptions
 
@@ -219,7 +220,8 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
                               context_length=context_length(args, resolved.model_id),
                               model_id=resolved.model_id, extra={
             "draft_model": args.draft_model, "num_draft_tokens": args.num_draft_tokens or 3,
-            "expert_budget": getattr(args, "expert_budget", None)})
+            "expert_budget": getattr(args, "expert_budget", None),
+            "expert_offload": getattr(args, "expert_offload", False)})
         no_head = {"predictor": None} if getattr(args, "mtp", None) == "off" else {}
         return Engine.load(str(resolved.path), options, defaults=defaults, **no_head,
                            max_tokens=args.max_tokens or None,  # 0: no cap
@@ -234,7 +236,7 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
     except ModelNotFound as exc:
         raise StartFailed(report_selection_error(exc)) from None
     except (loader.NoPluginClaimed, KVQuantUnavailable, SpecUnavailable,
-            WindowUnsupported) as exc:
+            WindowUnsupported, ExpertsUnsupported) as exc:
         print(f"mlxbun: {exc}", file=sys.stderr)
         raise StartFailed(2) from None
     except Exception as exc:  # a checkpoint mlx-lm cannot read, a plugin bug, …

@@ -48,11 +48,11 @@ def claims(config):
 def load_model(path, config, options):
     kw = dict(template=fallback_template(), reasoning=True,
               generation_defaults=dict(FAMILY_DEFAULTS))
-    budget = (options.extra or {}).get("expert_budget")
-    if budget:  # routed experts stay on disk, read on demand (streaming.py)
-        from .streaming import load_streamed
+    from mlxbun_core.experts.streaming import asked, load_streamed
 
-        return load_streamed(path, config, options, int(budget), **kw)
+    budget = asked(options)
+    if budget is not None:  # routed experts stay on disk, read on demand
+        return load_streamed(path, config, options, budget, **kw)
     return load_mlx_lm(path, config, options, **kw)
 
 
