@@ -24,7 +24,6 @@ import numpy as np
 from ..family import load_mlx_lm
 from ..model import LoadedModel
 from ..runconfig import current
-
 from . import ExpertsUnsupported
 from .cache import ExpertCache, ExpertIndex, ExpertReader
 
