@@ -11,6 +11,7 @@ from pathlib import Path
 from . import plugins
 from .model import LoadedModel, LoadOptions
 from .models import window
+from .models.unservable import refusal
 from .models.window import WindowPlan
 from .request_fields import checkpoint_names
 
@@ -65,6 +66,9 @@ def identify(path: Path, options: LoadOptions | None = None,
 def claim(path: Path, options: LoadOptions) -> LoadedModel:
     """Let the plugins claim ``path``, then have the claimant load it."""
     config = read_json(path / "config.json")
+    why = refusal(config)
+    if why is not None:  # a known architecture this engine does not serve, and why
+        raise NoPluginClaimed(f"{path}: {why}")
     who = identify(path, options, config)
     if who is None:
         raise NoPluginClaimed(
