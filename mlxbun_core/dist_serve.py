@@ -48,9 +48,10 @@ def refusal(args: argparse.Namespace) -> str | None:
             return f"{what} cannot be used with --distributed"
     if getattr(args, "kv_quant", "off") not in ("off", None):
         return "--kv-quant cannot be used with --distributed (the KV scheme swap is not mirrored)"
-    if getattr(args, "draft_kind", None) == "mtp":
-        return ("--draft-kind mtp cannot be used with --distributed (the MTP head runs the "
-                "model's layers outside its call, where the other ranks cannot follow)")
+    if getattr(args, "draft_kind", None) == "mtp" or getattr(args, "mtp", None) == "on":
+        return ("--draft-kind mtp (--mtp on) cannot be used with --distributed (the MTP head "
+                "runs the model's layers outside its call, where the other ranks cannot "
+                "follow)")
     if getattr(args, "model_pool", 1) != 1:
         return "--model-pool cannot be used with --distributed"
     return None

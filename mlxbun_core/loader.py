@@ -11,6 +11,7 @@ from pathlib import Path
 from . import plugins
 from .model import LoadedModel, LoadOptions
 from .models import window
+from .models.unservable import refusal
 from .models.window import WindowPlan
 from .request_fields import checkpoint_names
 
@@ -65,6 +66,9 @@ def identify(path: Path, options: LoadOptions | None = None,
 def claim(path: Path, options: LoadOptions) -> LoadedModel:
     """Let the plugins claim ``path``, then have the claimant load it."""
     config = read_json(path / "config.json")
+    why = refusal(config)
+    if why is not None:  # a known architecture this engine does not serve, and why
+        raise NoPluginClaimed(f"{path}: {why}")
     who = identify(path, options, config)
     if who is None:
         raise NoPluginClaimed(
@@ -84,6 +88,14 @@ def claim(path: Path, options: LoadOptions) -> LoadedModel:
         raise cannot_embed(path, config, who.family)
     model.family, model.plugin = who.family, who.plugin
     model._hooks = relay
+    extra = options.extra or {}
+    if (extra.get("expert_budget") or extra.get("expert_offload")) \
+            and "expert_streaming" not in model.extras:
+        from .experts import ExpertsUnsupported
+
+        raise ExpertsUnsupported(f"--expert-offload/--expert-budget: the {who.family} family "
+                                 "loads its experts its own way and cannot stream them (the "
+                                 "generic mlx-lm loader and glm52 can)")
     if window is not None:
         apply_window(model, window)
     return finish(model)

@@ -149,6 +149,10 @@ def add_engine_flags(s: argparse.ArgumentParser) -> None:
                    help="draft tokens verified per target forward (default 3 with "
                         "--draft-model, 10 with --draft-kind ngram, the head's own (2) with "
                         "mtp)")
+    s.add_argument("--mtp", choices=("on", "off"), default=None,
+                   help="the checkpoint's own MTP head drafts by default (on: as --draft-kind "
+                        "mtp; default: on for GLM-5.x checkpoints carrying their MTP layer); "
+                        "off: no MTP head at all, requests asking for it get a 400")
     s.add_argument("--ngram-max", type=_positive_int, default=3,
                    help="longest trailing n-gram prompt lookup matches (--draft-kind ngram)")
     s.add_argument("--ngram-min", type=_positive_int, default=1,
@@ -173,6 +177,12 @@ def add_engine_flags(s: argparse.ArgumentParser) -> None:
                    help="MoE families that support it (glm52) keep routed experts on disk and "
                         "hold at most SIZE of them in memory (2GiB, 800MB; a bare number is "
                         "GB), for a model bigger than memory; MLXBUN_EXPERT_BUDGET")
+    s.add_argument("--expert-offload", action="store_true",
+                   default=os.environ.get("MLXBUN_EXPERT_OFFLOAD", "") not in ("", "0"),
+                   help="stream a MoE model's routed experts from its checkpoint (GLM-5.x "
+                        "and mlx-lm's SwitchGLU MoEs: qwen3_moe, mixtral, ...), holding one "
+                        "token's experts per layer unless --expert-budget says more; "
+                        "MLXBUN_EXPERT_OFFLOAD=1")
     add_kv_quant_flag(s, default=os.environ.get("MLXBUN_KV_QUANT", "off"))
     s.add_argument("--fill", choices=("off", "strict"),
                    default=_fill_default(),

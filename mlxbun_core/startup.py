@@ -205,6 +205,7 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
     from .engine.hlg import server_default
     from .engine.memory import DEFAULT_WAIT_S, MemoryConfig
     from .engine.speculate import SpecUnavailable
+    from .experts import ExpertsUnsupported
     from .kvquant.probe import KVQuantUnavailable
     from .model import LoadOptions
 
@@ -219,8 +220,10 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
                               context_length=context_length(args, resolved.model_id),
                               model_id=resolved.model_id, extra={
             "draft_model": args.draft_model, "num_draft_tokens": args.num_draft_tokens or 3,
-            "expert_budget": getattr(args, "expert_budget", None)})
-        return Engine.load(str(resolved.path), options, defaults=defaults,
+            "expert_budget": getattr(args, "expert_budget", None),
+            "expert_offload": getattr(args, "expert_offload", False)})
+        no_head = {"predictor": None} if getattr(args, "mtp", None) == "off" else {}
+        return Engine.load(str(resolved.path), options, defaults=defaults, **no_head,
                            max_tokens=args.max_tokens or None,  # 0: no cap
                            speculation=speculation,
                            batch=args.batch, prompt_cache_bytes=int(args.prompt_cache * (1 << 30)),
@@ -233,7 +236,7 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
     except ModelNotFound as exc:
         raise StartFailed(report_selection_error(exc)) from None
     except (loader.NoPluginClaimed, KVQuantUnavailable, SpecUnavailable,
-            WindowUnsupported) as exc:
+            WindowUnsupported, ExpertsUnsupported) as exc:
         print(f"mlxbun: {exc}", file=sys.stderr)
         raise StartFailed(2) from None
     except Exception as exc:  # a checkpoint mlx-lm cannot read, a plugin bug, …
@@ -269,6 +272,16 @@ def lookup_config(args: argparse.Namespace) -> SpecConfig | None:
     stderr and raised as :class:`StartFailed`."""
     from .engine.speculate import server_config
 
+    mtp = getattr(args, "mtp", None)
+    if mtp is not None and args.draft_kind not in (None, "mtp"):
+        print(f"mlxbun: --mtp {mtp} and --draft-kind {args.draft_kind} pick different "
+              "drafters: keep one", file=sys.stderr)
+        raise StartFailed(2)
+    if mtp == "off" and args.draft_kind == "mtp":
+        print("mlxbun: --mtp off contradicts --draft-kind mtp", file=sys.stderr)
+        raise StartFailed(2)
+    if mtp == "on":
+        args.draft_kind = "mtp"
     if args.draft_kind is None:
         return None
     if args.draft_model:

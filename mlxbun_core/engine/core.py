@@ -87,6 +87,9 @@ class Engine:
         self.memory.lockstep = isinstance(getattr(model.model, "journal", None), Journal)
         # the checkpoint's multi-token-prediction head (--draft-kind mtp / draft_kind "mtp")
         self.predictor = predictor
+        if (speculation is None and draft is None and not self.memory.lockstep
+                and getattr(predictor, "default_on", False)):
+            speculation = SpecConfig(MTP, 0)  # a family whose head drafts unasked (GLM's --mtp)
         if speculation is not None and speculation.kind == MTP and predictor is None:
             raise SpecUnavailable(f"--draft-kind mtp: {model.id} has no multi-token-prediction "
                                   "head (no plugin offered one for this checkpoint)")

@@ -64,6 +64,11 @@ def claims(config):
 
 @hookimpl(trylast=True)
 def load_model(path, config, options):
+    from ..experts.streaming import asked, load_streamed
+
+    budget = asked(options)
+    if budget is not None:  # a MoE's routed experts stay on disk (--expert-offload)
+        return load_streamed(path, config, options, budget, reasoning=None)
     return load_mlx_lm(path, config, options, reasoning=None)  # thinking: as the tokenizer says
 
 

@@ -261,7 +261,8 @@ def write_checkpoint(
     processor configs (families in ``vision.MEDIA_TOKENS``), ``audio`` (Gemma 4)
     an audio tower as well, both built with mlx-vlm (see :mod:`.vision`). ``mtp``
     (``qwen3_5``: ``"random"`` or ``"copy"``) adds the ``mtp.*`` multi-token-prediction
-    head Qwen3.5 checkpoints ship (see :mod:`.mtp`).
+    head Qwen3.5 checkpoints ship; for ``glm_moe_dsa`` the MTP layer ``model.layers.{N}``
+    GLM-5.x ships (see :mod:`.mtp`).
     """
     from . import vision as V
 
@@ -300,9 +301,12 @@ def _weights(model_type: str, cfg: dict, seed: int, dtype: mx.Dtype, *, mtp: str
 
     weights = _build_weights(model_type, cfg, seed, dtype)
     if mtp is not None:
-        from .mtp import mtp_weights
+        from .mtp import glm_mtp_weights, mtp_weights
 
-        weights.update(mtp_weights(cfg, seed, dtype, mtp))
+        if model_type == "glm_moe_dsa":
+            weights.update(glm_mtp_weights(cfg, seed, dtype, mtp, weights))
+        else:
+            weights.update(mtp_weights(cfg, seed, dtype, mtp))
     if media:
         weights.update(V.tower_weights(model_type, cfg, seed, dtype))
     return weights

@@ -55,6 +55,43 @@ def mtp_weights(config: dict[str, Any], seed: int, dtype: mx.Dtype,
             for k, v in out.items()}
 
 
+def glm_mtp_weights(config: dict[str, Any], seed: int, dtype: mx.Dtype, mode: str,
+                    main: dict[str, mx.array]) -> dict[str, mx.array]:
+    """GLM-5.x's MTP layer ``model.layers.{N}`` in HF layout (DeepSeek-V3's: ``enorm``,
+    ``hnorm``, ``eh_proj``, a decoder layer, ``shared_head``, copies of the embeddings and
+    head). ``"copy"`` zeroes the layer's outputs and passes the token's embedding through,
+    and ties the checkpoint's ``lm_head`` to its embeddings (``main`` is changed), so the
+    head proposes the token it was given, as the Qwen head's ``"copy"`` does."""
+    from mlx_lm.models.deepseek_v32 import DeepseekV32DecoderLayer
+    from mlx_lm.models.glm_moe_dsa import ModelArgs
+
+    from .checkpoints import _to_hf
+
+    if mode not in MODES:
+        raise ValueError(f"mtp must be one of {MODES}")
+    args = ModelArgs.from_dict(copy.deepcopy(config))
+    n, hidden = args.num_hidden_layers, args.hidden_size
+    layer = DeepseekV32DecoderLayer(args, n)
+    pre = f"model.layers.{n}."
+    out = {pre + k: v for k, v in random_params(layer, seed + 7, dtype).items()}
+    key = mx.random.key(seed + 11)
+    out[pre + "eh_proj.weight"] = (mx.random.normal((hidden, 2 * hidden), key=key)
+                                   * (2 * hidden) ** -0.5).astype(dtype)
+    for name in ("enorm", "hnorm", "shared_head.norm"):
+        out[f"{pre}{name}.weight"] = mx.ones((hidden,), dtype=dtype)
+    if mode == "copy":
+        eye = mx.eye(hidden, dtype=dtype)
+        out[pre + "eh_proj.weight"] = mx.concatenate([eye, mx.zeros_like(eye)], axis=1)
+        for k in list(out):
+            if k.endswith(("self_attn.o_proj.weight", "down_proj.weight")):
+                out[k] = mx.zeros_like(out[k])
+        main["lm_head.weight"] = main["model.embed_tokens.weight"]
+    out = _to_hf("glm_moe_dsa", out, config)
+    out[pre + "embed_tokens.weight"] = main["model.embed_tokens.weight"]
+    out[pre + "shared_head.head.weight"] = main["lm_head.weight"]
+    return out
+
+
 class CopyPredictor:
     """A :class:`~mlxbun_core.contract.TokenPredictor` over a tied-embedding model (a tiny
     llama) whose "head" proposes the token it was given again; its cache only counts

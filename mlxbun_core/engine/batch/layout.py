@@ -64,16 +64,17 @@ class Slot:
 def layout(model: Any) -> list[Slot] | None:
     """Each layer's :class:`Slot`, or None when some layer keeps a cache kind the batch
     cannot hold."""
-    from mlx_lm.models.cache import (
-        ArraysCache,
-        CacheList,
-        KVCache,
-        RotatingKVCache,
-        make_prompt_cache,
-    )
+    from mlx_lm.models.cache import make_prompt_cache
+
+    return slots_of(make_prompt_cache(model))
+
+
+def slots_of(caches: list[Any]) -> list[Slot] | None:
+    """:func:`layout` for a list of mlx-lm caches (a model's, or an MTP head's)."""
+    from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache
 
     slots = []
-    for c in make_prompt_cache(model):
+    for c in caches:
         if type(c) is CacheList and all(type(p) is KVCache for p in c.caches):
             slots.append(Slot(PAGED, parts=len(c.caches)))
         elif type(c) is KVCache:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
     from ...contract import Sampler, TokenPredictor
     from ..batch import Batch
+    from ..batch.layout import Slot
     from .stream import SpecTally
 
 
@@ -55,22 +56,21 @@ class MtpBatch:
         self.tally = tally
         self.rows: dict[int, _Row] = {}
         self._pages: HeadPages | None = None  # made with the first row
-        self._layers: int | None = None  # the head's cache layers; 0: not pageable
+        self._slots: list[Slot] | None = None  # the head's cache layers; []: not pageable
 
     def supported(self) -> bool:
         """Whether the head's cache can be paged (asked with the first MTP request: it
         reads the head's weights)."""
-        if self._layers is None:
-            caches = self.predictor.make_cache()
-            self._layers = len(caches) if pageable(caches) else 0
-        return self._layers > 0
+        if self._slots is None:
+            self._slots = pageable(self.predictor.make_cache()) or []
+        return bool(self._slots)
 
     @property
     def pages(self) -> HeadPages:
         if self._pages is None:
             assert self.supported()
-            assert self._layers
-            self._pages = HeadPages(self.predictor, self._layers)
+            assert self._slots
+            self._pages = HeadPages(self.predictor, self._slots)
         return self._pages
 
     # -- rows ----------------------------------------------------------------------------

@@ -17,45 +17,54 @@ the lone stream keeps (``Layout.load``/``export``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from ..batch import BLOCK_SIZE, FIRST_BLOCKS, NO_LIMIT
-from ..batch.layout import PAGED, Layout, Slot
+from ..batch.layout import PAGED, Layout, Slot, slots_of
 from ..batch.pool import BlockPool, BlockTable, OutOfBlocks
-from ..batch.view import PagedLayer, Window
+from ..batch.view import Window
 
 if TYPE_CHECKING:
     import mlx.core as mx
 
     from ...contract import TokenPredictor
-    from ..batch.storage import LayerStore
 
 
-def pageable(caches: list[Any]) -> bool:
-    """Whether a head's cache (``make_cache()``) can be paged: plain KV layers only."""
-    from mlx_lm.models.cache import KVCache
+def pageable(caches: list[Any]) -> list[Slot] | None:
+    """A head's cache (``make_cache()``) as pageable layers: plain KV layers, or a
+    ``CacheList`` of them (an MLA layer and its sparse-attention indexer, as GLM-5's MTP
+    layer keeps); None when some layer cannot be paged."""
+    slots = slots_of(caches)
+    if not caches or slots is None or any(s.kind != PAGED or s.window for s in slots):
+        return None
+    return slots
 
-    return bool(caches) and all(type(c) is KVCache for c in caches)
+
+def held(cache: list[Any]) -> int:
+    """Positions an mlx-lm head cache holds (its first layer's, a ``CacheList``'s first
+    part's)."""
+    first = cache[0]
+    return int(getattr(first, "caches", [first])[0].offset)
 
 
 class HeadPages:
-    """Every MTP row's head KV: a block table per row over one pool (``layers``: the
-    head's cache layers)."""
+    """Every MTP row's head KV: a block table per row over one pool (``slots``: the
+    head's cache layers, :func:`pageable`)."""
 
-    def __init__(self, predictor: TokenPredictor, layers: int):
+    def __init__(self, predictor: TokenPredictor, slots: list[Slot]):
         self.predictor = predictor
         self.pool = BlockPool(BLOCK_SIZE, FIRST_BLOCKS, NO_LIMIT)
-        self.layout = Layout([Slot(PAGED)] * layers, self.pool)
+        self.layout = Layout(slots, self.pool)
         self.tables: dict[int, BlockTable] = {}
 
     def add(self, uid: int, cache: list[Any] | None = None) -> None:
         """Start row ``uid``'s head, from a lone stream's head ``cache`` (None: empty)."""
         table = BlockTable(self.pool)
-        held = 0 if cache is None else int(cache[0].offset)
-        if held:
+        count = 0 if cache is None else held(cache)
+        if count:
             assert cache is not None
-            self._reserve([table], [held])
-            self.layout.load(table, cache, held)
+            self._reserve([table], [count])
+            self.layout.load(table, cache, count)
         self.tables[uid] = table
 
     def drop(self, uid: int) -> None:
@@ -82,9 +91,8 @@ class HeadPages:
         tables = [self.tables[u] for u in uids]
         width = int(tokens.shape[1])
         self._reserve(tables, [width] * len(tables))
-        view = Window(tables, valid, width)
         # (the heads' layout has no KV scheme: its stores are plain)
-        caches = [PagedLayer(cast("LayerStore", s), view) for s in self.layout.all_stores()]
+        caches = self.layout.caches(Window(tables, valid, width), [])
         out = self.predictor.predict(hidden, tokens, caches)
         for t, n in zip(tables, valid):
             t.length += n

@@ -8,6 +8,8 @@ this plugin adds what differs from the generic path:
   ``Reasoning Effort: Max`` in the system turn and leaves ``<think>`` open;
 * a GLM-5 chat template (``template.jinja``) for checkpoints that ship none;
 * the ``<tool_call>name<arg_key>…</arg_key><arg_value>…</arg_value></tool_call>`` parser;
+* the checkpoint's MTP layer (``model.layers.{N}``) as a speculative drafter
+  (:mod:`.mtp`; on by default where the checkpoint has one, ``--mtp off`` removes it);
 * routed experts streamed from the checkpoint under a byte budget (``--expert-budget``,
   :mod:`.streaming`), for a model bigger than memory; ``/stats`` and ``/fit`` gain a
   ``glm52`` block (:mod:`.report`).
@@ -22,7 +24,7 @@ from mlxbun_core.hookspecs import hookimpl
 from .toolcalls import GlmDialect, make_parser
 
 __all__ = ["FAMILY", "GlmDialect", "claims", "load_model", "model_report", "render_chat",
-           "tool_call_parser"]
+           "token_predictor", "tool_call_parser"]
 
 FAMILY = "glm52"
 MODEL_TYPES = ("glm_moe_dsa",)
@@ -46,11 +48,11 @@ def claims(config):
 def load_model(path, config, options):
     kw = dict(template=fallback_template(), reasoning=True,
               generation_defaults=dict(FAMILY_DEFAULTS))
-    budget = (options.extra or {}).get("expert_budget")
-    if budget:  # routed experts stay on disk, read on demand (streaming.py)
-        from .streaming import load_streamed
+    from mlxbun_core.experts.streaming import asked, load_streamed
 
-        return load_streamed(path, config, options, int(budget), **kw)
+    budget = asked(options)
+    if budget is not None:  # routed experts stay on disk, read on demand
+        return load_streamed(path, config, options, budget, **kw)
     return load_mlx_lm(path, config, options, **kw)
 
 
@@ -71,3 +73,11 @@ def model_report(model, section):
 @hookimpl
 def tool_call_parser(model, tools):
     return make_parser(tools)
+
+
+@hookimpl
+def token_predictor(model):
+    """The checkpoint's MTP layer, when it carries one (``mtp.py``)."""
+    from .mtp import load_predictor
+
+    return load_predictor(model)

@@ -82,7 +82,7 @@ def test_the_paged_heads_draft_what_each_head_drafts_alone():
     dropped in between), and hold what each own head holds."""
     from mlx_lm.models.cache import trim_prompt_cache
 
-    from mlxbun_core.engine.speculate.mtp_head import HeadPages
+    from mlxbun_core.engine.speculate.mtp_head import HeadPages, pageable
 
     predictor, _ = _predictor(tiny_checkpoint("qwen3_5", mtp="random", dtype="float32"))
     size = predictor.text.args.hidden_size
@@ -101,7 +101,7 @@ def test_the_paged_heads_draft_what_each_head_drafts_alone():
         return drafts
 
     histories = [3, 7, 1]
-    pages = HeadPages(predictor, len(predictor.make_cache()))
+    pages = HeadPages(predictor, pageable(predictor.make_cache()))
     ref = []
     for uid, n in enumerate(histories):  # each row's head reads its "prompt" on its own
         own, mine = predictor.make_cache(), predictor.make_cache()
