@@ -86,3 +86,8 @@ class Overloaded(APIError):
         super().__init__(message, code=code)
         self.retry_after = max(1, int(retry_after))
         self.restarting = restarting
+
+
+class ExpertsUnsupported(ValueError):
+    """``--expert-offload`` / ``--expert-budget`` for a model whose experts cannot be
+    streamed (a dense model, a family that loads its own way): start-up refuses it."""

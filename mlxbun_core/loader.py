@@ -91,7 +91,7 @@ def claim(path: Path, options: LoadOptions) -> LoadedModel:
     extra = options.extra or {}
     if (extra.get("expert_budget") or extra.get("expert_offload")) \
             and "expert_streaming" not in model.extras:
-        from .experts import ExpertsUnsupported
+        from .errors import ExpertsUnsupported
 
         raise ExpertsUnsupported(f"--expert-offload/--expert-budget: the {who.family} family "
                                  "loads its experts its own way and cannot stream them (the "

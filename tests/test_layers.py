@@ -48,7 +48,7 @@ FLOORS = [
     # plugin machinery: the manager, claiming, the grammar backends
     {"plugins.py", "loader.py", "grammar_registry.py"},
     # helpers shared by plugins and the engine
-    {"toolcalls/", "chat_template.py", "family.py"},
+    {"toolcalls/", "chat_template.py", "family.py", "experts/"},
     {"plugins_builtin/"},
     # the local library, and choosing a model from it
     {"library/", "selection.py"},

@@ -3,6 +3,6 @@
 reader, the LRU) and :mod:`.streaming` (the stand-in for mlx-lm's ``SwitchGLU``)."""
 
 
-class ExpertsUnsupported(ValueError):
-    """``--expert-offload`` / ``--expert-budget`` for a model whose experts cannot be
-    streamed (a dense model, a family that loads its own way): start-up refuses it."""
+from ..errors import ExpertsUnsupported
+
+__all__ = ["ExpertsUnsupported"]

@@ -65,7 +65,7 @@ def glm_mtp_weights(config: dict[str, Any], seed: int, dtype: mx.Dtype, mode: st
     from mlx_lm.models.deepseek_v32 import DeepseekV32DecoderLayer
     from mlx_lm.models.glm_moe_dsa import ModelArgs
 
-    from .checkpoints import _to_hf
+    from .hf_layout import to_hf
 
     if mode not in MODES:
         raise ValueError(f"mtp must be one of {MODES}")
@@ -86,7 +86,7 @@ def glm_mtp_weights(config: dict[str, Any], seed: int, dtype: mx.Dtype, mode: st
             if k.endswith(("self_attn.o_proj.weight", "down_proj.weight")):
                 out[k] = mx.zeros_like(out[k])
         main["lm_head.weight"] = main["model.embed_tokens.weight"]
-    out = _to_hf("glm_moe_dsa", out, config)
+    out = to_hf("glm_moe_dsa", out, config)
     out[pre + "embed_tokens.weight"] = main["model.embed_tokens.weight"]
     out[pre + "shared_head.head.weight"] = main["lm_head.weight"]
     return out
