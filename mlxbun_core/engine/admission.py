@@ -92,11 +92,9 @@ def drafts_with_head(spec: SpecConfig | None) -> bool:
 
 class Admission:
     def __init__(self, model: LoadedModel, budget_bytes: int | None = None,
-                 kv_bits: int | None = None, head: HeadCost | None = None,
-                 kv_budget_bytes: int | None = None):
+                 kv_bits: int | None = None, head: HeadCost | None = None):
         """``kv_bits``: the server's KV quantization (``--kv-quant``), billed per token;
-        ``head``: the MTP head's weights and cache (None: no head); ``kv_budget_bytes``:
-        ``--kv-budget``, the rows' aggregate KV cap (None: only memory bounds it)."""
+        ``head``: the MTP head's weights and cache (None: no head)."""
         # a model that streams weights from disk (routed experts read on demand) names
         # the bytes its cache may fill: billed as weights, beside what is resident
         self.model_weights_bytes = (weight_bytes(model.model)
@@ -126,7 +124,7 @@ class Admission:
         self._head_rows = 0  # reserved rows drafting with the head (they load it)
         self.adapter_bytes = 0  # LoRA factors held (mounted and stacked per row): set_adapter_bytes
         self.waits = 0  # times a row had to wait for memory
-        self.kv_budget_bytes = int(kv_budget_bytes) if kv_budget_bytes else None
+        self.kv_budget_bytes: int | None = None  # --kv-budget (set_kv_budget)
         self.kv_budget_waits = 0  # times a row waited for --kv-budget (counted in waits too)
 
     def _case_of(self, weights: int, extra_per_token: int = 0) -> Ceiling:
@@ -251,6 +249,10 @@ class Admission:
         if not ok:
             self.waits += 1
         return ok
+
+    def set_kv_budget(self, n: int | None) -> None:
+        """``--kv-budget``: the rows' aggregate worst-case KV cap (None: memory alone)."""
+        self.kv_budget_bytes = int(n) if n else None
 
     def set_adapter_bytes(self, n: int) -> None:
         """What the adapters hold now: rows admitted later fit beside it."""

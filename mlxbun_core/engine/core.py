@@ -104,12 +104,12 @@ class Engine:
         self.prefix = PrefixCache(prompt_cache_bytes, tier=tier, post=self.worker.post)
         self.kv = kvquant.parse(kv_quant)
         self.admission = Admission(model, memory_budget_bytes, kv_bits=self.kv.bits,
-                                   head=head_cost(predictor, self.kv.enabled),
-                                   kv_budget_bytes=kv_budget_bytes)
+                                   head=head_cost(predictor, self.kv.enabled))
         warmup.check_kv(model, self.kv, self.admission, self.worker)
         self._size_batch(batch, draft)
         self.adapters = AdapterManager(model, call=self.worker.call,
                                        on_bytes=self.admission.set_adapter_bytes)
+        self.admission.set_kv_budget(kv_budget_bytes)  # --kv-budget (None: off)
         self.pacer = PrefillPacer()  # prompt tokens per prefill chunk, every lane
         self.warmup: dict[str, Any] = {}  # what start-up warmed, in how long (warmup.py)
         self.prefix.prefill_rate = lambda: self.pacer.rate  # an SSD restore must beat it

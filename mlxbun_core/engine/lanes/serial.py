@@ -32,7 +32,6 @@ from ..memory import OOM, Governor
 from ..prompt_cache import PrefixCache, trimmable
 from ..prompt_scoring import PromptScorer
 from ..speculate import MTP, MtpStream, SpecStream, rewindable, spec_steps, trim_to
-from ..stages import probed
 from .draft_model import draft_model_steps
 from .pace import PrefillPacer
 
@@ -232,10 +231,13 @@ class SerialLane:
         if job.spec is not None and len(prompt) - n == 1 and rewindable(cache, 2):
             yield from self._lookup_decode(job, cache, n)
             return
-        procs, sampler = _with_context(req.processors, prompt[:n]), req.sampler
-        if job.session.spans is not None and sampler is not None:  # traced: token zero's stages
-            sampler, procs = probed(sampler, procs or [], job.session.spanned)
+        procs = _with_context(req.processors, prompt[:n])
         emb = req.input_embeddings[n:] if req.input_embeddings is not None else None
+        sampler = req.sampler
+        if job.session.spans is not None and sampler is not None:  # traced: token zero's stages
+            from ..stages import probed
+
+            sampler, procs = probed(sampler, procs or [], job.session.spanned)
         # mlx-lm annotates its tokens as arrays; it yields them as ints (``y.item()``)
         yield from cast("Iterator[tuple[int, mx.array]]", generate_step(
             mx.array(prompt[n:]), self.model, max_tokens=-1,

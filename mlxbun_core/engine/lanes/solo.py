@@ -23,12 +23,13 @@ from .. import prefill_shapes
 from ..job import GenerationJob
 from ..prompt_cache import trimmable
 from ..speculate import SpecStream, rewindable
-from ..stages import Laps
 from .pace import PrefillPacer
 
 if TYPE_CHECKING:
     import mlx.core as mx
     import mlx.nn as nn
+
+    from ..stages import Laps
 
 
 log = logging.getLogger("mlxbun.engine")
@@ -101,9 +102,13 @@ class Solo:
                     self.fed += chunk
                     return None
                 self._first(1)
-                laps = Laps() if self.job.session.spans is not None else None
+                laps = None
+                if self.job.session.spans is not None:  # traced: token zero's stages
+                    from ..stages import Laps
+
+                    laps = Laps()
                 self._next = self._forward(mx.array(self.prompt[-1:]), laps)
-                if laps is not None:  # traced: token zero's stages
+                if laps is not None:
                     self.job.session.spanned(laps.spans())
                 self.fed.append(self.prompt[-1])
                 mx.async_eval(*self._next)
