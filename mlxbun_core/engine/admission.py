@@ -199,8 +199,8 @@ class Admission:
         need = self._projected(prompt_tokens + limit, mtp and self._drafting is not None)
         if need <= budget:
             return
-        hint = ("no max_tokens was sent, so it is billed to the context ceiling; send "
-                "max_tokens or serve with --max-tokens" if uncapped
+        hint = ("no max_tokens was sent and the server sets no cap, so it is billed to the "
+                "whole context; send max_tokens" if uncapped
                 else "a smaller max_tokens or a shorter prompt fits")
         log.info("refused a request of %d + %d tokens: %d bytes of KV over --kv-budget %d",
                  prompt_tokens, limit, need, budget)
