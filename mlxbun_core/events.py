@@ -188,6 +188,8 @@ class Finish:
     timings: dict[str, float] = field(default_factory=dict)
     retry: Retry | None = None  # an error that is worth sending again later
     prompt_logprobs: list[dict[str, Any]] | None = None  # see PromptLogprobs
+    # a traced request's lane phases: (phase, start, end, attributes), perf_counter clock
+    spans: list[tuple[str, float, float, dict[str, Any]]] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:

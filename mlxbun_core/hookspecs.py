@@ -130,7 +130,9 @@ def render_chat(model: LoadedModel, messages: list[dict[str, Any]],
     :param tools: The request's OpenAI function tools, or ``None`` (none given, or
         ``tool_choice: "none"``).
     :param template_kwargs: The request's ``chat_template_kwargs`` (for example
-        ``{"enable_thinking": False}``); do not mutate it.
+        ``{"enable_thinking": False}``), with its ``reasoning_effort`` under that name when
+        it sent a level (templates that take a depth read it) and ``serve --thinking`` as
+        ``enable_thinking`` when it set neither; pass them to the template; do not mutate it.
     :param reasoning_effort: ``"none"``, ``"minimal"``, ``"low"``, ``"medium"``,
         ``"high"``, ``"xhigh"`` or ``None`` (not given).
     :returns: A :class:`~mlxbun_core.model.Prompt`: the token ids, and for a model

@@ -14,7 +14,7 @@ surfaces all read it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 Kind = Literal["number", "integer", "boolean", "token_bias", "curve"]
@@ -52,6 +52,9 @@ class RequestField:
     flag: bool = False  # a ``serve --name-with-dashes`` flag (and a ``serve:`` file key)
     per_model: bool = False  # a key under a model in ``mlxbun.yaml``'s ``models:``
     checkpoint: bool = False  # read from the checkpoint's generation_config.json
+    # the type mlx_lm.server's check names where it accepts less than we do (a type error
+    # reads as its own: "xtc_probability must be of type float"); None: ``types``
+    mlx_lm_type: str | None = None
 
     def spelling(self, surface: Surface) -> str | None:
         """The body key ``surface`` reads this field from (None: it does not read it)."""
@@ -129,9 +132,9 @@ FIELDS: tuple[RequestField, ...] = (
     _defaultable("frequency_context_size", "integer", 20, 0, INT32_MAX),
     RequestField("logprobs", "boolean", False, on=_OPENAI),  # completions: or 0..20
     RequestField("top_logprobs", "integer", -1, 0, 11, sentinels=(-1,), on=_OPENAI),
-    _defaultable("xtc_probability", "number", 0.0, 0, 1),
+    replace(_defaultable("xtc_probability", "number", 0.0, 0, 1), mlx_lm_type="float"),
     # mlx_lm.server says 1; apply_xtc raises past 0.5
-    _defaultable("xtc_threshold", "number", 0.1, 0, 0.5),
+    replace(_defaultable("xtc_threshold", "number", 0.1, 0, 0.5), mlx_lm_type="float"),
     _defaultable("seed", "integer", None, 0, SEED_MAX),
     # token id -> bias in ±BIAS_MAX (engine/sampling.py); not Anthropic's
     RequestField("logit_bias", "token_bias", None,

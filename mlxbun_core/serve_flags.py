@@ -27,6 +27,13 @@ def _cap(text: str) -> int:
     return value
 
 
+def _gigabytes(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be a positive number of GB")
+    return value
+
+
 DEFAULT_MAX_TOKENS = 4096
 """The completion cap of a request that names none (``--max-tokens``; 0: none). Clients
 such as aider send no ``max_tokens`` and expect the model to stop by itself; a small model
@@ -168,6 +175,10 @@ def add_engine_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--memory-budget", type=float, metavar="GB", default=None,
                    help="memory the model, its KV and prefill may use, in GB (10^9 bytes); "
                         "sets max_safe_context and row admission (default: what MLX reports)")
+    s.add_argument("--kv-budget", type=_gigabytes, metavar="GB", default=None,
+                   help="aggregate KV the running rows' worst cases (prompt + max_tokens) may "
+                        "reserve, in GB (10^9 bytes): a joiner that would pass it waits, a "
+                        "request over it alone is a 400 (default: off, memory alone bounds it)")
     s.add_argument("--memory-wait", type=float, metavar="SECONDS",
                    default=float(os.environ.get("MLXBUN_MEMORY_WAIT", "60")),
                    help="how long a request may wait for memory before it is answered 503 "

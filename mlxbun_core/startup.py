@@ -230,6 +230,8 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
                            ssd=ssd,
                            memory_budget_bytes=int(args.memory_budget * 1e9)
                            if args.memory_budget else None, kv_quant=args.kv_quant,
+                           kv_budget_bytes=int(args.kv_budget * 1e9)
+                           if getattr(args, "kv_budget", None) else None,
                            fill=getattr(args, "fill", None),
                            memory=MemoryConfig.from_config(wait_s=getattr(args, "memory_wait",
                                                                           DEFAULT_WAIT_S)))

@@ -309,7 +309,7 @@ def user(*blocks):
     ({"tools": [WEATHER], "tool_choice": "auto"}, "tool_choice must be an object"),
     ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": 5}},
      "tool_choice.name must be a non-empty string"),
-    ({"stream": "yes"}, "stream must be a boolean"),
+    ({"stream": "yes"}, "stream must be of type bool"),
 ])
 def test_error_wrongly_typed_nested_fields(srv, extra, fragment):
     body = {"max_tokens": 8, "messages": USER, **extra}
@@ -317,7 +317,7 @@ def test_error_wrongly_typed_nested_fields(srv, extra, fragment):
 
 
 @pytest.mark.parametrize("extra,fragment", [
-    ({"max_tokens": "8"}, "max_tokens must be an integer"),
+    ({"max_tokens": "8"}, "max_tokens must be of type int"),
     ({"stop_sequences": 5}, "stop_sequences must be a string or a list of strings"),
     ({"output_config": {"effort": "huge"}}, "output_config.effort must be one of"),
     ({"output_config": {"format": {"type": "json_schema", "schema": "x"}}},

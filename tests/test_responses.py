@@ -251,9 +251,9 @@ def test_unknown_previous_response_id(client, srv):
 
 
 @pytest.mark.parametrize("extra,fragment,param", [
-    ({"max_output_tokens": "x"}, "max_output_tokens must be an integer", "max_output_tokens"),
+    ({"max_output_tokens": "x"}, "max_output_tokens must be of type int", "max_output_tokens"),
     ({"max_output_tokens": 0}, "max_output_tokens must be at least 1", "max_output_tokens"),
-    ({"max_tokens": "x"}, "max_tokens must be an integer", "max_tokens"),  # the name sent
+    ({"max_tokens": "x"}, "max_tokens must be of type int", "max_tokens"),  # the name sent
     ({"reasoning": {"effort": "huge"}}, "reasoning.effort must be one of", "reasoning.effort"),
     ({"text": {"format": {"type": "json_schema", "name": "o", "schema": "x"}}},
      "text.format.schema must be a JSON schema object", "text.format.schema"),
@@ -274,7 +274,7 @@ def test_unknown_previous_response_id(client, srv):
     ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice must be", "tool_choice"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": 5}},
      "tool_choice.name must be a string", "tool_choice"),
-    ({"stream": "yes"}, "stream must be a boolean", "stream"),
+    ({"stream": "yes"}, "stream must be of type bool", "stream"),
     ({"store": 1}, "store must be a boolean", "store"),
 ])
 def test_wrongly_typed_fields_name_the_field_sent(srv, extra, fragment, param):

@@ -163,7 +163,7 @@ def test_a_responses_body_is_the_chat_request_of_its_openai_twin():
     ({"messages": [{"role": "user", "content": "hi"},
                    {"role": "system", "content": "x", "output_config": {"effort": "huge"}}]},
      "messages[1].output_config.effort must be one of", "messages[1].output_config.effort"),
-    ({"temperature": "hot"}, "temperature must be a number (got the string 'hot')",
+    ({"temperature": "hot"}, "temperature must be of type ('float', 'int')",
      "temperature"),
 ])
 def test_anthropic_errors_are_born_with_anthropic_names(body, message, param):
@@ -174,7 +174,7 @@ def test_anthropic_errors_are_born_with_anthropic_names(body, message, param):
 
 
 @pytest.mark.parametrize("body,message,param", [
-    ({"max_output_tokens": "x"}, "max_output_tokens must be an integer", "max_output_tokens"),
+    ({"max_output_tokens": "x"}, "max_output_tokens must be of type int", "max_output_tokens"),
     ({"max_tokens": 0}, "max_tokens must be at least 1", "max_tokens"),
     ({"text": {"format": {"type": "json_schema", "schema": []}}},
      "text.format.schema must be a JSON schema object", "text.format.schema"),

@@ -180,3 +180,9 @@ def test_the_references_hljs_names_serve_the_vendored_files(server):
     for name, file in (("hljs.js", "highlight.min.js"), ("hljs.css", "hljs.css")):
         r = httpx.get(f"{server.base_url}/assets/{name}")
         assert r.status_code == 200 and r.content == (WEB / file).read_bytes(), name
+
+
+def test_admin_lease_is_not_a_route_here(server):
+    """Refused (docs/spec-rows.md): nothing here runs a job that needs the engine held."""
+    r = httpx.post(server.base_url + "/admin/lease")
+    assert r.status_code == 404

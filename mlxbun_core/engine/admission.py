@@ -24,6 +24,10 @@ of the system RAM on the CPU backend).
   so one that could never fit is a 400 before it starts and a broad ``max_tokens`` is
   clamped to what fits with the head, whether or not the head has loaded yet.
 - Without ``--batch``, the row cap comes from the same room (``default_batch``).
+- ``--kv-budget`` caps the KV every reserved row's worst case adds up to, whatever the
+  memory would hold: a batch joiner that would pass it waits for rows to finish, and a
+  request whose worst case passes it alone is a 400 ``kv_over_budget`` before it starts
+  (its ``max_tokens`` counts whole: an uncapped one is billed to the context ceiling).
 """
 
 from __future__ import annotations
@@ -120,6 +124,8 @@ class Admission:
         self._head_rows = 0  # reserved rows drafting with the head (they load it)
         self.adapter_bytes = 0  # LoRA factors held (mounted and stacked per row): set_adapter_bytes
         self.waits = 0  # times a row had to wait for memory
+        self.kv_budget_bytes: int | None = None  # --kv-budget (set_kv_budget)
+        self.kv_budget_waits = 0  # times a row waited for --kv-budget (counted in waits too)
 
     def _case_of(self, weights: int, extra_per_token: int = 0) -> Ceiling:
         plan = fit.plan(self._config, weights, self.budget_bytes, kv_bits=self.kv_bits,
@@ -175,7 +181,33 @@ class Admission:
         room = ceiling - prompt_tokens
         if room <= 0:
             raise self._too_long(prompt_tokens, ceiling, mtp)
-        return room if max_tokens is None else min(max_tokens, room)
+        limit = room if max_tokens is None else min(max_tokens, room)
+        self._check_kv_budget(prompt_tokens, limit, max_tokens is None, mtp)
+        return limit
+
+    def _projected(self, tokens: int, head: bool) -> int:
+        """Worst-case KV of a row of ``tokens`` tokens (``head``: the MTP head's cache too)."""
+        return self.layout.bytes_at(tokens) + (self.head_bytes_per_token if head else 0) * tokens
+
+    def _check_kv_budget(self, prompt_tokens: int, limit: int, uncapped: bool,
+                         mtp: bool) -> None:
+        """The 400 for a request whose worst case passes ``--kv-budget`` alone: it could
+        never be admitted, so it is refused rather than left waiting for ever."""
+        budget = self.kv_budget_bytes
+        if budget is None:
+            return
+        need = self._projected(prompt_tokens + limit, mtp and self._drafting is not None)
+        if need <= budget:
+            return
+        hint = ("no max_tokens was sent and the server sets no cap, so it is billed to the "
+                "whole context; send max_tokens" if uncapped
+                else "a smaller max_tokens or a shorter prompt fits")
+        log.info("refused a request of %d + %d tokens: %d bytes of KV over --kv-budget %d",
+                 prompt_tokens, limit, need, budget)
+        raise APIError(f"this request's KV (prompt {prompt_tokens} + max_tokens {limit} "
+                       f"tokens, {need} bytes) exceeds the server's --kv-budget of {budget} "
+                       f"bytes on its own ({hint})", status=400, type="memory_admission",
+                       code="kv_over_budget")
 
     def _too_long(self, prompt_tokens: int, ceiling: int, mtp: bool) -> APIError:
         """The 400 for a prompt that leaves no room: both numbers and what sets the
@@ -202,17 +234,25 @@ class Admission:
         """``job``'s worst-case KV: its prompt plus completion budget, the MTP head's
         cache included when it drafts with the head."""
         tokens = len(job.request.prompt_tokens) + (job.limit or 0)
-        head = self.head_bytes_per_token if self._drafts(job) else 0
-        return self.layout.bytes_at(tokens) + head * tokens
+        return self._projected(tokens, self._drafts(job))
 
     def fits(self, job: GenerationJob) -> bool:
         """Whether ``job`` fits beside every row already reserved (in the room left once
         the head's weights count, when it drafts with the head)."""
         room = self.ceiling(mtp=True).kv_room if self._drafts(job) else self.kv_room
-        ok = self.reserved_bytes + self.adapter_bytes + self.row_bytes(job) <= room
+        need = self.row_bytes(job)
+        ok = self.reserved_bytes + self.adapter_bytes + need <= room
+        if ok and self.kv_budget_bytes is not None \
+                and self.reserved_bytes + need > self.kv_budget_bytes:
+            ok = False
+            self.kv_budget_waits += 1
         if not ok:
             self.waits += 1
         return ok
+
+    def set_kv_budget(self, n: int | None) -> None:
+        """``--kv-budget``: the rows' aggregate worst-case KV cap (None: memory alone)."""
+        self.kv_budget_bytes = int(n) if n else None
 
     def set_adapter_bytes(self, n: int) -> None:
         """What the adapters hold now: rows admitted later fit beside it."""

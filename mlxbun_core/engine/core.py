@@ -76,6 +76,7 @@ class Engine:
                  draft: DraftSource | None = None, batch: int | None = None,
                  prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
                  memory_budget_bytes: int | None = None, kv_quant: object = "off",
+                 kv_budget_bytes: int | None = None,
                  ssd: SsdConfig | None = None, fill: str | None = None,
                  speculation: SpecConfig | None = None,
                  predictor: TokenPredictor | None = None, memory: MemoryConfig | None = None):
@@ -111,6 +112,7 @@ class Engine:
         self._size_batch(batch, draft)
         self.adapters = AdapterManager(model, call=self.worker.call,
                                        on_bytes=self.admission.set_adapter_bytes)
+        self.admission.set_kv_budget(kv_budget_bytes)  # --kv-budget (None: off)
         self.pacer = PrefillPacer()  # prompt tokens per prefill chunk, every lane
         self.warmup: dict[str, Any] = {}  # what start-up warmed, in how long (warmup.py)
         self.prefix.prefill_rate = lambda: self.pacer.rate  # an SSD restore must beat it
@@ -396,7 +398,11 @@ class Engine:
                 "auto": self.batch_plan.describe() if self.batch_plan else None,
                 "active_rows": self.worker.active, "waiting": self.worker.waiting,
                 "lanes": lanes, "prefill": self.pacer.stats(), "adapters": self.adapters.stats(),
-                "kv_blocks": pools[0] if pools else None, "warmup": self.warmup}
+                "kv_blocks": pools[0] if pools else None, "warmup": self.warmup,
+                # --kv-budget: the rows' reserved worst-case KV against its cap (None: off)
+                "kv_bytes": self.admission.reserved_bytes,
+                "kv_budget_bytes": self.admission.kv_budget_bytes,
+                "kv_budget_waits": self.admission.kv_budget_waits}
 
     def memory_stats(self) -> dict[str, Any]:
         """``/stats`` ``memory``: the measured budget and what pressure did."""

@@ -113,14 +113,20 @@ def encode_prompt(tokenizer: Tokenizer, text: str, add_special_tokens: bool = Tr
     return tokens
 
 
-def with_server_thinking(req: ChatRequest) -> dict[str, Any]:
-    """The request's template kwargs, with ``serve --thinking`` as ``enable_thinking`` when
-    the request sets neither it nor ``reasoning_effort`` (which then decide)."""
+def template_kwargs_of(req: ChatRequest) -> dict[str, Any]:
+    """The template kwargs a chat request renders with: its ``chat_template_kwargs``, plus
+    its ``reasoning_effort`` as that kwarg for templates that take a depth (gpt-oss,
+    Qwen3.8; ``chat_template_kwargs``' own wins, templates that read none ignore it), plus
+    ``serve --thinking`` as ``enable_thinking`` when the request sets neither it nor an
+    effort (which then decide)."""
+    kwargs = dict(req.template_kwargs)
+    if req.reasoning_effort is not None:
+        kwargs.setdefault("reasoning_effort", req.reasoning_effort)
     default = current().engine.thinking
-    if default is None or "enable_thinking" in req.template_kwargs \
-            or req.reasoning_effort is not None:
-        return req.template_kwargs
-    return {**req.template_kwargs, "enable_thinking": default}
+    if default is not None and "enable_thinking" not in kwargs \
+            and req.reasoning_effort is None:
+        kwargs["enable_thinking"] = default
+    return kwargs
 
 
 def _chat(model: LoadedModel, hooks: ModelHooks, req: ChatRequest, plan: GrammarPlan,
@@ -130,7 +136,7 @@ def _chat(model: LoadedModel, hooks: ModelHooks, req: ChatRequest, plan: Grammar
     if plan.instruction:  # degrade path: ask in words for what we cannot enforce
         msgs = with_instruction(msgs, plan.instruction)
     prompt = hooks.render_chat(model=model, messages=msgs, tools=req.tools,
-                               template_kwargs=with_server_thinking(req),
+                               template_kwargs=template_kwargs_of(req),
                                reasoning_effort=req.reasoning_effort)
     if prompt is None:
         raise APIError(f"no plugin can render a chat prompt for {model.id}")
@@ -165,7 +171,7 @@ def cache_pins(model: LoadedModel, hooks: ModelHooks, req: ChatRequest, plan: Gr
         msgs = with_instruction(bp.messages, plan.instruction) if plan.instruction \
             else bp.messages
         variant = hooks.render_chat(model=model, messages=msgs, tools=bp.tools,
-                                    template_kwargs=req.template_kwargs,
+                                    template_kwargs=template_kwargs_of(req),
                                     reasoning_effort=req.reasoning_effort)
         if variant is not None:
             pins.append(Pin(_shared(prompt, list(variant.tokens)), bp.ttl))

@@ -27,6 +27,7 @@ from .sampling import (
     check_field,
     described,
     max_tokens_from,
+    mlx_lm_type_error,
     stop_sequences,
     type_error,
 )
@@ -138,8 +139,9 @@ def prompt_choices(req: GenerationInput) -> Iterator[GenerationInput]:
 def openai_options(body: dict[str, Any], defaults: dict[str, Any],
              server_max_tokens: int | None, surface: Surface = "chat") -> GenerateOptions:
     """The shared fields of an OpenAI chat or completion body (``surface``)."""
-    stream = boolean_field(body.get("stream"), "stream")
-    adapter = string_field(body.get("adapter"), "adapter")
+    stream = boolean_field(body.get("stream"), "stream", mlx_lm=True)
+    adapter = string_field(body.get("adapter"), "adapter", mlx_lm=True)
+    string_field(body.get("model"), "model", mlx_lm=True)  # (one model: routed elsewhere)
     n = body.get("n")
     n = 1 if n is None else check_field("n", n, int, 1, MAX_CHOICES)
     return GenerateOptions(sampling=SamplingParams.from_body(body, defaults, surface),
@@ -149,19 +151,21 @@ def openai_options(body: dict[str, Any], defaults: dict[str, Any],
                            speculation=speculation_field(body))
 
 
-def boolean_field(value: object, name: str, default: bool = False) -> bool:
-    """A boolean sent as ``name`` (None: ``default``)."""
+def boolean_field(value: object, name: str, default: bool = False,
+                  mlx_lm: bool = False) -> bool:
+    """A boolean sent as ``name`` (None: ``default``; ``mlx_lm``: a field mlx_lm.server
+    checks, whose type error is in its words)."""
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise type_error(name, "a boolean", value)
+        raise mlx_lm_type_error(name, bool) if mlx_lm else type_error(name, "a boolean", value)
     return value
 
 
-def string_field(value: object, name: str) -> str | None:
-    """An optional string sent as ``name``."""
+def string_field(value: object, name: str, mlx_lm: bool = False) -> str | None:
+    """An optional string sent as ``name`` (``mlx_lm``: as :func:`boolean_field`)."""
     if value is not None and not isinstance(value, str):
-        raise type_error(name, "a string", value)
+        raise mlx_lm_type_error(name, str) if mlx_lm else type_error(name, "a string", value)
     return value
 
 

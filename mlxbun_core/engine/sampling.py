@@ -39,6 +39,20 @@ def type_error(name: str, expected: str, value: object, param: str | None = None
                       param=param or name)
 
 
+def mlx_lm_type_error(name: str, types: type | tuple[type, ...] | str,
+                      param: str | None = None) -> BadRequest:
+    """mlx_lm.server's own words for a field it checks that came with the wrong type:
+    ``<name> must be of type <type>``, the type as its check names it (``bool``, ``int``,
+    ``('float', 'int')``), so a client that reads mlx-lm's errors reads ours."""
+    if isinstance(types, tuple) and len(types) == 1:
+        types = types[0]
+    if isinstance(types, tuple):
+        named = str(tuple(t.__name__ for t in types))
+    else:
+        named = types if isinstance(types, str) else types.__name__
+    return BadRequest(f"{name} must be of type {named}", param=param or name)
+
+
 def _check(name: str, value: Any, types: type | tuple[type, ...], lo: float | None,
            hi: float | None, whitelist: tuple[int, ...] | None) -> None:
     # bool is an int subclass; mlx-lm accepts it where int is allowed, we do not
@@ -64,7 +78,7 @@ def check_field(name: str, value: Any, types: type | tuple[type, ...], lo: float
 def _logit_bias(bias: object) -> dict[int, float]:
     """``{"token id": bias}``: decimal ids, numeric biases within OpenAI's ±100."""
     if not isinstance(bias, dict):
-        raise type_error("logit_bias", "an object of token ids to numbers", bias)
+        raise mlx_lm_type_error("logit_bias", dict)
     out: dict[int, float] = {}
     for key, value in bias.items():
         if not (isinstance(key, str) and _TOKEN_ID.fullmatch(key)) \
@@ -92,7 +106,7 @@ def _sent(body: dict[str, Any], surface: Surface | None) -> dict[str, tuple[str,
 def _check_field(f: RequestField, spelled: str, value: Any) -> None:
     """``value`` sent as ``spelled`` has ``f``'s type and range, else a 400 naming it."""
     if not f.fits(value):
-        raise type_error(spelled, f.expected, value)
+        raise mlx_lm_type_error(spelled, f.mlx_lm_type or f.types)
     said = f.out_of_range(value, spelled)
     if said is not None:
         raise BadRequest(said, param=spelled)
@@ -202,6 +216,8 @@ def max_tokens_field(value: Any, name: str, default: int | None) -> int | None:
     integer, or ``default`` when it is None."""
     if value is None:
         return default
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise mlx_lm_type_error(name, int)
     _check(name, value, int, 1, None, None)
     limit: int = value
     return limit

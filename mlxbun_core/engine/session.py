@@ -30,6 +30,7 @@ from ..events import (
 from .cache_pins import Pin
 from .logprobs import LogprobRecorder
 from .sampling import SamplingParams
+from .stages import Span, tracing
 from .textstream import ReasoningSplitter, StopMatcher
 
 if TYPE_CHECKING:
@@ -94,8 +95,21 @@ class GenerationSession:
         self.t_first: float | None = None
         # seconds per phase, filled by the lane (admission_wait_s, ...)
         self.phases: dict[str, float] = {}
+        # a traced request's lane phases on the perf_counter clock (stages.py; None: untraced)
+        self.spans: list[Span] | None = [] if tracing() else None
         # called with the Finish once it ends (metrics)
         self.on_finish: Callable[[Finish], None] | None = None
+
+    def span(self, phase: str, start: float, end: float | None = None,
+             **attributes: Any) -> None:
+        """Note a lane phase for the request's trace (nothing when it is not traced)."""
+        if self.spans is not None:
+            self.spans.append((phase, start, time.perf_counter() if end is None else end,
+                               attributes))
+
+    def spanned(self, spans: list[Span]) -> None:
+        if self.spans is not None:
+            self.spans.extend(spans)
 
     # -- token side -------------------------------------------------------
     def step(self, token: int, logprobs: mx.array | None) -> list[Event]:
@@ -207,7 +221,7 @@ class GenerationSession:
             if n > 1:
                 timings["decode_tps"] = (n - 1) / max(now - self.t_first, 1e-9)
         self.finished = Finish(reason, self.usage, self.logprobs, self.stopper.stopped, error,
-                               timings, retry, self.prompt_logprobs)
+                               timings, retry, self.prompt_logprobs, list(self.spans or ()))
         if self.on_finish is not None:
             self.on_finish(self.finished)
         events.append(Done(self.finished))

@@ -13,6 +13,7 @@ import atexit
 import logging
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -161,9 +162,11 @@ class ModelWorker:
         if isinstance(job, CallJob):
             job.run()
             return
+        t0 = time.perf_counter()
         for lane in self.lanes:
             if lane.accepts(job):
                 lane.add(job)
+                job.session.span("completion.placement", t0, lane=lane.name)
                 return
         job.close("error", "no lane can run this request")
 

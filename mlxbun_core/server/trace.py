@@ -96,6 +96,8 @@ class Trace:
         if "ttft_s" in t:
             self.span("token_zero.total", started, started + t["ttft_s"],
                       prompt_tokens=fin.usage.prompt_tokens)
+        for phase, start, end, attributes in fin.spans:  # the lane's own (engine/stages.py)
+            self.span(phase, start, end, **attributes)
         self.mark("response.final_write")
         outcome = {"cancelled": "abort", "error": "error"}.get(fin.reason, "success")
         self.finish(outcome)

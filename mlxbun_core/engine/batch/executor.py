@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, cast
 import mlx.core as mx
 
 from ...kvquant import OFF, KVScheme
+from ..stages import Laps
 from . import states as recurrent
 from .entry import BlockEntry, Shared
 from .layout import Layout, Slot
@@ -80,6 +81,10 @@ class Batch:
         # called once a pass's graph is built, where MLX allocates when it runs it: a
         # test's injected out-of-memory or device fault (``engine/memory.py``)
         self.fault: Callable[[], None] | None = None
+        # traced requests: a step carrying rows' token zero times its stages (stages.py);
+        # ``zero`` is the last such step's (rows, laps)
+        self.timed = False
+        self.zero: tuple[list[int], Laps] | None = None
 
     # -- rows in and out -------------------------------------------------------------
     def add(self, uid: int, todo: list[int], *, cache: list[Any] | None = None,
@@ -232,11 +237,20 @@ class Batch:
             return window_step(self, drafts or {}, forcing)
         assert self._next is not None
         inputs, fed_logprobs = self._next, self._next_logprobs
+        zero = [r.uid for r, lp in zip(rows, fed_logprobs) if lp is None] if self.timed else []
+        laps = Laps() if zero else None
         self._reserve(rows, [1] * len(rows))
         logits, hidden = self._pass(inputs[:, None], rows, [1] * len(rows), self.states.caches)
+        if laps is not None:
+            laps.lap(logits)
         logits = processed(rows, inputs, logits[:, -1, :])
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        if laps is not None:
+            laps.lap(logprobs)
         sampled = sample(logprobs, [r.sampler for r in rows])
+        if laps is not None:
+            laps.lap(sampled)
+        self.zero = (zero, laps) if laps is not None else None
         mx.async_eval(sampled, logprobs, *self._arrays(self.states.caches))
         fed = cast("list[int]", inputs.tolist())
         # only now: a step that fails before here leaves every row's next input as it was

@@ -150,6 +150,7 @@ class Admitting(Relief):
         shared = cache if isinstance(cache, Shared) else None
         dense = None if shared is not None else cache
         assert not isinstance(dense, Shared)
+        t0 = time.perf_counter()
         try:
             self._get_batch().add(uid, todo, cache=dense, shared=shared, held=held,
                                   sampler=job.request.sampler,
@@ -162,6 +163,7 @@ class Admitting(Relief):
             if isinstance(exc, OutOfBlocks):
                 return None
             raise
+        job.session.span("prefill.batch_setup", t0, lane=self.name, held_tokens=len(held))
         snapshot = self._uses_prefix(job) and len(todo) > 1 and not self._rewindable()
         self._rows[uid] = BatchRow(job, snapshot)
         if job.spec is not None:

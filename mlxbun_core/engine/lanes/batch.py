@@ -37,6 +37,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from ... import kvquant
@@ -55,6 +56,7 @@ from ..scheduler import PREFILL_TOKENS, Scheduler, StepPlan
 from ..speculate import MTP
 from ..speculate.batch import BatchSpeculator
 from ..speculate.mtp_batch import MtpBatch
+from ..stages import tracing
 from .pace import PrefillPacer
 from .pressure import memory_failure
 from .results import Results
@@ -228,19 +230,34 @@ class BatchLane(Results):
             self._deciding = True
             if self.mtp is not None and self.mtp.rows:
                 drafts.update(self.mtp.drafts(batch))
+            batch.timed = tracing()
             emits = batch.decode(drafts=drafts, forcing=self._recorded(batch, fills,
                                                                        forcing(fills))
                                  if fills else None)
             self._deciding, self._consumed = False, {}
+            self._traced_zero(batch, len(rows))
             self._emitted(emits)
         if plan.prefill:
+            t0 = time.perf_counter()
             with self.pacer.timed(plan.asked) as timer:
                 done = batch.prefill(plan.prefill)
                 timer.tokens = sum(plan.prefill.values())
+            for uid, n in plan.prefill.items():
+                self._rows[uid].job.session.span("prefill.chunk", t0, tokens=n,
+                                                 rows=len(plan.prefill))
             for uid in done:
                 if self._rows[uid].snapshot:
                     self._publish_boundary(uid)
         return emits
+
+    def _traced_zero(self, batch: Batch, rows: int) -> None:
+        """Token zero's stages for the rows whose first token that step sampled."""
+        if batch.zero is not None:
+            uids, laps = batch.zero
+            batch.zero = None
+            for uid in uids:
+                if uid in self._rows:
+                    self._rows[uid].job.session.spanned(laps.spans(rows=rows))
 
     def close(self, error: str = "server shutting down", reason: str = "cancelled",
               retry: Retry | None = None) -> None:

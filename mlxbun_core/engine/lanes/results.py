@@ -10,6 +10,7 @@ blocks, and a failed step ends every row (the pool dropped with it).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -109,8 +110,11 @@ class Results(Admitting):
             cache.release()
 
     def _publish_boundary(self, uid: int) -> None:
+        t0 = time.perf_counter()
         entry, tokens = self._get_batch().snapshot(uid)
-        self._publish(self._rows[uid].job, tokens, entry, boundary=True)
+        job = self._rows[uid].job
+        self._publish(job, tokens, entry, boundary=True)
+        job.session.span("prefill.kv_maintenance", t0, snapshot_tokens=len(tokens))
 
     def _drop_cancelled(self) -> None:
         self._solo.drop_cancelled()

@@ -204,7 +204,9 @@ class SerialLane:
             note = explain_job(prefix, job, probe, n)
             job.session.phases["cache_lookup_s"] = time.perf_counter() - t0
         if cache is None:
+            t0 = time.perf_counter()
             cache = make_prompt_cache(self.model)
+            job.session.span("prefill.batch_setup", t0, lane=self.name)
         job.admitted(n, note)
         if self._mtp(job):
             yield from self._mtp_decode(job, cache, n, cacheable)
@@ -232,10 +234,15 @@ class SerialLane:
             return
         procs = _with_context(req.processors, prompt[:n])
         emb = req.input_embeddings[n:] if req.input_embeddings is not None else None
+        sampler = req.sampler
+        if job.session.spans is not None and sampler is not None:  # traced: token zero's stages
+            from ..stages import probed
+
+            sampler, procs = probed(sampler, procs or [], job.session.spanned)
         # mlx-lm annotates its tokens as arrays; it yields them as ints (``y.item()``)
         yield from cast("Iterator[tuple[int, mx.array]]", generate_step(
             mx.array(prompt[n:]), self.model, max_tokens=-1,
-            sampler=req.sampler, logits_processors=procs,
+            sampler=sampler, logits_processors=procs,
             prompt_cache=cache, input_embeddings=emb))
 
     def _prefill(self, job: GenerationJob, cache: list[Any], start: int, publish: bool,
@@ -253,6 +260,7 @@ class SerialLane:
         while i < end:
             size = self.pacer.chunk()
             j = min(i + size, end)
+            t1 = time.perf_counter()
             with self.pacer.timed(size) as timer:  # (bucketed lengths on CUDA)
                 if read is not None:
                     read(prompt[i:j], prompt[j])
@@ -260,13 +268,16 @@ class SerialLane:
                     prefill_shapes.prefill(self.model, prompt[i:j], cache,
                                            None if emb is None else emb[i:j])
                 timer.tokens = j - i
+            job.session.span("prefill.chunk", t1, tokens=j - i)
             i = j
             yield None
         if publish and end > start and self.prefix is not None and not trimmable(cache):
             import copy
 
+            t1 = time.perf_counter()
             self.prefix.store(job.cache_namespace, prompt[:end], copy.deepcopy(cache),
                               boundary=True)
+            job.session.span("prefill.kv_maintenance", t1, snapshot_tokens=end)
         job.session.phases["prefill_s"] = time.perf_counter() - t0
         return max(start, end)
 

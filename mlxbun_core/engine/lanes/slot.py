@@ -90,14 +90,16 @@ class SoloSlot:
               pacer: PrefillPacer) -> None:
         """Run ``job`` alone; ``cache`` holds its first ``cached`` prompt tokens (None:
         nothing cached, a fresh cache)."""
+        t0 = time.perf_counter()
         if cache is None:
             from mlx_lm.models.cache import make_prompt_cache
 
             cache = make_prompt_cache(self.model)
         if job.spec is not None and job.spec.kind == "mtp" and self.predictor is not None:
             self.solo = MtpSolo(self.model, job, cache, cached, pacer, self.predictor)
-            return
-        self.solo = Solo(self.model, job, cache, cached, pacer)
+        else:
+            self.solo = Solo(self.model, job, cache, cached, pacer)
+        job.session.span("prefill.batch_setup", t0, lane="batched", alone=True)
 
     def step(self) -> None:
         """One prefill chunk or one token of the lone job."""
@@ -118,9 +120,11 @@ class SoloSlot:
             return
         if out is None:  # a prefill chunk
             if not solo.prefilling and self.publishes(job):
+                t0 = time.perf_counter()
                 boundary = solo.boundary()
                 if boundary is not None:
                     self.publish(job, solo.fed, boundary, boundary=True)
+                    job.session.span("prefill.kv_maintenance", t0, snapshot_tokens=len(solo.fed))
             return
         self.steps.add(1)
         for token, logprobs, run in out:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from .. import prefill_shapes
@@ -28,6 +29,8 @@ from .spec_stream import spec_stream
 if TYPE_CHECKING:
     import mlx.core as mx
     import mlx.nn as nn
+
+    from ..stages import Laps
 
 
 log = logging.getLogger("mlxbun.engine")
@@ -91,13 +94,22 @@ class Solo:
                     start, size = len(self.fed), self.pacer.chunk()
                     chunk = self.prompt[start:min(start + size, len(self.prompt) - 1)]
                     self._first(prefill_shapes.pieces(len(chunk))[0])  # (its first piece)
+                    t0 = time.perf_counter()
                     with self.pacer.timed(size) as timer:  # (bucketed lengths on CUDA)
                         prefill_shapes.prefill(self.model, chunk, self.cache)
                         timer.tokens = len(chunk)
+                    self.job.session.span("prefill.chunk", t0, tokens=len(chunk))
                     self.fed += chunk
                     return None
                 self._first(1)
-                self._next = self._forward(mx.array(self.prompt[-1:]))
+                laps = None
+                if self.job.session.spans is not None:  # traced: token zero's stages
+                    from ..stages import Laps
+
+                    laps = Laps()
+                self._next = self._forward(mx.array(self.prompt[-1:]), laps)
+                if laps is not None:
+                    self.job.session.spanned(laps.spans())
                 self.fed.append(self.prompt[-1])
                 mx.async_eval(*self._next)
             y, logprobs = self._next
@@ -167,13 +179,15 @@ class Solo:
         token = cast(int, y.item())  # a token id
         return [(token, logprobs)], [[token]]
 
-    def _forward(self, y: mx.array) -> Pending:
+    def _forward(self, y: mx.array, laps: Laps | None = None) -> Pending:
         """Feed ``y`` (shape (1,), or a token and its forced run); the sampled next token
-        and its log-probabilities."""
+        and its log-probabilities (``laps``: each stage evaluated and timed, stages.py)."""
         import mlx.core as mx
 
         req = self.job.request
         logits = self.model(y[None], cache=self.cache)[:, -1, :]
+        if laps is not None:
+            laps.lap(logits)
         if req.processors:
             if self._context is None:
                 self._context = mx.concatenate([mx.array(self.fed), y]) if self.fed else y
@@ -183,7 +197,12 @@ class Solo:
                 logits = processor(self._context, logits)
         logprobs = logits - mx.logsumexp(logits, keepdims=True)
         assert req.sampler is not None  # prepare builds it before any lane runs the job
-        return req.sampler(logprobs), logprobs.squeeze(0)
+        if laps is None:
+            return req.sampler(logprobs), logprobs.squeeze(0)
+        laps.lap(logprobs)
+        token = req.sampler(logprobs)
+        laps.lap(token)
+        return token, logprobs.squeeze(0)
 
 
 def _steps(out: Any) -> list[Step]:

@@ -82,8 +82,9 @@ def speculation_field(body: dict[str, Any], kind_name: str = "draft_kind",
         raise BadRequest(f"{kind_name} must be one of {', '.join(map(repr, KINDS))} "
                          f"(got {kind!r})" if isinstance(kind, str) else
                          f"{kind_name} must be a string", param=kind_name)
-    if n is not None and (not isinstance(n, int) or isinstance(n, bool)
-                          or not 1 <= n <= MAX_DRAFT_TOKENS):
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool)):
+        raise BadRequest(f"{tokens_name} must be of type int", param=tokens_name)  # mlx-lm's
+    if n is not None and not 1 <= n <= MAX_DRAFT_TOKENS:
         raise BadRequest(f"{tokens_name} must be an integer from 1 to {MAX_DRAFT_TOKENS}",
                          param=tokens_name)
     return SpecRequest(kind, n)

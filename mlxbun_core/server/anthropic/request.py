@@ -23,7 +23,12 @@ from ...engine.request import (
     string_field,
     template_kwargs_field,
 )
-from ...engine.sampling import SamplingParams, max_tokens_field, stop_sequences
+from ...engine.sampling import (
+    SamplingParams,
+    max_tokens_field,
+    mlx_lm_type_error,
+    stop_sequences,
+)
 from ...engine.speculate import speculation_field
 from ...errors import BadRequest
 from ...grammar.request import GrammarRequest, budget_close, json_schema, response_format_request
@@ -181,7 +186,7 @@ def parse_request(body: dict[str, Any], defaults: dict[str, Any] | None = None,
     ``need_max_tokens`` is false for count_tokens, which takes a body without it;
     ``cache_control`` false skips the breakpoints (a breakpoint's own variant)."""
     if not isinstance(body.get("stream", False), bool):
-        raise BadRequest("stream must be a boolean")
+        raise mlx_lm_type_error("stream", bool)
     if "logit_bias" in body:
         raise BadRequest("logit_bias is not a parameter of the Anthropic Messages API")
     if need_max_tokens and body.get("max_tokens") is None:
@@ -196,7 +201,7 @@ def parse_request(body: dict[str, Any], defaults: dict[str, Any] | None = None,
     kwargs = system.thinking_kwargs(body.get("chat_template_kwargs"), body.get("thinking"))
     output = _output_format(body)
 
-    adapter = string_field(body.get("adapter"), "adapter")
+    adapter = string_field(body.get("adapter"), "adapter", mlx_lm=True)
     options = GenerateOptions(
         sampling=SamplingParams.from_body(body, defaults, "anthropic"),
         max_tokens=max_tokens_field(body.get("max_tokens"), "max_tokens", server_max_tokens),

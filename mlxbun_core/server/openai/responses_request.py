@@ -234,9 +234,8 @@ def _effort(body: dict[str, Any]) -> tuple[object, str]:
 
 def check_flags(body: dict[str, Any]) -> None:
     """``stream`` and ``store`` are booleans (checked before the history is looked up)."""
-    for name in ("stream", "store"):
-        if body.get(name) is not None and not isinstance(body[name], bool):
-            raise BadRequest(f"{name} must be a boolean", param=name)
+    for name in ("stream", "store"):  # (stream: mlx_lm.server's words)
+        boolean_field(body.get(name), name, mlx_lm=name == "stream")
 
 
 def parse_request(body: dict[str, Any], stored: dict[str, Any] | None = None,
@@ -251,8 +250,8 @@ def parse_request(body: dict[str, Any], stored: dict[str, Any] | None = None,
     choice = _tool_choice(body.get("tool_choice"), tools)
     fmt = _text_format(body)
 
-    stream = boolean_field(body.get("stream"), "stream")
-    adapter = string_field(body.get("adapter"), "adapter")
+    stream = boolean_field(body.get("stream"), "stream", mlx_lm=True)
+    adapter = string_field(body.get("adapter"), "adapter", mlx_lm=True)
     options = GenerateOptions(
         sampling=SamplingParams.from_body(body, defaults, "responses"),
         max_tokens=max_tokens_field(*_limit(body), server_max_tokens),
