@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..serve_flags import add_kv_quant_flag, add_selection_flags
-from . import evaldb
+from . import evaldb, evals_run
 from .oneshot import verb_parser
 
 FILLER = "The quick brown fox jumps over the lazy dog while the band plays on. "
@@ -41,12 +41,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     add_kv_quant_flag(b, default="off")
     b.add_argument("--json", action="store_true", help="the result as one JSON object")
     b.set_defaults(handler=cmd_bench)
-    e = sub.add_parser("evals", help="the recorded bench runs (newest first)")
+    e = sub.add_parser("evals", help="the recorded bench runs and task scores (newest "
+                                     "first); `evals run MODEL` scores a model on tasks")
     e.add_argument("--limit", type=int, default=20)
     e.add_argument("--raw", action="store_true", help="JSON lines")
     e.add_argument("--clear", action="store_true",
                    help="move the DB to a timestamped backup and start fresh")
     e.set_defaults(handler=cmd_evals)
+    evals_run.add_parser(e)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -77,15 +79,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _bench(path: str, model_id: str, args: argparse.Namespace) -> dict[str, Any]:
-    import mlx.core as mx
-
+def load_engine(path: str, model_id: str, kv_quant: str) -> Any:
+    """The engine ``serve`` runs, one stream at a time and without the prefix cache (a
+    measurement repeats prompts; a cache hit would measure the cache)."""
     from ..engine.core import Engine
     from ..library.scan import scan
     from ..model import LoadOptions
 
-    engine = Engine.load(path, LoadOptions(model_id=model_id, library=scan), progress=False,
-                         batch=1, prompt_cache_bytes=0, kv_quant=args.kv_quant)
+    return Engine.load(path, LoadOptions(model_id=model_id, library=scan), progress=False,
+                       batch=1, prompt_cache_bytes=0, kv_quant=kv_quant)
+
+
+async def _bench(path: str, model_id: str, args: argparse.Namespace) -> dict[str, Any]:
+    import mlx.core as mx
+
+    engine = load_engine(path, model_id, args.kv_quant)
     try:
         prompt = _prompt(engine, args.prompt_tokens)
         await _one(engine, prompt, 2)  # warm-up: first-call compiles and allocations
@@ -161,14 +169,22 @@ def cmd_evals(args: argparse.Namespace) -> int:
         backup = evaldb.clear(home)
         print(f"mlxbun: evals archived to {backup}" if backup else "mlxbun: no evals yet")
         return 0
-    rows = evaldb.rows(home, args.limit)
+    rows, scores = evaldb.rows(home, args.limit), evaldb.scores(home, args.limit)
     if args.raw:
-        for r in rows:
+        for r in [*rows, *scores]:
             print(json.dumps(r))
         return 0
-    if not rows:
-        print("mlxbun: no evals yet (run `mlxbun bench MODEL`)")
+    if not rows and not scores:
+        print("mlxbun: no evals yet (run `mlxbun bench MODEL` or `mlxbun evals run MODEL`)")
         return 0
+    if rows:
+        _print_runs(rows)
+    if scores:
+        evals_run.print_scores(scores)
+    return 0
+
+
+def _print_runs(rows: list[dict[str, Any]]) -> None:
     print(f"{'when':<16} {'stack':<7} {'model':<32} {'bench':<7} {'KV':<4} {'prefill':>9} "
           f"{'decode':>8} {'TTFT':>8} {'peak':>8}  commit")
     for r in rows:
@@ -176,4 +192,3 @@ def cmd_evals(args: argparse.Namespace) -> int:
         print(f"{when:<16} {r['stack']:<7} {r['model'][-32:]:<32} {r['bench']:<7} "
               f"{r['kv']:<4} {r['prefill_tps']:>7.1f}/s {r['decode_tps']:>6.1f}/s "
               f"{r['ttft_ms']:>6.0f}ms {r['peak_bytes'] / 2**20:>6.0f}Mi  {r['commit']}")
-    return 0
