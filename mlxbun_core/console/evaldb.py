@@ -11,12 +11,15 @@ from pathlib import Path
 from typing import Any
 
 COLUMNS = ("at", "stack", "model", "bench", "kv", "prompt_tokens", "decode_tokens", "runs",
-           "prefill_tps", "decode_tps", "ttft_ms", "peak_bytes", "commit")
+           "prefill_tps", "decode_tps", "ttft_ms", "peak_bytes", "commit",
+           "kv_bytes_per_token", "switches")
 QUOTED = ", ".join(f'"{c}"' for c in COLUMNS)  # "commit" is an SQL keyword
 SCHEMA = ("CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY, at REAL, stack TEXT, "
           "model TEXT, bench TEXT, kv TEXT, prompt_tokens INTEGER, decode_tokens INTEGER, "
           "runs INTEGER, prefill_tps REAL, decode_tps REAL, ttft_ms REAL, peak_bytes INTEGER, "
-          "\"commit\" TEXT)")
+          "\"commit\" TEXT, kv_bytes_per_token REAL, switches TEXT)")
+ADDED = {"kv_bytes_per_token": "REAL", "switches": "TEXT"}
+"""Columns later than the first DBs: added to a DB that lacks them."""
 
 SCORE_COLUMNS = ("at", "stack", "model", "task", "metric", "score", "n", "kv", "seconds",
                  "commit", "detail")
@@ -35,6 +38,10 @@ def _db(home: Path) -> sqlite3.Connection:
     home.mkdir(parents=True, exist_ok=True)
     db = sqlite3.connect(path(home))
     db.execute(SCHEMA)
+    have = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+    for column, kind in ADDED.items():
+        if column not in have:
+            db.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
     db.execute(SCORE_SCHEMA)
     return db
 

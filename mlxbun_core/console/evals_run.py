@@ -48,6 +48,7 @@ def add_parser(evals: argparse.ArgumentParser) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from ..errors import APIError
+    from ..kvquant.probe import KVQuantUnavailable
     from ..models.paths import mlxbun_home
     from ..models.resolve import ModelNotFound
     from ..selection import chosen_model, report_selection_error, resolve
@@ -65,6 +66,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             rows = lm_eval_run.run(str(resolved.path), resolved.model_id, args)
         else:
             rows = asyncio.run(_builtin(str(resolved.path), resolved.model_id, args))
+    except KVQuantUnavailable as exc:
+        print(f"mlxbun evals run: {exc}", file=sys.stderr)
+        return 2
     except (APIError, lm_eval_run.LmEvalFailed) as exc:
         print(f"mlxbun evals run: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 1
