@@ -113,7 +113,7 @@ async def exact_match(engine: Any) -> TaskResult:
 
 
 def _valid(value: Any, schema: dict[str, Any]) -> bool:
-    import jsonschema
+    import jsonschema  # type: ignore[import-untyped]  # no stubs (types-jsonschema is not ours)
 
     return jsonschema.Draft202012Validator(schema).is_valid(value)
 
