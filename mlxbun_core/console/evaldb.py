@@ -1,20 +1,33 @@
-"""The eval DB: every ``mlxbun bench`` run, one row, in ``<home>/evals.sqlite``; what
+"""The eval DB, ``<home>/evals.sqlite``: every ``mlxbun bench`` run (table ``runs``) and
+every task ``mlxbun evals run`` scored (table ``scores``, one row per task and run); what
 ``mlxbun evals`` lists, prints as JSON lines, or archives (``--clear``)."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from pathlib import Path
 from typing import Any
 
 COLUMNS = ("at", "stack", "model", "bench", "kv", "prompt_tokens", "decode_tokens", "runs",
-           "prefill_tps", "decode_tps", "ttft_ms", "peak_bytes", "commit")
+           "prefill_tps", "decode_tps", "ttft_ms", "peak_bytes", "commit",
+           "kv_bytes_per_token", "switches")
 QUOTED = ", ".join(f'"{c}"' for c in COLUMNS)  # "commit" is an SQL keyword
 SCHEMA = ("CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY, at REAL, stack TEXT, "
           "model TEXT, bench TEXT, kv TEXT, prompt_tokens INTEGER, decode_tokens INTEGER, "
           "runs INTEGER, prefill_tps REAL, decode_tps REAL, ttft_ms REAL, peak_bytes INTEGER, "
-          "\"commit\" TEXT)")
+          "\"commit\" TEXT, kv_bytes_per_token REAL, switches TEXT)")
+ADDED = {"kv_bytes_per_token": "REAL", "switches": "TEXT"}
+"""Columns later than the first DBs: added to a DB that lacks them."""
+
+SCORE_COLUMNS = ("at", "stack", "model", "task", "metric", "score", "n", "kv", "seconds",
+                 "commit", "detail")
+SCORE_QUOTED = ", ".join(f'"{c}"' for c in SCORE_COLUMNS)
+SCORE_SCHEMA = ("CREATE TABLE IF NOT EXISTS scores (id INTEGER PRIMARY KEY, at REAL, "
+                "stack TEXT, model TEXT, task TEXT, metric TEXT, score REAL, n INTEGER, "
+                "kv TEXT, seconds REAL, \"commit\" TEXT, detail TEXT)")
+"""``detail``: JSON, the task's further metrics and what each item gave."""
 
 
 def path(home: Path) -> Path:
@@ -25,6 +38,11 @@ def _db(home: Path) -> sqlite3.Connection:
     home.mkdir(parents=True, exist_ok=True)
     db = sqlite3.connect(path(home))
     db.execute(SCHEMA)
+    have = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+    for column, kind in ADDED.items():
+        if column not in have:
+            db.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
+    db.execute(SCORE_SCHEMA)
     return db
 
 
@@ -41,6 +59,26 @@ def rows(home: Path, limit: int) -> list[dict[str, Any]]:
     with _db(home) as db:
         cur = db.execute(f"SELECT {QUOTED} FROM runs ORDER BY id DESC LIMIT ?", (limit,))
         return [dict(zip(COLUMNS, r, strict=True)) for r in cur.fetchall()]
+
+
+def record_score(home: Path, row: dict[str, Any]) -> None:
+    values = [json.dumps(row.get(c)) if c == "detail" else row.get(c) for c in SCORE_COLUMNS]
+    with _db(home) as db:
+        db.execute(f"INSERT INTO scores ({SCORE_QUOTED}) VALUES "
+                   f"({', '.join('?' for _ in SCORE_COLUMNS)})", values)
+
+
+def scores(home: Path, limit: int) -> list[dict[str, Any]]:
+    """The newest ``limit`` task scores, newest first (``detail`` parsed)."""
+    if not path(home).is_file():
+        return []
+    with _db(home) as db:
+        cur = db.execute(f"SELECT {SCORE_QUOTED} FROM scores ORDER BY id DESC LIMIT ?",
+                         (limit,))
+        out = [dict(zip(SCORE_COLUMNS, r, strict=True)) for r in cur.fetchall()]
+    for r in out:
+        r["detail"] = json.loads(r["detail"]) if r["detail"] else None
+    return out
 
 
 def clear(home: Path) -> Path | None:
