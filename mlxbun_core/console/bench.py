@@ -24,11 +24,11 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from ..serve_flags import add_kv_quant_flag, add_selection_flags
 from . import evaldb, evals_run
+from .measure import commit_label, load_engine
 from .oneshot import verb_parser
 
 FILLER = "The quick brown fox jumps over the lazy dog while the band plays on. "
@@ -101,17 +101,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_engine(path: str, model_id: str, kv_quant: str) -> Any:
-    """The engine ``serve`` runs, one stream at a time and without the prefix cache (a
-    measurement repeats prompts; a cache hit would measure the cache)."""
-    from ..engine.core import Engine
-    from ..library.scan import scan
-    from ..model import LoadOptions
-
-    return Engine.load(path, LoadOptions(model_id=model_id, library=scan), progress=False,
-                       batch=1, prompt_cache_bytes=0, kv_quant=kv_quant)
-
-
 async def _bench(path: str, model_id: str, args: argparse.Namespace) -> dict[str, Any]:
     import mlx.core as mx
 
@@ -131,7 +120,7 @@ async def _bench(path: str, model_id: str, args: argparse.Namespace) -> dict[str
             "decode_tokens": int(med["decode_tokens"]), "runs": len(runs),
             "prefill_tps": med["prefill_tps"], "decode_tps": med["decode_tps"],
             "ttft_ms": med["ttft_ms"], "peak_bytes": int(peak),
-            "kv_bytes_per_token": kv_per_token, "commit": _commit()}
+            "kv_bytes_per_token": kv_per_token, "commit": commit_label()}
 
 
 def kv_bytes_per_token(engine: Any, prompt: str, chunk: int = 256) -> float:
@@ -202,20 +191,6 @@ def _max_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
 
 
-def _commit() -> str:
-    """mlxbun's version, and the checkout's commit when it runs from one."""
-    import subprocess
-
-    from .. import __version__
-
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=5, cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        rev = ""
-    return f"{__version__}{'@' + rev if rev else ''}"
-
-
 def cmd_evals(args: argparse.Namespace) -> int:
     from ..models.paths import mlxbun_home
 
@@ -235,7 +210,7 @@ def cmd_evals(args: argparse.Namespace) -> int:
     if rows:
         _print_runs(rows)
     if scores:
-        evals_run.print_scores(scores)
+        evaldb.print_scores(scores)
     return 0
 
 

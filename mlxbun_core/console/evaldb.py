@@ -90,3 +90,30 @@ def clear(home: Path) -> Path | None:
     backup = db.with_name(f"evals-{time.strftime('%Y%m%d-%H%M%S')}.sqlite")
     db.rename(backup)
     return backup
+
+
+def score_row(model_id: str, kv: str, stack: str, task: str, metric: str, score: float,
+              n: int, seconds: float, detail: dict[str, Any]) -> dict[str, Any]:
+    from .measure import commit_label
+
+    return {"at": time.time(), "stack": stack, "model": model_id, "task": task,
+            "metric": metric, "score": score, "n": n, "kv": kv, "seconds": seconds,
+            "commit": commit_label(), "detail": detail}
+
+
+def summary(row: dict[str, Any]) -> str:
+    extra = "".join(f", {k} {v:.3f}" for k, v in (row["detail"] or {}).items()
+                    if isinstance(v, float))
+    return (f"{row['model']}: {row['task']} {row['metric']} {row['score']:.3f} over "
+            f"{row['n']} items{extra} (KV {row['kv']}, {row['seconds']:.1f} s)")
+
+
+def print_scores(rows: list[dict[str, Any]]) -> None:
+    """``mlxbun evals``' second table: the task scores, newest first."""
+    print(f"\n{'when':<16} {'stack':<7} {'model':<32} {'task':<24} {'metric':<12} "
+          f"{'score':>7} {'n':>5} {'KV':<6}  commit")
+    for r in rows:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["at"]))
+        print(f"{when:<16} {r['stack']:<7} {r['model'][-32:]:<32} {r['task'][-24:]:<24} "
+              f"{r['metric'][-12:]:<12} {r['score']:>7.3f} {r['n']:>5} {r['kv']:<6}  "
+              f"{r['commit']}")

@@ -9,11 +9,11 @@ import argparse
 import asyncio
 import json
 import sys
-import time
 from typing import Any
 
 from ..serve_flags import add_kv_quant_flag, add_selection_flags
 from . import evaldb, evaltasks
+from .measure import load_engine
 
 
 def _task_list(text: str) -> list[str]:
@@ -74,44 +74,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 1
     for row in rows:
         evaldb.record_score(mlxbun_home(), row)
-        print(json.dumps(row) if args.json else summary(row))
+        print(json.dumps(row) if args.json else evaldb.summary(row))
     return 0
 
 
-def score_row(model_id: str, kv: str, stack: str, task: str, metric: str, score: float,
-              n: int, seconds: float, detail: dict[str, Any]) -> dict[str, Any]:
-    from .bench import _commit
-
-    return {"at": time.time(), "stack": stack, "model": model_id, "task": task,
-            "metric": metric, "score": score, "n": n, "kv": kv, "seconds": seconds,
-            "commit": _commit(), "detail": detail}
-
-
 async def _builtin(path: str, model_id: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    from .bench import load_engine
-
     engine = load_engine(path, model_id, args.kv_quant)
     try:
         results = [await evaltasks.run_task(engine, name) for name in args.tasks]
     finally:
         engine.close()
-    return [score_row(model_id, args.kv_quant, "mlxbun", r.task, r.metric, r.score, r.n,
+    return [evaldb.score_row(model_id, args.kv_quant, "mlxbun", r.task, r.metric, r.score, r.n,
                       r.seconds, {**r.extra, "items": r.items}) for r in results]
-
-
-def summary(row: dict[str, Any]) -> str:
-    extra = "".join(f", {k} {v:.3f}" for k, v in (row["detail"] or {}).items()
-                    if isinstance(v, float))
-    return (f"{row['model']}: {row['task']} {row['metric']} {row['score']:.3f} over "
-            f"{row['n']} items{extra} (KV {row['kv']}, {row['seconds']:.1f} s)")
-
-
-def print_scores(rows: list[dict[str, Any]]) -> None:
-    """``mlxbun evals``' second table: the task scores, newest first."""
-    print(f"\n{'when':<16} {'stack':<7} {'model':<32} {'task':<24} {'metric':<12} "
-          f"{'score':>7} {'n':>5} {'KV':<6}  commit")
-    for r in rows:
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["at"]))
-        print(f"{when:<16} {r['stack']:<7} {r['model'][-32:]:<32} {r['task'][-24:]:<24} "
-              f"{r['metric'][-12:]:<12} {r['score']:>7.3f} {r['n']:>5} {r['kv']:<6}  "
-              f"{r['commit']}")

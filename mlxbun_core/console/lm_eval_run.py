@@ -128,8 +128,8 @@ def _relay(argv: list[str]) -> tuple[int, str]:
 
 
 def run(path: str, model_id: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    from .bench import load_engine
-    from .evals_run import score_row
+    from .evaldb import score_row
+    from .measure import load_engine
 
     cmd = command(args)
     assert cmd is not None  # (missing() said so first)
