@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .config import HIT_STREAK
 from .guided import Plan, sampled, verify, walk
 from .stream import Emitted, SpecTally, count_round, grammar_of, process_window
 
@@ -90,6 +91,10 @@ class MtpStream:
         self.grammar = grammar_of(processors)  # drafts walk its matcher (module docstring)
         self.fill = fill if self.grammar is not None else None
         self._guide: tuple[Plan, list[int]] | None = None  # the window's plan, sampled at
+        # under a grammar, drafts ride while they land (a missed one costs the forced run
+        # after it): after a round that accepted one, or after HIT_STREAK guesses in a row
+        # that equalled the token sampled there (the prompt-lookup stream's free check)
+        self.hot, self.streak = True, 0
 
     @property
     def running(self) -> bool:
@@ -260,7 +265,8 @@ class MtpStream:
         drafter = HeadDrafter(self, after, g)
         room = fill.room(ahead) if fill is not None else self.n
         try:
-            return walk(g, [*self.fed, *self._refeed, token], drafter, room, self.n, fill)
+            return walk(g, [*self.fed, *self._refeed, token], drafter, room,
+                        self.n if self.hot else 0, fill)
         finally:
             drafter.close()
 
@@ -273,8 +279,13 @@ class MtpStream:
         index = {p: k for k, p in enumerate(at)}
         samples = _ints(samples_arr)
         kept, accepted = verify(plan, samples, index)
+        token = samples[index[kept]]
         if plan.drafted:
             self._count(plan.drafted, accepted)
+            self.hot, self.streak = accepted > 0, HIT_STREAK if accepted else 0
+        elif plan.guess is not None:  # the free check
+            self.streak = self.streak + 1 if plan.guess == token else 0
+            self.hot = self.streak >= HIT_STREAK
         back = len(plan.tokens) - kept
         if back:
             self._rollback(len(plan.tokens), plan.tokens[:kept])
@@ -282,7 +293,7 @@ class MtpStream:
         else:
             self.fed.extend(plan.tokens)
         self.hidden = hidden[:, :kept + 1]
-        tokens = [*plan.tokens[:kept], samples[index[kept]]]
+        tokens = [*plan.tokens[:kept], token]
         carry, self._carry = self._carry, []
         if self.fill is None:
             if accepted:  # ``done`` is read per token: this step hands out several
