@@ -185,3 +185,39 @@ def test_fill_and_drafts_take_fewest_forwards(serial, batched, lane, name, monke
     assert n_both <= min(n_fill, n_ngram) < n_plain, (n_plain, n_fill, n_ngram, n_both)
     if name == "words":
         assert n_both < min(n_fill, n_ngram), (n_fill, n_ngram, n_both)
+
+
+
+@pytest.mark.parametrize(("name", "beside"), [("json10", 3), ("words", 10)])
+def test_row_that_fills_and_drafts_goes_on_alone(batched, monkeypatch, name, beside):
+    """A constrained row with fill on and drafts asked for shares steps with a plain row
+    of ``beside`` tokens (the schema's forced runs ride those steps; the words row's
+    drafts do), then is handed back out as the lone stream: the guided stream resumes
+    from the row's pending token, handed out (and fed to the grammar) exactly once; the
+    reply is plain constrained decoding's."""
+    from mlxbun_core.engine.speculate import GuidedStream
+
+    configure(monkeypatch, engine={"fill_batch_tokens": 256})
+    resumed: list[dict] = []
+    begin = GuidedStream.begin
+
+    def recorded(self, token, emit=None):
+        if emit is not None:  # what the row had done in the batch when it left
+            usage = self.fill.usage
+            resumed.append({**(usage.speculation or {}), **usage.fill_report()})
+        return begin(self, token, emit)
+    monkeypatch.setattr(GuidedStream, "begin", recorded)
+    body = BODIES[name]
+    short = {"messages": [{"role": "user", "content": "Hi there"}], "max_tokens": beside,
+             "temperature": 0}
+    (plain,) = run(batched, [with_draft(body, "none")], "off")
+    both, chat = run(batched, [with_draft(body, "ngram"), with_draft(short, "none")],
+                     "strict")
+    assert len(resumed) == 1, "the row was not handed back out to the lone stream"
+    same(plain, both)
+    assert chat.finish.usage.completion_tokens == beside
+    left = resumed[0]
+    if name == "json10":  # forced runs rode the shared steps
+        assert left["injected"] > 0
+    else:  # drafts rode them
+        assert left["drafted"] > 0

@@ -19,7 +19,6 @@ from ..contract import DraftSource, Tokenizer
 from ..events import Admitted, Done, Event, Retry
 from .cache_explain import OFF
 from .session import GenerationRequest, GenerationSession
-from .speculate.config import NGRAM
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -174,8 +173,6 @@ class GenerationJob(Job):
         # plainly; media requests run their pipeline's own forward pass
         self.draft = draft if request.grammar is None and request.media is None else None
         self.spec = spec if may_speculate(request, self.draft) else None
-        if self.spec is not None and request.grammar is not None and self.spec.kind != NGRAM:
-            self.spec = None  # the MTP loops do not rewind a matcher yet: decode plainly
         self.spec_tally = spec_tally
         self.session = GenerationSession(request, tokenizer, limit)
         self.sink = sink

@@ -228,6 +228,13 @@ class GrammarProcessor:
             return False
         return True
 
+    def mask_guess(self, logits: mx.array) -> mx.array:
+        """``logits`` under what the matcher allows now, EOS left out: a drafter's guess
+        (the MTP head's) then is a token the grammar lets ride."""
+        self.matcher.fill(self._view)
+        np.bitwise_and(self._view, self._not_eos, out=self._view)
+        return self._mask(logits)
+
     def only_eos(self) -> bool:
         """Whether only EOS may follow the matcher's current state."""
         self.matcher.fill(self._view)

@@ -127,7 +127,8 @@ class BatchLane(Results):
         return (job.draft is None and req.input_embeddings is None and req.media is None
                 and req.sampling.seed is None and not req.score_prompt and job.limit != 0
                 and self._slots is not None
-                and (not self._wants_mtp(job) or self._runs_mtp(job)))
+                and (not self._wants_mtp(job) or self._runs_mtp(job)
+                     or self._plain_mtp(job)))
 
     def _wants_mtp(self, job: GenerationJob) -> bool:
         return job.spec is not None and job.spec.kind == MTP
@@ -137,7 +138,16 @@ class BatchLane(Results):
         per position only on the serial lane; the head's cache must page."""
         return self.mtp is not None and not job.request.processors and self.mtp.supported()
 
+    def _plain_mtp(self, job: GenerationJob) -> bool:
+        """An MTP job under a grammar the batch cannot draft for: it decodes here plainly
+        (concurrent constrained requests stay batched; MTP under a grammar drafts on
+        the serial lane, a ``--batch 1`` engine)."""
+        return (job.request.grammar is not None and not self._runs_mtp(job)
+                and self._wants_mtp(job))
+
     def add(self, job: GenerationJob) -> None:
+        if self._plain_mtp(job):
+            job.spec = None
         self._queue.append(job)
 
     def pool_stats(self) -> dict[str, Any] | None:

@@ -333,7 +333,7 @@ class SerialLane:
         prompt = req.prompt_tokens
         stream = MtpStream(self.predictor, cache, list(prompt[:n]),
                            job.spec.num_draft_tokens or self.predictor.num_draft_tokens,
-                           req.sampler, req.processors, spec, job.spec_tally)
+                           req.sampler, req.processors, spec, job.spec_tally, job.fill)
         yield from self._prefill(job, cache, n, publish=cacheable, read=stream.read)
         if cacheable and trimmable(cache):
             self._kv = (cache, list(prompt))

@@ -22,7 +22,7 @@ check reads the state after the whole step. The forced run after the step's last
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .config import HIT_STREAK
 from .stream import SpecStream, _ints, _trim, process_window, rewindable
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
     from ...grammar.base import GrammarProcessor
     from ..fill.forced import FillSession
+    from .lookup import PromptLookup
 
 Entry = tuple[int, "mx.array", list[int]]
 """A token, its log-probabilities and the tokens handed out after it (its run)."""
@@ -54,6 +55,90 @@ class Plan:
     @property
     def drafted(self) -> int:
         return self.forced.count(False)
+
+
+class Drafter(Protocol):
+    """Where a plan's drafts come from (prompt lookup, the model's MTP head)."""
+
+    def guess(self, plan: list[int]) -> int | None:
+        """The next token guessed after the last fed token and ``plan`` (None: none)."""
+        ...
+
+
+class LookupDrafter:
+    """Prompt lookup's guesses along a plan: its proposal followed while the plan agrees
+    with it, looked up again from the plan's end where it went elsewhere."""
+
+    def __init__(self, lookup: PromptLookup, n: int) -> None:
+        self.lookup, self.n = lookup, n
+        self.proposal, self.i, self.seen = lookup.propose(n + 1), 0, 0
+
+    def guess(self, plan: list[int]) -> int | None:
+        for t in plan[self.seen:]:
+            if self.i < len(self.proposal) and self.proposal[self.i] == t:
+                self.i += 1
+            else:  # the plan went elsewhere: look again from its end
+                self.proposal, self.i = self.lookup.propose_after(plan, self.n + 1), 0
+                break
+        self.seen = len(plan)
+        if plan and self.i >= len(self.proposal):
+            self.proposal, self.i = self.lookup.propose_after(plan, self.n + 1), 0
+        return self.proposal[self.i] if self.i < len(self.proposal) else None
+
+
+def walk(g: GrammarProcessor, fed: list[int], drafter: Drafter, room: int, drafts: int,
+         fill: FillSession | None) -> Plan:
+    """A window's plan: walk the matcher from the last token of ``fed`` and take it back
+    (see the module's docstring). ``room``: the plan's longest; ``drafts``: the most
+    drafts (0: the first free position's guess is still asked, for the free check);
+    ``fill``: forced tokens join (None: drafts only)."""
+    plan = Plan([], [])
+    if not g.catch_up(fed):
+        return plan
+    spans = fill.policy.max_span if fill is not None else 0
+    while len(plan.tokens) < room:
+        single = fill.single() if fill is not None else None
+        if single is not None:
+            if plan.forced.count(True) >= spans or not g.matcher.try_token(single):
+                break
+            if plan.drafted and g.only_eos():  # past a draft: left to be sampled
+                g.matcher.rollback(1)
+                break
+            plan.tokens.append(single)
+            plan.forced.append(True)
+            continue
+        if plan.drafted >= drafts and plan.drafted:
+            break
+        guess = drafter.guess(plan.tokens)
+        if plan.guess is None and not plan.drafted:
+            plan.guess = guess
+        if guess is None or plan.drafted >= drafts or not g.try_draft(guess):
+            break
+        plan.tokens.append(guess)
+        plan.forced.append(False)
+    if plan.tokens:
+        g.matcher.rollback(len(plan.tokens))
+    return plan
+
+
+def sampled(plan: Plan) -> list[int]:
+    """The window positions ``[x, *plan]`` samples at: before each draft, and the last."""
+    last = len(plan.tokens)
+    return [j for j in range(last) if not plan.forced[j]] + [last]
+
+
+def verify(plan: Plan, samples: list[int], index: dict[int, int]) -> tuple[int, int]:
+    """``(kept, accepted)``: the plan's tokens kept (a forced one whenever every token
+    before it is, a draft while it equals the sample before it) and its drafts accepted;
+    ``samples[index[p]]`` is the sample at window position ``p``."""
+    kept = accepted = 0
+    for j, (t, forced) in enumerate(zip(plan.tokens, plan.forced)):
+        if not forced:
+            if samples[index[j]] != t:
+                break
+            accepted += 1
+        kept += 1
+    return kept, accepted
 
 
 @dataclass
@@ -93,15 +178,8 @@ class GuidedStream(SpecStream):
         assert window is not None  # begun
         plan, samples = window.plan, _ints(window.samples)
         index = {p: k for k, p in enumerate(window.at)}
-        kept = accepted = 0
-        for j, (t, forced) in enumerate(zip(plan.tokens, plan.forced)):
-            if not forced:
-                if samples[index[j]] != t:
-                    break
-                accepted += 1
-            kept += 1
-        at = index[kept]  # the correction, or the bonus after the whole plan
-        token = samples[at]
+        kept, accepted = verify(plan, samples, index)
+        token = samples[index[kept]]  # the correction, or the bonus after the whole plan
         back = len(plan.tokens) - kept
         if back:
             _trim(self.cache, back)
@@ -150,41 +228,11 @@ class GuidedStream(SpecStream):
         return self.grammar
 
     def _plan(self, ahead: int) -> Plan:
-        """Walk the matcher from the last fed token (``ahead``: tokens produced and not
-        yet handed to the text session) and take it back; the window's plan."""
-        g, fill = self._grammar, self.fill
-        plan = Plan([], [])
-        if not g.catch_up(self.fed):
-            return plan
-        room, spans, drafts = fill.room(ahead), fill.policy.max_span, self.n if self.hot else 0
-        proposal, i = self.lookup.propose(self.n + 1), 0
-        while len(plan.tokens) < room:
-            single = fill.single()
-            if single is not None:
-                if plan.forced.count(True) >= spans or not g.matcher.try_token(single):
-                    break
-                if plan.drafted and g.only_eos():  # past a draft: left to be sampled
-                    g.matcher.rollback(1)
-                    break
-                plan.tokens.append(single)
-                plan.forced.append(True)
-                if i < len(proposal) and proposal[i] == single:
-                    i += 1
-                else:  # the lookup went elsewhere: look again from here
-                    proposal, i = self.lookup.propose_after(plan.tokens, self.n + 1), 0
-                continue
-            if i >= len(proposal) and plan.drafted:
-                proposal, i = self.lookup.propose_after(plan.tokens, self.n + 1), 0
-            guess = proposal[i] if i < len(proposal) else None
-            if plan.guess is None and not plan.drafted:
-                plan.guess = guess
-            if guess is None or plan.drafted >= drafts or not g.try_draft(guess):
-                break
-            plan.tokens.append(guess)
-            plan.forced.append(False)
-            i += 1
-        if plan.tokens:
-            g.matcher.rollback(len(plan.tokens))
+        """The next window's plan from the last fed token (``ahead``: tokens produced and
+        not yet handed to the text session)."""
+        drafts = self.n if self.hot else 0
+        plan = walk(self._grammar, self.fed, LookupDrafter(self.lookup, self.n),
+                    self.fill.room(ahead), drafts, self.fill)
         if plan.drafted and not rewindable(self.cache, len(plan.tokens) + 1):
             head = plan.head  # drafts need a cache that takes positions back
             plan.tokens, plan.forced = plan.tokens[:head], plan.forced[:head]
@@ -196,8 +244,7 @@ class GuidedStream(SpecStream):
         import mlx.core as mx
 
         inputs = mx.array([x, *plan.tokens], dtype=mx.uint32)
-        last = len(plan.tokens)
-        at = [j for j in range(last) if not plan.forced[j]] + [last]
+        last, at = len(plan.tokens), sampled(plan)
         logits = self.model(inputs[None], cache=self.cache)[0]
         if len(at) < last + 1:
             logits = logits[mx.array(at)]

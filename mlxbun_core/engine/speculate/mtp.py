@@ -17,6 +17,16 @@ claimed the model. Each round:
    round (lazily: no extra wait).
 
 The drafts and the verify forward are one lazy graph: a round waits on the device once.
+
+Under a grammar (its mask processor among the request's), a round's window is a plan
+walked along the matcher (``guided.walk``, the prompt-lookup guided stream's): each of
+the head's guesses is sampled under the grammar's mask at its position (so a position
+the grammar leaves one choice about gets that token), and a guess the matcher refuses
+ends the draft; with forced-token fill on (``fill``) the tokens the grammar forces join
+the window as kept tokens, as fill's runs. Only the drafts are verified (positions
+masked as plain constrained decoding masks them); rejected ones leave the target's
+cache and the matcher. Each guess is read on the host (the walk needs it): a round
+under a grammar waits on the device once per guess.
 The head's cache is filled while the prompt is read (:meth:`MtpStream.read`); positions
 a prefix-cache hit skipped have no hidden state, so its rows start after them (drafts
 still verify; they only see less context).
@@ -27,12 +37,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .stream import Emitted, SpecTally, count_round, process_window
+from .config import HIT_STREAK
+from .guided import Plan, sampled, verify, walk
+from .stream import Emitted, SpecTally, count_round, grammar_of, process_window
 
 if TYPE_CHECKING:
     import mlx.core as mx
 
     from ...contract import LogitsProcessor, Sampler, TokenPredictor
+    from ...grammar.base import GrammarProcessor
+    from ..fill.forced import FillSession
 
 
 MAX_REFEED = 32
@@ -59,7 +73,8 @@ class MtpStream:
 
     def __init__(self, predictor: TokenPredictor, cache: list[Any], fed: list[int], n: int,
                  sampler: Sampler, processors: list[LogitsProcessor],
-                 usage: dict[str, int], tally: SpecTally | None = None):
+                 usage: dict[str, int], tally: SpecTally | None = None,
+                 fill: FillSession | None = None):
         self.predictor, self.cache, self.fed = predictor, cache, fed
         self.n = n
         self.sampler, self.processors = sampler, processors
@@ -73,6 +88,13 @@ class MtpStream:
         self._snapshot_refeed = 0  # refed tokens the window in flight starts with
         self._refeed: list[int] = []  # accepted tokens a rollback took out, to feed again
         self._carry: list[Emitted] = []  # a token to hand out with the next step (resume)
+        self.grammar = grammar_of(processors)  # drafts walk its matcher (module docstring)
+        self.fill = fill if self.grammar is not None else None
+        self._guide: tuple[Plan, list[int]] | None = None  # the window's plan, sampled at
+        # under a grammar, drafts ride while they land (a missed one costs the forced run
+        # after it): after a round that accepted one, or after HIT_STREAK guesses in a row
+        # that equalled the token sampled there (the prompt-lookup stream's free check)
+        self.hot, self.streak = True, 0
 
     @property
     def running(self) -> bool:
@@ -108,7 +130,12 @@ class MtpStream:
         """Read the round in flight, settle the caches, queue the next; the tokens it
         produced, in order."""
         out, kept = self._read()
-        self._launch(kept[-1], mx_tokens(kept))
+        ahead = sum(1 + len(e[2]) for e in out if len(e) > 2)  # type: ignore[misc]
+        self._launch(kept[-1], mx_tokens(kept), ahead)
+        if self.fill is not None and self._guide is not None:
+            plan = self._guide[0]  # its forced run after the last token rides now
+            out[-1][2].extend(plan.tokens[:plan.head])  # type: ignore[misc]
+            self.fill.count(plan.head)
         return out
 
     def handoff(self) -> tuple[list[Emitted], int, HeadState]:
@@ -125,6 +152,8 @@ class MtpStream:
         """Read the round in flight and settle the caches: its tokens (after any carried
         one), and the kept ones (the accepted drafts and the target's last sample)."""
         assert self._window is not None  # begun
+        if self._guide is not None:
+            return self._read_guided()
         hidden, samples_arr, logprobs, drafts_arr = self._window
         samples = _ints(samples_arr)
         drafts = _ints(drafts_arr) if drafts_arr is not None else []
@@ -147,10 +176,14 @@ class MtpStream:
         """Stop: drop the drafts in flight from a trimmable cache (a recurrent one is left
         as it is: the caller must not reuse it)."""
         window, self._window = self._window, None
-        if window is not None and window[3] is not None and self.trimmable:
+        guide, self._guide = self._guide, None
+        drop = 0 if window is None or window[3] is None else int(window[3].shape[0])
+        if guide is not None:  # a forced run after the last token was handed out: it stays
+            drop = len(guide[0].tokens) - guide[0].head
+        if drop and self.trimmable:
             from mlx_lm.models.cache import trim_prompt_cache
 
-            trim_prompt_cache(self.cache, int(window[3].shape[0]))
+            trim_prompt_cache(self.cache, drop)
 
     # -- internals -------------------------------------------------------------------
     def _draft(self, after: mx.array) -> mx.array | None:
@@ -179,16 +212,23 @@ class MtpStream:
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         return self.sampler(logprobs).astype(mx.uint32).reshape(1)
 
-    def _launch(self, token: int, after: mx.array | None) -> None:
+    def _launch(self, token: int, after: mx.array | None, ahead: int = 0) -> None:
         """Queue the head's drafts and the target's forward over the refed tokens (after a
-        recurrent rollback), ``token`` and the drafts."""
+        recurrent rollback), ``token`` and the drafts (under a grammar: the plan's tokens;
+        ``ahead``: tokens produced and not yet handed out, for fill's room)."""
         import mlx.core as mx
 
-        drafts = self._draft(after) if after is not None else None
         if len(self._refeed) > MAX_REFEED:  # consecutive rollbacks: feed them on their own
             self.predictor.forward(mx_tokens(self._refeed)[None], self.cache)
             self.fed.extend(self._refeed)
             self._refeed = []
+        self._guide = None
+        if self.grammar is not None:
+            plan = self._walk(token, after, ahead) if after is not None else Plan([], [])
+            self._guide = (plan, sampled(plan))
+            drafts = mx_tokens(plan.tokens) if plan.tokens else None
+        else:
+            drafts = self._draft(after) if after is not None else None
         head = self._refeed + [token]
         inputs = mx_tokens(head)
         if drafts is not None:
@@ -203,16 +243,71 @@ class MtpStream:
         logits, hidden = logits[0, skip:], hidden[:, skip:]
         self.fed.extend(self._refeed)
         self._refeed = []
+        at = None if self._guide is None else self._guide[1]
+        if at is not None and len(at) < logits.shape[0]:  # forced positions: no sample
+            logits = logits[mx.array(at)]
         if self.processors:
-            logits = process_window(self.processors, logits, self.fed, inputs[skip:], done + skip)
+            logits = process_window(self.processors, logits, self.fed, inputs[skip:],
+                                    done + skip, at)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         samples = self.sampler(logprobs)
         mx.async_eval(samples, logprobs, hidden, *([] if drafts is None else [drafts]))
         self.fed.append(token)
-        self._window = (hidden, samples, logprobs, drafts)
+        self._window = (hidden, samples, logprobs, None if at is not None else drafts)
         self.usage["targetCalls"] += 1
         if self.tally is not None:
             self.tally.target_calls += 1
+
+    def _walk(self, token: int, after: mx.array, ahead: int) -> Plan:
+        """The window's plan after ``token`` under the grammar (``guided.walk``) with the
+        head's guesses; the head then holds the states it read and nothing chained."""
+        g, fill = self._grammar, self.fill
+        drafter = HeadDrafter(self, after, g)
+        room = fill.room(ahead) if fill is not None else self.n
+        try:
+            return walk(g, [*self.fed, *self._refeed, token], drafter, room,
+                        self.n if self.hot else 0, fill)
+        finally:
+            drafter.close()
+
+    def _read_guided(self) -> tuple[list[Emitted], list[int]]:
+        """:meth:`_read` for a planned window: the kept plan tokens and the sample after
+        them; with fill, one entry ``(token, logprobs, run)`` as the guided stream's."""
+        assert self._window is not None and self._guide is not None
+        hidden, samples_arr, logprobs, _ = self._window
+        plan, at = self._guide
+        index = {p: k for k, p in enumerate(at)}
+        samples = _ints(samples_arr)
+        kept, accepted = verify(plan, samples, index)
+        token = samples[index[kept]]
+        if plan.drafted:
+            self._count(plan.drafted, accepted)
+            self.hot, self.streak = accepted > 0, HIT_STREAK if accepted else 0
+        elif plan.guess is not None:  # the free check
+            self.streak = self.streak + 1 if plan.guess == token else 0
+            self.hot = self.streak >= HIT_STREAK
+        back = len(plan.tokens) - kept
+        if back:
+            self._rollback(len(plan.tokens), plan.tokens[:kept])
+            self._grammar.rollback(back)
+        else:
+            self.fed.extend(plan.tokens)
+        self.hidden = hidden[:, :kept + 1]
+        tokens = [*plan.tokens[:kept], token]
+        carry, self._carry = self._carry, []
+        if self.fill is None:
+            if accepted:  # ``done`` is read per token: this step hands out several
+                self._grammar.done = False
+            return carry + [(t, logprobs[index[j]]) for j, t in enumerate(tokens)], tokens
+        self.fill.count(plan.forced[plan.head:kept].count(True))  # runs kept past drafts
+        new = tokens[plan.head:]
+        entry = (new[0], logprobs[index[plan.head]], new[1:])
+        return [*carry, entry], tokens  # type: ignore[list-item]
+
+    @property
+    def _grammar(self) -> GrammarProcessor:
+        assert self.grammar is not None  # (guided rounds only)
+        return self.grammar
 
     def _rollback(self, drafted: int, kept: list[int]) -> None:
         """Take the rejected drafts back out of the target's cache (``kept``: the drafts
@@ -233,6 +328,49 @@ class MtpStream:
 
     def _count(self, drafted: int, accepted: int) -> None:
         count_round(self.usage, self.tally, drafted, accepted)
+
+
+class HeadDrafter:
+    """The head's guesses along a plan: the first from the round's pending states (paired
+    with the tokens ``after`` them), each next chained on the head's own state with the
+    plan's token there (forced or a draft), sampled under the grammar's mask."""
+
+    def __init__(self, stream: MtpStream, after: mx.array, grammar: GrammarProcessor):
+        self.stream, self.after, self.grammar = stream, after, grammar
+        self.logits: mx.array | None = None
+        self.state: mx.array | None = None
+        self.seen = self.chained = 0
+
+    def guess(self, plan: list[int]) -> int | None:
+        s = self.stream
+        if self.state is None and not self._read():
+            return None
+        assert self.state is not None
+        for t in plan[self.seen:]:
+            self.logits, self.state = s.predictor.predict(
+                self.state[:, -1:], mx_tokens([t])[None], s.head_cache)
+            self.chained += 1
+        self.seen = len(plan)
+        assert self.logits is not None
+        return _ints(s._sample_draft(self.grammar.mask_guess(self.logits)))[0]
+
+    def close(self) -> None:
+        """The pending states are read even where nothing was guessed; the chained
+        positions leave the head's cache (the next round rebuilds them)."""
+        if self.state is None:
+            self._read()
+        if self.chained:
+            from mlx_lm.models.cache import trim_prompt_cache
+
+            trim_prompt_cache(self.stream.head_cache, self.chained)
+
+    def _read(self) -> bool:
+        s = self.stream
+        if s.hidden is None or s.n < 1:
+            return False
+        self.logits, self.state = s.predictor.predict(s.hidden, self.after[None], s.head_cache)
+        s.hidden = None
+        return True
 
 
 def mx_tokens(tokens: list[int]) -> mx.array:

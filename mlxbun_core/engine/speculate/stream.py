@@ -82,10 +82,9 @@ class SpecStream:
         self.streak = 0  # plain steps in a row whose lookup guessed the sampled token
         self.inflight: _Window | None = None
         self._carry: list[Emitted] = []  # a token to hand out with the next step
-        # a grammar's mask processor (it is always last): drafts are checked against it
-        # before they ride, and the ones the target rejects are taken back from it
-        self.grammar = cast("GrammarProcessor | None", next(
-            (p for p in processors if hasattr(p, "draft_prefix")), None))
+        # a grammar's mask processor: drafts are checked against it before they ride,
+        # and the ones the target rejects are taken back from it
+        self.grammar = grammar_of(processors)
 
     @property
     def running(self) -> bool:
@@ -230,6 +229,12 @@ def process_window(processors: list[LogitsProcessor], logits: mx.array, fed: lis
             row = processor(context[:done + i + 1], row)
         rows.append(row)
     return mx.concatenate(rows, axis=0)
+
+
+def grammar_of(processors: list[LogitsProcessor]) -> GrammarProcessor | None:
+    """The request's grammar mask processor, if it has one (it is always last)."""
+    return cast("GrammarProcessor | None", next(
+        (p for p in processors if hasattr(p, "draft_prefix")), None))
 
 
 def _ints(tokens: mx.array) -> list[int]:
