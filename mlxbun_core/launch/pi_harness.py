@@ -143,7 +143,7 @@ def foreign(paths: list[Path]) -> Path | None:
 def remove(paths: list[Path]) -> int:
     present = [p for p in paths if p.exists()]
     if not present:
-        print(f"mlxbun: nothing to remove ({' and '.join(map(str, paths))} do not exist)")
+        print(f"mlxbun: nothing to remove (no {' nor '.join(map(str, paths))})")
     for path in present:
         path.unlink()
         print(f"removed {path}")
