@@ -2,7 +2,9 @@
 ``mlxbun launch pi``, ``mlxbun pi`` and ``mlxbun harness pi``, each with the real pi as a
 child against a real server. The model is a tiny one-sliding-layer checkpoint whose
 logits follow a script chosen from the prompt it was shown (tests/scripted_model.py), so
-what pi prints is exact: the read tool's call, its result coming back, the answer."""
+what pi prints is exact: the read tool's call, its result coming back, the answer. pi's
+``/adapter`` command is driven through pi's RPC mode (JSON lines: the command's notices
+come back as ``extension_ui_request`` events)."""
 
 from __future__ import annotations
 
@@ -54,6 +56,70 @@ def read_then_answer(path: Path, token: str):
     def reply(prompt: str) -> str:
         return f"The file says {token}." if token in prompt else f"<tool_call>{call}</tool_call>"
     return reply
+
+
+def scripted_adapter(plugin, folder: Path, **kw) -> Path:
+    """A LoRA adapter for the scripted checkpoint, in ``folder``: mlx-lm's layer names
+    under the ScriptedModel's ``inner`` (its logits stay scripted; the field is what is
+    tested here, the arithmetic in tests/test_adapters.py)."""
+    import mlx.core as mx
+
+    from mlxbun_core.testing.adapters import write_lora_adapter
+
+    out = write_lora_adapter(plugin.path, folder, **kw)
+    weights = mx.load(str(out / "adapters.safetensors"))
+    mx.save_safetensors(str(out / "adapters.safetensors"),
+                        {f"inner.{name}": value for name, value in weights.items()})
+    return out
+
+
+class RpcPi:
+    """pi in ``--mode rpc`` (JSON lines on stdin and stdout), read by a thread."""
+
+    def __init__(self, args: list[str], *, env: dict, cwd: Path):
+        import queue
+        import threading
+
+        self.proc = subprocess.Popen(args, cwd=cwd, env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                self.lines.put(json.loads(line))
+        self.lines.put(None)
+
+    def send(self, message: str) -> None:
+        self.proc.stdin.write(json.dumps({"type": "prompt", "message": message}) + "\n")
+        self.proc.stdin.flush()
+
+    def until(self, wanted, timeout: float = RUN_TIMEOUT_S) -> dict:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            event = self.lines.get(timeout=max(deadline - time.monotonic(), 0.1))
+            if event is None:
+                raise AssertionError(f"pi exited: {self.proc.stderr.read()[-3000:]}")
+            if wanted(event):
+                return event
+
+    def notice(self, command: str) -> tuple[str, str]:
+        """``command``'s notification: (its level, its text)."""
+        self.send(command)
+        note = self.until(lambda e: e.get("type") == "extension_ui_request"
+                          and e.get("method") == "notify", timeout=120)
+        return note.get("notifyType", "info"), note["message"]
+
+    def close(self) -> int:
+        self.proc.stdin.close()
+        try:
+            return self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
 
 
 def test_launch_pi_runs_the_read_tool_against_the_server(server, npm_clients, tmp_path):
@@ -220,70 +286,6 @@ def test_models_json_names_the_served_model_and_its_window(tmp_path):
     adapter = (agent / "extensions" / "mlxbun-adapter.ts").read_text()
     assert 'const DEFAULT_URL = "http://127.0.0.1:9999";' in adapter
     assert (env["MLXBUN_URL"], env["MLXBUN_API_KEY"]) == ("http://127.0.0.1:9999", "sk-1")
-
-
-def scripted_adapter(plugin, folder: Path, **kw) -> Path:
-    """A LoRA adapter for the scripted checkpoint, in ``folder``: mlx-lm's layer names
-    under the ScriptedModel's ``inner`` (its logits stay scripted; the field is what is
-    tested here, the arithmetic in tests/test_adapters.py)."""
-    import mlx.core as mx
-
-    from mlxbun_core.testing.adapters import write_lora_adapter
-
-    out = write_lora_adapter(plugin.path, folder, **kw)
-    weights = mx.load(str(out / "adapters.safetensors"))
-    mx.save_safetensors(str(out / "adapters.safetensors"),
-                        {f"inner.{name}": value for name, value in weights.items()})
-    return out
-
-
-class RpcPi:
-    """pi in ``--mode rpc`` (JSON lines on stdin and stdout), read by a thread."""
-
-    def __init__(self, args: list[str], *, env: dict, cwd: Path):
-        import queue
-        import threading
-
-        self.proc = subprocess.Popen(args, cwd=cwd, env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.lines: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            if line.startswith("{"):
-                self.lines.put(json.loads(line))
-        self.lines.put(None)
-
-    def send(self, message: str) -> None:
-        self.proc.stdin.write(json.dumps({"type": "prompt", "message": message}) + "\n")
-        self.proc.stdin.flush()
-
-    def until(self, wanted, timeout: float = RUN_TIMEOUT_S) -> dict:
-        import time
-
-        deadline = time.monotonic() + timeout
-        while True:
-            event = self.lines.get(timeout=max(deadline - time.monotonic(), 0.1))
-            if event is None:
-                raise AssertionError(f"pi exited: {self.proc.stderr.read()[-3000:]}")
-            if wanted(event):
-                return event
-
-    def notice(self, command: str) -> tuple[str, str]:
-        """``command``'s notification: (its level, its text)."""
-        self.send(command)
-        note = self.until(lambda e: e.get("type") == "extension_ui_request"
-                          and e.get("method") == "notify", timeout=120)
-        return note.get("notifyType", "info"), note["message"]
-
-    def close(self) -> int:
-        self.proc.stdin.close()
-        try:
-            return self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
 
 
 def test_launch_pi_adapter_command_lists_mounts_and_sends_the_adapter(server, npm_clients,
