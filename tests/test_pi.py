@@ -209,6 +209,12 @@ def test_harness_pi_adapter_installs_the_command_into_the_users_own_pi(server, n
         assert f"  {name}  " in text
     finally:
         assert pi.close() == 0
+    port = free_port()  # a plain re-install moves the /adapter command along with it
+    done = mlxbun(["harness", "pi", "--base-url", f"http://127.0.0.1:{port}"], home=home,
+                  npm_bin=pi_bin, cwd=tmp_path)
+    assert done.returncode == 0 and "/adapter command" in done.stdout
+    assert (f'const DEFAULT_URL = "http://127.0.0.1:{port}";'
+            in (extensions / "mlxbun-adapter.ts").read_text())
     done = mlxbun(["harness", "pi", "--remove", "--adapter"], home=home, npm_bin=pi_bin,
                   cwd=tmp_path)
     assert done.returncode == 0 and [p.name for p in extensions.iterdir()] == [
