@@ -2,7 +2,9 @@
 ``mlxbun launch pi``, ``mlxbun pi`` and ``mlxbun harness pi``, each with the real pi as a
 child against a real server. The model is a tiny one-sliding-layer checkpoint whose
 logits follow a script chosen from the prompt it was shown (tests/scripted_model.py), so
-what pi prints is exact: the read tool's call, its result coming back, the answer."""
+what pi prints is exact: the read tool's call, its result coming back, the answer. pi's
+``/adapter`` command is driven through pi's RPC mode (JSON lines: the command's notices
+come back as ``extension_ui_request`` events)."""
 
 from __future__ import annotations
 
@@ -54,6 +56,70 @@ def read_then_answer(path: Path, token: str):
     def reply(prompt: str) -> str:
         return f"The file says {token}." if token in prompt else f"<tool_call>{call}</tool_call>"
     return reply
+
+
+def scripted_adapter(plugin, folder: Path, **kw) -> Path:
+    """A LoRA adapter for the scripted checkpoint, in ``folder``: mlx-lm's layer names
+    under the ScriptedModel's ``inner`` (its logits stay scripted; the field is what is
+    tested here, the arithmetic in tests/test_adapters.py)."""
+    import mlx.core as mx
+
+    from mlxbun_core.testing.adapters import write_lora_adapter
+
+    out = write_lora_adapter(plugin.path, folder, **kw)
+    weights = mx.load(str(out / "adapters.safetensors"))
+    mx.save_safetensors(str(out / "adapters.safetensors"),
+                        {f"inner.{name}": value for name, value in weights.items()})
+    return out
+
+
+class RpcPi:
+    """pi in ``--mode rpc`` (JSON lines on stdin and stdout), read by a thread."""
+
+    def __init__(self, args: list[str], *, env: dict, cwd: Path):
+        import queue
+        import threading
+
+        self.proc = subprocess.Popen(args, cwd=cwd, env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                self.lines.put(json.loads(line))
+        self.lines.put(None)
+
+    def send(self, message: str) -> None:
+        self.proc.stdin.write(json.dumps({"type": "prompt", "message": message}) + "\n")
+        self.proc.stdin.flush()
+
+    def until(self, wanted, timeout: float = RUN_TIMEOUT_S) -> dict:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            event = self.lines.get(timeout=max(deadline - time.monotonic(), 0.1))
+            if event is None:
+                raise AssertionError(f"pi exited: {self.proc.stderr.read()[-3000:]}")
+            if wanted(event):
+                return event
+
+    def notice(self, command: str) -> tuple[str, str]:
+        """``command``'s notification: (its level, its text)."""
+        self.send(command)
+        note = self.until(lambda e: e.get("type") == "extension_ui_request"
+                          and e.get("method") == "notify", timeout=120)
+        return note.get("notifyType", "info"), note["message"]
+
+    def close(self) -> int:
+        self.proc.stdin.close()
+        try:
+            return self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
 
 
 def test_launch_pi_runs_the_read_tool_against_the_server(server, npm_clients, tmp_path):
@@ -119,6 +185,44 @@ def test_harness_pi_connects_the_users_own_pi_and_removes_itself(server, npm_cli
     assert not extension.exists()
 
 
+def test_harness_pi_adapter_installs_the_command_into_the_users_own_pi(server, npm_clients,
+                                                                       tmp_path):
+    srv, plugin = server
+    home = tmp_path / "home"
+    pi_bin = npm_clients["pi"].parent
+    extensions = home / ".pi" / "agent" / "extensions"
+    done = mlxbun(["harness", "pi", "--adapter", "--base-url", srv.v1], home=home,
+                  npm_bin=pi_bin, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"wrote {extensions / 'mlxbun-adapter.ts'}: pi's /adapter command" in done.stdout
+    assert sorted(p.name for p in extensions.iterdir()) == ["mlxbun-adapter.ts",
+                                                            "mlxbun-provider.ts"]
+    name = f"style-{uuid.uuid4().hex[:6]}"
+    scripted_adapter(plugin, Path(os.environ["MLXBUN_HOME"]) / "adapters" / name, seed=3)
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "TMPDIR")}
+    env.update(HOME=str(home), PI_OFFLINE="1", NO_COLOR="1", TERM="dumb")
+    pi = RpcPi([str(npm_clients["pi"]), "--provider", "mlxbun", "--mode", "rpc",
+                "--no-session"], env=env, cwd=tmp_path)
+    try:  # no MLXBUN_URL: the URL written at install time
+        level, text = pi.notice("/adapter")
+        assert level == "info" and f"mlxbun adapters at {srv.base_url}:" in text
+        assert f"  {name}  " in text
+    finally:
+        assert pi.close() == 0
+    port = free_port()  # a plain re-install moves the /adapter command along with it
+    done = mlxbun(["harness", "pi", "--base-url", f"http://127.0.0.1:{port}"], home=home,
+                  npm_bin=pi_bin, cwd=tmp_path)
+    assert done.returncode == 0 and "/adapter command" in done.stdout
+    assert (f'const DEFAULT_URL = "http://127.0.0.1:{port}";'
+            in (extensions / "mlxbun-adapter.ts").read_text())
+    done = mlxbun(["harness", "pi", "--remove", "--adapter"], home=home, npm_bin=pi_bin,
+                  cwd=tmp_path)
+    assert done.returncode == 0 and [p.name for p in extensions.iterdir()] == [
+        "mlxbun-provider.ts"]
+    done = mlxbun(["harness", "pi", "--remove"], home=home, npm_bin=pi_bin, cwd=tmp_path)
+    assert done.returncode == 0 and not any(extensions.iterdir())
+
+
 def test_harness_pi_respects_pi_config_dir_and_leaves_a_foreign_file(tmp_path):
     agent = tmp_path / "pi-config"
     port = free_port()  # nothing listens: the file is written, the models come at pi's start
@@ -137,6 +241,14 @@ def test_harness_pi_respects_pi_config_dir_and_leaves_a_foreign_file(tmp_path):
                       env={"PI_CODING_AGENT_DIR": str(agent)})
         assert done.returncode == 2 and "left as it is" in done.stderr
     assert foreign.read_text() == "// mine\n"
+    foreign.unlink()
+    mine = agent / "extensions" / "mlxbun-adapter.ts"
+    mine.write_text("// my own /adapter\n")
+    for args in (["harness", "pi", "--adapter"], ["harness", "pi", "--remove", "--adapter"]):
+        done = mlxbun(args, home=tmp_path / "home", npm_bin=None, cwd=tmp_path,
+                      env={"PI_CODING_AGENT_DIR": str(agent)})
+        assert done.returncode == 2 and f"{mine} is not one" in done.stderr
+    assert mine.read_text() == "// my own /adapter\n"
 
 
 def test_a_missing_pi_gets_its_npm_command_and_no_server(tmp_path):
@@ -177,3 +289,63 @@ def test_models_json_names_the_served_model_and_its_window(tmp_path):
     settings = json.loads((agent / "settings.json").read_text())
     assert (settings["defaultProvider"], settings["defaultModel"]) == ("mlxbun", "acme/Coder-7B")
     assert env["PI_OFFLINE"] == "1" and env["PI_TELEMETRY"] == "0"
+    adapter = (agent / "extensions" / "mlxbun-adapter.ts").read_text()
+    assert 'const DEFAULT_URL = "http://127.0.0.1:9999";' in adapter
+    assert (env["MLXBUN_URL"], env["MLXBUN_API_KEY"]) == ("http://127.0.0.1:9999", "sk-1")
+
+
+def test_launch_pi_adapter_command_lists_mounts_and_sends_the_adapter(server, npm_clients,
+                                                                      tmp_path, monkeypatch):
+    import httpx
+
+    srv, plugin = server
+    plugin.reply = lambda prompt: "Hi with an adapter."
+    folder = Path(os.environ["MLXBUN_HOME"]) / "adapters"
+    tone, other = (f"{name}-{uuid.uuid4().hex[:6]}" for name in ("tone", "other"))
+    scripted_adapter(plugin, folder / tone, seed=1)
+    scripted_adapter(plugin, folder / other, seed=2, base_model="acme/Other-1B")
+    asked: list = []  # the `adapter` field of each request the engine resolved
+    manager = srv.engine.adapters
+    resolve = manager.resolve
+    monkeypatch.setattr(manager, "resolve", lambda spec: asked.append(spec) or resolve(spec))
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PI_", "OPENAI_"))}
+    env.update(HOME=str(tmp_path / "home"), NO_COLOR="1", TERM="dumb", MLXBUN_URL="http://x:1",
+               PATH=f"{npm_clients['pi'].parent}{os.pathsep}{env.get('PATH', '')}")
+    pi = RpcPi([sys.executable, "-m", "mlxbun_core.cli", "launch", "pi", "--port",
+                str(srv.port), "--", "--mode", "rpc", "--no-session"], env=env, cwd=tmp_path)
+    try:
+        level, text = pi.notice("/adapter")
+        assert level == "info" and f"mlxbun adapters at {srv.base_url}:" in text
+        assert tone in text and f"{other}  (trained on acme/Other-1B: needs --force)" in text
+        assert text.endswith("active: none (requests get the base model)")
+        level, text = pi.notice("/adapter nope")
+        assert level == "error" and "no adapter nope on disk" in text and tone in text
+        level, text = pi.notice(f"/adapter {tone}")
+        assert (level, text) == ("info", f"loaded {tone}; adapter {tone} active: every "
+                                          "request to mlxbun carries it")
+        mounted = httpx.get(srv.v1 + "/adapters").json()["adapters"]
+        assert tone in [row["id"] for row in mounted]
+
+        pi.send("say hi")
+        end = pi.until(lambda e: e.get("type") == "agent_end")
+        texts = [part["text"] for m in end["messages"] if m.get("role") == "assistant"
+                 for part in m["content"] if part["type"] == "text"]
+        assert texts == ["Hi with an adapter."]
+        assert asked and set(asked) == {tone}
+
+        level, text = pi.notice(f"/adapter {other}")
+        assert level == "error" and "force" in text  # the server's 400, said in pi
+        level, text = pi.notice(f"/adapter {tone}+{other} --force")
+        assert level == "info" and text.startswith(f"loaded {other}; adapter {tone}+{other}")
+        level, text = pi.notice("/adapter list")
+        assert f"{other}  (loaded, trained on acme/Other-1B" in text
+        assert text.endswith(f"active: {tone}+{other}")
+        assert pi.notice("/adapter off") == ("info", "adapter off: requests carry no "
+                                                     "adapter field")
+        asked.clear()
+        pi.send("say hi again")
+        pi.until(lambda e: e.get("type") == "agent_end")
+        assert asked and set(asked) == {None}
+    finally:
+        assert pi.close() == 0

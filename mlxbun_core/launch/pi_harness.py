@@ -1,10 +1,12 @@
-"""``mlxbun harness pi [--base-url URL] [--remove]``: connect the user's own pi to mlxbun.
+"""``mlxbun harness pi [--base-url URL] [--adapter] [--remove]``: connect your own pi.
 
 Writes one file, ``<pi config dir>/extensions/mlxbun-provider.ts`` (the config dir is
 ``PI_CODING_AGENT_DIR``, else ``~/.pi/agent``): a pi extension that registers the
 ``mlxbun`` provider. It reads the served models from ``/v1/models`` each time pi starts,
-and falls back to the list read at install time when the server is down. Nothing else
-of the user's pi config is read or changed; ``--remove`` deletes the file again.
+and falls back to the list read at install time when the server is down. ``--adapter``
+adds ``mlxbun-adapter.ts``, pi's ``/adapter`` command, pointed at the same server (a
+later plain install refreshes it too). Nothing else of the user's pi config is read or
+changed; ``--remove`` deletes both files again (``--remove --adapter``: the second only).
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ import shutil
 import sys
 from pathlib import Path
 
-from .pi import COMPAT, EXTENSION_MARK, EXTENSION_NAME, PROVIDER, model_entry
+from .pi import (
+    ADAPTER_EXTENSION_NAME,
+    COMPAT,
+    EXTENSION_MARK,
+    EXTENSION_NAME,
+    PROVIDER,
+    model_entry,
+)
 
 EXTENSION = """\
 {mark}; `mlxbun harness pi --remove` deletes it.
@@ -80,6 +89,10 @@ def extension_path() -> Path:
     return pi_config_dir() / "extensions" / EXTENSION_NAME
 
 
+def adapter_extension_path() -> Path:
+    return pi_config_dir() / "extensions" / ADAPTER_EXTENSION_NAME
+
+
 def v1_url(base_url: str | None) -> str:
     """``--base-url`` (with or without ``/v1``), else the server the serve settings
     (``mlxbun.yaml``, ``MLXBUN_HOST``/``MLXBUN_PORT``) point at."""
@@ -122,29 +135,52 @@ def ours(path: Path) -> bool:
         return False
 
 
-def cmd_harness(args: argparse.Namespace) -> int:
-    path = extension_path()
-    if path.exists() and not ours(path):
-        print(f"mlxbun: {path} is not one `mlxbun harness pi` wrote; left as it is",
-              file=sys.stderr)
-        return 2
-    if args.remove:
-        if not path.exists():
-            print(f"mlxbun: nothing to remove ({path} does not exist)")
-            return 0
+def foreign(paths: list[Path]) -> Path | None:
+    """The first of ``paths`` that exists and is not ours (never written over or removed)."""
+    return next((p for p in paths if p.exists() and not ours(p)), None)
+
+
+def remove(paths: list[Path]) -> int:
+    present = [p for p in paths if p.exists()]
+    if not present:
+        print(f"mlxbun: nothing to remove (no {' nor '.join(map(str, paths))})")
+    for path in present:
         path.unlink()
         print(f"removed {path}")
-        return 0
-    v1 = v1_url(args.base_url)
+    return 0
+
+
+def install(v1: str, with_adapter: bool) -> None:
+    """The provider extension, and the ``/adapter`` one when asked or already there."""
+    from .pi import adapter_extension_text
+
     fallback = served_models(v1)
+    path = extension_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(extension_text(v1, fallback), encoding="utf-8")
     print(f"wrote {path}: pi's `{PROVIDER}` provider at {v1}")
+    if with_adapter:
+        adapter = adapter_extension_path()
+        adapter.write_text(adapter_extension_text(v1.removesuffix("/v1")), encoding="utf-8")
+        print(f"wrote {adapter}: pi's /adapter command (list, <id>, off)")
     if fallback:
         print(f"serving now: {', '.join(str(m['id']) for m in fallback)}")
     else:
         print(f"note: no server answers at {v1} now; pi reads its models when it starts "
               "(start one with `mlxbun serve`)")
+
+
+def cmd_harness(args: argparse.Namespace) -> int:
+    adapter = adapter_extension_path()
+    paths = [adapter] if args.remove and args.adapter else [extension_path(), adapter]
+    mine = foreign(paths)
+    if mine is not None:
+        print(f"mlxbun: {mine} is not one `mlxbun harness pi` wrote; left as it is",
+              file=sys.stderr)
+        return 2
+    if args.remove:
+        return remove(paths)
+    install(v1_url(args.base_url), args.adapter or adapter.exists())
     print(f"run: pi --provider {PROVIDER}    (undo: mlxbun harness pi --remove)")
     if shutil.which("pi") is None:
         print("note: pi is not on PATH; install it with:\n"
@@ -158,11 +194,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Write (or with --remove delete) "
                                    f"<pi config dir>/extensions/{EXTENSION_NAME}: it "
                                    "registers mlxbun as pi's provider, reading the served "
-                                   "models from /v1/models when pi starts. The config dir is "
-                                   "$PI_CODING_AGENT_DIR, else ~/.pi/agent.")
+                                   "models from /v1/models when pi starts; with --adapter "
+                                   f"also {ADAPTER_EXTENSION_NAME}, the /adapter command. The "
+                                   "config dir is $PI_CODING_AGENT_DIR, else ~/.pi/agent.")
     h.add_argument("agent", choices=["pi"])
     h.add_argument("--base-url", default=None,
                    help="the server's URL (default: the one MLXBUN_HOST/MLXBUN_PORT and "
                         "mlxbun.yaml point at, http://127.0.0.1:8080/v1 unset)")
-    h.add_argument("--remove", action="store_true", help="delete the extension")
+    h.add_argument("--adapter", action="store_true",
+                   help=f"also write {ADAPTER_EXTENSION_NAME}, pi's /adapter command (pick a "
+                        "LoRA adapter from pi); with --remove, delete only that one")
+    h.add_argument("--remove", action="store_true",
+                   help="delete the extensions this command wrote")
     h.set_defaults(handler=cmd_harness)
