@@ -222,7 +222,8 @@ def load_engine(args: argparse.Namespace, ssd: SsdConfig | None) -> Engine:
             "draft_model": args.draft_model, "num_draft_tokens": args.num_draft_tokens or 3,
             "expert_budget": getattr(args, "expert_budget", None),
             "expert_offload": getattr(args, "expert_offload", False)})
-        no_head = {"predictor": None} if getattr(args, "mtp", None) == "off" else {}
+        no_head: dict[str, Any] = {"predictor": None} if getattr(args, "mtp", None) == "off" \
+            else {}
         return Engine.load(str(resolved.path), options, defaults=defaults, **no_head,
                            max_tokens=args.max_tokens or None,  # 0: no cap
                            speculation=speculation,
