@@ -7,7 +7,6 @@ after the checks.
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib.util
 import logging
 import os
@@ -54,41 +53,6 @@ def configure_run(args: argparse.Namespace) -> None:
 
 # optional grammar backends and the extra that installs each
 GRAMMAR_EXTRAS = {"xgrammar": "mlxbun[xgrammar]"}
-def bind_port(host: str, port: int) -> socket.socket | str:
-    """Bind the listening address before the model loads, as uvicorn would.
-
-    Returns the bound socket (uvicorn serves on it later, so nothing can take the
-    port in between) or a message saying why the address cannot be used.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except (OSError, OverflowError) as exc:
-        sock.close()
-        if getattr(exc, "errno", None) == errno.EADDRINUSE:
-            hint = free_port_near(host, port)
-            return (f"port {port} on {host} is already in use (another mlxbun or server "
-                    f"running?). Pick a free one with --port"
-                    + (f", e.g. --port {hint} (free now)." if hint else "."))
-        return f"cannot listen on {host}:{port}: {exc}"
-    sock.set_inheritable(True)
-    return sock
-
-
-def free_port_near(host: str, port: int, tries: int = 100) -> int | None:
-    """The first port after ``port`` that ``host`` can bind right now (else one the OS
-    picks), for the busy-port hint; None if none can be bound."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    for candidate in [*range(port + 1, min(port + 1 + tries, 65536)), 0]:
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            try:
-                probe.bind((host, candidate))
-            except OSError:
-                continue
-            return probe.getsockname()[1]
-    return None
 
 
 def select_grammar_backend(name: str) -> str | None:
@@ -137,6 +101,8 @@ def preflight(args: argparse.Namespace) -> tuple[socket.socket | None, str | Non
         or check_cors(args)
     if problem or args.unix:
         return None, problem or None
+    from .server.ports import bind_port
+
     sock = bind_port(args.host, args.port)
     return (None, sock) if isinstance(sock, str) else (sock, None)
 
