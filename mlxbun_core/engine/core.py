@@ -27,8 +27,8 @@ from ..events import Finish, Retry
 from ..library import fit
 from ..media import parts as media_parts
 from ..model import LoadedModel, LoadOptions
+from . import gen_checkpoint, warmup
 from . import rerank as reranking
-from . import warmup
 from .admission import Admission, default_batch, drafts_with_head, head_cost
 from .batch.journal import Journal
 from .completion_request import parse_completion
@@ -101,6 +101,7 @@ class Engine:
         tier = open_tier(ssd, prompt_cache_bytes, model, lambda: self.adapters,
                          busy=lambda: not self.idle)
         self.prefix = PrefixCache(prompt_cache_bytes, tier=tier, post=self.worker.post)
+        self.checkpoints = gen_checkpoint.open_store(ssd, tier)  # --generation-checkpoint
         self.kv = kvquant.parse(kv_quant)
         self.admission = Admission(model, memory_budget_bytes, kv_bits=self.kv.bits,
                                    head=head_cost(predictor, self.kv.enabled))
@@ -293,6 +294,8 @@ class Engine:
         job.fill = self.fill.open(job)
         job.session.usage.cache_breakpoints = self.prefix.pins.pin_request(
             job.cache_namespace, job.request.prompt_tokens, job.request.cache_pins)
+        if self.checkpoints is not None and self.prefix.tier is not None:
+            gen_checkpoint.attach(self.checkpoints, self.prefix.tier, job)
         return job
 
     def cache_namespace(self, req: GenerationInput,

@@ -154,6 +154,7 @@ class SerialLane:
                 import mlx.core as mx
 
                 mx.random.seed(job.request.sampling.seed)
+                skip_draws(job.replayed)  # a resumed generation: past the draws it replays
             self._job, self._steps = job, self._decode(job)
             return True
         return False
@@ -371,3 +372,15 @@ def fresh_random_state() -> None:
     import mlx.core as mx
 
     mx.random.seed(int.from_bytes(os.urandom(8), "little"))
+
+
+def skip_draws(n: int) -> None:
+    """Advance the global random stream past ``n`` draws (a seeded sampler draws one key
+    a token), so a resumed seeded generation samples what its first run would have."""
+    if n <= 0:
+        return
+    import mlx.core as mx
+
+    for _ in range(n):
+        mx.random.bits((1,))
+    mx.eval(mx.random.state)
