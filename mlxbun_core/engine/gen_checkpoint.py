@@ -92,6 +92,10 @@ class CheckpointStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.every = every
         self.saved = self.removed = self.resumed = self.resumed_tokens = self.failed = 0
+        self._lock = threading.Lock()
+        # key -> the snapshot this process queued last (None: removed); kept small: a
+        # key leaves once its last queued write is done
+        self._latest: dict[str, dict[str, Any] | None] = {}
         self._ops: queue.Queue[tuple[str, str, dict[str, Any] | None]] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="mlxbun-gencp", daemon=True)
         self._thread.start()
@@ -101,7 +105,12 @@ class CheckpointStore:
 
     def load(self, key: str, prompt_tokens: int) -> list[int] | None:
         """The tokens a snapshot of ``key`` emitted, its next token last (None: none, or
-        one that does not belong to this prompt)."""
+        one that does not belong to this prompt). What this process queued wins over the
+        disk, whose writes may still be on their way."""
+        with self._lock:
+            if key in self._latest:
+                record = self._latest[key]
+                return None if record is None else [*record["emitted"], record["next"]]
         try:
             data = json.loads(self.path(key).read_text())
         except (OSError, ValueError):
@@ -119,10 +128,14 @@ class CheckpointStore:
         """Queue a snapshot: ``output`` is every token handed out, the next one last."""
         record = {"format": FORMAT, "key": key, "prompt_tokens": prompt_tokens,
                   "emitted": output[:-1], "next": output[-1]}
-        self._ops.put(("save", key, record))
+        with self._lock:
+            self._latest[key] = record
+            self._ops.put(("save", key, record))
 
     def remove(self, key: str) -> None:
-        self._ops.put(("remove", key, None))
+        with self._lock:
+            self._latest[key] = None
+            self._ops.put(("remove", key, None))
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued write and removal is on disk."""
@@ -152,6 +165,9 @@ class CheckpointStore:
             except OSError as exc:
                 self.failed += 1
                 log.warning("generation checkpoint: %s failed: %s", op, exc)
+            with self._lock:
+                if op != "mark" and self._latest.get(key, 0) is record:
+                    del self._latest[key]  # the disk says what it says now
 
     def _write(self, key: str, record: dict[str, Any] | None) -> None:
         """Atomically: a temp file, fsync, rename (a kill leaves the old or the new)."""
@@ -191,9 +207,10 @@ class Tracker:
             if at is not None:
                 admitted = events[at - 1]
                 assert isinstance(admitted, Admitted)
-                admitted.cached_tokens = min(admitted.cached_tokens, self.prompt_tokens)
-                self.job.session.usage.cached_tokens = admitted.cached_tokens
-                events = [*events[:at], *self.replay, *events[at:]]
+                cached = min(admitted.cached_tokens, self.prompt_tokens)  # of the prompt
+                self.job.session.usage.cached_tokens = cached
+                events = [*events[:at - 1], dataclasses.replace(admitted, cached_tokens=cached),
+                          *self.replay, *events[at:]]
                 self.replay = []
         if self.settled:
             return events

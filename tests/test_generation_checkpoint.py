@@ -1,0 +1,148 @@
+"""``--generation-checkpoint N`` across real process deaths: a greedy stream cut off after
+~40 tokens, the server killed (SIGKILL) and restarted on the same ``--ssd-cache`` dir, and
+the identical request answers with the text of an uninterrupted run, resumed from its
+snapshot (the log and ``/stats`` say so); a different request starts over; a completed
+generation leaves no snapshot; the flag without ``--ssd-cache`` is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+
+from mlxbun_core.engine.core import Engine
+from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.engine import close
+from mlxbun_core.testing.process import ServerProcess
+from mlxbun_core.testing.server import free_port
+from mlxbun_core.testing.turns import engine_reply
+
+EVERY = 8
+MAX_TOKENS = 1500  # long enough that the cut-off stream is still running when it is cut
+MESSAGES = [{"role": "user", "content": "Tell me a long story about the sea."}]
+
+
+def serve(ckpt: Path, d: Path, *extra: str) -> tuple[ServerProcess, str]:
+    port = free_port()
+    proc = ServerProcess([sys.executable, "-m", "mlxbun_core.cli", "serve", str(ckpt),
+                          "--port", str(port), "--no-open", "--ssd-cache", str(d),
+                          "--generation-checkpoint", str(EVERY), *extra], env=dict(os.environ))
+    base = f"http://127.0.0.1:{port}"
+    proc.wait_for_http(base + "/health", 240)
+    return proc, base
+
+
+def client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def stream_text(base: str, messages: list, cut_after: int | None = None) -> tuple[str, int]:
+    """A greedy stream's text and its content chunks; ``cut_after``: the client hangs up
+    after that many chunks."""
+    parts: list[str] = []
+    stream = client(base).chat.completions.create(
+        model="m", messages=messages, max_tokens=MAX_TOKENS, temperature=0, stream=True)
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+            if cut_after is not None and len(parts) >= cut_after:
+                stream.close()
+                break
+    return "".join(parts), len(parts)
+
+
+def checkpoint_stats(base: str) -> dict:
+    return httpx.get(base + "/stats", timeout=30).json()["generation_checkpoint"]
+
+
+def snapshots(d: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((d / "generations").glob("*.json"))]
+
+
+def wait_for(check, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_a_cut_off_stream_resumes_after_a_sigkill_and_restart(tmp_path):
+    ckpt = tiny_checkpoint("llama")
+    d = tmp_path / "ssd"
+    plain = Engine.load(str(ckpt), progress=False, prompt_cache_bytes=0)
+    try:
+        body = {"messages": MESSAGES, "max_tokens": MAX_TOKENS, "temperature": 0}
+        reference = engine_reply(plain, body)
+        other = engine_reply(plain, {**body, "max_tokens": 30})
+    finally:
+        close(plain)
+    assert reference.finish.reason == "length"  # (the run is long: no early EOS)
+
+    # 1. cut off after ~40 tokens: the cancel keeps the latest snapshot; then SIGKILL
+    proc, base = serve(ckpt, d)
+    with proc:
+        cut, _ = stream_text(base, MESSAGES, cut_after=40)
+        assert reference.content.startswith(cut)
+        wait_for(lambda: checkpoint_stats(base)["files"] == 1
+                 and checkpoint_stats(base)["pending"] == 0)
+        proc.proc.kill()
+        proc.proc.wait(30)
+    [snap] = snapshots(d)
+    saved = len(snap["emitted"]) + 1  # (and the next token)
+    assert 40 <= saved < MAX_TOKENS
+
+    # 2. restarted on the same dir: a different request starts over (and completes)
+    proc, base = serve(ckpt, d)
+    with proc:
+        r = client(base).chat.completions.create(model="m", messages=MESSAGES, max_tokens=30,
+                                                 temperature=0)
+        assert r.choices[0].message.content == other.content
+        assert checkpoint_stats(base)["resumed"] == 0
+        assert len(snapshots(d)) == 1  # the cut-off one; the completed one left none
+
+        # 3. the identical request resumes from the snapshot: an uninterrupted run's text
+        text, _ = stream_text(base, MESSAGES)
+        assert text == reference.content
+        line = proc.wait_for_line("generation checkpoint: resumed", 30)
+        assert int(line.split(" at ")[1].split()[0]) == saved
+        stats = checkpoint_stats(base)
+        assert stats["resumed"] == 1 and stats["resumed_tokens"] == saved
+        wait_for(lambda: checkpoint_stats(base)["pending"] == 0)
+        assert snapshots(d) == []  # completed: removed
+
+
+def test_a_disconnect_resumes_without_a_restart_and_unstreamed(tmp_path):
+    ckpt = tiny_checkpoint("llama")
+    d = tmp_path / "ssd"
+    plain = Engine.load(str(ckpt), progress=False, prompt_cache_bytes=0)
+    try:
+        body = {"messages": MESSAGES, "max_tokens": MAX_TOKENS, "temperature": 0}
+        reference = engine_reply(plain, body)
+    finally:
+        close(plain)
+    proc, base = serve(ckpt, d)
+    with proc:
+        stream_text(base, MESSAGES, cut_after=40)
+        wait_for(lambda: checkpoint_stats(base)["files"] == 1)
+        r = client(base).chat.completions.create(model="m", messages=MESSAGES,
+                                                 max_tokens=MAX_TOKENS, temperature=0)
+        assert r.choices[0].message.content == reference.content
+        assert r.choices[0].finish_reason == "length"
+        assert r.usage.completion_tokens == reference.finish.usage.completion_tokens
+        assert r.usage.prompt_tokens == reference.finish.usage.prompt_tokens
+        assert checkpoint_stats(base)["resumed"] == 1
+        wait_for(lambda: checkpoint_stats(base)["files"] == 0)
+
+
+def test_the_flag_needs_the_ssd_cache():
+    out = subprocess.run([sys.executable, "-m", "mlxbun_core.cli", "serve", "whatever",
+                          "--generation-checkpoint", "8", "--no-open"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "--generation-checkpoint needs --ssd-cache" in out.stderr
