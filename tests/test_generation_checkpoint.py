@@ -6,6 +6,7 @@ generation leaves no snapshot; the flag without ``--ssd-cache`` is refused."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -17,6 +18,8 @@ import httpx
 import openai
 
 from mlxbun_core.engine.core import Engine
+from mlxbun_core.engine.reply import Reply, gather
+from mlxbun_core.kvstore.config import SsdConfig
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import close
 from mlxbun_core.testing.process import ServerProcess
@@ -79,7 +82,6 @@ def test_a_cut_off_stream_resumes_after_a_sigkill_and_restart(tmp_path):
     try:
         body = {"messages": MESSAGES, "max_tokens": MAX_TOKENS, "temperature": 0}
         reference = engine_reply(plain, body)
-        other = engine_reply(plain, {**body, "max_tokens": 30})
     finally:
         close(plain)
     assert reference.finish.reason == "length"  # (the run is long: no early EOS)
@@ -97,12 +99,14 @@ def test_a_cut_off_stream_resumes_after_a_sigkill_and_restart(tmp_path):
     saved = len(snap["emitted"]) + 1  # (and the next token)
     assert 40 <= saved < MAX_TOKENS
 
-    # 2. restarted on the same dir: a different request starts over (and completes)
+    # 2. restarted on the same dir: a different request (a smaller budget, still past the
+    # snapshot) starts over, and completes
     proc, base = serve(ckpt, d)
     with proc:
-        r = client(base).chat.completions.create(model="m", messages=MESSAGES, max_tokens=30,
-                                                 temperature=0)
-        assert r.choices[0].message.content == other.content
+        r = client(base).chat.completions.create(model="m", messages=MESSAGES,
+                                                 max_tokens=MAX_TOKENS - 100, temperature=0)
+        assert reference.content.startswith(r.choices[0].message.content)
+        assert r.usage.completion_tokens == MAX_TOKENS - 100
         assert checkpoint_stats(base)["resumed"] == 0
         assert len(snapshots(d)) == 1  # the cut-off one; the completed one left none
 
@@ -146,3 +150,42 @@ def test_the_flag_needs_the_ssd_cache():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "--generation-checkpoint needs --ssd-cache" in out.stderr
+
+
+def run(engine: Engine, body: dict, cut_after: int | None = None) -> Reply | None:
+    """``body`` on ``engine``, gathered; ``cut_after``: the reader leaves after that many
+    events (the generation is cancelled)."""
+    async def go() -> Reply | None:
+        gen = await engine.start(engine.parse_chat(body))
+        events = []
+        async for ev in gen.events():
+            events.append(ev)
+            if cut_after is not None and len(events) >= cut_after:
+                return None
+        return gather(events)
+
+    return asyncio.run(go())
+
+
+def test_a_seeded_sample_resumes_where_its_random_stream_was(tmp_path):
+    """A seeded (temperature 1) generation runs on the serial lane; its resumed run skips
+    the random draws of the tokens it replays, so it samples what the first run did."""
+    engine = Engine.load(str(tiny_checkpoint("llama")), progress=False,
+                         ssd=SsdConfig(dir=tmp_path, checkpoint_every=EVERY))
+    try:
+        assert engine.checkpoints is not None
+        body = {"messages": MESSAGES, "max_tokens": 120, "temperature": 1.0, "seed": 7}
+        reference = run(engine, body)
+        assert reference is not None and reference.finish.usage.completion_tokens == 120
+        run(engine, body, cut_after=20)
+        engine.checkpoints.flush(30)
+        [snap] = snapshots(tmp_path)
+        assert 0 < len(snap["emitted"]) < 119
+        resumed = run(engine, body)
+        assert resumed is not None and resumed.content == reference.content
+        assert resumed.finish.usage.completion_tokens == 120
+        assert engine.checkpoints.stats()["resumed"] == 1
+        engine.checkpoints.flush(30)
+        assert snapshots(tmp_path) == []
+    finally:
+        close(engine)
