@@ -68,6 +68,12 @@ def snapshots(d: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((d / "generations").glob("*.json"))]
 
 
+def flush(base: str) -> None:
+    """The durability boundary: queued KV writes and snapshots are on disk after it."""
+    r = httpx.post(base + "/admin/cache/flush", timeout=120)
+    assert r.status_code == 200 and r.json()["durable"], r.text
+
+
 def wait_for(check, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -93,11 +99,17 @@ def test_a_cut_off_stream_resumes_after_a_sigkill_and_restart(tmp_path):
         assert reference.content.startswith(cut)
         wait_for(lambda: checkpoint_stats(base)["files"] == 1
                  and checkpoint_stats(base)["pending"] == 0)
+        # the cancelled row's KV went to the prefix cache; the idle engine writes it behind
+        wait_for(lambda: httpx.get(base + "/stats", timeout=30).json()["ssd_cache"]
+                 ["pending_snapshots"] == 0)
+        ssd = httpx.get(base + "/stats", timeout=30).json()["ssd_cache"]
         proc.proc.kill()
         proc.proc.wait(30)
     [snap] = snapshots(d)
     saved = len(snap["emitted"]) + 1  # (and the next token)
     assert 40 <= saved < MAX_TOKENS
+    # on disk: the KV of the prompt and every emitted token (the next one is fed on resume)
+    assert ssd["longest_durable_prefix_tokens"] >= snap["prompt_tokens"] + saved - 1
 
     # 2. restarted on the same dir: a different request (a smaller budget, still past the
     # snapshot) starts over, and completes
@@ -108,6 +120,7 @@ def test_a_cut_off_stream_resumes_after_a_sigkill_and_restart(tmp_path):
         assert reference.content.startswith(r.choices[0].message.content)
         assert r.usage.completion_tokens == MAX_TOKENS - 100
         assert checkpoint_stats(base)["resumed"] == 0
+        flush(base)
         assert len(snapshots(d)) == 1  # the cut-off one; the completed one left none
 
         # 3. the identical request resumes from the snapshot: an uninterrupted run's text
@@ -117,7 +130,7 @@ def test_a_cut_off_stream_resumes_after_a_sigkill_and_restart(tmp_path):
         assert int(line.split(" at ")[1].split()[0]) == saved
         stats = checkpoint_stats(base)
         assert stats["resumed"] == 1 and stats["resumed_tokens"] == saved
-        wait_for(lambda: checkpoint_stats(base)["pending"] == 0)
+        flush(base)
         assert snapshots(d) == []  # completed: removed
 
 

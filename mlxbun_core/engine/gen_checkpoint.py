@@ -258,6 +258,7 @@ def attach(store: CheckpointStore, tier: SsdStore, job: GenerationJob,
         if on_resume is not None:
             on_resume(key, len(saved))
     job.on_emit = Tracker(store, key, job, prompt_n, saved, replay)
+    job.keep_kv_on_cancel = True
 
 
 def _continues(job: GenerationJob, saved: list[int]) -> bool:

@@ -202,6 +202,7 @@ class GenerationJob(Job):
         # events before it is posted
         self.replayed = 0
         self.on_emit: Callable[[list[Event]], list[Event]] | None = None
+        self.keep_kv_on_cancel = False  # a cancelled row publishes its KV (a resume reads it)
 
     def mark_started(self, lane: str) -> None:
         """The job leaves the waiting queue and starts on ``lane``."""

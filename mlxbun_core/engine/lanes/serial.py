@@ -99,7 +99,7 @@ class SerialLane:
             return
         try:
             if job.cancelled.is_set():
-                return self._end(job.close, "cancelled")
+                return self._end(job.close, "cancelled", publish=job.keep_kv_on_cancel)
             if self.adapters is not None:  # another lane may have run another set meanwhile
                 self.adapters.activate(job.adapters)
             if self.governor is not None:
