@@ -294,8 +294,7 @@ class Engine:
         job.fill = self.fill.open(job)
         job.session.usage.cache_breakpoints = self.prefix.pins.pin_request(
             job.cache_namespace, job.request.prompt_tokens, job.request.cache_pins)
-        if self.checkpoints is not None and self.prefix.tier is not None:
-            gen_checkpoint.attach(self.checkpoints, self.prefix.tier, job)
+        gen_checkpoint.attach(self.checkpoints, self.prefix.tier, job)  # (when it qualifies)
         return job
 
     def cache_namespace(self, req: GenerationInput,

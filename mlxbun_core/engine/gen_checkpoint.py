@@ -26,7 +26,6 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -228,13 +227,12 @@ class Tracker:
         return events
 
 
-def attach(store: CheckpointStore, tier: SsdStore, job: GenerationJob,
-           on_resume: Callable[[str, int], None] | None = None) -> None:
+def attach(store: CheckpointStore | None, tier: SsdStore | None, job: GenerationJob) -> None:
     """Checkpoint ``job`` if it qualifies; resume it from its snapshot if one exists
     (before it is queued, on the event loop): its prompt grows by the saved tokens, its
     session has already handed them out (their events follow its admission), and its
     usage still counts the original prompt."""
-    if not qualifies(job):
+    if store is None or tier is None or not qualifies(job):
         return
     key = identity(job, tier)
     if key is None:
@@ -255,8 +253,6 @@ def attach(store: CheckpointStore, tier: SsdStore, job: GenerationJob,
         store.resumed_tokens += len(saved)
         log.info("generation checkpoint: resumed %s at %d tokens (prompt %d tok)",
                  key[:12], len(saved), prompt_n)
-        if on_resume is not None:
-            on_resume(key, len(saved))
     job.on_emit = Tracker(store, key, job, prompt_n, saved, replay)
     job.keep_kv_on_cancel = True
 
