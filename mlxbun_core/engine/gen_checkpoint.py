@@ -214,16 +214,16 @@ class Tracker:
         if self.settled:
             return events
         finished = self.job.session.finished
-        out = self.output()
+        n = len(self.replayed) + len(self.job.output)  # (the list is built only to save it)
         if finished is not None:
             self.settled = True
             if finished.reason in COMPLETED and finished.error is None:
                 self.store.remove(self.key)
-            elif len(out) > self.mark:  # cancelled or failed: the latest is kept
-                self.store.save(self.key, self.prompt_tokens, out)
-        elif len(out) - self.mark >= self.store.every:
-            self.mark = len(out)
-            self.store.save(self.key, self.prompt_tokens, out)
+            elif n > self.mark:  # cancelled or failed: the latest is kept
+                self.store.save(self.key, self.prompt_tokens, self.output())
+        elif n - self.mark >= self.store.every:
+            self.mark = n
+            self.store.save(self.key, self.prompt_tokens, self.output())
         return events
 
 
