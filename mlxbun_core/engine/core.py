@@ -19,16 +19,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .. import kvquant
 from ..adapters import AdapterManager, AdapterSet
 from ..contract import DraftSource, TokenPredictor
 from ..errors import APIError, BadRequest, Overloaded, Unavailable
 from ..events import Finish, Retry
-from ..library import fit
 from ..media import parts as media_parts
 from ..model import LoadedModel, LoadOptions
+from . import engine_stats, gen_checkpoint, warmup
 from . import rerank as reranking
-from . import warmup
 from .admission import Admission, default_batch, drafts_with_head, head_cost
 from .batch.journal import Journal
 from .completion_request import parse_completion
@@ -105,6 +103,7 @@ class Engine:
         tier = open_tier(ssd, prompt_cache_bytes, model, lambda: self.adapters,
                          busy=lambda: not self.idle)
         self.prefix = PrefixCache(prompt_cache_bytes, tier=tier, post=self.worker.post)
+        self.checkpoints = gen_checkpoint.open_store(ssd, tier)  # --generation-checkpoint
         self.kv = warmup.kv_scheme(kv_quant, model)  # (config: the model's kv_config.json)
         self.admission = Admission(model, memory_budget_bytes, kv_bits=self.kv.bill_bits,
                                    head=head_cost(predictor, self.kv.enabled))
@@ -298,6 +297,7 @@ class Engine:
         job.fill = self.fill.open(job)
         job.session.usage.cache_breakpoints = self.prefix.pins.pin_request(
             job.cache_namespace, job.request.prompt_tokens, job.request.cache_pins)
+        gen_checkpoint.attach(self.checkpoints, self.prefix.tier, job)  # (when it qualifies)
         return job
 
     def cache_namespace(self, req: GenerationInput,
@@ -375,34 +375,13 @@ class Engine:
                 "active": self.worker.active, "waiting": self.worker.waiting}
 
     def lookup_stats(self) -> dict[str, Any]:
-        """``/stats`` ``speculation`` without a draft model: the server's prompt-lookup
-        default (None: off unless a request asks) and what every request's lookup did."""
-        spec = self.speculation
-        return {"ngram": spec.describe() if spec and spec.kind != MTP else None,
-                "mtp": None if self.predictor is None else
-                {"head": self.predictor.name, "default": spec is not None and spec.kind == MTP},
-                **self.spec_tally.describe()}
+        return engine_stats.lookup(self)
 
     def kv_quant_stats(self) -> dict[str, Any]:
-        """``/stats`` ``kv_quant``: the scheme and what each layer's cache holds."""
-        return kvquant.describe(self.kv, self.admission.layout,
-                                fit.activation_dtype(self.model.config or {}),
-                                warmup.kv_eligible(self.model, self.kv))
+        return engine_stats.kv_quant(self)
 
     def batch_stats(self) -> dict[str, Any]:
-        lanes = {lane.name: {"active": lane.active, "waiting": lane.waiting}
-                 for lane in self.worker.lanes}
-        pools = [p for lane in self.worker.lanes
-                 if (p := getattr(lane, "pool_stats", lambda: None)()) is not None]
-        return {"cap": self.batch, "cap_source": self.batch_source,
-                "auto": self.batch_plan.describe() if self.batch_plan else None,
-                "active_rows": self.worker.active, "waiting": self.worker.waiting,
-                "lanes": lanes, "prefill": self.pacer.stats(), "adapters": self.adapters.stats(),
-                "kv_blocks": pools[0] if pools else None, "warmup": self.warmup,
-                # --kv-budget: the rows' reserved worst-case KV against its cap (None: off)
-                "kv_bytes": self.admission.reserved_bytes,
-                "kv_budget_bytes": self.admission.kv_budget_bytes,
-                "kv_budget_waits": self.admission.kv_budget_waits}
+        return engine_stats.batch(self)
 
     def memory_stats(self) -> dict[str, Any]:
         """``/stats`` ``memory``: the measured budget and what pressure did."""

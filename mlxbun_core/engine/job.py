@@ -194,6 +194,12 @@ class GenerationJob(Job):
         # tokens its first pass over no KV kept (0: unknown): under a KV scheme they
         # attended in full precision, and its recomputed row reads as many first
         self.first_pass = 0
+        # a resumed generation (gen_checkpoint.py): tokens its prompt carries from a
+        # snapshot, already handed out; ``on_emit`` sees (and may extend) every batch of
+        # events before it is posted
+        self.replayed = 0
+        self.on_emit: Callable[[list[Event]], list[Event]] | None = None
+        self.keep_kv_on_cancel = False  # a cancelled row publishes its KV (a resume reads it)
 
     def mark_started(self, lane: str) -> None:
         """The job leaves the waiting queue and starts on ``lane``."""
@@ -214,6 +220,8 @@ class GenerationJob(Job):
         return self.session.finished is not None
 
     def emit(self, events: list[Event]) -> None:
+        if self.on_emit is not None:
+            events = self.on_emit(events)
         self.sink.post(events)
 
     def deliver(self, token: int, logprobs: mx.array | None,

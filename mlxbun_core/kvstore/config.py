@@ -26,3 +26,5 @@ class SsdConfig:
     demote_idle_s: float = DEFAULT_DEMOTE_IDLE_S
     write_behind: bool = True
     queue_bytes: int = DEFAULT_QUEUE_BYTES
+    # --generation-checkpoint N: snapshot qualifying generations every N tokens (0: off)
+    checkpoint_every: int = 0

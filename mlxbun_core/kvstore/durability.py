@@ -52,6 +52,9 @@ async def flush(engine, timeout: float = DEFAULT_TIMEOUT_S) -> dict:
     started, before = time.perf_counter(), _counters(engine)
     await engine.worker.call(engine.prefix.persist_all)
     ok = await asyncio.to_thread(engine.prefix.tier.flush, timeout)
+    checkpoints = getattr(engine, "checkpoints", None)
+    if checkpoints is not None:  # queued generation snapshots too
+        ok = await asyncio.to_thread(checkpoints.flush, timeout) and ok
     return _report(engine, ok, before, started)
 
 
@@ -81,4 +84,7 @@ def flush_blocking(engine, timeout: float = DEFAULT_TIMEOUT_S) -> dict | None:
     queued.wait(timeout)
     left = max(0.0, timeout - (time.perf_counter() - started))
     ok = engine.prefix.tier.flush(left)
+    checkpoints = getattr(engine, "checkpoints", None)
+    if checkpoints is not None:  # queued generation snapshots too
+        ok = checkpoints.flush(max(0.0, timeout - (time.perf_counter() - started))) and ok
     return _report(engine, ok, before, started)

@@ -40,10 +40,25 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ssd-demote-idle", type=_seconds, default=None, metavar="S",
                    help="write RAM entries unused for S seconds to disk and free their memory "
                         f"(default {DEFAULT_DEMOTE_IDLE_S:.0f} with --ssd-cache; 0: never)")
+    p.add_argument("--generation-checkpoint", type=_tokens, default=None, metavar="N",
+                   help="with --ssd-cache: snapshot a greedy or seeded generation every N "
+                        "tokens it hands out; an identical retry (after a disconnect or a "
+                        "restart) replays them and continues (default: off)")
+
+
+def _tokens(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be a positive number of tokens")
+    return value
 
 
 def config_from_args(args) -> tuple[SsdConfig | None, str | None]:
     """``(config or None, problem or None)``; sub-flags without ``--ssd-cache`` warn."""
+    every = getattr(args, "generation_checkpoint", None)
+    if every and not args.ssd_cache:
+        return None, ("--generation-checkpoint needs --ssd-cache DIR (its snapshots and "
+                      "their KV live in the SSD tier)")
     if not args.ssd_cache:
         if args.ssd_cache_max is not None or args.ssd_cache_verify \
                 or args.ssd_demote_idle is not None:
@@ -57,4 +72,5 @@ def config_from_args(args) -> tuple[SsdConfig | None, str | None]:
     return SsdConfig(dir=Path(args.ssd_cache).expanduser(),
                      max_bytes=int(args.ssd_cache_max * (1 << 30)) if args.ssd_cache_max else None,
                      verify=bool(args.ssd_cache_verify), demote_idle_s=idle,
-                     write_behind=write_behind, queue_bytes=DEFAULT_QUEUE_BYTES), None
+                     write_behind=write_behind, queue_bytes=DEFAULT_QUEUE_BYTES,
+                     checkpoint_every=every or 0), None

@@ -52,3 +52,6 @@ def register(app: App, engine: Engine) -> None:
             return {**tier.stats(), "pending_snapshots": engine.prefix.dirty()}
 
         app.state.stats_providers["ssd_cache"] = ssd_stats
+    checkpoints = getattr(engine, "checkpoints", None)
+    if checkpoints is not None:  # --generation-checkpoint
+        app.state.stats_providers["generation_checkpoint"] = checkpoints.stats

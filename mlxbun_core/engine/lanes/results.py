@@ -120,7 +120,7 @@ class Results(Admitting):
         self._solo.drop_cancelled()
         for uid in [u for u, row in self._rows.items() if row.job.cancelled.is_set()]:
             job = self._rows[uid].job
-            self._remove(uid, publish=False)
+            self._remove(uid, publish=job.keep_kv_on_cancel)
             job.close("cancelled")
         if any(j.cancelled.is_set() for j in self._queue):
             for job in [j for j in self._queue if j.cancelled.is_set()]:

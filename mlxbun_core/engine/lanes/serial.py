@@ -100,7 +100,7 @@ class SerialLane:
             return
         try:
             if job.cancelled.is_set():
-                return self._end(job.close, "cancelled")
+                return self._end(job.close, "cancelled", publish=job.keep_kv_on_cancel)
             if self.adapters is not None:  # another lane may have run another set meanwhile
                 self.adapters.activate(job.adapters)
             if self.governor is not None:
@@ -155,6 +155,7 @@ class SerialLane:
                 import mlx.core as mx
 
                 mx.random.seed(job.request.sampling.seed)
+                skip_draws(job.replayed)  # a resumed generation: past the draws it replays
             self._job, self._steps = job, self._decode(job)
             return True
         return False
@@ -381,3 +382,15 @@ def fresh_random_state() -> None:
     import mlx.core as mx
 
     mx.random.seed(int.from_bytes(os.urandom(8), "little"))
+
+
+def skip_draws(n: int) -> None:
+    """Advance the global random stream past ``n`` draws (a seeded sampler draws one key
+    a token), so a resumed seeded generation samples what its first run would have."""
+    if n <= 0:
+        return
+    import mlx.core as mx
+
+    for _ in range(n):
+        mx.random.uniform(shape=(1,))  # (one key from the global stream, as a sample takes)
+    mx.eval(mx.random.state)

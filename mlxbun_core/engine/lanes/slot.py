@@ -182,7 +182,11 @@ class SoloSlot:
         return job
 
     def drop_cancelled(self) -> None:
-        if self.solo is not None and self.solo.job.cancelled.is_set():
+        solo = self.solo
+        if solo is not None and solo.job.cancelled.is_set():
+            if solo.job.keep_kv_on_cancel and not solo.prefilling:  # (gen_checkpoint.py)
+                solo.settle()
+                self.publish(solo.job, solo.fed, solo.cache)
             self.end().close("cancelled")
 
     def close(self, reason: str, error: str, retry: Retry | None = None) -> None:
