@@ -95,6 +95,7 @@ def test_cron_line_is_replaced_listed_and_removed_and_a_foreign_line_stays(box):
     ok(box.memory("schedule", "--at", "04:15", **no_manager))  # the same again: no write
     assert box.table.read_text() == before and "crontab -" not in box.take_calls()
 
+    assert '"when": "15 4 * * *"' in ok(box.memory("status"))  # the vault's status says so too
     status = ok(box.memory("schedule", "--status"))
     assert '"backend": "cron"' in status and '"when": "15 4 * * *"' in status
     assert '"command": "env MLXBUN_HOME=' in status
@@ -213,3 +214,17 @@ def test_bad_requests_are_refused_and_install_nothing(box, args, why):
     assert run.returncode == 2 and why in run.stderr
     assert not box.calls.exists() or "crontab -" not in box.take_calls()
     assert not box.units.exists() and not box.plist.exists() and not box.table.exists()
+
+
+def test_no_vault_no_job(box, tmp_path):
+    run = box.memory("--root", str(tmp_path / "elsewhere"), "schedule", USER_MANAGER_RC="1")
+    assert run.returncode == 1 and "no memory vault yet" in run.stderr
+    assert not box.table.exists()
+
+
+def test_a_half_install_is_still_removed(box):
+    ok(box.memory("schedule"))
+    (box.units / "mlxbun-memory.timer").unlink()  # someone deleted one of the two
+    assert '"backend": "systemd"' in ok(box.memory("schedule", "--status"))
+    ok(box.memory("unschedule"))
+    assert list(box.units.iterdir()) == []

@@ -88,8 +88,8 @@ def cmd_memory(args: argparse.Namespace, conversations: Conversations) -> int:
 
 
 def _read_command(vault: Vault, command: str, args: argparse.Namespace) -> Any:
-    if command == "status":
-        return vault.status()
+    if command == "status":  # the reference's status says whether the job is installed too
+        return {**vault.status(), "schedule": [entry for _, entry in schedule.installed()]}
     if command == "list":
         return {"articles": vault.article_names(), "reference": vault.reference_ids()}
     if command == "search":

@@ -77,7 +77,10 @@ class Launchd:
     def installed(self) -> dict[str, Any] | None:
         if not self.plist.is_file():
             return None
-        data = plistlib.loads(self.plist.read_bytes())
+        try:
+            data = plistlib.loads(self.plist.read_bytes())
+        except (plistlib.InvalidFileException, ValueError):  # still our label: ours to remove
+            return {"backend": self.name, "when": "unreadable", "files": [str(self.plist)]}
         at = data.get("StartCalendarInterval") or {}
         when = (f"every {data['StartInterval']}s" if "StartInterval" in data else
                 f"daily at {at.get('Hour', 0):02d}:{at.get('Minute', 0):02d}")
@@ -121,7 +124,7 @@ class Systemd:
         return path.is_file() and path.read_text().startswith(UNIT_HEADER)
 
     def installed(self) -> dict[str, Any] | None:
-        if not self._ours(self.timer):
+        if not (self._ours(self.timer) or self._ours(self.service)):  # a half install too
             return None
         keys = ("OnCalendar=", "OnUnitActiveSec=", "ExecStart=")
         found = {line.split("=", 1)[0]: line.split("=", 1)[1]
