@@ -180,6 +180,8 @@ class Cron:
         return shutil.which("crontab") is not None
 
     def _lines(self) -> list[str]:
+        if not self.available():
+            raise ScheduleError("no crontab command here")
         done = subprocess.run(["crontab", "-l"], capture_output=True, text=True, timeout=60)
         return done.stdout.splitlines() if done.returncode == 0 else []  # 1: no crontab yet
 
