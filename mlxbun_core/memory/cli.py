@@ -1,5 +1,5 @@
-"""``mlxbun memory``: init, status, list, search, read, toc, section, links, open, link and
-synthesize from a terminal.
+"""``mlxbun memory``: init, status, list, search, read, toc, section, links, open, link,
+synthesize and schedule / unschedule from a terminal.
 
 The same vault and synthesis the server's routes use. ``synthesize`` loads the model itself
 (``--model``, default: the embedded one) unless ``--dry-run``, which needs none. The saved
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import APIError
+from . import schedule
 from .synthesis import Conversation, Synthesis
 from .vault import Vault
 
@@ -56,6 +57,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     y.add_argument("--model", default=None, help="model to synthesize with (default: embedded)")
     y.add_argument("--sessions", type=Path, default=None,
                    help="the sessions folder (default: the web chat's)")
+    schedule.add_parsers(msub)
 
 
 def cmd_memory(args: argparse.Namespace, conversations: Conversations) -> int:
@@ -67,6 +69,9 @@ def cmd_memory(args: argparse.Namespace, conversations: Conversations) -> int:
             _print(vars(vault.setup()))
         elif command == "synthesize":
             return _synthesize(vault, args, conversations)
+        elif command in ("schedule", "unschedule"):
+            return schedule.cmd_schedule(vault, args) if command == "schedule" else (
+                schedule.cmd_unschedule())
         elif command in ("open", "link"):
             from .verbs import cmd_link, cmd_open
 
@@ -83,8 +88,8 @@ def cmd_memory(args: argparse.Namespace, conversations: Conversations) -> int:
 
 
 def _read_command(vault: Vault, command: str, args: argparse.Namespace) -> Any:
-    if command == "status":
-        return vault.status()
+    if command == "status":  # the reference's status says whether the job is installed too
+        return {**vault.status(), "schedule": [entry for _, entry in schedule.installed()]}
     if command == "list":
         return {"articles": vault.article_names(), "reference": vault.reference_ids()}
     if command == "search":
