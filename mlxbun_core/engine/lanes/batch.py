@@ -207,6 +207,7 @@ class BatchLane(Results):
         self._limit(batch)
         plan = self.scheduler.plan([(u, len(batch.rows[u].todo) - 1) for u in batch.prefilling],
                                    len(batch.decoding))
+        plan = self._fit_plan(batch, plan)  # its temporaries fit the room (stepfit.py)
         try:
             emits = self._run(batch, plan)
         except Exception as exc:  # a failed forward fails every row; the lane starts afresh
