@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
 FLOAT32 = 4
 INDEX = 4  # bytes of a gather index (int32)
-ACTIVATION_BUFFERS = 5  # the MLP's gate, up, activation (gelu keeps one more) and product, the residual
+ACTIVATION_BUFFERS = 5  # the MLP's gate, up, activation (gelu keeps one more), product, residual
+RESIDUAL_BUFFERS = 4  # hidden-wide: the queries, attention's output, the residual, its norm
 SCORE_BUFFERS = 2  # the scores and their softmax are alive together (masked in between)
 
 
@@ -58,8 +59,10 @@ class StepCost:
         kv = max(int(_attention_bytes(t, k, e)) for k in kinds) + 2 * kv_heads * INDEX
         vocab = int(t.get("vocab_size") or config.get("vocab_size") or 0)
         moe = int(t.get("moe_intermediate_size") or 0) * int(t.get("num_experts_per_tok") or 1)
-        width = max(int(t.get("hidden_size") or 0), int(t.get("intermediate_size") or 0), moe)
-        return cls(kv, heads, vocab, width * ACTIVATION_BUFFERS * e)
+        mlp = max(int(t.get("intermediate_size") or 0), moe)
+        hidden = int(t.get("hidden_size") or 0)
+        wide = max(hidden, heads * int(t.get("head_dim") or hidden // heads))
+        return cls(kv, heads, vocab, (mlp * ACTIVATION_BUFFERS + wide * RESIDUAL_BUFFERS) * e)
 
     def bytes(self, rows: int, queries: int, keys: int, sampled: bool,
               gathered: bool = True) -> int:
