@@ -202,6 +202,10 @@ class Governor:
         self._clock = clock
         self.reading: Reading | None = None
         self._read_at = -math.inf
+        # bytes the engine itself holds now (its KV pool; the lane sets it): what it
+        # allocated since the last reading is taken off that reading
+        self.held: Callable[[], int] = lambda: 0
+        self._held_at_read = 0
         self.steps = 0  # steps counted for the fault injection
         self._sticky: str | None = None  # an injected device fault, raised from then on
         self.broken: str | None = None  # why the device cannot go on (None: it can)
@@ -226,8 +230,9 @@ class Governor:
         return max(MARGIN_MIN_BYTES, int(total * MARGIN_FRACTION))
 
     def available(self, fresh: bool = False) -> int:
-        """Bytes the engine may still allocate (the margin kept back); read again when
-        the last reading is older than a second, or at once with ``fresh``."""
+        """Bytes the engine may still allocate (the margin kept back, and what the
+        engine's pool grew by since the reading); read again when the last reading is
+        older than a second, or at once with ``fresh``."""
         now = self._clock()
         if fresh or self.reading is None or now - self._read_at >= MEASURE_EVERY_S:
             try:
@@ -236,7 +241,9 @@ class Governor:
                 if self.reading is None:
                     self.reading = Reading(1 << 62, 0, "unknown")
             self._read_at = now
-        return max(0, self.reading.available - self.margin)
+            self._held_at_read = self.held()
+        grown = max(0, self.held() - self._held_at_read)
+        return max(0, self.reading.available - self.margin - grown)
 
     def pool_limit(self, planned: int, capacity: int, bytes_per_block: int,
                    fresh: bool = False, reserve: int = 0) -> int:

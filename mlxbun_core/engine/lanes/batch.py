@@ -287,8 +287,13 @@ class BatchLane(Results):
                                 journal=self.journal)
             direct.probe(self._batch)  # attention straight over blocks, where the model allows
             self._batch.fault = self.governor.inject
+            self.governor.held = self._pool_bytes
             self._planned = self._batch.pool.limit
         return self._batch
+
+    def _pool_bytes(self) -> int:
+        """Bytes the block pool's storage holds now (0: no batch)."""
+        return self._batch.layout.nbytes if self._batch is not None else 0
 
     def warm(self) -> dict[str, int]:
         """The batch's passes once at two scratch rows (``batch/warm.py``), on the worker
