@@ -8,6 +8,7 @@ the logits (``batch/transient.py``). Two rules keep that room:
 - **The reserve.** The pool's limit leaves free what the widest step the scheduler may
   plan needs: a decode step of the lane's whole row cap over the longest row's
   positions, or a prefill chunk of ``PREFILL_FLOOR`` tokens, whichever is larger
+  (a wider chunk is cut to what is free when it is planned)
   (``step_reserve_bytes`` in ``/stats`` ``memory``). It follows the rows: a longer
   prompt admitted raises it, and the pool stops growing sooner.
 - **The plan fits.** Before a step runs, its estimate is held against the memory free
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from ..batch import Batch
     from ..memory import Governor
 
-PREFILL_FLOOR = 256  # tokens of the smallest prefill chunk the reserve keeps room for
+PREFILL_FLOOR = 16  # tokens (a block) of the smallest prefill chunk the reserve keeps room for
 
 
 class StepFit:
