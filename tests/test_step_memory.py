@@ -23,8 +23,7 @@ from mlxbun_core.engine.batch.transient import (
 from mlxbun_core.engine.memory import INJECTED_OOM, Reading
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import close, greedy, run_all
-from tests.test_memory_pressure import FAMILIES, checkpoint, engine, equal_to, prompt_ids, \
-    reference
+from tests.test_memory_pressure import FAMILIES, checkpoint, engine, equal_to, prompt_ids, reference
 
 
 def batch_of(family: str, rows: int, prompt: int) -> tuple[Batch, StepCost]:
