@@ -165,3 +165,25 @@ def test_lost_is_told_once_and_retry_after_stays_sane():
     assert gov.retry_after() == 2  # requests end every two seconds
     meter.now += 500.0  # nothing ended for long: the wait since, within the cap
     assert gov.retry_after() == 30
+
+
+def test_the_pool_limit_keeps_the_step_reserve_and_counts_its_own_growth():
+    """The limit leaves ``reserve`` bytes free for a step's temporaries; what the
+    engine's pool grew by since the last reading (under a second old) is taken off it."""
+    meter = Meter(1000 * 4096)
+    gov = Governor(MemoryConfig(margin_bytes=0), meter.probe, meter.clock)
+    held = {"bytes": 0}
+    gov.held = lambda: held["bytes"]
+    assert gov.pool_limit(10_000, 64, 4096, reserve=300 * 4096) == 700
+    held["bytes"] = 200 * 4096  # the pool grew; the reading does not know yet
+    assert gov.available() == 800 * 4096 and meter.reads == 1
+    assert gov.pool_limit(10_000, 64, 4096, reserve=300 * 4096) == 500
+    meter.available, meter.now = 800 * 4096, meter.now + 1.0  # the next reading sees it
+    assert gov.available() == 800 * 4096 and meter.reads == 2
+    assert gov.pool_limit(10_000, 900, 4096, reserve=300 * 4096) == 900  # never below
+    gov.planned(5000, 4000, trimmed=True)
+    gov.planned(3000, 4000, trimmed=False)
+    stats = gov.stats()
+    assert (stats["step_bytes"], stats["step_room_bytes"], stats["step_peak_bytes"]) == \
+        (3000, 4000, 5000)
+    assert (stats["steps_trimmed"], stats["steps_over_room"]) == (1, 1)

@@ -127,6 +127,11 @@ class Admission:
         self.kv_budget_bytes: int | None = None  # --kv-budget (set_kv_budget)
         self.kv_budget_waits = 0  # times a row waited for --kv-budget (counted in waits too)
 
+    @property
+    def config(self) -> dict[str, Any]:
+        """The model's HF config (what a step's temporaries are priced by)."""
+        return self._config
+
     def _case_of(self, weights: int, extra_per_token: int = 0) -> Ceiling:
         plan = fit.plan(self._config, weights, self.budget_bytes, kv_bits=self.kv_bits,
                         extra_bytes_per_token=extra_per_token)

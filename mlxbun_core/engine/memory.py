@@ -202,6 +202,10 @@ class Governor:
         self._clock = clock
         self.reading: Reading | None = None
         self._read_at = -math.inf
+        # bytes the engine itself holds now (its KV pool; the lane sets it): what it
+        # allocated since the last reading is taken off that reading
+        self.held: Callable[[], int] = lambda: 0
+        self._held_at_read = 0
         self.steps = 0  # steps counted for the fault injection
         self._sticky: str | None = None  # an injected device fault, raised from then on
         self.broken: str | None = None  # why the device cannot go on (None: it can)
@@ -211,7 +215,11 @@ class Governor:
         self.restart_after = 10  # seconds a restart takes (the engine sets its load time)
         self._ends: collections.deque[float] = collections.deque(maxlen=16)
         self.counts = {"preemptions": 0, "retries": 0, "refused": 0, "out_of_memory": 0,
-                       "out_of_blocks": 0, "injected": 0, "device_faults": 0}
+                       "out_of_blocks": 0, "injected": 0, "device_faults": 0,
+                       "steps_trimmed": 0, "steps_over_room": 0}
+        # a step's temporaries beside the pool (lanes/stepfit.py): the room the pool's
+        # growth keeps, the last planned step's estimate and room, the largest estimate
+        self.step = {"reserve_bytes": 0, "bytes": 0, "room_bytes": 0, "peak_bytes": 0}
 
     # -- the budget ------------------------------------------------------------------
     @property
@@ -222,8 +230,9 @@ class Governor:
         return max(MARGIN_MIN_BYTES, int(total * MARGIN_FRACTION))
 
     def available(self, fresh: bool = False) -> int:
-        """Bytes the engine may still allocate (the margin kept back); read again when
-        the last reading is older than a second, or at once with ``fresh``."""
+        """Bytes the engine may still allocate (the margin kept back, and what the
+        engine's pool grew by since the reading); read again when the last reading is
+        older than a second, or at once with ``fresh``."""
         now = self._clock()
         if fresh or self.reading is None or now - self._read_at >= MEASURE_EVERY_S:
             try:
@@ -232,17 +241,30 @@ class Governor:
                 if self.reading is None:
                     self.reading = Reading(1 << 62, 0, "unknown")
             self._read_at = now
-        return max(0, self.reading.available - self.margin)
+            self._held_at_read = self.held()
+        grown = max(0, self.held() - self._held_at_read)
+        return max(0, self.reading.available - self.margin - grown)
 
     def pool_limit(self, planned: int, capacity: int, bytes_per_block: int,
-                   fresh: bool = False) -> int:
+                   fresh: bool = False, reserve: int = 0) -> int:
         """The blocks a pool of ``capacity`` blocks (``bytes_per_block`` each) may grow
-        to: ``planned`` (admission's budget) and what fits in the memory free now. Growing
-        allocates the whole new storage while the old is alive, so the new size must fit
-        in free memory; a pool never shrinks below what it holds."""
+        to: ``planned`` (admission's budget) and what fits in the memory free now less
+        ``reserve`` (a step's temporaries). Growing allocates the whole new storage while
+        the old is alive, so the new size must fit in free memory; a pool never shrinks
+        below what it holds."""
         if bytes_per_block <= 0:
             return max(planned, capacity)
-        return max(capacity, min(planned, self.available(fresh) // bytes_per_block))
+        room = max(0, self.available(fresh) - reserve)
+        return max(capacity, min(planned, room // bytes_per_block))
+
+    def planned(self, estimate: int, room: int, trimmed: bool) -> None:
+        """A step was planned: its temporaries' ``estimate`` against the ``room`` free
+        for them (``trimmed``: cut to fit)."""
+        step = self.step
+        step["bytes"], step["room_bytes"] = estimate, room
+        step["peak_bytes"] = max(step["peak_bytes"], estimate)
+        self.counts["steps_trimmed"] += trimmed
+        self.counts["steps_over_room"] += estimate > room
 
     # -- faults ----------------------------------------------------------------------
     def inject(self) -> None:
@@ -322,5 +344,6 @@ class Governor:
                 "margin_bytes": self.margin, "source": r.source if r is not None else None,
                 "wait_s": c.wait_s, "device": "lost" if self.broken else "ok",
                 "device_fault": self.broken, **self.counts,
+                **{f"step_{k}": v for k, v in self.step.items()},
                 "fault_injection": {"alloc_every": c.fault_alloc or None,
                                     "device_at": c.fault_device or None}}

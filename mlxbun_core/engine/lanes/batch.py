@@ -217,6 +217,7 @@ class BatchLane(Results):
         self._limit(batch)
         plan = self.scheduler.plan([(u, len(batch.rows[u].todo) - 1) for u in batch.prefilling],
                                    len(batch.decoding))
+        plan = self._fit_plan(batch, plan)  # its temporaries fit the room (stepfit.py)
         try:
             emits = self._run(batch, plan)
         except Exception as exc:  # a failed forward fails every row; the lane starts afresh
@@ -296,8 +297,13 @@ class BatchLane(Results):
                                 journal=self.journal)
             direct.probe(self._batch)  # attention straight over blocks, where the model allows
             self._batch.fault = self.governor.inject
+            self.governor.held = self._pool_bytes
             self._planned = self._batch.pool.limit
         return self._batch
+
+    def _pool_bytes(self) -> int:
+        """Bytes the block pool's storage holds now (0: no batch)."""
+        return self._batch.layout.nbytes if self._batch is not None else 0
 
     def warm(self) -> dict[str, int]:
         """The batch's passes once at two scratch rows (``batch/warm.py``), on the worker

@@ -41,6 +41,7 @@ from ...events import Retry
 from ..batch import BLOCK_SIZE, OutOfBlocks
 from ..memory import DEVICE, DEVICE_FAULT, MEMORY_PRESSURE, OOM, Governor, classify
 from .slot import BatchRow, SoloSlot, deliver
+from .stepfit import StepFit
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -65,7 +66,7 @@ def memory_failure(exc: BaseException) -> bool:
     return isinstance(exc, OutOfBlocks) or classify(exc) is not None
 
 
-class Relief:
+class Relief(StepFit):
     """Memory pressure for :class:`~.batch.BatchLane` (which holds what is declared here)."""
 
     governor: Governor
@@ -105,6 +106,7 @@ class Relief:
         self._deciding = False  # a decode step is running (MTP heads have drafted)
         self._ooms = 0  # out-of-memory failures since the last step that ran
         self._per_block = 0  # bytes of one of the pool's blocks, once known
+        self._init_stepfit()  # room for a step's temporaries (stepfit.py)
 
     # -- the measured room -------------------------------------------------------------
     def _block_bytes(self) -> int:
@@ -118,11 +120,12 @@ class Relief:
             return 0
         return int(self.admission.layout.bytes_per_token * BLOCK_SIZE)
 
-    def _limit(self, batch: Batch, fresh: bool = False) -> None:
-        """The pool's limit from the memory free now (admission's plan the ceiling)."""
+    def _limit(self, batch: Batch, fresh: bool = False, tokens: int = 0) -> None:
+        """The pool's limit from the memory free now (admission's plan the ceiling), the
+        widest step's room kept (``tokens``: a newcomer's, stepfit.py)."""
         pool = batch.pool
-        pool.limit = self.governor.pool_limit(self._planned, pool.capacity,
-                                              self._block_bytes(), fresh)
+        pool.limit = self.governor.pool_limit(self._planned, pool.capacity, self._block_bytes(),
+                                              fresh, self._step_reserve(tokens))
 
     def _outstanding(self) -> int:
         """Blocks the running rows still take: the rest of each prompt, and the next
@@ -144,8 +147,10 @@ class Relief:
         need = -(-tokens // BLOCK_SIZE) + self._outstanding()
         batch = self._batch
         if batch is None:
-            return need * per_block <= self.governor.available()
-        self._limit(batch)
+            return need * per_block + self._step_reserve(tokens) <= self.governor.available()
+        if not self._decode_fits(tokens):
+            return False
+        self._limit(batch, tokens=tokens)
         pool = batch.pool
         if pool.room < need and self.prefix is not None:
             self._reclaim(need - (pool.limit - pool.capacity))

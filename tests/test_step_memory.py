@@ -1,0 +1,126 @@
+"""A step's temporaries on the gathered attention path fit the memory budget
+(``batch/transient.py``, ``lanes/stepfit.py``): the estimate bounds what MLX really
+allocates for a pass, a plan is cut to the room, and 32 rows under a small measured room
+finish with greedy outputs equal to mlx-lm's alone, the pool leaving the step its room
+(the out-of-memory 32 clients met on an H200 when the pool took all of it)."""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import pytest
+from mlx_lm import load
+
+from mlxbun_core.engine.batch import Batch, BlockPool
+from mlxbun_core.engine.batch.layout import layout
+from mlxbun_core.engine.batch.transient import (
+    StepCost,
+    decode_bytes,
+    fit_chunks,
+    prefill_bytes,
+)
+from mlxbun_core.engine.memory import INJECTED_OOM, Reading
+from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.engine import close, greedy, run_all
+from tests.test_memory_pressure import FAMILIES, checkpoint, engine, equal_to, prompt_ids, reference
+
+
+def batch_of(family: str, rows: int, prompt: int) -> tuple[Batch, StepCost]:
+    """A batch of ``rows`` rows over a pool sized up front (no growth inside a pass)."""
+    path = checkpoint(family)
+    model = load(str(path))[0]
+    cost = StepCost.of(json.loads((path / "config.json").read_text()))
+    batch = Batch(model, layout(model), BlockPool(16, 1024, 1024))
+    for u in range(rows):
+        batch.add(u, [(u * 7 + j) % 500 + 3 for j in range(prompt + 10 * u)])
+    batch.prefill({u: 16 for u in range(rows)})  # the stores exist from here on
+    return batch, cost
+
+
+def peak_of(step) -> int:
+    """Bytes MLX allocated beyond what it held before ``step`` ran."""
+    mx.clear_cache()
+    base = mx.get_active_memory()
+    mx.reset_peak_memory()
+    step()
+    return mx.get_peak_memory() - base
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_estimate_bounds_what_a_pass_allocates(family):
+    """Measured on this CPU: a prefill chunk and a decode step allocate no more than the
+    estimate made from their plan before they ran, and not much less (it is useful)."""
+    batch, cost = batch_of(family, 8, 200)
+    chunks = {u: 96 for u in range(8)}
+    want = prefill_bytes(cost, batch, chunks)
+    got = peak_of(lambda: batch.prefill(chunks))
+    assert 0.5 * want <= got <= want, (got, want)
+    batch.prefill({u: len(r.todo) - 1 for u, r in batch.rows.items()})
+    batch.decode()  # (the first step only queues the pipeline)
+    mx.eval(batch.next_tokens)
+    want = decode_bytes(cost, batch)
+    got = peak_of(lambda: (batch.decode(), mx.eval(batch.next_tokens)))
+    assert 0.5 * want <= got <= want, (got, want)
+    batch.close()
+    assert batch.pool.used == 0
+
+
+def test_a_chunk_is_cut_to_the_room_youngest_rows_last():
+    batch, cost = batch_of("llama", 6, 400)
+    chunks = {u: 300 for u in range(6)}
+    full = prefill_bytes(cost, batch, chunks)
+    for room in (full, full // 3, full // 20):
+        got = fit_chunks(cost, batch, chunks, room, 64)
+        assert prefill_bytes(cost, batch, got) <= room
+        assert list(got) == list(chunks)[:len(got)] and 0 in got  # the oldest goes on
+    assert fit_chunks(cost, batch, chunks, full, 64) == chunks
+    assert fit_chunks(cost, batch, chunks, 0, 64) == {0: 1}  # never nothing
+    batch.close()
+
+
+ROOM = 3 << 20  # the device's memory in the 32-row test: the pool and every step in it
+
+
+def test_32_rows_in_a_small_room_keep_the_step_its_room():
+    """32 rows at once in a device of ``ROOM`` bytes (the reading is what the pool leaves
+    free). A pass whose planned temporaries exceed what is free fails as MLX's
+    out-of-memory does; none does: the pool stops growing short of the reserve and
+    wide steps are cut. Every reply equals mlx-lm's greedy decode of it alone."""
+    path = tiny_checkpoint("llama", seed=3, dtype="float32")
+    e = engine(path, margin_bytes=0)
+    e.batch = 32
+    lane = e.worker.lanes[0]
+    lane.cap = lane._row_cap = 32
+    gov = e.memory
+
+    def pool_bytes() -> int:
+        stats = lane.pool_stats()
+        return 0 if stats is None else int(stats["bytes"])
+
+    seen: list[tuple[int, int, int]] = []  # per pass: pool bytes, step estimate, reserve
+
+    def device() -> None:  # the pass's allocation point (MLXBUN_FAULT_ALLOC's)
+        held = pool_bytes()
+        seen.append((held, gov.step["bytes"], gov.step["reserve_bytes"]))
+        if held + gov.step["bytes"] > ROOM:
+            raise RuntimeError(INJECTED_OOM)
+
+    gov.probe = lambda: Reading(ROOM - pool_bytes(), 0, "test")
+    gov.inject = device  # type: ignore[method-assign]
+    try:
+        bodies = [greedy(" ".join(str((i * 5 + j) % 60) for j in range(20 + 3 * i)), 24)
+                  for i in range(32)]
+        got = run_all(e, bodies)
+        equal_to(got, reference(path, prompt_ids(e, bodies), 24))
+        counts = gov.counts
+        assert counts["out_of_memory"] == 0 and counts["steps_over_room"] == 0, counts
+        assert counts["steps_trimmed"] > 0  # the room was tight enough to matter
+        assert max(len(r.finish.usage.lane) for r in got) and \
+            {r.finish.usage.lane for r in got} == {"batched"}
+        assert max(b for _, b, _ in seen) <= ROOM - max(h for h, _, _ in seen)
+        stats = e.memory_stats()
+        assert stats["step_peak_bytes"] == max(b for _, b, _ in seen)
+        assert stats["step_reserve_bytes"] > 0 and lane.pool_stats()["used"] == 0
+    finally:
+        close(e)
