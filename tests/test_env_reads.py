@@ -24,15 +24,18 @@ ALLOWED = {
     "mlxbun_core/console/finder.py", "mlxbun_core/console/cache_verb.py",
     # pi's own config-dir variable and the key a CLI verb probes the server with
     "mlxbun_core/launch/pi_harness.py",
+    "mlxbun_core/console/lm_eval_run.py",  # MLXBUN_LM_EVAL: the lm_eval command to run
     # an environment handed to a subprocess (passed on or scrubbed)
     "mlxbun_core/launch/__init__.py", "mlxbun_core/jobs/runner.py", "mlxbun_core/isolate/child.py",
     "mlxbun_core/webchat/coding/workspace.py",
+    "mlxbun_core/memory/schedule.py",  # the scheduled job's MLXBUN_HOME, HF_HOME, PYTHONPATH
     # the marker a process that warned of the slow BLAS leaves its children (it writes it)
     "mlxbun_core/blas/__init__.py",
     # HOME / XDG / Hugging Face locations, token and offline switch, read where used
     # because a long-running server and tests move them with the environment
     "mlxbun_core/models/paths.py", "mlxbun_core/models/resolve.py",
     "mlxbun_core/hub/remote.py", "mlxbun_core/hub/settings.py", "mlxbun_core/jobs/quantize.py",
+    "mlxbun_core/memory/schedulers.py",  # XDG_CONFIG_HOME: where systemd looks for units
     "mlxbun_core/memory/vault.py",  # MLXBUN_WIKI: the vault's folder, beside MLXBUN_HOME's
     # the launcher's rendezvous (mlx.launch, NCCL, JACCL set these, not the user)
     "mlxbun_core/distributed/group.py",

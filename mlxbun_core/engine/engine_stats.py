@@ -1,20 +1,18 @@
 """What the engine reports on ``/stats`` (``speculation``, ``kv_quant``, ``batch``), read
-off a running :class:`~mlxbun_core.engine.core.Engine`."""
+off a running :class:`~mlxbun_core.engine.core.Engine` (typed ``Any`` here: the engine
+imports this module)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import kvquant
 from ..library import fit
 from . import warmup
 from .speculate import MTP
 
-if TYPE_CHECKING:
-    from .core import Engine
 
-
-def lookup(engine: Engine) -> dict[str, Any]:
+def lookup(engine: Any) -> dict[str, Any]:
     """``/stats`` ``speculation`` without a draft model: the server's prompt-lookup
     default (None: off unless a request asks) and what every request's lookup did."""
     spec = engine.speculation
@@ -24,14 +22,14 @@ def lookup(engine: Engine) -> dict[str, Any]:
             **engine.spec_tally.describe()}
 
 
-def kv_quant(engine: Engine) -> dict[str, Any]:
+def kv_quant(engine: Any) -> dict[str, Any]:
     """``/stats`` ``kv_quant``: the scheme and what each layer's cache holds."""
     return kvquant.describe(engine.kv, engine.admission.layout,
                             fit.activation_dtype(engine.model.config or {}),
                             warmup.kv_eligible(engine.model, engine.kv))
 
 
-def batch(engine: Engine) -> dict[str, Any]:
+def batch(engine: Any) -> dict[str, Any]:
     """``/stats`` ``batch``: the cap, the lanes, the pool, pacing and the KV budget."""
     lanes = {lane.name: {"active": lane.active, "waiting": lane.waiting}
              for lane in engine.worker.lanes}

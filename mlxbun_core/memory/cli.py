@@ -70,7 +70,7 @@ def cmd_memory(args: argparse.Namespace, conversations: Conversations) -> int:
         elif command == "synthesize":
             return _synthesize(vault, args, conversations)
         elif command in ("schedule", "unschedule"):
-            return schedule.cmd_schedule(vault, args) if command == "schedule" else (
+            return schedule.cmd_schedule(vault, args, add_parsers) if command == "schedule" else (
                 schedule.cmd_unschedule())
         elif command in ("open", "link"):
             from .verbs import cmd_link, cmd_open

@@ -14,6 +14,8 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from ..models.paths import mlxbun_home
 from .schedulers import BACKENDS, BadSchedule, Cron, Job, Launchd, ScheduleError, Systemd, When
@@ -55,17 +57,16 @@ def parse_when(at: str | None, every: str | None) -> When:
     return When(hour=int(hit[1]), minute=int(hit[2]))
 
 
-def build_job(vault: Vault, words: list[str]) -> Job:
+def build_job(vault: Vault, words: list[str], add_verbs: Callable[[Any], None]) -> Job:
     """This interpreter running the memory verb on this vault; the verb's flags are parsed
-    now, so a typo fails here and not silently at night."""
+    now (``add_verbs``: the memory verbs' parsers), so a typo fails here and not silently
+    at night."""
     words = [w for w in words if w != "--"] or ["synthesize"]
     if words[0] not in JOB_VERBS:
         raise BadSchedule(f"cannot schedule {words[0]!r}: the job is one of "
                             f"{', '.join(JOB_VERBS)} (with its flags)")
     check = argparse.ArgumentParser(prog="mlxbun")
-    from .cli import add_parsers as memory_parsers
-
-    memory_parsers(check.add_subparsers(dest="command"))
+    add_verbs(check.add_subparsers(dest="command"))
     try:
         _, unknown = check.parse_known_args(["memory", *words])
     except SystemExit as exc:  # argparse has printed what is wrong with the verb's flags
@@ -99,14 +100,14 @@ def installed() -> list[tuple[Launchd | Systemd | Cron, dict[str, object]]]:
     return found
 
 
-def cmd_schedule(vault: Vault, args: argparse.Namespace) -> int:
+def cmd_schedule(vault: Vault, args: argparse.Namespace, add_verbs: Callable[[Any], None]) -> int:
     try:
         if args.status:
             print(json.dumps({"installed": [e for _, e in installed()]}, indent=2))
             return 0
         when = parse_when(args.at, args.every)
         vault.require()
-        job = build_job(vault, args.job)
+        job = build_job(vault, args.job, add_verbs)
         backend = pick_backend(args.backend)
         for other, _ in installed():
             if other.name != backend.name:
