@@ -36,6 +36,7 @@ import mlx.core as mx
 import numpy as np
 
 from ...runconfig import current
+from ..speculate.stream import grammar_of
 from .rows import Drafts, Emit, Forcing, Row
 
 Batch = Any  # the executor's ``Batch``: it imports this module, so this one cannot import it
@@ -70,7 +71,7 @@ def window_step(b: Batch, drafts: Drafts, forcing: Forcing | None) -> list[Emit]
     forced = _forced(b, forcing) if forcing is not None else {}
     cap = refeed_cap()
     plans = [_bounded(r, forced.get(r.uid, []), drafts.get(r.uid, ()), cap) for r in rows]
-    plans = _guided(b, rows, plans, drafts)
+    plans = _guided(b, rows, plans, drafts, cap)
     if not any(f or len(d) or r.refeed for r, (f, d) in zip(rows, plans)):
         return cast("list[Emit]", b.decode())  # nothing rides along: the ordinary step
     lead = [len(r.refeed) for r in rows]  # each row's x sits after its refed tokens
@@ -99,16 +100,16 @@ def window_step(b: Batch, drafts: Drafts, forcing: Forcing | None) -> list[Emit]
         while accepted < len(d) and mine[accepted] == guesses[accepted]:
             accepted += 1
         kept = [x, *f, *guesses[:accepted]]
-        if r.processors and accepted < len(d):  # rejected drafts back out of its grammar
-            _grammar(r).rollback(len(d) - accepted)
+        grammar = grammar_of(r.processors) if r.processors else None
+        if grammar is not None and accepted < len(d):  # rejected drafts leave its grammar
+            grammar.rollback(len(d) - accepted)
         back.append(bool(held) and accepted < len(d))  # (held: recurrent layers, drafts)
         _keep(r, kept, back[-1])
         if r.tapped and hidden is not None and b.tap is not None:
             b.tap.kept(r.uid, hidden[i:i + 1, lead[i]:lead[i] + len(kept)], kept)
         nxt.append(mine[accepted])
         nxt_lp.append(logprobs[k + accepted])
-        if lp is not None:
-            out += _emits(r, x, lp, f, guesses, accepted, logprobs[k:k + accepted])
+        out += _emits(r, x, lp, f, guesses, accepted, logprobs[k:k + accepted])
         k += len(a)
     if any(back):
         for c, saved in zip(b.states.caches, held, strict=True):
@@ -158,16 +159,16 @@ def _bounded(row: Row, forced: list[int], drafts: Sequence[int] | mx.array,
     return forced, drafts[:max(0, room - len(forced))]
 
 
-def _guided(b: Batch, rows: list[Row], plans: list[Plan], drafts: Drafts) -> list[Plan]:
-    """Drafts for rows under a grammar: the prefix the matcher allows after the row's
-    next input and forced run (read on the host here), none where the lookup's guess
-    did not start with that run. Not for models with recurrent layers (a rolled-back
-    row feeds its kept tokens again, which its grammar has consumed already)."""
-    asked = [i for i, r in enumerate(rows) if r.processors and len(drafts.get(r.uid, ()))
-             and not isinstance(drafts[r.uid], mx.array)]
+def _guided(b: Batch, rows: list[Row], plans: list[Plan], drafts: Drafts, cap: int
+            ) -> list[Plan]:
+    """Host drafts (prompt lookup's, an MTP head's walked under the row's processors) for
+    rows with logits processors: every position is processed in the verify pass; under a
+    grammar only the prefix the matcher allows after the row's tokens (refed ones too),
+    next input and forced run (read on the host here). None where the guess did not start
+    with that run or the row carries ``cap`` refed tokens."""
+    asked = [i for i, r in enumerate(rows) if r.processors and len(r.refeed) < cap
+             and len(drafts.get(r.uid, ())) and not isinstance(drafts[r.uid], mx.array)]
     if not asked:
-        return plans
-    if b.states.caches or any(not hasattr(_grammar(rows[i]), "draft_prefix") for i in asked):
         return plans
     xs = cast("list[int]", b._next.tolist())
     out = list(plans)
@@ -177,14 +178,10 @@ def _guided(b: Batch, rows: list[Row], plans: list[Plan], drafts: Drafts) -> lis
         if guess[:len(f)] != f:
             continue
         d = guess[len(f):][:max(0, r.budget - 1 - len(f))]
-        n = _grammar(r).draft_prefix([*r.tokens, xs[i], *f], d)
+        g = grammar_of(r.processors)
+        n = len(d) if g is None else g.draft_prefix([*r.tokens, *r.refeed, xs[i], *f], d)
         out[i] = (f, d[:n])
     return out
-
-
-def _grammar(row: Row) -> Any:
-    """The row's grammar mask (the processor that takes drafts; it is always last)."""
-    return row.processors[-1]
 
 
 def _inputs(x: mx.array, rows: list[Row], plans: list[Plan], width: int) -> mx.array:
@@ -268,15 +265,19 @@ def _sample(logprobs: mx.array, rows: list[Row], at: list[list[int]]) -> mx.arra
     return mx.concatenate(parts)
 
 
-def _emits(row: Row, token: int, logprobs: mx.array, forced: list[int], drafts: list[int],
-           accepted: int, draft_logprobs: mx.array) -> list[Emit]:
+def _emits(row: Row, token: int, logprobs: mx.array | None, forced: list[int],
+           drafts: list[int], accepted: int, draft_logprobs: mx.array) -> list[Emit]:
     """What the step hands out for ``row``: its token with the forced run, then each
-    accepted draft (the row's budget already bounded them)."""
-
-    out = [Emit(row.uid, token, logprobs, forced=list(forced), drafted=len(drafts),
-                accepted=accepted)]
+    accepted draft (the row's budget already bounded them). A token without
+    ``logprobs`` was handed out before (a prompt's last, or the last token of a lone
+    stream that joined the batch): only its accepted drafts go out, the first of them
+    with the draft counts."""
+    out = [] if logprobs is None else [Emit(row.uid, token, logprobs, forced=list(forced))]
     out += [Emit(row.uid, d, draft_logprobs[j]) for j, d in enumerate(drafts[:accepted])]
-    row.budget -= 1 + len(forced) + accepted
+    if not out:
+        return out
+    out[0].drafted, out[0].accepted = len(drafts), accepted
+    row.budget -= len(out) + len(forced)
     if row.budget <= 0:
         out[-1].finish = "length"
     return out
