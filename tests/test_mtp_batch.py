@@ -66,7 +66,7 @@ def lane(srv):
 
     def recorded(batch):
         out = drafts(batch)
-        steps.append((list(batch.decoding), {u: int(d.shape[0]) for u, d in out.items()}))
+        steps.append((list(batch.decoding), {u: len(d) for u, d in out.items()}))
         return out
 
     mtp.drafts = recorded
