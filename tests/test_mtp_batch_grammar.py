@@ -20,6 +20,7 @@ from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.reply import Reply, gather
 from mlxbun_core.engine.speculate import mtp_batch
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.helpers import configure
 from tests.test_mtp_grammar import Forwards, check_shape
 from tests.test_spec_grammar import BODIES, drafted, same, with_draft
 
@@ -53,10 +54,12 @@ def guided(monkeypatch):
     return walks
 
 
-def staggered(eng: Engine, bodies: list[dict], after: int = 3) -> list[Reply]:
+def staggered(eng: Engine, bodies: list[dict], after: int = 3, fill: str = "off"
+              ) -> list[Reply]:
     """Start ``bodies`` one by one, each once the one before has streamed ``after``
-    events (the first decodes alone, then shares the batch's steps); the replies."""
-    eng.fill.mode = "off"
+    events (the first decodes alone, then shares the batch's steps), with fill ``fill``;
+    the replies."""
+    eng.fill.mode = fill
 
     async def go():
         tasks, started = [], []
@@ -115,3 +118,24 @@ def test_a_tool_call_and_a_regex_row_beside_a_biased_row(batched, guided):
     assert drafted(fast[2])["accepted"] > 0
     rows = {u for w in guided for u in w}
     assert len(rows) >= 2, guided
+
+
+@pytest.mark.parametrize("step_tokens", [256, 0])
+def test_rows_that_fill_and_draft_with_the_head_equal_plain(batched, guided, monkeypatch,
+                                                            step_tokens):
+    """Under ``--fill strict``: with batch steps carrying forced runs (256, a GPU's
+    setting) the schema's forced runs and the rows' head drafts share steps (a draft rides
+    where it begins with the step's forced run); with none (the CPU's) the fill sessions
+    still consume each row's next token first. Every reply equals plain constrained
+    decoding."""
+    configure(monkeypatch, engine={"fill_batch_tokens": step_tokens})
+    bodies = [BODIES["json10"], CHAT, BODIES["words"], BODIES["tool"]]
+    plain = staggered(batched, [with_draft(b, "none") for b in bodies])
+    both = staggered(batched, [with_draft(b, "mtp") for b in bodies], fill="strict")
+    for a, b in zip(plain, both, strict=True):
+        same(a, b)
+    if step_tokens:
+        assert sum(r.finish.usage.fill_report()["injected"] for r in both
+                   if r.finish.usage.fill) > 0
+    assert drafted(both[0])["drafted"] > 0
+    assert any(len(w) >= 2 for w in guided)

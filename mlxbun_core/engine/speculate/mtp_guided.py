@@ -76,20 +76,22 @@ def guided_drafts(pages: HeadPages, uids: list[int], walks: list[_Walk], logits:
     if chained:
         pages.rewind(uids, lengths)
     for w in walks:
-        if w.grammar is not None and w.guesses:
-            w.grammar.matcher.rollback(len(w.guesses))
+        if w.grammar is not None and w.depth > 0:
+            w.grammar.matcher.rollback(1 + len(w.guesses))  # (and the next input)
     return {u: w.guesses for u, w in zip(uids, walks) if w.guesses}
 
 
 def walks_for(rows: list[Row], xs: list[int], depths: list[int],
               samplers: list[Sampler | None]) -> list[_Walk]:
     """A walk per row; a grammar that no longer tracks the reply (thinking, failed,
-    closing on a budget) drafts nothing. The matcher catches up with the row's tokens and
-    its next input ``xs[j]`` here, as its next mask call would."""
+    closing on a budget) drafts nothing. The matcher takes the row's next input ``xs[j]``
+    for the walk only: the step consumes it (a fill session's forced run after it first),
+    and the walk's guesses begin with that run where the grammar forces one."""
     walks = []
     for row, x, depth, sampler in zip(rows, xs, depths, samplers):
         g = grammar_of(list(row.processors))
-        if g is not None and not g.catch_up([*row.tokens, *row.refeed, x]):
+        if g is not None and depth > 0 and not (g.catch_up([*row.tokens, *row.refeed])
+                                                and g.matcher.try_token(x)):
             depth = 0
         others = [p for p in row.processors if p is not g]
         walks.append(_Walk(row, x, depth, sampler, g, others))
