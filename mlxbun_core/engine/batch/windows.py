@@ -100,7 +100,7 @@ def window_step(b: Batch, drafts: Drafts, forcing: Forcing | None) -> list[Emit]
         while accepted < len(d) and mine[accepted] == guesses[accepted]:
             accepted += 1
         kept = [x, *f, *guesses[:accepted]]
-        grammar = grammar_of(r.processors) if r.processors else None
+        grammar = grammar_of(list(r.processors)) if r.processors else None
         if grammar is not None and accepted < len(d):  # rejected drafts leave its grammar
             grammar.rollback(len(d) - accepted)
         back.append(bool(held) and accepted < len(d))  # (held: recurrent layers, drafts)
@@ -178,7 +178,7 @@ def _guided(b: Batch, rows: list[Row], plans: list[Plan], drafts: Drafts, cap: i
         if guess[:len(f)] != f:
             continue
         d = guess[len(f):][:max(0, r.budget - 1 - len(f))]
-        g = grammar_of(r.processors)
+        g = grammar_of(list(r.processors))
         n = len(d) if g is None else g.draft_prefix([*r.tokens, *r.refeed, xs[i], *f], d)
         out[i] = (f, d[:n])
     return out
