@@ -139,3 +139,28 @@ def test_rows_that_fill_and_draft_with_the_head_equal_plain(batched, guided, mon
                    if r.finish.usage.fill) > 0
     assert drafted(both[0])["drafted"] > 0
     assert any(len(w) >= 2 for w in guided)
+
+
+def test_lookup_drafts_under_a_grammar_ride_shared_steps_of_a_hybrid_model(batched,
+                                                                         monkeypatch):
+    """Prompt lookup's drafts for grammar rows sharing steps on a model with recurrent
+    layers: a rejected row's state is restored and its kept tokens (which its grammar has
+    consumed) fed again; replies equal plain constrained decoding."""
+    from mlxbun_core.engine.batch import windows
+
+    shared: list[int] = []  # drafted grammar rows per window step of several rows
+    original = windows._guided
+
+    def recorded(b, rows, plans, drafts, cap):
+        out = original(b, rows, plans, drafts, cap)
+        if len(rows) > 1:
+            shared.append(sum(1 for r, (_, d) in zip(rows, out) if r.processors and len(d)))
+        return out
+    monkeypatch.setattr(windows, "_guided", recorded)
+    bodies = [BODIES["json10"], CHAT, BODIES["words"]]
+    plain = staggered(batched, [with_draft(b, "none") for b in bodies])
+    fast = staggered(batched, [with_draft(b, "ngram") for b in bodies])
+    for a, b in zip(plain, fast, strict=True):
+        same(a, b)
+    assert any(shared), "no grammar row's lookup drafts rode a shared step"
+    assert drafted(fast[0])["accepted"] > 0
