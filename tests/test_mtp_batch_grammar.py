@@ -24,6 +24,7 @@ from mlxbun_core.testing.helpers import configure
 from tests.test_mtp_grammar import Forwards, check_shape
 from tests.test_spec_grammar import BODIES, drafted, same, with_draft
 
+REFEED = pytest.mark.parametrize("refeed", [1, 4])  # the CPU's and the GPU's default
 CHAT = {"messages": [{"role": "user", "content": "Hi there, tell me a story"}],
         "max_tokens": 40, "temperature": 0}
 
@@ -83,10 +84,13 @@ def staggered(eng: Engine, bodies: list[dict], after: int = 3, fill: str = "off"
     return asyncio.run(go())
 
 
-def test_grammar_rows_draft_in_shared_steps_and_equal_plain(batched, guided, monkeypatch):
+@REFEED
+def test_grammar_rows_draft_in_shared_steps_and_equal_plain(batched, guided, monkeypatch,
+                                                            refeed):
     """A 10-field schema, a plain chat row and a free-words row, staggered: replies equal
     plain constrained decoding's; the constrained rows' head drafts rode shared steps
     (walked under their grammars), some accepted; fewer target forwards than plain."""
+    configure(monkeypatch, speculation={"batch_refeed": refeed})
     bodies = [BODIES["json10"], CHAT, BODIES["words"]]
     count = Forwards(batched, monkeypatch)
     before = count.calls
@@ -141,12 +145,16 @@ def test_rows_that_fill_and_draft_with_the_head_equal_plain(batched, guided, mon
     assert any(len(w) >= 2 for w in guided)
 
 
+@REFEED
 def test_lookup_drafts_under_a_grammar_ride_shared_steps_of_a_hybrid_model(batched,
-                                                                         monkeypatch):
+                                                                         monkeypatch, refeed):
     """Prompt lookup's drafts for grammar rows sharing steps on a model with recurrent
     layers: a rejected row's state is restored and its kept tokens (which its grammar has
-    consumed) fed again; replies equal plain constrained decoding."""
+    consumed) fed again, with its next drafts where the refeed cap allows; replies equal
+    plain constrained decoding."""
     from mlxbun_core.engine.batch import windows
+
+    configure(monkeypatch, speculation={"batch_refeed": refeed})
 
     shared: list[int] = []  # drafted grammar rows per window step of several rows
     original = windows._guided
