@@ -172,3 +172,21 @@ def test_lookup_drafts_under_a_grammar_ride_shared_steps_of_a_hybrid_model(batch
         same(a, b)
     assert any(shared), "no grammar row's lookup drafts rode a shared step"
     assert drafted(fast[0])["accepted"] > 0
+
+
+@pytest.mark.parametrize("name", ["json10", "tool"])
+def test_a_lone_grammar_request_drafts_with_the_head(batched, name, monkeypatch):
+    """Alone on a batch engine (the lane's lone stream) a constrained MTP request drafts
+    under its grammar as the serial lane does: plain constrained decoding's reply, in
+    fewer target forwards."""
+    body, count = BODIES[name], Forwards(batched, monkeypatch)
+    before = count.calls
+    (plain,) = staggered(batched, [with_draft(body, "none")])
+    n_plain, before = count.calls - before, count.calls
+    (fast,) = staggered(batched, [with_draft(body, "mtp")])
+    n_fast = count.calls - before
+    same(plain, fast)
+    check_shape(name, fast)
+    assert fast.finish.usage.lane == "batched+spec"
+    assert drafted(fast)["accepted"] > 0
+    assert n_fast < n_plain, (n_plain, n_fast)

@@ -20,7 +20,8 @@ drafts cannot be rejected). Padding is masked out of the state by
 ``ArraysCache.prepare(lengths=...)``.
 
 Drafts come from the host (a lookup's list: guessed before ``x`` is known, the lane
-passes what follows it) or from the device (an MTP head's, computed from ``x`` and the
+passes what follows it; an MTP head's walked under a row's logits processors) or from
+the device (an MTP head's, computed from ``x`` and the
 hidden states without a host read): either way they are written into the window's
 inputs on the device, and read back with the samples in the step's one wait. A forced
 run is computed from ``x`` itself, so a step with a forcing row reads every ``x`` on
@@ -150,7 +151,7 @@ def _forced(b: Batch, forcing: Forcing) -> dict[int, list[int]]:
 def _bounded(row: Row, forced: list[int], drafts: Sequence[int] | mx.array,
              cap: int) -> Plan:
     """``(forced, drafts)`` within what ``row`` can take: no drafts for rows with logits
-    processors (a grammar's row may get them back from :func:`_guided`) or carrying
+    processors (:func:`_guided` gives their host drafts back) or carrying
     ``cap`` refed tokens; nothing past the row's token budget."""
     room = max(0, row.budget - 1)
     forced = forced[:room]
