@@ -21,8 +21,8 @@ drafts cannot be rejected). Padding is masked out of the state by
 
 Drafts come from the host (a lookup's list: guessed before ``x`` is known, the lane
 passes what follows it; an MTP head's walked under a row's logits processors) or from
-the device (an MTP head's, computed from ``x`` and the
-hidden states without a host read): either way they are written into the window's
+the device (an MTP head's, computed from ``x`` and the hidden states without a host
+read): either way they are written into the window's
 inputs on the device, and read back with the samples in the step's one wait. A forced
 run is computed from ``x`` itself, so a step with a forcing row reads every ``x`` on
 the host first. Tapped rows (an MTP head's) get the hidden states of the positions
