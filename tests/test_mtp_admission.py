@@ -87,7 +87,7 @@ def lazy(ckpt):
 
 
 def post(srv, prompt: str, max_tokens: int, extra: dict) -> httpx.Response:
-    """A greedy completion (no logits processors: an MTP row of them runs serially)."""
+    """A greedy completion (an MTP one drafts on the batch lane, logits processors or not)."""
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra}
     return httpx.post(srv.v1 + "/completions", json=body, timeout=120)
 
@@ -240,7 +240,7 @@ def test_an_mtp_requests_broad_max_tokens_is_clamped_to_fit_beside_the_head(srv,
     assert out["usage"]["completion_tokens"] == ceiling - 10
     assert out["choices"][0]["finish_reason"] == "length"
     ((job, reserved),) = srv.reserved[first:]
-    assert job.session.usage.lane == "serial+spec"
+    assert job.session.usage.lane == "batched+spec"
     head = srv.engine.predictor.kv_bytes_per_token
     assert reserved == srv.engine.admission.layout.bytes_at(ceiling) + head * ceiling
     assert reserved <= srv.engine.admission.ceiling(mtp=True).kv_room  # it fits alone

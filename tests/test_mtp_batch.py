@@ -66,7 +66,7 @@ def lane(srv):
 
     def recorded(batch):
         out = drafts(batch)
-        steps.append((list(batch.decoding), {u: int(d.shape[0]) for u, d in out.items()}))
+        steps.append((list(batch.decoding), {u: len(d) for u, d in out.items()}))
         return out
 
     mtp.drafts = recorded
@@ -265,8 +265,8 @@ def test_a_sampled_row_runs_beside_greedy_ones(oai, lane, reference):
 def test_a_penalized_plain_row_beside_mtp_rows_and_a_penalized_mtp_request(oai, lane,
                                                                             reference):
     """A plain row with a logits processor shares the MTP step (processed at its one
-    position, as mlx-lm's step would); an MTP request with one runs on the serial lane,
-    where the head's loop processes every verified position."""
+    position, as mlx-lm's step would); an MTP request with one drafts on the batch lane
+    too (its guesses and every verified position processed)."""
     # a logits processor that changes the reply: the plain decode's later tokens banned
     penalty = {"logit_bias": {str(t): -100 for t in reference[PROMPTS[3]][8:]}}
     alone = complete(oai, PROMPTS[3], {**PLAIN, **penalty})
@@ -278,8 +278,9 @@ def test_a_penalized_plain_row_beside_mtp_rows_and_a_penalized_mtp_request(oai, 
     for prompt, r in zip(PROMPTS[:2], mtp, strict=True):
         assert ids_of(r) == reference[prompt]
     assert shared_steps(lane, first, 3) > 0
-    serial = complete(oai, PROMPTS[3], {**MTP, **penalty})
-    assert ids_of(serial) == ids_of(alone) and serial.usage.model_extra["lane"] == "serial+spec"
+    drafting = complete(oai, PROMPTS[3], {**MTP, **penalty})
+    assert ids_of(drafting) == ids_of(alone)
+    assert drafting.usage.model_extra["lane"] == "batched+spec"
 
 
 def test_stats_count_batch_steps(srv):

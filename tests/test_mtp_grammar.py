@@ -4,7 +4,7 @@ verify pass masks each draft's position as plain constrained decoding does, reje
 drafts leave the cache and the matcher; with fill on, forced runs and head drafts share
 windows. Greedy replies equal plain constrained decoding (the same engine,
 ``draft_kind: none``) for a 10-field schema, a regex, free words and a forced tool call,
-in fewer forward passes. A batch engine keeps such requests batched, decoding plainly.
+in fewer forward passes (rows sharing batch steps: ``test_mtp_batch_grammar.py``).
 
 The tiny Qwen3.5 checkpoint's head is the ``"copy"`` head (see
 :mod:`mlxbun_core.testing.mtp`); its target has recurrent (gated-DeltaNet) layers, so

@@ -20,8 +20,9 @@ drafts cannot be rejected). Padding is masked out of the state by
 ``ArraysCache.prepare(lengths=...)``.
 
 Drafts come from the host (a lookup's list: guessed before ``x`` is known, the lane
-passes what follows it) or from the device (an MTP head's, computed from ``x`` and the
-hidden states without a host read): either way they are written into the window's
+passes what follows it; an MTP head's walked under a row's logits processors) or from
+the device (an MTP head's, computed from ``x`` and the hidden states without a host
+read): either way they are written into the window's
 inputs on the device, and read back with the samples in the step's one wait. A forced
 run is computed from ``x`` itself, so a step with a forcing row reads every ``x`` on
 the host first. Tapped rows (an MTP head's) get the hidden states of the positions
@@ -36,6 +37,7 @@ import mlx.core as mx
 import numpy as np
 
 from ...runconfig import current
+from ..speculate.stream import grammar_of
 from .rows import Drafts, Emit, Forcing, Row
 
 Batch = Any  # the executor's ``Batch``: it imports this module, so this one cannot import it
@@ -70,7 +72,7 @@ def window_step(b: Batch, drafts: Drafts, forcing: Forcing | None) -> list[Emit]
     forced = _forced(b, forcing) if forcing is not None else {}
     cap = refeed_cap()
     plans = [_bounded(r, forced.get(r.uid, []), drafts.get(r.uid, ()), cap) for r in rows]
-    plans = _guided(b, rows, plans, drafts)
+    plans = _guided(b, rows, plans, drafts, cap)
     if not any(f or len(d) or r.refeed for r, (f, d) in zip(rows, plans)):
         return cast("list[Emit]", b.decode())  # nothing rides along: the ordinary step
     lead = [len(r.refeed) for r in rows]  # each row's x sits after its refed tokens
@@ -99,16 +101,16 @@ def window_step(b: Batch, drafts: Drafts, forcing: Forcing | None) -> list[Emit]
         while accepted < len(d) and mine[accepted] == guesses[accepted]:
             accepted += 1
         kept = [x, *f, *guesses[:accepted]]
-        if r.processors and accepted < len(d):  # rejected drafts back out of its grammar
-            _grammar(r).rollback(len(d) - accepted)
+        grammar = grammar_of(list(r.processors)) if r.processors else None
+        if grammar is not None and accepted < len(d):  # rejected drafts leave its grammar
+            grammar.rollback(len(d) - accepted)
         back.append(bool(held) and accepted < len(d))  # (held: recurrent layers, drafts)
         _keep(r, kept, back[-1])
         if r.tapped and hidden is not None and b.tap is not None:
             b.tap.kept(r.uid, hidden[i:i + 1, lead[i]:lead[i] + len(kept)], kept)
         nxt.append(mine[accepted])
         nxt_lp.append(logprobs[k + accepted])
-        if lp is not None:
-            out += _emits(r, x, lp, f, guesses, accepted, logprobs[k:k + accepted])
+        out += _emits(r, x, lp, f, guesses, accepted, logprobs[k:k + accepted])
         k += len(a)
     if any(back):
         for c, saved in zip(b.states.caches, held, strict=True):
@@ -149,7 +151,7 @@ def _forced(b: Batch, forcing: Forcing) -> dict[int, list[int]]:
 def _bounded(row: Row, forced: list[int], drafts: Sequence[int] | mx.array,
              cap: int) -> Plan:
     """``(forced, drafts)`` within what ``row`` can take: no drafts for rows with logits
-    processors (a grammar's row may get them back from :func:`_guided`) or carrying
+    processors (:func:`_guided` gives their host drafts back) or carrying
     ``cap`` refed tokens; nothing past the row's token budget."""
     room = max(0, row.budget - 1)
     forced = forced[:room]
@@ -158,16 +160,16 @@ def _bounded(row: Row, forced: list[int], drafts: Sequence[int] | mx.array,
     return forced, drafts[:max(0, room - len(forced))]
 
 
-def _guided(b: Batch, rows: list[Row], plans: list[Plan], drafts: Drafts) -> list[Plan]:
-    """Drafts for rows under a grammar: the prefix the matcher allows after the row's
-    next input and forced run (read on the host here), none where the lookup's guess
-    did not start with that run. Not for models with recurrent layers (a rolled-back
-    row feeds its kept tokens again, which its grammar has consumed already)."""
-    asked = [i for i, r in enumerate(rows) if r.processors and len(drafts.get(r.uid, ()))
-             and not isinstance(drafts[r.uid], mx.array)]
+def _guided(b: Batch, rows: list[Row], plans: list[Plan], drafts: Drafts, cap: int
+            ) -> list[Plan]:
+    """Host drafts (prompt lookup's, an MTP head's walked under the row's processors) for
+    rows with logits processors: every position is processed in the verify pass; under a
+    grammar only the prefix the matcher allows after the row's tokens (refed ones too),
+    next input and forced run (read on the host here). None where the guess did not start
+    with that run or the row carries ``cap`` refed tokens."""
+    asked = [i for i, r in enumerate(rows) if r.processors and len(r.refeed) < cap
+             and len(drafts.get(r.uid, ())) and not isinstance(drafts[r.uid], mx.array)]
     if not asked:
-        return plans
-    if b.states.caches or any(not hasattr(_grammar(rows[i]), "draft_prefix") for i in asked):
         return plans
     xs = cast("list[int]", b._next.tolist())
     out = list(plans)
@@ -177,14 +179,10 @@ def _guided(b: Batch, rows: list[Row], plans: list[Plan], drafts: Drafts) -> lis
         if guess[:len(f)] != f:
             continue
         d = guess[len(f):][:max(0, r.budget - 1 - len(f))]
-        n = _grammar(r).draft_prefix([*r.tokens, xs[i], *f], d)
+        g = grammar_of(list(r.processors))
+        n = len(d) if g is None else g.draft_prefix([*r.tokens, *r.refeed, xs[i], *f], d)
         out[i] = (f, d[:n])
     return out
-
-
-def _grammar(row: Row) -> Any:
-    """The row's grammar mask (the processor that takes drafts; it is always last)."""
-    return row.processors[-1]
 
 
 def _inputs(x: mx.array, rows: list[Row], plans: list[Plan], width: int) -> mx.array:
@@ -268,15 +266,19 @@ def _sample(logprobs: mx.array, rows: list[Row], at: list[list[int]]) -> mx.arra
     return mx.concatenate(parts)
 
 
-def _emits(row: Row, token: int, logprobs: mx.array, forced: list[int], drafts: list[int],
-           accepted: int, draft_logprobs: mx.array) -> list[Emit]:
+def _emits(row: Row, token: int, logprobs: mx.array | None, forced: list[int],
+           drafts: list[int], accepted: int, draft_logprobs: mx.array) -> list[Emit]:
     """What the step hands out for ``row``: its token with the forced run, then each
-    accepted draft (the row's budget already bounded them)."""
-
-    out = [Emit(row.uid, token, logprobs, forced=list(forced), drafted=len(drafts),
-                accepted=accepted)]
+    accepted draft (the row's budget already bounded them). A token without
+    ``logprobs`` was handed out before (a prompt's last, or the last token of a lone
+    stream that joined the batch): only its accepted drafts go out, the first of them
+    with the draft counts."""
+    out = [] if logprobs is None else [Emit(row.uid, token, logprobs, forced=list(forced))]
     out += [Emit(row.uid, d, draft_logprobs[j]) for j, d in enumerate(drafts[:accepted])]
-    row.budget -= 1 + len(forced) + accepted
+    if not out:
+        return out
+    out[0].drafted, out[0].accepted = len(drafts), accepted
+    row.budget -= len(out) + len(forced)
     if row.budget <= 0:
         out[-1].finish = "length"
     return out

@@ -134,14 +134,15 @@ class BatchLane(Results):
         return job.spec is not None and job.spec.kind == MTP
 
     def _runs_mtp(self, job: GenerationJob) -> bool:
-        """Whether ``job``'s MTP speculation runs here: logits processors see a window
-        per position only on the serial lane; the head's cache must page."""
-        return self.mtp is not None and not job.request.processors and self.mtp.supported()
+        """Whether ``job``'s MTP speculation runs here: the head's cache must page (rows
+        with logits processors, a grammar's too, walk the head's guesses under them:
+        ``speculate/mtp_guided.py``)."""
+        return self.mtp is not None and self.mtp.supported()
 
     def _plain_mtp(self, job: GenerationJob) -> bool:
-        """An MTP job under a grammar the batch cannot draft for: it decodes here plainly
-        (concurrent constrained requests stay batched; MTP under a grammar drafts on
-        the serial lane, a ``--batch 1`` engine)."""
+        """An MTP job under a grammar on a lane without a head it can page (a KV scheme,
+        a distributed group): it decodes here plainly, concurrent constrained requests
+        stay batched."""
         return (job.request.grammar is not None and not self._runs_mtp(job)
                 and self._wants_mtp(job))
 

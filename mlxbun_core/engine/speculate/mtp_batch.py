@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..batch.windows import refeed_cap
 from .mtp import HeadState
+from .mtp_guided import guided_drafts, walks_for
 from .mtp_head import HeadPages, pageable
 
 if TYPE_CHECKING:
@@ -148,9 +149,10 @@ class MtpBatch:
         return [] if self._pages is None else self._pages.arrays()
 
     # -- drafts ----------------------------------------------------------------------------
-    def drafts(self, batch: Batch) -> dict[int, mx.array]:
+    def drafts(self, batch: Batch) -> dict[int, mx.array | list[int]]:
         """The next decode step's drafts of every MTP row with pending states (device
-        arrays); the pending states join the heads either way."""
+        arrays; host tokens for rows with logits processors, whose guesses are walked
+        under them); the pending states join the heads either way."""
         import mlx.core as mx
 
         x = batch.next_tokens
@@ -171,14 +173,33 @@ class MtpBatch:
         going = [j for j, u in enumerate(uids) if depth[u] > 0]
         if not going:
             return {}
-        if len(going) < len(uids):
-            pick = mx.array(going)
-            logits, state = logits[pick], state[pick]
-        chained = self._chain([uids[j] for j in going], [rows[j].sampler for j in going],
-                              logits, state, max(depth.values()))
         if self.tally is not None:
             self.tally.batch_steps += 1
-        return {uids[j]: chained[k, :depth[uids[j]]] for k, j in enumerate(going)}
+        guided = [j for j in going if batch.rows[uids[j]].processors]
+        free = [j for j in going if j not in guided]
+        out: dict[int, mx.array | list[int]] = {}
+        if free:
+            pick = mx.array(free)
+            chained = self._chain([uids[j] for j in free], [rows[j].sampler for j in free],
+                                  logits[pick], state[pick], max(depth[uids[j]] for j in free))
+            out.update({uids[j]: chained[k, :depth[uids[j]]] for k, j in enumerate(free)})
+        if guided:
+            out.update(self._guided(batch, [uids[j] for j in guided], logits, state, guided,
+                                    depth))
+        return out
+
+    def _guided(self, batch: Batch, uids: list[int], logits: mx.array, state: mx.array,
+                index: list[int], depth: dict[int, int]) -> dict[int, list[int]]:
+        """Drafts of the rows with logits processors, walked on the host
+        (``mtp_guided.py``); ``index``: their rows in ``logits`` and ``state``."""
+        import mlx.core as mx
+
+        tokens: list[int] = batch.next_tokens.tolist()  # type: ignore[union-attr,assignment]
+        at = {u: i for i, u in enumerate(batch.decoding)}
+        walks = walks_for([batch.rows[u] for u in uids], [tokens[at[u]] for u in uids],
+                          [depth[u] for u in uids], [self.rows[u].sampler for u in uids])
+        pick = mx.array(index)
+        return guided_drafts(self.pages, uids, walks, logits[pick], state[pick], _sample)
 
     def _extra(self, uids: list[int], rows: list[_Row]) -> None:
         """Append every pending state but each row's last, with the tokens after them."""
