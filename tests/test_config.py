@@ -103,7 +103,7 @@ def test_every_serve_flag_is_a_key_and_unknown_keys_are_refused(home):
     ("serve: [1\n", 2, "not valid YAML"),
     ("serve:\n  port: 1\n  port: 2\n", 3, "'port' appears twice"),
     ("aliases:\n  coder: 3\n", 2, "alias 'coder' must name a model id"),
-    ("models:\n  x:\n    temperature: hot\n", 3, "temperature must be a number"),
+    ("models:\n  x:\n    temperature: hot\n", 3, "temperature must be of type"),
     ("models:\n  x:\n    top_p: 2\n", 3, "top_p must be at most 1"),
     ("models:\n  x:\n    colour: red\n", 3, "unknown setting models.x.colour"),
     ("models:\n  x:\n    keep_alive: 5q\n", 3, "is not a duration"),

@@ -25,7 +25,8 @@ from mlxbun_core.config.schema import serve_subparser
 
 # candidate values a flag's own type is asked to read (the first two it takes, and reads
 # differently, are used; the fractions suit flags checked to [0, 1], such as --top-p)
-CANDIDATES = ["3", "5", "1.5", "off", "on", "strict", "auto", "debug", "warning", "0.25", "0.5"]
+CANDIDATES = ["3", "5", "1.5", "off", "on", "strict", "auto", "debug", "warning", "0.25", "0.5",
+              "8"]
 VARIABLE = re.compile(r"MLXBUN_[A-Z0-9_]+")
 
 

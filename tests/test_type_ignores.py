@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CHECKED = [ROOT / "mlxbun_core", *sorted((ROOT / "plugins").glob("*/mlxbun_*"))]  # what mypy reads
 IGNORE = re.compile(r"#\s*type:\s*ignore(\[[\w\-, ]+\])?(.*)$")
 NUMBERS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
-           "fourteen fifteen sixteen seventeen eighteen nineteen twenty").split()
+           "fourteen fifteen sixteen seventeen eighteen nineteen twenty").split() + [
+    f"twenty-{n}" for n in "one two three four five six seven eight nine".split()]
 
 
 def ignores() -> list[tuple[str, int, str, str]]:
@@ -40,7 +41,7 @@ def test_every_ignore_names_its_code_and_says_why():
 
 def test_the_development_doc_counts_them():
     doc = (ROOT / "docs" / "development.md").read_text()
-    said = re.search(r"\((\w+)\s+in\s+all:", doc)
+    said = re.search(r"\(([\w-]+)\s+in\s+all:", doc)
     assert said, "docs/development.md no longer says how many ignores there are"
     assert said[1] == NUMBERS[len(ignores())], (
         f"docs/development.md says {said[1]}; there are {len(ignores())}: {ignores()}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 REFUSED = {"--de-quantize": "dequantizing", "--dequantize": "dequantizing",
            "--export-gguf": "GGUF export", "--gguf-path": "GGUF export",
@@ -72,8 +73,8 @@ def fuse(model_path: Path, adapter: Path, out: Path) -> int:
     from mlx.utils import tree_unflatten
     from mlx_lm.utils import load, save
 
-    model, tokenizer, config = load(str(model_path), adapter_path=str(adapter),
-                                    return_config=True)  # type: ignore[misc]
+    model, tokenizer, config = cast("tuple[Any, Any, dict[str, Any]]", load(
+        str(model_path), adapter_path=str(adapter), return_config=True))
     fused = [(name, m.fuse()) for name, m in model.named_modules() if hasattr(m, "fuse")]
     if fused:
         model.update_modules(tree_unflatten(fused))

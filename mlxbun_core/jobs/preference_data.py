@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
@@ -115,5 +115,6 @@ def mean_margin(model: Any, pairs: list[Pair], max_seq_length: int) -> float:
         tokens, lengths = pair_batch(chunk, max_seq_length)
         logp, response, _ = token_logprobs(model, tokens, lengths)
         seq = masked_sum(logp, response)
-        total += float((seq[:len(chunk)] - seq[len(chunk):]).sum().item())  # type: ignore[arg-type]
+        margin = (seq[:len(chunk)] - seq[len(chunk):]).sum().item()
+        total += float(cast(float, margin))
     return total / len(pairs)

@@ -32,6 +32,7 @@ def clipped(optimizer: type[OptimizerT], max_norm: float) -> type[OptimizerT]:
     if max_norm <= 0:
         return optimizer
 
+    # a subclass of the optimizer class the caller picked (a variable, to mypy)
     class Clipped(optimizer):  # type: ignore[valid-type, misc]
         def apply_gradients(self, gradients: dict, parameters: dict) -> dict:
             gradients, _ = optim.clip_grad_norm(gradients, max_norm)

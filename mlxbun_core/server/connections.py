@@ -180,9 +180,10 @@ class GuardedHttp(HttpToolsProtocol):
         self._arm(self.limits.idle_timeout, self._idle_expired)
 
     def _make_room(self) -> bool:
-        """Close the connection quiet longest among those running no request. One whose
-        bytes already wait in the kernel is not quiet (accepted in the same burst as a
-        flood, its request is about to be read): it goes to the back of the line."""
+        """Close the connection quiet longest among those running no request (one whose
+        request head was arriving gets a 503 first). One whose bytes already wait in the
+        kernel is not quiet (accepted in the same burst as a flood, its request is about to
+        be read): it goes to the back of the line."""
         quiet = self.tally.quiet
         victim = None
         for _ in range(min(len(quiet), EVICT_SCAN)):
@@ -197,7 +198,12 @@ class GuardedHttp(HttpToolsProtocol):
         victim._cancel()
         del self.tally.quiet[victim]
         victim.connections.discard(victim)  # its slot is free now, not when the close lands
-        victim.transport.close()
+        if victim.phase == "head":  # a request half sent gets an answer, not a bare close
+            victim._answer(503, "the server closed this connection for a newer one: it has "
+                           "as many open as it allows (--max-connections); try again shortly",
+                           retry=True)
+        else:
+            victim.transport.close()
         return True
 
     def bytes_waiting(self) -> bool:

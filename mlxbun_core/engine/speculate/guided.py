@@ -173,6 +173,8 @@ class GuidedStream(SpecStream):
             self.fill.count(plan.head)
         self.window = self._run(token, plan)
 
+    # a guided step hands out (token, logprobs, forced run) entries, the plain stream's
+    # are (token, logprobs): the lanes read both through the run's length
     def step(self) -> list[Entry]:  # type: ignore[override]
         window = self.window
         assert window is not None  # begun

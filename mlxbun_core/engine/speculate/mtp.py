@@ -130,10 +130,12 @@ class MtpStream:
         """Read the round in flight, settle the caches, queue the next; the tokens it
         produced, in order."""
         out, kept = self._read()
+        # a fill round's entries carry their forced run third (guided.Entry), others two
         ahead = sum(1 + len(e[2]) for e in out if len(e) > 2)  # type: ignore[misc]
         self._launch(kept[-1], mx_tokens(kept), ahead)
         if self.fill is not None and self._guide is not None:
             plan = self._guide[0]  # its forced run after the last token rides now
+            # (the last entry of a fill round is a guided.Entry, whose third is its run)
             out[-1][2].extend(plan.tokens[:plan.head])  # type: ignore[misc]
             self.fill.count(plan.head)
         return out
@@ -302,6 +304,7 @@ class MtpStream:
         self.fill.count(plan.forced[plan.head:kept].count(True))  # runs kept past drafts
         new = tokens[plan.head:]
         entry = (new[0], logprobs[index[plan.head]], new[1:])
+        # the round's last entry carries the forced run after it (a guided.Entry)
         return [*carry, entry], tokens  # type: ignore[list-item]
 
     @property

@@ -24,7 +24,7 @@ heads' KV is paged (``mtp_head.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..batch.windows import refeed_cap
 from .mtp import HeadState
@@ -194,7 +194,8 @@ class MtpBatch:
         (``mtp_guided.py``); ``index``: their rows in ``logits`` and ``state``."""
         import mlx.core as mx
 
-        tokens: list[int] = batch.next_tokens.tolist()  # type: ignore[union-attr,assignment]
+        assert batch.next_tokens is not None  # (a decoding batch has its next tokens)
+        tokens = cast("list[int]", batch.next_tokens.tolist())
         at = {u: i for i, u in enumerate(batch.decoding)}
         walks = walks_for([batch.rows[u] for u in uids], [tokens[at[u]] for u in uids],
                           [depth[u] for u in uids], [self.rows[u].sampler for u in uids])

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .stream import grammar_of
 
@@ -55,8 +55,8 @@ def guided_drafts(pages: HeadPages, uids: list[int], walks: list[_Walk], logits:
     at = {j: j for j in live}  # a live row's index into logits/state
     while live:
         ys = [_processed(walks[j], logits[at[j]].reshape(1, -1)) for j in live]
-        tokens: list[int] = sample([walks[j].sampler for j in live],
-                                   mx.concatenate(ys)).tolist()  # type: ignore[assignment]
+        tokens = cast("list[int]", sample([walks[j].sampler for j in live],
+                                          mx.concatenate(ys)).tolist())
         going = []
         for j, t in zip(live, tokens):
             w = walks[j]
