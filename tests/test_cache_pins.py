@@ -238,3 +238,21 @@ def test_count_tokens_counts_what_the_engine_prefills(client, server, body):
     finally:
         del pins.pin_request
     assert prompts == [counted]
+
+
+def test_a_rolling_breakpoint_reads_the_last_turns_prefix(client):
+    """Claude Code marks the system prompt and each turn's last message: the next turn's
+    breakpoint is new, but the prefix up to the last one is read from the cache (as
+    Anthropic's lookback over earlier block boundaries reads it)."""
+    system = [_text("You are terse. " * 20, EPHEMERAL)]
+    turns = [{"role": "user", "content": [_text("Here is the file. " * 10, EPHEMERAL)]}]
+    first = client.messages.create(model="m", max_tokens=3, system=system, messages=turns)
+    turns[0]["content"][0].pop("cache_control")
+    turns += [{"role": "assistant", "content": "Noted."},
+              {"role": "user", "content": [_text("Now the next one. " * 5, EPHEMERAL)]}]
+    second = client.messages.create(model="m", max_tokens=3, system=system, messages=turns)
+    written = first.usage.cache_creation_input_tokens
+    assert second.usage.cache_read_input_tokens >= written > 0
+    total = client.messages.count_tokens(model="m", system=system, messages=turns).input_tokens
+    u = second.usage
+    assert u.cache_read_input_tokens + u.cache_creation_input_tokens + u.input_tokens == total
