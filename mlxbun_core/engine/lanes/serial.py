@@ -8,9 +8,10 @@ one token, so cancellation lands within a step and the worker can run calls and
 other lanes in between: the lane reads the prompt itself (mlx-lm's ``generate_step``
 and ``speculative_generate_step`` would read all of it before their first yield)
 and hands them the filled cache. A media pipeline runs its own prefill; it gets a
-callback that stops it between chunks once its job is cancelled. Plain requests
-start from the longest cached prefix and publish their KV to the prefix cache
-when they end.
+callback that stops it between chunks once its job is cancelled, and (when it takes
+one) the KV cache to fill: a cached prefix holding all its media, or a fresh one.
+Requests start from the longest cached prefix and publish their KV to the prefix
+cache when they end.
 """
 
 from __future__ import annotations
