@@ -2,8 +2,8 @@
 later turn of a conversation with one) pins that prefix in the media prompt's own cache
 namespace, the next request with the same image resumes from it (the image tokens are
 not read again) and answers as an uncached read does; another image reads nothing.
-A tiny Qwen3-VL checkpoint (3D rotary positions: the resumed read must continue them)
-through the Anthropic SDK against a real server."""
+Tiny Qwen3-VL (3D rotary positions: the resumed read must continue them) and Gemma 4
+checkpoints through the Anthropic SDK against a real server."""
 
 from __future__ import annotations
 
@@ -24,10 +24,17 @@ RED, NOISE = (M.image_bytes("PNG", size=(64, 48), color=(200, 30, 30)),
               M.image_bytes("PNG", size=(64, 48), seed=3))
 
 
-@pytest.fixture(scope="module")
-def server():
-    ckpt = tiny_checkpoint("qwen3_vl", seed=4, vision=True, chat_template=QWEN_VL_TEMPLATE)
-    s = start_server(ckpt)
+def _checkpoint(family: str):
+    if family == "gemma4":  # 1D positions, bidirectional attention over image tokens
+        from mlxbun_gemma4 import fallback_template
+
+        return tiny_checkpoint("gemma4", seed=2, vision=True, chat_template=fallback_template())
+    return tiny_checkpoint("qwen3_vl", seed=4, vision=True, chat_template=QWEN_VL_TEMPLATE)
+
+
+@pytest.fixture(scope="module", params=["qwen3_vl", "gemma4"])
+def server(request):
+    s = start_server(_checkpoint(request.param))
     yield s
     s.stop()
 
