@@ -169,9 +169,8 @@ def cache_pins(model: LoadedModel, hooks: ModelHooks, req: ChatRequest, plan: Gr
                                     reasoning_effort=req.reasoning_effort)
         if variant is None:
             continue
-        at: int | None = _shared(rendered, list(variant.tokens))
-        if gen.media is not None:
-            at = _past_media(rendered, gen.media, at)
+        shared = _shared(rendered, list(variant.tokens))
+        at = shared if gen.media is None else _past_media(rendered, gen.media, shared)
         if at is not None:
             pins.append(Pin(at, bp.ttl))
     if req.prompt_cache_key is not None:
