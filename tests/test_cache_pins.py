@@ -256,3 +256,26 @@ def test_a_rolling_breakpoint_reads_the_last_turns_prefix(client):
     total = client.messages.count_tokens(model="m", system=system, messages=turns).input_tokens
     u = second.usage
     assert u.cache_read_input_tokens + u.cache_creation_input_tokens + u.input_tokens == total
+
+
+def _exact(n):
+    c = KVCache()
+    c.keys, c.values, c.offset = mx.zeros((1, 2, n, 8)), mx.zeros((1, 2, n, 8)), n
+    return [c]
+
+
+def test_rolling_pins_past_the_cap_keep_the_longest_prefix_that_fits():
+    """Each turn pins a longer prefix of one conversation (and the system prompt stays
+    pinned): the shorter pinned entries, served by the longest, go first; once the
+    longest outgrows the cap, the longest pin that fits is cut from it, not nothing."""
+    per_token = _exact(1)[0].nbytes
+    cache = PrefixCache(max_bytes=250 * per_token)
+    turns = [list(range(1, n + 1)) for n in (100, 150, 200, 300)]  # system, three turns
+    for t in turns:
+        cache.pins.pin("ns", t, ttl=300)
+    for t in turns[1:]:
+        cache.store("ns", t, _exact(len(t)))
+        assert cache.stats()["bytes"] <= cache.max_bytes
+    assert [len(t) for _, t, _ in cache.entries()] == [200]
+    assert cache.lookup("ns", turns[2] + [999])[1] == 200
+    assert cache.lookup("ns", turns[0] + [999])[1] == 100
