@@ -252,7 +252,7 @@ def report(args, ckpt: str, per_token: float, pinned_bytes: float, cap_bytes: fl
     import mlx.core as mx
 
     summary = {name: summarize(runs) for name, runs in arms.items()}
-    pairs = [(a, "off") for a in summary if a != "off"]
+    pairs = [(a, "off") for a in summary if a != "off" and "off" in summary]
     if "rolling" in summary and "on" in summary:
         pairs.append(("rolling", "on"))
     ratios: dict[str, dict] = {}
