@@ -8,15 +8,19 @@ of about ``--other-tokens`` tokens, another tenant's) goes through the same serv
 ``--prompt-cache`` byte cap is calibrated to hold the pinned prefix plus about 1.5 other
 prompts, so LRU eviction takes the session's own unpinned entry before the next turn.
 
-Arms: ``on`` marks the system prompt with ``cache_control`` (ephemeral, 5 minutes; the
-template renders the tools before it, so one pin holds both); ``off`` sends the same
-bodies without it. Each arm a fresh server, order alternating by round. Per arm: hit rate
+Arms (``--arms``): ``on`` marks the system prompt with ``cache_control`` (ephemeral, 5
+minutes; the template renders the tools before it, so one pin holds both); ``rolling``
+marks it too and, as Claude Code does, the last message of each turn (a new breakpoint
+every turn, the previous turn's dropped); ``off`` sends the same bodies without any.
+Each arm a fresh server, the order rotating by round. Per arm: hit rate
 from usage (``cache_read_input_tokens`` / prompt tokens) and from the ``X-Mlxbun-Cache``
 header (hit / prompt), median and total time to first token over the 20 turns, the
-session's wall time (turns only) and the wall time with the other traffic; on ÷ off per
-round, then the median of those.
+session's wall time (turns only) and the wall time with the other traffic; each arm ÷ off
+per round, then the median of those (and rolling ÷ on).
 
     python bench/prompt_caching.py --rounds 5 --out bench/results/prompt_caching_cpu.json
+    python bench/prompt_caching.py --arms on,rolling,off --rounds 5 \
+        --out bench/results/prompt_caching_rolling_cpu.json
 """
 
 from __future__ import annotations
@@ -69,11 +73,16 @@ def session_plan(tok, turns: int, system_tokens: int, result_tokens: int, seed: 
             "results": results}
 
 
-def body(plan: dict, messages: list, marked: bool, max_tokens: int) -> dict:
-    """One turn's request; ``marked``: a breakpoint on the system prompt (tools + system)."""
+def body(plan: dict, messages: list, arm: str, max_tokens: int) -> dict:
+    """One turn's request as ``arm`` marks it: ``on``, a breakpoint on the system prompt
+    (tools + system); ``rolling``, one on the last message as well; ``off``, none."""
     system: list[dict] = [{"type": "text", "text": plan["system"]}]
-    if marked:
+    if arm != "off":
         system[0]["cache_control"] = EPHEMERAL
+    if arm == "rolling":
+        last = messages[-1]
+        messages = messages[:-1] + [{**last, "content": [
+            {"type": "text", "text": last["content"], "cache_control": EPHEMERAL}]}]
     return {"model": "bench", "max_tokens": max_tokens, "extra_body": {"temperature": 0},
             "system": system, "tools": plan["tools"], "messages": messages}
 
@@ -109,7 +118,7 @@ def other(client: anthropic.Anthropic, tok, tokens: int, rng: random.Random) -> 
     return int(raw.headers.get("x-mlxbun-cache", "hit=0/0").split(";")[0].split("/")[1])
 
 
-def run_arm(server: Server, tok, plan: dict, marked: bool, args, seed: int) -> dict:
+def run_arm(server: Server, tok, plan: dict, arm: str, args, seed: int) -> dict:
     client = anthropic.Anthropic(base_url=server.base, api_key="x", max_retries=0,
                                  timeout=3600)
     client.messages.create(model="bench", max_tokens=2,  # kernels, not measured
@@ -119,7 +128,7 @@ def run_arm(server: Server, tok, plan: dict, marked: bool, args, seed: int) -> d
     rows, load0 = [], os.getloadavg()
     t0, in_turns = time.perf_counter(), 0.0
     for i in range(args.turns):
-        t = turn(client, body(plan, msgs, marked, args.max_tokens))
+        t = turn(client, body(plan, msgs, arm, args.max_tokens))
         in_turns += t["total_s"]
         rows.append({k: v for k, v in t.items() if k != "text"})
         msgs += [{"role": "assistant", "content": t["text"] or "(calling a tool)"},
@@ -144,7 +153,7 @@ def calibrate(ckpt: str, tok, plan: dict, args, logs: str) -> tuple[float, float
         client = anthropic.Anthropic(base_url=s.base, api_key="x", max_retries=0)
         n = other(client, tok, args.other_tokens, random.Random(1))
         one = _settled(s, 1)
-        t = turn(client, body(plan, [{"role": "user", "content": plan["task"]}], True,
+        t = turn(client, body(plan, [{"role": "user", "content": plan["task"]}], "on",
                               args.max_tokens))
         per_token = one / max(1, n)
         session = per_token * (t["prompt_tokens"] + args.max_tokens)
@@ -201,6 +210,7 @@ def main() -> None:
     ap.add_argument("--cap-others", type=float, default=1.5,
                     help="the byte cap: the pinned prefix plus this many other prompts")
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--arms", default="on,off", help="comma-separated: on, rolling, off")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -223,14 +233,15 @@ def main() -> None:
     print(f"KV {per_token:.0f} B/token; pinned {pinned_bytes / 1e6:.2f} MB; cap "
           f"{cap_bytes / 1e6:.2f} MB (pinned + {args.cap_others} × {args.other_tokens} tokens)",
           flush=True)
-    arms: dict[str, list] = {"on": [], "off": []}
+    names = args.arms.split(",")
+    arms: dict[str, list] = {name: [] for name in names}
     for rnd in range(args.rounds):
-        for name in ("on", "off") if rnd % 2 == 0 else ("off", "on"):
+        for name in names[rnd % len(names):] + names[:rnd % len(names)]:
             print(f"round {rnd}: breakpoints {name} (load {os.getloadavg()[0]:.2f})", flush=True)
             s = Server(f"{name}{rnd}", mlxbun_cmd(ckpt, cap_bytes / 2**30), logs)
             s.start()
             try:
-                arms[name].append(run_arm(s, tok, plan, name == "on", args, seed=100 + rnd))
+                arms[name].append(run_arm(s, tok, plan, name, args, seed=100 + rnd))
             finally:
                 s.stop()
     report(args, ckpt, per_token, pinned_bytes, cap_bytes, arms)
@@ -241,28 +252,34 @@ def report(args, ckpt: str, per_token: float, pinned_bytes: float, cap_bytes: fl
     import mlx.core as mx
 
     summary = {name: summarize(runs) for name, runs in arms.items()}
-    ratios = {}
-    for key in ("ttft_median_s", "ttft_total_s", "session_wall_s", "wall_s"):
-        per_round = [a[key] / b[key] for a, b in
-                     zip(summary["on"]["rounds"], summary["off"]["rounds"])]
-        ratios[key] = {"median": statistics.median(per_round), "rounds": per_round}
+    pairs = [(a, "off") for a in summary if a != "off" and "off" in summary]
+    if "rolling" in summary and "on" in summary:
+        pairs.append(("rolling", "on"))
+    ratios: dict[str, dict] = {}
+    for a, b in pairs:
+        for key in ("ttft_median_s", "ttft_total_s", "session_wall_s", "wall_s"):
+            per_round = [x[key] / y[key] for x, y in
+                         zip(summary[a]["rounds"], summary[b]["rounds"])]
+            ratios.setdefault(f"{a}_vs_{b}", {})[key] = {
+                "median": statistics.median(per_round), "rounds": per_round}
     meta = {"device": str(mx.default_device()), "shape": args.shape, "model": ckpt,
             "mlx": mx.__version__, "anthropic": anthropic.__version__,
             "kv_bytes_per_token": per_token, "pinned_bytes": pinned_bytes,
             "prompt_cache_bytes": cap_bytes,
             "loadavg_end": os.getloadavg(), "command": " ".join(sys.argv), "args": vars(args)}
     print(json.dumps(meta))
-    print(f"{'arm':>4} {'hit usage':>10} {'hit header':>11} {'ttft med':>9} {'ttft sum':>9} "
+    print(f"{'arm':>7} {'hit usage':>10} {'hit header':>11} {'ttft med':>9} {'ttft sum':>9} "
           f"{'turns wall':>11} {'wall':>8}")
     for name, r in summary.items():
-        print(f"{name:>4} {r['hit_rate_usage']:10.3f} {r['hit_rate_header']:11.3f} "
+        print(f"{name:>7} {r['hit_rate_usage']:10.3f} {r['hit_rate_header']:11.3f} "
               f"{r['ttft_median_s']:9.3f} {r['ttft_total_s']:9.2f} "
               f"{r['session_wall_s']:11.2f} {r['wall_s']:8.2f}")
-    print("on ÷ off (median of same-round ratios): "
-          + ", ".join(f"{k} {v['median']:.3f}" for k, v in ratios.items()))
+    for pair, by_key in ratios.items():
+        print(f"{pair.replace('_vs_', ' ÷ ')} (median of same-round ratios): "
+              + ", ".join(f"{k} {v['median']:.3f}" for k, v in by_key.items()))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"meta": meta, "summary": summary, "on_vs_off": ratios, "arms": arms},
+            json.dump({"meta": meta, "summary": summary, "ratios": ratios, "arms": arms},
                       f, indent=1)
 
 

@@ -183,9 +183,15 @@ class MediaPrompt:
     ``between_chunks`` (call it with the tokens read so far after each chunk; it raises
     when the request was cancelled) lets a cancel land during a long prefill.
     ``digest`` hashes the media in order, so a prompt cache keys on it.
+    A ``run`` that also takes ``prompt_cache`` and ``start`` fills the cache it is
+    given (from ``new_cache()``), so the engine keeps the prompt's KV in its prefix
+    cache, and resumes from a cached prefix of ``start`` tokens when ``start`` is at
+    least ``resume_from`` (every media token lies before it; None: never resume).
     """
 
     tokens: list[int]
     kinds: frozenset[str]
     digest: str
     run: Any = None
+    resume_from: int | None = None
+    new_cache: Any = None

@@ -238,3 +238,44 @@ def test_count_tokens_counts_what_the_engine_prefills(client, server, body):
     finally:
         del pins.pin_request
     assert prompts == [counted]
+
+
+def test_a_rolling_breakpoint_reads_the_last_turns_prefix(client):
+    """Claude Code marks the system prompt and each turn's last message: the next turn's
+    breakpoint is new, but the prefix up to the last one is read from the cache (as
+    Anthropic's lookback over earlier block boundaries reads it)."""
+    system = [_text("You are terse. " * 20, EPHEMERAL)]
+    turns = [{"role": "user", "content": [_text("Here is the file. " * 10, EPHEMERAL)]}]
+    first = client.messages.create(model="m", max_tokens=3, system=system, messages=turns)
+    turns[0]["content"][0].pop("cache_control")
+    turns += [{"role": "assistant", "content": "Noted."},
+              {"role": "user", "content": [_text("Now the next one. " * 5, EPHEMERAL)]}]
+    second = client.messages.create(model="m", max_tokens=3, system=system, messages=turns)
+    written = first.usage.cache_creation_input_tokens
+    assert second.usage.cache_read_input_tokens >= written > 0
+    total = client.messages.count_tokens(model="m", system=system, messages=turns).input_tokens
+    u = second.usage
+    assert u.cache_read_input_tokens + u.cache_creation_input_tokens + u.input_tokens == total
+
+
+def _exact(n):
+    c = KVCache()
+    c.keys, c.values, c.offset = mx.zeros((1, 2, n, 8)), mx.zeros((1, 2, n, 8)), n
+    return [c]
+
+
+def test_rolling_pins_past_the_cap_keep_the_longest_prefix_that_fits():
+    """Each turn pins a longer prefix of one conversation (and the system prompt stays
+    pinned): the shorter pinned entries, served by the longest, go first; once the
+    longest outgrows the cap, the longest pin that fits is cut from it, not nothing."""
+    per_token = _exact(1)[0].nbytes
+    cache = PrefixCache(max_bytes=250 * per_token)
+    turns = [list(range(1, n + 1)) for n in (100, 150, 200, 300)]  # system, three turns
+    for t in turns:
+        cache.pins.pin("ns", t, ttl=300)
+    for t in turns[1:]:
+        cache.store("ns", t, _exact(len(t)))
+        assert cache.stats()["bytes"] <= cache.max_bytes
+    assert [len(t) for _, t, _ in cache.entries()] == [200]
+    assert cache.lookup("ns", turns[2] + [999])[1] == 200
+    assert cache.lookup("ns", turns[0] + [999])[1] == 100

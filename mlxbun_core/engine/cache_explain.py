@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .session import GenerationRequest, GenerationSession
 
 HEADER = "X-Mlxbun-Cache"
-OFF = "off"  # the request never looks the cache up (cache off, draft model, media)
+OFF = "off"  # the request never looks the cache up (cache off, draft model, embeddings)
 # engine.cache_namespace's parts, in order; those after the first two tell namespaces of
 # one model apart
 PARTS = ("model", "checkpoint", "adapter", "kv", "media")

@@ -88,6 +88,15 @@ class PrefixIndex:
             longer = None if tail is None else list(tokens[:i]) + tail
         return Found(None, shorter, longer, i)
 
+    def extended(self, namespace: Hashable, tokens: list[int]) -> bool:
+        """Whether another entry strictly extends ``tokens``."""
+        node = self._roots.get(namespace)
+        for t in tokens:
+            if node is None or t not in node:
+                return False
+            node = node[t]
+        return node is not None and any(k is not _VALUE for k in node)
+
     def shared(self, namespace: Hashable, tokens: list[int]) -> tuple[int, bool]:
         """How many leading ``tokens`` some entry shares, and whether a whole entry lies
         within them."""

@@ -17,7 +17,7 @@ from ..errors import APIError, BadRequest
 from ..grammar import GrammarPlan
 from ..grammar_registry import registry as grammars
 from ..media import parts as media_parts
-from ..model import LoadedModel
+from ..model import LoadedModel, MediaPrompt
 from ..runconfig import current
 from ..toolcalls import ToolChoice, plan_constraint
 from .cache_pins import KEY_TTL, Pin
@@ -65,9 +65,9 @@ def prepare(model: LoadedModel, hooks: ModelHooks, req: GenerationInput, *,
         plan = (plan_constraint(parser, req.tools, ToolChoice(req.tool_choice, req.tool_name),
                                 req.parallel_tool_calls, req.grammar, model.tokenizer)
                 if compile_grammar else GrammarPlan())
-        gen = _chat(model, hooks, req, plan, parser)
+        gen, rendered = _chat(model, hooks, req, plan, parser)
         if compile_grammar:  # (counting tokens pins nothing)
-            gen.cache_pins = cache_pins(model, hooks, req, plan, gen)
+            gen.cache_pins = cache_pins(model, hooks, req, plan, gen, rendered)
     if plan.processor is not None:
         gen.sampling.extra_processors.append(plan.processor)  # last: after bias/penalties
         gen.grammar = plan.processor
@@ -130,7 +130,9 @@ def template_kwargs_of(req: ChatRequest) -> dict[str, Any]:
 
 
 def _chat(model: LoadedModel, hooks: ModelHooks, req: ChatRequest, plan: GrammarPlan,
-          parser: ToolParser | None) -> GenerationRequest:
+          parser: ToolParser | None) -> tuple[GenerationRequest, list[int]]:
+    """The request to generate, and the template's rendering (before any media
+    expansion)."""
     pipeline = media_pipeline(model, hooks, req.media_kinds) if req.media else None
     msgs = req.messages
     if plan.instruction:  # degrade path: ask in words for what we cannot enforce
@@ -154,17 +156,15 @@ def _chat(model: LoadedModel, hooks: ModelHooks, req: ChatRequest, plan: Grammar
         # the model thinks freely first; the constraint applies to the answer
         plan.processor.start_after(
             model.tokenizer.encode(prompt.think_end, add_special_tokens=False))
-    return gen
+    return gen, list(prompt.tokens)
 
 
 def cache_pins(model: LoadedModel, hooks: ModelHooks, req: ChatRequest, plan: GrammarPlan,
-               gen: GenerationRequest) -> list[Pin]:
+               gen: GenerationRequest, rendered: list[int]) -> list[Pin]:
     """The prompt prefixes ``req`` asks the prefix cache to pin: each breakpoint's, the
-    tokens its sentinel variant's rendering shares with the prompt; ``prompt_cache_key``'s,
-    the whole prompt. None for a prompt with media (its tokens are the placeholders'
-    expansion, which the variants' renderings do not have)."""
-    if gen.media is not None:
-        return []
+    tokens its sentinel variant's rendering shares with ``rendered`` (the prompt before
+    media expansion; with media, carried past it: :func:`_past_media`);
+    ``prompt_cache_key``'s, the whole prompt."""
     prompt = gen.prompt_tokens
     pins = []
     for bp in req.cache_breakpoints:
@@ -173,11 +173,27 @@ def cache_pins(model: LoadedModel, hooks: ModelHooks, req: ChatRequest, plan: Gr
         variant = hooks.render_chat(model=model, messages=msgs, tools=bp.tools,
                                     template_kwargs=template_kwargs_of(req),
                                     reasoning_effort=req.reasoning_effort)
-        if variant is not None:
-            pins.append(Pin(_shared(prompt, list(variant.tokens)), bp.ttl))
+        if variant is None:
+            continue
+        shared = _shared(rendered, list(variant.tokens))
+        at = shared if gen.media is None else _past_media(rendered, gen.media, shared)
+        if at is not None:
+            pins.append(Pin(at, bp.ttl))
     if req.prompt_cache_key is not None:
         pins.append(Pin(len(prompt), KEY_TTL, req.prompt_cache_key))
     return pins
+
+
+def _past_media(rendered: list[int], media: MediaPrompt, at: int) -> int | None:
+    """Where a breakpoint ``at`` tokens into the rendered prompt falls in the expanded
+    one, when every media token lies before it: the text after the last media part is
+    left as it is, so both prompts end in the same tokens. None for a breakpoint before
+    (or inside) the media: a media prompt resumes only from a prefix holding them all."""
+    pos = len(media.tokens) - (len(rendered) - at)
+    if media.resume_from is None or pos < media.resume_from \
+            or media.tokens[pos:] != rendered[at:]:
+        return None
+    return pos
 
 
 def _shared(a: list[int], b: list[int]) -> int:

@@ -203,8 +203,6 @@ class PrefixCache(SsdTier):
         """Entries of exactly each live pin within ``tokens`` that RAM does not hold yet,
         cut from ``cache`` (a prefix of a cache that cannot rewind cannot be cut: such a
         pin is kept only from a snapshot of exactly its tokens)."""
-        from mlx_lm.models.cache import trim_prompt_cache
-
         out: list[tuple[list[int], Any]] = []
         for pin in self.pins.within(self._unspace(namespace), tokens):
             n = len(pin)
@@ -215,9 +213,7 @@ class PrefixCache(SsdTier):
             if isinstance(cache, BlockEntry):
                 out.append((list(pin), BlockEntry(cache.layout, *cache.share(n))))
                 continue
-            part = copy.deepcopy(cache)
-            trim_prompt_cache(part, len(tokens) - n)
-            out.append((list(pin), part))
+            out.append((list(pin), _prefix_copy(cache, len(tokens) - n)))
         return out
 
     def _insert(self, namespace: Hashable, tokens: list[int], cache: list[Any] | BlockEntry,
@@ -276,19 +272,46 @@ class PrefixCache(SsdTier):
 
     def _evict(self, limit: int) -> list[tuple[Hashable, list[int], Any]]:
         """Pop the oldest entries until the bytes fit ``limit``: unpinned ones first,
-        pinned ones only when nothing else is left to evict."""
+        pinned ones only when nothing else is left to evict; of those, first the ones a
+        longer entry serves as well (a rolling breakpoint pins each turn's prefix of the
+        same conversation). A pinned entry that must go leaves the longest pin within it
+        that fits, cut from it (the system prompt under a conversation grown too big)."""
         index = self._index
         out: list[tuple[Hashable, list[int], Any]] = []
         while index.nbytes > limit:
             key = index.oldest(skip=self._pinned)
             by = "lru"
             if key is None:
-                key, by = index.oldest(), "pinned-pressure"
+                key = index.oldest(skip=lambda ns, t: not self._served_longer(ns, t))
+                key, by = key or index.oldest(), "pinned-pressure"
             if key is None:
                 break
             ns, tokens = key
-            out.append((ns, tokens, self._pop(ns, tokens, by=by)))
+            entry = self._pop(ns, tokens, by=by)
+            out.append((ns, tokens, entry))
+            if by != "lru":
+                self._keep_a_shorter_pin(ns, tokens, entry.cache, limit)
         return out
+
+    def _served_longer(self, namespace: Hashable, tokens: list[int]) -> bool:
+        longer = self._index.extended(namespace, tokens)
+        return longer and _trimmable(self._cache_at(namespace, tokens))
+
+    def _keep_a_shorter_pin(self, namespace: Hashable, tokens: list[int],
+                            cache: list[Any] | BlockEntry, limit: int) -> None:
+        """Keep the longest live pin within an evicted pinned entry that fits ``limit``
+        beside what stays, cut from it (under the lock)."""
+        if isinstance(cache, BlockEntry) or not _trimmable(cache):
+            return
+        for pin in reversed(self.pins.within(self._unspace(namespace), tokens)):
+            if len(pin) >= len(tokens) or self._index.get(namespace, list(pin)) is not None:
+                continue
+            if _nbytes(cache) * len(pin) // len(tokens) > limit - self._index.nbytes:
+                continue
+            part = _prefix_copy(cache, len(tokens) - len(pin))
+            self._index.add(namespace, list(pin), Entry(RamEntry(part, "user", False),
+                                                        _nbytes(part), "user"))
+            return
 
     def _pop(self, namespace: Hashable, tokens: list[int], by: str | None = None) -> RamEntry:
         got = self._index.pop(namespace, tokens)
@@ -350,6 +373,23 @@ def _nbytes(cache: list[Any] | BlockEntry) -> int:
     if isinstance(cache, BlockEntry):
         return cache.nbytes
     return sum(c.nbytes for c in cache)
+
+
+def _prefix_copy(cache: list[Any], trim: int) -> list[Any]:
+    """A copy of ``cache`` less its last ``trim`` tokens, holding only the bytes of
+    what is left (a trimmed KV cache otherwise keeps its whole buffer)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import trim_prompt_cache
+
+    part = copy.deepcopy(cache)
+    trim_prompt_cache(part, trim)
+    for c in part:  # (a rotating or quantized cache keeps its own layout)
+        keys = getattr(c, "keys", None)
+        if type(c).__name__ == "KVCache" and keys is not None and keys.shape[2] > c.offset:
+            c.keys = mx.contiguous(keys[..., :c.offset, :])
+            c.values = mx.contiguous(c.values[..., :c.offset, :])
+    mx.eval([c.state for c in part])
+    return part
 
 
 def _trimmable(cache: list[Any] | BlockEntry) -> bool:

@@ -175,7 +175,8 @@ class VlmPipeline:
         tokens = inputs["input_ids"][0].tolist()
         return MediaPrompt(tokens=tokens, kinds=frozenset(i.kind for i in items),
                            digest=media_parts.digest(items),
-                           run=functools.partial(self._run, inputs))
+                           run=functools.partial(self._run, inputs),
+                           resume_from=_after_media(tokens, config), new_cache=self._new_cache)
 
     def _check_slots(self, text: str, processor, by_kind: dict) -> None:
         """The template must have placed one marker per media part (a template that
@@ -193,29 +194,68 @@ class VlmPipeline:
 
     # -- running (the worker thread) -------------------------------------------
     def _run(self, inputs: dict, sampler, logits_processors, *, prefill_step: int = 0,
-             between_chunks=None):
+             between_chunks=None, prompt_cache=None, start: int = 0):
         """mlx-vlm's generate_step; ``between_chunks(done)`` runs after every
         ``prefill_step`` prompt tokens (it raises to stop a cancelled request; mlx-vlm's
         prompt-cache checkpoints are the hook, so a model that refuses chunked
-        prefill reads its prompt whole)."""
+        prefill reads its prompt whole). ``prompt_cache`` (from :meth:`_new_cache`, or
+        a cached prefix holding the first ``start`` tokens, all media among them) is
+        filled in place, so the engine can keep it."""
         from mlx_vlm.generate import generate_step
 
         model = self._vlm_model()
         extra = {k: v for k, v in inputs.items() if k not in _NOT_INPUTS}
-        length = inputs["input_ids"].shape[-1]
+        ids, pixels, mask = inputs["input_ids"], inputs.get("pixel_values"), \
+            inputs.get("attention_mask")
+        if start > 0:  # the media are in the cache: read the text after them only
+            extra.update(_positions(model, inputs))
+            ids, pixels, mask = ids[:, start:], None, None
+        length = ids.shape[-1]
         if between_chunks is not None and 0 < prefill_step < length - 1:
             extra.update(prefill_step_size=prefill_step,
                          prompt_cache_checkpoint=lambda done, _cache: between_chunks(done),
                          prompt_cache_checkpoint_lengths=list(
                              range(prefill_step, length - 1, prefill_step)))
-        yield from generate_step(inputs["input_ids"], model, inputs.get("pixel_values"),
-                                 inputs.get("attention_mask"), max_tokens=-1, sampler=sampler,
-                                 logits_processors=logits_processors or None, **extra)
+        yield from generate_step(ids, model, pixels, mask, max_tokens=-1, sampler=sampler,
+                                 logits_processors=logits_processors or None,
+                                 prompt_cache=prompt_cache, **extra)
+
+    def _new_cache(self) -> list:
+        """An empty KV cache of mlx-vlm's language model (worker thread)."""
+        from mlx_vlm.models.cache import make_prompt_cache
+
+        return make_prompt_cache(self._vlm_model().language_model)
 
     def _vlm_model(self):
         if self._vlm is None:
             self._vlm = load_towers(self.model)
         return self._vlm
+
+
+_MEDIA_TOKEN_KEYS = ("image_token_index", "image_token_id", "video_token_index",
+                     "video_token_id", "audio_token_index", "audio_token_id")
+
+
+def _after_media(tokens: list[int], config) -> int | None:
+    """Where the text after the last media soft token starts: a cached prefix at least
+    this long holds every media token, so the rest reads as text. None when the config
+    names no media token id (such a prompt is always read whole)."""
+    ids = {v for k in _MEDIA_TOKEN_KEYS if isinstance(v := getattr(config, k, None), int)}
+    last = max((i for i, t in enumerate(tokens) if t in ids), default=None)
+    return None if last is None else last + 1
+
+
+def _positions(model, inputs: dict) -> dict:
+    """The whole prompt's rotary positions for a model that places media tokens on a
+    grid (Qwen's 3D positions): a read that starts after the media continues them
+    (the language model slices them at its cache offset). None needed otherwise."""
+    lm = model.language_model
+    if not hasattr(lm, "get_rope_index"):
+        return {}
+    position_ids, rope_deltas = lm.get_rope_index(
+        inputs["input_ids"], inputs.get("image_grid_thw"), inputs.get("video_grid_thw"),
+        inputs.get("attention_mask"))
+    return {"position_ids": position_ids, "rope_deltas": rope_deltas}
 
 
 def _marker(processor, tok, kind: str) -> str | None:

@@ -8,9 +8,10 @@ one token, so cancellation lands within a step and the worker can run calls and
 other lanes in between: the lane reads the prompt itself (mlx-lm's ``generate_step``
 and ``speculative_generate_step`` would read all of it before their first yield)
 and hands them the filled cache. A media pipeline runs its own prefill; it gets a
-callback that stops it between chunks once its job is cancelled. Plain requests
-start from the longest cached prefix and publish their KV to the prefix cache
-when they end.
+callback that stops it between chunks once its job is cancelled, and (when it takes
+one) the KV cache to fill: a cached prefix holding all its media, or a fresh one.
+Requests start from the longest cached prefix and publish their KV to the prefix
+cache when they end.
 """
 
 from __future__ import annotations
@@ -189,8 +190,7 @@ class SerialLane:
             yield from draft_model_steps(self.model, job, job.draft, self.kv, self.pacer)
             return
         req = job.request
-        if req.media is not None:  # the media pipeline's own forward pass; no prefix cache
-            job.admitted(0)
+        if req.media is not None:  # the media pipeline's own forward pass
             yield from self._media(job, req.media)
             return
         prompt, n, note = req.prompt_tokens, 0, None
@@ -299,10 +299,33 @@ class SerialLane:
             if job.cancelled.is_set():
                 raise PrefillCancelled(f"cancelled after {done} prompt tokens")
 
+        kw: dict[str, Any] = {}
         if _takes(run, "between_chunks"):
-            return run(req.sampler, req.processors or None, prefill_step=size,
-                       between_chunks=between_chunks)
-        return run(req.sampler, req.processors or None)
+            kw.update(prefill_step=size, between_chunks=between_chunks)
+        cache, n, note = self._media_cache(job, media)
+        if cache is not None:  # published when the job ends, as a plain prompt's is
+            kw.update(prompt_cache=cache, start=n)
+            self._kv = (cache, list(req.prompt_tokens))
+        job.admitted(n, note)
+        return run(req.sampler, req.processors or None, **kw)
+
+    def _media_cache(self, job: GenerationJob, media: MediaPrompt
+                     ) -> tuple[list[Any] | None, int, str | None]:
+        """The KV cache a media run fills: a cached prefix that holds every media token
+        (its length), else a fresh one; ``(None, 0, None)`` when the run cannot take one
+        or the request is never cached. A prefix that ends inside the media is no use:
+        the run then reads the whole prompt."""
+        prefix = self.prefix
+        if (prefix is None or job.cache_namespace is None or media.new_cache is None
+                or not _takes(media.run, "prompt_cache")):
+            return None, 0, None
+        t0, probe = time.perf_counter(), Probe()
+        cache, n = prefix.lookup_dense(job.cache_namespace, job.request.prompt_tokens, probe)
+        if cache is None or media.resume_from is None or n < media.resume_from:
+            cache, n = media.new_cache(), 0
+        note = explain_job(prefix, job, probe, n)
+        job.session.phases["cache_lookup_s"] = time.perf_counter() - t0
+        return cache, n, note
 
     def _lookup_decode(self, job: GenerationJob, cache: list[Any], n: int) -> Steps:
         """Prompt-lookup speculation (``speculate/``) from the filled ``cache``."""

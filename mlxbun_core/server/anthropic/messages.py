@@ -94,14 +94,17 @@ def parser(engine: Engine, *,
 # ---------------------------------------------------------------- response side
 
 def cache_usage(usage: Usage) -> dict[str, int]:
-    """The input token fields: by the breakpoints when the request set some (a
-    breakpoint at the prompt's end counts as read when all but the last token hit: a
-    hit always leaves one token to feed), else by the prefix cache's hit."""
+    """The input token fields: by the breakpoints when the request set some, else by
+    the prefix cache's hit. With breakpoints, the read is the hit up to the last one (a
+    rolling breakpoint, new each turn, reads the previous turn's prefix, as Anthropic's
+    lookback over earlier blocks does), and a breakpoint at the prompt's end counts as
+    read when all but the last token hit (a hit always leaves one token to feed)."""
     prompt, hit, marks = usage.prompt_tokens, usage.cached_tokens, usage.cache_breakpoints
     if not marks:
         out = {"input_tokens": prompt - hit}
         return {**out, "cache_read_input_tokens": hit} if hit > 0 else out
-    read = max((p for p in marks if hit >= min(p, prompt - 1)), default=0)
+    read = max(min(hit, marks[-1]),
+               max((p for p in marks if hit >= min(p, prompt - 1)), default=0))
     return {"input_tokens": prompt - marks[-1], "cache_creation_input_tokens": marks[-1] - read,
             "cache_read_input_tokens": read}
 
