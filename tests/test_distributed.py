@@ -270,8 +270,8 @@ def test_mtp_drafts_are_refused_and_prompt_lookup_is_not():
     def why(*flags: str) -> str | None:
         return refusal(build_parser().parse_args(["serve", "m", "--distributed", *flags]))
 
-    assert "--draft-kind mtp (--mtp on) cannot be used with --distributed" in (why("--draft-kind", "mtp")
-                                                                   or "")
+    assert "--draft-kind mtp (--mtp on) cannot be used with --distributed" in (
+        why("--draft-kind", "mtp") or "")
     assert why("--draft-kind", "ngram") is None and why() is None
 
 

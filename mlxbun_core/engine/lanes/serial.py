@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import time
 from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
@@ -35,6 +34,7 @@ from ..prompt_scoring import PromptScorer
 from ..speculate import MTP, MtpStream, rewindable, spec_steps, trim_to
 from .draft_model import draft_model_steps
 from .pace import PrefillPacer
+from .random_state import fresh_random_state, skip_draws
 from .spec_stream import spec_stream
 
 if TYPE_CHECKING:
@@ -399,21 +399,3 @@ def _takes(fn: Callable[..., object], name: str) -> bool:
         return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
-
-
-def fresh_random_state() -> None:
-    import mlx.core as mx
-
-    mx.random.seed(int.from_bytes(os.urandom(8), "little"))
-
-
-def skip_draws(n: int) -> None:
-    """Advance the global random stream past ``n`` draws (a seeded sampler draws one key
-    a token), so a resumed seeded generation samples what its first run would have."""
-    if n <= 0:
-        return
-    import mlx.core as mx
-
-    for _ in range(n):
-        mx.random.uniform(shape=(1,))  # (one key from the global stream, as a sample takes)
-    mx.eval(mx.random.state)

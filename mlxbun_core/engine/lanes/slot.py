@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 from ..job import GenerationJob
 from ..memory import classify
 from .pace import PrefillPacer
-from .serial import fresh_random_state
+from .random_state import fresh_random_state
 from .solo import Pending, Solo
 from .solo_mtp import MtpSolo
 

@@ -26,7 +26,7 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from mlxbun_core.models.facts import activation_bytes
 
@@ -167,7 +167,8 @@ def _load_head(model: Any, files: list[Path], main: int) -> Any:
     skip = ("shared_head.head.", "embed_tokens.")
     raw: dict[str, Any] = {}
     for f in files:
-        for k, v in mx.load(str(f)).items():
+        loaded = cast("dict[str, mx.array]", mx.load(str(f)))  # a safetensors file: a dict
+        for k, v in loaded.items():
             if k.startswith(prefix) and not k[len(prefix):].startswith(skip):
                 raw[stand_in + k[len(prefix):]] = v
     weights = {k[len(stand_in):]: v for k, v in model.model.sanitize(raw).items()}
