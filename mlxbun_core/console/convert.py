@@ -15,6 +15,14 @@ import sys
 from pathlib import Path
 
 DTYPES = ("float16", "bfloat16", "float32")
+ROTATION = ("no TurboQuant weight rotation here: folding one means fusing each norm's "
+            "weight into the linears after it and turning the residual stream by a seeded "
+            "Hadamard rotation, per architecture (an online rotation where it cannot fold), "
+            "with the recipe recorded for the loader; none of that is built (serve --kv-quant "
+            "turbo rotates the KV cache only)")
+OPTIQ_MIX = ("--calibration-mix optiq is the reference's downloaded calibration set; nothing "
+             "is downloaded for it here: pass a local file (--calibration-data FILE, .jsonl of "
+             "{\"text\"} rows or plain text), or leave it out for data-free sensitivities")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -47,6 +55,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="calibration rows (default 32)")
     c.add_argument("--upload-repo", default=None, metavar="OWNER/NAME",
                    help="push the result to the hub (a token is checked before any work)")
+    from .refused import refuse
+
+    refuse(c, "--rotate-weights", reason=ROTATION)
+    refuse(c, "--rotation-seed", reason=ROTATION, takes_value=True)
 
 
 def _fail(message: str) -> int:
@@ -80,6 +92,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def _refusal(args: argparse.Namespace, out: Path) -> str | None:
     """Why this command cannot work, said before anything is loaded."""
+    if args.calibration == "optiq" and not Path("optiq").exists():
+        return OPTIQ_MIX
     if out.exists():
         return f"{out} already exists (mlx_lm.convert never writes over a folder)"
     if args.target_bpw is not None and args.quant_predicate:

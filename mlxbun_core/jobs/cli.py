@@ -40,7 +40,12 @@ def add_parsers(sub) -> None:
     t.add_argument("--save-every", type=int, default=100)
     t.add_argument("--resume", default=None, metavar="DIR", dest="warm_start_adapter",
                    help="warm-start the LoRA weights from this adapter dir")
+    t.add_argument("--weight-decay", type=float, default=0.0, dest="weight_decay",
+                   help="AdamW's decoupled weight decay (default 0)")
+    t.add_argument("--rs-lora", action="store_true", dest="rs_lora",
+                   help="rsLoRA: the LoRA scale divided by sqrt(rank)")
     t.add_argument("--dry-run", action="store_true", help="inspect the dataset, don't train")
+    _refuse_reference_flags(t)
 
     q = sub.add_parser("quantize", help="quantize a checkpoint through mlx-lm's converter")
     q.add_argument("model", help="checkpoint dir or local model name")
@@ -60,9 +65,24 @@ def add_parsers(sub) -> None:
     fuse.add_parser(sub)
 
 
+def _refuse_reference_flags(t) -> None:
+    """The reference's memory and head switches: nothing here they could turn on or off."""
+    from ..console.refused import refuse
+    from .finetune import NOT_BUILT
+
+    refuse(t, "--seg", reason=NOT_BUILT["segment_size"][1], takes_value=True)
+    refuse(t, "--no-segment", reason="names the default here: no segmented backward is built, "
+           "all activations stay resident (grad_checkpoint is the memory lever)")
+    refuse(t, "--no-flash", reason="names the default here: there is no flash-CCE (or fused) "
+           "head to turn off; the preference losses read the model's own logits")
+    refuse(t, "--no-prefix", reason="names the default here: chosen and rejected already run "
+           "their own forwards (no prefix sharing to turn off)")
+
+
 TRAIN_FIELDS = ("iters", "rank", "scale", "num_layers", "max_seq_length", "batch_size",
                 "grad_accumulation_steps", "grad_clip_norm", "seed", "val_max_examples",
-                "dpo_beta", "orpo_lambda", "sft_scope", "save_every", "warm_start_adapter")
+                "dpo_beta", "orpo_lambda", "sft_scope", "save_every", "warm_start_adapter",
+                "weight_decay", "rs_lora")
 DEFAULT_LR = {"sft": 2e-4, "dpo": 5e-5, "orpo": 1e-5}  # the reference's, per method
 
 

@@ -10,6 +10,7 @@ on ``{prompt, chosen, rejected}`` pairs with our losses (:mod:`.preference_loss`
 from __future__ import annotations
 
 import json
+import math
 import time
 import types
 from pathlib import Path
@@ -30,15 +31,36 @@ DEFAULTS = {"rank": 8, "scale": 20.0, "num_layers": -1, "iters": 100,
             "grad_checkpoint": False, "save_every": 100, "target_modules": None,
             "grad_clip_norm": 1.0, "dpo_beta": 0.1, "dpo_warmup_iters": 0,
             "dpo_lr_schedule": "cosine", "orpo_lambda": 0.1, "orpo_warmup_iters": 0,
-            "orpo_lr_schedule": "cosine", "sft_scope": "full"}
+            "orpo_lr_schedule": "cosine", "sft_scope": "full", "weight_decay": 0.0,
+            "rs_lora": False}
 INTS = ("rank", "num_layers", "iters", "max_seq_length", "batch_size", "grad_accumulation_steps",
         "seed", "steps_per_report", "steps_per_eval", "val_max_examples", "save_every",
         "dpo_warmup_iters", "orpo_warmup_iters")
-FLOATS = ("scale", "learning_rate", "lora_dropout", "grad_clip_norm", "dpo_beta", "orpo_lambda")
+FLOATS = ("scale", "learning_rate", "lora_dropout", "grad_clip_norm", "dpo_beta", "orpo_lambda",
+          "weight_decay")
 METHODS = ("sft", "dpo", "orpo")
 MARGIN_PAIRS = 32  # training pairs whose margin the summary reports, before and after
 CHOICES = {"sft_scope": ("full", "response"), "dpo_lr_schedule": ("constant", "cosine"),
            "orpo_lr_schedule": ("constant", "cosine")}
+# The reference's knobs with no counterpart here: the value meaning "off" is taken (a whole
+# config carries them), anything else is a 400 saying why, never silently dropped.
+NOT_BUILT = {
+    "segment_size": (0, "segmented backward is not built here; grad_checkpoint (mlx-lm's "
+                        "per-layer recompute) is the activation-memory lever"),
+    "orpo_flash_ce": (False, "the flash-CCE head is the reference's Metal kernel; the "
+                             "preference losses here read the model's own logits"),
+    "orpo_fused_ce": (False, "no fused linear-CE head here; the preference losses read the "
+                             "model's full logits"),
+    "orpo_prefix_shared": (False, "chosen and rejected each run their own forward here (no "
+                                  "shared prompt prefix; the loss is the same)"),
+    "orpo_chunk_size": (0, "the response head is not token-chunked here; the full logits "
+                           "are kept"),
+    "lora_plus_ratio": (1, "LoRA+ is not built: every LoRA weight trains at one learning "
+                           "rate (1 is the only value taken)"),
+}
+RANK_SCALING = ("only 'constant' is taken: one rank for every layer, which is what mlx-lm's "
+                "adapter_config.json records; by_bits / by_kl would give layers ranks that "
+                "mlx-lm's loader cannot mount (rs_lora scales by the rank instead)")
 
 
 # -- before the job: dataset probe and submit checks (server and CLI) ------------------
@@ -103,6 +125,7 @@ def prepare(body: dict, default_out: Path) -> dict:
     checked by the job itself (a bad value is its ``failed`` event)."""
     if not (body.get("model_dir") or body.get("model_id")) or not body.get("data_dir"):
         raise BadRequest("model_dir and data_dir required")
+    refuse_not_built(body)
     if body.get("model_dir"):
         model = fspaths.existing_dir(body["model_dir"], "model_dir", needs=[["config.json"]])
     else:  # a model of the local library by id (the web app's picker): never downloads
@@ -123,6 +146,16 @@ def prepare(body: dict, default_out: Path) -> dict:
     return config
 
 
+def refuse_not_built(body: dict) -> None:
+    """A 400 naming the first field that asks for something this trainer does not do."""
+    for field, (off, why) in NOT_BUILT.items():
+        if body.get(field) is not None and body[field] != off:
+            raise BadRequest(f"{field}: refused: {why}", param=field)
+    if body.get("rank_scaling") not in (None, "constant"):
+        raise BadRequest(f"rank_scaling {body['rank_scaling']!r}: refused: {RANK_SCALING}",
+                         param="rank_scaling")
+
+
 # -- the job (child process) -------------------------------------------------------
 def _checked(config: dict) -> dict:
     config = {**DEFAULTS, **config}
@@ -135,6 +168,8 @@ def _checked(config: dict) -> dict:
     for k in FLOATS:
         if isinstance(config.get(k), bool) or not isinstance(config.get(k), (int, float)):
             raise JobError(f"{k} must be a number")
+    if not isinstance(config["rs_lora"], bool):
+        raise JobError("rs_lora must be true or false")
     for k, allowed in CHOICES.items():
         if config[k] not in allowed:
             raise JobError(f"{k} must be one of {', '.join(allowed)}")
@@ -142,7 +177,8 @@ def _checked(config: dict) -> dict:
               "steps_per_report", "steps_per_eval", "save_every"):
         if config[k] < 1:
             raise JobError(f"{k} must be at least 1")
-    for k in ("val_max_examples", "dpo_warmup_iters", "orpo_warmup_iters", "grad_clip_norm"):
+    for k in ("val_max_examples", "dpo_warmup_iters", "orpo_warmup_iters", "grad_clip_norm",
+              "weight_decay"):
         if config[k] < 0:
             raise JobError(f"{k} must not be negative")
     for k in ("learning_rate", "scale", "dpo_beta", "orpo_lambda"):
@@ -154,8 +190,9 @@ def _checked(config: dict) -> dict:
 def _mlx_args(config: dict, fmt: str) -> types.SimpleNamespace:
     from mlx_lm.lora import CONFIG_DEFAULTS
 
-    lora = {"rank": config["rank"], "scale": float(config["scale"]),
-            "dropout": float(config["lora_dropout"])}
+    # rsLoRA: alpha / sqrt(rank), written into lora_parameters so every loader honours it
+    scale = float(config["scale"]) / (math.sqrt(config["rank"]) if config["rs_lora"] else 1.0)
+    lora = {"rank": config["rank"], "scale": scale, "dropout": float(config["lora_dropout"])}
     if config.get("target_modules"):
         lora["keys"] = list(config["target_modules"])
     examples = config["val_max_examples"]
@@ -172,7 +209,8 @@ def _mlx_args(config: dict, fmt: str) -> types.SimpleNamespace:
             "lora_parameters": lora, "mask_prompt": fmt != "text",
             "resume_adapter_file": (str(Path(config["warm_start_adapter"]) / "adapters.safetensors")
                                     if config.get("warm_start_adapter") else None),
-            "method": config["method"], "grad_clip_norm": config["grad_clip_norm"]}
+            "method": config["method"], "grad_clip_norm": config["grad_clip_norm"],
+            "weight_decay": float(config["weight_decay"]), "rs_lora": config["rs_lora"]}
     if config["method"] == "dpo":
         args["dpo_beta"] = config["dpo_beta"]
     elif config["method"] == "orpo":

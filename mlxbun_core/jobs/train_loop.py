@@ -5,7 +5,7 @@ loss and batch iterator (mlx-lm's own for SFT, :mod:`.preference_loss` and
 :mod:`.preference_data` for DPO/ORPO), and the adapter directory is mlx-lm's format
 (``adapter_config.json`` + ``adapters.safetensors``) whatever the method. What mlx-lm's
 ``train_model`` lacks is added around ``train``: global-norm gradient clipping (through
-the optimizer), the learning-rate schedule of the preference methods, and a
+the optimizer, AdamW with the config's ``weight_decay``), the learning-rate schedule of the preference methods, and a
 ``metrics.jsonl`` of the run's metric events in the adapter directory.
 """
 
@@ -88,8 +88,9 @@ def train_adapter(args: types.SimpleNamespace, config: dict, model: nn.Module,
         steps_per_save=args.save_every, adapter_file=str(out / "adapters.safetensors"),
         max_seq_length=args.max_seq_length, grad_checkpoint=args.grad_checkpoint,
         grad_accumulation_steps=args.grad_accumulation_steps)
-    optimizer = clipped(optim.Adam, float(config["grad_clip_norm"]))(
-        learning_rate=learning_rate(config))
+    # AdamW: decoupled decay (weight_decay 0 is Adam's update exactly)
+    optimizer = clipped(optim.AdamW, float(config["grad_clip_norm"]))(
+        learning_rate=learning_rate(config), weight_decay=float(config.get("weight_decay", 0.0)))
     extra: dict[str, Any] = {}
     if loss is not None:
         extra["loss"] = loss

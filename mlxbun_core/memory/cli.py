@@ -24,6 +24,9 @@ from .synthesis import Conversation, Synthesis
 from .vault import Vault
 
 Conversations = Callable[[Path | None], list[Conversation]]
+STAGES = ("segment", "extract", "route", "synthesize-stage")
+NO_STAGES = ("the synthesis here is one pass, not a DAG of resumable stage workers: run "
+             "`mlxbun memory synthesize` (--dry-run to plan, --force to reread conversations)")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -57,6 +60,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     y.add_argument("--model", default=None, help="model to synthesize with (default: embedded)")
     y.add_argument("--sessions", type=Path, default=None,
                    help="the sessions folder (default: the web chat's)")
+    for name in STAGES:  # the reference's stage workers: parsed, then refused with why
+        w = msub.add_parser(name)
+        w.add_argument("--limit", type=int, default=None)
+        w.add_argument("--convs", default=None)
     schedule.add_parsers(msub)
 
 
@@ -64,6 +71,9 @@ def cmd_memory(args: argparse.Namespace, conversations: Conversations) -> int:
     vault = Vault(args.root)
     command = {"setup": "init", "pipeline": "synthesize", "all": "synthesize",
                "browse": "open"}.get(args.memory_command, args.memory_command or "status")
+    if command in STAGES:
+        print(f"mlxbun: memory {command}: refused: {NO_STAGES}", file=sys.stderr)
+        return 2
     try:
         if command == "init":
             _print(vars(vault.setup()))
