@@ -137,6 +137,38 @@ def test_finetune_config_errors(server, ckpt, data, tmp_path):
         assert ended and events[-1]["type"] == "failed" and why in events[-1]["error"], extra
 
 
+def test_finetune_refuses_what_is_not_built(server, ckpt, data, home):
+    """The reference's knobs with nothing behind them: a 400 naming the field and why, no
+    job; their off values (a whole config carries them) and weight_decay / rs_lora train."""
+    jobs_before = len(httpx.get(server.base_url + "/api/jobs", timeout=30).json()["jobs"])
+    base = {"model_dir": str(ckpt), "data_dir": str(data), "iters": 1}
+    for field, value, why in (("segment_size", 2, "segmented backward is not built"),
+                              ("orpo_flash_ce", True, "flash-CCE"),
+                              ("orpo_fused_ce", True, "no fused linear-CE head"),
+                              ("orpo_prefix_shared", True, "no shared prompt prefix"),
+                              ("orpo_chunk_size", 512, "not token-chunked"),
+                              ("lora_plus_ratio", 16, "LoRA+ is not built"),
+                              ("rank_scaling", "by_bits", "only 'constant'")):
+        r = post(server, "/api/finetune/submit", {**base, field: value})
+        assert r.status_code == 400, (field, r.text)
+        assert r.json()["error"].startswith(field) and why in r.json()["error"], r.text
+    assert len(httpx.get(server.base_url + "/api/jobs", timeout=30).json()["jobs"]) == jobs_before
+    off = {"segment_size": 0, "orpo_flash_ce": False, "orpo_fused_ce": False,
+           "orpo_prefix_shared": False, "orpo_chunk_size": 0, "lora_plus_ratio": 1,
+           "rank_scaling": "constant", "weight_decay": 0.5, "rs_lora": True}
+    r = post(server, "/api/finetune/submit", {**base, **off, "rank": 16, "scale": 8})
+    assert r.status_code == 200, r.text
+    _, events, ended = stream(server, r.json()["job_id"])
+    assert ended and events[-1]["type"] == "done", events[-3:]
+    config = json.loads(open(os.path.join(r.json()["adapter_path"],
+                                          "adapter_config.json")).read())
+    assert config["lora_parameters"]["scale"] == 2.0 and config["weight_decay"] == 0.5
+    r = post(server, "/api/finetune/submit", {**base, "weight_decay": -1})  # a bad number
+    _, events, ended = stream(server, r.json()["job_id"])
+    assert events[-1]["type"] == "failed" and "weight_decay must not be negative" in events[
+        -1]["error"]
+
+
 def test_preference_job_over_http(server, ckpt, tmp_path):
     """DPO through /api/finetune/submit: pairs in, metrics streamed, the margin up."""
     prefs = tmp_path / "prefs"
