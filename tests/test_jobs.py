@@ -160,8 +160,8 @@ def test_finetune_refuses_what_is_not_built(server, ckpt, data, home):
     assert r.status_code == 200, r.text
     _, events, ended = stream(server, r.json()["job_id"])
     assert ended and events[-1]["type"] == "done", events[-3:]
-    config = json.loads(open(os.path.join(r.json()["adapter_path"],
-                                          "adapter_config.json")).read())
+    with open(os.path.join(r.json()["adapter_path"], "adapter_config.json")) as f:
+        config = json.load(f)
     assert config["lora_parameters"]["scale"] == 2.0 and config["weight_decay"] == 0.5
     r = post(server, "/api/finetune/submit", {**base, "weight_decay": -1})  # a bad number
     _, events, ended = stream(server, r.json()["job_id"])

@@ -5,8 +5,8 @@ loss and batch iterator (mlx-lm's own for SFT, :mod:`.preference_loss` and
 :mod:`.preference_data` for DPO/ORPO), and the adapter directory is mlx-lm's format
 (``adapter_config.json`` + ``adapters.safetensors``) whatever the method. What mlx-lm's
 ``train_model`` lacks is added around ``train``: global-norm gradient clipping (through
-the optimizer, AdamW with the config's ``weight_decay``), the learning-rate schedule of the preference methods, and a
-``metrics.jsonl`` of the run's metric events in the adapter directory.
+the optimizer, AdamW with the config's ``weight_decay``), the learning-rate schedule of the
+preference methods, and a ``metrics.jsonl`` of the run's metric events in the adapter directory.
 """
 
 from __future__ import annotations
