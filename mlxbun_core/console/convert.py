@@ -55,7 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="calibration rows (default 32)")
     c.add_argument("--upload-repo", default=None, metavar="OWNER/NAME",
                    help="push the result to the hub (a token is checked before any work)")
-    from .refused import refuse
+    from ..refused_flags import refuse
 
     refuse(c, "--rotate-weights", reason=ROTATION)
     refuse(c, "--rotation-seed", reason=ROTATION, takes_value=True)

@@ -67,7 +67,7 @@ def add_parsers(sub) -> None:
 
 def _refuse_reference_flags(t) -> None:
     """The reference's memory and head switches: nothing here they could turn on or off."""
-    from ..console.refused import refuse
+    from ..refused_flags import refuse
     from .finetune import NOT_BUILT
 
     refuse(t, "--seg", reason=NOT_BUILT["segment_size"][1], takes_value=True)
