@@ -314,19 +314,31 @@ def test_a_journal_takes_no_kv_scheme_and_no_mtp_tap():
     assert journal.take() == []
 
 
+# blocks of room: rows run short of blocks mid-decode (tried: llama 180-250, qwen3_5 250-300)
+ROOMS = {"llama": 215, "qwen3_5": 275}
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3_5"])
 def test_rows_preempted_for_blocks_keep_the_followers_in_step(family, recording):
-    """Free memory for 40 blocks: rows that need a block as they decode find none, and
-    the youngest are preempted and recomputed later. Under a journal nothing of that is
-    rank 0's alone: freed blocks are named by the next pass that uses them, a dropped
+    """A device of room for ``ROOMS`` blocks (the reading is what the pool leaves free;
+    the pool keeps a step's room beside it): rows that need a block as they decode find
+    none, and the youngest are preempted and recomputed later. Under a journal nothing
+    of that is rank 0's alone: freed blocks are named by the next pass that uses them, a dropped
     row's recurrent state leaves the follower's merged states through the journaled
     ``filter``, and the recompute is ordinary passes. Every pass's logits equal rank 0's,
     the follower's pool ends equal, and the tokens equal a plain engine's."""
     from mlxbun_core.engine.memory import MemoryConfig, Reading
 
     engine, channel, follower = _pair(family, memory=MemoryConfig(margin_bytes=0))
+    lane = engine.worker.lanes[0]
     per_block = int(engine.admission.layout.bytes_per_token * 16)
-    engine.memory.probe = lambda: Reading(40 * per_block, 0, "test")
+    room = ROOMS[family] * per_block
+
+    def pool_bytes() -> int:
+        stats = lane.pool_stats()
+        return 0 if stats is None else int(stats["bytes"])
+
+    engine.memory.probe = lambda: Reading(room - pool_bytes(), 0, "test")
     plain = Engine.load(str(tiny_checkpoint(family, seed=3, dtype="float32")), progress=False,
                         batch=8, prompt_cache_bytes=0)
     bodies = [greedy(" ".join(str((i * 7 + j) % 50) for j in range(40 + 10 * i)), 100)
@@ -337,7 +349,8 @@ def test_rows_preempted_for_blocks_keep_the_followers_in_step(family, recording)
         counts = engine.memory.counts
         assert counts["out_of_blocks"] >= 1 and counts["preemptions"] >= 1, counts
         assert engine.model.model.same and all(engine.model.model.same)
-        lane = engine.worker.lanes[0]
+        blocks = engine.batch_stats()["kv_blocks"]
+        assert blocks["bytes"] + engine.memory.step["reserve_bytes"] <= room, blocks
         ours = lane._batch.layout
         engine.worker.run_sync(engine.model.model.ping)
         theirs = follower.replica.layouts[ours.name]

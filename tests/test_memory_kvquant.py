@@ -122,20 +122,31 @@ def test_a_lone_job_preempted_again_and_again_equals_mlx_lms_quantized_loop():
 
 
 def test_rows_preempted_for_blocks_equal_mlx_lms_quantized_loop():
-    """Free memory for 50 quantized blocks: rows that need a block as they decode find
-    none; the youngest are preempted and recomputed. (Prompts under 512 tokens: the
-    scheduler's share of a chunk reads each whole in its first pass, as mlx-lm does.)"""
+    """A device of room for 750 quantized blocks (the reading is what the pool leaves
+    free; the pool keeps a step's room beside it): rows that need a block as they decode
+    find none; the youngest are preempted and recomputed. Short prompts and long replies:
+    the prompts' first pass fits whole (a step cut to the room would read them in parts,
+    unlike mlx-lm), while the blocks the replies take outgrow the pool."""
     path = checkpoint("llama")
     e = engine(path, margin_bytes=0)
     per_block = int(e.admission.layout.bytes_per_token * 16)
-    e.memory.probe = lambda: Reading(50 * per_block, 0, "test")
+    room = 750 * per_block  # tried: 450-500 and 700-800 (600: no pool shortage)
+    lane = e.worker.lanes[0]
+
+    def pool_bytes() -> int:
+        stats = lane.pool_stats()
+        return 0 if stats is None else int(stats["bytes"])
+
+    e.memory.probe = lambda: Reading(room - pool_bytes(), 0, "test")
     try:
-        bodies = [greedy(" ".join(str((i * 7 + j) % 50) for j in range(100 + 14 * i)), 60)
+        bodies = [greedy(" ".join(str((i * 7 + j) % 50) for j in range(6 + 3 * i)), 320)
                   for i in range(6)]
         got = run_all(e, bodies)
         equal_to_mlx_lm(path, e, bodies, got)
         counts = e.memory.counts
         assert counts["out_of_blocks"] >= 1 and counts["preemptions"] >= 1, counts
+        blocks = e.batch_stats()["kv_blocks"]
+        assert blocks["bytes"] + e.memory.step["reserve_bytes"] <= room, blocks
         pool_empty(e)
     finally:
         close(e)
