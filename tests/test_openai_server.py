@@ -12,7 +12,7 @@ from mlx_lm import load as mlx_load
 
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import prepare_chat
-from mlxbun_core.testing.helpers import configure, mlx_lm_greedy
+from mlxbun_core.testing.helpers import configure, mlx_lm_greedy, stderr_records
 from mlxbun_core.testing.server import start_server
 
 MSG = [{"role": "user", "content": "Write a short story about a robot."}]
@@ -351,8 +351,9 @@ def test_p2r_trace_records_phases_when_enabled(srv, client, capfd, monkeypatch):
     client.chat.completions.create(model="m", messages=MSG, max_tokens=3,
                                    extra_headers={"x-mlxbun-trace-id": "t-123"})
     list(client.completions.create(model="m", prompt="Hi", max_tokens=3, stream=True))
+    recs = stderr_records(capfd, p2r_records, 2)  # the stream's record lands as it ends
     post(srv, "/v1/chat/completions", b"{broken")
-    recs = p2r_records(capfd.readouterr().err)
+    recs += stderr_records(capfd, p2r_records, 1)
     assert [r["outcome"] for r in recs] == ["success", "success", "error"]
     chat, comp, bad = recs
     assert chat["traceId"] == "t-123" and chat["requestId"].startswith("chatcmpl-")

@@ -13,6 +13,7 @@ import pytest
 
 from mlxbun_core import runconfig
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.helpers import stderr_records
 from mlxbun_core.testing.server import start_server
 
 PHASES = {"request.body_parse", "request.prompt_prepare", "completion.total",
@@ -65,7 +66,7 @@ def test_a_lone_stream_records_every_phase_and_tracing_changes_no_token(hybrid, 
         capfd.readouterr()
         traced = streamed(hybrid, PROMPT + "y")
         again = streamed(hybrid, PROMPT + "x")
-        recs = records(capfd.readouterr().err)
+        recs = stderr_records(capfd, records, 2)
     assert again == untraced  # the stage evaluations change no value
     assert traced and len(recs) == 2
     phases = by_phase(recs[0])
@@ -88,7 +89,7 @@ def test_batch_rows_record_their_chunks_and_token_zero(hybrid, capfd):
     with runconfig.overridden(server={"p2r_trace": True}):
         capfd.readouterr()
         asyncio.run(together())
-        recs = records(capfd.readouterr().err)
+        recs = stderr_records(capfd, records, 3)
     assert len(recs) == 3
     batched = 0
     for rec in recs:
@@ -105,7 +106,7 @@ def test_the_serial_lane_records_its_phases(capfd):
         with runconfig.overridden(server={"p2r_trace": True}):
             capfd.readouterr()
             streamed(srv)
-            recs = records(capfd.readouterr().err)
+            recs = stderr_records(capfd, records, 1)
     finally:
         srv.stop()
     phases = by_phase(recs[0])

@@ -147,3 +147,19 @@ def configure(monkeypatch: Any, **groups: dict[str, Any]) -> Any:
     config = runconfig.current().changed(**groups)
     monkeypatch.setattr(runconfig, "_installed", config)
     return config
+
+
+def stderr_records(capfd: Any, parse: Callable[[str], list[Any]], n: int,
+                   timeout: float = 10.0) -> list[Any]:
+    """What ``parse`` finds in this process's stderr once it holds ``n`` records (or the
+    ``timeout`` passed): a trace record is written as its request ends, which can come
+    just after the client has read the last byte."""
+    import time
+
+    text, deadline = "", time.monotonic() + timeout
+    while True:
+        text += capfd.readouterr().err
+        found = parse(text)
+        if len(found) >= n or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
