@@ -54,13 +54,21 @@ class CompiledGrammar:
 
 
 def hf_tokenizer(tokenizer):
-    """The HF fast tokenizer behind an mlx-lm TokenizerWrapper (or itself)."""
-    return getattr(tokenizer, "_tokenizer", tokenizer)
+    """An HF fast tokenizer over the same vocabulary as ``tokenizer`` (an mlx-lm
+    TokenizerWrapper, or one already): built on the Rust tokenizer the wrapper hands out
+    publicly (``backend_tokenizer``), since mlx-lm keeps its HF object private. It has the
+    same tokens, added tokens and encoding; special-token names (eos) come from the
+    wrapper itself."""
+    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+    if isinstance(tokenizer, PreTrainedTokenizerBase):
+        return tokenizer
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer)
 
 
 def eos_ids(tokenizer) -> list[int]:
     ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
-    eid = getattr(hf_tokenizer(tokenizer), "eos_token_id", None)
+    eid = getattr(tokenizer, "eos_token_id", None)
     if eid is not None:
         ids.add(eid)
     return sorted(ids)

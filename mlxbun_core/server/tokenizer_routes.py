@@ -75,7 +75,7 @@ def tokenizer_info(engine: Engine) -> dict[str, Any]:
     template = getattr(tok, "chat_template", None)
     bos = special_token(tok, "bos_token")
     adds_bos = bool(bos) and tok.encode("a")[:1] == tok.encode(bos, add_special_tokens=False)
-    return {"tokenizer_class": type(getattr(tok, "_tokenizer", tok)).__name__,
+    return {"tokenizer_class": tokenizer_class(engine.model.path),
             "eos_token": special_token(tok, "eos_token"), "bos_token": bos,
             "pad_token": special_token(tok, "pad_token"),
             "unk_token": special_token(tok, "unk_token"),
@@ -124,3 +124,16 @@ def register(app: App, engine: Engine) -> None:
         app.router.add_post(f"{prefix}/detokenize", detokenize)
         app.router.add_get(f"{prefix}/tokenizer_info", info)
 
+
+def tokenizer_class(path: Any) -> str:
+    """The HF tokenizer class the checkpoint names (its ``tokenizer_config.json``), else
+    the fast tokenizer every mlx-lm model loads."""
+    import json
+    from pathlib import Path
+
+    try:
+        config = json.loads((Path(path) / "tokenizer_config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        config = {}
+    named = config.get("tokenizer_class") if isinstance(config, dict) else None
+    return named if isinstance(named, str) and named else "PreTrainedTokenizerFast"
