@@ -8,6 +8,10 @@ per-layer cache objects) against the step's wall time: the block pool's per-step
 overhead.
 
     python bench/batch_step.py --rows 8 32 --rounds 5 --out bench/results/batch_step_cpu.json
+    python bench/batch_step.py --shape 8b --bits 4 --unpack --direct ...   # 4-bit, GPU
+
+``--unpack`` adds an arm on a second copy of the model whose quantized layers dequantize
+for wide passes (``engine/wide_quant.py``), with direct attention when ``--direct``.
 """
 
 from __future__ import annotations
@@ -78,6 +82,10 @@ def theirs(model, prompts, tokens) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", help="a checkpoint (default: the tiny qwen3 test checkpoint)")
+    p.add_argument("--shape", help="a random qwen3 body of serve_concurrency.SHAPES (8b, ...)")
+    p.add_argument("--bits", type=int, default=0, help="with --shape: quantize it")
+    p.add_argument("--unpack", action="store_true",
+                   help="also ours on a model whose quantized layers dequantize when wide")
     p.add_argument("--rows", type=int, nargs="+", default=[8, 32])
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--tokens", type=int, default=64)
@@ -86,11 +94,23 @@ def main() -> None:
                    help="also ours with direct attention over blocks (the CUDA kernel)")
     p.add_argument("--out")
     args = p.parse_args()
+    if args.shape:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from prefix_stall import checkpoint
+
+        args.model = checkpoint(args.shape, args.bits)
     if args.model is None:
         from mlxbun_core.testing.checkpoints import tiny_checkpoint
 
         args.model = str(tiny_checkpoint("qwen3", seed=3))
     model = load(args.model)[0]
+    unpacked = None
+    if args.unpack:
+        from mlxbun_core.engine import wide_quant
+
+        unpacked = load(args.model)[0]
+        print("unpacked layers:", wide_quant.install(unpacked, wide_quant.CUDA_MIN_ROWS),
+              flush=True)
     out: dict = {"args": vars(args), "device": str(mx.default_device())}
     for rows in args.rows:
         prompts = [[5 + (i * 31 + j * 7) % 997 for j in range(args.prompt_tokens)]
@@ -98,6 +118,8 @@ def main() -> None:
         arms = {"ours": ours, "theirs": theirs}
         if args.direct:
             arms["direct"] = lambda m, p, t: ours(m, p, t, direct_on=True)
+        if unpacked is not None:
+            arms["unpack"] = lambda m, p, t: ours(unpacked, p, t, direct_on=args.direct)
         got: dict[str, list] = {name: [] for name in arms}
         for r in range(args.rounds):
             order = list(arms.items())
@@ -111,6 +133,9 @@ def main() -> None:
         out[f"rows{rows}"] = {**res, "rounds": got}
         print(rows, json.dumps({k: v for k, v in out[f"rows{rows}"].items() if k != "rounds"}),
               flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(out, f, indent=1)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)

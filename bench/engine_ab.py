@@ -38,14 +38,21 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def checkpoint(shape: str) -> str:
+def checkpoint(shape: str, bits: int = 0) -> str:
     from mlxbun_core.testing.checkpoints import write_checkpoint
 
     path = f"/tmp/bench-qwen3-{shape}-bfloat16"
     if not os.path.exists(os.path.join(path, "config.json")):
         write_checkpoint(path, "qwen3", seed=11, dtype="bfloat16",
                          config_overrides=SHAPES[shape])
-    return path
+    if not bits:
+        return path
+    out = f"{path}-q{bits}"
+    if not os.path.exists(os.path.join(out, "config.json")):
+        from mlx_lm import convert
+
+        convert(path, out, quantize=True, q_bits=bits, q_group_size=64)
+    return out
 
 
 def arm_command(arm: str, args, ckpt: str, port: int) -> list:
@@ -67,7 +74,11 @@ def arm_command(arm: str, args, ckpt: str, port: int) -> list:
 
 async def measure(base: str, args, prompts, history: str, rng) -> dict:
     out: dict = {}
-    await load_phase(base, 2, 1, prompts, 8)  # warm the kernels
+    t0 = time.perf_counter()
+    await load_phase(base, 2, 1, prompts, 8)  # the first requests after /health said ready
+    t1 = time.perf_counter()
+    await load_phase(base, 2, 1, prompts, 8)  # the same, warm
+    out["first_request_s"], out["warm_request_s"] = t1 - t0, time.perf_counter() - t1
     for conc in args.concurrency:
         out[f"c{conc}"] = await load_phase(base, conc, args.requests, prompts, args.max_tokens)
     if args.history_tokens:
@@ -126,6 +137,7 @@ serve_concurrency.one_request = one_request  # load_phase's requests keep their 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
+    p.add_argument("--bits", type=int, default=0, help="quantize the checkpoint")
     p.add_argument("--old", help="a tree whose engine is the 'old' arm")
     p.add_argument("--with-mlx-lm", action="store_true")
     p.add_argument("--arms", nargs="*", help="only these arms")
@@ -143,7 +155,7 @@ def main() -> None:
         (["mlx-lm"] if args.with_mlx_lm else [])
     arms = [a for a in arms if not args.arms or a in args.arms]
     baseline = args.baseline or ("old" if args.old else "mlx-lm" if args.with_mlx_lm else "")
-    ckpt = checkpoint(args.shape)
+    ckpt = checkpoint(args.shape, args.bits)
     from pathlib import Path
 
     from mlx_lm.utils import load_tokenizer
@@ -186,6 +198,8 @@ def report(rounds: list, arms: list, baseline: str, args) -> dict:
                 row[key]["ratio"] = statistics.median(
                     r[arm][key]["aggregate_tps"] / r[baseline][key]["aggregate_tps"]
                     for r in rounds)
+        row["first_request_s"] = statistics.median(r[arm]["first_request_s"] for r in rounds)
+        row["warm_request_s"] = statistics.median(r[arm]["warm_request_s"] for r in rounds)
         if args.history_tokens:
             row["second_turn_s"] = statistics.median(r[arm]["second_turn"]["second_ttft_s"]
                                                      for r in rounds)

@@ -81,6 +81,8 @@ class EngineConfig:
                                           metadata={"env": "MLXBUN_FILL_BATCH_TOKENS"})
     short_attention: str = field(default="auto", metadata={"env": "MLXBUN_SHORT_ATTENTION"})
     prefill_buckets: str = field(default="auto", metadata={"env": "MLXBUN_PREFILL_BUCKETS"})
+    # quantized layers dequantize for passes of many rows (auto: on CUDA; engine/wide_quant.py)
+    unpack_quantized: str = field(default="auto", metadata={"env": "MLXBUN_UNPACK_QUANTIZED"})
     # the chat template's enable_thinking when a request says nothing (None: the model's)
     thinking: bool | None = field(default=None, metadata={"env": "MLXBUN_THINKING"})
     # rows sharing one sampler draw in one call; off: a call per row (an A/B lever)
@@ -298,6 +300,7 @@ _READERS: dict[tuple[str, str], Callable[[str], Any]] = {
     ("engine", "fill_batch_tokens"): int,
     ("engine", "short_attention"): lambda raw: parse_switch(raw, "MLXBUN_SHORT_ATTENTION"),
     ("engine", "prefill_buckets"): lambda raw: parse_switch(raw, "MLXBUN_PREFILL_BUCKETS"),
+    ("engine", "unpack_quantized"): lambda raw: parse_switch(raw, "MLXBUN_UNPACK_QUANTIZED"),
     ("engine", "thinking"): parse_thinking,
     ("engine", "batch_vec_sample"): lambda raw: _flag(raw, "MLXBUN_BATCH_VEC_SAMPLE"),
     ("engine", "batch_ssm"): lambda raw: _flag(raw, "MLXBUN_BATCH_SSM"),

@@ -82,12 +82,9 @@ def fold_aliases(args: argparse.Namespace, sources: dict[str, str]) -> None:
 
 def backend() -> str:
     """``metal``, ``cuda`` or ``cpu``: where MLX runs by default."""
-    import mlx.core as mx
+    from .backend import backend as where
 
-    if mx.default_device() != mx.gpu:
-        return "cpu"
-    cuda = getattr(mx, "cuda", None)
-    return "cuda" if cuda is not None and cuda.is_available() else "metal"
+    return where()
 
 
 def _route_refusals(args: argparse.Namespace, where: str) -> list[str]:

@@ -126,6 +126,9 @@ class Admission:
         self.waits = 0  # times a row had to wait for memory
         self.kv_budget_bytes: int | None = None  # --kv-budget (set_kv_budget)
         self.kv_budget_waits = 0  # times a row waited for --kv-budget (counted in waits too)
+        # (rows, bytes): passes of that many rows unpack a quantized layer's weights, the
+        # largest of them that big (wide_quant.py; (0, 0): they never do). Priced per step.
+        self.unpacked: tuple[int, int] = (0, 0)
 
     @property
     def config(self) -> dict[str, Any]:
@@ -295,17 +298,16 @@ class Admission:
                 "memory_waits": self.waits}
 
 
-def default_batch(model: LoadedModel, admission: Admission) -> fit.BatchPlan:
-    """The ``--batch`` to use when none is given (see :func:`fit.batch_plan`)."""
-    import mlx.core as mx
-
+def default_batch(model: LoadedModel, admission: Admission,
+                  unpacked: bool = False) -> fit.BatchPlan:
+    """The ``--batch`` to use when none is given (see :func:`fit.batch_plan`);
+    ``unpacked``: quantized layers dequantize for wide passes (``wide_quant.py``), so
+    quantized weights batch as dense ones do."""
+    from ..backend import backend
     from ..library.checkpoint import quantization
 
-    backend = "cpu"
-    if mx.default_device() == mx.gpu:
-        cuda = getattr(mx, "cuda", None)
-        backend = "cuda" if cuda is not None and cuda.is_available() else "metal"
-    return fit.batch_plan(admission.layout, admission.kv_room, backend=backend,
-                          quantized=quantization(model.config or {})[0] is not None,
+    quantized = quantization(model.config or {})[0] is not None and not unpacked
+    return fit.batch_plan(admission.layout, admission.kv_room, backend=backend(),
+                          quantized=quantized,
                           context=min(fit.TYPICAL_CONTEXT, admission.enforced_context),
                           ranks=int(model.extras.get("ranks", 1)))

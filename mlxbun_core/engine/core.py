@@ -25,7 +25,7 @@ from ..errors import APIError, BadRequest, Overloaded, Unavailable
 from ..events import Finish, Retry
 from ..media import parts as media_parts
 from ..model import LoadedModel, LoadOptions
-from . import engine_stats, gen_checkpoint, warmup
+from . import engine_stats, gen_checkpoint, warmup, wide_quant
 from . import rerank as reranking
 from .admission import Admission, default_batch, drafts_with_head, head_cost
 from .batch.journal import Journal
@@ -105,9 +105,12 @@ class Engine:
         self.prefix = PrefixCache(prompt_cache_bytes, tier=tier, post=self.worker.post)
         self.checkpoints = gen_checkpoint.open_store(ssd, tier)  # --generation-checkpoint
         self.kv = warmup.kv_scheme(kv_quant, model)  # (config: the model's kv_config.json)
+        self.unpacked = warmup.unpack_quantized(model, self.worker)  # (wide_quant.py)
         self.admission = Admission(model, memory_budget_bytes, kv_bits=self.kv.bill_bits,
                                    head=head_cost(predictor, self.kv.enabled))
         warmup.check_kv(model, self.kv, self.admission, self.worker)
+        if self.unpacked:
+            self.admission.unpacked = (self.unpacked, wide_quant.widest_bytes(model.model))
         self._size_batch(batch, draft)
         self.adapters = AdapterManager(model, call=self.worker.call,
                                        on_bytes=self.admission.set_adapter_bytes)
@@ -145,7 +148,8 @@ class Engine:
         row with a draft model (it runs on the serial lane)."""
         speech = self.model.kind == "speech"  # no KV cache: the serial lane only
         no_rows = batch or draft is not None or speech
-        self.batch_plan = None if no_rows else default_batch(self.model, self.admission)
+        self.batch_plan = None if no_rows else default_batch(self.model, self.admission,
+                                                             unpacked=self.unpacked > 0)
         self.batch_source = ("draft model" if draft is not None else
                              "--batch" if batch else "auto")
         plan_rows = self.batch_plan.rows if self.batch_plan is not None else 1

@@ -11,8 +11,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .. import kvquant
+from ..backend import backend
 from ..kvquant.probe import check_kernels, model_dtype
-from . import attention_route, prefill_shapes
+from ..runconfig import current
+from . import attention_route, prefill_shapes, wide_quant
 from .lanes.batch import BatchLane
 from .lanes.pace import MAX_CHUNK, PrefillPacer
 
@@ -61,6 +63,20 @@ def kv_eligible(model: LoadedModel, kv: kvquant.KVScheme) -> list[bool] | None:
     t = fit.text_config(model.config or {})
     ok = fit.quantizable(t, "full", kv.group_size)
     return [ok and type(c) is KVCache for c in make_prompt_cache(model.model)]
+
+
+def unpack_quantized(model: LoadedModel, worker: ModelWorker) -> int:
+    """Let a generating model's quantized layers dequantize for passes of many rows where
+    the device gains from it (``wide_quant.py``): the row count from which they do, 0
+    when they never do (no quantized layers, or the switch or the backend says no)."""
+    rows = wide_quant.min_rows(backend(), current().engine.unpack_quantized)
+    if not rows or model.kind != "generate":
+        return 0
+    swapped = worker.run_sync(lambda: wide_quant.install(model.model, rows))
+    if not swapped:
+        return 0
+    log.info("quantized layers: %d dequantize for passes of %d rows or more", swapped, rows)
+    return rows
 
 
 def warm(model: LoadedModel, worker: ModelWorker, pacer: PrefillPacer) -> dict[str, Any]:

@@ -47,10 +47,11 @@ class StepCost:
     heads: int
     vocab: int
     activation: int
+    unpacked: tuple[int, int] = (0, 0)  # (rows, bytes): a wide pass unpacks a layer's weights
 
     @classmethod
-    def of(cls, config: dict[str, Any]) -> StepCost:
-        """The cost of a model with HF ``config``."""
+    def of(cls, config: dict[str, Any], unpacked: tuple[int, int] = (0, 0)) -> StepCost:
+        """The cost of a model with HF ``config`` (``unpacked``: see ``wide_quant.py``)."""
         t = text_config(config)
         e = activation_bytes(config)
         kinds = {k for k in _layer_kinds(t) if k in ("full", "sliding")} or {"full"}
@@ -62,7 +63,8 @@ class StepCost:
         mlp = max(int(t.get("intermediate_size") or 0), moe)
         hidden = int(t.get("hidden_size") or 0)
         wide = max(hidden, heads * int(t.get("head_dim") or hidden // heads))
-        return cls(kv, heads, vocab, (mlp * ACTIVATION_BUFFERS + wide * RESIDUAL_BUFFERS) * e)
+        return cls(kv, heads, vocab, (mlp * ACTIVATION_BUFFERS + wide * RESIDUAL_BUFFERS) * e,
+                   unpacked)
 
     def bytes(self, rows: int, queries: int, keys: int, sampled: bool,
               gathered: bool = True) -> int:
@@ -73,6 +75,8 @@ class StepCost:
             return 0
         tokens = rows * queries
         out = tokens * self.activation + tokens * keys  # (the boolean mask)
+        if self.unpacked[0] and tokens >= self.unpacked[0]:
+            out += self.unpacked[1]
         if gathered:
             out += rows * keys * self.kv + tokens * self.heads * keys * FLOAT32 * SCORE_BUFFERS
         if sampled:

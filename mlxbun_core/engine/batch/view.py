@@ -76,6 +76,7 @@ class Window:
         self.offset = mx.array(self.starts.astype(np.int32))
         self._masks: dict[int | None, mx.array] = {}
         self.direct = False  # layers hand attention their stores (``attention.py``)
+        self.kernel_consts: dict[Any, list[mx.array]] = {}  # the kernel's, per pass
 
     def mask(self, window: int | None = None) -> mx.array:
         """``(rows, 1, width, keys)``: query ``i`` of row ``r`` (at position

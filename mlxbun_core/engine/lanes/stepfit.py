@@ -55,7 +55,8 @@ class StepFit:
     def _init_stepfit(self) -> None:
         config = self.admission.config if self.admission is not None else None
         # None: no config to price steps by (a lane without admission: tests)
-        self._cost = StepCost.of(config) if config else None
+        unpacked = self.admission.unpacked if self.admission is not None else (0, 0)
+        self._cost = StepCost.of(config, unpacked) if config else None
 
     def _step_reserve(self, tokens: int = 0) -> int:
         """Bytes the pool leaves free for the widest step: the row cap decoding at the

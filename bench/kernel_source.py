@@ -1,0 +1,76 @@
+"""Compile the paged-attention kernel's CUDA source here, before device time is spent.
+
+``mx.fast.cuda_kernel`` wraps a kernel body in a generated ``__global__`` function
+(inputs as ``const`` pointers of their dtypes, outputs as pointers, template arguments
+as ``constexpr``/``using`` lines) and compiles it with NVRTC on the device. This renders
+the same wrapper for the template arguments the engine uses and runs ``nvcc`` on it
+(any machine with the CUDA toolkit; no GPU needed), so a typo costs seconds, not a
+device sitting.
+
+    python bench/kernel_source.py            # compiles every variant, prints nvcc's verdict
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this tree
+
+from mlxbun_core.engine.batch import attention
+
+CUDA = {"bfloat16": "__nv_bfloat16", "float16": "__half", "float32": "float", "int32": "int32_t"}
+HEADER = "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cstdint>\n" \
+         "#include <cooperative_groups.h>\n"
+
+
+def render(name: str, dtype: str, single: bool, dim: int, rep: int, block: int) -> str:
+    size = 4 if dtype == "float32" else 2
+    tile = attention.tile_for(dim, size, rep)
+    inputs = [("q", dtype), ("k", dtype), ("v", dtype), ("blocks", "int32"),
+              ("starts", "int32"), ("params", "int32"), ("scale", "float32")]
+    outs = [("acc_out", dtype if single else "float32"), ("m_out", "float32"),
+            ("l_out", "float32")]
+    args = [f"    const {CUDA[t]}* {n}" for n, t in inputs]
+    args += [f"    {CUDA[t]}* {n}" for n, t in outs]
+    consts = [f"  using T = {CUDA[dtype]};", f"  using O = {CUDA[outs[0][1]]};",
+              f"  constexpr int D = {dim};", f"  constexpr int R = {rep};",
+              f"  constexpr int BS = {block};", f"  constexpr int TILE = {tile};",
+              f"  constexpr int NT = {attention.NT};",
+              f"  constexpr bool SINGLE = {'true' if single else 'false'};"]
+    return (HEADER + "namespace mlx::core::cu {\n__global__ void " + name + "(\n"
+            + ",\n".join(args) + ") {\n" + "\n".join(consts) + "\n" + attention._SOURCE
+            + "\n}\n}\n")
+
+
+def main() -> int:
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        print("no nvcc on PATH")
+        return 2
+    bad = 0
+    cases = itertools.product(("bfloat16", "float16", "float32"), (True, False),
+                              ((128, 4), (64, 1), (256, 8), (128, 16)))
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (dtype, single, (dim, rep)) in enumerate(cases):
+            path = os.path.join(tmp, f"k{i}.cu")
+            with open(path, "w") as f:
+                f.write(render(f"k{i}", dtype, single, dim, rep, 16))
+            got = subprocess.run([nvcc, "-arch=sm_90", "-std=c++17", "-c", path, "-o",
+                                  os.path.join(tmp, f"k{i}.o"), "-Xptxas", "-v"],
+                                 capture_output=True, text=True)
+            regs = [ln.strip() for ln in got.stderr.splitlines() if "registers" in ln]
+            print(dtype, "single" if single else "split", dim, rep,
+                  "ok" if got.returncode == 0 else "FAILED", *(regs[:1]))
+            if got.returncode:
+                print(got.stderr[-3000:])
+                bad += 1
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Quantized linear layers that dequantize when many rows go through them at once.
+
+A quantized matmul reads the packed weights once and unpacks them on the fly, which is
+what a decode step of one row wants: the step is a read of the weights. With many rows
+(a wide decode batch, a prefill chunk) the same matmul should cost about the same, but
+MLX's CUDA backend runs it as one matrix-vector product per row, so 32 rows of 4-bit
+8B decode at a sixth of bf16's speed (``bench/NOTES.md``). :class:`WideQuantizedLinear`
+keeps the packed weights (the memory saving stays) and, for an input of ``min_rows``
+rows or more, unpacks the layer's weights into a temporary and multiplies densely: a
+read of the packed weights, a write and a read of the dense ones, whatever the row
+count. Fewer rows take the quantized matmul as before.
+
+The swap goes through MLX's public module API (``update_modules``) and keeps the
+``nn.QuantizedLinear`` type, so adapters that wrap quantized layers still recognise
+them; layers of other kinds (sharded, mixture-of-experts, embeddings) are left alone.
+Whether a device gains is measured, not assumed (``bench/quant_matmul.py``): the
+default turns it on for CUDA only, at :data:`CUDA_MIN_ROWS` rows.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_unflatten
+
+CUDA_MIN_ROWS = 8  # rows from which CUDA dequantizes (bench/results/quant_matmul_h100.json)
+
+
+class WideQuantizedLinear(nn.QuantizedLinear):
+    """``nn.QuantizedLinear`` that multiplies densely for inputs of ``min_rows`` rows
+    or more (see the module's docstring)."""
+
+    def __init__(self, base: nn.QuantizedLinear, min_rows: int):
+        nn.Module.__init__(self)
+        self.group_size, self.bits, self.mode = base.group_size, base.bits, base.mode
+        self.min_rows = min_rows
+        for name, value in base.items():  # weight, scales, biases, bias: shared, not copied
+            self[name] = value
+        self.freeze()
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if x.size < self.min_rows * x.shape[-1]:
+            return quantized(self, x)
+        w = mx.dequantize(self["weight"], self["scales"], self.get("biases"),
+                          group_size=self.group_size, bits=self.bits, mode=self.mode,
+                          dtype=x.dtype)
+        y = x @ w.T
+        return y + self["bias"] if "bias" in self else y
+
+
+def quantized(layer: nn.QuantizedLinear, x: mx.array) -> mx.array:
+    """``layer`` over ``x`` by the quantized matmul (``nn.QuantizedLinear``'s own way)."""
+    y = mx.quantized_matmul(x, layer["weight"], scales=layer["scales"],
+                            biases=layer.get("biases"), transpose=True,
+                            group_size=layer.group_size, bits=layer.bits, mode=layer.mode)
+    return y + layer["bias"] if "bias" in layer else y
+
+
+def install(model: nn.Module, min_rows: int) -> int:
+    """Swap every plain ``nn.QuantizedLinear`` of ``model`` for a wide one (rows from
+    ``min_rows``); returns how many were swapped (0: nothing quantized, or done)."""
+    swaps = [(name, WideQuantizedLinear(m, min_rows)) for name, m in model.named_modules()
+             if type(m) is nn.QuantizedLinear]
+    if swaps:
+        model.update_modules(tree_unflatten(swaps))
+    return len(swaps)
+
+
+def widest_bytes(model: nn.Module, dtype_size: int = 2) -> int:
+    """The largest dense weight one wide layer unpacks (bytes at ``dtype_size``): what
+    a wide pass holds beside its activations, one layer at a time."""
+    best = 0
+    for _, m in model.named_modules():
+        if isinstance(m, WideQuantizedLinear):
+            rows, packed = m["weight"].shape[-2:]
+            best = max(best, rows * packed * 32 // m.bits * dtype_size)
+    return best
+
+
+def min_rows(backend: str, setting: str = "auto") -> int:
+    """The row count from which to dequantize on ``backend`` (0: never), by the
+    ``engine.unpack_quantized`` switch: auto (CUDA only), on, off."""
+    if setting == "off" or (setting == "auto" and backend != "cuda"):
+        return 0
+    return CUDA_MIN_ROWS
