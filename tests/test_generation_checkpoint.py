@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import time
@@ -20,10 +19,10 @@ import openai
 from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.reply import Reply, gather
 from mlxbun_core.kvstore.config import SsdConfig
+from mlxbun_core.testing import process
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import close
 from mlxbun_core.testing.process import ServerProcess
-from mlxbun_core.testing.server import free_port
 from mlxbun_core.testing.turns import engine_reply
 
 EVERY = 8
@@ -32,13 +31,9 @@ MESSAGES = [{"role": "user", "content": "Tell me a long story about the sea."}]
 
 
 def serve(ckpt: Path, d: Path, *extra: str) -> tuple[ServerProcess, str]:
-    port = free_port()
-    proc = ServerProcess([sys.executable, "-m", "mlxbun_core.cli", "serve", str(ckpt),
-                          "--port", str(port), "--no-open", "--ssd-cache", str(d),
-                          "--generation-checkpoint", str(EVERY), *extra], env=dict(os.environ))
-    base = f"http://127.0.0.1:{port}"
-    proc.wait_for_http(base + "/health", 240)
-    return proc, base
+    proc = process.serve(ckpt, "--no-open", "--ssd-cache", d, "--generation-checkpoint",
+                         EVERY, *extra)
+    return proc, proc.base
 
 
 def client(base: str) -> openai.OpenAI:
@@ -202,3 +197,4 @@ def test_a_seeded_sample_resumes_where_its_random_stream_was(tmp_path):
         assert snapshots(tmp_path) == []
     finally:
         close(engine)
+
