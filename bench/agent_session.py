@@ -36,6 +36,8 @@ from pathlib import Path
 
 import httpx
 
+import bench_home  # this folder
+
 SHAPES = {  # qwen3 bodies; "8b" is Qwen3-8B's (36 layers, 8 KV heads: ~147 KB of KV a token)
     "tiny": {},
     "cpu": {"hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 8,
@@ -62,6 +64,7 @@ class Server:
         self.proc, self.base, self.starts = None, None, []
 
     def start(self, env: dict | None = None) -> float:
+        bench_home.use()  # a temporary home unless the bench was given --home
         port = free_port()
         self.base = f"http://127.0.0.1:{port}"
         log_path = os.path.join(self.log_dir, f"{self.name}.{len(self.starts)}.log")
@@ -278,7 +281,9 @@ def main():
                     help="session rounds; the arms' order alternates, medians are reported")
     ap.add_argument("--ssd-dir", default=None, help="where the tier writes (default: a temp dir)")
     ap.add_argument("--out", default=None)
+    bench_home.add_flag(ap)
     args = ap.parse_args()
+    bench_home.use(args.home)
 
     import mlx.core as mx
     from mlx_lm import load

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import httpx
 
+import bench_home  # this folder
 from serve_concurrency import SHAPES, free_port, load_phase, random_prompt, start  # this folder
 
 
@@ -88,7 +89,9 @@ def main():
     ap.add_argument("--with-mlx-lm", action="store_true", help="add mlx_lm.server as an arm")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None)
+    bench_home.add_flag(ap)
     args = ap.parse_args()
+    bench_home.use(args.home)
 
     import mlx.core as mx
     from mlx_lm.tokenizer_utils import load as load_tokenizer

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import bench_home  # this folder
+
 HEAD = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
 
@@ -128,7 +130,9 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=45)
     p.add_argument("--out", default=None)
     p.add_argument("serve_flags", nargs="*", help="extra `mlxbun serve` flags (after --)")
+    bench_home.add_flag(p)
     args = p.parse_args()
+    bench_home.use(args.home)
     import resource
 
     from mlxbun_core.testing.checkpoints import tiny_checkpoint
@@ -141,8 +145,7 @@ def main() -> None:
     log = os.fdopen(fd, "wb")
     server = subprocess.Popen([sys.executable, "-m", "mlxbun_core.cli", "serve",
                                ckpt, "--port", str(port),
-                               "--no-open", *args.serve_flags], stdout=log, stderr=log,
-                              env={**os.environ, "MLXBUN_HOME": tempfile.mkdtemp()})
+                               "--no-open", *args.serve_flags], stdout=log, stderr=log)
     try:
         import httpx
 

@@ -43,6 +43,8 @@ from pathlib import Path
 
 import httpx
 
+import bench_home  # this folder
+
 # hidden, layers, heads, kv heads, intermediate: llama layouts of the named size class
 SHAPES = {
     "tiny": (64, 2, 4, 2, 128),
@@ -158,7 +160,9 @@ def main() -> None:
                    help="the shape does not fit one GPU: distributed runs only")
     p.add_argument("--root", default=str(Path(tempfile.gettempdir()) / "mlxbun-bench-dist"))
     p.add_argument("--out", default=None)
+    bench_home.add_flag(p)
     args = p.parse_args()
+    bench_home.use(args.home)
     clients = [int(c) for c in args.clients.split(",") if c]
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,8 @@ import time
 import httpx
 import mlx.core as mx
 
+import bench_home  # this folder
+
 HLG = {"enabled": True, "width": 4, "shoulder": 4, "toe": 6, "pivot_offset": 6}
 POINTS = [[-20, -20], [-14, -19], [-10, -17], [-7, -14], [-5, -11], [-3, -7], [-1, -2], [0, 0]]
 
@@ -110,7 +112,9 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-http", action="store_true")
+    bench_home.add_flag(ap)
     args = ap.parse_args()
+    bench_home.use(args.home)
     print(f"mlx {mx.__version__}, device {mx.default_device()}")
     for rows in (int(r) for r in args.rows.split(",")):
         ms = sampler_ms(args.vocab, rows, args.steps)

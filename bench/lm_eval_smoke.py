@@ -24,6 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import bench_home  # this folder
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.server import start_server
 
@@ -94,7 +95,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lm-eval", default="lm_eval", help="the lm_eval command")
     ap.add_argument("--model", help="a checkpoint directory (default: a tiny random one)")
+    bench_home.add_flag(ap)
     opts = ap.parse_args()
+    bench_home.use(opts.home)
     model_dir = Path(opts.model) if opts.model else tiny_checkpoint("llama", seed=3)
     want = expected_accuracy(model_dir)
     srv = start_server(model_dir)

@@ -26,6 +26,8 @@ import time
 import httpx
 import mlx.core as mx
 
+import bench_home  # this folder
+
 
 def old_entry(tokenizer, token, logprobs, k):
     entry = {"id": int(token), "logprob": logprobs[token].item()}
@@ -82,7 +84,9 @@ def main() -> None:
     ap.add_argument("--no-stream", action="store_true", help="the per-token part only")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
+    bench_home.add_flag(ap)
     args = ap.parse_args()
+    bench_home.use(args.home)
 
     from mlxbun_core.testing.server import start_server
 

@@ -27,6 +27,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import httpx
 
+import bench_home  # this folder
 from serve_concurrency import (
     SHAPES,
     chat_ttft,
@@ -112,7 +113,9 @@ def main() -> None:
     ap.add_argument("--chats", type=int, default=2, help="two-turn chats after the load")
     ap.add_argument("--serve-args", default="", help="extra mlxbun serve arguments")
     ap.add_argument("--out", default=None)
+    bench_home.add_flag(ap)
     args = ap.parse_args()
+    bench_home.use(args.home)
 
     ckpt = checkpoint(args.shape, args.bits)
     from pathlib import Path

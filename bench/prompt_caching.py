@@ -38,6 +38,7 @@ import anthropic
 import httpx
 
 sys.path.insert(0, os.path.dirname(__file__))
+import bench_home  # this folder
 from agent_session import TOOLS, Server, words
 
 SHAPES = {  # qwen3 bodies, float32 on the CPU
@@ -212,7 +213,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--arms", default="on,off", help="comma-separated: on, rolling, off")
     ap.add_argument("--out", default=None)
+    bench_home.add_flag(ap)
     args = ap.parse_args()
+    bench_home.use(args.home)
 
     import hashlib
 

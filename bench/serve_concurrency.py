@@ -33,6 +33,8 @@ import time
 
 import httpx
 
+import bench_home  # this folder
+
 SHAPES = {  # Qwen3 shapes; "8b" is Qwen3-8B's body (vocab kept at the test tokenizer's size)
     "tiny": {},
     "8b": {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
@@ -49,6 +51,9 @@ def free_port() -> int:
 
 
 def start(cmd: list, port: int, log_path: str) -> subprocess.Popen:
+    """Start a server and wait until it answers; it keeps its home out of the user's
+    (:mod:`bench_home`: a temporary one unless the bench was given ``--home``)."""
+    bench_home.use()
     with open(log_path, "w") as log:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 900
@@ -195,7 +200,9 @@ def main():
     ap.add_argument("--turns", type=int, default=1,
                     help="measured two-turn chats per server and round (after one unmeasured)")
     ap.add_argument("--out", default=None)
+    bench_home.add_flag(ap)
     args = ap.parse_args()
+    bench_home.use(args.home)
 
     import mlx.core as mx
     from mlx_lm import load

@@ -33,6 +33,8 @@ import time
 import httpx
 import mlx.core as mx
 
+import bench_home  # this folder
+
 SHAPES = {  # llama-style shapes; the vocab stays small (a test tokenizer), the body is real size
     "tiny": {},
     "1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
@@ -139,7 +141,9 @@ def main():
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None)
+    bench_home.add_flag(ap)
     args = ap.parse_args()
+    bench_home.use(args.home)
 
     from mlx_lm import load
 

@@ -3,7 +3,9 @@
 These are structural :class:`typing.Protocol` types: a plugin never has to
 inherit from them, only to provide the attributes and methods named here. They
 are ``runtime_checkable`` so tests can assert ``isinstance(obj, ToolParser)``
-(which checks that the names exist, not their signatures).
+(which checks that the names exist, not their signatures). One base class stands
+beside them: :class:`LazyHeadPredictor`, a :class:`TokenPredictor` whose head's
+weights load on first use, which the families with MTP heads subclass.
 
 Plain data records that cross the boundary (:class:`~mlxbun_core.model.LoadedModel`,
 :class:`~mlxbun_core.model.Prompt`, :class:`~mlxbun_core.model.LoadOptions`,
@@ -35,9 +37,9 @@ Sampler: TypeAlias = "Callable[[mx.array], mx.array]"
 LogitsProcessor: TypeAlias = "Callable[[mx.array, mx.array], mx.array]"
 """mlx-lm's logits processor: ``(tokens so far, logits) -> logits``."""
 
-__all__ = ["DraftSource", "GrammarBackend", "GrammarBackendFactory", "LogitsProcessor",
-           "MediaPipeline", "RegisterGrammarBackend", "Sampler", "TokenPredictor", "Tokenizer",
-           "ToolParser"]
+__all__ = ["DraftSource", "GrammarBackend", "GrammarBackendFactory", "LazyHeadPredictor",
+           "LogitsProcessor", "MediaPipeline", "RegisterGrammarBackend", "Sampler",
+           "TokenPredictor", "Tokenizer", "ToolParser", "load_head_weights"]
 
 
 @runtime_checkable
@@ -184,6 +186,85 @@ class TokenPredictor(Protocol):
         the output head runs once) and, per row, the state a chained draft passes back in
         as ``hidden``. The caller trims rows it chained on drafts."""
         ...
+
+
+class LazyHeadPredictor:
+    """A :class:`TokenPredictor` whose head's weights are read on first use
+    (:meth:`make_cache`), so a server that never drafts with the head spends no memory on
+    it; the shared part of the families' MTP heads (Qwen3.5, GLM-5.x).
+
+    ``backbone`` is the target's inner model (mlx-lm's ``model.model``: ``embed_tokens``,
+    the layers and the final norm); ``load_head()`` builds the head, a module called as
+    ``head(hidden, embeds, cache) -> (state, normed)``: the state a chained draft passes
+    back in, and what the output head reads. A family gives :meth:`logits` and
+    :meth:`head_cache`, and :meth:`head_input` where the head reads something other than
+    the backbone's normed output.
+    """
+
+    default_on = False
+    """Whether the engine drafts with the head unless told ``--mtp off``."""
+
+    def __init__(self, backbone: Any, load_head: Callable[[], Any], *, name: str,
+                 num_draft_tokens: int, kv_bytes_per_token: int, weight_bytes: int) -> None:
+        self.backbone, self._load_head = backbone, load_head
+        self._head: Any = None
+        self.name, self.num_draft_tokens = name, num_draft_tokens
+        self.kv_bytes_per_token, self.weight_bytes = kv_bytes_per_token, weight_bytes
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the head's weights are resident (read on first use)."""
+        return self._head is not None
+
+    @property
+    def head(self) -> Any:
+        if self._head is None:
+            self._head = self._load_head()
+        return self._head
+
+    def logits(self, normed: mx.array) -> mx.array:
+        """The target's output head over final (normed) states."""
+        raise NotImplementedError
+
+    def head_cache(self) -> list[Any]:
+        """A fresh cache for the loaded head."""
+        raise NotImplementedError
+
+    def head_input(self, normed: mx.array) -> mx.array:
+        """What the head reads of the target's final normed states (those, unless a family
+        says otherwise)."""
+        return normed
+
+    def forward(self, tokens: mx.array, cache: list[Any]) -> tuple[mx.array, mx.array]:
+        normed = self.backbone(tokens, cache)
+        return self.logits(normed), self.head_input(normed)
+
+    def make_cache(self) -> list[Any]:
+        self.head  # noqa: B018 (reads the weights on first use)
+        return self.head_cache()
+
+    def predict(self, hidden: mx.array, tokens: mx.array,
+                cache: list[Any]) -> tuple[mx.array, mx.array]:
+        state, normed = self.head(hidden, self.backbone.embed_tokens(tokens), cache[0])
+        return self.logits(normed[:, -1]), state
+
+
+def load_head_weights(head: Any, weights: dict[str, Any],
+                      config: dict[str, Any]) -> Any:
+    """``head`` with ``weights`` (its own parameter names) in it, ready to run: quantized as
+    the checkpoint's ``quantization`` says where the weights carry scales, every parameter
+    loaded (strict), evaluated, in eval mode."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    quant = config.get("quantization") or config.get("quantization_config")
+    if any(k.endswith(".scales") for k in weights) and isinstance(quant, dict):
+        nn.quantize(head, group_size=quant.get("group_size", 64), bits=quant.get("bits", 4),
+                    class_predicate=lambda p, m: f"{p}.scales" in weights)
+    head.load_weights(list(weights.items()), strict=True)
+    head.eval()
+    mx.eval(head.parameters())
+    return head
 
 
 @runtime_checkable

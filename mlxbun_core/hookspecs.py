@@ -216,7 +216,8 @@ def token_predictor(model: LoadedModel) -> TokenPredictor | None:
     :param model: The loaded target model.
     :returns: A :class:`~mlxbun_core.contract.TokenPredictor` when the checkpoint ships
         such a head (for example Qwen3.5's ``mtp.*`` weights), else ``None``. Keep it
-        cheap when unused: read only headers here, the weights on first use. With
+        cheap when unused: read only headers here, the weights on first use
+        (:class:`~mlxbun_core.contract.LazyHeadPredictor` does that part). With
         one, ``--draft-kind mtp`` and a request's ``draft_kind: "mtp"`` decode
         speculatively with it; without, the flag fails start-up and the request gets a 400.
 

@@ -14,8 +14,7 @@ import sys
 import pytest
 
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.server import free_port
-from test_cli_start import get_when_listening, wait_for_line
+from mlxbun_core.testing.process import serve
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux",
                                 reason="the BLAS is routed on Linux CPU builds only")
@@ -103,18 +102,10 @@ def test_this_test_process_runs_on_openblas():
 
 
 def test_serve_banner_and_stats_name_the_blas():
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "mlxbun_core.cli", "serve",
-                             str(tiny_checkpoint("llama", seed=3)), "--port", str(port),
-                             "--no-open"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    try:
-        banner = wait_for_line(proc, "BLAS", 120).splitlines()[-1]  # fails, never hangs
+    with serve(tiny_checkpoint("llama", seed=3), "--no-open", ready=None) as proc:
+        banner = proc.wait_for_line("BLAS", 120)  # fails, never hangs
         assert "BLAS OpenBLAS" in banner and "scipy-openblas32" in banner, banner
-        stats = get_when_listening(f"http://127.0.0.1:{port}/stats").json()
+        stats = proc.wait_for_http(proc.base + "/stats", 30).json()
         assert stats["blas"]["active"] == "openblas"
         assert "openblas" in os.path.basename(stats["blas"]["library"]).lower()
         assert stats["blas"]["routed"] == ["cblas_sgemm", "cblas_dgemm", "cblas_cgemm"]
-    finally:
-        proc.terminate()
-        proc.wait(20)

@@ -1,16 +1,12 @@
 """`mlxbun serve` start-up as a new user meets it: problems are found before the model loads."""
 
 import os
-import queue
 import socket
 import subprocess
 import sys
-import threading
-import time
-
-import httpx
 
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
+from mlxbun_core.testing.process import serve
 from mlxbun_core.testing.server import free_port
 
 CLI = [sys.executable, "-m", "mlxbun_core.cli"]
@@ -56,44 +52,10 @@ def test_missing_grammar_extra_names_the_extra():
     assert "pip install 'mlxbun[xgrammar]'" in r.stderr
 
 
-def wait_for_line(proc, needle: str, timeout: float) -> str:
-    """Output up to the first line holding ``needle``; fails (never hangs) on a silent server."""
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
-    seen, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            seen.append(lines.get(timeout=max(0.0, deadline - time.monotonic())))
-        except queue.Empty:
-            break
-        if needle in seen[-1]:
-            return "".join(seen)
-    raise AssertionError(f"no {needle!r} within {timeout}s; output: {''.join(seen)}")
-
-
-def get_when_listening(url: str, timeout: float = 30.0) -> httpx.Response:
-    """The banner is printed just before uvicorn starts listening on the bound socket."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return httpx.get(url, timeout=10)
-        except httpx.ConnectError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
 def test_serves_on_the_port_it_probed():
-    port = free_port()
-    ckpt = str(tiny_checkpoint("llama", seed=3))
-    proc = subprocess.Popen(CLI + ["serve", ckpt, "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_for_line(proc, "serving", 120)  # the banner comes after the load
-        r = get_when_listening(f"http://127.0.0.1:{port}/health")
+    with serve(tiny_checkpoint("llama", seed=3), ready=None) as proc:
+        proc.wait_for_line("serving", 120)  # the banner comes after the load
+        r = proc.wait_for_http(proc.base + "/health", 30)
         assert r.json() == {"status": "ok"}
         with socket.socket() as again:  # held by the server now
-            assert again.connect_ex(("127.0.0.1", port)) == 0
-    finally:
-        proc.terminate()
-        proc.wait(10)
+            assert again.connect_ex(("127.0.0.1", proc.port)) == 0

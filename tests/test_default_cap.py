@@ -6,25 +6,20 @@ own ``max_tokens`` is unaffected, and ``--max-tokens 0`` turns the cap off. Real
 from __future__ import annotations
 
 import json
-import sys
 
 import httpx
 import openai
 from mlx_lm.utils import load_tokenizer
 
+from mlxbun_core.testing import process
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.process import ServerProcess
-from mlxbun_core.testing.server import free_port
 
-CLI = [sys.executable, "-m", "mlxbun_core.cli", "serve"]
 DEFAULT_CAP = 4096
 
 
 def serve(ckpt, *flags):
-    port = free_port()
-    proc = ServerProcess(CLI + [str(ckpt), "--port", str(port), "--no-open", *flags])
-    proc.wait_for_http(f"http://127.0.0.1:{port}/health", timeout=120)
-    return proc, f"http://127.0.0.1:{port}"
+    proc = process.serve(ckpt, "--no-open", *flags, timeout=120)
+    return proc, proc.base
 
 
 def never_ending(ckpt) -> dict:

@@ -2,15 +2,12 @@
 answers."""
 
 import json
-import os
-import sys
 
 import httpx
 import openai
 import pytest
 
-from mlxbun_core.testing.process import ServerProcess
-from mlxbun_core.testing.server import free_port
+from mlxbun_core.testing.process import serve
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -37,14 +34,12 @@ def test_capital_of_france_stream(srv):
 
 def test_serve_with_no_model_uses_the_embedded_default(smollm2_path):
     """`mlxbun serve` with no MODEL: the README's run command."""
-    port = free_port()
-    env = {**os.environ, "MLXBUN_HOME": str(smollm2_path.parent.parent)}
-    cmd = [sys.executable, "-m", "mlxbun_core.cli", "serve", "--port", str(port)]
-    with ServerProcess(cmd, env=env) as proc:
+    env = {"MLXBUN_HOME": str(smollm2_path.parent.parent)}
+    with serve(env=env, ready=None) as proc:
         banner = proc.wait_for_line("serving", timeout=120)
         assert "SmolLM2-135M-Instruct" in proc.output and "plugin 'generic'" in banner
-        proc.wait_for_http(f"http://127.0.0.1:{port}/health", timeout=30)
-        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()
+        proc.wait_for_http(proc.base + "/health", timeout=30)
+        models = httpx.get(proc.base + "/v1/models", timeout=10).json()
         assert models["data"][0]["id"] == "SmolLM2-135M-Instruct"
 
 

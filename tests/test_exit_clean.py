@@ -8,14 +8,12 @@ the worker's OS thread ends; see ``engine.worker.release_thread_mlx``."""
 from __future__ import annotations
 
 import signal
-import sys
 
 import openai
 
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.exit_probe import can_linger, run_exit_probe
-from mlxbun_core.testing.process import ServerProcess
-from mlxbun_core.testing.server import free_port
+from mlxbun_core.testing.process import serve
 
 ABORT = "terminate called"
 
@@ -33,11 +31,8 @@ def test_a_script_that_generated_and_closed_its_engine_exits_zero():
 
 def test_serve_stopped_by_sigint_after_a_request_exits_zero():
     """One sampled completion answered, then Ctrl-C: exit 0 and the drain's line last."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "mlxbun_core.cli", "serve", str(tiny_checkpoint("qwen3")),
-           "--port", str(port), "--no-open"]
-    with ServerProcess(cmd) as server:
-        base = f"http://127.0.0.1:{port}"
+    with serve(tiny_checkpoint("qwen3"), "--no-open", ready=None) as server:
+        base = server.base
         assert server.wait_for_http(base + "/health", timeout=60).status_code == 200
         client = openai.OpenAI(base_url=base + "/v1", api_key="x", timeout=60)
         done = client.completions.create(model="m", prompt="Hello", max_tokens=4,

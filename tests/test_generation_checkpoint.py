@@ -18,12 +18,13 @@ import httpx
 import openai
 
 from mlxbun_core.engine.core import Engine
+from mlxbun_core.engine.gen_checkpoint import FOLDER, FORMAT, CheckpointStore
 from mlxbun_core.engine.reply import Reply, gather
 from mlxbun_core.kvstore.config import SsdConfig
+from mlxbun_core.testing import process
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import close
 from mlxbun_core.testing.process import ServerProcess
-from mlxbun_core.testing.server import free_port
 from mlxbun_core.testing.turns import engine_reply
 
 EVERY = 8
@@ -32,13 +33,9 @@ MESSAGES = [{"role": "user", "content": "Tell me a long story about the sea."}]
 
 
 def serve(ckpt: Path, d: Path, *extra: str) -> tuple[ServerProcess, str]:
-    port = free_port()
-    proc = ServerProcess([sys.executable, "-m", "mlxbun_core.cli", "serve", str(ckpt),
-                          "--port", str(port), "--no-open", "--ssd-cache", str(d),
-                          "--generation-checkpoint", str(EVERY), *extra], env=dict(os.environ))
-    base = f"http://127.0.0.1:{port}"
-    proc.wait_for_http(base + "/health", 240)
-    return proc, base
+    proc = process.serve(ckpt, "--no-open", "--ssd-cache", d, "--generation-checkpoint",
+                         EVERY, *extra)
+    return proc, proc.base
 
 
 def client(base: str) -> openai.OpenAI:
@@ -202,3 +199,52 @@ def test_a_seeded_sample_resumes_where_its_random_stream_was(tmp_path):
         assert snapshots(tmp_path) == []
     finally:
         close(engine)
+
+
+def aged(path: Path, seconds: float) -> Path:
+    """``path``'s mtime set ``seconds`` into the past (the sweep reads the file's age)."""
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+    return path
+
+
+def snapshot_file(d: Path, key: str, tokens: int, age_s: float) -> Path:
+    path = d / FOLDER / f"{key}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"format": FORMAT, "key": key, "prompt_tokens": 3,
+                                "emitted": list(range(tokens)), "next": 1}))
+    return aged(path, age_s)
+
+
+def test_snapshots_past_the_age_limit_are_swept_when_the_store_opens(tmp_path):
+    """A cancelled generation nobody retried leaves its snapshot; it expires (and so does a
+    temp file a kill left behind), a recent one stays and still resumes."""
+    old = snapshot_file(tmp_path, "old", 10, age_s=3 * 3600)
+    fresh = snapshot_file(tmp_path, "fresh", 10, age_s=60)
+    torn = tmp_path / FOLDER / ".torn.tmp"
+    torn.write_text("{")
+    aged(torn, 3 * 3600)
+    store = CheckpointStore(tmp_path, 8, max_age_s=3600)
+    assert not old.exists() and not torn.exists() and fresh.exists()
+    assert store.load("fresh", 3) == [*range(10), 1] and store.load("old", 3) is None
+    assert store.stats()["expired"] == 2 and store.stats()["files"] == 1
+
+
+def test_past_the_byte_cap_the_oldest_snapshots_go_first(tmp_path):
+    """At open and as new snapshots are written: the oldest leave until the rest fit;
+    the one just written always stays."""
+    first = snapshot_file(tmp_path, "first", 100, age_s=300)
+    second = snapshot_file(tmp_path, "second", 100, age_s=200)
+    third = snapshot_file(tmp_path, "third", 100, age_s=100)
+    size = third.stat().st_size
+    store = CheckpointStore(tmp_path, 8, max_bytes=2 * size + size // 2)
+    assert [p.exists() for p in (first, second, third)] == [False, True, True]
+    store.save("new", 3, list(range(101)))  # as big as the others: the oldest makes room
+    assert store.flush(30)
+    assert [p.exists() for p in (second, third, store.path("new"))] == [False, True, True]
+    assert sum(p.stat().st_size for p in (tmp_path / FOLDER).glob("*.json")) \
+        <= store.max_bytes
+    assert store.stats()["expired"] == 2
+    store.save("huge", 3, list(range(5000)))  # alone over the cap: kept, the rest go
+    assert store.flush(30)
+    assert sorted(p.name for p in (tmp_path / FOLDER).iterdir()) == ["huge.json"]

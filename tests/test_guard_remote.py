@@ -11,11 +11,6 @@ and so does an ``--isolate`` parent."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from urllib.parse import unquote
 
 import httpx
@@ -28,6 +23,7 @@ from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.fuzz_guard import raw_request, routed, sample
 from mlxbun_core.testing.hub_cache import library_env, library_hub
 from mlxbun_core.testing.netns import remote_host
+from mlxbun_core.testing.process import serve
 from mlxbun_core.testing.server import free_port, start_server
 
 FORBIDDEN = {"error": {"message": LOOPBACK_ONLY, "type": "permission_error"}}
@@ -194,30 +190,9 @@ def test_the_isolate_parent_classifies_every_route_as_the_server_does(server):
 def parent(tmp_path_factory):
     root = tmp_path_factory.mktemp("iso")
     library_hub(root / "hf" / "hub")
-    port = free_port()
-    log = open(root / "parent.log", "w+")  # noqa: SIM115 (closed below)
-    env = {**os.environ, **library_env(root)}
-    proc = subprocess.Popen([sys.executable, "-m", "mlxbun_core.cli", "serve", "--isolate",
-                             "--host", "0.0.0.0", "--port", str(port), "Tiny-Llama"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = 180
-        for _ in range(deadline * 10):
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/engine").json()["state"] == "ready":
-                    break
-            except (httpx.HTTPError, KeyError, ValueError):
-                pass
-            assert proc.poll() is None, (root / "parent.log").read_text()
-            time.sleep(0.1)
-        yield port
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+    with serve("--isolate", "--host", "0.0.0.0", "Tiny-Llama", env=library_env(root),
+               ready="/engine", timeout=180) as proc:
+        yield proc.port
 
 
 # the engine's router takes each of these for a guarded route (the proxy removes dot

@@ -5,8 +5,6 @@ SIGKILL of an engine, disconnects through the proxy, and the parent-owned Respon
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -22,15 +20,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mlxbun_core.isolate import access
 from mlxbun_core.testing.hub_cache import library_env, library_hub
-from mlxbun_core.testing.server import free_port
+from mlxbun_core.testing.process import serve
 
 LLAMA, GEMMA, QWEN = "acme/Tiny-Llama-Chat", "acme/Tiny-Gemma4-it", "other/Qwen3-Tiny"
 PROMPT = "Once upon a time"
 
 
 class Parent:
-    def __init__(self, proc, port):
-        self.proc, self.base = proc, f"http://127.0.0.1:{port}"
+    def __init__(self, server):
+        self.server, self.proc, self.base = server, server.proc, server.base
         self.client = openai.OpenAI(base_url=self.base + "/v1", api_key="unused",
                                     max_retries=0, timeout=120)
 
@@ -44,18 +42,7 @@ class Parent:
         return {e["model"]: e for e in self.engine()["pool"]["resident"]}
 
     def wait(self, cond, what, timeout=120):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"parent exited {self.proc.returncode} "
-                                     f"while waiting for {what}")
-            try:
-                if cond():
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {what}")
+        self.server.wait_until(cond, what, timeout)
 
 
 @pytest.fixture(scope="module")
@@ -65,26 +52,10 @@ def hub(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def parent(hub, tmp_path_factory):
-    port = free_port()
-    log = open(tmp_path_factory.mktemp("isolog") / "parent.log", "w+")  # noqa: SIM115 (below)
-    env = {**os.environ, **library_env(hub[0])}
-    proc = subprocess.Popen([sys.executable, "-m", "mlxbun_core.cli", "serve", "--isolate",
-                             "--model-pool", "2", "--port", str(port), "Tiny-Llama"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
-    p = Parent(proc, port)
-    try:
-        p.wait(lambda: p.engine()["state"] == "ready", "the default engine")
-        yield p
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.seek(0)
-        print(log.read()[-4000:])
-        log.close()
+def parent(hub):
+    with serve("--isolate", "--model-pool", "2", "Tiny-Llama", env=library_env(hub[0]),
+               ready="/engine", timeout=120) as server:
+        yield Parent(server)
 
 
 @pytest.fixture(scope="module")

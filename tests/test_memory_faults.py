@@ -6,10 +6,7 @@ fault left unrun, respawns the engine and has them answered there."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -17,8 +14,7 @@ import httpx
 
 from mlxbun_core.server.drain import DEVICE_FAULT_EXIT
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.process import ServerProcess
-from mlxbun_core.testing.server import free_port
+from mlxbun_core.testing.process import serve
 
 ABORTS = ("terminate called", "Aborted", "double free", "core dumped", "Segmentation")
 BODY = {"model": "m", "prompt": "Once upon a time", "max_tokens": 12, "temperature": 0}
@@ -73,11 +69,10 @@ def post_all(base: str, bodies: list[dict]) -> list:
 
 
 def test_a_sticky_device_fault_ends_the_server_with_75_after_answering_503s():
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "mlxbun_core.cli", "serve", str(tiny_checkpoint("llama")),
-           "--port", str(port), "--no-open", "--batch", "2"]
-    with ServerProcess(cmd, env={**os.environ, "MLXBUN_FAULT_DEVICE": "3"}) as server:
+    server = serve(tiny_checkpoint("llama"), "--no-open", "--batch", "2",
+                   env={"MLXBUN_FAULT_DEVICE": "3"}, ready=None)
+    base = server.base
+    with server:
         assert server.wait_for_http(base + "/health", timeout=120).status_code == 200
         health = HealthLog(base + "/health")
         assert health.first() == 200
@@ -96,24 +91,10 @@ def test_a_sticky_device_fault_ends_the_server_with_75_after_answering_503s():
 
 
 def test_under_isolate_the_parent_respawns_the_engine_and_keeps_the_requests():
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "mlxbun_core.cli", "serve", "--isolate",
-           str(tiny_checkpoint("llama")), "--port", str(port), "--no-open", "--batch", "2"]
-    proc = subprocess.Popen(cmd, env={**os.environ, "MLXBUN_FAULT_DEVICE": "3"},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    server = serve("--isolate", tiny_checkpoint("llama"), "--no-open", "--batch", "2",
+                   env={"MLXBUN_FAULT_DEVICE": "3"}, ready="/engine", timeout=120)
+    base, lines = server.base, server.lines
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(base + "/engine", timeout=5).json()["state"] == "ready":
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
-            time.sleep(0.2)
         first = httpx.get(base + "/engine", timeout=10).json()
         health = HealthLog(base + "/health")
         assert health.first() == 200
@@ -127,8 +108,8 @@ def test_under_isolate_the_parent_respawns_the_engine_and_keeps_the_requests():
         assert 503 in seen, seen  # the parent's /health while the engine's device failed
         assert httpx.get(base + "/health", timeout=10).status_code == 200
     finally:
-        proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(60)
+        server.proc.send_signal(signal.SIGTERM)
+        rc = server.wait_for_exit(60)
     out = "".join(lines)
     assert rc == 0, out
     assert not any(a in out for a in ABORTS), out

@@ -11,8 +11,7 @@ import httpx
 from transformers import AutoTokenizer
 
 from mlxbun_core.testing.checkpoints import write_checkpoint
-from mlxbun_core.testing.process import ServerProcess
-from mlxbun_core.testing.server import free_port
+from mlxbun_core.testing.process import serve
 
 ROOT = Path(__file__).resolve().parents[1]
 MLXBUN = [sys.executable, "-m", "mlxbun_core.cli"]
@@ -84,12 +83,10 @@ def test_third_party_family_served_through_its_entry_point(tmp_path):
     config = json.loads((ckpt / "config.json").read_text())
     config["architectures"] = ["EchoLlamaForCausalLM"]
     (ckpt / "config.json").write_text(json.dumps(config))
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(site)}
-    with ServerProcess(MLXBUN + ["serve", str(ckpt), "--port", str(port)], env=env) as proc:
+    with serve(ckpt, env={"PYTHONPATH": str(site)}, ready=None) as proc:
         banner = proc.wait_for_line("serving", timeout=90)
         assert "via plugin 'echo'" in banner
-        base = f"http://127.0.0.1:{port}"
+        base = proc.base
         proc.wait_for_http(base + "/health", timeout=30)
         row = httpx.get(base + "/v1/models", timeout=10).json()["data"][0]
         assert row["plugin"] == "echo" and row["family"] == "echo"

@@ -5,10 +5,6 @@ unloaded after its keep_alive, the allow-list refuses other models in each surfa
 shape, and /v1/models lists what may be asked for with its state."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 
 import anthropic
@@ -17,7 +13,7 @@ import openai
 import pytest
 
 from mlxbun_core.testing.hub_cache import library_env, library_hub
-from mlxbun_core.testing.server import free_port
+from mlxbun_core.testing.process import serve
 
 LLAMA, CODER, QWEN, OUTSIDER = ("acme/Tiny-Llama-Chat", "acme/Tiny-Coder", "other/Qwen3-Tiny",
                                 "acme/Tiny-Outsider")
@@ -50,8 +46,8 @@ models:
 
 
 class Parent:
-    def __init__(self, proc, port):
-        self.proc, self.base = proc, f"http://127.0.0.1:{port}"
+    def __init__(self, server):
+        self.server, self.proc, self.base = server, server.proc, server.base
         self.openai = openai.OpenAI(base_url=self.base + "/v1", api_key="unused",
                                     max_retries=0, timeout=120)
         self.anthropic = anthropic.Anthropic(base_url=self.base, api_key="unused",
@@ -70,17 +66,7 @@ class Parent:
         return {r["id"]: r for r in self.get("/v1/models").json()["data"]}
 
     def wait(self, cond, what, timeout=120):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"parent exited {self.proc.returncode} waiting for {what}")
-            try:
-                if cond():
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {what}")
+        self.server.wait_until(cond, what, timeout)
 
 
 @pytest.fixture(scope="module")
@@ -94,26 +80,12 @@ def hub(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def parent(hub, tmp_path_factory):
-    port = free_port()
-    log = open(tmp_path_factory.mktemp("poollog") / "parent.log", "w+")  # noqa: SIM115 (below)
-    env = {**os.environ, **library_env(hub[0])}
-    proc = subprocess.Popen([sys.executable, "-m", "mlxbun_core.cli", "serve", "--port",
-                             str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
-    p = Parent(proc, port)
-    try:
+def parent(hub):
+    with serve(env=library_env(hub[0]), ready=None) as server:
+        p = Parent(server)
         p.wait(lambda: {LLAMA, QWEN} <= {m for m, e in p.resident().items()
                                          if e["state"] == "ready"}, "the default and the pin")
         yield p
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.seek(0)
-        print(log.read()[-4000:])
-        log.close()
 
 
 def no_eos(hub, repo) -> dict:

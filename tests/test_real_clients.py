@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,8 +24,7 @@ import httpx
 import pytest
 
 from mlxbun_core.testing.clients import long_context_options, run_claude, run_codex
-from mlxbun_core.testing.process import ServerProcess
-from mlxbun_core.testing.server import free_port
+from mlxbun_core.testing.process import serve
 from scripted_model import scripted_server
 
 QUESTION = "What does hello.txt say?"
@@ -201,14 +198,11 @@ def test_claude_code_on_the_embedded_default_with_its_stretched_window(smollm2_p
     Code, bare (its own system prompt, environment block and tools are 12k tokens, minutes
     to read on a CPU: bench/NOTES.md has that run): the real model, its RoPE stretched,
     answers through the real client."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "mlxbun_core.cli", "serve", "--port", str(port), "--no-open"]
-    with ServerProcess(cmd, env={**os.environ, "MLXBUN_CONTEXT_LENGTH": ""}) as proc:
-        proc.wait_for_http(f"http://127.0.0.1:{port}/health", timeout=240)
+    with serve("--no-open", env={"MLXBUN_CONTEXT_LENGTH": ""}) as proc:
         assert "context 32768 tokens (8192 native, YaRN x4)" in proc.output
-        row = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()["data"][0]
+        row = httpx.get(proc.base + "/v1/models", timeout=30).json()["data"][0]
         assert (row["id"], row["context_window"]) == ("SmolLM2-135M-Instruct", 32768)
-        done = run_claude(npm_clients["claude"], f"http://127.0.0.1:{port}",
+        done = run_claude(npm_clients["claude"], proc.base,
                           "What is the capital of France?", cwd=tmp_path,
                           home=tmp_path / "home", max_output_tokens=24,
                           args=("--bare", "--max-turns", "1", "--tools", "",

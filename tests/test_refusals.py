@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 
 import httpx
@@ -15,10 +13,8 @@ import websockets.sync.client
 from websockets.exceptions import InvalidStatus
 
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.process import ServerProcess
-from mlxbun_core.testing.server import free_port
+from mlxbun_core.testing.process import ServerProcess, serve
 
-CLI = [sys.executable, "-m", "mlxbun_core.cli", "serve"]
 KEY = "sesame"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
@@ -32,13 +28,11 @@ def access_lines(proc: ServerProcess, needle: str, timeout: float = 10) -> str:
 def served():
     """`mlxbun serve` with an API key and a small body cap; the first /health answer is
     taken as soon as the port answers at all."""
-    port = free_port()
-    env = {**os.environ, "MLXBUN_MAX_BODY_BYTES": "4096"}
-    proc = ServerProcess(CLI + [str(tiny_checkpoint("llama", seed=8)), "--port", str(port),
-                                "--api-key", KEY, "--no-open"], env=env)
-    first = proc.wait_for_http(f"http://127.0.0.1:{port}/health", timeout=120)
+    proc = serve(tiny_checkpoint("llama", seed=8), "--api-key", KEY, "--no-open",
+                 env={"MLXBUN_MAX_BODY_BYTES": "4096"}, ready=None)
+    first = proc.wait_for_http(proc.base + "/health", timeout=120)
     banner_first = "mlxbun: serving" in proc.output
-    yield proc, f"http://127.0.0.1:{port}", (first, banner_first)
+    yield proc, proc.base, (first, banner_first)
     proc.stop()
 
 
@@ -96,10 +90,8 @@ def test_isolate_health_says_loading_until_the_engine_answers():
     """`--isolate`: the parent answers at once, 503 `loading` until its engine child has
     answered (it said ok while the engine was still loading); its own refusals are
     logged by it, the engine's by the engine; HEAD / goes through."""
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    with ServerProcess(CLI + [str(tiny_checkpoint("llama", seed=8)), "--isolate", "--port",
-                              str(port), "--no-open"]) as proc:
+    with serve(tiny_checkpoint("llama", seed=8), "--isolate", "--no-open", ready=None) as proc:
+        base = proc.base
         first = proc.wait_for_http(base + "/health", timeout=60)
         assert (first.status_code, first.json()) == (503, {"status": "loading"}), proc.output
         deadline = time.monotonic() + 180

@@ -16,7 +16,6 @@ import os
 import resource
 import shutil
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -30,8 +29,8 @@ from mlxbun_core.kvstore.fileformat import TMP_PREFIX
 from mlxbun_core.kvstore.store import SsdStore
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import close
-from mlxbun_core.testing.process import ServerProcess
-from mlxbun_core.testing.server import free_port, running_server
+from mlxbun_core.testing.process import serve
+from mlxbun_core.testing.server import running_server
 from mlxbun_core.testing.turns import SYSTEM, cold, engine_reply, greedy_chat, ids, next_turn, turn
 
 N = 5  # tokens a turn answers with
@@ -79,12 +78,9 @@ def test_a_full_disk_keeps_the_server_answering(ckpt, plain, tmp_path):
         def cap_file_size():  # the fallback: every file this process writes stops at 64 KiB
             resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
 
-        port = free_port()
-        cmd = [sys.executable, "-m", "mlxbun_core.cli", "serve", str(ckpt), "--port", str(port),
-               "--no-open", "--ssd-cache", str(d), "--ssd-cache-max", "1"]
-        with ServerProcess(cmd, preexec_fn=None if small else cap_file_size) as proc:
-            base = f"http://127.0.0.1:{port}"
-            proc.wait_for_http(base + "/health", 240)
+        with serve(ckpt, "--no-open", "--ssd-cache", d, "--ssd-cache-max", "1",
+                   preexec_fn=None if small else cap_file_size) as proc:
+            base = proc.base
             msgs = convo("sea")
             r1 = turn(base, msgs, N)
             flushed = httpx.post(base + "/admin/cache/flush", timeout=60)
@@ -151,11 +147,9 @@ def ssd_hits(base: str) -> int:
 
 def test_two_servers_share_one_directory(ckpt, plain, tmp_path):
     d = tmp_path / "shared"
-    port = free_port()
-    other = ServerProcess([sys.executable, "-m", "mlxbun_core.cli", "serve", str(ckpt),
-                           "--port", str(port), "--no-open", "--ssd-cache", str(d)])
+    other = serve(ckpt, "--no-open", "--ssd-cache", d, ready=None)
     with other, running_server(ckpt, ssd=SsdConfig(dir=d)) as here:
-        a, b = f"http://127.0.0.1:{port}", here.base_url
+        a, b = other.base, here.base_url
         other.wait_for_http(a + "/health", 240)
         topics = ["sea", "sky", "hills", "rain", "wind", "snow"]
         replies: dict = {}

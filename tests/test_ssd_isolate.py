@@ -5,10 +5,6 @@ matches a cold run."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 
 import httpx
@@ -16,7 +12,7 @@ import httpx
 from mlxbun_core.engine.core import Engine
 from mlxbun_core.testing.engine import close, token_ids
 from mlxbun_core.testing.hub_cache import library_env, library_hub
-from mlxbun_core.testing.server import free_port
+from mlxbun_core.testing.process import serve
 from mlxbun_core.testing.turns import engine_reply
 
 LLAMA, QWEN, THIRD = "acme/Tiny-Llama-Chat", "other/Qwen3-Tiny", "other/Qwen3-Tiny-B"
@@ -33,36 +29,23 @@ def body(model, messages):
 
 def test_a_pool_switch_demotes_the_cache_and_a_switch_back_restores_it(tmp_path):
     snapshots = library_hub(tmp_path / "hf" / "hub", MODELS)
-    port, base = free_port(), None
-    log = open(tmp_path / "parent.log", "w+")  # noqa: SIM115 (read back, closed in the finally)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlxbun_core.cli", "serve", "--isolate", "--model-pool", "2",
-         "--port", str(port), "--ssd-cache", str(tmp_path / "ssd"), "--model", LLAMA],
-        env={**os.environ, **library_env(tmp_path)}, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    proc = serve("--isolate", "--model-pool", "2", "--ssd-cache", tmp_path / "ssd",
+                 "--model", LLAMA, env=library_env(tmp_path), ready="/engine", timeout=300)
 
     def post(model, messages):
-        r = httpx.post(base + "/v1/chat/completions", json=body(model, messages), timeout=300)
+        r = httpx.post(proc.base + "/v1/chat/completions", json=body(model, messages),
+                       timeout=300)
         assert r.status_code == 200, r.text
         return r.json()
 
-    try:
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            try:
-                if httpx.get(base + "/engine", timeout=5).json().get("state") == "ready":
-                    break
-            except (httpx.HTTPError, ValueError):
-                pass
-            assert proc.poll() is None, "the parent exited"
-            time.sleep(0.2)
+    with proc:
         first = post(LLAMA, HISTORY)
         post(QWEN, HISTORY)
         post(THIRD, HISTORY)  # two engines fit: the least recently used (llama) drains
         # the eviction runs once THIRD's request has ended: wait for its drain to report
         deadline = time.time() + 120
         while True:
-            pool = httpx.get(base + "/engine", timeout=30).json()["pool"]
+            pool = httpx.get(proc.base + "/engine", timeout=30).json()["pool"]
             if pool["demotions"] or time.time() > deadline:
                 break
             time.sleep(0.2)
@@ -73,15 +56,6 @@ def test_a_pool_switch_demotes_the_cache_and_a_switch_back_restores_it(tmp_path)
                             {"role": "user", "content": "And the mountains?"}]
         back = post(LLAMA, follow)  # a fresh llama engine: its RAM is empty
         assert back["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.seek(0)
-        print(log.read()[-3000:])
-        log.close()
     plain = Engine.load(str(snapshots[LLAMA]), progress=False, prompt_cache_bytes=0)
     try:
         want = token_ids(engine_reply(plain, body(LLAMA, follow)))

@@ -6,8 +6,6 @@ injected rates and across real restarts."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import httpx
@@ -20,11 +18,11 @@ from mlxbun_core.engine.prompt_cache import PrefixCache
 from mlxbun_core.kvstore import rates
 from mlxbun_core.kvstore.config import SsdConfig
 from mlxbun_core.kvstore.store import SsdStore
+from mlxbun_core.testing import process
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import close, greedy, run_all, token_ids
 from mlxbun_core.testing.helpers import configure
 from mlxbun_core.testing.process import ServerProcess
-from mlxbun_core.testing.server import free_port
 
 NS = ("m", "/p", "", "kv:native", "")
 
@@ -112,13 +110,8 @@ def test_the_kept_rate_replaces_the_calibration_until_real_chunks_come():
 
 
 def serve(ckpt, d: Path, env: dict) -> tuple[ServerProcess, str]:
-    port = free_port()
-    proc = ServerProcess([sys.executable, "-m", "mlxbun_core.cli", "serve", str(ckpt),
-                          "--port", str(port), "--no-open", "--ssd-cache", str(d)],
-                         env={**os.environ, **env})
-    base = f"http://127.0.0.1:{port}"
-    proc.wait_for_http(base + "/health", 240)
-    return proc, base
+    proc = process.serve(ckpt, "--no-open", "--ssd-cache", d, env=env)
+    return proc, proc.base
 
 
 def answer(base: str, prompt: str) -> tuple[list[int], dict]:

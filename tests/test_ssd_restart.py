@@ -5,7 +5,6 @@ server answers as a cold one would."""
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
@@ -20,23 +19,18 @@ from mlxbun_core.engine.core import Engine
 from mlxbun_core.kvstore.config import SsdConfig
 from mlxbun_core.kvstore.fileformat import SUFFIX, TMP_PREFIX, CorruptEntry, read_header
 from mlxbun_core.kvstore.store import SsdStore
+from mlxbun_core.testing import process
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import close
 from mlxbun_core.testing.process import ServerProcess
-from mlxbun_core.testing.server import free_port
 from mlxbun_core.testing.turns import SYSTEM, cold, ids, next_turn, turn
 
 USER = {"role": "user", "content": "Tell me about the sea and the sky. " * 12}
 
 
 def serve(ckpt, d: Path, *extra, env=None) -> tuple[ServerProcess, str]:
-    port = free_port()
-    proc = ServerProcess([sys.executable, "-m", "mlxbun_core.cli", "serve", str(ckpt),
-                          "--port", str(port), "--no-open", "--ssd-cache", str(d), *extra],
-                         env={**os.environ, **(env or {})})
-    base = f"http://127.0.0.1:{port}"
-    proc.wait_for_http(base + "/health", 240)
-    return proc, base
+    proc = process.serve(ckpt, "--no-open", "--ssd-cache", d, *extra, env=env)
+    return proc, proc.base
 
 
 def test_sigterm_flushes_and_a_sigkill_after_a_reply_is_survived(tmp_path):

@@ -66,11 +66,10 @@ def test_embedding_on_a_model_that_cannot_embed_is_refused_at_start():
     """`--embedding` on a llama checkpoint (no installed family embeds llama) used to be
     ignored: it served a chat model. Now start-up stops and names what can embed."""
     from mlxbun_core.testing.checkpoints import tiny_checkpoint
-    from mlxbun_core.testing.process import ServerProcess
+    from mlxbun_core.testing.process import serve
 
     path = tiny_checkpoint("llama", seed=2)
-    with ServerProcess(CLI + ["serve", str(path), "--embedding", "--port",
-                              str(free_port()), "--no-open"]) as proc:
+    with serve(path, "--embedding", "--no-open", ready=None) as proc:
         rc = proc.proc.wait(120)
     assert rc == 2, proc.output
     line = next(ln for ln in proc.output.splitlines() if "--embedding" in ln)

@@ -19,8 +19,8 @@ import mlxbun_core
 from mlxbun_core.server.meta import NO_WEB_APP
 from mlxbun_core.server.state import AppState
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.process import ServerProcess
-from mlxbun_core.testing.server import free_port, running_server
+from mlxbun_core.testing.process import serve
+from mlxbun_core.testing.server import running_server
 from mlxbun_core.webapp.state import of as web_state
 
 CLI = [sys.executable, "-m", "mlxbun_core.cli"]
@@ -36,14 +36,8 @@ def ckpt():
 @pytest.fixture(scope="module")
 def bare(ckpt):
     """``mlxbun serve`` with the web app blocked: its base URL."""
-    port = free_port()
-    proc = ServerProcess(CLI + ["serve", str(ckpt), "--port", str(port), "--no-open",
-                                "--max-tokens", "8"], env=NO_APP)
-    try:
-        proc.wait_for_http(f"http://127.0.0.1:{port}/health", timeout=180)
-        yield f"http://127.0.0.1:{port}", proc
-    finally:
-        proc.stop()
+    with serve(ckpt, "--no-open", "--max-tokens", "8", env=NO_APP, timeout=180) as proc:
+        yield proc.base, proc
 
 
 def test_every_inference_api_answers_without_the_web_app(bare):

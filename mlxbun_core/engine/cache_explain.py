@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from ..sequences import common_prefix
 from .prompt_tier import MIN_HIT
 
 if TYPE_CHECKING:
@@ -91,12 +92,6 @@ class Evictions:
             if found is None or shared > found[1]:
                 found = (ghost, shared)
         return found
-
-
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    m = min(len(a), len(b))
-    differ = np.flatnonzero(a[:m] != b[:m])
-    return int(differ[0]) if len(differ) else m
 
 
 @dataclass

@@ -15,6 +15,10 @@ advanced past the replayed draws) continue exactly as an uninterrupted run would
 
 Qualifying: greedy or seeded sampling, no media, prompt embeddings, grammar, fill,
 log-probs, prompt scoring or speculation (the others run as before, uncheckpointed).
+
+Snapshots nobody resumes (a cancelled request never retried) would pile up: files older
+than :data:`MAX_AGE_S` go, and past :data:`MAX_BYTES` the oldest go first, swept when the
+store opens and after every write.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +46,8 @@ log = logging.getLogger("mlxbun.engine")
 FOLDER = "generations"  # under the --ssd-cache directory, beside the fingerprint folders
 FORMAT = "mlxbun-generation-checkpoint/1"
 COMPLETED = ("stop", "length", "tool_calls")
+MAX_AGE_S = 24 * 3600.0  # a retry comes within minutes, a restart within hours
+MAX_BYTES = 64 << 20  # a token takes about 7 bytes of JSON: some ten million tokens
 
 
 def open_store(config: SsdConfig | None, tier: SsdStore | None) -> CheckpointStore | None:
@@ -86,11 +93,20 @@ class CheckpointStore:
     """The snapshot files under ``<ssd-cache>/generations/`` and their background writer
     (writes and removals are applied in order, off the worker thread)."""
 
-    def __init__(self, root: Path, every: int):
+    def __init__(self, root: Path, every: int, *, max_age_s: float = MAX_AGE_S,
+                 max_bytes: int = MAX_BYTES):
         self.dir = Path(root) / FOLDER
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.every = every
+        self.every, self.max_age_s, self.max_bytes = every, max_age_s, max_bytes
         self.saved = self.removed = self.resumed = self.resumed_tokens = self.failed = 0
+        self.expired = 0
+        # the files on disk (snapshots, and temp files a kill left): path -> (mtime, bytes);
+        # read once here, then kept by the writer thread (its only user)
+        self._on_disk = {p: (st.st_mtime, st.st_size) for p in self.dir.iterdir()
+                         if p.name.endswith((".json", ".tmp")) and (st := p.stat())}
+        self._sweep()
+        if self.expired:
+            log.info("generation checkpoint: %d expired snapshots removed", self.expired)
         self._lock = threading.Lock()
         # key -> the snapshot this process queued last (None: removed); kept small: a
         # key leaves once its last queued write is done
@@ -158,8 +174,10 @@ class CheckpointStore:
                 elif op == "save":
                     self._write(key, record)
                     self.saved += 1
+                    self._sweep(keep=self.path(key))
                 else:
                     self.path(key).unlink(missing_ok=True)
+                    self._on_disk.pop(self.path(key), None)
                     self.removed += 1
             except OSError as exc:
                 self.failed += 1
@@ -176,12 +194,32 @@ class CheckpointStore:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path(key))
+        st = self.path(key).stat()
+        self._on_disk[self.path(key)] = (st.st_mtime, st.st_size)
+
+    def _sweep(self, keep: Path | None = None) -> None:
+        """Remove files older than ``max_age_s``, then the oldest until the rest fit in
+        ``max_bytes``; ``keep`` (the snapshot just written) stays."""
+        total = sum(size for _, size in self._on_disk.values())
+        oldest_first = sorted(self._on_disk.items(), key=lambda item: item[1][0])
+        now = time.time()
+        for path, (mtime, size) in oldest_first:
+            if path == keep or (now - mtime <= self.max_age_s and total <= self.max_bytes):
+                continue
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("generation checkpoint: removing %s failed: %s", path.name, exc)
+                continue
+            del self._on_disk[path]
+            total -= size
+            self.expired += 1
 
     def stats(self) -> dict[str, Any]:
         return {"every": self.every, "dir": str(self.dir), "files": self.files(),
                 "saved": self.saved, "removed": self.removed, "resumed": self.resumed,
                 "resumed_tokens": self.resumed_tokens, "failed": self.failed,
-                "pending": self.pending()}
+                "expired": self.expired, "pending": self.pending()}
 
 
 class Tracker:

@@ -19,6 +19,7 @@ from ..grammar_registry import registry as grammars
 from ..media import parts as media_parts
 from ..model import LoadedModel, MediaPrompt
 from ..runconfig import current
+from ..sequences import common_prefix
 from ..toolcalls import ToolChoice, plan_constraint
 from .cache_pins import KEY_TTL, Pin
 from .request import ChatRequest, CompletionRequest, GenerationInput
@@ -175,7 +176,7 @@ def cache_pins(model: LoadedModel, hooks: ModelHooks, req: ChatRequest, plan: Gr
                                     reasoning_effort=req.reasoning_effort)
         if variant is None:
             continue
-        shared = _shared(rendered, list(variant.tokens))
+        shared = common_prefix(rendered, variant.tokens)
         at = shared if gen.media is None else _past_media(rendered, gen.media, shared)
         if at is not None:
             pins.append(Pin(at, bp.ttl))
@@ -194,15 +195,6 @@ def _past_media(rendered: list[int], media: MediaPrompt, at: int) -> int | None:
             or media.tokens[pos:] != rendered[at:]:
         return None
     return pos
-
-
-def _shared(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _sampler(model: LoadedModel, gen: GenerationRequest) -> None:

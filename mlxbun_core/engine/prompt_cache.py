@@ -27,7 +27,6 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -142,7 +141,7 @@ class PrefixCache(SsdTier):
         from mlx_lm.models.cache import trim_prompt_cache
 
         entry = self._entry(namespace, plan.key)
-        entry.last_used = time.monotonic()
+        entry.last_used = self.clock()
         value = entry.cache
         if isinstance(value, BlockEntry):
             if value.layout is layout:
@@ -219,7 +218,7 @@ class PrefixCache(SsdTier):
     def _insert(self, namespace: Hashable, tokens: list[int], cache: list[Any] | BlockEntry,
                 cache_type: str, durable: bool) -> None:
         with self._lock:
-            entry = RamEntry(cache, cache_type, durable)
+            entry = RamEntry(cache, cache_type, durable, self.clock())
             removed = self._index.add(namespace, tokens,
                                       Entry(entry, _nbytes(cache), cache_type),
                                       drop_prefixes=_trimmable(cache), keep=self._pinned)
@@ -309,8 +308,8 @@ class PrefixCache(SsdTier):
             if _nbytes(cache) * len(pin) // len(tokens) > limit - self._index.nbytes:
                 continue
             part = _prefix_copy(cache, len(tokens) - len(pin))
-            self._index.add(namespace, list(pin), Entry(RamEntry(part, "user", False),
-                                                        _nbytes(part), "user"))
+            entry = RamEntry(part, "user", False, self.clock())
+            self._index.add(namespace, list(pin), Entry(entry, _nbytes(part), "user"))
             return
 
     def _pop(self, namespace: Hashable, tokens: list[int], by: str | None = None) -> RamEntry:

@@ -45,6 +45,8 @@ class SsdTier(ABC):
         """``post(fn)`` runs ``fn`` on the MLX owner thread (the idle-demotion sweep is
         timed on the tier's writer thread)."""
         self.tier = tier
+        # what idleness is measured by (RamEntry.last_used); a test may hand in its own
+        self.clock: Callable[[], float] = time.monotonic
         self.ssd_hits = self.ssd_hit_tokens = 0
         self.ssd_skipped = 0  # disk entries left alone: recomputing them was faster
         # prompt tokens a second this device prefills (the engine's pacer); None: unknown
@@ -179,7 +181,7 @@ class SsdTier(ABC):
     def drop_durable(self, idle_s: float = 0.0, spare_pinned: bool = False) -> int:
         """Free the RAM of entries already on disk (unused for ``idle_s``; with
         ``spare_pinned``, but live pins: a drain frees them too); the count."""
-        now, n = time.monotonic(), 0
+        now, n = self.clock(), 0
         for ns, tokens, e in self._entries():
             if e.durable and now - e.last_used >= idle_s \
                     and not (spare_pinned and self._pinned(ns, tokens)):
@@ -196,7 +198,7 @@ class SsdTier(ABC):
         A pinned entry is written but stays in RAM: idleness is no memory pressure, and
         its client asked to keep it (the byte cap still spills it when RAM is short)."""
         age = self._ssd().config.demote_idle_s
-        now = time.monotonic()
+        now = self.clock()
         for ns, tokens, e in self._entries():
             if now - e.last_used >= age:
                 self._persist(ns, tokens, e, urgent=True)
@@ -205,7 +207,7 @@ class SsdTier(ABC):
     def _idle_sweep(self, post: Callable[[Callable[[], None]], None]) -> None:
         """On the writer thread: ask the owner thread to demote when something idle is
         left to demote (written pinned entries stay)."""
-        age, now = self._ssd().config.demote_idle_s, time.monotonic()
+        age, now = self._ssd().config.demote_idle_s, self.clock()
         if any(now - e.last_used >= age and not (e.durable and self._pinned(ns, tokens))
                for ns, tokens, e in self._entries()):
             post(self.demote_idle)
@@ -218,11 +220,12 @@ class RamEntry:
     __slots__ = ("cache", "cache_type", "durable", "job", "volatile", "last_used",
                  "__weakref__")
 
-    def __init__(self, cache: list[Any] | BlockEntry, cache_type: str, durable: bool):
+    def __init__(self, cache: list[Any] | BlockEntry, cache_type: str, durable: bool,
+                 last_used: float):
         self.cache, self.cache_type, self.durable = cache, cache_type, durable
         self.job: Any = None
         self.volatile = False
-        self.last_used = time.monotonic()
+        self.last_used = last_used  # on the tier's clock
 
 
 def release(value: Any) -> None:

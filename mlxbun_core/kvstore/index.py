@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..sequences import common_prefix
 from .fileformat import SUFFIX, CorruptEntry, maybe_remove, read_header, reap_orphans
 
 log = logging.getLogger("mlxbun.kvstore")
@@ -36,12 +37,6 @@ class IndexEntry:
     @property
     def n(self) -> int:
         return int(self.tokens.size)
-
-
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    m = min(a.size, b.size)
-    diff = np.flatnonzero(a[:m] != b[:m])
-    return int(diff[0]) if diff.size else m
 
 
 class Index:

@@ -181,6 +181,9 @@ class WriteQueue:
             except Exception:  # the tier must never take serving down
                 log.exception("ssd cache: write failed")
             ok = bool(result)
+            job.tensors = []  # free the arrays now, not when the callbacks drop the job
+            for cb in job.done:  # before the job counts as done: after wait_idle, a written
+                _call(cb, ok)    # entry is durable (a flush-then-demote frees it)
             with self._cond:
                 self._current = None
                 if result is None:
@@ -190,9 +193,6 @@ class WriteQueue:
                 else:
                     self.failed += 1
                 self._cond.notify_all()
-            job.tensors = []  # free the arrays now, not when the callbacks drop the job
-            for cb in job.done:
-                _call(cb, ok)
 
 
 def _call(fn, *args) -> None:

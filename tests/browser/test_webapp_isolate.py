@@ -6,18 +6,14 @@ it before), says when it is loaded, and a chat that names it is answered by it."
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
-import time
 
 import httpx
 import openai
 import pytest
 
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.process import ServerProcess
-from mlxbun_core.testing.server import free_port
+from mlxbun_core.testing.process import serve
 
 pytestmark = pytest.mark.browser
 
@@ -29,19 +25,11 @@ def isolated(tmp_path_factory):
     root = tmp_path_factory.mktemp("isolated")
     model = root / "home" / "models" / MODEL  # in the library: the Quantize page lists it
     shutil.copytree(tiny_checkpoint("llama"), model)
-    port = free_port()
-    env = {**os.environ, "MLXBUN_HOME": str(root / "home"), "HF_HOME": str(root / "hf"),
+    env = {"MLXBUN_HOME": str(root / "home"), "HF_HOME": str(root / "hf"),
            "HF_HUB_OFFLINE": "1", "MLX_DISABLE_COMPILE": "1"}
-    cmd = [sys.executable, "-m", "mlxbun_core.cli", "serve", "--isolate", "--model-pool", "2",
-           "--port", str(port), "--model", str(model)]
-    with ServerProcess(cmd, env=env) as proc:
-        base = f"http://127.0.0.1:{port}"
-        proc.wait_for_http(base + "/engine", 60)
-        deadline = time.monotonic() + 120
-        while httpx.get(base + "/engine").json()["state"] != "ready":
-            assert time.monotonic() < deadline, proc.output
-            time.sleep(0.2)
-        yield proc, base
+    with serve("--isolate", "--model-pool", "2", "--model", model, env=env, ready="/engine",
+               timeout=180) as proc:
+        yield proc, proc.base
 
 
 # how many times the page tells the reason (the flag it names): in its visible text and in

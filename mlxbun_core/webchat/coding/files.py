@@ -12,6 +12,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...sequences import common_prefix
 from ..apptools import ToolFailed
 from . import shown
 from .workspace import Workspace
@@ -85,8 +86,8 @@ class Change:
         old, new = _lines(self.before or ""), _lines(self.after)
         # only the changed region (and its context) goes to difflib, at most DIFF_LINES of
         # each side: its matching is quadratic-ish, and the card shows 64 KiB anyway
-        same = _common(old, new)
-        tail = _common(old[same:][::-1], new[same:][::-1])
+        same = common_prefix(old, new)
+        tail = common_prefix(old[same:][::-1], new[same:][::-1])
         start = max(0, same - CONTEXT)
         stops = [min(len(lines) - tail + CONTEXT, same + DIFF_LINES) for lines in (old, new)]
         cut = any(len(lines) - tail - same > DIFF_LINES for lines in (old, new))
@@ -101,16 +102,6 @@ class Change:
         if cut or len(text) > MAX_DIFF_CHARS:
             return text[:MAX_DIFF_CHARS] + "\n… (cut)\n"
         return text
-
-
-def _common(a: list[str], b: list[str]) -> int:
-    """How many leading lines ``a`` and ``b`` share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 _HUNK = re.compile(r"@@ -(\d+)(,\d+)? \+(\d+)(,\d+)? @@")

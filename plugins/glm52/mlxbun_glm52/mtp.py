@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+from mlxbun_core.contract import LazyHeadPredictor, load_head_weights
 from mlxbun_core.models.facts import activation_bytes
 
 log = logging.getLogger("mlxbun.glm52")
@@ -73,43 +74,25 @@ def _head_class() -> Any:
     return GlmMtpHead
 
 
-class GlmMtp:
-    """The target model plus its MTP layer: a :class:`mlxbun_core.contract.TokenPredictor`.
-    The layer's weights are read on first use (:meth:`make_cache`)."""
+class GlmMtp(LazyHeadPredictor):
+    """The target model plus its MTP layer, read on first use."""
 
     default_on = True  # the reference drafts with GLM-5.2's MTP unless --mtp off
 
     def __init__(self, model: Any, load_head: Callable[[], Any], name: str,
                  kv_bytes_per_token: int, weight_bytes: int):
-        self.model, self._load_head = model, load_head
-        self._head: Any = None
-        self.name, self.num_draft_tokens = name, DEFAULT_DRAFT_TOKENS
-        self.kv_bytes_per_token, self.weight_bytes = kv_bytes_per_token, weight_bytes
+        super().__init__(model.model, load_head, name=name,
+                         num_draft_tokens=DEFAULT_DRAFT_TOKENS,
+                         kv_bytes_per_token=kv_bytes_per_token, weight_bytes=weight_bytes)
+        self.model = model
 
-    @property
-    def loaded(self) -> bool:
-        return self._head is not None
+    def logits(self, normed: Any) -> Any:
+        return self.model.lm_head(normed)
 
-    @property
-    def head(self) -> Any:
-        if self._head is None:
-            self._head = self._load_head()
-        return self._head
-
-    def forward(self, tokens: Any, cache: list[Any]) -> tuple[Any, Any]:
-        """The target's logits and its final normed states (what the head reads)."""
-        normed = self.model.model(tokens, cache)
-        return self.model.lm_head(normed), normed
-
-    def make_cache(self) -> list[Any]:
+    def head_cache(self) -> list[Any]:
         from mlx_lm.models.cache import CacheList, KVCache
 
-        self.head  # noqa: B018 (reads the weights on first use)
         return [CacheList(KVCache(), KVCache())]
-
-    def predict(self, hidden: Any, tokens: Any, cache: list[Any]) -> tuple[Any, Any]:
-        state, normed = self.head(hidden, self.model.model.embed_tokens(tokens), cache[0])
-        return self.model.lm_head(normed[:, -1]), state
 
 
 def head_tensors(path: Path, layer: int) -> dict[Path, dict[str, Any]]:
@@ -161,7 +144,6 @@ def _load_head(model: Any, files: list[Path], main: int) -> Any:
     ``kv_b_proj`` split, FP8 dequantized): the layer is renamed to the last main layer's
     index (a MoE layer), sanitized, and named back."""
     import mlx.core as mx
-    import mlx.nn as nn
 
     prefix, stand_in = f"model.layers.{main}.", f"model.layers.{main - 1}."
     skip = ("shared_head.head.", "embed_tokens.")
@@ -175,12 +157,4 @@ def _load_head(model: Any, files: list[Path], main: int) -> Any:
     weights = {("layer." + k if k.startswith(("self_attn.", "mlp.", "input_layernorm.",
                                               "post_attention_layernorm."))
                 else k): v for k, v in weights.items()}
-    head = _head_class()(model.model.args)
-    quant = model.config.get("quantization") or model.config.get("quantization_config")
-    if any(k.endswith(".scales") for k in weights) and isinstance(quant, dict):
-        nn.quantize(head, group_size=quant.get("group_size", 64), bits=quant.get("bits", 4),
-                    class_predicate=lambda p, m: f"{p}.scales" in weights)
-    head.load_weights(list(weights.items()), strict=True)
-    head.eval()
-    mx.eval(head.parameters())
-    return head
+    return load_head_weights(_head_class()(model.model.args), weights, model.config or {})

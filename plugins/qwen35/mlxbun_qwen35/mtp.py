@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mlxbun_core.contract import LazyHeadPredictor, load_head_weights
 from mlxbun_core.models.facts import activation_bytes
 from mlxbun_core.runconfig import current
 
@@ -56,70 +57,46 @@ def _head_class() -> Any:
             self.layers = [DecoderLayer(args, args.full_attention_interval - 1)]
             self.norm = nn.RMSNorm(hidden, eps=eps)
 
-        def __call__(self, hidden: mx.array, embeds: mx.array, cache: Any) -> mx.array:
+        def __call__(self, hidden: mx.array, embeds: mx.array,
+                     cache: Any) -> tuple[mx.array, mx.array]:
             x = self.fc(mx.concatenate([self.pre_fc_norm_embedding(embeds),
                                         self.pre_fc_norm_hidden(hidden)], axis=-1))
             x = self.layers[0](x, create_attention_mask(x, cache), cache)
             out: mx.array = self.norm(x)
-            return out
+            return out, out  # a chained draft reads the normed output, as the logits do
 
     return MtpHead
 
 
-class QwenMtp:
-    """The target model plus its MTP head: satisfies
-    :class:`mlxbun_core.contract.TokenPredictor`. The head's weights are read on first
-    use (:meth:`make_cache`, once per request), so a server that never drafts with it
-    spends no memory on it."""
+class QwenMtp(LazyHeadPredictor):
+    """The target model plus its MTP head, read on first use."""
 
     def __init__(self, model: Any, load_head: Callable[[], Any], num_draft_tokens: int,
                  name: str, pre_norm: bool = True, dtype_bytes: int = 2, weight_bytes: int = 0):
         """``dtype_bytes``: the activation dtype's size, which the head's K/V are kept in;
         ``weight_bytes``: the head's tensors' bytes as the files store them (the head
         loads them as stored, so that is what it holds: memory admission bills it)."""
-        self.model, self._load_head = model, load_head
-        self._head: Any = None
-        self.num_draft_tokens, self.name = num_draft_tokens, name
         self.text = model.language_model
-        self.pre_norm = pre_norm
-        self.kv_bytes_per_token = head_kv_bytes_per_token(self.text.args, dtype_bytes)
-        self.weight_bytes = weight_bytes
+        super().__init__(self.text.model, load_head, name=name,
+                         num_draft_tokens=num_draft_tokens,
+                         kv_bytes_per_token=head_kv_bytes_per_token(self.text.args, dtype_bytes),
+                         weight_bytes=weight_bytes)
+        self.model, self.pre_norm = model, pre_norm
 
-    @property
-    def loaded(self) -> bool:
-        """Whether the head's weights are resident (read on first use)."""
-        return self._head is not None
-
-    @property
-    def head(self) -> Any:
-        if self._head is None:
-            self._head = self._load_head()
-        return self._head
-
-    def _logits(self, out: Any) -> Any:
+    def logits(self, normed: Any) -> Any:
         text = self.text
         if text.args.tie_word_embeddings:
-            return text.model.embed_tokens.as_linear(out)
-        return text.lm_head(out)
+            return text.model.embed_tokens.as_linear(normed)
+        return text.lm_head(normed)
 
-    def forward(self, tokens: Any, cache: list[Any]) -> tuple[Any, Any]:
-        """The target's forward: its logits and the hidden states the head reads."""
-        normed = self.text.model(tokens, cache)
-        hidden = normed / self.text.model.norm.weight if self.pre_norm else normed
-        return self._logits(normed), hidden
+    def head_input(self, normed: Any) -> Any:
+        """The last layer's output before the final norm (see the module's docstring)."""
+        return normed / self.backbone.norm.weight if self.pre_norm else normed
 
-    def make_cache(self) -> list[Any]:
+    def head_cache(self) -> list[Any]:
         from mlx_lm.models.cache import KVCache
 
-        self.head  # noqa: B018 (reads the weights on first use)
         return [KVCache()]
-
-    def predict(self, hidden: Any, tokens: Any, cache: list[Any]) -> tuple[Any, Any]:
-        """Rows pairing ``hidden[:, i]`` with the token after it, ``tokens[:, i]``, appended
-        to the head's ``cache``: the last row's logits (for the token after its token) and
-        every row's state, which a chained draft reads."""
-        out = self.head(hidden, self.text.model.embed_tokens(tokens), cache[0])
-        return self._logits(out[:, -1]), out
 
 
 def head_kv_bytes_per_token(args: Any, dtype_bytes: int) -> int:
@@ -153,17 +130,6 @@ def load_predictor(model: Any) -> QwenMtp | None:
 
 
 def _load_head(model: Any, files: list[Path]) -> Any:
-    import mlx.core as mx
-    import mlx.nn as nn
-
-    weights = W.read(files)
-    head = _head_class()(model.model.language_model.args)
-    quant = model.config.get("quantization") or model.config.get("quantization_config")
-    if any(k.endswith(".scales") for k in weights) and isinstance(quant, dict):
-        nn.quantize(head, group_size=quant.get("group_size", 64), bits=quant.get("bits", 4),
-                    class_predicate=lambda p, m: f"{W.PREFIX}{p}.scales" in weights)
-    head.load_weights(list(W.sanitize(weights, W.raw_hf(Path(model.path))).items()),
-                      strict=True)
-    head.eval()
-    mx.eval(head.parameters())
-    return head
+    weights = W.sanitize(W.read(files), W.raw_hf(Path(model.path)))
+    return load_head_weights(_head_class()(model.model.language_model.args), weights,
+                             model.config or {})

@@ -2,11 +2,6 @@
 that engine and is answered by it (the parent routes /v1/rerank by its `model` field, as it
 routes generation), while the default chat engine keeps serving."""
 
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
@@ -16,7 +11,7 @@ from mlxbun_core import loader
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.testing.checkpoints import FAMILY_SPECIAL_TOKENS
 from mlxbun_core.testing.hub_cache import library_env, library_hub
-from mlxbun_core.testing.server import free_port
+from mlxbun_core.testing.process import serve
 
 CHAT, RERANKER = "acme/Tiny-Llama-Chat", "acme/Qwen3-Reranker-Tiny"
 MODELS = {CHAT: ("llama", {"seed": 11}),
@@ -32,35 +27,10 @@ def hub(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def base(hub, tmp_path_factory):
-    port = free_port()
-    log = open(tmp_path_factory.mktemp("isolog") / "parent.log", "w+")  # noqa: SIM115 (below)
-    proc = subprocess.Popen([sys.executable, "-m", "mlxbun_core.cli", "serve", "--isolate",
-                             "--model-pool", "2", "--port", str(port), "Tiny-Llama"],
-                            env={**os.environ, **library_env(hub[0])},
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 180
-        while True:
-            assert proc.poll() is None, "the parent exited"
-            assert time.time() < deadline, "the default engine never came up"
-            try:
-                if httpx.get(url + "/engine", timeout=10).json()["state"] == "ready":
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.seek(0)
-        print(log.read()[-4000:])
-        log.close()
+def base(hub):
+    with serve("--isolate", "--model-pool", "2", "Tiny-Llama", env=library_env(hub[0]),
+               ready="/engine", timeout=180) as proc:
+        yield proc.base
 
 
 def test_rerank_is_routed_to_the_named_reranker(hub, base):

@@ -3,8 +3,6 @@ a Whisper checkpoint in the library is routed by its `model` part to that model'
 child, which answers as the in-process server does; the default chat engine keeps serving
 and still refuses audio it cannot transcribe."""
 
-import sys
-import time
 
 import httpx
 import mlxbun_whisper
@@ -13,8 +11,8 @@ import pytest
 
 from mlxbun_core import plugins
 from mlxbun_core.testing.hub_cache import add_to_hub_cache, library_env, library_hub
-from mlxbun_core.testing.process import ServerProcess
-from mlxbun_core.testing.server import free_port, start_server
+from mlxbun_core.testing.process import serve
+from mlxbun_core.testing.server import start_server
 from mlxbun_core.testing.speech import (
     speechlike,
     tiny_whisper_checkpoint,
@@ -31,20 +29,10 @@ def base(tmp_path_factory):
     root = tmp_path_factory.mktemp("iso-speech")
     library_hub(root / "hf" / "hub", {CHAT: ("llama", {"seed": 11})})
     add_to_hub_cache(root / "hf" / "hub", WHISPER, tiny_whisper_checkpoint())
-    port = free_port()
     env = {**whisper_plugin_env(root), **library_env(root)}
-    proc = ServerProcess([sys.executable, "-m", "mlxbun_core.cli", "serve", "--isolate",
-                          "--model-pool", "2", "--port", str(port), "Tiny-Llama"], env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while proc.wait_for_http(url + "/engine", 180).json()["state"] != "ready":
-            assert time.monotonic() < deadline, f"no ready engine:\n{proc.output}"
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.stop()
-        print(proc.output[-4000:])
+    with serve("--isolate", "--model-pool", "2", "Tiny-Llama", env=env, ready="/engine",
+               timeout=180) as proc:
+        yield proc.base
 
 
 @pytest.fixture(scope="module")
