@@ -94,12 +94,13 @@ def load_shard(name: str | None, options: LoadOptions, group: DistributedGroup) 
     model = loader.load(name, options, progress=group.rank == 0)
     plan = options.shard
     assert plan is not None
-    if getattr(model.model, "_mlxbun_shard_mode", None) is None:  # the plugin loaded it whole
+    mode = plan.applied(model.model)
+    if mode is None:  # the plugin loaded it whole
         log.warning("plugin %s returned %s unsharded: sharding it now (every rank read all "
                     "of its weights)", model.plugin, model.id)
-        plan.apply(model.model)
+        mode = plan.apply(model.model)
         mx.eval(model.model.parameters())
-    group.mode = str(model.model._mlxbun_shard_mode)
+    group.mode = mode
     mirror.install(recording=group.rank == 0, model=model.model)
     if group.mode == "pipeline":  # tensor parallel: every rank has every layer
         check_same_caches(model.model, group)
