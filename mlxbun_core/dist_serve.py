@@ -116,13 +116,13 @@ def check_same_caches(module: Any, group: DistributedGroup) -> None:
 
     import mlx.core as mx
     import numpy as np
-    from mlx_lm.models.cache import make_prompt_cache
 
+    from .engine import cache_ops
     from .engine.batch.layout import layout
     from .engine.prompt_cache import trimmable
 
     with mirror_quiet():
-        caches = make_prompt_cache(module)
+        caches = cache_ops.make(module)
         slots = layout(module)
     kinds = repr(None if slots is None else [(s.kind, s.parts) for s in slots])
     mine = mx.array([len(caches), int(trimmable(caches)), zlib.crc32(kinds.encode()) >> 1])
