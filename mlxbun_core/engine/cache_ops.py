@@ -19,7 +19,7 @@ recurrent states in merged caches of its own, recorded by its journal
 from __future__ import annotations
 
 import copy as _copy
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -70,7 +70,8 @@ def trim(cache: list[Any], n: int) -> int:
     (mlx-lm's ``trim_prompt_cache``: 0 when a layer cannot rewind)."""
     from mlx_lm.models.cache import trim_prompt_cache
 
-    cut = int(trim_prompt_cache(cache, n))
+    # mlx-lm annotates a list; it returns the count its first layer cut
+    cut = cast("int", trim_prompt_cache(cache, n))
     if _recorder is not None:
         _recorder.trimmed(cache, n)
     return cut
