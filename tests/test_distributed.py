@@ -226,27 +226,27 @@ def test_prefix_cache_hits_across_turns(served):
     assert stats["hits"] >= 1
 
 
-def test_seeded_turns_run_the_serial_lane_with_mirrored_caches(served):
+def test_seeded_requests_run_the_serial_lane_with_mirrored_caches(served):
     """A seeded request runs the serial lane on mlx-lm's own caches, which the followers
     keep in step by replaying what rank 0 does to them through engine/cache_ops.py: made,
-    copied into the prefix cache and, on the next turn, copied out and trimmed back."""
+    copied into the prefix cache and, for a prompt that leaves the cached one part way,
+    copied out and trimmed back to the shared part."""
     pair, ref = served
-    first = [{"role": "user", "content": "name three birds that live by the sea"}]
+    story = "The sea and the sky meet at the edge of the world. " * 8  # a hit of 64+
 
-    def seeded(base: str, messages: list) -> tuple[str, dict]:
-        body = {"model": "m", "messages": messages, "max_tokens": 8, "temperature": 0,
+    def seeded(base: str, question: str) -> tuple[str, dict]:
+        body = {"model": "m", "prompt": story + question, "max_tokens": 8, "temperature": 0,
                 "seed": 11}
-        r = httpx.post(base + "/v1/chat/completions", json=body, timeout=120)
+        r = httpx.post(base + "/v1/completions", json=body, timeout=120)
         assert r.status_code == 200, r.text
-        return r.json()["choices"][0]["message"]["content"], r.json()["usage"]
+        return r.json()["choices"][0]["text"], r.json()["usage"]
 
-    text, _ = seeded(pair.base, first)
-    assert text == seeded(ref, first)[0]
-    again = [*first, {"role": "assistant", "content": text},
-             {"role": "user", "content": "and three more"}]
-    text2, usage = seeded(pair.base, again)
-    assert usage["prompt_tokens_details"]["cached_tokens"] > 0
-    assert text2 == seeded(ref, again)[0]
+    assert seeded(pair.base, "Which birds live there?")[0] == \
+        seeded(ref, "Which birds live there?")[0]
+    text, usage = seeded(pair.base, "Which fish live there?")
+    if pair.mode == "tensor":  # (Qwen3.5's recurrent layers cannot cut back: a miss)
+        assert usage["prompt_tokens_details"]["cached_tokens"] > 64
+    assert text == seeded(ref, "Which fish live there?")[0]
 
 
 def test_health_and_stats_show_the_group(served):
