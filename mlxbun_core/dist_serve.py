@@ -94,12 +94,13 @@ def load_shard(name: str | None, options: LoadOptions, group: DistributedGroup) 
     model = loader.load(name, options, progress=group.rank == 0)
     plan = options.shard
     assert plan is not None
-    if getattr(model.model, "_mlxbun_shard_mode", None) is None:  # the plugin loaded it whole
+    mode = plan.applied(model.model)
+    if mode is None:  # the plugin loaded it whole
         log.warning("plugin %s returned %s unsharded: sharding it now (every rank read all "
                     "of its weights)", model.plugin, model.id)
-        plan.apply(model.model)
+        mode = plan.apply(model.model)
         mx.eval(model.model.parameters())
-    group.mode = str(model.model._mlxbun_shard_mode)
+    group.mode = mode
     mirror.install(recording=group.rank == 0, model=model.model)
     if group.mode == "pipeline":  # tensor parallel: every rank has every layer
         check_same_caches(model.model, group)
@@ -115,13 +116,13 @@ def check_same_caches(module: Any, group: DistributedGroup) -> None:
 
     import mlx.core as mx
     import numpy as np
-    from mlx_lm.models.cache import make_prompt_cache
 
+    from .engine import cache_ops
     from .engine.batch.layout import layout
     from .engine.prompt_cache import trimmable
 
     with mirror_quiet():
-        caches = make_prompt_cache(module)
+        caches = cache_ops.make(module)
         slots = layout(module)
     kinds = repr(None if slots is None else [(s.kind, s.parts) for s in slots])
     mine = mx.array([len(caches), int(trimmable(caches)), zlib.crc32(kinds.encode()) >> 1])

@@ -86,8 +86,7 @@ def claim(path: Path, options: LoadOptions) -> LoadedModel:
                                   "but its load_model returned None")
     if options.embedding and model.kind != "embedding":
         raise cannot_embed(path, config, who.family)
-    model.family, model.plugin = who.family, who.plugin
-    model._hooks = relay
+    model.family, model.plugin = who.family, who.plugin  # model.hooks is now ``relay``
     extra = options.extra or {}
     if (extra.get("expert_budget") or extra.get("expert_offload")) \
             and "expert_streaming" not in model.extras:

@@ -1,9 +1,10 @@
 """Plain data that crosses the plugin boundary: what a loaded model is, what a
 rendered prompt is, and the options a load receives.
 
-Nothing here imports the rest of the package. ``LoadedModel.hooks`` needs the plugin
-manager's routing, so :mod:`mlxbun_core.plugins` hands it in (``LoadedModel.relay_for``)
-when it is imported, which importing ``mlxbun_core`` always does first.
+Nothing here imports the rest of the package (:mod:`.sidetable` is a leaf).
+``LoadedModel.hooks`` needs the plugin manager's routing, so :mod:`mlxbun_core.plugins`
+hands it in (``LoadedModel.relay_for``) when it is imported, which importing
+``mlxbun_core`` always does first.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
+
+from .sidetable import SideTable
 
 
 class ShardUnsupported(Exception):
@@ -65,16 +68,24 @@ class ShardPlan:
     def apply(self, module: Any) -> str:
         """Keep only this rank's shard of ``module`` (lazy weights stay unread); the mode
         used. Idempotent: a module already sharded is left alone."""
-        done = getattr(module, "_mlxbun_shard_mode", None)
+        done = SHARDED.get(module)
         if done:
-            return str(done)
+            return done
         mode = self.mode(module)
         if mode == "pipeline":
             module.model.pipeline(self.group)
         else:
             module.shard(self.group)
-        object.__setattr__(module, "_mlxbun_shard_mode", mode)
+        SHARDED.set(module, mode)
         return mode
+
+    @staticmethod
+    def applied(module: Any) -> str | None:
+        """The mode ``module`` was sharded in by :meth:`apply`; None: it is whole."""
+        return SHARDED.get(module)
+
+
+SHARDED: SideTable[str] = SideTable()  # module -> the mode apply() gave it (not on the module)
 
 
 @dataclass
@@ -116,7 +127,6 @@ class LoadedModel:
     context_window: int | None = None
     reasoning: bool = False  # has a switchable thinking channel
     extras: dict[str, Any] = field(default_factory=dict)
-    _hooks: Any = field(default=None, init=False, repr=False, compare=False)
 
     relay_for: ClassVar[Callable[[LoadedModel], Any] | None] = None
     """How a model finds its hook relay: :func:`mlxbun_core.plugins.model_hooks`, set by

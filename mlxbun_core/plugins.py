@@ -276,13 +276,10 @@ def model_hooks(model: LoadedModel) -> ModelHooks:
     """The relay for a loaded model: ``model_hooks(model).render_chat(model=model, ...)``.
 
     The claimant is ``model.plugin`` (set by the loader), or for a model built by
-    hand the plugin providing ``model.family``. Cached on the model.
+    hand the plugin providing ``model.family``. Relays are kept per claimant
+    (:func:`relay_for`), so nothing is cached on the model itself.
     """
-    claimant = model.plugin or family_provider(model.family)
-    relay: ModelHooks | None = model._hooks
-    if relay is None or relay.claimant != claimant:
-        relay = model._hooks = relay_for(claimant)
-    return relay
+    return relay_for(model.plugin or family_provider(model.family))
 
 
 LoadedModel.relay_for = model_hooks  # ``model.hooks`` asks here; the record imports nothing

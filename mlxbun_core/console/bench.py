@@ -128,13 +128,13 @@ def kv_bytes_per_token(engine: Any, prompt: str, chunk: int = 256) -> float:
     prefilled through the quantizing model the serial lane runs (worker thread only), the
     bytes its caches hold for their positions over the positions."""
     import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
 
     from .. import kvquant
+    from ..engine import cache_ops
 
     model = engine.model.model
     tokens = list(engine.model.tokenizer.encode(prompt))
-    cache = make_prompt_cache(model)
+    cache = cache_ops.make(model)
     quantizing = kvquant.quantizing(model, engine.kv)
     for i in range(0, len(tokens), chunk):
         quantizing(mx.array(tokens[i:i + chunk])[None], cache=cache)

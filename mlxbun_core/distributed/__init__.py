@@ -15,9 +15,9 @@ forward passes:
   passes only as its journal says (``engine/batch/journal.py``: pool growth, block
   copies, state operations), and each batch pass is plain data (its window); the
   followers apply both to pools and states of their own;
-- :mod:`.mirror`: the serial lane's mlx-lm caches: ``make_prompt_cache``, copies and
-  trims on rank 0 are recorded and replayed by the followers on their own (sharded)
-  cache objects before the next forward pass;
+- :mod:`.mirror`: the serial lane's mlx-lm caches: what rank 0 makes, copies and trims
+  through ``engine/cache_ops.py`` is recorded and replayed by the followers on their own
+  (sharded) cache objects before the next forward pass;
 - :mod:`.follower`: a follower's loop (receive, replay, forward, repeat);
 - :mod:`.watchdog`: rank 0 pings the group through its worker every second; a failed
   collective or a ping unanswered for the timeout marks the engine unavailable (503

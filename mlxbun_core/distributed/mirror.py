@@ -6,33 +6,31 @@ keeps its own, and the followers' cache objects must go through exactly what ran
 go through. The batch lane's KV lives in the engine's block pool and is replayed from
 its journal (``engine/batch/journal.py``); what is left here is the serial lane (a
 seeded request, ``--batch 1``), which runs mlx-lm's single-sequence caches. Between
-forward passes it changes them in three ways only: ``make_prompt_cache``,
-``copy.deepcopy`` (the prefix cache's private copies) and ``trim`` (a prefix hit cut
-back, a rejected draft). :func:`install` wraps those; on rank 0 each outermost call
-(one made by the engine, not one inside another cache call or inside a forward pass)
-is recorded with the cache objects named by a serial number, and the followers replay
-the record (:class:`Replayer`) before the next forward pass. An object rank 0 drops is
-dropped on the followers too.
+forward passes the engine changes them only through ``engine/cache_ops.py``: made,
+copied (the prefix cache's private copies), trimmed (a prefix hit cut back, a rejected
+draft) and compacted (a trimmed copy giving back its buffer's tail). :func:`install`
+has that module report each call to :data:`RECORDER`; on rank 0 each outermost call
+(not one made inside a forward pass or a replay) is recorded with the cache objects
+named by a serial number, and the followers replay the record (:class:`Replayer`)
+before the next forward pass. An object rank 0 drops is
+dropped on the followers too. No mlx-lm class or object is patched or marked: the serial
+numbers live in a table of ours (:class:`~mlxbun_core.sidetable.SideTable`).
 
-A cache whose arrays are set from outside (``state = ...``: a restore from disk, a
-KV-quantization swap) cannot be replayed, since rank 0 holds only its own shard of the
-data: it is recorded as such and the followers fail loudly, which the watchdog turns
-into a 503 and an exit. The serve refuses the options that do this (``--ssd-cache``,
-``--kv-quant``).
+A cache rebuilt from saved arrays (a restore from disk, blocks exported into mlx-lm's
+layout) cannot be replayed, since rank 0 holds only its own shard of the data: it is
+recorded as such and the followers fail loudly, which the watchdog turns into a 503 and
+an exit. The serve refuses the options that do this (``--ssd-cache``, ``--kv-quant``).
 """
 
 from __future__ import annotations
 
-import copy
-import functools
 import threading
 import weakref
-from collections.abc import Callable
 from typing import Any
 
-UID = "_mlxbun_uid"
-# the wrappers made here: install() never wraps a wrapper again
-WRAPPERS: weakref.WeakSet[Callable[..., Any]] = weakref.WeakSet()
+from ..engine import cache_ops
+from ..sidetable import SideTable
+
 PLAIN = (bool, int, float, str, type(None))
 
 
@@ -40,11 +38,12 @@ class Recorder:
     """Rank 0's record of structural cache operations since the last descriptor."""
 
     def __init__(self) -> None:
-        self.on = False  # recording (rank 0); followers only keep the wrappers quiet
+        self.on = False  # recording (rank 0)
         self._ops: list[tuple] = []
         self._lock = threading.Lock()
         self._next = 0
         self._local = threading.local()
+        self._uids: SideTable[int] = SideTable()  # cache object -> its serial number
 
     # -- depth: only the outermost cache call is recorded ----------------------------
     def depth(self) -> int:
@@ -67,15 +66,36 @@ class Recorder:
 
     # -- serial numbers ----------------------------------------------------------------
     def uid(self, obj: Any) -> int:
-        uid = obj.__dict__.get(UID)
+        uid = self._uids.get(obj)
         if uid is None:
             with self._lock:
                 self._next += 1
                 uid = self._next
-            obj.__dict__[UID] = uid
+            self._uids.set(obj, uid)
             if self.on:
                 weakref.finalize(obj, self.add, ("drop", uid))
-        return int(uid)
+        return uid
+
+    # -- what engine/cache_ops.py reports ----------------------------------------------
+    def made(self, caches: list[Any]) -> None:
+        if self.outermost():
+            self.add(("make", self.encode(caches)))
+
+    def copied(self, source: Any, new: Any) -> None:
+        if self.outermost():
+            self.add(("copy", self.encode(source), self.encode(new)))
+
+    def trimmed(self, caches: list[Any], n: int) -> None:
+        if self.outermost():
+            self.add(("trim", self.encode(caches), n))
+
+    def compacted(self, caches: list[Any]) -> None:
+        if self.outermost():
+            self.add(("compact", self.encode(caches)))
+
+    def unreplayable(self, what: str) -> None:
+        if self.outermost():
+            self.add(("unreplayable", what))
 
     def add(self, op: tuple) -> None:
         with self._lock:
@@ -123,7 +143,7 @@ class _Quiet:
 
 
 RECORDER = Recorder()
-_model: Any = None  # a follower's own model, for replaying make_prompt_cache
+_model: Any = None  # a follower's own model, for a replayed make
 _base: tuple[type, ...] | None = None  # mlx-lm's cache classes, once installed
 
 
@@ -137,92 +157,16 @@ def _is_array(value: Any) -> bool:
     return isinstance(value, mx.array)
 
 
-def _recorded(fn: Callable[..., Any], kind: str, name: str = "") -> Any:
-    """``fn(first, *args, **kwargs)`` recorded when rank 0 calls it outermost, as
-    ``(kind, first's serial number (a cache's method) or None, name, args, kwargs,
-    result)``."""
-    @functools.wraps(fn)
-    def call(first: Any, *args: Any, **kwargs: Any) -> Any:
-        rec = RECORDER
-        outer = rec.outermost()
-        if outer:
-            target = rec.uid(first) if kind == "call" else None
-            enc = (rec.encode(list(args)), rec.encode(kwargs))
-        with rec.quiet():
-            out = fn(first, *args, **kwargs)
-        if outer:
-            rec.add((kind, target, name, *enc, rec.encode(out)))
-        return out
-    WRAPPERS.add(call)
-    return call
-
-
-def _deepcopy(self: Any, memo: dict) -> Any:
-    """``copy.deepcopy`` of a cache: the usual copy, recorded (the copy gets its own uid)."""
-    rec = RECORDER
-    outer = rec.outermost()
-    cls: Any = type(self)
-    new = cls.__new__(cls)
-    memo[id(self)] = new
-    with rec.quiet():
-        for key, value in self.__dict__.items():
-            if key != UID:
-                new.__dict__[key] = copy.deepcopy(value, memo)
-    if outer:
-        rec.add(("copy", rec.uid(self), rec.uid(new)))
-    return new
-
-
-def _wrap_setter(prop: property, name: str) -> property:
-    fset = prop.fset
-    assert fset is not None
-
-    def setter(self: Any, value: Any) -> None:
-        if RECORDER.outermost():
-            RECORDER.add(("unreplayable", f"{type(self).__name__}.{name} set from outside"))
-        fset(self, value)
-    WRAPPERS.add(setter)
-    return property(prop.fget, setter, prop.fdel, prop.__doc__)
-
-
-def _subclasses(cls: type) -> list[type]:
-    out = [cls]
-    sub: type
-    for sub in cls.__subclasses__():
-        out.extend(_subclasses(sub))
-    return out
-
-
 def install(recording: bool, model: Any = None) -> None:
-    """Wrap every mlx-lm cache class known now (load the model first: architectures may
-    define their own); ``recording`` on rank 0."""
+    """Have ``engine/cache_ops.py`` report to :data:`RECORDER` (load the model first:
+    architectures may define cache classes of their own); ``recording`` on rank 0, and
+    ``model`` is this rank's own, which a replayed ``make`` makes caches for."""
     global _base, _model
-    from mlx_lm.models import cache as mc
-
     from ..models.classes import cache_classes
 
-    roots = cache_classes()
-    _base = roots
+    _base = cache_classes()
     _model = model
-    if mc.make_prompt_cache not in WRAPPERS:
-        from mlx_lm import generate
-
-        wrapped = _recorded(mc.make_prompt_cache, "make")
-        mc.make_prompt_cache = wrapped
-        generate.make_prompt_cache = wrapped  # type: ignore[attr-defined]  # imported by name
-    for root in roots:
-        if "__deepcopy__" not in root.__dict__:
-            type.__setattr__(root, "__deepcopy__", _deepcopy)  # added on purpose
-    for cls in dict.fromkeys(c for root in roots for c in _subclasses(root)):
-        own = cls.__dict__
-        trim = own.get("trim")
-        if callable(trim) and trim not in WRAPPERS:
-            type.__setattr__(cls, "trim", _recorded(trim, "call", "trim"))
-        for name in ("state", "meta_state"):
-            member = own.get(name)
-            if isinstance(member, property) and member.fset is not None \
-                    and member.fset not in WRAPPERS:
-                type.__setattr__(cls, name, _wrap_setter(member, name))
+    cache_ops.record_with(RECORDER)
     RECORDER.on = recording
 
 
@@ -269,17 +213,14 @@ class Replayer:
         kind = op[0]
         if kind == "drop":
             self.objects.pop(op[1], None)
+        elif kind == "make":
+            self.bind(op[1], cache_ops.make(_model))
         elif kind == "copy":
-            self.objects[op[2]] = copy.deepcopy(self.objects[op[1]])
-        elif kind in ("call", "make"):
-            _, uid, name, args, kwargs, out = op
-            if kind == "call":
-                fn = getattr(self.objects[uid], name)
-            else:
-                from mlx_lm.models import cache as mc
-
-                fn = functools.partial(mc.make_prompt_cache, _model)
-            self.bind(out, fn(*self.decode(args), **self.decode(kwargs)))
+            self.bind(op[2], cache_ops.copy(self.decode(op[1])))
+        elif kind == "trim":
+            cache_ops.trim(self.decode(op[1]), op[2])
+        elif kind == "compact":
+            cache_ops.compact(self.decode(op[1]))
         elif kind == "unreplayable":
             raise RuntimeError(f"rank 0 did what a follower cannot mirror: {op[1]}")
         else:

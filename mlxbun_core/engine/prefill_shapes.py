@@ -84,12 +84,13 @@ def warm(model: Any, longest: int) -> int:
     if not enabled():
         return 0
     import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
+
+    from . import cache_ops
 
     sizes = [1 << b for b in range(max(1, longest).bit_length())]
     try:
         for size in sizes:
-            cache = make_prompt_cache(model)
+            cache = cache_ops.make(model)
             model(mx.zeros((1, size), dtype=mx.int32), cache=cache)
             mx.eval([c.state for c in cache])
     except Exception as exc:  # not a causal LM we can call plainly

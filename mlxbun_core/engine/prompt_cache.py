@@ -24,13 +24,13 @@ lane's mlx-lm caches live in separate namespaces: each lane finds only its own k
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import cache_ops
 from .batch.entry import BlockEntry, Shared
 from .cache_explain import Explainer, Probe
 from .cache_pins import Pins
@@ -138,8 +138,6 @@ class PrefixCache(SsdTier):
         """A private copy of the planned entry, trimmed (a block entry of ``layout``'s
         pool: its blocks, shared); the entry counts as used (for idle demotion; eviction
         order stays by insertion)."""
-        from mlx_lm.models.cache import trim_prompt_cache
-
         entry = self._entry(namespace, plan.key)
         entry.last_used = self.clock()
         value = entry.cache
@@ -147,9 +145,9 @@ class PrefixCache(SsdTier):
             if value.layout is layout:
                 return Shared(*value.share(plan.n))
             return value.dense(plan.n)
-        cache: list[Any] = copy.deepcopy(value)
+        cache: list[Any] = cache_ops.copy(value)
         if plan.trim:
-            trim_prompt_cache(cache, plan.trim)
+            cache_ops.trim(cache, plan.trim)
         return cache
 
     def explain(self, probe: Probe, tokens: list[int], hit: int,
@@ -378,15 +376,10 @@ def _prefix_copy(cache: list[Any], trim: int) -> list[Any]:
     """A copy of ``cache`` less its last ``trim`` tokens, holding only the bytes of
     what is left (a trimmed KV cache otherwise keeps its whole buffer)."""
     import mlx.core as mx
-    from mlx_lm.models.cache import trim_prompt_cache
 
-    part = copy.deepcopy(cache)
-    trim_prompt_cache(part, trim)
-    for c in part:  # (a rotating or quantized cache keeps its own layout)
-        keys = getattr(c, "keys", None)
-        if type(c).__name__ == "KVCache" and keys is not None and keys.shape[2] > c.offset:
-            c.keys = mx.contiguous(keys[..., :c.offset, :])
-            c.values = mx.contiguous(c.values[..., :c.offset, :])
+    part = cache_ops.copy(cache)
+    cache_ops.trim(part, trim)
+    cache_ops.compact(part)
     mx.eval([c.state for c in part])
     return part
 

@@ -12,7 +12,6 @@ entries (``_entries``, ``_insert``, ``_pop``).
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 import weakref
@@ -20,6 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
+from . import cache_ops
 from .batch.entry import BlockEntry
 
 if TYPE_CHECKING:
@@ -87,8 +87,6 @@ class SsdTier(ABC):
                  ram_n: int) -> tuple[list[Any], int] | None:
         """``(cache, n)`` from the best SSD entry when it beats the RAM hit clearly; the
         restored entry also joins RAM (already durable)."""
-        from mlx_lm.models.cache import trim_prompt_cache
-
         tier = self._ssd()
         key = tier.key(namespace)
         found = tier.find(key, tokens) if key is not None else None
@@ -110,9 +108,9 @@ class SsdTier(ABC):
         cut = entry.n - usable
         if cut and not trimmable(restored):
             return None  # the header said trimmable; the objects disagree: not usable
-        cache = copy.deepcopy(restored)
+        cache = cache_ops.copy(restored)
         if cut:
-            trim_prompt_cache(cache, cut)
+            cache_ops.trim(cache, cut)
         self._insert(namespace, entry.tokens.tolist(), restored, cache_type, durable=True)
         with self._lock:
             self.ssd_hits += 1

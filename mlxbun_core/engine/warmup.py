@@ -56,13 +56,14 @@ def kv_eligible(model: LoadedModel, kv: kvquant.KVScheme) -> list[bool] | None:
     uniform schemes, which the fit layout counts)."""
     if not kv.enabled or kv.bits or model.kind != "generate":
         return None
-    from mlx_lm.models.cache import KVCache, make_prompt_cache
+    from mlx_lm.models.cache import KVCache
 
     from ..library import fit
+    from . import cache_ops
 
     t = fit.text_config(model.config or {})
     ok = fit.quantizable(t, "full", kv.group_size)
-    return [ok and type(c) is KVCache for c in make_prompt_cache(model.model)]
+    return [ok and type(c) is KVCache for c in cache_ops.make(model.model)]
 
 
 def unpack_quantized(model: LoadedModel, worker: ModelWorker) -> int:

@@ -137,7 +137,10 @@ def decode(layout: list, arrays: list) -> list:
             return [dec(v) for v in x]
         return x
 
-    return [resolve_class(item["cls"]).from_state(dec(item["state"])) for item in layout]
+    from ..engine import cache_ops
+
+    return [cache_ops.from_state(resolve_class(item["cls"]), dec(item["state"]))
+            for item in layout]
 
 
 def load_arrays(entry, *, strong: bool = False) -> list:

@@ -3,14 +3,17 @@
 ``huggingface_hub`` sends most API calls (``model_info``, ``list_models``,
 ``list_repo_files``) with ``timeout=None``: a hub, proxy or captive portal that accepts
 the connection and never answers keeps the caller waiting forever (``mlxbun download``
-sat silent for minutes). :func:`install` gives ``huggingface_hub``'s shared HTTP client a
-request hook that fills in :func:`seconds` wherever a call set no deadline; calls that
-set their own keep it. Every module that talks to the hub calls it first.
+sat silent for minutes). :func:`install` gives ``huggingface_hub``'s shared HTTP client
+(through its public ``set_client_factory``) a request hook that fills in :func:`seconds`
+wherever a call set no deadline; calls that set their own keep it. Every module that
+talks to the hub calls it first.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
 from ..runconfig import current
 
@@ -42,13 +45,22 @@ def install() -> None:
     with _lock:
         if _installed.is_set():
             return
-        from huggingface_hub import set_client_factory
-        from huggingface_hub.utils._http import default_client_factory
+        from huggingface_hub import get_session, set_client_factory
 
-        def client():  # huggingface_hub's own client (its headers, proxies), plus the hook
-            made = default_client_factory()
-            made.event_hooks["request"] = [*made.event_hooks["request"], _deadline]
-            return made
-
-        set_client_factory(client)
+        set_client_factory(_factory_like(get_session()))
         _installed.set()
+
+
+def _factory_like(theirs: Any) -> Callable[[], Any]:
+    """A client factory for clients made as ``theirs`` (the one ``huggingface_hub``'s own
+    factory made: its event hooks, redirects, headers), plus the deadline hook. Read
+    through the client's public settings, so nothing of the hub's private module is named;
+    the factory is called again whenever the hub drops its shared client (after an SSL or
+    connection error)."""
+    hooks = {kind: list(funcs) for kind, funcs in theirs.event_hooks.items()}
+    hooks["request"] = [*hooks.get("request", []), _deadline]
+    settings = {"event_hooks": hooks, "follow_redirects": theirs.follow_redirects,
+                "max_redirects": theirs.max_redirects, "timeout": theirs.timeout,
+                "headers": theirs.headers, "trust_env": theirs.trust_env}
+    kind = type(theirs)
+    return lambda: kind(**settings)

@@ -197,10 +197,11 @@ async def _sample(engine: Engine, req: ChatRequest) -> list[str]:
 def next_token_logprobs(engine: Engine, tokens: list[int]) -> list[float]:
     """One forward pass over ``tokens`` (on the worker thread): the next token's log-probs."""
     import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
+
+    from ..engine import cache_ops
 
     model = engine.model.model
-    logits = model(mx.array(tokens)[None], cache=make_prompt_cache(model))[0, -1]
+    logits = model(mx.array(tokens)[None], cache=cache_ops.make(model))[0, -1]
     logits = logits.astype(mx.float32)
     values: list[float] = (logits - mx.logsumexp(logits)).tolist()
     return values

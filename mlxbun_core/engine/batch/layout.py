@@ -36,6 +36,7 @@ import mlx.core as mx
 
 from ...kvquant import OFF, KVScheme
 from ...kvquant.turbo import TurboKVCache
+from .. import cache_ops
 from .quantized import QuantizedStore, layer_for
 from .states import StateOps, copy_state
 from .storage import LayerStore
@@ -64,9 +65,7 @@ class Slot:
 def layout(model: Any) -> list[Slot] | None:
     """Each layer's :class:`Slot`, or None when some layer keeps a cache kind the batch
     cannot hold."""
-    from mlx_lm.models.cache import make_prompt_cache
-
-    return slots_of(make_prompt_cache(model))
+    return slots_of(cache_ops.make(model))
 
 
 def slots_of(caches: list[Any]) -> list[Slot] | None:
@@ -265,12 +264,10 @@ def _export_kv(store: Store, slot: Slot, table: BlockTable) -> Any:
             return KVCache()
         qk, qv = store.export(table.blocks, table.length)
         if store.rotate:
-            turbo = TurboKVCache(store.bits, store.value_bits, store.group_size)
-            turbo.state = (qk, qv, table.length, store.group_size, store.bits,
-                           store.value_bits)
-            return turbo
-        return QuantizedKVCache.from_state((qk, qv, table.length, store.group_size,
-                                            store.bits))
+            return cache_ops.from_state(TurboKVCache, (qk, qv, table.length, store.group_size,
+                                                       store.bits, store.value_bits))
+        return cache_ops.from_state(QuantizedKVCache, (qk, qv, table.length, store.group_size,
+                                                       store.bits))
     k, v = store.export(table.blocks, table.length)
     if slot.window is None:
         c = KVCache()

@@ -282,9 +282,9 @@ class BatchLane(Results):
 
     def _rewindable(self) -> bool:
         if not hasattr(self, "_can_trim"):
-            from mlx_lm.models.cache import make_prompt_cache
+            from .. import cache_ops
 
-            self._can_trim = trimmable(make_prompt_cache(self.model))
+            self._can_trim = trimmable(cache_ops.make(self.model))
         return self._can_trim
 
     def _get_batch(self) -> Batch:

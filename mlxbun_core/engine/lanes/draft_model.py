@@ -25,14 +25,15 @@ def draft_model_steps(model: nn.Module, job: GenerationJob, source: DraftSource,
     """``job``'s steps: None for a prefill chunk, else a token and its log-probs."""
     import mlx.core as mx
     from mlx_lm.generate import speculative_generate_step
-    from mlx_lm.models.cache import make_prompt_cache
+
+    from .. import cache_ops
 
     req, usage = job.request, job.session.usage
     usage.lane = "serial+spec"
     spec = usage.speculation = {"drafted": 0, "accepted": 0, "targetCalls": 0}
     n = source.num_draft_tokens
     prompt, draft = req.prompt_tokens, kvquant.quantizing(source.model, kv)
-    target_cache, draft_cache = make_prompt_cache(model), make_prompt_cache(draft)
+    target_cache, draft_cache = cache_ops.make(model), cache_ops.make(draft)
     start = 0
     if len(target_cache) == len(getattr(model, "layers", ())):  # how mlx-lm splits
         end, t0 = len(prompt) - 1, time.perf_counter()

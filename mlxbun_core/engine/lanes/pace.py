@@ -86,12 +86,13 @@ class PrefillPacer:
         """Forward passes of growing length on scratch caches until one takes
         ``CALIBRATION_S`` (the worker thread, at start-up)."""
         import mlx.core as mx
-        from mlx_lm.models.cache import make_prompt_cache
+
+        from .. import cache_ops
 
         tokens = CALIBRATION_TOKENS
         try:
             while tokens <= CALIBRATION_MAX:
-                cache = make_prompt_cache(model)
+                cache = cache_ops.make(model)
                 t0 = time.perf_counter()
                 with self.timed() as t:
                     model(mx.arange(tokens)[None], cache=cache)

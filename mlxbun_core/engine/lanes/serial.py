@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, cast
 from ... import kvquant
 from ...contract import LogitsProcessor, TokenPredictor
 from ...events import Retry
-from .. import prefill_shapes
+from .. import cache_ops, prefill_shapes
 from ..cache_explain import Probe, explain_job
 from ..job import GenerationJob
 from ..memory import OOM, Governor
@@ -183,7 +183,6 @@ class SerialLane:
         """Prefill chunks (yield None), then mlx-lm's decode loop: ``(token, logprobs)``."""
         import mlx.core as mx
         from mlx_lm.generate import generate_step
-        from mlx_lm.models.cache import make_prompt_cache
 
         if job.draft is not None:
             job.admitted(0)
@@ -206,7 +205,7 @@ class SerialLane:
             job.session.phases["cache_lookup_s"] = time.perf_counter() - t0
         if cache is None:
             t0 = time.perf_counter()
-            cache = make_prompt_cache(self.model)
+            cache = cache_ops.make(self.model)
             job.session.span("prefill.batch_setup", t0, lane=self.name)
         job.admitted(n, note)
         if self._mtp(job):
@@ -273,10 +272,8 @@ class SerialLane:
             i = j
             yield None
         if publish and end > start and self.prefix is not None and not trimmable(cache):
-            import copy
-
             t1 = time.perf_counter()
-            self.prefix.store(job.cache_namespace, prompt[:end], copy.deepcopy(cache),
+            self.prefix.store(job.cache_namespace, prompt[:end], cache_ops.copy(cache),
                               boundary=True)
             job.session.span("prefill.kv_maintenance", t1, snapshot_tokens=end)
         job.session.phases["prefill_s"] = time.perf_counter() - t0

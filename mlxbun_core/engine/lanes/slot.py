@@ -92,9 +92,9 @@ class SoloSlot:
         nothing cached, a fresh cache)."""
         t0 = time.perf_counter()
         if cache is None:
-            from mlx_lm.models.cache import make_prompt_cache
+            from .. import cache_ops
 
-            cache = make_prompt_cache(self.model)
+            cache = cache_ops.make(self.model)
         if job.spec is not None and job.spec.kind == "mtp" and self.predictor is not None:
             self.solo = MtpSolo(self.model, job, cache, cached, pacer, self.predictor)
         else:

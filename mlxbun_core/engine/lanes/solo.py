@@ -14,12 +14,11 @@ start, steps and both hand-offs (in :mod:`.slot`), so the lane keeps only its qu
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
-from .. import prefill_shapes
+from .. import cache_ops, prefill_shapes
 from ..job import GenerationJob
 from ..prompt_cache import trimmable
 from ..speculate import SpecStream, rewindable
@@ -74,7 +73,7 @@ class Solo:
     def boundary(self) -> list[Any] | None:
         """A copy of the KV at the prompt boundary when the cache cannot rewind (to be
         published for the next turn); None when it can."""
-        return None if trimmable(self.cache) else copy.deepcopy(self.cache)
+        return None if trimmable(self.cache) else cache_ops.copy(self.cache)
 
     def step(self) -> list[Step] | None:
         """One prefill chunk (returns None) or the tokens of one step, each ``(token,

@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .. import cache_ops
 from .config import HIT_STREAK
 from .guided import Plan, sampled, verify, walk
 from .stream import Emitted, SpecTally, count_round, grammar_of, process_window
@@ -183,9 +184,7 @@ class MtpStream:
         if guide is not None:  # a forced run after the last token was handed out: it stays
             drop = len(guide[0].tokens) - guide[0].head
         if drop and self.trimmable:
-            from mlx_lm.models.cache import trim_prompt_cache
-
-            trim_prompt_cache(self.cache, drop)
+            cache_ops.trim(self.cache, drop)
 
     # -- internals -------------------------------------------------------------------
     def _draft(self, after: mx.array) -> mx.array | None:
@@ -203,9 +202,7 @@ class MtpStream:
                                                    self.head_cache)
             drafts.append(self._sample_draft(logits))
         if self.n > 1:  # chained rows rest on drafts: the next round rebuilds them
-            from mlx_lm.models.cache import trim_prompt_cache
-
-            trim_prompt_cache(self.head_cache, self.n - 1)
+            cache_ops.trim(self.head_cache, self.n - 1)
         return mx.concatenate(drafts)
 
     def _sample_draft(self, logits: mx.array) -> mx.array:
@@ -315,10 +312,8 @@ class MtpStream:
     def _rollback(self, drafted: int, kept: list[int]) -> None:
         """Take the rejected drafts back out of the target's cache (``kept``: the drafts
         accepted)."""
-        from mlx_lm.models.cache import trim_prompt_cache
-
         if self.trimmable:
-            trim_prompt_cache(self.cache, drafted - len(kept))
+            cache_ops.trim(self.cache, drafted - len(kept))
             self.fed.extend(kept)
             return
         # recurrent layers cannot trim: put back the state from before the window and
@@ -363,9 +358,7 @@ class HeadDrafter:
         if self.state is None:
             self._read()
         if self.chained:
-            from mlx_lm.models.cache import trim_prompt_cache
-
-            trim_prompt_cache(self.stream.head_cache, self.chained)
+            cache_ops.trim(self.stream.head_cache, self.chained)
 
     def _read(self) -> bool:
         s = self.stream
@@ -394,10 +387,8 @@ def _snapshot(cache: list[Any]) -> list[Any]:
 
 
 def _restore(cache: list[Any], snapshot: list[Any], window: int) -> None:
-    from mlx_lm.models.cache import trim_prompt_cache
-
     for c, saved in zip(cache, snapshot, strict=True):
         if saved is None:
-            trim_prompt_cache([c], window)
+            cache_ops.trim([c], window)
         else:
-            c.cache = list(saved)
+            cache_ops.restore_arrays(c, saved)

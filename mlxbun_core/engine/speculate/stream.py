@@ -243,9 +243,9 @@ def _ints(tokens: mx.array) -> list[int]:
 
 
 def _trim(cache: list[Any], n: int) -> None:
-    from mlx_lm.models.cache import trim_prompt_cache
+    from .. import cache_ops
 
-    trim_prompt_cache(cache, n)
+    cache_ops.trim(cache, n)
 
 
 def rewindable(cache: list[Any], window: int) -> bool:

@@ -35,12 +35,14 @@ def load_model(path: Path, config: dict[str, Any], options: LoadOptions) -> Load
     from mlx_audio.stt import load
 
     model = load(str(path))
-    processor = getattr(model, "_processor", None)
-    if processor is None:  # mlx-audio only warns; without it nothing decodes
+    try:  # mlx-audio only warns when the processor failed to load; nothing decodes then
+        tokenizer = model.get_tokenizer().hf_tokenizer
+    except ValueError:
         raise ValueError(f"{path}: no Whisper tokenizer and feature extractor (the "
-                         "checkpoint lacks tokenizer files or preprocessor_config.json)")
+                         "checkpoint lacks tokenizer files or preprocessor_config.json)"
+                         ) from None
     return LoadedModel(id=options.model_id or path.name, path=path, config=config, model=model,
-                       tokenizer=processor.tokenizer, kind="speech",
+                       tokenizer=tokenizer, kind="speech",
                        context_window=int(config.get("n_text_ctx") or 448))
 
 

@@ -118,6 +118,28 @@ def test_a_model_that_cannot_transcribe_is_a_400():
     assert "cannot transcribe" in r.json()["error"]["message"]
 
 
+def test_a_checkpoint_without_its_tokenizer_is_refused_at_load(tmp_path):
+    """mlx-audio only warns when the Whisper processor cannot load; the plugin refuses the
+    checkpoint then, naming what is missing, and a whole one loads with its tokenizer."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from mlxbun_core.model import LoadOptions
+
+    whole = Path(tiny_whisper_checkpoint())
+    config = json.loads((whole / "config.json").read_text())
+    loaded = mlxbun_whisper.load_model(path=whole, config=config, options=LoadOptions())
+    ids = loaded.tokenizer.encode(" hello", add_special_tokens=False)
+    assert loaded.tokenizer.decode(ids) == " hello"
+    bare = tmp_path / "bare"
+    shutil.copytree(whole, bare)
+    for name in ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json"):
+        (bare / name).unlink()
+    with pytest.raises(ValueError, match="no Whisper tokenizer and feature extractor"):
+        mlxbun_whisper.load_model(path=bare, config=config, options=LoadOptions())
+
+
 def test_cli_prints_what_the_server_sends(client, tmp_path):
     wav = tmp_path / "speech.wav"
     wav.write_bytes(WAV)
