@@ -117,7 +117,7 @@ def check_same_caches(module: Any, group: DistributedGroup) -> None:
     import mlx.core as mx
     import numpy as np
 
-    from .engine import cache_ops
+    from . import cache_ops
     from .engine.batch.layout import layout
     from .engine.prompt_cache import trimmable
 

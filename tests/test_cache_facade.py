@@ -1,5 +1,5 @@
 """mlx-lm's single-sequence caches change between forward passes only through
-``engine/cache_ops.py``, which is what lets ``--distributed`` mirror them without patching
+``cache_ops.py``, which is what lets ``--distributed`` mirror them without patching
 mlx-lm's classes (``distributed/mirror.py``).
 
 Two halves: a scan of our code that fails on a module going around the facade (calling
@@ -19,13 +19,13 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
+from mlxbun_core import cache_ops
 from mlxbun_core.distributed import mirror
-from mlxbun_core.engine import cache_ops
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 TREES = [ROOT / "mlxbun_core", *sorted((ROOT / "plugins").glob("*/mlxbun_*"))]
-FACADE = ROOT / "mlxbun_core" / "engine" / "cache_ops.py"
+FACADE = ROOT / "mlxbun_core" / "cache_ops.py"
 # where mlx-lm caches are held (and the family plugins): a deep copy there is a copy of
 # a cache, a ``state`` set there a cache's
 CACHE_HOLDERS = ("engine", "distributed", "kvstore", "kvquant")
@@ -99,7 +99,7 @@ def test_no_module_but_the_facade_changes_an_mlx_lm_cache():
             rel = str(path.relative_to(ROOT))
             found += [f"{rel}:{line}: {what}" for line, what in
                       bypasses(ast.parse(path.read_text(encoding="utf-8")), rel)]
-    assert not found, ("mlx-lm caches changed around engine/cache_ops.py (a distributed "
+    assert not found, ("mlx-lm caches changed around cache_ops.py (a distributed "
                        "serve would not mirror these):\n" + "\n".join(found))
 
 

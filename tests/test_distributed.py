@@ -228,7 +228,7 @@ def test_prefix_cache_hits_across_turns(served):
 
 def test_seeded_requests_run_the_serial_lane_with_mirrored_caches(served):
     """A seeded request runs the serial lane on mlx-lm's own caches, which the followers
-    keep in step by replaying what rank 0 does to them through engine/cache_ops.py: made,
+    keep in step by replaying what rank 0 does to them through cache_ops.py: made,
     copied into the prefix cache and, for a prompt that leaves the cached one part way,
     copied out and trimmed back to the shared part."""
     pair, ref = served

@@ -42,7 +42,7 @@ ALLOWED = {
     # test helpers
     "mlxbun_core/testing/home.py", "mlxbun_core/testing/helpers.py",
     "mlxbun_core/testing/clients.py", "mlxbun_core/testing/dist.py",
-    "mlxbun_core/testing/speech.py",
+    "mlxbun_core/testing/speech.py", "mlxbun_core/testing/process.py",
 }
 
 

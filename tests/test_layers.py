@@ -23,7 +23,7 @@ BELOW = {
     "errors.py": set(),
     "holdback.py": set(),
     "events.py": set(),
-    "model.py": set(),
+    "model.py": {"sidetable.py"},  # (the shard plan's record of what it applied)
     "grammar/": {"errors.py"},
     "media/": {"errors.py", "fspaths.py", "runconfig.py"},
     "contract.py": {"events.py", "model.py", "grammar/", "media/"},
@@ -40,7 +40,8 @@ FLOORS = [
     # records: plain data and self-contained helpers; nothing of ours (fspaths -> errors)
     {"errors.py", "events.py", "model.py", "holdback.py", "system_turns.py", "fspaths.py",
      "kvquant/", "blas/", "torchless.py", "sqlitefile.py", "fdlimit.py", "request_fields.py",
-     "runconfig.py", "refused_flags.py", "sequences.py"},
+     "runconfig.py", "refused_flags.py", "sequences.py", "sidetable.py", "backend.py",
+     "cache_ops.py"},
     # formats and files: grammar requests, media parts, model files, the SSD cache's files
     {"grammar/", "media/", "models/", "kvstore/", "speech/"},
     # the contract plugins implement

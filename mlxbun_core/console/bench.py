@@ -129,8 +129,7 @@ def kv_bytes_per_token(engine: Any, prompt: str, chunk: int = 256) -> float:
     bytes its caches hold for their positions over the positions."""
     import mlx.core as mx
 
-    from .. import kvquant
-    from ..engine import cache_ops
+    from .. import cache_ops, kvquant
 
     model = engine.model.model
     tokens = list(engine.model.tokenizer.encode(prompt))

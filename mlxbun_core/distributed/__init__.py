@@ -16,7 +16,7 @@ forward passes:
   copies, state operations), and each batch pass is plain data (its window); the
   followers apply both to pools and states of their own;
 - :mod:`.mirror`: the serial lane's mlx-lm caches: what rank 0 makes, copies and trims
-  through ``engine/cache_ops.py`` is recorded and replayed by the followers on their own
+  through ``cache_ops.py`` is recorded and replayed by the followers on their own
   (sharded) cache objects before the next forward pass;
 - :mod:`.follower`: a follower's loop (receive, replay, forward, repeat);
 - :mod:`.watchdog`: rank 0 pings the group through its worker every second; a failed

@@ -6,7 +6,7 @@ keeps its own, and the followers' cache objects must go through exactly what ran
 go through. The batch lane's KV lives in the engine's block pool and is replayed from
 its journal (``engine/batch/journal.py``); what is left here is the serial lane (a
 seeded request, ``--batch 1``), which runs mlx-lm's single-sequence caches. Between
-forward passes the engine changes them only through ``engine/cache_ops.py``: made,
+forward passes the engine changes them only through ``cache_ops.py``: made,
 copied (the prefix cache's private copies), trimmed (a prefix hit cut back, a rejected
 draft) and compacted (a trimmed copy giving back its buffer's tail). :func:`install`
 has that module report each call to :data:`RECORDER`; on rank 0 each outermost call
@@ -28,7 +28,7 @@ import threading
 import weakref
 from typing import Any
 
-from ..engine import cache_ops
+from .. import cache_ops
 from ..sidetable import SideTable
 
 PLAIN = (bool, int, float, str, type(None))
@@ -76,7 +76,7 @@ class Recorder:
                 weakref.finalize(obj, self.add, ("drop", uid))
         return uid
 
-    # -- what engine/cache_ops.py reports ----------------------------------------------
+    # -- what cache_ops.py reports ----------------------------------------------
     def made(self, caches: list[Any]) -> None:
         if self.outermost():
             self.add(("make", self.encode(caches)))
@@ -158,7 +158,7 @@ def _is_array(value: Any) -> bool:
 
 
 def install(recording: bool, model: Any = None) -> None:
-    """Have ``engine/cache_ops.py`` report to :data:`RECORDER` (load the model first:
+    """Have ``cache_ops.py`` report to :data:`RECORDER` (load the model first:
     architectures may define cache classes of their own); ``recording`` on rank 0, and
     ``model`` is this rank's own, which a replayed ``make`` makes caches for."""
     global _base, _model

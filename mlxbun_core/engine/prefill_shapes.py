@@ -85,7 +85,7 @@ def warm(model: Any, longest: int) -> int:
         return 0
     import mlx.core as mx
 
-    from . import cache_ops
+    from .. import cache_ops
 
     sizes = [1 << b for b in range(max(1, longest).bit_length())]
     try:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import cache_ops
+from .. import cache_ops
 from .batch.entry import BlockEntry, Shared
 from .cache_explain import Explainer, Probe
 from .cache_pins import Pins

@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
-from . import cache_ops
+from .. import cache_ops
 from .batch.entry import BlockEntry
 
 if TYPE_CHECKING:

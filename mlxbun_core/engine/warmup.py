@@ -58,8 +58,8 @@ def kv_eligible(model: LoadedModel, kv: kvquant.KVScheme) -> list[bool] | None:
         return None
     from mlx_lm.models.cache import KVCache
 
+    from .. import cache_ops
     from ..library import fit
-    from . import cache_ops
 
     t = fit.text_config(model.config or {})
     ok = fit.quantizable(t, "full", kv.group_size)

@@ -137,7 +137,7 @@ def decode(layout: list, arrays: list) -> list:
             return [dec(v) for v in x]
         return x
 
-    from ..engine import cache_ops
+    from .. import cache_ops
 
     return [cache_ops.from_state(resolve_class(item["cls"]), dec(item["state"]))
             for item in layout]

@@ -198,7 +198,7 @@ def next_token_logprobs(engine: Engine, tokens: list[int]) -> list[float]:
     """One forward pass over ``tokens`` (on the worker thread): the next token's log-probs."""
     import mlx.core as mx
 
-    from ..engine import cache_ops
+    from .. import cache_ops
 
     model = engine.model.model
     logits = model(mx.array(tokens)[None], cache=cache_ops.make(model))[0, -1]

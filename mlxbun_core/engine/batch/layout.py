@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
+from ... import cache_ops
 from ...kvquant import OFF, KVScheme
 from ...kvquant.turbo import TurboKVCache
-from .. import cache_ops
 from .quantized import QuantizedStore, layer_for
 from .states import StateOps, copy_state
 from .storage import LayerStore

@@ -282,7 +282,7 @@ class BatchLane(Results):
 
     def _rewindable(self) -> bool:
         if not hasattr(self, "_can_trim"):
-            from .. import cache_ops
+            from ... import cache_ops
 
             self._can_trim = trimmable(cache_ops.make(self.model))
         return self._can_trim

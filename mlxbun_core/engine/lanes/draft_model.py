@@ -26,7 +26,7 @@ def draft_model_steps(model: nn.Module, job: GenerationJob, source: DraftSource,
     import mlx.core as mx
     from mlx_lm.generate import speculative_generate_step
 
-    from .. import cache_ops
+    from ... import cache_ops
 
     req, usage = job.request, job.session.usage
     usage.lane = "serial+spec"

@@ -87,7 +87,7 @@ class PrefillPacer:
         ``CALIBRATION_S`` (the worker thread, at start-up)."""
         import mlx.core as mx
 
-        from .. import cache_ops
+        from ... import cache_ops
 
         tokens = CALIBRATION_TOKENS
         try:

@@ -22,10 +22,10 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
-from ... import kvquant
+from ... import cache_ops, kvquant
 from ...contract import LogitsProcessor, TokenPredictor
 from ...events import Retry
-from .. import cache_ops, prefill_shapes
+from .. import prefill_shapes
 from ..cache_explain import Probe, explain_job
 from ..job import GenerationJob
 from ..memory import OOM, Governor

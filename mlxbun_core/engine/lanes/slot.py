@@ -92,7 +92,7 @@ class SoloSlot:
         nothing cached, a fresh cache)."""
         t0 = time.perf_counter()
         if cache is None:
-            from .. import cache_ops
+            from ... import cache_ops
 
             cache = cache_ops.make(self.model)
         if job.spec is not None and job.spec.kind == "mtp" and self.predictor is not None:

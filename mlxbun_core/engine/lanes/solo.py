@@ -18,7 +18,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
-from .. import cache_ops, prefill_shapes
+from ... import cache_ops
+from .. import prefill_shapes
 from ..job import GenerationJob
 from ..prompt_cache import trimmable
 from ..speculate import SpecStream, rewindable

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .. import cache_ops
+from ... import cache_ops
 from .config import HIT_STREAK
 from .guided import Plan, sampled, verify, walk
 from .stream import Emitted, SpecTally, count_round, grammar_of, process_window

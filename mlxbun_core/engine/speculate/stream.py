@@ -243,7 +243,7 @@ def _ints(tokens: mx.array) -> list[int]:
 
 
 def _trim(cache: list[Any], n: int) -> None:
-    from .. import cache_ops
+    from ... import cache_ops
 
     cache_ops.trim(cache, n)
 
