@@ -55,6 +55,10 @@ def checkpoint(shape: str, bits: int = 0) -> str:
     return out
 
 
+# PAGED_VECLOAD=0 (a bench switch, not the server's): the kernel's scalar shared-memory loads
+BOOT_LOADS = "import os; a.VECLOAD = os.environ.get('PAGED_VECLOAD', '1') != '0'; "
+
+
 def arm_command(arm: str, args, ckpt: str, port: int) -> list:
     if arm == "mlx-lm":
         return [sys.executable, "-m", "mlx_lm.server", "--model", ckpt, "--port", str(port),
@@ -63,7 +67,7 @@ def arm_command(arm: str, args, ckpt: str, port: int) -> list:
     path = os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")])
     mode = {"gather": "gather"}.get(arm, "auto")
     boot = ("import sys; import mlxbun_core.engine.batch.attention as a; "
-            f"a.MODE = {mode!r}; " if arm != "old" else "import sys; ")
+            f"a.MODE = {mode!r}; " + BOOT_LOADS if arm != "old" else "import sys; ")
     boot += "from mlxbun_core.cli import main; sys.argv[0] = 'mlxbun'; sys.exit(main())"
     cmd = ["env", f"PYTHONPATH={path}", sys.executable, "-c", boot, "serve", ckpt,
            "--port", str(port), "--no-open"]

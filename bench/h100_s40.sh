@@ -11,25 +11,35 @@ run() {  # run NAME SECONDS CMD...: stdout+stderr to NAME.txt
   timeout "$secs" "$@" > "$O/$name.txt" 2>&1; echo "   rc=$? ($(date +%T))"; tail -5 "$O/$name.txt"
   pkill -f "mlxbun_core.cli" 2>/dev/null; pkill -f "mlx_lm.server" 2>/dev/null; sleep 1
 }
-ckpts() {
-  python3 -c "
+LOADS=$(cat /tmp/paged_loads 2>/dev/null)  # "" (vector loads), --scalar-loads, or "gather"
+[ "$LOADS" = "--scalar-loads" ] && export PAGED_VECLOAD=0
+ARM=paged; [ "$LOADS" = "gather" ] && ARM=gather
+case "$1" in
+  a)
+    run check_vec 90 env CUDA_LAUNCH_BLOCKING=1 python3 bench/paged_kernel.py --check-only --out $O/kernel_check_vec.json
+    if grep -q "kernel check: ok" $O/check_vec.txt; then echo "" > /tmp/paged_loads
+    else
+      run check_scalar 90 env CUDA_LAUNCH_BLOCKING=1 python3 bench/paged_kernel.py --check-only --scalar-loads --out $O/kernel_check_scalar.json
+      if grep -q "kernel check: ok" $O/check_scalar.txt; then echo "--scalar-loads" > /tmp/paged_loads
+      else echo gather > /tmp/paged_loads; fi
+    fi
+    LOADS=$(cat /tmp/paged_loads); echo "loads: '$LOADS'"
+    [ "$LOADS" != gather ] && run kernel_speed 90 python3 bench/paged_kernel.py $LOADS --out $O/paged_kernel.json
+    run ckpt 240 python3 -c "
 import sys; sys.path.insert(0, 'bench')
 from engine_ab import checkpoint
 print(checkpoint('8b', 0)); print(checkpoint('8b', 4))"
-}
-case "$1" in
-  a)
-    run kernel 90 python3 bench/paged_kernel.py --out $O/paged_kernel.json
-    run qmm 100 python3 bench/quant_matmul.py --rounds 3 --calls 10 --out $O/quant_matmul.json
-    run ckpt 240 ckpts
     ;;
   b)
-    run step_bf16 170 python3 bench/batch_step.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 8 32 --prompt-tokens 512 --tokens 64 --rounds 3 --direct --out $O/batch_step_bf16.json
-    run step_q4 220 python3 bench/batch_step.py --model /tmp/bench-qwen3-8b-bfloat16-q4 --rows 8 32 --prompt-tokens 512 --tokens 64 --rounds 2 --direct --unpack --out $O/batch_step_q4.json
-    run pressure 200 python3 bench/memory_pressure.py --trials 3 --out $O/memory_pressure.json
+    run ab_bf16 330 python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms $ARM mlx-lm --baseline mlx-lm --concurrency 8 32 --rounds 1 --out $O/engine_ab_bf16.json
     ;;
   c)
-    run ab_bf16 290 python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged mlx-lm --concurrency 8 32 --rounds 1 --out $O/engine_ab_bf16.json
-    run ab_q4 290 python3 bench/engine_ab.py --shape 8b --bits 4 --with-mlx-lm --arms paged mlx-lm --concurrency 8 32 --history-tokens 0 --rounds 1 --out $O/engine_ab_q4.json
+    run ab_q4 240 python3 bench/engine_ab.py --shape 8b --bits 4 --with-mlx-lm --arms $ARM mlx-lm --baseline mlx-lm --concurrency 32 --history-tokens 0 --rounds 1 --out $O/engine_ab_q4.json
+    run pressure 200 python3 bench/memory_pressure.py --trials 2 --out $O/memory_pressure.json
+    ;;
+  d)
+    [ "$LOADS" = gather ] && L="" || L="--direct $LOADS"
+    run step_bf16 200 python3 bench/batch_step.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 8 32 --prompt-tokens 512 --tokens 64 --rounds 2 $L --out $O/batch_step_bf16.json
     ;;
 esac
+cp /tmp/engine_ab_*.log /tmp/out/*.log "$O"/ 2>/dev/null

@@ -41,7 +41,8 @@ def render(name: str, dtype: str, single: bool, dim: int, rep: int, block: int) 
               f"  constexpr int D = {dim};", f"  constexpr int R = {rep};",
               f"  constexpr int BS = {block};", f"  constexpr int TILE = {tile};",
               f"  constexpr int NT = {attention.NT};",
-              f"  constexpr bool SINGLE = {'true' if single else 'false'};"]
+              f"  constexpr bool SINGLE = {'true' if single else 'false'};",
+              f"  constexpr bool VECLOAD = {'true' if attention.VECLOAD else 'false'};"]
     return (HEADER + "namespace mlx::core::cu {\n__global__ void " + name + "(\n"
             + ",\n".join(args) + ") {\n" + "\n".join(consts) + "\n" + attention._SOURCE
             + "\n}\n}\n")

@@ -126,7 +126,11 @@ def main() -> None:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log = os.path.join(os.environ.get("OUT", "/tmp"), "memory_pressure_server.log")
-    cmd = [sys.executable, "-m", "mlxbun_core.cli", "serve", ckpt, "--port", str(port),
+    from engine_ab import BOOT_LOADS
+
+    boot = ("import sys; import mlxbun_core.engine.batch.attention as a; " + BOOT_LOADS
+            + "from mlxbun_core.cli import main; sys.argv[0] = 'mlxbun'; sys.exit(main())")
+    cmd = [sys.executable, "-c", boot, "serve", ckpt, "--port", str(port),
            "--no-open", "--memory-wait", str(args.memory_wait)]
     proc = start(cmd, port, log)
     out: dict = {"args": vars(args), "trials": []}

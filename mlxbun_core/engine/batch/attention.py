@@ -203,11 +203,22 @@ _SOURCE = """
             slot_s[j] = blocks[b * NB + p / BS] * BS + p % BS;
         }
         __syncthreads();
-        for (int e = tid; e < n * VPR; e += NT) {
-            const int j = e / VPR, c = e % VPR;
-            const size_t base = ((size_t)slot_s[j] * HKV + hkv) * D;
-            reinterpret_cast<uint4*>(ks + j * DP)[c] = reinterpret_cast<const uint4*>(k + base)[c];
-            reinterpret_cast<uint4*>(vs + j * DP)[c] = reinterpret_cast<const uint4*>(v + base)[c];
+        if (VECLOAD) {
+            for (int e = tid; e < n * VPR; e += NT) {
+                const int j = e / VPR, c = e % VPR;
+                const size_t base = ((size_t)slot_s[j] * HKV + hkv) * D;
+                reinterpret_cast<uint4*>(ks + j * DP)[c] =
+                    reinterpret_cast<const uint4*>(k + base)[c];
+                reinterpret_cast<uint4*>(vs + j * DP)[c] =
+                    reinterpret_cast<const uint4*>(v + base)[c];
+            }
+        } else {
+            for (int e = tid; e < n * D; e += NT) {
+                const int j = e / D, dd = e % D;
+                const size_t base = ((size_t)slot_s[j] * HKV + hkv) * D;
+                ks[j * DP + dd] = k[base + dd];
+                vs[j * DP + dd] = v[base + dd];
+            }
         }
         __syncthreads();
         for (int e = tid; e < R * TILE; e += NT) {
@@ -272,6 +283,7 @@ _SOURCE = """
 """
 
 NT = 128  # threads per block
+VECLOAD = True  # keys and values copied to shared memory 16 bytes at a time (False: one by one)
 SHARED_BYTES = 48 * 1024  # a kernel's static shared memory
 TARGET_BLOCKS = 512  # splits are added until a pass has about this many thread blocks
 
@@ -324,7 +336,7 @@ def _kernel_attention(q: mx.array, store: LayerStore, view: Window, window: int 
         inputs=[q.astype(keys.dtype), keys, values, view.blocks, view.offset, *consts],
         template=[("T", keys.dtype), ("O", keys.dtype if single else mx.float32), ("D", dim),
                   ("R", rep), ("BS", store.pool.block_size), ("TILE", tile), ("NT", NT),
-                  ("SINGLE", single)],
+                  ("SINGLE", single), ("VECLOAD", VECLOAD)],
         grid=(rows * hkv * width * splits * NT, 1, 1), threadgroup=(NT, 1, 1),
         output_shapes=[(rows, heads, width, dim), (1,), (1,)] if single
         else [(*part, dim), part, part],
