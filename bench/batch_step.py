@@ -92,14 +92,17 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--direct", action="store_true",
                    help="also ours with direct attention over blocks (the CUDA kernel)")
+    p.add_argument("--flash", action="store_true", help="direct attention by the flash kernel")
     p.add_argument("--scalar-loads", action="store_true",
-                   help="the paged kernel copies keys and values one by one")
+                   help="the flash kernel copies keys and values one by one")
     p.add_argument("--out")
     args = p.parse_args()
-    if args.scalar_loads:
-        from mlxbun_core.engine.batch import attention
+    from mlxbun_core.engine.batch import attention, flash
 
-        attention.VECLOAD = False
+    if args.flash:
+        attention.KERNEL = "flash"
+    if args.scalar_loads:
+        flash.VECLOAD = False
     if args.shape:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from prefix_stall import checkpoint

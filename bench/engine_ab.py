@@ -55,8 +55,12 @@ def checkpoint(shape: str, bits: int = 0) -> str:
     return out
 
 
-# PAGED_VECLOAD=0 (a bench switch, not the server's): the kernel's scalar shared-memory loads
-BOOT_LOADS = "import os; a.VECLOAD = os.environ.get('PAGED_VECLOAD', '1') != '0'; "
+# bench switches, not the server's: PAGED_KERNEL=flash (flash.py), PAGED_VECLOAD=0 (its
+# scalar shared-memory loads), PAGED_MODE=gather (no direct attention)
+BOOT_LOADS = ("import os; import mlxbun_core.engine.batch.flash as f; "
+              "f.VECLOAD = os.environ.get('PAGED_VECLOAD', '1') != '0'; "
+              "a.KERNEL = os.environ.get('PAGED_KERNEL', a.KERNEL); "
+              "a.MODE = os.environ.get('PAGED_MODE', a.MODE); ")
 
 
 def arm_command(arm: str, args, ckpt: str, port: int) -> list:
@@ -85,9 +89,23 @@ async def measure(base: str, args, prompts, history: str, rng) -> dict:
     out["first_request_s"], out["warm_request_s"] = t1 - t0, time.perf_counter() - t1
     for conc in args.concurrency:
         out[f"c{conc}"] = await load_phase(base, conc, args.requests, prompts, args.max_tokens)
+        out[f"c{conc}"]["stats"] = await stats_of(base)
     if args.history_tokens:
         out["second_turn"] = await second_turn(base, history, rng)
     return out
+
+
+async def stats_of(base: str) -> dict:
+    """The server's /stats after a phase, where it has one (mlx_lm.server has not): what
+    memory, the pool and the batch did (preemptions, waits, the step's room)."""
+    import httpx
+
+    try:
+        async with httpx.AsyncClient(timeout=30) as c:
+            r = await c.get(base + "/stats")
+        return r.json() if r.status_code == 200 else {}
+    except (httpx.HTTPError, ValueError):
+        return {}
 
 
 async def one_request(c, base: str, body: dict) -> dict:

@@ -1,6 +1,6 @@
 """Run the paged-attention CUDA kernel's source on this CPU, under AddressSanitizer.
 
-The kernel body (``engine/batch/attention.py``'s ``_SOURCE``) is wrapped as MLX wraps it
+The kernel body (``engine/batch/flash.py``'s ``_SOURCE``) is wrapped as MLX wraps it
 and compiled as C++ with a small emulation of what it uses of CUDA: a thread per CUDA
 thread, a barrier per block (``__syncthreads``) and per warp (``__syncwarp``, the
 shuffles), ``static`` for ``__shared__`` (blocks run one after another), bfloat16 as a
@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mlx.core as mx
 import numpy as np
 
-from mlxbun_core.engine.batch import attention
+from mlxbun_core.engine.batch import attention, flash
 
 PRELUDE = r"""
 #include <algorithm>
@@ -116,10 +116,10 @@ def source(dtype: str, single: bool, dim: int, rep: int, block: int, tile: int) 
            " float* m_out, float* l_out) {\n")
     consts = (f"  using T = {tin}; using O = {tout};\n  constexpr int D = {dim}; constexpr int R = "
               f"{rep}; constexpr int BS = {block}; constexpr int TILE = {tile};\n  constexpr int "
-              f"NT = {attention.NT}; constexpr bool SINGLE = {'true' if single else 'false'};\n"
-              f"  constexpr bool VECLOAD = {'true' if attention.VECLOAD else 'false'};\n")
-    return (PRELUDE + sig + consts + attention._SOURCE + "\n}\n"
-            + f"#define TIN {tin}\n#define TOUT {tout}\n#define NT_ {attention.NT}\n" + MAIN)
+              f"NT = {flash.NT}; constexpr bool SINGLE = {'true' if single else 'false'};\n"
+              f"  constexpr bool VECLOAD = {'true' if flash.VECLOAD else 'false'};\n")
+    return (PRELUDE + sig + consts + flash._SOURCE + "\n}\n"
+            + f"#define TIN {tin}\n#define TOUT {tout}\n#define NT_ {flash.NT}\n" + MAIN)
 
 
 def run_case(tmp: str, hq: int, hkv: int, dim: int, width: int, window, dtype) -> float:
@@ -128,9 +128,9 @@ def run_case(tmp: str, hq: int, hkv: int, dim: int, width: int, window, dtype) -
     q, store, view = setup(3, [5, 70, 300], hq, hkv, dim, width, dtype)
     keys = store.keys
     rep = hq // hkv
-    tile = attention.tile_for(dim, keys.dtype.size, rep)
+    tile = flash.tile_for(dim, keys.dtype.size, rep)
     rows = q.shape[0]
-    splits, chunk = attention.splits_for(rows, hkv, width, int(view.starts.max()) + width, tile)
+    splits, chunk = flash.splits_for(rows, hkv, width, int(view.starts.max()) + width, tile)
     single = splits == 1
     name = "bfloat16" if dtype == mx.bfloat16 else "float32"
     src = os.path.join(tmp, f"k_{name}_{single}_{dim}_{rep}.cpp")
@@ -174,7 +174,7 @@ def run_case(tmp: str, hq: int, hkv: int, dim: int, width: int, window, dtype) -
         m = mx.array(np.fromfile(os.path.join(tmp, "m_out"), dtype=np.float32))
         total = mx.array(np.fromfile(os.path.join(tmp, "l_out"), dtype=np.float32))
         part = (rows, hq, width, splits)
-        a = attention.combine(mx.array(acc).reshape(*part, dim), m.reshape(part),
+        a = flash.combine(mx.array(acc).reshape(*part, dim), m.reshape(part),
                               total.reshape(part))
     b = attention.paged_reference(q, store, view, window, dim ** -0.5).astype(mx.float32)
     return float(mx.max(mx.abs(a - b)))
@@ -182,7 +182,7 @@ def run_case(tmp: str, hq: int, hkv: int, dim: int, width: int, window, dtype) -
 
 def main() -> int:
     if "--scalar-loads" in sys.argv:
-        attention.VECLOAD = False
+        flash.VECLOAD = False
     if shutil.which("g++") is None:
         print("no g++")
         return 2

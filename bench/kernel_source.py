@@ -21,7 +21,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this tree
 
-from mlxbun_core.engine.batch import attention
+from mlxbun_core.engine.batch import flash
 
 CUDA = {"bfloat16": "__nv_bfloat16", "float16": "__half", "float32": "float", "int32": "int32_t"}
 HEADER = "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cstdint>\n" \
@@ -30,7 +30,7 @@ HEADER = "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cstdint>\n" 
 
 def render(name: str, dtype: str, single: bool, dim: int, rep: int, block: int) -> str:
     size = 4 if dtype == "float32" else 2
-    tile = attention.tile_for(dim, size, rep)
+    tile = flash.tile_for(dim, size, rep)
     inputs = [("q", dtype), ("k", dtype), ("v", dtype), ("blocks", "int32"),
               ("starts", "int32"), ("params", "int32"), ("scale", "float32")]
     outs = [("acc_out", dtype if single else "float32"), ("m_out", "float32"),
@@ -40,11 +40,11 @@ def render(name: str, dtype: str, single: bool, dim: int, rep: int, block: int) 
     consts = [f"  using T = {CUDA[dtype]};", f"  using O = {CUDA[outs[0][1]]};",
               f"  constexpr int D = {dim};", f"  constexpr int R = {rep};",
               f"  constexpr int BS = {block};", f"  constexpr int TILE = {tile};",
-              f"  constexpr int NT = {attention.NT};",
+              f"  constexpr int NT = {flash.NT};",
               f"  constexpr bool SINGLE = {'true' if single else 'false'};",
-              f"  constexpr bool VECLOAD = {'true' if attention.VECLOAD else 'false'};"]
+              f"  constexpr bool VECLOAD = {'true' if flash.VECLOAD else 'false'};"]
     return (HEADER + "namespace mlx::core::cu {\n__global__ void " + name + "(\n"
-            + ",\n".join(args) + ") {\n" + "\n".join(consts) + "\n" + attention._SOURCE
+            + ",\n".join(args) + ") {\n" + "\n".join(consts) + "\n" + flash._SOURCE
             + "\n}\n}\n")
 
 

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import mlx.core as mx
 import numpy as np
 
-from mlxbun_core.engine.batch import attention
+from mlxbun_core.engine.batch import attention, flash
 from mlxbun_core.engine.batch.attention import paged_attention
 from mlxbun_core.engine.batch.pool import BlockPool, BlockTable
 from mlxbun_core.engine.batch.storage import LayerStore
@@ -124,12 +124,16 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out")
     p.add_argument("--scalar-loads", action="store_true",
-                   help="the kernel copies keys and values to shared memory one by one")
+                   help="the flash kernel copies keys and values to shared memory one by one")
     p.add_argument("--check-only", action="store_true")
+    p.add_argument("--flash", action="store_true", help="the flash kernel (flash.py)")
     args = p.parse_args()
+    if args.flash:
+        attention.KERNEL = "flash"
     if args.scalar_loads:
-        attention.VECLOAD = False
-    out: dict = {"device": str(mx.default_device()), "vector_loads": attention.VECLOAD}
+        flash.VECLOAD = False
+    out: dict = {"device": str(mx.default_device()), "kernel": attention.KERNEL,
+                 "vector_loads": flash.VECLOAD}
     check(out)
     if args.check_only:
         if args.out:

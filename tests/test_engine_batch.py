@@ -18,7 +18,7 @@ import pytest
 from mlx_lm import load
 from mlx_lm.generate import generate_step
 
-from mlxbun_core.engine.batch import attention, direct
+from mlxbun_core.engine.batch import attention, direct, flash
 from mlxbun_core.engine.batch.entry import Shared
 from mlxbun_core.engine.batch.executor import Batch
 from mlxbun_core.engine.batch.layout import layout
@@ -309,5 +309,5 @@ def test_the_kernels_split_partials_combine_to_softmax_attention():
         top = mx.max(part)
         e = mx.exp(part - top)
         ms.append(top), ls.append(e.sum()), accs.append((e[:, None] * vals).sum(axis=0))
-    got = attention.combine(mx.stack(accs), mx.stack(ms), mx.stack(ls))
+    got = flash.combine(mx.stack(accs), mx.stack(ms), mx.stack(ls))
     assert float(mx.max(mx.abs(got - want))) < 1e-5

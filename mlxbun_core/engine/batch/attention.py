@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol
 
 import mlx.core as mx
+
+from . import flash
 
 if TYPE_CHECKING:
     import numpy as np
@@ -53,6 +55,10 @@ log = logging.getLogger("mlxbun.engine")
 # mode with the kernel or with plain ops (tests and benchmarks); "gather": never direct
 MODE = "auto"
 MAX_QUERY = 16  # window positions the kernel takes; longer passes gather (prefill chunks)
+SHARED_FLOATS = 8192  # the kernel's per-warp partial results fit 32 KB of shared memory
+# the kernel: "splitk" (below), or "flash" (flash.py: tiles in shared memory; faulted on
+# its first device run, so not the default until a sitting finds why)
+KERNEL = "splitk"
 
 _local = threading.local()  # the pass's noted stores: id(keys array) -> (store, view, window)
 _kernels: dict[tuple[Any, ...], Any] = {}  # the compiled kernels, by dtype and shape
@@ -127,11 +133,15 @@ def paged_attention(q: mx.array, store: LayerStore, view: Window, window: int | 
     """Attention of queries ``q`` (``(rows, q_heads, width, dim)``) over the rows' blocks
     of ``store``: query ``i`` of row ``r`` sees positions ``<= start[r] + i`` (and,
     with ``window``, the last ``window`` of them)."""
-    keys = store.keys
-    assert keys is not None
-    if use_kernel and tile_for(q.shape[-1], keys.dtype.size, q.shape[1] // keys.shape[1]):
-        return _kernel_attention(q, store, view, window, scale)
-    return paged_reference(q, store, view, window, scale)
+    if not use_kernel:
+        return paged_reference(q, store, view, window, scale)
+    if KERNEL == "flash":
+        keys = store.keys
+        assert keys is not None
+        if flash.tile_for(q.shape[-1], keys.dtype.size, q.shape[1] // keys.shape[1]):
+            return flash.flash_attention(q, store, view, window, scale)
+        return paged_reference(q, store, view, window, scale)
+    return _splitk_attention(q, store, view, window, scale)
 
 
 def paged_reference(q: mx.array, store: LayerStore, view: Window, window: int | None,
@@ -149,23 +159,13 @@ def paged_reference(q: mx.array, store: LayerStore, view: Window, window: int | 
     return out.reshape(rows, heads, width, -1).astype(q.dtype)
 
 
-# Flash decoding over block tables. One thread block per (row, KV head, query position,
-# split of the keys); its NT threads walk the split a tile of TILE keys at a time:
-#   1. the tile's slots are looked up in the row's block table, and its keys and values
-#      copied into shared memory in 16-byte vectors (rows padded so reads do not collide);
-#   2. scores: a thread per (key, query head) pair, the queries read from shared memory;
-#   3. a warp per query head: the tile's max and sum, the running softmax corrected once
-#      per tile (not once per key), then the tile's values weighted into its lanes' dims.
-# A split's (max, sum, weighted values) are combined by plain ops; with one split the
-# kernel normalises and writes the output itself (SINGLE). Splitting the keys keeps the
+# One thread block per (row, KV head, query position, split of the keys): its warps walk
+# the split's keys (a key per warp at a time, each lane holding D/32 of the head dims for
+# every query head sharing the KV head), keep an online softmax, and leave the split's
+# (max, sum, weighted values); plain ops combine the splits. Splitting the keys keeps the
 # device busy when there are few rows (a lone long stream) as well as many.
 _SOURCE = """
-    constexpr int NW = NT / 32;
-    constexpr int VEC = 16 / sizeof(T);      // T elements per 16-byte vector
-    constexpr int VPR = D / VEC;             // vectors per key row
-    constexpr int DP = D + VEC;              // padded shared row (T elements)
-    constexpr int PER = D / 32;              // dims per lane in the weighted sum
-    constexpr int RW = (R + NW - 1) / NW;    // query heads per warp
+    constexpr int PER = D / 32;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int W = params[0], NB = params[1], window = params[2], HKV = params[3];
     const int S = params[4], CHUNK = params[5];
@@ -175,193 +175,97 @@ _SOURCE = """
     const int hkv = blk % HKV; const int b = blk / HKV;
     const int HQ = HKV * R;
     const int pos = starts[b] + wi;
+    int hi = min(pos, NB * BS - 1);
     int lo = window > 0 ? max(0, pos - window + 1) : 0;
     lo = max(lo, split * CHUNK);
-    const int hi = min(min(pos, NB * BS - 1), split * CHUNK + CHUNK - 1);
-
-    __shared__ __align__(16) T ks[TILE * DP];
-    __shared__ __align__(16) T vs[TILE * DP];
-    __shared__ float qs[R * D];
-    __shared__ float ps[R * TILE];
-    __shared__ int slot_s[TILE];
-
+    hi = min(hi, split * CHUNK + CHUNK - 1);
     const float sc = scale[0];
-    for (int e = tid; e < R * D; e += NT) {
+    float qv[R][PER], acc[R][PER], m[R], l[R];
+    for (int r = 0; r < R; ++r) {
+        const T* qp = q + (((size_t)(b * HQ + hkv * R + r) * W + wi) * D) + lane * PER;
+        for (int i = 0; i < PER; ++i) {
+            qv[r][i] = static_cast<float>(qp[i]) * sc;
+            acc[r][i] = 0.f;
+        }
+        m[r] = -INFINITY; l[r] = 0.f;
+    }
+    for (int j = lo + warp; j <= hi; j += WARPS) {
+        const size_t slot = (size_t)blocks[b * NB + j / BS] * BS + (j % BS);
+        const T* kp = k + (slot * HKV + hkv) * D + lane * PER;
+        const T* vp = v + (slot * HKV + hkv) * D + lane * PER;
+        float kk[PER], vv[PER];
+        for (int i = 0; i < PER; ++i) {
+            kk[i] = static_cast<float>(kp[i]);
+            vv[i] = static_cast<float>(vp[i]);
+        }
+        for (int r = 0; r < R; ++r) {
+            float s = 0.f;
+            for (int i = 0; i < PER; ++i) s += qv[r][i] * kk[i];
+            for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+            const float mn = fmaxf(m[r], s);
+            const float corr = __expf(m[r] - mn);
+            const float p = __expf(s - mn);
+            l[r] = l[r] * corr + p;
+            for (int i = 0; i < PER; ++i) acc[r][i] = acc[r][i] * corr + p * vv[i];
+            m[r] = mn;
+        }
+    }
+    __shared__ float sm_m[WARPS * R];
+    __shared__ float sm_l[WARPS * R];
+    __shared__ float sm_acc[WARPS * R * D];
+    for (int r = 0; r < R; ++r) {
+        if (lane == 0) { sm_m[warp * R + r] = m[r]; sm_l[warp * R + r] = l[r]; }
+        for (int i = 0; i < PER; ++i) sm_acc[(warp * R + r) * D + lane * PER + i] = acc[r][i];
+    }
+    __syncthreads();
+    for (int e = tid; e < R * D; e += WARPS * 32) {
         const int r = e / D, d = e % D;
-        qs[e] = static_cast<float>(q[((size_t)(b * HQ + hkv * R + r) * W + wi) * D + d]) * sc;
-    }
-    float acc[RW][PER], m_run[RW], l_run[RW];
-    for (int i = 0; i < RW; ++i) {
-        m_run[i] = -INFINITY; l_run[i] = 0.f;
-        for (int d = 0; d < PER; ++d) acc[i][d] = 0.f;
-    }
-    for (int t0 = lo; t0 <= hi; t0 += TILE) {
-        const int n = min(TILE, hi - t0 + 1);
-        __syncthreads();  // the last tile's readers are done (and qs is written)
-        for (int j = tid; j < n; j += NT) {
-            const int p = t0 + j;
-            slot_s[j] = blocks[b * NB + p / BS] * BS + p % BS;
+        float M = -INFINITY;
+        for (int w = 0; w < WARPS; ++w) M = fmaxf(M, sm_m[w * R + r]);
+        float L = 0.f, A = 0.f;
+        for (int w = 0; w < WARPS; ++w) {
+            const float mw = sm_m[w * R + r];
+            const float c = mw == -INFINITY ? 0.f : __expf(mw - M);
+            L += sm_l[w * R + r] * c;
+            A += sm_acc[(w * R + r) * D + d] * c;
         }
-        __syncthreads();
-        if (VECLOAD) {
-            for (int e = tid; e < n * VPR; e += NT) {
-                const int j = e / VPR, c = e % VPR;
-                const size_t base = ((size_t)slot_s[j] * HKV + hkv) * D;
-                reinterpret_cast<uint4*>(ks + j * DP)[c] =
-                    reinterpret_cast<const uint4*>(k + base)[c];
-                reinterpret_cast<uint4*>(vs + j * DP)[c] =
-                    reinterpret_cast<const uint4*>(v + base)[c];
-            }
-        } else {
-            for (int e = tid; e < n * D; e += NT) {
-                const int j = e / D, dd = e % D;
-                const size_t base = ((size_t)slot_s[j] * HKV + hkv) * D;
-                ks[j * DP + dd] = k[base + dd];
-                vs[j * DP + dd] = v[base + dd];
-            }
-        }
-        __syncthreads();
-        for (int e = tid; e < R * TILE; e += NT) {
-            const int j = e % TILE, r = e / TILE;
-            float s = -INFINITY;
-            if (j < n) {
-                const uint4* kr = reinterpret_cast<const uint4*>(ks + j * DP);
-                const float* qr = qs + r * D;
-                s = 0.f;
-                for (int c = 0; c < VPR; ++c) {
-                    const uint4 raw = kr[c];
-                    const T* kv = reinterpret_cast<const T*>(&raw);
-                    for (int i = 0; i < VEC; ++i) s += qr[c * VEC + i] * static_cast<float>(kv[i]);
-                }
-            }
-            ps[r * TILE + j] = s;
-        }
-        __syncthreads();
-        for (int i = 0; i < RW; ++i) {
-            const int r = warp + i * NW;
-            if (r >= R) break;
-            float* pr = ps + r * TILE;
-            float top = -INFINITY;
-            for (int j = lane; j < n; j += 32) top = fmaxf(top, pr[j]);
-            for (int off = 16; off > 0; off >>= 1)
-                top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, off));
-            const float mn = fmaxf(m_run[i], top);
-            const float corr = __expf(m_run[i] - mn);
-            float sum = 0.f;
-            for (int j = lane; j < n; j += 32) {
-                const float p = __expf(pr[j] - mn);
-                pr[j] = p;
-                sum += p;
-            }
-            for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-            l_run[i] = l_run[i] * corr + sum;
-            m_run[i] = mn;
-            __syncwarp();
-            for (int d = 0; d < PER; ++d) acc[i][d] *= corr;
-            for (int j = 0; j < n; ++j) {
-                const float p = pr[j];
-                const T* vr = vs + j * DP + lane * PER;
-                for (int d = 0; d < PER; ++d) acc[i][d] += p * static_cast<float>(vr[d]);
-            }
-        }
-    }
-    for (int i = 0; i < RW; ++i) {
-        const int r = warp + i * NW;
-        if (r >= R) break;
-        const size_t row = (size_t)(b * HQ + hkv * R + r) * W + wi;
-        if (SINGLE) {
-            const float inv = l_run[i] > 0.f ? 1.f / l_run[i] : 0.f;
-            for (int d = 0; d < PER; ++d)
-                acc_out[row * D + lane * PER + d] = static_cast<O>(acc[i][d] * inv);
-        } else {
-            const size_t at = row * S + split;
-            for (int d = 0; d < PER; ++d)
-                acc_out[at * D + lane * PER + d] = static_cast<O>(acc[i][d]);
-            if (lane == 0) { m_out[at] = m_run[i]; l_out[at] = l_run[i]; }
-        }
+        const size_t row = ((size_t)(b * HQ + hkv * R + r) * W + wi) * S + split;
+        acc_out[row * D + d] = A;
+        if (d == 0) { m_out[row] = M; l_out[row] = L; }
     }
 """
 
-NT = 128  # threads per block
-VECLOAD = True  # keys and values copied to shared memory 16 bytes at a time (False: one by one)
-SHARED_BYTES = 48 * 1024  # a kernel's static shared memory
-TARGET_BLOCKS = 512  # splits are added until a pass has about this many thread blocks
+CHUNK = 256  # keys per split
+WARPS = 4
 
 
-def tile_for(dim: int, itemsize: int, rep: int) -> int:
-    """Keys a thread block stages at a time: the most (64, 32 or 16) whose key and
-    value tiles, queries and scores fit the kernel's shared memory; 0 when none does."""
-    for tile in (64, 32, 16):
-        shared = 2 * tile * (dim + 16 // itemsize) * itemsize + rep * (dim + tile) * 4 + tile * 4
-        if shared <= SHARED_BYTES:
-            return tile
-    return 0
-
-
-def splits_for(rows: int, hkv: int, width: int, keys: int, tile: int) -> tuple[int, int]:
-    """``(splits, chunk)``: how many parts each (row, KV head, position)'s ``keys``
-    are cut into so a pass has about ``TARGET_BLOCKS`` thread blocks, and the keys of
-    a part (a multiple of ``tile``). A lone long stream gets many; 32 rows few or one."""
-    tiles = max(1, -(-keys // tile))
-    want = max(1, -(-TARGET_BLOCKS // max(1, rows * hkv * width)))
-    per = -(-tiles // min(tiles, want))
-    chunk = per * tile
-    return -(-keys // chunk), chunk
-
-
-def _kernel(dtype: mx.Dtype, single: bool) -> Any:
-    kernel = _kernels.get((dtype, single))
-    if kernel is None:
-        kernel = _kernels[(dtype, single)] = mx.fast.cuda_kernel(
-            name="mlxbun_paged_attention" + ("_single" if single else ""),
-            input_names=["q", "k", "v", "blocks", "starts", "params", "scale"],
-            output_names=["acc_out", "m_out", "l_out"], source=_SOURCE)
-    return kernel
-
-
-def _kernel_attention(q: mx.array, store: LayerStore, view: Window, window: int | None,
+def _splitk_attention(q: mx.array, store: LayerStore, view: Window, window: int | None,
                       scale: float) -> mx.array:
     keys, values = store.keys, store.values
     assert keys is not None and values is not None
     rows, heads, width, dim = q.shape
     hkv = keys.shape[1]
     rep = heads // hkv
-    tile = tile_for(dim, keys.dtype.size, rep)
-    splits, chunk = splits_for(rows, hkv, width, int(view.starts.max()) + width, tile)
-    single = splits == 1
-    consts = _consts(view, (width, view.blocks.shape[1], window or 0, hkv, splits, chunk),
-                     scale)
+    warps = max(1, min(WARPS, SHARED_FLOATS // (rep * dim)))
+    splits = max(1, -(-(int(view.starts.max()) + width) // CHUNK))
+    key = (keys.dtype, dim, rep, store.pool.block_size, warps)
+    kernel: Any = _kernels.get(key)
+    if kernel is None:
+        kernel = _kernels[key] = mx.fast.cuda_kernel(
+            name="mlxbun_paged_attention",
+            input_names=["q", "k", "v", "blocks", "starts", "params", "scale"],
+            output_names=["acc_out", "m_out", "l_out"], source=_SOURCE)
+    params = mx.array([width, view.blocks.shape[1], window or 0, hkv, splits, CHUNK],
+                      dtype=mx.int32)
     part = (rows, heads, width, splits)
-    outs = _kernel(keys.dtype, single)(
-        inputs=[q.astype(keys.dtype), keys, values, view.blocks, view.offset, *consts],
-        template=[("T", keys.dtype), ("O", keys.dtype if single else mx.float32), ("D", dim),
-                  ("R", rep), ("BS", store.pool.block_size), ("TILE", tile), ("NT", NT),
-                  ("SINGLE", single), ("VECLOAD", VECLOAD)],
-        grid=(rows * hkv * width * splits * NT, 1, 1), threadgroup=(NT, 1, 1),
-        output_shapes=[(rows, heads, width, dim), (1,), (1,)] if single
-        else [(*part, dim), part, part],
-        output_dtypes=[keys.dtype, mx.float32, mx.float32] if single
-        else [mx.float32, mx.float32, mx.float32])
-    if single:
-        return cast(mx.array, outs[0])
-    return combine(*outs).astype(q.dtype)
+    acc, m, total = kernel(
+        inputs=[q.astype(keys.dtype), keys, values, view.blocks, view.offset, params,
+                mx.array([scale], dtype=mx.float32)],
+        template=[("T", keys.dtype), ("D", dim), ("R", rep),
+                  ("BS", store.pool.block_size), ("WARPS", warps)],
+        grid=(rows * hkv * width * splits * warps * 32, 1, 1), threadgroup=(warps * 32, 1, 1),
+        output_shapes=[(*part, dim), part, part],
+        output_dtypes=[mx.float32, mx.float32, mx.float32])
+    return flash.combine(acc, m, total).astype(q.dtype)
 
 
-def _consts(view: Window, params: tuple[int, ...], scale: float) -> list[mx.array]:
-    """The kernel's parameter and scale arrays, made once per pass and reused by every
-    layer that asks for the same ones (not a host-to-device copy per layer)."""
-    memo = view.kernel_consts
-    got = memo.get((params, scale))
-    if got is None:
-        got = memo[(params, scale)] = [mx.array(params, dtype=mx.int32),
-                                       mx.array([scale], dtype=mx.float32)]
-    return got
-
-
-def combine(acc: mx.array, m: mx.array, total: mx.array) -> mx.array:
-    """Attention from per-split partials: ``acc`` (``(..., splits, dim)``, the split's
-    softmax-weighted values before normalising), ``m`` and ``total`` (``(..., splits)``,
-    its max score and sum of exponentials; an empty split has ``m = -inf``)."""
-    top = mx.max(m, axis=-1, keepdims=True)
-    w = mx.where(m == -mx.inf, 0.0, mx.exp(m - top))
-    return (acc * w[..., None]).sum(axis=-2) / (total * w).sum(axis=-1)[..., None]

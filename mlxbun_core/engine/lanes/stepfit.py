@@ -20,6 +20,7 @@ the logits (``batch/transient.py``). Two rules keep that room:
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from ..batch import BLOCK_SIZE
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
 
 PREFILL_FLOOR = 16  # tokens (a block) of the smallest prefill chunk the reserve keeps room for
 
+
+log = logging.getLogger("mlxbun.engine")
 
 class StepFit:
     """The step room of :class:`~.batch.BatchLane` (which holds what is declared here)."""
@@ -119,8 +122,17 @@ class StepFit:
             self._settle(young)
             preempted += self._preempt(young, keep_pool=True)
             decode = decode_bytes(cost, batch)
+        if preempted:
+            log.warning("a decode step needs %s, %s is free beside the pool's growth of %s: "
+                        "preempted %d rows, recomputed when memory allows", _mib(decode),
+                        _mib(room + self._growth_bytes(batch, plan)),
+                        _mib(self._growth_bytes(batch, plan)), preempted)
         chunks = {u: n for u, n in plan.prefill.items() if u in batch.rows}
         fitted = fit_chunks(cost, batch, chunks, room, PREFILL_FLOOR) if chunks else {}
         estimate = max(decode, prefill_bytes(cost, batch, fitted))
         gov.planned(estimate, room, trimmed=fitted != plan.prefill or preempted > 0)
         return StepPlan(fitted, plan.decode and bool(batch.decoding), plan.asked)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB"
