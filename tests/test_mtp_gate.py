@@ -131,26 +131,30 @@ def test_the_gate_off_drafts_every_step(monkeypatch):
 
 
 def test_a_cold_gate_checks_less_often_after_each_miss():
-    """The free checks' schedule: a gate whose guesses never come true checks after 0, 1,
-    3 and then ``backoff - 1`` idle steps; one hit makes it check the next step, two in a
-    row open it; a round that keeps nothing closes it and it checks at once."""
+    """The free checks' schedule on the batch's step count: a gate whose guesses never
+    come true checks at once, then every 2nd, 4th and ``PROBE_BACKOFF``th step (cold rows
+    at the same period check together); a hit makes it check the next step (a miss
+    then puts it back on its period), two in a row open it; a round that keeps nothing
+    closes it and it checks at once."""
     gate = LandingGate(hot=False, backoff=PROBE_BACKOFF)
     checks = []
-    for step in range(40):
-        if gate.due():
+    for step in range(1, 40):
+        if gate.due(step):
             checks.append(step)
             gate.checked(False)
-    assert checks == [0, 2, 6, 14, 22, 30, 38]
-    assert not gate.due()
-    gate.idle = PROBE_BACKOFF  # due now
-    assert gate.due()
+    assert checks == [1, 2, 4, 8, 16, 24, 32]
+    assert not gate.due(33) and gate.due(40)
     gate.checked(True)
-    assert gate.due() and not gate.hot
+    assert gate.due(41) and not gate.hot
+    gate.checked(False)  # a lone hit: back to the period it had
+    assert not gate.due(42) and gate.due(48)
     gate.checked(True)
-    assert gate.hot and gate.due()
+    assert gate.due(49)
+    gate.checked(True)
+    assert gate.hot and gate.due(51)
     gate.landed(0)
-    assert not gate.hot and gate.due()
-    assert LandingGate().due() and LandingGate(backoff=1).due()  # lookup: every step
+    assert not gate.hot and gate.due(53)
+    assert LandingGate().due(3)  # lookup: every step
 
 
 @pytest.fixture(scope="module")

@@ -51,8 +51,8 @@ if TYPE_CHECKING:
     from .stream import SpecTally
 
 PROBE_BACKOFF = 8
-"""The most steps a cold MTP row goes between free checks (each costs the row a head call
-over the states since its last one)."""
+"""The longest period of a cold MTP row's free checks, in steps (each costs a head call
+over the states since the last one; cold rows check on the same steps)."""
 
 
 @dataclass
@@ -80,6 +80,7 @@ class MtpBatch:
         self.rows: dict[int, _Row] = {}
         self._pages: HeadPages | None = None  # made with the first row
         self._slots: list[Slot] | None = None  # the head's cache layers; []: not pageable
+        self._step = 0  # decode steps drafted for (the gates' shared clock)
 
     def supported(self) -> bool:
         """Whether the head's cache can be paged (asked with the first MTP request: it
@@ -186,8 +187,9 @@ class MtpBatch:
         if x is None:
             return {}
         self._settle(batch)
-        at = {u: i for i, u in enumerate(batch.decoding)
-              if u in self.rows and self.rows[u].hidden is not None and _due(self.rows[u])}
+        self._step += 1
+        at = {u: i for i, u in enumerate(batch.decoding) if u in self.rows
+              and self.rows[u].hidden is not None and _due(self.rows[u], self._step)}
         if not at:
             return {}
         uids = list(at)
@@ -299,9 +301,9 @@ class MtpBatch:
         return mx.stack(drafts, axis=1)
 
 
-def _due(row: _Row) -> bool:
+def _due(row: _Row, step: int) -> bool:
     """Whether the row's head reads its states this step (always without a gate)."""
-    return row.gate is None or row.gate.due()
+    return row.gate is None or row.gate.due(step)
 
 
 def _token_at(row: Row, at: int) -> int:
