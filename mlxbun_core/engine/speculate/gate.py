@@ -51,4 +51,4 @@ class LandingGate:
         checks come true, else on the steps the period after its misses divides."""
         if self.hot or self.streak:
             return True
-        return step % min(2 ** self.misses, self.backoff) == 0
+        return step % min(1 << self.misses, self.backoff) == 0

@@ -23,10 +23,11 @@ heads' KV is paged (``mtp_head.py``).
 A row drafts only while its drafts land (``gate.py``, the gate every drafter shares): a
 round that keeps none stops it, and it decodes as a plain row (pipelined steps, no
 window) while the head's first guess, sampled but not sent, is checked against the token
-the target then samples there, at first every step and then less often after each miss
-(``PROBE_BACKOFF``); its states wait for the next check and join the head in one call.
-Two guesses in a row that came true send drafts again. ``MLXBUN_SPEC_BATCH_GATE=0``:
-every row drafts every step.
+the target then samples there (read a step later, once that token is on the host): at
+once, then on every 2nd, 4th... step of :class:`MtpBatch`'s count after each miss, up to
+``PROBE_BACKOFF`` (cold rows check together); its states wait for the next check and
+join the head in one call. Two guesses in a row that came true send drafts again.
+``MLXBUN_SPEC_BATCH_GATE=0``: every row drafts every step.
 """
 
 from __future__ import annotations
@@ -137,6 +138,7 @@ class MtpBatch:
             row.usage["accepted"] += accepted
             if row.gate is not None and drafted:
                 row.gate.landed(accepted)
+                row.checks.clear()  # (guesses from before this round say less)
         if self.tally is not None and drafted:
             self.tally.drafted += drafted
             self.tally.accepted += accepted
@@ -259,7 +261,7 @@ class MtpBatch:
                 continue
             while row.checks and row.checks[0][0] < len(b.tokens) + len(b.refeed):
                 at, guess = row.checks.pop(0)
-                row.gate.checked(int(guess.item()) == _token_at(b, at))
+                row.gate.checked(cast("int", guess.item()) == _token_at(b, at))
 
     def _extra(self, uids: list[int], rows: list[_Row]) -> None:
         """Append every pending state but each row's last, with the tokens after them."""
