@@ -16,8 +16,8 @@ current token is read. A window with drafts needs its samples read before the ne
 queued (the cache trim depends on them), so drafts are only sent when they are likely to
 land: right after a round that accepted something, or when the lookup's first token matched
 what was actually sampled on the last ``HIT_STREAK`` plain steps (a free check made on every
-plain step; ``gate.py``, shared by every drafter). On text with nothing to look up, the stream therefore decodes plainly,
-pipelined, almost always.
+plain step; ``gate.py``, shared by every drafter). On text with nothing to look up, the
+stream therefore decodes plainly, pipelined, almost always.
 
 Invariant between steps: ``inflight`` is queued; its input token is already in ``fed``
 (and was emitted); the cache holds ``fed`` plus the in-flight drafts.
