@@ -84,7 +84,8 @@ def assert_plain_tokens(model, run: BatchRun) -> None:
 def test_rows_whose_drafts_never_land_decode_as_plain_rows():
     """Random head: after the first round (the gate starts open) no MTP row drafts again,
     past the gate's window every step is a plain pipelined one, each row takes one target
-    pass per token (as plain decoding) and its head runs at most one step in four."""
+    pass per token (as plain decoding) and its head runs at most one step in six (the
+    gate's checks, one in eight)."""
     model, predictor = loaded("random")
     prompts = [[5, 77, 301, 12, 9], [938] * 6, [826] * 6]
     rows = [(0, p, BUDGET, 2) for p in prompts] + [(1, [280] * 6, BUDGET, None)]
@@ -97,7 +98,7 @@ def test_rows_whose_drafts_never_land_decode_as_plain_rows():
         assert spec["accepted"] == 0 and run.draft_steps(uid) == 1, uid
         assert run.calls[uid] == 1 + BUDGET  # one target pass per token, as plain
         tail = [h[uid] for h in run.heads[window:run.calls[uid]]]
-        assert sum(tail) <= len(tail) / 4, (uid, tail)
+        assert sum(map(bool, tail)) <= len(tail) / 6, (uid, tail)  # (drafting: every step)
 
 
 def test_rows_whose_drafts_land_keep_drafting_and_a_cold_row_opens_again():
