@@ -10,7 +10,8 @@ One engine serves every request; each request picks its arm with the per-request
 - ``prose``: a short story request, sampled at ``--prose-temperature`` (default 1.0: nothing
   to look up, the overhead case; random weights loop under greedy decoding, sampled they do
   not);
-- ``batch8``: ``--clients`` requests at once (code and json alternating) on the batch lane.
+- ``batch8``: ``--clients`` requests at once (code and json alternating) on the batch lane
+  (with the median wall time, time to first token and per-row decode tok/s of each arm).
 
 Single-stream rows report decode tok/s (tokens after the first / time after the first)
 as a median over the rounds; ``batch8`` reports aggregate tok/s (all completion tokens /
@@ -148,7 +149,9 @@ async def batch(engine: Engine, jobs: list[list[dict]], kind: str, args) -> dict
     out = await asyncio.gather(*[run(engine, m, kind, args) for m in jobs])
     wall = time.perf_counter() - t0
     return {"text": [o["text"] for o in out], "tokens": sum(o["tokens"] for o in out),
-            "aggregate_tps": sum(o["tokens"] for o in out) / wall,
+            "aggregate_tps": sum(o["tokens"] for o in out) / wall, "wall": wall,
+            "ttft": statistics.mean(o["ttft"] for o in out),
+            "decode_tps": statistics.mean(o["decode_tps"] for o in out),
             "speculation": [o["speculation"] for o in out]}
 
 
@@ -186,6 +189,10 @@ async def bench(engine: Engine, args, serial: Engine | None = None) -> dict:
                 assert on is not None
                 rows[kind].append(await batch(on, jobs, SPEC if kind == SERIAL else kind, args))
         results["batch8"] = summarize(rows, "aggregate_tps")
+        for key in ("wall", "ttft", "decode_tps"):  # medians: where the time goes
+            for arm, name in ((SPEC, "spec"), ("none", "plain")):
+                results["batch8"][f"{name}_{key}"] = round(
+                    statistics.median(r[key] for r in rows[arm]), 3)
         if serial is not None:
             off = statistics.median(r["aggregate_tps"] for r in rows[SERIAL])
             results["batch8"].update(
@@ -287,6 +294,11 @@ def main() -> None:
               f"ratio {r['ratio']:.3f} (paired {r['ratio_paired']:.3f})  acceptance {acc}  "
               f"calls/token {r['calls_per_token']}  {unit}  "
               f"mismatches {r['text_mismatches']}")
+        if name == "batch8":
+            print(f"{name:7s} wall {r['spec_wall']:.3f} / {r['plain_wall']:.3f} s, ttft "
+                  f"{r['spec_ttft']:.3f} / {r['plain_ttft']:.3f} s, decode "
+                  f"{r['spec_decode_tps']:.0f} / {r['plain_decode_tps']:.0f} tok/s a row "
+                  f"({args.kind} / plain, medians)")
         if "serial" in r:
             print(f"{name:7s} {args.kind} on the serial lane {r['serial']:8.1f}  "
                   f"batch lane / serial {r['vs_serial']:.3f}  "

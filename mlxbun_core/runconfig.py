@@ -139,6 +139,8 @@ class SpeculationConfig:
     batch_positions: int | None = field(default=None,
                                         metadata={"env": "MLXBUN_SPEC_BATCH_POSITIONS"})
     batch_refeed: int | None = field(default=None, metadata={"env": "MLXBUN_SPEC_BATCH_REFEED"})
+    # MTP batch rows draft only while their drafts land (speculate/gate.py); off: every step
+    batch_gate: bool = field(default=True, metadata={"env": "MLXBUN_SPEC_BATCH_GATE"})
 
 
 @dataclass(frozen=True)
@@ -319,6 +321,7 @@ _READERS: dict[tuple[str, str], Callable[[str], Any]] = {
     ("families", "expert_prefetch"): lambda raw: raw.strip() not in ("0", "off", "false"),
     ("speculation", "batch_positions"): lambda raw: _int(raw, 1),
     ("speculation", "batch_refeed"): lambda raw: _int(raw, 1),
+    ("speculation", "batch_gate"): lambda raw: raw.strip().lower() not in _FALSE,
     ("cache", "ssd_write_behind"): lambda raw: raw.strip().lower() not in _FALSE,
     ("cache", "ssd_read_gbs"): _gbs,
     ("cache", "ssd_spill_queue_bytes"): lambda raw: _gib(raw, "MLXBUN_SSD_SPILL_QUEUE_GB"),

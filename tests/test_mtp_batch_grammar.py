@@ -89,8 +89,9 @@ def test_grammar_rows_draft_in_shared_steps_and_equal_plain(batched, guided, mon
                                                             refeed):
     """A 10-field schema, a plain chat row and a free-words row, staggered: replies equal
     plain constrained decoding's; the constrained rows' head drafts rode shared steps
-    (walked under their grammars), some accepted; fewer target forwards than plain."""
-    configure(monkeypatch, speculation={"batch_refeed": refeed})
+    (walked under their grammars), some accepted; fewer target forwards than plain. The
+    landing gate is off: rows draft every step, as this is about the shared walk."""
+    configure(monkeypatch, speculation={"batch_refeed": refeed, "batch_gate": False})
     bodies = [BODIES["json10"], CHAT, BODIES["words"]]
     count = Forwards(batched, monkeypatch)
     before = count.calls
@@ -131,8 +132,9 @@ def test_rows_that_fill_and_draft_with_the_head_equal_plain(batched, guided, mon
     setting) the schema's forced runs and the rows' head drafts share steps (a draft rides
     where it begins with the step's forced run); with none (the CPU's) the fill sessions
     still consume each row's next token first. Every reply equals plain constrained
-    decoding."""
-    configure(monkeypatch, engine={"fill_batch_tokens": step_tokens})
+    decoding. The landing gate is off (rows draft every step)."""
+    configure(monkeypatch, engine={"fill_batch_tokens": step_tokens},
+              speculation={"batch_gate": False})
     bodies = [BODIES["json10"], CHAT, BODIES["words"], BODIES["tool"]]
     plain = staggered(batched, [with_draft(b, "none") for b in bodies])
     both = staggered(batched, [with_draft(b, "mtp") for b in bodies], fill="strict")

@@ -135,7 +135,7 @@ def test_sampled_output_keeps_the_target_distribution():
         stream = SpecStream(_Bigram(table), [OffsetCache()], list(history[:-1]),
                             SpecConfig(num_draft_tokens=3), sampler, [], usage)
         stream.begin(history[-1])
-        stream.hot = True  # send drafts from the first step (3 tokens are too few to warm up)
+        stream.gate.hot = True  # send drafts from the first step (3 tokens are too few to warm up)
         out: list[int] = []
         while len(out) < steps:
             out += [t for t, _ in stream.step()]

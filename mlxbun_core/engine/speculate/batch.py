@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import HIT_STREAK, SpecConfig
+from .config import SpecConfig
+from .gate import LandingGate
 from .lookup import PromptLookup
 from .stream import SpecTally
 
@@ -26,11 +27,7 @@ class _Row:
     config: SpecConfig
     usage: dict[str, int]
     proposal: list[int] = field(default_factory=list)
-    streak: int = 0  # tokens in a row its lookup guessed right
-
-    @property
-    def hot(self) -> bool:
-        return self.streak >= HIT_STREAK
+    gate: LandingGate = field(default_factory=LandingGate)  # checked on every token
 
 
 class BatchSpeculator:
@@ -67,8 +64,7 @@ class BatchSpeculator:
         row = self.rows.get(uid)
         if row is None:
             return
-        hit = bool(row.proposal) and row.proposal[0] == token
-        row.streak = row.streak + 1 if hit else 0
+        row.gate.checked(bool(row.proposal) and row.proposal[0] == token)
         row.lookup.extend([token])
         row.proposal = row.lookup.propose(row.config.num_draft_tokens + 1)
 
@@ -88,7 +84,7 @@ class BatchSpeculator:
         other rows fill the width with whatever their lookup has (those positions are
         computed anyway)."""
         rows = [self.rows.get(uid) for uid in uids]
-        hot = [len(r.proposal) - 1 for r in rows if r is not None and r.hot
+        hot = [len(r.proposal) - 1 for r in rows if r is not None and r.gate.hot
                and len(r.proposal) > 1]
         if not hot:
             return {}

@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .config import HIT_STREAK
 from .stream import SpecStream, _ints, _trim, process_window, rewindable
 
 if TYPE_CHECKING:
@@ -189,11 +188,9 @@ class GuidedStream(SpecStream):
         self.fill.count(plan.forced[plan.head:kept].count(True))  # runs kept past drafts
         if plan.drafted:
             self._count(plan.drafted, accepted)
-            self.hot = accepted > 0
-            self.streak = HIT_STREAK if self.hot else 0
+            self.gate.landed(accepted)
         else:  # the free check: the lookup's guess against the token sampled there
-            self.streak = self.streak + 1 if plan.guess == token else 0
-            self.hot = self.streak >= HIT_STREAK
+            self.gate.checked(plan.guess == token)
         self._feed([*plan.tokens[:kept], token])
         new = [*plan.tokens[plan.head:kept], token]
         first = window.logprobs[index[plan.head]]
@@ -232,7 +229,7 @@ class GuidedStream(SpecStream):
     def _plan(self, ahead: int) -> Plan:
         """The next window's plan from the last fed token (``ahead``: tokens produced and
         not yet handed to the text session)."""
-        drafts = self.n if self.hot else 0
+        drafts = self.n if self.gate.hot else 0
         plan = walk(self._grammar, self.fed, LookupDrafter(self.lookup, self.n),
                     self.fill.room(ahead), drafts, self.fill)
         if plan.drafted and not rewindable(self.cache, len(plan.tokens) + 1):

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ... import cache_ops
-from .config import HIT_STREAK
+from .gate import LandingGate
 from .guided import Plan, sampled, verify, walk
 from .stream import Emitted, SpecTally, count_round, grammar_of, process_window
 
@@ -93,9 +93,8 @@ class MtpStream:
         self.fill = fill if self.grammar is not None else None
         self._guide: tuple[Plan, list[int]] | None = None  # the window's plan, sampled at
         # under a grammar, drafts ride while they land (a missed one costs the forced run
-        # after it): after a round that accepted one, or after HIT_STREAK guesses in a row
-        # that equalled the token sampled there (the prompt-lookup stream's free check)
-        self.hot, self.streak = True, 0
+        # after it): the gate every drafter shares (gate.py), open at the start
+        self.gate = LandingGate(hot=True)
 
     @property
     def running(self) -> bool:
@@ -265,7 +264,7 @@ class MtpStream:
         room = fill.room(ahead) if fill is not None else self.n
         try:
             return walk(g, [*self.fed, *self._refeed, token], drafter, room,
-                        self.n if self.hot else 0, fill)
+                        self.n if self.gate.hot else 0, fill)
         finally:
             drafter.close()
 
@@ -281,10 +280,9 @@ class MtpStream:
         token = samples[index[kept]]
         if plan.drafted:
             self._count(plan.drafted, accepted)
-            self.hot, self.streak = accepted > 0, HIT_STREAK if accepted else 0
+            self.gate.landed(accepted)
         elif plan.guess is not None:  # the free check
-            self.streak = self.streak + 1 if plan.guess == token else 0
-            self.hot = self.streak >= HIT_STREAK
+            self.gate.checked(plan.guess == token)
         back = len(plan.tokens) - kept
         if back:
             self._rollback(len(plan.tokens), plan.tokens[:kept])

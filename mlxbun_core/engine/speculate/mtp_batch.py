@@ -19,6 +19,15 @@ Before each decode step :meth:`MtpBatch.drafts` appends every row's pending stat
 drafts on the head's own output, for all rows in ``n + 1`` head calls at most. Nothing
 is read on the host: the verify pass reads the drafts back with its samples. The
 heads' KV is paged (``mtp_head.py``).
+
+A row drafts only while its drafts land (``gate.py``, the gate every drafter shares): a
+round that keeps none stops it, and it decodes as a plain row (pipelined steps, no
+window) while the head's first guess, sampled but not sent, is checked against the token
+the target then samples there (read a step later, once that token is on the host): at
+once, then on every 2nd, 4th... step of :class:`MtpBatch`'s count after each miss, up to
+``PROBE_BACKOFF`` (cold rows check together); its states wait for the next check and
+join the head in one call. Two guesses in a row that came true send drafts again.
+``MLXBUN_SPEC_BATCH_GATE=0``: every row drafts every step.
 """
 
 from __future__ import annotations
@@ -26,7 +35,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
+from ...runconfig import current
 from ..batch.windows import refeed_cap
+from .gate import LandingGate
 from .mtp import HeadState
 from .mtp_guided import guided_drafts, walks_for
 from .mtp_head import HeadPages, pageable
@@ -37,7 +48,12 @@ if TYPE_CHECKING:
     from ...contract import Sampler, TokenPredictor
     from ..batch import Batch
     from ..batch.layout import Slot
+    from ..batch.rows import Row
     from .stream import SpecTally
+
+PROBE_BACKOFF = 8
+"""The longest period of a cold MTP row's free checks, in steps (each costs a head call
+over the states since the last one; cold rows check on the same steps)."""
 
 
 @dataclass
@@ -47,6 +63,13 @@ class _Row:
     usage: dict[str, int]  # its session's speculation counts
     hidden: mx.array | None = None  # (1, k, H) target states the head has not read
     after: list[int] = field(default_factory=list)  # the tokens after all but the last
+    gate: LandingGate | None = None  # None: drafts every step
+    # free checks waiting for their token: (the row's position it guessed, the guess)
+    checks: list[tuple[int, mx.array]] = field(default_factory=list)
+
+    @property
+    def hot(self) -> bool:
+        return self.gate is None or self.gate.hot
 
 
 class MtpBatch:
@@ -58,6 +81,7 @@ class MtpBatch:
         self.rows: dict[int, _Row] = {}
         self._pages: HeadPages | None = None  # made with the first row
         self._slots: list[Slot] | None = None  # the head's cache layers; []: not pageable
+        self._step = 0  # decode steps drafted for (the gates' shared clock)
 
     def supported(self) -> bool:
         """Whether the head's cache can be paged (asked with the first MTP request: it
@@ -84,7 +108,9 @@ class MtpBatch:
             if self.tally is not None:
                 self.tally.requests += 1
         self.pages.add(uid, None if head is None else head.cache)
-        row = _Row(n, sampler, usage.speculation)
+        gated = current().speculation.batch_gate
+        row = _Row(n, sampler, usage.speculation,
+                   gate=LandingGate(hot=True, backoff=PROBE_BACKOFF) if gated else None)
         if head is not None:
             row.hidden, row.after = head.hidden, list(head.after)
         self.rows[uid] = row
@@ -110,6 +136,9 @@ class MtpBatch:
         if row is not None:
             row.usage["drafted"] += drafted
             row.usage["accepted"] += accepted
+            if row.gate is not None and drafted:
+                row.gate.landed(accepted)
+                row.checks.clear()  # (guesses from before this round say less)
         if self.tally is not None and drafted:
             self.tally.drafted += drafted
             self.tally.accepted += accepted
@@ -146,7 +175,8 @@ class MtpBatch:
             row.after += fed
 
     def arrays(self) -> list[mx.array]:
-        return [] if self._pages is None else self._pages.arrays()
+        checks = [g for r in self.rows.values() for _, g in r.checks]
+        return checks + ([] if self._pages is None else self._pages.arrays())
 
     # -- drafts ----------------------------------------------------------------------------
     def drafts(self, batch: Batch) -> dict[int, mx.array | list[int]]:
@@ -156,9 +186,13 @@ class MtpBatch:
         import mlx.core as mx
 
         x = batch.next_tokens
-        at = {u: i for i, u in enumerate(batch.decoding)
-              if u in self.rows and self.rows[u].hidden is not None}
-        if x is None or not at:
+        if x is None:
+            return {}
+        self._settle(batch)
+        self._step += 1
+        at = {u: i for i, u in enumerate(batch.decoding) if u in self.rows
+              and self.rows[u].hidden is not None and _due(self.rows[u], self._step)}
+        if not at:
             return {}
         uids = list(at)
         rows = [self.rows[u] for u in uids]
@@ -169,7 +203,9 @@ class MtpBatch:
         for r in rows:
             r.hidden, r.after = None, []
         cap = refeed_cap()
-        depth = {u: 0 if len(batch.refeeding(u)) >= cap else r.n for u, r in zip(uids, rows)}
+        depth = {u: r.n if r.hot and len(batch.refeeding(u)) < cap else 0
+                 for u, r in zip(uids, rows)}
+        self._guess(batch, uids, rows, logits)
         going = [j for j, u in enumerate(uids) if depth[u] > 0]
         if not going:
             return {}
@@ -201,6 +237,31 @@ class MtpBatch:
                           [depth[u] for u in uids], [self.rows[u].sampler for u in uids])
         pick = mx.array(index)
         return guided_drafts(self.pages, uids, walks, logits[pick], state[pick], _sample)
+
+    def _guess(self, batch: Batch, uids: list[int], rows: list[_Row], logits: mx.array
+               ) -> None:
+        """The free checks of the cold rows among ``uids``: each one's first draft, sampled
+        and kept for the position after its next input (not sent)."""
+        import mlx.core as mx
+
+        cold = [j for j, r in enumerate(rows) if not r.hot]
+        if not cold:
+            return
+        guesses = _sample([rows[j].sampler for j in cold], logits[mx.array(cold)])
+        for k, j in enumerate(cold):
+            b = batch.rows[uids[j]]
+            rows[j].checks.append((len(b.tokens) + len(b.refeed) + 1, guesses[k]))
+
+    def _settle(self, batch: Batch) -> None:
+        """Free checks whose position the row has fed since (the guess was computed with
+        the step it was made for, so reading it waits on nothing)."""
+        for uid, row in self.rows.items():
+            b = batch.rows.get(uid)
+            if not row.checks or row.gate is None or b is None:
+                continue
+            while row.checks and row.checks[0][0] < len(b.tokens) + len(b.refeed):
+                at, guess = row.checks.pop(0)
+                row.gate.checked(cast("int", guess.item()) == _token_at(b, at))
 
     def _extra(self, uids: list[int], rows: list[_Row]) -> None:
         """Append every pending state but each row's last, with the tokens after them."""
@@ -240,6 +301,17 @@ class MtpBatch:
                 drafts.append(_sample(samplers, logits))
             self.pages.rewind(uids, lengths)
         return mx.stack(drafts, axis=1)
+
+
+def _due(row: _Row, step: int) -> bool:
+    """Whether the row's head reads its states this step (always without a gate)."""
+    return row.gate is None or row.gate.due(step)
+
+
+def _token_at(row: Row, at: int) -> int:
+    """The row's token at position ``at`` (in its KV, or fed again next)."""
+    n = len(row.tokens)
+    return row.tokens[at] if at < n else row.refeed[at - n]
 
 
 def _last(row: _Row) -> mx.array:

@@ -16,8 +16,8 @@ current token is read. A window with drafts needs its samples read before the ne
 queued (the cache trim depends on them), so drafts are only sent when they are likely to
 land: right after a round that accepted something, or when the lookup's first token matched
 what was actually sampled on the last ``HIT_STREAK`` plain steps (a free check made on every
-plain step). On text with nothing to look up, the stream therefore decodes plainly,
-pipelined, almost always.
+plain step; ``gate.py``, shared by every drafter). On text with nothing to look up, the
+stream therefore decodes plainly, pipelined, almost always.
 
 Invariant between steps: ``inflight`` is queued; its input token is already in ``fed``
 (and was emitted); the cache holds ``fed`` plus the in-flight drafts.
@@ -29,7 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from .config import HIT_STREAK, SpecConfig
+from .config import SpecConfig
+from .gate import LandingGate
 from .lookup import PromptLookup
 
 if TYPE_CHECKING:
@@ -78,8 +79,7 @@ class SpecStream:
         self.usage, self.tally = usage, tally
         self.lookup = PromptLookup(fed, config.ngram_max, config.ngram_min)
         self.proposal: list[int] = []  # what followed the last fed token, last time it occurred
-        self.hot = False  # drafts are landing: send them with the next window
-        self.streak = 0  # plain steps in a row whose lookup guessed the sampled token
+        self.gate = LandingGate()  # drafts are landing: send them with the next window
         self.inflight: _Window | None = None
         self._carry: list[Emitted] = []  # a token to hand out with the next step
         # a grammar's mask processor: drafts are checked against it before they ride,
@@ -108,12 +108,10 @@ class SpecStream:
             return out + self._verify(window)
         # plain: queue the next window before reading this one's token (pipelining)
         guess = self.proposal
-        drafts = guess[1:self.n + 1] if self.hot and len(guess) > 1 else []
+        drafts = guess[1:self.n + 1] if self.gate.hot and len(guess) > 1 else []
         self.inflight = self._launch(window.samples, drafts, fed=False)
         token = _ints(window.samples)[0]
-        hit = bool(guess) and guess[0] == token  # the free check of the last lookup
-        self.streak = self.streak + 1 if hit else 0
-        self.hot = self.streak >= HIT_STREAK
+        self.gate.checked(bool(guess) and guess[0] == token)  # the last lookup's free check
         self._feed([token])
         self.proposal = self.lookup.propose(self.n + 1)
         out.append((token, window.logprobs[0]))
@@ -147,12 +145,11 @@ class SpecStream:
         token = samples[accepted]  # the correction, or the bonus after a full accept
         kept = drafts[:accepted] + [token]
         self._feed(kept)
-        self.hot = accepted > 0
-        self.streak = HIT_STREAK if self.hot else 0
+        self.gate.landed(accepted)
         # what followed ``token`` before: drafts now when they are landing, else the
         # first of them is checked against the next sample for free
         self.proposal = self.lookup.propose(self.n + 1)
-        drafts_next = self.proposal[:self.n] if self.hot else []
+        drafts_next = self.proposal[:self.n] if self.gate.hot else []
         self.inflight = self._launch(self._token_array([token]), drafts_next)
         if self.grammar is not None and accepted:
             # ``done`` says "only EOS after the last token handed out"; it is read per
