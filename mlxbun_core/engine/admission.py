@@ -298,15 +298,15 @@ class Admission:
                 "memory_waits": self.waits}
 
 
-def default_batch(model: LoadedModel, admission: Admission,
-                  unpacked: bool = False) -> fit.BatchPlan:
-    """The ``--batch`` to use when none is given (see :func:`fit.batch_plan`);
-    ``unpacked``: quantized layers dequantize for wide passes (``wide_quant.py``), so
-    quantized weights batch as dense ones do."""
+def default_batch(model: LoadedModel, admission: Admission) -> fit.BatchPlan:
+    """The ``--batch`` to use when none is given (see :func:`fit.batch_plan`). Quantized
+    weights keep CUDA's 8-row cap even where their layers unpack for wide passes
+    (``wide_quant.py``): the decode step batches then (2.2x mlx-lm's at 32 rows on an
+    H100), but 32 served clients were slower end to end (bench/NOTES.md, 2026-12-07)."""
     from ..backend import backend
     from ..library.checkpoint import quantization
 
-    quantized = quantization(model.config or {})[0] is not None and not unpacked
+    quantized = quantization(model.config or {})[0] is not None
     return fit.batch_plan(admission.layout, admission.kv_room, backend=backend(),
                           quantized=quantized,
                           context=min(fit.TYPICAL_CONTEXT, admission.enforced_context),

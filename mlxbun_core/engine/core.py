@@ -148,8 +148,7 @@ class Engine:
         row with a draft model (it runs on the serial lane)."""
         speech = self.model.kind == "speech"  # no KV cache: the serial lane only
         no_rows = batch or draft is not None or speech
-        self.batch_plan = None if no_rows else default_batch(self.model, self.admission,
-                                                             unpacked=self.unpacked > 0)
+        self.batch_plan = None if no_rows else default_batch(self.model, self.admission)
         self.batch_source = ("draft model" if draft is not None else
                              "--batch" if batch else "auto")
         plan_rows = self.batch_plan.rows if self.batch_plan is not None else 1

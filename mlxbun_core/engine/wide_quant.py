@@ -13,8 +13,10 @@ count. Fewer rows take the quantized matmul as before.
 The swap goes through MLX's public module API (``update_modules``) and keeps the
 ``nn.QuantizedLinear`` type, so adapters that wrap quantized layers still recognise
 them; layers of other kinds (sharded, mixture-of-experts, embeddings) are left alone.
-Whether a device gains is measured, not assumed (``bench/quant_matmul.py``): the
-default turns it on for CUDA only, at :data:`CUDA_MIN_ROWS` rows.
+Whether a device gains is measured, not assumed: on an H100, 8B 4-bit, the batch's decode
+went from 197 to 235 tok/s at 8 rows and from 266 to 668 at 32 (mlx-lm's
+``BatchGenerator``: 254 and 304; ``bench/batch_step.py --unpack``, ``bench/NOTES.md``).
+The default turns it on for CUDA only, from :data:`CUDA_MIN_ROWS` rows.
 """
 
 from __future__ import annotations
