@@ -24,7 +24,7 @@ from mlxbun_core.engine.speculate.mtp_head import pageable
 from mlxbun_core.model import LoadOptions
 from mlxbun_core.startup import StartFailed, load_engine, lookup_config
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.helpers import mlx_lm_greedy
+from mlxbun_core.testing.helpers import configure, mlx_lm_greedy
 from mlxbun_core.testing.mtp import BatchRun
 from mlxbun_core.testing.server import start_server
 
@@ -85,10 +85,12 @@ def test_served_greedy_equals_plain_decoding_and_mlx_lm(srv, ckpt):
     assert stats == {"head": srv.engine.predictor.name, "default": True}
 
 
-def test_paged_heads_in_shared_steps_equal_plain_decoding(ckpt):
+def test_paged_heads_in_shared_steps_equal_plain_decoding(ckpt, monkeypatch):
     """Rows arriving at different steps, MTP and plain, on the batch lane's own pieces:
     every row's head KV (a ``CacheList``: MLA latent and indexer keys) in blocks of one
-    pool; each row's tokens are its plain greedy decode."""
+    pool; each row's tokens are its plain greedy decode. The landing gate is off: rows
+    draft every step, as this is about the shared verify over paged heads."""
+    configure(monkeypatch, speculation={"batch_gate": False})
     model = loader.load(str(ckpt), LoadOptions())
     head = model.hooks.token_predictor(model=model)
     prompts = [[5, 17, 99, 240, 7, 8, 9], [300, 301, 302], [44] * 11]
