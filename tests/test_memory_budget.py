@@ -61,6 +61,10 @@ def test_readings_parse_each_backends_source():
     got = cuda_reading({"free_memory": 7 << 30, "total_memory": 80 << 30}, cached=1 << 30,
                        active=50 << 30, limit=64 << 30)
     assert (got.available, got.total) == (8 << 30, 80 << 30)
+    # free memory reads zero once MLX's cache outgrew the device: never past MLX's limit
+    got = cuda_reading({"free_memory": 0, "total_memory": 80 << 30}, cached=30 << 30,
+                       active=60 << 30, limit=64 << 30)
+    assert got.available == 4 << 30 and "MLX's memory limit" in got.source
     # an MLX without free_memory: its own limit less what it holds
     assert cuda_reading({}, 0, active=50 << 30, limit=64 << 30).available == 14 << 30
     # Metal: the working set less MLX's active memory, and the system's free memory

@@ -130,13 +130,24 @@ def parse_vm_stat(text: str) -> int | None:
 
 
 def cuda_reading(info: Mapping[str, Any], cached: int, active: int, limit: int) -> Reading:
-    """CUDA: the device's free memory (every process's use seen) and MLX's cache; without
-    ``free_memory`` (an older MLX), MLX's own limit less what it holds."""
+    """CUDA: the device's free memory (every process's use seen) and MLX's cache, never
+    more than MLX's own limit less what it holds; without ``free_memory`` (an older MLX),
+    that limit alone.
+
+    The ceiling matters twice. Past its limit MLX's allocator does not fail: it empties
+    its cache on every allocation and then takes managed memory that oversubscribes the
+    device (slow steps, and a device nearly full). And MLX caches freed buffers whatever
+    it holds, so its cache can outgrow what the device has beside the active memory:
+    free memory then reads zero while the whole cache still reads as room."""
     free = info.get("free_memory")
     total = int(info.get("total_memory") or info.get("memory_size") or limit or 0)
+    ceiling = max(0, limit - active) if limit > 0 else None
     if free is None:
-        return Reading(max(0, limit - active), total, "MLX memory limit (no free-memory reading)")
-    return Reading(int(free) + cached, total, "CUDA free memory")
+        return Reading(ceiling or 0, total, "MLX memory limit (no free-memory reading)")
+    room = int(free) + cached
+    if ceiling is not None and ceiling < room:
+        return Reading(ceiling, total, "CUDA free memory, within MLX's memory limit")
+    return Reading(room, total, "CUDA free memory")
 
 
 def metal_reading(info: Mapping[str, Any], cached: int, active: int,
@@ -246,15 +257,17 @@ class Governor:
         return max(0, self.reading.available - self.margin - grown)
 
     def pool_limit(self, planned: int, capacity: int, bytes_per_block: int,
-                   fresh: bool = False, reserve: int = 0) -> int:
+                   fresh: bool = False, reserve: int = 0, freed: int = 0) -> int:
         """The blocks a pool of ``capacity`` blocks (``bytes_per_block`` each) may grow
         to: ``planned`` (admission's budget) and what fits in the memory free now less
-        ``reserve`` (a step's temporaries). Growing allocates the whole new storage while
-        the old is alive, so the new size must fit in free memory; a pool never shrinks
-        below what it holds."""
+        ``reserve`` (a step's temporaries). The new storage is allocated while the old is
+        copied into it; ``freed`` is what of the old the copy gives back as it goes (the
+        layout grows a layer at a time), so the new size must fit in free memory and
+        that. (Without it, the pool could never take more than half the memory free
+        beside it.) A pool never shrinks below what it holds."""
         if bytes_per_block <= 0:
             return max(planned, capacity)
-        room = max(0, self.available(fresh) - reserve)
+        room = max(0, self.available(fresh) - reserve + freed)
         return max(capacity, min(planned, room // bytes_per_block))
 
     def planned(self, estimate: int, room: int, trimmed: bool) -> None:

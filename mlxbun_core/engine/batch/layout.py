@@ -133,10 +133,21 @@ class Layout:
     def bytes_per_block(self) -> int:
         return sum(s.bytes_per_block() for s in self.all_stores())
 
+    def regrown_bytes(self) -> int:
+        """Bytes of storage a growth frees as it copies (:meth:`grow`): all the pool's
+        storage but its widest layer's."""
+        sizes = [s.nbytes for s in self.all_stores()]
+        return sum(sizes) - max(sizes, default=0)
+
     def grow(self, capacity: int) -> None:
+        """Grow every layer's storage to ``capacity`` blocks, one layer at a time: each
+        copy is evaluated before the next begins, so a layer's old storage is freed (to
+        MLX's cache) as its copy is made and the growth peaks at one layer's old storage
+        beside the new (``Governor.pool_limit`` counts on it)."""
         self.pool.grow(capacity)
         for s in self.all_stores():
             s.fit()
+            mx.eval(s.arrays())
         if self.journal is not None:
             self.journal.add(("grow", self.name, capacity))
 

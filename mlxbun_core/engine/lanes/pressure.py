@@ -125,7 +125,8 @@ class Relief(StepFit):
         widest step's room kept (``tokens``: a newcomer's, stepfit.py)."""
         pool = batch.pool
         pool.limit = self.governor.pool_limit(self._planned, pool.capacity, self._block_bytes(),
-                                              fresh, self._step_reserve(tokens))
+                                              fresh, self._step_reserve(tokens),
+                                              batch.layout.regrown_bytes())
 
     def _outstanding(self) -> int:
         """Blocks the running rows still take: the rest of each prompt, and the next
