@@ -45,6 +45,7 @@ _kernels: dict[tuple[Any, ...], Any] = {}  # the compiled kernels, by dtype and 
 # kernel normalises and writes the output itself (SINGLE). Splitting the keys keeps the
 # device busy when there are few rows (a lone long stream) as well as many.
 _SOURCE = """
+    static_assert(TILE <= NT, "a thread per key of a tile");
     constexpr int NW = NT / 32;
     constexpr int VEC = 16 / sizeof(T);      // T elements per 16-byte vector
     constexpr int VPR = D / VEC;             // vectors per key row
@@ -83,9 +84,9 @@ _SOURCE = """
     for (int t0 = lo; t0 <= hi; t0 += TILE) {
         const int n = min(TILE, hi - t0 + 1);
         __syncthreads();  // the last tile's readers are done (and qs is written)
-        for (int j = tid; j < n; j += NT) {
-            const int p = t0 + j;
-            slot_s[j] = blocks[b * NB + p / BS] * BS + p % BS;
+        if (tid < n) {  // one thread per key of the tile (TILE <= NT): no loop to unroll
+            const int p = t0 + tid;
+            slot_s[tid] = blocks[b * NB + p / BS] * BS + p % BS;
         }
         __syncthreads();
         if (VECLOAD) {
