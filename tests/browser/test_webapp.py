@@ -182,6 +182,7 @@ def test_images_attach_and_a_model_without_vision_says_so(page, quick, tmp_path)
     png = tmp_path / "dot.png"
     png.write_bytes(PNG)
     open_app(page, quick)
+    page.wait_for_selector("#session-list[data-rendered]", state="attached")  # then count
     sessions = page.locator(".session").count()
     page.set_input_files("#attach-input", str(png))
     page.wait_for_selector(".attachments .chip img")

@@ -54,6 +54,7 @@ export class Sidebar {
   render(items, activePath) {
     this.activePath = activePath;
     this.list.replaceChildren();
+    this.list.dataset.rendered = "true"; // the server's list has arrived (tests wait on it)
     for (const item of items) {
       const li = document.createElement("li");
       li.className = "session" + (item.path === activePath ? " active" : "");
