@@ -16,15 +16,13 @@ LOADS=$(cat /tmp/paged_loads 2>/dev/null)  # "" (vector loads), --scalar-loads, 
 ARM=paged; [ "$LOADS" = "gather" ] && ARM=gather
 case "$1" in
   a)
-    run check_vec 90 env CUDA_LAUNCH_BLOCKING=1 python3 bench/paged_kernel.py --check-only --out $O/kernel_check_vec.json
-    if grep -q "kernel check: ok" $O/check_vec.txt; then echo "" > /tmp/paged_loads
-    else
-      run check_scalar 90 env CUDA_LAUNCH_BLOCKING=1 python3 bench/paged_kernel.py --check-only --scalar-loads --out $O/kernel_check_scalar.json
-      if grep -q "kernel check: ok" $O/check_scalar.txt; then echo "--scalar-loads" > /tmp/paged_loads
-      else echo gather > /tmp/paged_loads; fi
-    fi
+    # the default (split-key) kernel, then the flash kernel under compute-sanitizer
+    run check_splitk 90 env CUDA_LAUNCH_BLOCKING=1 python3 bench/paged_kernel.py --check-only --out $O/kernel_check_splitk.json
+    run check_flash 150 env PATH=$PATH:/usr/local/cuda/bin compute-sanitizer --print-limit 5 python3 bench/paged_kernel.py --flash --check-only --out $O/kernel_check_flash.json
+    if grep -q "kernel check: ok" $O/check_splitk.txt; then echo "" > /tmp/paged_loads; else echo gather > /tmp/paged_loads; fi
     LOADS=$(cat /tmp/paged_loads); echo "loads: '$LOADS'"
-    [ "$LOADS" != gather ] && run kernel_speed 90 python3 bench/paged_kernel.py $LOADS --out $O/paged_kernel.json
+    [ "$LOADS" != gather ] && run kernel_speed 90 python3 bench/paged_kernel.py --out $O/paged_kernel.json
+    grep -q "kernel check: ok" $O/check_flash.txt && run kernel_speed_flash 90 python3 bench/paged_kernel.py --flash --out $O/paged_kernel_flash.json
     run ckpt 240 python3 -c "
 import sys; sys.path.insert(0, 'bench')
 from engine_ab import checkpoint
