@@ -115,9 +115,9 @@ def use_kernel() -> bool:
 
 
 def direct_fits(store: LayerStore, width: int) -> bool:
-    """Whether a pass of ``width`` over ``store``'s layer runs direct (the kernel takes
-    head dims in multiples of 32, the same for keys and values; a layer whose tiles do
-    not fit the kernel's shared memory runs the reference in plain ops instead)."""
+    """Whether a pass of ``width`` over ``store``'s layer runs direct (the kernels take
+    head dims in multiples of 32, the same for keys and values; where the flash kernel's
+    tiles do not fit its shared memory, :func:`paged_attention` runs the reference)."""
     k, v = store.keys, store.values
     if k is None or v is None or width > MAX_QUERY:
         return False
