@@ -197,3 +197,75 @@ def test_usage_shows_the_gate_on_the_batch_lane(srv):
         assert counts["targetCalls"] >= r.usage.completion_tokens
     stats = httpx.get(srv.base_url + "/stats").json()["speculation"]
     assert 0 < stats["batch_steps"] - before["batch_steps"] <= 2 * len(prompts)
+
+
+def lone(head: str, prompt: list[int], budget: int, depth: int = 2):
+    """A lone MTP stream (the serial lane's, and a lone request's on a batch engine) on
+    the tiny Qwen3.5 with ``head``: its greedy tokens, its usage, and which rounds drafted."""
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.sample_utils import make_sampler
+
+    from mlxbun_core.engine.speculate import MtpStream
+
+    model, predictor = loaded(head)
+    usage = {"drafted": 0, "accepted": 0, "targetCalls": 0}
+    stream = MtpStream(predictor, make_prompt_cache(model), [], depth, make_sampler(0.0),
+                       [], usage)
+    stream.read(prompt[:-1], prompt[-1])
+    stream.begin(prompt[-1])
+    out: list[int] = []
+    drafted: list[int] = []  # drafts sent per round, in order (the first: the prompt's
+    # last token, fed with none)
+    while len(out) < budget:
+        before = usage["drafted"]
+        out += [t for t, _ in stream.step()]
+        drafted.append(usage["drafted"] - before)
+    stream.settle()
+    assert out[:budget] == mlx_lm_greedy(model, prompt, budget, ())
+    return usage, drafted
+
+
+def test_a_lone_stream_whose_drafts_never_land_stops_drafting():
+    """Random head: the first round drafts (the gate starts open), keeps nothing and
+    closes the gate; the head's free checks never come true twice in a row, so no round
+    drafts again and the stream takes one target pass per token, as plain decoding."""
+    usage, drafted = lone("random", [938] * 6, BUDGET)
+    assert usage["accepted"] == 0 and usage["drafted"] == 2, (usage, drafted)
+    assert drafted[:2] == [0, 2] and not any(drafted[2:])
+    assert usage["targetCalls"] == 1 + BUDGET  # the prompt's last token, then one a token
+
+
+def test_a_lone_stream_whose_drafts_land_keeps_drafting():
+    """Copy head on a prompt the tiny model answers with one token repeated: every round
+    drafts and keeps its drafts (a third of plain's target passes)."""
+    usage, drafted = lone("copy", LANDS, 48)
+    assert all(d == 2 for d in drafted[1:]) and usage["accepted"] == usage["drafted"] > 0
+    assert usage["targetCalls"] <= 1 + 48 // 3 + 1
+
+
+def test_a_lone_stream_with_the_gate_off_drafts_every_round(monkeypatch):
+    """``MLXBUN_SPEC_BATCH_GATE=0`` also switches the lone stream's gate off: the random
+    head's drafts ride every round though none lands."""
+    configure(monkeypatch, speculation={"batch_gate": False})
+    usage, drafted = lone("random", [938] * 6, 32)
+    assert usage["accepted"] == 0 and all(drafted[1:])
+    assert usage["drafted"] == 2 * (len(drafted) - 1)
+
+
+def test_usage_shows_the_gate_on_a_lone_request(srv):
+    """A lone MTP request on the batch engine (its solo lane): ``usage.speculation``
+    counts one round of drafts (none kept) and a target call per token; the reply equals
+    the prompt decoded with ``draft_kind`` "none"."""
+    oai = openai.OpenAI(base_url=srv.v1, api_key="x", max_retries=0, timeout=120)
+
+    def complete(kind: str):
+        return oai.completions.create(model="m", prompt="the sea and the sky", temperature=0,
+                                      max_tokens=BUDGET, extra_body={"draft_kind": kind})
+
+    spec, plain = complete("mtp"), complete("none")
+    assert spec.choices[0].text == plain.choices[0].text
+    usage = spec.usage.model_extra
+    counts = usage["speculation"]
+    assert counts["accepted"] == 0 and 0 < counts["drafted"] <= 4, (usage, counts)
+    assert counts["targetCalls"] >= spec.usage.completion_tokens
+    assert counts["targetCalls"] <= spec.usage.completion_tokens + 2

@@ -27,6 +27,12 @@ the window as kept tokens, as fill's runs. Only the drafts are verified (positio
 masked as plain constrained decoding masks them); rejected ones leave the target's
 cache and the matcher. Each guess is read on the host (the walk needs it): a round
 under a grammar waits on the device once per guess.
+Without a grammar the same gate holds drafts back while they miss: a cold stream's head
+still reads each round's states (its cache must follow the reply) and makes one guess,
+not sent, checked against the target's sample there (the gate's free check); a round
+that keeps no draft closes the gate, two true checks in a row open it again.
+``MLXBUN_SPEC_BATCH_GATE=0`` (the batch rows' switch; the serial lane has none of its
+own) drafts every round, as before the gate.
 The head's cache is filled while the prompt is read (:meth:`MtpStream.read`); positions
 a prefix-cache hit skipped have no hidden state, so its rows start after them (drafts
 still verify; they only see less context).
@@ -38,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ... import cache_ops
+from ...runconfig import current
 from .gate import LandingGate
 from .guided import Plan, sampled, verify, walk
 from .stream import Emitted, SpecTally, count_round, grammar_of, process_window
@@ -92,9 +99,12 @@ class MtpStream:
         self.grammar = grammar_of(processors)  # drafts walk its matcher (module docstring)
         self.fill = fill if self.grammar is not None else None
         self._guide: tuple[Plan, list[int]] | None = None  # the window's plan, sampled at
-        # under a grammar, drafts ride while they land (a missed one costs the forced run
-        # after it): the gate every drafter shares (gate.py), open at the start
+        # drafts ride while they land (a missed one costs a wider window, under a
+        # grammar the forced run after it): the gate every drafter shares (gate.py),
+        # open at the start; without a grammar it can be switched off (module docstring)
         self.gate = LandingGate(hot=True)
+        self.gated = self.grammar is not None or current().speculation.batch_gate
+        self._guess: mx.array | None = None  # a cold stream's free check, not sent
 
     @property
     def running(self) -> bool:
@@ -164,6 +174,10 @@ class MtpStream:
             accepted += 1
         if drafts:
             self._count(len(drafts), accepted)
+            self.gate.landed(accepted)
+        elif self._guess is not None:
+            self.gate.checked(_ints(self._guess)[0] == samples[0])
+        self._guess = None
         kept = drafts[:accepted] + [samples[accepted]]
         if accepted < len(drafts):
             self._rollback(len(drafts), drafts[:accepted])
@@ -179,6 +193,7 @@ class MtpStream:
         as it is: the caller must not reuse it)."""
         window, self._window = self._window, None
         guide, self._guide = self._guide, None
+        self._guess = None
         drop = 0 if window is None or window[3] is None else int(window[3].shape[0])
         if guide is not None:  # a forced run after the last token was handed out: it stays
             drop = len(guide[0].tokens) - guide[0].head
@@ -195,6 +210,9 @@ class MtpStream:
             return None
         logits, state = self.predictor.predict(self.hidden, after[None], self.head_cache)
         self.hidden = None
+        if self.gated and not self.gate.hot:  # the free check: a guess, not sent
+            self._guess = self._sample_draft(logits)
+            return None
         drafts = [self._sample_draft(logits)]
         for _ in range(self.n - 1):
             logits, state = self.predictor.predict(state[:, -1:], drafts[-1][None],
@@ -249,7 +267,8 @@ class MtpStream:
                                     done + skip, at)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         samples = self.sampler(logprobs)
-        mx.async_eval(samples, logprobs, hidden, *([] if drafts is None else [drafts]))
+        mx.async_eval(samples, logprobs, hidden,
+                      *(a for a in (drafts, self._guess) if a is not None))
         self.fed.append(token)
         self._window = (hidden, samples, logprobs, None if at is not None else drafts)
         self.usage["targetCalls"] += 1
