@@ -179,10 +179,13 @@ def test_a_lone_mtp_request_and_a_deeper_one(oai, lane, reference):
     assert {2, 4} <= depths and max(depths) == 4
 
 
-def test_a_lone_mtp_stream_joins_the_batch_mid_reply(srv, oai, lane, reference):
+def test_a_lone_mtp_stream_joins_the_batch_mid_reply(srv, oai, lane, reference,
+                                                     monkeypatch):
     """A lone MTP request decodes outside the batch (the serial loop's rounds); when two
     more arrive it joins them, its round in flight settled and its head with it: every
-    reply is still its own greedy decode."""
+    reply is still its own greedy decode. (The landing gates off: the reply's one repeat
+    must be drafted whichever step it falls on, cold or not.)"""
+    configure(monkeypatch, speculation={"batch_gate": False})
     first = len(lane.recorded)
     started = threading.Event()
 
@@ -419,7 +422,9 @@ def test_a_lone_stream_hands_its_head_and_refeed_to_the_batch_and_back(refeed, m
     head, the states the head has not read and the kept tokens its recurrent layers still
     lack move into a batch row, which decodes on beside another; later the row moves back
     out to a fresh stream the same way. The tokens of all three legs are mlx-lm's."""
-    configure(monkeypatch, speculation={"batch_refeed": int(refeed)})
+    # (the landing gates off: the lone stream's rounds draft, so one is rejected when it
+    # hands off)
+    configure(monkeypatch, speculation={"batch_refeed": int(refeed), "batch_gate": False})
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.sample_utils import make_sampler
     from mlxbun_qwen35.mtp import load_predictor
