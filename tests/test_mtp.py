@@ -24,7 +24,7 @@ from mlxbun_core.cli import build_parser
 from mlxbun_core.engine.speculate import SpecConfig, SpecUnavailable, server_config
 from mlxbun_core.startup import StartFailed, load_engine, lookup_config
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.helpers import mlx_lm_greedy
+from mlxbun_core.testing.helpers import configure, mlx_lm_greedy
 from mlxbun_core.testing.server import start_server
 
 PROMPT = "hello there how are you"
@@ -38,9 +38,14 @@ def ckpt():
 
 @pytest.fixture(scope="module")
 def srv(ckpt):
-    s = start_server(ckpt, speculation=server_config("mtp"))
-    yield s
-    s.stop()
+    """The landing gate off (``MLXBUN_SPEC_BATCH_GATE=0``): the tiny model's replies repeat
+    a token now and then, which only a stream that drafts every round catches (a cold
+    gate opens after two true checks in a row: tests/test_mtp_gate.py)."""
+    with pytest.MonkeyPatch.context() as mp:
+        configure(mp, speculation={"batch_gate": False})
+        s = start_server(ckpt, speculation=server_config("mtp"))
+        yield s
+        s.stop()
 
 
 @pytest.fixture(scope="module")
