@@ -139,7 +139,8 @@ class SpeculationConfig:
     batch_positions: int | None = field(default=None,
                                         metadata={"env": "MLXBUN_SPEC_BATCH_POSITIONS"})
     batch_refeed: int | None = field(default=None, metadata={"env": "MLXBUN_SPEC_BATCH_REFEED"})
-    # MTP batch rows draft only while their drafts land (speculate/gate.py); off: every step
+    # MTP batch rows and lone MTP streams draft only while their drafts land
+    # (speculate/gate.py); off: every step
     batch_gate: bool = field(default=True, metadata={"env": "MLXBUN_SPEC_BATCH_GATE"})
 
 

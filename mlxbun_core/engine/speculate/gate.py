@@ -1,6 +1,6 @@
 """Whether a stream's drafts are landing, so worth sending: the one gate every drafter
 shares (prompt lookup on a lone stream, the serial lane and batch rows; the MTP head on
-the serial lane under a grammar and on batch rows).
+a lone stream, with a grammar or without, and on batch rows).
 
 A window with drafts costs more than a plain step (it is wider, and the host must read
 its samples before the next step is queued), so drafts ride only while they land:

@@ -27,12 +27,10 @@ the window as kept tokens, as fill's runs. Only the drafts are verified (positio
 masked as plain constrained decoding masks them); rejected ones leave the target's
 cache and the matcher. Each guess is read on the host (the walk needs it): a round
 under a grammar waits on the device once per guess.
-Without a grammar the same gate holds drafts back while they miss: a cold stream's head
-still reads each round's states (its cache must follow the reply) and makes one guess,
-not sent, checked against the target's sample there (the gate's free check); a round
-that keeps no draft closes the gate, two true checks in a row open it again.
-``MLXBUN_SPEC_BATCH_GATE=0`` (the batch rows' switch; the serial lane has none of its
-own) drafts every round, as before the gate.
+Without a grammar the same gate (gate.py) holds drafts back while they miss: a cold
+stream's head still reads each round's states and makes one guess, not sent, checked
+against the target's sample there. ``MLXBUN_SPEC_BATCH_GATE=0`` (the batch rows' switch;
+the serial lane has none of its own) drafts every round.
 The head's cache is filled while the prompt is read (:meth:`MtpStream.read`); positions
 a prefix-cache hit skipped have no hidden state, so its rows start after them (drafts
 still verify; they only see less context).
