@@ -39,9 +39,13 @@ def ckpt():
 
 @pytest.fixture(scope="module")
 def srv(ckpt):
-    s = start_server(ckpt)  # no flag: GLM drafts with its MTP layer by default
-    yield s
-    s.stop()
+    """The landing gate off, as in tests/test_mtp.py: the tiny model's replies repeat a
+    token only now and then, which only a stream that drafts every round catches."""
+    with pytest.MonkeyPatch.context() as mp:
+        configure(mp, speculation={"batch_gate": False})
+        s = start_server(ckpt)  # no flag: GLM drafts with its MTP layer by default
+        yield s
+        s.stop()
 
 
 def _ids(r) -> list[int]:
