@@ -150,7 +150,7 @@ def configure(monkeypatch: Any, **groups: dict[str, Any]) -> Any:
 
 
 def stderr_records(capfd: Any, parse: Callable[[str], list[Any]], n: int,
-                   timeout: float = 10.0) -> list[Any]:
+                   timeout: float = 30.0) -> list[Any]:
     """What ``parse`` finds in this process's stderr once it holds ``n`` records (or the
     ``timeout`` passed): a trace record is written as its request ends, which can come
     just after the client has read the last byte."""
