@@ -45,14 +45,9 @@ def checkpoint(shape: str, bits: int = 0) -> str:
     if not os.path.exists(os.path.join(path, "config.json")):
         write_checkpoint(path, "qwen3", seed=11, dtype="bfloat16",
                          config_overrides=SHAPES[shape])
-    if not bits:
-        return path
-    out = f"{path}-q{bits}"
-    if not os.path.exists(os.path.join(out, "config.json")):
-        from mlx_lm import convert
+    from prefix_stall import quantized  # this folder
 
-        convert(path, out, quantize=True, q_bits=bits, q_group_size=64)
-    return out
+    return quantized(path, bits)
 
 
 # bench switches, not the server's: PAGED_KERNEL=flash (flash.py), PAGED_VECLOAD=0 (its

@@ -47,6 +47,11 @@ def checkpoint(shape: str, bits: int) -> str:
     base = f"/tmp/bench-qwen3-{shape}-{dtype}"
     if not os.path.exists(os.path.join(base, "config.json")):
         write_checkpoint(base, "qwen3", seed=11, dtype=dtype, config_overrides=SHAPES[shape])
+    return quantized(base, bits)
+
+
+def quantized(base: str, bits: int) -> str:
+    """``base`` converted to ``bits``-bit weights beside it (made once; 0: ``base``)."""
     if not bits:
         return base
     out = f"{base}-q{bits}"

@@ -17,25 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import mlx.core as mx
+
+from paged_kernel import timed  # this folder
 
 # Qwen3-8B: q/o 4096x4096, k/v 4096->1024, gate/up 4096->12288, down 12288->4096, lm_head
 SHAPES = {"qo": (4096, 4096), "kv": (4096, 1024), "gate_up": (4096, 12288),
           "down": (12288, 4096), "lm_head": (4096, 151936)}
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
-
-
-def timed(fn, n: int) -> float:
-    for _ in range(3):
-        mx.eval(fn())
-    mx.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        mx.eval(fn())
-    mx.synchronize()
-    return (time.perf_counter() - t0) / n * 1e6
 
 
 def arms_for(x, w, packed, group_size: int, bits: int) -> dict:
