@@ -10,6 +10,10 @@ leaves, the same load runs again (full speed should return without a restart) an
 it aborted are recorded.
 
     python bench/memory_pressure.py --trials 5 --out bench/results/memory_pressure_h100.json
+
+``--two-servers``: no other process; two servers of the same model share the card and
+are loaded at once (``--clients`` each), ``--trials`` rounds: neither may die or answer
+a 5xx.
 """
 
 from __future__ import annotations
@@ -102,6 +106,62 @@ def trial(base: str, prompts: list, args) -> dict:
     return out
 
 
+def serve(ckpt: str, args, log_name: str) -> tuple[subprocess.Popen, str, str]:
+    """A started ``mlxbun serve`` of ``ckpt``: the process, its base URL, its log."""
+    port = free_port()
+    log = os.path.join(os.environ.get("OUT", "/tmp"), log_name)
+    from engine_ab import BOOT_LOADS
+
+    boot = ("import sys; import mlxbun_core.engine.batch.attention as a; " + BOOT_LOADS
+            + "from mlxbun_core.cli import main; sys.argv[0] = 'mlxbun'; sys.exit(main())")
+    cmd = [sys.executable, "-c", boot, "serve", ckpt, "--port", str(port),
+           "--no-open", "--memory-wait", str(args.memory_wait)]
+    return start(cmd, port, log), f"http://127.0.0.1:{port}", log
+
+
+def stop(proc: subprocess.Popen) -> int | str:
+    proc.terminate()
+    try:
+        return proc.wait(120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return "killed after 120 s"
+
+
+def log_verdict(log: str) -> dict:
+    with open(log, errors="replace") as f:
+        text = f.read()
+    return {"aborted": any(s in text for s in ("double free", "Aborted", "core dumped",
+                                               "terminate called")),
+            "server_log_tail": text[-1500:]}
+
+
+def two_servers(ckpt: str, prompts: list, args) -> None:
+    """Two servers on one card, loaded at once: each round's answers, both healths."""
+    servers = [serve(ckpt, args, f"two_servers_{i}.log") for i in (0, 1)]
+    out: dict = {"args": vars(args), "rounds": []}
+
+    async def both() -> list:
+        return list(await asyncio.gather(*[load(base, prompts, args.clients, args.max_tokens)
+                                           for _, base, _ in servers]))
+    try:
+        for i in range(args.trials):
+            got = {"loads": asyncio.run(both()),
+                   "health": [health(base) for _, base, _ in servers],
+                   "alive": [proc.poll() is None for proc, _, _ in servers]}
+            out["rounds"].append(got)
+            print(f"round {i + 1}", json.dumps(got), flush=True)
+            if not all(got["alive"]):
+                break
+    finally:
+        out["exit_codes"] = [stop(proc) for proc, _, _ in servers]
+    out["logs"] = [log_verdict(log) for _, _, log in servers]
+    print("exit", out["exit_codes"], "aborted", [v["aborted"] for v in out["logs"]], flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="8b")
@@ -111,6 +171,7 @@ def main() -> None:
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--memory-wait", type=float, default=20.0)
+    p.add_argument("--two-servers", action="store_true")
     p.add_argument("--out")
     args = p.parse_args()
     from engine_ab import checkpoint
@@ -123,16 +184,10 @@ def main() -> None:
     tok = load_tokenizer(Path(ckpt))
     rng = random.Random(7)
     prompts = [random_prompt(tok, args.prompt_tokens, rng) for _ in range(args.clients)]
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    log = os.path.join(os.environ.get("OUT", "/tmp"), "memory_pressure_server.log")
-    from engine_ab import BOOT_LOADS
-
-    boot = ("import sys; import mlxbun_core.engine.batch.attention as a; " + BOOT_LOADS
-            + "from mlxbun_core.cli import main; sys.argv[0] = 'mlxbun'; sys.exit(main())")
-    cmd = [sys.executable, "-c", boot, "serve", ckpt, "--port", str(port),
-           "--no-open", "--memory-wait", str(args.memory_wait)]
-    proc = start(cmd, port, log)
+    if args.two_servers:
+        two_servers(ckpt, prompts, args)
+        return
+    proc, base, log = serve(ckpt, args, "memory_pressure_server.log")
     out: dict = {"args": vars(args), "trials": []}
     try:
         out["baseline"] = asyncio.run(load(base, prompts, args.clients, args.max_tokens))
@@ -148,17 +203,8 @@ def main() -> None:
             if not got["server_alive"]:
                 break
     finally:
-        proc.terminate()
-        try:
-            out["exit_code"] = proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out["exit_code"] = "killed after 120 s"
-    with open(log, errors="replace") as f:
-        text = f.read()
-    out["aborted"] = any(s in text for s in ("double free", "Aborted", "core dumped",
-                                            "terminate called"))
-    out["server_log_tail"] = text[-1500:]
+        out["exit_code"] = stop(proc)
+    out.update(log_verdict(log))
     print("exit", out["exit_code"], "aborted", out["aborted"], flush=True)
     if args.out:
         with open(args.out, "w") as f:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU sitting for the engine's kernel, quantized batching and memory pressure (issues
-# 33, 34): `bash bench/h100_s40.sh PART` after `source .device-wheels/b/install.sh`
+# 33, 34; s40's sitting again after its memory fixes, and two servers on one card):
+# `bash bench/h100_s41.sh PART` after `source .device-wheels/b/install.sh`
 # (../shared/device/README.md). Each bench has its own time limit; results land in $OUT.
 set -u
 export PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
@@ -16,13 +17,11 @@ LOADS=$(cat /tmp/paged_loads 2>/dev/null)  # "" (vector loads), --scalar-loads, 
 ARM=paged; [ "$LOADS" = "gather" ] && ARM=gather
 case "$1" in
   a)
-    # the default (split-key) kernel, then the flash kernel under compute-sanitizer
+    # the default (split-key) kernel, the flash kernel under compute-sanitizer, checkpoints
     run check_splitk 90 env CUDA_LAUNCH_BLOCKING=1 python3 bench/paged_kernel.py --check-only --out $O/kernel_check_splitk.json
-    run check_flash 150 env PATH=$PATH:/usr/local/cuda/bin compute-sanitizer --print-limit 5 python3 bench/paged_kernel.py --flash --check-only --out $O/kernel_check_flash.json
+    run check_flash 120 env PATH=$PATH:/usr/local/cuda/bin compute-sanitizer --print-limit 5 python3 bench/paged_kernel.py --flash --check-only --out $O/kernel_check_flash.json
     if grep -q "kernel check: ok" $O/check_splitk.txt; then echo "" > /tmp/paged_loads; else echo gather > /tmp/paged_loads; fi
-    LOADS=$(cat /tmp/paged_loads); echo "loads: '$LOADS'"
-    [ "$LOADS" != gather ] && run kernel_speed 90 python3 bench/paged_kernel.py --out $O/paged_kernel.json
-    grep -q "kernel check: ok" $O/check_flash.txt && run kernel_speed_flash 90 python3 bench/paged_kernel.py --flash --out $O/paged_kernel_flash.json
+    echo "loads: '$(cat /tmp/paged_loads)'"
     run ckpt 240 python3 -c "
 import sys; sys.path.insert(0, 'bench')
 from engine_ab import checkpoint
@@ -36,6 +35,11 @@ print(checkpoint('8b', 0)); print(checkpoint('8b', 4))"
     run pressure 200 python3 bench/memory_pressure.py --trials 2 --out $O/memory_pressure.json
     ;;
   d)
+    run two_servers 300 python3 bench/memory_pressure.py --two-servers --clients 16 --trials 2 --out $O/two_servers.json
+    [ "$LOADS" != gather ] && run kernel_speed 90 python3 bench/paged_kernel.py --out $O/paged_kernel.json
+    grep -q "kernel check: ok" $O/check_flash.txt 2>/dev/null && run kernel_speed_flash 90 python3 bench/paged_kernel.py --flash --out $O/paged_kernel_flash.json
+    ;;
+  e)
     [ "$LOADS" = gather ] && L="" || L="--direct $LOADS"
     run step_bf16 200 python3 bench/batch_step.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 8 32 --prompt-tokens 512 --tokens 64 --rounds 2 $L --out $O/batch_step_bf16.json
     ;;
