@@ -43,13 +43,13 @@ def setup(rows, lengths, hq, hkv, dim, width, dtype, seed=0):
     # fill every row's positions [0, n + width) with random keys/values
     for t in tables:
         t.length = 0
-    fill = Window(tables, [n + width for n in lengths], max(lengths) + width)
+    fill = Window.over(tables, [n + width for n in lengths], max(lengths) + width)
     k = mx.array(rng.standard_normal((rows, hkv, max(lengths) + width, dim)), dtype=dtype)
     v = mx.array(rng.standard_normal((rows, hkv, max(lengths) + width, dim)), dtype=dtype)
     store.write(fill.write_slots, k, v)
     for t, n in zip(tables, lengths):
         t.length = n
-    view = Window(tables, [width] * rows, width)
+    view = Window.over(tables, [width] * rows, width)
     q = mx.array(rng.standard_normal((rows, hq, width, dim)), dtype=dtype)
     mx.eval(store.keys, store.values, q)
     return q, store, view

@@ -58,9 +58,9 @@ def _same_both_ways(scratch: Batch) -> bool:
     while scratch.prefilling:
         scratch.prefill({u: 16 for u in scratch.prefilling})
     rows = [scratch.rows[u] for u in scratch.decoding]
-    assert scratch._next is not None
-    inputs = scratch._next[:, None]
-    scratch._reserve(rows, [1] * len(rows))
+    assert scratch.next_tokens is not None
+    inputs = scratch.next_tokens[:, None]
+    scratch.reserve(rows, [1] * len(rows))
     out = []
     for direct in (False, True):
         view = scratch.window([r.table for r in rows], [1] * len(rows), 1)

@@ -73,9 +73,12 @@ class Batch:
         self.rows: dict[int, Row] = {}
         self.decoding: list[int] = []  # uids, in the decode batch's order
         self.states = recurrent.StateBatch(self.layout.state_ops)
-        # the next decode input per decoding row: device tokens, and which were sampled
-        self._next: mx.array | None = None
-        self._next_logprobs: list[mx.array | None] = []
+        # the decoding rows' next inputs, ``(rows,)`` in ``decoding`` order, on the device
+        # (what a drafter reads to guess the tokens after them), and the log-probs of
+        # those that were sampled (None: a prompt's last token); a window step
+        # (``windows.py``) sets both too
+        self.next_tokens: mx.array | None = None
+        self.next_logprobs: list[mx.array | None] = []
         self.forward: Forward = self._model_forward
         self.direct = False  # short passes hand attention the stores (``direct.py``)
         # called once a pass's graph is built, where MLX allocates when it runs it: a
@@ -133,9 +136,9 @@ class Batch:
             keep = [i for i, u in enumerate(self.decoding) if u != uid]
             self.decoding = [self.decoding[i] for i in keep]
             self.states.keep(self.decoding)
-            if self._next is not None:
-                self._next = self._next[mx.array(keep)] if keep else None
-            self._next_logprobs = [self._next_logprobs[i] for i in keep]
+            if self.next_tokens is not None:
+                self.next_tokens = self.next_tokens[mx.array(keep)] if keep else None
+            self.next_logprobs = [self.next_logprobs[i] for i in keep]
 
     def export(self, uid: int) -> tuple[list[Any], list[int]]:
         """Row ``uid``'s KV as a fresh single-sequence mlx-lm cache, and the tokens it
@@ -166,17 +169,11 @@ class Batch:
         """The token sampled for decoding row ``uid`` and not yet fed (as a device
         array of shape (1,)) with its log-probs; None when its next input is a prompt
         token."""
-        if uid not in self.decoding or self._next is None:
+        if uid not in self.decoding or self.next_tokens is None:
             return None
         i = self.decoding.index(uid)
-        lp = self._next_logprobs[i]
-        return (self._next[i:i + 1], lp) if lp is not None else None
-
-    @property
-    def next_tokens(self) -> mx.array | None:
-        """The decoding rows' next inputs, ``(rows,)`` in ``decoding`` order, on the device
-        (what a drafter reads to guess the tokens after them)."""
-        return self._next
+        lp = self.next_logprobs[i]
+        return (self.next_tokens[i:i + 1], lp) if lp is not None else None
 
     def refeeding(self, uid: int) -> list[int]:
         """Row ``uid``'s tokens to feed again before its next input (see ``add``)."""
@@ -201,10 +198,10 @@ class Batch:
         width = max(sizes)
         feed = [r.todo[:n] for r, n in zip(rows, sizes)]
         inputs = mx.array([f + [0] * (width - len(f)) for f in feed], dtype=mx.uint32)
-        self._reserve(rows, sizes)
+        self.reserve(rows, sizes)
         merged = (recurrent.merged(self.layout.state_ops, [r.states for r in rows], sizes)
                   if self.layout.recurrent else [])
-        _, hidden = self._pass(inputs, rows, sizes, merged, direct=False)
+        _, hidden = self.run_pass(inputs, rows, sizes, merged, direct=False)
         if merged:
             for r, s in zip(rows, recurrent.split(self.layout.state_ops, merged, len(rows))):
                 r.states = s
@@ -235,12 +232,12 @@ class Batch:
         rows = [self.rows[u] for u in self.decoding]
         if drafts or forcing is not None or any(r.refeed for r in rows):
             return window_step(self, drafts or {}, forcing)
-        assert self._next is not None
-        inputs, fed_logprobs = self._next, self._next_logprobs
+        assert self.next_tokens is not None
+        inputs, fed_logprobs = self.next_tokens, self.next_logprobs
         zero = [r.uid for r, lp in zip(rows, fed_logprobs) if lp is None] if self.timed else []
         laps = Laps() if zero else None
-        self._reserve(rows, [1] * len(rows))
-        logits, hidden = self._pass(inputs[:, None], rows, [1] * len(rows), self.states.caches)
+        self.reserve(rows, [1] * len(rows))
+        logits, hidden = self.run_pass(inputs[:, None], rows, [1] * len(rows), self.states.caches)
         if laps is not None:
             laps.lap(logits)
         logits = processed(rows, inputs, logits[:, -1, :])
@@ -254,8 +251,8 @@ class Batch:
         mx.async_eval(sampled, logprobs, *self._arrays(self.states.caches))
         fed = cast("list[int]", inputs.tolist())
         # only now: a step that fails before here leaves every row's next input as it was
-        self._next = sampled
-        self._next_logprobs = [logprobs[i] for i in range(len(rows))]
+        self.next_tokens = sampled
+        self.next_logprobs = [logprobs[i] for i in range(len(rows))]
         out = []
         for i, (r, token, lp) in enumerate(zip(rows, fed, fed_logprobs)):
             if r.tapped and hidden is not None and self.tap is not None:
@@ -271,15 +268,15 @@ class Batch:
     # -- pieces ----------------------------------------------------------------------
     def window(self, tables: list[BlockTable], valid: list[int], width: int) -> Window:
         """The tables of a pass (direct attention when the batch runs it)."""
-        view = Window(tables, valid, width)
+        view = Window.over(tables, valid, width)
         view.direct = self.direct
         return view
 
     def _model_forward(self, inputs: mx.array, caches: list[Any]) -> mx.array:
         return cast(mx.array, self.model(inputs, cache=caches))
 
-    def _pass(self, inputs: mx.array, rows: list[Row], valid: list[int], states: list[Any],
-              direct: bool = True) -> tuple[mx.array, mx.array | None]:
+    def run_pass(self, inputs: mx.array, rows: list[Row], valid: list[int], states: list[Any],
+                 direct: bool = True) -> tuple[mx.array, mx.array | None]:
         """One forward over ``rows`` fed ``inputs`` (``(rows, width)``, row ``r``'s first
         ``valid[r]`` positions real; ``states`` their merged recurrent caches): logits,
         and hidden states when a row is tapped (the tap then runs every row).
@@ -312,7 +309,7 @@ class Batch:
                  ) -> tuple[mx.array, mx.array | None]:
         """The model (or the tap, ``tapped``) over ``rows`` in one pass."""
         tables, width = [r.table for r in rows], int(inputs.shape[1])
-        view = self.window(tables, valid, width) if direct else Window(tables, valid, width)
+        view = self.window(tables, valid, width) if direct else Window.over(tables, valid, width)
         caches = self._caches(view, states, [r.uid for r in rows])
         if tapped:
             assert self.tap is not None
@@ -320,7 +317,7 @@ class Batch:
         return self.forward(inputs, caches), None
 
     def _fresh_apart(self, rows: list[Row]) -> list[list[int]] | None:
-        """``[fresh, holding]`` row indices when a pass must split (see ``_pass``); a
+        """``[fresh, holding]`` row indices when a pass must split (see ``run_pass``); a
         row's first pass ended where its second begins (``Row.first_kept``)."""
         if not self.layout.quantized:
             return None
@@ -349,10 +346,11 @@ class Batch:
         self.decoding.append(row.uid)
         self.states.add(row.uid, row.states)
         row.states = []
-        self._next = token if self._next is None else mx.concatenate([self._next, token])
-        self._next_logprobs.append(None)
+        self.next_tokens = token if self.next_tokens is None \
+            else mx.concatenate([self.next_tokens, token])
+        self.next_logprobs.append(None)
 
-    def _reserve(self, rows: list[Row], widths: list[int]) -> None:
+    def reserve(self, rows: list[Row], widths: list[int]) -> None:
         """Blocks for every row's next ``widths`` positions, growing the pool if it must."""
         need = sum(r.table.cost(r.table.length, r.table.length + w)
                    for r, w in zip(rows, widths))

@@ -13,7 +13,7 @@ mlx-lm quantizes a cache after each forward pass, so a fresh sequence's first pa
 attends over its own keys in full precision. A pass whose rows all start empty does the
 same here, every paged layer with mlx-lm's own first-pass masks
 (:class:`FirstPassLayer`); the executor gives fresh rows a pass of their own rather than
-mix them with rows that already hold quantized KV (``Batch._pass``).
+mix them with rows that already hold quantized KV (``Batch.run_pass``).
 
 A layer whose head dimension does not divide into groups keeps its dtype (as the serial
 lane leaves it): the store finds out at its first write and from then on is a plain

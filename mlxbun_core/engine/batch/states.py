@@ -157,7 +157,7 @@ def split(ops: StateOps, caches: list[Any], rows: int) -> list[list[Any]]:
 
 def pick(ops: StateOps, caches: list[Any], rows: list[int]) -> list[Any]:
     """The part of merged ``caches`` holding ``rows`` (indices), as caches of its own:
-    a pass over some of the rows (see ``Batch._pass``)."""
+    a pass over some of the rows (see ``Batch.run_pass``)."""
     return [ops.pick(c, rows) for c in caches]
 
 

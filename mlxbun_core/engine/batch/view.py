@@ -31,33 +31,18 @@ if TYPE_CHECKING:
 
 
 class Window:
-    """The tables of one pass: ``tables`` (the rows' block tables, their ``length``
-    being where this pass writes), ``valid[r]`` real positions of row ``r`` in a pass
-    of width ``width``. :meth:`plan` is the same as plain data, :meth:`replay` makes
-    it again from that (a distributed follower's pass over its own stores)."""
+    """The tables of one pass: each row's first position ``starts[r]`` and block ids
+    ``row_blocks[r]`` (those the pass reads, in a pool of ``block_size``), ``valid[r]``
+    real positions of row ``r`` in a pass of width ``width``. :meth:`over` makes them
+    from the rows' block tables, :meth:`plan` gives them back as plain data and
+    :meth:`replay` makes them again from that (a distributed follower's pass over its
+    own stores)."""
 
-    def __init__(self, tables: list[BlockTable], valid: list[int], width: int):
-        bs = tables[0].pool.block_size
-        starts = [t.length for t in tables]
-        nb = _blocks_seen(starts, width, bs)
-        self._build(bs, starts, list(valid), width, [t.blocks[:nb] for t in tables])
-
-    @classmethod
-    def replay(cls, plan: tuple[Any, ...], block_size: int) -> Window:
-        """The window :meth:`plan` describes, over a pool of ``block_size``."""
-        starts, valid, width, blocks, direct = plan
-        view = cls.__new__(cls)
-        view._build(block_size, starts, valid, width, blocks)
-        view.direct = direct
-        return view
-
-    def plan(self) -> tuple[Any, ...]:
-        """``(starts, valid, width, blocks, direct)``: each row's first position, real
-        positions and block ids (those the pass reads), the width, direct attention."""
-        return (*self._plan, self.direct)
-
-    def _build(self, bs: int, starts: list[int], valid: list[int], width: int,
-               row_blocks: list[list[int]]) -> None:
+    def __init__(self, block_size: int, starts: list[int], valid: list[int], width: int,
+                 row_blocks: list[list[int]]):
+        """The tables from plain data (see :meth:`plan`); :meth:`over` makes them from
+        the rows' block tables."""
+        bs = block_size
         self._plan = (starts, valid, width, row_blocks)
         self.rows, self.width = len(starts), width
         self.starts = np.array(starts, dtype=np.int64)
@@ -77,6 +62,28 @@ class Window:
         self._masks: dict[int | None, mx.array] = {}
         self.direct = False  # layers hand attention their stores (``attention.py``)
         self.kernel_consts: dict[Any, list[mx.array]] = {}  # the kernel's, per pass
+
+    @classmethod
+    def over(cls, tables: list[BlockTable], valid: list[int], width: int) -> Window:
+        """The window of a pass over ``tables`` (each one's ``length`` is where the pass
+        writes), ``valid[r]`` real positions of row ``r`` in a pass of ``width``."""
+        bs = tables[0].pool.block_size
+        starts = [t.length for t in tables]
+        nb = _blocks_seen(starts, width, bs)
+        return cls(bs, starts, list(valid), width, [t.blocks[:nb] for t in tables])
+
+    @classmethod
+    def replay(cls, plan: tuple[Any, ...], block_size: int) -> Window:
+        """The window :meth:`plan` describes, over a pool of ``block_size``."""
+        starts, valid, width, blocks, direct = plan
+        view = cls(block_size, starts, valid, width, blocks)
+        view.direct = direct
+        return view
+
+    def plan(self) -> tuple[Any, ...]:
+        """``(starts, valid, width, blocks, direct)``: each row's first position, real
+        positions and block ids (those the pass reads), the width, direct attention."""
+        return (*self._plan, self.direct)
 
     def mask(self, window: int | None = None) -> mx.array:
         """``(rows, 1, width, keys)``: query ``i`` of row ``r`` (at position

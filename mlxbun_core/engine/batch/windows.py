@@ -67,7 +67,7 @@ Plan = tuple[list[int], "Sequence[int] | mx.array"]
 
 
 def window_step(b: Batch, drafts: Drafts, forcing: Forcing | None) -> list[Emit]:
-    assert b._next is not None
+    assert b.next_tokens is not None
     rows = [b.rows[u] for u in b.decoding]
     forced = _forced(b, forcing) if forcing is not None else {}
     cap = refeed_cap()
@@ -77,7 +77,7 @@ def window_step(b: Batch, drafts: Drafts, forcing: Forcing | None) -> list[Emit]
         return cast("list[Emit]", b.decode())  # nothing rides along: the ordinary step
     lead = [len(r.refeed) for r in rows]  # each row's x sits after its refed tokens
     valid = [n + 1 + len(f) + len(d) for n, (f, d) in zip(lead, plans)]
-    inputs = _inputs(b._next, rows, plans, max(valid))
+    inputs = _inputs(b.next_tokens, rows, plans, max(valid))
     # recurrent states before the window (arrays are immutable: a copy holds references)
     ops = b.layout.state_ops
     held = [ops.copy(c) for c in b.states.caches] if any(len(d) for _, d in plans) else []
@@ -94,7 +94,7 @@ def window_step(b: Batch, drafts: Drafts, forcing: Forcing | None) -> list[Emit]
     drawn = cast("list[int]", samples.tolist())
     out: list[Emit] = []
     nxt, nxt_lp, back, k = [], [], [], 0
-    for i, (r, lp, (f, d), a) in enumerate(zip(rows, b._next_logprobs, plans, at)):
+    for i, (r, lp, (f, d), a) in enumerate(zip(rows, b.next_logprobs, plans, at)):
         x, guesses = fed[i][lead[i]], fed[i][lead[i] + 1 + len(f):valid[i]]
         mine = drawn[k:k + len(a)]
         accepted = 0
@@ -115,8 +115,8 @@ def window_step(b: Batch, drafts: Drafts, forcing: Forcing | None) -> list[Emit]
     if any(back):
         for c, saved in zip(b.states.caches, held, strict=True):
             ops.restore(c, saved, back)
-    b._next = mx.array(nxt, dtype=mx.uint32)
-    b._next_logprobs = list(nxt_lp)
+    b.next_tokens = mx.array(nxt, dtype=mx.uint32)
+    b.next_logprobs = list(nxt_lp)
     return out
 
 
@@ -125,14 +125,14 @@ def _run(b: Batch, rows: list[Row], inputs: mx.array, valid: list[int]
     """The window's forward: logits (and hidden states when a row is tapped); padding
     is written to the trash block and kept out of the recurrent states."""
     width = int(inputs.shape[1])
-    b._reserve(rows, valid)
+    b.reserve(rows, valid)
     states = b.states.caches
     padded = any(v < width for v in valid)
     ops = b.layout.state_ops
     if padded:
         for c in states:
             ops.prepare(c, valid)
-    logits, hidden = b._pass(inputs, rows, valid, states)
+    logits, hidden = b.run_pass(inputs, rows, valid, states)
     if padded:
         for c in states:
             ops.finalize(c)
@@ -141,10 +141,10 @@ def _run(b: Batch, rows: list[Row], inputs: mx.array, valid: list[int]
 
 def _forced(b: Batch, forcing: Forcing) -> dict[int, list[int]]:
     """The forced runs of rows whose next token was sampled (read on the host here)."""
-    assert b._next is not None
-    tokens = cast("list[int]", b._next.tolist())
+    assert b.next_tokens is not None
+    tokens = cast("list[int]", b.next_tokens.tolist())
     uids = b.decoding
-    asked = [i for i, lp in enumerate(b._next_logprobs) if lp is not None]
+    asked = [i for i, lp in enumerate(b.next_logprobs) if lp is not None]
     return forcing([uids[i] for i in asked], [tokens[i] for i in asked]) if asked else {}
 
 
@@ -171,7 +171,7 @@ def _guided(b: Batch, rows: list[Row], plans: list[Plan], drafts: Drafts, cap: i
              and len(drafts.get(r.uid, ())) and not isinstance(drafts[r.uid], mx.array)]
     if not asked:
         return plans
-    xs = cast("list[int]", b._next.tolist())
+    xs = cast("list[int]", b.next_tokens.tolist())
     out = list(plans)
     for i in asked:
         r, (f, _) = rows[i], plans[i]

@@ -55,16 +55,14 @@ class FillSession:
         g = self.grammar
         if not self.ready():
             return []
-        g._consume([token])
-        g.consumed += 1
+        g.consume([token])
         room = self.room(0) if cap is None else min(cap, self.room(0))
         run: list[int] = []
         while len(run) < room and g.error is None and not g.stopped:
             forced = self.single()
             if forced is None:
                 break
-            g._consume([forced])
-            g.consumed += 1
+            g.consume([forced])
             run.append(forced)
         self.count(len(run))
         return run

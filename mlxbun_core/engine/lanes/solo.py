@@ -46,12 +46,12 @@ class Solo:
     token sampled but not yet fed."""
 
     def __init__(self, model: nn.Module, job: GenerationJob, cache: list[Any], cached: int,
-                 pacer: PrefillPacer) -> None:
+                 pacer: PrefillPacer, *, pending: Pending | None = None) -> None:
         self.model, self.job, self.cache = model, job, cache
         self.prompt = job.request.prompt_tokens
         self.fed = list(self.prompt[:cached])  # tokens whose forward pass was issued, in order
         self.pacer = pacer  # prompt tokens per prefill chunk
-        self._next: Pending | None = None  # (token, logprobs) being computed: sampled, not fed
+        self._next = pending  # (token, logprobs) being computed: sampled, not fed
         self._context: mx.array | None = None  # what the logits processors see: all fed tokens
         self._count = 0
         self.spec: SpecStream | None = None  # prompt-lookup speculation (job.spec), once begun
@@ -63,8 +63,8 @@ class Solo:
                pending: Pending, pacer: PrefillPacer) -> Solo:
         """A job leaving the batch: ``cache`` holds ``fed``; ``pending`` is the
         ``(token array, logprobs)`` sampled from it and not yet fed."""
-        solo = cls(model, job, cache, 0, pacer)
-        solo.fed, solo._next = list(fed), pending
+        solo = cls(model, job, cache, 0, pacer, pending=pending)
+        solo.fed = list(fed)
         return solo
 
     @property

@@ -92,7 +92,7 @@ class HeadPages:
         width = int(tokens.shape[1])
         self._reserve(tables, [width] * len(tables))
         # (the heads' layout has no KV scheme: its stores are plain)
-        caches = self.layout.caches(Window(tables, valid, width), [])
+        caches = self.layout.caches(Window.over(tables, valid, width), [])
         out = self.predictor.predict(hidden, tokens, caches)
         for t, n in zip(tables, valid):
             t.length += n
