@@ -164,8 +164,7 @@ class GrammarProcessor:
                 return self._thinking(tokens, logits, index)  # still thinking: free text
         new = tokens.shape[0] - self.prompt_len - self.consumed
         if new > 0:
-            self._consume(_ids(tokens[-new:]))
-            self.consumed += new
+            self.consume(_ids(tokens[-new:]))
         forced, budget = None, self.budget
         if budget is not None and (budget.closing or index >= budget.next_check) \
                 and self.error is None and not self.stopped:
@@ -220,8 +219,7 @@ class GrammarProcessor:
         assert self.prompt_len is not None  # tracking
         new = len(tokens) - self.prompt_len - self.consumed
         if new > 0:
-            self._consume(tokens[-new:])
-            self.consumed += new
+            self.consume(tokens[-new:])
         return self.tracking()
 
     def try_draft(self, token: int) -> bool:
@@ -259,7 +257,11 @@ class GrammarProcessor:
                 # the budget's watch as it stood after the last kept position's mask
                 self.budget.__dict__.update(_budget_copy(kept).__dict__)
 
-    def _consume(self, ids: list) -> None:
+    def consume(self, ids: list) -> None:
+        """Advance the matcher by ``ids``, tokens fed to the model after those consumed
+        (a fill session's forced run is fed this way), and count them in
+        :attr:`consumed`. Past an error or an EOS they are only counted."""
+        self.consumed += len(ids)
         if self.error is not None or self.stopped:
             return
         eos = self.compiled.eos_ids

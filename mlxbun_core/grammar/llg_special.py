@@ -141,7 +141,7 @@ class SpecialRewriter:
         return self._pat is not None
 
     # -- helpers
-    def _split(self, text: str):
+    def split(self, text: str):
         """[(str_or_None, token_id_or_None)] pieces; None if no occurrence."""
         if self._pat is None:
             return None
@@ -160,7 +160,7 @@ class SpecialRewriter:
 
     def literal(self, text: str) -> str | None:
         """Lark expression for the literal ``text``, or None when it has no special."""
-        pieces = self._split(text)
+        pieces = self.split(text)
         if pieces is None:
             return None
         return "(" + " ".join(json.dumps(s, ensure_ascii=False) if s is not None else f"<[{t}]>"

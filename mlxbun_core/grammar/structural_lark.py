@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TypedDict
 
 from .request import SEPARATORS
 from .schema import closed
@@ -21,16 +21,28 @@ from .schema import closed
 TEXT_ALL = r"(?s:.*)"
 
 
-def json_options(whitespace: str) -> JsonCompileOptions:
+class JsonOptions(TypedDict, total=False):
+    """llguidance's JSON compile options, a plain dict its ``grammar_from_json_schema``
+    takes. llguidance declares their type (``JsonCompileOptions``) only in its private
+    ``_lib`` stub, so the keys are spelled out here as it types them; mypy checks this
+    against its declaration where the options are passed."""
+
+    item_separator: str | None
+    key_separator: str | None
+    whitespace_pattern: str | None
+    whitespace_flexible: bool | None
+    coerce_one_of: bool | None
+    lenient: bool | None
+    json_allowed_escapes: str | None
+    json_allow_general_unicode_escapes: bool | None
+
+
+def json_options(whitespace: str) -> JsonOptions:
     """llguidance JSON compile options for a whitespace mode of :class:`GrammarRequest`."""
     if whitespace in SEPARATORS:
         item, key = SEPARATORS[whitespace]
         return {"whitespace_flexible": False, "item_separator": item, "key_separator": key}
     return {"whitespace_flexible": True}
-
-
-if TYPE_CHECKING:
-    from llguidance._lib import JsonCompileOptions
 
 
 class LarkWriter:
@@ -129,7 +141,7 @@ class LarkWriter:
         """``text`` then ``end``, the text ending at the first occurrence of ``end``."""
         if not end:
             return text
-        pieces = self.rw._split(end) or [(end, None)]
+        pieces = self.rw.split(end) or [(end, None)]
         first, tok = pieces[0]
         if first is None:  # a special token: the text lexeme cannot run past it
             return f"{text} " + self.lit(end)
@@ -140,7 +152,7 @@ class LarkWriter:
 
     def triggered(self, f: dict) -> str:
         triggers = f["triggers"]
-        plain = [t for t in triggers if self.rw._split(t) is None]
+        plain = [t for t in triggers if self.rw.split(t) is None]
         free = self.terminal(TEXT_ALL, plain)
         alts = []
         for t in f["tags"]:

@@ -195,16 +195,20 @@ class GuardedHttp(HttpToolsProtocol):
         if victim is None:
             return False
         self._note("evicted")
-        victim._cancel()
-        del self.tally.quiet[victim]
-        victim.connections.discard(victim)  # its slot is free now, not when the close lands
-        if victim.phase == "head":  # a request half sent gets an answer, not a bare close
-            victim._answer(503, "the server closed this connection for a newer one: it has "
-                           "as many open as it allows (--max-connections); try again shortly",
-                           retry=True)
-        else:
-            victim.transport.close()
+        victim.evict()
         return True
+
+    def evict(self) -> None:
+        """Close this quiet connection for a newer one; its slot is free at once."""
+        self._cancel()
+        del self.tally.quiet[self]
+        self.connections.discard(self)  # its slot is free now, not when the close lands
+        if self.phase == "head":  # a request half sent gets an answer, not a bare close
+            self._answer(503, "the server closed this connection for a newer one: it has "
+                         "as many open as it allows (--max-connections); try again shortly",
+                         retry=True)
+        else:
+            self.transport.close()
 
     def bytes_waiting(self) -> bool:
         """The client has sent bytes the server has not read yet."""
