@@ -38,7 +38,7 @@ class GrammarRegistry:
 
     def __init__(self, cache_size: int = 64, load_plugins: bool = True):
         self.factories: dict[str, Callable[[Any], GrammarBackend]] = {}
-        self._selected: str | None = None
+        self.chosen: str | None = None  # by select() (None: the config's, see selected)
         self._backends: dict[tuple, tuple] = {}    # (name, id(tok)) -> (tok, backend|exc)
         self._cache: OrderedDict = OrderedDict()
         self.cache_size = cache_size
@@ -64,11 +64,11 @@ class GrammarRegistry:
         if name not in self.available():
             raise ValueError(f"unknown grammar backend {name!r}; available: "
                              f"{', '.join(self.available()) or 'none'}")
-        self._selected = name
+        self.chosen = name
 
     @property
     def selected(self) -> str:
-        return self._selected or current().grammar.backend or DEFAULT_BACKEND
+        return self.chosen or current().grammar.backend or DEFAULT_BACKEND
 
     def backend_for(self, tokenizer, name: str | None = None) -> GrammarBackend:
         """One backend instance per (backend, tokenizer): building vocab tables is slow."""

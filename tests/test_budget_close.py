@@ -123,7 +123,7 @@ def test_processor_closes_within_the_limit(lm, backend):
             assert proc.forced_from is None
         assert forced and cut_off
     finally:
-        registry._selected = None
+        registry.chosen = None
 
 
 def test_thinking_is_cut_short_to_leave_room_for_the_answer(lm):

@@ -10,7 +10,10 @@ it by name. Every ``_name`` our code reads (``x._name``, ``getattr(x, "_name")``
 an attribute assigned on ``self`` or a class): a name only a library defines is a reach
 into its internals, which a release may rename and break us silently. And a name the
 libraries themselves define (read from their installed sources) is used only on
-``self``/``cls`` in a class of ours, or on an object ACROSS names as ours.
+``self``/``cls`` in a class of ours. And none of our own private names is used across
+objects either: ``_name`` only on ``self``/``cls``/``super()``, never ``other._name``,
+``module._name`` or ``getattr(x, "_name")`` (ACROSS would list an exception, with its
+reason; it is empty).
 
 The pinned versions (``pyproject.toml``) are checked too: ``mlx`` and ``mlx-lm`` are
 held to the minor versions the suite has run on, and the installed ones are within.
@@ -31,6 +34,7 @@ ACCESSORS = {"getattr", "hasattr", "setattr", "delattr"}
 # documentation points subcommand code at; not MLX's or mlx-lm's business either way.
 STDLIB = {
     "_replace",  # namedtuple's documented copy-with-changes
+    "_exit",  # os._exit: a process that must end now, without the interpreter's teardown
     "_actions", "_SubParsersAction", "_StoreTrueAction", "_StoreFalseAction",
     "_AppendAction",  # argparse: walking a parser's options (config show, isolate launch)
 }
@@ -182,29 +186,10 @@ LIBRARIES = ("mlx", "mlx_lm", "mlx_vlm", "mlx_audio", "huggingface_hub")
 REQUIRED = ("mlx_lm", "mlx_audio", "huggingface_hub")  # dependencies: always installed
 SELF_SET = re.compile(r"\b(?:self|cls)\.(_[A-Za-z0-9][A-Za-z0-9_]*)\s*(?::[^=\n]*)?=(?!=)")
 DEF = re.compile(r"^\s*(?:async\s+)?def\s+(_[A-Za-z0-9][A-Za-z0-9_]*)\s*\(", re.M)
-# ``(module, receiver, name)``: a library's private name used on an object of OURS
-ACROSS = {
-    # our Batch (engine/batch/executor.py): its window step and kernel probe live apart
-    ("mlxbun_core/engine/batch/windows.py", "b", "_next"),
-    ("mlxbun_core/engine/batch/windows.py", "b", "_next_logprobs"),
-    ("mlxbun_core/engine/batch/direct.py", "scratch", "_next"),
-    # our Window, built in its own classmethod from cls.__new__
-    ("mlxbun_core/engine/batch/view.py", "view", "_build"),
-    # our Solo, in its own classmethod
-    ("mlxbun_core/engine/lanes/solo.py", "solo", "_next"),
-    # our GrammarProcessor (grammar/base.py), driven by the fill session
-    ("mlxbun_core/engine/fill/forced.py", "g", "_consume"),
-    # our SpecialRewriter (grammar/llg_special.py)
-    ("mlxbun_core/grammar/structural_lark.py", "self.rw", "_split"),
-    # our guarded connections, one evicting another (server/connections.py)
-    ("mlxbun_core/server/connections.py", "victim", "_cancel"),
-    ("mlxbun_core/server/connections.py", "victim", "_answer"),
-    # our lanes' rows, read by the watchdog without the (maybe stuck) worker thread
-    ("mlxbun_core/distributed/watchdog.py", "lane", "_rows"),
-    # BlackSheep's WebSocket (not one of LIBRARIES; the name only collides with mlx-lm's)
-    ("mlxbun_core/server/guard.py", "ws", "_send"),
-    ("mlxbun_core/server/access_log.py", "ws", "_send"),
-}
+# ``(module, receiver, name)``: a private name used on an object that is not ``self``/
+# ``cls``, each with its reason (none now: an owner that lets others use a name makes it
+# public; see test_no_private_name_is_used_across_objects)
+ACROSS: set[tuple[str, str, str]] = set()
 
 # ``(module, what)``: writes onto a library that stay for now, each with its reason
 PATCHES = {
@@ -396,3 +381,46 @@ def test_the_write_scan_sees_each_kind_of_write():
         "    self.__dict__['uid'] = 1\n"
         "    return module._mlxbun_shard_mode\n")
     assert [line for line, _ in sorted(writes_onto_theirs(tree))] == [4, 5, 6, 7, 9, 11, 12, 14]
+
+
+# -- our own private names, across objects --------------------------------------------------
+#
+# The scans above know a library's names only. Ours are private to their owner too: a
+# ``_name`` is used on ``self``/``cls`` (or ``super()``) only, never on another object,
+# module or instance of the same class; a name another object needs is public on its owner.
+# Reviews cannot tell our ``x._next`` from mlx-lm's, and neither can a reader.
+
+OWN = ("self", "cls", "super()")
+
+
+def across_objects(tree: ast.AST, rel: str) -> list[str]:
+    """The uses in ``tree`` (module ``rel``) of a private name on anything but ``self``,
+    ``cls`` or ``super()``."""
+    return [f"{rel}:{line}: {receiver}.{name}"
+            for line, receiver, name, _ in _private_uses(tree)
+            if receiver not in OWN and name not in STDLIB | OTHERS
+            and (rel, receiver, name) not in ACROSS]
+
+
+def test_no_private_name_is_used_across_objects():
+    found = [hit for p in _sources()
+             for hit in across_objects(ast.parse(p.read_text(encoding="utf-8")),
+                                       str(p.relative_to(ROOT)))]
+    assert not found, "private names used on another object (make them public on " \
+        "their owner):\n" + "\n".join(found)
+
+
+def test_the_across_scan_sees_each_kind_of_use():
+    tree = ast.parse(
+        "import os\nfrom . import articles\n"
+        "class Ours:\n"
+        "    def __init__(self):\n        self._x = 1\n        super()._setup()\n"
+        "    @classmethod\n    def make(cls, other):\n"
+        "        view = cls._blank()\n        view._build()\n"
+        "        return other._x, getattr(other, '_y'), self.rw._split('a')\n"
+        "def f(b, row):\n    b._next = row._tokens\n"
+        "    setattr(b, '_send', None)\n"
+        "    return articles._bounds(), os._exit, row._replace(a=1)\n")
+    got = [h.split(": ", 1)[1] for h in across_objects(tree, "x.py")]
+    assert sorted(got) == sorted(["view._build", "other._x", "other._y", "self.rw._split",
+                                  "b._next", "row._tokens", "b._send", "articles._bounds"])

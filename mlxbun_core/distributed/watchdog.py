@@ -105,13 +105,6 @@ class Watchdog:
 
 def open_jobs(engine: Any) -> Iterator[Any]:
     """Every job a lane holds (running, waiting, the batch lane's lone one), read without
-    the worker thread, which may be stuck for good."""
-    for lane in getattr(engine.worker, "lanes", ()):
-        for row in dict(getattr(lane, "_rows", {}) or {}).values():
-            yield row.job
-        yield from list(getattr(lane, "_queue", ()) or ())
-        for holder in (getattr(lane, "_solo", None), lane):
-            job = getattr(holder, "job", None) if holder is not lane else getattr(lane, "_job",
-                                                                                    None)
-            if job is not None:
-                yield job
+    the worker thread, which may be stuck for good (``Lane.jobs``)."""
+    for lane in list(getattr(engine.worker, "lanes", ())):
+        yield from lane.jobs()

@@ -141,6 +141,7 @@ class Engine:
         self.on_fatal: Callable[[str], None] | None = None
         # told every generation's Finish as it ends: the /metrics recorder (metrics.for_engine)
         self.on_finish: Callable[[Finish], None] | None = None
+        self.prom_metrics: object | None = None  # its /metrics series (metrics.for_engine)
         self.starting = 0  # requests being prepared (not yet queued)
 
     def _size_batch(self, batch: int | None, draft: DraftSource | None) -> None:

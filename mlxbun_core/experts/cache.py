@@ -80,10 +80,12 @@ class ExpertIndex:
                 header = json.loads(f.read(n))
             for name, info in header.items():
                 if name != "__metadata__":
-                    index._add(str(file), 8 + n, name, info)
+                    index.add_tensor(str(file), 8 + n, name, info)
         return index
 
-    def _add(self, file: str, base: int, name: str, info: dict) -> None:
+    def add_tensor(self, file: str, base: int, name: str, info: dict) -> None:
+        """Record the expert slices of tensor ``name`` (its safetensors header entry
+        ``info``, offsets from ``base`` in ``file``); other tensors are left out."""
         if "weight_scale_inv" in name and (".experts." in name or ".switch_mlp." in name):
             raise ValueError(f"{name}: block-FP8 expert weights cannot be streamed "
                              "(convert the checkpoint with mlx-lm first)")

@@ -94,7 +94,7 @@ def explain(exc: BaseException, repo_id: str = "") -> str:
         return (f"the hub {endpoint()} did not answer within {seconds():g} s "
                 f"({type(exc).__name__}; MLXBUN_HUB_TIMEOUT sets the wait); "
                 "cached models still work")
-    if _is_network(exc):
+    if is_network(exc):
         return (f"offline: the hub {endpoint()} cannot be reached ({type(exc).__name__}); "
                 "cached models still work")
     return f"{type(exc).__name__}: {exc}"
@@ -114,7 +114,7 @@ def _is_timeout(exc: BaseException) -> bool:
     return False
 
 
-def _is_network(exc: BaseException) -> bool:
+def is_network(exc: BaseException) -> bool:
     """A connection that failed (httpx or httpx2, whichever huggingface_hub uses)."""
     seen: BaseException | None = exc
     while seen is not None:

@@ -104,7 +104,7 @@ def _get(url: str, part: Path, size: int | None, headers: dict[str, Any], bar: t
                         f.write(chunk)
                         counter.update(len(chunk))
         except Exception as exc:
-            if attempt + 1 == ATTEMPTS or not remote._is_network(exc):
+            if attempt + 1 == ATTEMPTS or not remote.is_network(exc):
                 raise
             time.sleep(1.0)
             continue

@@ -93,7 +93,7 @@ def render(title: str, summary: str, facts: list[str], see_also: list[str]) -> s
     return "\n".join(parts) + "\n"
 
 
-def _section_bounds(lines: list[str], title: str) -> tuple[int, int] | None:
+def section_bounds(lines: list[str], title: str) -> tuple[int, int] | None:
     """``(first body line, end)`` of the ``## title`` section, or None."""
     start = next((i for i, line in enumerate(lines) if line.strip() == f"## {title}"), None)
     if start is None:
@@ -111,7 +111,7 @@ def add_bullets(text: str, section: str, bullets: list[str]) -> str:
     new = [f"- {b}" for b in bullets if f"- {b}" not in present]
     if not new:
         return text
-    bounds = _section_bounds(lines, section)
+    bounds = section_bounds(lines, section)
     if bounds is None:
         lines += ["", f"## {section}", ""] + new
     else:

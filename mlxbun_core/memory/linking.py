@@ -44,7 +44,7 @@ def link_article(text: str, name: str, names: list[str]) -> tuple[str, int]:
     """``text`` with first mentions of the other ``names`` linked and See also rebuilt;
     and how many mentions it linked."""
     lines = text.rstrip("\n").splitlines()
-    see = articles._section_bounds(lines, articles.SEE_ALSO)
+    see = articles.section_bounds(lines, articles.SEE_ALSO)
     body, tail = (lines[:see[0] - 1], []) if see else (lines, [])
     if see:
         tail = lines[see[1]:]  # sections after See also stay where they are

@@ -211,8 +211,8 @@ def mlx_memory() -> tuple[int, int]:
 def for_engine(engine: Any) -> EngineMetrics:
     """The engine's one :class:`EngineMetrics` (made on first use), which from then on
     records every generation the engine starts (``engine.on_finish``)."""
-    metrics = getattr(engine, "_prom_metrics", None)
-    if metrics is None:
-        metrics = engine._prom_metrics = EngineMetrics(engine)
+    metrics = getattr(engine, "prom_metrics", None)
+    if not isinstance(metrics, EngineMetrics):
+        metrics = engine.prom_metrics = EngineMetrics(engine)
         engine.on_finish = metrics.finished
     return metrics

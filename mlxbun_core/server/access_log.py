@@ -21,6 +21,7 @@ from typing import Any
 
 from blacksheep import Application, Request, Response
 
+from . import handshake
 from .body import CLIENT_GONE
 from .common import Handler
 
@@ -84,10 +85,6 @@ def install(app: Application) -> None:
     async def access_log(request: Request, handler: Handler) -> Response | None:
         started = time.perf_counter()
         path = request.url.path.decode("utf-8", "replace")
-        scope = getattr(request, "scope", None) or {}
-        refused: list[tuple[int, bytes]] = []
-        if scope.get("type") == "websocket":  # a refusal answers the handshake itself
-            watch_handshake(request, refused)
         try:
             response: Response | None = await handler(request)
         except Exception:
@@ -97,37 +94,15 @@ def install(app: Application) -> None:
             content = response.content
             body = content.body if content is not None and response.status >= 400 else None
             log_answer(method_of(request), path, response.status, body, started)
-        elif refused:
-            log_answer("GET", path, refused[0][0], refused[0][1], started)
+        else:  # a WebSocket: a refusal answered the handshake itself
+            found = handshake.of(getattr(request, "scope", None) or {})
+            if found is not None and found.refused is not None:
+                log_answer("GET", path, *found.refused, started)
         return response
 
     # BlackSheep types a middleware as returning a Response; for a WebSocket the handler
     # returns None (see guard.install)
     app.middlewares.insert(0, access_log)  # type: ignore[arg-type]
-
-
-def watch_handshake(ws: object, refused: list[tuple[int, bytes]]) -> None:
-    """Record the status and body of a WebSocket handshake answered with HTTP (a
-    refusal) in ``refused``, as the response is sent."""
-    send: Send | None = getattr(ws, "_send", None)
-    if send is None:
-        return
-    status: list[int] = []
-    accepted: list[bool] = []
-
-    async def recording(message: MutableMapping[str, Any]) -> None:
-        kind = message.get("type")
-        if kind == "websocket.accept":
-            accepted.append(True)
-        elif kind == "websocket.http.response.start":
-            status.append(int(message.get("status", 0)))
-        elif kind == "websocket.http.response.body" and status:
-            refused.append((status[0], bytes(message.get("body", b""))))
-        elif kind == "websocket.close" and not status and not accepted:
-            refused.append((403, b"closed before the handshake"))  # what the server answers
-        await send(message)
-
-    setattr(ws, "_send", recording)  # noqa: B010 (BlackSheep's WebSocket keeps send there)
 
 
 class RecordingSend:

@@ -31,7 +31,7 @@ from urllib.parse import parse_qs
 from blacksheep import Application, Request, Response
 from blacksheep.server.websocket import WebSocket
 
-from . import origin
+from . import handshake, origin
 from .common import Handler, json_response
 from .origin import CorsRules
 
@@ -218,15 +218,12 @@ def response_of(answer: Answer) -> Response:
 
 async def deny_websocket(ws: WebSocket, response: Response) -> None:
     """Answer a WebSocket handshake with ``response`` (its status and body) instead of
-    upgrading (ASGI's ``websocket.http.response`` extension, which uvicorn has)."""
-    extensions = ws.scope.get("extensions") or {}
-    if not isinstance(extensions, dict) or "websocket.http.response" not in extensions:
-        await ws.close()  # the server then answers 403
-        return
+    upgrading (:mod:`.handshake`); a server without that extension gets a close (it then
+    answers 403)."""
+    found = handshake.of(ws.scope)
     body = response.content.body if response.content else b""
-    await ws._send({"type": "websocket.http.response.start", "status": response.status,
-                    "headers": [(b"content-type", b"application/json")]})
-    await ws._send({"type": "websocket.http.response.body", "body": body})
+    if found is None or not await found.deny(response.status, body):
+        await ws.close()
 
 
 def matched_route(app: Application, request: Request) -> str | None:

@@ -23,7 +23,7 @@ from blacksheep.server.routing import Router
 from prometheus_client import CollectorRegistry
 
 from ..library.cache import LibraryCache
-from . import head
+from . import handshake, head
 from .guard import GuardRules
 from .openai.response_store import ResponseStore
 
@@ -69,8 +69,10 @@ class App(Application):
 
     async def __call__(self, scope: head.Message, receive: head.Receive,
                        send: head.Send) -> None:
-        """The ASGI entry: a HEAD runs as its GET, without the body (:mod:`.head`)."""
+        """The ASGI entry: a HEAD runs as its GET, without the body (:mod:`.head`); a
+        WebSocket's ``send`` is its :class:`~.handshake.Handshake` (a refusal answers
+        through it)."""
         base = cast("head.ASGIApp", super().__call__)  # BlackSheep's own is unannotated
         if head.is_head(scope):
             return await head.as_get(base, scope, receive, send)
-        await base(scope, receive, send)
+        await base(scope, receive, handshake.wrap(scope, send))

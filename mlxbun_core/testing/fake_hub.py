@@ -80,13 +80,13 @@ class FakeHub:
             protocol_version = "HTTP/1.1"
 
             def do_GET(self) -> None:  # http.server's naming
-                hub._dispatch(self, "GET")
+                hub.dispatch(self, "GET")
 
             def do_HEAD(self) -> None:
-                hub._dispatch(self, "HEAD")
+                hub.dispatch(self, "HEAD")
 
             def do_POST(self) -> None:
-                hub._dispatch(self, "POST")
+                hub.dispatch(self, "POST")
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -113,7 +113,8 @@ class FakeHub:
                 if m == "GET" and "/resolve/" in p and h.get("Range")]
 
     # -- routing ------------------------------------------------------------------
-    def _dispatch(self, rq: BaseHTTPRequestHandler, method: str) -> None:
+    def dispatch(self, rq: BaseHTTPRequestHandler, method: str) -> None:
+        """Answer one request its handler (the server's thread) was handed."""
         url = urlsplit(rq.path)
         path, query = unquote(url.path), parse_qs(url.query)
         with self.lock:

@@ -41,10 +41,10 @@ def backend(request):
     """Each grammar backend in turn, selected for the test and restored after it."""
     from ..grammar_registry import registry
 
-    before = registry._selected
+    before = registry.chosen
     registry.select(request.param)
     yield request.param
-    registry._selected = before
+    registry.chosen = before
 
 
 @pytest.fixture(scope="session")

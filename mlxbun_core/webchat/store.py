@@ -151,7 +151,7 @@ class Session:
                  "ts": round(time.time(), 3), "message": message}
         if meta:
             entry["meta"] = meta
-        self._write(entry)
+        self.write(entry)
         return entry
 
     def append_text(self, entry_id: str, content: str = "", reasoning: str = "") -> None:
@@ -162,7 +162,7 @@ class Session:
         if reasoning:
             entry["reasoning"] = reasoning
         if len(entry) > 2:
-            self._write(entry)
+            self.write(entry)
 
     def replace_message(self, entry_id: str, message: dict, meta: dict | None = None) -> dict:
         """Write the finished version of message ``entry_id`` (it keeps its place in the tree)."""
@@ -171,19 +171,21 @@ class Session:
                  "ts": round(time.time(), 3), "message": message}
         if meta:
             entry["meta"] = meta
-        self._write(entry)
+        self.write(entry)
         return self.messages[entry_id]
 
     def set_leaf(self, entry_id: str) -> None:
         if entry_id not in self.messages:
             raise NotFound(f"no message {entry_id!r} in this session")
-        self._write({"type": "leaf", "id": entry_id})
+        self.write({"type": "leaf", "id": entry_id})
 
     def update_settings(self, values: dict) -> None:
         if values:
-            self._write({"type": "settings", "values": values})
+            self.write({"type": "settings", "values": values})
 
-    def _write(self, entry: dict) -> None:
+    def write(self, entry: dict) -> None:
+        """Append ``entry`` to the session's file and apply it (a fork copies its
+        source's branch this way)."""
         if self.store is None:
             raise RuntimeError("a replayed session is read-only")
         self.store.append(self.path, entry)
@@ -260,7 +262,7 @@ class SessionStore:
         fork = self.create({"forkedFrom": str(source.path)})
         fork.update_settings(dict(source.settings))
         for entry in branch:
-            fork._write(dict(entry))
+            fork.write(dict(entry))
         return fork
 
     def delete(self, path) -> Path:

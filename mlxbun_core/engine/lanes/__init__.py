@@ -36,6 +36,10 @@ class Lane(Protocol):
     def waiting(self) -> int:
         """Jobs taken but not yet admitted."""
 
+    def jobs(self) -> list[GenerationJob]:
+        """Every job held, running or waiting, read without the worker thread (the
+        distributed watchdog ends them when that thread is stuck in a collective)."""
+
     @property
     def exclusive(self) -> bool:
         """Whether other lanes must pause while this one steps (a seeded request is

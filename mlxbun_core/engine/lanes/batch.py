@@ -181,6 +181,11 @@ class BatchLane(Results):
 
     exclusive = False
 
+    def jobs(self) -> list[GenerationJob]:
+        solo = self._solo.job
+        return [r.job for r in dict(self._rows).values()] + list(self._queue) + \
+            ([solo] if solo is not None else [])
+
     @property
     def alone(self) -> bool:
         """Whether a lone job is decoding outside the batch."""

@@ -89,6 +89,10 @@ class SerialLane:
     def waiting(self) -> int:
         return len(self._queue)
 
+    def jobs(self) -> list[GenerationJob]:
+        job = self._job
+        return ([job] if job is not None else []) + list(self._queue)
+
     @property
     def exclusive(self) -> bool:
         return self._job is not None and self._job.request.sampling.seed is not None

@@ -209,18 +209,19 @@ class MtpStream:
         logits, state = self.predictor.predict(self.hidden, after[None], self.head_cache)
         self.hidden = None
         if self.gated and not self.gate.hot:  # the free check: a guess, not sent
-            self._guess = self._sample_draft(logits)
+            self._guess = self.sample_draft(logits)
             return None
-        drafts = [self._sample_draft(logits)]
+        drafts = [self.sample_draft(logits)]
         for _ in range(self.n - 1):
             logits, state = self.predictor.predict(state[:, -1:], drafts[-1][None],
                                                    self.head_cache)
-            drafts.append(self._sample_draft(logits))
+            drafts.append(self.sample_draft(logits))
         if self.n > 1:  # chained rows rest on drafts: the next round rebuilds them
             cache_ops.trim(self.head_cache, self.n - 1)
         return mx.concatenate(drafts)
 
-    def _sample_draft(self, logits: mx.array) -> mx.array:
+    def sample_draft(self, logits: mx.array) -> mx.array:
+        """One draft token from the head's ``logits``, by the request's sampler."""
         import mlx.core as mx
 
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
@@ -365,7 +366,7 @@ class HeadDrafter:
             self.chained += 1
         self.seen = len(plan)
         assert self.logits is not None
-        return _ints(s._sample_draft(self.grammar.mask_guess(self.logits)))[0]
+        return _ints(s.sample_draft(self.grammar.mask_guess(self.logits)))[0]
 
     def close(self) -> None:
         """The pending states are read even where nothing was guessed; the chained
