@@ -11,7 +11,7 @@ refusal through it (:meth:`Handshake.deny`), and the access log reads what was a
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 Message = MutableMapping[str, Any]
@@ -69,7 +69,7 @@ def wrap(scope: Message, send: Send) -> Send:
     return handshake
 
 
-def of(scope: Message) -> Handshake | None:
+def of(scope: Mapping[str, object]) -> Handshake | None:
     """The :class:`Handshake` :func:`wrap` put in ``scope`` (None: not a WebSocket, or
     an app whose entry does not wrap)."""
     found = scope.get(SCOPE_KEY)
