@@ -57,6 +57,7 @@ from ..speculate import MTP
 from ..speculate.batch import BatchSpeculator
 from ..speculate.mtp_batch import MtpBatch
 from ..stages import tracing
+from .idle import IdleRelease
 from .pace import PrefillPacer
 from .pressure import memory_failure
 from .results import Results
@@ -73,7 +74,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mlxbun.engine")
 
 
-class BatchLane(Results):
+class BatchLane(Results, IdleRelease):
     name = "batched"
 
     def __init__(self, model: nn.Module, cap: int, prefix: PrefixCache | None = None,
@@ -117,6 +118,7 @@ class BatchLane(Results):
         # memory: the measured budget, preemption, waits and faults (pressure.py)
         self._init_relief(governor or Governor())
         self._solo.fault = self.governor.inject
+        self._init_idle()  # memory given back when idle (idle.py)
 
     # -- the Lane protocol ---------------------------------------------------------
     def accepts(self, job: GenerationJob) -> bool:
@@ -159,7 +161,7 @@ class BatchLane(Results):
         if b is None:
             return None
         per_block = b.layout.bytes_per_block()
-        return {**b.pool.stats(per_block), "swapped": 0,
+        return {**b.pool.stats(per_block), "swapped": 0, **self.released,
                 "bytes_per_token": per_block / b.pool.block_size,
                 "kv_quant": self.kv.flag, "direct_attention": b.direct}
 
@@ -187,6 +189,7 @@ class BatchLane(Results):
         return self._solo.job is not None
 
     def step(self) -> None:
+        self._worked()
         self._drop_cancelled()
         if self.governor.broken is not None:  # the device is lost: end what came since
             return self._broken(self.governor.broken)
@@ -216,6 +219,7 @@ class BatchLane(Results):
             return self._stepped(grow=True)
         batch = self._get_batch()
         self._limit(batch)
+        self._trim_if_short(batch)  # memory short: the pool's free top goes back (idle.py)
         plan = self.scheduler.plan([(u, len(batch.rows[u].todo) - 1) for u in batch.prefilling],
                                    len(batch.decoding))
         plan = self._fit_plan(batch, plan)  # its temporaries fit the room (stepfit.py)
