@@ -209,6 +209,8 @@ class BatchLane(Results, IdleRelease):
         self._admit()
         if not self._rows and not self.alone:
             return self._idle()
+        if self._batch is not None:  # memory short: the pool's free top goes back (idle.py)
+            self._trim_if_short(self._batch)
         lone = self._solo.job
         if lone is not None:
             if self.adapters is not None:  # the serial lane may have run another set meanwhile
@@ -219,7 +221,6 @@ class BatchLane(Results, IdleRelease):
             return self._stepped(grow=True)
         batch = self._get_batch()
         self._limit(batch)
-        self._trim_if_short(batch)  # memory short: the pool's free top goes back (idle.py)
         plan = self.scheduler.plan([(u, len(batch.rows[u].todo) - 1) for u in batch.prefilling],
                                    len(batch.decoding))
         plan = self._fit_plan(batch, plan)  # its temporaries fit the room (stepfit.py)
