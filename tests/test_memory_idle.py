@@ -14,6 +14,7 @@ import mlx.core as mx
 
 from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.memory import MemoryConfig, Reading
+from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import close, greedy, run_all, settled
 from tests.test_memory_pressure import checkpoint, equal_to, prompt_ids, reference
 
@@ -137,5 +138,33 @@ def test_a_busy_pool_short_of_memory_gives_its_free_top_back():
         after = blocks(e)
         assert after["pressure_trims"] == 1 and after["idle_releases"] == 0, after
         assert after["capacity"] <= 4 and after["bytes"] < grown["bytes"], after
+    finally:
+        close(e)
+
+
+def test_quantized_blocks_compact_and_decode_as_before():
+    """Under ``--kv-quant`` (quantized blocks: packed keys, scales and biases) the kept
+    entries move down with their storage: the same prompts after the release hit and
+    give the replies they gave before it."""
+    path = tiny_checkpoint("llama", seed=3, dtype="float32", config_overrides={"head_dim": 64})
+    e = Engine.load(str(path), progress=False, batch=8, kv_quant="4",
+                    prompt_cache_bytes=1 << 30, memory=MemoryConfig(margin_bytes=0))
+    e.worker.lanes[0].idle_release_s = 3600.0
+    try:
+        first = run_all(e, BODIES)
+        settled(e)
+        busy = blocks(e)
+        e.prefix.max_bytes = 40 * busy["bytes_per_block"]  # the next stores evict: holes
+        assert [r.content for r in run_all(e, BODIES)] == [r.content for r in first]
+        settled(e)
+        e.worker.lanes[0].idle_release_s = IDLE_S
+        e.worker.run_sync(lambda: None, timeout=60)  # (the worker reads the new delay)
+        idle = released(e)
+        consistent(e)
+        assert idle["kv_quant"] == "4" and 0 < idle["bytes"] < busy["bytes"], (busy, idle)
+        assert idle["capacity"] == idle["used"]
+        again = run_all(e, BODIES)
+        assert [r.content for r in again] == [r.content for r in first]
+        assert sum(r.finish.usage.cached_tokens for r in again) >= 16
     finally:
         close(e)
