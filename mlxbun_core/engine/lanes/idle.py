@@ -120,6 +120,7 @@ class IdleRelease:
         pool = batch.pool
         tables = self.prefix.block_tables(batch.layout) if self.prefix is not None else []
         held = collections.Counter(b for t in tables for b in t.blocks)
+        order: list[int] | None
         if all(pool.refs(b) == held[b] for b in range(1, pool.capacity)):
             order = pool.compact()
             moved = {old: new for new, old in enumerate(order)}
