@@ -41,6 +41,7 @@ from .prompt_tier import trimmable as trimmable  # (the lanes import it from her
 if TYPE_CHECKING:
     from ..kvstore.store import SsdStore
     from .batch.layout import Layout
+    from .batch.pool import BlockTable
 
 log = logging.getLogger("mlxbun.cache")
 
@@ -247,6 +248,13 @@ class PrefixCache(SsdTier):
         """Whether the entry at ``tokens`` is blocks of ``layout``'s pool."""
         value = self._entry(namespace, tokens).cache
         return isinstance(value, BlockEntry) and value.layout is layout
+
+    def block_tables(self, layout: Layout) -> list[BlockTable]:
+        """The tables of every block entry of ``layout``'s pool (renumbered when the
+        idle pool compacts: ``lanes/idle.py``)."""
+        with self._lock:
+            values = [self._entry(ns, t).cache for ns, t in self._index.stored()]
+        return [v.table for v in values if isinstance(v, BlockEntry) and v.layout is layout]
 
     def reclaim(self, layout: Layout, blocks: int) -> int:
         """Evict block entries of ``layout``'s pool, oldest first, until ``blocks`` are

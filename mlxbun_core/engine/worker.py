@@ -127,9 +127,11 @@ class ModelWorker:
         while True:
             busy = any(lane.active or lane.waiting for lane in self.lanes)
             try:
-                item = self._inbox.get(block=not busy)
+                item = self._inbox.get(block=not busy, timeout=None if busy else self._rest_in())
             except queue.Empty:
                 item = None
+                if not busy:
+                    self._rest()
             while item is not None:
                 if item is _STOP:
                     return self._shutdown()
@@ -143,6 +145,22 @@ class ModelWorker:
             for lane in lanes:
                 if lane.active or lane.waiting:
                     self._step(lane)
+
+    def _rest_in(self) -> float | None:
+        """Seconds until an idle lane gives memory back (``lanes/idle.py``; None: none
+        will, the worker waits for its next message)."""
+        due = [d for d in (_idle_in(lane) for lane in self.lanes) if d is not None]
+        return min(due, default=None)
+
+    def _rest(self) -> None:
+        """Idle lanes whose time has come give memory back (a failure is only logged)."""
+        for lane in self.lanes:
+            rest: Callable[[], Any] | None = getattr(lane, "rest", None)
+            if rest is not None and _idle_in(lane) == 0:
+                try:
+                    rest()
+                except Exception:
+                    log.exception("%s lane: giving memory back failed", lane.name)
 
     @staticmethod
     def _step(lane: Lane) -> None:
@@ -173,6 +191,12 @@ class ModelWorker:
     def _shutdown(self) -> None:
         for lane in self.lanes:
             lane.close()
+
+
+def _idle_in(lane: Lane) -> float | None:
+    """A lane's :meth:`~.lanes.idle.IdleRelease.idle_in` (None: it has none)."""
+    idle_in = getattr(lane, "idle_in", None)
+    return idle_in() if idle_in is not None else None
 
 
 def release_thread_mlx() -> None:

@@ -151,6 +151,17 @@ class Layout:
         if self.journal is not None:
             self.journal.add(("grow", self.name, capacity))
 
+    def keep(self, order: list[int]) -> None:
+        """Move the storage to a compacted or trimmed pool (``BlockPool.compact``/``trim``
+        returned ``order``), one layer at a time as :meth:`grow` does: each layer's old
+        arrays are let go before the next layer's new ones are made. Not journaled: the
+        lane gives memory back only where no other rank replays it."""
+        if self.journal is not None:
+            raise RuntimeError("moving the pool's blocks cannot be replayed by the other ranks")
+        for s in self.all_stores():
+            s.keep(order)
+            mx.eval(s.arrays())
+
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         for s in self.all_stores():
             s.copy_blocks(pairs)

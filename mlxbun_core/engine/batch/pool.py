@@ -61,6 +61,12 @@ class BlockPool:
     def used(self) -> int:
         return self.capacity - 1 - len(self._free)
 
+    def free_at_top(self, floor: int = 0) -> int:
+        """Free blocks above the highest held one and above block ``floor`` (what
+        :meth:`trim` gives back)."""
+        top = next((b for b in range(self.capacity - 1, 0, -1) if self._refs[b] > 0), 0)
+        return max(0, self.capacity - 1 - max(1, top, floor))
+
     @property
     def shared(self) -> int:
         """Blocks held by more than one table (or table and prefix cache)."""
@@ -89,6 +95,33 @@ class BlockPool:
         self._refs.extend([0] * (capacity - self.capacity))
         self._free = list(range(capacity - 1, self.capacity - 1, -1)) + self._free
         self.capacity = capacity
+
+    def compact(self) -> list[int]:
+        """Renumber the held blocks 1..n, in their order, and shrink the capacity to them
+        (an idle pool gives its storage back). The old id of each block kept, the trash
+        block first: the storage moves to match (``Layout.keep``) and every holder's
+        table is renumbered (:meth:`BlockTable.renumber`)."""
+        return self._keep([b for b in range(1, self.capacity) if self._refs[b] > 0])
+
+    def trim(self, floor: int = 0) -> list[int] | None:
+        """Drop the free blocks above the highest held one, keeping blocks up to
+        ``floor`` (nothing is renumbered): the old id of each block kept, as
+        :meth:`compact`'s; None when there is nothing to drop."""
+        drop = self.free_at_top(floor)
+        if not drop:
+            return None
+        return self._keep(list(range(1, self.capacity - drop)))
+
+    def _keep(self, held: list[int]) -> list[int]:
+        """Keep ``held`` (ascending) as blocks 1..n (at least one block beside the trash)."""
+        refs = [1] + [self._refs[b] for b in held]
+        order = [TRASH, *held]
+        if len(order) < 2:  # a pool keeps room for one block (an empty one: trash's copy)
+            order.append(TRASH)
+            refs.append(0)
+        self._refs, self.capacity = refs, len(order)
+        self._free = [b for b in range(self.capacity - 1, 0, -1) if refs[b] == 0]
+        return order
 
     def allocate(self, n: int) -> list[int]:
         """``n`` fresh blocks, each held once. Raises :class:`OutOfBlocks` when fewer
@@ -186,6 +219,10 @@ class BlockTable:
         self.pool.release(self.blocks)
         self.blocks = []
         self.length = 0
+
+    def renumber(self, moved: dict[int, int]) -> None:
+        """Follow a :meth:`BlockPool.compact`: each block's new id in ``moved``."""
+        self.blocks = [moved[b] for b in self.blocks]
 
     def slots(self, start: int, end: int) -> list[int]:
         """The storage slot of each position in ``[start, end)`` (they must be reserved)."""

@@ -28,7 +28,7 @@ import mlx.core as mx
 
 from ...kvquant import quantizable, rotatable_dims
 from ...kvquant.turbo import encode, restore
-from .storage import LayerStore, _gather
+from .storage import LayerStore, _gather, block_slots
 from .view import PagedLayer
 
 if TYPE_CHECKING:
@@ -74,6 +74,13 @@ class QuantizedStore:
         if extra > 0:
             self.parts = [mx.concatenate([a, mx.zeros((extra, *a.shape[1:]), a.dtype)])
                           for a in self.parts]
+
+    def keep(self, order: list[int]) -> None:
+        """Keep only the blocks ``order`` names (``LayerStore.keep``)."""
+        self.plain.keep(order)
+        if self.parts:
+            index = block_slots(order, self.pool.block_size)
+            self.parts = [mx.take(a, index, axis=0) for a in self.parts]
 
     def write(self, slots: mx.array, keys: mx.array | Triple,
               values: mx.array | Triple) -> None:

@@ -60,6 +60,16 @@ class LayerStore:
             self.values = mx.concatenate(
                 [self.values, mx.zeros((extra, *self.values.shape[1:]), self.values.dtype)])
 
+    def keep(self, order: list[int]) -> None:
+        """Keep only the blocks ``order`` names, block ``i`` now holding old block
+        ``order[i]`` (a compacted or trimmed pool, ``BlockPool.compact``): new, smaller
+        arrays, so the old ones go back to MLX once nothing reads them."""
+        if self.keys is None or self.values is None:
+            return
+        index = block_slots(order, self.pool.block_size)
+        self.keys = mx.take(self.keys, index, axis=0)
+        self.values = mx.take(self.values, index, axis=0)
+
     def write(self, slots: mx.array, keys: mx.array, values: mx.array) -> None:
         """Store ``keys``/``values`` (``(rows, heads, width, dim)``) at ``slots``
         (``(rows * width,)``, row-major)."""
@@ -92,6 +102,12 @@ class LayerStore:
         table = mx.array([blocks], dtype=mx.int32)
         k, v = self.gather(table)
         return mx.contiguous(k[:, :, :length]), mx.contiguous(v[:, :, :length])
+
+
+def block_slots(blocks: list[int], block_size: int) -> mx.array:
+    """The storage slots of ``blocks``, in order (every position of each)."""
+    ids = mx.array(blocks, dtype=mx.int32)
+    return (ids[:, None] * block_size + mx.arange(block_size, dtype=mx.int32)).reshape(-1)
 
 
 def _gather(store: mx.array, blocks: mx.array, block_size: int) -> mx.array:

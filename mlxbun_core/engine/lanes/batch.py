@@ -57,6 +57,7 @@ from ..speculate import MTP
 from ..speculate.batch import BatchSpeculator
 from ..speculate.mtp_batch import MtpBatch
 from ..stages import tracing
+from .idle import IdleRelease
 from .pace import PrefillPacer
 from .pressure import memory_failure
 from .results import Results
@@ -73,7 +74,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mlxbun.engine")
 
 
-class BatchLane(Results):
+class BatchLane(Results, IdleRelease):
     name = "batched"
 
     def __init__(self, model: nn.Module, cap: int, prefix: PrefixCache | None = None,
@@ -117,6 +118,7 @@ class BatchLane(Results):
         # memory: the measured budget, preemption, waits and faults (pressure.py)
         self._init_relief(governor or Governor())
         self._solo.fault = self.governor.inject
+        self._init_idle()  # memory given back when idle (idle.py)
 
     # -- the Lane protocol ---------------------------------------------------------
     def accepts(self, job: GenerationJob) -> bool:
@@ -159,7 +161,7 @@ class BatchLane(Results):
         if b is None:
             return None
         per_block = b.layout.bytes_per_block()
-        return {**b.pool.stats(per_block), "swapped": 0,
+        return {**b.pool.stats(per_block), "swapped": 0, **self.released,
                 "bytes_per_token": per_block / b.pool.block_size,
                 "kv_quant": self.kv.flag, "direct_attention": b.direct}
 
@@ -192,6 +194,7 @@ class BatchLane(Results):
         return self._solo.job is not None
 
     def step(self) -> None:
+        self._worked()
         self._drop_cancelled()
         if self.governor.broken is not None:  # the device is lost: end what came since
             return self._broken(self.governor.broken)
@@ -211,6 +214,8 @@ class BatchLane(Results):
         self._admit()
         if not self._rows and not self.alone:
             return self._idle()
+        if self._batch is not None:  # memory short: the pool's free top goes back (idle.py)
+            self._trim_if_short(self._batch)
         lone = self._solo.job
         if lone is not None:
             if self.adapters is not None:  # the serial lane may have run another set meanwhile
