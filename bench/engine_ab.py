@@ -55,7 +55,8 @@ def checkpoint(shape: str, bits: int = 0) -> str:
 BOOT_LOADS = ("import os; import mlxbun_core.engine.batch.flash as f; "
               "f.VECLOAD = os.environ.get('PAGED_VECLOAD', '1') != '0'; "
               "a.KERNEL = os.environ.get('PAGED_KERNEL', a.KERNEL); "
-              "a.MODE = os.environ.get('PAGED_MODE', a.MODE); ")
+              "a.MODE = os.environ.get('PAGED_MODE', a.MODE); "
+              f"import sys; sys.path.insert(0, {HERE!r}); import mem_log; mem_log.start(); ")
 
 
 def arm_command(arm: str, args, ckpt: str, port: int) -> list:

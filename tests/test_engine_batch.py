@@ -259,6 +259,20 @@ def test_a_model_that_reshapes_its_keys_is_kept_off_direct_attention(monkeypatch
     assert not direct.probe(b) and not b.direct
 
 
+def test_the_probe_keeps_a_wrong_read_off_and_lets_bf16_rounding_in(monkeypatch):
+    """The probe's bound is relative to the logits' spread: a direct path that attends
+    the wrong row's positions is kept off, while the same tiny model in bfloat16, whose
+    two summation orders round apart, is let in."""
+    monkeypatch.setattr(attention, "MODE", "reference")
+    real = attention.paged_reference
+    monkeypatch.setattr(attention, "paged_reference",  # every row reads the next row's
+                        lambda q, *a, **k: mx.roll(real(q, *a, **k), 1, axis=0))
+    assert not direct.probe(batch_of(model_of("llama")))
+    monkeypatch.setattr(attention, "paged_reference", real)
+    half = load(str(tiny_checkpoint("llama", seed=3, dtype="bfloat16", **FAMILIES["llama"])))[0]
+    assert direct.probe(batch_of(half))
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3_5"])
 def test_the_prefix_cache_keeps_rows_blocks_and_serves_them_back(family):
     """Rows that end leave their blocks in the prefix cache (no copy); later rows that

@@ -129,10 +129,12 @@ def parse_vm_stat(text: str) -> int | None:
     return pages * page if seen else None
 
 
-def cuda_reading(info: Mapping[str, Any], cached: int, active: int, limit: int) -> Reading:
-    """CUDA: the device's free memory (every process's use seen) and MLX's cache, never
-    more than MLX's own limit less what it holds; without ``free_memory`` (an older MLX),
-    that limit alone.
+def cuda_reading(info: Mapping[str, Any], cached: int, active: int, limit: int,
+                 slack: int = 0) -> Reading:
+    """CUDA: the device's free memory (every process's use seen), MLX's cache and the
+    ``slack`` the driver's memory pool keeps for us (``cuda_pool.py``), never more than
+    MLX's own limit less what it holds; without ``free_memory`` (an older MLX), that
+    limit alone.
 
     The ceiling matters twice. Past its limit MLX's allocator does not fail: it empties
     its cache on every allocation and then takes managed memory that oversubscribes the
@@ -144,7 +146,7 @@ def cuda_reading(info: Mapping[str, Any], cached: int, active: int, limit: int) 
     ceiling = max(0, limit - active) if limit > 0 else None
     if free is None:
         return Reading(ceiling or 0, total, "MLX memory limit (no free-memory reading)")
-    room = int(free) + cached
+    room = int(free) + cached + slack
     if ceiling is not None and ceiling < room:
         return Reading(ceiling, total, "CUDA free memory, within MLX's memory limit")
     return Reading(room, total, "CUDA free memory")
@@ -171,13 +173,22 @@ def measure() -> Reading:
     if mx.default_device() == mx.gpu:
         cuda = getattr(mx, "cuda", None)
         if cuda is not None and cuda.is_available():
-            return cuda_reading(info, cached, active, int(mx.get_memory_limit()))
+            from .cuda_pool import pool_slack
+
+            return cuda_reading(info, cached, active, int(mx.get_memory_limit()),
+                                pool_slack() or 0)
         return metal_reading(info, cached, active, _system_free())
     free = _system_free()
     total = _ram()
     if free is None:  # no reading: what MLX would allow
         return Reading(max(0, int(mx.get_memory_limit()) - active), total, "MLX memory limit")
     return Reading(free + cached, total, "system available memory")
+
+
+def _clear_cache() -> None:
+    import mlx.core as mx
+
+    mx.clear_cache()
 
 
 def _system_free() -> int | None:
@@ -210,7 +221,9 @@ class Governor:
                  clock: Callable[[], float] = time.monotonic):
         self.config = config or MemoryConfig()
         self.probe = probe or measure  # how free memory is read (tests hand in theirs)
+        self.give_back: Callable[[], None] = _clear_cache  # MLX's cache to the device
         self._clock = clock
+        self._gave_back_at = -math.inf
         self.reading: Reading | None = None
         self._read_at = -math.inf
         # bytes the engine itself holds now (its KV pool; the lane sets it): what it
@@ -227,7 +240,7 @@ class Governor:
         self._ends: collections.deque[float] = collections.deque(maxlen=16)
         self.counts = {"preemptions": 0, "retries": 0, "refused": 0, "out_of_memory": 0,
                        "out_of_blocks": 0, "injected": 0, "device_faults": 0,
-                       "steps_trimmed": 0, "steps_over_room": 0}
+                       "steps_trimmed": 0, "steps_over_room": 0, "cache_given_back": 0}
         # a step's temporaries beside the pool (lanes/stepfit.py): the room the pool's
         # growth keeps, the last planned step's estimate and room, the largest estimate
         self.step = {"reserve_bytes": 0, "bytes": 0, "room_bytes": 0, "peak_bytes": 0}
@@ -255,6 +268,27 @@ class Governor:
             self._held_at_read = self.held()
         grown = max(0, self.held() - self._held_at_read)
         return max(0, self.reading.available - self.margin - grown)
+
+    def room(self, want: int) -> int:
+        """:meth:`available`; when that is less than ``want``, MLX's cache goes back to
+        the device first and memory is read again (:meth:`reclaim`), so nothing is
+        preempted, trimmed or kept waiting for memory only MLX's allocator was keeping:
+        its cache, and on CUDA what the driver's pool holds of buffers freed without a
+        sync."""
+        got = self.available()
+        return self.available() if got < want and self.reclaim() else got
+
+    def reclaim(self) -> bool:
+        """MLX's cache back to the device and a fresh reading (False: done less than a
+        second ago, nothing changed)."""
+        now = self._clock()
+        if now - self._gave_back_at < MEASURE_EVERY_S:
+            return False
+        self._gave_back_at = now
+        self.give_back()
+        self.counts["cache_given_back"] += 1
+        self.available(fresh=True)
+        return True
 
     def pool_limit(self, planned: int, capacity: int, bytes_per_block: int,
                    fresh: bool = False, reserve: int = 0, freed: int = 0) -> int:

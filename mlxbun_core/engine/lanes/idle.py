@@ -142,7 +142,7 @@ class IdleRelease:
         per_block = batch.layout.bytes_per_block()
         top = pool.free_at_top(pool.used + self._outstanding())
         if not per_block or top * TRIM_SHARE < pool.capacity \
-                or self.governor.available() >= top * per_block:
+                or self.governor.room(top * per_block) >= top * per_block:
             return
         self._trimmed_at = now
         before = batch.layout.nbytes

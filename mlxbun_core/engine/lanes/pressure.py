@@ -148,11 +148,14 @@ class Relief(StepFit):
         need = -(-tokens // BLOCK_SIZE) + self._outstanding()
         batch = self._batch
         if batch is None:
-            return need * per_block + self._step_reserve(tokens) <= self.governor.available()
+            want = need * per_block + self._step_reserve(tokens)
+            return want <= self.governor.room(want)
         if not self._decode_fits(tokens):
             return False
         self._limit(batch, tokens=tokens)
         pool = batch.pool
+        if pool.room < need and self.governor.reclaim():  # MLX's cache back first
+            self._limit(batch, tokens=tokens)
         if pool.room < need and self.prefix is not None:
             self._reclaim(need - (pool.limit - pool.capacity))
         return pool.room >= need

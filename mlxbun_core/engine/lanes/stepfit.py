@@ -91,7 +91,8 @@ class StepFit:
         starts = [r.table.length + len(r.todo) for r in batch.rows.values()]
         rows = len(starts) + 1
         keys = keys_of([*starts, tokens], 1, batch.pool.block_size)
-        return cost.bytes(rows, 1, keys, True, not batch.direct) <= self.governor.available()
+        need = cost.bytes(rows, 1, keys, True, not batch.direct)
+        return need <= self.governor.room(need)
 
     def _growth_bytes(self, batch: Batch, plan: StepPlan) -> int:
         """Bytes the pool's storage grows by when ``plan`` runs (the executor's
@@ -114,8 +115,9 @@ class StepFit:
         if cost is None:
             return plan
         gov = self.governor
-        room = gov.available() - self._growth_bytes(batch, plan)
         decode = decode_bytes(cost, batch) if plan.decode else 0
+        growth = self._growth_bytes(batch, plan)
+        room = gov.room(decode + growth) - growth
         preempted = 0
         while decode > room and len(batch.decoding) > 1:
             young = [max(batch.decoding)]
@@ -125,8 +127,7 @@ class StepFit:
         if preempted:
             log.warning("a decode step needs %s, %s is free beside the pool's growth of %s: "
                         "preempted %d rows, recomputed when memory allows", _mib(decode),
-                        _mib(room + self._growth_bytes(batch, plan)),
-                        _mib(self._growth_bytes(batch, plan)), preempted)
+                        _mib(room + growth), _mib(growth), preempted)
         chunks = {u: n for u, n in plan.prefill.items() if u in batch.rows}
         fitted = fit_chunks(cost, batch, chunks, room, PREFILL_FLOOR) if chunks else {}
         estimate = max(decode, prefill_bytes(cost, batch, fitted))
