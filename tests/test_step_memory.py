@@ -165,7 +165,7 @@ def _cuda_like(unseen: bool = False):
     gov = e.memory
     mx.clear_cache()
     device = mx.get_active_memory() + 4 * live  # the weights (all MLX holds now) and the room
-    kept = [3 * live if unseen else 0]  # held unseen by the allocator until given back
+    kept = [int(3.5 * live) if unseen else 0]  # held unseen by the allocator till given back
 
     def give_back() -> None:
         mx.clear_cache()
