@@ -255,12 +255,11 @@ def _splitk_attention(q: mx.array, store: LayerStore, view: Window, window: int 
             name="mlxbun_paged_attention",
             input_names=["q", "k", "v", "blocks", "starts", "params", "scale"],
             output_names=["acc_out", "m_out", "l_out"], source=_SOURCE)
-    params = mx.array([width, view.blocks.shape[1], window or 0, hkv, splits, CHUNK],
-                      dtype=mx.int32)
+    consts = flash.consts_of(view, (width, view.blocks.shape[1], window or 0, hkv, splits,
+                                    CHUNK), scale)
     part = (rows, heads, width, splits)
     acc, m, total = kernel(
-        inputs=[q.astype(keys.dtype), keys, values, view.blocks, view.offset, params,
-                mx.array([scale], dtype=mx.float32)],
+        inputs=[q.astype(keys.dtype), keys, values, view.blocks, view.offset, *consts],
         template=[("T", keys.dtype), ("D", dim), ("R", rep),
                   ("BS", store.pool.block_size), ("WARPS", warps)],
         grid=(rows * hkv * width * splits * warps * 32, 1, 1), threadgroup=(warps * 32, 1, 1),

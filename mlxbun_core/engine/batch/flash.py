@@ -215,7 +215,7 @@ def flash_attention(q: mx.array, store: LayerStore, view: Window, window: int | 
     tile = tile_for(dim, keys.dtype.size, rep)
     splits, chunk = splits_for(rows, hkv, width, int(view.starts.max()) + width, tile)
     single = splits == 1
-    consts = _consts(view, (width, view.blocks.shape[1], window or 0, hkv, splits, chunk),
+    consts = consts_of(view, (width, view.blocks.shape[1], window or 0, hkv, splits, chunk),
                      scale)
     part = (rows, heads, width, splits)
     outs = _kernel(keys.dtype, single)(
@@ -233,7 +233,7 @@ def flash_attention(q: mx.array, store: LayerStore, view: Window, window: int | 
     return combine(*outs).astype(q.dtype)
 
 
-def _consts(view: Window, params: tuple[int, ...], scale: float) -> list[mx.array]:
+def consts_of(view: Window, params: tuple[int, ...], scale: float) -> list[mx.array]:
     """The kernel's parameter and scale arrays, made once per pass and reused by every
     layer that asks for the same ones (not a host-to-device copy per layer)."""
     memo = view.kernel_consts
