@@ -191,3 +191,40 @@ def test_the_pool_limit_keeps_the_step_reserve_and_counts_its_own_growth():
     assert (stats["step_bytes"], stats["step_room_bytes"], stats["step_peak_bytes"]) == \
         (3000, 4000, 5000)
     assert (stats["steps_trimmed"], stats["steps_over_room"]) == (1, 1)
+
+
+def test_memory_the_cuda_pool_keeps_counts_and_no_driver_reads_none():
+    """What the CUDA driver's pool holds reserved for us but unused is room (MLX's next
+    allocation reuses it), within MLX's limit; without a CUDA driver it reads None."""
+    info = {"free_memory": 1 << 30, "total_memory": 80 << 30}
+    got = cuda_reading(info, cached=1 << 30, active=20 << 30, limit=64 << 30, slack=30 << 30)
+    assert got.available == 32 << 30
+    capped = cuda_reading(info, cached=0, active=40 << 30, limit=64 << 30, slack=30 << 30)
+    assert capped.available == 24 << 30
+    import ctypes.util
+
+    from mlxbun_core.engine.cuda_pool import pool_slack
+    slack = pool_slack()
+    assert slack is None if ctypes.util.find_library("cuda") is None else slack >= 0
+
+
+def test_room_gives_mlx_cache_back_and_reads_again_once_a_second():
+    """Short of what a step wants, the governor gives MLX's cache back and reads again
+    before anyone preempts; not more than once a second; enough room asks for nothing."""
+    meter = Meter(10 << 30)
+    gov = Governor(MemoryConfig(margin_bytes=0), probe=meter.probe, clock=meter.clock)
+    given = []
+
+    def give_back() -> None:
+        given.append(meter.now)
+        meter.available = 20 << 30  # what the cache held is free again
+    gov.give_back = give_back
+    assert gov.room(5 << 30) == 10 << 30 and not given
+    assert gov.room(15 << 30) == 20 << 30 and given == [100.0]
+    meter.available = 1 << 30
+    meter.now += 0.5
+    gov.available(fresh=True)
+    assert gov.room(15 << 30) == 1 << 30 and len(given) == 1  # within the second: no
+    meter.now += 1.0
+    assert gov.room(15 << 30) == 20 << 30 and len(given) == 2
+    assert gov.stats()["cache_given_back"] == 2
