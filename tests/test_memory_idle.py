@@ -3,7 +3,12 @@ no row and no queue for its idle delay (shortened here), the block pool's storag
 shrinks to the blocks the prefix cache still holds, renumbered to the lowest ids, and
 MLX's buffer cache is emptied; the next requests decode as mlx-lm's own greedy loop
 does and the prefix cache's entries still hit. Under pressure while rows run, the
-pool's free blocks at its top go back too."""
+pool's free blocks at its top go back too.
+
+Nothing here rests on timing: each load is stepped by hand with fixed prefill chunks
+(the same rows, blocks and entries every run), the lane's idle delay stays long until
+the test has read the pool it left, and the pool's holes are made by evicting the
+oldest entries explicitly."""
 
 from __future__ import annotations
 
@@ -13,21 +18,49 @@ import time
 import mlx.core as mx
 
 from mlxbun_core.engine.core import Engine
+from mlxbun_core.engine.lanes.pace import FixedChunk
 from mlxbun_core.engine.memory import MemoryConfig, Reading
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
-from mlxbun_core.testing.engine import close, greedy, run_all, settled
+from mlxbun_core.testing.engine import close, greedy, lane_replies, pace, run_all, token_ids
 from tests.test_memory_pressure import checkpoint, equal_to, prompt_ids, reference
 
 IDLE_S = 0.2
+NEVER_S = 3600.0  # the idle delay while a test still reads the pool a load left
 BODIES = [greedy(" ".join(str((i * 7 + j) % 50) for j in range(60 + 25 * i)), 24)
           for i in range(6)]
 
 
-def load(prefix_bytes: int = 0) -> Engine:
-    e = Engine.load(str(checkpoint("llama")), progress=False, batch=8,
-                    prompt_cache_bytes=prefix_bytes, memory=MemoryConfig(margin_bytes=0))
-    e.worker.lanes[0].idle_release_s = IDLE_S
+def load(path=None, **kw) -> Engine:
+    """An engine on ``path`` (the tiny llama) whose lane never rests until :func:`idle`
+    shortens its delay, prefilling fixed chunks (no measured pacing)."""
+    e = Engine.load(str(path or checkpoint("llama")), progress=False, batch=8,
+                    memory=MemoryConfig(margin_bytes=0), **{"prompt_cache_bytes": 0, **kw})
+    e.worker.lanes[0].idle_release_s = NEVER_S
+    pace(e, FixedChunk(64))
     return e
+
+
+def together(e: Engine, bodies: list[dict]) -> list:
+    """``bodies`` run as one batch, stepped by hand on the worker (every body queued
+    before the first step): the same schedule, block ids and prefix entries every run."""
+    return lane_replies(e, bodies, [0] * len(bodies))
+
+
+def idle(e: Engine, seconds: float = IDLE_S) -> None:
+    """Set the lane's idle delay on the worker (its wait for the next message is then
+    measured from the new delay)."""
+    lane = e.worker.lanes[0]
+    e.worker.run_sync(lambda: setattr(lane, "idle_release_s", seconds), timeout=60)
+
+
+def evict_oldest(e: Engine, entries: int) -> None:
+    """Evict the prefix cache's ``entries`` oldest block entries (the pool's public
+    reclaim: one more free block each time takes exactly the oldest one)."""
+    def run() -> None:
+        layout = e.worker.lanes[0]._batch.layout
+        for _ in range(entries):
+            assert e.prefix.reclaim(layout, layout.pool.free + 1) == 1
+    e.worker.run_sync(run, timeout=60)
 
 
 def blocks(e: Engine) -> dict:
@@ -66,15 +99,16 @@ def test_an_idle_pool_and_mlx_cache_give_their_memory_back():
     e = load()
     try:
         want = reference(path, prompt_ids(e, BODIES), 24)
-        equal_to(run_all(e, BODIES), want)
-        settled(e)
+        equal_to(together(e, BODIES), want)
         busy = blocks(e)
         assert busy["bytes"] >= 20 * busy["bytes_per_block"] and mx.get_cache_memory() > 0
+        assert busy["idle_releases"] == 0, busy
         t0 = time.monotonic()
-        idle = released(e)
+        idle(e)
+        got = released(e)
         assert time.monotonic() - t0 < IDLE_S + 5
-        assert idle["bytes"] == idle["bytes_per_block"] and idle["used"] == 0, idle
-        assert idle["released_bytes"] == busy["bytes"] - idle["bytes"]
+        assert got["bytes"] == got["bytes_per_block"] and got["used"] == 0, got
+        assert got["released_bytes"] == busy["bytes"] - got["bytes"]
         assert mx.get_cache_memory() == 0
         time.sleep(3 * IDLE_S)
         assert blocks(e)["idle_releases"] == 1  # once per idle spell
@@ -85,23 +119,22 @@ def test_an_idle_pool_and_mlx_cache_give_their_memory_back():
 
 
 def test_prefix_entries_survive_the_release_and_still_hit():
-    """A prefix cache small enough to evict some of a load's entries leaves their blocks
-    as holes under the kept ones: the release renumbers the kept blocks to the lowest
-    ids and cuts the storage to them; the same prompts then hit and decode as a cold
-    mlx-lm run."""
+    """The prefix cache's oldest entries evicted leave their blocks as holes under the
+    kept ones: the release renumbers the kept blocks to the lowest ids and cuts the
+    storage to them; the same prompts then hit and decode as a cold mlx-lm run."""
     path = checkpoint("llama")
-    e = load(prefix_bytes=1 << 30)
-    per_block = 16 * int(e.admission.layout.bytes_per_token)
-    e.prefix.max_bytes = 40 * per_block  # (the pool's limit came from the cap: none here)
+    e = load(prompt_cache_bytes=1 << 30)
     try:
         want = reference(path, prompt_ids(e, BODIES), 24)
-        equal_to(run_all(e, BODIES), want)
-        settled(e)
+        equal_to(together(e, BODIES), want)
+        evict_oldest(e, 2)
         before = e.worker.run_sync(lambda: _held_ids(e), timeout=60)
-        assert before and max(before) > len(before), "the test needs holes in the pool"
-        idle = released(e)
+        assert before and max(before) > len(before), f"the test needs holes: {before}"
+        assert blocks(e)["idle_releases"] == 0
+        idle(e)
+        got = released(e)
         consistent(e)
-        assert idle["capacity"] == idle["used"] == len(before), idle
+        assert got["capacity"] == got["used"] == len(before), got
         assert e.worker.run_sync(lambda: _held_ids(e), timeout=60) == \
             list(range(1, len(before) + 1))
         hits = e.prefix.stats()["hits"]
@@ -123,12 +156,9 @@ def test_a_busy_pool_short_of_memory_gives_its_free_top_back():
     one request runs: the free blocks above what it takes go back; its reply is still
     mlx-lm's, and the pool holds nothing after."""
     path = checkpoint("llama")
-    e = load()
-    lane = e.worker.lanes[0]
-    lane.idle_release_s = 3600.0  # (no idle release here)
+    e = load()  # (its idle delay stays long: no idle release here)
     try:
-        equal_to(run_all(e, BODIES), reference(path, prompt_ids(e, BODIES), 24))
-        settled(e)
+        equal_to(together(e, BODIES), reference(path, prompt_ids(e, BODIES), 24))
         grown = blocks(e)
         assert grown["capacity"] >= 40, grown
         e.memory.probe = lambda: Reading(4 * grown["bytes_per_block"], 0, "test")
@@ -144,27 +174,46 @@ def test_a_busy_pool_short_of_memory_gives_its_free_top_back():
 
 def test_quantized_blocks_compact_and_decode_as_before():
     """Under ``--kv-quant`` (quantized blocks: packed keys, scales and biases) the kept
-    entries move down with their storage: the same prompts after the release hit and
-    give the replies they gave before it."""
+    entries move down with their storage: each holds the same bytes after the release,
+    and the same prompts then hit and decode token for token as on a twin engine that
+    ran the same schedule without a release (quantized tokens depend on prefill chunking,
+    so the twin, not mlx-lm's loop, is the reference)."""
     path = tiny_checkpoint("llama", seed=3, dtype="float32", config_overrides={"head_dim": 64})
-    e = Engine.load(str(path), progress=False, batch=8, kv_quant="4",
-                    prompt_cache_bytes=1 << 30, memory=MemoryConfig(margin_bytes=0))
-    e.worker.lanes[0].idle_release_s = 3600.0
+    e, twin = (load(path, kv_quant="4", prompt_cache_bytes=1 << 30) for _ in range(2))
     try:
-        first = run_all(e, BODIES)
-        settled(e)
+        for engine in (e, twin):
+            together(engine, BODIES)
+            evict_oldest(engine, 2)
         busy = blocks(e)
-        e.prefix.max_bytes = 40 * busy["bytes_per_block"]  # the next stores evict: holes
-        assert [r.content for r in run_all(e, BODIES)] == [r.content for r in first]
-        settled(e)
-        e.worker.lanes[0].idle_release_s = IDLE_S
-        e.worker.run_sync(lambda: None, timeout=60)  # (the worker reads the new delay)
-        idle = released(e)
+        before = e.worker.run_sync(lambda: _held_ids(e), timeout=60)
+        assert before and max(before) > len(before), f"the test needs holes: {before}"
+        kept = _stored(e)
+        assert kept and all(kept.values()), "the entries hold no KV"
+        idle(e)
+        got = released(e)
         consistent(e)
-        assert idle["kv_quant"] == "4" and 0 < idle["bytes"] < busy["bytes"], (busy, idle)
-        assert idle["capacity"] == idle["used"]
-        again = run_all(e, BODIES)
-        assert [r.content for r in again] == [r.content for r in first]
-        assert sum(r.finish.usage.cached_tokens for r in again) >= 16
+        assert got["kv_quant"] == "4" and 0 < got["bytes"] < busy["bytes"], (busy, got)
+        assert got["capacity"] == got["used"] == len(before), got
+        assert _stored(e) == kept
+        again, want = together(e, BODIES), together(twin, BODIES)
+        assert blocks(twin)["idle_releases"] == 0
+        assert [token_ids(r) for r in again] == [token_ids(r) for r in want]
+        cached = [r.finish.usage.cached_tokens for r in again]
+        assert cached == [r.finish.usage.cached_tokens for r in want] and sum(cached) >= 16
     finally:
-        close(e)
+        close(e, twin)
+
+
+def _stored(e: Engine) -> dict:
+    """Every prefix entry's KV as bytes, by its tokens (read on the worker)."""
+    def read() -> dict:
+        return {tuple(tokens): [bytes(memoryview(a)) for c in caches for a in _arrays(c.state)]
+                for _, tokens, caches in e.prefix.entries()}
+    out: dict = e.worker.run_sync(read, timeout=60)
+    return out
+
+
+def _arrays(state) -> list:
+    if isinstance(state, (list, tuple)):
+        return [a for s in state for a in _arrays(s)]
+    return [state] if isinstance(state, mx.array) else []

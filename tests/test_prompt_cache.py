@@ -124,6 +124,31 @@ def test_byte_cap_evicts_the_oldest_entry():
     assert cache.lookup("other", [1, 2, 3, 4, 9]) == (None, 0)  # namespaces never mix
 
 
+def test_an_entry_bigger_than_the_cap_leaves_the_others_alone():
+    """An entry bigger than the whole cap is not kept, and storing it evicts nothing
+    (before, every other entry went first, then it too: the cache ended empty)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    def entry(n):
+        c = KVCache()
+        c.update_and_fetch(mx.zeros((1, 2, n, 8)), mx.zeros((1, 2, n, 8)))
+        return [c]
+
+    one = entry(4)[0].nbytes  # 256 positions
+    cache = PrefixCache(max_bytes=2 * one)
+    cache.store("ns", [1, 2, 3, 4], entry(4))
+    cache.store("ns", [5, 6, 7, 8], entry(4))
+    big = list(range(100, 700))
+    cache.store("ns", big, entry(len(big)))  # 768 positions: three times one
+    stats = cache.stats()
+    assert stats["entries"] == 2 and stats["bytes"] == 2 * one, stats
+    assert cache.lookup("ns", [1, 2, 3, 4, 9])[1] == 4
+    assert cache.lookup("ns", [5, 6, 7, 8, 9])[1] == 4
+    assert cache.lookup("ns", big + [1]) == (None, 0)
+    assert stats["evicted"] == {"too_big": 1}, stats
+
+
 def test_a_short_shared_head_is_not_a_hit():
     """Two conversations sharing only a template header: the second starts cold rather
     than copying (and searching) the first one's whole entry for a few tokens; a long

@@ -56,7 +56,7 @@ class Ghost:
 
     namespace: Hashable
     tokens: np.ndarray  # int32
-    by: str  # "lru", "pressure", "demoted", "cleared", "reset"
+    by: str  # "lru", "pressure", "demoted", "cleared", "reset", "too_big" (never kept)
     when: float  # time.time()
 
 

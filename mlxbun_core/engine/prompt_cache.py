@@ -216,8 +216,15 @@ class PrefixCache(SsdTier):
 
     def _insert(self, namespace: Hashable, tokens: list[int], cache: list[Any] | BlockEntry,
                 cache_type: str, durable: bool) -> None:
+        entry = RamEntry(cache, cache_type, durable, self.clock())
+        if _nbytes(cache) > self.max_bytes:  # it would evict every other entry, then itself
+            with self._lock:
+                self.explainer.evictions.add(namespace, tokens, "too_big")
+            if self.tier is not None:
+                self._persist(namespace, tokens, entry, urgent=True)
+            release(entry)
+            return
         with self._lock:
-            entry = RamEntry(cache, cache_type, durable, self.clock())
             removed = self._index.add(namespace, tokens,
                                       Entry(entry, _nbytes(cache), cache_type),
                                       drop_prefixes=_trimmable(cache), keep=self._pinned)
