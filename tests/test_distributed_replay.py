@@ -327,7 +327,8 @@ def test_rows_preempted_for_blocks_keep_the_followers_in_step(family, recording)
     row's recurrent state leaves the follower's merged states through the journaled
     ``filter``, and the recompute is ordinary passes. Every pass's logits equal rank 0's,
     the follower's pool ends equal, and the tokens equal a plain engine's."""
-    from mlxbun_core.engine.memory import MemoryConfig, Reading
+    from mlxbun_core.engine.memory import MemoryConfig
+    from mlxbun_core.engine.readings import Reading
 
     engine, channel, follower = _pair(family, memory=MemoryConfig(margin_bytes=0))
     lane = engine.worker.lanes[0]

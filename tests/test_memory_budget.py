@@ -7,14 +7,11 @@ from __future__ import annotations
 import pytest
 
 from mlxbun_core.engine.batch import BlockPool
-from mlxbun_core.engine.memory import (
-    DEVICE,
-    OOM,
-    Governor,
-    MemoryConfig,
+from mlxbun_core.engine.memory import DEVICE, OOM, Governor, MemoryConfig, classify
+from mlxbun_core.engine.readings import (
     Reading,
-    classify,
     cuda_reading,
+    follow_limit,
     measure,
     metal_reading,
     parse_meminfo,
@@ -228,3 +225,16 @@ def test_room_gives_mlx_cache_back_and_reads_again_once_a_second():
     meter.now += 1.0
     assert gov.room(15 << 30) == 20 << 30 and len(given) == 2
     assert gov.stats()["cache_given_back"] == 2
+
+
+def test_mlx_limit_follows_the_device_and_never_passes_where_it_started():
+    """On CUDA, MLX's memory limit is what it holds plus what the reading leaves it, so
+    its allocator drops cached buffers before the driver fails; never past the limit it
+    started with, never below what it holds."""
+    alone = cuda_reading({"free_memory": 52 << 30, "total_memory": 80 << 30}, cached=5 << 30,
+                         active=20 << 30, limit=76 << 30)
+    assert follow_limit(alone, 20 << 30, 76 << 30) == 76 << 30  # the device to itself
+    crowded = cuda_reading({"free_memory": 1 << 30, "total_memory": 80 << 30},
+                           cached=6 << 30, active=20 << 30, limit=76 << 30)
+    assert follow_limit(crowded, 20 << 30, 76 << 30) == 27 << 30
+    assert follow_limit(Reading(0, 0, "test"), 20 << 30, 76 << 30) == 20 << 30

@@ -15,7 +15,8 @@ import httpx
 import openai
 import pytest
 
-from mlxbun_core.engine.memory import MemoryConfig, Reading
+from mlxbun_core.engine.memory import MemoryConfig
+from mlxbun_core.engine.readings import Reading
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import _blocks_left
 from mlxbun_core.testing.server import start_server

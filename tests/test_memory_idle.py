@@ -19,7 +19,8 @@ import mlx.core as mx
 
 from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.lanes.pace import FixedChunk
-from mlxbun_core.engine.memory import MemoryConfig, Reading
+from mlxbun_core.engine.memory import MemoryConfig
+from mlxbun_core.engine.readings import Reading
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import close, greedy, lane_replies, pace, run_all, token_ids
 from tests.test_memory_pressure import checkpoint, equal_to, prompt_ids, reference

@@ -20,7 +20,8 @@ from mlx_lm.models.cache import RotatingKVCache
 
 from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.lanes.pace import FixedChunk
-from mlxbun_core.engine.memory import MemoryConfig, Reading
+from mlxbun_core.engine.memory import MemoryConfig
+from mlxbun_core.engine.readings import Reading
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import close, greedy, run_all, token_ids
 

@@ -19,7 +19,8 @@ from mlx_lm import load
 from mlx_lm.generate import generate_step
 
 from mlxbun_core.engine.core import Engine
-from mlxbun_core.engine.memory import DEVICE_FAULT, MEMORY_PRESSURE, MemoryConfig, Reading
+from mlxbun_core.engine.memory import DEVICE_FAULT, MEMORY_PRESSURE, MemoryConfig
+from mlxbun_core.engine.readings import Reading
 from mlxbun_core.engine.reply import gather
 from mlxbun_core.errors import Overloaded
 from mlxbun_core.events import Done

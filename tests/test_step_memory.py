@@ -21,7 +21,8 @@ from mlxbun_core.engine.batch.transient import (
     prefill_bytes,
 )
 from mlxbun_core.engine.core import Engine
-from mlxbun_core.engine.memory import INJECTED_OOM, MemoryConfig, Reading, cuda_reading
+from mlxbun_core.engine.memory import INJECTED_OOM, MemoryConfig
+from mlxbun_core.engine.readings import Reading, cuda_reading
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import close, greedy, lane_replies, run_all
 from tests.test_memory_pressure import FAMILIES, checkpoint, engine, equal_to, prompt_ids, reference
@@ -144,7 +145,7 @@ def test_memory_the_allocator_keeps_unseen_is_given_back_before_rows_are_preempt
 
 def _cuda_like(unseen: bool = False):
     """A CUDA-like device on this CPU: ``T`` bytes, the weights in them, and MLX's real
-    active and cached memory, read as ``memory.cuda_reading`` reads a GPU (its free memory,
+    active and cached memory, read as ``readings.cuda_reading`` reads a GPU (its free memory,
     never below zero, plus MLX's cache, MLX's memory limit ``T``). The room is ~4x what 32
     live rows take, the prefix cache's cap ~2x. 8 rows run, then 32 arrive at once.
     MLX's cache (freed temporaries and the pool's old storage, up to 32 MiB on the CPU)

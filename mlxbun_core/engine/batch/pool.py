@@ -103,7 +103,7 @@ class BlockPool:
         table is renumbered (:meth:`BlockTable.renumber`)."""
         return self._keep([b for b in range(1, self.capacity) if self._refs[b] > 0])
 
-    def trim(self, floor: int = 0) -> list[int] | None:
+    def cut_top(self, floor: int = 0) -> list[int] | None:
         """Drop the free blocks above the highest held one, keeping blocks up to
         ``floor`` (nothing is renumbered): the old id of each block kept, as
         :meth:`compact`'s; None when there is nothing to drop."""

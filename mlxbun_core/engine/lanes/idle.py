@@ -16,7 +16,7 @@ queue for :data:`IDLE_RELEASE_S` (the worker waits that long for its next messag
 
 While rows run, memory that falls short (the governor reads less free than the pool's
 free blocks above its highest held one take) gives those blocks back
-(``BlockPool.trim``, nothing renumbered; the running rows keep room for what they
+(``BlockPool.cut_top``, nothing renumbered; the running rows keep room for what they
 still take), when they are a quarter of the pool or more, at most once a second.
 """
 
@@ -127,7 +127,7 @@ class IdleRelease:
             for t in tables:
                 t.renumber(moved)
         else:
-            order = pool.trim()
+            order = pool.cut_top()
         if order is not None:
             batch.layout.keep(order)
 
@@ -146,7 +146,7 @@ class IdleRelease:
             return
         self._trimmed_at = now
         before = batch.layout.nbytes
-        order = pool.trim(pool.used + self._outstanding())
+        order = pool.cut_top(pool.used + self._outstanding())
         if order is None:
             return
         batch.layout.keep(order)
