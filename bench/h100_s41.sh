@@ -15,7 +15,7 @@ run() {  # run NAME SECONDS CMD...: stdout+stderr to NAME.txt
 LOADS=$(cat /tmp/paged_loads 2>/dev/null)  # "" (vector loads), --scalar-loads, or "gather"
 [ "$LOADS" = "--scalar-loads" ] && export PAGED_VECLOAD=0
 ARM=paged; [ "$LOADS" = "gather" ] && ARM=gather
-case "$1" in
+case "${1:-}" in
   a)
     # the default (split-key) kernel, the flash kernel under compute-sanitizer, checkpoints
     run check_splitk 90 env CUDA_LAUNCH_BLOCKING=1 python3 bench/paged_kernel.py --check-only --out $O/kernel_check_splitk.json
@@ -45,3 +45,15 @@ print(checkpoint('8b', 0)); print(checkpoint('8b', 4))"
     ;;
 esac
 cp /tmp/engine_ab_*.log /tmp/out/*.log "$O"/ 2>/dev/null
+# f: one short check of the memory reading at 32 clients (bf16), MEMLOG on; call it on a
+# fresh machine after part a's staging: installs, writes the bf16 checkpoint, runs
+if [ "${1:-}" = f ]; then
+  pip install -q --upgrade --no-index --no-deps --no-build-isolation --target /tmp/site . >/dev/null 2>&1
+  run ckpt_bf16 90 python3 -c "
+import sys; sys.path.insert(0, 'bench')
+from engine_ab import checkpoint
+print(checkpoint('8b', 0))"
+  MEMLOG=1 run ab32 120 python3 bench/engine_ab.py --shape 8b --arms paged --concurrency 32 --history-tokens 0 --rounds 1 --out $O/ab32.json
+  grep -E "preempt|memory short|given|out of memory|direct|idle" $O/engine_ab_paged.log | head -20
+  grep "\[mem\]" $O/engine_ab_paged.log | awk 'NR%3==1' | head -40
+fi
