@@ -53,7 +53,7 @@ if [ "${1:-}" = f ]; then
 import sys; sys.path.insert(0, 'bench')
 from engine_ab import checkpoint
 print(checkpoint('8b', 0))"
-  MEMLOG=1 run ab32 120 python3 bench/engine_ab.py --shape 8b --arms paged --concurrency 32 --history-tokens 0 --rounds 1 --out $O/ab32.json
+  export MEMLOG=1; run ab32 120 python3 bench/engine_ab.py --shape 8b --arms paged --concurrency 32 --history-tokens 0 --rounds 1 --out $O/ab32.json
   grep -E "preempt|memory short|given|out of memory|direct|idle" $O/engine_ab_paged.log | head -20
   grep "\[mem\]" $O/engine_ab_paged.log | awk 'NR%3==1' | head -40
 fi
