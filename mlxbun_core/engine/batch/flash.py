@@ -36,6 +36,9 @@ _kernels: dict[tuple[Any, ...], Any] = {}  # the compiled kernels, by dtype and 
 
 # Flash decoding over block tables. One thread block per (row, KV head, query position,
 # split of the keys); its NT threads walk the split a tile of TILE keys at a time:
+# Every loop over a tile runs to the compile-time TILE with the tile's length n checked
+# inside (an H100 build read and wrote shared memory one tile past its end in loops bounded
+# by n, twice, at places the source and a CPU run under AddressSanitizer never reach):
 #   1. the tile's slots are looked up in the row's block table, and its keys and values
 #      copied into shared memory in 16-byte vectors (rows padded so reads do not collide);
 #   2. scores: a thread per (key, query head) pair, the queries read from shared memory;
@@ -84,14 +87,15 @@ _SOURCE = """
     for (int t0 = lo; t0 <= hi; t0 += TILE) {
         const int n = min(TILE, hi - t0 + 1);
         __syncthreads();  // the last tile's readers are done (and qs is written)
-        if (tid < n) {  // one thread per key of the tile (TILE <= NT): no loop to unroll
+        if (tid < TILE) {  // one thread per key of the tile (TILE <= NT): no loop to unroll
             const int p = t0 + tid;
-            slot_s[tid] = blocks[b * NB + p / BS] * BS + p % BS;
+            slot_s[tid] = tid < n ? blocks[b * NB + p / BS] * BS + p % BS : 0;
         }
         __syncthreads();
         if (VECLOAD) {
-            for (int e = tid; e < n * VPR; e += NT) {
+            for (int e = tid; e < TILE * VPR; e += NT) {
                 const int j = e / VPR, c = e % VPR;
+                if (j >= n) continue;
                 const size_t base = ((size_t)slot_s[j] * HKV + hkv) * D;
                 reinterpret_cast<uint4*>(ks + j * DP)[c] =
                     reinterpret_cast<const uint4*>(k + base)[c];
@@ -99,8 +103,9 @@ _SOURCE = """
                     reinterpret_cast<const uint4*>(v + base)[c];
             }
         } else {
-            for (int e = tid; e < n * D; e += NT) {
+            for (int e = tid; e < TILE * D; e += NT) {
                 const int j = e / D, dd = e % D;
+                if (j >= n) continue;
                 const size_t base = ((size_t)slot_s[j] * HKV + hkv) * D;
                 ks[j * DP + dd] = k[base + dd];
                 vs[j * DP + dd] = v[base + dd];
@@ -128,14 +133,14 @@ _SOURCE = """
             if (r >= R) break;
             float* pr = ps + r * TILE;
             float top = -INFINITY;
-            for (int j = lane; j < n; j += 32) top = fmaxf(top, pr[j]);
+            for (int j = lane; j < TILE; j += 32) if (j < n) top = fmaxf(top, pr[j]);
             for (int off = 16; off > 0; off >>= 1)
                 top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, off));
             const float mn = fmaxf(m_run[i], top);
             const float corr = __expf(m_run[i] - mn);
             float sum = 0.f;
-            for (int j = lane; j < n; j += 32) {
-                const float p = __expf(pr[j] - mn);
+            for (int j = lane; j < TILE; j += 32) {
+                const float p = j < n ? __expf(pr[j] - mn) : 0.f;
                 pr[j] = p;
                 sum += p;
             }
@@ -144,7 +149,8 @@ _SOURCE = """
             m_run[i] = mn;
             __syncwarp();
             for (int d = 0; d < PER; ++d) acc[i][d] *= corr;
-            for (int j = 0; j < n; ++j) {
+            for (int j = 0; j < TILE; ++j) {
+                if (j >= n) break;  // (a stale value row past n: 0 x NaN is NaN)
                 const float p = pr[j];
                 const T* vr = vs + j * DP + lane * PER;
                 for (int d = 0; d < PER; ++d) acc[i][d] += p * static_cast<float>(vr[d]);
