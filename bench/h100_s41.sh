@@ -5,6 +5,7 @@
 # (../shared/device/README.md). Each bench has its own time limit; results land in $OUT.
 set -u
 export PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
+export MEMLOG=${MEMLOG:-1}  # the servers log MLX's memory each second (bench/mem_log.py)
 O=${OUT:-/tmp/out}; mkdir -p "$O"
 run() {  # run NAME SECONDS CMD...: stdout+stderr to NAME.txt
   local name=$1 secs=$2; shift 2
@@ -53,7 +54,7 @@ if [ "${1:-}" = f ]; then
 import sys; sys.path.insert(0, 'bench')
 from engine_ab import checkpoint
 print(checkpoint('8b', 0))"
-  export MEMLOG=1; run ab32 120 python3 bench/engine_ab.py --shape 8b --arms paged --concurrency 32 --history-tokens 0 --rounds 1 --out $O/ab32.json
+  run ab32 120 python3 bench/engine_ab.py --shape 8b --arms paged --concurrency 32 --history-tokens 0 --rounds 1 --out $O/ab32.json
   grep -E "preempt|memory short|given|out of memory|direct|idle" $O/engine_ab_paged.log | head -20
   grep "\[mem\]" $O/engine_ab_paged.log | awk 'NR%3==1' | head -40
 fi
