@@ -5,6 +5,7 @@ Each arm is a fresh server process, alone on the device (an 80 GB card cannot ho
 
 - ``paged``: this tree's engine (paged KV; on CUDA, direct attention over blocks);
 - ``gather``: the same with direct attention off (the portable path: gathered blocks);
+- ``flash``: the same with the flash-decoding kernel (``batch/flash.py``) for direct attention;
 - ``old``: the engine of another tree (``--old PATH``: a checkout whose ``mlxbun_core``
   drives mlx-lm's ``BatchGenerator``), when given;
 - ``mlx-lm``: ``mlx_lm.server`` (``--decode-concurrency 32``), with ``--with-mlx-lm``.
@@ -68,6 +69,8 @@ def arm_command(arm: str, args, ckpt: str, port: int) -> list:
     mode = {"gather": "gather"}.get(arm, "auto")
     boot = ("import sys; import mlxbun_core.engine.batch.attention as a; "
             f"a.MODE = {mode!r}; " + BOOT_LOADS if arm != "old" else "import sys; ")
+    if arm == "flash":
+        boot += "a.KERNEL = 'flash'; "
     boot += "from mlxbun_core.cli import main; sys.argv[0] = 'mlxbun'; sys.exit(main())"
     cmd = ["env", f"PYTHONPATH={path}", sys.executable, "-c", boot, "serve", ckpt,
            "--port", str(port), "--no-open"]

@@ -29,7 +29,9 @@ from engine_ab import checkpoint
 print(checkpoint('8b', 0)); print(checkpoint('8b', 4))"
     ;;
   b)
-    run ab_bf16 330 python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms $ARM mlx-lm --baseline mlx-lm --concurrency 8 32 --rounds 1 --out $O/engine_ab_bf16.json
+    # the flash arm too where its check passed under compute-sanitizer (part a)
+    FLASH=""; grep -q "kernel check: ok" $O/check_flash.txt 2>/dev/null && [ "$ARM" = paged ] && FLASH=flash
+    run ab_bf16 420 python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms $ARM $FLASH mlx-lm --baseline mlx-lm --concurrency 8 32 --rounds 1 --out $O/engine_ab_bf16.json
     ;;
   c)
     run ab_q4 240 python3 bench/engine_ab.py --shape 8b --bits 4 --with-mlx-lm --arms $ARM mlx-lm --baseline mlx-lm --concurrency 32 --history-tokens 0 --rounds 1 --out $O/engine_ab_q4.json
@@ -43,6 +45,7 @@ print(checkpoint('8b', 0)); print(checkpoint('8b', 4))"
   e)
     [ "$LOADS" = gather ] && L="" || L="--direct $LOADS"
     run step_bf16 200 python3 bench/batch_step.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 8 32 --prompt-tokens 512 --tokens 64 --rounds 2 $L --out $O/batch_step_bf16.json
+    grep -q "kernel check: ok" $O/check_flash.txt 2>/dev/null && [ -n "$L" ] && run step_bf16_flash 200 python3 bench/batch_step.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 8 32 --prompt-tokens 512 --tokens 64 --rounds 2 $L --flash --out $O/batch_step_bf16_flash.json
     ;;
 esac
 cp /tmp/engine_ab_*.log /tmp/out/*.log "$O"/ 2>/dev/null
