@@ -47,6 +47,11 @@ print(checkpoint('8b', 0)); print(checkpoint('8b', 4))"
     run step_bf16 200 python3 bench/batch_step.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 8 32 --prompt-tokens 512 --tokens 64 --rounds 2 $L --out $O/batch_step_bf16.json
     grep -q "kernel check: ok" $O/check_flash.txt 2>/dev/null && [ -n "$L" ] && run step_bf16_flash 200 python3 bench/batch_step.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 8 32 --prompt-tokens 512 --tokens 64 --rounds 2 $L --flash --out $O/batch_step_bf16_flash.json
     ;;
+  g)
+    # where an 8-client load's first tokens go: one traced run of our arm ([p2r] records in
+    # the server log: admission wait, prefill chunks with their rows, token zero's stages)
+    MLXBUN_P2R_TRACE=1 run trace_c8 150 python3 bench/engine_ab.py --shape 8b --arms $ARM --concurrency 8 --history-tokens 0 --rounds 1 --out $O/trace_c8.json
+    ;;
 esac
 cp /tmp/engine_ab_*.log /tmp/out/*.log "$O"/ 2>/dev/null
 # f: one short check of the memory reading at 32 clients (bf16), MEMLOG on; call it on a
