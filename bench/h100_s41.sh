@@ -50,7 +50,7 @@ print(checkpoint('8b', 0)); print(checkpoint('8b', 4))"
   g)
     # where an 8-client load's first tokens go: one traced run of our arm ([p2r] records in
     # the server log: admission wait, prefill chunks with their rows, token zero's stages)
-    MLXBUN_P2R_TRACE=1 run trace_c8 150 python3 bench/engine_ab.py --shape 8b --arms $ARM --concurrency 8 --history-tokens 0 --rounds 1 --out $O/trace_c8.json
+    run trace_c8 150 env MLXBUN_P2R_TRACE=1 python3 bench/engine_ab.py --shape 8b --arms $ARM --concurrency 8 --history-tokens 0 --rounds 1 --out $O/trace_c8.json
     ;;
 esac
 cp /tmp/engine_ab_*.log /tmp/out/*.log "$O"/ 2>/dev/null
