@@ -56,13 +56,14 @@ esac
 cp /tmp/engine_ab_*.log /tmp/out/*.log "$O"/ 2>/dev/null
 # f: one short check of the memory reading at 32 clients (bf16), MEMLOG on; call it on a
 # fresh machine after part a's staging: installs, writes the bf16 checkpoint, runs
+# (`f gather`: the gathered path, whose 32-row run read ~60 GB as gone on 2026-12-07)
 if [ "${1:-}" = f ]; then
   pip install -q --upgrade --no-index --no-deps --no-build-isolation --target /tmp/site . >/dev/null 2>&1
   run ckpt_bf16 90 python3 -c "
 import sys; sys.path.insert(0, 'bench')
 from engine_ab import checkpoint
 print(checkpoint('8b', 0))"
-  run ab32 120 python3 bench/engine_ab.py --shape 8b --arms paged --concurrency 32 --history-tokens 0 --rounds 1 --out $O/ab32.json
+  run ab32 120 python3 bench/engine_ab.py --shape 8b --arms ${2:-paged} --concurrency 32 --history-tokens 0 --rounds 1 --out $O/ab32.json
   grep -E "preempt|memory short|given|out of memory|direct|idle" $O/engine_ab_paged.log | head -20
   grep "\[mem\]" $O/engine_ab_paged.log | awk 'NR%3==1' | head -40
 fi
