@@ -238,3 +238,15 @@ def test_mlx_limit_follows_the_device_and_never_passes_where_it_started():
                            cached=6 << 30, active=20 << 30, limit=76 << 30)
     assert follow_limit(crowded, 20 << 30, 76 << 30) == 27 << 30
     assert follow_limit(Reading(0, 0, "test"), 20 << 30, 76 << 30) == 20 << 30
+
+
+def test_mlx_cache_may_grow_while_the_device_keeps_a_twentieth_free():
+    """MLX's cache limit on CUDA follows the device's free memory: room to grow while a
+    twentieth of the device stays free, a limit under what is cached once it is not (MLX
+    gives the excess back as it allocates), never below a gigabyte."""
+    from mlxbun_core.engine.readings import CACHE_FLOOR, follow_cache
+
+    total = 80 << 30  # keeps 4 GiB free
+    assert follow_cache(free=30 << 30, cached=10 << 30, total=total) == 36 << 30
+    assert follow_cache(free=1 << 30, cached=50 << 30, total=total) == 47 << 30
+    assert follow_cache(free=0, cached=2 << 30, total=total) == CACHE_FLOOR
