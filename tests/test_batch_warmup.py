@@ -41,6 +41,26 @@ def test_the_batch_is_warmed_at_start_and_its_pool_is_empty_again(ckpt):
         close(engine)
 
 
+def test_the_warm_up_takes_the_last_rows_way_out_of_the_batch(ckpt, monkeypatch):
+    """The lone path a batch's last row goes on by (exported to a single-sequence cache,
+    decoded by the model's own call) runs at start too: its first use compiled kernels
+    on CUDA that a real request paid seconds for."""
+    from mlxbun_core.engine.batch import Batch
+
+    calls: list[int] = []
+    real = Batch.export
+
+    def export(self, uid):
+        calls.append(uid)
+        return real(self, uid)
+    monkeypatch.setattr(Batch, "export", export)
+    engine = Engine.load(str(ckpt), progress=False, batch=4, prompt_cache_bytes=0)
+    try:
+        assert calls == [-1] and engine.warmup["batch_blocks_left"] == 0
+    finally:
+        close(engine)
+
+
 def test_a_server_without_a_batch_lane_warms_no_batch(ckpt):
     engine = Engine.load(str(ckpt), progress=False, batch=1)
     try:

@@ -1,8 +1,9 @@
 """The batch's passes run once at start-up on scratch rows, so the first real batch pays
 for no first use: the prefill chunk and the decode step at two rows (a padded pass), the
-paged attention over blocks (directly where the batch runs it), and, with quantized
-weights, the quantized matmuls at M > 1, which the prefill buckets' single-row warm-up
-never reaches. The rows' blocks go back to the pool; nothing is published."""
+paged attention over blocks (directly where the batch runs it), with quantized weights
+the quantized matmuls at M > 1, which the prefill buckets' single-row warm-up never
+reaches, and the last row's way out of the batch (exported, then decoded alone). The
+rows' blocks go back to the pool; nothing is published."""
 
 from __future__ import annotations
 
@@ -34,8 +35,23 @@ def warm(batch: Batch, steps: int = 2) -> tuple[int, int]:
             passes += 1
             held = max(held, batch.pool.used)
         mx.eval(*[t for t in (batch.next_tokens,) if t is not None])
+        lone(batch, SCRATCH[0], steps)
     finally:
         for uid in SCRATCH:
             if uid in batch.rows:
                 batch.remove(uid)
     return passes, held
+
+
+def lone(batch: Batch, uid: int, steps: int) -> None:
+    """The way the last row of a batch goes on alone (``lanes/results.py``: exported to a
+    single-sequence cache, then decoded by the model's own call), run ``steps`` times:
+    on CUDA its first use compiled kernels the batch's passes never need, and the first
+    real request to go on alone paid seconds for it (an 8B body on an H100: 8 tokens in
+    3-4 s after its partner ended)."""
+    cache, _ = batch.export(uid)
+    token = mx.array([[0]], dtype=mx.uint32)
+    for _ in range(steps):
+        logits = batch.model(token, cache=cache)
+        token = mx.argmax(logits[:, -1:], axis=-1).astype(mx.uint32)
+        mx.eval(token)
