@@ -1,8 +1,9 @@
 """The memory governor: how much memory the KV may take, measured, and how the engine
 tells memory it can win back from a device it cannot.
 
-- **A measured budget.** Memory free now, read from where it is known (CUDA: MLX's
-  ``device_info()["free_memory"]``, which NVML fills with every process's use; Metal:
+- **A measured budget.** Memory free now, read from where it is known
+  (``readings.py``; CUDA: MLX's ``device_info()["free_memory"]``, which NVML fills
+  with every process's use, and the driver pool's unused reserve; Metal:
   the GPU's recommended working set less what MLX holds, and the system's free memory
   from ``vm_stat``; the CPU backend: ``MemAvailable`` of ``/proc/meminfo``), plus the
   buffers MLX keeps cached (ours to give back), less a safety margin. Read at most once
