@@ -21,6 +21,7 @@ from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.lanes.pace import FixedChunk
 from mlxbun_core.engine.memory import MemoryConfig
 from mlxbun_core.engine.readings import Reading
+from mlxbun_core.metrics.engine import for_engine
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.engine import close, greedy, lane_replies, pace, run_all, token_ids
 from tests.test_memory_pressure import checkpoint, equal_to, prompt_ids, reference
@@ -111,6 +112,9 @@ def test_an_idle_pool_and_mlx_cache_give_their_memory_back():
         assert got["bytes"] == got["bytes_per_block"] and got["used"] == 0, got
         assert got["released_bytes"] == busy["bytes"] - got["bytes"]
         assert mx.get_cache_memory() == 0
+        samples = {s.name: s.value for m in for_engine(e).collect() for s in m.samples}
+        assert samples["mlxbun_kv_pool_releases_total"] == 1
+        assert samples["mlxbun_kv_pool_released_bytes_total"] == got["released_bytes"]
         time.sleep(3 * IDLE_S)
         assert blocks(e)["idle_releases"] == 1  # once per idle spell
         equal_to(run_all(e, BODIES), want)

@@ -196,6 +196,14 @@ class EngineMetrics(Collector):
                 s.get("out_of_memory"))
         yield c("mlxbun_device_faults", "Device faults the engine could not recover from",
                 s.get("device_faults"))
+        yield c("mlxbun_memory_cache_given_back", "Times MLX's cache went back to the device "
+                "because the reading was short", s.get("cache_given_back"))
+        yield c("mlxbun_kv_pool_releases", "Times an idle batch lane gave its memory back",
+                blocks.get("idle_releases"))
+        yield c("mlxbun_kv_pool_pressure_trims", "Times a busy pool gave its free top back "
+                "for memory", blocks.get("pressure_trims"))
+        yield c("mlxbun_kv_pool_released_bytes", "Bytes the KV pool gave back, idle or short",
+                blocks.get("released_bytes"))
 
 
 def mlx_memory() -> tuple[int, int]:
