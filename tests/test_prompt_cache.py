@@ -112,7 +112,7 @@ def test_byte_cap_evicts_the_oldest_entry():
         c.update_and_fetch(mx.zeros((1, 2, n, 8)), mx.zeros((1, 2, n, 8)))
         return [c]
 
-    one = entry(4)[0].nbytes  # a KVCache allocates 256 positions at a time
+    one = 2 * (1 * 2 * 4 * 8) * 4  # keys and values of 4 positions, as stored (compacted)
     cache = PrefixCache(max_bytes=2 * one)
     cache.store("ns", [1, 2, 3, 4], entry(4))
     cache.store("ns", [5, 6, 7, 8], entry(4))
@@ -135,18 +135,37 @@ def test_an_entry_bigger_than_the_cap_leaves_the_others_alone():
         c.update_and_fetch(mx.zeros((1, 2, n, 8)), mx.zeros((1, 2, n, 8)))
         return [c]
 
-    one = entry(4)[0].nbytes  # 256 positions
+    one = 2 * (1 * 2 * 4 * 8) * 4  # keys and values of 4 positions, as stored (compacted)
     cache = PrefixCache(max_bytes=2 * one)
     cache.store("ns", [1, 2, 3, 4], entry(4))
     cache.store("ns", [5, 6, 7, 8], entry(4))
     big = list(range(100, 700))
-    cache.store("ns", big, entry(len(big)))  # 768 positions: three times one
+    cache.store("ns", big, entry(len(big)))  # 600 positions: 150 times one
     stats = cache.stats()
     assert stats["entries"] == 2 and stats["bytes"] == 2 * one, stats
     assert cache.lookup("ns", [1, 2, 3, 4, 9])[1] == 4
     assert cache.lookup("ns", [5, 6, 7, 8, 9])[1] == 4
     assert cache.lookup("ns", big + [1]) == (None, 0)
     assert stats["evicted"] == {"too_big": 1}, stats
+
+
+def test_a_stored_cache_holds_only_the_positions_it_keeps():
+    """mlx-lm's KV cache grows its buffer 256 positions at a time: a lone stream's cache
+    of 300 tokens holds 512. Stored, it is cut to its 300 (a 539-token reply's kept 768,
+    42 % of its bytes for nothing, counted against the cap)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    c = KVCache()
+    for _ in range(300):
+        c.update_and_fetch(mx.zeros((1, 2, 1, 8)), mx.zeros((1, 2, 1, 8)))
+    assert c.keys.shape[2] == 512
+    cache = PrefixCache(max_bytes=1 << 30)
+    tokens = list(range(300))
+    cache.store("ns", tokens, [c])
+    assert cache.stats()["bytes"] == 2 * (1 * 2 * 300 * 8) * 4
+    got, n = cache.lookup("ns", tokens + [7])
+    assert n == 300 and got[0].offset == 300
 
 
 def test_a_short_shared_head_is_not_a_hit():

@@ -97,6 +97,7 @@ def test_idle_entries_are_demoted_to_disk_and_restored(tmp_path):
     posted = []
     try:
         turn1 = engine_reply(e, body(e, history(12)))
+        e.worker.run_sync(lambda: None)  # the lane stores after the reply's Done
         ram, disk = e.prefix.stats()["entries"], e.prefix.tier.stats()
         assert (ram, disk["entries"], disk["demotions"]) == (1, 0, 0)  # in RAM, not on disk
         e.prefix._idle_sweep(posted.append)

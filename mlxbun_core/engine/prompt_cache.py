@@ -188,7 +188,9 @@ class PrefixCache(SsdTier):
             import mlx.core as mx
 
             # a lazy slice of a bigger array would pin it (and its byte count would not
-            # say so): evaluated here, the cache owns its bytes
+            # say so): evaluated here, the cache owns its bytes; a lone stream's buffer
+            # grows 256 positions at a time, cut to what it holds (539 kept 768)
+            cache_ops.compact(cache)
             mx.eval([c.state for c in cache])
         carved = self._carve_pins(namespace, list(tokens), cache)
         self._insert(namespace, list(tokens), cache, "user" if boundary else "assistant",
