@@ -81,6 +81,15 @@ async def load(base: str, prompts: list, clients: int, max_tokens: int) -> dict:
             "errors": sorted({r.get("error", "") for r in runs if r.get("error")})[:3]}
 
 
+def memory_stats(base: str) -> dict:
+    """The server's ``/stats`` memory and KV pool figures (what pressure did)."""
+    try:
+        got = httpx.get(base + "/stats", timeout=30).json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+    return {"memory": got.get("memory"), "kv_blocks": (got.get("batch") or {}).get("kv_blocks")}
+
+
 def health(base: str) -> int | str:
     try:
         return httpx.get(base + "/health", timeout=10).status_code
@@ -96,6 +105,7 @@ def trial(base: str, prompts: list, args) -> dict:
     try:
         out["under_pressure"] = asyncio.run(load(base, prompts, args.clients, args.max_tokens))
         out["health_under_pressure"] = health(base)
+        out["stats_under_pressure"] = memory_stats(base)
     finally:
         if hog.stdin:
             hog.stdin.close()
@@ -103,6 +113,7 @@ def trial(base: str, prompts: list, args) -> dict:
     time.sleep(2)
     out["after"] = asyncio.run(load(base, prompts, args.clients, args.max_tokens))
     out["health_after"] = health(base)
+    out["stats_after"] = memory_stats(base)
     return out
 
 
@@ -148,6 +159,7 @@ def two_servers(ckpt: str, prompts: list, args) -> None:
         for i in range(args.trials):
             got = {"loads": asyncio.run(both()),
                    "health": [health(base) for _, base, _ in servers],
+                   "stats": [memory_stats(base) for _, base, _ in servers],
                    "alive": [proc.poll() is None for proc, _, _ in servers]}
             out["rounds"].append(got)
             print(f"round {i + 1}", json.dumps(got), flush=True)
