@@ -117,7 +117,9 @@ class StepFit:
         gov = self.governor
         decode = decode_bytes(cost, batch) if plan.decode else 0
         growth = self._growth_bytes(batch, plan)
-        room = gov.room(decode + growth) - growth
+        chunks = {u: n for u, n in plan.prefill.items() if u in batch.rows}
+        want = max(decode, prefill_bytes(cost, batch, chunks) if chunks else 0)
+        room = gov.room(want + growth) - growth  # (short: MLX's cache given back first)
         preempted = 0
         while decode > room and len(batch.decoding) > 1:
             young = [max(batch.decoding)]
@@ -128,7 +130,7 @@ class StepFit:
             log.warning("a decode step needs %s, %s is free beside the pool's growth of %s: "
                         "preempted %d rows, recomputed when memory allows", _mib(decode),
                         _mib(room + growth), _mib(growth), preempted)
-        chunks = {u: n for u, n in plan.prefill.items() if u in batch.rows}
+        chunks = {u: n for u, n in chunks.items() if u in batch.rows}  # (some preempted)
         fitted = fit_chunks(cost, batch, chunks, room, PREFILL_FLOOR) if chunks else {}
         estimate = max(decode, prefill_bytes(cost, batch, fitted))
         gov.planned(estimate, room, trimmed=fitted != plan.prefill or preempted > 0)
