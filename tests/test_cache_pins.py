@@ -30,7 +30,7 @@ def _entry(n):
 
 def test_a_pinned_entry_is_evicted_last_and_only_while_its_ttl_lasts():
     now = [0.0]
-    one = _entry(4)[0].nbytes
+    one = _exact(4)[0].nbytes  # 4 positions, as stored (a cache is cut to what it holds)
     cache = PrefixCache(max_bytes=2 * one)
     cache.pins.clock = lambda: now[0]
     cache.pins.pin("ns", [1, 2, 3, 4], ttl=300)
