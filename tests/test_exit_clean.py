@@ -38,9 +38,24 @@ def test_serve_stopped_by_sigint_after_a_request_exits_zero():
         done = client.completions.create(model="m", prompt="Hello", max_tokens=4,
                                          temperature=1.0)
         assert done.choices[0].finish_reason == "length"
+        _until_no_lane_is_active(base)  # (the lane stores the reply's cache after its Done)
         server.proc.send_signal(signal.SIGINT)
         assert server.proc.wait(timeout=30) == 0, server.output
         server.wait_for_line("shutting down", timeout=5)
         lines = [line for line in server.lines if line.strip()]
         assert ABORT not in server.output and "Traceback" not in server.output, server.output
         assert "draining 0 active and 0 waiting" in lines[-1], server.output
+
+
+def _until_no_lane_is_active(base: str, timeout: float = 30.0) -> None:
+    import time
+
+    import httpx
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        lanes = httpx.get(base + "/stats", timeout=10).json()["batch"]["lanes"]
+        if not any(lane["active"] or lane["waiting"] for lane in lanes.values()):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"a lane stayed busy for {timeout} s: {lanes}")
