@@ -103,16 +103,21 @@ def test_hits_are_reported_on_every_surface():
         s.stop()
 
 
-def test_byte_cap_evicts_the_oldest_entry():
+FOUR_STORED = 2 * (1 * 2 * 4 * 8) * 4  # keys and values of 4 positions, as stored (cut)
+
+
+def entry(n):
+    """A one-layer float32 KV cache of ``n`` positions (mlx-lm pads its buffer to 256)."""
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache
 
-    def entry(n):
-        c = KVCache()
-        c.update_and_fetch(mx.zeros((1, 2, n, 8)), mx.zeros((1, 2, n, 8)))
-        return [c]
+    c = KVCache()
+    c.update_and_fetch(mx.zeros((1, 2, n, 8)), mx.zeros((1, 2, n, 8)))
+    return [c]
 
-    one = 2 * (1 * 2 * 4 * 8) * 4  # keys and values of 4 positions, as stored (compacted)
+
+def test_byte_cap_evicts_the_oldest_entry():
+    one = FOUR_STORED
     cache = PrefixCache(max_bytes=2 * one)
     cache.store("ns", [1, 2, 3, 4], entry(4))
     cache.store("ns", [5, 6, 7, 8], entry(4))
@@ -127,15 +132,7 @@ def test_byte_cap_evicts_the_oldest_entry():
 def test_an_entry_bigger_than_the_cap_leaves_the_others_alone():
     """An entry bigger than the whole cap is not kept, and storing it evicts nothing
     (before, every other entry went first, then it too: the cache ended empty)."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import KVCache
-
-    def entry(n):
-        c = KVCache()
-        c.update_and_fetch(mx.zeros((1, 2, n, 8)), mx.zeros((1, 2, n, 8)))
-        return [c]
-
-    one = 2 * (1 * 2 * 4 * 8) * 4  # keys and values of 4 positions, as stored (compacted)
+    one = FOUR_STORED
     cache = PrefixCache(max_bytes=2 * one)
     cache.store("ns", [1, 2, 3, 4], entry(4))
     cache.store("ns", [5, 6, 7, 8], entry(4))
