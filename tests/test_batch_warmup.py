@@ -42,21 +42,29 @@ def test_the_batch_is_warmed_at_start_and_its_pool_is_empty_again(ckpt):
 
 
 def test_the_warm_up_takes_the_last_rows_way_out_of_the_batch(ckpt, monkeypatch):
-    """The lone path a batch's last row goes on by (exported to a single-sequence cache,
-    decoded by the model's own call) runs at start too: its first use compiled kernels
-    on CUDA that a real request paid seconds for."""
+    """The lone path a batch's last row goes on by (its partner removed, the row exported
+    to a single-sequence cache and decoded by the model's own call) runs at start too:
+    its first use compiled a kernel on CUDA that a real request paid seconds for."""
     from mlxbun_core.engine.batch import Batch
 
-    calls: list[int] = []
-    real = Batch.export
+    calls: list[tuple[str, int, int]] = []
+    real_export, real_remove = Batch.export, Batch.remove
 
     def export(self, uid):
-        calls.append(uid)
-        return real(self, uid)
+        calls.append(("export", uid, len(self.rows)))
+        return real_export(self, uid)
+
+    def remove(self, uid):
+        calls.append(("remove", uid, len(self.rows)))
+        return real_remove(self, uid)
     monkeypatch.setattr(Batch, "export", export)
+    monkeypatch.setattr(Batch, "remove", remove)
     engine = Engine.load(str(ckpt), progress=False, batch=4, prompt_cache_bytes=0)
     try:
-        assert calls == [-1] and engine.warmup["batch_blocks_left"] == 0
+        # the partner leaves a two-row batch (the rows' sampled tokens are gathered), then
+        # the last row is exported and decoded alone, then it goes too
+        assert calls[:3] == [("remove", -2, 2), ("export", -1, 1), ("remove", -1, 1)]
+        assert engine.warmup["batch_blocks_left"] == 0
     finally:
         close(engine)
 

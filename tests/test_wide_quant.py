@@ -93,3 +93,25 @@ def test_the_switch_decides_where(monkeypatch):
     assert wide_quant.min_rows("cpu") == 0
     assert wide_quant.min_rows("cpu", "on") == wide_quant.CUDA_MIN_ROWS
     assert wide_quant.min_rows("cuda", "off") == 0
+
+
+def test_the_warm_up_runs_every_quantized_matmul_at_the_row_counts_a_batch_reaches(
+        quantized_dir, monkeypatch):
+    """MLX's CUDA build compiles its tiled quantized matmul (8 rows and more) at first use:
+    the start-up runs each kind of quantized layer the model holds, wide ones and a tied
+    output projection alike, at every row count in ``WARM_ROWS``."""
+    model, _ = load(quantized_dir)
+    wide_quant.install(model, 8)
+    seen: dict[tuple[int, ...], set[int]] = {}
+    real = mx.quantized_matmul
+
+    def spy(x, w, *args, **kw):
+        seen.setdefault(tuple(w.shape), set()).add(x.shape[0])
+        return real(x, w, *args, **kw)
+    monkeypatch.setattr(mx, "quantized_matmul", spy)
+    ran = wide_quant.warm_matmuls(model)
+    shapes = {tuple(m["weight"].shape) for _, m in model.named_modules()
+              if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
+    assert set(seen) == shapes  # every kind, the embedding's output use among them
+    assert all(rows == set(wide_quant.WARM_ROWS) for rows in seen.values())
+    assert ran == len(shapes) * len(wide_quant.WARM_ROWS)

@@ -1,7 +1,8 @@
 """What the engine runs on its worker thread at start, before ``/health`` says ready, so
 the first request pays for none of it: the KV scheme's kernel check, the prefill pacer's
-calibration, the prefill buckets' shapes, the batch's passes at two rows and the SSD
-tier's two rates. :func:`warm` times the warm-ups for the banner and ``/stats``."""
+calibration, the prefill buckets' shapes, the quantized matmuls at the row counts a batch
+reaches, the batch's passes at two rows and the SSD tier's two rates. :func:`warm` times
+the warm-ups for the banner and ``/stats``."""
 
 from __future__ import annotations
 
@@ -89,11 +90,13 @@ def warm(model: LoadedModel, worker: ModelWorker, pacer: PrefillPacer) -> dict[s
     t0 = time.perf_counter()
     worker.run_sync(lambda: pacer.calibrate(model.model))
     buckets = worker.run_sync(lambda: prefill_shapes.warm(model.model, MAX_CHUNK))
+    matmuls = worker.run_sync(lambda: wide_quant.warm_matmuls(model.model))
     t1 = time.perf_counter()
     lane = next((lane for lane in worker.lanes if isinstance(lane, BatchLane)), None)
     batch = worker.run_sync(lane.warm) if lane is not None else {}
     t2 = time.perf_counter()
     return {"prefill_s": round(t1 - t0, 3), "prefill_buckets": buckets,
+            "quantized_matmuls": matmuls,
             "batch_s": round(t2 - t1, 3) if batch else None,
             "batch_passes": batch.get("passes", 0), "batch_blocks_held": batch.get("blocks_held"),
             "batch_blocks_left": batch.get("blocks_left")}

@@ -50,7 +50,7 @@ class WideQuantizedLinear(nn.QuantizedLinear):
         return y + self["bias"] if "bias" in self else y
 
 
-def quantized(layer: nn.QuantizedLinear, x: mx.array) -> mx.array:
+def quantized(layer: nn.QuantizedLinear | nn.QuantizedEmbedding, x: mx.array) -> mx.array:
     """``layer`` over ``x`` by the quantized matmul (``nn.QuantizedLinear``'s own way)."""
     y = mx.quantized_matmul(x, layer["weight"], scales=layer["scales"],
                             biases=layer.get("biases"), transpose=True,
@@ -66,6 +66,34 @@ def install(model: nn.Module, min_rows: int) -> int:
     if swaps:
         model.update_modules(tree_unflatten(swaps))
     return len(swaps)
+
+
+WARM_ROWS = (2, 4, 8, 16, 32, 64)
+"""Row counts the quantized matmul is run at before the first request: MLX's CUDA build
+picks a kernel by the row count (one matrix-vector product per row below 8 rows, a tiled
+kernel from 8) and compiles the tiled one at its first use."""
+
+
+def warm_matmuls(model: nn.Module, rows: tuple[int, ...] = WARM_ROWS) -> int:
+    """Run each kind of quantized matmul ``model`` holds (plain, wide and embedding layers
+    used as the output projection; one layer per bits, group size, mode and shape) at
+    ``rows`` rows, so no request pays for a kernel's first use: with 4-bit weights on an
+    H100 the first 32-client load waited 44 s while MLX compiled its tiled quantized
+    matmul for the tied output projection, which no pass of the warm-up had reached
+    (``bench/first_use_kernels.py``). Returns how many matmuls ran."""
+    kinds: dict[tuple[object, ...], nn.Module] = {}
+    for _, m in model.named_modules():
+        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            w = m["weight"]
+            kinds.setdefault((m.bits, m.group_size, m.mode, tuple(w.shape)), m)
+    outs = []
+    for m in kinds.values():
+        dims = m["weight"].shape[-1] * 32 // m.bits
+        for n in rows:
+            x = mx.zeros((n, dims), dtype=m["scales"].dtype)
+            outs.append(quantized(m, x))
+    mx.eval(outs)
+    return len(outs)
 
 
 def widest_bytes(model: nn.Module, dtype_size: int = 2) -> int:

@@ -115,15 +115,11 @@ _SOURCE = """
         for (int e = tid; e < R * TILE; e += NT) {
             const int j = e % TILE, r = e / TILE;
             float s = -INFINITY;
-            if (j < n) {
-                const uint4* kr = reinterpret_cast<const uint4*>(ks + j * DP);
+            if (j < n) {  // (T read as T: no 16-byte register reread through a T pointer)
+                const T* kr = ks + j * DP;
                 const float* qr = qs + r * D;
                 s = 0.f;
-                for (int c = 0; c < VPR; ++c) {
-                    const uint4 raw = kr[c];
-                    const T* kv = reinterpret_cast<const T*>(&raw);
-                    for (int i = 0; i < VEC; ++i) s += qr[c * VEC + i] * static_cast<float>(kv[i]);
-                }
+                for (int d = 0; d < D; ++d) s += qr[d] * static_cast<float>(kr[d]);
             }
             ps[r * TILE + j] = s;
         }
