@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The last GPU sitting of 2026-12-07 (issues 33, 34): 4-bit at 32 clients against
+# mlx_lm.server with the quantized matmuls warmed, the flash kernel's check after its
+# aliasing fix, and bf16 at 32 clients with the host work per step cut. After
+# `source .device-wheels/b/install.sh` (../shared/device/README.md): `bash bench/h100_s43.sh PART`.
+set -u
+export PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
+export MEMLOG=${MEMLOG:-1}
+O=${OUT:-/tmp/out}; mkdir -p "$O"
+run() {  # run NAME SECONDS CMD...: stdout+stderr to NAME.txt
+  local name=$1 secs=$2; shift 2
+  echo "== $name ($(date +%T), limit ${secs}s)"
+  timeout "$secs" "$@" > "$O/$name.txt" 2>&1; echo "   rc=$? ($(date +%T))"; tail -4 "$O/$name.txt"
+  pkill -f "mlxbun_core.cli" 2>/dev/null; pkill -f "mlx_lm.server" 2>/dev/null; sleep 1
+}
+summary() { python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1])); print(json.dumps(d['summary']))" "$1" 2>/dev/null; }
+case "${1:-}" in
+  a)
+    run ckpt 150 python3 -c "
+import sys; sys.path.insert(0, 'bench')
+from engine_ab import checkpoint
+print(checkpoint('8b', 0)); print(checkpoint('8b', 4))"
+    run ab_q4 200 python3 bench/engine_ab.py --shape 8b --bits 4 --with-mlx-lm --arms paged mlx-lm --baseline mlx-lm --concurrency 32 --history-tokens 0 --rounds 1 --out $O/engine_ab_q4.json
+    summary $O/engine_ab_q4.json
+    run check_flash 60 env CUDA_LAUNCH_BLOCKING=1 python3 bench/paged_kernel.py --flash --check-only --out $O/kernel_check_flash.json
+    ;;
+  b)
+    FLASH=""; grep -q "kernel check: ok" $O/check_flash.txt 2>/dev/null && FLASH=flash
+    run ab_bf16 200 python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged $FLASH mlx-lm --baseline mlx-lm --concurrency 32 --history-tokens 0 --rounds 1 --out $O/engine_ab_bf16.json
+    summary $O/engine_ab_bf16.json
+    [ -n "$FLASH" ] && run kernel_speed_flash 60 python3 bench/paged_kernel.py --flash --out $O/paged_kernel_flash.json
+    ;;
+esac
+cp /tmp/engine_ab_*.log "$O"/ 2>/dev/null
+true
