@@ -41,6 +41,8 @@ MEMORY_PRESSURE, DEVICE_FAULT = "memory_pressure", "device_fault"  # Retry codes
 MEASURE_EVERY_S = 1.0  # a reading this old is taken again before the pool grows
 MARGIN_MIN_BYTES = 512 << 20
 MARGIN_FRACTION = 0.05  # of the device's memory: activations, MLX's scratch, the rest
+MARGIN_MAX_BYTES = 2 << 30  # (an H100 under another tenant with 4.0 GB free served 4 of 32
+# requests behind a 4.3 GB margin, all 32 with 8 GB free; an out-of-memory is survived)
 DEFAULT_WAIT_S = 60.0
 RETRY_DEFAULT_S, RETRY_MAX_S = 5, 30
 
@@ -78,7 +80,7 @@ class MemoryConfig:
     wait_s: float = DEFAULT_WAIT_S
     fault_alloc: int = 0  # every N-th step's allocation fails (MLXBUN_FAULT_ALLOC)
     fault_device: int = 0  # step N's device fault sticks (MLXBUN_FAULT_DEVICE)
-    margin_bytes: int | None = None  # None: max(512 MiB, 5 % of the device's memory)
+    margin_bytes: int | None = None  # None: 5 % of the device's memory, 512 MiB to 2 GiB
 
     @classmethod
     def from_config(cls, config: RunConfig | None = None, **kw: Any) -> MemoryConfig:
@@ -136,7 +138,7 @@ class Governor:
         if self.config.margin_bytes is not None:
             return self.config.margin_bytes
         total = self.reading.total if self.reading is not None else 0
-        return max(MARGIN_MIN_BYTES, int(total * MARGIN_FRACTION))
+        return min(MARGIN_MAX_BYTES, max(MARGIN_MIN_BYTES, int(total * MARGIN_FRACTION)))
 
     def available(self, fresh: bool = False) -> int:
         """Bytes the engine may still allocate (the margin kept back, and what the
