@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The last GPU sitting of 2026-12-07 (issues 33, 34): 4-bit at 32 clients against
-# mlx_lm.server with the quantized matmuls warmed, the flash kernel's check after its
-# aliasing fix, and bf16 at 32 clients with the host work per step cut. After
+# The last GPU sitting of 2026-12-07 (issues 33, 34): bf16 at 32 clients against
+# mlx_lm.server with the host work per step cut, the flash kernel's check after its
+# aliasing fix, then 4-bit at 32 clients with the quantized matmuls warmed
+# (MLX_ARM=mlx-lm adds mlx_lm.server's arm where device time allows). After
 # `source .device-wheels/b/install.sh` (../shared/device/README.md): `bash bench/h100_s43.sh PART`.
 set -u
 export PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
@@ -18,19 +19,22 @@ import json, sys
 d = json.load(open(sys.argv[1])); print(json.dumps(d['summary']))" "$1" 2>/dev/null; }
 case "${1:-}" in
   a)
-    run ckpt 150 python3 -c "
+    run ckpt 90 python3 -c "
 import sys; sys.path.insert(0, 'bench')
 from engine_ab import checkpoint
-print(checkpoint('8b', 0)); print(checkpoint('8b', 4))"
-    run ab_q4 200 python3 bench/engine_ab.py --shape 8b --bits 4 --with-mlx-lm --arms paged mlx-lm --baseline mlx-lm --concurrency 32 --history-tokens 0 --rounds 1 --out $O/engine_ab_q4.json
-    summary $O/engine_ab_q4.json
+print(checkpoint('8b', 0))"
+    run ab_bf16 200 python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged mlx-lm --baseline mlx-lm --concurrency 32 --history-tokens 0 --rounds 1 --out $O/engine_ab_bf16.json
+    summary $O/engine_ab_bf16.json
     run check_flash 60 env CUDA_LAUNCH_BLOCKING=1 python3 bench/paged_kernel.py --flash --check-only --out $O/kernel_check_flash.json
     ;;
   b)
-    FLASH=""; grep -q "kernel check: ok" $O/check_flash.txt 2>/dev/null && FLASH=flash
-    run ab_bf16 200 python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged $FLASH mlx-lm --baseline mlx-lm --concurrency 32 --history-tokens 0 --rounds 1 --out $O/engine_ab_bf16.json
-    summary $O/engine_ab_bf16.json
-    [ -n "$FLASH" ] && run kernel_speed_flash 60 python3 bench/paged_kernel.py --flash --out $O/paged_kernel_flash.json
+    run ckpt_q4 90 python3 -c "
+import sys; sys.path.insert(0, 'bench')
+from engine_ab import checkpoint
+print(checkpoint('8b', 4))"
+    run ab_q4 150 python3 bench/engine_ab.py --shape 8b --bits 4 --arms paged ${MLX_ARM:-} --concurrency 32 --history-tokens 0 --rounds 1 --out $O/engine_ab_q4.json
+    summary $O/engine_ab_q4.json
+    grep -q "kernel check: ok" $O/check_flash.txt 2>/dev/null && run kernel_speed_flash 60 python3 bench/paged_kernel.py --flash --out $O/paged_kernel_flash.json
     ;;
 esac
 cp /tmp/engine_ab_*.log "$O"/ 2>/dev/null
