@@ -32,7 +32,7 @@ print(checkpoint('8b', 0))"
 import sys; sys.path.insert(0, 'bench')
 from engine_ab import checkpoint
 print(checkpoint('8b', 4))"
-    run ab_q4 150 python3 bench/engine_ab.py --shape 8b --bits 4 --arms paged ${MLX_ARM:-} --concurrency 32 --history-tokens 0 --rounds 1 --out $O/engine_ab_q4.json
+    run ab_q4 150 python3 bench/engine_ab.py --shape 8b --bits 4 ${MLX_ARM:+--with-mlx-lm --baseline mlx-lm} --arms paged ${MLX_ARM:-} --concurrency 32 --history-tokens 0 --rounds 1 --out $O/engine_ab_q4.json
     summary $O/engine_ab_q4.json
     grep -q "kernel check: ok" $O/check_flash.txt 2>/dev/null && run kernel_speed_flash 60 python3 bench/paged_kernel.py --flash --out $O/paged_kernel_flash.json
     ;;
