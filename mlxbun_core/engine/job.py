@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..adapters.sets import NO_ADAPTERS, AdapterSet
 from ..contract import DraftSource, Tokenizer
-from ..events import Admitted, Done, Event, Retry
+from ..events import KEEPALIVE, Admitted, Done, Event, Retry
 from .cache_explain import OFF
 from .session import GenerationRequest, GenerationSession
 
@@ -78,12 +78,25 @@ class EventSink:
         if events:
             self._courier.post(self.queue, events)
 
-    async def get(self) -> list[Event]:
-        """The next batch of events (on the loop): those read ahead first."""
+    async def get(self, idle: float | None = None) -> list[Event]:
+        """The next batch of events (on the loop): those read ahead first; with ``idle``,
+        a KeepAlive when none came for ``idle`` seconds. The wait's timer is a plain
+        loop timer, not a task per wait: a stream waits once per decode step, and 32 of
+        them each step made the event loop thread hold the GIL as long as the worker."""
         if self._held:
             batch, self._held = self._held, []
             return batch
-        return await self.queue.get()
+        if idle is None or not self.queue.empty():
+            return await self.queue.get()
+        timer = asyncio.get_running_loop().call_later(idle, self._keepalive)
+        try:
+            return await self.queue.get()
+        finally:
+            timer.cancel()
+
+    def _keepalive(self) -> None:
+        if self.queue.empty():  # (events that came just now make it needless)
+            self.queue.put_nowait([KEEPALIVE])
 
     async def read_ahead(self) -> list[Event]:
         """Read (and keep for :meth:`get`) until the job is admitted or has ended; the
