@@ -91,6 +91,11 @@ class EngineConfig:
     batch_ssm: bool = field(default=True, metadata={"env": "MLXBUN_BATCH_SSM"})
     # rows of different LoRA sets may share a batch pass (serve --adapter-mixing)
     adapter_mixing: bool = field(default=True, metadata={"env": "MLXBUN_ADAPTER_MIXING"})
+    # the interpreter's thread switch interval in a server (sys.setswitchinterval), in ms:
+    # how long the worker, its pass's result ready, may wait for the event loop to let go
+    # of the GIL; None: Python's own (5 ms)
+    switch_interval_ms: float | None = field(default=None,
+                                             metadata={"env": "MLXBUN_SWITCH_INTERVAL_MS"})
 
 
 @dataclass(frozen=True)
@@ -310,6 +315,7 @@ _READERS: dict[tuple[str, str], Callable[[str], Any]] = {
 
 
     ("engine", "adapter_mixing"): lambda raw: raw.strip().lower() not in _FALSE,
+    ("engine", "switch_interval_ms"): _positive_float,
     ("grammar", "enabled"): lambda raw: raw.strip().lower() not in _FALSE,
     ("grammar", "backend"): str.strip,
     ("grammar", "threads"): lambda raw: _int(raw, 1),
