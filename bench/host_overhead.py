@@ -214,7 +214,9 @@ def serve(ckpt: str, rows: int, env: dict[str, str]) -> tuple[subprocess.Popen, 
 
     port = free_port()
     log = os.path.join(tempfile.gettempdir(), f"mlxbun-hostgap-{port}.log")
-    cmd = [sys.executable, "-m", "mlxbun_core.cli", "serve", ckpt, "--port", str(port),
+    # -P: the code comes from PYTHONPATH, not the working directory (an arm's env may
+    # name another tree's, for an A/B against it)
+    cmd = [sys.executable, "-P", "-m", "mlxbun_core.cli", "serve", ckpt, "--port", str(port),
            "--no-open", "--batch", str(rows), "--prompt-cache", "0"]
     old = dict(os.environ)
     os.environ.update(env)
@@ -225,12 +227,34 @@ def serve(ckpt: str, rows: int, env: dict[str, str]) -> tuple[subprocess.Popen, 
         os.environ.update(old)
 
 
-def profile(pid: int, seconds: float, out: str) -> subprocess.Popen:
-    """py-spy on the server for ``seconds``: the stacks of whichever thread holds the GIL."""
+RATE = 200  # py-spy samples a second
+
+
+def gil_profile(pid: int, run, args, name: str) -> dict:
+    """py-spy on the server for ``--profile`` seconds of served runs, sampling whichever
+    thread holds the GIL: each thread's GIL-held ms per decode step (the work that
+    serializes on a GPU, where the forward itself holds no core), and the raw stacks."""
     spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
-    return subprocess.Popen([spy, "record", "-p", str(pid), "-d", str(int(seconds)),
-                             "-r", "250", "-f", "raw", "--threads", "--gil", "-o", out],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    out = f"{args.profile_out}.{len(name)}.{abs(hash(name)) % 10**6}.txt"
+    rec = subprocess.Popen([spy, "record", "-p", str(pid), "-d", str(int(args.profile)),
+                            "-r", str(RATE), "-f", "raw", "--threads", "--gil",
+                            "--nonblocking", "-o", out],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    time.sleep(1.0)  # (py-spy attaches)
+    steps, t_end = 0, time.time() + args.profile - 2.0
+    while time.time() < t_end:
+        run()
+        steps += args.tokens
+    rec.wait()
+    by_thread: dict[str, int] = {}
+    with open(out) as f:
+        for line in f:
+            stack, _, n = line.rstrip().rpartition(" ")
+            thread = stack.split(";")[0].split(": ", 1)[-1]
+            thread = "asyncio pool" if thread.startswith("asyncio_") else thread
+            by_thread[thread] = by_thread.get(thread, 0) + int(n)
+    return {"stacks": out, "steps": steps, "gil_ms_per_step": {
+        k: round(1e3 * v / RATE / steps, 3) for k, v in by_thread.items()}}
 
 
 def main() -> None:
@@ -244,8 +268,10 @@ def main() -> None:
     ap.add_argument("--served-env", action="append", default=[],
                     help="K=V[,K=V]: one more served arm with this environment")
     ap.add_argument("--arms", default="bare,engine,served")
-    ap.add_argument("--profile", type=float, default=0.0)
-    ap.add_argument("--profile-out", default="/tmp/hostgap-profile.txt")
+    ap.add_argument("--profile", type=float, default=0.0,
+                    help="seconds of served runs per served arm under py-spy --gil")
+    ap.add_argument("--profile-out", default="/tmp/hostgap-profile",
+                    help="the raw stacks' file name stem")
     ap.add_argument("--out")
     args = ap.parse_args()
     bench_home.use()
@@ -293,16 +319,11 @@ def main() -> None:
         print(f"{name:30s} {row['ms_per_step']:8.3f} ms/step"
               + (f"  x{row['ratio_to_bare']:.2f} bare" if "ratio_to_bare" in row else ""),
               flush=True)
-    if args.profile and servers:
-        name = next(iter(servers))
-        base_arm = arms[name]
-        spy = profile(procs[0].pid, args.profile, args.profile_out)
-        time.sleep(1.0)
-        t_end = time.time() + args.profile - 1.5
-        while time.time() < t_end:
-            base_arm()
-        spy.wait()
-        res["profile"] = args.profile_out
+    if args.profile:
+        res["gil"] = {}
+        for name, proc in zip(servers, procs):
+            res["gil"][name] = gil_profile(proc.pid, arms[name], args, name)
+            print(name, json.dumps(res["gil"][name]["gil_ms_per_step"]), flush=True)
     for proc in procs:
         proc.terminate()
         proc.wait(timeout=60)
