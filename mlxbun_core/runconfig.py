@@ -25,6 +25,7 @@ log = logging.getLogger("mlxbun.config")
 SWITCH_MODES = ("auto", "on", "off")
 FILL_MODES = ("off", "strict")
 DEFAULT_FILL_MAX_SPAN = 32
+SWITCH_INTERVAL_MS = 1.0  # a server's thread switch interval (Python's own: 5 ms)
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -92,10 +93,10 @@ class EngineConfig:
     # rows of different LoRA sets may share a batch pass (serve --adapter-mixing)
     adapter_mixing: bool = field(default=True, metadata={"env": "MLXBUN_ADAPTER_MIXING"})
     # the interpreter's thread switch interval in a server (sys.setswitchinterval), in ms:
-    # how long the worker, its pass's result ready, may wait for the event loop to let go
-    # of the GIL; None: Python's own (5 ms)
-    switch_interval_ms: float | None = field(default=None,
-                                             metadata={"env": "MLXBUN_SWITCH_INTERVAL_MS"})
+    # how long the worker, its pass's result ready, may wait for the event loop's thread
+    # to let go of the GIL (Python's own is 5; bench/NOTES.md "Host work per served step")
+    switch_interval_ms: float = field(default=SWITCH_INTERVAL_MS,
+                                      metadata={"env": "MLXBUN_SWITCH_INTERVAL_MS"})
 
 
 @dataclass(frozen=True)
@@ -281,6 +282,15 @@ def _number(raw: str, var: str) -> float | None:
         return None
 
 
+def _interval_ms(raw: str) -> float:
+    value = _number(raw, "MLXBUN_SWITCH_INTERVAL_MS")
+    if value is not None and value > 0:
+        return value
+    if value is not None:
+        log.warning("MLXBUN_SWITCH_INTERVAL_MS=%r is not positive; ignored", raw)
+    return SWITCH_INTERVAL_MS
+
+
 def _positive_int(raw: str) -> int | None:
     return int(raw) if raw.isdigit() and int(raw) > 0 else None
 
@@ -315,7 +325,7 @@ _READERS: dict[tuple[str, str], Callable[[str], Any]] = {
 
 
     ("engine", "adapter_mixing"): lambda raw: raw.strip().lower() not in _FALSE,
-    ("engine", "switch_interval_ms"): _positive_float,
+    ("engine", "switch_interval_ms"): lambda raw: _interval_ms(raw),
     ("grammar", "enabled"): lambda raw: raw.strip().lower() not in _FALSE,
     ("grammar", "backend"): str.strip,
     ("grammar", "threads"): lambda raw: _int(raw, 1),
