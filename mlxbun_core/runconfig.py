@@ -25,7 +25,6 @@ log = logging.getLogger("mlxbun.config")
 SWITCH_MODES = ("auto", "on", "off")
 FILL_MODES = ("off", "strict")
 DEFAULT_FILL_MAX_SPAN = 32
-SWITCH_INTERVAL_MS = 1.0  # a server's thread switch interval (Python's own: 5 ms)
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -94,9 +93,10 @@ class EngineConfig:
     adapter_mixing: bool = field(default=True, metadata={"env": "MLXBUN_ADAPTER_MIXING"})
     # the interpreter's thread switch interval in a server (sys.setswitchinterval), in ms:
     # how long the worker, its pass's result ready, may wait for the event loop's thread
-    # to let go of the GIL (Python's own is 5; bench/NOTES.md "Host work per served step")
-    switch_interval_ms: float = field(default=SWITCH_INTERVAL_MS,
-                                      metadata={"env": "MLXBUN_SWITCH_INTERVAL_MS"})
+    # to let go of the GIL; None: Python's own, 5 (an A/B lever: no step rate changed on
+    # the CPU, bench/NOTES.md "Host work per served step")
+    switch_interval_ms: float | None = field(default=None,
+                                             metadata={"env": "MLXBUN_SWITCH_INTERVAL_MS"})
 
 
 @dataclass(frozen=True)
@@ -282,13 +282,12 @@ def _number(raw: str, var: str) -> float | None:
         return None
 
 
-def _interval_ms(raw: str) -> float:
+def _interval_ms(raw: str) -> float | None:
     value = _number(raw, "MLXBUN_SWITCH_INTERVAL_MS")
-    if value is not None and value > 0:
-        return value
-    if value is not None:
+    if value is not None and value <= 0:
         log.warning("MLXBUN_SWITCH_INTERVAL_MS=%r is not positive; ignored", raw)
-    return SWITCH_INTERVAL_MS
+        return None
+    return value
 
 
 def _positive_int(raw: str) -> int | None:

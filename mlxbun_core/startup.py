@@ -51,7 +51,8 @@ def configure_run(args: argparse.Namespace) -> None:
 
     config = build(args)
     install(config)
-    sys.setswitchinterval(config.engine.switch_interval_ms / 1e3)
+    if config.engine.switch_interval_ms is not None:
+        sys.setswitchinterval(config.engine.switch_interval_ms / 1e3)
 
 
 # optional grammar backends and the extra that installs each
