@@ -181,15 +181,18 @@ def served_arm(pid: int, base: str, prompts, tokens: int):
 def thread_names(pid: int) -> dict[int, str]:
     """The server's threads by native id (py-spy reads their Python names)."""
     spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
-    out = subprocess.run([spy, "dump", "--json", "-p", str(pid)], capture_output=True,
-                         text=True, check=True).stdout
+    try:
+        out = subprocess.run([spy, "dump", "--json", "-p", str(pid)], capture_output=True,
+                             text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):  # no py-spy: the threads unnamed
+        return {}
     return {t["os_thread_id"]: t.get("thread_name") or str(t["os_thread_id"])
             for t in json.loads(out)}
 
 
 def cpu_by_thread(pid: int, names: dict[int, str]) -> dict[str, float]:
     """CPU seconds each thread of ``pid`` has used (utime + stime): Python threads by
-    name, the rest (MLX's, the runtime's) together as ``native``."""
+    name, the rest (MLX's, the runtime's; all of them without py-spy) as ``native``."""
     tick = os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
