@@ -261,7 +261,7 @@ def gil_profile(pid: int, run, args, name: str) -> dict:
         k: round(1e3 * v / RATE / steps, 3) for k, v in by_thread.items()}}
 
 
-def main() -> None:
+def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=36)
     ap.add_argument("--hidden", type=int, default=64)
@@ -277,7 +277,27 @@ def main() -> None:
     ap.add_argument("--profile-out", default="/tmp/hostgap-profile",
                     help="the raw stacks' file name stem")
     ap.add_argument("--out")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def summary(got: dict[str, list]) -> dict:
+    """Each arm's median ms per step and its same-round ratio to ``bare``."""
+    out: dict = {}
+    for name, runs in got.items():
+        ms = [x["ms_per_step"] for x in runs]
+        row = {"ms_per_step": statistics.median(ms), "rounds": runs}
+        if "bare" in got:
+            row["ratio_to_bare"] = statistics.median(
+                a / b["ms_per_step"] for a, b in zip(ms, got["bare"]))
+        out[name] = row
+        print(f"{name:30s} {row['ms_per_step']:8.3f} ms/step"
+              + (f"  x{row['ratio_to_bare']:.2f} bare" if "ratio_to_bare" in row else ""),
+              flush=True)
+    return out
+
+
+def main() -> None:
+    args = parse()
     bench_home.use()
 
     from mlx_lm import load
@@ -312,17 +332,7 @@ def main() -> None:
         print(r, {k: (round(v[-1]["ms_per_step"], 3), v[-1]["cpu_ms_per_step"])
                   for k, v in got.items()}, flush=True)
     res: dict = {"args": vars(args), "device": str(mx.default_device()),
-                 "date": time.strftime("%Y-%m-%d"), "arms": {}}
-    for name, runs in got.items():
-        ms = [x["ms_per_step"] for x in runs]
-        row = {"ms_per_step": statistics.median(ms), "rounds": runs}
-        if "bare" in got:
-            row["ratio_to_bare"] = statistics.median(
-                a / b["ms_per_step"] for a, b in zip(ms, got["bare"]))
-        res["arms"][name] = row
-        print(f"{name:30s} {row['ms_per_step']:8.3f} ms/step"
-              + (f"  x{row['ratio_to_bare']:.2f} bare" if "ratio_to_bare" in row else ""),
-              flush=True)
+                 "date": time.strftime("%Y-%m-%d"), "arms": summary(got)}
     if args.profile:
         res["gil"] = {}
         for name, proc in zip(servers, procs):
