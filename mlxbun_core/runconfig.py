@@ -91,6 +91,12 @@ class EngineConfig:
     batch_ssm: bool = field(default=True, metadata={"env": "MLXBUN_BATCH_SSM"})
     # rows of different LoRA sets may share a batch pass (serve --adapter-mixing)
     adapter_mixing: bool = field(default=True, metadata={"env": "MLXBUN_ADAPTER_MIXING"})
+    # the interpreter's thread switch interval in a server (sys.setswitchinterval), in ms:
+    # how long the worker, its pass's result ready, may wait for the event loop's thread
+    # to let go of the GIL; None: Python's own, 5 (an A/B lever: no step rate changed on
+    # the CPU, bench/NOTES.md "Host work per served step")
+    switch_interval_ms: float | None = field(default=None,
+                                             metadata={"env": "MLXBUN_SWITCH_INTERVAL_MS"})
 
 
 @dataclass(frozen=True)
@@ -276,6 +282,14 @@ def _number(raw: str, var: str) -> float | None:
         return None
 
 
+def _interval_ms(raw: str) -> float | None:
+    value = _number(raw, "MLXBUN_SWITCH_INTERVAL_MS")
+    if value is not None and value <= 0:
+        log.warning("MLXBUN_SWITCH_INTERVAL_MS=%r is not positive; ignored", raw)
+        return None
+    return value
+
+
 def _positive_int(raw: str) -> int | None:
     return int(raw) if raw.isdigit() and int(raw) > 0 else None
 
@@ -310,6 +324,7 @@ _READERS: dict[tuple[str, str], Callable[[str], Any]] = {
 
 
     ("engine", "adapter_mixing"): lambda raw: raw.strip().lower() not in _FALSE,
+    ("engine", "switch_interval_ms"): lambda raw: _interval_ms(raw),
     ("grammar", "enabled"): lambda raw: raw.strip().lower() not in _FALSE,
     ("grammar", "backend"): str.strip,
     ("grammar", "threads"): lambda raw: _int(raw, 1),

@@ -44,11 +44,15 @@ def configure_media(args: argparse.Namespace) -> None:
 
 def configure_run(args: argparse.Namespace) -> None:
     """The run configuration (flags > environment > file > defaults) installed for the
-    code below start-up, which reads it instead of the environment."""
+    code below start-up, which reads it instead of the environment; and the thread
+    switch interval it names (``MLXBUN_SWITCH_INTERVAL_MS``)."""
     from .config.runtime import build
     from .runconfig import install
 
-    install(build(args))
+    config = build(args)
+    install(config)
+    if config.engine.switch_interval_ms is not None:
+        sys.setswitchinterval(config.engine.switch_interval_ms / 1e3)
 
 
 # optional grammar backends and the extra that installs each

@@ -232,3 +232,28 @@ def test_the_process_settings_are_what_their_modules_use(monkeypatch):
     assert selection.chosen_model(nothing) is None  # the embedded default, not a pick
     configure(monkeypatch, process={"no_open": False}, server={"allow_private_media": False})
     assert pages.interactive_start(no_open=False) and not fetch.policy.private_allowed()
+
+
+def test_serve_start_sets_the_thread_switch_interval(home, monkeypatch):
+    """How long the worker, its pass's result ready, may wait for the event loop's thread
+    to let go of the GIL: ``MLXBUN_SWITCH_INTERVAL_MS``, set once at start-up."""
+    import sys
+
+    from mlxbun_core.startup import configure_run
+
+    monkeypatch.setattr(runconfig, "_installed", runconfig.current())  # (restored after)
+    was = sys.getswitchinterval()
+    try:
+        monkeypatch.setenv("MLXBUN_SWITCH_INTERVAL_MS", "0.5")
+        configure_run(serve())
+        assert runconfig.current().engine.switch_interval_ms == 0.5
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+        for wrong in ("-1", "0", "fast"):  # ignored (with a warning): Python's own
+            assert runconfig.from_environ({"MLXBUN_SWITCH_INTERVAL_MS": wrong}).engine \
+                .switch_interval_ms is None
+        monkeypatch.delenv("MLXBUN_SWITCH_INTERVAL_MS")
+        sys.setswitchinterval(0.005)
+        configure_run(serve())  # unset: Python's own stays
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+    finally:
+        sys.setswitchinterval(was)

@@ -7,30 +7,79 @@ otherwise."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import anthropic
 import httpx
 import openai
 import pytest
 
-from mlxbun_core.events import KEEPALIVE, Content
+from mlxbun_core.engine.core import Engine
+from mlxbun_core.engine.job import EventSink
+from mlxbun_core.events import KEEPALIVE, Content, Event
 from mlxbun_core.server import generation
+from mlxbun_core.server.openai.choices import Choices
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
 from mlxbun_core.testing.server import start_server
 
 
 def test_silence_longer_than_the_interval_becomes_keepalives():
-    async def slow():
-        await asyncio.sleep(0.35)
-        yield Content("a")
-        yield Content("b")
-
     async def run():
-        return [ev async for ev in generation.with_keepalive(slow(), 0.1)]
+        sink = EventSink(asyncio.get_running_loop())
+        late = threading.Timer(0.35, sink.post, args=([Content("a"), Content("b")],))
+        late.start()  # (the worker thread posts so)
+        out: list[Event] = []
+        while Content("b") not in out:
+            out += await sink.get(idle=0.1)
+        late.join()
+        return out
 
     out = asyncio.run(run())
     assert out[-2:] == [Content("a"), Content("b")]
     assert 2 <= len(out) - 2 <= 4 and set(out[:-2]) == {KEEPALIVE}
+
+
+class Tokens(generation.FrameWriter):
+    def event(self, ev):
+        return [b"token"]
+
+    def done(self, finish):
+        return [b"done"]
+
+
+def test_a_stream_waits_for_its_tokens_without_a_task_each():
+    """A stream waits once per decode step; a task (and asyncio.wait) per wait made the
+    event loop thread hold the GIL about as long as the worker at 32 streams."""
+    engine = Engine.load(str(tiny_checkpoint("qwen3", seed=8)), progress=False,
+                         prompt_cache_bytes=0)
+    body = {"prompt": "hello there", "max_tokens": 24, "temperature": 0}
+
+    async def run(read):
+        loop = asyncio.get_running_loop()
+        made = []
+
+        def counted(loop, coro, **kw):
+            made.append(coro)
+            return asyncio.Task(coro, loop=loop, **kw)
+
+        gen = await engine.start(engine.parse_completion(body))
+        loop.set_task_factory(counted)
+        try:
+            out = [f async for f in read(gen)]
+        finally:
+            loop.set_task_factory(None)
+        return out, len(made)
+
+    async def choices(gen):
+        async for _, ev in Choices([gen]).events():
+            yield ev
+
+    try:
+        for read in (lambda gen: generation.frames(gen, Tokens()), choices):
+            out, tasks = asyncio.run(run(read))
+            assert len(out) >= 10 and tasks == 0, (len(out), tasks)
+    finally:
+        engine.close()
 
 
 @pytest.fixture(scope="module")

@@ -45,11 +45,12 @@ class Generation:
         head = await self._job.sink.read_ahead()
         return next((ev.finish for ev in head if isinstance(ev, Done)), None)
 
-    async def events(self) -> AsyncIterator[Event]:
-        """The generation's events, ending with ``Done``; leaving early cancels it."""
+    async def events(self, keepalive: float | None = None) -> AsyncIterator[Event]:
+        """The generation's events, ending with ``Done``; leaving early cancels it.
+        ``keepalive``: a KeepAlive whenever none came for that many seconds."""
         try:
             while True:
-                for ev in await self._job.sink.get():
+                for ev in await self._job.sink.get(keepalive):
                     yield ev
                     if isinstance(ev, Done):
                         self._ended(ev.finish)

@@ -7,16 +7,17 @@ lane steps. Nothing here touches MLX, so jobs are cheap to make on the event loo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
 import time
 import weakref
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..adapters.sets import NO_ADAPTERS, AdapterSet
 from ..contract import DraftSource, Tokenizer
-from ..events import Admitted, Done, Event, Retry
+from ..events import KEEPALIVE, Admitted, Done, Event, Retry
 from .cache_explain import OFF
 from .session import GenerationRequest, GenerationSession
 
@@ -34,6 +35,7 @@ class _Courier:
 
     The worker posts for every row of a batch each step; the first post of a burst
     schedules one delivery on the loop, later posts of the same burst ride along.
+    Inside :func:`posts_held` the first post waits for the hold's end to schedule it.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
@@ -46,17 +48,46 @@ class _Courier:
             first = not self._pending
             self._pending.append((q, events))
         if first:
-            try:
-                self.loop.call_soon_threadsafe(self._deliver)
-            except RuntimeError:  # the loop is closed: nobody is listening any more
-                with self._lock:
-                    self._pending.clear()
+            held: dict[_Courier, None] | None = getattr(_holding, "couriers", None)
+            if held is not None:
+                held[self] = None
+            else:
+                self.wake()
+
+    def wake(self) -> None:
+        """Schedule the delivery of what is pending on the loop."""
+        try:
+            self.loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            with self._lock:
+                self._pending.clear()
 
     def _deliver(self) -> None:
         with self._lock:
             batch, self._pending = self._pending, []
         for q, events in batch:
             q.put_nowait(events)
+
+
+_holding = threading.local()  # ``couriers``: those a hold on this thread will wake
+
+
+@contextlib.contextmanager
+def posts_held() -> Iterator[None]:
+    """Events posted inside reach their loops together, in one wake-up each, when it
+    ends: a decode step hands out a token per row, and a wake-up at the first row's
+    woke the event loop (its thread took the GIL at the wake-up's write) while the
+    worker still had the other rows to deliver."""
+    if getattr(_holding, "couriers", None) is not None:  # (an outer hold wakes them)
+        yield
+        return
+    _holding.couriers = {}
+    try:
+        yield
+    finally:
+        couriers, _holding.couriers = _holding.couriers, None
+        for courier in couriers:
+            courier.wake()
 
 
 _couriers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Courier] = \
@@ -78,12 +109,25 @@ class EventSink:
         if events:
             self._courier.post(self.queue, events)
 
-    async def get(self) -> list[Event]:
-        """The next batch of events (on the loop): those read ahead first."""
+    async def get(self, idle: float | None = None) -> list[Event]:
+        """The next batch of events (on the loop): those read ahead first; with ``idle``,
+        a KeepAlive when none came for ``idle`` seconds. The wait's timer is a plain
+        loop timer, not a task per wait: a stream waits once per decode step, and 32 of
+        them each step made the event loop thread hold the GIL as long as the worker."""
         if self._held:
             batch, self._held = self._held, []
             return batch
-        return await self.queue.get()
+        if idle is None or not self.queue.empty():
+            return await self.queue.get()
+        timer = asyncio.get_running_loop().call_later(idle, self._keepalive)
+        try:
+            return await self.queue.get()
+        finally:
+            timer.cancel()
+
+    def _keepalive(self) -> None:
+        if self.queue.empty():  # (events that came just now make it needless)
+            self.queue.put_nowait([KEEPALIVE])
 
     async def read_ahead(self) -> list[Event]:
         """Read (and keep for :meth:`get`) until the job is admitted or has ended; the

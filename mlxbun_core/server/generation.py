@@ -8,7 +8,6 @@ failure frames live here once.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -19,7 +18,6 @@ from blacksheep import Request, Response
 from ..engine.cache_explain import HEADER as CACHE_HEADER
 from ..engine.reply import Reply, failure, gather
 from ..engine.request import GenerationInput, choice_requests
-from ..events import KEEPALIVE as KEEPALIVE_EVENT
 from ..events import Admitted, Done, Event, Finish, KeepAlive
 from . import trace as tracing
 from .common import KEEPALIVE, json_response, new_id, now, read_body, sse_response, watch_disconnect
@@ -133,34 +131,9 @@ class FrameWriter:
 async def frames(gen: Generation, writer: FrameWriter) -> AsyncIterator[bytes]:
     for frame in writer.opening():
         yield frame
-    async for ev in with_keepalive(gen.events(), KEEPALIVE_S):
+    async for ev in gen.events(keepalive=KEEPALIVE_S):
         for frame in writer.frames_of(ev):
             yield frame
-
-
-async def with_keepalive(events: AsyncIterator[Event], every: float) -> AsyncIterator[Event]:
-    """``events``, with a KeepAlive whenever none came for ``every`` seconds. A CPU
-    reads a coding agent's prompt for minutes before the first token, and clients give
-    up on a silent stream (Claude Code after 5 minutes, then retries from scratch)."""
-    it = events.__aiter__()
-    pending: asyncio.Future[Event] | None = None
-    try:
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(it.__anext__())
-            done, _ = await asyncio.wait({pending}, timeout=every)
-            if not done:
-                yield KEEPALIVE_EVENT
-                continue
-            ready, pending = pending, None
-            try:
-                ev = ready.result()
-            except StopAsyncIteration:
-                return
-            yield ev
-    finally:
-        if pending is not None:
-            pending.cancel()
 
 
 async def admitted(request: Request, run: Run) -> None:

@@ -252,7 +252,7 @@ class Batch:
         fed = cast("list[int]", inputs.tolist())
         # only now: a step that fails before here leaves every row's next input as it was
         self.next_tokens = sampled
-        self.next_logprobs = [logprobs[i] for i in range(len(rows))]
+        self.next_logprobs = list(logprobs)  # (one C++ loop: 32 indexings took 130 us)
         out = []
         for i, (r, token, lp) in enumerate(zip(rows, fed, fed_logprobs)):
             if r.tapped and hidden is not None and self.tap is not None:

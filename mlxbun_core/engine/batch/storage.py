@@ -80,12 +80,16 @@ class LayerStore:
         self.keys[slots] = keys.transpose(0, 2, 1, 3).reshape(b * w, h, -1)
         self.values[slots] = values.transpose(0, 2, 1, 3).reshape(b * w, h, -1)
 
-    def gather(self, blocks: mx.array) -> tuple[mx.array, mx.array]:
+    def gather(self, blocks: mx.array, index: mx.array | None = None
+               ) -> tuple[mx.array, mx.array]:
         """The keys and values of the block tables ``blocks`` (``(rows, n)``), as
-        ``(rows, heads, n * block_size, dim)``."""
+        ``(rows, heads, n * block_size, dim)``; ``index``: ``gather_index`` of those
+        tables for this layer's heads (a pass's layers share it: ``Window.gather_index``)."""
         assert self.keys is not None and self.values is not None
-        return _gather(self.keys, blocks, self.pool.block_size), \
-            _gather(self.values, blocks, self.pool.block_size)
+        bs = self.pool.block_size
+        if index is None:
+            index = gather_index(blocks, bs, self.keys.shape[1])
+        return _gather(self.keys, blocks, bs, index), _gather(self.values, blocks, bs, index)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy each ``old`` block's contents into ``new`` (copy on write)."""
@@ -110,16 +114,25 @@ def block_slots(blocks: list[int], block_size: int) -> mx.array:
     return (ids[:, None] * block_size + mx.arange(block_size, dtype=mx.int32)).reshape(-1)
 
 
-def _gather(store: mx.array, blocks: mx.array, block_size: int) -> mx.array:
+def gather_index(blocks: mx.array, block_size: int, heads: int) -> mx.array:
+    """The flat (slot, head) indices ``_gather`` takes for the block tables ``blocks``
+    (``(rows, n)``), row by row, head by head, position by position."""
+    rows, n = blocks.shape
+    slots = (blocks[:, :, None] * block_size + mx.arange(block_size)[None, None, :]
+             ).reshape(rows, 1, n * block_size)
+    return (slots * heads + mx.arange(heads)[None, :, None]).reshape(-1)
+
+
+def _gather(store: mx.array, blocks: mx.array, block_size: int,
+            index: mx.array | None = None) -> mx.array:
     """The rows' positions as a contiguous ``(rows, heads, positions, dim)``: one take of
     ``dim``-long rows at (slot, head) indices, so attention reads it without striding (a
     transposed view of a ``(rows, positions, heads, dim)`` gather made MLX's CPU attention
-    3.5x slower)."""
+    3.5x slower). ``index``: :func:`gather_index` of ``blocks`` for ``store``'s heads."""
     rows, n = blocks.shape
     heads, dim = store.shape[1], store.shape[2]
-    slots = (blocks[:, :, None] * block_size + mx.arange(block_size)[None, None, :]
-             ).reshape(rows, 1, n * block_size)
-    index = (slots * heads + mx.arange(heads)[None, :, None]).reshape(-1)
+    if index is None or index.size != rows * heads * n * block_size:
+        index = gather_index(blocks, block_size, heads)
     picked = mx.take(store.reshape(-1, dim), index, axis=0)
     return picked.reshape(rows, heads, n * block_size, dim)
 

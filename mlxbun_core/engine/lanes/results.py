@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..batch.entry import BlockEntry
+from ..job import posts_held
 from .admit import Admitting
 from .slot import BatchRow, deliver
 
@@ -39,8 +40,9 @@ class Results(Admitting):
             self.spec.stepped(uids)
             if self.mtp is not None:
                 self.mtp.stepped(uids)
-        for e in emits:
-            self._route(e)
+        with posts_held():  # the step's tokens reach the event loop in one wake-up
+            for e in emits:
+                self._route(e)
 
     def _forget(self, uid: int) -> BatchRow:
         self.spec.drop(uid)

@@ -24,7 +24,7 @@ from ...events import KEEPALIVE, Done, Event, Finish, Usage
 from .. import generation
 from .. import trace as tracing
 from ..common import json_response, sse_response
-from ..generation import FrameWriter, Run, admitted, collect, with_keepalive
+from ..generation import FrameWriter, Run, admitted, collect
 
 if TYPE_CHECKING:
     from ...engine.core import Generation
@@ -48,7 +48,7 @@ class Choices:
         """Every choice's events as they come (each choice's own order kept); leaving
         early cancels them all."""
         if len(self.gens) == 1:
-            async for ev in with_keepalive(self.gens[0].events(), generation.KEEPALIVE_S):
+            async for ev in self.gens[0].events(keepalive=generation.KEEPALIVE_S):
                 yield 0, ev
             return
         queue: asyncio.Queue[tuple[int, Event | None]] = asyncio.Queue()
