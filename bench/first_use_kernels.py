@@ -44,7 +44,9 @@ def modules(cache: str) -> dict[str, float]:
 async def phases(base: str, prompts: list[str], cache: str) -> list[dict]:
     out = []
     seen = modules(cache)
-    out.append({"phase": "ready", "modules": len(seen)})
+    warmed = sorted(m for m in seen if m.startswith(("qmm", "gather")))  # the usual suspects
+    out.append({"phase": "ready", "modules": len(seen), "qmm_and_gather": warmed})
+    print(json.dumps(out[-1]), flush=True)
     for name, conc, tokens in PHASES:
         t0 = time.perf_counter()
         got = await load_phase(base, conc, 1, prompts, tokens)

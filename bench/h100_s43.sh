@@ -36,6 +36,13 @@ print(checkpoint('8b', 4))"
     summary $O/engine_ab_q4.json
     grep -q "kernel check: ok" $O/check_flash.txt 2>/dev/null && run kernel_speed_flash 60 python3 bench/paged_kernel.py --flash --out $O/paged_kernel_flash.json
     ;;
+  c)
+    # what a short lease allows: the flash kernel's check, and whether a fresh 4-bit server
+    # still compiles a quantized matmul after it said ready (a small body: MLX names the
+    # kernel by dtype, tile, bits and group, not by shape)
+    run check_flash 45 env CUDA_LAUNCH_BLOCKING=1 python3 bench/paged_kernel.py --flash --check-only --out $O/kernel_check_flash.json
+    run first_use_q4 120 python3 bench/first_use_kernels.py --shape small --bits 4 --out $O/first_use_q4_small.json
+    ;;
 esac
 cp /tmp/engine_ab_*.log "$O"/ 2>/dev/null
 true

@@ -37,6 +37,8 @@ import bench_home  # this folder
 
 SHAPES = {  # Qwen3 shapes; "8b" is Qwen3-8B's body (vocab kept at the test tokenizer's size)
     "tiny": {},
+    "small": {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 4,
+              "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128},
     "8b": {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128},
 }
