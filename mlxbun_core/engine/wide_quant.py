@@ -81,7 +81,7 @@ def warm_matmuls(model: nn.Module, rows: tuple[int, ...] = WARM_ROWS) -> int:
     H100 the first 32-client load waited 44 s while MLX compiled its tiled quantized
     matmul for the tied output projection, which no pass of the warm-up had reached
     (``bench/first_use_kernels.py``). Returns how many matmuls ran."""
-    kinds: dict[tuple[object, ...], nn.Module] = {}
+    kinds: dict[tuple[object, ...], nn.QuantizedLinear | nn.QuantizedEmbedding] = {}
     for _, m in model.named_modules():
         if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
             w = m["weight"]
