@@ -166,19 +166,7 @@ def paged_reference(q: mx.array, store: LayerStore, view: Window, window: int | 
 # device busy when there are few rows (a lone long stream) as well as many.
 _SOURCE = """
     constexpr int PER = D / 32;
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int W = params[0], NB = params[1], window = params[2], HKV = params[3];
-    const int S = params[4], CHUNK = params[5];
-    int blk = blockIdx.x;
-    const int split = blk % S; blk /= S;
-    const int wi = blk % W; blk /= W;
-    const int hkv = blk % HKV; const int b = blk / HKV;
-    const int HQ = HKV * R;
-    const int pos = starts[b] + wi;
-    int hi = min(pos, NB * BS - 1);
-    int lo = window > 0 ? max(0, pos - window + 1) : 0;
-    lo = max(lo, split * CHUNK);
-    hi = min(hi, split * CHUNK + CHUNK - 1);
+""" + flash.BLOCK_SPAN + """
     const float sc = scale[0];
     float qv[R][PER], acc[R][PER], m[R], l[R];
     for (int r = 0; r < R; ++r) {

@@ -34,6 +34,24 @@ class Window(Protocol):
 _kernels: dict[tuple[Any, ...], Any] = {}  # the compiled kernels, by dtype and mode
 
 
+# What both kernels' thread blocks start from: which (row, KV head, query position, split
+# of the keys) a block serves (the launch puts the splits innermost) and the positions
+# [lo, hi] it reads: the split's, within the row's causal and sliding-window limits.
+BLOCK_SPAN = """
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int W = params[0], NB = params[1], window = params[2], HKV = params[3];
+    const int S = params[4], CHUNK = params[5];
+    int blk = blockIdx.x;
+    const int split = blk % S; blk /= S;
+    const int wi = blk % W; blk /= W;
+    const int hkv = blk % HKV; const int b = blk / HKV;
+    const int HQ = HKV * R;
+    const int pos = starts[b] + wi;
+    int lo = window > 0 ? max(0, pos - window + 1) : 0;
+    lo = max(lo, split * CHUNK);
+    const int hi = min(min(pos, NB * BS - 1), split * CHUNK + CHUNK - 1);
+"""
+
 # Flash decoding over block tables. One thread block per (row, KV head, query position,
 # split of the keys); its NT threads walk the split a tile of TILE keys at a time:
 # Every loop over a tile runs to the compile-time TILE with the tile's length n checked
@@ -55,19 +73,7 @@ _SOURCE = """
     constexpr int DP = D + VEC;              // padded shared row (T elements)
     constexpr int PER = D / 32;              // dims per lane in the weighted sum
     constexpr int RW = (R + NW - 1) / NW;    // query heads per warp
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int W = params[0], NB = params[1], window = params[2], HKV = params[3];
-    const int S = params[4], CHUNK = params[5];
-    int blk = blockIdx.x;
-    const int split = blk % S; blk /= S;
-    const int wi = blk % W; blk /= W;
-    const int hkv = blk % HKV; const int b = blk / HKV;
-    const int HQ = HKV * R;
-    const int pos = starts[b] + wi;
-    int lo = window > 0 ? max(0, pos - window + 1) : 0;
-    lo = max(lo, split * CHUNK);
-    const int hi = min(min(pos, NB * BS - 1), split * CHUNK + CHUNK - 1);
-
+""" + BLOCK_SPAN + """
     __shared__ __align__(16) T ks[TILE * DP];
     __shared__ __align__(16) T vs[TILE * DP];
     __shared__ float qs[R * D];
