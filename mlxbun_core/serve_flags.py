@@ -208,7 +208,7 @@ def add_engine_flags(s: argparse.ArgumentParser) -> None:
 
 def _fill_default() -> str:
     """MLXBUN_FILL (or its alias MLXBUN_GRAMMAR_JUMP); a wrong value is said at start."""
-    from .runconfig import GRAMMAR_JUMP, parse_fill
+    from .env_readers import GRAMMAR_JUMP, parse_fill
 
     raw = os.environ.get("MLXBUN_FILL", os.environ.get("MLX_BUN_FILL"))
     try:

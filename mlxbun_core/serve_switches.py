@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 
 from .config.runtime import start_refusals
+from .env_readers import parse_thinking
 from .request_fields import BY_NAME
-from .runconfig import parse_thinking
 
 # the reference's tier presets and decode-route switches; None: not typed
 ROUTE_DESTS = ("compiled_decode", "compiled_activations", "fused_sdpa", "force_wire",

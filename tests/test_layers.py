@@ -40,8 +40,8 @@ FLOORS = [
     # records: plain data and self-contained helpers; nothing of ours (fspaths -> errors)
     {"errors.py", "events.py", "model.py", "holdback.py", "system_turns.py", "fspaths.py",
      "kvquant/", "blas/", "torchless.py", "sqlitefile.py", "fdlimit.py", "request_fields.py",
-     "runconfig.py", "refused_flags.py", "sequences.py", "sidetable.py", "backend.py",
-     "cache_ops.py"},
+     "runconfig.py", "env_readers.py", "refused_flags.py", "sequences.py", "sidetable.py",
+     "backend.py", "cache_ops.py"},
     # formats and files: grammar requests, media parts, model files, the SSD cache's files
     {"grammar/", "media/", "models/", "kvstore/", "speech/"},
     # the contract plugins implement

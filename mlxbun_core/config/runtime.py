@@ -13,7 +13,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ..runconfig import FALLBACKS, RunConfig, env_names, from_environ, parse_fill, parse_switch
+from ..env_readers import FALLBACKS, parse_fill, parse_switch
+from ..runconfig import RunConfig, env_names, from_environ
 
 # (group, field) -> the serve option (dest) that sets it too
 FLAG_FIELDS = {("engine", "fill"): "fill", ("engine", "prefill_buckets"): "prefill_buckets",

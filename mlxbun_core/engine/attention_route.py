@@ -34,7 +34,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..runconfig import current, parse_switch
+from ..env_readers import parse_switch
+from ..runconfig import current
 
 log = logging.getLogger("mlxbun.engine")
 

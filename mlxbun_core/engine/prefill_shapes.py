@@ -29,7 +29,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..runconfig import current, parse_switch
+from ..env_readers import parse_switch
+from ..runconfig import current
 
 if TYPE_CHECKING:
     import mlx.core as mx

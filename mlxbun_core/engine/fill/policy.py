@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ...runconfig import DEFAULT_FILL_MAX_SPAN, current, parse_fill
+from ...env_readers import DEFAULT_FILL_MAX_SPAN, parse_fill
+from ...runconfig import current
 
 if TYPE_CHECKING:
     from ..job import GenerationJob
