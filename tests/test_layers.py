@@ -37,7 +37,8 @@ NEVER = [("engine/", "server/"), ("toolcalls/", "engine/"), ("toolcalls/", "serv
 # The floors of docs/architecture.md, from the ground up: a room imports rooms of its own
 # floor or below, never above. A new room gets its floor here (and a line in the doc).
 FLOORS = [
-    # records: plain data and self-contained helpers; nothing of ours (fspaths -> errors)
+    # records: plain data and self-contained helpers; nothing of ours (fspaths -> errors,
+    # runconfig -> env_readers)
     {"errors.py", "events.py", "model.py", "holdback.py", "system_turns.py", "fspaths.py",
      "kvquant/", "blas/", "torchless.py", "sqlitefile.py", "fdlimit.py", "request_fields.py",
      "runconfig.py", "env_readers.py", "refused_flags.py", "sequences.py", "sidetable.py",
