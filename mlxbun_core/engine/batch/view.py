@@ -17,6 +17,7 @@ block tables reads only each row's own).
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
@@ -47,14 +48,12 @@ class Window:
         self._plan = (starts, valid, width, row_blocks)
         self.rows, self.width = len(starts), width
         self.starts = np.array(starts, dtype=np.int64)
+        nb = _blocks_seen(starts, width, bs)
+        blocks = _padded(row_blocks, nb)
         # write slots: (rows, width); padding goes to the trash block's slots
         pos = self.starts[:, None] + np.arange(width)[None, :]
         keep = np.arange(width)[None, :] < np.array(valid)[:, None]
-        nb = _blocks_seen(starts, width, bs)
-        blocks = np.full((self.rows, nb), TRASH, dtype=np.int64)
-        for r, ids in enumerate(row_blocks):
-            blocks[r, :len(ids)] = ids
-        row_blocks_at = np.take_along_axis(blocks, np.minimum(pos // bs, nb - 1), axis=1)
+        row_blocks_at = blocks[np.arange(self.rows)[:, None], np.minimum(pos // bs, nb - 1)]
         slots = np.where(keep, row_blocks_at * bs + pos % bs, pos % bs)
         self.write_slots = mx.array(slots.reshape(-1).astype(np.int32))
         self.blocks = mx.array(blocks.astype(np.int32))
@@ -111,9 +110,20 @@ class Window:
         return got
 
 
+def _padded(row_blocks: list[list[int]], nb: int) -> np.ndarray:
+    """``(rows, nb)`` block ids, each row's own first and the trash block after them,
+    filled in one masked assignment (a row at a time took ~0.5 us a row a pass)."""
+    lengths = np.fromiter(map(len, row_blocks), dtype=np.int64, count=len(row_blocks))
+    blocks = np.full((len(row_blocks), nb), TRASH, dtype=np.int64)
+    flat = np.fromiter(itertools.chain.from_iterable(row_blocks), dtype=np.int64,
+                       count=int(lengths.sum()))
+    blocks[np.arange(nb)[None, :] < lengths[:, None]] = flat
+    return blocks
+
+
 def _blocks_seen(starts: list[int], width: int, block_size: int) -> int:
     """How many blocks of each row's table a pass of ``width`` from ``starts`` reads."""
-    return max(1, max(-(-(s + width) // block_size) for s in starts))
+    return max(1, -(-(max(starts) + width) // block_size))  # (the furthest row reads the most)
 
 
 class PagedLayer:

@@ -115,8 +115,14 @@ async def choice_frames(choices: Choices, writers: list[ChoiceFrames],
     usages: list[Usage] = []
     failed = False
     # read to the end even after a failure: each generation's Done must be consumed
-    # for the engine to count it finished
-    async for index, ev in choices.events():
+    # for the engine to count it finished; one choice is read without the merging
+    # layer (an async generator hop per event on the loop's thread)
+    single = len(writers) == 1
+    source: AsyncIterator[Any] = (
+        choices.gens[0].events(keepalive=generation.KEEPALIVE_S) if single
+        else choices.events())
+    async for item in source:
+        index, ev = (0, item) if single else item
         if failed:
             continue
         if isinstance(ev, Done):
