@@ -43,6 +43,11 @@ print(checkpoint('8b', 4))"
     run check_flash 45 env CUDA_LAUNCH_BLOCKING=1 python3 bench/paged_kernel.py --flash --check-only --out $O/kernel_check_flash.json
     run first_use_q4 120 python3 bench/first_use_kernels.py --shape small --bits 4 --out $O/first_use_q4_small.json
     ;;
+  d)
+    # where a served step's host time goes on the GPU (py-spy from .device-wheels/b): the
+    # bare batch against the server, 32 rows of the 8B body, then one profiled served run
+    run host_overhead 300 python3 bench/host_overhead.py --model /tmp/bench-qwen3-8b-bfloat16 --arms bare,served --prompt-tokens 512 --tokens 64 --rounds 3 --profile 15 --profile-out $O/host_profile --out $O/host_overhead_gpu.json
+    ;;
 esac
 cp /tmp/engine_ab_*.log "$O"/ 2>/dev/null
 true

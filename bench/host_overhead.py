@@ -21,6 +21,8 @@ run (``--profile-out``: its raw folded stacks). ``--served-env K=V`` adds a serv
 with that environment (an A/B of a server switch, e.g. ``MLXBUN_SWITCH_INTERVAL_MS=1``).
 
     python bench/host_overhead.py --rounds 5 --out bench/results/host_overhead_cpu.json
+    python bench/host_overhead.py --model /tmp/bench-qwen3-8b-bfloat16 --arms bare,served \
+        --prompt-tokens 512 --rounds 3 --profile 15        # a GPU (bench/h100_s43.sh d)
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -180,7 +183,7 @@ def served_arm(pid: int, base: str, prompts, tokens: int):
 
 def thread_names(pid: int) -> dict[int, str]:
     """The server's threads by native id (py-spy reads their Python names)."""
-    spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    spy = py_spy()
     try:
         out = subprocess.run([spy, "dump", "--json", "-p", str(pid)], capture_output=True,
                              text=True, check=True).stdout
@@ -234,11 +237,18 @@ def serve(ckpt: str, rows: int, env: dict[str, str]) -> tuple[subprocess.Popen, 
 RATE = 200  # py-spy samples a second
 
 
+def py_spy() -> str:
+    """py-spy beside this interpreter (a venv), else on the PATH (a GPU machine's target
+    install), else that name (the callers' OSError says it is missing)."""
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return beside if os.path.exists(beside) else shutil.which("py-spy") or "py-spy"
+
+
 def gil_profile(pid: int, run, args, name: str) -> dict:
     """py-spy on the server for ``--profile`` seconds of served runs, sampling whichever
     thread holds the GIL: each thread's GIL-held ms per decode step (the work that
     serializes on a GPU, where the forward itself holds no core), and the raw stacks."""
-    spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    spy = py_spy()
     out = f"{args.profile_out}.{len(name)}.{abs(hash(name)) % 10**6}.txt"
     rec = subprocess.Popen([spy, "record", "-p", str(pid), "-d", str(int(args.profile)),
                             "-r", str(RATE), "-f", "raw", "--threads", "--gil",
@@ -263,6 +273,8 @@ def gil_profile(pid: int, run, args, name: str) -> dict:
 
 def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", help="a checkpoint to run instead of the deep, narrow llama "
+                    "(a GPU: the 8B body, where the forward takes no host core)")
     ap.add_argument("--layers", type=int, default=36)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--rows", type=int, default=32)
@@ -304,7 +316,7 @@ def main() -> None:
 
     from mlxbun_core.engine.core import Engine
 
-    ckpt = checkpoint(args.layers, args.hidden)
+    ckpt = args.model or checkpoint(args.layers, args.hidden)
     model, tok = load(ckpt)
     prompts = prompts_for(args.rows, args.prompt_tokens, tok.vocab_size)
     wanted = args.arms.split(",")
