@@ -46,6 +46,9 @@ print(checkpoint('8b', 4))"
   d)
     # where a served step's host time goes on the GPU (py-spy from .device-wheels/b): the
     # bare batch against the server, 32 rows of the 8B body, then one profiled served run
+    # and a second chat turn over a 4k history, traced ([p2r] in the log: prompt
+    # preparation, the prefix restore, the new tokens' chunk; 0.13-0.18 s against 0.09-0.12)
+    run trace_turn 150 env MLXBUN_P2R_TRACE=1 python3 bench/engine_ab.py --shape 8b --arms paged --concurrency 1 --history-tokens 4096 --rounds 1 --out $O/trace_turn.json
     run host_overhead 300 python3 bench/host_overhead.py --model /tmp/bench-qwen3-8b-bfloat16 --arms bare,served --prompt-tokens 512 --tokens 64 --rounds 3 --profile 15 --profile-out $O/host_profile --out $O/host_overhead_gpu.json
     ;;
 esac
