@@ -34,7 +34,9 @@ from mlxbun_core.engine.batch.executor import Batch
 from mlxbun_core.engine.batch.layout import layout
 
 
-def ours(model, prompts, tokens, direct_on: bool = False) -> dict:
+def decoding(model, prompts, tokens, direct_on: bool = False) -> Batch:
+    """A batch of ``prompts`` prefilled and past its first decode step (the pipeline
+    primed), each row with ``tokens`` steps to go: where a step's timing starts."""
     b = Batch(model, layout(model), pool_for(layout(model), None))
     if direct_on:
         direct.probe(b)
@@ -44,6 +46,11 @@ def ours(model, prompts, tokens, direct_on: bool = False) -> dict:
         b.prefill({u: 4096 for u in b.prefilling})
     b.decode()
     mx.synchronize()
+    return b
+
+
+def ours(model, prompts, tokens, direct_on: bool = False) -> dict:
+    b = decoding(model, prompts, tokens, direct_on)
     host, n = 0.0, 0
     t0 = time.perf_counter()
     while b.decoding:

@@ -68,17 +68,9 @@ def prompts_for(rows: int, n: int, vocab: int) -> list[list[int]]:
 
 # -- (a) the bare batch -------------------------------------------------------------
 def bare(model, prompts, tokens: int) -> dict:
-    from mlxbun_core.engine.batch import pool_for
-    from mlxbun_core.engine.batch.executor import Batch
-    from mlxbun_core.engine.batch.layout import layout
+    from batch_step import decoding  # this folder
 
-    b = Batch(model, layout(model), pool_for(layout(model), None))
-    for i, p in enumerate(prompts):
-        b.add(i, p, budget=tokens + 1)
-    while b.prefilling:
-        b.prefill({u: 4096 for u in b.prefilling})
-    b.decode()
-    mx.synchronize()
+    b = decoding(model, prompts, tokens)
     names = {threading.get_native_id(): "MainThread"}
     before = cpu_by_thread(os.getpid(), names)
     steps = []
