@@ -3,16 +3,7 @@
 # 33, 34; s40's sitting again after its memory fixes, and two servers on one card):
 # `bash bench/h100_s41.sh PART` after `source .device-wheels/b/install.sh`
 # (../shared/device/README.md). Each bench has its own time limit; results land in $OUT.
-set -u
-export PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
-export MEMLOG=${MEMLOG:-1}  # the servers log MLX's memory each second (bench/mem_log.py)
-O=${OUT:-/tmp/out}; mkdir -p "$O"
-run() {  # run NAME SECONDS CMD...: stdout+stderr to NAME.txt
-  local name=$1 secs=$2; shift 2
-  echo "== $name ($(date +%T), limit ${secs}s)"
-  timeout "$secs" "$@" > "$O/$name.txt" 2>&1; echo "   rc=$? ($(date +%T))"; tail -5 "$O/$name.txt"
-  pkill -f "mlxbun_core.cli" 2>/dev/null; pkill -f "mlx_lm.server" 2>/dev/null; sleep 1
-}
+. "$(dirname "$0")/sitting.sh"
 LOADS=$(cat /tmp/paged_loads 2>/dev/null)  # "" (vector loads), --scalar-loads, or "gather"
 [ "$LOADS" = "--scalar-loads" ] && export PAGED_VECLOAD=0
 ARM=paged; [ "$LOADS" = "gather" ] && ARM=gather

@@ -3,16 +3,8 @@
 # which kernels a fresh server compiles after it said ready (bf16, then 4-bit with the
 # step trace: the 41-s stall of the 4-bit 32-client run). After
 # `source .device-wheels/b/install.sh` (../shared/device/README.md): `bash bench/h100_s42.sh PART`.
-set -u
-export PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
-export MEMLOG=${MEMLOG:-1}
-O=${OUT:-/tmp/out}; mkdir -p "$O"
-run() {  # run NAME SECONDS CMD...: stdout+stderr to NAME.txt
-  local name=$1 secs=$2; shift 2
-  echo "== $name ($(date +%T), limit ${secs}s)"
-  timeout "$secs" "$@" > "$O/$name.txt" 2>&1; echo "   rc=$? ($(date +%T))"; tail -4 "$O/$name.txt"
-  pkill -f "mlxbun_core.cli" 2>/dev/null; pkill -f "mlx_lm.server" 2>/dev/null; sleep 1
-}
+RUN_TAIL=4
+. "$(dirname "$0")/sitting.sh"
 case "${1:-}" in
   a)
     run flash_debug 150 python3 bench/flash_debug.py --out $O/flash_debug.json

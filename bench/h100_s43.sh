@@ -4,16 +4,8 @@
 # aliasing fix, then 4-bit at 32 clients with the quantized matmuls warmed
 # (MLX_ARM=mlx-lm adds mlx_lm.server's arm where device time allows). After
 # `source .device-wheels/b/install.sh` (../shared/device/README.md): `bash bench/h100_s43.sh PART`.
-set -u
-export PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
-export MEMLOG=${MEMLOG:-1}
-O=${OUT:-/tmp/out}; mkdir -p "$O"
-run() {  # run NAME SECONDS CMD...: stdout+stderr to NAME.txt
-  local name=$1 secs=$2; shift 2
-  echo "== $name ($(date +%T), limit ${secs}s)"
-  timeout "$secs" "$@" > "$O/$name.txt" 2>&1; echo "   rc=$? ($(date +%T))"; tail -4 "$O/$name.txt"
-  pkill -f "mlxbun_core.cli" 2>/dev/null; pkill -f "mlx_lm.server" 2>/dev/null; sleep 1
-}
+RUN_TAIL=4
+. "$(dirname "$0")/sitting.sh"
 summary() { python3 -c "
 import json, sys
 d = json.load(open(sys.argv[1])); print(json.dumps(d['summary']))" "$1" 2>/dev/null; }

@@ -1,0 +1,14 @@
+# Sourced by the GPU sitting scripts (bench/h100_s*.sh): the environment every bench of a
+# sitting runs in, where results go ($O), and `run NAME SECONDS CMD...`: one bench under
+# its time limit, stdout and stderr to $O/NAME.txt, its tail shown, servers stopped after.
+set -u
+export PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
+export MEMLOG=${MEMLOG:-1}  # the servers log MLX's memory each second (bench/mem_log.py)
+O=${OUT:-/tmp/out}; mkdir -p "$O"
+run() {
+  local name=$1 secs=$2; shift 2
+  echo "== $name ($(date +%T), limit ${secs}s)"
+  timeout "$secs" "$@" > "$O/$name.txt" 2>&1; echo "   rc=$? ($(date +%T))"
+  tail -"${RUN_TAIL:-5}" "$O/$name.txt"
+  pkill -f "mlxbun_core.cli" 2>/dev/null; pkill -f "mlx_lm.server" 2>/dev/null; sleep 1
+}
