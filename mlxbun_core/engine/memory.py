@@ -95,7 +95,6 @@ def _clear_cache() -> None:
     mx.clear_cache()
 
 
-
 # -- the governor ------------------------------------------------------------------------
 class Governor:
     """One engine's memory: the measured budget, the injected faults, what pressure did

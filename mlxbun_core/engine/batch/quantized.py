@@ -28,7 +28,7 @@ import mlx.core as mx
 
 from ...kvquant import quantizable, rotatable_dims
 from ...kvquant.turbo import encode, restore
-from .storage import LayerStore, _gather, block_slots
+from .storage import LayerStore, block_slots, gather_index, gathered
 from .view import PagedLayer
 
 if TYPE_CHECKING:
@@ -120,7 +120,8 @@ class QuantizedStore:
         """The keys' and values' triples of the block tables ``blocks`` (``(rows, n)``),
         each ``(rows, heads, n * block_size, ·)``."""
         bs = self.pool.block_size
-        k0, k1, k2, v0, v1, v2 = (_gather(a, blocks, bs) for a in self.parts)
+        index = gather_index(blocks, bs, self.parts[0].shape[1])  # (every part's heads)
+        k0, k1, k2, v0, v1, v2 = (gathered(a, blocks, bs, index) for a in self.parts)
         return (k0, k1, k2), (v0, v1, v2)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:

@@ -89,7 +89,8 @@ class LayerStore:
         bs = self.pool.block_size
         if index is None:
             index = gather_index(blocks, bs, self.keys.shape[1])
-        return _gather(self.keys, blocks, bs, index), _gather(self.values, blocks, bs, index)
+        return (gathered(self.keys, blocks, bs, index),
+                gathered(self.values, blocks, bs, index))
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy each ``old`` block's contents into ``new`` (copy on write)."""
@@ -115,7 +116,7 @@ def block_slots(blocks: list[int], block_size: int) -> mx.array:
 
 
 def gather_index(blocks: mx.array, block_size: int, heads: int) -> mx.array:
-    """The flat (slot, head) indices ``_gather`` takes for the block tables ``blocks``
+    """The flat (slot, head) indices :func:`gathered` takes for the block tables ``blocks``
     (``(rows, n)``), row by row, head by head, position by position."""
     rows, n = blocks.shape
     slots = (blocks[:, :, None] * block_size + mx.arange(block_size)[None, None, :]
@@ -123,16 +124,13 @@ def gather_index(blocks: mx.array, block_size: int, heads: int) -> mx.array:
     return (slots * heads + mx.arange(heads)[None, :, None]).reshape(-1)
 
 
-def _gather(store: mx.array, blocks: mx.array, block_size: int,
-            index: mx.array | None = None) -> mx.array:
+def gathered(store: mx.array, blocks: mx.array, block_size: int, index: mx.array) -> mx.array:
     """The rows' positions as a contiguous ``(rows, heads, positions, dim)``: one take of
     ``dim``-long rows at (slot, head) indices, so attention reads it without striding (a
     transposed view of a ``(rows, positions, heads, dim)`` gather made MLX's CPU attention
     3.5x slower). ``index``: :func:`gather_index` of ``blocks`` for ``store``'s heads."""
     rows, n = blocks.shape
     heads, dim = store.shape[1], store.shape[2]
-    if index is None or index.size != rows * heads * n * block_size:
-        index = gather_index(blocks, block_size, heads)
     picked = mx.take(store.reshape(-1, dim), index, axis=0)
     return picked.reshape(rows, heads, n * block_size, dim)
 

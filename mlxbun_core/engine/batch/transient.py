@@ -2,7 +2,7 @@
 
 On the portable ("gathered") attention path every layer copies each row's blocks into
 one dense ``(rows, kv_heads, keys, dim)`` K and V, padded to the pass's longest row
-(``storage._gather``), and the model's attention then builds scores of
+(``storage.gathered``), and the model's attention then builds scores of
 ``(rows, heads, queries, keys)``. Beside them a pass holds its activations (the MLP's
 intermediate is the widest) and, for a step that samples, the logits over the
 vocabulary. None of it lives in the pool, so a pool that grew into all the memory the
