@@ -360,8 +360,11 @@ def test_rows_preempted_for_blocks_keep_the_followers_in_step(family, recording)
             assert mx.array_equal(a.keys, b.keys) and mx.array_equal(a.values, b.values)
         engine.worker.run_sync(engine.prefix.clear)
         assert lane._batch.pool.used == 0
-        gc.collect()
-        engine.worker.run_sync(engine.model.model.ping)
+        for _ in range(3):  # a state's drop is journaled when rank 0's object is collected:
+            gc.collect()  # one the worker's frame still held goes with its next message
+            engine.worker.run_sync(engine.model.model.ping)
+            if not follower.replica.states:
+                break
         assert not follower.replica.states  # the preempted rows' states went too
     finally:
         close(engine, plain)
