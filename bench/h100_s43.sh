@@ -24,7 +24,7 @@ print(checkpoint('8b', 0))"
 import sys; sys.path.insert(0, 'bench')
 from engine_ab import checkpoint
 print(checkpoint('8b', 4))"
-    run ab_q4 150 python3 bench/engine_ab.py --shape 8b --bits 4 ${MLX_ARM:+--with-mlx-lm --baseline mlx-lm} --arms paged ${MLX_ARM:-} --concurrency 32 --history-tokens 0 --rounds 1 --out $O/engine_ab_q4.json
+    run ab_q4 420 python3 bench/engine_ab.py --shape 8b --bits 4 ${MLX_ARM:+--with-mlx-lm --baseline mlx-lm} --arms paged ${MLX_ARM:-} --concurrency 32 --history-tokens 0 --rounds 1 --out $O/engine_ab_q4.json
     summary $O/engine_ab_q4.json
     grep -q "kernel check: ok" $O/check_flash.txt 2>/dev/null && run kernel_speed_flash 60 python3 bench/paged_kernel.py --flash --out $O/paged_kernel_flash.json
     ;;
@@ -41,7 +41,13 @@ print(checkpoint('8b', 4))"
     # and a second chat turn over a 4k history, traced ([p2r] in the log: prompt
     # preparation, the prefix restore, the new tokens' chunk; 0.13-0.18 s against 0.09-0.12)
     run trace_turn 150 env MLXBUN_P2R_TRACE=1 python3 bench/engine_ab.py --shape 8b --arms paged --concurrency 1 --history-tokens 4096 --rounds 1 --out $O/trace_turn.json
-    run host_overhead 300 python3 bench/host_overhead.py --model /tmp/bench-qwen3-8b-bfloat16 --arms bare,served --prompt-tokens 512 --tokens 64 --rounds 3 --profile 15 --profile-out $O/host_profile --out $O/host_overhead_gpu.json
+    run host_overhead 240 python3 bench/host_overhead.py --model /tmp/bench-qwen3-8b-bfloat16 --arms bare,served --prompt-tokens 512 --tokens 64 --rounds 2 --served-budget 32 --profile 10 --profile-out $O/host_profile --out $O/host_overhead_gpu.json
+    ;;
+  e)
+    # issue 34's five pressure trials in a row (another process takes all but ~8 GB after
+    # start, 32 clients), then two servers on one card under load
+    run pressure 330 python3 bench/memory_pressure.py --trials 5 --out $O/memory_pressure.json
+    run two_servers 200 python3 bench/memory_pressure.py --two-servers --clients 16 --trials 1 --out $O/two_servers.json
     ;;
 esac
 cp /tmp/engine_ab_*.log "$O"/ 2>/dev/null

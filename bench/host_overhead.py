@@ -208,7 +208,8 @@ def cpu_per_step(before: dict[str, float], after: dict[str, float], steps: int) 
             if after[k] - before.get(k, 0.0) > 0}
 
 
-def serve(ckpt: str, rows: int, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+def serve(ckpt: str, rows: int, env: dict[str, str],
+          budget: float | None = None) -> tuple[subprocess.Popen, str]:
     from serve_concurrency import free_port, start  # this folder
 
     port = free_port()
@@ -217,6 +218,8 @@ def serve(ckpt: str, rows: int, env: dict[str, str]) -> tuple[subprocess.Popen, 
     # name another tree's, for an A/B against it)
     cmd = [sys.executable, "-P", "-m", "mlxbun_core.cli", "serve", ckpt, "--port", str(port),
            "--no-open", "--batch", str(rows), "--prompt-cache", "0"]
+    if budget:
+        cmd += ["--memory-budget", str(budget)]
     old = dict(os.environ)
     os.environ.update(env)
     try:
@@ -276,6 +279,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--served-env", action="append", default=[],
                     help="K=V[,K=V]: one more served arm with this environment")
     ap.add_argument("--arms", default="bare,engine,served")
+    ap.add_argument("--served-budget", type=float, default=None, metavar="GB",
+                    help="the served arm's --memory-budget: on a GPU the bench process and "
+                         "the server share the card (an 8B pair on an H100: 32)")
     ap.add_argument("--profile", type=float, default=0.0,
                     help="seconds of served runs per served arm under py-spy --gil")
     ap.add_argument("--profile-out", default="/tmp/hostgap-profile",
@@ -310,6 +316,8 @@ def main() -> None:
 
     ckpt = args.model or checkpoint(args.layers, args.hidden)
     model, tok = load(ckpt)
+    if mx.default_device() == mx.gpu:  # the server beside us measures free memory: our
+        mx.set_cache_limit(2 << 30)    # freed buffers go back, not into MLX's cache
     prompts = prompts_for(args.rows, args.prompt_tokens, tok.vocab_size)
     wanted = args.arms.split(",")
     arms: dict = {}
@@ -323,7 +331,7 @@ def main() -> None:
     for spec in args.served_env:
         servers["served " + spec] = dict(kv.split("=", 1) for kv in spec.split(","))
     for name, env in servers.items():
-        proc, base = serve(ckpt, args.rows, env)
+        proc, base = serve(ckpt, args.rows, env, args.served_budget)
         procs.append(proc)
         arms[name] = served_arm(proc.pid, base, prompts, args.tokens)
     for fn in arms.values():  # warm-up: compile, fill MLX's cache, reach the steady state
