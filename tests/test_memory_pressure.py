@@ -10,6 +10,7 @@ request that cannot fit waits, runs once memory returns, and is told 503 with a 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 
@@ -254,6 +255,63 @@ def test_an_out_of_memory_that_persists_with_one_request_left_is_a_lost_device()
         assert e.unavailable is not None
     finally:
         e.worker.close()
+
+
+def test_an_out_of_memory_that_persists_while_memory_reads_short_is_a_503_not_a_lost_device():
+    """Another process holds the device (the reading is short once the first pass
+    failed): the last request's failures are pressure, not a broken device. It gets a
+    503 to send again and the engine serves the next request once memory is back (an
+    H100 under another tenant had ended the engine this way, with 30 streams cut)."""
+    e = engine(checkpoint("llama"), fault_alloc=1)
+    counts = e.memory.counts
+    e.memory.probe = lambda: Reading(0 if counts["injected"] >= 3 else 1 << 34, 0, "test")
+    try:
+        (done,) = finishes(e, [greedy("Hello there", 8)])
+        assert done.reason == "error" and done.retry is not None
+        assert done.retry.code == MEMORY_PRESSURE and 1 <= done.retry.after <= 30
+        assert "not enough memory" in (done.error or "")
+        assert counts["out_of_memory"] == 3 and counts["device_faults"] == 0, counts
+        assert counts["refused"] == 1 and e.unavailable is None
+        e.memory.config = dataclasses.replace(e.memory.config, fault_alloc=0)
+        e.memory.probe = lambda: Reading(1 << 34, 0, "test")
+        e.memory.available(fresh=True)
+        (reply,) = run_all(e, [greedy("Hello there", 8)])
+        assert reply.finish.reason == "length"
+    finally:
+        close(e)
+
+
+def test_a_failed_pass_holds_no_memory_when_the_lane_reads_it():
+    """The pass that ran out of memory leaves its arrays in its frames, which the
+    exception's traceback keeps: they are let go before MLX's cache goes back and memory
+    is read, so the reading sees what the device has, not what the failed pass held."""
+    e = engine(checkpoint("llama"))
+    lane = e.worker.lanes[0]
+    real_run, big = lane._run, 64 << 20
+    seen: list[tuple[int, int]] = []  # (out-of-memory failures, active bytes) per reading
+    counts = e.memory.counts
+
+    def failing(batch, plan):
+        held = mx.zeros((big // 4,), dtype=mx.float32)  # the pass's activations
+        mx.eval(held)
+        if not counts["out_of_memory"]:
+            raise RuntimeError("[malloc] Unable to allocate: out of memory (test)")
+        return real_run(batch, plan)
+
+    def probe() -> Reading:
+        seen.append((counts["out_of_memory"], int(mx.get_active_memory())))
+        return Reading(1 << 34, 0, "test")
+
+    lane._run = failing
+    e.memory.probe = probe
+    try:
+        base = int(mx.get_active_memory())
+        run_all(e, [greedy("Hello there", 8), greedy("a b c", 8)])
+        assert counts["out_of_memory"] == 1
+        after_failure = next(active for failed, active in seen if failed)  # the handler's
+        assert after_failure - base < big // 2, (base, seen)
+    finally:
+        close(e)
 
 
 def test_the_pool_limit_follows_the_reading_between_requests():

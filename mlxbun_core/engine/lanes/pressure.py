@@ -11,8 +11,10 @@ and the 503 once a wait is too long (a mixin of :class:`~.batch.BatchLane`).
 - **Out of memory** (MLX raised mid-pass): the pass's writes may be anywhere, so the
   whole pool goes: MLX's cache is freed, every row is preempted, the pool and its prefix
   entries are dropped, and at most half as many rows run until steps succeed again. A
-  second failure in a row clears the prefix cache too; one that persists while the lane
-  holds a single request is a device that cannot recover. Under ``--distributed`` it is
+  second failure in a row clears the prefix cache too. One that persists while the lane
+  holds a single request is pressure when memory reads short (that request gets a 503 to
+  send again), else a device that cannot recover. The failed pass's frames are let go
+  before memory is given back and read (the traceback would keep its arrays alive). Under ``--distributed`` it is
   a lost device at once (the ranks' collectives may be out of step:
   ``Governor.classify``).
 - **Under a journal** (``--distributed``) preemption needs nothing of its own: a row's
@@ -35,12 +37,14 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from typing import TYPE_CHECKING, Any, cast
+import traceback
+from typing import TYPE_CHECKING, Any
 
 from ...events import Retry
 from ..batch import BLOCK_SIZE, OutOfBlocks
 from ..memory import DEVICE, DEVICE_FAULT, MEMORY_PRESSURE, OOM, Governor, classify
-from .slot import BatchRow, SoloSlot, deliver
+from .settle import Settle
+from .slot import BatchRow, SoloSlot
 from .stepfit import StepFit
 
 if TYPE_CHECKING:
@@ -48,8 +52,7 @@ if TYPE_CHECKING:
 
     from ...kvquant import KVScheme
     from ..admission import Admission
-    from ..batch import Batch, Forcing
-    from ..fill.forced import FillSession
+    from ..batch import Batch
     from ..job import GenerationJob
     from ..prompt_cache import PrefixCache
     from ..speculate.batch import BatchSpeculator
@@ -66,7 +69,7 @@ def memory_failure(exc: BaseException) -> bool:
     return isinstance(exc, OutOfBlocks) or classify(exc) is not None
 
 
-class Relief(StepFit):
+class Relief(Settle, StepFit):
     """Memory pressure for :class:`~.batch.BatchLane` (which holds what is declared here)."""
 
     governor: Governor
@@ -229,44 +232,6 @@ class Relief(StepFit):
         if self.admission is not None:
             self.admission.release(job)
 
-    # -- fill rows: what a failed step had consumed --------------------------------------
-    def _recorded(self, batch: Batch, fills: dict[int, FillSession], runs: Forcing) -> Forcing:
-        """The fill callback ``runs``, remembering each run it consumes until the step is
-        done."""
-
-        def record(uids: list[int], tokens: list[int]) -> dict[int, list[int]]:
-            out = runs(uids, tokens)
-            for uid, token in zip(uids, tokens):
-                pending = batch.pending(uid) if uid in fills else None
-                if pending is not None:
-                    self._consumed[uid] = (token, pending[1], out.get(uid, []))
-            return out
-
-        return record
-
-    def _settle(self, uids: list[int]) -> None:
-        """Before rows ``uids`` are preempted, hand out what their grammar may already
-        have consumed: a fill's token and forced run (the matcher moved past them), or a
-        constrained row's next token (its processor reads it as the step's input). A row
-        recomputed from its output then meets its grammar where the grammar is."""
-        batch = self._batch
-        for uid in uids:
-            row = self._rows.get(uid)
-            if row is None or row.job.finished:
-                continue
-            job = row.job
-            if uid in self._consumed:
-                deliver(job, *self._consumed[uid])
-            elif job.request.processors and batch is not None:
-                pending = _pending(batch, uid)
-                if pending is None:
-                    continue
-                deliver(job, *pending)
-            if not job.finished and job.limit and \
-                    job.session.usage.completion_tokens >= job.limit:
-                job.close("length")
-        self._consumed = {}
-
     # -- failures ----------------------------------------------------------------------
     def _relieve(self, exc: Exception) -> bool:
         """Meet a step's failure when memory or the device caused it; False otherwise."""
@@ -308,23 +273,46 @@ class Relief(StepFit):
         gov.failed()
         self._ooms += 1
         held = len(self._rows) + (self._solo.job is not None)
-        if self._ooms >= GIVE_UP and held <= 1:
-            return self._broken(f"allocations keep failing with one request left: {exc}")
+        stuck = self._ooms >= GIVE_UP and held <= 1
         self._settle(sorted(self._rows))
         self._deciding = False
         n = self._preempt(sorted(self._rows), keep_pool=False) + self._preempt_solo()
         batch, self._batch = self._batch, None  # its storage may hold the failed writes
         if batch is not None and self.prefix is not None:
             self.prefix.drop_layout(batch.layout)
+        del batch
         if self.mtp is not None:
             self.mtp.reset()
         if self._ooms >= 2 and self.prefix is not None:
             self.prefix.clear()
+        _let_go(exc)  # the failed pass's arrays, before memory is given back and read
         mx.clear_cache()
         gov.available(fresh=True)
         self._row_cap = max(1, held // 2)
+        if stuck:
+            return self._stuck(exc)
         log.warning("out of memory (%s): MLX's cache and the KV pool freed, preempted %d, "
                     "recomputed when memory allows", str(exc).splitlines()[0], n)
+
+    def _stuck(self, exc: Exception) -> None:
+        """Allocations kept failing with one request left and everything else freed.
+        Memory that reads short (another process holds it) is pressure: that request
+        cannot be served now, a 503 to send again, and the engine goes on. Memory that
+        reads ample while allocations still fail is a device that cannot recover."""
+        gov = self.governor
+        need = gov.margin + gov.step["peak_bytes"]
+        reading = gov.reading
+        if reading is None or reading.available >= need:
+            return self._broken(f"allocations keep failing with one request left and "
+                                f"{_gib(reading.available if reading else 0)} free: {exc}")
+        self._ooms = 0
+        if self._queue:
+            self._refuse(self._queue.popleft(),
+                         f"not enough memory to run this request now "
+                         f"({_gib(reading.available)} free on the device)")
+        log.warning("out of memory (%s) with one request left: %s free, %s wanted; it is "
+                    "told to retry and the engine goes on", str(exc).splitlines()[0],
+                    _gib(reading.available), _gib(need))
 
     def _broken(self, reason: str) -> None:
         """The device is lost: every request ends with a 503 to send again to the
@@ -372,13 +360,17 @@ class Relief(StepFit):
                 if j.waiting_since is not None and now - j.waiting_since > wait]
         for job in late:
             self._queue.remove(job)
-            self._release(job)
-            gov = self.governor
-            gov.counts["refused"] += 1
-            retry = Retry(gov.retry_after(), MEMORY_PRESSURE)
             waited = now - (job.waiting_since or now)  # (its 503 is the request's log line)
-            job.close("error", f"not enough memory to run this request now (waited "
-                      f"{waited:.1f} s); retry after {retry.after} s", retry)
+            self._refuse(job, f"not enough memory to run this request now (waited "
+                              f"{waited:.1f} s)")
+
+    def _refuse(self, job: GenerationJob, why: str) -> None:
+        """End ``job``, out of the queue, with a 503 and ``Retry-After``."""
+        self._release(job)
+        gov = self.governor
+        gov.counts["refused"] += 1
+        retry = Retry(gov.retry_after(), MEMORY_PRESSURE)
+        job.close("error", f"{why}; retry after {retry.after} s", retry)
 
     def _idle(self) -> None:
         """Nothing runs and requests wait for memory: pause instead of spinning."""
@@ -386,13 +378,12 @@ class Relief(StepFit):
             time.sleep(IDLE_S)
 
 
-def _pending(batch: Batch, uid: int) -> tuple[int, mx.array] | None:
-    """Row ``uid``'s sampled next token and its log-probs, read on the host; None when it
-    has none, or when the step that sampled it failed (never handed out then)."""
-    pending = batch.pending(uid)
-    if pending is None:
-        return None
-    try:
-        return cast(int, pending[0].item()), pending[1]
-    except Exception:
-        return None
+def _let_go(exc: BaseException) -> None:
+    """Clear the finished frames ``exc``'s traceback keeps (the failed pass's locals: its
+    activations, the dropped batch), so that their memory is free before it is given
+    back and read, not only once the handler returns."""
+    traceback.clear_frames(exc.__traceback__)
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB"
