@@ -22,6 +22,7 @@ from ..errors import QueueFull
 from ..events import Retry
 from .job import CallJob, GenerationJob
 from .lanes import Lane
+from .memory import DEVICE, Governor
 
 log = logging.getLogger("mlxbun.engine")
 
@@ -170,6 +171,11 @@ class ModelWorker:
             lane.step()
         except Exception as exc:
             log.exception("%s lane step failed", lane.name)
+            gov: Governor | None = getattr(lane, "governor", None)
+            if gov is not None and gov.classify(exc) == DEVICE:  # (met past the lane's own
+                message, retry = gov.refusal(DEVICE, exc)      # handling: lost all the same)
+                lane.close(message, reason="error", retry=retry)
+                return
             lane.close(f"internal error: {exc}", reason="error")
 
     def _take(self, job: GenerationJob | CallJob | _Abort) -> None:

@@ -13,8 +13,7 @@ and the 503 once a wait is too long (a mixin of :class:`~.batch.BatchLane`).
   entries are dropped, and at most half as many rows run until steps succeed again. A
   second failure in a row clears the prefix cache too. One that persists while the lane
   holds a single request is pressure when memory reads short (that request gets a 503 to
-  send again), else a device that cannot recover. The failed pass's frames are let go
-  before memory is given back and read (the traceback would keep its arrays alive). Under ``--distributed`` it is
+  send again), else a device that cannot recover. Under ``--distributed`` it is
   a lost device at once (the ranks' collectives may be out of step:
   ``Governor.classify``).
 - **Under a journal** (``--distributed``) preemption needs nothing of its own: a row's
@@ -37,7 +36,6 @@ from __future__ import annotations
 import collections
 import logging
 import time
-import traceback
 from typing import TYPE_CHECKING, Any
 
 from ...events import Retry
@@ -280,13 +278,12 @@ class Relief(Settle, StepFit):
         batch, self._batch = self._batch, None  # its storage may hold the failed writes
         if batch is not None and self.prefix is not None:
             self.prefix.drop_layout(batch.layout)
-        del batch
         if self.mtp is not None:
             self.mtp.reset()
         if self._ooms >= 2 and self.prefix is not None:
             self.prefix.clear()
-        _let_go(exc)  # the failed pass's arrays, before memory is given back and read
-        mx.clear_cache()
+        mx.clear_cache()  # (not after letting the failed pass's frames go: on CUDA, after a
+        # failed graph instantiation, that order met an illegal memory access here)
         gov.available(fresh=True)
         self._row_cap = max(1, held // 2)
         if stuck:
@@ -376,13 +373,6 @@ class Relief(Settle, StepFit):
         """Nothing runs and requests wait for memory: pause instead of spinning."""
         if self._queue:
             time.sleep(IDLE_S)
-
-
-def _let_go(exc: BaseException) -> None:
-    """Clear the finished frames ``exc``'s traceback keeps (the failed pass's locals: its
-    activations, the dropped batch), so that their memory is free before it is given
-    back and read, not only once the handler returns."""
-    traceback.clear_frames(exc.__traceback__)
 
 
 def _gib(n: int) -> str:
