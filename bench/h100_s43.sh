@@ -17,7 +17,7 @@ from engine_ab import checkpoint
 print(checkpoint('8b', 0))"
     run ab_bf16 200 python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged mlx-lm --baseline mlx-lm --concurrency 32 --history-tokens 0 --rounds 1 --out $O/engine_ab_bf16.json
     summary $O/engine_ab_bf16.json
-    run check_flash 60 env CUDA_LAUNCH_BLOCKING=1 python3 bench/paged_kernel.py --flash --check-only --out $O/kernel_check_flash.json
+    run check_flash 120 env CUDA_LAUNCH_BLOCKING=1 python3 bench/paged_kernel.py --flash --check-only --out $O/kernel_check_flash.json
     ;;
   b)
     run ckpt_q4 90 python3 -c "
@@ -32,7 +32,7 @@ print(checkpoint('8b', 4))"
     # what a short lease allows: the flash kernel's check, and whether a fresh 4-bit server
     # still compiles a quantized matmul after it said ready (a small body: MLX names the
     # kernel by dtype, tile, bits and group, not by shape)
-    run check_flash 45 env CUDA_LAUNCH_BLOCKING=1 python3 bench/paged_kernel.py --flash --check-only --out $O/kernel_check_flash.json
+    run check_flash 120 env CUDA_LAUNCH_BLOCKING=1 python3 bench/paged_kernel.py --flash --check-only --out $O/kernel_check_flash.json
     run first_use_q4 120 python3 bench/first_use_kernels.py --shape small --bits 4 --out $O/first_use_q4_small.json
     ;;
   d)

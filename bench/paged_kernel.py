@@ -19,6 +19,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this tree
 
+# MLX runs float32 matrix products of more than one row as TF32 on CUDA unless told not to
+# (MLX_ENABLE_TF32, default 1; a one-row product is a GEMV and stays float32). The plain-ops
+# reference's products have width x (query heads per KV head) rows, so at width 4 it was
+# itself ~5e-4 off (a bf16 or fp16 rounding flip: the "1 ulp at width 4" of both kernels).
+os.environ.setdefault("MLX_ENABLE_TF32", "0")
+
 import mlx.core as mx
 import numpy as np
 
@@ -55,11 +61,76 @@ def setup(rows, lengths, hq, hkv, dim, width, dtype, seed=0):
     return q, store, view
 
 
-def check(out: dict) -> None:
-    """Each case on its own, the reference evaluated before the kernel, so a fault names
-    its case (run with CUDA_LAUNCH_BLOCKING=1 to have it raised at the launch)."""
+# A kernel is right when each output is its dtype's rounding of the float64 attention, give
+# or take the kernel's float32 sums: within one unit in the last place of the dtype. EPS is
+# that unit at 1.0 (bf16 keeps 8 significant bits, fp16 11): the bound is EPS * |reference|,
+# twice a rounding's half unit, floored at FLOOR for outputs near zero (whose float32 error is
+# absolute, ~1e-6). A 1-ulp difference is accumulation order; two or more is a wrong kernel.
+# float32 (the CPU emulation's stand-in for fp16) is not rounded after the sums, so its
+# bound is the sums' own error (~1e-6 absolute near zero), with room: 2**-12.
+EPS = {mx.bfloat16: 2.0 ** -7, mx.float16: 2.0 ** -10, mx.float32: 2.0 ** -12}
+FLOOR = 2.0 ** -6
+
+
+def host_reference(q, store, view, window, scale) -> np.ndarray:
+    """The attention in float64 numpy on the host, from the pool's slots and the block
+    tables: nothing of it runs on the device (not the gather, the mask or a matmul)."""
+    keys = np.array(store.keys.astype(mx.float32), dtype=np.float64)
+    values = np.array(store.values.astype(mx.float32), dtype=np.float64)
+    qs = np.array(q.astype(mx.float32), dtype=np.float64) * scale
+    blocks, bs = np.array(view.blocks), store.pool.block_size
+    rows, hq, width, dim = qs.shape
+    hkv = keys.shape[1]
+    out = np.zeros(qs.shape)
+    for b in range(rows):
+        for i in range(width):
+            pos = int(view.starts[b]) + i
+            lo = max(0, pos - window + 1) if window else 0
+            p = np.arange(lo, pos + 1)
+            slots = blocks[b, p // bs] * bs + p % bs
+            for h in range(hq):
+                kv = h // (hq // hkv)
+                s = keys[slots, kv] @ qs[b, h, i]
+                w = np.exp(s - s.max())
+                out[b, h, i] = w @ values[slots, kv] / w.sum()
+    return out
+
+
+def ulps(got: mx.array, want: np.ndarray, dtype) -> float:
+    """The largest difference in units of the bound above (<= 1: right); inf for NaN."""
+    g = np.array(got.astype(mx.float32), dtype=np.float64)
+    if not np.isfinite(g).all():
+        return float("inf")
+    return float((np.abs(g - want) / (EPS[dtype] * np.maximum(np.abs(want), FLOOR))).max())
+
+
+def nan_count(a: mx.array) -> int:
+    return int(mx.sum(~mx.isfinite(a.astype(mx.float32))).item())
+
+
+def kernel_case(case: dict, q, store, view, window, want, dtype, kernel: str) -> None:
+    """One kernel on one case: its error in ulps; for flash with non-finite outputs, where
+    they are: in the kernel's own partials, or made by the plain-ops combine after it."""
+    attention.KERNEL = kernel
+    a = paged_attention(q, store, view, window, q.shape[-1] ** -0.5, True)
+    mx.eval(a)
+    case[f"{kernel}_ulps"] = ulps(a, want, dtype)
+    case[f"{kernel}_max_err"] = float(np.abs(np.array(a.astype(mx.float32)) - want).max())
+    if kernel == "flash" and nan_count(a):
+        parts = flash.flash_partials(q, store, view, window, q.shape[-1] ** -0.5)
+        mx.eval(*parts)
+        case["flash_nonfinite"] = {"out": nan_count(a),
+                                   "partials": [nan_count(p) for p in parts]}
+
+
+def check(out: dict, kernel: str) -> None:
+    """Each case on its own, every result evaluated before the next, so a fault names its
+    case (run with CUDA_LAUNCH_BLOCKING=1 to have it raised at the launch). The verdict is
+    ``kernel``'s against the host's float64 attention; the device's plain-ops reference and,
+    checking flash, the split-key kernel are measured beside it, so a NaN says whose it is."""
     cases = []
     out["check"] = cases
+    kernels = [kernel] + (["splitk"] if kernel == "flash" else [])
     for hq, hkv, dim in ((8, 8, 64), (32, 8, 128), (16, 2, 128), (8, 1, 256)):
         for width in (1, 4):
             for window in (None, 37):
@@ -68,16 +139,21 @@ def check(out: dict) -> None:
                             "window": window, "dtype": str(dtype)}
                     print("case", case, flush=True)
                     q, store, view = setup(3, [5, 70, 300], hq, hkv, dim, width, dtype)
+                    want = host_reference(q, store, view, window, dim ** -0.5)
                     b = paged_attention(q, store, view, window, dim ** -0.5, False)
                     mx.eval(b)
-                    a = paged_attention(q, store, view, window, dim ** -0.5, True)
-                    mx.eval(a)
-                    case["max_err"] = float(mx.max(mx.abs(a.astype(mx.float32)
-                                                          - b.astype(mx.float32))))
+                    case["reference_ulps"] = ulps(b, want, dtype)
+                    for k in kernels:
+                        kernel_case(case, q, store, view, window, want, dtype, k)
+                    case["max_err"] = case[f"{kernel}_max_err"]  # (the old field)
+                    case["ok"] = case[f"{kernel}_ulps"] <= 1.0
+                    print("  ", {k: v for k, v in case.items() if "ulps" in k or k == "ok"},
+                          flush=True)
                     cases.append(case)
-    out["check_ok"] = all(c["max_err"] < 2e-2 for c in cases)
+    attention.KERNEL = kernel
+    out["check_ok"] = all(c["ok"] for c in cases)
     print("kernel check:", "ok" if out["check_ok"] else "FAIL",
-          max(c["max_err"] for c in cases), flush=True)
+          max(c[f"{kernel}_ulps"] for c in cases), "ulps at most", flush=True)
 
 
 def timed(fn, n=50):
@@ -133,8 +209,9 @@ def main() -> None:
     if args.scalar_loads:
         flash.VECLOAD = False
     out: dict = {"device": str(mx.default_device()), "kernel": attention.KERNEL,
-                 "vector_loads": flash.VECLOAD}
-    check(out)
+                 "vector_loads": flash.VECLOAD, "mlx": mx.__version__,
+                 "tf32": os.environ["MLX_ENABLE_TF32"]}
+    check(out, attention.KERNEL)
     if args.check_only:
         if args.out:
             with open(args.out, "w") as f:

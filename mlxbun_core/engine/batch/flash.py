@@ -215,6 +215,17 @@ def _kernel(dtype: mx.Dtype, single: bool) -> Any:
 
 def flash_attention(q: mx.array, store: LayerStore, view: Window, window: int | None,
                       scale: float) -> mx.array:
+    outs = flash_partials(q, store, view, window, scale)
+    if len(outs) == 1:
+        return outs[0]
+    return combine(*outs).astype(q.dtype)
+
+
+def flash_partials(q: mx.array, store: LayerStore, view: Window, window: int | None,
+                   scale: float) -> list[mx.array]:
+    """The kernel's own outputs: ``[attention]`` when one split serves every key, else
+    each split's ``[acc, m, total]`` for :func:`combine` (the device check reads them to
+    tell a kernel's NaN from one made after it)."""
     keys, values = store.keys, store.values
     assert keys is not None and values is not None
     rows, heads, width, dim = q.shape
@@ -236,9 +247,7 @@ def flash_attention(q: mx.array, store: LayerStore, view: Window, window: int | 
         else [(*part, dim), part, part],
         output_dtypes=[keys.dtype, mx.float32, mx.float32] if single
         else [mx.float32, mx.float32, mx.float32])
-    if single:
-        return cast(mx.array, outs[0])
-    return combine(*outs).astype(q.dtype)
+    return [cast(mx.array, outs[0])] if single else list(outs)
 
 
 def consts_of(view: Window, params: tuple[int, ...], scale: float) -> list[mx.array]:
