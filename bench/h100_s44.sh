@@ -15,6 +15,17 @@ case "${1:-}" in
     run pressure 330 python3 bench/memory_pressure.py --trials 5 --out $O/memory_pressure.json
     run two_servers 200 python3 bench/memory_pressure.py --two-servers --clients 16 --trials 1 --out $O/two_servers.json
     ;;
+  s)
+    # the short lease after part a: two servers again (a device fault met while memory is
+    # freed ends the engine now), bf16 over three rounds, the flash check
+    run two_servers 200 python3 bench/memory_pressure.py --two-servers --clients 16 --trials 2 --out $O/two_servers.json
+    run ckpt 90 python3 -c "
+import sys; sys.path.insert(0, 'bench')
+from engine_ab import checkpoint
+print(checkpoint('8b', 0))"
+    run ab_bf16 300 python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged mlx-lm --baseline mlx-lm --concurrency 8 32 --history-tokens 0 --rounds 3 --out $O/engine_ab_bf16.json
+    summary $O/engine_ab_bf16.json
+    ;;
   b)
     run ckpt 90 python3 -c "
 import sys; sys.path.insert(0, 'bench')
