@@ -196,12 +196,66 @@ def speed(out: dict, rows: int, length: int) -> None:
     print(rows, length, json.dumps(res), flush=True)
 
 
+def chained(fn, q, layers=36, n=10):
+    """Microseconds a call inside one graph of ``layers`` calls, each on the last's
+    output (a decode step's layers, as the device runs them: no sync per call)."""
+    def stack():
+        out = q
+        for _ in range(layers):
+            out = fn(out)
+        return out
+    return timed(stack, n) / layers
+
+
+def sweep(out: dict) -> None:
+    """The split-key kernel at each keys-per-split and warps-per-block setting, the flash
+    kernel and MLX's dense attention, timed within a graph of 36 layers' calls."""
+    res: dict = {}
+    for rows, length in ((1, 4096), (8, 640), (32, 640), (32, 4096)):
+        res[f"rows{rows}_len{length}"] = got = sweep_shape(rows, length)
+        print(rows, length, json.dumps(got), flush=True)
+    out["sweep"] = res
+
+
+def sweep_shape(rows: int, length: int) -> dict:
+    hq, hkv, dim = 32, 8, 128
+    scale = dim ** -0.5
+    lengths = [length - (i * 97) % (length // 2) for i in range(rows)]
+    q, store, view = setup(rows, lengths, hq, hkv, dim, 1, mx.bfloat16)
+    kd = mx.random.normal((rows, hkv, max(lengths) + 1, dim)).astype(mx.bfloat16)
+    vd = mx.random.normal((rows, hkv, max(lengths) + 1, dim)).astype(mx.bfloat16)
+    mx.eval(kd, vd)
+
+    def paged(x):
+        return paged_attention(x, store, view, None, scale, True)
+
+    got: dict = {"dense_us": chained(
+        lambda x: mx.fast.scaled_dot_product_attention(x, kd, vd, scale=scale), q)}
+    for chunk in (64, 128, 256, 512):
+        for warps in (2, 4, 8):
+            attention.KERNEL, attention.CHUNK, attention.WARPS = "splitk", chunk, warps
+            got[f"splitk_c{chunk}_w{warps}_us"] = chained(paged, q)
+    attention.CHUNK, attention.WARPS = 256, 4
+    attention.KERNEL = "flash"
+    try:
+        got["flash_us"] = chained(paged, q)
+    except Exception as exc:  # (the flash kernel is not the default: its failure is data)
+        got["flash_error"] = str(exc)[:200]
+    attention.KERNEL = "splitk"
+    best = min((v, k) for k, v in got.items() if k.startswith("splitk"))
+    got["best_splitk"] = best[1]
+    got["best_splitk_gbs"] = sum(lengths) * hkv * dim * 2 * 2 / best[0] / 1e3
+    return got
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out")
     p.add_argument("--scalar-loads", action="store_true",
                    help="the flash kernel copies keys and values to shared memory one by one")
     p.add_argument("--check-only", action="store_true")
+    p.add_argument("--sweep", action="store_true",
+                   help="time the split-key kernel's settings within a 36-layer graph only")
     p.add_argument("--flash", action="store_true", help="the flash kernel (flash.py)")
     args = p.parse_args()
     if args.flash:
@@ -211,6 +265,12 @@ def main() -> None:
     out: dict = {"device": str(mx.default_device()), "kernel": attention.KERNEL,
                  "vector_loads": flash.VECLOAD, "mlx": mx.__version__,
                  "tf32": os.environ["MLX_ENABLE_TF32"]}
+    if args.sweep:
+        sweep(out)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(out, f, indent=1)
+        return
     check(out, attention.KERNEL)
     if args.check_only:
         if args.out:
