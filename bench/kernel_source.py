@@ -48,6 +48,25 @@ def render(name: str, dtype: str, single: bool, dim: int, rep: int, block: int) 
             + "\n}\n}\n")
 
 
+def render_splitk(name: str, dtype: str, dim: int, rep: int, block: int, warps: int,
+                  group: int, vec: bool) -> str:
+    """The split-key kernel (``attention._SOURCE``) as MLX would wrap it."""
+    from mlxbun_core.engine.batch import attention
+
+    inputs = [("q", dtype), ("k", dtype), ("v", dtype), ("blocks", "int32"),
+              ("starts", "int32"), ("params", "int32"), ("scale", "float32")]
+    outs = [("acc_out", "float32"), ("m_out", "float32"), ("l_out", "float32")]
+    args = [f"    const {CUDA[t]}* {n}" for n, t in inputs]
+    args += [f"    {CUDA[t]}* {n}" for n, t in outs]
+    consts = [f"  using T = {CUDA[dtype]};", f"  constexpr int D = {dim};",
+              f"  constexpr int R = {rep};", f"  constexpr int BS = {block};",
+              f"  constexpr int WARPS = {warps};", f"  constexpr int G = {group};",
+              f"  constexpr bool VEC = {'true' if vec else 'false'};"]
+    return (HEADER + "namespace mlx::core::cu {\n__global__ void " + name + "(\n"
+            + ",\n".join(args) + ") {\n" + "\n".join(consts) + "\n" + attention._SOURCE
+            + "\n}\n}\n")
+
+
 def main() -> int:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
@@ -56,17 +75,25 @@ def main() -> int:
     bad = 0
     cases = itertools.product(("bfloat16", "float16", "float32"), (True, False),
                               ((128, 4), (64, 1), (256, 8), (128, 16)))
+    renders = [(f"flash {dtype} {'single' if single else 'split'} {dim} {rep}",
+                lambda n, d=dtype, s=single, dm=dim, r=rep: render(n, d, s, dm, r, 16))
+               for dtype, single, (dim, rep) in cases]
+    renders += [(f"splitk {dtype} {dim} {rep} warps {w} group {g} vec {v}",
+                 lambda n, d=dtype, dm=dim, r=rep, w=w, g=g, v=v:
+                 render_splitk(n, d, dm, r, 16, w, g, v))
+                for dtype, (dim, rep), w, g, v in itertools.product(
+                    ("bfloat16", "float16", "float32"), ((128, 4), (64, 1), (256, 8)),
+                    (2, 8), (1, 4), (False, True))]
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (dtype, single, (dim, rep)) in enumerate(cases):
+        for i, (label, make) in enumerate(renders):
             path = os.path.join(tmp, f"k{i}.cu")
             with open(path, "w") as f:
-                f.write(render(f"k{i}", dtype, single, dim, rep, 16))
+                f.write(make(f"k{i}"))
             got = subprocess.run([nvcc, "-arch=sm_90", "-std=c++17", "-c", path, "-o",
                                   os.path.join(tmp, f"k{i}.o"), "-Xptxas", "-v"],
                                  capture_output=True, text=True)
             regs = [ln.strip() for ln in got.stderr.splitlines() if "registers" in ln]
-            print(dtype, "single" if single else "split", dim, rep,
-                  "ok" if got.returncode == 0 else "FAILED", *(regs[:1]))
+            print(label, "ok" if got.returncode == 0 else "FAILED", *(regs[:1]))
             if got.returncode:
                 print(got.stderr[-3000:])
                 bad += 1

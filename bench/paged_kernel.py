@@ -12,6 +12,7 @@ cache as long as the longest row (what mlx-lm's ``BatchKVCache`` hands it).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -29,7 +30,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxbun_core.engine.batch import attention, flash
-from mlxbun_core.engine.batch.attention import paged_attention
+from mlxbun_core.engine.batch.attention import paged_attention, paged_reference
 from mlxbun_core.engine.batch.pool import BlockPool, BlockTable
 from mlxbun_core.engine.batch.storage import LayerStore
 from mlxbun_core.engine.batch.view import Window
@@ -208,13 +209,32 @@ def chained(fn, q, layers=36, n=10):
 
 
 def sweep(out: dict) -> None:
-    """The split-key kernel at each keys-per-split and warps-per-block setting, the flash
-    kernel and MLX's dense attention, timed within a graph of 36 layers' calls."""
-    res: dict = {}
+    """The split-key kernel at each keys-per-split, warps-per-block, keys-per-warp-step
+    and load-width setting, the flash kernel and MLX's dense attention, timed within a
+    graph of 36 layers' calls; first each new setting's output against the reference."""
+    res: dict = {"errors": sweep_errors()}
+    print("errors", json.dumps(res["errors"]), flush=True)
     for rows, length in ((1, 4096), (8, 640), (32, 640), (32, 4096)):
         res[f"rows{rows}_len{length}"] = got = sweep_shape(rows, length)
         print(rows, length, json.dumps(got), flush=True)
     out["sweep"] = res
+
+
+def sweep_errors() -> dict:
+    """Max abs error of each keys-per-warp-step and load-width setting of the split-key
+    kernel against the float32 reference, bf16, ragged rows, width 1 and 4, a window."""
+    errs: dict = {}
+    for group, vec in itertools.product((1, 2, 4), (False, True)):
+        attention.GROUP, attention.VEC = group, vec
+        worst = 0.0
+        for width, window in ((1, None), (4, None), (1, 37)):
+            q, store, view = setup(5, [3, 40, 300, 17, 129], 32, 8, 128, width, mx.bfloat16)
+            got = paged_attention(q, store, view, window, 0.088, True).astype(mx.float32)
+            want = paged_reference(q, store, view, window, 0.088).astype(mx.float32)
+            worst = max(worst, float(mx.max(mx.abs(got - want))))
+        errs[f"g{group}{'_vec' if vec else ''}"] = worst
+    attention.GROUP, attention.VEC = 1, False
+    return errs
 
 
 def sweep_shape(rows: int, length: int) -> dict:
@@ -231,10 +251,12 @@ def sweep_shape(rows: int, length: int) -> dict:
 
     got: dict = {"dense_us": chained(
         lambda x: mx.fast.scaled_dot_product_attention(x, kd, vd, scale=scale), q)}
-    for chunk in (64, 128, 256, 512):
-        for warps in (2, 4, 8):
-            attention.KERNEL, attention.CHUNK, attention.WARPS = "splitk", chunk, warps
-            got[f"splitk_c{chunk}_w{warps}_us"] = chained(paged, q)
+    for chunk, warps, group, vec in itertools.product((64, 128, 256), (4, 8), (1, 2, 4),
+                                                      (False, True)):
+        attention.KERNEL, attention.CHUNK, attention.WARPS = "splitk", chunk, warps
+        attention.GROUP, attention.VEC = group, vec
+        got[f"splitk_c{chunk}_w{warps}_g{group}{'_vec' if vec else ''}_us"] = chained(paged, q)
+    attention.GROUP, attention.VEC = 1, False
     attention.CHUNK, attention.WARPS = 256, 4
     attention.KERNEL = "flash"
     try:

@@ -177,24 +177,56 @@ _SOURCE = """
         }
         m[r] = -INFINITY; l[r] = 0.f;
     }
-    for (int j = lo + warp; j <= hi; j += WARPS) {
-        const size_t slot = (size_t)blocks[b * NB + j / BS] * BS + (j % BS);
-        const T* kp = k + (slot * HKV + hkv) * D + lane * PER;
-        const T* vp = v + (slot * HKV + hkv) * D + lane * PER;
-        float kk[PER], vv[PER];
-        for (int i = 0; i < PER; ++i) {
-            kk[i] = static_cast<float>(kp[i]);
-            vv[i] = static_cast<float>(vp[i]);
+    // a warp takes G keys at a time: their loads, dot products and shuffles are
+    // independent of each other (latency hidden), the running softmax corrected once
+    for (int j0 = lo + warp * G; j0 <= hi; j0 += WARPS * G) {
+        float kk[G][PER], vv[G][PER];
+        bool in[G];
+        for (int g = 0; g < G; ++g) {
+            in[g] = j0 + g <= hi;
+            const int j = in[g] ? j0 + g : j0;  // (a key past the split: read, not counted)
+            const size_t slot = (size_t)blocks[b * NB + j / BS] * BS + (j % BS);
+            const T* kp = k + (slot * HKV + hkv) * D + lane * PER;
+            const T* vp = v + (slot * HKV + hkv) * D + lane * PER;
+            if constexpr (VEC && PER % 4 == 0 && sizeof(T) == 2) {
+                for (int i = 0; i < PER; i += 4) {  // 8 bytes a load, copied, not punned
+                    const uint2 kw = *reinterpret_cast<const uint2*>(kp + i);
+                    const uint2 vw = *reinterpret_cast<const uint2*>(vp + i);
+                    T kt[4], vt[4];
+                    __builtin_memcpy(kt, &kw, sizeof(kt));
+                    __builtin_memcpy(vt, &vw, sizeof(vt));
+                    for (int e = 0; e < 4; ++e) {
+                        kk[g][i + e] = static_cast<float>(kt[e]);
+                        vv[g][i + e] = static_cast<float>(vt[e]);
+                    }
+                }
+            } else {
+                for (int i = 0; i < PER; ++i) {
+                    kk[g][i] = static_cast<float>(kp[i]);
+                    vv[g][i] = static_cast<float>(vp[i]);
+                }
+            }
         }
         for (int r = 0; r < R; ++r) {
-            float s = 0.f;
-            for (int i = 0; i < PER; ++i) s += qv[r][i] * kk[i];
-            for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-            const float mn = fmaxf(m[r], s);
+            float s[G];
+            for (int g = 0; g < G; ++g) {
+                float t = 0.f;
+                for (int i = 0; i < PER; ++i) t += qv[r][i] * kk[g][i];
+                s[g] = t;
+            }
+            for (int off = 16; off > 0; off >>= 1)
+                for (int g = 0; g < G; ++g) s[g] += __shfl_xor_sync(0xffffffffu, s[g], off);
+            float mn = m[r];
+            for (int g = 0; g < G; ++g) if (in[g]) mn = fmaxf(mn, s[g]);
             const float corr = __expf(m[r] - mn);
-            const float p = __expf(s - mn);
-            l[r] = l[r] * corr + p;
-            for (int i = 0; i < PER; ++i) acc[r][i] = acc[r][i] * corr + p * vv[i];
+            float p[G], psum = 0.f;
+            for (int g = 0; g < G; ++g) { p[g] = in[g] ? __expf(s[g] - mn) : 0.f; psum += p[g]; }
+            l[r] = l[r] * corr + psum;
+            for (int i = 0; i < PER; ++i) {
+                float a = acc[r][i] * corr;
+                for (int g = 0; g < G; ++g) a += p[g] * vv[g][i];
+                acc[r][i] = a;
+            }
             m[r] = mn;
         }
     }
@@ -225,6 +257,8 @@ _SOURCE = """
 
 CHUNK = 256  # keys per split
 WARPS = 4
+GROUP = 1  # keys a warp takes at a time (bench/paged_kernel.py --sweep times 1, 2, 4)
+VEC = False  # keys and values read 8 bytes a load (16-bit dtypes)
 
 
 def _splitk_attention(q: mx.array, store: LayerStore, view: Window, window: int | None,
@@ -236,7 +270,7 @@ def _splitk_attention(q: mx.array, store: LayerStore, view: Window, window: int 
     rep = heads // hkv
     warps = max(1, min(WARPS, SHARED_FLOATS // (rep * dim)))
     splits = max(1, -(-(int(view.starts.max()) + width) // CHUNK))
-    key = (keys.dtype, dim, rep, store.pool.block_size, warps)
+    key = (keys.dtype, dim, rep, store.pool.block_size, warps, GROUP, VEC)
     kernel: Any = _kernels.get(key)
     if kernel is None:
         kernel = _kernels[key] = mx.fast.cuda_kernel(
@@ -249,7 +283,8 @@ def _splitk_attention(q: mx.array, store: LayerStore, view: Window, window: int 
     acc, m, total = kernel(
         inputs=[q.astype(keys.dtype), keys, values, view.blocks, view.offset, *consts],
         template=[("T", keys.dtype), ("D", dim), ("R", rep),
-                  ("BS", store.pool.block_size), ("WARPS", warps)],
+                  ("BS", store.pool.block_size), ("WARPS", warps), ("G", GROUP),
+                  ("VEC", VEC)],
         grid=(rows * hkv * width * splits * warps * 32, 1, 1), threadgroup=(warps * 32, 1, 1),
         output_shapes=[(*part, dim), part, part],
         output_dtypes=[mx.float32, mx.float32, mx.float32])
