@@ -19,8 +19,8 @@ case "${1:-}" in
     # the short lease after part a: two servers again (a device fault met while memory is
     # freed ends the engine now), the split-key kernel's settings within a 36-layer graph
     # (and the flash kernel's speed), bf16 over three rounds
+    run kernel_sweep 150 python3 bench/paged_kernel.py --sweep --out $O/kernel_sweep.json
     run two_servers 200 python3 bench/memory_pressure.py --two-servers --clients 16 --trials 2 --out $O/two_servers.json
-    run kernel_sweep 90 python3 bench/paged_kernel.py --sweep --out $O/kernel_sweep.json
     run ckpt 90 python3 -c "
 import sys; sys.path.insert(0, 'bench')
 from engine_ab import checkpoint
