@@ -30,6 +30,7 @@ def by_line(data: bytes, pattern: str) -> list[int]:
 @settings(max_examples=300, deadline=None)
 @example(text="a\naa", parts=["a", "\\s*", "a"])  # a match across lines hides line 2's own
 @example(text="ab\nbb", parts=["b", "\\s*", "b"])
+@example(text="a\n", parts=["^", "$"])  # the last newline starts no line to match in
 @given(text=st.text(alphabet="ab x\n\r", max_size=60),
        parts=st.lists(st.sampled_from(PIECES), min_size=1, max_size=4))
 def test_whole_file_search_finds_exactly_the_matching_lines(text, parts):

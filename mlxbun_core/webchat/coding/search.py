@@ -94,8 +94,8 @@ def matching_lines(data: bytes, line_rx: Regexp, whole_rx: Regexp | None,
     pos, no = 0, 1
     while pos < len(data) and not budget.spent():
         found = whole_rx.search(data, pos)
-        if found is None:
-            return
+        if found is None or found.start() == len(data) and data.endswith(b"\n"):
+            return  # (the text's last newline ends a line; it starts none to match in)
         start = data.rfind(b"\n", 0, found.start()) + 1
         no += data.count(b"\n", pos, start)
         end = data.find(b"\n", found.start())
