@@ -44,6 +44,11 @@ print(checkpoint('8b', 0))"
     grep -q "kernel check: ok" $O/check_flash.txt 2>/dev/null && run kernel_speed_flash 120 python3 bench/paged_kernel.py --flash --out $O/paged_kernel_flash.json
     run host_overhead 240 python3 bench/host_overhead.py --model /tmp/bench-qwen3-8b-bfloat16 --arms bare,served --prompt-tokens 512 --tokens 64 --rounds 2 --served-budget 32 --profile 10 --profile-out $O/host_profile --out $O/host_overhead_gpu.json
     ;;
+  t)
+    # what a lease of about three minutes allows: two servers once, then the kernel sweep
+    run two_servers 150 python3 bench/memory_pressure.py --two-servers --clients 16 --trials 1 --out $O/two_servers.json
+    run kernel_sweep 120 python3 bench/paged_kernel.py --sweep --out $O/kernel_sweep.json
+    ;;
 esac
 cp /tmp/engine_ab_*.log "$O"/ 2>/dev/null
 true
