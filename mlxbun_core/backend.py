@@ -14,3 +14,25 @@ def backend() -> str:
         return "cpu"
     cuda = getattr(mx, "cuda", None)
     return "cuda" if cuda is not None and cuda.is_available() else "metal"
+
+
+PTX_CACHE_ENV = "MLX_PTX_CACHE_DIR"
+
+
+def keep_compiled_kernels(where: str | None = None) -> str | None:
+    """On CUDA, where MLX keeps the kernels it compiles: mlxbun's home, not MLX's default
+    under the temporary directory, which a reboot may empty (a 4-bit 8B's first start on
+    an H100 compiles for 95 s before it is ready; a start that finds them takes seconds).
+    Set before the first kernel is compiled (MLX reads it once); a directory the user
+    named is kept. The directory set, or None."""
+    import os
+
+    import mlx.core as mx
+
+    from .models.paths import mlxbun_home
+
+    if (where or backend()) != "cuda" or os.environ.get(PTX_CACHE_ENV):
+        return None
+    path = str(mlxbun_home() / "ptx" / mx.__version__)
+    os.environ[PTX_CACHE_ENV] = path
+    return path

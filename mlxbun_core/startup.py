@@ -143,8 +143,12 @@ def cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
               file=sys.stderr)
     configure_media(args)
     configure_run(args)
+    from .backend import keep_compiled_kernels
     from .serve_switches import apply_switches
 
+    kept = keep_compiled_kernels()
+    if kept is not None:
+        logging.getLogger("mlxbun").info("compiled kernels kept in %s", kept)
     for applied in apply_switches(args):
         logging.getLogger("mlxbun").info("decode route: %s", applied)
     try:
