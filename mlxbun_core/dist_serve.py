@@ -59,8 +59,10 @@ def refusal(args: argparse.Namespace) -> str | None:
 
 def serve_distributed(args: argparse.Namespace) -> int:
     """The whole life of one rank; rank 0 never returns (it exits after serving)."""
+    from .backend import keep_compiled_kernels
     from .distributed import init_group
 
+    keep_compiled_kernels()  # (each rank compiles its own kernels: keep them too)
     problem = refusal(args)
     try:
         group = init_group(args.distributed_backend, args.pipeline)
