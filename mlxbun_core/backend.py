@@ -5,6 +5,8 @@ the paged-attention kernel, whether quantized layers dequantize for wide passes)
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 def backend() -> str:
     """``metal``, ``cuda`` or ``cpu``: where MLX runs by default."""
@@ -19,20 +21,19 @@ def backend() -> str:
 PTX_CACHE_ENV = "MLX_PTX_CACHE_DIR"
 
 
-def keep_compiled_kernels(where: str | None = None) -> str | None:
+def keep_compiled_kernels(home: Path, where: str | None = None) -> str | None:
     """On CUDA, where MLX keeps the kernels it compiles: mlxbun's home, not MLX's default
     under the temporary directory, which a reboot may empty (a 4-bit 8B's first start on
     an H100 compiles for 95 s before it is ready; a start that finds them takes seconds).
     Set before the first kernel is compiled (MLX reads it once); a directory the user
-    named is kept. The directory set, or None."""
+    named is kept. ``home``: mlxbun's (``models.paths.mlxbun_home``). The directory
+    set, or None."""
     import os
 
     import mlx.core as mx
 
-    from .models.paths import mlxbun_home
-
     if (where or backend()) != "cuda" or os.environ.get(PTX_CACHE_ENV):
         return None
-    path = str(mlxbun_home() / "ptx" / mx.__version__)
+    path = str(home / "ptx" / mx.__version__)  # type: ignore[attr-defined]
     os.environ[PTX_CACHE_ENV] = path
     return path

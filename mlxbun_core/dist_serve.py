@@ -61,8 +61,9 @@ def serve_distributed(args: argparse.Namespace) -> int:
     """The whole life of one rank; rank 0 never returns (it exits after serving)."""
     from .backend import keep_compiled_kernels
     from .distributed import init_group
+    from .models.paths import mlxbun_home
 
-    keep_compiled_kernels()  # (each rank compiles its own kernels: keep them too)
+    keep_compiled_kernels(mlxbun_home())  # (each rank compiles its own kernels: keep them too)
     problem = refusal(args)
     try:
         group = init_group(args.distributed_backend, args.pipeline)

@@ -144,9 +144,10 @@ def cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     configure_media(args)
     configure_run(args)
     from .backend import keep_compiled_kernels
+    from .models.paths import mlxbun_home
     from .serve_switches import apply_switches
 
-    kept = keep_compiled_kernels()
+    kept = keep_compiled_kernels(mlxbun_home())
     if kept is not None:
         logging.getLogger("mlxbun").info("compiled kernels kept in %s", kept)
     for applied in apply_switches(args):

@@ -12,23 +12,20 @@ from mlxbun_core.backend import PTX_CACHE_ENV, keep_compiled_kernels
 
 
 def test_cuda_keeps_compiled_kernels_in_the_home_per_mlx_version(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLXBUN_HOME", str(tmp_path))
     monkeypatch.delenv(PTX_CACHE_ENV, raising=False)
-    got = keep_compiled_kernels("cuda")
+    got = keep_compiled_kernels(tmp_path, "cuda")
     assert got == str(tmp_path / "ptx" / mx.__version__)
     assert os.environ[PTX_CACHE_ENV] == got
 
 
 def test_a_directory_the_user_named_is_kept(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLXBUN_HOME", str(tmp_path))
     monkeypatch.setenv(PTX_CACHE_ENV, "/somewhere/else")
-    assert keep_compiled_kernels("cuda") is None
+    assert keep_compiled_kernels(tmp_path, "cuda") is None
     assert os.environ[PTX_CACHE_ENV] == "/somewhere/else"
 
 
 @pytest.mark.parametrize("where", ["metal", "cpu"])
 def test_other_backends_are_left_alone(where, tmp_path, monkeypatch):
-    monkeypatch.setenv("MLXBUN_HOME", str(tmp_path))
     monkeypatch.delenv(PTX_CACHE_ENV, raising=False)
-    assert keep_compiled_kernels(where) is None
+    assert keep_compiled_kernels(tmp_path, where) is None
     assert PTX_CACHE_ENV not in os.environ

@@ -115,3 +115,35 @@ def test_the_warm_up_runs_every_quantized_matmul_at_the_row_counts_a_batch_reach
     assert set(seen) == shapes  # every kind, the embedding's output use among them
     assert all(rows == set(wide_quant.WARM_ROWS) for rows in seen.values())
     assert ran == len(shapes) * len(wide_quant.WARM_ROWS)
+
+
+def test_the_warm_up_runs_every_quantized_expert_block_sorted_and_not(monkeypatch):
+    """A mixture of experts whose experts are quantized: each kind of expert block runs at
+    every row count in ``WARM_ROWS``, its gathered quantized matmuls both unsorted (few
+    rows) and sorted (from 64 rows-times-experts), as a decode batch reaches them."""
+    from mlx_lm.models.switch_layers import SwitchGLU, SwitchMLP
+
+    class Moe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.glu = SwitchGLU(64, 32, 4)
+            self.twin = SwitchGLU(64, 32, 4)  # the same kind: run once
+            self.mlp = SwitchMLP(64, 64, 6)
+            self.dense = SwitchGLU(32, 32, 4)  # not quantized: left alone
+
+    model = Moe()
+    nn.quantize(model, group_size=32, bits=4,
+                class_predicate=lambda path, m: not path.startswith("dense")
+                and hasattr(m, "to_quantized"))
+    seen: list[tuple[int, bool]] = []
+    real = mx.gather_qmm
+
+    def spy(x, w, *args, sorted_indices=False, **kw):
+        seen.append((int(w.shape[0]), sorted_indices))
+        return real(x, w, *args, sorted_indices=sorted_indices, **kw)
+    monkeypatch.setattr(mx, "gather_qmm", spy)
+    ran = wide_quant.warm_experts(model)
+    assert ran == 2 * len(wide_quant.WARM_ROWS)  # glu (twin shares its kind) and mlp
+    assert {experts for experts, _ in seen} == {4, 6}
+    assert {done for _, done in seen} == {True, False}  # both of the block's ways
+    assert wide_quant.warm_experts(nn.Module()) == 0

@@ -91,12 +91,13 @@ def warm(model: LoadedModel, worker: ModelWorker, pacer: PrefillPacer) -> dict[s
     worker.run_sync(lambda: pacer.calibrate(model.model))
     buckets = worker.run_sync(lambda: prefill_shapes.warm(model.model, MAX_CHUNK))
     matmuls = worker.run_sync(lambda: wide_quant.warm_matmuls(model.model))
+    experts = worker.run_sync(lambda: wide_quant.warm_experts(model.model))
     t1 = time.perf_counter()
     lane = next((lane for lane in worker.lanes if isinstance(lane, BatchLane)), None)
     batch = worker.run_sync(lane.warm) if lane is not None else {}
     t2 = time.perf_counter()
     return {"prefill_s": round(t1 - t0, 3), "prefill_buckets": buckets,
-            "quantized_matmuls": matmuls,
+            "quantized_matmuls": matmuls, "quantized_expert_blocks": experts,
             "batch_s": round(t2 - t1, 3) if batch else None,
             "batch_passes": batch.get("passes", 0), "batch_blocks_held": batch.get("blocks_held"),
             "batch_blocks_left": batch.get("blocks_left")}

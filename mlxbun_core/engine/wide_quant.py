@@ -96,6 +96,38 @@ def warm_matmuls(model: nn.Module, rows: tuple[int, ...] = WARM_ROWS) -> int:
     return len(outs)
 
 
+EXPERTS_PER_ROW = 8  # experts a row is routed to while warming (a common top-k)
+
+
+def warm_experts(model: nn.Module, rows: tuple[int, ...] = WARM_ROWS) -> int:
+    """The mixture-of-experts counterpart of :func:`warm_matmuls`: each kind of expert
+    block whose experts are quantized (mlx-lm's ``SwitchGLU`` and ``SwitchMLP``; one per
+    bits, group size, mode and shape) runs at ``rows`` rows, each routed to several
+    experts, so the gathered quantized matmuls a decode batch reaches (sorted from 64
+    rows-times-experts, as the block sorts them; unsorted below) are compiled before the
+    first request. Returns how many blocks ran."""
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchGLU, SwitchMLP
+
+    kinds: dict[tuple[object, ...], tuple[nn.Module, QuantizedSwitchLinear]] = {}
+    for _, m in model.named_modules():
+        if isinstance(m, (SwitchGLU, SwitchMLP)):
+            proj = m.gate_proj if isinstance(m, SwitchGLU) else m.fc1
+            if isinstance(proj, QuantizedSwitchLinear):
+                key = (proj.bits, proj.group_size, getattr(proj, "mode", "affine"),
+                       tuple(proj["weight"].shape))
+                kinds.setdefault(key, (m, proj))
+    outs = []
+    for block, first in kinds.values():
+        experts, _, packed = first["weight"].shape
+        dims, k = packed * 32 // first.bits, min(EXPERTS_PER_ROW, experts)
+        for n in rows:
+            x = mx.zeros((n, dims), dtype=first["scales"].dtype)
+            chosen = (mx.arange(n * k, dtype=mx.uint32) % experts).reshape(n, k)
+            outs.append(block(x, chosen))
+    mx.eval(outs)
+    return len(outs)
+
+
 def widest_bytes(model: nn.Module, dtype_size: int = 2) -> int:
     """The largest dense weight one wide layer unpacks (bytes at ``dtype_size``): what
     a wide pass holds beside its activations, one layer at a time."""
