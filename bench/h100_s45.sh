@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The next GPU sitting (issues 33, 34), what 2026-12-08's lease could not run: the
+# split-key kernel's settings timed within a 36-layer graph (and each checked against the
+# reference), two servers on one card after a device fault met while memory is freed
+# became a lost device (and the traceback change that met it was reverted), bf16 against
+# mlx_lm.server over five rounds, the flash check with its float64 reference, and a fresh
+# 4-bit start with the PTX cache in mlxbun's home. After `source .device-wheels/b/install.sh`
+# (../shared/device/README.md): `bash bench/h100_s45.sh PART`.
+RUN_TAIL=4
+. "$(dirname "$0")/sitting.sh"
+summary() { python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1])); print(json.dumps(d['summary']))" "$1" 2>/dev/null; }
+case "${1:-}" in
+  a)
+    # (about 5 minutes)
+    run kernel_sweep 150 python3 bench/paged_kernel.py --sweep --out $O/kernel_sweep.json
+    run two_servers 240 python3 bench/memory_pressure.py --two-servers --clients 16 --trials 2 --out $O/two_servers.json
+    ;;
+  b)
+    # (about 8 minutes)
+    run ckpt 90 python3 -c "
+import sys; sys.path.insert(0, 'bench')
+from engine_ab import checkpoint
+print(checkpoint('8b', 0))"
+    run ab_bf16 480 python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged mlx-lm --baseline mlx-lm --concurrency 8 32 --history-tokens 0 --rounds 5 --out $O/engine_ab_bf16.json
+    summary $O/engine_ab_bf16.json
+    ;;
+  c)
+    # (about 6 minutes) a fresh home, so the 4-bit server compiles every kernel once into
+    # $MLXBUN_HOME/ptx, then starts again and finds them; the flash check
+    export MLXBUN_HOME=/tmp/mlxbun-home-s45; rm -rf "$MLXBUN_HOME"
+    run ckpt_q4 90 python3 -c "
+import sys; sys.path.insert(0, 'bench')
+from engine_ab import checkpoint
+print(checkpoint('8b', 4))"
+    run ab_q4 420 python3 bench/engine_ab.py --shape 8b --bits 4 --arms paged --concurrency 32 --history-tokens 0 --rounds 2 --out $O/engine_ab_q4.json
+    summary $O/engine_ab_q4.json; ls "$MLXBUN_HOME/ptx"/* | wc -l
+    run check_flash 150 env CUDA_LAUNCH_BLOCKING=1 python3 bench/paged_kernel.py --flash --check-only --out $O/kernel_check_flash.json
+    ;;
+esac
+cp /tmp/engine_ab_*.log "$O"/ 2>/dev/null
+true
