@@ -3,6 +3,9 @@
 # its time limit, stdout and stderr to $O/NAME.txt, its tail shown, servers stopped after.
 set -u
 export PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
+# the benches' servers live in temporary homes (bench_home.py): one PTX cache for them all,
+# or each would compile every kernel again (an empty value: each server's own home's)
+export MLX_PTX_CACHE_DIR=${MLX_PTX_CACHE_DIR-/tmp/mlx-ptx-bench}
 export MEMLOG=${MEMLOG:-1}  # the servers log MLX's memory each second (bench/mem_log.py)
 O=${OUT:-/tmp/out}; mkdir -p "$O"
 run() {
