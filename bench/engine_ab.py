@@ -71,6 +71,10 @@ def arm_command(arm: str, args, ckpt: str, port: int) -> list:
             f"a.MODE = {mode!r}; " + BOOT_LOADS if arm != "old" else "import sys; ")
     if arm == "flash":
         boot += "a.KERNEL = 'flash'; "
+    if arm.startswith("paged@"):  # paged@CHUNK=128,WARPS=8,GROUP=4,VEC=1: the split-key
+        for setting in arm[len("paged@"):].split(","):  # kernel's module settings
+            name, value = setting.split("=")
+            boot += f"a.{name} = {int(value)!r}; "
     boot += "from mlxbun_core.cli import main; sys.argv[0] = 'mlxbun'; sys.exit(main())"
     cmd = ["env", f"PYTHONPATH={path}", sys.executable, "-c", boot, "serve", ckpt,
            "--port", str(port), "--no-open"]
@@ -176,7 +180,8 @@ def main() -> None:
     args = p.parse_args()
     arms = ["paged", "gather"] + (["old"] if args.old else []) + \
         (["mlx-lm"] if args.with_mlx_lm else [])
-    arms = [a for a in arms if not args.arms or a in args.arms]
+    arms = [a for a in arms if not args.arms or a in args.arms] + \
+        [a for a in args.arms or [] if a.startswith("paged@")]  # a kernel setting's arm
     baseline = args.baseline or ("old" if args.old else "mlx-lm" if args.with_mlx_lm else "")
     ckpt = checkpoint(args.shape, args.bits)
     from pathlib import Path

@@ -38,6 +38,12 @@ print(checkpoint('8b', 4))"
     summary $O/engine_ab_q4.json
     run check_flash 150 env CUDA_LAUNCH_BLOCKING=1 python3 bench/paged_kernel.py --flash --check-only --out $O/kernel_check_flash.json
     ;;
+  d)
+    # (about 6 minutes) the sweep's best setting served, against today's: SETTING is the
+    # split-key kernel's module settings, e.g. SETTING=CHUNK=128,WARPS=8,GROUP=4,VEC=1
+    run ab_setting 420 python3 bench/engine_ab.py --shape 8b --arms paged "paged@${SETTING:?}" --baseline paged --concurrency 8 32 --history-tokens 0 --rounds 3 --out $O/engine_ab_setting.json
+    summary $O/engine_ab_setting.json
+    ;;
 esac
 cp /tmp/engine_ab_*.log "$O"/ 2>/dev/null
 true
