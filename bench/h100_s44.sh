@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The first GPU sitting of 2026-12-08's work (issues 33, 34): the pressure trials again
+# The sixth GPU sitting of 2026-12-07 (issues 33, 34): the pressure trials again
 # after a persistent out-of-memory with memory reading short became a 503 (not a lost
 # device), bf16 against mlx_lm.server over five rounds at 8 and 32 clients, and the
 # flash kernel's check and speed after its width-4 fix, then where a served step's host

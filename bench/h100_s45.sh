@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The next GPU sitting (issues 33, 34), what 2026-12-08's lease could not run: the
+# The next GPU sitting (issues 33, 34), what the sixth of 2026-12-07 could not run: the
 # split-key kernel's settings timed within a 36-layer graph (and each checked against the
 # reference), two servers on one card after a device fault met while memory is freed
 # became a lost device (and the traceback change that met it was reverted), bf16 against
