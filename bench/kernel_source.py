@@ -67,6 +67,18 @@ def render_splitk(name: str, dtype: str, dim: int, rep: int, block: int, warps: 
             + "\n}\n}\n")
 
 
+def render_combine(name: str, dtype: str, dim: int) -> str:
+    """The splits' combine kernel (``attention._COMBINE``) as MLX would wrap it."""
+    from mlxbun_core.engine.batch import attention
+
+    args = ["    const float* acc", "    const float* m", "    const float* total",
+            "    const int32_t* params", f"    {CUDA[dtype]}* out"]
+    consts = [f"  using T = {CUDA[dtype]};", f"  constexpr int D = {dim};"]
+    return (HEADER + "namespace mlx::core::cu {\n__global__ void " + name + "(\n"
+            + ",\n".join(args) + ") {\n" + "\n".join(consts) + "\n" + attention._COMBINE
+            + "\n}\n}\n")
+
+
 def main() -> int:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
@@ -84,6 +96,8 @@ def main() -> int:
                 for dtype, (dim, rep), w, g, v in itertools.product(
                     ("bfloat16", "float16", "float32"), ((128, 4), (64, 1), (256, 8)),
                     (2, 8), (1, 4), (False, True))]
+    renders += [(f"combine {dtype} {dim}", lambda n, d=dtype, dm=dim: render_combine(n, d, dm))
+                for dtype in ("bfloat16", "float16", "float32") for dim in (64, 128, 256)]
     with tempfile.TemporaryDirectory() as tmp:
         for i, (label, make) in enumerate(renders):
             path = os.path.join(tmp, f"k{i}.cu")

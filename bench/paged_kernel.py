@@ -221,19 +221,20 @@ def sweep(out: dict) -> None:
 
 
 def sweep_errors() -> dict:
-    """Max abs error of each keys-per-warp-step and load-width setting of the split-key
-    kernel against the float32 reference, bf16, ragged rows, width 1 and 4, a window."""
+    """Max abs error of each keys-per-warp-step, load-width and combine setting of the
+    split-key kernel against the float32 reference, bf16, ragged rows, width 1 and 4, a
+    window (keys past 256 make several splits)."""
     errs: dict = {}
-    for group, vec in itertools.product((1, 2, 4), (False, True)):
-        attention.GROUP, attention.VEC = group, vec
+    for group, vec, fused in itertools.product((1, 2, 4), (False, True), (False, True)):
+        attention.GROUP, attention.VEC, attention.FUSED = group, vec, fused
         worst = 0.0
         for width, window in ((1, None), (4, None), (1, 37)):
             q, store, view = setup(5, [3, 40, 300, 17, 129], 32, 8, 128, width, mx.bfloat16)
             got = paged_attention(q, store, view, window, 0.088, True).astype(mx.float32)
             want = paged_reference(q, store, view, window, 0.088).astype(mx.float32)
             worst = max(worst, float(mx.max(mx.abs(got - want))))
-        errs[f"g{group}{'_vec' if vec else ''}"] = worst
-    attention.GROUP, attention.VEC = 1, False
+        errs[f"g{group}{'_vec' if vec else ''}{'_fused' if fused else ''}"] = worst
+    attention.GROUP, attention.VEC, attention.FUSED = 1, False, False
     return errs
 
 
@@ -251,12 +252,13 @@ def sweep_shape(rows: int, length: int) -> dict:
 
     got: dict = {"dense_us": chained(
         lambda x: mx.fast.scaled_dot_product_attention(x, kd, vd, scale=scale), q)}
-    for chunk, warps, group, vec in itertools.product((64, 128, 256), (4, 8), (1, 2, 4),
-                                                      (False, True)):
+    for chunk, warps, group, vec, fused in itertools.product(
+            (64, 128, 256), (4, 8), (1, 2, 4), (False, True), (False, True)):
         attention.KERNEL, attention.CHUNK, attention.WARPS = "splitk", chunk, warps
-        attention.GROUP, attention.VEC = group, vec
-        got[f"splitk_c{chunk}_w{warps}_g{group}{'_vec' if vec else ''}_us"] = chained(paged, q)
-    attention.GROUP, attention.VEC = 1, False
+        attention.GROUP, attention.VEC, attention.FUSED = group, vec, fused
+        got[f"splitk_c{chunk}_w{warps}_g{group}{'_vec' if vec else ''}"
+            f"{'_fused' if fused else ''}_us"] = chained(paged, q)
+    attention.GROUP, attention.VEC, attention.FUSED = 1, False, False
     attention.CHUNK, attention.WARPS = 256, 4
     attention.KERNEL = "flash"
     try:

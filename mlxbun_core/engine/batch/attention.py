@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import mlx.core as mx
 
@@ -259,6 +259,28 @@ CHUNK = 256  # keys per split
 WARPS = 4
 GROUP = 1  # keys a warp takes at a time (bench/paged_kernel.py --sweep times 1, 2, 4)
 VEC = False  # keys and values read 8 bytes a load (16-bit dtypes)
+FUSED = False  # the splits combined by one kernel (True) or by plain ops (about 8 launches)
+
+# The splits' partials combined in one launch, a thread per output element: the same
+# arithmetic as ``flash.combine`` (each split's weighted values and sum rescaled to the
+# largest max; an empty split, max -inf, weighs nothing).
+_COMBINE = """
+    const int e = blockIdx.x * blockDim.x + threadIdx.x;
+    const int S = params[0];
+    if (e >= params[1]) return;
+    const size_t row = e / D;
+    const int d = e % D;
+    float M = -INFINITY;
+    for (int s = 0; s < S; ++s) M = fmaxf(M, m[row * S + s]);
+    float L = 0.f, A = 0.f;
+    for (int s = 0; s < S; ++s) {
+        const float ms = m[row * S + s];
+        const float c = ms == -INFINITY ? 0.f : __expf(ms - M);
+        L += total[row * S + s] * c;
+        A += acc[(row * S + s) * D + d] * c;
+    }
+    out[e] = static_cast<T>(A / L);
+"""
 
 
 def _splitk_attention(q: mx.array, store: LayerStore, view: Window, window: int | None,
@@ -288,6 +310,26 @@ def _splitk_attention(q: mx.array, store: LayerStore, view: Window, window: int 
         grid=(rows * hkv * width * splits * warps * 32, 1, 1), threadgroup=(warps * 32, 1, 1),
         output_shapes=[(*part, dim), part, part],
         output_dtypes=[mx.float32, mx.float32, mx.float32])
+    if FUSED:
+        return _combined(acc, m, total, q.dtype, view)
     return flash.combine(acc, m, total).astype(q.dtype)
+
+
+def _combined(acc: mx.array, m: mx.array, total: mx.array, dtype: mx.Dtype,
+              view: Window) -> mx.array:
+    """:func:`flash.combine` in one kernel launch (``FUSED``)."""
+    rows, heads, width, splits, dim = acc.shape
+    key = ("combine", dtype, dim)
+    kernel: Any = _kernels.get(key)
+    if kernel is None:
+        kernel = _kernels[key] = mx.fast.cuda_kernel(
+            name="mlxbun_paged_combine", input_names=["acc", "m", "total", "params"],
+            output_names=["out"], source=_COMBINE)
+    n = rows * heads * width * dim
+    params = flash.consts_of(view, (splits, n), 0.0)[0]
+    (out,) = kernel(inputs=[acc, m, total, params], template=[("T", dtype), ("D", dim)],
+                    grid=(-(-n // 256) * 256, 1, 1), threadgroup=(256, 1, 1),
+                    output_shapes=[(rows, heads, width, dim)], output_dtypes=[dtype])
+    return cast(mx.array, out)
 
 
