@@ -34,6 +34,6 @@ def keep_compiled_kernels(home: Path, where: str | None = None) -> str | None:
 
     if (where or backend()) != "cuda" or os.environ.get(PTX_CACHE_ENV):
         return None
-    path = str(home / "ptx" / mx.__version__)  # type: ignore[attr-defined]
+    path = str(home / "ptx" / getattr(mx, "__version__", "unknown"))
     os.environ[PTX_CACHE_ENV] = path
     return path

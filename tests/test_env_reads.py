@@ -37,6 +37,9 @@ ALLOWED = {
     "mlxbun_core/hub/remote.py", "mlxbun_core/hub/settings.py", "mlxbun_core/jobs/quantize.py",
     "mlxbun_core/memory/schedulers.py",  # XDG_CONFIG_HOME: where systemd looks for units
     "mlxbun_core/memory/vault.py",  # MLXBUN_WIKI: the vault's folder, beside MLXBUN_HOME's
+    # MLX_PTX_CACHE_DIR: MLX's own variable for where its CUDA build keeps compiled
+    # kernels, set to the home unless the user set it
+    "mlxbun_core/backend.py",
     # the launcher's rendezvous (mlx.launch, NCCL, JACCL set these, not the user)
     "mlxbun_core/distributed/group.py",
     # test helpers
