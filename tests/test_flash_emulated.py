@@ -35,5 +35,12 @@ def test_an_output_left_unwritten_is_seen(tmp_path, monkeypatch):
                                     1)
     assert planted != flash._SOURCE
     monkeypatch.setattr(flash, "_SOURCE", planted)
-    err = kernel_emulate.run_case(str(tmp_path), 32, 8, 128, 4, None, mx.bfloat16, (5, 140))
+    # (a small shape: any empty split shows it; the row of 5 keys leaves two of three empty)
+    err = kernel_emulate.run_case(str(tmp_path), 8, 2, 64, 1, None, mx.bfloat16, (5, 140))
     assert err == float("inf")
+    monkeypatch.setattr(flash, "_SOURCE", flash._SOURCE.replace("    if (hi < lo) return;\n",
+                                                                "", 1))
+    fresh = tmp_path / "unplanted"  # (its own build folder)
+    fresh.mkdir()
+    assert kernel_emulate.run_case(str(fresh), 8, 2, 64, 1, None, mx.bfloat16,
+                                   (5, 140)) <= 1.0  # the same shape, unplanted: right
