@@ -6,24 +6,15 @@
 # `source .device-wheels/b/install.sh` (../shared/device/README.md): `bash bench/h100_s43.sh PART`.
 RUN_TAIL=4
 . "$(dirname "$0")/sitting.sh"
-summary() { python3 -c "
-import json, sys
-d = json.load(open(sys.argv[1])); print(json.dumps(d['summary']))" "$1" 2>/dev/null; }
 case "${1:-}" in
   a)
-    run ckpt 90 python3 -c "
-import sys; sys.path.insert(0, 'bench')
-from engine_ab import checkpoint
-print(checkpoint('8b', 0))"
+    ckpt 0
     run ab_bf16 200 python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged mlx-lm --baseline mlx-lm --concurrency 32 --history-tokens 0 --rounds 1 --out $O/engine_ab_bf16.json
     summary $O/engine_ab_bf16.json
     run check_flash 120 env CUDA_LAUNCH_BLOCKING=1 python3 bench/paged_kernel.py --flash --check-only --out $O/kernel_check_flash.json
     ;;
   b)
-    run ckpt_q4 90 python3 -c "
-import sys; sys.path.insert(0, 'bench')
-from engine_ab import checkpoint
-print(checkpoint('8b', 4))"
+    ckpt 4
     run ab_q4 420 python3 bench/engine_ab.py --shape 8b --bits 4 ${MLX_ARM:+--with-mlx-lm --baseline mlx-lm} --arms paged ${MLX_ARM:-} --concurrency 32 --history-tokens 0 --rounds 1 --out $O/engine_ab_q4.json
     summary $O/engine_ab_q4.json
     grep -q "kernel check: ok" $O/check_flash.txt 2>/dev/null && run kernel_speed_flash 60 python3 bench/paged_kernel.py --flash --out $O/paged_kernel_flash.json

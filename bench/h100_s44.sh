@@ -7,9 +7,6 @@
 # `bash bench/h100_s44.sh PART`.
 RUN_TAIL=4
 . "$(dirname "$0")/sitting.sh"
-summary() { python3 -c "
-import json, sys
-d = json.load(open(sys.argv[1])); print(json.dumps(d['summary']))" "$1" 2>/dev/null; }
 case "${1:-}" in
   a)
     run pressure 330 python3 bench/memory_pressure.py --trials 5 --out $O/memory_pressure.json
@@ -21,18 +18,12 @@ case "${1:-}" in
     # (and the flash kernel's speed), bf16 over three rounds
     run kernel_sweep 150 python3 bench/paged_kernel.py --sweep --out $O/kernel_sweep.json
     run two_servers 200 python3 bench/memory_pressure.py --two-servers --clients 16 --trials 2 --out $O/two_servers.json
-    run ckpt 90 python3 -c "
-import sys; sys.path.insert(0, 'bench')
-from engine_ab import checkpoint
-print(checkpoint('8b', 0))"
+    ckpt 0
     run ab_bf16 300 python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged mlx-lm --baseline mlx-lm --concurrency 8 32 --history-tokens 0 --rounds 3 --out $O/engine_ab_bf16.json
     summary $O/engine_ab_bf16.json
     ;;
   b)
-    run ckpt 90 python3 -c "
-import sys; sys.path.insert(0, 'bench')
-from engine_ab import checkpoint
-print(checkpoint('8b', 0))"
+    ckpt 0
     run ab_bf16 480 python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged mlx-lm --baseline mlx-lm --concurrency 8 32 --history-tokens 0 --rounds 5 --out $O/engine_ab_bf16.json
     summary $O/engine_ab_bf16.json
     ;;

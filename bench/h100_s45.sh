@@ -8,9 +8,6 @@
 # (../shared/device/README.md): `bash bench/h100_s45.sh PART`.
 RUN_TAIL=4
 . "$(dirname "$0")/sitting.sh"
-summary() { python3 -c "
-import json, sys
-d = json.load(open(sys.argv[1])); print(json.dumps(d['summary']))" "$1" 2>/dev/null; }
 case "${1:-}" in
   a)
     # (about 5 minutes)
@@ -19,10 +16,7 @@ case "${1:-}" in
     ;;
   b)
     # (about 8 minutes)
-    run ckpt 90 python3 -c "
-import sys; sys.path.insert(0, 'bench')
-from engine_ab import checkpoint
-print(checkpoint('8b', 0))"
+    ckpt 0
     run ab_bf16 480 python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged mlx-lm --baseline mlx-lm --concurrency 8 32 --history-tokens 0 --rounds 5 --out $O/engine_ab_bf16.json
     summary $O/engine_ab_bf16.json
     ;;
@@ -30,10 +24,7 @@ print(checkpoint('8b', 0))"
     # (about 6 minutes) the PTX cache in the servers' own (temporary) home: round 1's
     # server compiles every kernel into it, round 2's finds them; the flash check
     export MLX_PTX_CACHE_DIR=
-    run ckpt_q4 90 python3 -c "
-import sys; sys.path.insert(0, 'bench')
-from engine_ab import checkpoint
-print(checkpoint('8b', 4))"
+    ckpt 4
     run ab_q4 420 python3 bench/engine_ab.py --shape 8b --bits 4 --arms paged --concurrency 32 --history-tokens 0 --rounds 2 --out $O/engine_ab_q4.json
     summary $O/engine_ab_q4.json
     run check_flash 150 env CUDA_LAUNCH_BLOCKING=1 python3 bench/paged_kernel.py --flash --check-only --out $O/kernel_check_flash.json

@@ -28,24 +28,33 @@ HEADER = "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cstdint>\n" 
          "#include <cooperative_groups.h>\n"
 
 
+def wrap(name: str, inputs: list[tuple[str, str]], outputs: list[tuple[str, str]],
+         consts: list[str], body: str) -> str:
+    """``body`` in the ``__global__`` function MLX generates: inputs as ``const`` pointers
+    of their dtypes, outputs as pointers, the template arguments as ``consts`` lines."""
+    args = [f"    const {CUDA[t]}* {n}" for n, t in inputs]
+    args += [f"    {CUDA[t]}* {n}" for n, t in outputs]
+    return (HEADER + "namespace mlx::core::cu {\n__global__ void " + name + "(\n"
+            + ",\n".join(args) + ") {\n" + "\n".join(consts) + "\n" + body + "\n}\n}\n")
+
+
+def _attention_inputs(dtype: str) -> list[tuple[str, str]]:
+    return [("q", dtype), ("k", dtype), ("v", dtype), ("blocks", "int32"),
+            ("starts", "int32"), ("params", "int32"), ("scale", "float32")]
+
+
 def render(name: str, dtype: str, single: bool, dim: int, rep: int, block: int) -> str:
     size = 4 if dtype == "float32" else 2
     tile = flash.tile_for(dim, size, rep)
-    inputs = [("q", dtype), ("k", dtype), ("v", dtype), ("blocks", "int32"),
-              ("starts", "int32"), ("params", "int32"), ("scale", "float32")]
     outs = [("acc_out", dtype if single else "float32"), ("m_out", "float32"),
             ("l_out", "float32")]
-    args = [f"    const {CUDA[t]}* {n}" for n, t in inputs]
-    args += [f"    {CUDA[t]}* {n}" for n, t in outs]
     consts = [f"  using T = {CUDA[dtype]};", f"  using O = {CUDA[outs[0][1]]};",
               f"  constexpr int D = {dim};", f"  constexpr int R = {rep};",
               f"  constexpr int BS = {block};", f"  constexpr int TILE = {tile};",
               f"  constexpr int NT = {flash.NT};",
               f"  constexpr bool SINGLE = {'true' if single else 'false'};",
               f"  constexpr bool VECLOAD = {'true' if flash.VECLOAD else 'false'};"]
-    return (HEADER + "namespace mlx::core::cu {\n__global__ void " + name + "(\n"
-            + ",\n".join(args) + ") {\n" + "\n".join(consts) + "\n" + flash._SOURCE
-            + "\n}\n}\n")
+    return wrap(name, _attention_inputs(dtype), outs, consts, flash._SOURCE)
 
 
 def render_splitk(name: str, dtype: str, dim: int, rep: int, block: int, warps: int,
@@ -53,30 +62,22 @@ def render_splitk(name: str, dtype: str, dim: int, rep: int, block: int, warps: 
     """The split-key kernel (``attention._SOURCE``) as MLX would wrap it."""
     from mlxbun_core.engine.batch import attention
 
-    inputs = [("q", dtype), ("k", dtype), ("v", dtype), ("blocks", "int32"),
-              ("starts", "int32"), ("params", "int32"), ("scale", "float32")]
     outs = [("acc_out", "float32"), ("m_out", "float32"), ("l_out", "float32")]
-    args = [f"    const {CUDA[t]}* {n}" for n, t in inputs]
-    args += [f"    {CUDA[t]}* {n}" for n, t in outs]
     consts = [f"  using T = {CUDA[dtype]};", f"  constexpr int D = {dim};",
               f"  constexpr int R = {rep};", f"  constexpr int BS = {block};",
               f"  constexpr int WARPS = {warps};", f"  constexpr int G = {group};",
               f"  constexpr bool VEC = {'true' if vec else 'false'};"]
-    return (HEADER + "namespace mlx::core::cu {\n__global__ void " + name + "(\n"
-            + ",\n".join(args) + ") {\n" + "\n".join(consts) + "\n" + attention._SOURCE
-            + "\n}\n}\n")
+    return wrap(name, _attention_inputs(dtype), outs, consts, attention._SOURCE)
 
 
 def render_combine(name: str, dtype: str, dim: int) -> str:
     """The splits' combine kernel (``attention._COMBINE``) as MLX would wrap it."""
     from mlxbun_core.engine.batch import attention
 
-    args = ["    const float* acc", "    const float* m", "    const float* total",
-            "    const int32_t* params", f"    {CUDA[dtype]}* out"]
+    inputs = [("acc", "float32"), ("m", "float32"), ("total", "float32"),
+              ("params", "int32")]
     consts = [f"  using T = {CUDA[dtype]};", f"  constexpr int D = {dim};"]
-    return (HEADER + "namespace mlx::core::cu {\n__global__ void " + name + "(\n"
-            + ",\n".join(args) + ") {\n" + "\n".join(consts) + "\n" + attention._COMBINE
-            + "\n}\n}\n")
+    return wrap(name, inputs, [("out", dtype)], consts, attention._COMBINE)
 
 
 def main() -> int:

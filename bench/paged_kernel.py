@@ -168,14 +168,21 @@ def timed(fn, n=50):
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def speed(out: dict, rows: int, length: int) -> None:
-    hq, hkv, dim = 32, 8, 128
+def decode_case(rows: int, length: int, hkv: int = 8, dim: int = 128):
+    """A decode step's attention inputs, Qwen3-8B's heads (32 over ``hkv``): ragged rows
+    of up to ``length`` keys in blocks, and a dense cache as long as the longest row
+    (what mlx-lm's ``BatchKVCache`` hands MLX's attention)."""
     lengths = [length - (i * 97) % (length // 2) for i in range(rows)]  # ragged rows
-    q, store, view = setup(rows, lengths, hq, hkv, dim, 1, mx.bfloat16)
-    longest = max(lengths) + 1
-    kd = mx.random.normal((rows, hkv, longest, dim)).astype(mx.bfloat16)
-    vd = mx.random.normal((rows, hkv, longest, dim)).astype(mx.bfloat16)
+    q, store, view = setup(rows, lengths, 32, hkv, dim, 1, mx.bfloat16)
+    kd = mx.random.normal((rows, hkv, max(lengths) + 1, dim)).astype(mx.bfloat16)
+    vd = mx.random.normal((rows, hkv, max(lengths) + 1, dim)).astype(mx.bfloat16)
     mx.eval(kd, vd)
+    return lengths, q, store, view, kd, vd
+
+
+def speed(out: dict, rows: int, length: int) -> None:
+    hkv, dim = 8, 128
+    lengths, q, store, view, kd, vd = decode_case(rows, length, hkv, dim)
     bs = store.pool.block_size
 
     def fancy():  # the old gather: fancy indexing of the 5-d view
@@ -239,13 +246,9 @@ def sweep_errors() -> dict:
 
 
 def sweep_shape(rows: int, length: int) -> dict:
-    hq, hkv, dim = 32, 8, 128
+    hkv, dim = 8, 128
     scale = dim ** -0.5
-    lengths = [length - (i * 97) % (length // 2) for i in range(rows)]
-    q, store, view = setup(rows, lengths, hq, hkv, dim, 1, mx.bfloat16)
-    kd = mx.random.normal((rows, hkv, max(lengths) + 1, dim)).astype(mx.bfloat16)
-    vd = mx.random.normal((rows, hkv, max(lengths) + 1, dim)).astype(mx.bfloat16)
-    mx.eval(kd, vd)
+    lengths, q, store, view, kd, vd = decode_case(rows, length, hkv, dim)
 
     def paged(x):
         return paged_attention(x, store, view, None, scale, True)

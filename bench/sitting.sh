@@ -15,3 +15,14 @@ run() {
   tail -"${RUN_TAIL:-5}" "$O/$name.txt"
   pkill -f "mlxbun_core.cli" 2>/dev/null; pkill -f "mlx_lm.server" 2>/dev/null; sleep 1
 }
+# the 8B body's checkpoint (BITS 0: bf16, 4: 4-bit), built once per machine
+ckpt() {
+  run "ckpt$([ "$1" = 0 ] || echo "_q$1")" 90 python3 -c "
+import sys; sys.path.insert(0, 'bench')
+from engine_ab import checkpoint
+print(checkpoint('8b', $1))"
+}
+# an engine_ab result's summary, one line
+summary() { python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1])); print(json.dumps(d['summary']))" "$1" 2>/dev/null; }
