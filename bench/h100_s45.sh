@@ -12,6 +12,7 @@ case "${1:-}" in
   a)
     # (about 5 minutes)
     run kernel_sweep 150 python3 bench/paged_kernel.py --sweep --out $O/kernel_sweep.json
+    [ -z "${SWEEP_ONLY:-}" ] || exit 0
     run two_servers 240 python3 bench/memory_pressure.py --two-servers --clients 16 --trials 2 --out $O/two_servers.json
     ;;
   b)
@@ -23,16 +24,18 @@ case "${1:-}" in
   c)
     # (about 6 minutes) the PTX cache in the servers' own (temporary) home: round 1's
     # server compiles every kernel into it, round 2's finds them; the flash check
-    export MLX_PTX_CACHE_DIR=
+    unset MLX_PTX_CACHE_DIR
     ckpt 4
     run ab_q4 420 python3 bench/engine_ab.py --shape 8b --bits 4 --arms paged --concurrency 32 --history-tokens 0 --rounds 2 --out $O/engine_ab_q4.json
     summary $O/engine_ab_q4.json
     run check_flash 150 env CUDA_LAUNCH_BLOCKING=1 python3 bench/paged_kernel.py --flash --check-only --out $O/kernel_check_flash.json
     ;;
   d)
-    # (about 6 minutes) the sweep's best setting served, against today's: SETTING is the
-    # split-key kernel's module settings, e.g. SETTING=CHUNK=128,WARPS=8,GROUP=4,VEC=1
-    run ab_setting 420 python3 bench/engine_ab.py --shape 8b --arms paged "paged@${SETTING:?}" --baseline paged --concurrency 8 32 --history-tokens 0 --rounds 3 --out $O/engine_ab_setting.json
+    # (about 9 minutes) the sweep's best setting served, against today's and mlx_lm.server,
+    # 32 clients: SETTING is the split-key kernel's module settings, e.g.
+    # SETTING=CHUNK=128,WARPS=8,GROUP=4,VEC=1
+    ckpt 0
+    run ab_setting 560 python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged "paged@${SETTING:?}" mlx-lm --baseline mlx-lm --concurrency 32 --history-tokens 0 --rounds ${ROUNDS:-5} --out $O/engine_ab_setting.json
     summary $O/engine_ab_setting.json
     ;;
 esac

@@ -4,7 +4,7 @@
 set -u
 export PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
 # the benches' servers live in temporary homes (bench_home.py): one PTX cache for them all,
-# or each would compile every kernel again (an empty value: each server's own home's)
+# or each would compile every kernel again (unset it after sourcing for each server's own)
 export MLX_PTX_CACHE_DIR=${MLX_PTX_CACHE_DIR-/tmp/mlx-ptx-bench}
 export MEMLOG=${MEMLOG:-1}  # the servers log MLX's memory each second (bench/mem_log.py)
 O=${OUT:-/tmp/out}; mkdir -p "$O"

@@ -18,10 +18,12 @@ def test_cuda_keeps_compiled_kernels_in_the_home_per_mlx_version(tmp_path, monke
     assert os.environ[PTX_CACHE_ENV] == got
 
 
-def test_a_directory_the_user_named_is_kept(tmp_path, monkeypatch):
-    monkeypatch.setenv(PTX_CACHE_ENV, "/somewhere/else")
+@pytest.mark.parametrize("named", ["/somewhere/else", ""])
+def test_a_directory_the_user_named_is_kept(named, tmp_path, monkeypatch):
+    # an empty value is MLX's "keep no compiled kernels", not "unset"
+    monkeypatch.setenv(PTX_CACHE_ENV, named)
     assert keep_compiled_kernels(tmp_path, "cuda") is None
-    assert os.environ[PTX_CACHE_ENV] == "/somewhere/else"
+    assert os.environ[PTX_CACHE_ENV] == named
 
 
 @pytest.mark.parametrize("where", ["metal", "cpu"])
