@@ -74,7 +74,8 @@ def arm_command(arm: str, args, ckpt: str, port: int) -> list:
     if arm.startswith("paged@"):  # paged@CHUNK=128,WARPS=8,GROUP=4,VEC=1: the split-key
         for setting in arm[len("paged@"):].split(","):  # kernel's module settings
             name, value = setting.split("=")
-            boot += f"a.{name} = {int(value)!r}; "
+            given = bool(int(value)) if name in ("VEC", "FUSED") else int(value)
+            boot += f"a.{name} = {given!r}; "
     boot += "from mlxbun_core.cli import main; sys.argv[0] = 'mlxbun'; sys.exit(main())"
     cmd = ["env", f"PYTHONPATH={path}", sys.executable, "-c", boot, "serve", ckpt,
            "--port", str(port), "--no-open"]

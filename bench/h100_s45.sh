@@ -11,8 +11,10 @@ RUN_TAIL=4
 case "${1:-}" in
   a)
     # (about 5 minutes)
-    run kernel_sweep 150 python3 bench/paged_kernel.py --sweep --out $O/kernel_sweep.json
-    [ -z "${SWEEP_ONLY:-}" ] || exit 0
+    run kernel_sweep 270 python3 bench/paged_kernel.py --sweep --out $O/kernel_sweep.json
+    cp $O/kernel_sweep.json /tmp/kernel_sweep.json 2>/dev/null  # for part d on this machine
+    python3 bench/sweep_best.py /tmp/kernel_sweep.json
+    if [ -n "${SWEEP_ONLY:-}" ]; then ckpt 0; exit 0; fi
     run two_servers 240 python3 bench/memory_pressure.py --two-servers --clients 16 --trials 2 --out $O/two_servers.json
     ;;
   b)
@@ -33,7 +35,9 @@ case "${1:-}" in
   d)
     # (about 9 minutes) the sweep's best setting served, against today's and mlx_lm.server,
     # 32 clients: SETTING is the split-key kernel's module settings, e.g.
-    # SETTING=CHUNK=128,WARPS=8,GROUP=4,VEC=1
+    # SETTING=CHUNK=128,WARPS=8,GROUP=4,VEC=1; unset: the best of part a's sweep on this machine
+    SETTING=${SETTING:-$(python3 bench/sweep_best.py /tmp/kernel_sweep.json)}
+    echo "setting: $SETTING"
     ckpt 0
     run ab_setting 560 python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged "paged@${SETTING:?}" mlx-lm --baseline mlx-lm --concurrency 32 --history-tokens 0 --rounds ${ROUNDS:-5} --out $O/engine_ab_setting.json
     summary $O/engine_ab_setting.json
