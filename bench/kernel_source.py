@@ -5,13 +5,19 @@
 as ``constexpr``/``using`` lines) and compiles it with NVRTC on the device. This renders
 the same wrapper for the template arguments the engine uses and runs ``nvcc`` on it
 (any machine with the CUDA toolkit; no GPU needed), so a typo costs seconds, not a
-device sitting.
+device sitting. nvcc is not NVRTC: it knows the host compiler's builtins
+(``__builtin_memcpy`` compiled here and failed on the device), so ``--nvrtc`` compiles
+through NVRTC itself (the ``nvidia-cuda-nvrtc`` wheel's library) behind MLX's own device
+header (``--mlx-include``: a directory holding ``mlx/backend/cuda/device/utils.cuh``).
 
     python bench/kernel_source.py            # compiles every variant, prints nvcc's verdict
+    python bench/kernel_source.py --nvrtc .../libnvrtc.so.13 --mlx-include DIR
 """
 
 from __future__ import annotations
 
+import argparse
+import ctypes
 import itertools
 import os
 import shutil
@@ -26,6 +32,11 @@ from mlxbun_core.engine.batch import flash
 CUDA = {"bfloat16": "__nv_bfloat16", "float16": "__half", "float32": "float", "int32": "int32_t"}
 HEADER = "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cstdint>\n" \
          "#include <cooperative_groups.h>\n"
+
+
+MLX_HEADER = '#include "mlx/backend/cuda/device/utils.cuh"\n#include <cooperative_groups.h>\n' \
+    "#define inf cuda::std::numeric_limits<float>::infinity()\n"
+TOOLKIT = "/usr/local/cuda-13.0"
 
 
 def wrap(name: str, inputs: list[tuple[str, str]], outputs: list[tuple[str, str]],
@@ -80,27 +91,64 @@ def render_combine(name: str, dtype: str, dim: int) -> str:
     return wrap(name, inputs, [("out", dtype)], consts, attention._COMBINE)
 
 
-def main() -> int:
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        print("no nvcc on PATH")
-        return 2
-    bad = 0
+def nvrtc_compile(lib: ctypes.CDLL, src: str, name: str, includes: list[str]) -> tuple[bool, str]:
+    """``src`` through NVRTC as MLX's custom kernels are (sm_90a, device code by
+    default); whether it compiled, and NVRTC's log."""
+    src = src.replace(HEADER, MLX_HEADER)
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"k.cu", 0, None, None) == 0
+    lib.nvrtcAddNameExpression(prog, f"mlx::core::cu::{name}".encode())
+    opts = [b"--device-as-default-execution-space", b"--gpu-architecture=sm_90a",
+            b"-std=c++17"] + [f"--include-path={d}".encode() for d in includes]
+    rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return rc == 0, log.value.decode(errors="replace")
+
+
+def renders() -> list:
+    """(label, render(name)) for every variant the engine may compile."""
     cases = itertools.product(("bfloat16", "float16", "float32"), (True, False),
                               ((128, 4), (64, 1), (256, 8), (128, 16)))
-    renders = [(f"flash {dtype} {'single' if single else 'split'} {dim} {rep}",
-                lambda n, d=dtype, s=single, dm=dim, r=rep: render(n, d, s, dm, r, 16))
-               for dtype, single, (dim, rep) in cases]
-    renders += [(f"splitk {dtype} {dim} {rep} warps {w} group {g} vec {v}",
-                 lambda n, d=dtype, dm=dim, r=rep, w=w, g=g, v=v:
-                 render_splitk(n, d, dm, r, 16, w, g, v))
-                for dtype, (dim, rep), w, g, v in itertools.product(
-                    ("bfloat16", "float16", "float32"), ((128, 4), (64, 1), (256, 8)),
-                    (2, 8), (1, 4), (False, True))]
-    renders += [(f"combine {dtype} {dim}", lambda n, d=dtype, dm=dim: render_combine(n, d, dm))
-                for dtype in ("bfloat16", "float16", "float32") for dim in (64, 128, 256)]
+    out = [(f"flash {dtype} {'single' if single else 'split'} {dim} {rep}",
+            lambda n, d=dtype, s=single, dm=dim, r=rep: render(n, d, s, dm, r, 16))
+           for dtype, single, (dim, rep) in cases]
+    out += [(f"splitk {dtype} {dim} {rep} warps {w} group {g} vec {v}",
+             lambda n, d=dtype, dm=dim, r=rep, w=w, g=g, v=v:
+             render_splitk(n, d, dm, r, 16, w, g, v))
+            for dtype, (dim, rep), w, g, v in itertools.product(
+                ("bfloat16", "float16", "float32"), ((128, 4), (64, 1), (256, 8)),
+                (2, 8), (1, 4), (False, True))]
+    out += [(f"combine {dtype} {dim}", lambda n, d=dtype, dm=dim: render_combine(n, d, dm))
+            for dtype in ("bfloat16", "float16", "float32") for dim in (64, 128, 256)]
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nvrtc", help="libnvrtc.so's path: compile with NVRTC, not nvcc")
+    ap.add_argument("--mlx-include", help="the directory holding MLX's mlx/backend/cuda headers")
+    args = ap.parse_args()
+    nvcc = shutil.which("nvcc")
+    if nvcc is None and not args.nvrtc:
+        print("no nvcc on PATH")
+        return 2
+    lib = ctypes.CDLL(args.nvrtc) if args.nvrtc else None
+    includes = [args.mlx_include or ".", f"{TOOLKIT}/include", f"{TOOLKIT}/include/cccl",
+                f"{TOOLKIT}/targets/x86_64-linux/include"]
+    bad = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (label, make) in enumerate(renders):
+        for i, (label, make) in enumerate(renders()):
+            if lib is not None:
+                ok, log = nvrtc_compile(lib, make(f"k{i}"), f"k{i}", includes)
+                print(label, "ok" if ok else "FAILED")
+                if not ok:
+                    print(log[-3000:])
+                    bad += 1
+                continue
             path = os.path.join(tmp, f"k{i}.cu")
             with open(path, "w") as f:
                 f.write(make(f"k{i}"))

@@ -1,8 +1,8 @@
 """The split-key kernel's setting to serve, from ``paged_kernel.py --sweep``'s JSON: the
 fastest at 32 rows x 640 keys (the 32-client decode step) among the settings whose output
-matched today's on every shape and whose keys-per-warp-step, load-width and combine
+matched the shipped setting's on every shape and whose keys-per-warp-step, load-width and combine
 setting matched the reference; printed as ``engine_ab.py``'s ``paged@...`` setting
-(``CHUNK=..,WARPS=..,GROUP=..,VEC=..,FUSED=..``), or today's when none is faster.
+(``CHUNK=..,WARPS=..,GROUP=..,VEC=..,FUSED=..``).
 
     python bench/sweep_best.py kernel_sweep.json
 """
@@ -13,7 +13,6 @@ import re
 import sys
 
 SHAPE = "rows32_len640"
-TODAY = "splitk_c256_w4_g1_us"
 
 
 def setting(name: str) -> str:

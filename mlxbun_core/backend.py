@@ -26,8 +26,8 @@ def keep_compiled_kernels(home: Path, where: str | None = None) -> str | None:
     under the temporary directory, which a reboot may empty (a 4-bit 8B's first start on
     an H100 compiles for 95 s before it is ready; a start that finds them takes seconds).
     Set before the first kernel is compiled (MLX reads it once); a directory the user
-    named is kept, an empty one too (MLX reads that as "keep none"). ``home``: mlxbun's (``models.paths.mlxbun_home``). The directory
-    set, or None."""
+    named is kept, an empty one too (MLX reads that as "keep none"). ``home``: mlxbun's
+    (``models.paths.mlxbun_home``). The directory set, or None."""
     import os
 
     import mlx.core as mx
