@@ -42,6 +42,15 @@ case "${1:-}" in
     run ab_setting 560 python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged "paged@${SETTING:?}" mlx-lm --baseline mlx-lm --concurrency 32 --history-tokens 0 --rounds ${ROUNDS:-5} --out $O/engine_ab_setting.json
     summary $O/engine_ab_setting.json
     ;;
+  e)
+    # (about 4 minutes) the shipped kernel setting: where a decode step's host time goes
+    # (graph build, kernel encoding, waiting for the device), then 32 clients against
+    # mlx_lm.server
+    ckpt 0
+    run step_split 120 python3 bench/step_split.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 32 --prompt-tokens 512 --tokens 64 --out $O/step_split.json
+    run ab_c32 ${AB_LIMIT:-200} python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged mlx-lm --baseline mlx-lm --concurrency 32 --history-tokens 0 --rounds ${ROUNDS:-2} --out $O/engine_ab_c32.json
+    summary $O/engine_ab_c32.json
+    ;;
 esac
 cp /tmp/engine_ab_*.log "$O"/ 2>/dev/null
 true

@@ -70,7 +70,7 @@ def prompts_for(rows: int, n: int, vocab: int) -> list[list[int]]:
 def bare(model, prompts, tokens: int) -> dict:
     from batch_step import decoding  # this folder
 
-    b = decoding(model, prompts, tokens)
+    b = decoding(model, prompts, tokens, direct_on=True)  # (as a server: the probe decides)
     names = {threading.get_native_id(): "MainThread"}
     before = cpu_by_thread(os.getpid(), names)
     steps = []
