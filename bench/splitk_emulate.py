@@ -27,8 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import mlx.core as mx
 import numpy as np
-from kernel_emulate import C_TYPE, PRELUDE
 
+from kernel_emulate import C_TYPE, PRELUDE
 from mlxbun_core.engine.batch import attention, flash
 
 LAUNCH = r"""
@@ -87,6 +87,7 @@ class Setting:
     group: int  # keys a warp takes at a time (G)
     vec: bool = False
     block: int = 16  # the pool's block size (BS)
+    plant: tuple[str, str] | None = None  # (text, replacement): a bug planted in the body
 
     @classmethod
     def shipped(cls, dtype: str, dim: int, rep: int) -> Setting:
@@ -97,6 +98,10 @@ class Setting:
 
 def _kernel(name: str, s: Setting, body: str) -> str:
     t = C_TYPE[s.dtype]
+    if s.plant is not None:
+        planted = body.replace(*s.plant, 1)
+        assert planted != body, f"no {s.plant[0]!r} to plant in"
+        body = planted
     return (f"namespace {name} {{\nvoid kernel(const {t}* q, const {t}* k, const {t}* v,"
             " const int32_t* blocks, const int32_t* starts, const int32_t* params,"
             " const float* scale, float* acc_out, float* m_out, float* l_out) {\n"
@@ -121,6 +126,7 @@ class Emulator:
 
     def __init__(self, folder: str | Path, settings: list[Setting],
                  body: str | None = None) -> None:
+        """Compile ``body`` (``attention._SOURCE`` unless given) once per setting."""
         self.folder = Path(folder)
         self.settings = list(settings)
         src = self.folder / "splitk.cpp"

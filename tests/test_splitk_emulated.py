@@ -18,13 +18,16 @@ import pytest
 from mlxbun_core.engine.batch import attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from paged_kernel import setup  # noqa: E402
-from splitk_emulate import Emulator, Setting  # noqa: E402
+from paged_kernel import setup
+from splitk_emulate import Emulator, Setting
 
 SHIPPED_G4 = Setting.shipped("float32", 64, 4)
 SHIPPED_G1 = Setting.shipped("float32", 256, 4)
 SETTINGS = {"shipped-w8-g4": SHIPPED_G4, "shipped-w8-g1": SHIPPED_G1,
             "w4-g4": Setting("float32", 64, 1, 4, 4), "w4-g1": Setting("float32", 64, 4, 4, 1)}
+# a planted bug: a warp's last step weighs the keys past the split's end (in[g] unchecked)
+UNCHECKED = Setting("float32", 64, 1, 4, 4, plant=("p[g] = in[g] ? __expf(s[g] - mn) : 0.f;",
+                                                   "p[g] = __expf(s[g] - mn);"))
 # (width, window, ragged row lengths, keys a split)
 CASES = {"width1-splits": (1, None, (3, 40, 100), 64),
          "width4-window": (4, 20, (5, 70), 32)}
@@ -32,8 +35,8 @@ CASES = {"width1-splits": (1, None, (3, 40, 100), 64),
 
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory) -> Emulator:
-    """Every setting compiled once, in one program."""
-    return Emulator(tmp_path_factory.mktemp("splitk"), list(SETTINGS.values()))
+    """Every setting compiled once, in one program (the planted one too)."""
+    return Emulator(tmp_path_factory.mktemp("splitk"), [*SETTINGS.values(), UNCHECKED])
 
 
 def check(emu: Emulator, setting: Setting, case: tuple) -> None:
@@ -48,9 +51,10 @@ def check(emu: Emulator, setting: Setting, case: tuple) -> None:
 
 
 def test_the_shipped_settings_are_the_ones_tested():
-    """8 warps; 4 keys a step while 4 heads x 64 dims fit the registers, 1 at 256 dims."""
-    assert (SHIPPED_G4.warps, SHIPPED_G4.group) == (attention.WARPS, attention.GROUP) == (8, 4)
-    assert (SHIPPED_G1.warps, SHIPPED_G1.group) == (8, 1)
+    """Today's warps at both of the shipped keys-a-step: GROUP while 4 heads x 64 dims fit
+    the registers, 1 at 256 dims (so a change of the defaults is tested as it ships)."""
+    assert SHIPPED_G4.warps == SHIPPED_G1.warps == attention.WARPS
+    assert SHIPPED_G4.group == attention.GROUP > 1 and SHIPPED_G1.group == 1
 
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
@@ -59,13 +63,7 @@ def test_the_kernel_matches_the_reference(emulator, setting, case):
     check(emulator, setting, case)
 
 
-def test_a_key_past_the_split_counted_is_seen(tmp_path):
-    """A planted bug: a warp's last step weighs the keys past the split's end (the
-    ``in[g]`` check dropped), which the 4-keys-a-step setting must show."""
-    planted = attention._SOURCE.replace("p[g] = in[g] ? __expf(s[g] - mn) : 0.f;",
-                                        "p[g] = __expf(s[g] - mn);", 1)
-    assert planted != attention._SOURCE
-    setting = SETTINGS["w4-g4"]
-    emu = Emulator(tmp_path, [setting], planted)
+def test_a_key_past_the_split_counted_is_seen(emulator):
+    """The planted bug fails where its unplanted twin (``w4-g4``) passes."""
     with pytest.raises(AssertionError, match="Mismatched elements"):
-        check(emu, setting, CASES["width4-window"])
+        check(emulator, UNCHECKED, CASES["width4-window"])
