@@ -34,6 +34,7 @@ PRELUDE = r"""
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -44,6 +45,7 @@ struct bf16 {
   bf16(float f) { uint32_t u; memcpy(&u, &f, 4); x = (u + 0x7FFF + ((u >> 16) & 1)) >> 16; }
   operator float() const { uint32_t u = uint32_t(x) << 16; float f; memcpy(&f, &u, 4); return f; }
 };
+struct uint2 { uint32_t x, y; };
 struct uint4 { uint32_t x, y, z, w; };
 struct Idx { int x; };
 thread_local Idx threadIdx, blockIdx;
@@ -52,10 +54,13 @@ static std::barrier<>* warp_bar[32];
 static float xchg[32][32];
 static void __syncthreads() { block_bar->arrive_and_wait(); }
 static void __syncwarp() { warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
-static float __shfl_xor_sync(unsigned, float v, int off) {
+// every lane of the warp posts its value, then reads its partner's (lane ^ off; its own
+// past the warp, as CUDA does); only full-warp masks: a lane left out would hang here
+static float __shfl_xor_sync(unsigned mask, float v, int off) {
+  if (mask != 0xffffffffu) { fprintf(stderr, "shuffle mask %x: not emulated\n", mask); abort(); }
   int w = threadIdx.x / 32, l = threadIdx.x % 32;
   xchg[w][l] = v; warp_bar[w]->arrive_and_wait();
-  float r = xchg[w][l ^ off]; warp_bar[w]->arrive_and_wait();
+  float r = (l ^ off) < 32 ? xchg[w][l ^ off] : v; warp_bar[w]->arrive_and_wait();
   return r;
 }
 #define __expf expf

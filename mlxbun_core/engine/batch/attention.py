@@ -293,6 +293,14 @@ _COMBINE = """
 """
 
 
+def launch_shape(rep: int, dim: int) -> tuple[int, int]:
+    """The split-key kernel's warps a block and keys a warp step for ``rep`` query heads
+    of ``dim`` dims a KV head (also what ``bench/splitk_emulate.py`` runs as shipped)."""
+    warps = max(1, min(WARPS, SHARED_FLOATS // (rep * dim)))
+    group = GROUP if rep * dim <= GROUP_MAX_REGS else 1  # (larger: local memory, not registers)
+    return warps, group
+
+
 def _splitk_attention(q: mx.array, store: LayerStore, view: Window, window: int | None,
                       scale: float) -> mx.array:
     keys, values = store.keys, store.values
@@ -300,8 +308,7 @@ def _splitk_attention(q: mx.array, store: LayerStore, view: Window, window: int 
     rows, heads, width, dim = q.shape
     hkv = keys.shape[1]
     rep = heads // hkv
-    warps = max(1, min(WARPS, SHARED_FLOATS // (rep * dim)))
-    group = GROUP if rep * dim <= GROUP_MAX_REGS else 1  # (larger: local memory, not registers)
+    warps, group = launch_shape(rep, dim)
     splits = max(1, -(-(int(view.starts.max()) + width) // CHUNK))
     key = (keys.dtype, dim, rep, store.pool.block_size, warps, group, VEC)
     kernel: Any = _kernels.get(key)
