@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The next GPU sitting (issue 33), what the seventh of 2026-12-07 could not run, with its
+# lessons: servers took 30-65 s to start on slow hosts, so each part fits one 600 s call.
+# First a 10-million-step Python loop, to say what kind of host the figures came from.
+# After `source .device-wheels/b/install.sh` (../shared/device/README.md), with
+# PYTHONPATH=$PWD:/tmp/site: `bash bench/h100_s46.sh PART`.
+RUN_TAIL=4
+. "$(dirname "$0")/sitting.sh"
+python3 -c "
+import time; t = time.perf_counter(); s = 0
+for i in range(10_000_000): s += i
+print('host: a 10M-step Python loop in', round(time.perf_counter() - t, 3), 's')"
+case "${1:-}" in
+  a)
+    # (about 9 minutes) the shipped kernel: a decode step's host split, then bf16 at 32
+    # clients against mlx_lm.server over ROUNDS rounds
+    ckpt 0
+    run step_split 120 python3 bench/step_split.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 32 --prompt-tokens 512 --tokens 64 --out $O/step_split.json
+    run ab_bf16 ${AB_LIMIT:-400} python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged mlx-lm --baseline mlx-lm --concurrency 32 --history-tokens 0 --rounds ${ROUNDS:-3} --out $O/engine_ab_bf16.json
+    summary $O/engine_ab_bf16.json
+    ;;
+  b)
+    # (about 7 minutes) two servers on one card; the flash kernel's check
+    run two_servers 300 python3 bench/memory_pressure.py --two-servers --clients 16 --trials 2 --out $O/two_servers.json
+    run check_flash 150 env CUDA_LAUNCH_BLOCKING=1 python3 bench/paged_kernel.py --flash --check-only --out $O/kernel_check_flash.json
+    ;;
+  c)
+    # (about 7 minutes) 4-bit with the PTX cache in the servers' own (temporary) homes
+    unset MLX_PTX_CACHE_DIR
+    ckpt 4
+    run ab_q4 420 python3 bench/engine_ab.py --shape 8b --bits 4 --arms paged --concurrency 32 --history-tokens 0 --rounds 2 --out $O/engine_ab_q4.json
+    summary $O/engine_ab_q4.json
+    ;;
+esac
+cp /tmp/engine_ab_*.log "$O"/ 2>/dev/null
+true
