@@ -89,7 +89,9 @@ def metal_reading(info: Mapping[str, Any], cached: int, active: int,
 
 
 def measure() -> Reading:
-    """What this process could still allocate, on the backend MLX runs on."""
+    """What this process could still allocate, on the backend MLX runs on. On CUDA it
+    also moves MLX's memory and cache limits to follow the reading (``follow_limit``,
+    ``follow_cache``): every reading the budget takes steers the allocator, by design."""
     import mlx.core as mx
 
     cached, active = int(mx.get_cache_memory()), int(mx.get_active_memory())
