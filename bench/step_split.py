@@ -3,6 +3,7 @@
 encoded on this thread), and waiting for the previous step's tokens (``tolist``), per
 step, medians. The step is pipelined: step N's graph is built and queued while the device
 runs step N-1, so a wait near zero means the host is the bound, and a long wait the device.
+One step's graph is counted too: its primitives by kind, each encoded on its own.
 
     python bench/step_split.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 32
     python bench/step_split.py --layers 36 --hidden 64          # this CPU, a deep narrow llama
@@ -26,12 +27,27 @@ import mlx.core as mx  # noqa: E402
 from mlxbun_core.engine.batch import executor  # noqa: E402
 
 
+def graph_nodes(arrays) -> dict[str, int]:
+    """The primitives of the graph behind ``arrays`` (not yet evaluated), by kind:
+    what MLX will encode, one kernel or so each (``mx.export_to_dot``'s rectangles)."""
+    import collections
+    import re
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("r", suffix=".dot") as f:
+        mx.export_to_dot(f.name, *arrays)
+        text = f.read()
+    kinds = re.findall(r'label ="([^"]+)", shape=rectangle', text)
+    return dict(collections.Counter(kinds).most_common())
+
+
 class Split:
     """Stopwatches around the step's three parts (the executor's module-level ``mx``
     and ``Batch.run_pass`` wrapped for the run)."""
 
     def __init__(self) -> None:
         self.laps: dict[str, list[float]] = {"build": [], "async_eval": [], "wait": []}
+        self.nodes: dict[str, int] = {}
 
     def timed(self, name, fn):
         def run(*a, **k):
@@ -49,7 +65,11 @@ class Split:
             def __getattr__(self, name):
                 return getattr(real, name)
 
-            async_eval = staticmethod(split.timed("async_eval", real.async_eval))
+            @staticmethod
+            def async_eval(*arrays):
+                if len(split.laps["async_eval"]) == 5:  # one step's graph, counted
+                    split.nodes = graph_nodes(arrays)
+                return split.timed("async_eval", real.async_eval)(*arrays)
 
         executor.mx = Timed()  # type: ignore[assignment]  # (the bench's stopwatch)
         run_pass = executor.Batch.run_pass
@@ -96,7 +116,8 @@ def main() -> None:
     med = {k: 1e3 * statistics.median(v[2:-2] or v) for k, v in split.laps.items()}
     med["step"] = 1e3 * statistics.median(steps[2:-2] or steps)
     res = {"args": vars(args), "device": str(mx.default_device()), "direct": b.direct,
-           "ms": {k: round(v, 3) for k, v in med.items()}}
+           "ms": {k: round(v, 3) for k, v in med.items()},
+           "primitives": sum(split.nodes.values()), "primitives_by_kind": split.nodes}
     print(json.dumps(res))
     if args.out:
         with open(args.out, "w") as f:
