@@ -268,8 +268,11 @@ export class ChatView {
 
   endTurn(frame) {
     if (!this.live) return;
-    const { group } = this.live;
+    const { group, seg } = this.live;
     this.flush(true);
+    // the history frame that follows draws the same note; drawn now, a stop shows at once
+    const marker = FINISH_NOTES[frame.finish];
+    if (marker) seg.body.append(el("p", "muted finish-note", marker));
     group.article.classList.remove("streaming");
     group.article.removeAttribute("aria-busy");
     if (frame.lane) group.footer.append(el("span", "meta", `${frame.lane} lane`));
