@@ -92,15 +92,15 @@ def srv():
 def test_streams_keep_alive_on_every_surface(srv, monkeypatch):
     monkeypatch.setattr(generation, "KEEPALIVE_S", 0.0005)  # every wait outlasts it
     body = {"model": "m", "max_tokens": 8, "stream": True,
-            "messages": [{"role": "user", "content": "hello " * 2000}]}
+            "messages": [{"role": "user", "content": "hello " * 400}]}
     with httpx.stream("POST", srv.base_url + "/v1/messages", json=body, timeout=120) as r:
         text = "".join(r.iter_text())
     assert "event: ping" in text and text.index("event: ping") < text.index("message_stop")
-    body["messages"] = [{"role": "user", "content": "world " * 2000}]  # no cached prefix
+    body["messages"] = [{"role": "user", "content": "world " * 400}]  # no cached prefix
     with httpx.stream("POST", srv.v1 + "/chat/completions", json=body, timeout=120) as r:
         text = "".join(r.iter_text())
     assert ": keep-alive" in text and text.rstrip().endswith("data: [DONE]")
-    body["messages"] = [{"role": "user", "content": "sky " * 2000}]
+    body["messages"] = [{"role": "user", "content": "sky " * 400}]
     with httpx.stream("POST", srv.v1 + "/responses", timeout=120, json={
             "model": "m", "max_output_tokens": 8, "stream": True,
             "input": body["messages"][0]["content"]}) as r:
@@ -118,7 +118,7 @@ def test_streams_keep_alive_on_every_surface(srv, monkeypatch):
     chunks = list(oai.chat.completions.create(model="m", max_tokens=8, stream=True,
                                               messages=body["messages"]))
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
-    with oai.responses.stream(model="m", max_output_tokens=8, input="sea " * 2000) as stream:
+    with oai.responses.stream(model="m", max_output_tokens=8, input="sea " * 400) as stream:
         kinds = [event.type for event in stream]
     assert kinds.count("response.in_progress") > 1
     assert kinds[-1] in ("response.completed", "response.incomplete")
