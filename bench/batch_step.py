@@ -29,7 +29,7 @@ import mlx.core as mx
 from mlx_lm import load
 from mlx_lm.generate import BatchGenerator
 
-from mlxbun_core.engine.batch import direct, pool_for
+from mlxbun_core.engine.batch import direct, lean, pool_for
 from mlxbun_core.engine.batch.executor import Batch
 from mlxbun_core.engine.batch.layout import layout
 
@@ -38,8 +38,9 @@ def decoding(model, prompts, tokens, direct_on: bool = False) -> Batch:
     """A batch of ``prompts`` prefilled and past its first decode step (the pipeline
     primed), each row with ``tokens`` steps to go: where a step's timing starts."""
     b = Batch(model, layout(model), pool_for(layout(model), None))
-    if direct_on:
+    if direct_on:  # as a server: the probes decide
         direct.probe(b)
+        lean.probe(b)
     for i, p in enumerate(prompts):
         b.add(i, p, budget=tokens + 1)
     while b.prefilling:

@@ -7,6 +7,7 @@ One step's graph is counted too: its primitives by kind, each encoded on its own
 
     python bench/step_split.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 32
     python bench/step_split.py --layers 36 --hidden 64          # this CPU, a deep narrow llama
+    python bench/step_split.py ... --heavy                      # mlx-lm's forward for decode
 """
 
 from __future__ import annotations
@@ -25,20 +26,7 @@ sys.path.insert(0, HERE)
 import mlx.core as mx  # noqa: E402
 
 from mlxbun_core.engine.batch import executor  # noqa: E402
-
-
-def graph_nodes(arrays) -> dict[str, int]:
-    """The primitives of the graph behind ``arrays`` (not yet evaluated), by kind:
-    what MLX will encode, one kernel or so each (``mx.export_to_dot``'s rectangles)."""
-    import collections
-    import re
-    import tempfile
-
-    with tempfile.NamedTemporaryFile("r", suffix=".dot") as f:
-        mx.export_to_dot(f.name, *arrays)
-        text = f.read()
-    kinds = re.findall(r'label ="([^"]+)", shape=rectangle', text)
-    return dict(collections.Counter(kinds).most_common())
+from mlxbun_core.testing.graph import primitives  # noqa: E402
 
 
 class Split:
@@ -68,7 +56,7 @@ class Split:
             @staticmethod
             def async_eval(*arrays):
                 if len(split.laps["async_eval"]) == 5:  # one step's graph, counted
-                    split.nodes = graph_nodes(arrays)
+                    split.nodes = primitives(*arrays)
                 return split.timed("async_eval", real.async_eval)(*arrays)
 
         executor.mx = Timed()  # type: ignore[assignment]  # (the bench's stopwatch)
@@ -87,7 +75,18 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--out")
+    ap.add_argument("--reference", action="store_true",
+                    help="direct attention in plain ops (a CPU has no kernel)")
+    ap.add_argument("--heavy", action="store_true",
+                    help="mlx-lm's own forward for decode steps too (no lean.py)")
     args = ap.parse_args()
+    from mlxbun_core.engine.batch import lean
+
+    lean.ENABLED = not args.heavy
+    if args.reference:  # direct attention in plain ops: a CPU stand-in for the kernel's graph
+        from mlxbun_core.engine.batch import attention
+
+        attention.MODE = "reference"
     from mlx_lm import load
 
     from batch_step import decoding
@@ -116,6 +115,7 @@ def main() -> None:
     med = {k: 1e3 * statistics.median(v[2:-2] or v) for k, v in split.laps.items()}
     med["step"] = 1e3 * statistics.median(steps[2:-2] or steps)
     res = {"args": vars(args), "device": str(mx.default_device()), "direct": b.direct,
+           "lean": b.lean is not None,
            "ms": {k: round(v, 3) for k, v in med.items()},
            "primitives": sum(split.nodes.values()), "primitives_by_kind": split.nodes}
     print(json.dumps(res))

@@ -8,6 +8,8 @@ model, and the passes that run them (``executor.py``), on mlx-lm's public API on
 - ``layout.py``: which layers page, and moving KV to and from mlx-lm's own caches.
 - ``states.py``: recurrent layers' state, batched by mlx-lm's own ``ArraysCache``.
 - ``executor.py``, ``windows.py``: prefill chunks, decode steps, forced runs and drafts.
+- ``direct.py``, ``attention.py``: attention straight over the blocks (a CUDA kernel).
+- ``lean.py``: a decode step's graph with half the primitives, for llama-shaped models.
 - ``journal.py``, ``replay.py``: the batch as plain data (a journal on rank 0 of a
   distributed serve, replayed by the other ranks on pools of their own).
 """

@@ -22,7 +22,7 @@ from typing import cast
 import mlx.core as mx
 
 from . import attention
-from .executor import Batch
+from .executor import Batch, Forward
 from .pool import BlockPool
 from .states import copy_state
 from .storage import LayerStore
@@ -43,51 +43,56 @@ def probe(batch: Batch) -> bool:
     if batch.layout.journal is not None:  # a distributed batch: the scratch pool is ours alone
         return False
     attention.install()
-    scratch = Batch(batch.model, batch.layout.slots, BlockPool(batch.pool.block_size, 16))
     try:
-        ok = _same_both_ways(scratch)
+        error = decode_both_ways(batch, [(False, batch.forward), (True, batch.forward)])
     except Exception as exc:  # a model the direct path cannot drive: stay gathered
         log.info("direct paged attention off for this model (%s)", exc)
-        ok = False
-    finally:
-        scratch.close()
-    if ok:
-        log.info("paged attention: direct (%s)", "kernel" if attention.cuda_ready()
-                 else attention.MODE)
-    batch.direct = ok
-    return ok
-
-
-def _same_both_ways(scratch: Batch) -> bool:
-    for uid, n in enumerate(PROBE_ROWS):
-        scratch.add(uid, [1 + (7 * i) % 97 for i in range(n)], budget=2)
-    while scratch.prefilling:
-        scratch.prefill({u: 16 for u in scratch.prefilling})
-    rows = [scratch.rows[u] for u in scratch.decoding]
-    assert scratch.next_tokens is not None
-    inputs = scratch.next_tokens[:, None]
-    scratch.reserve(rows, [1] * len(rows))
-    out = []
-    for direct in (False, True):
-        view = scratch.window([r.table for r in rows], [1] * len(rows), 1)
-        view.direct = direct
-        states = [copy_state(c) for c in scratch.states.caches]  # both passes start alike
-        rec = iter(states)
-        caches = [next(rec) if store is None else  # (no KV scheme here: plain stores)
-                  PagedLayer(cast(LayerStore, store), view, slot.window)
-                  for slot, store in zip(scratch.layout.slots, scratch.layout.stores)
-                  if not isinstance(store, list)]
-        if len(caches) != len(scratch.layout.slots):
-            return False  # a CacheList layer: such models keep the gathered path
-        logits = scratch.forward(inputs, caches)
-        mx.eval(logits)
-        out.append(logits.astype(mx.float32))
-    error = relative_error(out[0], out[1])
+        return False
+    if error is None:  # a CacheList layer: such models keep the gathered path
+        return False
     if error > TOLERANCE:
         log.info("direct paged attention off for this model: logits differ by %.3g of "
                  "their spread", error)
         return False
+    log.info("paged attention: direct (%s)", "kernel" if attention.cuda_ready()
+             else attention.MODE)
+    batch.direct = True
     return True
+
+
+def decode_both_ways(batch: Batch, runs: list[tuple[bool, Forward]]) -> float | None:
+    """One decode pass of two synthetic rows, on a scratch batch over ``batch``'s model
+    and layers, run each of two ways ``(direct, forward)`` from the same state: how far
+    the second's logits are from the first's (:func:`relative_error`), or None where a
+    layer keeps a list of caches (which neither way takes)."""
+    scratch = Batch(batch.model, batch.layout.slots, BlockPool(batch.pool.block_size, 16))
+    try:
+        for uid, n in enumerate(PROBE_ROWS):
+            scratch.add(uid, [1 + (7 * i) % 97 for i in range(n)], budget=2)
+        while scratch.prefilling:
+            scratch.prefill({u: 16 for u in scratch.prefilling})
+        rows = [scratch.rows[u] for u in scratch.decoding]
+        assert scratch.next_tokens is not None
+        inputs = scratch.next_tokens[:, None]
+        scratch.reserve(rows, [1] * len(rows))
+        out = []
+        for direct, forward in runs:
+            view = scratch.window([r.table for r in rows], [1] * len(rows), 1)
+            view.direct = direct
+            states = [copy_state(c) for c in scratch.states.caches]  # both start alike
+            rec = iter(states)
+            caches = [next(rec) if store is None else  # (no KV scheme here: plain stores)
+                      PagedLayer(cast(LayerStore, store), view, slot.window)
+                      for slot, store in zip(scratch.layout.slots, scratch.layout.stores)
+                      if not isinstance(store, list)]
+            if len(caches) != len(scratch.layout.slots):
+                return None
+            logits = forward(inputs, caches)
+            mx.eval(logits)
+            out.append(logits.astype(mx.float32))
+        return relative_error(out[0], out[1])
+    finally:
+        scratch.close()
 
 
 def relative_error(want: mx.array, got: mx.array) -> float:

@@ -80,6 +80,8 @@ class Batch:
         self.next_tokens: mx.array | None = None
         self.next_logprobs: list[mx.array | None] = []
         self.forward: Forward = self._model_forward
+        # a decode pass's forward where a lighter one gives the model's logits (lean.py)
+        self.lean: Forward | None = None
         self.direct = False  # short passes hand attention the stores (``direct.py``)
         # called once a pass's graph is built, where MLX allocates when it runs it: a
         # test's injected out-of-memory or device fault (``engine/memory.py``)
@@ -314,6 +316,8 @@ class Batch:
         if tapped:
             assert self.tap is not None
             return self.tap.forward(inputs, caches)
+        if width == 1 and self.lean is not None:
+            return self.lean(inputs, caches), None
         return self.forward(inputs, caches), None
 
     def _fresh_apart(self, rows: list[Row]) -> list[list[int]] | None:

@@ -44,7 +44,7 @@ from ... import kvquant
 from ...adapters.sets import AdapterSet
 from ...events import Retry
 from ...runconfig import current
-from ..batch import Batch, Emit, direct, pool_for
+from ..batch import Batch, Emit, direct, lean, pool_for
 from ..batch.journal import Journal
 from ..batch.layout import RECURRENT, Slot, layout
 from ..batch.warm import warm as warm_batch
@@ -307,6 +307,7 @@ class BatchLane(Results, IdleRelease):
                                 before=route, reclaim=self._reclaim, tap=self.mtp, kv=self.kv,
                                 journal=self.journal)
             direct.probe(self._batch)  # attention straight over blocks, where the model allows
+            lean.probe(self._batch)  # a lighter decode graph, where it gives the same logits
             self._batch.fault = self.governor.inject
             self.governor.held = self._pool_bytes
             self._planned = self._batch.pool.limit
