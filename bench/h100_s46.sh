@@ -12,11 +12,18 @@ for i in range(10_000_000): s += i
 print('host: a 10M-step Python loop in', round(time.perf_counter() - t, 3), 's')"
 case "${1:-}" in
   a)
-    # (about 9 minutes) the shipped kernel: a decode step's host split, then bf16 at 32
-    # clients against mlx_lm.server over ROUNDS rounds
+    # (about 9 minutes) a decode step's host split with the lean graph and without, then
+    # bf16 at 32 clients: the lean step against mlx-lm's forward (heavy), 2 rounds
     ckpt 0
-    run step_split 120 python3 bench/step_split.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 32 --prompt-tokens 512 --tokens 64 --out $O/step_split.json
-    run ab_bf16 ${AB_LIMIT:-400} python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged mlx-lm --baseline mlx-lm --concurrency 32 --history-tokens 0 --rounds ${ROUNDS:-3} --out $O/engine_ab_bf16.json
+    run step_split 100 python3 bench/step_split.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 32 --prompt-tokens 512 --tokens 64 --out $O/step_split.json
+    run step_split_heavy 100 python3 bench/step_split.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 32 --prompt-tokens 512 --tokens 64 --heavy --out $O/step_split_heavy.json
+    run ab_lean ${AB_LIMIT:-330} python3 bench/engine_ab.py --shape 8b --arms paged heavy --baseline heavy --concurrency 32 --history-tokens 0 --rounds ${ROUNDS:-2} --out $O/engine_ab_lean.json
+    summary $O/engine_ab_lean.json
+    ;;
+  d)
+    # (about 9 minutes) the shipped engine against mlx_lm.server at 32 clients, 3 rounds
+    ckpt 0
+    run ab_bf16 ${AB_LIMIT:-500} python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged mlx-lm --baseline mlx-lm --concurrency 32 --history-tokens 0 --rounds ${ROUNDS:-3} --out $O/engine_ab_bf16.json
     summary $O/engine_ab_bf16.json
     ;;
   b)
