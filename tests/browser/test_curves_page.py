@@ -255,13 +255,12 @@ ARRIVALS = """() => { window.arrivals = [];
 
 
 def test_the_default_column_fills_while_the_curve_samples(page, smol):
-    """The page's own defaults (3 samples of 40 tokens) on SmolLM2: seeded samples run one
-    at a time, so a column asked for after all of the other's waited for all of them (on a
-    busy CPU "Sampling…" with an empty default column for over 25 s). The columns take
-    turns, each shows its progress, and the samples are those the server's own ``n`` gives
-    (choice i with seed + i)."""
-    page.goto(smol.base_url + "/curves")
-    page.wait_for_selector("#curve-points circle")
+    """3 samples on SmolLM2 (the page's default count; 12 tokens, not its 40, to keep CI
+    short): seeded samples run one at a time, so a column asked for after all of the
+    other's waited for all of them (on a busy CPU "Sampling…" with an empty default column
+    for over 25 s). The columns take turns, each shows its progress, and the samples are
+    those the server's own ``n`` gives (choice i with seed + i)."""
+    open_designer(page, smol, samples=3, max_tokens=12)
     page.evaluate(ARRIVALS)
     page.click("#curve-generate")
     page.wait_for_function("document.getElementById('curve-note').textContent.startsWith('Done')",
@@ -278,7 +277,7 @@ def test_the_default_column_fills_while_the_curve_samples(page, smol):
     assert page.is_enabled("#curve-generate") and page.is_hidden("#curve-error")
     prompt = page.input_value("#curve-prompt")
     whole = httpx.post(smol.base_url + "/generate", timeout=240, json={
-        "prompt": prompt, "n": 3, "max_tokens": 40, "seed": 0, "default": True}).json()
+        "prompt": prompt, "n": 3, "max_tokens": 12, "seed": 0, "default": True}).json()
     assert [s["text"] for s in whole["samples"]] == default
     assert page.console.errors == []
 
