@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The next GPU sitting (issue 33), what the seventh of 2026-12-07 could not run, with its
-# lessons: servers took 30-65 s to start on slow hosts, so each part fits one 600 s call.
+# The next GPU sitting (issue 33): a) the lean decode step (engine/batch/lean.py) against
+# mlx-lm's forward, d) the shipped engine against mlx_lm.server, b) two servers on one card
+# and the flash check, c) 4-bit from an empty PTX cache. Servers took 30-65 s to start on
+# slow hosts, so each part fits one 600 s call.
 # First a 10-million-step Python loop, to say what kind of host the figures came from.
 # After `source .device-wheels/b/install.sh` (../shared/device/README.md), with
 # PYTHONPATH=$PWD:/tmp/site: `bash bench/h100_s46.sh PART`.
