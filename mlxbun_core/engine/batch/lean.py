@@ -29,7 +29,7 @@ from .direct import TOLERANCE, decode_both_ways
 
 log = logging.getLogger("mlxbun.engine")
 
-# the layer classes mirrored here: (module, class) of the block and of its attention
+# the mlx-lm modules whose model, block and attention classes are mirrored here
 MIRRORED = {"mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3"}
 
 ENABLED = True  # (a bench switch: engine_ab's "heavy" arm serves without it)
@@ -41,9 +41,6 @@ class LeanDecode:
 
     def __init__(self, model: Any):
         self.model = model
-        inner = model.model
-        self.embed, self.norm, self.layers = inner.embed_tokens, inner.norm, inner.layers
-        self.head = getattr(model, "lm_head", None)  # None: tied to the embedding
         self._transposed: dict[int, tuple[mx.array, mx.array]] = {}
 
     @classmethod
@@ -65,13 +62,17 @@ class LeanDecode:
         return cls(model)
 
     def __call__(self, inputs: mx.array, caches: list[Any]) -> mx.array:
+        # (every module looked up per call: an adapter may have replaced one since)
+        model, inner = self.model, self.model.model
         rows = inputs.shape[0]
-        h = self.embed(inputs.reshape(rows))
-        for layer, cache in zip(self.layers, caches):
+        h = inner.embed_tokens(inputs.reshape(rows))
+        for layer, cache in zip(inner.layers, caches):
             h = h + self._attention(layer.self_attn, layer.input_layernorm(h), cache)
             h = h + self._mlp(layer.mlp, layer.post_attention_layernorm(h))
-        out = self.norm(h)
-        logits = self.head(out) if self.head is not None else self.embed.as_linear(out)
+        out = inner.norm(h)
+        head = getattr(model, "lm_head", None)  # None: tied to the embedding
+        logits = self._project(head, out) if head is not None \
+            else inner.embed_tokens.as_linear(out)
         return cast(mx.array, logits[:, None, :])
 
     def _attention(self, attn: Any, x: mx.array, cache: Any) -> mx.array:
