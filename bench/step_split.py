@@ -79,10 +79,13 @@ def main() -> None:
                     help="direct attention in plain ops (a CPU has no kernel)")
     ap.add_argument("--heavy", action="store_true",
                     help="mlx-lm's own forward for decode steps too (no lean.py)")
+    ap.add_argument("--fuse-mlp", action="store_true",
+                    help="the lean step with each layer's gate and up in one matmul")
     args = ap.parse_args()
     from mlxbun_core.engine.batch import lean
 
     lean.ENABLED = not args.heavy
+    lean.FUSE_MLP = args.fuse_mlp
     if args.reference:  # direct attention in plain ops: a CPU stand-in for the kernel's graph
         from mlxbun_core.engine.batch import attention
 

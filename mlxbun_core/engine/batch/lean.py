@@ -33,6 +33,7 @@ log = logging.getLogger("mlxbun.engine")
 MIRRORED = {"mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3"}
 
 ENABLED = True  # (a bench switch: engine_ab's "heavy" arm serves without it)
+FUSE_MLP = False  # (a bench switch: step_split's --fuse-mlp; one gate-up matmul a layer)
 
 
 class LeanDecode:
@@ -42,6 +43,7 @@ class LeanDecode:
     def __init__(self, model: Any):
         self.model = model
         self._transposed: dict[int, tuple[mx.array, mx.array]] = {}
+        self._gate_up: dict[int, tuple[mx.array, mx.array, mx.array]] = {}
 
     @classmethod
     def of(cls, model: Any) -> LeanDecode | None:
@@ -91,8 +93,35 @@ class LeanDecode:
         return self._project(attn.o_proj, out.reshape(rows, -1))
 
     def _mlp(self, mlp: Any, x: mx.array) -> mx.array:
-        gate, up = self._project(mlp.gate_proj, x), self._project(mlp.up_proj, x)
+        kept = self._gate_up.get(id(mlp))
+        if kept is not None and kept[0] is mlp.gate_proj.weight \
+                and kept[1] is mlp.up_proj.weight:
+            both = x @ kept[2]  # (rows, 2 x intermediate): gate, then up
+            inter = kept[0].shape[0]
+            gate, up = both[:, :inter], both[:, inter:]
+        else:
+            gate, up = self._project(mlp.gate_proj, x), self._project(mlp.up_proj, x)
         return self._project(mlp.down_proj, swiglu(gate, up))
+
+    def fuse_gate_up(self) -> int:
+        """Put each layer's plain gate and up weights in one buffer, the modules keeping
+        views of its halves (no more memory than before), so a decode step makes one
+        matmul of them; return how many layers were fused."""
+        fused = 0
+        for layer in self.model.model.layers:
+            mlp = layer.mlp
+            gate, up = getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None)
+            if type(gate) is not nn.Linear or type(up) is not nn.Linear \
+                    or "bias" in gate or "bias" in up:
+                continue
+            both = mx.concatenate([gate.weight, up.weight], axis=0)
+            mx.eval(both)
+            inter = gate.weight.shape[0]
+            gate.weight, up.weight = both[:inter], both[inter:]
+            mx.eval(gate.weight, up.weight)
+            self._gate_up[id(mlp)] = (gate.weight, up.weight, both.T)
+            fused += 1
+        return fused
 
     def _project(self, linear: Any, x: mx.array) -> mx.array:
         """``linear(x)``; a plain ``nn.Linear`` as one matmul against its weight's
@@ -122,6 +151,8 @@ def probe(batch: Any) -> bool:
     lean = LeanDecode.of(batch.model)
     if lean is None:
         return False
+    if FUSE_MLP:
+        log.info("lean decode: gate and up fused in %d layers", lean.fuse_gate_up())
     try:
         error = decode_both_ways(batch, [(batch.direct, batch.forward), (batch.direct, lean)])
     except Exception as exc:  # a model this mirror cannot drive: the model's own call
