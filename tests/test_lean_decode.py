@@ -100,3 +100,32 @@ def test_a_lean_step_builds_the_smaller_graph(monkeypatch):
     layers = len(model.model.layers)
     assert "Flatten" in heavy and "Flatten" not in light and "Unflatten" not in light
     assert sum(heavy.values()) - sum(light.values()) >= 20 * layers
+
+
+def test_gate_and_up_fused_decode_the_same_tokens(monkeypatch):
+    """Each layer's gate and up weights moved into one buffer: one matmul fewer a layer,
+    mlx-lm's tokens."""
+    monkeypatch.setattr(attention, "MODE", "reference")
+    monkeypatch.setattr(lean, "FUSE_MLP", True)
+    model = load(str(tiny_checkpoint("qwen3", seed=3, dtype="float32")))[0]
+    ps = prompts()
+    want = [reference(model, p) for p in ps]
+    b = batch_of(model)
+    direct.probe(b)
+    assert lean.probe(b) and b.lean is not None
+    mlp = model.model.layers[0].mlp
+    assert b.lean._gate_up[id(mlp)][0] is mlp.gate_proj.weight
+    got = drive(b, ps)
+    assert [got[i][:N] for i in range(len(ps))] == want
+
+
+def test_fused_weights_are_not_held_twice():
+    """The modules keep views of the fused buffer's halves: the model grows by less than
+    one layer's gate weight (copies would add every layer's gate and up)."""
+    model = load(str(tiny_checkpoint("qwen3", seed=3, dtype="float32")))[0]
+    mx.eval(model.parameters())
+    before = mx.get_active_memory()
+    fused = lean.LeanDecode(model)  # (kept: it holds the fused buffers)
+    assert fused.fuse_gate_up() == len(model.model.layers)
+    grown = mx.get_active_memory() - before
+    assert grown < model.model.layers[0].mlp.gate_proj.weight.nbytes
