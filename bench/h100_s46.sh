@@ -33,9 +33,9 @@ case "${1:-}" in
     summary $O/engine_ab_three.json
     ;;
   f)
-    # (up to 9.5 minutes) e's three arms again, more rounds
+    # (up to 9.5 minutes) e's arms again (or ARMS: "paged fused mlx-lm"), more rounds
     ckpt 0
-    run ab_three_more ${AB_LIMIT:-540} python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged heavy mlx-lm --baseline mlx-lm --concurrency 32 --history-tokens 0 --rounds ${ROUNDS:-4} --out $O/engine_ab_three_more.json
+    run ab_three_more ${AB_LIMIT:-540} python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms ${ARMS:-paged heavy mlx-lm} --baseline mlx-lm --concurrency 32 --history-tokens 0 --rounds ${ROUNDS:-4} --out $O/engine_ab_three_more.json
     summary $O/engine_ab_three_more.json
     ;;
   d)
