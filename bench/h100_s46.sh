@@ -24,18 +24,18 @@ case "${1:-}" in
     ;;
   e)
     # (about 9 minutes) the host split three ways (lean, lean with gate and up fused, heavy),
-    # then bf16 at 32 clients: lean, heavy and mlx_lm.server in the same rounds
+    # then bf16 at 1 and 32 clients: lean (batch and lone stream), heavy and mlx_lm.server
     ckpt 0
     for how in "" --fuse-mlp --heavy; do
       run "step_split${how:+_${how#--}}" 100 python3 bench/step_split.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 32 --prompt-tokens 512 --tokens 64 $how --out "$O/step_split${how:+_${how#--}}.json"
     done
-    run ab_three ${AB_LIMIT:-300} python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged heavy mlx-lm --baseline mlx-lm --concurrency 32 --history-tokens 0 --rounds ${ROUNDS:-2} --out $O/engine_ab_three.json
+    run ab_three ${AB_LIMIT:-300} python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged heavy mlx-lm --baseline mlx-lm --concurrency 1 32 --history-tokens 0 --rounds ${ROUNDS:-2} --out $O/engine_ab_three.json
     summary $O/engine_ab_three.json
     ;;
   f)
     # (up to 9.5 minutes) e's arms again (or ARMS: "paged fused mlx-lm"), more rounds
     ckpt 0
-    run ab_three_more ${AB_LIMIT:-540} python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms ${ARMS:-paged heavy mlx-lm} --baseline mlx-lm --concurrency 32 --history-tokens 0 --rounds ${ROUNDS:-4} --out $O/engine_ab_three_more.json
+    run ab_three_more ${AB_LIMIT:-540} python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms ${ARMS:-paged heavy mlx-lm} --baseline mlx-lm --concurrency 1 32 --history-tokens 0 --rounds ${ROUNDS:-4} --out $O/engine_ab_three_more.json
     summary $O/engine_ab_three_more.json
     ;;
   d)

@@ -129,3 +129,32 @@ def test_fused_weights_are_not_held_twice():
     assert fused.fuse_gate_up() == len(model.model.layers)
     grown = mx.get_active_memory() - before
     assert grown < model.model.layers[0].mlp.gate_proj.weight.nbytes
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_a_lone_stream_steps_lean_as_mlx_lm_decodes(family, monkeypatch):
+    """A lone job's one-token steps run the lean forward over mlx-lm's own caches and
+    give mlx-lm's greedy tokens (under --kv-quant its quantized caches take the model's
+    own call: test_kvquant.py's lone stream equals mlx-lm's kv_bits loop)."""
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache
+
+    from mlxbun_core.testing.engine import close, engines, greedy, run_all, token_ids
+
+    assert lean.plain_caches([KVCache(), KVCache()])
+    assert not lean.plain_caches([KVCache(), QuantizedKVCache()])
+    assert not lean.plain_caches([RotatingKVCache(max_size=8)])
+
+    calls = []
+    real = lean.LeanDecode.__call__
+    monkeypatch.setattr(lean.LeanDecode, "__call__",
+                        lambda self, *a: calls.append(len(a[1])) or real(self, *a))
+    batched, serial = engines(tiny_checkpoint(family))
+    body = greedy("The quick brown fox jumps over the lazy dog", 12)
+    try:
+        want = token_ids(run_all(serial, [body])[0])
+        calls.clear()
+        alone = run_all(batched, [body])[0]
+        assert alone.finish.usage.lane == "batched" and token_ids(alone) == want
+        assert len(calls) >= len(want) - 1  # (every step after the prompt's last token)
+    finally:
+        close(batched, serial)

@@ -13,7 +13,8 @@ embedding, MLP and attention function, called as mlx-lm calls them) on ``(rows,
 hidden)`` activations and reads each plain projection's weight through a transposed
 view made once. It takes only the layer classes whose source it mirrors (mlx-lm's
 llama, qwen2 and qwen3; mistral checkpoints load as llama) and only width-1 passes; a
-batch turns it on only after :func:`probe` saw it give the model's own logits.
+batch turns it on only after :func:`probe` saw it give the model's own logits; a lone
+stream's one-token steps over mlx-lm's own ``KVCache`` after :func:`for_solo` did.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.activations import swiglu
 
-from .direct import TOLERANCE, decode_both_ways
+from .direct import TOLERANCE, decode_both_ways, relative_error
 
 log = logging.getLogger("mlxbun.engine")
 
@@ -91,9 +92,11 @@ class LeanDecode:
         q = rope(q, offset=cache.offset)
         k = rope(k, offset=cache.offset)
         keys, values = cache.update_and_fetch(k, v)
-        # (the pass's mask, made once for all layers: direct attention ignores it)
+        # (a paged pass's mask is made once for all layers, and direct attention ignores
+        # it; mlx-lm's KVCache gives None for one token)
+        mask = cache.make_mask(1, return_array=False, window_size=None)
         out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=attn.scale,
-                                                   mask=cache.make_mask(1))
+                                                   mask=mask)
         return self._project(attn["o_proj"], out.reshape(rows, -1))
 
     def _mlp(self, mlp: Any, x: mx.array) -> mx.array:
@@ -177,3 +180,43 @@ def probe(batch: Any) -> bool:
     log.info("decode steps: lean graph (the model's own modules on 2-D activations)")
     batch.lean = lean
     return True
+
+
+def for_solo(model: Any) -> LeanDecode | None:
+    """The lean forward for a lone stream's one-token steps over mlx-lm's own caches
+    (``lanes/solo.py``), or None: not mirrored here, switched off, or other logits than
+    the model's on a scratch step (an 11-token prompt in two fresh caches, then one token
+    each way). Steps may take it while :func:`plain_caches` holds."""
+    if not ENABLED:
+        return None
+    lean = LeanDecode.of(model)
+    if lean is None:
+        return None
+    from mlx_lm.models.cache import make_prompt_cache
+
+    try:
+        caches = [make_prompt_cache(model) for _ in range(2)]
+        if not plain_caches(caches[0]):
+            return None
+        prompt = mx.array([[1 + (7 * i) % 97 for i in range(11)]])
+        for cache in caches:
+            model(prompt, cache=cache)
+        token = mx.array([[5]])
+        want, got = model(token, cache=caches[0]), lean(token, caches[1])
+        error = relative_error(want.astype(mx.float32), got.astype(mx.float32))
+    except Exception as exc:  # a model this mirror cannot drive: the model's own call
+        log.info("lean decode off for lone streams (%s)", exc)
+        return None
+    if error > TOLERANCE:
+        log.info("lean decode off for lone streams: logits differ by %.3g of their spread",
+                 error)
+        return None
+    return lean
+
+
+def plain_caches(caches: list[Any]) -> bool:
+    """Whether every layer's cache is mlx-lm's plain ``KVCache`` (the one the lean step
+    writes as the model would; a quantized or rotating one takes the model's call)."""
+    from mlx_lm.models.cache import KVCache
+
+    return all(type(c) is KVCache for c in caches)

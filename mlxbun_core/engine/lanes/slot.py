@@ -81,6 +81,7 @@ class SoloSlot:
         self.solo: Solo | None = None
         self.predictor: TokenPredictor | None = None  # the MTP head of the lane's model
         self.fault: Callable[[], None] | None = None  # a test's injected fault (memory.py)
+        self._lean: Any = False  # the lone stream's lean step: False until probed, then it or None
 
     @property
     def job(self) -> GenerationJob | None:
@@ -98,7 +99,7 @@ class SoloSlot:
         if job.spec is not None and job.spec.kind == "mtp" and self.predictor is not None:
             self.solo = MtpSolo(self.model, job, cache, cached, pacer, self.predictor)
         else:
-            self.solo = Solo(self.model, job, cache, cached, pacer)
+            self.solo = Solo(self.model, job, cache, cached, pacer, lean=self.lean())
         job.session.span("prefill.batch_setup", t0, lane="batched", alone=True)
 
     def step(self) -> None:
@@ -166,7 +167,18 @@ class SoloSlot:
             self.solo = MtpSolo.resume_mtp(self.model, job, cache, fed, pending, pacer,
                                            self.predictor, head)
             return
-        self.solo = Solo.resume(self.model, job, cache, fed, pending, pacer)
+        self.solo = Solo.resume(self.model, job, cache, fed, pending, pacer, self.lean())
+
+    def lean(self) -> Any:
+        """The lone stream's lean one-token step (``batch/lean.py``'s ``for_solo``),
+        probed at the first lone job; None where the model takes its own call."""
+        if self._lean is False:
+            from ..batch.lean import for_solo
+
+            self._lean = for_solo(self.model)
+            if self._lean is not None:
+                log.info("lone streams: lean decode steps")
+        return self._lean
 
     def end(self) -> GenerationJob:
         """Empty the slot and release the job's reservation; the job."""

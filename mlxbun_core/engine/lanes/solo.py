@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from ... import cache_ops
 from .. import prefill_shapes
+from ..batch.lean import plain_caches
 from ..job import GenerationJob
 from ..prompt_cache import trimmable
 from ..speculate import SpecStream, rewindable
@@ -46,8 +47,10 @@ class Solo:
     token sampled but not yet fed."""
 
     def __init__(self, model: nn.Module, job: GenerationJob, cache: list[Any], cached: int,
-                 pacer: PrefillPacer, *, pending: Pending | None = None) -> None:
+                 pacer: PrefillPacer, *, pending: Pending | None = None,
+                 lean: Any = None) -> None:
         self.model, self.job, self.cache = model, job, cache
+        self.lean = lean  # the model's lean one-token step (batch/lean.py's for_solo), or None
         self.prompt = job.request.prompt_tokens
         self.fed = list(self.prompt[:cached])  # tokens whose forward pass was issued, in order
         self.pacer = pacer  # prompt tokens per prefill chunk
@@ -60,10 +63,10 @@ class Solo:
 
     @classmethod
     def resume(cls, model: nn.Module, job: GenerationJob, cache: list[Any], fed: list[int],
-               pending: Pending, pacer: PrefillPacer) -> Solo:
+               pending: Pending, pacer: PrefillPacer, lean: Any = None) -> Solo:
         """A job leaving the batch: ``cache`` holds ``fed``; ``pending`` is the
         ``(token array, logprobs)`` sampled from it and not yet fed."""
-        solo = cls(model, job, cache, 0, pacer, pending=pending)
+        solo = cls(model, job, cache, 0, pacer, pending=pending, lean=lean)
         solo.fed = list(fed)
         return solo
 
@@ -185,7 +188,10 @@ class Solo:
         import mlx.core as mx
 
         req = self.job.request
-        logits = self.model(y[None], cache=self.cache)[:, -1, :]
+        if self.lean is not None and y.shape == (1,) and plain_caches(self.cache):
+            logits = self.lean(y[None], self.cache)[:, -1, :]
+        else:
+            logits = self.model(y[None], cache=self.cache)[:, -1, :]
         if laps is not None:
             laps.lap(logits)
         if req.processors:
