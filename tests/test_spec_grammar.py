@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from mlxbun_core.engine.batch import lean
 from mlxbun_core.engine.core import Engine
 from mlxbun_core.engine.reply import Reply
 from mlxbun_core.testing.checkpoints import tiny_checkpoint
@@ -115,11 +116,15 @@ def test_rows_sharing_steps_equal_plain(batched):
 
 
 class Forwards:
-    """Counts the model's forward passes (every lane calls the model's module)."""
+    """Counts the model's forward passes: the model's module called, or the lean decode
+    step that stands in for it on one-token steps (``batch/lean.py``)."""
 
     def __init__(self, eng: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls = 0
-        cls = type(eng.model.model)
+        for cls in (type(eng.model.model), lean.LeanDecode):
+            self._count(cls, monkeypatch)
+
+    def _count(self, cls: type, monkeypatch: pytest.MonkeyPatch) -> None:
         original = cls.__call__
 
         def counted(inner, *args, **kwargs):

@@ -192,10 +192,10 @@ def for_solo(model: Any) -> LeanDecode | None:
     lean = LeanDecode.of(model)
     if lean is None:
         return None
-    from mlx_lm.models.cache import make_prompt_cache
+    from ... import cache_ops
 
     try:
-        caches = [make_prompt_cache(model) for _ in range(2)]
+        caches = [cache_ops.make(model) for _ in range(2)]
         if not plain_caches(caches[0]):
             return None
         prompt = mx.array([[1 + (7 * i) % 97 for i in range(11)]])
