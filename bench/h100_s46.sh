@@ -32,6 +32,15 @@ case "${1:-}" in
     run ab_three ${AB_LIMIT:-300} python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged heavy mlx-lm --baseline mlx-lm --concurrency 1 32 --history-tokens 0 --rounds ${ROUNDS:-2} --out $O/engine_ab_three.json
     summary $O/engine_ab_three.json
     ;;
+  g)
+    # (a short lease) e's step split three ways, then one round of its serving
+    ckpt 0
+    for how in "" --heavy --fuse-mlp; do
+      run "step_split${how:+_${how#--}}" 90 python3 bench/step_split.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 32 --prompt-tokens 512 --tokens 48 $how --out "$O/step_split${how:+_${how#--}}.json"
+    done
+    run ab_three ${AB_LIMIT:-200} python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged heavy mlx-lm --baseline mlx-lm --concurrency 1 32 --history-tokens 0 --rounds 1 --out $O/engine_ab_three.json
+    summary $O/engine_ab_three.json
+    ;;
   f)
     # (up to 9.5 minutes) e's arms again (or ARMS: "paged fused mlx-lm"), more rounds
     ckpt 0
