@@ -41,6 +41,13 @@ case "${1:-}" in
     run ab_three ${AB_LIMIT:-200} python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged heavy mlx-lm --baseline mlx-lm --concurrency 1 32 --history-tokens 0 --rounds 1 --out $O/engine_ab_three.json
     summary $O/engine_ab_three.json
     ;;
+  h)
+    # (the shortest lease) the step split, lean and heavy
+    ckpt 0
+    for how in "" --heavy; do
+      run "step_split${how:+_${how#--}}" 80 python3 bench/step_split.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 32 --prompt-tokens 512 --tokens 32 $how --out "$O/step_split${how:+_${how#--}}.json"
+    done
+    ;;
   f)
     # (up to 9.5 minutes) e's arms again (or ARMS: "paged fused mlx-lm"), more rounds
     ckpt 0
