@@ -323,7 +323,10 @@ class BatchLane(Results, IdleRelease):
         (empty: nothing when there is no batch here, or a distributed group's, whose
         followers replay only real steps). Adapter routing and fault injection are off
         meanwhile (the rows are no job's). The batch is dropped after: an idle server holds
-        no KV blocks, so memory is measured as before; MLX keeps what it compiled."""
+        no KV blocks, so memory is measured as before; MLX keeps what it compiled. The
+        lone stream's lean-step probe runs here too, off the first request's clock."""
+        if self.journal is None:
+            self._solo.lean()
         if self._slots is None or self.journal is not None or self._batch is not None:
             return {}
         import mlx.core as mx
