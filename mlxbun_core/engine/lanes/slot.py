@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ...contract import TokenPredictor
     from ...events import Retry
     from ..admission import Admission
+    from ..batch.lean import LeanDecode
     from ..speculate import HeadState
     from .tally import StepTally
 
@@ -81,7 +82,8 @@ class SoloSlot:
         self.solo: Solo | None = None
         self.predictor: TokenPredictor | None = None  # the MTP head of the lane's model
         self.fault: Callable[[], None] | None = None  # a test's injected fault (memory.py)
-        self._lean: Any = False  # the lone stream's lean step: False until probed, then it or None
+        self._lean: LeanDecode | None = None  # the lone stream's lean step (once probed)
+        self._lean_probed = False
 
     @property
     def job(self) -> GenerationJob | None:
@@ -169,12 +171,13 @@ class SoloSlot:
             return
         self.solo = Solo.resume(self.model, job, cache, fed, pending, pacer, self.lean())
 
-    def lean(self) -> Any:
+    def lean(self) -> LeanDecode | None:
         """The lone stream's lean one-token step (``batch/lean.py``'s ``for_solo``),
-        probed at the first lone job; None where the model takes its own call."""
-        if self._lean is False:
+        probed at warm-up or the first lone job; None where the model takes its own call."""
+        if not self._lean_probed:
             from ..batch.lean import for_solo
 
+            self._lean_probed = True
             self._lean = for_solo(self.model)
             if self._lean is not None:
                 log.info("lone streams: lean decode steps")

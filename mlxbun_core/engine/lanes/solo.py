@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from ... import cache_ops
 from .. import prefill_shapes
-from ..batch.lean import plain_caches
+from ..batch.lean import LeanDecode, plain_caches
 from ..job import GenerationJob
 from ..prompt_cache import trimmable
 from ..speculate import SpecStream, rewindable
@@ -48,7 +48,7 @@ class Solo:
 
     def __init__(self, model: nn.Module, job: GenerationJob, cache: list[Any], cached: int,
                  pacer: PrefillPacer, *, pending: Pending | None = None,
-                 lean: Any = None) -> None:
+                 lean: LeanDecode | None = None) -> None:
         self.model, self.job, self.cache = model, job, cache
         self.lean = lean  # the model's lean one-token step (batch/lean.py's for_solo), or None
         self.prompt = job.request.prompt_tokens
@@ -63,7 +63,7 @@ class Solo:
 
     @classmethod
     def resume(cls, model: nn.Module, job: GenerationJob, cache: list[Any], fed: list[int],
-               pending: Pending, pacer: PrefillPacer, lean: Any = None) -> Solo:
+               pending: Pending, pacer: PrefillPacer, lean: LeanDecode | None = None) -> Solo:
         """A job leaving the batch: ``cache`` holds ``fed``; ``pending`` is the
         ``(token array, logprobs)`` sampled from it and not yet fed."""
         solo = cls(model, job, cache, 0, pacer, pending=pending, lean=lean)
