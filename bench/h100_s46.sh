@@ -12,13 +12,19 @@ python3 -c "
 import time; t = time.perf_counter(); s = 0
 for i in range(10_000_000): s += i
 print('host: a 10M-step Python loop in', round(time.perf_counter() - t, 3), 's')"
+# the 8B step split at 32 rows, once per way: `splits LIMIT TOKENS [--heavy|--fuse-mlp|""]...`
+splits() {
+  local secs=$1 tokens=$2 how; shift 2
+  for how in "$@"; do
+    run "step_split${how:+_${how#--}}" "$secs" python3 bench/step_split.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 32 --prompt-tokens 512 --tokens "$tokens" $how --out "$O/step_split${how:+_${how#--}}.json"
+  done
+}
 case "${1:-}" in
   a)
     # (about 9 minutes) a decode step's host split with the lean graph and without, then
     # bf16 at 32 clients: the lean step against mlx-lm's forward (heavy), 2 rounds
     ckpt 0
-    run step_split 100 python3 bench/step_split.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 32 --prompt-tokens 512 --tokens 64 --out $O/step_split.json
-    run step_split_heavy 100 python3 bench/step_split.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 32 --prompt-tokens 512 --tokens 64 --heavy --out $O/step_split_heavy.json
+    splits 100 64 "" --heavy
     run ab_lean ${AB_LIMIT:-330} python3 bench/engine_ab.py --shape 8b --arms paged heavy --baseline heavy --concurrency 32 --history-tokens 0 --rounds ${ROUNDS:-2} --out $O/engine_ab_lean.json
     summary $O/engine_ab_lean.json
     ;;
@@ -26,27 +32,21 @@ case "${1:-}" in
     # (about 9 minutes) the host split three ways (lean, lean with gate and up fused, heavy),
     # then bf16 at 1 and 32 clients: lean (batch and lone stream), heavy and mlx_lm.server
     ckpt 0
-    for how in "" --fuse-mlp --heavy; do
-      run "step_split${how:+_${how#--}}" 100 python3 bench/step_split.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 32 --prompt-tokens 512 --tokens 64 $how --out "$O/step_split${how:+_${how#--}}.json"
-    done
+    splits 100 64 "" --fuse-mlp --heavy
     run ab_three ${AB_LIMIT:-300} python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged heavy mlx-lm --baseline mlx-lm --concurrency 1 32 --history-tokens 0 --rounds ${ROUNDS:-2} --out $O/engine_ab_three.json
     summary $O/engine_ab_three.json
     ;;
   g)
     # (a short lease) e's step split three ways, then one round of its serving
     ckpt 0
-    for how in "" --heavy --fuse-mlp; do
-      run "step_split${how:+_${how#--}}" 90 python3 bench/step_split.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 32 --prompt-tokens 512 --tokens 48 $how --out "$O/step_split${how:+_${how#--}}.json"
-    done
+    splits 90 48 "" --heavy --fuse-mlp
     run ab_three ${AB_LIMIT:-200} python3 bench/engine_ab.py --shape 8b --with-mlx-lm --arms paged heavy mlx-lm --baseline mlx-lm --concurrency 1 32 --history-tokens 0 --rounds 1 --out $O/engine_ab_three.json
     summary $O/engine_ab_three.json
     ;;
   h)
     # (the shortest lease) the step split, lean and heavy
     ckpt 0
-    for how in "" --heavy; do
-      run "step_split${how:+_${how#--}}" 80 python3 bench/step_split.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 32 --prompt-tokens 512 --tokens 32 $how --out "$O/step_split${how:+_${how#--}}.json"
-    done
+    splits 80 32 "" --heavy
     ;;
   f)
     # (up to 9.5 minutes) e's arms again (or ARMS: "paged fused mlx-lm"), more rounds
