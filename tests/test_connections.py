@@ -62,14 +62,26 @@ async def _flood(port: int, idle: int, chunked: int, slow: int):
     """Open the sockets; then each waits for the server to hang up (or the test to end).
     Returns the tasks (each ends with what the server sent before closing, or None)."""
 
+    first = {"idle": b"", "chunked": CHUNKED_HEAD,
+             "slow": b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"}
+
+    def connect_saying(said: bytes) -> socket.socket:
+        """Connect and send the first bytes back to back, off this busy loop: sent a loop
+        turn later, they could come after the server's idle deadline (a silent socket is
+        rightly closed without an answer)."""
+        sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        sock.sendall(said)
+        sock.setblocking(False)
+        return sock
+
     async def one(kind: str):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        if first[kind]:
+            sock = await asyncio.to_thread(connect_saying, first[kind])
+            reader, writer = await asyncio.open_connection(sock=sock)
+        else:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
         got = bytearray()
         try:
-            if kind == "chunked":
-                writer.write(CHUNKED_HEAD)
-            elif kind == "slow":
-                writer.write(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
             n = 0
             while True:
                 try:
