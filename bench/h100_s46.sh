@@ -44,9 +44,9 @@ case "${1:-}" in
     summary $O/engine_ab_three.json
     ;;
   h)
-    # (the shortest lease) the step split, lean and heavy
+    # (the shortest lease) the step split: lean, heavy, then lean with gate and up fused
     ckpt 0
-    splits 80 32 "" --heavy
+    splits 60 24 "" --heavy --fuse-mlp
     ;;
   f)
     # (up to 9.5 minutes) e's arms again (or ARMS: "paged fused mlx-lm"), more rounds
