@@ -27,16 +27,30 @@ def rendered_chat(engine: Engine, body: dict) -> tuple[str, GenerationRequest]:
     return engine.model.tokenizer.decode(req.prompt_tokens), req
 
 
-def run_all(engine: Engine, bodies: list) -> list:
-    """Start every completion body at once on ``engine``; the gathered replies."""
-    async def go():
-        gens = [await engine.start(engine.parse_completion(b)) for b in bodies]
-        return await asyncio.gather(*[collect(g) for g in gens])
-
+def run_all(engine: Engine, bodies: list, together: bool = False) -> list:
+    """Start every completion body at once on ``engine``; the gathered replies
+    (``together``: as for :func:`finishes`)."""
     async def collect(gen):
         return gather([ev async for ev in gen.events()])
 
+    async def go():
+        return await asyncio.gather(*[collect(g) for g in await _started(
+            engine, bodies, together)])
+
     return asyncio.run(go())
+
+
+async def _started(engine: Engine, bodies: list, together: bool) -> list:
+    """Each body's started generation; ``together``: the worker takes no step before
+    every body is queued, so which rows share the first steps does not depend on this
+    machine's speed."""
+    gate = threading.Event()
+    if together:
+        engine.worker.post(lambda: gate.wait(30))
+    try:
+        return [await engine.start(engine.parse_completion(b)) for b in bodies]
+    finally:
+        gate.set()
 
 
 def finishes(engine: Engine, bodies: list[dict], together: bool = False) -> list:
@@ -46,14 +60,8 @@ def finishes(engine: Engine, bodies: list[dict], together: bool = False) -> list
         return [ev async for ev in gen.events()]
 
     async def go():
-        gate = threading.Event()
-        if together:
-            engine.worker.post(lambda: gate.wait(30))
-        try:
-            gens = [await engine.start(engine.parse_completion(b)) for b in bodies]
-        finally:
-            gate.set()
-        return await asyncio.gather(*[events(g) for g in gens])
+        return await asyncio.gather(*[events(g) for g in await _started(
+            engine, bodies, together)])
 
     done = asyncio.run(go())
     return [next(ev.finish for ev in evs if isinstance(ev, Done)) for evs in done]
