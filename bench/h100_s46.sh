@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The next GPU sitting (issue 33): a) the lean decode step (engine/batch/lean.py) against
 # mlx-lm's forward, d) the shipped engine against mlx_lm.server, b) two servers on one card
-# and the flash check, c) 4-bit from an empty PTX cache. Servers took 30-65 s to start on
-# slow hosts, so each part fits one 600 s call.
+# and the flash check, c) 4-bit from an empty PTX cache, k) the step split as MLX's CUDA
+# graphs are cut. Servers took 30-65 s to start on slow hosts, so each part fits one 600 s
+# call.
 # First a 10-million-step Python loop, to say what kind of host the figures came from.
 # After `source .device-wheels/b/install.sh` (../shared/device/README.md), with
 # PYTHONPATH=$PWD:/tmp/site: `bash bench/h100_s46.sh PART`.
@@ -47,6 +48,15 @@ case "${1:-}" in
     # (the shortest lease) the step split: lean, heavy, then lean with gate and up fused
     ckpt 0
     splits 60 24 "" --heavy --fuse-mlp
+    ;;
+  k)
+    # (about 5 minutes) the lean step split as MLX's CUDA graphs are cut: a graph is
+    # committed (updated or instantiated, then launched) every 100 kernels or ~1,000 M
+    # input elements on an H100 (mlx/backend/cuda/device.cpp), about 20 commits a step
+    ckpt 0
+    for cut in 100:1000 400:8000 2000:200000; do
+      run "step_split_ops${cut%%:*}" 60 env MLX_MAX_OPS_PER_BUFFER=${cut%%:*} MLX_MAX_MB_PER_BUFFER=${cut##*:} python3 bench/step_split.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 32 --prompt-tokens 512 --tokens 24 --out "$O/step_split_ops${cut%%:*}.json"
+    done
     ;;
   f)
     # (up to 9.5 minutes) e's arms again (or ARMS: "paged fused mlx-lm"), more rounds
