@@ -6,7 +6,9 @@ Each arm is a fresh server process, alone on the device (an 80 GB card cannot ho
 - ``paged``: this tree's engine (paged KV; on CUDA, direct attention over blocks);
 - ``gather``: the same with direct attention off (the portable path: gathered blocks);
 - ``heavy``: the same with mlx-lm's own forward for decode steps (no ``batch/lean.py``);
-- ``fused``: the same with each layer's gate and up weights in one matmul (``lean.FUSE_MLP``);
+- ``lean``, ``fused``: the same with the decode step set (``MLXBUN_DECODE_STEP``: the lean
+  step, or it with each layer's gate and up weights in one matmul) where ``paged`` times
+  the ways at start on a GPU (``engine/batch/tune.py``);
 - ``flash``: the same with the flash-decoding kernel (``batch/flash.py``) for direct attention;
 - ``old``: the engine of another tree (``--old PATH``: a checkout whose ``mlxbun_core``
   drives mlx-lm's ``BatchGenerator``), when given;
@@ -75,15 +77,15 @@ def arm_command(arm: str, args, ckpt: str, port: int) -> list:
         boot += "a.KERNEL = 'flash'; "
     if arm == "heavy":
         boot += "import mlxbun_core.engine.batch.lean as l; l.ENABLED = False; "
-    if arm == "fused":
-        boot += "import mlxbun_core.engine.batch.lean as l; l.FUSE_MLP = True; "
     if arm.startswith("paged@"):  # paged@CHUNK=128,WARPS=8,GROUP=4,VEC=1: the split-key
         for setting in arm[len("paged@"):].split(","):  # kernel's module settings
             name, value = setting.split("=")
             given = bool(int(value)) if name in ("VEC", "FUSED") else int(value)
             boot += f"a.{name} = {given!r}; "
     boot += "from mlxbun_core.cli import main; sys.argv[0] = 'mlxbun'; sys.exit(main())"
-    cmd = ["env", f"PYTHONPATH={path}", sys.executable, "-c", boot, "serve", ckpt,
+    step = {"fused": ["MLXBUN_DECODE_STEP=fused"], "lean": ["MLXBUN_DECODE_STEP=lean"]}
+    cmd = ["env", f"PYTHONPATH={path}", *step.get(arm, []), sys.executable, "-c", boot,
+           "serve", ckpt,
            "--port", str(port), "--no-open"]
     if args.batch:
         cmd += ["--batch", str(args.batch)]
@@ -188,7 +190,7 @@ def main() -> None:
     arms = ["paged", "gather"] + (["old"] if args.old else []) + \
         (["mlx-lm"] if args.with_mlx_lm else [])
     arms = [a for a in arms if not args.arms or a in args.arms] + \
-        [a for a in args.arms or [] if a.startswith("paged@") or a in ("heavy", "fused")]
+        [a for a in args.arms or [] if a.startswith("paged@") or a in ("heavy", "fused", "lean")]
     baseline = args.baseline or ("old" if args.old else "mlx-lm" if args.with_mlx_lm else "")
     ckpt = checkpoint(args.shape, args.bits)
     from pathlib import Path

@@ -35,6 +35,17 @@ ECHO_REFUSED = ("MLXBUN_FILL=echo is refused: this engine has no echo index (spa
                 "prompt and output and the model verifies every draft")
 
 
+DECODE_STEPS = ("auto", "lean", "fused", "model")
+
+
+def parse_decode_step(value: str | None, var: str = "MLXBUN_DECODE_STEP") -> str:
+    """``auto``, ``lean``, ``fused`` or ``model`` (engine/batch/tune.py)."""
+    v = (value or "auto").strip().lower()
+    if v not in DECODE_STEPS:
+        raise ValueError(f"{var} must be one of {', '.join(DECODE_STEPS)}, not {value!r}")
+    return v
+
+
 def parse_fill(value: str | None, var: str = "MLXBUN_FILL") -> str:
     """``off``/``strict`` (``1``, ``on``: strict); ``echo`` is refused with the reason."""
     v = (value or "off").strip().lower()
@@ -149,6 +160,7 @@ READERS: dict[tuple[str, str], Callable[[str], Any]] = {
 
     ("engine", "adapter_mixing"): lambda raw: raw.strip().lower() not in _FALSE,
     ("engine", "switch_interval_ms"): lambda raw: _interval_ms(raw),
+    ("engine", "decode_step"): parse_decode_step,
     ("grammar", "enabled"): lambda raw: raw.strip().lower() not in _FALSE,
     ("grammar", "backend"): str.strip,
     ("grammar", "threads"): lambda raw: _int(raw, 1),

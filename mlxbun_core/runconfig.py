@@ -51,6 +51,9 @@ class EngineConfig:
     # the CPU, bench/NOTES.md "Host work per served step")
     switch_interval_ms: float | None = field(default=None,
                                              metadata={"env": "MLXBUN_SWITCH_INTERVAL_MS"})
+    # a batch's decode forward: auto (timed on a GPU at start, engine/batch/tune.py), or
+    # lean, fused (lean, gate and up in one matmul) or model (mlx-lm's own call)
+    decode_step: str = field(default="auto", metadata={"env": "MLXBUN_DECODE_STEP"})
 
 
 @dataclass(frozen=True)

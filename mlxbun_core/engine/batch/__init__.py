@@ -10,6 +10,7 @@ model, and the passes that run them (``executor.py``), on mlx-lm's public API on
 - ``executor.py``, ``windows.py``: prefill chunks, decode steps, forced runs and drafts.
 - ``direct.py``, ``attention.py``: attention straight over the blocks (a CUDA kernel).
 - ``lean.py``: a decode step's graph with half the primitives, for llama-shaped models.
+- ``tune.py``: which decode forward a batch runs (lean, fused or the model's), timed once.
 - ``journal.py``, ``replay.py``: the batch as plain data (a journal on rank 0 of a
   distributed serve, replayed by the other ranks on pools of their own).
 """

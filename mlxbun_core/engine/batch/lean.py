@@ -35,6 +35,7 @@ MIRRORED = {"mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3"}
 
 ENABLED = True  # (a bench switch: engine_ab's "heavy" arm serves without it)
 FUSE_MLP = False  # (a bench switch: step_split's --fuse-mlp; one gate-up matmul a layer)
+# (engine/batch/tune.py decides between this step, its fused form and the model's call)
 
 
 class LeanDecode:
@@ -45,6 +46,7 @@ class LeanDecode:
         self.model = model
         self._transposed: dict[int, tuple[mx.array, mx.array]] = {}
         self._gate_up: dict[int, tuple[mx.array, mx.array, mx.array]] = {}
+        self.fused = False  # gate and up as one matmul where :meth:`fuse_gate_up` joined them
 
     @classmethod
     def of(cls, model: Any) -> LeanDecode | None:
@@ -101,7 +103,7 @@ class LeanDecode:
 
     def _mlp(self, mlp: Any, x: mx.array) -> mx.array:
         gate_proj, up_proj = mlp["gate_proj"], mlp["up_proj"]
-        kept = self._gate_up.get(id(mlp))
+        kept = self._gate_up.get(id(mlp)) if self.fused else None
         if kept is not None and kept[0] is gate_proj.get("weight") \
                 and kept[1] is up_proj.get("weight"):
             both = x @ kept[2]  # (rows, 2 x intermediate): gate, then up
@@ -113,11 +115,17 @@ class LeanDecode:
 
     def fuse_gate_up(self) -> int:
         """Put each layer's plain gate and up weights in one buffer, the modules keeping
-        views of its halves (no more memory than before), so a decode step makes one
-        matmul of them; return how many layers were fused."""
+        views of its halves (no more memory than before), so a decode step may make one
+        matmul of them (:attr:`fused`); return how many layers are joined. Layers joined
+        before are left as they are."""
         fused = 0
         for layer in self.model.model.layers:
             mlp = layer.mlp
+            kept = self._gate_up.get(id(mlp))
+            if kept is not None and kept[0] is mlp["gate_proj"].get("weight") \
+                    and kept[1] is mlp["up_proj"].get("weight"):
+                fused += 1
+                continue
             gate, up = getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None)
             if type(gate) is not nn.Linear or type(up) is not nn.Linear \
                     or "bias" in gate or "bias" in up:
@@ -128,7 +136,11 @@ class LeanDecode:
             gate.weight, up.weight = both[:inter], both[inter:]
             mx.eval(gate.weight, up.weight)
             self._gate_up[id(mlp)] = (gate.weight, up.weight, both.T)
+            for old in (gate, up):  # (their old weights' transposed views let go)
+                self._transposed.pop(id(old), None)
             fused += 1
+        if fused:
+            mx.clear_cache()  # the separate weights' buffers go back to the device
         return fused
 
     def _project(self, linear: Any, x: mx.array) -> mx.array:
@@ -153,21 +165,24 @@ def _normed(norm: Any, x: mx.array) -> mx.array:
     return cast(mx.array, norm(x))
 
 
-def probe(batch: Any) -> bool:
+def probe(batch: Any, made: LeanDecode | None = None) -> bool:
     """Set ``batch.lean`` to the model's lean forward where it may run (no tap, KV
     scheme or distributed journal: their passes are the model's own call) and gives the
     model's own logits on a scratch decode pass; return whether it does. Per-row adapters
-    may ride on it: their layers take 2-D rows (``adapters/rows.py``)."""
+    may ride on it: their layers take 2-D rows (``adapters/rows.py``). ``made``: the one
+    an earlier batch over the same model used (its gate and up joined stay joined)."""
     batch.lean = None
     if not ENABLED or batch.tap is not None:
         return False
     if batch.layout.quantized or batch.layout.journal is not None:
         return False
-    lean = LeanDecode.of(batch.model)
+    lean = made if made is not None and made.model is batch.model \
+        else LeanDecode.of(batch.model)
     if lean is None:
         return False
     if FUSE_MLP:
         log.info("lean decode: gate and up fused in %d layers", lean.fuse_gate_up())
+        lean.fused = True
     try:
         error = decode_both_ways(batch, [(batch.direct, batch.forward), (batch.direct, lean)])
     except Exception as exc:  # a model this mirror cannot drive: the model's own call
@@ -177,7 +192,7 @@ def probe(batch: Any) -> bool:
         log.info("lean decode off for this model: logits differ by %s of their spread",
                  "?" if error is None else f"{error:.3g}")
         return False
-    log.info("decode steps: lean graph (the model's own modules on 2-D activations)")
+    log.debug("decode steps may run lean (the model's own modules on 2-D activations)")
     batch.lean = lean
     return True
 

@@ -44,7 +44,7 @@ from ... import kvquant
 from ...adapters.sets import AdapterSet
 from ...events import Retry
 from ...runconfig import current
-from ..batch import Batch, Emit, direct, lean, pool_for
+from ..batch import Batch, Emit, direct, lean, pool_for, tune
 from ..batch.journal import Journal
 from ..batch.layout import RECURRENT, Slot, layout
 from ..batch.warm import warm as warm_batch
@@ -92,6 +92,10 @@ class BatchLane(Results, IdleRelease):
         self.prefix = prefix
         self.admission = admission
         self._batch: Batch | None = None  # made on the worker thread at first use
+        # the decode step the first batch's timing chose (batch/tune.py), and its lean
+        # forward, which later batches over the model take over (None: not yet decided)
+        self.decode_step: tune.Verdict | None = None
+        self._lean: lean.LeanDecode | None = None
         # a distributed serve's record of the batch (the lockstep model's)
         journal = getattr(model, "journal", None)
         self.journal = journal if isinstance(journal, Journal) else None
@@ -307,24 +311,38 @@ class BatchLane(Results, IdleRelease):
                                 before=route, reclaim=self._reclaim, tap=self.mtp, kv=self.kv,
                                 journal=self.journal)
             direct.probe(self._batch)  # attention straight over blocks, where the model allows
-            lean.probe(self._batch)  # a lighter decode graph, where it gives the same logits
+            self._decide_step(self._batch)
             self._batch.fault = self.governor.inject
             self.governor.held = self._pool_bytes
             self._planned = self._batch.pool.limit
         return self._batch
 
+    def _decide_step(self, batch: Batch) -> None:
+        """A lighter decode graph where it gives the same logits (``batch/lean.py``), the
+        way of it timed by the first batch and kept by those after (``batch/tune.py``)."""
+        if self.decode_step is not None and self.decode_step.way == "model":
+            return  # (no lean step to probe again)
+        if not lean.probe(batch, self._lean):
+            return
+        self._lean = batch.lean if isinstance(batch.lean, lean.LeanDecode) else None
+        if self.decode_step is None:
+            self.decode_step = tune.choose(batch, rows=max(2, min(tune.ROWS, self.cap)))
+        else:
+            tune.apply(batch, self.decode_step.way, self._lean)
+
     def _pool_bytes(self) -> int:
         """Bytes the block pool's storage holds now (0: no batch)."""
         return self._batch.layout.nbytes if self._batch is not None else 0
 
-    def warm(self) -> dict[str, int]:
+    def warm(self) -> dict[str, Any]:
         """The batch's passes once at two scratch rows (``batch/warm.py``), on the worker
         at start: the passes run, the most blocks the rows held and the blocks left after
         (empty: nothing when there is no batch here, or a distributed group's, whose
         followers replay only real steps). Adapter routing and fault injection are off
         meanwhile (the rows are no job's). The batch is dropped after: an idle server holds
         no KV blocks, so memory is measured as before; MLX keeps what it compiled. The
-        lone stream's lean-step probe runs here too, off the first request's clock."""
+        lone stream's lean-step probe and the batch's decode-step timing (on a GPU) run
+        here too, off the first request's clock."""
         if self.journal is None:
             self._solo.lean()
         if self._slots is None or self.journal is not None or self._batch is not None:
@@ -335,7 +353,8 @@ class BatchLane(Results, IdleRelease):
         batch.before = batch.fault = None
         try:
             passes, held = warm_batch(batch)
-            return {"passes": passes, "blocks_held": held, "blocks_left": batch.pool.used}
+            return {"passes": passes, "blocks_held": held, "blocks_left": batch.pool.used,
+                    "decode_step": self.decode_step.stats() if self.decode_step else None}
         finally:
             self._batch = None
             mx.clear_cache()

@@ -1,0 +1,153 @@
+"""Which decode forward a batch runs: timed on this machine once, at start.
+
+The ways give the model's logits (each passed a probe); they differ in the host work a
+step takes to build its graph and hand it to MLX, which on a GPU decides the step (the
+card waited 0.5 ms of a 12.75 ms step at 32 rows on an H100: ``bench/NOTES.md``), and
+which no single answer settles for every host, backend and model:
+
+- ``lean``: the model's own modules on 2-D activations (``lean.py``), the default;
+- ``fused``: the same, each layer's gate and up weights joined in one buffer and one
+  matmul (36 kernels fewer a step at 36 layers, 72 slices more);
+- ``model``: mlx-lm's own call.
+
+Where the device is a GPU, :func:`choose` runs a scratch batch's decode steps each way,
+alternating over rounds, and keeps the fastest unless lean is within :data:`MARGIN` of
+it. On the CPU a step is its arithmetic, the ways tie, and lean is kept untimed.
+``MLXBUN_DECODE_STEP`` (``lean``, ``fused``, ``model``) picks one outright.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+
+from ...runconfig import current
+from .direct import TOLERANCE, decode_both_ways
+from .executor import Batch
+from .lean import LeanDecode
+from .pool import BlockPool
+
+log = logging.getLogger("mlxbun.engine")
+
+MARGIN = 0.03  # how much faster another way must be than lean to be kept instead
+ROWS = 32  # the scratch batch's rows (the step a loaded server runs)
+PROMPT = 8  # each scratch row's prompt tokens
+STEPS = 6  # decode steps timed a way a round (after one that builds its first graph)
+ROUNDS = 3
+
+Timing = Callable[[Batch, list[str], int], dict[str, float]]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The way a batch's decode steps go, and why: ``timed`` (``ms``: the median step
+    of each way tried), ``set`` (``MLXBUN_DECODE_STEP``) or ``cpu``."""
+
+    way: str
+    why: str
+    ms: dict[str, float] = field(default_factory=dict)
+
+    def stats(self) -> dict[str, Any]:
+        return {"way": self.way, "why": self.why, "ms": self.ms}
+
+
+def choose(batch: Batch, rows: int = ROWS, setting: str | None = None,
+           gpu: bool | None = None, timing: Timing | None = None) -> Verdict | None:
+    """Decide and :func:`apply` the way of ``batch`` (whose lean probe has run), or None
+    where it has no lean step (the model's call it is). ``rows``: the scratch batch's
+    (at most the lane's cap); ``setting``: ``auto`` or a way (None: the run
+    configuration's); ``gpu``: whether to time (None: the default device's kind);
+    ``timing``: how the ways are timed (:func:`time_ways`)."""
+    lean = batch.lean
+    if not isinstance(lean, LeanDecode):
+        return None
+    setting = setting or current().engine.decode_step
+    if setting != "auto":
+        verdict = Verdict(setting, "set")
+    elif not (gpu if gpu is not None else mx.default_device().type == mx.DeviceType.gpu):
+        verdict = Verdict("lean", "cpu")
+    else:
+        ways = ["lean", "model"] + (["fused"] if fusable(batch, lean) else [])
+        ms = (timing or time_ways)(batch, ways, rows)
+        verdict = Verdict(pick(ms), "timed", {w: round(v, 3) for w, v in ms.items()})
+        mx.clear_cache()  # (the scratch rows' blocks)
+    apply(batch, verdict.way, lean)
+    if verdict.ms:
+        how = ", ".join(f"{w} {v:.2f} ms" for w, v in verdict.ms.items()) \
+            + f" a step at {rows} rows"
+    else:
+        how = "MLXBUN_DECODE_STEP" if verdict.why == "set" else "on the CPU, untimed"
+    log.info("decode steps: %s (%s)", verdict.way, how)
+    return verdict
+
+
+def pick(ms: dict[str, float]) -> str:
+    """The fastest way, unless lean is within :data:`MARGIN` of it."""
+    best = min(ms, key=ms.__getitem__)
+    return best if ms[best] < ms["lean"] * (1 - MARGIN) else "lean"
+
+
+def apply(batch: Batch, way: str, lean: LeanDecode | None) -> None:
+    """Set ``batch``'s decode forward to ``way`` (``lean``: the batch's lean step,
+    whether it runs now or not)."""
+    if lean is None or way == "model":
+        batch.lean = None
+        return
+    if way == "fused" and not lean.fuse_gate_up():
+        way = "lean"  # (no plain gate and up to join)
+    lean.fused = way == "fused"
+    batch.lean = lean
+
+
+def fusable(batch: Batch, lean: LeanDecode) -> bool:
+    """Join the layers' gate and up weights (the model keeps views: no memory grows)
+    and check that the fused step gives the model's logits on a scratch pass."""
+    if not lean.fuse_gate_up():
+        return False
+    lean.fused = True
+    try:
+        error = decode_both_ways(batch, [(batch.direct, batch.forward), (batch.direct, lean)])
+    except Exception as exc:  # (the separate matmuls stay)
+        log.info("fused gate and up off (%s)", exc)
+        error = None
+    finally:
+        lean.fused = False
+    return error is not None and error <= TOLERANCE
+
+
+def time_ways(batch: Batch, ways: list[str], rows: int = ROWS) -> dict[str, float]:
+    """Median ms a decode step of ``rows`` scratch rows takes each way, steps pipelined
+    as a lane runs them, the ways' order turning each round."""
+    lean = batch.lean
+    assert isinstance(lean, LeanDecode)
+    size = batch.pool.block_size
+    tokens = PROMPT + ROUNDS * len(ways) * (STEPS + 1) + 2
+    scratch = Batch(batch.model, batch.layout.slots,
+                    BlockPool(size, rows * -(-tokens // size) + 1))
+    scratch.direct = batch.direct
+    laps: dict[str, list[float]] = {w: [] for w in ways}
+    try:
+        for uid in range(rows):
+            scratch.add(uid, [1 + (7 * uid + 3 * i) % 97 for i in range(PROMPT)])
+        while scratch.prefilling:
+            scratch.prefill({u: PROMPT for u in scratch.prefilling})
+        for r in range(ROUNDS):
+            for way in ways[r % len(ways):] + ways[:r % len(ways)]:
+                apply(scratch, way, lean)
+                scratch.decode()  # (this way's first graph, and the pipeline primed)
+                mx.eval(scratch.next_tokens)
+                t = time.perf_counter()
+                for _ in range(STEPS):
+                    scratch.decode()
+                mx.eval(scratch.next_tokens)
+                laps[way].append((time.perf_counter() - t) / STEPS)
+    finally:
+        scratch.close()
+        lean.fused = False
+    return {w: 1e3 * statistics.median(v) for w, v in laps.items()}
