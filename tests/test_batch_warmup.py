@@ -36,6 +36,7 @@ def test_the_batch_is_warmed_at_start_and_its_pool_is_empty_again(ckpt):
         assert done["batch_blocks_left"] == 0, "every block went back to the pool"
         # the decode step's way: lean (the tiny llama is mirrored), untimed on the CPU
         assert done["decode_step"] == {"way": "lean", "why": "cpu", "ms": {}}
+        assert done["solo_step"] == {"way": "lean", "why": "cpu", "ms": {}}
         # an idle server holds no KV blocks: the pool is made again by the first row
         assert engine.batch_stats()["kv_blocks"] is None
         assert engine.batch_stats()["warmup"] == done

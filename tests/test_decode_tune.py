@@ -159,6 +159,28 @@ def test_a_served_setting_holds_for_every_batch_and_says_so_in_the_warm_up(way, 
         close(batched, serial)
 
 
+def test_a_lone_streams_way_is_timed_against_the_models_call(qwen3, monkeypatch):
+    calls: list[int] = []
+    real = lean.LeanDecode.__call__
+    monkeypatch.setattr(lean.LeanDecode, "__call__",
+                        lambda self, *a: calls.append(1) or real(self, *a))
+    ms = tune.time_solo(qwen3, lean.LeanDecode(qwen3))
+    assert set(ms) == {"lean", "model"} and all(v > 0 for v in ms.values())
+    assert len(calls) == tune.ROUNDS * (2 * tune.STEPS + 1)
+    for timed, way in (({"lean": 5.0, "model": 4.0}, "model"),
+                       ({"lean": 5.0, "model": 4.9}, "lean")):
+        made, verdict = tune.for_solo(qwen3, setting="auto", gpu=True,
+                                      timing=lambda model, step: timed)
+        assert verdict == tune.Verdict(way, "timed", timed)
+        assert (made is None) == (way == "model")
+    made, verdict = tune.for_solo(qwen3, setting="auto", gpu=False, timing=never)
+    assert isinstance(made, lean.LeanDecode) and verdict == tune.Verdict("lean", "cpu")
+    assert tune.for_solo(qwen3, setting="model", timing=never) == (
+        None, tune.Verdict("model", "set"))
+    made, verdict = tune.for_solo(qwen3, setting="fused", timing=never)
+    assert made is not None and not made.fused and verdict == tune.Verdict("lean", "set")
+
+
 def test_a_wrong_setting_is_refused_by_name():
     with pytest.raises(ValueError, match="MLXBUN_DECODE_STEP"):
         runconfig.from_environ({"MLXBUN_DECODE_STEP": "fastest"})

@@ -101,7 +101,7 @@ def warm(model: LoadedModel, worker: ModelWorker, pacer: PrefillPacer) -> dict[s
             "batch_s": round(t2 - t1, 3) if batch else None,
             "batch_passes": batch.get("passes", 0), "batch_blocks_held": batch.get("blocks_held"),
             "batch_blocks_left": batch.get("blocks_left"),
-            "decode_step": batch.get("decode_step")}
+            "decode_step": batch.get("decode_step"), "solo_step": batch.get("solo_step")}
 
 
 def describe(done: dict[str, Any]) -> str | None:

@@ -23,7 +23,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 
@@ -31,6 +31,7 @@ from ...runconfig import current
 from .direct import TOLERANCE, decode_both_ways
 from .executor import Batch
 from .lean import LeanDecode
+from .lean import for_solo as lean_for_solo
 from .pool import BlockPool
 
 log = logging.getLogger("mlxbun.engine")
@@ -85,6 +86,61 @@ def choose(batch: Batch, rows: int = ROWS, setting: str | None = None,
         how = "MLXBUN_DECODE_STEP" if verdict.why == "set" else "on the CPU, untimed"
     log.info("decode steps: %s (%s)", verdict.way, how)
     return verdict
+
+
+def for_solo(model: Any, setting: str | None = None, gpu: bool | None = None,
+             timing: Callable[[Any, LeanDecode], dict[str, float]] | None = None
+             ) -> tuple[LeanDecode | None, Verdict | None]:
+    """A lone stream's one-token step (``lean.for_solo``'s, where its probe passed) and
+    the way it goes, decided as :func:`choose` decides a batch's between lean and the
+    model's call (a lone stream has no fused way: the batch's lean step owns the joined
+    weights). None and None where the model has no lean step."""
+    made = lean_for_solo(model)
+    if made is None:
+        return None, None
+    setting = setting or current().engine.decode_step
+    if setting != "auto":
+        verdict = Verdict("model" if setting == "model" else "lean", "set")
+    elif not (gpu if gpu is not None else mx.default_device().type == mx.DeviceType.gpu):
+        verdict = Verdict("lean", "cpu")
+    else:
+        ms = (timing or time_solo)(model, made)
+        verdict = Verdict(pick(ms), "timed", {w: round(v, 3) for w, v in ms.items()})
+    how = ", ".join(f"{w} {v:.2f} ms" for w, v in verdict.ms.items()) + " a step" \
+        if verdict.ms else "MLXBUN_DECODE_STEP" if verdict.why == "set" else "on the CPU, untimed"
+    log.info("lone streams' decode steps: %s (%s)", verdict.way, how)
+    return (None if verdict.way == "model" else made), verdict
+
+
+def time_solo(model: Any, made: LeanDecode) -> dict[str, float]:
+    """Median ms a lone stream's one-token step takes each way (lean, the model's call),
+    over mlx-lm's own caches, each step's token fed to the next as a lone stream runs."""
+    from ... import cache_ops
+
+    caches = {"lean": cache_ops.make(model), "model": cache_ops.make(model)}
+    prompt = mx.array([[1 + (7 * i) % 97 for i in range(PROMPT)]])
+
+    def forward(way: str, y: mx.array) -> mx.array:
+        if way == "lean":
+            return made(y, caches[way])
+        return cast(mx.array, model(y, cache=caches[way]))
+
+    laps: dict[str, list[float]] = {"lean": [], "model": []}
+    for cache in caches.values():
+        mx.eval(model(prompt, cache=cache))
+    for r in range(ROUNDS):
+        for way in (["lean", "model"] if r % 2 == 0 else ["model", "lean"]):
+            y = mx.array([[5]])
+            t = 0.0
+            for step in range(STEPS * 2 + 1):
+                if step == 1:  # (the first step built this way's graph)
+                    mx.eval(y)
+                    t = time.perf_counter()
+                y = mx.argmax(forward(way, y)[:, -1:], axis=-1)
+                mx.async_eval(y)
+            mx.eval(y)
+            laps[way].append((time.perf_counter() - t) / (STEPS * 2))
+    return {w: 1e3 * statistics.median(v) for w, v in laps.items()}
 
 
 def pick(ms: dict[str, float]) -> str:

@@ -354,7 +354,9 @@ class BatchLane(Results, IdleRelease):
         try:
             passes, held = warm_batch(batch)
             return {"passes": passes, "blocks_held": held, "blocks_left": batch.pool.used,
-                    "decode_step": self.decode_step.stats() if self.decode_step else None}
+                    "decode_step": self.decode_step.stats() if self.decode_step else None,
+                    "solo_step": verdict.stats() if (verdict := self._solo.step_verdict)
+                    else None}
         finally:
             self._batch = None
             mx.clear_cache()

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ...events import Retry
     from ..admission import Admission
     from ..batch.lean import LeanDecode
+    from ..batch.tune import Verdict
     from ..speculate import HeadState
     from .tally import StepTally
 
@@ -84,6 +85,7 @@ class SoloSlot:
         self.fault: Callable[[], None] | None = None  # a test's injected fault (memory.py)
         self._lean: LeanDecode | None = None  # the lone stream's lean step (once probed)
         self._lean_probed = False
+        self.step_verdict: Verdict | None = None  # how that way was decided (batch/tune.py)
 
     @property
     def job(self) -> GenerationJob | None:
@@ -173,14 +175,13 @@ class SoloSlot:
 
     def lean(self) -> LeanDecode | None:
         """The lone stream's lean one-token step (``batch/lean.py``'s ``for_solo``),
-        probed at warm-up or the first lone job; None where the model takes its own call."""
+        probed, and on a GPU timed against the model's call (``batch/tune.py``), at
+        warm-up or the first lone job; None where the model takes its own call."""
         if not self._lean_probed:
-            from ..batch.lean import for_solo
+            from ..batch import tune
 
             self._lean_probed = True
-            self._lean = for_solo(self.model)
-            if self._lean is not None:
-                log.info("lone streams: lean decode steps")
+            self._lean, self.step_verdict = tune.for_solo(self.model)
         return self._lean
 
     def end(self) -> GenerationJob:
