@@ -52,7 +52,7 @@ case "${1:-}" in
   k)
     # (about 5 minutes) the lean step split as MLX's CUDA graphs are cut: a graph is
     # committed (updated or instantiated, then launched) every 100 kernels or ~1,000 M
-    # input elements on an H100 (mlx/backend/cuda/device.cpp), about 20 commits a step
+    # input elements on an H100 (mlx/backend/cuda/device.cpp), 8-15 commits an 8B step
     ckpt 0
     for cut in 100:1000 400:8000 2000:200000; do
       run "step_split_ops${cut%%:*}" 60 env MLX_MAX_OPS_PER_BUFFER=${cut%%:*} MLX_MAX_MB_PER_BUFFER=${cut##*:} python3 bench/step_split.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 32 --prompt-tokens 512 --tokens 24 --out "$O/step_split_ops${cut%%:*}.json"
