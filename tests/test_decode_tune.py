@@ -102,6 +102,9 @@ def test_a_fused_step_that_gives_other_logits_is_not_offered(qwen3, monkeypatch)
     assert offered == ["lean", "model"] and verdict == tune.Verdict(
         "lean", "timed", {"lean": 1.0, "model": 1.0})
     assert isinstance(b.lean, lean.LeanDecode) and not b.lean.fused
+    b = probed(qwen3)  # set outright, it is checked all the same
+    assert tune.choose(b, setting="fused", timing=never) == tune.Verdict("lean", "set")
+    assert isinstance(b.lean, lean.LeanDecode) and not b.lean.fused
 
 
 def test_a_fused_step_makes_one_matmul_fewer_a_layer(qwen3):

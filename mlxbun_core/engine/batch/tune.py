@@ -68,23 +68,18 @@ def choose(batch: Batch, rows: int = ROWS, setting: str | None = None,
     lean = batch.lean
     if not isinstance(lean, LeanDecode):
         return None
-    setting = setting or current().engine.decode_step
-    if setting != "auto":
-        verdict = Verdict(setting, "set")
-    elif not (gpu if gpu is not None else mx.default_device().type == mx.DeviceType.gpu):
-        verdict = Verdict("lean", "cpu")
-    else:
+
+    def timed() -> dict[str, float]:
         ways = ["lean", "model"] + (["fused"] if fusable(batch, lean) else [])
         ms = (timing or time_ways)(batch, ways, rows)
-        verdict = Verdict(pick(ms), "timed", {w: round(v, 3) for w, v in ms.items()})
         mx.clear_cache()  # (the scratch rows' blocks)
+        return ms
+
+    verdict = decide(setting, gpu, timed)
+    if verdict == Verdict("fused", "set") and not fusable(batch, lean):
+        verdict = Verdict("lean", "set")  # (no plain gate and up, or other logits)
     apply(batch, verdict.way, lean)
-    if verdict.ms:
-        how = ", ".join(f"{w} {v:.2f} ms" for w, v in verdict.ms.items()) \
-            + f" a step at {rows} rows"
-    else:
-        how = "MLXBUN_DECODE_STEP" if verdict.why == "set" else "on the CPU, untimed"
-    log.info("decode steps: %s (%s)", verdict.way, how)
+    log.info("decode steps: %s (%s)", verdict.way, said(verdict, f" a step at {rows} rows"))
     return verdict
 
 
@@ -98,18 +93,31 @@ def for_solo(model: Any, setting: str | None = None, gpu: bool | None = None,
     made = lean_for_solo(model)
     if made is None:
         return None, None
+    verdict = decide(setting, gpu, lambda: (timing or time_solo)(model, made))
+    if verdict.way == "fused":
+        verdict = Verdict("lean", verdict.why)
+    log.info("lone streams' decode steps: %s (%s)", verdict.way, said(verdict, " a step"))
+    return (None if verdict.way == "model" else made), verdict
+
+
+def decide(setting: str | None, gpu: bool | None,
+           timed: Callable[[], dict[str, float]]) -> Verdict:
+    """``setting`` (None: the run configuration's) where it names a way; else lean on
+    the CPU (``gpu``: None, the default device's kind), or the :func:`pick` of ``timed``."""
     setting = setting or current().engine.decode_step
     if setting != "auto":
-        verdict = Verdict("model" if setting == "model" else "lean", "set")
-    elif not (gpu if gpu is not None else mx.default_device().type == mx.DeviceType.gpu):
-        verdict = Verdict("lean", "cpu")
-    else:
-        ms = (timing or time_solo)(model, made)
-        verdict = Verdict(pick(ms), "timed", {w: round(v, 3) for w, v in ms.items()})
-    how = ", ".join(f"{w} {v:.2f} ms" for w, v in verdict.ms.items()) + " a step" \
-        if verdict.ms else "MLXBUN_DECODE_STEP" if verdict.why == "set" else "on the CPU, untimed"
-    log.info("lone streams' decode steps: %s (%s)", verdict.way, how)
-    return (None if verdict.way == "model" else made), verdict
+        return Verdict(setting, "set")
+    if not (gpu if gpu is not None else mx.default_device().type == mx.DeviceType.gpu):
+        return Verdict("lean", "cpu")
+    ms = timed()
+    return Verdict(pick(ms), "timed", {w: round(v, 3) for w, v in ms.items()})
+
+
+def said(verdict: Verdict, unit: str) -> str:
+    """How ``verdict`` came about, for the start-up log."""
+    if verdict.ms:
+        return ", ".join(f"{w} {v:.2f} ms" for w, v in verdict.ms.items()) + unit
+    return "MLXBUN_DECODE_STEP" if verdict.why == "set" else "on the CPU, untimed"
 
 
 def time_solo(model: Any, made: LeanDecode) -> dict[str, float]:
@@ -151,13 +159,11 @@ def pick(ms: dict[str, float]) -> str:
 
 def apply(batch: Batch, way: str, lean: LeanDecode | None) -> None:
     """Set ``batch``'s decode forward to ``way`` (``lean``: the batch's lean step,
-    whether it runs now or not)."""
+    whether it runs now or not; ``fused`` where its layers' gate and up are joined)."""
     if lean is None or way == "model":
         batch.lean = None
         return
-    if way == "fused" and not lean.fuse_gate_up():
-        way = "lean"  # (no plain gate and up to join)
-    lean.fused = way == "fused"
+    lean.fused = way == "fused" and lean.fuse_gate_up() > 0
     batch.lean = lean
 
 
