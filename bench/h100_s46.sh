@@ -45,9 +45,11 @@ case "${1:-}" in
     summary $O/engine_ab_three.json
     ;;
   h)
-    # (the shortest lease) the step split: lean, heavy, then lean with gate and up fused
+    # (the shortest lease) the decode step's three ways in one process, 5 rounds, at 32
+    # rows and alone (what a server's start-up times, longer); then the step split
     ckpt 0
-    splits 60 24 "" --heavy --fuse-mlp
+    run decode_ways 150 python3 bench/decode_ways.py --model /tmp/bench-qwen3-8b-bfloat16 --rows 32 --prompt-tokens 512 --rounds 5 --steps 16 --out "$O/decode_ways.json"
+    splits 60 24 "" --heavy
     ;;
   k)
     # (about 5 minutes) the lean step split as MLX's CUDA graphs are cut: a graph is
