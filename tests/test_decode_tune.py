@@ -173,7 +173,7 @@ def test_a_lone_streams_way_is_timed_against_the_models_call(qwen3, monkeypatch)
     for timed, way in (({"lean": 5.0, "model": 4.0}, "model"),
                        ({"lean": 5.0, "model": 4.9}, "lean")):
         made, verdict = tune.for_solo(qwen3, setting="auto", gpu=True,
-                                      timing=lambda model, step: timed)
+                                      timing=lambda model, step, ms=timed: ms)
         assert verdict == tune.Verdict(way, "timed", timed)
         assert (made is None) == (way == "model")
     made, verdict = tune.for_solo(qwen3, setting="auto", gpu=False, timing=never)
