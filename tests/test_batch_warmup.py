@@ -115,3 +115,4 @@ def test_stats_and_the_banner_report_the_warm_up(ckpt, capsys):
         print_banner(args, srv.engine)
     line = next(x for x in capsys.readouterr().out.splitlines() if "warm-up" in x)
     assert "batch passes at 2 rows" in line and f"{warm['batch_s']:.2f} s" in line
+    assert warm["decode_step"]["way"] == "lean" and "decode steps lean" in line

@@ -111,6 +111,9 @@ def describe(done: dict[str, Any]) -> str | None:
     total = done["prefill_s"] + (done["batch_s"] or 0.0)
     batch = (f"batch passes at 2 rows {done['batch_s']:.2f} s" if done["batch_passes"]
              else "no batch lane")
+    step = done.get("decode_step")
+    if step:  # the decode step's way (engine/batch/tune.py), and whether it was timed here
+        batch += f", decode steps {step['way']}" + (" (timed)" if step["why"] == "timed" else "")
     return f"warm-up {total:.2f} s (prefill {done['prefill_s']:.2f} s, {batch})"
 
 
