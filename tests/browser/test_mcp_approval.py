@@ -47,9 +47,19 @@ def test_allow_once_runs_the_mcp_tool_and_shows_its_result(page, tmp_path):
         assert "Allowed once." in card.inner_text()
         result = page.locator(".tool-result", has_text="echo: from the browser")
         result.wait_for(state="attached", timeout=60_000)
-        result.locator("xpath=ancestor::details[1]/summary").click()  # the card opens
-        assert result.is_visible()
         page.wait_for_function(
             "() => !document.querySelector('.msg.assistant.streaming')", timeout=60_000)
+        # the card opens on a click. The history frame that follows a turn draws the chat
+        # again with its cards closed, and may land after the click: open it again then
+        visible = False
+        for _ in range(50):
+            card_of_result = result.locator("xpath=ancestor::details[1]")
+            if not card_of_result.evaluate("d => d.open"):
+                card_of_result.locator("summary").click()
+            page.wait_for_timeout(100)
+            visible = result.is_visible()
+            if visible:
+                break
+        assert visible
         assert "echo from the browser" in log.read_text().splitlines()
         assert page.console.errors == []
