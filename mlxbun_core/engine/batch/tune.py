@@ -27,6 +27,7 @@ from typing import Any, cast
 
 import mlx.core as mx
 
+from ...backend import backend
 from ...runconfig import current
 from .direct import TOLERANCE, decode_both_ways
 from .executor import Batch
@@ -107,7 +108,7 @@ def decide(setting: str | None, gpu: bool | None,
     setting = setting or current().engine.decode_step
     if setting != "auto":
         return Verdict(setting, "set")
-    if not (gpu if gpu is not None else mx.default_device().type == mx.DeviceType.gpu):
+    if not (gpu if gpu is not None else backend() != "cpu"):
         return Verdict("lean", "cpu")
     ms = timed()
     return Verdict(pick(ms), "timed", {w: round(v, 3) for w, v in ms.items()})
